@@ -1,0 +1,1 @@
+"""The zoo: model families as LightningModules, one CLI, every run tracked in MLflow."""

@@ -1,0 +1,8 @@
+"""CNN classifiers: a small ConvNet, ResNets, and any torchvision model by name."""
+
+from zoo.cnn.convnet import ConvNet
+from zoo.cnn.module import ClassifierModule
+from zoo.cnn.resnet import ResNet
+from zoo.cnn.torchvision_net import TorchvisionNet
+
+__all__ = ["ClassifierModule", "ConvNet", "ResNet", "TorchvisionNet"]

@@ -1,0 +1,35 @@
+"""Any torchvision classification model by name, with weights from a local file.
+
+torchvision's own ``weights=`` downloads from a hub; here weights come only from a path, loaded
+weights-only (see ``zoo.layers.weights``).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+from torchvision import models
+
+from zoo.layers.weights import load_weights
+
+
+class TorchvisionNet(nn.Module):
+    """Wraps ``torchvision.models.get_model(name)``; ``self.model`` keeps torchvision's key layout."""
+
+    def __init__(self, name: str = "resnet18", num_classes: int = 1000, weights_path: str | None = None) -> None:
+        """
+        Args:
+            name: a torchvision classification model name, e.g. "resnet50", "convnext_tiny", "vit_b_16".
+            num_classes: number of output classes (must match the weights file when one is given).
+            weights_path: a local ``.pth``/``.safetensors`` file of torchvision weights, or None.
+        """
+        super().__init__()
+        available = models.list_models(module=models)
+        if name not in available:
+            raise ValueError(f"unknown torchvision model {name!r}; choose one of: {', '.join(available)}")
+        self.num_classes = num_classes
+        self.model = models.get_model(name, weights=None, num_classes=num_classes)
+        if weights_path:
+            load_weights(self.model, weights_path)
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, K)
+        return self.model(x)

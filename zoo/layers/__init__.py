@@ -1,0 +1,1 @@
+"""Parts shared by two or more families."""

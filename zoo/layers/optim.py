@@ -1,0 +1,82 @@
+"""Shared optimisation: AdamW parameter groups and a warmup-cosine schedule.
+
+Decay rule (GPT-2 / nanoGPT, open_clip): tensors of two or more dimensions decay;
+biases, norm weights and embeddings do not. Embeddings are 2-D, so the net names them
+through an optional ``no_weight_decay()`` method returning parameter-name prefixes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+_NORMS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
+if hasattr(nn, "RMSNorm"):
+    _NORMS = (*_NORMS, nn.RMSNorm)
+
+
+def _no_decay_names(net: nn.Module) -> set[str]:
+    names: set[str] = set()
+    for mod_name, mod in net.named_modules():
+        if isinstance(mod, (*_NORMS, nn.Embedding)):
+            names.update(f"{mod_name}.{p}" if mod_name else p for p, _ in mod.named_parameters(recurse=False))
+    prefixes = tuple(getattr(net, "no_weight_decay", lambda: ())())
+    for name, p in net.named_parameters():
+        if p.ndim < 2 or (prefixes and name.startswith(prefixes)):
+            names.add(name)
+    return names
+
+
+def param_groups(net: nn.Module, weight_decay: float) -> list[dict]:
+    """Split trainable parameters into a decay group and a no-decay group (each appears once)."""
+    skip = _no_decay_names(net)
+    decay, no_decay = [], []
+    for name, p in net.named_parameters():
+        if p.requires_grad:
+            (no_decay if name in skip else decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def warmup_cosine(
+    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.1
+) -> LambdaLR:
+    """Linear warmup from 0 to the base LR, then cosine decay to ``min_lr_ratio`` x base LR.
+
+    Stepped per optimizer step (Loshchilov & Hutter 2017, SGDR; warmup as in Goyal et al. 2017).
+    """
+    warmup_steps = max(0, int(warmup_steps))
+    total_steps = max(int(total_steps), warmup_steps + 1)
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return LambdaLR(optimizer, factor)
+
+
+def adamw_warmup_cosine(
+    net: nn.Module,
+    trainer,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float],
+    warmup_steps: int,
+    min_lr_ratio: float,
+) -> dict:
+    """AdamW on ``param_groups(net)`` with ``warmup_cosine`` over the trainer's total optimizer steps.
+
+    Returns the ``configure_optimizers`` dict, with the scheduler stepped every optimizer step.
+    """
+    fused = all(p.is_cuda for p in net.parameters())  # the fused kernel is CUDA-only here
+    opt = torch.optim.AdamW(param_groups(net, weight_decay), lr=lr, betas=tuple(betas), fused=fused or None)
+    total = trainer.estimated_stepping_batches if trainer is not None else warmup_steps + 1
+    sched = warmup_cosine(opt, warmup_steps, int(total), min_lr_ratio)
+    return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "name": "lr"}}

@@ -1,0 +1,166 @@
+"""MLflow tracking for every run: the logger the CLI gives by default and the config saver.
+
+MLflow 3.17 refuses its old ``./mlruns`` file store, and Lightning's ``MLFlowLogger`` defaults to
+it, so the zoo's logger defaults to MLflow's embedded store ``sqlite:///mlflow.db`` (artifacts in
+``./mlruns``), or to ``MLFLOW_TRACKING_URI`` when set.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+import yaml
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.loggers import MLFlowLogger
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+
+# MLflow retries an unreachable server with exponential backoff for minutes by default; a run that
+# cannot reach its server should say so in seconds, before training starts.
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+
+
+class TrackingServerUnreachable(ConnectionError):
+    """The configured MLflow tracking server did not answer."""
+
+
+def check_reachable(tracking_uri: str, timeout: float = 5.0) -> None:
+    """Fail fast, naming the URI, when an http(s) tracking server cannot be reached."""
+    url = urlparse(tracking_uri)
+    if url.scheme not in ("http", "https"):
+        return
+    import requests
+
+    health = f"{tracking_uri.rstrip('/')}/health"
+    try:
+        requests.get(health, timeout=timeout).raise_for_status()
+    except requests.RequestException as err:
+        raise TrackingServerUnreachable(
+            f"MLflow tracking server {tracking_uri} is unreachable ({type(err).__name__}). Start it "
+            f"(mlflow server --host {url.hostname} --port {url.port or 80}), fix MLFLOW_TRACKING_URI or "
+            f"trainer.logger.init_args.tracking_uri, or unset them to log to {DEFAULT_TRACKING_URI}."
+        ) from err
+
+
+class ZooMLFlowLogger(MLFlowLogger):
+    """``MLFlowLogger`` with the zoo's defaults: embedded store, async metrics, best checkpoint logged."""
+
+    def __init__(
+        self,
+        experiment_name: str = "zoo",
+        run_name: str | None = None,
+        tracking_uri: str | None = None,
+        tags: dict[str, Any] | None = None,
+        log_model: Literal[True, False, "all"] = True,
+        prefix: str = "",
+        artifact_location: str | None = None,
+        run_id: str | None = None,
+        synchronous: bool = False,
+        check_server: bool = True,
+    ) -> None:
+        """
+        Args:
+            experiment_name: MLflow experiment the run goes to.
+            run_name: MLflow run name (MLflow picks one if None).
+            tracking_uri: where runs go; None means $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db.
+            tags: extra run tags (the zoo adds family and model class itself).
+            log_model: True logs the checkpoints (best and last) as artifacts at the end of fit.
+            prefix: prefix for every metric key.
+            artifact_location: artifact root of a newly created experiment.
+            run_id: resume logging into this existing run.
+            synchronous: False logs metrics in a background thread (~30 ms a call synchronously here).
+            check_server: check an http(s) server answers before training starts.
+        """
+        tracking_uri = tracking_uri or os.getenv("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+        if check_server:
+            check_reachable(tracking_uri)
+        super().__init__(
+            experiment_name=experiment_name,
+            run_name=run_name,
+            tracking_uri=tracking_uri,
+            tags=tags,
+            log_model=log_model,
+            prefix=prefix,
+            artifact_location=artifact_location,
+            run_id=run_id,
+            synchronous=synchronous,
+        )
+
+    @property
+    def tracking_uri(self) -> str:
+        return self._tracking_uri
+
+
+def mlflow_loggers(trainer: Trainer) -> list[MLFlowLogger]:
+    return [lg for lg in trainer.loggers if isinstance(lg, MLFlowLogger)]
+
+
+def log_json_artifact(trainer: Trainer, obj: dict, artifact_file: str) -> None:
+    """Log ``obj`` as a JSON artifact to every MLflow logger of the trainer (rank 0 only)."""
+    if not trainer.is_global_zero:
+        return
+    for lg in mlflow_loggers(trainer):
+        lg.experiment.log_dict(lg.run_id, obj, artifact_file)
+
+
+def net_class_name(pl_module: LightningModule) -> str:
+    net = getattr(pl_module, "net", pl_module)
+    return f"{type(net).__module__}.{type(net).__qualname__}"
+
+
+class LogConfigToMLflow(SaveConfigCallback):
+    """Logs the resolved config as ``config.yaml`` to the MLflow run, plus family and model tags.
+
+    The stock saver writes into ``trainer.log_dir``, which ``MLFlowLogger`` does not have.
+    """
+
+    def __init__(self, parser, config, config_filename: str = "config.yaml", overwrite: bool = False,
+                 multifile: bool = False, save_to_log_dir: bool = False) -> None:
+        super().__init__(parser, config, config_filename, overwrite, multifile, save_to_log_dir=False)
+
+    def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        text = self.parser.dump(self.config, skip_none=False)
+        tags = {
+            "zoo.family": getattr(pl_module, "family", "unknown"),
+            "zoo.module": type(pl_module).__qualname__,
+            "zoo.model": net_class_name(pl_module),
+            "zoo.stage": stage,
+        }
+        for lg in mlflow_loggers(trainer):
+            client, run_id = lg.experiment, lg.run_id
+            client.log_text(run_id, text, self.config_filename)
+            for k, v in tags.items():
+                client.set_tag(run_id, k, v)
+            flat = _flatten(yaml.safe_load(text))
+            lg.log_hyperparams({k: v for k, v in flat.items() if not k.startswith("trainer.callbacks")})
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d}
+
+
+def wait_for_server(tracking_uri: str, timeout: float = 60.0) -> None:
+    """Block until an MLflow server answers /health (used by tests and benches that start one)."""
+    url = urlparse(tracking_uri)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((url.hostname, url.port), timeout=1):
+                pass
+            check_reachable(tracking_uri, timeout=2)
+            return
+        except (OSError, TrackingServerUnreachable):
+            time.sleep(0.3)
+    raise TimeoutError(f"MLflow server at {tracking_uri} did not start within {timeout:.0f}s")
