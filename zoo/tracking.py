@@ -17,6 +17,7 @@ import yaml
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.utilities import rank_zero_warn
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
@@ -96,6 +97,26 @@ class ZooMLFlowLogger(MLFlowLogger):
     @property
     def tracking_uri(self) -> str:
         return self._tracking_uri
+
+    def finalize(self, status: str = "success") -> None:
+        if not self._initialized:
+            return
+        import mlflow
+        from mlflow.exceptions import MlflowException
+
+        try:
+            # Metrics are queued in a background thread: land them before the run is closed.
+            mlflow.flush_async_logging()
+            super().finalize(status)
+        except (MlflowException, OSError) as err:
+            # Training is over and its checkpoints are on local disk: report, do not crash the run.
+            ckpt = self._checkpoint_callback
+            where = f" Local checkpoints are in {ckpt.dirpath}." if ckpt is not None else ""
+            rank_zero_warn(
+                f"MLflow at {self._tracking_uri} failed while closing run {self._run_id}: "
+                f"{str(err).splitlines()[0][:300]}. Metrics or checkpoint artifacts may be missing from "
+                f"the run.{where}"
+            )
 
 
 def mlflow_loggers(trainer: Trainer) -> list[MLFlowLogger]:

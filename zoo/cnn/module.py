@@ -12,6 +12,8 @@ from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
+from zoo.layers.hparams import save_hparams
+from zoo.layers.parallel import shard
 from zoo.layers.optim import adamw_warmup_cosine
 from zoo.layers.weights import check_compatible
 from zoo.tracking import log_json_artifact
@@ -54,7 +56,7 @@ class ClassifierModule(LightningModule):
             compile: run the net through ``torch.compile`` (weights and checkpoint keys unchanged).
         """
         super().__init__()
-        self.save_hyperparameters(ignore=["net"])
+        save_hparams(self, "net")
         self.net = net
         k = net.num_classes
         metrics = MetricCollection(
@@ -66,6 +68,7 @@ class ClassifierModule(LightningModule):
         self._forward = net
 
     def configure_model(self) -> None:
+        shard(self.net, self.device_mesh)
         if self.hparams.channels_last:
             self.net.to(memory_format=torch.channels_last)
         if self.hparams.compile and self._forward is self.net:

@@ -11,6 +11,8 @@ from torchvision import models
 
 from zoo.layers.weights import load_weights
 
+_NO_DECAY = {"class_token", "pos_embedding", "cls_token", "relative_position_bias_table", "position_embedding"}
+
 
 class TorchvisionNet(nn.Module):
     """Wraps ``torchvision.models.get_model(name)``; ``self.model`` keeps torchvision's key layout."""
@@ -30,6 +32,10 @@ class TorchvisionNet(nn.Module):
         self.model = models.get_model(name, weights=None, num_classes=num_classes)
         if weights_path:
             load_weights(self.model, weights_path)
+
+    def no_weight_decay(self) -> list[str]:
+        """Position embeddings, class tokens and relative-position tables (ViT, Swin) do not decay."""
+        return [n for n, _ in self.named_parameters() if n.rsplit(".", 1)[-1] in _NO_DECAY]
 
     def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, K)
         return self.model(x)

@@ -1,0 +1,75 @@
+"""ModelCheckpoint that keeps the last checkpoint and the best on the module's own metric.
+
+Each module declares ``monitor`` (e.g. "val/acc") and ``monitor_mode``; the CLI's default
+checkpoint callback cannot know them before the module exists, so it reads them at setup.
+Lightning 2.6 refreshes ``last.ckpt`` only when a best checkpoint is saved in the same step, so a
+run whose metric stops improving would resume from stale weights: here ``last`` follows every save.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+
+class MonitoredCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint(save_last=True)`` whose monitor defaults to ``pl_module.monitor``."""
+
+    def __init__(
+        self,
+        dirpath: str | None = None,
+        filename: str | None = "best-{step}",
+        monitor: str | None = None,
+        mode: Literal["min", "max"] | None = None,
+        save_last: bool = True,
+        save_top_k: int = 1,
+        every_n_train_steps: int | None = None,
+        every_n_epochs: int | None = None,
+    ) -> None:
+        """
+        Args:
+            dirpath: where checkpoints go; None puts them under the run's folder in default_root_dir.
+            filename: best-checkpoint file name pattern.
+            monitor: metric to rank checkpoints by; None takes the module's ``monitor`` attribute.
+            mode: "min" or "max"; None takes the module's ``monitor_mode``.
+            save_last: also keep ``last.ckpt`` for resuming.
+            save_top_k: how many best checkpoints to keep.
+            every_n_train_steps: also checkpoint every N optimizer steps.
+            every_n_epochs: checkpoint every N epochs (None: at every validation).
+        """
+        self._explicit_mode = mode
+        super().__init__(
+            dirpath=dirpath,
+            filename=filename,
+            monitor=monitor,
+            mode=mode or "min",
+            save_last=save_last,
+            save_top_k=save_top_k,
+            every_n_train_steps=every_n_train_steps,
+            every_n_epochs=every_n_epochs,
+        )
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.monitor is None and getattr(pl_module, "monitor", None):
+            self.monitor = pl_module.monitor
+            mode = self._explicit_mode or getattr(pl_module, "monitor_mode", "min")
+            self._ModelCheckpoint__init_monitor_mode(mode)
+            self.best_model_score = None
+        super().setup(trainer, pl_module, stage)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if self._should_save_on_train_epoch_end(trainer):
+            self._refresh_last(trainer)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if not self._should_save_on_train_epoch_end(trainer):
+            self._refresh_last(trainer)
+
+    def _refresh_last(self, trainer: Trainer) -> None:
+        # Skipped when this step was already saved (best and last written by the parent).
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))

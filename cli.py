@@ -1,0 +1,110 @@
+"""The zoo's one command line: ``python cli.py {fit,validate,test,predict} --config <yaml>``.
+
+Any family is chosen by ``class_path`` in YAML (subclass mode for model and data). Every run gets,
+unless its config replaces them: the MLflow logger, checkpoints (last + best on the module's
+metric), learning-rate, grad-norm and precision monitors, a checkpoint on exception, and a seed.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch.callbacks import OnExceptionCheckpoint
+from lightning.pytorch.cli import LightningCLI
+
+from zoo.tracking import LogConfigToMLflow, mlflow_loggers
+
+EXCEPTION_DIR = "runs/on_exception"  # moved into the run's own folder at fit start
+DEFAULT_CALLBACKS = [
+    {"class_path": "callbacks.MonitoredCheckpoint"},
+    {"class_path": "lightning.pytorch.callbacks.LearningRateMonitor", "init_args": {"logging_interval": "step"}},
+    {"class_path": "callbacks.GradNormMonitor"},
+    {"class_path": "callbacks.PrecisionMonitor"},
+    {"class_path": "lightning.pytorch.callbacks.OnExceptionCheckpoint", "init_args": {"dirpath": EXCEPTION_DIR}},
+    {"class_path": "callbacks.WritePredictions"},
+]
+
+TRAINER_DEFAULTS = {
+    "default_root_dir": "runs",
+    "logger": {"class_path": "zoo.tracking.ZooMLFlowLogger"},
+}
+
+
+# Lightning announces its resume-from-OnExceptionCheckpoint search on every fit; nothing to act on.
+warnings.filterwarnings("ignore", message=r".*\.fit\(ckpt_path=None\)` was called without a model")
+warnings.filterwarnings("ignore", message=r".*\.fit\(ckpt_path=\"last\"\) is set, but there is no last checkpoint")
+
+
+class ZooCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument(
+            "--test_after_fit", type=bool, default=False,
+            help="After fit, test the best checkpoint on the test split, logging into the same run.",
+        )
+        # A parser default rather than LightningCLI's persistent trainer_defaults callbacks, so that a
+        # config's trainer.callbacks replaces the list and --trainer.callbacks+=... appends to it.
+        parser.set_defaults({"trainer.callbacks": DEFAULT_CALLBACKS})
+
+    def before_instantiate_classes(self) -> None:
+        cfg = self.config[self.subcommand] if self.subcommand else self.config
+        if cfg.get("ckpt_path") and cfg.get("weights_only") is None:
+            # Lightning unpickles a resumed checkpoint fully by default; the zoo never runs code from a file.
+            cfg.weights_only = True
+        accelerator = str(cfg.trainer.get("accelerator", "auto"))
+        on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+        if on_cpu and str(cfg.trainer.get("precision")) in ("16-mixed", "16"):
+            # fp16 matmuls are an order of magnitude slower than fp32 on CPUs; bf16 is faster.
+            warnings.warn("precision 16-mixed on a CPU runs as bf16-mixed", stacklevel=1)
+            cfg.trainer.precision = "bf16-mixed"
+
+    def before_fit(self) -> None:
+        # Lightning resumes fit from the newest OnExceptionCheckpoint file it can find; a folder per
+        # run keeps one run's crash checkpoint from being picked up by the next, unrelated run.
+        loggers = mlflow_loggers(self.trainer)
+        if loggers and self.trainer.is_global_zero:
+            run_dir = Path(self.trainer.default_root_dir, loggers[0].experiment_id, loggers[0].run_id)
+            for cb in self.trainer.callbacks:
+                if isinstance(cb, OnExceptionCheckpoint) and cb.dirpath == EXCEPTION_DIR:
+                    cb.dirpath = str(run_dir / "on_exception")
+
+    def after_fit(self) -> None:
+        trainer = self.trainer
+        if self.config.fit.test_after_fit:
+            best = trainer.checkpoint_callback and trainer.checkpoint_callback.best_model_path
+            trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best" if best else None)
+        if not trainer.is_global_zero:
+            return
+        ckpt = trainer.checkpoint_callback
+        lines = []
+        for lg in mlflow_loggers(trainer):
+            lines += [
+                f"MLflow run:  {lg.run_id} (experiment {lg._experiment_name!r}) at {lg._tracking_uri}",
+                f"  open it:   mlflow ui --backend-store-uri {lg._tracking_uri}"
+                if lg._tracking_uri.startswith("sqlite")
+                else f"  open it:   {lg._tracking_uri}/#/experiments/{lg.experiment_id}/runs/{lg.run_id}",
+            ]
+        if ckpt is not None:
+            lines += [f"Best checkpoint: {ckpt.best_model_path or '-'}", f"Last checkpoint: {ckpt.last_model_path or '-'}"]
+        print("\n".join(lines))
+
+
+def main(args: list[str] | None = None, run: bool = True) -> ZooCLI:
+    return ZooCLI(
+        LightningModule,
+        LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        save_config_callback=LogConfigToMLflow,
+        trainer_defaults=TRAINER_DEFAULTS,
+        seed_everything_default=0,
+        auto_configure_optimizers=False,
+        args=args,
+        run=run,
+    )
+
+
+if __name__ == "__main__":
+    main()

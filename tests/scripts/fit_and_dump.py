@@ -1,0 +1,33 @@
+"""Run ``cli.py fit`` with the given arguments, then save what each rank ended with.
+
+Launched as a subprocess by the strategy tests: Lightning's DDP launcher re-runs this script once
+per extra rank, which would re-run pytest if the fit happened inside the pytest process.
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from cli import main  # noqa: E402
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+if __name__ == "__main__":
+    c = main(sys.argv[1:])
+    rank = c.trainer.global_rank
+    model = c.model.eval()
+    state = {k: _full(v).detach().cpu() for k, v in model.state_dict().items()}
+    torch.manual_seed(0)
+    x = torch.randn(8, *c.datamodule.image_shape)
+    with torch.no_grad():
+        out = model(x).cpu()  # FSDP2 gathers the shards for the forward on every rank
+    ckpt = c.trainer.checkpoint_callback
+    torch.save(
+        {"state": state, "x": x, "out": out, "last": str(ckpt.last_model_path), "best": str(ckpt.best_model_path)},
+        f"rank{rank}.pt",
+    )

@@ -1,0 +1,108 @@
+"""Checkpoints: validate/test/predict from the same YAML, reload without it, exact resume, clear refusals."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import CONFIGS, cli
+
+from zoo.cnn import ClassifierModule
+from zoo.layers.weights import UnsafeCheckpointError, load_file
+
+TINY = str(CONFIGS / "cnn" / "convnet_digits.yaml")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    cwd = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("trained"))
+    try:
+        c = cli("fit", "--config", TINY, "--trainer.max_epochs=1")
+        return c, Path(c.trainer.checkpoint_callback.best_model_path).resolve()
+    finally:
+        os.chdir(cwd)
+
+
+def _params(module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def test_validate_test_predict_from_the_same_yaml(trained):
+    c, best = trained
+    v = cli("validate", "--config", TINY, f"--ckpt_path={best}")
+    t = cli("test", "--config", TINY, f"--ckpt_path={best}")
+    assert v.trainer.callback_metrics["val/acc"] == pytest.approx(float(c.trainer.checkpoint_callback.best_model_score), abs=1e-6)
+    assert 0.0 <= float(t.trainer.callback_metrics["test/acc"]) <= 1.0
+    cli("predict", "--config", TINY, f"--ckpt_path={best}")
+    rows = Path("predictions.csv").read_text().splitlines()
+    assert rows[0] == "pred,confidence,target"
+    assert len(rows) - 1 == len(t.datamodule.test_set)
+
+
+def test_load_from_checkpoint_alone_rebuilds_the_same_net(trained):
+    c, best = trained
+    loaded = ClassifierModule.load_from_checkpoint(best).eval()
+    x = torch.randn(5, 1, 8, 8)
+    ref = ClassifierModule.load_from_checkpoint(best)  # same weights as the best epoch
+    assert type(loaded.net).__name__ == "ConvNet"
+    torch.testing.assert_close(loaded(x), ref.eval()(x))
+    state = torch.load(best, weights_only=True)  # our own checkpoints hold no pickled code either
+    torch.testing.assert_close(loaded.state_dict()["net.head.weight"], state["state_dict"]["net.head.weight"])
+
+
+def test_resume_to_2n_equals_uninterrupted_2n():
+    straight = cli("fit", "--config", TINY, "--trainer.max_epochs=2",
+                   "--trainer.default_root_dir=straight")
+    first = cli("fit", "--config", TINY, "--trainer.max_epochs=1",
+                "--trainer.default_root_dir=first")
+    last = first.trainer.checkpoint_callback.last_model_path
+    resumed = cli("fit", "--config", TINY, "--trainer.max_epochs=2",
+                  "--trainer.default_root_dir=resumed", f"--ckpt_path={last}")
+    assert resumed.trainer.global_step == straight.trainer.global_step == 2 * first.trainer.global_step
+    a, b = _params(straight.model), _params(resumed.model)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
+
+
+def test_checkpoint_of_another_shape_names_the_mismatched_keys(trained):
+    _, best = trained
+    with pytest.raises(ValueError, match=r"(?s)mismatched keys.*net\.head\.weight|head\.weight"):
+        cli("validate", "--config", TINY, f"--ckpt_path={best}", "--model.init_args.net.init_args.width=16")
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def test_crafted_pickle_is_refused_not_executed(tmp_path):
+    bad = tmp_path / "evil.ckpt"
+    with bad.open("wb") as f:
+        pickle.dump({"state_dict": {"w": _Exploit()}}, f)
+    with pytest.raises(UnsafeCheckpointError, match="refused"):
+        load_file(bad)
+    with pytest.raises(Exception):
+        ClassifierModule.load_from_checkpoint(bad)
+    with pytest.raises(Exception):
+        cli("validate", "--config", TINY, f"--ckpt_path={bad}")
+    assert not Path("pwned").exists() and not (tmp_path / "pwned").exists()
+
+
+def test_external_weights_load_weights_only(tmp_path):
+    from safetensors.torch import save_file
+
+    from zoo.cnn import TorchvisionNet
+
+    src = TorchvisionNet("resnet18", num_classes=7)
+    save_file(src.model.state_dict(), tmp_path / "w.safetensors")
+    torch.save(src.model.state_dict(), tmp_path / "w.pth")
+    x = torch.randn(2, 3, 32, 32)
+    for name in ("w.safetensors", "w.pth"):
+        net = TorchvisionNet("resnet18", num_classes=7, weights_path=str(tmp_path / name)).eval()
+        torch.testing.assert_close(net(x), src.eval()(x))
+    with pytest.raises(ValueError, match=r"fc\.weight: checkpoint \(7, 512\) vs model \(3, 512\)"):
+        TorchvisionNet("resnet18", num_classes=3, weights_path=str(tmp_path / "w.pth"))

@@ -1,0 +1,117 @@
+"""Every config in configs/ instantiates through cli.py, runnable ones fit end to end, bad ones fail clearly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import CONFIGS, cli, run_cli
+
+FAMILY_CONFIGS = sorted(p for p in CONFIGS.glob("*/*.yaml") if p.parent.name not in ("trainer", "logger"))
+STACKED = sorted(CONFIGS.glob("trainer/*.yaml"))
+TINY = CONFIGS / "cnn" / "convnet_digits.yaml"
+FAST = ["--trainer.fast_dev_run=2", "--trainer.enable_progress_bar=false"]
+
+
+def _id(p: Path) -> str:
+    return str(p.relative_to(CONFIGS))
+
+
+@pytest.mark.parametrize("config", FAMILY_CONFIGS, ids=_id)
+def test_every_config_instantiates(config):
+    from cli import main
+
+    c = main(["fit", "--config", str(config)], run=False)
+    assert c.model is not None and c.datamodule is not None and c.trainer is not None
+
+
+@pytest.mark.parametrize("piece", STACKED, ids=_id)
+def test_trainer_pieces_stack_on_a_family_config(piece):
+    from cli import main
+
+    c = main(["fit", "--config", str(TINY), "--config", str(piece)], run=False)
+    assert c.trainer.num_devices == 2
+
+
+def test_logger_piece_stacks(mlflow_server):
+    from cli import main
+
+    c = main(["fit", "--config", str(TINY), "--config", str(CONFIGS / "logger" / "mlflow_server.yaml"),
+              f"--trainer.logger.init_args.tracking_uri={mlflow_server}"], run=False)
+    assert c.trainer.logger._tracking_uri == mlflow_server
+
+
+RUNNABLE = ["cnn/convnet_digits.yaml", "cnn/convnet_shapes.yaml", "cnn/convnet_mnist.yaml"]
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_runnable_configs_fit_end_to_end(name):
+    c = cli("fit", "--config", str(CONFIGS / name), *FAST)
+    assert torch.isfinite(c.trainer.callback_metrics["train/loss"])
+
+
+def test_imagefolder_config_fits_on_a_folder(tmp_path):
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for k, colour in enumerate([(255, 0, 0), (0, 0, 255)]):
+            folder = tmp_path / "images" / split / f"class{k}"
+            folder.mkdir(parents=True)
+            for i in range(4):
+                Image.new("RGB", (40, 40), colour).save(folder / f"{i}.png")
+    c = cli("fit", "--config", str(CONFIGS / "cnn" / "torchvision_imagefolder.yaml"), *FAST,
+            f"--data.init_args.root={tmp_path / 'images'}", "--data.init_args.image_size=32",
+            "--data.init_args.batch_size=4", "--data.init_args.num_workers=0",
+            "--model.init_args.net.init_args.name=resnet18", "--model.init_args.net.init_args.num_classes=2",
+            "--trainer.precision=32-true")
+    assert torch.isfinite(c.trainer.callback_metrics["train/loss"])
+
+
+def test_missing_dataset_fails_fast_with_what_to_pass():
+    with pytest.raises(Exception, match=r"(?i)root|download"):
+        cli("fit", "--config", str(CONFIGS / "cnn" / "resnet18_cifar10.yaml"), *FAST,
+            "--data.init_args.root=nowhere", "--data.init_args.num_workers=0")
+
+
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        ("--model.init_args.no_such_key=1", "no_such_key"),
+        ("--model.init_args.lr=fast", "lr"),
+        ("--model.class_path=zoo.cnn.NoSuchModule", "NoSuchModule"),
+        ("--trainer.max_epochz=3", "max_epochz"),
+    ],
+    ids=["unknown-key", "wrong-type", "unknown-class", "unknown-trainer-key"],
+)
+def test_bad_config_exits_nonzero_naming_the_key(override, named):
+    proc = run_cli("fit", "--config", str(TINY), override, timeout=120)
+    assert proc.returncode != 0
+    assert named in proc.stderr, proc.stderr[-2000:]
+
+
+def test_bad_key_in_yaml_file_is_named(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(TINY.read_text().replace("lr: 0.01", "learning_rat: 0.01"))
+    proc = run_cli("fit", "--config", str(bad), timeout=120)
+    assert proc.returncode != 0 and "learning_rat" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_main_job_prints_where_run_and_checkpoint_are():
+    proc = run_cli("fit", "--config", str(TINY), "--trainer.max_epochs=1", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "MLflow run:" in proc.stdout and "mlflow ui --backend-store-uri sqlite:///mlflow.db" in proc.stdout
+    best = next(line for line in proc.stdout.splitlines() if line.startswith("Best checkpoint:")).split(": ", 1)[1]
+    assert Path(best).is_file()
+
+
+def test_16_mixed_on_cpu_runs_as_bf16():
+    with pytest.warns(UserWarning, match="bf16"):
+        c = cli("fit", "--config", str(TINY), *FAST, "--trainer.precision=16-mixed")
+    assert c.trainer.precision == "bf16-mixed"
+
+
+def test_bf16_mixed_fits_on_cpu():
+    c = cli("fit", "--config", str(TINY), "--trainer.max_steps=10", "--trainer.precision=bf16-mixed")
+    assert c.trainer.precision == "bf16-mixed"
+    assert torch.isfinite(c.trainer.callback_metrics["val/loss"])

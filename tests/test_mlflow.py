@@ -1,0 +1,109 @@
+"""MLflow tracking: the embedded store by default, a real server when asked, and failures that lose nothing."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import CONFIGS, ROOT, cli, free_port, run_cli, start_mlflow_server
+from mlflow.tracking import MlflowClient
+
+TINY = str(CONFIGS / "cnn" / "convnet_digits.yaml")
+
+
+def _artifacts(client: MlflowClient, run_id: str, path: str | None = None) -> list[str]:
+    out = []
+    for f in client.list_artifacts(run_id, path):
+        out += _artifacts(client, run_id, f.path) if f.is_dir else [f.path]
+    return out
+
+
+def _check_run(client: MlflowClient, c) -> None:
+    logger = c.trainer.logger
+    run = client.get_run(logger.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["zoo.family"] == "cnn"
+    assert run.data.tags["zoo.model"].endswith("ConvNet")
+    params = run.data.params
+    assert float(params["lr"]) == 0.01 and params["model.init_args.net.init_args.width"] == "8"
+    metrics = run.data.metrics
+    for key in ("train/loss", "val/loss", "val/acc", "grad/norm", "lr/pg1", "lr/pg2"):
+        assert key in metrics, sorted(metrics)
+    steps = client.get_metric_history(logger.run_id, "train/loss")
+    assert len(steps) == c.trainer.global_step // c.trainer.log_every_n_steps
+    files = _artifacts(client, logger.run_id)
+    assert "config.yaml" in files
+    config = yaml.safe_load(Path(client.download_artifacts(logger.run_id, "config.yaml")).read_text())
+    assert config["model"]["init_args"]["net"]["class_path"] == "zoo.cnn.ConvNet"
+    assert any(f.endswith(".ckpt") and "best" in f for f in files), files
+
+
+def test_embedded_store_by_default(tmp_path):
+    c = cli("fit", "--config", TINY)
+    assert c.trainer.logger._tracking_uri == "sqlite:///mlflow.db"
+    assert (tmp_path / "mlflow.db").is_file() and (tmp_path / "mlruns").is_dir()
+    _check_run(MlflowClient("sqlite:///mlflow.db"), c)
+
+
+def test_learning_rate_logged_follows_warmup_cosine():
+    c = cli("fit", "--config", TINY, "--trainer.log_every_n_steps=1")
+    client = MlflowClient("sqlite:///mlflow.db")
+    history = {m.step: m.value for m in client.get_metric_history(c.trainer.logger.run_id, "lr/pg1")}
+    total, warmup, base, floor = c.trainer.global_step, 5, 0.01, 0.01
+    for step, lr in history.items():
+        if step < warmup:
+            expected = base * (step + 1) / warmup
+        else:
+            expected = base * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup))))
+        assert lr == pytest.approx(expected, rel=1e-5), step
+
+
+def test_tracking_server_from_env(mlflow_server, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    c = cli("fit", "--config", TINY)
+    assert c.trainer.logger._tracking_uri == mlflow_server
+    _check_run(MlflowClient(mlflow_server), c)
+    assert not Path("mlflow.db").exists()
+
+
+def test_unreachable_server_fails_fast_naming_the_uri():
+    uri = f"http://127.0.0.1:{free_port()}"
+    start = time.monotonic()
+    proc = run_cli("fit", "--config", TINY, env={"MLFLOW_TRACKING_URI": uri}, timeout=120)
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0
+    assert uri in proc.stderr and "unreachable" in proc.stderr
+    assert "Epoch" not in proc.stdout + proc.stderr  # failed before training started
+    assert elapsed < 30, elapsed
+
+
+def test_server_dying_mid_run_keeps_local_checkpoints(tmp_path):
+    server, uri = start_mlflow_server(tmp_path)
+    try:
+        from zoo.tracking import wait_for_server
+
+        wait_for_server(uri)
+        env = {"MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(ROOT)}
+        fit = subprocess.Popen(
+            [sys.executable, str(ROOT / "cli.py"), "fit", "--config", TINY, "--trainer.max_epochs=12",
+             "--model.init_args.net.init_args.width=32"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**__import__("os").environ, **env},
+        )
+        deadline = time.monotonic() + 120
+        while not list(Path("runs").glob("**/last.ckpt")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert list(Path("runs").glob("**/last.ckpt")), "no checkpoint before the deadline"
+    finally:
+        server.kill()
+        server.wait()
+    out, _ = fit.communicate(timeout=300)
+    import torch
+
+    last = next(Path("runs").glob("**/last.ckpt"))
+    ckpt = torch.load(last, weights_only=True)
+    assert ckpt["epoch"] == 11, out[-3000:]  # checkpoints kept coming after the server died

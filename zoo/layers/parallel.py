@@ -1,0 +1,69 @@
+"""FSDP2 for every family: shard a net once in ``configure_model``, consolidate sharded checkpoints.
+
+Lightning's ``fsdp`` strategy wraps FSDP1 and refuses a CPU; ``ModelParallelStrategy`` gives the
+module a device mesh and leaves the wrapping to ``configure_model``, where ``fully_shard`` (FSDP2)
+runs on GPUs (NCCL) and CPUs (gloo) alike.
+
+Consolidate a sharded checkpoint directory into one file that ``load_from_checkpoint`` reads:
+    python -m zoo.layers.parallel <checkpoint_dir> <output.ckpt>
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+def shard(net: nn.Module, device_mesh, blocks: Iterable[nn.Module] | None = None) -> nn.Module:
+    """Apply ``fully_shard`` to each block and then the whole net, once; no-op without a mesh.
+
+    ``blocks`` are the units that gather their parameters together (transformer blocks, ResNet
+    stages); by default the net's direct children that hold parameters. On CUDA, parameters are
+    computed in bf16 and gradients reduced in fp32 (the FSDP2 mixed-precision policy).
+    """
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    if device_mesh is None or isinstance(net, FSDPModule):
+        return net
+    mesh = device_mesh["data_parallel"] if device_mesh.mesh_dim_names else device_mesh
+    on_cuda = mesh.device_type == "cuda"
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if on_cuda else MixedPrecisionPolicy()
+    if blocks is None:
+        blocks = [m for m in net.children() if any(True for _ in m.parameters())]
+    for block in blocks:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(net, mesh=mesh, mp_policy=mp)
+    return net
+
+
+def consolidate(checkpoint_dir: str | Path, output_file: str | Path) -> Path:
+    """Merge a ModelParallelStrategy (FSDP2) checkpoint directory into one Lightning checkpoint file."""
+    from lightning.fabric.utilities.load import _load_distributed_checkpoint
+
+    checkpoint_dir = Path(checkpoint_dir)
+    if not checkpoint_dir.is_dir():
+        raise NotADirectoryError(f"{str(checkpoint_dir)!r} is not a sharded checkpoint directory")
+    ckpt = _load_distributed_checkpoint(checkpoint_dir)
+    opt_keys = sorted((k for k in ckpt if re.fullmatch(r"optimizer_\d+", k)), key=lambda k: int(k.split("_")[1]))
+    ckpt["optimizer_states"] = [ckpt.pop(k) for k in opt_keys]
+    output_file = Path(output_file)
+    output_file.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(ckpt, output_file)
+    return output_file
+
+
+def _main() -> None:
+    parser = argparse.ArgumentParser(description="Consolidate a sharded FSDP2 checkpoint directory into one file.")
+    parser.add_argument("checkpoint_dir")
+    parser.add_argument("output_file")
+    args = parser.parse_args()
+    print(f"Wrote {consolidate(args.checkpoint_dir, args.output_file)}")
+
+
+if __name__ == "__main__":
+    _main()
