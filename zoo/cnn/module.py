@@ -65,20 +65,19 @@ class ClassifierModule(LightningModule):
         self.val_metrics = metrics.clone(prefix="val/")
         self.test_metrics = metrics.clone(prefix="test/")
         self.test_confusion = MulticlassConfusionMatrix(k)
-        self._forward = net
+        self._compiled = None  # set by configure_model; kept off the module tree (no "_orig_mod." keys)
 
     def configure_model(self) -> None:
         shard(self.net, self.device_mesh)
         if self.hparams.channels_last:
             self.net.to(memory_format=torch.channels_last)
-        if self.hparams.compile and self._forward is self.net:
-            # Kept off the module tree so checkpoint keys stay free of "_orig_mod.".
-            object.__setattr__(self, "_forward", torch.compile(self.net))
+        if self.hparams.compile and self._compiled is None:
+            object.__setattr__(self, "_compiled", torch.compile(self.net))
 
     def forward(self, x: Tensor) -> Tensor:
         if self.hparams.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        return self._forward(x)  # (B, K)
+        return (self._compiled or self.net)(x)  # (B, K)
 
     def _loss(self, batch: tuple[Tensor, Tensor]) -> tuple[dict[str, Tensor], Tensor]:
         x, y = batch
