@@ -77,7 +77,8 @@ class ClassifierModule(LightningModule):
     def forward(self, x: Tensor) -> Tensor:
         if self.hparams.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        return (self._compiled or self.net)(x)  # (B, K)
+        net = self.net if self._compiled is None else self._compiled
+        return net(x)  # (B, K)
 
     def _loss(self, batch: tuple[Tensor, Tensor]) -> tuple[dict[str, Tensor], Tensor]:
         x, y = batch
