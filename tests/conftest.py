@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -47,8 +48,16 @@ def mlflow_server(tmp_path_factory):
         wait_for_server(uri)
         yield uri
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop_server(proc)
+
+
+def stop_server(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
+    """Stop ``mlflow server`` and the uvicorn worker it spawned (one process group)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
 
 
 def start_mlflow_server(home: Path) -> tuple[subprocess.Popen, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import signal
 import subprocess
 import sys
 import time
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import CONFIGS, ROOT, cli, free_port, run_cli, start_mlflow_server
+from conftest import CONFIGS, ROOT, cli, free_port, run_cli, start_mlflow_server, stop_server
 from mlflow.tracking import MlflowClient
 
 TINY = str(CONFIGS / "cnn" / "convnet_digits.yaml")
@@ -99,8 +100,7 @@ def test_server_dying_mid_run_keeps_local_checkpoints(tmp_path):
             time.sleep(0.2)
         assert list(Path("runs").glob("**/last.ckpt")), "no checkpoint before the deadline"
     finally:
-        server.kill()
-        server.wait()
+        stop_server(server, signal.SIGKILL)
     out, _ = fit.communicate(timeout=300)
     import torch
 
