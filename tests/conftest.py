@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from lightning.pytorch import Callback
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -84,3 +85,14 @@ def cli(*args: str):
     from cli import main
 
     return main(list(args))
+
+
+class StopAfterEpochs(Callback):
+    """Stands in for an interruption: stops fit gracefully once ``epochs`` epochs are done."""
+
+    def __init__(self, epochs: int = 1) -> None:
+        self.epochs = epochs
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.current_epoch + 1 >= self.epochs:
+            trainer.should_stop = True

