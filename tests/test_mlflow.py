@@ -44,7 +44,7 @@ def _check_run(client: MlflowClient, c) -> None:
     assert any(f.endswith(".ckpt") and "best" in f for f in files), files
 
 
-def test_embedded_store_by_default(tmp_path):
+def test_embedded_store_by_default(tmp_path, embedded_store):
     c = cli("fit", "--config", TINY)
     assert c.trainer.logger._tracking_uri == "sqlite:///mlflow.db"
     assert (tmp_path / "mlflow.db").is_file() and (tmp_path / "mlruns").is_dir()
@@ -53,7 +53,7 @@ def test_embedded_store_by_default(tmp_path):
 
 def test_learning_rate_logged_follows_warmup_cosine():
     c = cli("fit", "--config", TINY, "--trainer.log_every_n_steps=1")
-    client = MlflowClient("sqlite:///mlflow.db")
+    client = MlflowClient(c.trainer.logger.tracking_uri)
     history = {m.step: m.value for m in client.get_metric_history(c.trainer.logger.run_id, "lr/pg1")}
     total, warmup, base, floor = c.trainer.global_step, 5, 0.01, 0.01
     for step, lr in history.items():

@@ -25,7 +25,7 @@ def _run(*args: str) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 
 
-def test_ddp_two_processes_identical_weights_one_run():
+def test_ddp_two_processes_identical_weights_one_run(embedded_store):
     _run("--config", str(CONFIGS / "trainer" / "ddp.yaml"), "--trainer.max_epochs=1")
     r0, r1 = torch.load("rank0.pt"), torch.load("rank1.pt")
     assert r0["state"].keys() == r1["state"].keys()
