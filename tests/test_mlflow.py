@@ -46,9 +46,9 @@ def _check_run(client: MlflowClient, c) -> None:
 
 def test_embedded_store_by_default(tmp_path, embedded_store):
     c = cli("fit", "--config", TINY)
-    assert c.trainer.logger._tracking_uri == "sqlite:///mlflow.db"
+    assert c.trainer.logger._tracking_uri == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
     assert (tmp_path / "mlflow.db").is_file() and (tmp_path / "mlruns").is_dir()
-    _check_run(MlflowClient("sqlite:///mlflow.db"), c)
+    _check_run(MlflowClient(c.trainer.logger.tracking_uri), c)
 
 
 def test_learning_rate_logged_follows_warmup_cosine():

@@ -31,7 +31,7 @@ def test_ddp_two_processes_identical_weights_one_run(embedded_store):
     assert r0["state"].keys() == r1["state"].keys()
     for k in r0["state"]:
         torch.testing.assert_close(r0["state"][k], r1["state"][k], rtol=0, atol=0, msg=k)
-    client = MlflowClient("sqlite:///mlflow.db")
+    client = MlflowClient(f"sqlite:///{Path('mlflow.db').resolve()}")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert len(runs) == 1 and runs[0].data.tags["zoo.family"] == "cnn"
 

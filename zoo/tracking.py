@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
 
@@ -80,6 +81,10 @@ class ZooMLFlowLogger(MLFlowLogger):
             check_server: check an http(s) server answers before training starts.
         """
         tracking_uri = tracking_uri or os.getenv("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+        if tracking_uri == DEFAULT_TRACKING_URI:
+            # MLflow caches one store per URI string for the life of the process, so a relative path
+            # would keep pointing at the first working directory it was opened from.
+            tracking_uri = f"sqlite:///{Path('mlflow.db').resolve()}"
         if check_server:
             check_reachable(tracking_uri)
         super().__init__(

@@ -1,0 +1,82 @@
+"""What both benchmarks share: the run header, timers that wait for the device, medians, tables."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Sequence
+
+import torch
+
+
+def set_threads(threads: int | None) -> None:
+    """Pin intra-op threads (None keeps PyTorch's default: one per physical core)."""
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda asked, but torch.cuda.is_available() is False")
+    return device
+
+
+def print_header(title: str, device: torch.device) -> None:
+    """Versions, threads, device and the machine's load: what a reader needs to compare two runs."""
+    import lightning
+
+    if device.type == "cuda":
+        where = f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
+    else:
+        where = f"CPU {platform.processor() or platform.machine()}, {torch.backends.cpu.get_cpu_capability()}"
+    load = " / ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+    print(f"== {title}")
+    print(f"torch {torch.__version__}, lightning {lightning.__version__}, python {platform.python_version()}")
+    print(f"device: {device} - {where}; threads: {torch.get_num_threads()} of {os.cpu_count()} CPUs")
+    print(f"load average (1/5/15 min) at start: {load}  (a busy machine inflates and scatters the figures)")
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued kernels, so that a timer read after it covers them."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def now(device: torch.device) -> float:
+    sync(device)
+    return time.perf_counter()
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def spread(xs: Sequence[float], digits: int = 3) -> str:
+    """min-max of the repeats, to show how much to trust the median."""
+    return f"{min(xs):.{digits}f}..{max(xs):.{digits}f}" if xs else "-"
+
+
+def minor_faults() -> int:
+    """Minor page faults of this process so far (0 where ``resource`` is missing, i.e. on Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return 0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A plain-text table, first column left-aligned, the others right-aligned."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for j, r in enumerate(cells):
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        if j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
