@@ -82,14 +82,16 @@ def build(name: str, device: torch.device, batch_size: int) -> Bench:
         net = net.to(memory_format=torch.channels_last)
     hp = {k: p.default for k, p in inspect.signature(ClassifierModule.__init__).parameters.items()}
     opt = adamw_warmup_cosine(  # the zoo's groups and fused/foreach choice; the schedule is not stepped here
-        net, SimpleNamespace(estimated_stepping_batches=1), hp["lr"], hp["weight_decay"], hp["betas"], 0, hp["min_lr_ratio"]
+        net, SimpleNamespace(estimated_stepping_batches=1),
+        hp["lr"], hp["weight_decay"], hp["betas"], 0, hp["min_lr_ratio"],
     )["optimizer"]
     model = torch.compile(net) if compiled else net
     g = torch.Generator().manual_seed(SEED + 1)
     batches = [  # a few distinct batches, cycled
-        (torch.randn(batch_size, 3, 32, 32, generator=g).to(device), torch.randint(0, NUM_CLASSES, (batch_size,), generator=g).to(device))
+        (torch.randn(batch_size, 3, 32, 32, generator=g), torch.randint(0, NUM_CLASSES, (batch_size,), generator=g))
         for _ in range(4)
     ]
+    batches = [(x.to(device), y.to(device)) for x, y in batches]
     state = {"i": 0}
 
     def step() -> None:
@@ -136,11 +138,15 @@ def time_round(b: Bench, steps: int, device: torch.device) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="See the module docstring for how to read the figures.")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog="See the module docstring for how to read the figures."
+    )
     parser.add_argument("--steps", type=int, default=None, help="timed steps per round (default: cpu 2, cuda 50)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed steps per variant first (default: cpu 1, cuda 10)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="untimed steps per variant first (default: cpu 1, cuda 10)")
     parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default: cpu 3, cuda 5)")
-    parser.add_argument("--budget-s", type=float, default=None, help="stop repeating a variant after this many timed seconds (default: cpu 45, cuda 60)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="stop repeating a variant after this many timed seconds (default: cpu 45, cuda 60)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto (default: cuda when available)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: PyTorch's)")
@@ -201,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
         if device.type == "cuda":
             row.append(f"{b.peak_mib:.0f}")
         rows.append(row)
-    headers = ["variant", "images/s", "range", "x eager", "ms/step", "n"] + (["peak MiB"] if device.type == "cuda" else [])
+    headers = ["variant", "images/s", "range", "x eager", "ms/step", "n", *(["peak MiB"] if device.type == "cuda" else [])]
     print(table(headers, rows))
     for b in benches:
         if b.error is not None:

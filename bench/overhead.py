@@ -44,9 +44,10 @@ How to read the table (one per workload):
   ms/step     median over repeats of the window time / --steps; "range" is the min-max over repeats.
   x plain     ms/step over the plain loop's ms/step in the same repeat (median over repeats).
   +ms/step    the same as a difference: the per-step cost the setup adds.
-  +cpu ms/step the same in process CPU time (all threads, the MLflow writer's included). A process that
-              waits for a core does not accrue CPU time, so on a shared machine this is the steadier
-              figure; with --threads 1 it is close to the wall-clock cost on an idle machine.
+  +cpu ms/step (with --threads 1 only) the same in process CPU time, the MLflow writer thread's
+              included. A process that waits for a core accrues no CPU time, so on a shared machine this
+              is the steadier figure, close to the wall-clock cost on an idle one. With more threads,
+              OpenMP workers spin while the main thread runs Python, which would count overhead twice.
   setup s     time before the window minus warmup x ms/step: construction, fit start, first-step extras.
   teardown s  time after the window: end of fit, checkpoint writes, MLflow flush and artifact upload.
   faults/step minor page faults per step in the window (allocator behaviour; differs when memory is reused
@@ -92,7 +93,9 @@ from lightning.pytorch.profilers import SimpleProfiler  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-from bench._common import median, minor_faults, now, print_header, resolve_device, set_threads, spread, table  # noqa: E402
+from bench._common import (  # noqa: E402
+    median, minor_faults, now, print_header, resolve_device, set_threads, spread, table,
+)
 from cli import DEFAULT_CALLBACKS, TRAINER_DEFAULTS  # noqa: E402
 from zoo.cnn import ClassifierModule, ResNet  # noqa: E402
 from zoo.layers.optim import adamw_warmup_cosine  # noqa: E402
@@ -132,7 +135,8 @@ class Workload:
 WORKLOADS = {
     "mlp": Workload(MLP, (1, 28, 28), steps=500, warmup=50, repeats=5, target="added_ms <= 0.5"),
     "resnet18": Workload(
-        lambda: ResNet(18, num_classes=10, stem="cifar"), (3, 32, 32), steps=12, warmup=2, repeats=3, target="ratio <= 1.02"
+        lambda: ResNet(18, num_classes=10, stem="cifar"), (3, 32, 32),
+        steps=12, warmup=2, repeats=3, target="ratio <= 1.02",
     ),
 }
 
@@ -219,7 +223,7 @@ def run_plain(w: Workload, loader: DataLoader, warmup: int, device: torch.device
     t1, c1, f1 = now(device), time.process_time(), minor_faults()
     final = loss.item()
     end = time.perf_counter()
-    return Run(end - start, t0 - start, t1 - t0, end - t1, c1 - c0, f1 - f0, final)
+    return Run(total=end - start, before=t0 - start, window=t1 - t0, after=end - t1, cpu=c1 - c0, faults=f1 - f0, loss=final)
 
 
 def _instantiate(spec):
@@ -272,8 +276,10 @@ def run_lightning(
         trainer.fit(module, train_dataloaders=loader)
     end = time.perf_counter()
     notes = [str(m.message).splitlines()[0] for m in caught]
-    run = Run(end - start, timer.t0 - start, timer.t1 - timer.t0, end - timer.t1, timer.c1 - timer.c0, timer.f1 - timer.f0,
-              timer.loss, notes)
+    run = Run(
+        total=end - start, before=timer.t0 - start, window=timer.t1 - timer.t0, after=end - timer.t1,
+        cpu=timer.c1 - timer.c0, faults=timer.f1 - timer.f0, loss=timer.loss, warnings=notes,
+    )
     return run, trainer
 
 
@@ -336,40 +342,54 @@ def bench_workload(name: str, w: Workload, args, device: torch.device, tmp: Path
     return runs
 
 
+def _paired(a: list[float], b: list[float], op) -> list[float]:
+    """``op`` between runs of the same repeat (ratio or difference), one value per repeat."""
+    return [op(x, y) for x, y in zip(a, b)]
+
+
 def report(name: str, w: Workload, runs: dict[str, list[Run]], steps: int, warmup: int) -> None:
     ms = {v: [r.window / steps * 1e3 for r in rs] for v, rs in runs.items()}
     cpu = {v: [r.cpu / steps * 1e3 for r in rs] for v, rs in runs.items()}
     d = 1 if median(ms["plain"]) >= 100 else 3  # decimals of the ms figures
+    with_cpu = torch.get_num_threads() == 1
+    div, sub = (lambda x, y: x / y), (lambda x, y: x - y)
+
+    headers = ["variant", "ms/step", "range", "x plain", "+ms/step", *(["+cpu ms/step"] if with_cpu else []),
+               "setup s", "teardown s", "total s", "faults/step", "loss"]
     rows = []
     for v, rs in runs.items():
-        ratio = [a / b for a, b in zip(ms[v], ms["plain"])]
-        added = [a - b for a, b in zip(ms[v], ms["plain"])]
         setup = [r.before - warmup * m / 1e3 for r, m in zip(rs, ms[v])]
+        added_cpu = [f"{median(_paired(cpu[v], cpu['plain'], sub)):+.{d}f}"] if with_cpu else []
         rows.append([
-            v, f"{median(ms[v]):.{d}f}", spread(ms[v], d), f"{median(ratio):.3f}", f"{median(added):+.{d}f}",
-            f"{median([a - b for a, b in zip(cpu[v], cpu['plain'])]):+.{d}f}",
+            v, f"{median(ms[v]):.{d}f}", spread(ms[v], d), f"{median(_paired(ms[v], ms['plain'], div)):.3f}",
+            f"{median(_paired(ms[v], ms['plain'], sub)):+.{d}f}", *added_cpu,
             f"{median(setup):.2f}", f"{median([r.after for r in rs]):.2f}", f"{median([r.total for r in rs]):.2f}",
             f"{median([r.faults / steps for r in rs]):.0f}", f"{rs[-1].loss:.4f}",
         ])
-    print(table(["variant", "ms/step", "range", "x plain", "+ms/step", "+cpu ms/step", "setup s", "teardown s", "total s",
-                 "faults/step", "loss"], rows))
-    added = median([a - b for a, b in zip(ms["zoo"], ms["plain"])])
-    ratio = median([a / b for a, b in zip(ms["zoo"], ms["plain"])])
+    print(table(headers, rows))
+
     kind, limit = w.target.split(" <= ")
-    value = added if kind == "added_ms" else ratio
+    if kind == "added_ms":
+        value = median(_paired(ms["zoo"], ms["plain"], sub))
+        shown, budget = f"{value:+.3f} ms/step", f"{float(limit)} ms/step"
+    else:
+        value = median(_paired(ms["zoo"], ms["plain"], div))
+        shown, budget = f"{(value - 1) * 100:+.1f}%", f"{(float(limit) - 1) * 100:.0f}%"
     verdict = "met" if value <= float(limit) else "MISSED"
-    shown = f"{added:+.3f} ms/step" if kind == "added_ms" else f"{(ratio - 1) * 100:+.1f}%"
-    budget = f"{float(limit)} ms/step" if kind == "added_ms" else f"{(float(limit) - 1) * 100:.0f}%"
     print(f"target for {name}: zoo within {budget} of plain -> {shown}: {verdict}")
-    ablated = [v for v in runs if " -" in v]
+
+    ablated = [v for v in runs if " -" in v]  # "zoo -<part>", "lightning -<part>" (--ablate)
     if ablated:
         print("--ablate: what each run saves per step without one part (paired difference, median over repeats):")
-        saves = {v: [a - b for a, b in zip(ms[v.partition(" -")[0]], ms[v])] for v in ablated}
-        cpu_saves = {v: [a - b for a, b in zip(cpu[v.partition(" -")[0]], cpu[v])] for v in ablated}
-        print(table(["left out", "ms/step saved", "range", "cpu ms/step saved", "range"], [
-            [v, f"{median(x):+.{d}f}", spread(x, d), f"{median(cpu_saves[v]):+.{d}f}", spread(cpu_saves[v], d)]
-            for v, x in sorted(saves.items(), key=lambda kv: -median(cpu_saves[kv[0]]))
-        ]))
+        rows = []
+        for v in ablated:
+            base = v.partition(" -")[0]
+            saved, saved_cpu = _paired(ms[base], ms[v], sub), _paired(cpu[base], cpu[v], sub)
+            extra = [f"{median(saved_cpu):+.{d}f}", spread(saved_cpu, d)] if with_cpu else []
+            rows.append((median(saved_cpu if with_cpu else saved), [v, f"{median(saved):+.{d}f}", spread(saved, d), *extra]))
+        extra_headers = ["cpu ms/step saved", "range"] if with_cpu else []
+        print(table(["left out", "ms/step saved", "range", *extra_headers], [r for _, r in sorted(rows, key=lambda t: -t[0])]))
+
     notes = sorted({n for v in runs if v != "plain" for r in runs[v] for n in r.warnings})
     for n in notes:
         print(f"   warning seen in the Lightning runs: {n[:200]}")
@@ -397,17 +417,22 @@ def profile(w: Workload, loader: DataLoader, warmup: int, device: torch.device, 
             rows.append([action, f"{us:.1f}", ""])
     cb_rows = [[f"[Callback]{cb} ({n} hooks)", f"{us:.1f}", f"{hook} {top:.1f}"]
                for cb, (us, n, hook, top) in sorted(per_callback.items(), key=lambda kv: -kv[1][0])]
-    print(f"profile of one zoo run ({steps} steps, {run.window / (steps - warmup) * 1e3:.3f} ms/step under the profiler). "
+    per_step = run.window / (steps - warmup) * 1e3
+    print(f"profile of one zoo run ({steps} steps, {per_step:.3f} ms/step under the profiler). "
           "Lightning actions nest (run_training_batch holds optimizer_step, which holds training_step and backward); "
           "callbacks are summed over their per-step hooks:")
     print(table(["action", "us/step", "costliest hook us/step"], rows + cb_rows))
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="See the module docstring for how to read the figures.")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog="See the module docstring for how to read the figures."
+    )
     parser.add_argument("--steps", type=int, default=None, help="timed steps per run (default: mlp 500, resnet18 12)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed steps before the window, >= 1 (default: mlp 50, resnet18 2)")
-    parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats of the three variants (default: mlp 5, resnet18 3)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="untimed steps before the window, >= 1 (default: mlp 50, resnet18 2)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="interleaved repeats of the variants (default: mlp 5, resnet18 3)")
     parser.add_argument("--workloads", default="mlp,resnet18", help="comma-separated, from: " + ", ".join(WORKLOADS))
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: PyTorch's)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
