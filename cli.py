@@ -7,6 +7,8 @@ metric), learning-rate, grad-norm and precision monitors, a checkpoint on except
 
 from __future__ import annotations
 
+import os
+import time
 import warnings
 from pathlib import Path
 
@@ -63,12 +65,16 @@ class ZooCLI(LightningCLI):
     def before_fit(self) -> None:
         # Lightning resumes fit from the newest OnExceptionCheckpoint file it can find; a folder per
         # run keeps one run's crash checkpoint from being picked up by the next, unrelated run.
+        if not self.trainer.is_global_zero:
+            return
         loggers = mlflow_loggers(self.trainer)
-        if loggers and self.trainer.is_global_zero:
+        if loggers:
             run_dir = Path(self.trainer.default_root_dir, loggers[0].experiment_id, loggers[0].run_id)
-            for cb in self.trainer.callbacks:
-                if isinstance(cb, OnExceptionCheckpoint) and cb.dirpath == EXCEPTION_DIR:
-                    cb.dirpath = str(run_dir / "on_exception")
+        else:  # any other logger, or none: a folder of its own all the same
+            run_dir = Path(self.trainer.default_root_dir, f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        for cb in self.trainer.callbacks:
+            if isinstance(cb, OnExceptionCheckpoint) and cb.dirpath == EXCEPTION_DIR:
+                cb.dirpath = str(run_dir / "on_exception")
 
     def after_fit(self) -> None:
         trainer = self.trainer

@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
         # Ratio to eager within the same round; rounds where eager was skipped use eager's median.
         ref = [args.batch_size * steps / t for t in eager.timings] if eager else []
         ratios = [x / (ref[i] if i < len(ref) else median(ref)) for i, x in enumerate(ips)] if ref else []
-        row = [b.name, f"{median(ips):.1f}", spread(ips), f"{median(ratios):.2f}" if ratios else "-",
+        row = [b.name, f"{median(ips):.1f}", spread(ips, 1), f"{median(ratios):.2f}" if ratios else "-",
                f"{median(b.timings) / steps * 1e3:.1f}", str(len(b.timings) * steps)]
         if device.type == "cuda":
             row.append(f"{b.peak_mib:.0f}")

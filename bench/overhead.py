@@ -38,7 +38,10 @@ holds whole logging periods; ResNet-18 steps are so long on a CPU that a periodi
 would not show in its 2% budget anyway. The variants run interleaved (plain, zoo, lightning, then
 the next repeat starting one variant later), after one discarded warm-up round, so that drift in a
 shared machine's load spreads over all of them; ratios and differences are taken between runs of
-the same repeat, then the median over repeats is reported.
+the same repeat, then the median over repeats is reported. All variants share one process, so the
+plain loop pays what importing Lightning costs every step too (on a CUDA build of PyTorch without a
+GPU, Lightning's PYTORCH_NVML_BASED_CUDA_CHECK=1 makes each optimizer.step() probe NVML, ~0.2 ms;
+CUDA_VISIBLE_DEVICES="" avoids it).
 
 How to read the table (one per workload):
   ms/step     median over repeats of the window time / --steps; "range" is the min-max over repeats.
