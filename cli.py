@@ -27,6 +27,7 @@ DEFAULT_CALLBACKS = [
     {"class_path": "callbacks.PrecisionMonitor"},
     {"class_path": "lightning.pytorch.callbacks.OnExceptionCheckpoint", "init_args": {"dirpath": EXCEPTION_DIR}},
     {"class_path": "callbacks.WritePredictions"},
+    {"class_path": "callbacks.ProgressBar"},
 ]
 
 TRAINER_DEFAULTS = {
@@ -55,6 +56,18 @@ class ZooCLI(LightningCLI):
         if cfg.get("ckpt_path") and cfg.get("weights_only") is None:
             # Lightning unpickles a resumed checkpoint fully by default; the zoo never runs code from a file.
             cfg.weights_only = True
+        # Lightning raises on a LearningRateMonitor without a logger and on a progress bar callback with
+        # enable_progress_bar=false; a run that switches either off loses that default callback instead.
+        dropped = []
+        if cfg.trainer.get("logger") in (False, None):
+            dropped.append("LearningRateMonitor")
+        if cfg.trainer.get("enable_progress_bar") is False:
+            dropped.append("ProgressBar")
+        if dropped and cfg.trainer.get("callbacks"):
+            cfg.trainer.callbacks = [
+                c for c in cfg.trainer.callbacks
+                if not str(c.get("class_path", "")).endswith(tuple(dropped))
+            ]
         accelerator = str(cfg.trainer.get("accelerator", "auto"))
         on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
         if on_cpu and str(cfg.trainer.get("precision")) in ("16-mixed", "16"):

@@ -246,6 +246,7 @@ def zoo_trainer_kwargs(tracking_uri: str, without: str | None = None) -> dict:
     callbacks = [instantiate_class((), c) for c in TRAINER_DEFAULTS.get("callbacks", DEFAULT_CALLBACKS)]
     kwargs["callbacks"] = [cb for cb in callbacks if type(cb).__name__ != without]
     if without == "progress bar":
+        kwargs["callbacks"] = [cb for cb in kwargs["callbacks"] if type(cb).__name__ != "ProgressBar"]
         kwargs["enable_progress_bar"] = False
     return kwargs
 
@@ -253,6 +254,7 @@ def zoo_trainer_kwargs(tracking_uri: str, without: str | None = None) -> dict:
 def ablations(tmp: Path) -> list[str]:
     """The parts ``--ablate`` leaves out one at a time: each default callback, the progress bar, MLflow."""
     names = [type(cb).__name__ for cb in zoo_trainer_kwargs(f"sqlite:///{tmp / 'mlflow.db'}")["callbacks"]]
+    names = [n for n in names if n != "ProgressBar"]  # "progress bar" below
     return [f"zoo -{n}" for n in [*names, "progress bar", "mlflow"]] + ["lightning -train/loss log"]
 
 

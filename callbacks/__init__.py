@@ -1,7 +1,10 @@
-"""Callbacks shared by every family: monitors, checkpointing, prediction writing."""
+"""Callbacks shared by every family: monitors, checkpointing, prediction writing, progress."""
 
 from callbacks.checkpoint import MonitoredCheckpoint
 from callbacks.monitors import GradNormMonitor, NonFiniteLossError, PrecisionMonitor
 from callbacks.predictions import WritePredictions
+from callbacks.progress import ProgressBar
+from callbacks.text_samples import LogTextSamples
 
-__all__ = ["GradNormMonitor", "MonitoredCheckpoint", "NonFiniteLossError", "PrecisionMonitor", "WritePredictions"]
+__all__ = ["GradNormMonitor", "LogTextSamples", "MonitoredCheckpoint", "NonFiniteLossError", "PrecisionMonitor", "ProgressBar",
+           "WritePredictions"]

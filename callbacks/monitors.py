@@ -18,6 +18,8 @@ from lightning.pytorch.plugins.precision import FSDPPrecision, MixedPrecision
 from torch import Tensor
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
+from zoo.layers.logging import lightning_writes
+
 
 class NonFiniteLossError(RuntimeError):
     """The training loss was NaN or inf; raised before backward, so the weights never saw it."""
@@ -57,17 +59,6 @@ def _full_norms(grads: list[DTensor], norm_type: float) -> Tensor:
     partial = [Partial("max" if inf else "sum") if p.is_shard() else Replicate() for p in placements]
     full = DTensor.from_local(local if inf else local.pow(norm_type), mesh, partial, run_check=False).full_tensor()
     return full if inf else full.pow(1.0 / norm_type)
-
-
-def _lightning_writes(trainer: pl.Trainer, step: int) -> bool:
-    """Whether Lightning's logger connector writes step metrics after optimizer step `step` (1-based).
-
-    Values logged at other steps are dropped, and one `pl_module.log` call costs 0.1-0.5 ms on a CPU
-    (Lightning moves its result container to the device on every call), so the monitors only compute and
-    log on the steps that get written: `Trainer(log_every_n_steps=...)` sets the cadence.
-    """
-    n = trainer.log_every_n_steps
-    return n > 0 and (step % n == 0 or trainer.should_stop)
 
 
 class GradNormMonitor(Callback):
@@ -111,7 +102,7 @@ class GradNormMonitor(Callback):
         if not pl_module.automatic_optimization:
             return
         step = trainer.global_step + 1  # this step, 1-based, as Lightning's logger connector counts it
-        log_total = step % self.log_every_n_steps == 0 and _lightning_writes(trainer, step)
+        log_total = step % self.log_every_n_steps == 0 and lightning_writes(trainer, step)
         log_layers = (
             self.per_layer_every_n_steps > 0 and step % self.per_layer_every_n_steps == 0
             and trainer.log_every_n_steps > 0 and bool(trainer.loggers)
@@ -234,7 +225,7 @@ class PrecisionMonitor(Callback):
             self._skipped = self._skipped.to(scale.device) + (scale < self._prev_scale.to(scale.device))
         self._prev_scale = scale
         step = trainer.global_step  # already counts this batch's step
-        if step % self.log_every_n_steps == 0 and _lightning_writes(trainer, step):
+        if step % self.log_every_n_steps == 0 and lightning_writes(trainer, step):
             pl_module.log("precision/grad_scale", scale.float(), on_step=True, on_epoch=False)
             pl_module.log("precision/skipped_steps", self._skipped.float(), on_step=True, on_epoch=False)
 

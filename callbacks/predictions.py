@@ -1,9 +1,11 @@
-"""Writes what ``predict_step`` returns to a CSV file, one row per example."""
+"""Writes what ``predict_step`` returns to a file, one row per example: CSV for tensors, JSONL for text."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+import json
 
 import numpy as np
 import torch
@@ -14,7 +16,8 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 class WritePredictions(BasePredictionWriter):
     """Collects per-example tensors from ``predict_step`` dicts and writes them at epoch end.
 
-    Under DDP each rank writes ``<stem>.rank<k>.csv``; on one process the file is ``path``.
+    Under DDP each rank writes ``<stem>.rank<k>.csv``; on one process the file is ``path``. Dicts that
+    carry lists (generated text) are written as JSON lines to ``path`` with the suffix ``.jsonl``.
     """
 
     def __init__(self, path: str = "predictions.csv") -> None:
@@ -30,6 +33,9 @@ class WritePredictions(BasePredictionWriter):
         batches = [b for b in batches if isinstance(b, dict)]
         if not batches:
             return
+        if any(not isinstance(v, torch.Tensor) for v in batches[0].values()):
+            self._write_jsonl(trainer, batches)
+            return
         columns = {k: torch.cat([b[k].reshape(len(b[k]), -1) for b in batches]).cpu() for k in batches[0]}
         path = Path(self.path)
         if trainer.world_size > 1:
@@ -41,3 +47,19 @@ class WritePredictions(BasePredictionWriter):
         fmt = ["%d" if i else "%.6g" for i in is_int]
         np.savetxt(path, table.numpy(), fmt=fmt, delimiter=",", header=",".join(header), comments="")
         print(f"Wrote {len(table)} predictions to {path.resolve()}")
+
+    def _rank_path(self, trainer: Trainer, suffix: str) -> Path:
+        path = Path(self.path).with_suffix(suffix)
+        if trainer.world_size > 1:
+            path = path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _write_jsonl(self, trainer: Trainer, batches: list[dict]) -> None:
+        path = self._rank_path(trainer, ".jsonl")
+        rows = [
+            {k: (v[i].tolist() if isinstance(v, torch.Tensor) else v[i]) for k, v in b.items()}
+            for b in batches for i in range(len(next(iter(b.values()))))
+        ]
+        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        print(f"Wrote {len(rows)} predictions to {path.resolve()}")

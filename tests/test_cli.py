@@ -64,7 +64,7 @@ RUNNABLE = ["cnn/convnet_digits.yaml", "cnn/convnet_shapes.yaml", "cnn/convnet_m
 def test_runnable_configs_fit_end_to_end(name):
     c = cli("fit", "--config", str(CONFIGS / name), *FAST)
     metrics = c.trainer.callback_metrics  # test/ metrics when the config tests after fit
-    assert torch.isfinite(metrics["test/loss" if c.config.fit.test_after_fit else "train/loss"])
+    assert torch.isfinite(metrics["test/loss" if c.config.fit.test_after_fit else "val/loss"])
 
 
 def test_imagefolder_config_fits_on_a_folder(image_folder):
@@ -73,7 +73,7 @@ def test_imagefolder_config_fits_on_a_folder(image_folder):
             "--data.init_args.batch_size=4", "--data.init_args.num_workers=0",
             "--model.init_args.net.init_args.name=resnet18", "--model.init_args.net.init_args.num_classes=2",
             "--trainer.precision=32-true")
-    assert torch.isfinite(c.trainer.callback_metrics["train/loss"])
+    assert torch.isfinite(c.trainer.callback_metrics["val/loss"])
 
 
 def test_missing_dataset_fails_fast_with_what_to_pass():
@@ -130,4 +130,11 @@ def test_16_mixed_on_cpu_runs_as_bf16():
 def test_bf16_mixed_fits_on_cpu():
     c = cli("fit", "--config", str(TINY), "--trainer.max_epochs=1", "--trainer.precision=bf16-mixed")
     assert c.trainer.precision == "bf16-mixed"
+    assert torch.isfinite(c.trainer.callback_metrics["val/loss"])
+
+
+def test_fit_without_a_logger():
+    # LearningRateMonitor is a default callback and raises without a logger: the CLI drops it instead.
+    c = cli("fit", "--config", str(TINY), *FAST, "--trainer.logger=false")
+    assert not c.trainer.loggers
     assert torch.isfinite(c.trainer.callback_metrics["val/loss"])

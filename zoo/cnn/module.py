@@ -16,6 +16,7 @@ from zoo.layers.hparams import save_hparams
 from zoo.layers.parallel import shard
 from zoo.layers.optim import adamw_warmup_cosine
 from zoo.layers.weights import check_compatible
+from zoo.layers.logging import lightning_writes
 from zoo.tracking import log_json_artifact
 
 
@@ -87,7 +88,8 @@ class ClassifierModule(LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         out, _ = self._loss(batch)
-        self.log_dict({f"train/{k}": v for k, v in out.items()}, prog_bar=True)
+        if lightning_writes(self.trainer):  # values logged at other steps are dropped anyway
+            self.log_dict({f"train/{k}": v for k, v in out.items()}, prog_bar=True)
         return out["loss"]
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
