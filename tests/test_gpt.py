@@ -1,0 +1,165 @@
+"""GPT net, objective and decoding: invariants, closed forms, and parity with Hugging Face's GPT-2."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from zoo.gpt import GPT, generate
+from zoo.gpt.generate import filter_logits, make_cache, sample_next
+from zoo.gpt.losses import IGNORE_INDEX, causal_lm_loss
+from zoo.layers.optim import param_groups
+
+V = 97
+MLA = dict(attention="mla", kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
+VARIANTS = {
+    "mha": dict(),
+    "gqa": dict(n_kv_head=2, position="rope", norm="rmsnorm", mlp="swiglu", bias=False),
+    "mqa": dict(n_kv_head=1, position="rope"),
+    "mla": MLA,
+    "mla_qlora": {**MLA, "q_lora_rank": 12, "position": "rope", "norm": "rmsnorm"},
+}
+
+
+def tiny(variant: str, **kw) -> GPT:
+    torch.manual_seed(0)
+    return GPT(vocab_size=V, block_size=48, n_layer=2, n_embd=32, n_head=4, **{**VARIANTS[variant], **kw})
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_loss_at_init_is_log_vocab(variant):
+    net = tiny(variant)
+    x = torch.randint(0, V, (8, 32))
+    loss = causal_lm_loss(net(x), torch.roll(x, -1, 1))["loss"]
+    assert abs(loss.item() - math.log(V)) < 0.1
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_future_tokens_do_not_change_past_logits(variant):
+    net = tiny(variant).eval()
+    x = torch.randint(0, V, (2, 24))
+    y = x.clone()
+    y[:, 12:] = torch.randint(0, V, (2, 12))
+    a, b = net(x), net(y)
+    torch.testing.assert_close(a[:, :12], b[:, :12], rtol=0, atol=1e-6)
+    assert (a[:, 12:] - b[:, 12:]).abs().max() > 1e-3  # and the future does change
+
+
+@pytest.mark.parametrize("variant", ["mha", "mla"])
+def test_one_batch_overfits(variant):
+    net = tiny(variant)
+    x = torch.randint(0, V, (4, 32))
+    opt = torch.optim.AdamW(net.parameters(), lr=3e-3)
+    for _ in range(150):
+        loss = causal_lm_loss(net(x[:, :-1]), x[:, 1:])["loss"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05
+
+
+def test_ignored_targets_do_not_count():
+    logits = torch.randn(2, 5, V)
+    y = torch.randint(0, V, (2, 5))
+    y_pad = y.clone()
+    y_pad[:, 3:] = IGNORE_INDEX
+    out = causal_lm_loss(logits, y_pad)
+    expected = torch.nn.functional.cross_entropy(logits[:, :3].reshape(-1, V), y[:, :3].reshape(-1))
+    torch.testing.assert_close(out["loss"], expected)
+    assert out["tokens"] == 6
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cached_decoding_equals_full_sequence_logits_at_every_step(variant):
+    net = tiny(variant).double().eval()
+    x = torch.randint(0, V, (3, 30))
+    full = net(x)
+    cache = make_cache(net, 3, 30)
+    steps = [net(x[:, :7], cache, 0)]  # prefill, then one token at a time
+    steps += [net(x[:, i:i + 1], cache, i) for i in range(7, 30)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("variant", ["mha", "gqa", "mla_qlora"])
+def test_generation_cached_equals_uncached_and_batch_equals_single(variant):
+    net = tiny(variant).double()
+    prompts = [torch.randint(0, V, (n,)) for n in (3, 9, 5)]
+    cached = generate(net, prompts, 12, temperature=0)
+    uncached = generate(net, prompts, 12, temperature=0, use_cache=False)
+    single = [generate(net, [p], 12, temperature=0)[0] for p in prompts]
+    for a, b, c in zip(cached, uncached, single):
+        assert torch.equal(a, b) and torch.equal(a, c) and len(a) == 12
+    # the same seed gives the same samples, with or without the cache
+    g = lambda: torch.Generator().manual_seed(3)  # noqa: E731
+    s1 = generate(net, prompts, 8, temperature=1.0, top_k=20, generator=g())
+    s2 = generate(net, prompts, 8, temperature=1.0, top_k=20, generator=g(), use_cache=False)
+    assert all(torch.equal(a, b) for a, b in zip(s1, s2))
+
+
+def test_generation_stops_at_eos_and_at_block_size():
+    net = tiny("mha")
+    prompt = torch.randint(0, V, (5,))
+    greedy = generate(net, [prompt], 10, temperature=0)[0]
+    eos = int(greedy[3])  # pretend the 4th greedy token is EOS
+    first = int((greedy == eos).nonzero()[0])
+    assert torch.equal(generate(net, [prompt], 10, temperature=0, eos_id=eos)[0], greedy[:first])
+    assert len(generate(net, [prompt], 500, temperature=0)[0]) == net.block_size - 5
+    with pytest.raises(ValueError, match="block_size"):
+        generate(net, [torch.zeros(48, dtype=torch.long)], 1)
+
+
+@pytest.mark.parametrize("heads", [4, 16])
+def test_mla_cache_holds_latent_and_rope_key_only(heads):
+    d = 64  # head size; DeepSeek-V2's proportions: r = 4d, p = d/2
+    mla = GPT(vocab_size=V, block_size=16, n_layer=3, n_embd=heads * d, n_head=heads, attention="mla",
+              kv_lora_rank=4 * d, qk_rope_head_dim=d // 2, qk_nope_head_dim=d, v_head_dim=d)
+    mha = GPT(vocab_size=V, block_size=16, n_layer=3, n_embd=heads * d, n_head=heads)
+    b, n = 2, 16
+    mla_numbers = sum(c.a.numel() + c.b.numel() for c in make_cache(mla, b, n)) / (b * n * 3)
+    mha_numbers = sum(c.a.numel() + c.b.numel() for c in make_cache(mha, b, n)) / (b * n * 3)
+    assert mla_numbers == 4 * d + d // 2
+    assert mha_numbers == 2 * heads * d
+    assert mla_numbers / mha_numbers == pytest.approx(2.25 / heads)
+
+
+def test_sampling_filters():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert torch.isinf(filter_logits(logits, top_k=2)).tolist() == [[False, False, True, True]]
+    # nucleus 0.7: 0.5 alone is short of it, 0.5 + 0.3 reaches it; the rest goes
+    assert torch.isinf(filter_logits(logits, top_p=0.7)).tolist() == [[False, False, True, True]]
+    assert torch.isinf(filter_logits(logits, top_p=0.4)).tolist() == [[False, True, True, True]]
+    assert sample_next(logits, temperature=0).item() == 0
+    g = torch.Generator().manual_seed(0)
+    draws = torch.stack([sample_next(logits.expand(4000, 4), 1.0, generator=g)]).flatten()
+    freq = torch.bincount(draws, minlength=4).float() / draws.numel()
+    torch.testing.assert_close(freq, logits.exp()[0], atol=0.03, rtol=0)
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    x = torch.randint(0, V, (2, 16))
+    grads = []
+    for ckpt in (False, True):
+        net = tiny("gqa", activation_checkpointing=ckpt)
+        causal_lm_loss(net(x[:, :-1]), x[:, 1:])["loss"].backward()
+        grads.append(torch.cat([p.grad.flatten() for p in net.parameters()]))
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("variant", ["mha", "mla_qlora"])
+def test_every_parameter_in_exactly_one_group_and_embeddings_do_not_decay(variant):
+    net = tiny(variant)
+    groups = param_groups(net, weight_decay=0.1)
+    ids = [id(p) for g in groups for p in g["params"]]
+    assert len(ids) == len(set(ids)) == len(list(net.parameters()))
+    no_decay = {id(p) for g in groups if g["weight_decay"] == 0 for p in g["params"]}
+    assert id(net.tok_emb.weight) in no_decay
+    assert id(net.blocks[0].mlp.fc.weight) not in no_decay
+
+
+def test_gpt2_init_scales_residual_projections():
+    net = GPT(vocab_size=V, block_size=16, n_layer=12, n_embd=256, n_head=4)
+    assert net.blocks[0].mlp.fc.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert net.blocks[0].attn.proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(24), rel=0.05)
+    assert net.lm_head.weight is net.tok_emb.weight

@@ -1,0 +1,6 @@
+"""GPT language models: MHA/GQA/MLA decoder, causal-LM objective, cached generation, GPT-2 weights."""
+
+from zoo.gpt.generate import generate
+from zoo.gpt.gpt import GPT
+
+__all__ = ["GPT", "generate"]

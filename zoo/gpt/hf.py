@@ -1,0 +1,171 @@
+"""GPT-2 weights in and out of the zoo's ``GPT``, from and to Hugging Face checkpoint folders on disk.
+
+A Hugging Face GPT-2 folder holds ``config.json`` and ``model.safetensors`` (or ``pytorch_model.bin``).
+Its linear layers are ``Conv1D`` modules that store weights as (in, out), the transpose of
+``nn.Linear``; its ``c_attn`` packs [q | k | v] in the order our ``Attention.qkv`` does. Nothing is
+downloaded: point at a folder (``save_pretrained`` output, or a hub snapshot copied by hand).
+
+    python -m zoo.gpt.hf export <lightning.ckpt> <out_folder>     # our checkpoint -> HF GPT-2 folder
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from zoo.gpt.gpt import GPT
+from zoo.layers.weights import check_compatible, extract_state_dict, load_file
+
+# (ours, theirs) per block; "T" marks Conv1D weights that are stored transposed.
+_BLOCK_KEYS = [
+    ("norm1.weight", "ln_1.weight", ""), ("norm1.bias", "ln_1.bias", ""),
+    ("attn.qkv.weight", "attn.c_attn.weight", "T"), ("attn.qkv.bias", "attn.c_attn.bias", ""),
+    ("attn.proj.weight", "attn.c_proj.weight", "T"), ("attn.proj.bias", "attn.c_proj.bias", ""),
+    ("norm2.weight", "ln_2.weight", ""), ("norm2.bias", "ln_2.bias", ""),
+    ("mlp.fc.weight", "mlp.c_fc.weight", "T"), ("mlp.fc.bias", "mlp.c_fc.bias", ""),
+    ("mlp.proj.weight", "mlp.c_proj.weight", "T"), ("mlp.proj.bias", "mlp.c_proj.bias", ""),
+]
+_TOP_KEYS = [("tok_emb.weight", "wte.weight"), ("pos_emb.weight", "wpe.weight"),
+             ("norm_f.weight", "ln_f.weight"), ("norm_f.bias", "ln_f.bias")]
+
+
+def gpt2_net_kwargs(config: dict) -> dict:
+    """``GPT`` arguments for a Hugging Face ``GPT2Config`` dict."""
+    act = config.get("activation_function", "gelu_new")
+    if act not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise ValueError(f"Only GPT-2's tanh GELU is supported, the config has activation_function={act!r}")
+    return dict(
+        vocab_size=config["vocab_size"], block_size=config.get("n_positions", config.get("n_ctx", 1024)),
+        n_layer=config["n_layer"], n_embd=config["n_embd"], n_head=config["n_head"],
+        mlp_hidden=config.get("n_inner") or 4 * config["n_embd"], norm_eps=config.get("layer_norm_epsilon", 1e-5),
+        tie_embeddings=config.get("tie_word_embeddings", True),
+        attention="mha", norm="layernorm", mlp="gelu", position="learned", bias=True,
+    )
+
+
+def hf_to_zoo(sd: dict[str, Tensor], n_layer: int) -> dict[str, Tensor]:
+    """Rename and transpose a GPT2LMHeadModel (or GPT2Model) state dict into ``GPT``'s keys."""
+    pre = "transformer." if any(k.startswith("transformer.") for k in sd) else ""
+    out = {ours: sd[pre + theirs] for ours, theirs in _TOP_KEYS}
+    for i in range(n_layer):
+        for ours, theirs, t in _BLOCK_KEYS:
+            w = sd[f"{pre}h.{i}.{theirs}"]
+            out[f"blocks.{i}.{ours}"] = w.t().contiguous() if t else w
+    out["lm_head.weight"] = sd.get("lm_head.weight", out["tok_emb.weight"])
+    return out
+
+
+def zoo_to_hf(sd: dict[str, Tensor], n_layer: int) -> dict[str, Tensor]:
+    """The inverse of ``hf_to_zoo``: GPT2LMHeadModel keys, Conv1D weights transposed back."""
+    out = {f"transformer.{theirs}": sd[ours] for ours, theirs in _TOP_KEYS}
+    for i in range(n_layer):
+        for ours, theirs, t in _BLOCK_KEYS:
+            w = sd[f"blocks.{i}.{ours}"]
+            out[f"transformer.h.{i}.{theirs}"] = w.t().contiguous() if t else w
+    out["lm_head.weight"] = sd["lm_head.weight"]
+    return out
+
+
+def _weights_file(folder: Path) -> Path:
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / name).is_file():
+            return folder / name
+    raise FileNotFoundError(
+        f"No model.safetensors or pytorch_model.bin in {str(folder)!r}: point at a Hugging Face GPT-2 folder "
+        f"(config.json and weights), e.g. one written by GPT2LMHeadModel.save_pretrained"
+    )
+
+
+def load_gpt2(folder: str | Path) -> GPT:
+    """A ``GPT`` holding the GPT-2 weights of a local Hugging Face folder (weights-only loading)."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"No config.json in {str(folder)!r}: point at a Hugging Face GPT-2 folder")
+    net = GPT(**gpt2_net_kwargs(json.loads((folder / "config.json").read_text())))
+    load_gpt2_into(net, folder)
+    return net
+
+
+def load_gpt2_into(net: GPT, folder: str | Path) -> GPT:
+    """Copy a local Hugging Face GPT-2 folder's weights into ``net``, after checking every shape."""
+    folder = Path(folder)
+    sd = hf_to_zoo(extract_state_dict(load_file(_weights_file(folder))), net.n_layer)
+    check_compatible(net, sd, f"GPT-2 folder {str(folder)!r}")
+    net.load_state_dict(sd)
+    return net
+
+
+def export_gpt2(net: GPT, folder: str | Path) -> Path:
+    """Write ``net`` as a Hugging Face GPT-2 folder (config.json, model.safetensors) that transformers loads."""
+    from safetensors.torch import save_file
+
+    if net.attention != "mha" or net.position != "learned" or net.blocks[0].attn.n_kv_head != net.blocks[0].attn.n_head:
+        raise ValueError("Only a GPT-2-shaped net (MHA, learned positions, LayerNorm, GELU) exports as GPT-2")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    sd = zoo_to_hf({k: v.detach().cpu() for k, v in net.state_dict().items()}, net.n_layer)
+    tied = net.lm_head.weight is net.tok_emb.weight
+    if tied:
+        del sd["lm_head.weight"]  # transformers re-ties it from wte
+    save_file({k: v.contiguous() for k, v in sd.items()}, folder / "model.safetensors", metadata={"format": "pt"})
+    attn, mlp = net.blocks[0].attn, net.blocks[0].mlp
+    config = {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
+        "vocab_size": net.vocab_size, "n_positions": net.block_size, "n_ctx": net.block_size,
+        "n_embd": net.tok_emb.weight.shape[1], "n_layer": net.n_layer, "n_head": attn.n_head,
+        "n_inner": mlp.proj.in_features, "layer_norm_epsilon": net.norm_f.eps, "tie_word_embeddings": tied,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+    }
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
+def save_safetensors(net: GPT, path: str | Path) -> Path:
+    """Our own weights as one safetensors file; ``save_model`` stores the tied embedding once."""
+    from safetensors.torch import save_model
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_model(net, str(path))
+    return path
+
+
+def load_safetensors(net: GPT, path: str | Path) -> GPT:
+    """Load ``save_safetensors`` output (or any file of this net's keys), tied head included, shapes checked."""
+    sd = extract_state_dict(load_file(path))
+    if net.lm_head.weight is net.tok_emb.weight:  # save_model keeps one name of the tied pair
+        for a, b in (("lm_head.weight", "tok_emb.weight"), ("tok_emb.weight", "lm_head.weight")):
+            if a not in sd and b in sd:
+                sd[a] = sd[b]
+    check_compatible(net, sd, f"weights file {str(path)!r}")
+    net.load_state_dict(sd)
+    return net
+
+
+def load_pretrained(net: GPT, path: str | Path) -> GPT:
+    """A Hugging Face GPT-2 folder, or a safetensors/checkpoint file of this net, into ``net``."""
+    path = Path(path)
+    if path.is_dir():
+        return load_gpt2_into(net, path)
+    return load_safetensors(net, path)
+
+
+def _main() -> None:
+    parser = argparse.ArgumentParser(description="Export a zoo GPT checkpoint as a Hugging Face GPT-2 folder.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    exp = sub.add_parser("export", help="Lightning checkpoint -> Hugging Face GPT-2 folder")
+    exp.add_argument("checkpoint")
+    exp.add_argument("folder")
+    args = parser.parse_args()
+    from zoo.gpt.module import CausalLMModule
+
+    module = CausalLMModule.load_from_checkpoint(args.checkpoint, map_location="cpu", weights_only=True)
+    print(f"Wrote {export_gpt2(module.net, args.folder)}")
+
+
+if __name__ == "__main__":
+    _main()

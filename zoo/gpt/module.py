@@ -1,0 +1,179 @@
+"""Causal language modelling: next-token cross-entropy, perplexity, throughput, generation."""
+
+from __future__ import annotations
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.callbacks import ThroughputMonitor
+from torch import Tensor
+from torchmetrics import MeanMetric
+
+from zoo.gpt.generate import generate
+from zoo.gpt.gpt import GPT
+from zoo.gpt.losses import causal_lm_loss
+from zoo.layers.hparams import save_hparams
+from zoo.layers.logging import lightning_writes
+from zoo.layers.optim import adamw_warmup_cosine
+from zoo.layers.parallel import shard
+from zoo.layers.weights import check_compatible
+
+
+def _batch_size(batch: tuple[Tensor, Tensor]) -> int:
+    return batch[0].shape[0]
+
+
+def _tokens(batch: tuple[Tensor, Tensor]) -> int:
+    return batch[0].numel()
+
+
+class CausalLMModule(LightningModule):
+    """Trains a ``GPT`` on (input ids, target ids) batches; ``generate`` continues text prompts."""
+
+    family = "gpt"
+    monitor = "val/loss"
+    monitor_mode = "min"
+
+    def __init__(
+        self,
+        net: GPT,
+        lr: float = 6e-4,
+        weight_decay: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.95),
+        warmup_steps: int = 100,
+        min_lr_ratio: float = 0.1,
+        compile: bool = False,
+        init_weights: str | None = None,
+    ) -> None:
+        """
+        Args:
+            net: the decoder (``zoo.gpt.GPT``), ids (B, T) -> logits (B, T, V).
+            lr: peak AdamW learning rate reached after warmup.
+            weight_decay: AdamW decoupled weight decay on >=2-D weights (not on norms, biases, embeddings).
+            betas: AdamW (beta1, beta2); GPT-2/3 use (0.9, 0.95).
+            warmup_steps: optimizer steps of linear warmup before the cosine decay.
+            min_lr_ratio: final learning rate as a fraction of ``lr`` at the end of the cosine.
+            compile: run the net through ``torch.compile`` for training (weights and checkpoint keys unchanged).
+            init_weights: weights to start from: a Hugging Face GPT-2 folder (config.json + model.safetensors
+                or pytorch_model.bin) or a safetensors file of this net; loaded weights-only, before any
+                checkpoint given by --ckpt_path is restored over them.
+        """
+        super().__init__()
+        save_hparams(self, "net")
+        self.net = net
+        self.val_loss = MeanMetric()  # token-weighted over the whole validation set
+        self._compiled = None  # set by configure_model; kept off the module tree (no "_orig_mod." keys)
+        self._flops_per_token: dict[int, int] = {}
+        self._init_loaded = False
+        self.tokenizer = None  # set from the datamodule or the checkpoint; needed to generate from text
+
+    # -- setup -------------------------------------------------------------------------------------------
+
+    def configure_model(self) -> None:
+        shard(self.net, self.device_mesh, blocks=self.net.blocks)  # FSDP2 units: one per block
+        if self.hparams.compile and self._compiled is None:
+            object.__setattr__(self, "_compiled", torch.compile(self.net))
+
+    def configure_callbacks(self):
+        # Tokens/s, and FLOPs/s and MFU on GPUs with a known peak, from `flops_per_batch` below.
+        if any(isinstance(cb, ThroughputMonitor) for cb in self.trainer.callbacks):
+            return []
+        return [ThroughputMonitor(batch_size_fn=_batch_size, length_fn=_tokens)]
+
+    def setup(self, stage: str) -> None:
+        # Here rather than in __init__: a checkpoint restores over it, and load_from_checkpoint (which
+        # does not call setup) never needs the original weights file to exist.
+        if self.hparams.init_weights and not self._init_loaded:  # once: a later test() keeps trained weights
+            from zoo.gpt.hf import load_pretrained
+
+            load_pretrained(self.net, self.hparams.init_weights)
+            self._init_loaded = True
+        dm = self.trainer.datamodule if self._trainer is not None else None
+        tok = getattr(dm, "tokenizer", None)
+        if tok is None:
+            return
+        self.tokenizer = tok
+        if tok.vocab_size > self.net.vocab_size:
+            raise ValueError(
+                f"The tokenizer has {tok.vocab_size} ids but the net's vocab_size is {self.net.vocab_size}: "
+                f"set --model.init_args.net.init_args.vocab_size={tok.vocab_size} (or more)"
+            )
+
+    # -- steps -------------------------------------------------------------------------------------------
+
+    def forward(self, idx: Tensor) -> Tensor:
+        net = self.net if self._compiled is None or not self.training else self._compiled
+        return net(idx)  # (B, T, V)
+
+    @property
+    def flops_per_batch(self) -> int | None:
+        """Training FLOPs of the last batch, read by ``ThroughputMonitor`` after each step."""
+        return getattr(self, "_last_flops", None)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        out = causal_lm_loss(self(x), y)
+        t = x.shape[1]
+        if t not in self._flops_per_token:
+            self._flops_per_token[t] = self.net.flops_per_token(t)
+        self._last_flops = self._flops_per_token[t] * x.numel()
+        if lightning_writes(self.trainer):  # values logged at other steps are dropped anyway
+            self.log("train/loss", out["loss"], prog_bar=True)
+        return out["loss"]
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        x, y = batch
+        out = causal_lm_loss(self(x), y)
+        self.val_loss.update(out["loss"], weight=out["tokens"])
+
+    def on_validation_epoch_end(self) -> None:
+        loss = self.val_loss.compute()  # synced across ranks
+        self.val_loss.reset()
+        self.log_dict({"val/loss": loss, "val/ppl": loss.exp()}, prog_bar=True)
+
+    def configure_optimizers(self):
+        h = self.hparams
+        return adamw_warmup_cosine(self.net, self.trainer, h.lr, h.weight_decay, h.betas, h.warmup_steps, h.min_lr_ratio)
+
+    # -- generation --------------------------------------------------------------------------------------
+
+    def generate(
+        self, prompts: list[str] | list[Tensor], max_new_tokens: int = 200, temperature: float = 1.0,
+        top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+    ) -> list[str] | list[Tensor]:
+        """Continue each prompt (text, or 1-D id tensors); returns the continuations in the same form."""
+        as_text = bool(prompts) and isinstance(prompts[0], str)
+        if as_text and self.tokenizer is None:
+            raise RuntimeError("No tokenizer: fit or load from a checkpoint made with a text datamodule, or pass ids")
+        ids = [torch.tensor(self.tokenizer.encode(p), dtype=torch.long) for p in prompts] if as_text else prompts
+        gen = None
+        if seed is not None:
+            gen = torch.Generator(self.device).manual_seed(seed)
+        eos = self.tokenizer.eos_id if self.tokenizer is not None else None
+        out = generate(self.net, ids, max_new_tokens, temperature, top_k, top_p, eos_id=eos, generator=gen)
+        return [self.tokenizer.decode(o.tolist()) for o in out] if as_text else out
+
+    def predict_step(self, batch: dict, batch_idx: int) -> dict[str, list[str]]:
+        """Continue the datamodule's prompts with its sampling settings; rows go to WritePredictions."""
+        settings = batch.get("generation", {})
+        out = generate(
+            self.net, batch["prompt_ids"], eos_id=self.tokenizer.eos_id if self.tokenizer else None,
+            generator=torch.Generator(self.device).manual_seed(settings.get("seed", 0) + batch_idx),
+            **{k: v for k, v in settings.items() if k != "seed"},
+        )
+        return {"prompt": list(batch["text"]), "completion": [self.tokenizer.decode(o.tolist()) for o in out]}
+
+    # -- checkpoints -------------------------------------------------------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # The tokenizer travels with the weights, so load_from_checkpoint(path).generate("text") works alone.
+        if self.tokenizer is not None:
+            checkpoint["tokenizer"] = self.tokenizer.to_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        net_state = {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
+        check_compatible(self.net, net_state, "checkpoint")
+        if "tokenizer" in checkpoint:
+            from datamodules.tokenizers import tokenizer_from_dict
+
+            self.tokenizer = tokenizer_from_dict(checkpoint["tokenizer"])
+
