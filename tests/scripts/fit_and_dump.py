@@ -23,7 +23,10 @@ if __name__ == "__main__":
     model = c.model.eval()
     state = {k: _full(v).detach().cpu() for k, v in model.state_dict().items()}
     torch.manual_seed(0)
-    x = torch.randn(8, *c.datamodule.image_shape)
+    if hasattr(c.datamodule, "image_shape"):
+        x = torch.randn(8, *c.datamodule.image_shape)
+    else:  # token ids for a language model
+        x = torch.randint(0, model.net.vocab_size, (4, 16))
     with torch.no_grad():
         out = model(x).cpu()  # FSDP2 gathers the shards for the forward on every rank
     ckpt = c.trainer.checkpoint_callback

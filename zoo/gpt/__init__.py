@@ -2,5 +2,6 @@
 
 from zoo.gpt.generate import generate
 from zoo.gpt.gpt import GPT
+from zoo.gpt.module import CausalLMModule
 
-__all__ = ["GPT", "generate"]
+__all__ = ["GPT", "CausalLMModule", "generate"]

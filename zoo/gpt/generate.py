@@ -2,8 +2,8 @@
 
 Caches are preallocated once per call (no concatenation per token). For MHA/GQA a layer caches its
 keys and values, 2 * G * d numbers per token; for MLA only the compressed latent c_kv and the shared
-RoPE key, r + p numbers per token (DeepSeek-V2, section 2.1.3), which ``LatentAttention`` reads with
-its up-projections absorbed.
+RoPE key side by side, r + p numbers per token (DeepSeek-V2, section 2.1.3), which ``LatentAttention``
+reads with its up-projections absorbed.
 
 Prompts of different lengths decode together as in Meta's Llama reference ``generate``: all rows
 start at the shortest prompt's length, and while a row is still inside its prompt the sampled token is
@@ -22,32 +22,40 @@ from zoo.gpt.gpt import GPT, LatentAttention
 
 
 class LayerCache:
-    """Preallocated per-layer cache of two tensors (B, heads, N, da) and (B, heads, N, db)."""
+    """Preallocated per-layer cache: ``a`` (B, heads, N, da) and, when db > 0, ``b`` (B, heads, N, db)."""
 
     def __init__(self, batch: int, heads: int, max_len: int, da: int, db: int, device, dtype) -> None:
         self.a = torch.zeros(batch, heads, max_len, da, device=device, dtype=dtype)
-        self.b = torch.zeros(batch, heads, max_len, db, device=device, dtype=dtype)
+        self.b = torch.zeros(batch, heads, max_len, db, device=device, dtype=dtype) if db else None
 
-    def update(self, a: Tensor, b: Tensor, start: int) -> tuple[Tensor, Tensor]:
+    def update(self, a: Tensor, b: Tensor | None, start: int) -> tuple[Tensor, Tensor | None]:
         end = start + a.shape[2]
         self.a[:, :, start:end] = a
+        if self.b is None:
+            return self.a[:, :, :end], None
         self.b[:, :, start:end] = b
         return self.a[:, :, :end], self.b[:, :, :end]
 
     def numbers_per_token(self) -> int:
         """Cached numbers per token in this layer, over all heads (batch and length divided out)."""
-        return (self.a[0, :, 0].numel() + self.b[0, :, 0].numel())
+        return self.a[0, :, 0].numel() + (0 if self.b is None else self.b[0, :, 0].numel())
 
 
 def make_cache(net: GPT, batch: int, max_len: int, dtype: torch.dtype | None = None) -> list[LayerCache]:
-    """One cache per layer: keys and values for MHA/GQA, (c_kv, k_rope) for MLA."""
+    """One cache per layer: keys and values for MHA/GQA, [c_kv | k_rope] for MLA.
+
+    ``dtype`` defaults to the autocast dtype when autocast is on (what the keys are computed in), else
+    the parameters' dtype.
+    """
     p = net.tok_emb.weight
-    dtype = dtype or p.dtype
+    if dtype is None:
+        on = torch.is_autocast_enabled(p.device.type)
+        dtype = torch.get_autocast_dtype(p.device.type) if on else p.dtype
     caches = []
     for block in net.blocks:
         attn = block.attn
         if isinstance(attn, LatentAttention):
-            caches.append(LayerCache(batch, 1, max_len, attn.r, attn.dp, p.device, dtype))
+            caches.append(LayerCache(batch, 1, max_len, attn.r + attn.dp, 0, p.device, dtype))
         else:
             caches.append(LayerCache(batch, attn.n_kv_head, max_len, attn.head_dim, attn.head_dim, p.device, dtype))
     return caches

@@ -31,7 +31,7 @@ from torch.utils.checkpoint import checkpoint
 class LayerCache(Protocol):
     """What an attention layer needs from a decoding cache (``generate.py`` has the implementations)."""
 
-    def update(self, a: Tensor, b: Tensor, start: int) -> tuple[Tensor, Tensor]:
+    def update(self, a: Tensor, b: Tensor | None, start: int) -> tuple[Tensor, Tensor | None]:
         """Write the new tokens' entries at ``start`` and return everything cached up to them."""
 
 
@@ -138,25 +138,37 @@ class LatentAttention(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache | None = None, start: int = 0) -> Tensor:
         b, t, _ = x.shape
-        h = self.n_head
         q_nope, q_rope = self.queries(x, cos, sin)
         c_kv, k_rope = self.latents(x, cos, sin)
-        dropout = self.dropout if self.training else 0.0
-        if cache is None:
-            kv = self.kv_up(c_kv).view(b, t, h, self.dn + self.dv).transpose(1, 2)
-            k_nope, v = kv.split([self.dn, self.dv], dim=-1)  # (B, H, T, n), (B, H, T, v)
-            q = torch.cat((q_nope, q_rope), dim=-1)
-            k = torch.cat((k_nope, k_rope.expand(b, h, t, self.dp)), dim=-1)
-            y = attend(q, k, v, self.scale, dropout)  # (B, H, T, v)
-        else:
-            c_all, kr_all = cache.update(c_kv.unsqueeze(1), k_rope, start)  # (B, 1, S, r), (B, 1, S, p)
-            w_uk, w_uv = self.kv_up.weight.view(h, self.dn + self.dv, self.r).split([self.dn, self.dv], dim=1)
-            q_lat = torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk)  # W_uk absorbed into the query
-            q = torch.cat((q_lat, q_rope), dim=-1)  # (B, H, T, r + p)
-            k = torch.cat((c_all, kr_all), dim=-1)  # (B, 1, S, r + p): one key head shared by all
-            o_lat = attend(q, k, c_all, self.scale, dropout)  # (B, H, T, r)
-            y = torch.einsum("bhtr,hvr->bhtv", o_lat, w_uv)  # W_uv absorbed on the way out
-        return self.proj(y.transpose(1, 2).reshape(b, t, h * self.dv))
+        if cache is not None:
+            # The cache keeps [c_kv | k_rope] in one buffer, so the shared key is a view, not a copy.
+            latent, _ = cache.update(torch.cat((c_kv.unsqueeze(1), k_rope), dim=-1), None, start)  # (B, 1, S, r + p)
+            if t == 1 or start > 0:
+                return self.proj(self.absorbed(q_nope, q_rope, latent))
+        # Training, and a prompt's prefill: per-head keys and values, as cheap as ordinary attention.
+        return self.proj(self.expanded(q_nope, q_rope, c_kv, k_rope))
+
+    def expanded(self, q_nope: Tensor, q_rope: Tensor, c_kv: Tensor, k_rope: Tensor) -> Tensor:
+        b, h, t, _ = q_nope.shape
+        kv = self.kv_up(c_kv).view(b, t, h, self.dn + self.dv).transpose(1, 2)
+        k_nope, v = kv.split([self.dn, self.dv], dim=-1)  # (B, H, T, n), (B, H, T, v)
+        q = torch.cat((q_nope, q_rope), dim=-1)
+        k = torch.cat((k_nope, k_rope.expand(b, h, t, self.dp)), dim=-1)
+        # PyTorch's fused attention kernels want one width for q, k and v: pad v, as DeepSeek's code does.
+        v = F.pad(v, (0, q.shape[-1] - self.dv)) if self.dv < q.shape[-1] else v
+        y = attend(q, k, v, self.scale, self.dropout if self.training else 0.0)[..., : self.dv]  # (B, H, T, v)
+        return y.transpose(1, 2).reshape(b, t, h * self.dv)
+
+    def absorbed(self, q_nope: Tensor, q_rope: Tensor, latent: Tensor) -> Tensor:
+        b, h, t, _ = q_nope.shape
+        w_uk, w_uv = self.kv_up.weight.view(h, self.dn + self.dv, self.r).split([self.dn, self.dv], dim=1)
+        q_lat = torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk)  # W_uk absorbed into the query
+        q = torch.cat((q_lat, q_rope), dim=-1)  # (B, H, T, r + p)
+        # One key head shared by all; the value is the same buffer (its first r columns are c_kv), so q, k
+        # and v share a width and the fused kernel runs; the k_rope columns of the output are dropped.
+        o_lat = attend(q, latent, latent, self.scale, 0.0)[..., : self.r]  # (B, H, T, r)
+        y = torch.einsum("bhtr,hvr->bhtv", o_lat, w_uv)  # W_uv absorbed on the way out
+        return y.transpose(1, 2).reshape(b, t, h * self.dv)
 
 
 class MLP(nn.Module):

@@ -18,12 +18,12 @@ from zoo.layers.parallel import shard
 from zoo.layers.weights import check_compatible
 
 
-def _batch_size(batch: tuple[Tensor, Tensor]) -> int:
-    return batch[0].shape[0]
+def _batch_size(batch: tuple[Tensor, Tensor] | dict) -> int:
+    return len(batch["prompt_ids"]) if isinstance(batch, dict) else batch[0].shape[0]
 
 
-def _tokens(batch: tuple[Tensor, Tensor]) -> int:
-    return batch[0].numel()
+def _tokens(batch: tuple[Tensor, Tensor] | dict) -> int:
+    return sum(p.numel() for p in batch["prompt_ids"]) if isinstance(batch, dict) else batch[0].numel()
 
 
 class CausalLMModule(LightningModule):
@@ -74,10 +74,12 @@ class CausalLMModule(LightningModule):
             object.__setattr__(self, "_compiled", torch.compile(self.net))
 
     def configure_callbacks(self):
-        # Tokens/s, and FLOPs/s and MFU on GPUs with a known peak, from `flops_per_batch` below.
-        if any(isinstance(cb, ThroughputMonitor) for cb in self.trainer.callbacks):
-            return []
-        return [ThroughputMonitor(batch_size_fn=_batch_size, length_fn=_tokens)]
+        # Unless the config lists its own: tokens/s (and FLOPs/s and MFU on GPUs with a known peak, from
+        # `flops_per_batch` below), and a few generations logged to MLflow at each validation.
+        from callbacks import LogTextSamples
+
+        defaults = [ThroughputMonitor(batch_size_fn=_batch_size, length_fn=_tokens), LogTextSamples()]
+        return [cb for cb in defaults if not any(isinstance(c, type(cb)) for c in self.trainer.callbacks)]
 
     def setup(self, stage: str) -> None:
         # Here rather than in __init__: a checkpoint restores over it, and load_from_checkpoint (which
@@ -144,7 +146,8 @@ class CausalLMModule(LightningModule):
         as_text = bool(prompts) and isinstance(prompts[0], str)
         if as_text and self.tokenizer is None:
             raise RuntimeError("No tokenizer: fit or load from a checkpoint made with a text datamodule, or pass ids")
-        ids = [torch.tensor(self.tokenizer.encode(p), dtype=torch.long) for p in prompts] if as_text else prompts
+        # An empty text starts a new document, from EOS, as the predict loader does.
+        ids = [torch.tensor(self.tokenizer.encode(p) or [self.tokenizer.eos_id]) for p in prompts] if as_text else prompts
         gen = None
         if seed is not None:
             gen = torch.Generator(self.device).manual_seed(seed)

@@ -1,0 +1,340 @@
+"""TextDataModule: a token stream on disk cut into next-token windows for the GPT family.
+
+The corpus (a ``.txt``/``.jsonl`` file, a folder of them, or by default Shakespeare through the
+package registry) is tokenised once into a memory-mapped token file (``datamodules.text_corpus``);
+documents are separated by EOS. The validation split is the last ``val_fraction`` of that stream,
+as in nanoGPT: one boundary, any document sizes, and the held-out text is text the model never
+saw (in file order, so the last documents; shuffle a .jsonl beforehand if its order is biased).
+
+Training windows are ``block_size + 1`` consecutive tokens, either ``random`` (``samples_per_epoch``
+start positions drawn from (seed, epoch) alone, so a resumed run draws what an uninterrupted one
+would) or ``packed`` (consecutive non-overlapping windows covering the split, shuffled per epoch).
+Validation windows are always consecutive and non-overlapping. A batch is ``(input_ids, targets)``,
+int64 (B, T), ``targets[:, t] == input_ids[:, t + 1]`` within a window; positions past the end of the
+stream carry the ignore index -100 in ``targets`` (EOS in ``input_ids``).
+
+Notation: B batch, T tokens per window (``block_size``), N tokens in a split.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from datamodules.base import EpochShuffle, not_found_message
+from datamodules.shakespeare import shakespeare_dir
+from datamodules.text_corpus import (
+    auto_workers,
+    corpus_key,
+    iter_documents,
+    list_text_files,
+    tokenize_to_file,
+    tokenizer_key,
+    training_text,
+    write_json_atomic,
+)
+from datamodules.tokenizers import (
+    BPETokenizer,
+    ByteTokenizer,
+    CharTokenizer,
+    GPT2Tokenizer,
+    Tokenizer,
+    tokenizer_from_dict,
+)
+
+IGNORE_INDEX = -100  # what the loss skips (F.cross_entropy's default ignore_index)
+
+
+class TokenFile:
+    """Tokens ``[start, stop)`` of a raw token file, mapped lazily: DataLoader workers map the file
+    themselves instead of receiving a pickled copy of the array."""
+
+    def __init__(self, path: Path, dtype: str, start: int, stop: int) -> None:
+        self.path, self.dtype, self.start, self.stop = path, dtype, start, stop
+        self._array: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def array(self) -> np.ndarray:
+        if self._array is None:
+            self._array = np.memmap(self.path, dtype=self.dtype, mode="r")[self.start : self.stop]
+        return self._array
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_array": None}
+
+
+class TokenWindows(Dataset):
+    """Window ``i`` is tokens ``[i * stride, i * stride + T]`` of a stream; batches are gathered at once."""
+
+    def __init__(self, tokens: TokenFile, block_size: int, stride: int, eos_id: int, limit: int | None = None) -> None:
+        self.tokens, self.block_size, self.stride, self.eos_id = tokens, block_size, stride, eos_id
+        n = len(tokens)
+        # Every window holds at least one (input, target) pair, so it starts before the last token;
+        # stride 1 (random starts) keeps whole windows only, unless the stream is shorter than one.
+        if n < 2:
+            count = 0
+        elif stride == 1:
+            count = max(n - block_size, 1)
+        else:
+            count = math.ceil((n - 1) / stride)
+        self.count = count if limit is None else min(count, limit)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        n, t = len(self.tokens), self.block_size
+        pos = np.asarray(indices, dtype=np.int64)[:, None] * self.stride + np.arange(t + 1)  # (B, T + 1)
+        inside = pos < n
+        window = self.tokens.array[np.minimum(pos, n - 1)].astype(np.int64)  # one gather from the memmap
+        inputs, targets = window[:, :-1].copy(), window[:, 1:].copy()
+        inputs[~inside[:, :-1]] = self.eos_id
+        targets[~inside[:, 1:]] = IGNORE_INDEX
+        return torch.from_numpy(inputs), torch.from_numpy(targets)  # (B, T), (B, T)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = self.__getitems__([i])
+        return inputs[0], targets[0]
+
+    @staticmethod
+    def collate_batch(batch):
+        """``__getitems__`` already stacked the batch; module-level so workers can pickle it."""
+        return batch
+
+
+class RandomStarts(Sampler[int]):
+    """``num_samples`` window starts drawn from (seed, epoch) alone, with replacement (see EpochShuffle)."""
+
+    def __init__(self, n: int, num_samples: int, seed: int) -> None:
+        self.n, self.num_samples, self.seed, self.epoch = n, num_samples, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return iter(torch.randint(self.n, (self.num_samples,), generator=g).tolist())
+
+
+class _CollatePrompts:
+    """Prompts stay a list of 1-D id tensors (different lengths); the sampling settings ride along."""
+
+    def __init__(self, generation: dict) -> None:
+        self.generation = generation
+
+    def __call__(self, items: list[tuple[torch.Tensor, str]]) -> dict:
+        return {"prompt_ids": [ids for ids, _ in items], "text": [text for _, text in items],
+                "generation": dict(self.generation)}
+
+
+class TextDataModule(LightningDataModule):
+    """Next-token windows of a tokenised text corpus; ``self.tokenizer`` is set by ``setup``."""
+
+    def __init__(
+        self,
+        path: str | None = None,
+        root: str = "data",
+        tokenizer: Literal["bytes", "chars", "bpe", "gpt2"] = "bytes",
+        bpe_vocab_size: int = 2048,
+        gpt2_dir: str | None = None,
+        jsonl_field: str = "text",
+        block_size: int = 256,
+        batch_size: int = 32,
+        sampling: Literal["random", "packed"] = "random",
+        samples_per_epoch: int = 10000,
+        val_fraction: float = 0.1,
+        val_samples: int | None = None,
+        prompts: list[str] = ["\n"],  # noqa: B006 (copied below; a list default reads best in the CLI)
+        max_new_tokens: int = 200,
+        temperature: float = 0.8,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        generation_seed: int = 0,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        seed: int = 0,
+        tokenize_workers: int = 0,
+    ) -> None:
+        """
+        Args:
+            path: a .txt file (one document), a .jsonl file (one document per line) or a folder of them; None: Shakespeare.
+            root: folder for the downloaded corpus and the token caches (``<root>/text_cache/``).
+            tokenizer: bytes (257 ids, no files), chars (fitted on the corpus), bpe (trained here) or gpt2 (from gpt2_dir).
+            bpe_vocab_size: vocabulary size of the BPE trained on the training split (tokenizer=bpe).
+            gpt2_dir: folder with GPT-2's vocab.json and merges.txt (tokenizer=gpt2; nothing is downloaded).
+            jsonl_field: the string field holding each .jsonl record's text.
+            block_size: tokens per training window (T); a window reads T + 1 tokens for the shifted targets.
+            batch_size: windows (train, val) or prompts (predict) per batch.
+            sampling: random windows anywhere in the training split, or packed consecutive non-overlapping ones.
+            samples_per_epoch: windows per training epoch with sampling=random.
+            val_fraction: the tail of the token stream held out for validation.
+            val_samples: at most this many validation windows (the first ones); None: all of them.
+            prompts: texts to continue at predict time ("" starts from EOS, i.e. a new document).
+            max_new_tokens: predict: tokens generated per prompt (fewer at EOS or at the net's block_size).
+            temperature: predict: sampling temperature; 0 is greedy.
+            top_k: predict: sample among the k most likely tokens only; None: all.
+            top_p: predict: sample from the smallest set of tokens whose probability reaches top_p; None: all.
+            generation_seed: predict: seed of the sampling, so a prediction run repeats exactly.
+            num_workers: DataLoader worker processes (0: gather in the main process; batches are one memmap read).
+            pin_memory: pin batches in page-locked memory for faster host-to-GPU copies.
+            seed: seed of the training window draws and of the packed shuffling.
+            tokenize_workers: processes that build the token cache; 0: several only for inputs over 20 MB, 1: none.
+        """
+        super().__init__()
+        self.save_hyperparameters()
+        if path is not None and not Path(path).exists():
+            raise FileNotFoundError(
+                not_found_message("text file or folder", path, "pass --data.init_args.path=<a .txt/.jsonl file "
+                                  "or a folder of them>, or leave path unset for the Shakespeare corpus")
+            )
+        if tokenizer == "gpt2" and gpt2_dir is None:
+            raise ValueError("tokenizer='gpt2' needs gpt2_dir=<folder with GPT-2's vocab.json and merges.txt>")
+        if not 0.0 <= val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+        self.path, self.root, self.kind = path, Path(root), tokenizer
+        self.bpe_vocab_size, self.gpt2_dir, self.jsonl_field = bpe_vocab_size, gpt2_dir, jsonl_field
+        self.block_size, self.batch_size, self.sampling = block_size, batch_size, sampling
+        self.samples_per_epoch, self.val_fraction, self.val_samples = samples_per_epoch, val_fraction, val_samples
+        self.prompts = list(prompts)
+        # Sampling settings live here, not on the model: LightningCLI replaces a model's arguments with the
+        # checkpoint's at predict --ckpt_path, but leaves the data's as given on the command line.
+        self.generation = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k,
+                           "top_p": top_p, "seed": generation_seed}
+        self.num_workers, self.pin_memory, self.seed = num_workers, pin_memory, seed
+        self.tokenize_workers = tokenize_workers
+        self.tokenizer: Tokenizer | None = None
+        self.tokens: TokenFile | None = None  # the whole stream
+        self.train_set: TokenWindows | None = None
+        self.val_set: TokenWindows | None = None
+
+    # -- corpus, tokenizer and token cache ----------------------------------------------------------------
+
+    def _files(self) -> list[Path]:
+        return list_text_files(Path(self.path) if self.path is not None else shakespeare_dir(self.root))
+
+    def _cache_dir(self, files: list[Path]) -> Path:
+        return self.root / "text_cache" / corpus_key(files, self.jsonl_field)
+
+    def _fit_tokenizer(self, files: list[Path]) -> Tokenizer:
+        """The configured tokenizer; chars and BPE are fitted once per corpus and cached beside its tokens."""
+        if self.kind == "bytes":
+            return ByteTokenizer()
+        if self.kind == "gpt2":
+            return GPT2Tokenizer.from_dir(self.gpt2_dir)
+        cache = self._cache_dir(files)
+        if self.kind == "chars":
+            # The vocabulary comes from all the text: a character seen only in validation would not encode.
+            saved = cache / "chars.json"
+            if not saved.is_file():
+                cache.mkdir(parents=True, exist_ok=True)
+                chars: set[str] = set()
+                for doc in iter_documents(files, self.jsonl_field):
+                    chars.update(doc)
+                write_json_atomic(saved, CharTokenizer(chars).to_dict())
+            return tokenizer_from_dict(json.loads(saved.read_text()))
+        saved = cache / f"bpe-{self.bpe_vocab_size}-val{self.val_fraction:g}" / "tokenizer.json"
+        if not saved.is_file():
+            texts = training_text(files, self.jsonl_field, self.val_fraction)
+            BPETokenizer.train(texts, self.bpe_vocab_size).save(saved.parent)
+        return BPETokenizer.load(saved)  # always the file's tokenizer, so every run sees the same one
+
+    def _ensure_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            self.tokenizer = self._fit_tokenizer(self._files())
+        return self.tokenizer
+
+    def _token_file(self) -> TokenFile:
+        """The corpus's token stream, tokenised on first use (``tokens-<tokenizer key>.bin``)."""
+        files = self._files()
+        tokenizer = self._ensure_tokenizer()
+        path = self._cache_dir(files) / f"tokens-{tokenizer_key(tokenizer)}.bin"
+        meta_path = path.with_suffix(".json")
+        if meta_path.is_file():  # written last, after the token file is complete
+            meta = json.loads(meta_path.read_text())
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            workers = auto_workers(files, self.tokenize_workers)
+            meta = tokenize_to_file(files, self.jsonl_field, tokenizer, path, workers)
+        if meta["n_tokens"] < 2:
+            raise ValueError(f"the corpus {self.path or 'shakespeare'!r} holds no text to learn from")
+        return TokenFile(path, meta["dtype"], 0, meta["n_tokens"])
+
+    @property
+    def vocab_size(self) -> int:
+        """For sizing a model from the data config; fits the tokenizer if needed (chars, bpe)."""
+        return self._ensure_tokenizer().vocab_size
+
+    # -- Lightning hooks ---------------------------------------------------------------------------------
+
+    def prepare_data(self) -> None:
+        self._token_file()  # download, fit, tokenise: on rank 0 only, every later call reuses the files
+
+    def setup(self, stage: str | None = None) -> None:
+        if stage == "predict" or self.train_set is not None:
+            return  # predict needs only the tokenizer: from the checkpoint if restored, else built lazily
+        self.tokens = tokens = self._token_file()
+        split = int(len(tokens) * (1 - self.val_fraction))
+        train = TokenFile(tokens.path, tokens.dtype, 0, split)
+        val = TokenFile(tokens.path, tokens.dtype, split, len(tokens))
+        eos, t = self.tokenizer.eos_id, self.block_size
+        self.train_set = TokenWindows(train, t, stride=1 if self.sampling == "random" else t, eos_id=eos)
+        self.val_set = TokenWindows(val, t, stride=t, eos_id=eos, limit=self.val_samples)
+
+    def state_dict(self) -> dict:
+        return {"tokenizer": self.tokenizer.to_dict()} if self.tokenizer is not None else {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if "tokenizer" not in state_dict:
+            return
+        restored = tokenizer_from_dict(state_dict["tokenizer"])
+        if self.train_set is not None and tokenizer_key(restored) != tokenizer_key(self.tokenizer):
+            raise ValueError(
+                "the checkpoint's tokenizer differs from the one this data config built; resuming would "
+                "train on differently tokenised text. Use the checkpoint's data settings."
+            )
+        self.tokenizer = restored
+
+    def _loader(self, dataset: TokenWindows | None, split: str, sampler: Sampler | None) -> DataLoader:
+        if dataset is None:
+            raise RuntimeError(f"{type(self).__name__} has no {split} split yet; call setup() first")
+        return DataLoader(
+            dataset, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers,
+            pin_memory=self.pin_memory, collate_fn=TokenWindows.collate_batch,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        n = len(self.train_set or ())
+        sampler = RandomStarts(n, self.samples_per_epoch, self.seed) if self.sampling == "random" else EpochShuffle(n, self.seed)
+        return self._loader(self.train_set, "train", sampler)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, "val", None)
+
+    def predict_dataloader(self) -> DataLoader:
+        tokenizer = self._ensure_tokenizer()
+        # An empty prompt starts a new document, the way GPT-2 samples unconditionally from <|endoftext|>.
+        items = [(torch.tensor(tokenizer.encode(p) or [tokenizer.eos_id], dtype=torch.long), p) for p in self.prompts]
+        return DataLoader(items, batch_size=self.batch_size, shuffle=False, collate_fn=_CollatePrompts(self.generation))
+
+    def unigram_entropy(self) -> float:
+        """Entropy (nats) of the training split's token frequencies: the loss of a model without context."""
+        if self.train_set is None:
+            raise RuntimeError("call setup() first")
+        tokens, counts = self.train_set.tokens.array, np.zeros(self.tokenizer.vocab_size, dtype=np.int64)
+        for i in range(0, len(tokens), 1 << 24):  # bincount widens to int64: bound the memory by chunks
+            counts += np.bincount(tokens[i : i + (1 << 24)], minlength=len(counts))
+        p = counts[counts > 0] / counts.sum()
+        return float(-(p * np.log(p)).sum())

@@ -1,0 +1,218 @@
+"""Tokenizers for the GPT family: bytes, characters, a locally trained BPE, and GPT-2's BPE.
+
+All four share one small protocol (``Tokenizer``): ``encode``/``encode_batch``/``decode``,
+``vocab_size``, ``eos_id`` and ``to_dict``. ``to_dict`` is JSON-able and complete (the BPE kinds
+carry their whole ``tokenizer.json``), so a checkpoint restores the exact tokenizer with
+``tokenizer_from_dict`` and needs no files. ``decode`` drops EOS and ids outside the vocabulary
+(e.g. the ignore index -100), so it can be handed model outputs and padded targets as they are.
+
+Byte-level BPE follows GPT-2 (Radford et al., 2019, "Language Models are Unsupervised Multitask
+Learners", sec. 2.2): BPE over UTF-8 bytes with a regex pre-split, so any string is encodable and
+no merge crosses a word/space/punctuation boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+EOS_TOKEN = "<|endoftext|>"
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    vocab_size: int
+    eos_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def to_dict(self) -> dict: ...
+
+
+def _ids_below(ids: Sequence[int], limit: int) -> np.ndarray:
+    """``ids`` as an int64 array without EOS, padding (-100) or anything else outside ``[0, limit)``."""
+    arr = np.asarray(ids, dtype=np.int64).reshape(-1)
+    return arr[(arr >= 0) & (arr < limit)]
+
+
+class ByteTokenizer:
+    """UTF-8 bytes are the ids 0..255, EOS is 256: no files, no training, every string encodable."""
+
+    vocab_size = 257
+    eos_id = 256
+
+    def encode(self, text: str) -> list[int]:
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).tolist()
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        # A window may cut a multi-byte character in half; "replace" shows that as U+FFFD instead of raising.
+        return _ids_below(ids, 256).astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+    def to_dict(self) -> dict:
+        return {"kind": "bytes"}
+
+
+class CharTokenizer:
+    """One id per character seen in the data (sorted, so the ids do not depend on reading order), EOS last.
+
+    Characters are mapped through their code points with ``searchsorted``, so encoding a text is a
+    few numpy calls rather than a Python loop over its characters.
+    """
+
+    def __init__(self, chars: Iterable[str]) -> None:
+        self.chars = sorted(set(chars))
+        if any(len(c) != 1 for c in self.chars):
+            raise ValueError("CharTokenizer needs single characters")
+        self.codepoints = np.array([ord(c) for c in self.chars], dtype=np.uint32)
+        self.vocab_size = len(self.chars) + 1
+        self.eos_id = len(self.chars)
+
+    @classmethod
+    def fit(cls, text: str) -> CharTokenizer:
+        return cls(set(text))
+
+    def encode(self, text: str) -> list[int]:
+        cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        ids = np.searchsorted(self.codepoints, cps).clip(max=len(self.codepoints) - 1)
+        unknown = self.codepoints[ids] != cps
+        if unknown.any():
+            c = chr(int(cps[unknown.argmax()]))
+            raise ValueError(
+                f"character {c!r} (U+{ord(c):04X}) is not in the CharTokenizer vocabulary of "
+                f"{len(self.chars)} characters fitted on the training text; use tokenizer='bytes' for open text"
+            )
+        return ids.tolist()
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.codepoints[_ids_below(ids, len(self.chars))].astype("<u4").tobytes().decode("utf-32-le")
+
+    def to_dict(self) -> dict:
+        return {"kind": "chars", "chars": "".join(self.chars)}
+
+
+def _byte_level(model: models.Model) -> HFTokenizer:
+    """GPT-2's pipeline around a BPE ``model``: regex pre-split into byte-level symbols, no prefix space."""
+    hf = HFTokenizer(model)
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    return hf
+
+
+class _HFTokenizer:
+    """Shared by the two BPE kinds: a HF ``tokenizers.Tokenizer`` with ``<|endoftext|>`` as EOS."""
+
+    kind = ""
+
+    def __init__(self, tokenizer: HFTokenizer) -> None:
+        self.hf = tokenizer
+        eos = tokenizer.token_to_id(EOS_TOKEN)
+        if eos is None:
+            raise ValueError(f"the {self.kind} vocabulary has no {EOS_TOKEN} token")
+        self.eos_id = eos
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        # Rust-side batch encoding (threads across texts); the fast path for building token caches.
+        return [e.ids for e in self.hf.encode_batch(list(texts))]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.hf.decode(_ids_below(ids, self.vocab_size).tolist(), skip_special_tokens=True)
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "json": self.hf.to_str()}
+
+    @classmethod
+    def from_json(cls, text: str):
+        return cls(HFTokenizer.from_str(text))
+
+
+class BPETokenizer(_HFTokenizer):
+    """Byte-level BPE trained here (GPT-2's pre-split and byte alphabet), ``<|endoftext|>`` as EOS."""
+
+    kind = "bpe"
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int) -> BPETokenizer:
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            min_frequency=2,  # a pair seen once is noise, not a unit (HF's byte-level default)
+            special_tokens=[EOS_TOKEN],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes: nothing is ever unknown
+            show_progress=False,
+        )
+        hf = _byte_level(models.BPE())
+        hf.train_from_iterator(texts, trainer)
+        return cls(hf)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``<directory>/tokenizer.json`` (HF's format) and return its path."""
+        path = Path(directory) / "tokenizer.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        self.hf.save(str(tmp))
+        tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> BPETokenizer:
+        """From a ``tokenizer.json`` or a folder holding one."""
+        path = Path(path)
+        return cls.from_json((path / "tokenizer.json" if path.is_dir() else path).read_text("utf-8"))
+
+
+class GPT2Tokenizer(_HFTokenizer):
+    """GPT-2's byte-level BPE from a local folder with ``vocab.json`` and ``merges.txt``.
+
+    Built as transformers' GPT2TokenizerFast builds it (BPE model, ByteLevel pre-tokenizer without a
+    prefix space, ByteLevel decoder), so the ids are GPT-2's; ``<|endoftext|>`` is 50256 in the real files.
+    """
+
+    kind = "gpt2"
+
+    @classmethod
+    def from_dir(cls, directory: str | Path) -> GPT2Tokenizer:
+        directory = Path(directory)
+        for name in ("vocab.json", "merges.txt"):
+            if not (directory / name).is_file():
+                raise FileNotFoundError(
+                    f"GPT-2 tokenizer file {name} not found in {str(directory)!r}: pass gpt2_dir=<folder with "
+                    "GPT-2's vocab.json and merges.txt>; nothing is downloaded (no tiktoken, no hub)"
+                )
+        hf = _byte_level(models.BPE.from_file(str(directory / "vocab.json"), str(directory / "merges.txt")))
+        # Special, as in GPT-2's own tokenizer: the literal text "<|endoftext|>" encodes to the EOS id.
+        hf.add_special_tokens([EOS_TOKEN])
+        return cls(hf)
+
+
+def tokenizer_from_dict(d: dict) -> Tokenizer:
+    """Inverse of ``to_dict`` for every kind."""
+    kind = d.get("kind")
+    if kind == "bytes":
+        return ByteTokenizer()
+    if kind == "chars":
+        return CharTokenizer(d["chars"])
+    if kind == "bpe":
+        return BPETokenizer.from_json(d["json"])
+    if kind == "gpt2":
+        return GPT2Tokenizer.from_json(d["json"])
+    raise ValueError(f"unknown tokenizer kind {kind!r} in {json.dumps(d)[:200]}")

@@ -1,0 +1,90 @@
+"""The GPT family through cli.py: fit, predict from the checkpoint, GPT-2 weights and tokenizer files."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import CONFIGS, cli
+from mlflow.tracking import MlflowClient
+
+from zoo.gpt import CausalLMModule
+
+TINY = CONFIGS / "gpt" / "gpt_tiny.yaml"
+
+
+def test_tiny_fits_then_predicts_from_its_checkpoint_and_reloads_alone():
+    c = cli("fit", "--config", str(TINY))
+    loss = c.trainer.callback_metrics["val/loss"].item()
+    assert loss < math.log(257)  # learned something in 20 steps
+    torch.testing.assert_close(c.trainer.callback_metrics["val/ppl"], torch.tensor(math.exp(loss)))
+    last = c.trainer.checkpoint_callback.last_model_path
+
+    run = c.trainer.logger.run_id
+    client = MlflowClient(c.trainer.logger._tracking_uri)
+    samples = [a.path for a in client.list_artifacts(run, "samples")]
+    assert samples, "LogTextSamples wrote nothing at validation"
+    assert client.get_run(run).data.tags["zoo.family"] == "gpt"
+
+    cli("predict", "--config", str(TINY), "--ckpt_path", last, "--data.init_args.prompts=[ROMEO:, To be]",
+        "--data.init_args.max_new_tokens=12", "--data.init_args.temperature=0")
+    rows = [json.loads(line) for line in Path("predictions.jsonl").read_text().splitlines()]
+    assert [r["prompt"] for r in rows] == ["ROMEO:", "To be"]
+
+    module = CausalLMModule.load_from_checkpoint(last).eval()  # net and tokenizer from the file alone
+    greedy = module.generate(["ROMEO:", "To be"], max_new_tokens=12, temperature=0)
+    assert greedy == [r["completion"] for r in rows]
+
+
+def test_vocab_too_small_for_the_tokenizer_is_named():
+    with pytest.raises(ValueError, match=r"vocab_size=257"):
+        cli("fit", "--config", str(TINY), "--trainer.fast_dev_run=1",
+            "--model.init_args.net.init_args.vocab_size=100")
+
+
+@pytest.mark.parametrize("name", ["gpt_char_shakespeare.yaml", "gpt_bpe_shakespeare.yaml", "mla_shakespeare.yaml"])
+def test_shakespeare_configs_run_a_few_steps(name):
+    c = cli("fit", "--config", str(CONFIGS / "gpt" / name), "--trainer.fast_dev_run=2",
+            "--trainer.enable_progress_bar=false")
+    assert torch.isfinite(c.trainer.callback_metrics["val/loss"])
+
+
+@pytest.fixture
+def gpt2_folder(tmp_path) -> Path:
+    """A tiny random GPT-2 in Hugging Face's layout, with GPT-2-style vocab.json and merges.txt."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import ByteLevelBPETokenizer
+
+    folder = tmp_path / "gpt2"
+    folder.mkdir()
+    text = Path("data/shakespeare").glob("*.txt") if Path("data/shakespeare").is_dir() else []
+    corpus = [p.read_text()[:200_000] for p in sorted(text)[:3]] or ["To be, or not to be, that is the question."]
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(corpus, vocab_size=400, special_tokens=["<|endoftext|>"])
+    bpe.save_model(str(folder))
+    vocab = bpe.get_vocab_size()
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=vocab, n_positions=64, n_embd=32, n_layer=2, n_head=4)
+    transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+    return folder
+
+
+def test_gpt2_config_starts_from_hf_weights_and_tokenizer_files(gpt2_folder):
+    import transformers
+
+    n_vocab = json.loads((gpt2_folder / "config.json").read_text())["vocab_size"]
+    args = [f"--model.init_args.net.init_args.{k}={v}"
+            for k, v in dict(vocab_size=n_vocab, block_size=64, n_layer=2, n_embd=32, n_head=4).items()]
+    args += [f"--model.init_args.init_weights={gpt2_folder}", f"--data.init_args.gpt2_dir={gpt2_folder}",
+             "--data.init_args.block_size=64", "--data.init_args.batch_size=2", "--trainer.limit_val_batches=2",
+             "--trainer.precision=32-true", "--trainer.enable_progress_bar=false"]
+    c = cli("validate", "--config", str(CONFIGS / "gpt" / "gpt2_124m.yaml"), *args)
+    reference = transformers.GPT2LMHeadModel.from_pretrained(gpt2_folder)
+    torch.testing.assert_close(c.model.net.tok_emb.weight, reference.transformer.wte.weight)
+    assert c.model.tokenizer.eos_id == reference.config.eos_token_id or c.model.tokenizer.eos_id < n_vocab
+    c = cli("fit", "--config", str(CONFIGS / "gpt" / "gpt2_124m.yaml"), *args, "--trainer.fast_dev_run=2",
+            "--trainer.accumulate_grad_batches=1")
+    assert torch.isfinite(c.trainer.callback_metrics["val/loss"])
