@@ -29,7 +29,7 @@ def test_tiny_fits_then_predicts_from_its_checkpoint_and_reloads_alone():
     assert samples, "LogTextSamples wrote nothing at validation"
     assert client.get_run(run).data.tags["zoo.family"] == "gpt"
 
-    cli("predict", "--config", str(TINY), "--ckpt_path", last, "--data.init_args.prompts=[ROMEO:, To be]",
+    cli("predict", "--config", str(TINY), "--ckpt_path", last, '--data.init_args.prompts=["ROMEO:", "To be"]',
         "--data.init_args.max_new_tokens=12", "--data.init_args.temperature=0")
     rows = [json.loads(line) for line in Path("predictions.jsonl").read_text().splitlines()]
     assert [r["prompt"] for r in rows] == ["ROMEO:", "To be"]
@@ -88,3 +88,14 @@ def test_gpt2_config_starts_from_hf_weights_and_tokenizer_files(gpt2_folder):
     c = cli("fit", "--config", str(CONFIGS / "gpt" / "gpt2_124m.yaml"), *args, "--trainer.fast_dev_run=2",
             "--trainer.accumulate_grad_batches=1")
     assert torch.isfinite(c.trainer.callback_metrics["val/loss"])
+
+
+def test_char_config_learns_well_below_the_unigram_entropy():
+    # The README's figure is the full 500-step run (val loss 1.98 nats against an entropy of 3.33);
+    # 80 steps already clear the unigram bound by a wide margin (2.6 measured at step 100).
+    c = cli("fit", "--config", str(CONFIGS / "gpt" / "gpt_char_shakespeare.yaml"), "--trainer.max_steps=80",
+            "--data.init_args.samples_per_epoch=2560", "--data.init_args.val_samples=64",
+            "--trainer.enable_progress_bar=false")
+    entropy = c.datamodule.unigram_entropy()
+    assert entropy == pytest.approx(3.33, abs=0.01)
+    assert c.trainer.callback_metrics["val/loss"].item() < entropy - 0.5
