@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, cli
+from conftest import CONFIGS, ROOT, cli
 from mlflow.tracking import MlflowClient
 
 from zoo.gpt import CausalLMModule
@@ -37,6 +40,17 @@ def test_tiny_fits_then_predicts_from_its_checkpoint_and_reloads_alone():
     module = CausalLMModule.load_from_checkpoint(last).eval()  # net and tokenizer from the file alone
     greedy = module.generate(["ROMEO:", "To be"], max_new_tokens=12, temperature=0)
     assert greedy == [r["completion"] for r in rows]
+
+    # the checkpoint exports as a Hugging Face GPT-2 folder that transformers runs to the same logits
+    proc = subprocess.run([sys.executable, "-m", "zoo.gpt.hf", "export", last, "hf"], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.GPT2LMHeadModel.from_pretrained("hf").eval()
+    ids = torch.randint(0, 257, (2, 64))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, module(ids), atol=1e-4, rtol=0)
+    assert hf.config.eos_token_id == module.tokenizer.eos_id == 256
 
 
 def test_vocab_too_small_for_the_tokenizer_is_named():

@@ -99,8 +99,11 @@ def load_gpt2_into(net: GPT, folder: str | Path) -> GPT:
     return net
 
 
-def export_gpt2(net: GPT, folder: str | Path) -> Path:
-    """Write ``net`` as a Hugging Face GPT-2 folder (config.json, model.safetensors) that transformers loads."""
+def export_gpt2(net: GPT, folder: str | Path, eos_id: int | None = None) -> Path:
+    """Write ``net`` as a Hugging Face GPT-2 folder (config.json, model.safetensors) that transformers loads.
+
+    ``eos_id`` becomes the config's bos/eos token id (GPT-2's 50256 when None and the vocabulary has it).
+    """
     from safetensors.torch import save_file
 
     if net.attention != "mha" or net.position != "learned" or net.blocks[0].attn.n_kv_head != net.blocks[0].attn.n_head:
@@ -120,6 +123,9 @@ def export_gpt2(net: GPT, folder: str | Path) -> Path:
         "n_inner": mlp.proj.in_features, "layer_norm_epsilon": net.norm_f.eps, "tie_word_embeddings": tied,
         "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
     }
+    if eos_id is None and net.vocab_size > 50256:
+        eos_id = 50256
+    config["bos_token_id"] = config["eos_token_id"] = eos_id
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     return folder
 
@@ -164,7 +170,8 @@ def _main() -> None:
     from zoo.gpt.module import CausalLMModule
 
     module = CausalLMModule.load_from_checkpoint(args.checkpoint, map_location="cpu", weights_only=True)
-    print(f"Wrote {export_gpt2(module.net, args.folder)}")
+    eos = module.tokenizer.eos_id if module.tokenizer is not None else None
+    print(f"Wrote {export_gpt2(module.net, args.folder, eos)}")
 
 
 if __name__ == "__main__":
