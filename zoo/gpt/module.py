@@ -157,11 +157,13 @@ class CausalLMModule(LightningModule):
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict[str, list[str]]:
         """Continue the datamodule's prompts with its sampling settings; rows go to WritePredictions."""
-        settings = batch.get("generation", {})
+        if self.tokenizer is None:  # predict without a checkpoint: the datamodule's (which encoded the prompts)
+            self.tokenizer = getattr(self.trainer.datamodule, "tokenizer", None)
+        settings = dict(batch.get("generation", {}))
+        seed = settings.pop("seed", 0) + batch_idx
         out = generate(
-            self.net, batch["prompt_ids"], eos_id=self.tokenizer.eos_id if self.tokenizer else None,
-            generator=torch.Generator(self.device).manual_seed(settings.get("seed", 0) + batch_idx),
-            **{k: v for k, v in settings.items() if k != "seed"},
+            self.net, batch["prompt_ids"], eos_id=self.tokenizer.eos_id,
+            generator=torch.Generator(self.device).manual_seed(seed), **settings,
         )
         return {"prompt": list(batch["text"]), "completion": [self.tokenizer.decode(o.tolist()) for o in out]}
 
