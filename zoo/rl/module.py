@@ -1,0 +1,317 @@
+"""PPOModule: proximal policy optimisation (Schulman et al. 2017) on gymnasium vector envs.
+
+One Lightning training step is one rollout plus every PPO epoch and minibatch on it, with manual
+optimisation: Lightning's per-step overhead (~0.4 ms) would otherwise be paid per minibatch, about as long
+as the minibatch update of a small MLP itself. The training loader only paces the steps (see
+``datamodules.gym``); the module owns a ``RolloutCollector`` over the DataModule's training envs and an
+``Evaluator`` over separate envs for validation and predict.
+
+Checkpoints carry everything needed to act and to resume: the net, the running observation and return
+statistics (buffers), the environment-step counter (a buffer), the optimizer and the RNG states. A resumed
+run restarts the episodes that were in flight, on envs seeded from (seed, env_steps).
+
+Under manual optimisation ``trainer.global_step`` counts optimizer steps (minibatches), so Trainer's
+``max_steps`` would too: the budget is ``total_env_steps``, and ``val_check_interval`` counts rollouts.
+
+Implementation details follow CleanRL's ``ppo.py`` and SB3's ``PPO``, cited where they are chosen.
+Notation: T steps per rollout, N envs, B minibatch rows, O observation features.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import gymnasium as gym
+import numpy as np
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
+from torch.optim.lr_scheduler import LambdaLR
+
+from zoo.layers.hparams import save_hparams
+from zoo.layers.logging import lightning_writes
+from zoo.layers.optim import param_groups
+from zoo.layers.weights import check_compatible
+from zoo.rl.collector import Evaluator, Rollout, RolloutCollector
+from zoo.rl.losses import explained_variance, gae, normalize, ppo_loss
+from zoo.rl.nets import ActorCritic
+from zoo.rl.normalization import RunningMeanStd
+
+
+def net_shape_for(obs_space: gym.Space, action_space: gym.Space) -> dict[str, int | bool]:
+    """The ``ActorCritic`` arguments an env's spaces call for."""
+    continuous = isinstance(action_space, gym.spaces.Box)
+    action_dim = int(np.prod(action_space.shape)) if continuous else int(action_space.n)
+    return {"obs_dim": int(np.prod(obs_space.shape)), "action_dim": action_dim, "continuous": continuous}
+
+
+def rng_state() -> dict:
+    """The global RNG states, in types a weights-only checkpoint load accepts."""
+    np_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    random.setstate(tuple(tuple(s) if isinstance(s, list) else s for s in state["python"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class PPOModule(LightningModule):
+    """PPO-clip with GAE, minibatch epochs, advantage normalisation, target-KL stop, LR annealing."""
+
+    family = "rl"
+    monitor = "val/return"
+    monitor_mode = "max"
+
+    def __init__(
+        self,
+        net: ActorCritic,
+        total_env_steps: int = 100_000,
+        num_steps: int = 128,
+        update_epochs: int = 4,
+        num_minibatches: int = 4,
+        gamma: float = 0.99,
+        gae_lambda: float = 0.95,
+        clip_coef: float = 0.2,
+        clip_vloss: bool = False,
+        ent_coef: float = 0.0,
+        vf_coef: float = 0.5,
+        max_grad_norm: float = 0.5,
+        target_kl: float | None = None,
+        norm_adv: bool = True,
+        lr: float = 2.5e-4,
+        anneal_lr: bool = True,
+        anneal_clip: bool = False,
+        adam_eps: float = 1e-5,
+        weight_decay: float = 0.0,
+        norm_obs: bool = False,
+        norm_reward: bool = False,
+        clip_obs: float = 10.0,
+        clip_reward: float = 10.0,
+        num_threads: int | None = 1,
+    ) -> None:
+        """
+        Args:
+            net: the actor-critic (``zoo.rl.ActorCritic``), sized for the env's spaces.
+            total_env_steps: fit stops before a rollout would exceed this many env steps (all envs together).
+            num_steps: T, steps per env per rollout; a rollout is T x N env steps.
+            update_epochs: passes over each rollout.
+            num_minibatches: minibatches per pass (the rollout's valid steps split evenly).
+            gamma: discount factor.
+            gae_lambda: GAE's lambda, trading the bias of bootstrapping for variance.
+            clip_coef: PPO's epsilon, the clip range of the probability ratio.
+            clip_vloss: also clip the value update to within ``clip_coef`` of the old value (Baselines' PPO2).
+            ent_coef: weight of the entropy bonus.
+            vf_coef: weight of the value loss.
+            max_grad_norm: global gradient-norm clip.
+            target_kl: stop this rollout's updates before a minibatch whose approximate KL to the collecting
+                policy exceeds 1.5 x target_kl (SB3); None never stops early.
+            norm_adv: normalise advantages per minibatch.
+            lr: Adam learning rate (at the start, when annealed).
+            anneal_lr: decay the learning rate linearly to 0 over ``total_env_steps``.
+            anneal_clip: decay ``clip_coef`` linearly to 0 over ``total_env_steps`` too (rl-zoo's ``lin_0.2``).
+            adam_eps: Adam's epsilon; 1e-5 as Baselines' PPO2 (PyTorch's 1e-8 differs).
+            weight_decay: AdamW decoupled weight decay on >=2-D weights; RL agents normally use none.
+            norm_obs: feed the net observations normalised by running statistics kept in this module.
+            norm_reward: divide rewards by the running std of the discounted return, kept in this module.
+            clip_obs: clip normalised observations to [-clip_obs, clip_obs].
+            clip_reward: clip scaled rewards to [-clip_reward, clip_reward].
+            num_threads: PyTorch CPU threads while this module runs (restored after); a small MLP runs
+                fastest on one, as intra-op threads cost more to synchronise than they save. None: unchanged.
+        """
+        super().__init__()
+        save_hparams(self, "net")
+        self.automatic_optimization = False
+        self.net = net
+        self.obs_rms = RunningMeanStd((net.obs_dim,), clip=clip_obs)
+        self.return_rms = RunningMeanStd((), clip=clip_reward)
+        self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))
+        self.collector: RolloutCollector | None = None
+        self._evaluators: dict[str, Evaluator] = {}
+        self._episodes: list[Tensor] = []  # returns and lengths of training episodes since the last log
+        self._rng_to_restore: dict | None = None
+        self._threads_before: int | None = None
+
+    # -- acting ------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def act(self, obs: Tensor | np.ndarray, deterministic: bool = True) -> Tensor:
+        """Actions for raw observations (B, O), normalised with this agent's statistics when it uses them."""
+        x = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
+        if self.hparams.norm_obs:
+            x = self.obs_rms.normalize(x)
+        return self.net.act(x, deterministic)
+
+    # -- setup -------------------------------------------------------------------------------------------
+
+    def setup(self, stage: str) -> None:
+        if self.hparams.num_threads and self._threads_before is None:
+            self._threads_before = torch.get_num_threads()
+            torch.set_num_threads(self.hparams.num_threads)
+        dm = self._datamodule()
+        if dm is not None:
+            want = net_shape_for(*dm.spaces)
+            have = {k: getattr(self.net, k) for k in want}
+            if want != have:
+                fix = " ".join(f"--model.init_args.net.init_args.{k}={v}" for k, v in want.items())
+                raise ValueError(f"{dm.env_id} needs a net with {want}, this one has {have}: pass {fix}")
+
+    def _datamodule(self):
+        dm = self.trainer.datamodule if self._trainer is not None else None
+        return dm if dm is not None and hasattr(dm, "make_envs") else None
+
+    def _require_datamodule(self):
+        dm = self._datamodule()
+        if dm is None:
+            raise RuntimeError("PPOModule runs with a datamodule that builds its envs (datamodules.GymDataModule)")
+        return dm
+
+    def on_train_start(self) -> None:
+        # Here rather than in setup: the device is final and a resumed checkpoint (env_steps, RNG) is loaded.
+        if self._rng_to_restore is not None:
+            set_rng_state(self._rng_to_restore)
+            self._rng_to_restore = None
+        if self.collector is None:
+            dm, h = self._require_datamodule(), self.hparams
+            self.collector = RolloutCollector(
+                dm.make_envs(), h.num_steps, self.device, self.obs_rms if h.norm_obs else None,
+                self.return_rms if h.norm_reward else None, h.gamma, seed=self._train_seed(dm.seed),
+            )
+        if int(self.env_steps) + self.collector.num_steps * self.collector.envs.num_envs > self.hparams.total_env_steps:
+            self.trainer.should_stop = True  # a resumed run whose budget is already spent
+
+    def _train_seed(self, seed: int) -> int:
+        """``seed`` for a fresh run; a resumed run's new episodes get a seed drawn from (seed, env steps)."""
+        steps = int(self.env_steps)
+        return seed if steps == 0 else int(np.random.SeedSequence([seed, steps]).generate_state(1)[0])
+
+    def _evaluator(self, stage: str) -> Evaluator:
+        if stage not in self._evaluators:
+            dm = self._require_datamodule()
+            episodes = dm.eval_episodes if stage == "val" else dm.predict_episodes
+            envs = dm.make_envs(min(dm.eval_envs, episodes))
+            self._evaluators[stage] = Evaluator(envs, episodes, seed=dm.eval_seed, device=self.device)
+        return self._evaluators[stage]
+
+    def teardown(self, stage: str) -> None:
+        if self.collector is not None and stage == "fit":
+            self.collector.close()
+            self.collector = None
+        for evaluator in self._evaluators.values():
+            evaluator.close()
+        self._evaluators.clear()
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
+
+    # -- training ----------------------------------------------------------------------------------------
+
+    def _progress(self) -> float:
+        """Fraction of the env-step budget spent before this rollout, for the linear annealings."""
+        return min(1.0, int(self.env_steps) / self.hparams.total_env_steps)
+
+    def training_step(self, batch: int, batch_idx: int) -> None:
+        h = self.hparams
+        rollout = self.collector.collect(self.net)
+        advantages, returns = gae(rollout.rewards, rollout.values, rollout.terminated, rollout.truncated,
+                                  h.gamma, h.gae_lambda)
+        clip = h.clip_coef * (1.0 - self._progress()) if h.anneal_clip else h.clip_coef
+        stats = self._update(rollout, advantages, returns, clip)
+        self.env_steps += rollout.env_steps
+        self.lr_schedulers().step()  # the rate for the next rollout's updates
+        self._episodes.append(torch.stack([rollout.episode_returns, rollout.episode_lengths.float()]))
+        step = self.trainer.fit_loop.epoch_loop._batches_that_stepped + 1  # global_step counts minibatches here
+        if lightning_writes(self.trainer, step):
+            self._log_training(rollout, returns, stats)
+        if int(self.env_steps) + rollout.env_steps > h.total_env_steps:
+            self.trainer.should_stop = True
+
+    def _update(self, rollout: Rollout, advantages: Tensor, returns: Tensor, clip: float) -> dict[str, Tensor]:
+        """All epochs and minibatches on one rollout's valid steps; the last minibatch's terms and counts."""
+        h = self.hparams
+        keep = rollout.valid.flatten().nonzero().squeeze(-1)  # autoreset steps are not transitions
+        obs, actions = rollout.obs.flatten(0, 1)[keep], rollout.actions.flatten(0, 1)[keep]
+        old_logprobs, old_values = rollout.logprobs.flatten()[keep], rollout.values[:-1].flatten()[keep]
+        advantages, returns = advantages.flatten()[keep], returns.flatten()[keep]
+        opt = self.optimizers()
+        size = math.ceil(len(keep) / h.num_minibatches)
+        updates = 0
+        for _ in range(h.update_epochs):
+            for mb in torch.randperm(len(keep), device=self.device).split(size):
+                _, logprob, entropy, value = self.net.get_action_and_value(obs[mb], actions[mb])
+                adv = normalize(advantages[mb]) if h.norm_adv else advantages[mb]
+                out = ppo_loss(logprob, old_logprobs[mb], adv, value, old_values[mb], returns[mb], entropy,
+                               clip, h.vf_coef, h.ent_coef, h.clip_vloss)
+                if h.target_kl is not None and out["approx_kl"] > 1.5 * h.target_kl:
+                    return {**out, "updates": torch.tensor(float(updates))}  # SB3: stop before the overshoot
+                opt.zero_grad()
+                self.manual_backward(out["loss"])
+                out["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.net.parameters(), h.max_grad_norm)
+                opt.step()
+                updates += 1
+        return {**out, "updates": torch.tensor(float(updates))}
+
+    def _log_training(self, rollout: Rollout, returns: Tensor, stats: dict[str, Tensor]) -> None:
+        keep = rollout.valid
+        metrics = {f"train/{k}": v for k, v in stats.items() if k != "grad_norm"}
+        if "grad_norm" in stats:
+            metrics["grad/norm"] = stats["grad_norm"]  # GradNormMonitor's key; it skips manual optimisation
+        metrics["train/explained_variance"] = explained_variance(rollout.values[:-1][keep], returns[keep])
+        metrics["train/env_steps"] = self.env_steps.float()
+        episodes = torch.cat(self._episodes, 1)
+        self._episodes.clear()
+        if episodes.shape[1]:
+            metrics["train/episode_return"], metrics["train/episode_length"] = episodes.mean(1)
+        self.log_dict(metrics, on_step=True, on_epoch=False)
+
+    def configure_optimizers(self):
+        h = self.hparams
+        # The fused kernel (CPU and CUDA) is one op per tensor instead of about ten: PPO makes thousands of
+        # small steps, each costing little more than its per-op overhead.
+        fused = all(p.device.type in ("cpu", "cuda") for p in self.net.parameters())
+        opt = torch.optim.AdamW(param_groups(self.net, h.weight_decay), lr=h.lr, eps=h.adam_eps, fused=fused or None)
+        # Stepped once per rollout by training_step; a function of the env steps spent, so resuming needs no
+        # schedule state (CleanRL's `frac = 1 - (iteration - 1) / num_iterations`).
+        factor = (lambda _: 1.0 - self._progress()) if h.anneal_lr else (lambda _: 1.0)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": LambdaLR(opt, factor), "name": "lr"}}
+
+    # -- evaluation and prediction -----------------------------------------------------------------------
+
+    def validation_step(self, batch: int, batch_idx: int) -> None:
+        returns, lengths = self._evaluator("val").run(self.act)
+        self.log_dict({
+            "val/return": returns.mean(), "val/return_std": returns.std(unbiased=False),
+            "val/episode_length": lengths.float().mean(), "val/env_steps": self.env_steps.float(),
+        }, batch_size=1, prog_bar=True)
+
+    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
+        """Plays the DataModule's ``predict_episodes``; rows (episode, return, length) go to WritePredictions."""
+        returns, lengths = self._evaluator("predict").run(self.act)
+        rank_zero_info(
+            f"Played {len(returns)} episodes: return {returns.mean():.2f} +- {returns.std(unbiased=False):.2f} "
+            f"(min {returns.min():.2f}, max {returns.max():.2f}), mean length {lengths.float().mean():.1f}"
+        )
+        return {"episode": torch.arange(len(returns)), "return": returns, "length": lengths}
+
+    # -- checkpoints -------------------------------------------------------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["rng"] = rng_state()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        net_state = {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
+        check_compatible(self.net, net_state, "checkpoint")
+        self._rng_to_restore = checkpoint.get("rng")  # applied at train start, only when fit resumes
