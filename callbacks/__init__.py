@@ -1,10 +1,12 @@
 """Callbacks shared by every family: monitors, checkpointing, prediction writing, progress."""
 
 from callbacks.checkpoint import MonitoredCheckpoint
+from callbacks.frechet import FrechetDistance
+from callbacks.image_samples import LogImageSamples
 from callbacks.monitors import GradNormMonitor, NonFiniteLossError, PrecisionMonitor
 from callbacks.predictions import WritePredictions
 from callbacks.progress import ProgressBar
 from callbacks.text_samples import LogTextSamples
 
-__all__ = ["GradNormMonitor", "LogTextSamples", "MonitoredCheckpoint", "NonFiniteLossError", "PrecisionMonitor", "ProgressBar",
-           "WritePredictions"]
+__all__ = ["FrechetDistance", "GradNormMonitor", "LogImageSamples", "LogTextSamples", "MonitoredCheckpoint",
+           "NonFiniteLossError", "PrecisionMonitor", "ProgressBar", "WritePredictions"]

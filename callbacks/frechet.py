@@ -1,0 +1,97 @@
+"""Logs the Fréchet distance of generated images to the validation images, in a zoo classifier's features."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch import Callback
+from torch import Tensor
+
+
+class FrechetDistance(Callback):
+    """Every ``every_n_epochs``-th validation, logs ``val/fd_classifier`` over ``num_samples`` generated images.
+
+    The reference statistics are those of the first ``num_samples`` validation images, computed once.
+    Sampling happens after the first validation batch, so it uses the weights validation uses (EMA).
+    Every rank samples (the forward of a sharded net is collective); rank 0 computes and logs the metric.
+    """
+
+    def __init__(
+        self,
+        classifier: str,
+        num_samples: int = 500,
+        sampler: Literal["ddpm", "ddim"] = "ddim",
+        steps: int = 50,
+        guidance_scale: float = 1.0,
+        batch_size: int = 250,
+        every_n_epochs: int = 1,
+        seed: int = 0,
+        classifier_mean: tuple[float, ...] = (0.5,),
+        classifier_std: tuple[float, ...] = (0.5,),
+    ) -> None:
+        """
+        Args:
+            classifier: a ``ClassifierModule`` checkpoint trained on the same data (e.g. by configs/cnn/convnet_shapes.yaml).
+            num_samples: generated (and real) images compared; the metric is biased upwards at small N, so
+                compare numbers only at the same N.
+            sampler: "ddim" or "ddpm".
+            steps: DDIM steps.
+            guidance_scale: classifier-free guidance scale for class-conditional models (1: none).
+            batch_size: images generated per call of ``sample``.
+            every_n_epochs: compute after every n-th validation epoch.
+            seed: sampling seed, the same every time.
+            classifier_mean: per-channel mean the classifier's inputs were standardised with ((0.5,) with
+                std (0.5,): images in [-1, 1], as ShapesDataModule gives them).
+            classifier_std: per-channel std of that standardisation.
+        """
+        self.classifier, self.num_samples, self.sampler, self.steps = classifier, num_samples, sampler, steps
+        self.guidance_scale, self.batch_size = guidance_scale, batch_size
+        self.every_n_epochs, self.seed = every_n_epochs, seed
+        self.classifier_mean, self.classifier_std = classifier_mean, classifier_std
+        self._features = None
+        self._reference: tuple[Tensor, Tensor] | None = None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._features is None and trainer.is_global_zero:
+            from zoo.diffusion.metrics import ClassifierFeatures
+
+            self._features = ClassifierFeatures.from_checkpoint(self.classifier, self.classifier_mean, self.classifier_std)
+
+    def _real_stats(self, trainer: pl.Trainer, device: torch.device) -> tuple[Tensor, Tensor]:
+        from zoo.diffusion.metrics import gaussian_stats
+
+        dm, feats, n = trainer.datamodule, [], 0
+        for x, y in dm.val_dataloader():
+            x, _ = dm.on_after_batch_transfer((x.to(device), y), 0)  # to [-1, 1] as the model sees them
+            feats.append(self._features(x[: self.num_samples - n]))
+            n += len(feats[-1])
+            if n >= self.num_samples:
+                break
+        return gaussian_stats(torch.cat(feats))
+
+    def on_validation_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if batch_idx or dataloader_idx or trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:
+            return
+        from zoo.diffusion.metrics import frechet_distance, gaussian_stats
+
+        rank0 = trainer.is_global_zero
+        if rank0:
+            self._features.to(pl_module.device)
+            if self._reference is None:
+                self._reference = self._real_stats(trainer, pl_module.device)
+        feats = []
+        for i in range(0, self.num_samples, self.batch_size):
+            n = min(self.batch_size, self.num_samples - i)
+            k = getattr(pl_module, "num_classes", 0)
+            labels = torch.arange(i, i + n) % k if k else None  # classes in turn across batches
+            # Every rank samples (a sharded net's forward is collective); rank 0 measures.
+            images = pl_module.sample(n, self.sampler, self.steps, self.guidance_scale, seed=self.seed + i, labels=labels)
+            if rank0:
+                feats.append(self._features(images))
+        if rank0:
+            fd = frechet_distance(*gaussian_stats(torch.cat(feats)), *self._reference)
+            pl_module.log("val/fd_classifier", fd, on_step=False, on_epoch=True, rank_zero_only=True)

@@ -1,0 +1,57 @@
+"""Logs a grid of generated images to MLflow every few validations, so a run shows what the model draws."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import lightning.pytorch as pl
+from lightning.pytorch import Callback
+
+from zoo.tracking import mlflow_loggers
+
+
+class LogImageSamples(Callback):
+    """Every ``every_n_epochs``-th validation, ``pl_module.sample(...)`` a fixed-seed batch and log it as a PNG.
+
+    Sampling happens after the first validation batch, inside the validation epoch, so it sees the
+    weights validation sees (the EMA weights when an EMA callback swaps them in, whatever the callback
+    order). The grid goes to each MLflow run as ``samples/step_<global step>.png``.
+    """
+
+    def __init__(
+        self,
+        num_samples: int = 16,
+        sampler: Literal["ddpm", "ddim"] = "ddim",
+        steps: int = 50,
+        guidance_scale: float = 1.0,
+        every_n_epochs: int = 1,
+        seed: int = 0,
+    ) -> None:
+        """
+        Args:
+            num_samples: images per grid (a class-conditional model cycles through the classes).
+            sampler: "ddim" (``steps`` calls of the net) or "ddpm" (all T steps).
+            steps: DDIM steps.
+            guidance_scale: classifier-free guidance scale s for class-conditional models (1: none).
+            every_n_epochs: log after every n-th validation epoch.
+            seed: sampling seed, the same at every validation so grids compare across the run.
+        """
+        self.num_samples, self.sampler, self.steps = num_samples, sampler, steps
+        self.guidance_scale, self.every_n_epochs, self.seed = guidance_scale, every_n_epochs, seed
+
+    def on_validation_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if batch_idx or dataloader_idx or trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:
+            return
+        if not mlflow_loggers(trainer):  # the same on every rank: each builds the configured loggers
+            return
+        from zoo.diffusion.grid import image_grid
+
+        # Every rank samples (a sharded net's forward is collective); rank 0 logs.
+        images = pl_module.sample(self.num_samples, self.sampler, self.steps, self.guidance_scale, seed=self.seed)
+        if not trainer.is_global_zero:
+            return
+        grid = image_grid(images)
+        for lg in mlflow_loggers(trainer):
+            lg.experiment.log_image(lg.run_id, grid, artifact_file=f"samples/step_{trainer.global_step:07d}.png")

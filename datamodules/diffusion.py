@@ -1,0 +1,113 @@
+"""Images for a diffusion model: any image DataModule's batches mapped to [-1, 1], plus what to sample at predict.
+
+Training and validation batches come from the wrapped ``images`` DataModule, whose standardised pixels
+((p - mean) / std, p in [0, 1]) are mapped back to 2p - 1, the range diffusion models are trained in.
+Predict batches are sampling requests: which class each image is of and how to sample, given on the
+command line. They live here, not on the model, because LightningCLI replaces a model's arguments with
+the checkpoint's at ``predict --ckpt_path``, but keeps the data's as given (as ``TextDataModule`` does).
+
+Notation: B batch, C channels.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader
+
+from datamodules.base import ImageDataModule
+
+
+class _CollateRequests:
+    """Sampling requests stay (index, label) tensors; the settings ride along with every batch."""
+
+    def __init__(self, sampling: dict) -> None:
+        self.sampling = sampling
+
+    def __call__(self, items: list[tuple[int, int]]) -> dict:
+        index, labels = zip(*items)
+        return {"index": torch.tensor(index), "labels": torch.tensor(labels), "sampling": dict(self.sampling)}
+
+
+class DiffusionDataModule(LightningDataModule):
+    """Wraps an image DataModule (fit, validate, test) and serves sampling requests (predict)."""
+
+    def __init__(
+        self,
+        images: ImageDataModule,
+        data_mean: tuple[float, ...] = (0.5,),
+        data_std: tuple[float, ...] = (0.5,),
+        num_samples: int = 64,
+        batch_size: int = 64,
+        labels: list[int] | None = None,
+        sampler: Literal["ddpm", "ddim"] = "ddim",
+        steps: int = 50,
+        eta: float = 0.0,
+        spacing: Literal["leading", "trailing", "linspace"] = "trailing",
+        guidance_scale: float = 1.0,
+        seed: int = 0,
+        output_dir: str = "samples",
+    ) -> None:
+        """
+        Args:
+            images: the image DataModule trained on (``datamodules.ShapesDataModule``, ``MNISTHubDataModule``, ...).
+            data_mean: per-channel mean (or one for all) the images were standardised with; (0.5,) with
+                ``data_std`` (0.5,) means they are in [-1, 1] already (ShapesDataModule).
+            data_std: per-channel standard deviation the images were standardised with.
+            num_samples: predict: images to generate.
+            batch_size: predict: images per batch, i.e. per PNG grid.
+            labels: predict: class of each image, repeated in turn (class-conditional models); None: 0, 1, ..., K-1, 0, ...
+            sampler: predict: "ddim" or "ddpm" (all T steps).
+            steps: predict: DDIM steps.
+            eta: predict: DDIM eta, 0 deterministic .. 1 DDPM-like.
+            spacing: predict: which of the T steps DDIM visits (trailing starts at the noisiest).
+            guidance_scale: predict: classifier-free guidance scale s (1: the conditional model alone).
+            seed: predict: seed of batch 0; batch i uses seed + i, so a run repeats exactly.
+            output_dir: predict: folder of the PNG grids (``grid_<batch>.png``).
+        """
+        super().__init__()
+        self.images = images
+        mean, std = torch.tensor(data_mean, dtype=torch.float32), torch.tensor(data_std, dtype=torch.float32)
+        # 2 (x std + mean) - 1 = scale x + shift, per channel
+        self._scale, self._shift = (2 * std).view(-1, 1, 1), (2 * mean - 1).view(-1, 1, 1)
+        self._identity = bool((self._scale == 1).all() and (self._shift == 0).all())
+        self.num_samples, self.batch_size, self.labels = num_samples, batch_size, labels
+        self.sampling = {"sampler": sampler, "steps": steps, "eta": eta, "spacing": spacing,
+                         "guidance_scale": guidance_scale, "seed": seed, "output_dir": output_dir}
+        # The image protocol, so nets can be sized from the data config alone.
+        self.num_classes, self.image_shape = images.num_classes, images.image_shape
+        self.class_names = images.class_names
+
+    def _predicting(self) -> bool:
+        return self.trainer is not None and self.trainer.state.fn == "predict"
+
+    def prepare_data(self) -> None:
+        if not self._predicting():  # sampling needs no training data (nor its download)
+            self.images.prepare_data()
+
+    def setup(self, stage: str | None = None) -> None:
+        if stage != "predict":
+            self.images.setup(stage)
+
+    def train_dataloader(self) -> DataLoader:
+        return self.images.train_dataloader()
+
+    def val_dataloader(self) -> DataLoader:
+        return self.images.val_dataloader()
+
+    def test_dataloader(self) -> DataLoader:
+        return self.images.test_dataloader()
+
+    def predict_dataloader(self) -> DataLoader:
+        k = max(self.num_classes, 1)
+        classes = self.labels or list(range(k))
+        items = [(i, classes[i % len(classes)]) for i in range(self.num_samples)]
+        return DataLoader(items, batch_size=self.batch_size, shuffle=False, collate_fn=_CollateRequests(self.sampling))
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        if self._identity or isinstance(batch, dict):
+            return batch
+        x, y = batch
+        return x * self._scale.to(x.device) + self._shift.to(x.device), y

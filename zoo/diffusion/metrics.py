@@ -1,0 +1,73 @@
+"""Sample quality as a Fréchet distance between Gaussians fitted to image features (Heusel et al. 2017).
+
+FID takes the features from an ImageNet Inception-v3, which needs its weights file. Always available
+offline instead: the features of a classifier the zoo trained on the same data (the input of its last
+linear layer), through ``ClassifierFeatures``. Its numbers are not FID's and compare only between runs
+that use the same classifier checkpoint, but they fall as samples approach the data just the same.
+
+Notation: N images, F feature width.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def gaussian_stats(features: Tensor) -> tuple[Tensor, Tensor]:
+    """Mean (F,) and covariance (F, F), in float64, of (N, F) features."""
+    f = features.double()
+    return f.mean(0), torch.cov(f.T)
+
+
+def frechet_distance(mu1: Tensor, cov1: Tensor, mu2: Tensor, cov2: Tensor) -> float:
+    """||mu1 - mu2||^2 + Tr(C1 + C2 - 2 (C1 C2)^(1/2)), the squared W2 distance of two Gaussians.
+
+    Tr (C1 C2)^(1/2) = Tr (C1^(1/2) C2 C1^(1/2))^(1/2), whose argument is symmetric PSD: two
+    eigendecompositions, no non-symmetric matrix square root (scipy's ``sqrtm`` in the FID code).
+    """
+    w1, v1 = torch.linalg.eigh(cov1)
+    sqrt1 = (v1 * w1.clamp(min=0).sqrt()) @ v1.T  # C1^(1/2)
+    cross = torch.linalg.eigvalsh(sqrt1 @ cov2 @ sqrt1).clamp(min=0).sqrt().sum()
+    return float((mu1 - mu2).pow(2).sum() + cov1.trace() + cov2.trace() - 2 * cross)
+
+
+class ClassifierFeatures(nn.Module):
+    """Images in [-1, 1] (B, C, H, W) -> the (B, F) input of a classifier's last linear layer."""
+
+    def __init__(self, net: nn.Module, mean: tuple[float, ...] = (0.5,), std: tuple[float, ...] = (0.5,)) -> None:
+        """
+        Args:
+            net: a trained classifier (any zoo image net); frozen and kept in eval mode.
+            mean: per-channel mean the classifier's training data was standardised with.
+            std: per-channel std; with ``mean`` (0.5,) these say the classifier saw images in [-1, 1].
+        """
+        super().__init__()
+        self.net = net.eval().requires_grad_(False)
+        linears = [m for m in net.modules() if isinstance(m, nn.Linear)]
+        if not linears:
+            raise ValueError(f"{type(net).__name__} has no linear layer whose input could serve as features")
+        self._features: Tensor | None = None
+        linears[-1].register_forward_pre_hook(self._grab)
+        self.register_buffer("mean", torch.tensor(mean).view(-1, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(std).view(-1, 1, 1), persistent=False)
+
+    def _grab(self, module: nn.Module, args: tuple[Tensor, ...]) -> None:
+        self._features = args[0]
+
+    @classmethod
+    def from_checkpoint(cls, path: str, mean: tuple[float, ...] = (0.5,), std: tuple[float, ...] = (0.5,)):
+        """The net of a ``ClassifierModule`` checkpoint (made through cli.py), loaded weights-only."""
+        from zoo.cnn import ClassifierModule
+
+        module = ClassifierModule.load_from_checkpoint(path, map_location="cpu", weights_only=True)
+        return cls(module.net, mean, std)
+
+    def train(self, mode: bool = True) -> ClassifierFeatures:
+        return super().train(False)  # batch-norm statistics stay the classifier's
+
+    @torch.no_grad()
+    def forward(self, images: Tensor) -> Tensor:
+        x = ((images + 1) / 2 - self.mean) / self.std  # [-1, 1] -> the classifier's standardisation
+        self.net(x)
+        return self._features.flatten(1).float()  # (B, F)

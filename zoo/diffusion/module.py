@@ -1,0 +1,234 @@
+"""DiffusionModule: trains any denoiser (UNet, DiT) with the denoising objective; samples with DDPM or DDIM.
+
+EMA of the weights is Lightning's ``EMAWeightAveraging`` callback, which this module adds unless
+the trainer has a weight-averaging callback already: it swaps the EMA weights in for validation
+(so ``val/loss`` and the logged samples are the EMA model's), writes them as the checkpoint's
+``state_dict`` and the training weights under ``current_model_state``, and restores both on resume.
+So ``load_from_checkpoint`` and ``predict --ckpt_path`` sample from the EMA weights.
+
+Notation: B batch, C channels, H/W height/width, K classes (label K is the null class), T steps.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Literal
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.callbacks import EMAWeightAveraging, WeightAveraging
+from torch import Tensor, nn
+
+from zoo.diffusion.grid import save_grid
+from zoo.diffusion.losses import denoising_loss
+from zoo.diffusion.samplers import ClassifierFreeGuidance, DDIMSampler, DDPMSampler
+from zoo.diffusion.schedule import NoiseSchedule
+from zoo.layers.hparams import save_hparams
+from zoo.layers.logging import lightning_writes
+from zoo.layers.optim import adamw_warmup_cosine
+from zoo.layers.parallel import shard
+from zoo.layers.weights import check_compatible
+
+# Both are expected here: the EMA callback is attached at every stage so a checkpoint's callback state
+# always finds its owner, and outside fit the EMA weights are already the checkpoint's state_dict.
+warnings.filterwarnings("ignore", message=r".*WeightAveraging callback, but loading a checkpoint outside the 'fit'")
+# configure_model only shards (refused below with EMA) and compiles lazily, so calling it early is harmless.
+warnings.filterwarnings("ignore", message=r".*WeightAveraging callback with a model that overrides the configure_model")
+
+
+class DiffusionModule(LightningModule):
+    """Trains ``net(x_t, t, y) -> eps | v | x0`` on (images in [-1, 1], labels) batches; ``sample`` draws images."""
+
+    family = "diffusion"
+    monitor = "val/loss"
+    monitor_mode = "min"
+
+    def __init__(
+        self,
+        net: nn.Module,
+        num_timesteps: int = 1000,
+        beta_schedule: Literal["linear", "cosine"] = "linear",
+        beta_start: float = 1e-4,
+        beta_end: float = 0.02,
+        prediction: Literal["eps", "v", "x0"] = "eps",
+        min_snr_gamma: float | None = None,
+        label_dropout: float = 0.1,
+        clip_denoised: float | None = 1.0,
+        ema_decay: float | None = 0.9999,
+        ema_start_step: int = 0,
+        lr: float = 1e-4,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_steps: int = 0,
+        min_lr_ratio: float = 1.0,
+        compile: bool = False,
+    ) -> None:
+        """
+        Args:
+            net: the denoiser (``zoo.diffusion.UNet`` or ``DiT``) with ``in_channels``, ``image_size``, ``num_classes``.
+            num_timesteps: T, diffusion steps of training (1000 in DDPM and DiT).
+            beta_schedule: "linear" (Ho et al. 2020) or "cosine" (Nichol & Dhariwal 2021).
+            beta_start: first beta of the linear schedule (at T = 1000).
+            beta_end: last beta of the linear schedule (at T = 1000).
+            prediction: what the net outputs: "eps" (noise), "v" (Salimans & Ho 2022) or "x0" (clean image).
+            min_snr_gamma: weight the loss by min(SNR, gamma) in x0 units (Hang et al. 2023; 5 there); None: unweighted.
+            label_dropout: fraction of training labels replaced by the null class, for classifier-free guidance.
+            clip_denoised: clamp the predicted x0 to [-c, c] at every sampling step (1 for images in [-1, 1]); None: never.
+            ema_decay: decay of the weights' exponential moving average (0.9999 in DiT); None: no EMA.
+            ema_start_step: optimizer step of the first EMA update (the average starts as a copy of the weights then).
+            lr: peak AdamW learning rate (1e-4 in DiT; 2e-4 in DDPM on CIFAR-10).
+            weight_decay: AdamW decoupled weight decay on >=2-D weights (0 in DDPM and DiT).
+            betas: AdamW (beta1, beta2).
+            warmup_steps: optimizer steps of linear warmup (5000 in DDPM).
+            min_lr_ratio: final learning rate as a fraction of ``lr`` after the cosine; 1.0 keeps it constant (DDPM, DiT).
+            compile: run the net through ``torch.compile`` for training (weights and checkpoint keys unchanged).
+        """
+        super().__init__()
+        save_hparams(self, "net")
+        self.net = net
+        self.schedule = NoiseSchedule(num_timesteps, beta_schedule, beta_start, beta_end)
+        self.num_classes = getattr(net, "num_classes", 0) or 0
+        self._compiled = None  # built at the first training step; kept off the module tree (no "_orig_mod." keys)
+
+    # -- setup -------------------------------------------------------------------------------------------
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return (self.net.in_channels, self.net.image_size, self.net.image_size)
+
+    def configure_model(self) -> None:
+        if self.device_mesh is not None and any(isinstance(c, WeightAveraging) for c in self.trainer.callbacks):
+            raise ValueError(
+                "EMA (Lightning's WeightAveraging) keeps an unsharded copy of the model and cannot follow FSDP "
+                "sharding: set model.init_args.ema_decay=null to shard"
+            )
+        shard(self.net, self.device_mesh, blocks=self.net.blocks)  # FSDP2 units: residual/attention/DiT blocks
+
+    def configure_callbacks(self):
+        # Unless the trainer has its own: EMA weights, and a grid of samples logged to MLflow at validation.
+        from callbacks import LogImageSamples
+
+        defaults = [LogImageSamples()]
+        if self.hparams.ema_decay:
+            start = self.hparams.ema_start_step or None
+            defaults.append(EMAWeightAveraging(decay=self.hparams.ema_decay, update_starting_at_step=start))
+        present = self.trainer.callbacks
+
+        def missing(cb) -> bool:  # any weight averaging (EMA, SWA) the trainer has replaces ours
+            kind = WeightAveraging if isinstance(cb, WeightAveraging) else type(cb)
+            return not any(isinstance(c, kind) for c in present)
+
+        return [cb for cb in defaults if missing(cb)]
+
+    # -- the denoiser ------------------------------------------------------------------------------------
+
+    def denoise(self, x: Tensor, t: Tensor, y: Tensor | None) -> Tensor:
+        """The net as the samplers' callable: (x_t, t, y) -> prediction shaped like x_t."""
+        net = self.net
+        if self.hparams.compile and self.training:
+            if self._compiled is None:
+                object.__setattr__(self, "_compiled", torch.compile(self.net))
+            net = self._compiled
+        out = net(x, t, y if self.num_classes else None)
+        return out[:, : x.shape[1]]  # a learn_sigma net's second half (variance) is not used here
+
+    def _loss(self, batch: tuple[Tensor, Tensor], **fixed: Tensor) -> dict[str, Tensor]:
+        x0, y = batch
+        self.schedule.to(x0.device)
+        h = self.hparams
+        return denoising_loss(self.denoise, self.schedule, x0, y, h.prediction, h.min_snr_gamma, **fixed)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x0, y = batch
+        # Steps, noise and label drops are keyed by (seed, epoch, batch, rank), not drawn from the global
+        # RNG, which a resumed run does not restore: so a resumed run draws what an unbroken one would.
+        key = hash((torch.initial_seed(), self.current_epoch, batch_idx, self.global_rank)) % 2**63
+        g = torch.Generator(x0.device).manual_seed(key)
+        t = torch.randint(0, self.schedule.num_timesteps, (x0.shape[0],), generator=g, device=x0.device)
+        noise = torch.randn(x0.shape, generator=g, device=x0.device, dtype=x0.dtype)
+        if self.num_classes and self.hparams.label_dropout > 0:  # the unconditional model, for guidance
+            drop = torch.rand(y.shape, generator=g, device=y.device) < self.hparams.label_dropout
+            y = torch.where(drop, self.num_classes, y)
+        out = self._loss((x0, y), t=t, noise=noise)
+        if lightning_writes(self.trainer):  # values logged at other steps are dropped anyway
+            self.log_dict({f"train/{k}": v for k, v in out.items()}, prog_bar=True)
+        return out["loss"]
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        # The same steps and noise for batch i at every validation (and on any device: drawn on the CPU),
+        # so val/loss changes only with the weights.
+        x0 = batch[0]
+        g = torch.Generator().manual_seed(batch_idx)
+        t = torch.randint(0, self.schedule.num_timesteps, (x0.shape[0],), generator=g).to(x0.device)
+        noise = torch.randn(x0.shape, generator=g).to(x0.device, x0.dtype)
+        out = self._loss(batch, t=t, noise=noise)
+        self.log_dict({f"val/{k}": v for k, v in out.items()}, prog_bar=True, sync_dist=True)
+
+    def configure_optimizers(self):
+        h = self.hparams
+        return adamw_warmup_cosine(self.net, self.trainer, h.lr, h.weight_decay, h.betas, h.warmup_steps, h.min_lr_ratio)
+
+    # -- sampling ----------------------------------------------------------------------------------------
+
+    def sampler(
+        self, name: Literal["ddpm", "ddim"] = "ddim", steps: int = 50, eta: float = 0.0,
+        spacing: Literal["leading", "trailing", "linspace"] = "trailing",
+    ) -> DDPMSampler | DDIMSampler:
+        """A sampler over this module's schedule and prediction type (DDPM always takes all T steps)."""
+        h = self.hparams
+        if name == "ddpm":
+            return DDPMSampler(self.schedule, h.prediction, clip_denoised=h.clip_denoised)
+        if name == "ddim":
+            return DDIMSampler(self.schedule, h.prediction, steps, eta, spacing, clip_denoised=h.clip_denoised)
+        raise ValueError(f"sampler must be 'ddpm' or 'ddim', got {name!r}")
+
+    @torch.no_grad()
+    def sample(
+        self,
+        n: int,
+        sampler: Literal["ddpm", "ddim"] = "ddim",
+        steps: int = 50,
+        guidance_scale: float = 1.0,
+        seed: int = 0,
+        labels: Tensor | list[int] | None = None,
+        eta: float = 0.0,
+        spacing: Literal["leading", "trailing", "linspace"] = "trailing",
+    ) -> Tensor:
+        """``n`` images (n, C, H, W) in [-1, 1]; the same seed and settings give the same images.
+
+        ``labels`` (n,) condition a class-conditional net (default: classes 0, 1, ..., K-1, 0, ... in turn)
+        and ``guidance_scale`` s > 1 applies classifier-free guidance; both are ignored by an
+        unconditional net. ``steps``, ``eta`` and ``spacing`` are DDIM's.
+        """
+        gen = torch.Generator(self.device).manual_seed(seed)
+        noise = torch.randn((n, *self.image_shape), generator=gen, device=self.device)  # x_T
+        y, model = None, self.denoise
+        if self.num_classes:
+            y = torch.arange(n) % self.num_classes if labels is None else torch.as_tensor(labels)
+            y = y.to(self.device, torch.long)
+            model = ClassifierFreeGuidance(self.denoise, guidance_scale, null_label=self.num_classes)
+        was_training = self.training
+        self.eval()  # dropout off
+        try:
+            x = self.sampler(sampler, steps, eta, spacing).sample(model, noise, y, gen)
+        finally:
+            self.train(was_training)
+        return x.clamp(-1, 1)
+
+    def predict_step(self, batch: dict, batch_idx: int) -> dict:
+        """Sample the datamodule's requests with its settings; one PNG grid per batch, rows to WritePredictions."""
+        settings = dict(batch["sampling"])
+        out_dir, seed = Path(settings.pop("output_dir")), settings.pop("seed") + batch_idx
+        labels = batch["labels"]
+        images = self.sample(len(labels), seed=seed, labels=labels, **settings)
+        rank = f".rank{self.global_rank}" if self.trainer.world_size > 1 else ""
+        path = save_grid(images, out_dir / f"grid_{batch_idx:04d}{rank}.png")
+        label = labels if self.num_classes else torch.full_like(labels, -1)
+        return {"index": batch["index"], "label": label, "seed": [seed] * len(labels), "grid": [str(path)] * len(labels)}
+
+    # -- checkpoints -------------------------------------------------------------------------------------
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        net_state = {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
+        check_compatible(self.net, net_state, "checkpoint")

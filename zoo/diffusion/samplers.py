@@ -1,0 +1,199 @@
+"""Samplers: objects without parameters that turn noise into data with any denoiser callable.
+
+A denoiser is ``model(x_t, t, y) -> output``: x_t (B, ...), t (B,) int64 step indices, y (B,) labels or
+None; its output is eps, v or x0 as ``prediction`` says, converted through the ``NoiseSchedule``.
+So a sampler never knows the net, and classifier-free guidance is a wrapper around the callable.
+
+- ``DDPMSampler``: ancestral sampling over all T steps (Ho et al. 2020, Algorithm 2), with the
+  posterior variance beta-tilde_t or beta_t (the two bounds of sec. 3.2).
+- ``DDIMSampler``: any number of steps S <= T, stochasticity eta in [0, 1] (Song et al. 2021,
+  "Denoising Diffusion Implicit Models", eq. 12 and 16); eta = 1 over all T steps is DDPM with
+  beta-tilde, eta = 0 is deterministic.
+- ``ClassifierFreeGuidance``: eps-hat = eps(x, null) + s (eps(x, y) - eps(x, null)) (Ho & Salimans
+  2021, eq. 6 with w = s - 1; DiT's ``cfg_scale`` = s), both in one batched call.
+
+Randomness comes only from the ``generator`` given to ``sample``; noise is drawn only at steps whose
+variance is non-zero, so DDPM and DDIM(eta=1, S=T) draw the same numbers in the same order.
+
+Notation: B batch, T training steps, S sampling steps; t index i is the paper's t = i + 1 (abar of
+index -1, before the first step, is 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from zoo.diffusion.schedule import NoiseSchedule, Prediction
+
+Denoiser = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
+
+
+class ClassifierFreeGuidance:
+    """Wraps a conditional denoiser: one batched call on [cond; uncond], mixed with ``guidance_scale``.
+
+    ``guidance_scale`` 1 is the conditional model alone (one call, no uncond half); 0 is the
+    unconditional one; above 1 trades diversity for fidelity (Ho & Salimans 2021). The mix is linear,
+    so it may act on any ``prediction`` type: every conversion to eps is affine with weights summing to 1.
+    """
+
+    def __init__(self, model: Denoiser, guidance_scale: float, null_label: int) -> None:
+        self.model, self.guidance_scale, self.null_label = model, guidance_scale, null_label
+
+    def __call__(self, x: Tensor, t: Tensor, y: Tensor | None) -> Tensor:
+        if y is None or self.guidance_scale == 1.0:
+            return self.model(x, t, y)
+        out = self.model(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, torch.full_like(y, self.null_label)]))
+        cond, uncond = out.chunk(2)  # (B, ...) each
+        return uncond + self.guidance_scale * (cond - uncond)
+
+
+def _noise_like(x: Tensor, generator: torch.Generator | None) -> Tensor:
+    return torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+
+
+class _Sampler:
+    """The loop both samplers share; subclasses give ``timesteps`` and ``step``."""
+
+    schedule: NoiseSchedule
+    prediction: Prediction
+    clip_denoised: float | None
+    # Per-step scalars as Python floats on the host: no device sync and no kernel launch per step.
+    _abar: list[float]
+
+    def timesteps(self) -> list[int]:
+        raise NotImplementedError
+
+    def step(self, output: Tensor, t: int, x_t: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        raise NotImplementedError
+
+    def _x0_eps(self, output: Tensor, t: int, x_t: Tensor) -> tuple[Tensor, Tensor]:
+        x0, eps = self.schedule.to_x0_eps(output, x_t, t, self.prediction)
+        if self.clip_denoised is not None:  # data known to lie in [-c, c]; eps re-derived to match
+            x0 = x0.clamp(-self.clip_denoised, self.clip_denoised)
+            eps = self.schedule.to_x0_eps(x0, x_t, t, "x0")[1]
+        return x0, eps
+
+    @torch.no_grad()
+    def sample(
+        self, model: Denoiser, noise: Tensor, y: Tensor | None = None, generator: torch.Generator | None = None
+    ) -> Tensor:
+        """Denoise ``noise`` (x_T, (B, ...)) into samples (B, ...), conditioned on labels ``y`` (B,) or None."""
+        self.schedule.to(noise.device)
+        x = noise
+        for t in self.timesteps():
+            tt = torch.full((x.shape[0],), t, device=x.device, dtype=torch.long)
+            x = self.step(model(x, tt, y), t, x, generator)
+        return x
+
+    def num_calls(self) -> int:
+        """Denoiser evaluations per sample (before any guidance doubling)."""
+        return len(self.timesteps())
+
+
+class DDPMSampler(_Sampler):
+    """Ancestral sampling through every one of the schedule's T steps (Ho et al. 2020, Algorithm 2)."""
+
+    def __init__(
+        self,
+        schedule: NoiseSchedule,
+        prediction: Prediction = "eps",
+        variance: Literal["beta_tilde", "beta"] = "beta_tilde",
+        clip_denoised: float | None = None,
+    ) -> None:
+        """
+        Args:
+            schedule: the training schedule.
+            prediction: what the denoiser outputs (eps, v or x0).
+            variance: sigma_t^2 = beta-tilde_t (optimal for a point mass x_0) or beta_t (optimal for x_0 ~ N(0, I)).
+            clip_denoised: clamp x0-hat to [-c, c] at every step (c = 1 for images in [-1, 1]); None: never.
+        """
+        self.schedule, self.prediction, self.variance, self.clip_denoised = schedule, prediction, variance, clip_denoised
+        self._abar = schedule.alphas_cumprod.double().tolist()
+        self._beta = schedule.betas.double().tolist()
+
+    def timesteps(self) -> list[int]:
+        return list(range(self.schedule.num_timesteps - 1, -1, -1))
+
+    def step(self, output: Tensor, t: int, x_t: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        # 1. x0-hat (and eps-hat) from the net's output: x0 = (x_t - sqrt(1 - abar_t) eps) / sqrt(abar_t)
+        x0, _ = self._x0_eps(output, t, x_t)
+        # 2. posterior mean mu-tilde_t(x_t, x0) (eq. 7):
+        #    sqrt(abar_{t-1}) beta_t / (1 - abar_t) x0 + sqrt(alpha_t) (1 - abar_{t-1}) / (1 - abar_t) x_t
+        beta, abar, abar_prev = self._beta[t], self._abar[t], (self._abar[t - 1] if t > 0 else 1.0)
+        mean = (abar_prev**0.5 * beta / (1 - abar)) * x0 + ((1 - beta) ** 0.5 * (1 - abar_prev) / (1 - abar)) * x_t
+        if t == 0:  # 3. the last step returns the mean: x_0 = mu-tilde_1 (Algorithm 2, z = 0 when t = 1)
+            return mean
+        # 4. x_{t-1} = mu-tilde_t + sigma_t z, z ~ N(0, I), sigma_t^2 = beta-tilde_t or beta_t
+        var = beta * (1 - abar_prev) / (1 - abar) if self.variance == "beta_tilde" else beta
+        return mean + var**0.5 * _noise_like(x_t, generator)
+
+
+def ddim_timesteps(num_timesteps: int, steps: int, spacing: Literal["leading", "trailing", "linspace"]) -> list[int]:
+    """S step indices in decreasing order, as diffusers spaces them (Lin et al. 2024, table 2).
+
+    leading: 0, T/S, 2T/S, ... (DDIM's own, never visits the noisiest step); trailing: T-1, T-1-T/S, ...
+    (always starts from the noisiest step, better at few steps); linspace: rounded linspace(0, T-1, S).
+    """
+    if not 1 <= steps <= num_timesteps:
+        raise ValueError(f"steps must be in [1, {num_timesteps}], got {steps}")
+    if spacing == "leading":
+        ts = torch.arange(steps) * (num_timesteps // steps)
+    elif spacing == "trailing":
+        ts = torch.arange(num_timesteps, 0, -num_timesteps / steps).round().long() - 1
+    elif spacing == "linspace":
+        ts = torch.linspace(0, num_timesteps - 1, steps).round().long()
+    else:
+        raise ValueError(f"spacing must be 'leading', 'trailing' or 'linspace', got {spacing!r}")
+    return sorted({int(t) for t in ts}, reverse=True)
+
+
+class DDIMSampler(_Sampler):
+    """DDIM over S of the T steps (Song et al. 2021, eq. 12), eta = 0 deterministic, eta = 1 DDPM-like."""
+
+    def __init__(
+        self,
+        schedule: NoiseSchedule,
+        prediction: Prediction = "eps",
+        steps: int = 50,
+        eta: float = 0.0,
+        spacing: Literal["leading", "trailing", "linspace"] = "leading",
+        clip_denoised: float | None = None,
+    ) -> None:
+        """
+        Args:
+            schedule: the training schedule.
+            prediction: what the denoiser outputs (eps, v or x0).
+            steps: S, denoiser calls per sample.
+            eta: 0 deterministic (DDIM), 1 the DDPM posterior variance; in between interpolates (eq. 16).
+            spacing: which S of the T steps to visit (see ``ddim_timesteps``).
+            clip_denoised: clamp x0-hat to [-c, c] at every step; None: never.
+        """
+        if not 0.0 <= eta <= 1.0:
+            raise ValueError(f"eta must be in [0, 1], got {eta}")
+        self.schedule, self.prediction, self.eta, self.clip_denoised = schedule, prediction, eta, clip_denoised
+        self._abar = schedule.alphas_cumprod.double().tolist()
+        self._timesteps = ddim_timesteps(schedule.num_timesteps, steps, spacing)
+        # The step after each one: the next visited index, and -1 (abar = 1, clean data) after the last.
+        self._prev = dict(zip(self._timesteps, self._timesteps[1:] + [-1]))
+
+    def timesteps(self) -> list[int]:
+        return self._timesteps
+
+    def step(self, output: Tensor, t: int, x_t: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        t_prev = self._prev[t]
+        abar, abar_prev = self._abar[t], (self._abar[t_prev] if t_prev >= 0 else 1.0)
+        # 1. x0-hat and eps-hat from the net's output ("predicted x_0" of eq. 12)
+        x0, eps = self._x0_eps(output, t, x_t)
+        # 2. sigma_t(eta) = eta sqrt((1 - abar_{t-1}) / (1 - abar_t)) sqrt(1 - abar_t / abar_{t-1})  (eq. 16)
+        sigma = self.eta * ((1 - abar_prev) / (1 - abar) * (1 - abar / abar_prev)) ** 0.5
+        # 3. "direction pointing to x_t": sqrt(1 - abar_{t-1} - sigma_t^2) eps-hat
+        direction = max(1 - abar_prev - sigma**2, 0.0) ** 0.5 * eps
+        # 4. x_{t-1} = sqrt(abar_{t-1}) x0-hat + direction + sigma_t z, z ~ N(0, I)
+        x_prev = abar_prev**0.5 * x0 + direction
+        if sigma > 0:
+            x_prev = x_prev + sigma * _noise_like(x_t, generator)
+        return x_prev

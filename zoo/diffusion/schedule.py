@@ -1,0 +1,160 @@
+"""The noise schedule of a discrete-time diffusion: no learnable parameters, only tensors of scalars.
+
+Forward process (Ho et al. 2020, "Denoising Diffusion Probabilistic Models", eq. 4):
+    q(x_t | x_0) = N(sqrt(abar_t) x_0, (1 - abar_t) I),   abar_t = prod_{s<=t} (1 - beta_s)
+Schedules: ``linear`` betas (Ho et al. 2020) and ``cosine`` abar (Nichol & Dhariwal 2021, "Improved
+DDPM", eq. 17). What the net predicts is a choice of parametrisation, all linear in (x_t, x_0, eps):
+eps (Ho et al.), x0, or v = sqrt(abar) eps - sqrt(1 - abar) x_0 (Salimans & Ho 2022, "Progressive
+Distillation", sec. 4); ``to_x0_eps`` converts any of them back. ``min_snr_weight`` is the loss
+weighting of Hang et al. 2023 ("Efficient Diffusion Training via Min-SNR Weighting").
+
+Indexing: the T steps are 0..T-1 here; index i is the paper's t = i + 1, so ``alphas_cumprod[i]`` is
+the paper's abar_{i+1}. Tensors are computed in float64 and kept in float32, on the device given to
+``to()`` (they are not an ``nn.Module``'s buffers, so no EMA or checkpoint ever sees them).
+
+Notation: B batch; t (B,) int64 step indices (or one int for the whole batch); x (B, ...) any shape with the batch first.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+Prediction = Literal["eps", "v", "x0"]
+
+
+def linear_betas(num_timesteps: int, beta_start: float = 1e-4, beta_end: float = 0.02) -> Tensor:
+    """Ho et al. 2020: betas evenly spaced in [beta_start, beta_end] at T = 1000.
+
+    For another T the end points are scaled by 1000 / T (Nichol & Dhariwal's ``get_named_beta_schedule``),
+    so abar_T, and thus how close x_T is to pure noise, stays about the same for any T.
+    """
+    scale = 1000 / num_timesteps
+    return torch.linspace(beta_start * scale, beta_end * scale, num_timesteps, dtype=torch.float64)
+
+
+def cosine_alphas_cumprod(num_timesteps: int, s: float = 0.008) -> Tensor:
+    """Nichol & Dhariwal 2021 eq. 17: abar_t = f(t) / f(0), f(t) = cos((t/T + s) / (1 + s) * pi/2)^2, t = 0..T."""
+    t = torch.arange(num_timesteps + 1, dtype=torch.float64)
+    f = torch.cos((t / num_timesteps + s) / (1 + s) * math.pi / 2) ** 2
+    return f / f[0]
+
+
+def cosine_betas(num_timesteps: int, s: float = 0.008, max_beta: float = 0.999) -> Tensor:
+    """beta_t = 1 - abar_t / abar_{t-1}, clipped at ``max_beta`` to avoid the singularity at t = T (eq. 17)."""
+    abar = cosine_alphas_cumprod(num_timesteps, s)
+    return (1 - abar[1:] / abar[:-1]).clamp(max=max_beta)
+
+
+def _at(a: Tensor, t: Tensor | int, x: Tensor) -> Tensor:
+    """a[t] shaped (B, 1, ..., 1) to broadcast against x (B, ...); a 0-d tensor for one int step."""
+    if isinstance(t, int):
+        return a[t].to(x.dtype)
+    return a[t].view(-1, *([1] * (x.ndim - 1))).to(x.dtype)
+
+
+class NoiseSchedule:
+    """betas and the products derived from them; ``add_noise`` for training, the same tensors for samplers."""
+
+    def __init__(
+        self,
+        num_timesteps: int = 1000,
+        beta_schedule: Literal["linear", "cosine"] = "linear",
+        beta_start: float = 1e-4,
+        beta_end: float = 0.02,
+        cosine_s: float = 0.008,
+    ) -> None:
+        """
+        Args:
+            num_timesteps: T, the number of diffusion steps of training.
+            beta_schedule: "linear" (Ho et al. 2020) or "cosine" (Nichol & Dhariwal 2021).
+            beta_start: beta_1 of the linear schedule at T = 1000.
+            beta_end: beta_T of the linear schedule at T = 1000.
+            cosine_s: offset s of the cosine schedule, so beta_1 is not vanishingly small.
+        """
+        if num_timesteps < 1:
+            raise ValueError(f"num_timesteps must be >= 1, got {num_timesteps}")
+        self.num_timesteps, self.beta_schedule = num_timesteps, beta_schedule
+        if beta_schedule == "linear":
+            betas = linear_betas(num_timesteps, beta_start, beta_end)
+        elif beta_schedule == "cosine":
+            betas = cosine_betas(num_timesteps, cosine_s)
+        else:
+            raise ValueError(f"beta_schedule must be 'linear' or 'cosine', got {beta_schedule!r}")
+        abar = torch.cumprod(1 - betas, 0)
+        abar_prev = torch.cat([torch.ones(1, dtype=torch.float64), abar[:-1]])
+        self.betas = betas.float()  # beta_t
+        self.alphas_cumprod = abar.float()  # abar_t
+        self.alphas_cumprod_prev = abar_prev.float()  # abar_{t-1}, with abar_0 = 1
+        # beta-tilde_t, the variance of q(x_{t-1} | x_t, x_0) (Ho et al. eq. 7); 0 at the first step.
+        self.posterior_variance = (betas * (1 - abar_prev) / (1 - abar)).float()
+
+    def to(self, device: torch.device | str) -> NoiseSchedule:
+        """Move every tensor to ``device`` (in place; returns self). A no-op when already there."""
+        device = torch.device(device)
+        if self.betas.device != device:
+            for name, value in vars(self).items():
+                if isinstance(value, Tensor):
+                    setattr(self, name, value.to(device))
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.betas.device
+
+    # -- training --------------------------------------------------------------------------------------
+
+    def add_noise(self, x0: Tensor, noise: Tensor, t: Tensor | int) -> Tensor:
+        """x_t = sqrt(abar_t) x_0 + sqrt(1 - abar_t) eps: a draw of q(x_t | x_0) (Ho et al. eq. 4)."""
+        abar = _at(self.alphas_cumprod, t, x0)
+        return abar.sqrt() * x0 + (1 - abar).sqrt() * noise
+
+    def target(self, x0: Tensor, noise: Tensor, t: Tensor | int, prediction: Prediction) -> Tensor:
+        """What a net of this ``prediction`` type should output for x_t = add_noise(x0, noise, t)."""
+        if prediction == "eps":
+            return noise
+        if prediction == "x0":
+            return x0
+        if prediction == "v":
+            abar = _at(self.alphas_cumprod, t, x0)
+            return abar.sqrt() * noise - (1 - abar).sqrt() * x0
+        raise ValueError(f"prediction must be 'eps', 'v' or 'x0', got {prediction!r}")
+
+    def snr(self, t: Tensor) -> Tensor:
+        """Signal-to-noise ratio abar_t / (1 - abar_t), (B,)."""
+        abar = self.alphas_cumprod[t]
+        return abar / (1 - abar)
+
+    def min_snr_weight(self, t: Tensor, prediction: Prediction, gamma: float) -> Tensor:
+        """(B,) loss weights of min-SNR-gamma (Hang et al. 2023): min(SNR, gamma) in x0 units.
+
+        The MSE of an eps-net is SNR times the x0 error, and that of a v-net is (SNR + 1) times it,
+        so the same weight min(SNR, gamma) on the x0 error reads differently per ``prediction``.
+        """
+        snr = self.snr(t)
+        clipped = snr.clamp(max=gamma)
+        return {"eps": clipped / snr, "x0": clipped, "v": clipped / (snr + 1)}[prediction]
+
+    # -- conversions -----------------------------------------------------------------------------------
+
+    def to_x0_eps(self, output: Tensor, x_t: Tensor, t: Tensor | int, prediction: Prediction) -> tuple[Tensor, Tensor]:
+        """(x0-hat, eps-hat) implied by a net's ``output`` at x_t, for any ``prediction`` type."""
+        abar = _at(self.alphas_cumprod, t, x_t)
+        a, s = abar.sqrt(), (1 - abar).sqrt()  # x_t = a x0 + s eps, a^2 + s^2 = 1
+        if prediction == "eps":
+            return (x_t - s * output) / a, output
+        if prediction == "x0":
+            return output, (x_t - a * output) / s
+        if prediction == "v":  # v = a eps - s x0  =>  x0 = a x_t - s v,  eps = s x_t + a v
+            return a * x_t - s * output, s * x_t + a * output
+        raise ValueError(f"prediction must be 'eps', 'v' or 'x0', got {prediction!r}")
+
+    def from_x0_eps(self, x0: Tensor, eps: Tensor, t: Tensor | int, prediction: Prediction) -> Tensor:
+        """The output a net of type ``prediction`` gives for (x0, eps); the inverse of ``to_x0_eps``."""
+        return self.target(x0, eps, t, prediction)
+
+    def __repr__(self) -> str:
+        return f"NoiseSchedule(num_timesteps={self.num_timesteps}, beta_schedule={self.beta_schedule!r})"

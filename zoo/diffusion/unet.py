@@ -1,0 +1,198 @@
+"""UNet denoiser of DDPM (Ho et al. 2020, appendix B), with the class embedding of Dhariwal & Nichol 2021.
+
+Residual blocks (GroupNorm, SiLU, 3x3 convs) take the step embedding as a per-channel bias; a
+self-attention block follows the residual blocks at the resolutions in ``attention_resolutions``
+(16x16 in DDPM's CIFAR-10 model); skips join the encoder and decoder at every block. The last conv
+of every residual and attention branch, and the output conv, start at zero: each block starts as
+the identity and the net as the zero predictor (Goyal et al. 2017's zero-init residuals).
+
+The net only predicts: ``forward(x_t, t, y)`` returns a tensor shaped like x_t (eps, v or x0, as
+the module trains it). ``num_classes`` > 0 adds a label embedding with a null class, ``num_classes``.
+
+Notation: B batch, C channels, H/W height/width, E time-embedding width (4 x base channels).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from zoo.diffusion.embeddings import LabelEmbedder, TimestepEmbedder
+
+
+def group_norm(channels: int, groups: int = 32) -> nn.GroupNorm:
+    # The largest group count <= ``groups`` that divides ``channels`` (tiny test nets have few channels).
+    return nn.GroupNorm(math.gcd(groups, channels), channels)
+
+
+def zero(module: nn.Module) -> nn.Module:
+    for p in module.parameters():
+        nn.init.zeros_(p)
+    return module
+
+
+class ResBlock(nn.Module):
+    """x + conv(drop(act(norm(conv(act(norm(x))) + W emb)))), with a 1x1 conv on the skip when C changes."""
+
+    def __init__(self, c_in: int, c_out: int, emb_dim: int, dropout: float, groups: int) -> None:
+        super().__init__()
+        self.norm1, self.conv1 = group_norm(c_in, groups), nn.Conv2d(c_in, c_out, 3, padding=1)
+        self.emb = nn.Linear(emb_dim, c_out)
+        self.norm2, self.drop = group_norm(c_out, groups), nn.Dropout(dropout)
+        self.conv2 = zero(nn.Conv2d(c_out, c_out, 3, padding=1))
+        self.skip = nn.Conv2d(c_in, c_out, 1) if c_in != c_out else nn.Identity()
+
+    def forward(self, x: Tensor, emb: Tensor) -> Tensor:
+        h = self.conv1(F.silu(self.norm1(x)))  # (B, C_out, H, W)
+        h = h + self.emb(F.silu(emb))[:, :, None, None]  # the step (and label) as a per-channel bias
+        h = self.conv2(self.drop(F.silu(self.norm2(h))))
+        return self.skip(x) + h
+
+
+class AttentionBlock(nn.Module):
+    """Multi-head self-attention over the H*W positions, residual."""
+
+    def __init__(self, channels: int, num_heads: int, groups: int) -> None:
+        super().__init__()
+        if channels % num_heads:
+            raise ValueError(f"{channels} channels do not split into {num_heads} heads")
+        self.num_heads = num_heads
+        self.norm = group_norm(channels, groups)
+        self.qkv = nn.Conv2d(channels, 3 * channels, 1)
+        self.proj = zero(nn.Conv2d(channels, channels, 1))
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, c, h, w = x.shape
+        qkv = self.qkv(self.norm(x)).reshape(b, 3, self.num_heads, c // self.num_heads, h * w)
+        q, k, v = qkv.transpose(-1, -2).unbind(1)  # (B, heads, HW, C/heads) each
+        out = F.scaled_dot_product_attention(q, k, v)  # (B, heads, HW, C/heads)
+        # contiguous: SDPA's output strides would make the conv treat it as channels-last, and give its
+        # weight a gradient of other strides than the weight (which DDP's gradient buckets warn about).
+        return x + self.proj(out.transpose(-1, -2).reshape(b, c, h, w).contiguous())
+
+
+class Downsample(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, stride=2, padding=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.conv(x)  # (B, C, H/2, W/2)
+
+
+class Upsample(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))  # (B, C, 2H, 2W)
+
+
+class Level(nn.Module):
+    """The residual (+ attention) blocks of one resolution, on one side of the U."""
+
+    def __init__(self, c_ins: list[int], c_out: int, emb_dim: int, dropout: float, attention: bool,
+                 num_heads: int, groups: int) -> None:
+        super().__init__()
+        self.res = nn.ModuleList(ResBlock(c, c_out, emb_dim, dropout, groups) for c in c_ins)
+        self.attn = nn.ModuleList(
+            AttentionBlock(c_out, num_heads, groups) if attention else nn.Identity() for _ in c_ins
+        )
+
+
+class UNet(nn.Module):
+    """DDPM's UNet: (x_t (B, C, H, W), t (B,), y (B,) or None) -> (B, C, H, W)."""
+
+    def __init__(
+        self,
+        in_channels: int = 3,
+        image_size: int = 32,
+        base_channels: int = 128,
+        channel_mults: tuple[int, ...] = (1, 2, 2, 2),
+        num_res_blocks: int = 2,
+        attention_resolutions: tuple[int, ...] = (16,),
+        num_heads: int = 1,
+        dropout: float = 0.1,
+        num_classes: int = 0,
+        norm_groups: int = 32,
+    ) -> None:
+        """
+        Args:
+            in_channels: image channels C (the output has as many).
+            image_size: side of the square images it is trained on (sets where attention goes, and sampling).
+            base_channels: channels of the first level; level i has base_channels * channel_mults[i].
+            channel_mults: per-level channel multipliers; len - 1 downsamplings by 2.
+            num_res_blocks: residual blocks per level in the encoder (the decoder has one more, for the skips).
+            attention_resolutions: feature-map sides that get self-attention after each residual block.
+            num_heads: attention heads.
+            dropout: dropout inside residual blocks (0.1 in DDPM's CIFAR-10 model).
+            num_classes: K > 0 adds a class embedding (K + 1 rows: label K is the null class); 0: unconditional.
+            norm_groups: GroupNorm groups (32 in DDPM; fewer where channels are fewer).
+        """
+        super().__init__()
+        if image_size % 2 ** (len(channel_mults) - 1):
+            raise ValueError(f"image_size {image_size} is not divisible by 2^{len(channel_mults) - 1} (channel_mults)")
+        self.in_channels, self.image_size, self.num_classes = in_channels, image_size, num_classes
+        emb_dim = 4 * base_channels
+        self.time_embed = TimestepEmbedder(emb_dim, frequency_dim=base_channels)
+        self.label_embed = LabelEmbedder(num_classes, emb_dim) if num_classes > 0 else None
+        self.conv_in = nn.Conv2d(in_channels, base_channels, 3, padding=1)
+        args = dict(emb_dim=emb_dim, dropout=dropout, num_heads=num_heads, groups=norm_groups)
+
+        widths = [base_channels * m for m in channel_mults]
+        skips, c, res = [base_channels], base_channels, image_size  # channels of each skip, in order
+        self.down, self.downsample = nn.ModuleList(), nn.ModuleList()
+        for i, w in enumerate(widths):
+            self.down.append(Level([c] + [w] * (num_res_blocks - 1), w, attention=res in attention_resolutions, **args))
+            c = w
+            skips += [w] * num_res_blocks
+            last = i == len(widths) - 1
+            self.downsample.append(nn.Identity() if last else Downsample(c))
+            if not last:
+                skips.append(c)
+                res //= 2
+        self.mid_res1 = ResBlock(c, c, emb_dim, dropout, norm_groups)
+        self.mid_attn = AttentionBlock(c, num_heads, norm_groups)
+        self.mid_res2 = ResBlock(c, c, emb_dim, dropout, norm_groups)
+        self.up, self.upsample = nn.ModuleList(), nn.ModuleList()
+        for i, w in reversed(list(enumerate(widths))):
+            c_ins = []
+            for _ in range(num_res_blocks + 1):
+                c_ins.append(c + skips.pop())
+                c = w
+            self.up.append(Level(c_ins, w, attention=res in attention_resolutions, **args))
+            self.upsample.append(Upsample(c) if i > 0 else nn.Identity())
+            res = res * 2 if i > 0 else res
+        self.norm_out = group_norm(c, norm_groups)
+        self.conv_out = zero(nn.Conv2d(c, in_channels, 3, padding=1))
+
+    @property
+    def blocks(self) -> list[nn.Module]:
+        """The residual and attention blocks in order: the units FSDP gathers one at a time."""
+        return [m for m in self.modules() if isinstance(m, (ResBlock, AttentionBlock))]
+
+    def forward(self, x: Tensor, t: Tensor, y: Tensor | None = None) -> Tensor:
+        emb = self.time_embed(t)  # (B, E)
+        if self.label_embed is not None:
+            if y is None:  # unconditional use of a conditional net: the null class
+                y = torch.full((x.shape[0],), self.num_classes, device=x.device, dtype=torch.long)
+            emb = emb + self.label_embed(y)
+        h = self.conv_in(x)  # (B, base, H, W)
+        skips = [h]
+        for level, down in zip(self.down, self.downsample):
+            for res, attn in zip(level.res, level.attn):
+                h = attn(res(h, emb))
+                skips.append(h)
+            if not isinstance(down, nn.Identity):
+                h = down(h)
+                skips.append(h)
+        h = self.mid_res2(self.mid_attn(self.mid_res1(h, emb)), emb)  # (B, C_max, H / 2^(L-1), W / 2^(L-1))
+        for level, up in zip(self.up, self.upsample):
+            for res, attn in zip(level.res, level.attn):
+                h = attn(res(torch.cat([h, skips.pop()], dim=1), emb))
+            h = up(h)
+        return self.conv_out(F.silu(self.norm_out(h)))  # (B, C, H, W)
