@@ -2,6 +2,7 @@
 ``class_names`` right after ``__init__``; loaders yield (images (B, C, H, W) float, labels (B,) int64).
 ``TextDataModule`` yields (input_ids, targets) int64 (B, T) and carries its tokenizer in checkpoints."""
 
+from datamodules.captions import CaptionDataModule
 from datamodules.diffusion import DiffusionDataModule
 from datamodules.digits import DigitsDataModule
 from datamodules.gym import GymDataModule
@@ -11,6 +12,7 @@ from datamodules.text import TextDataModule
 from datamodules.torchvision_images import ImageFolderDataModule, TorchvisionDataModule
 
 __all__ = [
+    "CaptionDataModule",
     "DiffusionDataModule",
     "DigitsDataModule",
     "GymDataModule",

@@ -1,0 +1,190 @@
+"""Pretrained CLIP weights into the zoo's ``CLIP``: Hugging Face folders and OpenAI/open_clip state dicts.
+
+A Hugging Face CLIP folder holds ``config.json`` and ``model.safetensors`` (or ``pytorch_model.bin``):
+``CLIPModel.save_pretrained`` output or a hub snapshot copied by hand; nothing is downloaded. Its
+attention keeps q, k and v as three linears, which become our one fused ``qkv`` ([q | k | v] rows).
+OpenAI's layout (open_clip's ``open_clip_pytorch_model.bin``, or a state dict saved from OpenAI's
+``clip`` package) already fuses them (``in_proj_weight``) and stores the projections as (width, E)
+matrices multiplied from the right, the transpose of ``nn.Linear``. Every file is read weights-only.
+
+Only ViT image towers convert; the text tower must read the tokenizer's end-of-text id (``eot_id``).
+The zoo's byte tokenizer is not CLIP's BPE: imported weights expect CLIP's token ids, so fine-tuning
+them with bytes re-learns the token embeddings (a CLIP BPE tokenizer kind is future work).
+
+    python -m zoo.clip.hf config <hf_folder>    # print the zoo YAML block for a Hugging Face folder
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import yaml
+from torch import Tensor
+
+from zoo.clip.clip import CLIP
+from zoo.clip.towers import TextTransformer, VisionTransformer
+from zoo.layers.weights import check_compatible, extract_state_dict, load_file
+
+# Per block: (ours, Hugging Face, OpenAI); the q/k/v triple is handled apart.
+_BLOCK_KEYS = [
+    ("ln_1.weight", "layer_norm1.weight", "ln_1.weight"), ("ln_1.bias", "layer_norm1.bias", "ln_1.bias"),
+    ("attn.proj.weight", "self_attn.out_proj.weight", "attn.out_proj.weight"),
+    ("attn.proj.bias", "self_attn.out_proj.bias", "attn.out_proj.bias"),
+    ("ln_2.weight", "layer_norm2.weight", "ln_2.weight"), ("ln_2.bias", "layer_norm2.bias", "ln_2.bias"),
+    ("mlp.fc.weight", "mlp.fc1.weight", "mlp.c_fc.weight"), ("mlp.fc.bias", "mlp.fc1.bias", "mlp.c_fc.bias"),
+    ("mlp.proj.weight", "mlp.fc2.weight", "mlp.c_proj.weight"), ("mlp.proj.bias", "mlp.fc2.bias", "mlp.c_proj.bias"),
+]
+# Whole-model keys: (ours, Hugging Face, OpenAI, OpenAI stores it transposed).
+_TOP_KEYS = [
+    ("image_encoder.conv1.weight", "vision_model.embeddings.patch_embedding.weight", "visual.conv1.weight", False),
+    ("image_encoder.class_embedding", "vision_model.embeddings.class_embedding", "visual.class_embedding", False),
+    ("image_encoder.positional_embedding", "vision_model.embeddings.position_embedding.weight", "visual.positional_embedding", False),
+    ("image_encoder.ln_pre.weight", "vision_model.pre_layrnorm.weight", "visual.ln_pre.weight", False),
+    ("image_encoder.ln_pre.bias", "vision_model.pre_layrnorm.bias", "visual.ln_pre.bias", False),
+    ("image_encoder.ln_post.weight", "vision_model.post_layernorm.weight", "visual.ln_post.weight", False),
+    ("image_encoder.ln_post.bias", "vision_model.post_layernorm.bias", "visual.ln_post.bias", False),
+    ("image_encoder.proj.weight", "visual_projection.weight", "visual.proj", True),
+    ("text_encoder.token_embedding.weight", "text_model.embeddings.token_embedding.weight", "token_embedding.weight", False),
+    ("text_encoder.positional_embedding", "text_model.embeddings.position_embedding.weight", "positional_embedding", False),
+    ("text_encoder.ln_final.weight", "text_model.final_layer_norm.weight", "ln_final.weight", False),
+    ("text_encoder.ln_final.bias", "text_model.final_layer_norm.bias", "ln_final.bias", False),
+    ("text_encoder.proj.weight", "text_projection.weight", "text_projection", True),
+    ("logit_scale", "logit_scale", "logit_scale", False),
+]
+_TOWERS = {"image_encoder": ("vision_model.encoder.layers", "visual.transformer.resblocks"),
+           "text_encoder": ("text_model.encoder.layers", "transformer.resblocks")}
+
+
+def _layers(sd: dict[str, Tensor], prefix: str) -> int:
+    return len({k[len(prefix) + 1 :].split(".")[0] for k in sd if k.startswith(prefix + ".")})
+
+
+def hf_to_zoo(sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Rename a ``CLIPModel`` state dict into ``CLIP``'s keys, fusing each block's q, k, v."""
+    out = {ours: sd[hf] for ours, hf, _, _ in _TOP_KEYS}
+    out["logit_scale"] = out["logit_scale"].reshape(1)  # a scalar there, (1,) here (FSDP2 shards along dim 0)
+    for tower, (hf_prefix, _) in _TOWERS.items():
+        for i in range(_layers(sd, hf_prefix)):
+            src, dst = f"{hf_prefix}.{i}", f"{tower}.blocks.{i}"
+            for ours, hf, _ in _BLOCK_KEYS:
+                out[f"{dst}.{ours}"] = sd[f"{src}.{hf}"]
+            for kind in ("weight", "bias"):
+                out[f"{dst}.attn.qkv.{kind}"] = torch.cat([sd[f"{src}.self_attn.{p}_proj.{kind}"] for p in "qkv"])
+    return out
+
+
+def openai_to_zoo(sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Rename an OpenAI/open_clip CLIP state dict into ``CLIP``'s keys, projections transposed."""
+    out = {ours: (sd[oa].t().contiguous() if t else sd[oa]) for ours, _, oa, t in _TOP_KEYS}
+    out["logit_scale"] = out["logit_scale"].reshape(1)
+    for tower, (_, oa_prefix) in _TOWERS.items():
+        for i in range(_layers(sd, oa_prefix)):
+            src, dst = f"{oa_prefix}.{i}", f"{tower}.blocks.{i}"
+            for ours, _, oa in _BLOCK_KEYS:
+                out[f"{dst}.{ours}"] = sd[f"{src}.{oa}"]
+            out[f"{dst}.attn.qkv.weight"] = sd[f"{src}.attn.in_proj_weight"]
+            out[f"{dst}.attn.qkv.bias"] = sd[f"{src}.attn.in_proj_bias"]
+    return out
+
+
+def zoo_to_openai(sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The inverse of ``openai_to_zoo``, for writing open_clip-readable state dicts."""
+    out = {oa: (sd[ours].t().contiguous() if t else sd[ours]) for ours, _, oa, t in _TOP_KEYS}
+    out["logit_scale"] = out["logit_scale"].reshape(())
+    for tower, (_, oa_prefix) in _TOWERS.items():
+        for i in range(_layers(sd, f"{tower}.blocks")):
+            src, dst = f"{tower}.blocks.{i}", f"{oa_prefix}.{i}"
+            for ours, _, oa in _BLOCK_KEYS:
+                out[f"{dst}.{oa}"] = sd[f"{src}.{ours}"]
+            out[f"{dst}.attn.in_proj_weight"] = sd[f"{src}.attn.qkv.weight"]
+            out[f"{dst}.attn.in_proj_bias"] = sd[f"{src}.attn.qkv.bias"]
+    return out
+
+
+def hf_clip_kwargs(config: dict) -> dict:
+    """``CLIP``, ``VisionTransformer`` and ``TextTransformer`` arguments for a Hugging Face ``CLIPConfig`` dict."""
+    v, t = config["vision_config"], config["text_config"]
+    for name, c in (("vision", v), ("text", t)):
+        if c.get("hidden_act", "quick_gelu") not in ("quick_gelu", "gelu"):
+            raise ValueError(f"the {name} tower's hidden_act {c['hidden_act']!r} is not quick_gelu or gelu")
+    embed = config.get("projection_dim", 512)
+    # Checkpoints made before transformers PR #24773 say eos_token_id=2 and pool at the largest id, which
+    # is CLIP's end-of-text token (the last of the vocabulary).
+    eot = t.get("eos_token_id", 49407)
+    eot = t["vocab_size"] - 1 if eot == 2 else eot
+    vision = dict(
+        image_size=v["image_size"], patch_size=v["patch_size"], in_channels=v.get("num_channels", 3),
+        width=v["hidden_size"], layers=v["num_hidden_layers"], heads=v["num_attention_heads"],
+        mlp_ratio=v["intermediate_size"] / v["hidden_size"], embed_dim=embed, pool="cls",
+        act=v.get("hidden_act", "quick_gelu"), norm_eps=v.get("layer_norm_eps", 1e-5),
+    )
+    text = dict(
+        vocab_size=t["vocab_size"], context_length=t.get("max_position_embeddings", 77), width=t["hidden_size"],
+        layers=t["num_hidden_layers"], heads=t["num_attention_heads"], mlp_ratio=t["intermediate_size"] / t["hidden_size"],
+        embed_dim=embed, eot_id=eot, act=t.get("hidden_act", "quick_gelu"), norm_eps=t.get("layer_norm_eps", 1e-5),
+    )
+    return {"vision": vision, "text": text, "init_logit_scale": config.get("logit_scale_init_value", 2.6592)}
+
+
+def _weights_file(folder: Path) -> Path:
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / name).is_file():
+            return folder / name
+    raise FileNotFoundError(f"No model.safetensors or pytorch_model.bin in {str(folder)!r}: point at a Hugging Face "
+                            "CLIP folder (config.json and weights), e.g. one written by CLIPModel.save_pretrained")
+
+
+def _read_config(folder: Path) -> dict:
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"No config.json in {str(folder)!r}: point at a Hugging Face CLIP folder")
+    return json.loads((folder / "config.json").read_text())
+
+
+def load_hf_clip(folder: str | Path) -> CLIP:
+    """A ``CLIP`` built from a local Hugging Face folder's config, holding its weights."""
+    k = hf_clip_kwargs(_read_config(Path(folder)))
+    net = CLIP(VisionTransformer(**k["vision"]), TextTransformer(**k["text"]), init_logit_scale=k["init_logit_scale"])
+    return load_hf_clip_into(net, folder)
+
+
+def load_hf_clip_into(net: CLIP, path: str | Path) -> CLIP:
+    """Weights into a configured ``net`` from a Hugging Face folder, an OpenAI/open_clip state dict file, or
+    a file of the zoo's own keys (a Lightning checkpoint included); every key and shape is checked."""
+    path = Path(path)
+    sd = extract_state_dict(load_file(_weights_file(path) if path.is_dir() else path))
+    if "vision_model.embeddings.class_embedding" in sd:
+        sd = hf_to_zoo(sd)
+    elif "visual.class_embedding" in sd:
+        sd = openai_to_zoo(sd)
+    else:
+        sd = {k.removeprefix("net."): v for k, v in sd.items()}
+    if net.logit_bias is not None and "logit_bias" not in sd:  # CLIP weights, a SigLIP loss: keep the fresh bias
+        sd["logit_bias"] = net.logit_bias.detach().clone()
+    check_compatible(net, sd, f"CLIP weights {str(path)!r}")
+    net.load_state_dict(sd)
+    return net
+
+
+def zoo_yaml(folder: str | Path) -> str:
+    """The ``model.init_args.net`` YAML block matching a Hugging Face folder, for a config file."""
+    k = hf_clip_kwargs(_read_config(Path(folder)))
+    block = {"class_path": "zoo.clip.CLIP", "init_args": {
+        "image_encoder": {"class_path": "zoo.clip.VisionTransformer", "init_args": k["vision"]},
+        "text_encoder": {"class_path": "zoo.clip.TextTransformer", "init_args": k["text"]},
+        "init_logit_scale": k["init_logit_scale"]}}
+    return yaml.safe_dump({"net": block}, sort_keys=False)
+
+
+def _main() -> None:
+    parser = argparse.ArgumentParser(description="Zoo CLIP settings for a Hugging Face CLIP folder.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("config", help="print the YAML net block for a Hugging Face folder").add_argument("folder")
+    args = parser.parse_args()
+    print(zoo_yaml(args.folder), end="")
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,269 @@
+"""ContrastiveModule: trains a ``CLIP`` on image-caption batches; zero-shot and retrieval in the loop.
+
+Validation embeds the whole held-out split and reports (Radford et al. 2021, sec. 3.1):
+  * zero-shot accuracy: each class's prompts (class name x templates) are embedded, normalised,
+    averaged and normalised again into one classifier row (prompt ensembling); an image is assigned
+    the class with the most similar row.
+  * image -> text and text -> image recall@1/5/10: a query counts as retrieved when one of its k
+    nearest items carries the same caption (the generated shapes repeat captions).
+
+Notation: B batch, N held-out pairs, K classes, P prompts per class, E embedding dim, T tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningModule
+from torch import Tensor
+
+from zoo.clip.clip import CLIP
+from zoo.clip.losses import infonce_loss, siglip_loss
+from zoo.layers.hparams import save_hparams
+from zoo.layers.logging import lightning_writes
+from zoo.layers.optim import adamw_warmup_cosine
+from zoo.layers.parallel import shard
+from zoo.layers.weights import check_compatible
+
+RECALL_AT = (1, 5, 10)
+
+
+def recall_at_k(
+    similarity: Tensor, query_groups: Tensor, item_groups: Tensor, ks=RECALL_AT, chunk: int = 1024
+) -> dict[int, Tensor]:
+    """Share of queries (rows of the (Q, I) similarity) with an item of their own group among the k best."""
+    k_max = min(max(ks), similarity.shape[1])
+    hits = {k: 0.0 for k in ks}
+    for a in range(0, similarity.shape[0], chunk):
+        top = similarity[a : a + chunk].topk(k_max, dim=1).indices  # (chunk, k_max), best first
+        match = item_groups[top] == query_groups[a : a + chunk, None]
+        for k in ks:
+            hits[k] += match[:, :k].any(dim=1).sum().item()
+    return {k: torch.tensor(h / similarity.shape[0]) for k, h in hits.items()}
+
+
+def zeroshot_weights(model: CLIP, prompt_ids: Tensor, num_classes: int, chunk: int = 1024) -> Tensor:
+    """(K, E) classifier: per class, the normalised mean of its P normalised prompt embeddings."""
+    emb = torch.cat([model.encode_text(prompt_ids[a : a + chunk]) for a in range(0, len(prompt_ids), chunk)])
+    return F.normalize(emb.view(num_classes, -1, emb.shape[-1]).mean(dim=1), dim=-1)
+
+
+class ContrastiveModule(LightningModule):
+    """Trains ``net`` (a ``CLIP``) with InfoNCE or the sigmoid loss across all ranks' pairs."""
+
+    family = "clip"
+    monitor = "val/recall_1"  # mean of the two retrieval directions: defined for any caption data
+    monitor_mode = "max"
+
+    def __init__(
+        self,
+        net: CLIP,
+        loss: Literal["infonce", "siglip"] = "infonce",
+        lr: float = 5e-4,
+        weight_decay: float = 0.2,
+        betas: tuple[float, float] = (0.9, 0.98),
+        warmup_steps: int = 100,
+        min_lr_ratio: float = 0.0,
+        init_weights: str | None = None,
+        compile: bool = False,
+    ) -> None:
+        """
+        Args:
+            net: the two-tower model (``zoo.clip.CLIP``); the sigmoid loss needs its ``init_logit_bias``.
+            loss: infonce (CLIP's symmetric cross-entropy) or siglip (pairwise sigmoid, Zhai et al. 2023).
+            lr: peak AdamW learning rate reached after warmup.
+            weight_decay: AdamW decoupled weight decay on >=2-D weights (not on norms, biases, embeddings,
+                positions, the logit scale and bias).
+            betas: AdamW (beta1, beta2); CLIP uses beta2 = 0.98 for stability with large batches.
+            warmup_steps: optimizer steps of linear warmup before the cosine decay.
+            min_lr_ratio: final learning rate as a fraction of ``lr`` at the end of the cosine.
+            init_weights: a local Hugging Face CLIP folder (config.json + weights) to start from, loaded
+                weights-only before any checkpoint given by --ckpt_path is restored over it.
+            compile: run the towers through ``torch.compile`` for training (checkpoint keys unchanged).
+        """
+        super().__init__()
+        save_hparams(self, "net")
+        if loss == "siglip" and net.logit_bias is None:
+            raise ValueError("loss='siglip' needs a learned bias: set net.init_args.init_logit_bias (SigLIP: -10)")
+        self.net = net
+        self._compiled = None  # set by configure_model; kept off the module tree (no "_orig_mod." keys)
+        self._init_loaded = False
+        self._val: dict[str, list[Tensor]] = {}
+        self._classifier: tuple[tuple, Tensor] | None = None  # predict: (class names, (K, E) weights)
+        self.tokenizer = None  # from the datamodule or the checkpoint; needed by ``embed_texts``
+        self.context_length: int | None = None
+
+    # -- setup ---------------------------------------------------------------------------------------------
+
+    def configure_model(self) -> None:
+        shard(self.net, self.device_mesh, blocks=[self.net.image_encoder, self.net.text_encoder])
+        if self.hparams.compile and self._compiled is None:
+            object.__setattr__(self, "_compiled", torch.compile(self.net))
+
+    def setup(self, stage: str) -> None:
+        if self.hparams.init_weights and not self._init_loaded:  # once: a later test() keeps trained weights
+            from zoo.clip.hf import load_hf_clip_into
+
+            load_hf_clip_into(self.net, self.hparams.init_weights)
+            self._init_loaded = True
+        dm = self.trainer.datamodule if self._trainer is not None else None
+        if getattr(dm, "tokenizer", None) is None:
+            return
+        self.tokenizer, self.context_length = dm.tokenizer, dm.context_length
+        self._check_text_tower()
+
+    def _check_text_tower(self) -> None:
+        tower = self.net.text_encoder
+        n_vocab, eot = getattr(tower, "vocab_size", None), getattr(tower, "eot_id", None)
+        ctx = getattr(tower, "context_length", None)
+        tok = self.tokenizer
+        if n_vocab is not None and tok.vocab_size > n_vocab:
+            raise ValueError(f"the tokenizer has {tok.vocab_size} ids but the text tower's vocab_size is {n_vocab}: "
+                             f"set --model.init_args.net.init_args.text_encoder.init_args.vocab_size={tok.vocab_size}")
+        if eot is not None and eot != tok.eos_id:
+            raise ValueError(f"the text tower reads eot_id={eot} but the tokenizer ends texts with {tok.eos_id}: "
+                             f"set --model.init_args.net.init_args.text_encoder.init_args.eot_id={tok.eos_id}")
+        if ctx is not None and self.context_length > ctx:
+            raise ValueError(f"the data's context_length {self.context_length} exceeds the text tower's {ctx}")
+
+    # -- training ------------------------------------------------------------------------------------------
+
+    def forward(self, images: Tensor, text: Tensor) -> dict[str, Tensor]:
+        net = self.net if self._compiled is None or not self.training else self._compiled
+        return net(images, text)
+
+    def _loss(self, out: dict[str, Tensor]) -> dict[str, Tensor]:
+        img, txt, scale = out["image_features"], out["text_features"], out["logit_scale"]
+        if self.hparams.loss == "siglip":
+            return siglip_loss(img, txt, scale, out["logit_bias"])
+        return infonce_loss(img, txt, scale)
+
+    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        out = self(batch["image"], batch["text"])
+        losses = self._loss(out)
+        if lightning_writes(self.trainer):  # values logged at other steps are dropped anyway
+            self.log_dict({f"train/{k}": v for k, v in losses.items()}, prog_bar=True)
+            self.log("train/logit_scale", out["logit_scale"].squeeze())
+        return losses["loss"]
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        self.net.clamp_logit_scale()  # after the optimizer step, as open_clip does
+
+    def configure_optimizers(self):
+        h = self.hparams
+        return adamw_warmup_cosine(self.net, self.trainer, h.lr, h.weight_decay, h.betas, h.warmup_steps, h.min_lr_ratio)
+
+    # -- evaluation ----------------------------------------------------------------------------------------
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        out = self(batch["image"], batch["text"])
+        self.log("val/loss", self._loss(out)["loss"], prog_bar=True, sync_dist=True, batch_size=len(batch["text"]))
+        fields = {"image": out["image_features"], "text": out["text_features"],
+                  "label": batch["label"], "caption_id": batch["caption_id"]}
+        for k, v in fields.items():
+            self._val.setdefault(k, []).append(v)
+
+    def on_validation_epoch_start(self) -> None:
+        self._val = {}
+
+    def _gathered(self, name: str) -> Tensor:
+        x = torch.cat(self._val[name])
+        # Every rank holds as many held-out pairs (the distributed sampler pads), so their features stack.
+        return self.all_gather(x).flatten(0, 1) if self.trainer.world_size > 1 else x
+
+    def on_validation_epoch_end(self) -> None:
+        if not self._val:
+            return
+        images, texts, labels, caption_ids = (self._gathered(k) for k in ("image", "text", "label", "caption_id"))
+        self._val = {}
+        metrics = self.retrieval_metrics(images, texts, caption_ids) | self.zeroshot_metrics(images, labels)
+        self.log_dict({f"val/{k}": v for k, v in metrics.items()})
+        self.log("val/logit_scale", self.net.scale().squeeze())
+
+    def retrieval_metrics(self, images: Tensor, texts: Tensor, caption_ids: Tensor) -> dict[str, Tensor]:
+        """i2t and t2i recall@1/5/10 of (N, E) normalised features, and their mean recall@1 (the monitor)."""
+        sim = images.float() @ texts.float().T  # (N, N)
+        i2t = recall_at_k(sim, caption_ids, caption_ids)
+        t2i = recall_at_k(sim.T, caption_ids, caption_ids)
+        out = {f"i2t_recall_{k}": v for k, v in i2t.items()} | {f"t2i_recall_{k}": v for k, v in t2i.items()}
+        out["recall_1"] = (i2t[1] + t2i[1]) / 2
+        return out
+
+    def zeroshot_metrics(self, images: Tensor, labels: Tensor) -> dict[str, Tensor]:
+        """Top-1 (and top-5 with more than 5 classes) accuracy of zero-shot classification; {} without labels."""
+        dm = self.trainer.datamodule
+        prompts = getattr(dm, "zeroshot_prompts", lambda: None)()
+        known = labels >= 0
+        if prompts is None or not known.any():
+            return {}
+        names, ids = prompts
+        weights = zeroshot_weights(self.net, ids.to(self.device), len(names))  # (K, E)
+        logits = images[known].float() @ weights.float().T  # (n, K)
+        y = labels[known]
+        out = {"zeroshot_acc": (logits.argmax(-1) == y).float().mean()}
+        if len(names) > 5:
+            out["zeroshot_acc_top5"] = (logits.topk(5, dim=-1).indices == y[:, None]).any(-1).float().mean()
+        return out
+
+    # -- use after training --------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def embed_images(self, images: Tensor) -> Tensor:
+        """(B, E) normalised embeddings of (B, C, H, W) images, resized and standardised as the training data."""
+        return self.net.encode_image(images.to(self.device))
+
+    @torch.no_grad()
+    def embed_texts(self, texts: list[str]) -> Tensor:
+        """(B, E) normalised embeddings of texts, tokenised as in training."""
+        if self.tokenizer is None:
+            raise RuntimeError("No tokenizer: fit, or load from a checkpoint made with CaptionDataModule")
+        from datamodules.captions import tokenize
+
+        return self.net.encode_text(tokenize(self.tokenizer, texts, self.context_length).to(self.device))
+
+    def predict_step(self, batch: dict, batch_idx: int) -> dict:
+        """Zero-shot classes, image embeddings or text embeddings, as the datamodule's ``predict`` asks."""
+        mode = batch["mode"]
+        if mode == "text_embeddings":
+            return {"text": list(batch["caption"]), "embedding": self.net.encode_text(batch["text"])}
+        ident = {"path": list(batch["path"])} if "path" in batch else {"index": batch["index"]}
+        images = self.net.encode_image(batch["image"])  # (B, E)
+        if mode == "image_embeddings":
+            return ident | {"embedding": images}
+        names = tuple(batch["class_names"])
+        if self._classifier is None or self._classifier[0] != names:  # the prompts are the same in every batch
+            self._classifier = (names, zeroshot_weights(self.net, batch["class_text"], len(names)))
+        probs = (self.net.scale() * images @ self._classifier[1].T).float().softmax(-1)  # (B, K)
+        conf, pred = probs.max(-1)
+        rows = ident | {"pred": [names[k] for k in pred.tolist()], "confidence": conf}
+        if (batch["label"] >= 0).any():
+            rows["label"] = [names[k] if 0 <= k < len(names) else None for k in batch["label"].tolist()]
+        return rows
+
+    def on_predict_start(self) -> None:
+        # Here, after --ckpt_path restored the checkpoint's tokenizer: the data must tokenise as training did.
+        self._classifier = None
+        dm = self.trainer.datamodule
+        tok = getattr(dm, "tokenizer", None)
+        if tok is not None and self.tokenizer is not None and tok.to_dict() != self.tokenizer.to_dict():
+            raise ValueError("the data's tokenizer differs from the one this checkpoint was trained with: "
+                             "predict with the data settings (tokenizer, path) of the training run")
+
+    # -- checkpoints ---------------------------------------------------------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # The tokenizer travels with the weights, so load_from_checkpoint(path).embed_texts([...]) works alone.
+        if self.tokenizer is not None:
+            checkpoint["tokenizer"] = {**self.tokenizer.to_dict(), "context_length": self.context_length}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        net_state = {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
+        check_compatible(self.net, net_state, "checkpoint")
+        if "tokenizer" in checkpoint:
+            from datamodules.tokenizers import tokenizer_from_dict
+
+            tok = dict(checkpoint["tokenizer"])
+            self.context_length = tok.pop("context_length")
+            self.tokenizer = tokenizer_from_dict(tok)

@@ -1,0 +1,244 @@
+"""CLIP's two towers: a Vision Transformer for images and a causal Transformer for text.
+
+References:
+  ViT: Dosovitskiy et al. 2021, "An Image is Worth 16x16 Words" (patch embedding, class token,
+    learned positions, pre-norm blocks).
+  CLIP: Radford et al. 2021, "Learning Transferable Visual Models From Natural Language Supervision":
+    an extra LayerNorm before the image blocks (``ln_pre``), the text tower as a causal transformer
+    whose feature is the final-LayerNorm output at the end-of-text token, linear projections with no
+    bias into the joint space, QuickGELU (x * sigmoid(1.702 x)) in the original weights.
+  Attention pooling: Zhai et al. 2023, "Sigmoid Loss for Language Image Pre-Training" (SigLIP's MAP
+    head: one learned query attends over all patch tokens; no class token).
+
+Both towers return unnormalised (B, E) features; ``clip.CLIP`` normalises them. Parameter names
+follow OpenAI's CLIP (``class_embedding``, ``positional_embedding``, ``ln_pre``, ``ln_post``), so
+weight conversion reads as a renaming.
+
+Notation: B batch, C channels, H/W image side, P patch side, N patches, T tokens, D tower width,
+E joint embedding dim, h heads, d head size.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+Activation = Literal["quick_gelu", "gelu"]
+
+
+def quick_gelu(x: Tensor) -> Tensor:
+    """OpenAI CLIP's sigmoid approximation of GELU; its released weights were trained with it."""
+    return x * torch.sigmoid(1.702 * x)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention, q/k/v from one fused matmul laid out [q | k | v]."""
+
+    def __init__(self, dim: int, n_head: int, causal: bool) -> None:
+        super().__init__()
+        if dim % n_head:
+            raise ValueError(f"width {dim} is not divisible by heads {n_head}")
+        self.n_head, self.causal = n_head, causal
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, dim = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.n_head, dim // self.n_head).permute(2, 0, 3, 1, 4)  # 3 x (B, h, T, d)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)  # (B, h, T, d)
+        return self.proj(y.transpose(1, 2).reshape(b, t, dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, hidden: int, act: Activation) -> None:
+        super().__init__()
+        self.fc = nn.Linear(dim, hidden)
+        self.proj = nn.Linear(hidden, dim)
+        self.act = quick_gelu if act == "quick_gelu" else F.gelu
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(self.act(self.fc(x)))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+
+    def __init__(self, dim: int, n_head: int, mlp_ratio: float, act: Activation, causal: bool, eps: float) -> None:
+        super().__init__()
+        self.ln_1, self.attn = nn.LayerNorm(dim, eps=eps), SelfAttention(dim, n_head, causal)
+        self.ln_2, self.mlp = nn.LayerNorm(dim, eps=eps), MLP(dim, round(dim * mlp_ratio), act)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+def init_blocks(blocks: nn.ModuleList, width: int) -> None:
+    """CLIP's initialisation: attention std D^-1/2, residual projections scaled by (2 x layers)^-1/2."""
+    attn_std, proj_std, fc_std = width**-0.5, width**-0.5 * (2 * len(blocks)) ** -0.5, (2 * width) ** -0.5
+    for blk in blocks:
+        nn.init.normal_(blk.attn.qkv.weight, std=attn_std)
+        nn.init.normal_(blk.attn.proj.weight, std=proj_std)
+        nn.init.normal_(blk.mlp.fc.weight, std=fc_std)
+        nn.init.normal_(blk.mlp.proj.weight, std=proj_std)
+        for lin in (blk.attn.qkv, blk.attn.proj, blk.mlp.fc, blk.mlp.proj):
+            nn.init.zeros_(lin.bias)
+
+
+class AttentionPool(nn.Module):
+    """One learned query attends over all tokens (SigLIP's MAP head, without its MLP)."""
+
+    def __init__(self, dim: int, n_head: int) -> None:
+        super().__init__()
+        self.query = nn.Parameter(torch.randn(1, 1, dim) * dim**-0.5)
+        self.attn = nn.MultiheadAttention(dim, n_head, batch_first=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        q = self.query.expand(x.shape[0], -1, -1)  # (B, 1, D)
+        return self.attn(q, x, x, need_weights=False)[0][:, 0]  # (B, D)
+
+
+def conv_stem(in_channels: int, width: int, patch_size: int) -> nn.Sequential:
+    """Stride-2 3x3 convolutions down to 1/patch_size resolution, then a 1x1 to the width (Xiao et al. 2021,
+    "Early Convolutions Help Transformers See Better"): a ViT on small data learns shapes far sooner."""
+    n = patch_size.bit_length() - 1
+    if patch_size != 2**n or n == 0:
+        raise ValueError(f"stem='conv' needs a power-of-two patch_size > 1, got {patch_size}")
+    chans = [in_channels] + [max(width // 2 ** (n - i), 8) for i in range(1, n + 1)]
+    layers: list[nn.Module] = []
+    for a, b in zip(chans[:-1], chans[1:]):
+        layers += [nn.Conv2d(a, b, 3, stride=2, padding=1), nn.GELU()]
+    return nn.Sequential(*layers, nn.Conv2d(chans[-1], width, 1, bias=False))
+
+
+class VisionTransformer(nn.Module):
+    """Images (B, C, H, W) -> features (B, E): patches, [class token], blocks, pooled, projected."""
+
+    def __init__(
+        self,
+        image_size: int = 224,
+        patch_size: int = 16,
+        in_channels: int = 3,
+        width: int = 768,
+        layers: int = 12,
+        heads: int = 12,
+        mlp_ratio: float = 4.0,
+        embed_dim: int = 512,
+        pool: Literal["cls", "attention"] = "cls",
+        stem: Literal["patch", "conv"] = "patch",
+        act: Activation = "gelu",
+        norm_eps: float = 1e-5,
+    ) -> None:
+        """
+        Args:
+            image_size: side of the square input images (positions are learned for this size).
+            patch_size: side P of the square patches; image_size must be a multiple of it.
+            in_channels: image channels.
+            width: tower width D.
+            layers: transformer blocks.
+            heads: attention heads (width must be divisible by it).
+            mlp_ratio: MLP hidden width as a multiple of D.
+            embed_dim: joint embedding dim E the features are projected to.
+            pool: ``cls`` reads a class token (CLIP); ``attention`` pools with a learned query (SigLIP).
+            stem: ``patch`` embeds each patch with one strided convolution (ViT, CLIP); ``conv`` with a few
+                stride-2 3x3 convolutions (needs a power-of-two patch_size; no pretrained weights use it).
+            act: MLP activation; quick_gelu to load OpenAI's weights.
+            norm_eps: LayerNorm epsilon.
+        """
+        super().__init__()
+        if image_size % patch_size:
+            raise ValueError(f"image_size {image_size} is not a multiple of patch_size {patch_size}")
+        self.embed_dim, self.pool = embed_dim, pool
+        n_tokens = (image_size // patch_size) ** 2 + (pool == "cls")
+        scale = width**-0.5
+        if stem == "conv":
+            self.conv1 = conv_stem(in_channels, width, patch_size)
+        else:
+            self.conv1 = nn.Conv2d(in_channels, width, patch_size, stride=patch_size, bias=False)
+        if pool == "cls":
+            self.class_embedding = nn.Parameter(scale * torch.randn(width))
+        self.positional_embedding = nn.Parameter(scale * torch.randn(n_tokens, width))
+        self.ln_pre = nn.LayerNorm(width, eps=norm_eps)
+        self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio, act, False, norm_eps) for _ in range(layers))
+        self.ln_post = nn.LayerNorm(width, eps=norm_eps)
+        self.attn_pool = AttentionPool(width, heads) if pool == "attention" else None
+        self.proj = nn.Linear(width, embed_dim, bias=False)
+        init_blocks(self.blocks, width)
+        nn.init.normal_(self.proj.weight, std=scale)
+
+    def no_weight_decay(self) -> tuple[str, ...]:
+        return ("class_embedding", "positional_embedding", "attn_pool.query")
+
+    def forward(self, images: Tensor) -> Tensor:
+        x = self.conv1(images).flatten(2).transpose(1, 2)  # (B, N, D)
+        if self.pool == "cls":
+            x = torch.cat([self.class_embedding.to(x.dtype).expand(x.shape[0], 1, -1), x], dim=1)  # (B, 1 + N, D)
+        x = self.ln_pre(x + self.positional_embedding.to(x.dtype))
+        for blk in self.blocks:
+            x = blk(x)
+        pooled = self.ln_post(x[:, 0]) if self.pool == "cls" else self.attn_pool(self.ln_post(x))  # (B, D)
+        return self.proj(pooled)  # (B, E)
+
+
+class TextTransformer(nn.Module):
+    """Token ids (B, T) -> features (B, E): causal blocks, final norm, read at the first end-of-text token."""
+
+    def __init__(
+        self,
+        vocab_size: int = 257,
+        context_length: int = 77,
+        width: int = 512,
+        layers: int = 12,
+        heads: int = 8,
+        mlp_ratio: float = 4.0,
+        embed_dim: int = 512,
+        eot_id: int = 256,
+        act: Activation = "gelu",
+        norm_eps: float = 1e-5,
+    ) -> None:
+        """
+        Args:
+            vocab_size: token ids (257 for the zoo's byte tokenizer: 256 bytes and EOS).
+            context_length: longest token sequence T (positions are learned up to it).
+            width: tower width D.
+            layers: transformer blocks.
+            heads: attention heads (width must be divisible by it).
+            mlp_ratio: MLP hidden width as a multiple of D.
+            embed_dim: joint embedding dim E the features are projected to.
+            eot_id: the end-of-text id whose first occurrence is read out (256: the byte tokenizer's EOS);
+                a sequence without it is read at its last position.
+            act: MLP activation; quick_gelu to load OpenAI's weights.
+            norm_eps: LayerNorm epsilon.
+        """
+        super().__init__()
+        self.vocab_size, self.context_length, self.embed_dim, self.eot_id = vocab_size, context_length, embed_dim, eot_id
+        self.token_embedding = nn.Embedding(vocab_size, width)
+        self.positional_embedding = nn.Parameter(0.01 * torch.randn(context_length, width))
+        self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio, act, True, norm_eps) for _ in range(layers))
+        self.ln_final = nn.LayerNorm(width, eps=norm_eps)
+        self.proj = nn.Linear(width, embed_dim, bias=False)
+        nn.init.normal_(self.token_embedding.weight, std=0.02)
+        init_blocks(self.blocks, width)
+        nn.init.normal_(self.proj.weight, std=width**-0.5)
+
+    def no_weight_decay(self) -> tuple[str, ...]:
+        return ("positional_embedding",)
+
+    def eot_positions(self, ids: Tensor) -> Tensor:
+        """(B,) index of each row's first end-of-text token, or its last position when there is none."""
+        is_eot = ids == self.eot_id
+        first = is_eot.int().argmax(dim=-1)
+        return torch.where(is_eot.any(dim=-1), first, ids.shape[1] - 1)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        t = ids.shape[1]
+        if t > self.context_length:
+            raise ValueError(f"{t} tokens exceed the text tower's context_length {self.context_length}")
+        x = self.token_embedding(ids) + self.positional_embedding[:t]  # (B, T, D)
+        for blk in self.blocks:
+            x = blk(x)  # causal: positions after the end-of-text token (padding) never reach it
+        pooled = x[torch.arange(x.shape[0], device=x.device), self.eot_positions(ids)]  # (B, D)
+        return self.proj(self.ln_final(pooled))  # (B, E); LayerNorm is per token, so norm after the read-out
