@@ -127,3 +127,7 @@ def main(args: list[str] | None = None, run: bool = True) -> ZooCLI:
 
 if __name__ == "__main__":
     main()
+    # Close a DDP/FSDP process group before the interpreter exits: left to exit-time destructors, gloo's
+    # threads can abort a finished run ("terminate called without an active exception").
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

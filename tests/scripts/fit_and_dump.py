@@ -34,3 +34,8 @@ if __name__ == "__main__":
         {"state": state, "x": x, "out": out, "last": str(ckpt.last_model_path), "best": str(ckpt.best_model_path)},
         f"rank{rank}.pt",
     )
+    # Shut the process group down before the interpreter exits: left to exit-time destructors, gloo's
+    # threads can abort the process ("terminate called without an active exception") after a good run.
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
