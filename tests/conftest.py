@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from lightning.pytorch import Callback
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,3 +111,13 @@ class StopAfterEpochs(Callback):
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if trainer.current_epoch + 1 >= self.epochs:
             trainer.should_stop = True
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: tiny nets gain nothing from more, and on a shared 2-core machine threads waiting
+    on each other at every small op made such tests ~4x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -24,13 +24,7 @@ from zoo.layers.optim import param_groups
 E = 16
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny nets gain nothing from intra-op threads and lose a lot on a shared CPU.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _text(**kw) -> TextTransformer:

@@ -21,12 +21,7 @@ METRICS = ["val/loss", "val/zeroshot_acc", "val/zeroshot_acc_top5", "val/recall_
 ]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny nets on a shared CPU: threads only add contention
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _jsonl(path: str = "predictions.jsonl") -> list[dict]:

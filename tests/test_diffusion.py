@@ -26,14 +26,7 @@ MU, S = torch.tensor([0.5, -0.3]), torch.tensor([0.5, 0.2])  # two independent 1
 N = 20_000
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # These tests run many small ops: one intra-op thread is as fast on an idle machine, and two threads
-    # on a shared 2-core machine, waiting on each other at every op, made them 4x slower here.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # -- schedule ------------------------------------------------------------------------------------------
