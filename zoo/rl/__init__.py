@@ -2,7 +2,7 @@
 
 from zoo.rl.collector import Evaluator, Rollout, RolloutCollector
 from zoo.rl.losses import gae, ppo_loss
-from zoo.rl.module import PPOModule
+from zoo.rl.ppo import PPOModule
 from zoo.rl.nets import ActorCritic
 from zoo.rl.normalization import RunningMeanStd
 

@@ -20,13 +20,10 @@ Notation: T steps per rollout, N envs, B minibatch rows, O observation features.
 from __future__ import annotations
 
 import math
-import random
 
-import gymnasium as gym
 import numpy as np
 import torch
 from lightning.pytorch import LightningModule
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.optim.lr_scheduler import LambdaLR
 
@@ -34,39 +31,11 @@ from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
 from zoo.layers.optim import param_groups
 from zoo.layers.weights import check_compatible
-from zoo.rl.collector import Evaluator, Rollout, RolloutCollector
+from zoo.rl.agent import AgentEnvs, episode_rows, evaluation_metrics, rng_state, train_seed
+from zoo.rl.collector import Rollout, RolloutCollector
 from zoo.rl.losses import explained_variance, gae, normalize, ppo_loss
 from zoo.rl.nets import ActorCritic
 from zoo.rl.normalization import RunningMeanStd
-
-
-def net_shape_for(obs_space: gym.Space, action_space: gym.Space) -> dict[str, int | bool]:
-    """The ``ActorCritic`` arguments an env's spaces call for."""
-    continuous = isinstance(action_space, gym.spaces.Box)
-    action_dim = int(np.prod(action_space.shape)) if continuous else int(action_space.n)
-    return {"obs_dim": int(np.prod(obs_space.shape)), "action_dim": action_dim, "continuous": continuous}
-
-
-def rng_state() -> dict:
-    """The global RNG states, in types a weights-only checkpoint load accepts."""
-    np_state = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
-        "python": random.getstate(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    name, keys, *rest = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
-    random.setstate(tuple(tuple(s) if isinstance(s, list) else s for s in state["python"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 class PPOModule(LightningModule):
@@ -140,10 +109,8 @@ class PPOModule(LightningModule):
         self.return_rms = RunningMeanStd((), clip=clip_reward)
         self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))
         self.collector: RolloutCollector | None = None
-        self._evaluators: dict[str, Evaluator] = {}
+        self.envs = AgentEnvs(self, num_threads)
         self._episodes: list[Tensor] = []  # returns and lengths of training episodes since the last log
-        self._rng_to_restore: dict | None = None
-        self._threads_before: int | None = None
 
     # -- acting ------------------------------------------------------------------------------------------
 
@@ -158,64 +125,25 @@ class PPOModule(LightningModule):
     # -- setup -------------------------------------------------------------------------------------------
 
     def setup(self, stage: str) -> None:
-        if self.hparams.num_threads and self._threads_before is None:
-            self._threads_before = torch.get_num_threads()
-            torch.set_num_threads(self.hparams.num_threads)
-        dm = self._datamodule()
-        if dm is not None:
-            want = net_shape_for(*dm.spaces)
-            have = {k: getattr(self.net, k) for k in want}
-            if want != have:
-                fix = " ".join(f"--model.init_args.net.init_args.{k}={v}" for k, v in want.items())
-                raise ValueError(f"{dm.env_id} needs a net with {want}, this one has {have}: pass {fix}")
-
-    def _datamodule(self):
-        dm = self.trainer.datamodule if self._trainer is not None else None
-        return dm if dm is not None and hasattr(dm, "make_envs") else None
-
-    def _require_datamodule(self):
-        dm = self._datamodule()
-        if dm is None:
-            raise RuntimeError("PPOModule runs with a datamodule that builds its envs (datamodules.GymDataModule)")
-        return dm
+        self.envs.setup(self.net)
 
     def on_train_start(self) -> None:
         # Here rather than in setup: the device is final and a resumed checkpoint (env_steps, RNG) is loaded.
-        if self._rng_to_restore is not None:
-            set_rng_state(self._rng_to_restore)
-            self._rng_to_restore = None
+        self.envs.restore_rng()
         if self.collector is None:
-            dm, h = self._require_datamodule(), self.hparams
+            dm, h = self.envs.require_datamodule(), self.hparams
             self.collector = RolloutCollector(
                 dm.make_envs(), h.num_steps, self.device, self.obs_rms if h.norm_obs else None,
-                self.return_rms if h.norm_reward else None, h.gamma, seed=self._train_seed(dm.seed),
+                self.return_rms if h.norm_reward else None, h.gamma, seed=train_seed(dm.seed, int(self.env_steps)),
             )
         if int(self.env_steps) + self.collector.num_steps * self.collector.envs.num_envs > self.hparams.total_env_steps:
             self.trainer.should_stop = True  # a resumed run whose budget is already spent
-
-    def _train_seed(self, seed: int) -> int:
-        """``seed`` for a fresh run; a resumed run's new episodes get a seed drawn from (seed, env steps)."""
-        steps = int(self.env_steps)
-        return seed if steps == 0 else int(np.random.SeedSequence([seed, steps]).generate_state(1)[0])
-
-    def _evaluator(self, stage: str) -> Evaluator:
-        if stage not in self._evaluators:
-            dm = self._require_datamodule()
-            episodes = dm.eval_episodes if stage == "val" else dm.predict_episodes
-            envs = dm.make_envs(min(dm.eval_envs, episodes))
-            self._evaluators[stage] = Evaluator(envs, episodes, seed=dm.eval_seed, device=self.device)
-        return self._evaluators[stage]
 
     def teardown(self, stage: str) -> None:
         if self.collector is not None and stage == "fit":
             self.collector.close()
             self.collector = None
-        for evaluator in self._evaluators.values():
-            evaluator.close()
-        self._evaluators.clear()
-        if self._threads_before is not None:
-            torch.set_num_threads(self._threads_before)
-            self._threads_before = None
+        self.envs.teardown()
 
     # -- training ----------------------------------------------------------------------------------------
 
@@ -291,20 +219,12 @@ class PPOModule(LightningModule):
     # -- evaluation and prediction -----------------------------------------------------------------------
 
     def validation_step(self, batch: int, batch_idx: int) -> None:
-        returns, lengths = self._evaluator("val").run(self.act)
-        self.log_dict({
-            "val/return": returns.mean(), "val/return_std": returns.std(unbiased=False),
-            "val/episode_length": lengths.float().mean(), "val/env_steps": self.env_steps.float(),
-        }, batch_size=1, prog_bar=True)
+        returns, lengths = self.envs.evaluate("val", self.act)
+        self.log_dict(evaluation_metrics(returns, lengths, self.env_steps), batch_size=1, prog_bar=True)
 
     def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
         """Plays the DataModule's ``predict_episodes``; rows (episode, return, length) go to WritePredictions."""
-        returns, lengths = self._evaluator("predict").run(self.act)
-        rank_zero_info(
-            f"Played {len(returns)} episodes: return {returns.mean():.2f} +- {returns.std(unbiased=False):.2f} "
-            f"(min {returns.min():.2f}, max {returns.max():.2f}), mean length {lengths.float().mean():.1f}"
-        )
-        return {"episode": torch.arange(len(returns)), "return": returns, "length": lengths}
+        return episode_rows(*self.envs.evaluate("predict", self.act))
 
     # -- checkpoints -------------------------------------------------------------------------------------
 
@@ -314,4 +234,4 @@ class PPOModule(LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         net_state = {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
         check_compatible(self.net, net_state, "checkpoint")
-        self._rng_to_restore = checkpoint.get("rng")  # applied at train start, only when fit resumes
+        self.envs.rng_to_restore = checkpoint.get("rng")  # applied at train start, only when fit resumes

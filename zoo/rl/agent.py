@@ -1,0 +1,132 @@
+"""What every agent module shares, composed into each rather than inherited: environments, evaluation, RNG.
+
+Each agent (``PPOModule``, ``A2CModule``, ``SACModule``, ``IMPALAModule``) is one LightningModule directly
+below Lightning's base class; the parts they have in common live here as functions and one small class,
+``AgentEnvs``, which each module holds and calls from its own short hooks:
+  - the DataModule that builds the envs (``datamodules.GymDataModule``), checked against the net's shape;
+  - the evaluators for validation and predict, on envs of their own, and the metrics they log;
+  - the torch thread count pinned while the module runs (a small MLP runs fastest on one thread);
+  - the global RNG state, saved in checkpoints and restored when fit resumes;
+  - the seed of a resumed run's new episodes.
+"""
+
+from __future__ import annotations
+
+import random
+
+import gymnasium as gym
+import numpy as np
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
+
+from zoo.rl.collector import Evaluator
+
+
+def net_shape_for(obs_space: gym.Space, action_space: gym.Space) -> dict[str, int | bool]:
+    """The net arguments an env's spaces call for: ``obs_dim``, ``action_dim``, ``continuous``."""
+    continuous = isinstance(action_space, gym.spaces.Box)
+    action_dim = int(np.prod(action_space.shape)) if continuous else int(action_space.n)
+    return {"obs_dim": int(np.prod(obs_space.shape)), "action_dim": action_dim, "continuous": continuous}
+
+
+def rng_state() -> dict:
+    """The global RNG states, in types a weights-only checkpoint load accepts."""
+    np_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    random.setstate(tuple(tuple(s) if isinstance(s, list) else s for s in state["python"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def train_seed(seed: int, env_steps: int) -> int:
+    """``seed`` for a fresh run; a resumed run's new episodes get a seed drawn from (seed, env steps)."""
+    return seed if env_steps == 0 else int(np.random.SeedSequence([seed, env_steps]).generate_state(1)[0])
+
+
+def evaluation_metrics(returns: Tensor, lengths: Tensor, env_steps: Tensor) -> dict[str, Tensor]:
+    """What validation logs: mean and std return of the evaluation episodes, their length, the env steps."""
+    return {"val/return": returns.mean(), "val/return_std": returns.std(unbiased=False),
+            "val/episode_length": lengths.float().mean(), "val/env_steps": env_steps.float()}
+
+
+def episode_rows(returns: Tensor, lengths: Tensor) -> dict[str, Tensor]:
+    """Predict's rows (episode, return, length) for ``WritePredictions``, with a one-line summary."""
+    rank_zero_info(
+        f"Played {len(returns)} episodes: return {returns.mean():.2f} +- {returns.std(unbiased=False):.2f} "
+        f"(min {returns.min():.2f}, max {returns.max():.2f}), mean length {lengths.float().mean():.1f}"
+    )
+    return {"episode": torch.arange(len(returns)), "return": returns, "length": lengths}
+
+
+class AgentEnvs:
+    """One agent module's link to its environments: DataModule, evaluators, thread pin, RNG to restore."""
+
+    def __init__(self, module: LightningModule, num_threads: int | None) -> None:
+        self.module, self.num_threads = module, num_threads
+        self._evaluators: dict[str, Evaluator] = {}
+        self._threads_before: int | None = None
+        self.rng_to_restore: dict | None = None  # set by on_load_checkpoint, applied when fit starts
+
+    def setup(self, net: torch.nn.Module) -> None:
+        """Pins the thread count and checks that ``net`` (its ``obs_dim``, ``action_dim``, ``continuous``)
+        fits the DataModule's env, when there is one."""
+        if self.num_threads and self._threads_before is None:
+            self._threads_before = torch.get_num_threads()
+            torch.set_num_threads(self.num_threads)
+        dm = self.datamodule()
+        if dm is not None:
+            want = net_shape_for(*dm.spaces)
+            have = {k: getattr(net, k, None) for k in want}
+            if want != have:
+                fix = " ".join(f"--model.init_args.net.init_args.{k}={v}" for k, v in want.items())
+                raise ValueError(f"{dm.env_id} needs a net with {want}, this one has {have}: pass {fix}")
+
+    def datamodule(self):
+        trainer = self.module._trainer
+        dm = trainer.datamodule if trainer is not None else None
+        return dm if dm is not None and hasattr(dm, "make_envs") else None
+
+    def require_datamodule(self):
+        dm = self.datamodule()
+        if dm is None:
+            raise RuntimeError(f"{type(self.module).__name__} runs with a datamodule that builds its envs "
+                               "(datamodules.GymDataModule)")
+        return dm
+
+    def restore_rng(self) -> None:
+        """The RNG state of the checkpoint fit resumes from; called at train start, once the load is done."""
+        if self.rng_to_restore is not None:
+            set_rng_state(self.rng_to_restore)
+            self.rng_to_restore = None
+
+    def evaluate(self, stage: str, policy) -> tuple[Tensor, Tensor]:
+        """(returns, lengths) of the DataModule's ``eval_episodes`` ("val") or ``predict_episodes``."""
+        if stage not in self._evaluators:
+            dm = self.require_datamodule()
+            episodes = dm.eval_episodes if stage == "val" else dm.predict_episodes
+            envs = dm.make_envs(min(dm.eval_envs, episodes))
+            self._evaluators[stage] = Evaluator(envs, episodes, seed=dm.eval_seed, device=self.module.device)
+        return self._evaluators[stage].run(policy)
+
+    def teardown(self) -> None:
+        for evaluator in self._evaluators.values():
+            evaluator.close()
+        self._evaluators.clear()
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
