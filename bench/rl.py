@@ -19,6 +19,8 @@ makes every Adam step probe NVML (~0.2-0.3 ms, as long as a PPO minibatch update
 
     python bench/rl.py                         # all figures, seeds 0 1 2 (~2 min on 2 busy CPU cores)
     python bench/rl.py --only cartpole --seeds 0
+    python bench/rl.py --only a2c              # A2C to 475 on CartPole-v1 within 500k env steps
+    python bench/rl.py --only pendulum         # PPO (Gaussian policy) to -300 on Pendulum-v1
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", choices=["collect", "learner", "cartpole"], action="append",
+    p.add_argument("--only", choices=["collect", "learner", "cartpole", "a2c", "pendulum"], action="append",
                    help="run only these parts (repeatable); default all")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--target", type=float, default=475.0)
@@ -99,7 +101,7 @@ def bench_learner(updates: int = 400) -> None:
 # -- time to the CartPole result ---------------------------------------------------------------------------
 
 
-def zoo_run(seed: int, target: float, budget: int) -> dict:
+def zoo_run(seed: int, target: float, budget: int, config: str = "configs/rl/ppo_cartpole.yaml") -> dict:
     from lightning.pytorch import Callback
 
     from cli import main
@@ -125,7 +127,7 @@ def zoo_run(seed: int, target: float, budget: int) -> dict:
                 trainer.should_stop = True
 
     timer = TimeToReturn()
-    args = ["--config", str(ROOT / "configs/rl/ppo_cartpole.yaml"), f"--seed_everything={seed}",
+    args = ["--config", str(ROOT / config), f"--seed_everything={seed}",
             f"--model.init_args.total_env_steps={budget}", "--trainer.logger=false",
             "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]", "--trainer.enable_progress_bar=false",
             "--trainer.enable_model_summary=false"]
@@ -179,13 +181,30 @@ def sb3_run(seed: int, target: float, budget: int) -> dict:
 
 
 def bench_cartpole(seeds: list[int], target: float, budget: int, with_sb3: bool) -> None:
+    runners = [("zoo PPO", zoo_run)] + ([("SB3 PPO", sb3_run)] if with_sb3 else [])
+    time_to_return(runners, seeds, target, budget, "CartPole-v1")
+
+
+def bench_a2c(seeds: list[int], target: float, budget: int = 500_000) -> None:
+    """A2C with rl-zoo's CartPole hyperparameters (configs/rl/a2c_cartpole.yaml), evaluated every 10k steps."""
+    run = lambda seed, target, budget: zoo_run(seed, target, budget, "configs/rl/a2c_cartpole.yaml")  # noqa: E731
+    time_to_return([("zoo A2C", run)], seeds, target, budget, "CartPole-v1")
+
+
+def bench_pendulum(seeds: list[int], target: float = -300.0, budget: int = 200_000) -> None:
+    """PPO with a Gaussian policy (configs/rl/ppo_pendulum.yaml), evaluated every 8192 env steps."""
+    run = lambda seed, target, budget: zoo_run(seed, target, budget, "configs/rl/ppo_pendulum.yaml")  # noqa: E731
+    time_to_return([("zoo PPO", run)], seeds, target, budget, "Pendulum-v1")
+
+
+def time_to_return(runners: list, seeds: list[int], target: float, budget: int, env_id: str) -> None:
+    """Runs each (name, run(seed, target, budget)) per seed, alternating, and prints the table and means."""
     import logging
     import warnings
 
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
-    runners = [("zoo PPO", zoo_run)] + ([("SB3 PPO", sb3_run)] if with_sb3 else [])
-    print(f"\ntime to a mean return >= {target:g} over 10 deterministic episodes, CartPole-v1, "
+    print(f"\ntime to a mean return >= {target:g} over 10 deterministic episodes, {env_id}, "
           f"budget {budget} env steps")
     print(f"  {'agent':8s} {'seed':>4s} {'env steps':>9s} {'train s':>8s} {'total s':>8s}  "
           "evaluations (env steps, return)")
@@ -216,7 +235,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     print_header("RL: collection, learner, time to CartPole-v1's result", torch.device(args.device))
-    parts = args.only or ["collect", "learner", "cartpole"]
+    parts = args.only or ["collect", "learner", "cartpole", "a2c", "pendulum"]
     if "collect" in parts:
         bench_collect()
     if "learner" in parts:
@@ -230,6 +249,10 @@ def main() -> None:
             with_sb3 = False
             print("\n(stable_baselines3 is not importable: the SB3 comparison is skipped)")
         bench_cartpole(args.seeds, args.target, args.budget, with_sb3)
+    if "a2c" in parts:
+        bench_a2c(args.seeds, args.target)
+    if "pendulum" in parts:
+        bench_pendulum(args.seeds)
 
 
 if __name__ == "__main__":

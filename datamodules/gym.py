@@ -57,6 +57,9 @@ class GymDataModule(LightningDataModule):
         eval_envs: int = 10,
         eval_seed: int = 10_000,
         predict_episodes: int = 10,
+        record_video: bool = False,
+        video_dir: str = "videos",
+        video_fps: int = 30,
     ) -> None:
         """
         Args:
@@ -75,6 +78,11 @@ class GymDataModule(LightningDataModule):
             eval_seed: every evaluation resets its envs with this seed, so all evaluations play the same
                 start states; keep it apart from the training seeds.
             predict_episodes: episodes ``predict`` plays.
+            record_video: ``predict`` also plays one episode on an env rendering RGB frames, saves it as a GIF
+                in ``video_dir`` and logs it to MLflow (skipped with a warning when the env's renderer, e.g.
+                pygame for classic control, is not installed).
+            video_dir: where the GIF is written.
+            video_fps: frames per second of the GIF.
         """
         super().__init__()
         self.env_id, self.num_envs, self.vectorization_mode = env_id, num_envs, vectorization_mode
@@ -83,6 +91,7 @@ class GymDataModule(LightningDataModule):
         self.wrappers = list(wrappers or [])
         self.eval_episodes, self.eval_envs, self.eval_seed = eval_episodes, eval_envs, eval_seed
         self.predict_episodes = predict_episodes
+        self.record_video, self.video_dir, self.video_fps = record_video, video_dir, video_fps
         self._spaces: tuple[gym.Space, gym.Space] | None = None
 
     @property
@@ -91,8 +100,10 @@ class GymDataModule(LightningDataModule):
             return self._seed
         return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
-    def make_env(self) -> gym.Env:
-        env = gym.make(self.env_id, max_episode_steps=self.max_episode_steps, **self.env_kwargs)
+    def make_env(self, render_mode: str | None = None) -> gym.Env:
+        """One env with the configured time limit and wrappers (``render_mode="rgb_array"`` for recording)."""
+        kwargs = {**self.env_kwargs, **({"render_mode": render_mode} if render_mode else {})}
+        env = gym.make(self.env_id, max_episode_steps=self.max_episode_steps, **kwargs)
         for path in self.wrappers:
             env = _import(path)(env)
         return env

@@ -10,7 +10,7 @@ import torch
 from gymnasium.wrappers import TimeLimit
 
 from zoo.layers.optim import param_groups
-from zoo.rl import ActorCritic, Evaluator, RolloutCollector, RunningMeanStd, gae, ppo_loss
+from zoo.rl import ActorCritic, Evaluator, RolloutCollector, RunningMeanStd, a2c_loss, gae, ppo_loss
 
 
 # -- GAE -------------------------------------------------------------------------------------------------
@@ -86,6 +86,30 @@ def test_ppo_loss_clips_the_ratio():
     # pessimistic bound: min(r * A, clip(r) * A) = [1.2 * 1, 0.8 * -1]
     torch.testing.assert_close(out["pg_loss"], -torch.tensor([1.2, -0.8]).mean())
     assert out["clipfrac"].item() == 1.0
+
+
+def test_a2c_loss_terms_and_its_gradient_equals_ppos_at_ratio_one():
+    g = torch.Generator().manual_seed(2)
+    b = 32
+    logits = torch.randn(b, 3, generator=g).requires_grad_()
+    value = torch.randn(b, generator=g).requires_grad_()
+    actions = torch.randint(0, 3, (b,), generator=g)
+    adv, ret = torch.randn(b, generator=g), torch.randn(b, generator=g)
+
+    def terms():
+        logp = logits.log_softmax(-1)
+        return logp.gather(1, actions[:, None]).squeeze(1), -(logp.exp() * logp).sum(-1)
+
+    logprob, entropy = terms()
+    a2c = a2c_loss(logprob, adv, value, ret, entropy, vf_coef=0.5, ent_coef=0.01)
+    torch.testing.assert_close(a2c["pg_loss"], -(adv * logprob).mean())
+    torch.testing.assert_close(a2c["v_loss"], (value - ret).square().mean())  # Baselines/SB3: no 1/2
+    grads_a2c = torch.autograd.grad(a2c["loss"], (logits, value))
+    # One PPO epoch on fresh data has ratio 1 everywhere, so it is A2C; ppo_loss halves the squared error.
+    logprob, entropy = terms()
+    ppo = ppo_loss(logprob, logprob.detach(), adv, value, value.detach(), ret, entropy, vf_coef=1.0, ent_coef=0.01)
+    for mine, theirs in zip(grads_a2c, torch.autograd.grad(ppo["loss"], (logits, value))):
+        torch.testing.assert_close(mine, theirs)
 
 
 # -- nets ------------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ below Lightning's base class; the parts they have in common live here as functio
 ``AgentEnvs``, which each module holds and calls from its own short hooks:
   - the DataModule that builds the envs (``datamodules.GymDataModule``), checked against the net's shape;
   - the evaluators for validation and predict, on envs of their own, and the metrics they log;
+  - in predict, a GIF of one episode logged to MLflow when the DataModule asks and the env can render;
   - the torch thread count pinned while the module runs (a small MLP runs fastest on one thread);
   - the global RNG state, saved in checkpoints and restored when fit resumes;
   - the seed of a resumed run's new episodes.
@@ -13,15 +14,19 @@ below Lightning's base class; the parts they have in common live here as functio
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import torch
 from lightning.pytorch import LightningModule
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
-from zoo.rl.collector import Evaluator
+from zoo.rl.collector import Evaluator, Rollout, RolloutCollector
+from zoo.rl.losses import explained_variance
+from zoo.rl.video import record_episode, save_gif
+from zoo.tracking import mlflow_loggers
 
 
 def net_shape_for(obs_space: gym.Space, action_space: gym.Space) -> dict[str, int | bool]:
@@ -115,13 +120,36 @@ class AgentEnvs:
             self.rng_to_restore = None
 
     def evaluate(self, stage: str, policy) -> tuple[Tensor, Tensor]:
-        """(returns, lengths) of the DataModule's ``eval_episodes`` ("val") or ``predict_episodes``."""
+        """(returns, lengths) of the DataModule's ``eval_episodes`` ("val") or ``predict_episodes``; in
+        predict, also the recording of one episode when the DataModule asks for it."""
+        dm = self.require_datamodule()
         if stage not in self._evaluators:
-            dm = self.require_datamodule()
             episodes = dm.eval_episodes if stage == "val" else dm.predict_episodes
             envs = dm.make_envs(min(dm.eval_envs, episodes))
             self._evaluators[stage] = Evaluator(envs, episodes, seed=dm.eval_seed, device=self.module.device)
+        if stage == "predict" and getattr(dm, "record_video", False):
+            self.record(dm, policy)
         return self._evaluators[stage].run(policy)
+
+    def record(self, dm, policy) -> Path | None:
+        """One episode as a GIF in the DataModule's ``video_dir``, logged to MLflow; None without a renderer."""
+        trainer = self.module.trainer
+        if not trainer.is_global_zero:
+            return None
+        try:
+            env = dm.make_env(render_mode="rgb_array")
+            try:
+                frames, total = record_episode(env, policy, seed=dm.eval_seed, device=self.module.device)
+            finally:
+                env.close()
+        except gym.error.DependencyNotInstalled as err:
+            rank_zero_warn(f"No video: {dm.env_id} cannot render here ({err}). Predict goes on without it.")
+            return None
+        path = save_gif(frames, Path(dm.video_dir) / f"{dm.env_id}_episode.gif", fps=dm.video_fps)
+        for lg in mlflow_loggers(trainer):
+            lg.experiment.log_artifact(lg.run_id, str(path), "videos")
+        rank_zero_info(f"Recorded one episode (return {total:.2f}, {len(frames)} frames) to {path.resolve()}")
+        return path
 
     def teardown(self) -> None:
         for evaluator in self._evaluators.values():
@@ -130,3 +158,33 @@ class AgentEnvs:
         if self._threads_before is not None:
             torch.set_num_threads(self._threads_before)
             self._threads_before = None
+
+
+# -- on-policy agents (PPO, A2C): rollouts from the DataModule's training envs ----------------------------
+
+
+def open_rollout_collector(module: LightningModule, envs: AgentEnvs) -> RolloutCollector:
+    """The collector of an on-policy module whose hparams name ``num_steps``, ``gamma``, ``norm_obs`` and
+    ``norm_reward`` and which holds ``obs_rms``, ``return_rms`` and ``env_steps``."""
+    dm, h = envs.require_datamodule(), module.hparams
+    return RolloutCollector(
+        dm.make_envs(), h.num_steps, module.device, module.obs_rms if h.norm_obs else None,
+        module.return_rms if h.norm_reward else None, h.gamma, seed=train_seed(dm.seed, int(module.env_steps)),
+    )
+
+
+def rollout_metrics(rollout: Rollout, returns: Tensor, stats: dict[str, Tensor], env_steps: Tensor,
+                    episodes: list[Tensor]) -> dict[str, Tensor]:
+    """What an on-policy training step logs: the loss terms, value fit, env steps, and the mean return and
+    length of the training episodes that ended since the last log (``episodes``, emptied here)."""
+    keep = rollout.valid
+    metrics = {f"train/{k}": v for k, v in stats.items() if k != "grad_norm"}
+    if "grad_norm" in stats:
+        metrics["grad/norm"] = stats["grad_norm"]  # GradNormMonitor's key; it skips manual optimisation
+    metrics["train/explained_variance"] = explained_variance(rollout.values[:-1][keep], returns[keep])
+    metrics["train/env_steps"] = env_steps.float()
+    ended = torch.cat(episodes, 1)
+    episodes.clear()
+    if ended.shape[1]:
+        metrics["train/episode_return"], metrics["train/episode_length"] = ended.mean(1)
+    return metrics

@@ -1,4 +1,4 @@
-"""On-policy objectives as pure functions: generalised advantage estimation and PPO's loss terms.
+"""On-policy objectives as pure functions: generalised advantage estimation, PPO's and A2C's loss terms.
 
 Notation: T steps, N envs, B minibatch rows.
 """
@@ -76,6 +76,30 @@ def ppo_loss(
     loss = pg_loss - ent_coef * entropy + vf_coef * v_loss
     return {"loss": loss, "pg_loss": pg_loss, "v_loss": v_loss, "entropy": entropy, "approx_kl": approx_kl,
             "clipfrac": clipfrac}
+
+
+def a2c_loss(
+    logprob: Tensor,
+    advantages: Tensor,
+    value: Tensor,
+    returns: Tensor,
+    entropy: Tensor,
+    vf_coef: float = 0.5,
+    ent_coef: float = 0.0,
+) -> dict[str, Tensor]:
+    """Advantage actor-critic (Mnih et al. 2016, synchronous as in OpenAI Baselines' A2C) on (B,) tensors.
+
+    loss = pg_loss - ent_coef * entropy + vf_coef * v_loss, with
+        pg_loss = -mean(A * log pi(a|s))      (A is a constant: the gradient flows through log pi only)
+        v_loss  = mean((V - R)^2)             (Baselines' and SB3's A2C: no factor 1/2, vf_coef 0.5)
+    Its gradient is PPO's at probability ratio 1 (one epoch on fresh data never clips), with PPO's
+    ``vf_coef`` twice this one's, since ``ppo_loss`` halves the squared error.
+    """
+    pg_loss = -(advantages.detach() * logprob).mean()
+    v_loss = (value - returns).square().mean()
+    entropy = entropy.mean()
+    loss = pg_loss - ent_coef * entropy + vf_coef * v_loss
+    return {"loss": loss, "pg_loss": pg_loss, "v_loss": v_loss, "entropy": entropy}
 
 
 def explained_variance(pred: Tensor, target: Tensor) -> Tensor:

@@ -31,9 +31,9 @@ from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
 from zoo.layers.optim import param_groups
 from zoo.layers.weights import check_compatible
-from zoo.rl.agent import AgentEnvs, episode_rows, evaluation_metrics, rng_state, train_seed
+from zoo.rl.agent import AgentEnvs, episode_rows, evaluation_metrics, open_rollout_collector, rng_state, rollout_metrics
 from zoo.rl.collector import Rollout, RolloutCollector
-from zoo.rl.losses import explained_variance, gae, normalize, ppo_loss
+from zoo.rl.losses import gae, normalize, ppo_loss
 from zoo.rl.nets import ActorCritic
 from zoo.rl.normalization import RunningMeanStd
 
@@ -131,11 +131,7 @@ class PPOModule(LightningModule):
         # Here rather than in setup: the device is final and a resumed checkpoint (env_steps, RNG) is loaded.
         self.envs.restore_rng()
         if self.collector is None:
-            dm, h = self.envs.require_datamodule(), self.hparams
-            self.collector = RolloutCollector(
-                dm.make_envs(), h.num_steps, self.device, self.obs_rms if h.norm_obs else None,
-                self.return_rms if h.norm_reward else None, h.gamma, seed=train_seed(dm.seed, int(self.env_steps)),
-            )
+            self.collector = open_rollout_collector(self, self.envs)
         if int(self.env_steps) + self.collector.num_steps * self.collector.envs.num_envs > self.hparams.total_env_steps:
             self.trainer.should_stop = True  # a resumed run whose budget is already spent
 
@@ -163,7 +159,8 @@ class PPOModule(LightningModule):
         self._episodes.append(torch.stack([rollout.episode_returns, rollout.episode_lengths.float()]))
         step = self.trainer.fit_loop.epoch_loop._batches_that_stepped + 1  # global_step counts minibatches here
         if lightning_writes(self.trainer, step):
-            self._log_training(rollout, returns, stats)
+            self.log_dict(rollout_metrics(rollout, returns, stats, self.env_steps, self._episodes), on_step=True,
+                          on_epoch=False)
         if int(self.env_steps) + rollout.env_steps > h.total_env_steps:
             self.trainer.should_stop = True
 
@@ -191,19 +188,6 @@ class PPOModule(LightningModule):
                 opt.step()
                 updates += 1
         return {**out, "updates": torch.tensor(float(updates))}
-
-    def _log_training(self, rollout: Rollout, returns: Tensor, stats: dict[str, Tensor]) -> None:
-        keep = rollout.valid
-        metrics = {f"train/{k}": v for k, v in stats.items() if k != "grad_norm"}
-        if "grad_norm" in stats:
-            metrics["grad/norm"] = stats["grad_norm"]  # GradNormMonitor's key; it skips manual optimisation
-        metrics["train/explained_variance"] = explained_variance(rollout.values[:-1][keep], returns[keep])
-        metrics["train/env_steps"] = self.env_steps.float()
-        episodes = torch.cat(self._episodes, 1)
-        self._episodes.clear()
-        if episodes.shape[1]:
-            metrics["train/episode_return"], metrics["train/episode_length"] = episodes.mean(1)
-        self.log_dict(metrics, on_step=True, on_epoch=False)
 
     def configure_optimizers(self):
         h = self.hparams

@@ -1,0 +1,179 @@
+"""A2CModule: synchronous advantage actor-critic (Mnih et al. 2016, "Asynchronous Methods for Deep RL", in
+the synchronous form of OpenAI Baselines' ``a2c`` and SB3's ``A2C``) on gymnasium vector envs.
+
+One Lightning training step is one short rollout (``num_steps`` x N env steps, 5 x 8 by default) and one
+gradient step on all of it, with manual optimisation. The rollout collector, GAE (with ``gae_lambda`` 1 it
+is the n-step return), the running statistics, evaluation and checkpoints are the same as PPO's
+(``zoo.rl.agent``, ``zoo.rl.collector``); what differs is the objective (``zoo.rl.losses.a2c_loss``: no
+ratio, no clipping, one pass over fresh data) and the optimizer (RMSprop, as Baselines and SB3).
+
+Checkpoints carry the net, the running statistics, the env-step counter, the optimizer and the RNG states;
+a resumed run continues. ``total_env_steps`` is the budget; ``val_check_interval`` counts rollouts.
+Notation: T steps per rollout, N envs.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import torch
+from lightning.pytorch import LightningModule
+from torch import Tensor
+from torch.optim.lr_scheduler import LambdaLR
+
+from zoo.layers.hparams import save_hparams
+from zoo.layers.logging import lightning_writes
+from zoo.layers.weights import check_compatible
+from zoo.rl.agent import AgentEnvs, episode_rows, evaluation_metrics, open_rollout_collector, rng_state, rollout_metrics
+from zoo.rl.collector import Rollout, RolloutCollector
+from zoo.rl.losses import a2c_loss, gae, normalize
+from zoo.rl.nets import ActorCritic
+from zoo.rl.normalization import RunningMeanStd
+
+
+class A2CModule(LightningModule):
+    """A2C: n-step (or GAE) advantages, one RMSprop step per rollout, entropy bonus, gradient clipping."""
+
+    family = "rl"
+    monitor = "val/return"
+    monitor_mode = "max"
+
+    def __init__(
+        self,
+        net: ActorCritic,
+        total_env_steps: int = 500_000,
+        num_steps: int = 5,
+        gamma: float = 0.99,
+        gae_lambda: float = 1.0,
+        ent_coef: float = 0.0,
+        vf_coef: float = 0.5,
+        max_grad_norm: float = 0.5,
+        norm_adv: bool = False,
+        lr: float = 7e-4,
+        anneal_lr: bool = False,
+        optimizer: Literal["rmsprop", "adam"] = "rmsprop",
+        rms_alpha: float = 0.99,
+        optim_eps: float = 1e-5,
+        norm_obs: bool = False,
+        norm_reward: bool = False,
+        clip_obs: float = 10.0,
+        clip_reward: float = 10.0,
+        num_threads: int | None = 1,
+    ) -> None:
+        """
+        Args:
+            net: the actor-critic (``zoo.rl.ActorCritic``), sized for the env's spaces.
+            total_env_steps: fit stops before a rollout would exceed this many env steps (all envs together).
+            num_steps: T, steps per env per rollout (the n of the n-step return); a rollout is T x N env steps.
+            gamma: discount factor.
+            gae_lambda: 1 gives the n-step return of A2C's paper; below 1, GAE (SB3 offers both).
+            ent_coef: weight of the entropy bonus.
+            vf_coef: weight of the value loss, a plain mean squared error here (Baselines, SB3).
+            max_grad_norm: global gradient-norm clip.
+            norm_adv: normalise the rollout's advantages (SB3's ``normalize_advantage``, off by default).
+            lr: learning rate (at the start, when annealed).
+            anneal_lr: decay the learning rate linearly to 0 over ``total_env_steps``.
+            optimizer: "rmsprop" (A2C's and SB3's default) or "adam".
+            rms_alpha: RMSprop's smoothing constant (0.99, SB3).
+            optim_eps: the optimizer's epsilon (1e-5, SB3).
+            norm_obs: feed the net observations normalised by running statistics kept in this module.
+            norm_reward: divide rewards by the running std of the discounted return, kept in this module.
+            clip_obs: clip normalised observations to [-clip_obs, clip_obs].
+            clip_reward: clip scaled rewards to [-clip_reward, clip_reward].
+            num_threads: PyTorch CPU threads while this module runs (restored after); None: unchanged.
+        """
+        super().__init__()
+        save_hparams(self, "net")
+        self.automatic_optimization = False
+        self.net = net
+        self.obs_rms = RunningMeanStd((net.obs_dim,), clip=clip_obs)
+        self.return_rms = RunningMeanStd((), clip=clip_reward)
+        self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))
+        self.collector: RolloutCollector | None = None
+        self.envs = AgentEnvs(self, num_threads)
+        self._episodes: list[Tensor] = []  # returns and lengths of training episodes since the last log
+
+    @torch.no_grad()
+    def act(self, obs: Tensor | np.ndarray, deterministic: bool = True) -> Tensor:
+        """Actions for raw observations (B, O), normalised with this agent's statistics when it uses them."""
+        x = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
+        if self.hparams.norm_obs:
+            x = self.obs_rms.normalize(x)
+        return self.net.act(x, deterministic)
+
+    def setup(self, stage: str) -> None:
+        self.envs.setup(self.net)
+
+    def on_train_start(self) -> None:
+        self.envs.restore_rng()
+        if self.collector is None:
+            self.collector = open_rollout_collector(self, self.envs)
+        if int(self.env_steps) + self.collector.num_steps * self.collector.envs.num_envs > self.hparams.total_env_steps:
+            self.trainer.should_stop = True  # a resumed run whose budget is already spent
+
+    def teardown(self, stage: str) -> None:
+        if self.collector is not None and stage == "fit":
+            self.collector.close()
+            self.collector = None
+        self.envs.teardown()
+
+    def training_step(self, batch: int, batch_idx: int) -> None:
+        h = self.hparams
+        rollout = self.collector.collect(self.net)
+        advantages, returns = gae(rollout.rewards, rollout.values, rollout.terminated, rollout.truncated,
+                                  h.gamma, h.gae_lambda)
+        stats = self._update(rollout, advantages, returns)
+        self.env_steps += rollout.env_steps
+        self.lr_schedulers().step()
+        self._episodes.append(torch.stack([rollout.episode_returns, rollout.episode_lengths.float()]))
+        if lightning_writes(self.trainer, self.trainer.fit_loop.epoch_loop._batches_that_stepped + 1):
+            self.log_dict(rollout_metrics(rollout, returns, stats, self.env_steps, self._episodes), on_step=True,
+                          on_epoch=False)
+        if int(self.env_steps) + rollout.env_steps > h.total_env_steps:
+            self.trainer.should_stop = True
+
+    def _update(self, rollout: Rollout, advantages: Tensor, returns: Tensor) -> dict[str, Tensor]:
+        """One gradient step on the rollout's valid steps (autoreset steps are not transitions)."""
+        h = self.hparams
+        keep = rollout.valid.flatten()
+        obs, actions = rollout.obs.flatten(0, 1)[keep], rollout.actions.flatten(0, 1)[keep]
+        advantages, returns = advantages.flatten()[keep], returns.flatten()[keep]
+        if h.norm_adv:
+            advantages = normalize(advantages)
+        _, logprob, entropy, value = self.net.get_action_and_value(obs, actions)
+        out = a2c_loss(logprob, advantages, value, returns, entropy, h.vf_coef, h.ent_coef)
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(out["loss"])
+        out["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.net.parameters(), h.max_grad_norm)
+        opt.step()
+        return out
+
+    def configure_optimizers(self):
+        h = self.hparams
+        fused = all(p.device.type in ("cpu", "cuda") for p in self.net.parameters())
+        if h.optimizer == "rmsprop":
+            # torch's RMSprop adds eps outside the square root; TF's (Baselines') inside. SB3 uses torch's too.
+            opt = torch.optim.RMSprop(self.net.parameters(), lr=h.lr, alpha=h.rms_alpha, eps=h.optim_eps)
+        else:
+            opt = torch.optim.Adam(self.net.parameters(), lr=h.lr, eps=h.optim_eps, fused=fused or None)
+        # Stepped once per rollout; a function of the env steps spent, so resuming needs no schedule state.
+        factor = (lambda _: 1.0 - min(1.0, int(self.env_steps) / h.total_env_steps)) if h.anneal_lr else (lambda _: 1.0)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": LambdaLR(opt, factor), "name": "lr"}}
+
+    def validation_step(self, batch: int, batch_idx: int) -> None:
+        returns, lengths = self.envs.evaluate("val", self.act)
+        self.log_dict(evaluation_metrics(returns, lengths, self.env_steps), batch_size=1, prog_bar=True)
+
+    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
+        """Plays the DataModule's ``predict_episodes``; rows (episode, return, length) go to WritePredictions."""
+        return episode_rows(*self.envs.evaluate("predict", self.act))
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["rng"] = rng_state()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        net_state = {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
+        check_compatible(self.net, net_state, "checkpoint")
+        self.envs.rng_to_restore = checkpoint.get("rng")  # applied at train start, only when fit resumes

@@ -1,0 +1,45 @@
+"""One episode played by an agent, recorded as an animated GIF (Pillow, which torchvision already needs).
+
+GIF rather than MP4: it needs no video encoder (gymnasium's ``RecordVideo`` needs moviepy and ffmpeg) and
+MLflow's artifact view shows it inline. Rendering needs the env's own renderer: classic control draws with
+pygame, MuJoCo with its GL context; when it is missing the recording is skipped with a warning that names it,
+and the rest of predict goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+
+from zoo.rl.collector import env_actions
+
+
+@torch.no_grad()
+def record_episode(env: gym.Env, policy: Callable[[Tensor], Tensor], seed: int | None = None,
+                   max_frames: int = 1000, device: torch.device | str = "cpu") -> tuple[list[np.ndarray], float]:
+    """(frames (H, W, 3) uint8, return) of one episode of ``policy`` on ``env`` (render_mode "rgb_array")."""
+    obs, _ = env.reset(seed=seed)
+    frames, total = [env.render()], 0.0
+    for _ in range(max_frames - 1):
+        x = torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0)  # (1, O): policies take batches
+        obs, reward, terminated, truncated, _ = env.step(env_actions(policy(x), env.action_space)[0])
+        total += float(reward)
+        frames.append(env.render())
+        if terminated or truncated:
+            break
+    return frames, total
+
+
+def save_gif(frames: list[np.ndarray], path: str | Path, fps: int = 30) -> Path:
+    """Writes ``frames`` as a looping GIF at ``fps`` frames per second."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    images = [Image.fromarray(np.asarray(f, dtype=np.uint8)) for f in frames]
+    images[0].save(path, save_all=True, append_images=images[1:], duration=round(1000 / fps), loop=0)
+    return path
