@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 import warnings
 from pathlib import Path
 
 import torch
 from lightning.pytorch import LightningDataModule, LightningModule
-from lightning.pytorch.callbacks import OnExceptionCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
 from zoo.tracking import LogConfigToMLflow, mlflow_loggers
@@ -29,6 +30,8 @@ DEFAULT_CALLBACKS = [
     {"class_path": "callbacks.WritePredictions"},
     {"class_path": "callbacks.ProgressBar"},
 ]
+
+RUN_DIR_ENV = "ZOO_RUN_DIR"  # the folder of a run without an MLflow logger, passed to the ranks Lightning launches
 
 TRAINER_DEFAULTS = {
     "default_root_dir": "runs",
@@ -76,18 +79,25 @@ class ZooCLI(LightningCLI):
             cfg.trainer.precision = "bf16-mixed"
 
     def before_fit(self) -> None:
-        # Lightning resumes fit from the newest OnExceptionCheckpoint file it can find; a folder per
-        # run keeps one run's crash checkpoint from being picked up by the next, unrelated run.
-        if not self.trainer.is_global_zero:
-            return
+        # Lightning resumes fit from the newest OnExceptionCheckpoint or last.ckpt it can find; a folder per
+        # run keeps one run's checkpoints from being picked up by the next, unrelated run.
         loggers = mlflow_loggers(self.trainer)
+        if loggers and not self.trainer.is_global_zero:
+            return  # the checkpoint callbacks take rank 0's folder when they set up
         if loggers:
             run_dir = Path(self.trainer.default_root_dir, loggers[0].experiment_id, loggers[0].run_id)
-        else:  # any other logger, or none: a folder of its own all the same
-            run_dir = Path(self.trainer.default_root_dir, f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        elif self.trainer.is_global_zero:  # any other logger, or none: a folder of its own all the same
+            run_dir = Path(self.trainer.default_root_dir, f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}")
+            os.environ[RUN_DIR_ENV] = str(run_dir)  # for the other ranks, which Lightning launches after this
+        else:
+            run_dir = Path(os.environ.get(RUN_DIR_ENV, self.trainer.default_root_dir))
         for cb in self.trainer.callbacks:
             if isinstance(cb, OnExceptionCheckpoint) and cb.dirpath == EXCEPTION_DIR:
                 cb.dirpath = str(run_dir / "on_exception")
+            # Without a logger Lightning's default is <root>/checkpoints, shared by every such run, and its
+            # last.ckpt would be resumed by the next run as if it were this one's.
+            if not loggers and isinstance(cb, ModelCheckpoint) and cb.dirpath is None:
+                cb.dirpath = str(run_dir / "checkpoints")
 
     def after_fit(self) -> None:
         trainer = self.trainer

@@ -138,3 +138,9 @@ def test_fit_without_a_logger():
     c = cli("fit", "--config", str(TINY), *FAST, "--trainer.logger=false")
     assert not c.trainer.loggers
     assert torch.isfinite(c.trainer.callback_metrics["val/loss"])
+    # A second run without a logger starts afresh: Lightning resumes from any last.ckpt in its checkpoint
+    # folder, so each run gets a folder of its own.
+    again = cli("fit", "--config", str(TINY), *FAST, "--trainer.logger=false")
+    assert again.trainer.global_step == c.trainer.global_step
+    first, second = (Path(x.trainer.checkpoint_callback.last_model_path).parent for x in (c, again))
+    assert first != second and first.parent.name.startswith("run-")
