@@ -37,10 +37,7 @@ class WritePredictions(BasePredictionWriter):
             self._write_jsonl(trainer, batches)
             return
         columns = {k: torch.cat([b[k].reshape(len(b[k]), -1) for b in batches]).cpu() for k in batches[0]}
-        path = Path(self.path)
-        if trainer.world_size > 1:
-            path = path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = self._rank_path(trainer, Path(self.path).suffix)
         header = [k if v.shape[1] == 1 else f"{k}_{i}" for k, v in columns.items() for i in range(v.shape[1])]
         table = torch.cat([v.double() if v.is_floating_point() else v.to(torch.float64) for v in columns.values()], 1)
         is_int = [not v.is_floating_point() for v in columns.values() for _ in range(v.shape[1])]
