@@ -1,6 +1,7 @@
 """Callbacks shared by every family: monitors, checkpointing, prediction writing, progress."""
 
 from callbacks.checkpoint import MonitoredCheckpoint
+from callbacks.fid import FrechetInceptionDistance
 from callbacks.frechet import FrechetDistance
 from callbacks.image_samples import LogImageSamples
 from callbacks.monitors import GradNormMonitor, NonFiniteLossError, PrecisionMonitor
@@ -8,5 +9,5 @@ from callbacks.predictions import WritePredictions
 from callbacks.progress import ProgressBar
 from callbacks.text_samples import LogTextSamples
 
-__all__ = ["FrechetDistance", "GradNormMonitor", "LogImageSamples", "LogTextSamples", "MonitoredCheckpoint",
-           "NonFiniteLossError", "PrecisionMonitor", "ProgressBar", "WritePredictions"]
+__all__ = ["FrechetDistance", "FrechetInceptionDistance", "GradNormMonitor", "LogImageSamples", "LogTextSamples",
+           "MonitoredCheckpoint", "NonFiniteLossError", "PrecisionMonitor", "ProgressBar", "WritePredictions"]

@@ -1,13 +1,51 @@
-"""Logs the Fréchet distance of generated images to the validation images, in a zoo classifier's features."""
+"""Logs the Fréchet distance of generated images to the validation images, in a zoo classifier's features.
+
+``real_images`` and ``generated_images`` are the two image streams, shared with ``FrechetInceptionDistance``
+(callbacks/fid.py), which measures the same in Inception-v3's features.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Literal
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch import Callback
 from torch import Tensor
+
+
+def due(trainer: pl.Trainer, batch_idx: int, dataloader_idx: int, every_n_epochs: int) -> bool:
+    """After the first batch of every ``every_n_epochs``-th validation: inside validation, so on the weights it
+    uses (the EMA weights when an EMA callback swaps them in), and never in the sanity check."""
+    return not (batch_idx or dataloader_idx or trainer.sanity_checking or (trainer.current_epoch + 1) % every_n_epochs)
+
+
+def real_images(trainer: pl.Trainer, num_samples: int, device: torch.device) -> Iterator[Tensor]:
+    """The first ``num_samples`` validation images (fewer if the set is smaller), batch by batch, in [-1, 1]."""
+    dm, n = trainer.datamodule, 0
+    for x, y in dm.val_dataloader():
+        x, _ = dm.on_after_batch_transfer((x.to(device), y), 0)  # to [-1, 1] as the model sees them
+        x = x[: num_samples - n]
+        n += len(x)
+        yield x
+        if n >= num_samples:
+            return
+
+
+def generated_images(
+    pl_module: pl.LightningModule, num_samples: int, batch_size: int, sampler: Literal["ddpm", "ddim"], steps: int,
+    guidance_scale: float, seed: int,
+) -> Iterator[Tensor]:
+    """``num_samples`` images from ``pl_module.sample``, ``batch_size`` at a time; classes in turn across batches.
+
+    Every rank must consume it (the forward of a sharded net is collective), even those that discard it.
+    """
+    k = getattr(pl_module, "num_classes", 0)
+    for i in range(0, num_samples, batch_size):
+        n = min(batch_size, num_samples - i)
+        labels = torch.arange(i, i + n) % k if k else None
+        yield pl_module.sample(n, sampler, steps, guidance_scale, seed=seed + i, labels=labels)
 
 
 class FrechetDistance(Callback):
@@ -62,19 +100,12 @@ class FrechetDistance(Callback):
     def _real_stats(self, trainer: pl.Trainer, device: torch.device) -> tuple[Tensor, Tensor]:
         from zoo.diffusion.metrics import gaussian_stats
 
-        dm, feats, n = trainer.datamodule, [], 0
-        for x, y in dm.val_dataloader():
-            x, _ = dm.on_after_batch_transfer((x.to(device), y), 0)  # to [-1, 1] as the model sees them
-            feats.append(self._features(x[: self.num_samples - n]))
-            n += len(feats[-1])
-            if n >= self.num_samples:
-                break
-        return gaussian_stats(torch.cat(feats))
+        return gaussian_stats(torch.cat([self._features(x) for x in real_images(trainer, self.num_samples, device)]))
 
     def on_validation_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        if batch_idx or dataloader_idx or trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:
+        if not due(trainer, batch_idx, dataloader_idx, self.every_n_epochs):
             return
         from zoo.diffusion.metrics import frechet_distance, gaussian_stats
 
@@ -84,13 +115,9 @@ class FrechetDistance(Callback):
             if self._reference is None:
                 self._reference = self._real_stats(trainer, pl_module.device)
         feats = []
-        for i in range(0, self.num_samples, self.batch_size):
-            n = min(self.batch_size, self.num_samples - i)
-            k = getattr(pl_module, "num_classes", 0)
-            labels = torch.arange(i, i + n) % k if k else None  # classes in turn across batches
-            # Every rank samples (a sharded net's forward is collective); rank 0 measures.
-            images = pl_module.sample(n, self.sampler, self.steps, self.guidance_scale, seed=self.seed + i, labels=labels)
-            if rank0:
+        for images in generated_images(pl_module, self.num_samples, self.batch_size, self.sampler, self.steps,
+                                       self.guidance_scale, self.seed):
+            if rank0:  # every rank samples; rank 0 measures
                 feats.append(self._features(images))
         if rank0:
             fd = frechet_distance(*gaussian_stats(torch.cat(feats)), *self._reference)

@@ -283,6 +283,8 @@ NETS = {
     "dit-cond": lambda: DiT.preset("S/2", image_size=8, in_channels=3, num_classes=6, depth=2, hidden_size=32, num_heads=4),
     "dit-learn-sigma": lambda: DiT("B", 2, image_size=8, in_channels=4, num_classes=3, depth=1, hidden_size=16,
                                    num_heads=2, learn_sigma=True),
+    "unet-learn-sigma": lambda: UNet(3, 8, base_channels=8, channel_mults=(1, 2), num_res_blocks=1,
+                                     attention_resolutions=(4,), num_classes=2, norm_groups=4, learn_sigma=True),
 }
 
 
@@ -465,3 +467,217 @@ def test_dit_converted_from_diffusers_matches_its_outputs(tmp_path):
     load_dit_weights(again, tmp_path / "DiT-tiny.pt")
     with torch.no_grad():
         torch.testing.assert_close(again(x, t, y), got, atol=0, rtol=0)
+
+
+# -- learned variance (Nichol & Dhariwal 2021) ---------------------------------------------------------
+
+
+def test_normal_kl_matches_torch_distributions():
+    from torch.distributions import Normal, kl_divergence
+
+    from zoo.diffusion.losses import normal_kl
+
+    g = torch.Generator().manual_seed(0)
+    m1, m2, lv1, lv2 = (torch.randn(100, generator=g, dtype=torch.float64) * 2 for _ in range(4))
+    want = kl_divergence(Normal(m1, (0.5 * lv1).exp()), Normal(m2, (0.5 * lv2).exp()))
+    torch.testing.assert_close(normal_kl(m1, lv1, m2, lv2), want)
+    assert normal_kl(m1, lv1, m1, lv1).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize(("mean", "scale"), [(0.0, 0.1), (0.3, 0.01), (-0.99, 0.5), (0.9, 3e-3), (2.5, 0.05)])
+def test_discretized_gaussian_is_a_distribution_over_the_256_levels(mean, scale):
+    from zoo.diffusion.losses import discretized_gaussian_log_likelihood
+
+    levels = torch.arange(256, dtype=torch.float64) / 255 * 2 - 1  # 8-bit pixels in [-1, 1]
+    f64 = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    log_p = discretized_gaussian_log_likelihood(levels, f64(mean), f64(math.log(scale)))
+    assert log_p.exp().sum().item() == pytest.approx(1.0, abs=1e-6)
+    # An inner bin's mass is the density integrated over [x - 1/255, x + 1/255] (Simpson's rule here).
+    k = int(((min(max(mean, -0.9), 0.9) + 1) * 127.5))
+    edges = torch.linspace(levels[k] - 1 / 255, levels[k] + 1 / 255, 2001, dtype=torch.float64)
+    density = torch.exp(-0.5 * ((edges - mean) / scale) ** 2) / (scale * math.sqrt(2 * math.pi))
+    w = torch.ones(2001, dtype=torch.float64)
+    w[1:-1:2], w[2:-1:2] = 4, 2
+    mass = float((w * density).sum() * (edges[1] - edges[0]) / 3)
+    assert log_p[k].exp().item() == pytest.approx(mass, rel=1e-6, abs=2e-12)  # masses floor at 1e-12
+
+
+def test_discretized_gaussian_agrees_with_the_reference_tanh_approximation():
+    # improved-diffusion / DiT approximate the normal CDF with tanh; the exact CDF differs by < 3e-4 in mass.
+    from zoo.diffusion.losses import discretized_gaussian_log_likelihood
+
+    def approx_cdf(x):
+        return 0.5 * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
+
+    levels = torch.arange(256, dtype=torch.float64) / 255 * 2 - 1
+    mean, scale = torch.tensor(0.1, dtype=torch.float64), 0.05
+    upper, lower = (levels - mean + 1 / 255) / scale, (levels - mean - 1 / 255) / scale
+    ref = torch.where(levels < -0.999, approx_cdf(upper),
+                      torch.where(levels > 0.999, 1 - approx_cdf(lower), approx_cdf(upper) - approx_cdf(lower)))
+    got = discretized_gaussian_log_likelihood(levels, mean, torch.tensor(math.log(scale), dtype=torch.float64)).exp()
+    assert (got - ref).abs().max() < 3e-4
+
+
+def test_q_posterior_is_the_bayes_posterior():
+    # q(x_{t-1} | x_t, x_0) is proportional to
+    # N(x_t; sqrt(alpha_t) x_{t-1}, beta_t) N(x_{t-1}; sqrt(abar_{t-1}) x_0, 1 - abar_{t-1}): precisions add, and so do
+    # the precision-weighted means.
+    s = NoiseSchedule(1000, "linear")
+    x0, x_t = torch.randn(3, 2, dtype=torch.float64), torch.randn(3, 2, dtype=torch.float64)
+    t = torch.tensor([1, 400, 999])
+    betas = torch.linspace(1e-4, 0.02, 1000, dtype=torch.float64)  # Ho et al.'s, in float64 (1 - abar ~ 1e-4 early)
+    beta, abar_prev = betas[t].view(-1, 1), torch.cumprod(1 - betas, 0)[t - 1].view(-1, 1)
+    precision = (1 - beta) / beta + 1 / (1 - abar_prev)
+    want_mean = ((1 - beta).sqrt() / beta * x_t + abar_prev.sqrt() / (1 - abar_prev) * x0) / precision
+    mean, var, log_var = s.q_posterior(x0, x_t, t)
+    torch.testing.assert_close(mean, want_mean, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(var.expand_as(mean), (1 / precision).expand_as(mean), rtol=1e-5, atol=0)
+    torch.testing.assert_close(log_var.exp(), var, rtol=1e-5, atol=0)  # clipped only at the first step
+
+
+def test_vlb_vanishes_when_the_model_step_is_the_true_posterior():
+    from zoo.diffusion.losses import vlb_terms
+
+    s = NoiseSchedule(100, "linear")
+    x0, eps = torch.rand(4, 3, 4, 4, dtype=torch.float64) * 2 - 1, torch.randn(4, 3, 4, 4, dtype=torch.float64)
+    t = torch.tensor([1, 10, 50, 99])
+    x_t = s.add_noise(x0, eps, t)
+    v = -torch.ones_like(x0)  # Sigma_theta = beta-tilde_t, the true posterior's variance
+    assert vlb_terms(s, x0, x_t, t, x0, v, "x0").abs().max() < 1e-12
+    assert (vlb_terms(s, x0, x_t, t, x0 + 0.1, v, "x0") > 0).all()  # a wrong mean costs (little at large t)
+    assert (vlb_terms(s, x0, x_t, t, x0, v + 1, "x0") > 0).all()  # and so does a wrong variance
+
+
+def _with_variance(model, v):
+    """A 2C-output denoiser: ``model``'s prediction, then the variance interpolation ``v`` (a number or a function)."""
+
+    def out(x, t, y):
+        var = v(x) if callable(v) else torch.full_like(x, v)
+        return torch.cat([model(x, t, y), var], dim=1)
+
+    return out
+
+
+@pytest.mark.parametrize(("v", "variance"), [(1.0, "beta"), (-1.0, "beta_tilde")])
+def test_learned_variance_at_its_bounds_is_ddpm_with_beta_or_beta_tilde(v, variance):
+    schedule = NoiseSchedule(200, "linear")
+    noise = torch.randn(64, 2)
+    want = DDPMSampler(schedule, variance=variance).sample(optimal_eps(schedule), noise, None,
+                                                            torch.Generator().manual_seed(4))
+    got = DDPMSampler(schedule, variance="beta_tilde" if v > 0 else "beta").sample(
+        _with_variance(optimal_eps(schedule), v), noise, None, torch.Generator().manual_seed(4))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    other = DDPMSampler(schedule, variance="beta_tilde" if v > 0 else "beta").sample(
+        optimal_eps(schedule), noise, None, torch.Generator().manual_seed(4))
+    assert not torch.allclose(other, want, atol=1e-3)
+
+
+def test_ddim_eta1_over_all_steps_with_learned_variance_is_ddpm():
+    # Nichol & Dhariwal's sampling with a learned variance is DDIM's eta = 1 mean plus the learned noise.
+    schedule = NoiseSchedule(200, "cosine")
+    model = _with_variance(optimal_eps(schedule), lambda x: torch.tanh(x))  # v varies per element
+    noise = torch.randn(16, 2)
+    a = DDPMSampler(schedule).sample(model, noise, None, torch.Generator().manual_seed(3))
+    b = DDIMSampler(schedule, steps=200, eta=1.0).sample(model, noise, None, torch.Generator().manual_seed(3))
+    torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    # v = -1 is plain DDIM at any step count; eta = 0 ignores the variance.
+    for eta in (0.0, 0.5):
+        plain = DDIMSampler(schedule, steps=20, eta=eta).sample(optimal_eps(schedule), noise, None,
+                                                               torch.Generator().manual_seed(1))
+        got = DDIMSampler(schedule, steps=20, eta=eta).sample(_with_variance(optimal_eps(schedule), -1.0), noise, None,
+                                                             torch.Generator().manual_seed(1))
+        torch.testing.assert_close(got, plain, atol=1e-5, rtol=1e-5)
+
+
+def test_guidance_mixes_the_prediction_and_keeps_the_conditional_variance():
+    def model(x, t, y):  # prediction depends on the label; variance channels = the label
+        lab = y.float().view(-1, 1).expand_as(x)
+        return torch.cat([x * (lab + 1), lab], dim=1)
+
+    x, t, y = torch.randn(3, 2), torch.tensor([1, 2, 3]), torch.tensor([0, 1, 2])
+    out = ClassifierFreeGuidance(model, 3.0, null_label=5)(x, t, y)
+    uncond = x * 6
+    torch.testing.assert_close(out[:, :2], uncond + 3.0 * (model(x, t, y)[:, :2] - uncond))
+    torch.testing.assert_close(out[:, 2:], y.float().view(-1, 1).expand(3, 2))
+
+
+def test_the_vlb_term_trains_only_the_variance():
+    from zoo.diffusion.losses import denoising_loss
+
+    s = NoiseSchedule(100)
+    x0 = torch.rand(4, 3, 4, 4) * 2 - 1
+    output = (0.3 * torch.randn(4, 6, 4, 4)).requires_grad_()
+    out = denoising_loss(lambda x, t, y: output, s, x0, None, t=torch.tensor([0, 5, 50, 99]), vlb_weight=0.001)
+    (grad_vlb,) = torch.autograd.grad(out["vlb"], output, retain_graph=True)
+    assert grad_vlb[:, :3].abs().max() == 0 and grad_vlb[:, 3:].abs().min() > 0
+    (grad_mse,) = torch.autograd.grad(out["mse"], output, retain_graph=True)
+    (grad_loss,) = torch.autograd.grad(out["loss"], output)
+    torch.testing.assert_close(grad_loss[:, :3], grad_mse[:, :3])  # the mean sees L_simple alone
+    torch.testing.assert_close(grad_loss[:, 3:], 0.001 * grad_vlb[:, 3:])
+
+
+def test_a_short_fit_with_learned_variance_lowers_the_vlb():
+    from zoo.diffusion.losses import vlb_terms
+
+    torch.manual_seed(0)
+    m = DiffusionModule(NETS["unet-learn-sigma"](), num_timesteps=100, vlb_weight=0.001)
+    opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
+    y = torch.arange(16) % 2
+    x0 = (torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(1)).round() * 2 - 1)[y]  # an image per class
+    fixed = dict(t=torch.arange(16) * 6, noise=torch.randn(x0.shape, generator=torch.Generator().manual_seed(0)))
+    before = m._loss((x0, y), **fixed)
+    for _ in range(40):
+        loss = m._loss((x0, y))["loss"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    after = m._loss((x0, y), **fixed)
+    # The same trained mean with the variance at its initial v = 0 (the zero-init output): the learned one is better,
+    # if only by a little: beta_t and beta-tilde_t differ much only at the first steps (Nichol & Dhariwal fig. 1).
+    x_t = m.schedule.add_noise(x0, fixed["noise"], fixed["t"])
+    with torch.no_grad():
+        pred = m.denoise(x_t, fixed["t"], y)[:, :3]
+        untrained_v = 100 * vlb_terms(m.schedule, x0, x_t, fixed["t"], pred, torch.zeros_like(pred), "eps").mean()
+    print(f"vlb {before['vlb'].item():.2f} -> {after['vlb'].item():.2f} bits/dim ({untrained_v.item():.2f} at v = 0)")
+    assert after["vlb"] < 0.85 * before["vlb"]  # measured: 19.0 -> 14.4
+    assert after["vlb"] < 0.985 * untrained_v  # measured: 14.4 against 14.8
+    assert torch.isfinite(m.sample(2, "ddim", steps=5, eta=1.0)).all()
+
+
+def test_load_pretrained_takes_the_zoo_s_own_keys(tmp_path):
+    from safetensors.torch import save_file
+
+    from zoo.diffusion.convert import load_pretrained
+
+    for name in ("unet-learn-sigma", "dit-cond"):
+        torch.manual_seed(0)
+        src = NETS[name]()
+        for p in src.parameters():
+            nn.init.normal_(p, std=0.05)
+        save_file({k: v.contiguous() for k, v in src.state_dict().items()}, tmp_path / f"{name}.safetensors")
+        torch.save({"state_dict": {f"net.{k}": v for k, v in src.state_dict().items()}}, tmp_path / f"{name}.ckpt")
+        for path in (tmp_path / f"{name}.safetensors", tmp_path / f"{name}.ckpt"):
+            dst = load_pretrained(NETS[name](), path)
+            for k, v in src.state_dict().items():
+                assert torch.equal(dst.state_dict()[k], v), (path, k)
+    with pytest.raises(ValueError, match="mismatched keys"):
+        load_pretrained(NETS["unet"](), tmp_path / "unet-learn-sigma.safetensors")
+
+
+def test_init_weights_never_overwrite_a_checkpoint(tmp_path):
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    init = NETS["dit-cond"]()
+    for p in init.parameters():
+        nn.init.normal_(p, std=0.05)
+    save_file({k: v.contiguous() for k, v in init.state_dict().items()}, tmp_path / "init.safetensors")
+    m = DiffusionModule(NETS["dit-cond"](), init_weights=str(tmp_path / "init.safetensors"))
+    m.configure_model()  # no trainer: loads the weights, as fit's first hook does
+    torch.testing.assert_close(m.net.final_layer.linear.weight, init.final_layer.linear.weight, rtol=0, atol=0)
+    trained = {f"net.{k}": torch.zeros_like(v) for k, v in m.net.state_dict().items()}
+    again = DiffusionModule(NETS["dit-cond"](), init_weights=str(tmp_path / "init.safetensors"))
+    again.on_load_checkpoint({"state_dict": trained})  # what load_from_checkpoint does before loading the weights
+    again.load_state_dict(trained)
+    again.configure_model()  # a Trainer given the loaded module calls this hook again
+    assert again.net.final_layer.linear.weight.abs().max() == 0

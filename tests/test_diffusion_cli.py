@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from conftest import CONFIGS, cli
+from lightning.pytorch import Callback
 from mlflow.tracking import MlflowClient
 from PIL import Image
+from torch import nn
 
 from zoo.diffusion import DiffusionModule
 from zoo.diffusion.grid import image_grid
 
 TINY = str(CONFIGS / "diffusion" / "tiny.yaml")
+DIT16 = str(CONFIGS / "diffusion" / "dit_tiny_shapes16.yaml")
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -75,7 +79,7 @@ def test_resume_restores_training_weights_and_ema():
             torch.testing.assert_close(a[key][k], b[key][k], rtol=0, atol=0, msg=f"{key}: {k}")
 
 
-@pytest.mark.parametrize("name", ["ddpm_unet_shapes.yaml", "dit_s_shapes.yaml"])
+@pytest.mark.parametrize("name", ["ddpm_unet_shapes.yaml", "dit_s_shapes.yaml", "dit_tiny_shapes16.yaml"])
 def test_shapes_configs_run_a_few_steps(name):
     c = cli("fit", "--config", str(CONFIGS / "diffusion" / name), "--trainer.fast_dev_run=2",
             "--trainer.enable_progress_bar=false", "--trainer.precision=32-true",
@@ -99,3 +103,131 @@ def test_a_short_fit_lowers_the_frechet_distance_of_its_samples():
     trained = cli("fit", "--config", TINY, *fd, "--trainer.max_epochs=10").trainer.callback_metrics["val/fd_classifier"]
     print(f"Frechet distance in the classifier's features: untrained {untrained:.1f}, after 100 steps {trained.item():.1f}")
     assert trained < 0.3 * untrained  # measured here: 80 -> 15
+
+
+# -- init_weights: DiT weights from diffusers through the CLI --------------------------------------------
+
+SMALL_DATA = ["--data.init_args.images.init_args.batch_size=4", "--data.init_args.images.init_args.num_train=16",
+              "--data.init_args.images.init_args.num_val=8", "--data.init_args.images.init_args.num_test=8",
+              "--trainer.enable_progress_bar=false"]
+
+
+def _tiny_dit(depth: int = 2, heads: int = 2) -> list[str]:
+    # dit_tiny_shapes16.yaml's DiT made tiny; time_freq_shift=1 computes the step features as diffusers does.
+    return [f"--model.init_args.net.init_args.depth={depth}", "--model.init_args.net.init_args.hidden_size=32",
+            f"--model.init_args.net.init_args.num_heads={heads}", "--model.init_args.net.init_args.time_freq_shift=1"]
+
+
+def _diffusers_dit(folder: Path):
+    """A random class-conditional DiTTransformer2DModel shaped like ``_tiny_dit()``, saved with ``save_pretrained``."""
+    diffusers = pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    ref = diffusers.DiTTransformer2DModel(
+        num_attention_heads=2, attention_head_dim=16, in_channels=3, out_channels=6, num_layers=2, sample_size=16,
+        patch_size=2, num_embeds_ada_norm=6, norm_eps=1e-6,
+    ).eval()
+    with torch.no_grad():
+        for p in ref.parameters():  # diffusers zero-inits the adaLN and output layers: make every path count
+            p.add_(0.02 * torch.randn_like(p))
+        first = ref.transformer_blocks[0].norm1.emb  # as in a converted checkpoint: one embedder, copied per block
+        for block in ref.transformer_blocks[1:]:
+            block.norm1.emb.load_state_dict(first.state_dict())
+    ref.save_pretrained(folder)
+    return ref
+
+
+class RecordDenoiserOutput(Callback):
+    """The module's denoiser output on fixed inputs when training starts: after init_weights, before any step."""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        g = torch.Generator().manual_seed(0)
+        c, s, _ = pl_module.image_shape
+        self.inputs = (torch.randn(3, c, s, s, generator=g), torch.tensor([0, 250, 999]), torch.tensor([1, 4, 6]))
+        with torch.no_grad():
+            self.output = pl_module.denoise(*self.inputs)
+
+
+def test_init_weights_start_fit_from_a_diffusers_dit_folder(tmp_path):
+    ref = _diffusers_dit(tmp_path / "dit")
+    c = cli("fit", "--config", DIT16, *_tiny_dit(), *SMALL_DATA, f"--model.init_args.init_weights={tmp_path / 'dit'}",
+            "--trainer.fast_dev_run=2", "--trainer.callbacks+=test_diffusion_cli.RecordDenoiserOutput")
+    rec = next(cb for cb in c.trainer.callbacks if type(cb).__name__ == "RecordDenoiserOutput")
+    x, t, y = rec.inputs
+    with torch.no_grad():
+        want = ref(x, timestep=t, class_labels=y).sample  # (3, 6, 16, 16): eps and the variance channels
+    torch.testing.assert_close(rec.output, want, atol=1e-5, rtol=1e-5)
+    assert c.trainer.global_step == 2 and torch.isfinite(c.trainer.callback_metrics["val/vlb"])
+
+
+def test_init_weights_that_do_not_fit_say_what_to_do(tmp_path):
+    fit = ["fit", "--config", DIT16, *SMALL_DATA, "--trainer.fast_dev_run=1"]
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        cli(*fit, *_tiny_dit(), f"--model.init_args.init_weights={tmp_path / 'missing.pt'}")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="diffusion_pytorch_model.safetensors"):
+        cli(*fit, *_tiny_dit(), f"--model.init_args.init_weights={tmp_path / 'empty'}")
+    _diffusers_dit(tmp_path / "dit")
+    with pytest.raises(ValueError, match="set model.init_args.net.init_args.num_heads=2"):
+        cli(*fit, *_tiny_dit(heads=4), f"--model.init_args.init_weights={tmp_path / 'dit'}")
+    # One block too many: the missing keys are named, with the arguments the weights need.
+    with pytest.raises(ValueError, match=r"(?s)blocks\.2\.attn\.qkv\.weight: missing.*init_args\.depth=2 "):
+        cli(*fit, *_tiny_dit(depth=3), f"--model.init_args.init_weights={tmp_path / 'dit'}")
+
+
+# -- FID with local Inception weights --------------------------------------------------------------------
+
+
+@pytest.fixture
+def inception_weights(tmp_path) -> Path:
+    """torch-fidelity's FID Inception-v3 with random weights, saved as its weights file would be (no download)."""
+    pytest.importorskip("torch_fidelity")
+    from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+
+    class RandomInception(FeatureExtractorInceptionV3):
+        def load_state_dict(self, state_dict, strict=True, assign=False):  # keep the random init
+            return None
+
+    torch.save({}, tmp_path / "empty.pt")
+    torch.manual_seed(0)
+    net = RandomInception("inception-v3-compat", ["2048"], feature_extractor_weights_path=str(tmp_path / "empty.pt"))
+    for m in net.modules():  # variance-preserving convs, so the random features are not all ~0
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
+    path = tmp_path / "pt_inception-2015-12-05-6726825d.pth"
+    torch.save(nn.Module.state_dict(net), path)
+    return path
+
+
+def test_fid_is_logged_from_local_inception_weights(inception_weights):
+    from callbacks.fid import FrechetInceptionDistance, to_uint8_rgb
+
+    fid = ["--trainer.callbacks+=callbacks.FrechetInceptionDistance",
+           f"--trainer.callbacks.weights={inception_weights}", "--trainer.callbacks.num_samples=4",
+           "--trainer.callbacks.batch_size=4", "--trainer.callbacks.steps=2"]
+    c = cli("fit", "--config", TINY, *fid, "--trainer.max_epochs=1")
+    assert torch.isfinite(c.trainer.callback_metrics["val/fid"])  # meaningless with random weights, but computed
+    # The same images on both sides are at distance ~0; other images are not.
+    metric = FrechetInceptionDistance.build_metric(str(inception_weights))
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.rand(4, 3, 8, 8, generator=g) * 2 - 1, torch.rand(4, 1, 8, 8, generator=g) - 1  # b: grey, darker
+    metric.update(to_uint8_rgb(a), real=True)
+    metric.update(to_uint8_rgb(a), real=False)
+    same = metric.compute().item()
+    metric.reset()  # the generated side only
+    metric.update(to_uint8_rgb(b), real=False)
+    other = metric.compute().item()
+    assert abs(same) < 1e-3 * other, (same, other)
+
+
+def test_fid_fails_fast_without_weights_or_torch_fidelity(tmp_path, monkeypatch):
+    from callbacks import FrechetInceptionDistance
+    from zoo.layers.weights import UnsafeCheckpointError
+
+    with pytest.raises(FileNotFoundError, match="never downloads"):
+        FrechetInceptionDistance(str(tmp_path / "missing.pth"))
+    torch.save({"not weights": Path(".")}, tmp_path / "pickled.pth")  # would run code under weights_only=False
+    with pytest.raises(UnsafeCheckpointError):
+        FrechetInceptionDistance.build_metric(str(tmp_path / "pickled.pth"))
+    monkeypatch.setitem(sys.modules, "torch_fidelity", None)  # as if not installed
+    with pytest.raises(ModuleNotFoundError, match="pip install torch-fidelity"):
+        FrechetInceptionDistance(str(tmp_path / "pickled.pth"))

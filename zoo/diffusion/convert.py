@@ -11,17 +11,23 @@ net with ``time_freq_shift=1`` to reproduce a diffusers model's outputs, 0 (defa
 
     net = DiT("XL", 2, image_size=32, in_channels=4, num_classes=1000, learn_sigma=True)
     load_dit_weights(net, "DiT-XL-2-256x256.pt")                                   # published
-    load_dit_weights(net, "transformer/diffusion_pytorch_model.safetensors")      # diffusers
+    load_dit_weights(net, "transformer/diffusion_pytorch_model.safetensors")      # diffusers, one file
+    load_dit_weights(net, "DiT-XL-2-256")                   # a diffusers save_pretrained folder (or its pipeline)
+
+``load_pretrained`` is what ``DiffusionModule(init_weights=...)`` calls: these for a DiT, a safetensors file
+(or checkpoint) of the zoo's own keys for any other net.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
+from zoo.diffusion.dit import DiT
 from zoo.layers.weights import check_compatible, extract_state_dict, load_file
 
 
@@ -55,15 +61,89 @@ def from_diffusers(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
+def dit_args(state: Mapping[str, Tensor]) -> dict[str, int | bool]:
+    """The ``DiT`` arguments a reference-layout state dict was made with, as far as shapes tell (not the heads)."""
+    w = state["x_embedder.proj.weight"]  # (D, C, p, p)
+    hidden, in_channels, patch = w.shape[0], w.shape[1], w.shape[2]
+    table = state.get("y_embedder.embedding_table.weight")
+    return {
+        "depth": 1 + max(int(k.split(".")[1]) for k in state if k.startswith("blocks.")),
+        "hidden_size": hidden,
+        "patch_size": patch,
+        "in_channels": in_channels,
+        "num_classes": table.shape[0] - 1 if table is not None else 0,  # the last row is the null class
+        "learn_sigma": state["final_layer.linear.weight"].shape[0] == 2 * patch * patch * in_channels,
+    }
+
+
+def diffusers_weights_file(folder: Path) -> Path:
+    """The weights of a diffusers ``save_pretrained`` folder (the transformer's, or a pipeline's ``transformer/``)."""
+    for sub in (folder, folder / "transformer"):
+        for name in ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.safetensors.index.json",
+                     "diffusion_pytorch_model.bin"):
+            if (sub / name).is_file():
+                return sub / name
+    raise FileNotFoundError(
+        f"{str(folder)!r} is a folder without diffusers weights: expected diffusion_pytorch_model.safetensors "
+        "(or .bin, or a sharded .safetensors.index.json) in it or in its transformer/ subfolder, as "
+        "DiTTransformer2DModel.save_pretrained writes them"
+    )
+
+
+def _load_sharded(index: Path) -> dict[str, Tensor]:
+    """A sharded safetensors checkpoint: the union of the shards its index names."""
+    from safetensors.torch import load_file as load_safetensors
+
+    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    return {k: v for shard in shards for k, v in load_safetensors(str(index.parent / shard)).items()}
+
+
+def _check_heads(net: nn.Module, weights: Path) -> None:
+    # The heads do not show in any shape, so a wrong count loads silently and computes something else.
+    config = weights.parent / "config.json"
+    heads = json.loads(config.read_text()).get("num_attention_heads") if config.is_file() else None
+    if heads is not None and heads != net.blocks[0].attn.num_heads:
+        raise ValueError(
+            f"{str(config)!r} has num_attention_heads={heads} but the net has {net.blocks[0].attn.num_heads}: "
+            f"set model.init_args.net.init_args.num_heads={heads}"
+        )
+
+
 def load_dit_weights(net: nn.Module, path: str | Path) -> nn.Module:
-    """Load a published DiT checkpoint (``.pt``) or a diffusers transformer (``.safetensors``/``.bin``) into ``net``."""
-    state = load_file(path)
+    """Load published DiT weights (``.pt``), a diffusers transformer (folder, ``.safetensors`` or ``.bin``), or
+    a safetensors file of the zoo's own DiT keys into ``net``; a mismatch lists the keys and the arguments to set."""
+    path = Path(path)
+    if path.is_dir():
+        path = diffusers_weights_file(path)
+        _check_heads(net, path)
+    state = _load_sharded(path) if path.name.endswith(".index.json") else load_file(path)
     if isinstance(state.get("ema"), Mapping):  # DiT's training checkpoints: {"model", "ema", "opt", "args"}
         state = state["ema"]
     state = extract_state_dict(state)
+    if any(k.startswith("net.") for k in state):  # a zoo Lightning checkpoint: the DiffusionModule's net
+        state = {k[4:]: v for k, v in state.items() if k.startswith("net.")}
     if any(k.startswith("transformer_blocks.") for k in state):
         state = from_diffusers(state)
     state = {k: v for k, v in state.items() if k != "pos_embed"}  # a fixed table the net rebuilds
-    check_compatible(net, state, f"DiT weights {str(path)!r}")
+    try:
+        check_compatible(net, state, f"DiT weights {str(path)!r}")
+    except ValueError as err:
+        if "x_embedder.proj.weight" not in state or "final_layer.linear.weight" not in state:
+            raise
+        args = " ".join(f"--model.init_args.net.init_args.{k}={v}" for k, v in dit_args(state).items())
+        raise ValueError(f"{err}\nThese weights are a DiT with: {args} (and the heads they were trained with: "
+                         f"6, 12, 16, 16 in the S, B, L, XL presets)") from None
+    net.load_state_dict(state)
+    return net
+
+
+def load_pretrained(net: nn.Module, path: str | Path) -> nn.Module:
+    """``init_weights`` of ``DiffusionModule``: any DiT format for a ``DiT``; the zoo's own keys for other nets."""
+    if isinstance(net, DiT):
+        return load_dit_weights(net, path)
+    state = extract_state_dict(load_file(path))
+    if any(k.startswith("net.") for k in state):
+        state = {k[4:]: v for k, v in state.items() if k.startswith("net.")}
+    check_compatible(net, state, f"weights file {str(path)!r}")
     net.load_state_dict(state)
     return net

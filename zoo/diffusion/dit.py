@@ -16,8 +16,8 @@ Model sizes of the paper's table 1, chosen by name and combined with a patch siz
     XL    28     1152    16      119 / 29  / 7.5
 
 ``depth``, ``hidden_size`` and ``num_heads`` override the preset (tiny test nets). The paper's
-``learn_sigma`` (a second output half for the variance of Nichol & Dhariwal) exists so the published
-checkpoints load; the samplers here use only the first half.
+``learn_sigma`` adds a second output half, the variance of Nichol & Dhariwal 2021 (as the published
+checkpoints have it): ``DiffusionModule`` trains it with their hybrid loss and the samplers use it.
 
 Notation: B batch, C channels, H = W = image side, p patch side, N = (H/p)^2 tokens, D hidden width.
 """
@@ -156,7 +156,8 @@ class DiT(nn.Module):
             hidden_size: token width D; None: the preset's.
             num_heads: attention heads; None: the preset's.
             mlp_ratio: MLP hidden width as a multiple of D.
-            learn_sigma: also output C channels of variance interpolation (the published checkpoints do).
+            learn_sigma: also output C channels of variance interpolation (Nichol & Dhariwal 2021; the published
+                checkpoints do), trained by the module's hybrid loss and used by the samplers.
             time_freq_shift: 0 as in DiT; 1 reproduces diffusers' DiTTransformer2DModel, whose step features
                 use slightly different frequencies (``downscale_freq_shift=1``) than the weights were trained with.
         """

@@ -6,6 +6,9 @@ the trainer has a weight-averaging callback already: it swaps the EMA weights in
 ``state_dict`` and the training weights under ``current_model_state``, and restores both on resume.
 So ``load_from_checkpoint`` and ``predict --ckpt_path`` sample from the EMA weights.
 
+A net with twice the input channels of output (``learn_sigma``) also learns the variance of each reverse
+step, with the hybrid loss of Nichol & Dhariwal 2021, and the samplers use it.
+
 Notation: B batch, C channels, H/W height/width, K classes (label K is the null class), T steps.
 """
 
@@ -63,6 +66,8 @@ class DiffusionModule(LightningModule):
         warmup_steps: int = 0,
         min_lr_ratio: float = 1.0,
         compile: bool = False,
+        vlb_weight: float = 0.001,
+        init_weights: str | None = None,
     ) -> None:
         """
         Args:
@@ -83,6 +88,11 @@ class DiffusionModule(LightningModule):
             warmup_steps: optimizer steps of linear warmup (5000 in DDPM).
             min_lr_ratio: final learning rate as a fraction of ``lr`` after the cosine; 1.0 keeps it constant (DDPM, DiT).
             compile: run the net through ``torch.compile`` for training (weights and checkpoint keys unchanged).
+            vlb_weight: lambda of the hybrid loss L_simple + lambda L_vlb that trains a learned variance (nets with
+                2C outputs, e.g. ``learn_sigma``; 0.001 in Nichol & Dhariwal 2021 and DiT); unused otherwise.
+            init_weights: weights to start from: a published DiT ``.pt`` (facebookresearch/DiT), a diffusers
+                ``DiTTransformer2DModel`` folder (``save_pretrained``), or a safetensors file of this net's keys;
+                loaded weights-only, before any checkpoint given by --ckpt_path is restored over them.
         """
         super().__init__()
         save_hparams(self, "net")
@@ -90,6 +100,7 @@ class DiffusionModule(LightningModule):
         self.schedule = NoiseSchedule(num_timesteps, beta_schedule, beta_start, beta_end)
         self.num_classes = getattr(net, "num_classes", 0) or 0
         self._compiled = None  # built at the first training step; kept off the module tree (no "_orig_mod." keys)
+        self._init_loaded = False
 
     # -- setup -------------------------------------------------------------------------------------------
 
@@ -98,12 +109,22 @@ class DiffusionModule(LightningModule):
         return (self.net.in_channels, self.net.image_size, self.net.image_size)
 
     def configure_model(self) -> None:
+        self._load_init_weights()  # before sharding, and before EMA's copy (its setup calls this hook first)
         if self.device_mesh is not None and any(isinstance(c, WeightAveraging) for c in self.trainer.callbacks):
             raise ValueError(
                 "EMA (Lightning's WeightAveraging) keeps an unsharded copy of the model and cannot follow FSDP "
                 "sharding: set model.init_args.ema_decay=null to shard"
             )
         shard(self.net, self.device_mesh, blocks=self.net.blocks)  # FSDP2 units: residual/attention/DiT blocks
+
+    def _load_init_weights(self) -> None:
+        # Not in __init__: load_from_checkpoint never needs the original file, and a checkpoint given by
+        # --ckpt_path is restored after this hook. Once, so a later test() keeps the trained weights.
+        if self.hparams.init_weights and not self._init_loaded:
+            from zoo.diffusion.convert import load_pretrained
+
+            load_pretrained(self.net, self.hparams.init_weights)
+            self._init_loaded = True
 
     def configure_callbacks(self):
         # Unless the trainer has its own: EMA weights, and a grid of samples logged to MLflow at validation.
@@ -124,20 +145,21 @@ class DiffusionModule(LightningModule):
     # -- the denoiser ------------------------------------------------------------------------------------
 
     def denoise(self, x: Tensor, t: Tensor, y: Tensor | None) -> Tensor:
-        """The net as the samplers' callable: (x_t, t, y) -> prediction shaped like x_t."""
+        """The net as the samplers' callable: (x_t, t, y) -> prediction shaped like x_t (then v, if it learns variances)."""
         net = self.net
         if self.hparams.compile and self.training:
             if self._compiled is None:
                 object.__setattr__(self, "_compiled", torch.compile(self.net))
             net = self._compiled
-        out = net(x, t, y if self.num_classes else None)
-        return out[:, : x.shape[1]]  # a learn_sigma net's second half (variance) is not used here
+        return net(x, t, y if self.num_classes else None)
 
     def _loss(self, batch: tuple[Tensor, Tensor], **fixed: Tensor) -> dict[str, Tensor]:
         x0, y = batch
         self.schedule.to(x0.device)
         h = self.hparams
-        return denoising_loss(self.denoise, self.schedule, x0, y, h.prediction, h.min_snr_gamma, **fixed)
+        return denoising_loss(
+            self.denoise, self.schedule, x0, y, h.prediction, h.min_snr_gamma, vlb_weight=h.vlb_weight, **fixed
+        )
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x0, y = batch
@@ -232,3 +254,6 @@ class DiffusionModule(LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         net_state = {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
         check_compatible(self.net, net_state, "checkpoint")
+        # The checkpoint's weights are trained ones: a later configure_model (a module from load_from_checkpoint
+        # handed to a Trainer) must not overwrite them with init_weights.
+        self._init_loaded = True

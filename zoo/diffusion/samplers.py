@@ -8,9 +8,14 @@ So a sampler never knows the net, and classifier-free guidance is a wrapper arou
   posterior variance beta-tilde_t or beta_t (the two bounds of sec. 3.2).
 - ``DDIMSampler``: any number of steps S <= T, stochasticity eta in [0, 1] (Song et al. 2021,
   "Denoising Diffusion Implicit Models", eq. 12 and 16); eta = 1 over all T steps is DDPM with
-  beta-tilde, eta = 0 is deterministic.
+  beta-tilde, eta = 0 is deterministic (and ignores a learned variance).
 - ``ClassifierFreeGuidance``: eps-hat = eps(x, null) + s (eps(x, y) - eps(x, null)) (Ho & Salimans
   2021, eq. 6 with w = s - 1; DiT's ``cfg_scale`` = s), both in one batched call.
+
+A denoiser with learned variance returns 2C channels: the prediction, then v in [-1, 1] per pixel
+(Nichol & Dhariwal 2021, "Improved DDPM", eq. 15). Both samplers then draw their noise with the
+learned Sigma_theta instead of a fixed variance; DDIM's S-step version uses the betas of its own
+S-step sub-chain (beta'_t = 1 - abar_t / abar_t', as Nichol & Dhariwal respace the schedule, sec. 4).
 
 Randomness comes only from the ``generator`` given to ``sample``; noise is drawn only at steps whose
 variance is non-zero, so DDPM and DDIM(eta=1, S=T) draw the same numbers in the same order.
@@ -21,15 +26,26 @@ index -1, before the first step, is 1).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-from zoo.diffusion.schedule import NoiseSchedule, Prediction
+from zoo.diffusion.schedule import NoiseSchedule, Prediction, interpolate_log_variance
 
 Denoiser = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
+
+
+def split_variance(output: Tensor, x_t: Tensor) -> tuple[Tensor, Tensor | None]:
+    """(prediction, v) of a learned-variance net's (B, 2C, ...) output; (output, None) when it has x_t's C channels."""
+    c = x_t.shape[1]
+    if output.shape[1] == 2 * c:
+        return output[:, :c], output[:, c:]
+    if output.shape[1] != c:
+        raise ValueError(f"the denoiser returned {output.shape[1]} channels for {c}-channel inputs, not {c} or {2 * c}")
+    return output, None
 
 
 class ClassifierFreeGuidance:
@@ -38,6 +54,7 @@ class ClassifierFreeGuidance:
     ``guidance_scale`` 1 is the conditional model alone (one call, no uncond half); 0 is the
     unconditional one; above 1 trades diversity for fidelity (Ho & Salimans 2021). The mix is linear,
     so it may act on any ``prediction`` type: every conversion to eps is affine with weights summing to 1.
+    A learned variance, if the net returns one, is taken from the conditional half unmixed.
     """
 
     def __init__(self, model: Denoiser, guidance_scale: float, null_label: int) -> None:
@@ -47,8 +64,11 @@ class ClassifierFreeGuidance:
         if y is None or self.guidance_scale == 1.0:
             return self.model(x, t, y)
         out = self.model(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, torch.full_like(y, self.null_label)]))
-        cond, uncond = out.chunk(2)  # (B, ...) each
-        return uncond + self.guidance_scale * (cond - uncond)
+        cond, uncond = out.chunk(2)  # (B, C or 2C, ...) each
+        c = x.shape[1]
+        guided = uncond[:, :c] + self.guidance_scale * (cond[:, :c] - uncond[:, :c])
+        # A learned variance (channels C..2C) is the conditional model's, not extrapolated (DiT's forward_with_cfg).
+        return torch.cat([guided, cond[:, c:]], dim=1)
 
 
 def _noise_like(x: Tensor, generator: torch.Generator | None) -> Tensor:
@@ -108,18 +128,22 @@ class DDPMSampler(_Sampler):
         Args:
             schedule: the training schedule.
             prediction: what the denoiser outputs (eps, v or x0).
-            variance: sigma_t^2 = beta-tilde_t (optimal for a point mass x_0) or beta_t (optimal for x_0 ~ N(0, I)).
+            variance: sigma_t^2 = beta-tilde_t (optimal for a point mass x_0) or beta_t (optimal for x_0 ~ N(0, I));
+                unused when the denoiser returns its own (learned) variance.
             clip_denoised: clamp x0-hat to [-c, c] at every step (c = 1 for images in [-1, 1]); None: never.
         """
         self.schedule, self.prediction, self.variance, self.clip_denoised = schedule, prediction, variance, clip_denoised
         self._abar = schedule.alphas_cumprod.double().tolist()
         self._beta = schedule.betas.double().tolist()
+        self._log_beta = schedule.log_betas.double().tolist()
+        self._log_beta_tilde = schedule.posterior_log_variance_clipped.double().tolist()
 
     def timesteps(self) -> list[int]:
         return list(range(self.schedule.num_timesteps - 1, -1, -1))
 
     def step(self, output: Tensor, t: int, x_t: Tensor, generator: torch.Generator | None = None) -> Tensor:
         # 1. x0-hat (and eps-hat) from the net's output: x0 = (x_t - sqrt(1 - abar_t) eps) / sqrt(abar_t)
+        output, v = split_variance(output, x_t)
         x0, _ = self._x0_eps(output, t, x_t)
         # 2. posterior mean mu-tilde_t(x_t, x0) (eq. 7):
         #    sqrt(abar_{t-1}) beta_t / (1 - abar_t) x0 + sqrt(alpha_t) (1 - abar_{t-1}) / (1 - abar_t) x_t
@@ -127,9 +151,13 @@ class DDPMSampler(_Sampler):
         mean = (abar_prev**0.5 * beta / (1 - abar)) * x0 + ((1 - beta) ** 0.5 * (1 - abar_prev) / (1 - abar)) * x_t
         if t == 0:  # 3. the last step returns the mean: x_0 = mu-tilde_1 (Algorithm 2, z = 0 when t = 1)
             return mean
-        # 4. x_{t-1} = mu-tilde_t + sigma_t z, z ~ N(0, I), sigma_t^2 = beta-tilde_t or beta_t
-        var = beta * (1 - abar_prev) / (1 - abar) if self.variance == "beta_tilde" else beta
-        return mean + var**0.5 * _noise_like(x_t, generator)
+        # 4. x_{t-1} = mu-tilde_t + sigma_t z, z ~ N(0, I), sigma_t^2 = beta-tilde_t or beta_t, or the net's
+        #    Sigma_theta = exp(f log beta_t + (1 - f) log beta-tilde_t), f = (v + 1) / 2 (Nichol & Dhariwal eq. 15)
+        if v is not None:
+            std = (0.5 * interpolate_log_variance(v, self._log_beta[t], self._log_beta_tilde[t])).exp().to(x_t.dtype)
+        else:
+            std = (beta * (1 - abar_prev) / (1 - abar) if self.variance == "beta_tilde" else beta) ** 0.5
+        return mean + std * _noise_like(x_t, generator)
 
 
 def ddim_timesteps(num_timesteps: int, steps: int, spacing: Literal["leading", "trailing", "linspace"]) -> list[int]:
@@ -187,6 +215,7 @@ class DDIMSampler(_Sampler):
         t_prev = self._prev[t]
         abar, abar_prev = self._abar[t], (self._abar[t_prev] if t_prev >= 0 else 1.0)
         # 1. x0-hat and eps-hat from the net's output ("predicted x_0" of eq. 12)
+        output, v = split_variance(output, x_t)
         x0, eps = self._x0_eps(output, t, x_t)
         # 2. sigma_t(eta) = eta sqrt((1 - abar_{t-1}) / (1 - abar_t)) sqrt(1 - abar_t / abar_{t-1})  (eq. 16)
         sigma = self.eta * ((1 - abar_prev) / (1 - abar) * (1 - abar / abar_prev)) ** 0.5
@@ -195,5 +224,18 @@ class DDIMSampler(_Sampler):
         # 4. x_{t-1} = sqrt(abar_{t-1}) x0-hat + direction + sigma_t z, z ~ N(0, I)
         x_prev = abar_prev**0.5 * x0 + direction
         if sigma > 0:
-            x_prev = x_prev + sigma * _noise_like(x_t, generator)
+            x_prev = x_prev + self._noise_std(sigma, v, abar, abar_prev) * _noise_like(x_t, generator)
         return x_prev
+
+    def _noise_std(self, sigma: float, v: Tensor | None, abar: float, abar_prev: float) -> Tensor | float:
+        """sigma_t, or with a learned variance eta sqrt(Sigma_theta) over this sub-chain's step t -> t'.
+
+        Sigma_theta interpolates the sub-chain's beta'_t = 1 - abar_t / abar_t' and beta-tilde'_t (Nichol &
+        Dhariwal sec. 4). Only the noise changes, not the mean (whose sigma stays eta^2 beta-tilde'_t), so
+        v = -1 is DDIM itself and eta = 1 over all T steps is DDPM with the learned variance.
+        """
+        if v is None:
+            return sigma
+        beta = 1 - abar / abar_prev
+        log_var = interpolate_log_variance(v, math.log(beta), math.log(beta * (1 - abar_prev) / (1 - abar)))
+        return self.eta * (0.5 * log_var).exp().to(v.dtype)

@@ -8,6 +8,10 @@ eps (Ho et al.), x0, or v = sqrt(abar) eps - sqrt(1 - abar) x_0 (Salimans & Ho 2
 Distillation", sec. 4); ``to_x0_eps`` converts any of them back. ``min_snr_weight`` is the loss
 weighting of Hang et al. 2023 ("Efficient Diffusion Training via Min-SNR Weighting").
 
+Posterior q(x_{t-1} | x_t, x_0) = N(mu-tilde_t, beta-tilde_t I) (Ho et al. eq. 6-7) is ``q_posterior``; a net with
+learned variance outputs v in [-1, 1] per pixel, read as log Sigma = f log beta_t + (1 - f) log beta-tilde_t,
+f = (v + 1) / 2 (Nichol & Dhariwal 2021, eq. 15): ``model_log_variance``.
+
 Indexing: the T steps are 0..T-1 here; index i is the paper's t = i + 1, so ``alphas_cumprod[i]`` is
 the paper's abar_{i+1}. Tensors are computed in float64 and kept in float32, on the device given to
 ``to()`` (they are not an ``nn.Module``'s buffers, so no EMA or checkpoint ever sees them).
@@ -56,6 +60,16 @@ def _at(a: Tensor, t: Tensor | int, x: Tensor) -> Tensor:
     return a[t].view(-1, *([1] * (x.ndim - 1))).to(x.dtype)
 
 
+def interpolate_log_variance(v: Tensor, log_beta: Tensor | float, log_beta_tilde: Tensor | float) -> Tensor:
+    """log Sigma = f log beta_t + (1 - f) log beta-tilde_t, f = (v + 1) / 2: v = 1 is beta_t, v = -1 beta-tilde_t.
+
+    Nichol & Dhariwal 2021 eq. 15: the two bounds of Ho et al. differ little in value but a lot in log
+    space at small t, so the net picks a point between them rather than the variance itself.
+    """
+    frac = (v.float() + 1) / 2
+    return frac * log_beta + (1 - frac) * log_beta_tilde
+
+
 class NoiseSchedule:
     """betas and the products derived from them; ``add_noise`` for training, the same tensors for samplers."""
 
@@ -90,7 +104,17 @@ class NoiseSchedule:
         self.alphas_cumprod = abar.float()  # abar_t
         self.alphas_cumprod_prev = abar_prev.float()  # abar_{t-1}, with abar_0 = 1
         # beta-tilde_t, the variance of q(x_{t-1} | x_t, x_0) (Ho et al. eq. 7); 0 at the first step.
-        self.posterior_variance = (betas * (1 - abar_prev) / (1 - abar)).float()
+        posterior_variance = betas * (1 - abar_prev) / (1 - abar)
+        self.posterior_variance = posterior_variance.float()
+        # log beta-tilde_t with the first step's 0 replaced by the second step's value (improved-diffusion's
+        # "clipped" log variance), so the learned interpolation stays finite at the decoder step t = 1.
+        clipped = posterior_variance.clone()
+        clipped[0] = posterior_variance[1] if num_timesteps > 1 else betas[0]
+        self.posterior_log_variance_clipped = clipped.log().float()
+        self.log_betas = betas.log().float()
+        # mu-tilde_t = coef1 x_0 + coef2 x_t (Ho et al. eq. 7)
+        self.posterior_mean_coef1 = (abar_prev.sqrt() * betas / (1 - abar)).float()
+        self.posterior_mean_coef2 = ((1 - betas).sqrt() * (1 - abar_prev) / (1 - abar)).float()
 
     def to(self, device: torch.device | str) -> NoiseSchedule:
         """Move every tensor to ``device`` (in place; returns self). A no-op when already there."""
@@ -137,6 +161,17 @@ class NoiseSchedule:
         snr = self.snr(t)
         clipped = snr.clamp(max=gamma)
         return {"eps": clipped / snr, "x0": clipped, "v": clipped / (snr + 1)}[prediction]
+
+    # -- the reverse step's Gaussians ------------------------------------------------------------------
+
+    def q_posterior(self, x0: Tensor, x_t: Tensor, t: Tensor | int) -> tuple[Tensor, Tensor, Tensor]:
+        """Mean, variance and clipped log variance of q(x_{t-1} | x_t, x_0) (Ho et al. eq. 6-7), broadcast like x_t."""
+        mean = _at(self.posterior_mean_coef1, t, x_t) * x0 + _at(self.posterior_mean_coef2, t, x_t) * x_t
+        return mean, _at(self.posterior_variance, t, x_t), _at(self.posterior_log_variance_clipped, t, x_t)
+
+    def model_log_variance(self, v: Tensor, t: Tensor | int) -> Tensor:
+        """log Sigma_theta(x_t, t) of a learned-variance net's output v (Nichol & Dhariwal eq. 15), shaped like v."""
+        return interpolate_log_variance(v, _at(self.log_betas, t, v), _at(self.posterior_log_variance_clipped, t, v))
 
     # -- conversions -----------------------------------------------------------------------------------
 

@@ -7,7 +7,9 @@ of every residual and attention branch, and the output conv, start at zero: each
 the identity and the net as the zero predictor (Goyal et al. 2017's zero-init residuals).
 
 The net only predicts: ``forward(x_t, t, y)`` returns a tensor shaped like x_t (eps, v or x0, as
-the module trains it). ``num_classes`` > 0 adds a label embedding with a null class, ``num_classes``.
+the module trains it), or with ``learn_sigma`` twice as many channels, the second half the variance
+interpolation v of Nichol & Dhariwal 2021 (whose UNet does the same). ``num_classes`` > 0 adds a
+label embedding with a null class, ``num_classes``.
 
 Notation: B batch, C channels, H/W height/width, E time-embedding width (4 x base channels).
 """
@@ -105,7 +107,7 @@ class Level(nn.Module):
 
 
 class UNet(nn.Module):
-    """DDPM's UNet: (x_t (B, C, H, W), t (B,), y (B,) or None) -> (B, C, H, W)."""
+    """DDPM's UNet: (x_t (B, C, H, W), t (B,), y (B,) or None) -> (B, C, H, W) (2C with ``learn_sigma``)."""
 
     def __init__(
         self,
@@ -119,6 +121,7 @@ class UNet(nn.Module):
         dropout: float = 0.1,
         num_classes: int = 0,
         norm_groups: int = 32,
+        learn_sigma: bool = False,
     ) -> None:
         """
         Args:
@@ -132,11 +135,14 @@ class UNet(nn.Module):
             dropout: dropout inside residual blocks (0.1 in DDPM's CIFAR-10 model).
             num_classes: K > 0 adds a class embedding (K + 1 rows: label K is the null class); 0: unconditional.
             norm_groups: GroupNorm groups (32 in DDPM; fewer where channels are fewer).
+            learn_sigma: also output C channels of variance interpolation (Nichol & Dhariwal 2021), trained by the
+                module's hybrid loss and used by the samplers.
         """
         super().__init__()
         if image_size % 2 ** (len(channel_mults) - 1):
             raise ValueError(f"image_size {image_size} is not divisible by 2^{len(channel_mults) - 1} (channel_mults)")
         self.in_channels, self.image_size, self.num_classes = in_channels, image_size, num_classes
+        self.out_channels = in_channels * (2 if learn_sigma else 1)
         emb_dim = 4 * base_channels
         self.time_embed = TimestepEmbedder(emb_dim, frequency_dim=base_channels)
         self.label_embed = LabelEmbedder(num_classes, emb_dim) if num_classes > 0 else None
@@ -168,7 +174,7 @@ class UNet(nn.Module):
             self.upsample.append(Upsample(c) if i > 0 else nn.Identity())
             res = res * 2 if i > 0 else res
         self.norm_out = group_norm(c, norm_groups)
-        self.conv_out = zero(nn.Conv2d(c, in_channels, 3, padding=1))
+        self.conv_out = zero(nn.Conv2d(c, self.out_channels, 3, padding=1))
 
     @property
     def blocks(self) -> list[nn.Module]:
@@ -195,4 +201,4 @@ class UNet(nn.Module):
             for res, attn in zip(level.res, level.attn):
                 h = attn(res(torch.cat([h, skips.pop()], dim=1), emb))
             h = up(h)
-        return self.conv_out(F.silu(self.norm_out(h)))  # (B, C, H, W)
+        return self.conv_out(F.silu(self.norm_out(h)))  # (B, C_out, H, W)
