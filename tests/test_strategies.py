@@ -12,6 +12,7 @@ from conftest import CONFIGS, ROOT
 from mlflow.tracking import MlflowClient
 
 from zoo.cnn import ClassifierModule
+from zoo.diffusion import DiffusionModule
 from zoo.gpt import CausalLMModule
 from zoo.layers.parallel import consolidate
 
@@ -71,3 +72,28 @@ def test_fsdp2_gpt_shards_per_block_and_reloads_with_its_tokenizer(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(module(r0["x"]), r0["out"], rtol=1e-5, atol=1e-5)
     assert isinstance(module.generate(["To be"], max_new_tokens=5, temperature=0)[0], str)
+
+
+DIFFUSION_TINY = str(CONFIGS / "diffusion" / "tiny.yaml")
+
+
+def test_ddp_diffusion_with_ema_keeps_ranks_identical():
+    _run("--config", str(CONFIGS / "trainer" / "ddp.yaml"), "--trainer.max_epochs=1", config=DIFFUSION_TINY)
+    r0, r1 = torch.load("rank0.pt"), torch.load("rank1.pt")
+    for k, v in r0["state"].items():  # the EMA weights, swapped in after fit, agree too
+        torch.testing.assert_close(v, r1["state"][k], rtol=0, atol=0, msg=k)
+    torch.testing.assert_close(r0["out"], r1["out"])
+
+
+def test_fsdp2_diffusion_shards_consolidates_and_reloads(tmp_path):
+    # EMA keeps an unsharded copy of the model, so a sharded run switches it off.
+    _run("--config", str(CONFIGS / "trainer" / "fsdp.yaml"), "--trainer.max_steps=4",
+         "--model.init_args.ema_decay=null", config=DIFFUSION_TINY)
+    r0, r1 = torch.load("rank0.pt"), torch.load("rank1.pt")
+    for k, v in r0["state"].items():
+        torch.testing.assert_close(v, r1["state"][k], rtol=0, atol=0, msg=k)
+    module = DiffusionModule.load_from_checkpoint(consolidate(Path(r0["last"]), tmp_path / "one.ckpt")).eval()
+    with torch.no_grad():
+        y = torch.zeros(len(r0["x"]), dtype=torch.long)
+        torch.testing.assert_close(module.denoise(r0["x"], torch.full((len(y),), 10), y), r0["out"],
+                                   rtol=1e-5, atol=1e-5)

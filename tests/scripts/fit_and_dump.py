@@ -27,8 +27,12 @@ if __name__ == "__main__":
         x = torch.randn(8, *c.datamodule.image_shape)
     else:  # token ids for a language model
         x = torch.randint(0, model.net.vocab_size, (4, 16))
-    with torch.no_grad():
-        out = model(x).cpu()  # FSDP2 gathers the shards for the forward on every rank
+    with torch.no_grad():  # FSDP2 gathers the shards for the forward on every rank
+        if hasattr(model, "denoise"):  # a diffusion module: the prediction at a fixed step and label
+            y = torch.zeros(len(x), dtype=torch.long) if model.num_classes else None
+            out = model.denoise(x, torch.full((len(x),), 10), y).cpu()
+        else:
+            out = model(x).cpu()
     ckpt = c.trainer.checkpoint_callback
     torch.save(
         {"state": state, "x": x, "out": out, "last": str(ckpt.last_model_path), "best": str(ckpt.best_model_path)},
