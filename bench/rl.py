@@ -21,6 +21,14 @@ makes every Adam step probe NVML (~0.2-0.3 ms, as long as a PPO minibatch update
     python bench/rl.py --only cartpole --seeds 0
     python bench/rl.py --only a2c              # A2C to 475 on CartPole-v1 within 500k env steps
     python bench/rl.py --only pendulum         # PPO (Gaussian policy) to -300 on Pendulum-v1
+    python bench/rl.py --only sac              # SAC to -200 on Pendulum-v1 within 20k, and env steps/s vs SB3
+
+SAC (``--only sac``): the same protocol on Pendulum-v1 with ``configs/rl/sac_pendulum.yaml`` (target -200,
+budget 20k env steps, evaluations every 1000), next to SB3's SAC with the same hyperparameters (learning rate
+1e-3 for actor, critics and temperature, buffer 100k, 1000 random warm-up steps, batch 256, tau 0.005, gamma
+0.99, one update per env step, alpha learned from 1, 256 x 256 nets). "steps/s" is the env steps per second
+of training once updates run (from the end of the warm-up to the result, evaluation time excluded): one
+update per env step, so it is the rate of the whole update plus one env step.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", choices=["collect", "learner", "cartpole", "a2c", "pendulum"], action="append",
+    p.add_argument("--only", choices=["collect", "learner", "cartpole", "a2c", "pendulum", "sac"], action="append",
                    help="run only these parts (repeatable); default all")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--target", type=float, default=475.0)
@@ -225,6 +233,145 @@ def time_to_return(runners: list, seeds: list[int], target: float, budget: int, 
                   f"{mean['train_s']:.2f} s train, {mean['total_s']:.2f} s total")
 
 
+# -- SAC on Pendulum: time to the result and env steps/s, next to SB3's SAC ------------------------------------
+
+SAC_LEARNING_STARTS, SAC_EVAL_EVERY = 1000, 1000  # as configs/rl/sac_pendulum.yaml
+
+
+def _sb3_importable() -> bool:
+    try:
+        import stable_baselines3  # noqa: F401
+    except ImportError:
+        print("\n(stable_baselines3 is not importable: the SB3 comparison is skipped)")
+        return False
+    return True
+
+
+def _sac_result(t0: float, eval_s: float, learn_s: float | None, steps: int, now: float) -> dict:
+    """The figures at an evaluation: env steps, train and total seconds, env steps/s since the warm-up."""
+    train_s = now - t0 - eval_s
+    rate = (steps - SAC_LEARNING_STARTS) / (train_s - learn_s) if learn_s is not None and train_s > learn_s else 0.0
+    return {"env_steps": steps, "train_s": train_s, "total_s": now - t0, "steps_per_s": rate}
+
+
+def sac_zoo_run(seed: int, target: float, budget: int) -> dict:
+    from lightning.pytorch import Callback
+
+    from cli import main
+
+    class TimeToReturn(Callback):
+        def __init__(self) -> None:
+            self.t0 = self.v0 = self.eval_s = 0.0
+            self.learn_s, self.hit, self.last, self.evals = None, None, None, []
+
+        def on_train_start(self, trainer, pl_module) -> None:
+            self.t0 = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if self.learn_s is None and int(pl_module.env_steps) >= SAC_LEARNING_STARTS:
+                self.learn_s = time.perf_counter() - self.t0 - self.eval_s
+
+        def on_validation_start(self, trainer, pl_module) -> None:
+            self.v0 = time.perf_counter()
+
+        def on_validation_end(self, trainer, pl_module) -> None:
+            now = time.perf_counter()
+            self.eval_s += now - self.v0
+            ret, steps = trainer.callback_metrics["val/return"].item(), int(pl_module.env_steps)
+            self.evals.append((steps, round(ret)))
+            self.last = _sac_result(self.t0, self.eval_s, self.learn_s, steps, now)
+            if ret >= target and self.hit is None:
+                self.hit = self.last
+                trainer.should_stop = True
+
+    timer = TimeToReturn()
+    args = ["--config", str(ROOT / "configs/rl/sac_pendulum.yaml"), f"--seed_everything={seed}",
+            f"--model.init_args.total_env_steps={budget}", "--trainer.logger=false",
+            "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]", "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false"]
+    cli = main(args, run=False)
+    cli.trainer.callbacks.append(timer)
+    t = time.perf_counter()
+    cli.trainer.fit(cli.model, cli.datamodule)
+    return {"hit": timer.hit, "last": timer.last, "evals": timer.evals, "wall_s": time.perf_counter() - t}
+
+
+def sac_sb3_run(seed: int, target: float, budget: int) -> dict:
+    import torch
+    from stable_baselines3 import SAC
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    torch.set_num_threads(1)
+    eval_env = make_vec_env("Pendulum-v1", n_envs=10, seed=10_000)
+
+    class TimeToReturn(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.t0 = self.eval_s = 0.0
+            self.learn_s, self.hit, self.last, self.evals = None, None, None, []
+
+        def _on_training_start(self) -> None:
+            self.t0 = time.perf_counter()
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps == SAC_LEARNING_STARTS:
+                self.learn_s = time.perf_counter() - self.t0 - self.eval_s
+            if self.num_timesteps % SAC_EVAL_EVERY:
+                return True
+            v0 = time.perf_counter()
+            ret, _ = evaluate_policy(self.model, eval_env, n_eval_episodes=10, deterministic=True)
+            now = time.perf_counter()
+            self.eval_s += now - v0
+            self.evals.append((self.num_timesteps, round(ret)))
+            self.last = _sac_result(self.t0, self.eval_s, self.learn_s, self.num_timesteps, now)
+            if ret >= target:
+                self.hit = self.last
+                return False
+            return True
+
+    model = SAC("MlpPolicy", make_vec_env("Pendulum-v1", n_envs=1, seed=seed), learning_rate=1e-3,
+                buffer_size=100_000, learning_starts=SAC_LEARNING_STARTS, batch_size=256, tau=0.005, gamma=0.99,
+                train_freq=1, gradient_steps=1, ent_coef="auto", seed=seed, device="cpu", verbose=0)
+    timer = TimeToReturn()
+    t = time.perf_counter()
+    model.learn(budget, callback=timer)
+    return {"hit": timer.hit, "last": timer.last, "evals": timer.evals, "wall_s": time.perf_counter() - t}
+
+
+def bench_sac(seeds: list[int], target: float = -200.0, budget: int = 20_000, with_sb3: bool = True) -> None:
+    """Zoo SAC and SB3 SAC alternating per seed: time and env steps to the target, env steps/s with updates."""
+    import logging
+    import warnings
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    runners = [("zoo SAC", sac_zoo_run)] + ([("SB3 SAC", sac_sb3_run)] if with_sb3 else [])
+    print(f"\ntime to a mean return >= {target:g} over 10 deterministic episodes, Pendulum-v1, budget {budget} "
+          "env steps; steps/s: env steps per training second once updates run (one update per env step)")
+    print(f"  {'agent':8s} {'seed':>4s} {'env steps':>9s} {'train s':>8s} {'total s':>8s} {'steps/s':>8s}  "
+          "evaluations (env steps, return)")
+    results: dict[str, list[dict]] = {name: [] for name, _ in runners}
+    for seed in seeds:
+        for name, run in runners:
+            r = run(seed, target, budget)
+            results[name].append(r)
+            hit = r["hit"] or r["last"]
+            steps = f"{hit['env_steps']:9d}" if r["hit"] else f"{'not hit':>9s}"
+            print(f"  {name:8s} {seed:4d} {steps} {hit['train_s']:8.2f} {hit['total_s']:8.2f} "
+                  f"{hit['steps_per_s']:8.1f}  {r['evals']}", flush=True)
+    for name, rs in results.items():
+        hits = [r["hit"] for r in rs if r["hit"]]
+        rates = [(r["hit"] or r["last"])["steps_per_s"] for r in rs]
+        line = f"  {name}: reached on {len(hits)}/{len(rs)} seeds"
+        if hits:
+            mean = {k: sum(h[k] for h in hits) / len(hits) for k in hits[0]}
+            line += (f"; mean {mean['env_steps']:.0f} env steps, {mean['train_s']:.1f} s train, "
+                     f"{mean['total_s']:.1f} s total")
+        print(f"{line}; {sum(rates) / len(rates):.1f} env steps/s with updates")
+
+
 def main() -> None:
     args = _args()
     if args.device == "cpu":
@@ -235,7 +382,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     print_header("RL: collection, learner, time to CartPole-v1's result", torch.device(args.device))
-    parts = args.only or ["collect", "learner", "cartpole", "a2c", "pendulum"]
+    parts = args.only or ["collect", "learner", "cartpole", "a2c", "pendulum", "sac"]
     if "collect" in parts:
         bench_collect()
     if "learner" in parts:
@@ -253,6 +400,8 @@ def main() -> None:
         bench_a2c(args.seeds, args.target)
     if "pendulum" in parts:
         bench_pendulum(args.seeds)
+    if "sac" in parts:
+        bench_sac(args.seeds, with_sb3=_sb3_importable() and not args.no_sb3)
 
 
 if __name__ == "__main__":

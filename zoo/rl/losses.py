@@ -1,4 +1,4 @@
-"""On-policy objectives as pure functions: generalised advantage estimation, PPO's and A2C's loss terms.
+"""Objectives as pure functions: generalised advantage estimation, PPO's and A2C's loss terms, SAC's target and losses.
 
 Notation: T steps, N envs, B minibatch rows.
 """
@@ -106,3 +106,53 @@ def explained_variance(pred: Tensor, target: Tensor) -> Tensor:
     """1 - Var(target - pred) / Var(target): 1 for a perfect value function, <= 0 for a useless one."""
     var = target.var()
     return 1 - (target - pred).var() / var if var > 0 else torch.full_like(var, float("nan"))
+
+
+# -- soft actor-critic -----------------------------------------------------------------------------------
+# Haarnoja et al. 2018, "Soft Actor-Critic Algorithms and Applications" (the version with a learned
+# temperature). K critics, B transitions; CleanRL's sac_continuous_action.py and SB3's SAC.train name the terms.
+
+
+def soft_q_target(
+    rewards: Tensor, terminated: Tensor, next_q: Tensor, next_logprob: Tensor, alpha: Tensor | float, gamma: float
+) -> Tensor:
+    """The soft Bellman target (B,): y = r + gamma * (1 - terminated) * (min_k Q_targ_k(s', a') - alpha log pi(a'|s')).
+
+    ``next_q`` (K, B) are the target critics at (s', a'), a' ~ pi(.|s') drawn afresh; the minimum over the
+    critics is clipped double Q (Fujimoto et al. 2018). Only a termination drops the bootstrap: a time-limit
+    truncation's s' is the real final observation and is bootstrapped from (``zoo.rl.replay``).
+    """
+    soft_value = next_q.min(0).values - alpha * next_logprob  # (B,) V(s') = E[min Q - alpha log pi]
+    return rewards + gamma * (1.0 - terminated) * soft_value
+
+
+def sac_critic_loss(q: Tensor, target: Tensor) -> dict[str, Tensor]:
+    """Each critic regressed on the (fixed) target: loss = 1/2 sum_k mean_B (Q_k - y)^2, as SB3's critic_loss.
+
+    ``q`` (K, B) are the critics at the stored (s, a); ``target`` (B,) carries no gradient.
+    """
+    per_critic = (q - target.detach()).square().mean(1)  # (K,)
+    terms = {f"qf{k + 1}_loss": loss for k, loss in enumerate(per_critic.detach().unbind())}
+    return {"loss": 0.5 * per_critic.sum(), **terms, "q_value": q.detach().mean()}
+
+
+def sac_actor_loss(logprob: Tensor, q_pi: Tensor, alpha: Tensor | float) -> dict[str, Tensor]:
+    """The policy's KL projection (Haarnoja et al. 2018, eq. 7): loss = mean(alpha log pi(a|s) - min_k Q_k(s, a)).
+
+    ``logprob`` (B,) and ``q_pi`` (K, B) belong to reparameterised actions a ~ pi(.|s), so the gradient reaches
+    the actor through both; ``alpha`` is a constant here.
+    """
+    min_q = q_pi.min(0).values  # (B,)
+    loss = (alpha * logprob - min_q).mean()
+    return {"loss": loss, "entropy": -logprob.detach().mean(), "q_pi": min_q.detach().mean()}
+
+
+def sac_temperature_loss(log_alpha: Tensor, logprob: Tensor, target_entropy: float) -> dict[str, Tensor]:
+    """Automatic temperature (Haarnoja et al. 2018, eq. 18): loss = -mean(log alpha * (log pi + H_target)).
+
+    Gradient descent raises alpha while the policy's entropy -log pi is below ``target_entropy`` and lowers it
+    above. Optimised in log alpha, as SB3 and softlearning do (softlearning issue 37; CleanRL multiplies by
+    alpha instead); the log-probabilities are detached so that this loss moves alpha only.
+    """
+    loss = -(log_alpha * (logprob.detach() + target_entropy)).mean()
+    return {"loss": loss, "alpha": log_alpha.detach().exp()}
