@@ -22,6 +22,7 @@ makes every Adam step probe NVML (~0.2-0.3 ms, as long as a PPO minibatch update
     python bench/rl.py --only a2c              # A2C to 475 on CartPole-v1 within 500k env steps
     python bench/rl.py --only pendulum         # PPO (Gaussian policy) to -300 on Pendulum-v1
     python bench/rl.py --only sac              # SAC to -200 on Pendulum-v1 within 20k, and env steps/s vs SB3
+    python bench/rl.py --only impala           # IMPALA env steps/s vs synchronous PPO; time to 475 on CartPole-v1
 
 SAC (``--only sac``): the same protocol on Pendulum-v1 with ``configs/rl/sac_pendulum.yaml`` (target -200,
 budget 20k env steps, evaluations every 1000), next to SB3's SAC with the same hyperparameters (learning rate
@@ -29,6 +30,15 @@ budget 20k env steps, evaluations every 1000), next to SB3's SAC with the same h
 0.99, one update per env step, alpha learned from 1, 256 x 256 nets). "steps/s" is the env steps per second
 of training once updates run (from the end of the warm-up to the result, evaluation time excluded): one
 update per env step, so it is the rate of the whole update plus one env step.
+
+IMPALA (``--only impala``): first the throughput, env steps/s, on CartPole-v1 with each agent's config through
+``cli.py`` without evaluation: IMPALA's actors alone (an ``ActorPool`` emptied as fast as it fills), IMPALA
+training (2 actor processes x 8 envs, the learner consuming 2 unrolls of 32 steps a step) and synchronous PPO
+and A2C training (collection and updates in turn, one process). "first step s" is the wall clock from the start
+of training to the end of the first step: IMPALA's includes starting the actors (the fork server's imports,
+on its first run in a process only); "steps/s" counts from there to the end. Then the time to 475 as for PPO
+(``configs/rl/impala_cartpole.yaml``, evaluations every 5120 env steps, budget 300k, learning rate annealed
+over it); the throughput runs have started the fork server, so no seed pays its imports.
 """
 
 from __future__ import annotations
@@ -45,8 +55,8 @@ sys.path.insert(0, str(ROOT))
 
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", choices=["collect", "learner", "cartpole", "a2c", "pendulum", "sac"], action="append",
-                   help="run only these parts (repeatable); default all")
+    p.add_argument("--only", choices=["collect", "learner", "cartpole", "a2c", "pendulum", "sac", "impala"],
+                   action="append", help="run only these parts (repeatable); default all")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--target", type=float, default=475.0)
     p.add_argument("--budget", type=int, default=50_000, help="env steps")
@@ -372,6 +382,78 @@ def bench_sac(seeds: list[int], target: float = -200.0, budget: int = 20_000, wi
         print(f"{line}; {sum(rates) / len(rates):.1f} env steps/s with updates")
 
 
+# -- IMPALA: throughput against synchronous agents, time to the CartPole result ------------------------------
+
+
+def throughput_run(config: str, budget: int, seed: int = 0) -> dict:
+    """Env steps/s of a fit through cli.py without evaluation: first step's latency, then the steady rate."""
+    from lightning.pytorch import Callback
+
+    from cli import main
+
+    class Rate(Callback):
+        def on_train_start(self, trainer, pl_module) -> None:
+            self.t0 = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if batch_idx == 0:
+                self.t1, self.s1 = time.perf_counter(), int(pl_module.env_steps)
+
+        def on_train_end(self, trainer, pl_module) -> None:
+            self.t2, self.s2 = time.perf_counter(), int(pl_module.env_steps)
+
+    rate = Rate()
+    args = ["--config", str(ROOT / config), f"--seed_everything={seed}", f"--model.init_args.total_env_steps={budget}",
+            "--trainer.limit_val_batches=0", "--trainer.logger=false", "--trainer.enable_checkpointing=false",
+            "--trainer.callbacks=[]", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+    cli = main(args, run=False)
+    cli.trainer.callbacks.append(rate)
+    cli.trainer.fit(cli.model, cli.datamodule)
+    return {"first_s": rate.t1 - rate.t0, "steps_per_s": (rate.s2 - rate.s1) / (rate.t2 - rate.t1),
+            "env_steps": rate.s2}
+
+
+def actors_alone(seconds: float = 5.0) -> tuple[float, float]:
+    """(first batch s, env steps/s) of IMPALA's CartPole actors, the learner only taking and publishing."""
+    from datamodules import GymDataModule
+    from zoo.rl import ActorCritic
+    from zoo.rl.actors import ActorPool, EnvSpec
+
+    net = ActorCritic(4, 2)
+    t = time.perf_counter()
+    pool = ActorPool(EnvSpec.of(GymDataModule("CartPole-v1")), net, num_actors=2, envs_per_actor=8,
+                     unroll_length=32, num_slots=4, seed=0)
+    try:
+        pool.take(2)
+        first, t, steps = time.perf_counter() - t, time.perf_counter(), 0
+        while time.perf_counter() - t < seconds:
+            steps += pool.take(2).env_steps
+            pool.publish(net)
+        return first, steps / (time.perf_counter() - t)
+    finally:
+        pool.close()
+
+
+def bench_impala(seeds: list[int], target: float, budget: int = 300_000) -> None:
+    import logging
+    import warnings
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    print("\nthroughput, CartPole-v1, each agent's config through cli.py, no evaluation")
+    print(f"  {'agent':34s} {'first step s':>12s} {'env steps/s':>11s}")
+    first, rate = actors_alone()
+    print(f"  {'IMPALA actors alone (2 x 8 envs)':34s} {first:12.2f} {rate:11.0f}", flush=True)
+    runs = [("IMPALA training (2 actors x 8 envs)", "configs/rl/impala_cartpole.yaml", 153_600),
+            ("PPO training (8 envs, 20 epochs)", "configs/rl/ppo_cartpole.yaml", 51_200),
+            ("A2C training (8 envs x 5 steps)", "configs/rl/a2c_cartpole.yaml", 51_200)]
+    for name, config, steps in runs:
+        r = throughput_run(config, steps)
+        print(f"  {name:34s} {r['first_s']:12.2f} {r['steps_per_s']:11.0f}", flush=True)
+    run = lambda seed, target, budget: zoo_run(seed, target, budget, "configs/rl/impala_cartpole.yaml")  # noqa: E731
+    time_to_return([("IMPALA", run)], seeds, target, budget, "CartPole-v1")
+
+
 def main() -> None:
     args = _args()
     if args.device == "cpu":
@@ -382,7 +464,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     print_header("RL: collection, learner, time to CartPole-v1's result", torch.device(args.device))
-    parts = args.only or ["collect", "learner", "cartpole", "a2c", "pendulum", "sac"]
+    parts = args.only or ["collect", "learner", "cartpole", "a2c", "pendulum", "sac", "impala"]
     if "collect" in parts:
         bench_collect()
     if "learner" in parts:
@@ -402,6 +484,8 @@ def main() -> None:
         bench_pendulum(args.seeds)
     if "sac" in parts:
         bench_sac(args.seeds, with_sb3=_sb3_importable() and not args.no_sb3)
+    if "impala" in parts:
+        bench_impala(args.seeds, args.target)
 
 
 if __name__ == "__main__":

@@ -2,13 +2,18 @@
 
 from zoo.rl.a2c import A2CModule
 from zoo.rl.collector import Evaluator, Rollout, RolloutCollector
+from zoo.rl.impala import IMPALAModule
 from zoo.rl.losses import a2c_loss, gae, ppo_loss
-from zoo.rl.ppo import PPOModule
 from zoo.rl.nets import ActorCritic
 from zoo.rl.normalization import RunningMeanStd
+from zoo.rl.ppo import PPOModule
 from zoo.rl.replay import ReplayBuffer, TransitionCollector
 from zoo.rl.sac import SACModule
 from zoo.rl.sac_nets import SoftActorCritic
+from zoo.rl.vtrace import impala_loss, vtrace
 
-__all__ = ["A2CModule", "ActorCritic", "Evaluator", "PPOModule", "Rollout", "RolloutCollector", "RunningMeanStd", "a2c_loss", "gae", "ppo_loss"]
-__all__ += ["ReplayBuffer", "SACModule", "SoftActorCritic", "TransitionCollector"]
+__all__ = [
+    "A2CModule", "ActorCritic", "Evaluator", "IMPALAModule", "PPOModule", "ReplayBuffer", "Rollout",
+    "RolloutCollector", "RunningMeanStd", "SACModule", "SoftActorCritic", "TransitionCollector", "a2c_loss",
+    "gae", "impala_loss", "ppo_loss", "vtrace",
+]

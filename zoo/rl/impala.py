@@ -1,0 +1,250 @@
+"""IMPALAModule: importance-weighted actor-learner architecture (Espeholt et al. 2018) on gymnasium envs.
+
+Actor processes (``zoo.rl.actors.ActorPool``) step their own envs with a CPU copy of the policy and write
+unrolls into shared-memory slots; this module is the learner. One Lightning training step takes
+``batch_size`` full slots, recomputes the policy and values on them with the current net, corrects for
+the actors' stale policy with V-trace (``zoo.rl.vtrace``), makes one optimizer step (manual optimisation),
+and publishes the new weights, which the actors copy at their next unroll. Collection and learning overlap:
+the actors keep producing while the learner updates, evaluates or checkpoints (until the slots are full).
+
+Checkpoints carry the net, the optimizer, the env-step counter (a buffer; it counts the env steps the
+learner has trained on, not those the actors produced and nobody read) and the RNG states; a resumed run
+spawns fresh actors on envs seeded from (seed, env_steps). Evaluation and predict run in this process on
+envs of their own, as for every agent here (``zoo.rl.agent``). ``total_env_steps`` is the budget;
+``val_check_interval`` counts learner steps.
+
+The defaults of the objective and optimizer are torchbeast monobeast's (``--unroll_length`` 80,
+``--baseline_cost``, ``--entropy_cost``, ``--grad_norm_clipping`` 40, RMSprop with the paper's settings); the
+number of actors and the batch are sized for a small machine; the configs set CartPole's.
+Notation: T steps per unroll, B slots per learner step, N envs per actor, M = B x N.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+import numpy as np
+import torch
+from lightning.pytorch import Callback, LightningModule
+from torch import Tensor
+from torch.optim.lr_scheduler import LambdaLR
+
+from zoo.layers.hparams import save_hparams
+from zoo.layers.logging import lightning_writes
+from zoo.layers.weights import check_compatible
+from zoo.rl.actors import ActorPool, EnvSpec, Trajectories
+from zoo.rl.agent import AgentEnvs, episode_rows, evaluation_metrics, rng_state, train_seed
+from zoo.rl.nets import ActorCritic
+from zoo.rl.vtrace import impala_loss, masked_mean, vtrace
+
+
+class StopActorsOnException(Callback):
+    """Stops the actor processes when fit fails or is interrupted: Lightning then skips the module's
+    ``teardown`` hook, which stops them on a normal exit."""
+
+    def on_exception(self, trainer, pl_module: IMPALAModule, exception: BaseException) -> None:
+        pl_module.stop_actors()
+
+
+class IMPALAModule(LightningModule):
+    """IMPALA's learner: V-trace actor-critic on batches of unrolls from actor processes."""
+
+    family = "rl"
+    monitor = "val/return"
+    monitor_mode = "max"
+
+    def __init__(
+        self,
+        net: ActorCritic,
+        total_env_steps: int = 1_000_000,
+        num_actors: int = 2,
+        envs_per_actor: int = 8,
+        unroll_length: int = 80,
+        batch_size: int = 4,
+        num_slots: int | None = None,
+        start_method: Literal["forkserver", "spawn"] = "forkserver",
+        gamma: float = 0.99,
+        clip_rho_threshold: float = 1.0,
+        clip_pg_rho_threshold: float = 1.0,
+        clip_c_threshold: float = 1.0,
+        vtrace_lambda: float = 1.0,
+        vf_coef: float = 0.5,
+        ent_coef: float = 0.0006,
+        max_grad_norm: float = 40.0,
+        lr: float = 4.8e-4,
+        anneal_lr: bool = True,
+        optimizer: Literal["rmsprop", "adam"] = "rmsprop",
+        rms_alpha: float = 0.99,
+        optim_eps: float = 0.01,
+        num_threads: int | None = 1,
+    ) -> None:
+        """
+        Args:
+            net: the actor-critic (``zoo.rl.ActorCritic``), sized for the env's spaces.
+            total_env_steps: fit stops before a learner step would exceed this many env steps trained on.
+            num_actors: actor processes, each with its own envs; about one per spare CPU core.
+            envs_per_actor: N, envs each actor steps together (one batched policy forward per step).
+            unroll_length: T, steps per env in one unroll (one slot); V-trace bootstraps at its end.
+            batch_size: B, unrolls (slots) per learner step: M = B x N trajectories of T steps.
+            num_slots: K, shared-memory slots; None: max(2 x num_actors, batch_size), as monobeast's
+                ``--num_buffers``. More slots let the actors run further ahead, with a staler policy.
+            start_method: how actor processes start, both from a fresh interpreter: "forkserver" imports their
+                modules once per learner process (seconds) and forks each actor from there; "spawn" imports
+                them in every actor of every fit (``zoo.rl.actors``).
+            gamma: discount factor.
+            clip_rho_threshold: rho-bar, the truncation of the importance weights in the value targets.
+            clip_pg_rho_threshold: rho-bar for the policy-gradient advantages.
+            clip_c_threshold: c-bar, the truncation of the trace coefficients c_t.
+            vtrace_lambda: scales every c_t (1: the paper's V-trace; below 1, TD(lambda)-like targets).
+            vf_coef: weight of the value (baseline) loss.
+            ent_coef: weight of the entropy bonus.
+            max_grad_norm: global gradient-norm clip.
+            lr: learning rate (at the start, when annealed).
+            anneal_lr: decay the learning rate linearly to 0 over ``total_env_steps`` (monobeast).
+            optimizer: "rmsprop" (the paper's and monobeast's) or "adam".
+            rms_alpha: RMSprop's smoothing constant (0.99, the paper's decay).
+            optim_eps: the optimizer's epsilon (0.01 for RMSprop in the paper and monobeast).
+            num_threads: PyTorch CPU threads of the learner while this module runs (restored after); the
+                actors use one each. None: unchanged.
+        """
+        super().__init__()
+        save_hparams(self, "net")
+        self.automatic_optimization = False
+        self.net = net
+        self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))
+        self.actors: ActorPool | None = None
+        self.envs = AgentEnvs(self, num_threads)
+        self._episodes = torch.zeros(3, dtype=torch.float64)  # ended since the last log: count, return, length sums
+
+    @property
+    def batch_env_steps(self) -> int:
+        h = self.hparams
+        return h.batch_size * h.unroll_length * h.envs_per_actor
+
+    # -- acting ------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def act(self, obs: Tensor | np.ndarray, deterministic: bool = True) -> Tensor:
+        """Actions for raw observations (B, O)."""
+        return self.net.act(torch.as_tensor(obs, dtype=torch.float32, device=self.device), deterministic)
+
+    # -- setup -------------------------------------------------------------------------------------------
+
+    def setup(self, stage: str) -> None:
+        self.envs.setup(self.net)
+
+    def configure_callbacks(self) -> list[Callback]:
+        return [StopActorsOnException()]
+
+    def on_train_start(self) -> None:
+        # Here rather than in setup: the device is final and a resumed checkpoint (env_steps, RNG) is loaded.
+        self.envs.restore_rng()
+        if int(self.env_steps) + self.batch_env_steps > self.hparams.total_env_steps:
+            self.trainer.should_stop = True  # a resumed run whose budget is already spent: no actors
+        elif self.actors is None:
+            dm, h = self.envs.require_datamodule(), self.hparams
+            self.actors = ActorPool(
+                EnvSpec.of(dm), self.net, h.num_actors, h.envs_per_actor, h.unroll_length,
+                h.num_slots or max(2 * h.num_actors, h.batch_size), seed=train_seed(dm.seed, int(self.env_steps)),
+                start_method=h.start_method,
+            )
+
+    def stop_actors(self) -> None:
+        if self.actors is not None:
+            self.actors.close()
+            self.actors = None
+
+    def teardown(self, stage: str) -> None:
+        if stage == "fit":
+            self.stop_actors()
+        self.envs.teardown()
+
+    # -- training ----------------------------------------------------------------------------------------
+
+    def training_step(self, batch: int, batch_idx: int) -> None:
+        h = self.hparams
+        t0 = time.perf_counter()
+        traj = self.actors.take(h.batch_size, self.device)
+        waited = time.perf_counter() - t0
+        stats = self._update(traj)
+        version = self.actors.publish(self.net)
+        self.env_steps += traj.env_steps
+        self.lr_schedulers().step()
+        self._episodes += traj.episodes
+        if lightning_writes(self.trainer, self.trainer.fit_loop.epoch_loop._batches_that_stepped + 1):
+            # Policy lag: learner updates between the weights an unroll was acted with and the ones it trains.
+            stats["policy_lag"] = (version - 1 - traj.versions).float().mean()
+            stats["learner_wait_ms"] = torch.tensor(waited * 1e3)
+            self._log_training(stats)
+        if int(self.env_steps) + self.batch_env_steps > h.total_env_steps:
+            self.trainer.should_stop = True
+
+    def _update(self, traj: Trajectories) -> dict[str, Tensor]:
+        """One V-trace actor-critic step on B unrolls (T, M): the loss terms and diagnostics."""
+        h = self.hparams
+        t, m = traj.rewards.shape
+        # One forward over all T + 1 observations: the values of row T bootstrap the unroll's end, and its
+        # action (a placeholder) scores nothing.
+        actions = torch.cat([traj.actions, torch.zeros_like(traj.actions[:1])])  # (T + 1, M, ...)
+        _, logprob, entropy, value = self.net.get_action_and_value(traj.obs.flatten(0, 1), actions.flatten(0, 1))
+        logprob, entropy, value = logprob.view(t + 1, m)[:-1], entropy.view(t + 1, m)[:-1], value.view(t + 1, m)
+        log_rhos = logprob.detach() - traj.logprobs  # (T, M) log pi/mu for the actions the actors took
+        discounts = h.gamma * (~traj.terminated).to(value.dtype)
+        targets = vtrace(log_rhos, discounts, traj.rewards, value.detach(), traj.truncated, h.clip_rho_threshold,
+                         h.clip_pg_rho_threshold, h.clip_c_threshold, h.vtrace_lambda)
+        out = impala_loss(logprob, entropy, value[:-1], targets, traj.valid, h.vf_coef, h.ent_coef)
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(out["loss"])
+        out["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.net.parameters(), h.max_grad_norm)
+        opt.step()
+        with torch.no_grad():
+            rhos = log_rhos.exp()
+            out["rho"] = masked_mean(rhos, traj.valid)
+            out["rho_clipfrac"] = masked_mean((rhos > h.clip_rho_threshold).float(), traj.valid)
+        return out
+
+    def _log_training(self, stats: dict[str, Tensor]) -> None:
+        metrics = {f"train/{k}": v for k, v in stats.items() if k != "grad_norm"}
+        metrics["grad/norm"] = stats["grad_norm"]  # GradNormMonitor's key; it skips manual optimisation
+        metrics["train/env_steps"] = self.env_steps.float()
+        count, returns, lengths = self._episodes.tolist()
+        if count:
+            metrics["train/episode_return"] = torch.tensor(returns / count)
+            metrics["train/episode_length"] = torch.tensor(lengths / count)
+        self._episodes.zero_()
+        self.log_dict(metrics, on_step=True, on_epoch=False)
+
+    def configure_optimizers(self):
+        h = self.hparams
+        if h.optimizer == "rmsprop":
+            # The paper's RMSProp (decay 0.99, epsilon 0.01, no momentum); torch adds epsilon outside the square
+            # root, TF inside (monobeast uses torch's as here).
+            opt = torch.optim.RMSprop(self.net.parameters(), lr=h.lr, alpha=h.rms_alpha, eps=h.optim_eps)
+        else:
+            fused = all(p.device.type in ("cpu", "cuda") for p in self.net.parameters())
+            opt = torch.optim.Adam(self.net.parameters(), lr=h.lr, eps=h.optim_eps, fused=fused or None)
+        # Stepped once per learner step; a function of the env steps spent, so resuming needs no schedule state.
+        factor = (lambda _: 1.0 - min(1.0, int(self.env_steps) / h.total_env_steps)) if h.anneal_lr else (lambda _: 1.0)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": LambdaLR(opt, factor), "name": "lr"}}
+
+    # -- evaluation and prediction -----------------------------------------------------------------------
+
+    def validation_step(self, batch: int, batch_idx: int) -> None:
+        returns, lengths = self.envs.evaluate("val", self.act)
+        self.log_dict(evaluation_metrics(returns, lengths, self.env_steps), batch_size=1, prog_bar=True)
+
+    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
+        """Plays the DataModule's ``predict_episodes``; rows (episode, return, length) go to WritePredictions."""
+        return episode_rows(*self.envs.evaluate("predict", self.act))
+
+    # -- checkpoints -------------------------------------------------------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["rng"] = rng_state()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        net_state = {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
+        check_compatible(self.net, net_state, "checkpoint")
+        self.envs.rng_to_restore = checkpoint.get("rng")  # applied at train start, only when fit resumes
