@@ -20,12 +20,10 @@ import numpy as np
 import torch
 from lightning.pytorch import LightningModule
 from torch import Tensor
-from torch.optim.lr_scheduler import LambdaLR
 
 from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
-from zoo.layers.weights import check_compatible
-from zoo.rl.agent import AgentEnvs, episode_rows, evaluation_metrics, open_rollout_collector, rng_state, rollout_metrics
+from zoo.rl.agent import AgentEnvs, open_rollout_collector, rmsprop_or_adam, rollout_metrics
 from zoo.rl.collector import Rollout, RolloutCollector
 from zoo.rl.losses import a2c_loss, gae, normalize
 from zoo.rl.nets import ActorCritic
@@ -151,29 +149,17 @@ class A2CModule(LightningModule):
         return out
 
     def configure_optimizers(self):
-        h = self.hparams
-        fused = all(p.device.type in ("cpu", "cuda") for p in self.net.parameters())
-        if h.optimizer == "rmsprop":
-            # torch's RMSprop adds eps outside the square root; TF's (Baselines') inside. SB3 uses torch's too.
-            opt = torch.optim.RMSprop(self.net.parameters(), lr=h.lr, alpha=h.rms_alpha, eps=h.optim_eps)
-        else:
-            opt = torch.optim.Adam(self.net.parameters(), lr=h.lr, eps=h.optim_eps, fused=fused or None)
-        # Stepped once per rollout; a function of the env steps spent, so resuming needs no schedule state.
-        factor = (lambda _: 1.0 - min(1.0, int(self.env_steps) / h.total_env_steps)) if h.anneal_lr else (lambda _: 1.0)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": LambdaLR(opt, factor), "name": "lr"}}
+        return rmsprop_or_adam(self)
 
     def validation_step(self, batch: int, batch_idx: int) -> None:
-        returns, lengths = self.envs.evaluate("val", self.act)
-        self.log_dict(evaluation_metrics(returns, lengths, self.env_steps), batch_size=1, prog_bar=True)
+        self.envs.validate()
 
     def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
         """Plays the DataModule's ``predict_episodes``; rows (episode, return, length) go to WritePredictions."""
-        return episode_rows(*self.envs.evaluate("predict", self.act))
+        return self.envs.play()
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["rng"] = rng_state()
+        self.envs.save_to(checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        net_state = {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
-        check_compatible(self.net, net_state, "checkpoint")
-        self.envs.rng_to_restore = checkpoint.get("rng")  # applied at train start, only when fit resumes
+        self.envs.load_from(checkpoint)

@@ -22,7 +22,9 @@ import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
+from torch.optim.lr_scheduler import LambdaLR
 
+from zoo.layers.weights import check_compatible
 from zoo.rl.collector import Evaluator, Rollout, RolloutCollector
 from zoo.rl.losses import explained_variance
 from zoo.rl.video import record_episode, save_gif
@@ -151,6 +153,25 @@ class AgentEnvs:
         rank_zero_info(f"Recorded one episode (return {total:.2f}, {len(frames)} frames) to {path.resolve()}")
         return path
 
+    def validate(self) -> None:
+        """Validation: the evaluation episodes of the module's ``act``, their metrics logged by the module."""
+        returns, lengths = self.evaluate("val", self.module.act)
+        self.module.log_dict(evaluation_metrics(returns, lengths, self.module.env_steps), batch_size=1, prog_bar=True)
+
+    def play(self) -> dict[str, Tensor]:
+        """Predict: the DataModule's ``predict_episodes``, as rows (episode, return, length) for WritePredictions."""
+        return episode_rows(*self.evaluate("predict", self.module.act))
+
+    def save_to(self, checkpoint: dict) -> None:
+        checkpoint["rng"] = rng_state()
+
+    def load_from(self, checkpoint: dict) -> None:
+        """Checks the checkpoint's net against the module's (naming mismatches) and keeps its RNG state for
+        a resumed fit."""
+        net_state = {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
+        check_compatible(self.module.net, net_state, "checkpoint")
+        self.rng_to_restore = checkpoint.get("rng")  # applied at train start, only when fit resumes
+
     def teardown(self) -> None:
         for evaluator in self._evaluators.values():
             evaluator.close()
@@ -158,6 +179,24 @@ class AgentEnvs:
         if self._threads_before is not None:
             torch.set_num_threads(self._threads_before)
             self._threads_before = None
+
+
+def rmsprop_or_adam(module: LightningModule) -> dict:
+    """configure_optimizers for a module whose hparams name ``optimizer`` ("rmsprop" or "adam"), ``lr``,
+    ``rms_alpha``, ``optim_eps``, ``anneal_lr`` and ``total_env_steps`` (A2C, IMPALA), with the learning rate
+    decayed linearly over the env-step budget when annealed."""
+    h, params = module.hparams, module.net.parameters()
+    if h.optimizer == "rmsprop":
+        # torch adds eps outside the square root, TF (Baselines, the IMPALA paper) inside; SB3 and monobeast
+        # use torch's, as here.
+        opt = torch.optim.RMSprop(params, lr=h.lr, alpha=h.rms_alpha, eps=h.optim_eps)
+    else:
+        fused = all(p.device.type in ("cpu", "cuda") for p in module.net.parameters())
+        opt = torch.optim.Adam(params, lr=h.lr, eps=h.optim_eps, fused=fused or None)
+    # Stepped once per training step; a function of the env steps spent, so resuming needs no schedule state.
+    spent = lambda: min(1.0, int(module.env_steps) / h.total_env_steps)  # noqa: E731
+    factor = (lambda _: 1.0 - spent()) if h.anneal_lr else (lambda _: 1.0)
+    return {"optimizer": opt, "lr_scheduler": {"scheduler": LambdaLR(opt, factor), "name": "lr"}}
 
 
 # -- on-policy agents (PPO, A2C): rollouts from the DataModule's training envs ----------------------------

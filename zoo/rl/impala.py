@@ -28,13 +28,11 @@ import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule
 from torch import Tensor
-from torch.optim.lr_scheduler import LambdaLR
 
 from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
-from zoo.layers.weights import check_compatible
 from zoo.rl.actors import ActorPool, EnvSpec, Trajectories
-from zoo.rl.agent import AgentEnvs, episode_rows, evaluation_metrics, rng_state, train_seed
+from zoo.rl.agent import AgentEnvs, rmsprop_or_adam, train_seed
 from zoo.rl.nets import ActorCritic
 from zoo.rl.vtrace import impala_loss, masked_mean, vtrace
 
@@ -217,34 +215,21 @@ class IMPALAModule(LightningModule):
         self.log_dict(metrics, on_step=True, on_epoch=False)
 
     def configure_optimizers(self):
-        h = self.hparams
-        if h.optimizer == "rmsprop":
-            # The paper's RMSProp (decay 0.99, epsilon 0.01, no momentum); torch adds epsilon outside the square
-            # root, TF inside (monobeast uses torch's as here).
-            opt = torch.optim.RMSprop(self.net.parameters(), lr=h.lr, alpha=h.rms_alpha, eps=h.optim_eps)
-        else:
-            fused = all(p.device.type in ("cpu", "cuda") for p in self.net.parameters())
-            opt = torch.optim.Adam(self.net.parameters(), lr=h.lr, eps=h.optim_eps, fused=fused or None)
-        # Stepped once per learner step; a function of the env steps spent, so resuming needs no schedule state.
-        factor = (lambda _: 1.0 - min(1.0, int(self.env_steps) / h.total_env_steps)) if h.anneal_lr else (lambda _: 1.0)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": LambdaLR(opt, factor), "name": "lr"}}
+        return rmsprop_or_adam(self)
 
     # -- evaluation and prediction -----------------------------------------------------------------------
 
     def validation_step(self, batch: int, batch_idx: int) -> None:
-        returns, lengths = self.envs.evaluate("val", self.act)
-        self.log_dict(evaluation_metrics(returns, lengths, self.env_steps), batch_size=1, prog_bar=True)
+        self.envs.validate()
 
     def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
         """Plays the DataModule's ``predict_episodes``; rows (episode, return, length) go to WritePredictions."""
-        return episode_rows(*self.envs.evaluate("predict", self.act))
+        return self.envs.play()
 
     # -- checkpoints -------------------------------------------------------------------------------------
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["rng"] = rng_state()
+        self.envs.save_to(checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        net_state = {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
-        check_compatible(self.net, net_state, "checkpoint")
-        self.envs.rng_to_restore = checkpoint.get("rng")  # applied at train start, only when fit resumes
+        self.envs.load_from(checkpoint)

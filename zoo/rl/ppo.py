@@ -30,8 +30,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
 from zoo.layers.optim import param_groups
-from zoo.layers.weights import check_compatible
-from zoo.rl.agent import AgentEnvs, episode_rows, evaluation_metrics, open_rollout_collector, rng_state, rollout_metrics
+from zoo.rl.agent import AgentEnvs, open_rollout_collector, rollout_metrics
 from zoo.rl.collector import Rollout, RolloutCollector
 from zoo.rl.losses import gae, normalize, ppo_loss
 from zoo.rl.nets import ActorCritic
@@ -203,19 +202,16 @@ class PPOModule(LightningModule):
     # -- evaluation and prediction -----------------------------------------------------------------------
 
     def validation_step(self, batch: int, batch_idx: int) -> None:
-        returns, lengths = self.envs.evaluate("val", self.act)
-        self.log_dict(evaluation_metrics(returns, lengths, self.env_steps), batch_size=1, prog_bar=True)
+        self.envs.validate()
 
     def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
         """Plays the DataModule's ``predict_episodes``; rows (episode, return, length) go to WritePredictions."""
-        return episode_rows(*self.envs.evaluate("predict", self.act))
+        return self.envs.play()
 
     # -- checkpoints -------------------------------------------------------------------------------------
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["rng"] = rng_state()
+        self.envs.save_to(checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        net_state = {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
-        check_compatible(self.net, net_state, "checkpoint")
-        self.envs.rng_to_restore = checkpoint.get("rng")  # applied at train start, only when fit resumes
+        self.envs.load_from(checkpoint)

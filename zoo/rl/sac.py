@@ -39,8 +39,7 @@ from torch import Tensor, nn
 
 from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
-from zoo.layers.weights import check_compatible
-from zoo.rl.agent import AgentEnvs, episode_rows, evaluation_metrics, rng_state, train_seed
+from zoo.rl.agent import AgentEnvs, train_seed
 from zoo.rl.losses import sac_actor_loss, sac_critic_loss, sac_temperature_loss, soft_q_target
 from zoo.rl.normalization import RunningMeanStd
 from zoo.rl.replay import ReplayBuffer, TransitionCollector
@@ -266,22 +265,19 @@ class SACModule(LightningModule):
     # -- evaluation and prediction -----------------------------------------------------------------------
 
     def validation_step(self, batch: int, batch_idx: int) -> None:
-        returns, lengths = self.envs.evaluate("val", self.act)
-        self.log_dict(evaluation_metrics(returns, lengths, self.env_steps), batch_size=1, prog_bar=True)
+        self.envs.validate()
 
     def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
         """Plays the DataModule's ``predict_episodes``; rows (episode, return, length) go to WritePredictions."""
-        return episode_rows(*self.envs.evaluate("predict", self.act))
+        return self.envs.play()
 
     # -- checkpoints -------------------------------------------------------------------------------------
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["rng"] = rng_state()
+        self.envs.save_to(checkpoint)
         if self.hparams.save_buffer and self.buffer is not None:
             checkpoint["replay_buffer"] = self.buffer.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        net_state = {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
-        check_compatible(self.net, net_state, "checkpoint")
-        self.envs.rng_to_restore = checkpoint.get("rng")  # applied at train start, only when fit resumes
+        self.envs.load_from(checkpoint)
         self._buffer_to_restore = checkpoint.get("replay_buffer")
