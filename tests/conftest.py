@@ -17,6 +17,11 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 sys.path.insert(0, str(ROOT))  # cli.py lives at the root, not in a package
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist workers share the cores: each takes its part, instead of every worker's intra-op threads
+    # waiting on each other at every op.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+
 
 @pytest.fixture(scope="session")
 def _shared_tracking_uri(tmp_path_factory) -> str:
