@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch import Callback
 from torch import Tensor
 
-from callbacks.frechet import due, generated_images, real_images
+from callbacks.frechet import due, log_frechet
 
 
 def to_uint8_rgb(images: Tensor) -> Tensor:
@@ -74,7 +74,6 @@ class FrechetInceptionDistance(Callback):
         self.guidance_scale, self.batch_size = guidance_scale, batch_size
         self.every_n_epochs, self.seed = every_n_epochs, seed
         self.metric = None
-        self._has_real = False
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.metric is None and trainer.is_global_zero:
@@ -98,20 +97,5 @@ class FrechetInceptionDistance(Callback):
     def on_validation_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        if not due(trainer, batch_idx, dataloader_idx, self.every_n_epochs):
-            return
-        rank0 = trainer.is_global_zero
-        if rank0:
-            self.metric.to(pl_module.device)
-            if not self._has_real:
-                for images in real_images(trainer, self.num_samples, pl_module.device):
-                    self.metric.update(to_uint8_rgb(images), real=True)
-                self._has_real = True
-        for images in generated_images(pl_module, self.num_samples, self.batch_size, self.sampler, self.steps,
-                                       self.guidance_scale, self.seed):
-            if rank0:  # every rank samples; rank 0 measures
-                self.metric.update(to_uint8_rgb(images), real=False)
-        if rank0:
-            fid = self.metric.compute().item()
-            self.metric.reset()  # the generated side only
-            pl_module.log("val/fid", fid, on_step=False, on_epoch=True, rank_zero_only=True)
+        if due(trainer, batch_idx, dataloader_idx, self.every_n_epochs):
+            log_frechet(self, trainer, pl_module, "val/fid", to_uint8_rgb)

@@ -1,12 +1,13 @@
 """Logs the Fréchet distance of generated images to the validation images, in a zoo classifier's features.
 
-``real_images`` and ``generated_images`` are the two image streams, shared with ``FrechetInceptionDistance``
-(callbacks/fid.py), which measures the same in Inception-v3's features.
+The distance is torchmetrics' ``FrechetInceptionDistance`` with the classifier as its feature extractor.
+``log_frechet`` (the two image streams into a metric, then the logged value) is shared with
+``FrechetInceptionDistance`` (callbacks/fid.py), which measures the same in Inception-v3's features.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 import lightning.pytorch as pl
@@ -46,6 +47,31 @@ def generated_images(
         n = min(batch_size, num_samples - i)
         labels = torch.arange(i, i + n) % k if k else None
         yield pl_module.sample(n, sampler, steps, guidance_scale, seed=seed + i, labels=labels)
+
+
+def log_frechet(
+    callback: Callback, trainer: pl.Trainer, pl_module: pl.LightningModule, key: str,
+    prepare: Callable[[Tensor], Tensor] = lambda images: images,
+) -> None:
+    """Logs ``key``: ``callback.metric`` (a torchmetrics FID kept on rank 0, real side featurised once) over
+    the callback's ``num_samples`` validation and generated images, ``prepare``-d for its feature extractor.
+
+    Every rank samples (the forward of a sharded net is collective); rank 0 measures and logs.
+    """
+    rank0, metric = trainer.is_global_zero, callback.metric
+    if rank0:
+        metric.to(pl_module.device)
+        if int(metric.real_features_num_samples) == 0:  # kept across validations (reset_real_features=False)
+            for images in real_images(trainer, callback.num_samples, pl_module.device):
+                metric.update(prepare(images), real=True)
+    for images in generated_images(pl_module, callback.num_samples, callback.batch_size, callback.sampler,
+                                   callback.steps, callback.guidance_scale, callback.seed):
+        if rank0:
+            metric.update(prepare(images), real=False)
+    if rank0:
+        value = metric.compute().item()
+        metric.reset()  # the generated side only
+        pl_module.log(key, value, on_step=False, on_epoch=True, rank_zero_only=True)
 
 
 class FrechetDistance(Callback):
@@ -88,37 +114,20 @@ class FrechetDistance(Callback):
         self.guidance_scale, self.batch_size = guidance_scale, batch_size
         self.every_n_epochs, self.seed = every_n_epochs, seed
         self.classifier_mean, self.classifier_std = classifier_mean, classifier_std
-        self._features = None
-        self._reference: tuple[Tensor, Tensor] | None = None
+        self.metric = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if self._features is None and trainer.is_global_zero:
+        if self.metric is None and trainer.is_global_zero:
+            from torchmetrics.image.fid import FrechetInceptionDistance as FID
+
             from zoo.diffusion.metrics import ClassifierFeatures
 
-            self._features = ClassifierFeatures.from_checkpoint(self.classifier, self.classifier_mean, self.classifier_std)
-
-    def _real_stats(self, trainer: pl.Trainer, device: torch.device) -> tuple[Tensor, Tensor]:
-        from zoo.diffusion.metrics import gaussian_stats
-
-        return gaussian_stats(torch.cat([self._features(x) for x in real_images(trainer, self.num_samples, device)]))
+            features = ClassifierFeatures.from_checkpoint(self.classifier, self.classifier_mean, self.classifier_std)
+            # rank 0 alone holds the metric: syncing its states at compute would wait for the other ranks forever.
+            self.metric = FID(feature=features, reset_real_features=False, sync_on_compute=False)
 
     def on_validation_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        if not due(trainer, batch_idx, dataloader_idx, self.every_n_epochs):
-            return
-        from zoo.diffusion.metrics import frechet_distance, gaussian_stats
-
-        rank0 = trainer.is_global_zero
-        if rank0:
-            self._features.to(pl_module.device)
-            if self._reference is None:
-                self._reference = self._real_stats(trainer, pl_module.device)
-        feats = []
-        for images in generated_images(pl_module, self.num_samples, self.batch_size, self.sampler, self.steps,
-                                       self.guidance_scale, self.seed):
-            if rank0:  # every rank samples; rank 0 measures
-                feats.append(self._features(images))
-        if rank0:
-            fd = frechet_distance(*gaussian_stats(torch.cat(feats)), *self._reference)
-            pl_module.log("val/fd_classifier", fd, on_step=False, on_epoch=True, rank_zero_only=True)
+        if due(trainer, batch_idx, dataloader_idx, self.every_n_epochs):
+            log_frechet(self, trainer, pl_module, "val/fd_classifier")

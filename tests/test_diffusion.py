@@ -394,8 +394,10 @@ def test_training_steps_lower_the_loss(prediction, min_snr_gamma):
 def test_frechet_distance_matches_the_closed_forms():
     from scipy import linalg
 
-    from zoo.diffusion.metrics import frechet_distance
+    # The formula behind callbacks.FrechetDistance and FrechetInceptionDistance: torchmetrics' FID.
+    from torchmetrics.image.fid import _compute_fid
 
+    frechet_distance = lambda *args: float(_compute_fid(*args))  # noqa: E731
     # 1-D: (m1 - m2)^2 + (s1 - s2)^2
     t = lambda *v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
     assert frechet_distance(t(1.0), t([4.0]), t(-1.0), t([1.0])) == pytest.approx(5.0)
@@ -418,6 +420,7 @@ def test_classifier_features_are_the_input_of_the_last_linear_layer():
     x = torch.rand(5, 3, 8, 8) * 2 - 1
     standardised = ((x + 1) / 2 - torch.tensor([0.5, 0.4, 0.3]).view(-1, 1, 1)) / 0.2
     torch.testing.assert_close(feats(x), net.features(standardised).mean(dim=(2, 3)))
+    assert feats.num_features == feats(x).shape[1]
     feats.train()
     assert not net.training and not any(p.requires_grad for p in net.parameters())
 

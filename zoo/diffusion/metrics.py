@@ -1,35 +1,18 @@
-"""Sample quality as a Fréchet distance between Gaussians fitted to image features (Heusel et al. 2017).
+"""Image features for a Fréchet distance (Heusel et al. 2017) that needs no Inception weights.
 
 FID takes the features from an ImageNet Inception-v3, which needs its weights file. Always available
 offline instead: the features of a classifier the zoo trained on the same data (the input of its last
-linear layer), through ``ClassifierFeatures``. Its numbers are not FID's and compare only between runs
+linear layer), through ``ClassifierFeatures``, which torchmetrics' ``FrechetInceptionDistance`` takes as its
+feature extractor (``callbacks.FrechetDistance``). Its numbers are not FID's and compare only between runs
 that use the same classifier checkpoint, but they fall as samples approach the data just the same.
 
-Notation: N images, F feature width.
+Notation: B images, F feature width.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-
-
-def gaussian_stats(features: Tensor) -> tuple[Tensor, Tensor]:
-    """Mean (F,) and covariance (F, F), in float64, of (N, F) features."""
-    f = features.double()
-    return f.mean(0), torch.cov(f.T)
-
-
-def frechet_distance(mu1: Tensor, cov1: Tensor, mu2: Tensor, cov2: Tensor) -> float:
-    """||mu1 - mu2||^2 + Tr(C1 + C2 - 2 (C1 C2)^(1/2)), the squared W2 distance of two Gaussians.
-
-    Tr (C1 C2)^(1/2) = Tr (C1^(1/2) C2 C1^(1/2))^(1/2), whose argument is symmetric PSD: two
-    eigendecompositions, no non-symmetric matrix square root (scipy's ``sqrtm`` in the FID code).
-    """
-    w1, v1 = torch.linalg.eigh(cov1)
-    sqrt1 = (v1 * w1.clamp(min=0).sqrt()) @ v1.T  # C1^(1/2)
-    cross = torch.linalg.eigvalsh(sqrt1 @ cov2 @ sqrt1).clamp(min=0).sqrt().sum()
-    return float((mu1 - mu2).pow(2).sum() + cov1.trace() + cov2.trace() - 2 * cross)
 
 
 class ClassifierFeatures(nn.Module):
@@ -47,6 +30,7 @@ class ClassifierFeatures(nn.Module):
         linears = [m for m in net.modules() if isinstance(m, nn.Linear)]
         if not linears:
             raise ValueError(f"{type(net).__name__} has no linear layer whose input could serve as features")
+        self.num_features = linears[-1].in_features  # F, which torchmetrics' FID sizes its statistics by
         self._features: Tensor | None = None
         linears[-1].register_forward_pre_hook(self._grab)
         self.register_buffer("mean", torch.tensor(mean).view(-1, 1, 1), persistent=False)
