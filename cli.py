@@ -7,7 +7,9 @@ metric), learning-rate, grad-norm and precision monitors, a checkpoint on except
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 import time
 import uuid
 import warnings
@@ -29,6 +31,7 @@ DEFAULT_CALLBACKS = [
     {"class_path": "lightning.pytorch.callbacks.OnExceptionCheckpoint", "init_args": {"dirpath": EXCEPTION_DIR}},
     {"class_path": "callbacks.WritePredictions"},
     {"class_path": "callbacks.ProgressBar"},
+    {"class_path": "callbacks.ModelSummary"},
 ]
 
 RUN_DIR_ENV = "ZOO_RUN_DIR"  # the folder of a run without an MLflow logger, passed to the ranks Lightning launches
@@ -39,9 +42,26 @@ TRAINER_DEFAULTS = {
 }
 
 
-# Lightning announces its resume-from-OnExceptionCheckpoint search on every fit; nothing to act on.
-warnings.filterwarnings("ignore", message=r".*\.fit\(ckpt_path=None\)` was called without a model")
-warnings.filterwarnings("ignore", message=r".*\.fit\(ckpt_path=\"last\"\) is set, but there is no last checkpoint")
+VERBOSE_ENV = "ZOO_VERBOSE"  # set (or pass --verbose) to see the full traceback of a bad-input error
+
+
+def quiet_uninformative_messages() -> None:
+    """Silence, by exact message, what Lightning and torch print on every run that no user can act on."""
+    # Lightning announces its resume-from-OnExceptionCheckpoint search on every fit.
+    warnings.filterwarnings("ignore", message=r".*\.fit\(ckpt_path=None\)` was called without a model")
+    warnings.filterwarnings("ignore", message=r".*\.fit\(ckpt_path=\"last\"\) is set, but there is no last checkpoint")
+    # Lightning 2.6's own _pytree helper builds the LeafSpec that torch 2.14 deprecates.
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
+    noise = (
+        "💡 Tip: For seamless cloud logging",  # an advertisement for Lightning's hosted logger
+        "Loading `train_dataloader` to estimate number of stepping batches",  # the schedules' horizon
+        "Trainer already configured with model summary callbacks",  # callbacks.ModelSummary is the default
+    )
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(lambda record: not str(record.msg).startswith(noise))
+
+
+quiet_uninformative_messages()
 
 
 class ZooCLI(LightningCLI):
@@ -66,6 +86,8 @@ class ZooCLI(LightningCLI):
             dropped.append("LearningRateMonitor")
         if cfg.trainer.get("enable_progress_bar") is False:
             dropped.append("ProgressBar")
+        if cfg.trainer.get("enable_model_summary") is False:
+            dropped.append("ModelSummary")
         if dropped and cfg.trainer.get("callbacks"):
             cfg.trainer.callbacks = [
                 c for c in cfg.trainer.callbacks
@@ -77,6 +99,13 @@ class ZooCLI(LightningCLI):
             # fp16 matmuls are an order of magnitude slower than fp32 on CPUs; bf16 is faster.
             warnings.warn("precision 16-mixed on a CPU runs as bf16-mixed", stacklevel=1)
             cfg.trainer.precision = "bf16-mixed"
+
+    def before_validate(self) -> None:
+        # validate/test/predict write no checkpoint, so the checkpoint callback's folder differing from the
+        # one stored in the loaded checkpoint (it always does: each run has its own) tells the user nothing.
+        warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
+
+    before_test = before_predict = before_validate
 
     def before_fit(self) -> None:
         # Lightning resumes fit from the newest OnExceptionCheckpoint or last.ckpt it can find; a folder per
@@ -135,8 +164,34 @@ def main(args: list[str] | None = None, run: bool = True) -> ZooCLI:
     )
 
 
+def bad_input(err: BaseException) -> BaseException | None:
+    """The error in ``err``'s chain that names a missing or refused input file and its fix, if any."""
+    from zoo.layers.weights import UnsafeCheckpointError
+
+    while err is not None:
+        if isinstance(err, (FileNotFoundError, NotADirectoryError, UnsafeCheckpointError)):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def run() -> None:
+    """``main()`` for a person at a terminal: a missing dataset or file is one line and its fix."""
+    if "--verbose" in sys.argv:
+        sys.argv.remove("--verbose")
+        os.environ[VERBOSE_ENV] = "1"
+    try:
+        main()
+    except Exception as err:
+        cause = bad_input(err)
+        if cause is None or os.environ.get(VERBOSE_ENV):
+            raise
+        print(f"error: {cause}\n(the full traceback: rerun with --verbose or {VERBOSE_ENV}=1)", file=sys.stderr)
+        sys.exit(1)
+
+
 if __name__ == "__main__":
-    main()
+    run()
     # Close a DDP/FSDP process group before the interpreter exits: left to exit-time destructors, gloo's
     # threads can abort a finished run ("terminate called without an active exception").
     if torch.distributed.is_available() and torch.distributed.is_initialized():

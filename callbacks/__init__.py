@@ -7,7 +7,8 @@ from callbacks.image_samples import LogImageSamples
 from callbacks.monitors import GradNormMonitor, NonFiniteLossError, PrecisionMonitor
 from callbacks.predictions import WritePredictions
 from callbacks.progress import ProgressBar
+from callbacks.summary import ModelSummary
 from callbacks.text_samples import LogTextSamples
 
 __all__ = ["FrechetDistance", "FrechetInceptionDistance", "GradNormMonitor", "LogImageSamples", "LogTextSamples",
-           "MonitoredCheckpoint", "NonFiniteLossError", "PrecisionMonitor", "ProgressBar", "WritePredictions"]
+           "ModelSummary", "MonitoredCheckpoint", "NonFiniteLossError", "PrecisionMonitor", "ProgressBar", "WritePredictions"]

@@ -82,9 +82,36 @@ def test_missing_dataset_fails_fast_with_what_to_pass():
             "--data.init_args.root=nowhere", "--data.init_args.num_workers=0")
 
 
-def test_missing_image_folder_fails_at_once():
+def test_missing_image_folder_fails_at_once_in_one_line():
     proc = run_cli("fit", "--config", str(CONFIGS / "cnn" / "torchvision_imagefolder.yaml"), timeout=120)
     assert proc.returncode != 0 and "data.init_args.root" in proc.stderr, proc.stderr[-2000:]
+    # One line naming the folder and the key to set, one pointing at the traceback; no traceback itself.
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "path/to/image_folder" in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "--verbose" in proc.stderr, proc.stderr[-2000:]
+    verbose = run_cli("fit", "--config", str(CONFIGS / "cnn" / "torchvision_imagefolder.yaml"), "--verbose",
+                      timeout=120)
+    assert verbose.returncode != 0 and "Traceback" in verbose.stderr and "FileNotFoundError" in verbose.stderr
+
+
+# What Lightning and torch print on every run that no user can act on (cli.quiet_uninformative_messages).
+NOISE = ("Tip:", "litlogger", "LeafSpec", "FLOPs", "dirpath has changed", "estimate number of stepping batches",
+         "already configured with model summary")
+
+
+def test_plain_fit_and_evaluation_print_nothing_a_user_cannot_act_on():
+    proc = run_cli("fit", "--config", str(TINY), "--trainer.max_epochs=1", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Total params" in proc.stdout + proc.stderr  # the model summary itself stays
+    last = next(line for line in proc.stdout.splitlines() if line.startswith("Last checkpoint:")).split(": ", 1)[1]
+    outputs = [proc]
+    for sub in ("validate", "test", "predict"):
+        outputs.append(run_cli(sub, "--config", str(TINY), f"--ckpt_path={last}", timeout=300))
+        assert outputs[-1].returncode == 0, outputs[-1].stderr[-3000:]
+    for out in outputs:
+        printed = out.stdout + out.stderr
+        assert not [n for n in NOISE if n in printed], printed[-3000:]
+        assert "Warning" not in printed, printed[-3000:]
 
 
 @pytest.mark.parametrize(
