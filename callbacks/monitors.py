@@ -16,49 +16,13 @@ import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.plugins.precision import FSDPPrecision, MixedPrecision
 from torch import Tensor
-from torch.distributed.tensor import DTensor, Partial, Replicate
 
+from zoo.layers.gradnorm import grad_norm_keys, grad_norms_per_tensor, total_norm
 from zoo.layers.logging import lightning_writes
 
 
 class NonFiniteLossError(RuntimeError):
     """The training loss was NaN or inf; raised before backward, so the weights never saw it."""
-
-
-def grad_norms_per_tensor(grads: list[Tensor], norm_type: float = 2.0) -> Tensor:
-    """(P,) float32 p-norm of each gradient; for a DTensor, the norm of the full tensor across ranks.
-
-    Accumulating in float32 keeps fp16 gradients (precision="16-true") from overflowing the norm.
-    """
-    if not any(isinstance(g, DTensor) for g in grads):
-        return torch.stack(torch._foreach_norm(grads, norm_type, dtype=torch.float32))
-    groups: dict[Any, list[int]] = {}  # plain tensors under None, DTensors by (mesh, placements)
-    for i, g in enumerate(grads):
-        groups.setdefault((g.device_mesh, g.placements) if isinstance(g, DTensor) else None, []).append(i)
-    norms: list[Tensor] = [torch.empty(0)] * len(grads)
-    for key, idx in groups.items():
-        group = [grads[i] for i in idx]
-        group_norms = _full_norms(group, norm_type) if key is not None else grad_norms_per_tensor(group, norm_type)
-        for i, n in zip(idx, group_norms.unbind()):
-            norms[i] = n
-    return torch.stack(norms)
-
-
-def _full_norms(grads: list[DTensor], norm_type: float) -> Tensor:
-    """(P,) norms of DTensors sharing one mesh and placements, in one collective (FSDP2, tensor parallel).
-
-    The norms of the local shards combine exactly: sum of norm**p over the sharded mesh dims (max for
-    p=inf). Done by hand because DTensor's `_foreach_norm` rule rejects the float32 `dtype` argument.
-    """
-    mesh, placements = grads[0].device_mesh, grads[0].placements
-    if any(p.is_partial() for p in placements):  # unreduced grads: reduce them first
-        placements = tuple(Replicate() if p.is_partial() else p for p in placements)
-        grads = [g.redistribute(mesh, placements) for g in grads]
-    local = torch.stack(torch._foreach_norm([g.to_local() for g in grads], norm_type, dtype=torch.float32))
-    inf = math.isinf(norm_type)
-    partial = [Partial("max" if inf else "sum") if p.is_shard() else Replicate() for p in placements]
-    full = DTensor.from_local(local if inf else local.pow(norm_type), mesh, partial, run_check=False).full_tensor()
-    return full if inf else full.pow(1.0 / norm_type)
 
 
 class GradNormMonitor(Callback):
@@ -100,7 +64,7 @@ class GradNormMonitor(Callback):
         # true, unscaled, unclipped gradients. Under 16-mixed an occasional inf is normal: GradScaler then
         # skips the step (see PrecisionMonitor's precision/skipped_steps).
         if not pl_module.automatic_optimization:
-            return
+            return  # its own training_step logs these, from zoo.layers.gradnorm, between backward and step
         step = trainer.global_step + 1  # this step, 1-based, as Lightning's logger connector counts it
         log_total = step % self.log_every_n_steps == 0 and lightning_writes(trainer, step)
         log_layers = (
@@ -114,10 +78,8 @@ class GradNormMonitor(Callback):
             return
         norms = grad_norms_per_tensor([g for _, g in named], self.norm_type)  # (P,)
         if log_total:
-            # A tensor holding inf/nan has a non-finite norm, so the count needs no extra pass.
-            total, nonfinite = torch.linalg.vector_norm(norms, self.norm_type), (~torch.isfinite(norms)).sum()
-            pl_module.log("grad/norm", total, on_step=True, on_epoch=False)
-            pl_module.log("grad/nonfinite", nonfinite.float(), on_step=True, on_epoch=False)
+            for key, value in zip(grad_norm_keys(), total_norm(norms, self.norm_type)):
+                pl_module.log(key, value, on_step=True, on_epoch=False)
         if log_layers:
             # P keys through `pl_module.log` would cost P * ~0.4 ms; one host transfer and one write per logger
             # instead, at the step number Lightning gives this optimizer step (as LearningRateMonitor does).

@@ -234,8 +234,9 @@ def test_tiny_fits_predicts_and_reloads():
 
     run = MlflowClient(trainer.logger._tracking_uri).get_run(trainer.logger.run_id)
     for key in ("val/return", "train/pg_loss", "train/v_loss", "train/entropy", "train/rho", "train/policy_lag",
-                "train/episode_return", "grad/norm", "lr"):
+                "train/episode_return", "grad/norm", "grad/nonfinite", "lr"):
         assert key in run.data.metrics, key
+    assert run.data.metrics["grad/norm"] > 0 and run.data.metrics["grad/nonfinite"] == 0
     last = trainer.checkpoint_callback.last_model_path
 
     cli("predict", "--config", TINY, "--ckpt_path", last)

@@ -18,6 +18,8 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks.monitors import GradNormMonitor, NonFiniteLossError, PrecisionMonitor, grad_norms_per_tensor
+from zoo.layers.gradnorm import clip_grad_norm, grad_norm
+from zoo.layers.logging import lightning_writes
 
 LR, BATCH, STEPS = 0.1, 8, 4
 
@@ -170,6 +172,62 @@ def test_grad_norm_logs_nothing_under_manual_optimization():
 
     logger = fit(Manual(), [GradNormMonitor(per_layer_every_n_steps=1)])
     assert not [k for _, m in logger.metrics for k in m if k.startswith("grad/")]
+
+
+# --- zoo.layers.gradnorm: the same numbers, logged by manually optimised modules themselves ----------
+
+
+def test_clip_grad_norm_returns_torchs_norm_and_clips_the_same():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    ref = copy.deepcopy(net)
+    x = torch.randn(6, 4)
+    for m in (net, ref):
+        m(x).square().sum().backward()
+    unclipped = torch.nn.utils.get_total_norm([p.grad for p in ref.parameters()])
+    expected = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.1)
+    out = clip_grad_norm(net.parameters(), 0.1)
+    assert set(out) == {"grad/norm", "grad/nonfinite"} and out["grad/nonfinite"].item() == 0
+    assert out["grad/norm"].item() > 1.0  # the norm before clipping, far above the threshold
+    torch.testing.assert_close(out["grad/norm"], unclipped)
+    torch.testing.assert_close(out["grad/norm"], expected)
+    for mine, theirs in zip(net.parameters(), ref.parameters()):
+        torch.testing.assert_close(mine.grad, theirs.grad)  # clipped by the same factor
+
+
+def test_grad_norm_of_a_known_gradient_named_and_nonfinite():
+    a, b, frozen = (torch.nn.Parameter(torch.zeros(n)) for n in (2, 1, 3))
+    a.grad, b.grad = torch.tensor([3.0, 4.0]), torch.tensor([12.0])  # a global 2-norm of 13; `frozen` has none
+    out = grad_norm([a, b, frozen], name="critic")
+    assert {k: v.item() for k, v in out.items()} == {"grad/norm/critic": 13.0, "grad/nonfinite/critic": 0.0}
+    assert grad_norm([a, b], math.inf)["grad/norm"].item() == 12.0
+    assert grad_norm([frozen]) == {}
+    b.grad = torch.tensor([float("nan")])
+    out = grad_norm([a, b])
+    assert out["grad/nonfinite"].item() == 1.0 and math.isnan(out["grad/norm"].item())
+
+
+def test_a_manual_module_logs_what_grad_norm_monitor_logs_for_an_automatic_one():
+    class Manual(Tiny):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            opt = self.optimizers()
+            opt.zero_grad()
+            self.manual_backward(super().training_step(batch, batch_idx))
+            grads = clip_grad_norm(self.parameters(), 0.01)
+            opt.step()
+            if lightning_writes(self.trainer):
+                self.log_dict(grads, on_step=True, on_epoch=False)
+
+    manual = fit(Manual(), [GradNormMonitor()], steps=4, log_every_n_steps=2)
+    automatic = fit(Tiny(), [GradNormMonitor()], steps=4, log_every_n_steps=2, gradient_clip_val=0.01)
+    expected = [e["grad/norm"] for e in reference_grad_norms(clip=0.01)]
+    assert manual.series("grad/norm") == pytest.approx(expected[1::2], rel=1e-6)  # Lightning writes steps 2, 4
+    assert manual.series("grad/norm") == pytest.approx(automatic.series("grad/norm"), rel=1e-6)
+    assert manual.series("grad/nonfinite") == automatic.series("grad/nonfinite") == [0.0, 0.0]
 
 
 def _fsdp2_worker(rank: int, world_size: int, port: int, results) -> None:

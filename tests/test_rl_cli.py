@@ -56,8 +56,9 @@ def test_tiny_fits_predicts_and_reloads_with_its_statistics():
     run = MlflowClient(trainer.logger._tracking_uri).get_run(trainer.logger.run_id)
     assert run.data.tags["zoo.family"] == "rl"
     for key in ("val/return", "val/return_std", "train/pg_loss", "train/v_loss", "train/entropy", "train/approx_kl",
-                "train/episode_return", "grad/norm", "lr/pg1"):
+                "train/episode_return", "grad/norm", "grad/nonfinite", "lr/pg1"):
         assert key in run.data.metrics, key
+    assert run.data.metrics["grad/norm"] > 0 and run.data.metrics["grad/nonfinite"] == 0
     last = trainer.checkpoint_callback.last_model_path
 
     # CartPole draws with pygame, which is not installed here: the video is skipped, predict goes on.
@@ -164,8 +165,9 @@ def test_a2c_tiny_fits_predicts_reloads_and_resumes():
     assert RecordFirstBatch.seen["env_steps"] == 128 and torch.equal(RecordFirstBatch.seen["rng"], saved["rng"]["torch"])
     assert int(resumed.model.env_steps) == 512 and resumed.trainer.global_step == 16
     run = MlflowClient(resumed.trainer.logger._tracking_uri).get_run(resumed.trainer.logger.run_id)
-    for key in ("val/return", "train/pg_loss", "train/v_loss", "train/entropy", "grad/norm"):
+    for key in ("val/return", "train/pg_loss", "train/v_loss", "train/entropy", "grad/norm", "grad/nonfinite"):
         assert key in run.data.metrics, key
+    assert run.data.metrics["grad/norm"] > 0 and run.data.metrics["grad/nonfinite"] == 0
 
     final = resumed.trainer.checkpoint_callback.last_model_path
     cli("predict", "--config", A2C_TINY, "--ckpt_path", final)

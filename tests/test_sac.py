@@ -218,6 +218,8 @@ def test_tiny_fits_predicts_and_reloads(tmp_path):
     for key in ("val/return", "val/return_std", "train/critic_loss", "train/actor_loss", "train/alpha_loss",
                 "train/alpha", "train/qf1_loss", "train/q_value", "train/entropy", "train/episode_return"):
         assert key in run.data.metrics, key
+    for net in ("actor", "critic", "temperature"):  # each network's gradient norm, before its optimizer step
+        assert run.data.metrics[f"grad/norm/{net}"] > 0 and run.data.metrics[f"grad/nonfinite/{net}"] == 0, net
     assert run.data.metrics["train/alpha"] != 1.0  # the temperature was learned
     last = trainer.checkpoint_callback.last_model_path
     saved = torch.load(last, weights_only=True)  # buffer and all: weights-only loadable

@@ -21,6 +21,7 @@ import torch
 from lightning.pytorch import LightningModule
 from torch import Tensor
 
+from zoo.layers.gradnorm import clip_grad_norm
 from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
 from zoo.rl.agent import AgentEnvs, open_rollout_collector, rmsprop_or_adam, rollout_metrics
@@ -144,7 +145,7 @@ class A2CModule(LightningModule):
         opt = self.optimizers()
         opt.zero_grad()
         self.manual_backward(out["loss"])
-        out["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.net.parameters(), h.max_grad_norm)
+        out |= clip_grad_norm(self.net.parameters(), h.max_grad_norm)  # grad/norm before clipping
         opt.step()
         return out
 

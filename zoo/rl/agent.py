@@ -217,9 +217,7 @@ def rollout_metrics(rollout: Rollout, returns: Tensor, stats: dict[str, Tensor],
     """What an on-policy training step logs: the loss terms, value fit, env steps, and the mean return and
     length of the training episodes that ended since the last log (``episodes``, emptied here)."""
     keep = rollout.valid
-    metrics = {f"train/{k}": v for k, v in stats.items() if k != "grad_norm"}
-    if "grad_norm" in stats:
-        metrics["grad/norm"] = stats["grad_norm"]  # GradNormMonitor's key; it skips manual optimisation
+    metrics = {k if k.startswith("grad/") else f"train/{k}": v for k, v in stats.items()}
     metrics["train/explained_variance"] = explained_variance(rollout.values[:-1][keep], returns[keep])
     metrics["train/env_steps"] = env_steps.float()
     ended = torch.cat(episodes, 1)

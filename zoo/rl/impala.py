@@ -29,6 +29,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule
 from torch import Tensor
 
+from zoo.layers.gradnorm import clip_grad_norm
 from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
 from zoo.rl.actors import ActorPool, EnvSpec, Trajectories
@@ -195,7 +196,7 @@ class IMPALAModule(LightningModule):
         opt = self.optimizers()
         opt.zero_grad()
         self.manual_backward(out["loss"])
-        out["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.net.parameters(), h.max_grad_norm)
+        out |= clip_grad_norm(self.net.parameters(), h.max_grad_norm)  # grad/norm before clipping
         opt.step()
         with torch.no_grad():
             rhos = log_rhos.exp()
@@ -204,8 +205,7 @@ class IMPALAModule(LightningModule):
         return out
 
     def _log_training(self, stats: dict[str, Tensor]) -> None:
-        metrics = {f"train/{k}": v for k, v in stats.items() if k != "grad_norm"}
-        metrics["grad/norm"] = stats["grad_norm"]  # GradNormMonitor's key; it skips manual optimisation
+        metrics = {k if k.startswith("grad/") else f"train/{k}": v for k, v in stats.items()}
         metrics["train/env_steps"] = self.env_steps.float()
         count, returns, lengths = self._episodes.tolist()
         if count:

@@ -27,6 +27,7 @@ from lightning.pytorch import LightningModule
 from torch import Tensor
 from torch.optim.lr_scheduler import LambdaLR
 
+from zoo.layers.gradnorm import clip_grad_norm
 from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
 from zoo.layers.optim import param_groups
@@ -172,7 +173,7 @@ class PPOModule(LightningModule):
         advantages, returns = advantages.flatten()[keep], returns.flatten()[keep]
         opt = self.optimizers()
         size = math.ceil(len(keep) / h.num_minibatches)
-        updates = 0
+        updates, grads = 0, {}
         for _ in range(h.update_epochs):
             for mb in torch.randperm(len(keep), device=self.device).split(size):
                 _, logprob, entropy, value = self.net.get_action_and_value(obs[mb], actions[mb])
@@ -180,13 +181,13 @@ class PPOModule(LightningModule):
                 out = ppo_loss(logprob, old_logprobs[mb], adv, value, old_values[mb], returns[mb], entropy,
                                clip, h.vf_coef, h.ent_coef, h.clip_vloss)
                 if h.target_kl is not None and out["approx_kl"] > 1.5 * h.target_kl:
-                    return {**out, "updates": torch.tensor(float(updates))}  # SB3: stop before the overshoot
+                    return {**out, **grads, "updates": torch.tensor(float(updates))}  # SB3: stop before the overshoot
                 opt.zero_grad()
                 self.manual_backward(out["loss"])
-                out["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.net.parameters(), h.max_grad_norm)
+                grads = clip_grad_norm(self.net.parameters(), h.max_grad_norm)  # the norm before clipping
                 opt.step()
                 updates += 1
-        return {**out, "updates": torch.tensor(float(updates))}
+        return {**out, **grads, "updates": torch.tensor(float(updates))}
 
     def configure_optimizers(self):
         h = self.hparams

@@ -37,6 +37,7 @@ import torch
 from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
+from zoo.layers.gradnorm import grad_norm
 from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
 from zoo.rl.agent import AgentEnvs, train_seed
@@ -189,6 +190,7 @@ class SACModule(LightningModule):
         # Python counters inside the loop, written back once: no tensor op (or device sync) per env step.
         env_steps, updates, n = int(self.env_steps), int(self.updates), collector.num_envs
         stats: dict[str, Tensor] = {}
+        measure = lightning_writes(self.trainer)  # gradient norms only for the step whose log Lightning writes
         for _ in range(h.steps_per_batch):
             collector.step(self._explore if env_steps >= h.learning_starts else None)
             env_steps += n
@@ -197,20 +199,22 @@ class SACModule(LightningModule):
                     and len(self.buffer) >= h.batch_size):
                 for _ in range(h.gradient_steps):
                     updates += 1
-                    stats = self._update(*optimizers, polyak=updates % h.target_update_interval == 0)
+                    stats = self._update(*optimizers, polyak=updates % h.target_update_interval == 0, measure=measure)
         self.env_steps.fill_(env_steps)
         self.updates.fill_(updates)
         if h.norm_obs:
             self.obs_rms.update(collector.pop_observations())
-        if lightning_writes(self.trainer):
+        if measure:
             self._log_training(stats)
         if env_steps + self._steps_per_batch() > h.total_env_steps:
             self.trainer.should_stop = True
 
-    def _update(self, actor_opt, critic_opt, alpha_opt, polyak: bool = True) -> dict[str, Tensor]:
+    def _update(self, actor_opt, critic_opt, alpha_opt, polyak: bool = True, measure: bool = False
+                ) -> dict[str, Tensor]:
         """One gradient update of temperature, critics and actor on a replay minibatch, then the targets'
-        Polyak step when ``polyak``; the update's terms."""
+        Polyak step when ``polyak``; the update's terms, with each network's gradient norm when ``measure``."""
         h = self.hparams
+        grads: dict[str, Tensor] | None = {} if measure else None
         data = self.buffer.sample(h.batch_size)
         obs, next_obs = self._observe(data.obs), self._observe(data.next_obs)  # (B, O)
         # 1. The actions the actor loss will score, and the temperature step on their log-probabilities.
@@ -218,32 +222,35 @@ class SACModule(LightningModule):
         alpha = self.log_alpha.detach().exp()  # this update's alpha, as SB3's ent_coef (taken before its step)
         temperature = sac_temperature_loss(self.log_alpha, logprob, self.target_entropy)
         if h.autotune:
-            alpha_opt.zero_grad()
-            self.manual_backward(temperature["loss"])
-            alpha_opt.step()
+            self._step(alpha_opt, temperature["loss"], [self.log_alpha], "temperature", grads)
         # 2. Critics towards the soft target, from fresh next actions and the target critics.
         with torch.no_grad():
             next_action, next_logprob = self.net.get_action(next_obs)
             next_q = self.critic_target(next_obs, next_action)  # (K, B)
             target = soft_q_target(data.rewards, data.terminated, next_q, next_logprob, alpha, h.gamma)
         critic = sac_critic_loss(self.net.get_q_values(obs, data.actions), target)
-        critic_opt.zero_grad()
-        self.manual_backward(critic["loss"])
-        critic_opt.step()
+        self._step(critic_opt, critic["loss"], self.net.critic.parameters(), "critic", grads)
         # 3. Actor through the updated critics, whose own weights take no gradient from this loss.
         actor = sac_actor_loss(logprob, self.net.get_q_values(obs, pi, detach_params=True), alpha)
-        actor_opt.zero_grad()
-        self.manual_backward(actor["loss"])
-        actor_opt.step()
+        self._step(actor_opt, actor["loss"], self.net.actor.parameters(), "actor", grads)
         # 4. theta' <- theta' + tau (theta - theta'): one fused op over all target tensors, no loop per tensor.
         if polyak:
             with torch.no_grad():
                 torch._foreach_lerp_(list(self.critic_target.parameters()), list(self.net.critic.parameters()), h.tau)
         return {"critic_loss": critic.pop("loss"), "actor_loss": actor.pop("loss"),
-                "alpha_loss": temperature.pop("loss"), **critic, **actor, **temperature}
+                "alpha_loss": temperature.pop("loss"), **critic, **actor, **temperature, **(grads or {})}
+
+    def _step(self, opt, loss: Tensor, params, name: str, grads: dict[str, Tensor] | None) -> None:
+        """One optimizer step on ``loss``; the gradient norm of ``params`` (``grad/norm/<name>``) goes into
+        ``grads`` when given, measured between backward and step as for every family."""
+        opt.zero_grad()
+        self.manual_backward(loss)
+        if grads is not None:
+            grads |= grad_norm(params, name=name)
+        opt.step()
 
     def _log_training(self, stats: dict[str, Tensor]) -> None:
-        metrics = {f"train/{k}": v for k, v in stats.items()}
+        metrics = {k if k.startswith("grad/") else f"train/{k}": v for k, v in stats.items()}
         metrics["train/env_steps"] = self.env_steps.float()
         metrics["train/buffer_size"] = torch.tensor(float(len(self.buffer)))
         returns, lengths = self.collector.pop_episodes()
