@@ -16,27 +16,19 @@ from __future__ import annotations
 
 from typing import Literal
 
-import numpy as np
-import torch
-from lightning.pytorch import LightningModule
 from torch import Tensor
 
 from zoo.layers.gradnorm import clip_grad_norm
 from zoo.layers.hparams import save_hparams
-from zoo.layers.logging import lightning_writes
-from zoo.rl.agent import AgentEnvs, open_rollout_collector, rmsprop_or_adam, rollout_metrics
+from zoo.rl.agent import AgentModule, collect_rollout, finish_rollout, open_rollout_collector, rmsprop_or_adam
 from zoo.rl.collector import Rollout, RolloutCollector
-from zoo.rl.losses import a2c_loss, gae, normalize
+from zoo.rl.losses import a2c_loss, normalize
 from zoo.rl.nets import ActorCritic
 from zoo.rl.normalization import RunningMeanStd
 
 
-class A2CModule(LightningModule):
+class A2CModule(AgentModule):
     """A2C: n-step (or GAE) advantages, one RMSprop step per rollout, entropy bonus, gradient clipping."""
-
-    family = "rl"
-    monitor = "val/return"
-    monitor_mode = "max"
 
     def __init__(
         self,
@@ -82,55 +74,25 @@ class A2CModule(LightningModule):
             clip_reward: clip scaled rewards to [-clip_reward, clip_reward].
             num_threads: PyTorch CPU threads while this module runs (restored after); None: unchanged.
         """
-        super().__init__()
+        super().__init__(num_threads)
         save_hparams(self, "net")
-        self.automatic_optimization = False
         self.net = net
         self.obs_rms = RunningMeanStd((net.obs_dim,), clip=clip_obs)
         self.return_rms = RunningMeanStd((), clip=clip_reward)
-        self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))
-        self.collector: RolloutCollector | None = None
-        self.envs = AgentEnvs(self, num_threads)
-        self._episodes: list[Tensor] = []  # returns and lengths of training episodes since the last log
+        self.ended_episodes: list[Tensor] = []  # returns and lengths of training episodes since the last log
 
-    @torch.no_grad()
-    def act(self, obs: Tensor | np.ndarray, deterministic: bool = True) -> Tensor:
-        """Actions for raw observations (B, O), normalised with this agent's statistics when it uses them."""
-        x = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
-        if self.hparams.norm_obs:
-            x = self.obs_rms.normalize(x)
-        return self.net.act(x, deterministic)
+    def start_collecting(self, dm) -> RolloutCollector:
+        return open_rollout_collector(self, dm)
 
-    def setup(self, stage: str) -> None:
-        self.envs.setup(self.net)
+    @property
+    def batch_env_steps(self) -> int:
+        return self.hparams.num_steps * self.require_datamodule().num_envs
 
-    def on_train_start(self) -> None:
-        self.envs.restore_rng()
-        if self.collector is None:
-            self.collector = open_rollout_collector(self, self.envs)
-        if int(self.env_steps) + self.collector.num_steps * self.collector.envs.num_envs > self.hparams.total_env_steps:
-            self.trainer.should_stop = True  # a resumed run whose budget is already spent
-
-    def teardown(self, stage: str) -> None:
-        if self.collector is not None and stage == "fit":
-            self.collector.close()
-            self.collector = None
-        self.envs.teardown()
-
-    def training_step(self, batch: int, batch_idx: int) -> None:
-        h = self.hparams
-        rollout = self.collector.collect(self.net)
-        advantages, returns = gae(rollout.rewards, rollout.values, rollout.terminated, rollout.truncated,
-                                  h.gamma, h.gae_lambda)
+    def learn(self, write: bool) -> dict[str, Tensor]:
+        """One short rollout and one gradient step on all of it."""
+        rollout, advantages, returns = collect_rollout(self)
         stats = self._update(rollout, advantages, returns)
-        self.env_steps += rollout.env_steps
-        self.lr_schedulers().step()
-        self._episodes.append(torch.stack([rollout.episode_returns, rollout.episode_lengths.float()]))
-        if lightning_writes(self.trainer, self.trainer.fit_loop.epoch_loop._batches_that_stepped + 1):
-            self.log_dict(rollout_metrics(rollout, returns, stats, self.env_steps, self._episodes), on_step=True,
-                          on_epoch=False)
-        if int(self.env_steps) + rollout.env_steps > h.total_env_steps:
-            self.trainer.should_stop = True
+        return finish_rollout(self, rollout, returns, stats, write)
 
     def _update(self, rollout: Rollout, advantages: Tensor, returns: Tensor) -> dict[str, Tensor]:
         """One gradient step on the rollout's valid steps (autoreset steps are not transitions)."""
@@ -151,16 +113,3 @@ class A2CModule(LightningModule):
 
     def configure_optimizers(self):
         return rmsprop_or_adam(self)
-
-    def validation_step(self, batch: int, batch_idx: int) -> None:
-        self.envs.validate()
-
-    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
-        """Plays the DataModule's ``predict_episodes``; rows (episode, return, length) go to WritePredictions."""
-        return self.envs.play()
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        self.envs.save_to(checkpoint)
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.envs.load_from(checkpoint)

@@ -1,14 +1,19 @@
-"""What every agent module shares, composed into each rather than inherited: environments, evaluation, RNG.
+"""AgentModule: what every agent module shares, so that an agent writes only its nets and its update.
 
-Each agent (``PPOModule``, ``A2CModule``, ``SACModule``, ``IMPALAModule``) is one LightningModule directly
-below Lightning's base class; the parts they have in common live here as functions and one small class,
-``AgentEnvs``, which each module holds and calls from its own short hooks:
+``PPOModule``, ``A2CModule``, ``SACModule`` and ``IMPALAModule`` subclass it (the only level between them
+and Lightning's base class) and write ``__init__`` (nets, statistics), ``configure_optimizers``,
+``start_collecting`` (their collector over the DataModule's envs), ``batch_env_steps`` and ``learn`` (collect,
+loss, optimizer steps). Everything else is here:
   - the DataModule that builds the envs (``datamodules.GymDataModule``), checked against the net's shape;
+  - the training step around ``learn``: the learning-rate schedule, the metrics on the steps Lightning writes,
+    the stop before a step would exceed ``total_env_steps`` (also when a resumed run has spent it already);
+  - acting (``act``) with the running observation statistics of the agents that keep them;
   - the evaluators for validation and predict, on envs of their own, and the metrics they log;
   - in predict, a GIF of one episode logged to MLflow when the DataModule asks and the env can render;
   - the torch thread count pinned while the module runs (a small MLP runs fastest on one thread);
   - the global RNG state, saved in checkpoints and restored when fit resumes;
-  - the seed of a resumed run's new episodes.
+  - the seed of a resumed run's new episodes;
+  - the collector closed at the end of fit, and when fit fails or is interrupted.
 """
 
 from __future__ import annotations
@@ -19,14 +24,15 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import torch
-from lightning.pytorch import LightningModule
+from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torch.optim.lr_scheduler import LambdaLR
 
+from zoo.layers.logging import lightning_writes
 from zoo.layers.weights import check_compatible
 from zoo.rl.collector import Evaluator, Rollout, RolloutCollector
-from zoo.rl.losses import explained_variance
+from zoo.rl.losses import explained_variance, gae
 from zoo.rl.video import record_episode, save_gif
 from zoo.tracking import mlflow_loggers
 
@@ -80,17 +86,87 @@ def episode_rows(returns: Tensor, lengths: Tensor) -> dict[str, Tensor]:
     return {"episode": torch.arange(len(returns)), "return": returns, "length": lengths}
 
 
-class AgentEnvs:
-    """One agent module's link to its environments: DataModule, evaluators, thread pin, RNG to restore."""
+class StopCollectingOnException(Callback):
+    """Closes an agent's collector (envs, actor processes) when fit fails or is interrupted: Lightning then
+    skips the module's ``teardown`` hook, which closes it on a normal exit."""
 
-    def __init__(self, module: LightningModule, num_threads: int | None) -> None:
-        self.module, self.num_threads = module, num_threads
+    def on_exception(self, trainer, pl_module: AgentModule, exception: BaseException) -> None:
+        pl_module.stop_collecting()
+
+
+class AgentModule(LightningModule):
+    """An RL agent on the envs of a ``GymDataModule``: one training step is one ``learn``, manually optimised."""
+
+    family = "rl"
+    monitor = "val/return"
+    monitor_mode = "max"
+
+    def __init__(self, num_threads: int | None = 1) -> None:
+        """
+        Args:
+            num_threads: PyTorch CPU threads while this module runs (restored after). None: unchanged.
+        """
+        super().__init__()
+        # One training step holds many optimizer steps (minibatches, env steps): Lightning's per-step
+        # overhead would otherwise cost as much as a small MLP's update.
+        self.automatic_optimization = False
+        self.num_threads = num_threads
+        self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))
+        self.collector = None  # from start_collecting, while fit runs
         self._evaluators: dict[str, Evaluator] = {}
         self._threads_before: int | None = None
-        self.rng_to_restore: dict | None = None  # set by on_load_checkpoint, applied when fit starts
+        self._rng_to_restore: dict | None = None  # set by on_load_checkpoint, applied when fit starts
 
-    def setup(self, net: torch.nn.Module) -> None:
-        """Pins the thread count and checks that ``net`` (its ``obs_dim``, ``action_dim``, ``continuous``)
+    # -- what an agent writes ----------------------------------------------------------------------------
+
+    def start_collecting(self, dm):
+        """The collector of training data over ``dm``'s envs, seeded with ``self.train_seed(dm)``; has ``close()``."""
+        raise NotImplementedError
+
+    @property
+    def batch_env_steps(self) -> int:
+        """Env steps of one training step, all envs together."""
+        raise NotImplementedError
+
+    def learn(self, write: bool) -> dict[str, Tensor]:
+        """One training step: collect, losses, optimizer steps, ``env_steps`` advanced. Returns the step's metrics
+        when ``write`` (Lightning writes this step's logs): loss terms under their names (logged as ``train/...``)
+        and ``zoo.layers.gradnorm``'s ``grad/...``; return ``{}`` otherwise, as its values would be dropped."""
+        raise NotImplementedError
+
+    # -- acting ------------------------------------------------------------------------------------------
+
+    def observe(self, x: Tensor) -> Tensor:
+        """Raw observations (B, O) as the nets see them: normalised by the running statistics of an agent that
+        keeps them (``obs_rms``, with ``norm_obs``)."""
+        return self.obs_rms.normalize(x) if self.hparams.get("norm_obs") else x
+
+    @torch.no_grad()
+    def act(self, obs: Tensor | np.ndarray, deterministic: bool = True) -> Tensor:
+        """Actions for raw observations (B, O): the policy's mode, or a sample of it."""
+        x = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
+        return self.net.act(self.observe(x), deterministic)
+
+    # -- environments ------------------------------------------------------------------------------------
+
+    def datamodule(self):
+        trainer = self._trainer
+        dm = trainer.datamodule if trainer is not None else None
+        return dm if dm is not None and hasattr(dm, "make_envs") else None
+
+    def require_datamodule(self):
+        dm = self.datamodule()
+        if dm is None:
+            raise RuntimeError(f"{type(self).__name__} runs with a datamodule that builds its envs "
+                               "(datamodules.GymDataModule)")
+        return dm
+
+    def train_seed(self, dm) -> int:
+        """``dm.seed`` for a fresh run; a resumed run's new episodes get one drawn from (seed, env steps)."""
+        return train_seed(dm.seed, int(self.env_steps))
+
+    def setup(self, stage: str) -> None:
+        """Pins the thread count and checks that the net (its ``obs_dim``, ``action_dim``, ``continuous``)
         fits the DataModule's env, when there is one."""
         if self.num_threads and self._threads_before is None:
             self._threads_before = torch.get_num_threads()
@@ -98,81 +174,22 @@ class AgentEnvs:
         dm = self.datamodule()
         if dm is not None:
             want = net_shape_for(*dm.spaces)
-            have = {k: getattr(net, k, None) for k in want}
+            have = {k: getattr(self.net, k, None) for k in want}
             if want != have:
                 fix = " ".join(f"--model.init_args.net.init_args.{k}={v}" for k, v in want.items())
                 raise ValueError(f"{dm.env_id} needs a net with {want}, this one has {have}: pass {fix}")
 
-    def datamodule(self):
-        trainer = self.module._trainer
-        dm = trainer.datamodule if trainer is not None else None
-        return dm if dm is not None and hasattr(dm, "make_envs") else None
+    def configure_callbacks(self) -> list[Callback]:
+        return [StopCollectingOnException()]
 
-    def require_datamodule(self):
-        dm = self.datamodule()
-        if dm is None:
-            raise RuntimeError(f"{type(self.module).__name__} runs with a datamodule that builds its envs "
-                               "(datamodules.GymDataModule)")
-        return dm
+    def stop_collecting(self) -> None:
+        if self.collector is not None:
+            self.collector.close()
+            self.collector = None
 
-    def restore_rng(self) -> None:
-        """The RNG state of the checkpoint fit resumes from; called at train start, once the load is done."""
-        if self.rng_to_restore is not None:
-            set_rng_state(self.rng_to_restore)
-            self.rng_to_restore = None
-
-    def evaluate(self, stage: str, policy) -> tuple[Tensor, Tensor]:
-        """(returns, lengths) of the DataModule's ``eval_episodes`` ("val") or ``predict_episodes``; in
-        predict, also the recording of one episode when the DataModule asks for it."""
-        dm = self.require_datamodule()
-        if stage not in self._evaluators:
-            episodes = dm.eval_episodes if stage == "val" else dm.predict_episodes
-            envs = dm.make_envs(min(dm.eval_envs, episodes))
-            self._evaluators[stage] = Evaluator(envs, episodes, seed=dm.eval_seed, device=self.module.device)
-        if stage == "predict" and getattr(dm, "record_video", False):
-            self.record(dm, policy)
-        return self._evaluators[stage].run(policy)
-
-    def record(self, dm, policy) -> Path | None:
-        """One episode as a GIF in the DataModule's ``video_dir``, logged to MLflow; None without a renderer."""
-        trainer = self.module.trainer
-        if not trainer.is_global_zero:
-            return None
-        try:
-            env = dm.make_env(render_mode="rgb_array")
-            try:
-                frames, total = record_episode(env, policy, seed=dm.eval_seed, device=self.module.device)
-            finally:
-                env.close()
-        except gym.error.DependencyNotInstalled as err:
-            rank_zero_warn(f"No video: {dm.env_id} cannot render here ({err}). Predict goes on without it.")
-            return None
-        path = save_gif(frames, Path(dm.video_dir) / f"{dm.env_id}_episode.gif", fps=dm.video_fps)
-        for lg in mlflow_loggers(trainer):
-            lg.experiment.log_artifact(lg.run_id, str(path), "videos")
-        rank_zero_info(f"Recorded one episode (return {total:.2f}, {len(frames)} frames) to {path.resolve()}")
-        return path
-
-    def validate(self) -> None:
-        """Validation: the evaluation episodes of the module's ``act``, their metrics logged by the module."""
-        returns, lengths = self.evaluate("val", self.module.act)
-        self.module.log_dict(evaluation_metrics(returns, lengths, self.module.env_steps), batch_size=1, prog_bar=True)
-
-    def play(self) -> dict[str, Tensor]:
-        """Predict: the DataModule's ``predict_episodes``, as rows (episode, return, length) for WritePredictions."""
-        return episode_rows(*self.evaluate("predict", self.module.act))
-
-    def save_to(self, checkpoint: dict) -> None:
-        checkpoint["rng"] = rng_state()
-
-    def load_from(self, checkpoint: dict) -> None:
-        """Checks the checkpoint's net against the module's (naming mismatches) and keeps its RNG state for
-        a resumed fit."""
-        net_state = {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
-        check_compatible(self.module.net, net_state, "checkpoint")
-        self.rng_to_restore = checkpoint.get("rng")  # applied at train start, only when fit resumes
-
-    def teardown(self) -> None:
+    def teardown(self, stage: str) -> None:
+        if stage == "fit":
+            self.stop_collecting()
         for evaluator in self._evaluators.values():
             evaluator.close()
         self._evaluators.clear()
@@ -180,8 +197,92 @@ class AgentEnvs:
             torch.set_num_threads(self._threads_before)
             self._threads_before = None
 
+    # -- training ----------------------------------------------------------------------------------------
 
-def rmsprop_or_adam(module: LightningModule) -> dict:
+    def progress(self) -> float:
+        """Fraction of the env-step budget spent, for the linear annealings of learning rate and clipping."""
+        return min(1.0, int(self.env_steps) / self.hparams.total_env_steps)
+
+    def _budget_left(self) -> bool:
+        return int(self.env_steps) + self.batch_env_steps <= self.hparams.total_env_steps
+
+    def on_train_start(self) -> None:
+        # Here rather than in setup: the device is final and a resumed checkpoint (env steps, RNG) is loaded.
+        if self._rng_to_restore is not None:
+            set_rng_state(self._rng_to_restore)
+            self._rng_to_restore = None
+        if not self._budget_left():
+            self.trainer.should_stop = True  # a resumed run whose budget is already spent: no envs opened
+        elif self.collector is None:
+            self.collector = self.start_collecting(self.require_datamodule())
+
+    def training_step(self, batch: int, batch_idx: int) -> None:
+        write = lightning_writes(self.trainer)
+        stats = self.learn(write)
+        scheduler = self.lr_schedulers()
+        if scheduler is not None:
+            scheduler.step()  # the rate for the next step's updates (a function of env steps, see progress)
+        if write:
+            metrics = {k if k.startswith("grad/") else f"train/{k}": v for k, v in stats.items()}
+            self.log_dict({**metrics, "train/env_steps": self.env_steps.float()}, on_step=True, on_epoch=False)
+        if not self._budget_left():
+            self.trainer.should_stop = True
+
+    # -- evaluation and prediction -----------------------------------------------------------------------
+
+    def evaluate(self, stage: str) -> tuple[Tensor, Tensor]:
+        """(returns, lengths) of ``act`` over the DataModule's ``eval_episodes`` ("val") or ``predict_episodes``;
+        in predict, also the recording of one episode when the DataModule asks for it."""
+        dm = self.require_datamodule()
+        if stage not in self._evaluators:
+            episodes = dm.eval_episodes if stage == "val" else dm.predict_episodes
+            envs = dm.make_envs(min(dm.eval_envs, episodes))
+            self._evaluators[stage] = Evaluator(envs, episodes, seed=dm.eval_seed, device=self.device)
+        if stage == "predict" and getattr(dm, "record_video", False):
+            self.record(dm)
+        return self._evaluators[stage].run(self.act)
+
+    def record(self, dm) -> Path | None:
+        """One episode as a GIF in the DataModule's ``video_dir``, logged to MLflow; None without a renderer."""
+        if not self.trainer.is_global_zero:
+            return None
+        try:
+            env = dm.make_env(render_mode="rgb_array")
+            try:
+                frames, total = record_episode(env, self.act, seed=dm.eval_seed, device=self.device)
+            finally:
+                env.close()
+        except gym.error.DependencyNotInstalled as err:
+            rank_zero_warn(f"No video: {dm.env_id} cannot render here ({err}). Predict goes on without it.")
+            return None
+        path = save_gif(frames, Path(dm.video_dir) / f"{dm.env_id}_episode.gif", fps=dm.video_fps)
+        for lg in mlflow_loggers(self.trainer):
+            lg.experiment.log_artifact(lg.run_id, str(path), "videos")
+        rank_zero_info(f"Recorded one episode (return {total:.2f}, {len(frames)} frames) to {path.resolve()}")
+        return path
+
+    def validation_step(self, batch: int, batch_idx: int) -> None:
+        """The evaluation episodes of ``act``: mean and std return, episode length, env steps so far."""
+        self.log_dict(evaluation_metrics(*self.evaluate("val"), self.env_steps), batch_size=1, prog_bar=True)
+
+    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
+        """Plays the DataModule's ``predict_episodes``; rows (episode, return, length) go to WritePredictions."""
+        return episode_rows(*self.evaluate("predict"))
+
+    # -- checkpoints -------------------------------------------------------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["rng"] = rng_state()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Checks the checkpoint's net against the module's (naming mismatches) and keeps its RNG state for
+        a resumed fit."""
+        net_state = {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
+        check_compatible(self.net, net_state, "checkpoint")
+        self._rng_to_restore = checkpoint.get("rng")  # applied at train start, only when fit resumes
+
+
+def rmsprop_or_adam(module: AgentModule) -> dict:
     """configure_optimizers for a module whose hparams name ``optimizer`` ("rmsprop" or "adam"), ``lr``,
     ``rms_alpha``, ``optim_eps``, ``anneal_lr`` and ``total_env_steps`` (A2C, IMPALA), with the learning rate
     decayed linearly over the env-step budget when annealed."""
@@ -194,34 +295,45 @@ def rmsprop_or_adam(module: LightningModule) -> dict:
         fused = all(p.device.type in ("cpu", "cuda") for p in module.net.parameters())
         opt = torch.optim.Adam(params, lr=h.lr, eps=h.optim_eps, fused=fused or None)
     # Stepped once per training step; a function of the env steps spent, so resuming needs no schedule state.
-    spent = lambda: min(1.0, int(module.env_steps) / h.total_env_steps)  # noqa: E731
-    factor = (lambda _: 1.0 - spent()) if h.anneal_lr else (lambda _: 1.0)
+    factor = (lambda _: 1.0 - module.progress()) if h.anneal_lr else (lambda _: 1.0)
     return {"optimizer": opt, "lr_scheduler": {"scheduler": LambdaLR(opt, factor), "name": "lr"}}
 
 
 # -- on-policy agents (PPO, A2C): rollouts from the DataModule's training envs ----------------------------
+# For a module whose hparams name ``num_steps``, ``gamma``, ``gae_lambda``, ``norm_obs`` and ``norm_reward`` and
+# which holds ``obs_rms``, ``return_rms`` and ``ended_episodes`` (a list).
 
 
-def open_rollout_collector(module: LightningModule, envs: AgentEnvs) -> RolloutCollector:
-    """The collector of an on-policy module whose hparams name ``num_steps``, ``gamma``, ``norm_obs`` and
-    ``norm_reward`` and which holds ``obs_rms``, ``return_rms`` and ``env_steps``."""
-    dm, h = envs.require_datamodule(), module.hparams
+def open_rollout_collector(module: AgentModule, dm) -> RolloutCollector:
+    """The collector of T = ``num_steps`` steps of the DataModule's N envs, with the module's statistics."""
+    h = module.hparams
     return RolloutCollector(
         dm.make_envs(), h.num_steps, module.device, module.obs_rms if h.norm_obs else None,
-        module.return_rms if h.norm_reward else None, h.gamma, seed=train_seed(dm.seed, int(module.env_steps)),
+        module.return_rms if h.norm_reward else None, h.gamma, seed=module.train_seed(dm),
     )
 
 
-def rollout_metrics(rollout: Rollout, returns: Tensor, stats: dict[str, Tensor], env_steps: Tensor,
-                    episodes: list[Tensor]) -> dict[str, Tensor]:
-    """What an on-policy training step logs: the loss terms, value fit, env steps, and the mean return and
-    length of the training episodes that ended since the last log (``episodes``, emptied here)."""
+def collect_rollout(module: AgentModule) -> tuple[Rollout, Tensor, Tensor]:
+    """The next rollout of the module's collector, with its GAE advantages and returns (T, N)."""
+    h, rollout = module.hparams, module.collector.collect(module.net)
+    advantages, returns = gae(rollout.rewards, rollout.values, rollout.terminated, rollout.truncated,
+                              h.gamma, h.gae_lambda)
+    return rollout, advantages, returns
+
+
+def finish_rollout(module: AgentModule, rollout: Rollout, returns: Tensor, stats: dict[str, Tensor],
+                   write: bool) -> dict[str, Tensor]:
+    """Counts the rollout's env steps and ended episodes; when ``write``, what an on-policy step logs: the update's
+    terms (``stats``), the value fit, and the mean return and length of the training episodes that ended since
+    the last log."""
+    module.env_steps += rollout.env_steps
+    module.ended_episodes.append(torch.stack([rollout.episode_returns, rollout.episode_lengths.float()]))
+    if not write:
+        return {}
     keep = rollout.valid
-    metrics = {k if k.startswith("grad/") else f"train/{k}": v for k, v in stats.items()}
-    metrics["train/explained_variance"] = explained_variance(rollout.values[:-1][keep], returns[keep])
-    metrics["train/env_steps"] = env_steps.float()
-    ended = torch.cat(episodes, 1)
-    episodes.clear()
+    metrics = {**stats, "explained_variance": explained_variance(rollout.values[:-1][keep], returns[keep])}
+    ended = torch.cat(module.ended_episodes, 1)
+    module.ended_episodes.clear()
     if ended.shape[1]:
-        metrics["train/episode_return"], metrics["train/episode_length"] = ended.mean(1)
+        metrics["episode_return"], metrics["episode_length"] = ended.mean(1)
     return metrics

@@ -24,34 +24,19 @@ from __future__ import annotations
 import time
 from typing import Literal
 
-import numpy as np
 import torch
-from lightning.pytorch import Callback, LightningModule
 from torch import Tensor
 
 from zoo.layers.gradnorm import clip_grad_norm
 from zoo.layers.hparams import save_hparams
-from zoo.layers.logging import lightning_writes
 from zoo.rl.actors import ActorPool, EnvSpec, Trajectories
-from zoo.rl.agent import AgentEnvs, rmsprop_or_adam, train_seed
+from zoo.rl.agent import AgentModule, rmsprop_or_adam
 from zoo.rl.nets import ActorCritic
 from zoo.rl.vtrace import impala_loss, masked_mean, vtrace
 
 
-class StopActorsOnException(Callback):
-    """Stops the actor processes when fit fails or is interrupted: Lightning then skips the module's
-    ``teardown`` hook, which stops them on a normal exit."""
-
-    def on_exception(self, trainer, pl_module: IMPALAModule, exception: BaseException) -> None:
-        pl_module.stop_actors()
-
-
-class IMPALAModule(LightningModule):
+class IMPALAModule(AgentModule):
     """IMPALA's learner: V-trace actor-critic on batches of unrolls from actor processes."""
-
-    family = "rl"
-    monitor = "val/return"
-    monitor_mode = "max"
 
     def __init__(
         self,
@@ -107,13 +92,9 @@ class IMPALAModule(LightningModule):
             num_threads: PyTorch CPU threads of the learner while this module runs (restored after); the
                 actors use one each. None: unchanged.
         """
-        super().__init__()
+        super().__init__(num_threads)
         save_hparams(self, "net")
-        self.automatic_optimization = False
         self.net = net
-        self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))
-        self.actors: ActorPool | None = None
-        self.envs = AgentEnvs(self, num_threads)
         self._episodes = torch.zeros(3, dtype=torch.float64)  # ended since the last log: count, return, length sums
 
     @property
@@ -121,63 +102,35 @@ class IMPALAModule(LightningModule):
         h = self.hparams
         return h.batch_size * h.unroll_length * h.envs_per_actor
 
-    # -- acting ------------------------------------------------------------------------------------------
+    @property
+    def actors(self) -> ActorPool | None:
+        """The actor processes: this agent's collector, while fit runs."""
+        return self.collector
 
-    @torch.no_grad()
-    def act(self, obs: Tensor | np.ndarray, deterministic: bool = True) -> Tensor:
-        """Actions for raw observations (B, O)."""
-        return self.net.act(torch.as_tensor(obs, dtype=torch.float32, device=self.device), deterministic)
-
-    # -- setup -------------------------------------------------------------------------------------------
-
-    def setup(self, stage: str) -> None:
-        self.envs.setup(self.net)
-
-    def configure_callbacks(self) -> list[Callback]:
-        return [StopActorsOnException()]
-
-    def on_train_start(self) -> None:
-        # Here rather than in setup: the device is final and a resumed checkpoint (env_steps, RNG) is loaded.
-        self.envs.restore_rng()
-        if int(self.env_steps) + self.batch_env_steps > self.hparams.total_env_steps:
-            self.trainer.should_stop = True  # a resumed run whose budget is already spent: no actors
-        elif self.actors is None:
-            dm, h = self.envs.require_datamodule(), self.hparams
-            self.actors = ActorPool(
-                EnvSpec.of(dm), self.net, h.num_actors, h.envs_per_actor, h.unroll_length,
-                h.num_slots or max(2 * h.num_actors, h.batch_size), seed=train_seed(dm.seed, int(self.env_steps)),
-                start_method=h.start_method,
-            )
-
-    def stop_actors(self) -> None:
-        if self.actors is not None:
-            self.actors.close()
-            self.actors = None
-
-    def teardown(self, stage: str) -> None:
-        if stage == "fit":
-            self.stop_actors()
-        self.envs.teardown()
+    def start_collecting(self, dm) -> ActorPool:
+        h = self.hparams
+        return ActorPool(
+            EnvSpec.of(dm), self.net, h.num_actors, h.envs_per_actor, h.unroll_length,
+            h.num_slots or max(2 * h.num_actors, h.batch_size), seed=self.train_seed(dm), start_method=h.start_method,
+        )
 
     # -- training ----------------------------------------------------------------------------------------
 
-    def training_step(self, batch: int, batch_idx: int) -> None:
-        h = self.hparams
+    def learn(self, write: bool) -> dict[str, Tensor]:
+        """B unrolls from the actors, one V-trace step on them, the new weights published to the actors."""
         t0 = time.perf_counter()
-        traj = self.actors.take(h.batch_size, self.device)
+        traj = self.actors.take(self.hparams.batch_size, self.device)
         waited = time.perf_counter() - t0
         stats = self._update(traj)
         version = self.actors.publish(self.net)
         self.env_steps += traj.env_steps
-        self.lr_schedulers().step()
         self._episodes += traj.episodes
-        if lightning_writes(self.trainer, self.trainer.fit_loop.epoch_loop._batches_that_stepped + 1):
-            # Policy lag: learner updates between the weights an unroll was acted with and the ones it trains.
-            stats["policy_lag"] = (version - 1 - traj.versions).float().mean()
-            stats["learner_wait_ms"] = torch.tensor(waited * 1e3)
-            self._log_training(stats)
-        if int(self.env_steps) + self.batch_env_steps > h.total_env_steps:
-            self.trainer.should_stop = True
+        if not write:
+            return {}
+        # Policy lag: learner updates between the weights an unroll was acted with and the ones it trains.
+        stats["policy_lag"] = (version - 1 - traj.versions).float().mean()
+        stats["learner_wait_ms"] = torch.tensor(waited * 1e3)
+        return self._with_episodes(stats)
 
     def _update(self, traj: Trajectories) -> dict[str, Tensor]:
         """One V-trace actor-critic step on B unrolls (T, M): the loss terms and diagnostics."""
@@ -204,32 +157,14 @@ class IMPALAModule(LightningModule):
             out["rho_clipfrac"] = masked_mean((rhos > h.clip_rho_threshold).float(), traj.valid)
         return out
 
-    def _log_training(self, stats: dict[str, Tensor]) -> None:
-        metrics = {k if k.startswith("grad/") else f"train/{k}": v for k, v in stats.items()}
-        metrics["train/env_steps"] = self.env_steps.float()
+    def _with_episodes(self, stats: dict[str, Tensor]) -> dict[str, Tensor]:
+        """``stats`` with the mean return and length of the training episodes that ended since the last log."""
         count, returns, lengths = self._episodes.tolist()
-        if count:
-            metrics["train/episode_return"] = torch.tensor(returns / count)
-            metrics["train/episode_length"] = torch.tensor(lengths / count)
         self._episodes.zero_()
-        self.log_dict(metrics, on_step=True, on_epoch=False)
+        if count:
+            stats["episode_return"] = torch.tensor(returns / count)
+            stats["episode_length"] = torch.tensor(lengths / count)
+        return stats
 
     def configure_optimizers(self):
         return rmsprop_or_adam(self)
-
-    # -- evaluation and prediction -----------------------------------------------------------------------
-
-    def validation_step(self, batch: int, batch_idx: int) -> None:
-        self.envs.validate()
-
-    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
-        """Plays the DataModule's ``predict_episodes``; rows (episode, return, length) go to WritePredictions."""
-        return self.envs.play()
-
-    # -- checkpoints -------------------------------------------------------------------------------------
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        self.envs.save_to(checkpoint)
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.envs.load_from(checkpoint)

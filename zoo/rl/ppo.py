@@ -21,29 +21,22 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
-from lightning.pytorch import LightningModule
 from torch import Tensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from zoo.layers.gradnorm import clip_grad_norm
 from zoo.layers.hparams import save_hparams
-from zoo.layers.logging import lightning_writes
 from zoo.layers.optim import param_groups
-from zoo.rl.agent import AgentEnvs, open_rollout_collector, rollout_metrics
+from zoo.rl.agent import AgentModule, collect_rollout, finish_rollout, open_rollout_collector
 from zoo.rl.collector import Rollout, RolloutCollector
-from zoo.rl.losses import gae, normalize, ppo_loss
+from zoo.rl.losses import normalize, ppo_loss
 from zoo.rl.nets import ActorCritic
 from zoo.rl.normalization import RunningMeanStd
 
 
-class PPOModule(LightningModule):
+class PPOModule(AgentModule):
     """PPO-clip with GAE, minibatch epochs, advantage normalisation, target-KL stop, LR annealing."""
-
-    family = "rl"
-    monitor = "val/return"
-    monitor_mode = "max"
 
     def __init__(
         self,
@@ -101,68 +94,27 @@ class PPOModule(LightningModule):
             num_threads: PyTorch CPU threads while this module runs (restored after); a small MLP runs
                 fastest on one, as intra-op threads cost more to synchronise than they save. None: unchanged.
         """
-        super().__init__()
+        super().__init__(num_threads)
         save_hparams(self, "net")
-        self.automatic_optimization = False
         self.net = net
         self.obs_rms = RunningMeanStd((net.obs_dim,), clip=clip_obs)
         self.return_rms = RunningMeanStd((), clip=clip_reward)
-        self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))
-        self.collector: RolloutCollector | None = None
-        self.envs = AgentEnvs(self, num_threads)
-        self._episodes: list[Tensor] = []  # returns and lengths of training episodes since the last log
+        self.ended_episodes: list[Tensor] = []  # returns and lengths of training episodes since the last log
 
-    # -- acting ------------------------------------------------------------------------------------------
+    def start_collecting(self, dm) -> RolloutCollector:
+        return open_rollout_collector(self, dm)
 
-    @torch.no_grad()
-    def act(self, obs: Tensor | np.ndarray, deterministic: bool = True) -> Tensor:
-        """Actions for raw observations (B, O), normalised with this agent's statistics when it uses them."""
-        x = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
-        if self.hparams.norm_obs:
-            x = self.obs_rms.normalize(x)
-        return self.net.act(x, deterministic)
+    @property
+    def batch_env_steps(self) -> int:
+        return self.hparams.num_steps * self.require_datamodule().num_envs
 
-    # -- setup -------------------------------------------------------------------------------------------
-
-    def setup(self, stage: str) -> None:
-        self.envs.setup(self.net)
-
-    def on_train_start(self) -> None:
-        # Here rather than in setup: the device is final and a resumed checkpoint (env_steps, RNG) is loaded.
-        self.envs.restore_rng()
-        if self.collector is None:
-            self.collector = open_rollout_collector(self, self.envs)
-        if int(self.env_steps) + self.collector.num_steps * self.collector.envs.num_envs > self.hparams.total_env_steps:
-            self.trainer.should_stop = True  # a resumed run whose budget is already spent
-
-    def teardown(self, stage: str) -> None:
-        if self.collector is not None and stage == "fit":
-            self.collector.close()
-            self.collector = None
-        self.envs.teardown()
-
-    # -- training ----------------------------------------------------------------------------------------
-
-    def _progress(self) -> float:
-        """Fraction of the env-step budget spent before this rollout, for the linear annealings."""
-        return min(1.0, int(self.env_steps) / self.hparams.total_env_steps)
-
-    def training_step(self, batch: int, batch_idx: int) -> None:
+    def learn(self, write: bool) -> dict[str, Tensor]:
+        """One rollout, then every PPO epoch and minibatch on it."""
         h = self.hparams
-        rollout = self.collector.collect(self.net)
-        advantages, returns = gae(rollout.rewards, rollout.values, rollout.terminated, rollout.truncated,
-                                  h.gamma, h.gae_lambda)
-        clip = h.clip_coef * (1.0 - self._progress()) if h.anneal_clip else h.clip_coef
+        rollout, advantages, returns = collect_rollout(self)
+        clip = h.clip_coef * (1.0 - self.progress()) if h.anneal_clip else h.clip_coef
         stats = self._update(rollout, advantages, returns, clip)
-        self.env_steps += rollout.env_steps
-        self.lr_schedulers().step()  # the rate for the next rollout's updates
-        self._episodes.append(torch.stack([rollout.episode_returns, rollout.episode_lengths.float()]))
-        step = self.trainer.fit_loop.epoch_loop._batches_that_stepped + 1  # global_step counts minibatches here
-        if lightning_writes(self.trainer, step):
-            self.log_dict(rollout_metrics(rollout, returns, stats, self.env_steps, self._episodes), on_step=True,
-                          on_epoch=False)
-        if int(self.env_steps) + rollout.env_steps > h.total_env_steps:
-            self.trainer.should_stop = True
+        return finish_rollout(self, rollout, returns, stats, write)
 
     def _update(self, rollout: Rollout, advantages: Tensor, returns: Tensor, clip: float) -> dict[str, Tensor]:
         """All epochs and minibatches on one rollout's valid steps; the last minibatch's terms and counts."""
@@ -197,22 +149,5 @@ class PPOModule(LightningModule):
         opt = torch.optim.AdamW(param_groups(self.net, h.weight_decay), lr=h.lr, eps=h.adam_eps, fused=fused or None)
         # Stepped once per rollout by training_step; a function of the env steps spent, so resuming needs no
         # schedule state (CleanRL's `frac = 1 - (iteration - 1) / num_iterations`).
-        factor = (lambda _: 1.0 - self._progress()) if h.anneal_lr else (lambda _: 1.0)
+        factor = (lambda _: 1.0 - self.progress()) if h.anneal_lr else (lambda _: 1.0)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": LambdaLR(opt, factor), "name": "lr"}}
-
-    # -- evaluation and prediction -----------------------------------------------------------------------
-
-    def validation_step(self, batch: int, batch_idx: int) -> None:
-        self.envs.validate()
-
-    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
-        """Plays the DataModule's ``predict_episodes``; rows (episode, return, length) go to WritePredictions."""
-        return self.envs.play()
-
-    # -- checkpoints -------------------------------------------------------------------------------------
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        self.envs.save_to(checkpoint)
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.envs.load_from(checkpoint)

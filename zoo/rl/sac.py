@@ -5,7 +5,7 @@ manual optimisation (actor, critics and temperature have an optimizer each). An 
 milliseconds on a CPU and Lightning's per-step overhead ~0.4-1 ms, so a Lightning step per env step would
 cost SAC a tenth of its speed; here that overhead is paid once per ``steps_per_batch`` env steps. The
 training loader only paces the steps (``datamodules.gym``); the module owns a ``TransitionCollector`` over the
-DataModule's training envs, a ``ReplayBuffer``, and (through ``AgentEnvs``) evaluators for validation and predict.
+DataModule's training envs and a ``ReplayBuffer``; ``zoo.rl.agent.AgentModule`` evaluates, predicts and checkpoints.
 
 One update, in SB3's order (``SAC.train``; CleanRL's ``sac_continuous_action.py`` differs only in where the
 temperature step falls):
@@ -34,25 +34,19 @@ import math
 import gymnasium as gym
 import numpy as np
 import torch
-from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
 from zoo.layers.gradnorm import grad_norm
 from zoo.layers.hparams import save_hparams
-from zoo.layers.logging import lightning_writes
-from zoo.rl.agent import AgentEnvs, train_seed
+from zoo.rl.agent import AgentModule
 from zoo.rl.losses import sac_actor_loss, sac_critic_loss, sac_temperature_loss, soft_q_target
 from zoo.rl.normalization import RunningMeanStd
 from zoo.rl.replay import ReplayBuffer, TransitionCollector
 from zoo.rl.sac_nets import SoftActorCritic
 
 
-class SACModule(LightningModule):
+class SACModule(AgentModule):
     """SAC with twin critics, Polyak-averaged targets, automatic entropy temperature and random warm-up."""
-
-    family = "rl"
-    monitor = "val/return"
-    monitor_mode = "max"
 
     def __init__(
         self,
@@ -105,32 +99,17 @@ class SACModule(LightningModule):
                 runs these 256-wide MLPs fastest, as threads that wait on each other cost more than they share.
                 None: unchanged.
         """
-        super().__init__()
+        super().__init__(num_threads)
         save_hparams(self, "net")
-        self.automatic_optimization = False
         self.net = net
         # The targets are a copy that only Polyak averaging moves; a submodule, so checkpoints carry them.
         self.critic_target = copy.deepcopy(net.critic).requires_grad_(False)
         self.log_alpha = nn.Parameter(torch.tensor(math.log(init_alpha)))
         self.target_entropy = float(-net.action_dim if target_entropy is None else target_entropy)
         self.obs_rms = RunningMeanStd((net.obs_dim,), clip=clip_obs)
-        self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))
         self.register_buffer("updates", torch.zeros((), dtype=torch.int64))
         self.buffer: ReplayBuffer | None = None
-        self.collector: TransitionCollector | None = None
-        self.envs = AgentEnvs(self, num_threads)
         self._buffer_to_restore: dict | None = None  # set by on_load_checkpoint, applied when fit starts
-
-    # -- acting ------------------------------------------------------------------------------------------
-
-    def _observe(self, x: Tensor) -> Tensor:
-        return self.obs_rms.normalize(x) if self.hparams.norm_obs else x
-
-    @torch.no_grad()
-    def act(self, obs: Tensor | np.ndarray, deterministic: bool = True) -> Tensor:
-        """Actions (B, A) for raw observations (B, O): the squashed mean, or a sample of the policy."""
-        x = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
-        return self.net.act(self._observe(x), deterministic)
 
     def _explore(self, obs: Tensor) -> Tensor:
         return self.act(obs, deterministic=False)
@@ -138,13 +117,13 @@ class SACModule(LightningModule):
     # -- setup -------------------------------------------------------------------------------------------
 
     def setup(self, stage: str) -> None:
-        dm = self.envs.datamodule()
+        dm = self.datamodule()
         if dm is not None:
             space = dm.spaces[1]
             if not isinstance(space, gym.spaces.Box):
                 raise ValueError(f"SAC acts in continuous (Box) action spaces; {dm.env_id} has {space}")
             self._check_bounds(dm.env_id, space)
-        self.envs.setup(self.net)
+        super().setup(stage)
 
     def _check_bounds(self, env_id: str, space: gym.spaces.Box) -> None:
         actor = self.net.actor
@@ -155,9 +134,8 @@ class SACModule(LightningModule):
                    f"--model.init_args.net.init_args.action_high={space.high.tolist()}")
             raise ValueError(f"{env_id} acts in [{space.low}, {space.high}], the actor in [{low}, {high}]: pass {fix}")
 
-    def on_train_start(self) -> None:
-        # Here rather than in setup: the device is final and a resumed checkpoint (counters, RNG) is loaded.
-        self.envs.restore_rng()
+    def start_collecting(self, dm) -> TransitionCollector:
+        """The replay buffer (a checkpoint's, when fit resumes with one) and the collector that fills it."""
         h = self.hparams
         if self.buffer is None:
             self.buffer = ReplayBuffer(h.buffer_size, self.net.obs_dim, self.net.action_dim, self.device)
@@ -165,32 +143,20 @@ class SACModule(LightningModule):
         if self._buffer_to_restore is not None:
             self.buffer.load_state_dict(self._buffer_to_restore)
             self._buffer_to_restore = None
-        if self.collector is None:
-            dm = self.envs.require_datamodule()
-            seed = train_seed(dm.seed, int(self.env_steps))
-            self.collector = TransitionCollector(dm.make_envs(), self.buffer, self.device, seed, h.norm_obs)
-        if int(self.env_steps) + self._steps_per_batch() > h.total_env_steps:
-            self.trainer.should_stop = True  # a resumed run whose budget is already spent
+        return TransitionCollector(dm.make_envs(), self.buffer, self.device, self.train_seed(dm), h.norm_obs)
 
-    def teardown(self, stage: str) -> None:
-        if self.collector is not None and stage == "fit":
-            self.collector.close()
-            self.collector = None
-        self.envs.teardown()
+    @property
+    def batch_env_steps(self) -> int:
+        return self.hparams.steps_per_batch * self.require_datamodule().num_envs
 
-    # -- training ----------------------------------------------------------------------------------------
-
-    def _steps_per_batch(self) -> int:
-        """Env steps of one training step, all envs together."""
-        return self.hparams.steps_per_batch * self.collector.num_envs
-
-    def training_step(self, batch: int, batch_idx: int) -> None:
+    def learn(self, write: bool) -> dict[str, Tensor]:
+        """``steps_per_batch`` vector-env steps, each followed by its updates (gradient norms measured when
+        ``write``, the only steps whose values Lightning keeps)."""
         h, collector = self.hparams, self.collector
         optimizers = self.optimizers()
         # Python counters inside the loop, written back once: no tensor op (or device sync) per env step.
         env_steps, updates, n = int(self.env_steps), int(self.updates), collector.num_envs
         stats: dict[str, Tensor] = {}
-        measure = lightning_writes(self.trainer)  # gradient norms only for the step whose log Lightning writes
         for _ in range(h.steps_per_batch):
             collector.step(self._explore if env_steps >= h.learning_starts else None)
             env_steps += n
@@ -199,15 +165,12 @@ class SACModule(LightningModule):
                     and len(self.buffer) >= h.batch_size):
                 for _ in range(h.gradient_steps):
                     updates += 1
-                    stats = self._update(*optimizers, polyak=updates % h.target_update_interval == 0, measure=measure)
+                    stats = self._update(*optimizers, polyak=updates % h.target_update_interval == 0, measure=write)
         self.env_steps.fill_(env_steps)
         self.updates.fill_(updates)
         if h.norm_obs:
             self.obs_rms.update(collector.pop_observations())
-        if measure:
-            self._log_training(stats)
-        if env_steps + self._steps_per_batch() > h.total_env_steps:
-            self.trainer.should_stop = True
+        return self._metrics(stats) if write else {}
 
     def _update(self, actor_opt, critic_opt, alpha_opt, polyak: bool = True, measure: bool = False
                 ) -> dict[str, Tensor]:
@@ -216,7 +179,7 @@ class SACModule(LightningModule):
         h = self.hparams
         grads: dict[str, Tensor] | None = {} if measure else None
         data = self.buffer.sample(h.batch_size)
-        obs, next_obs = self._observe(data.obs), self._observe(data.next_obs)  # (B, O)
+        obs, next_obs = self.observe(data.obs), self.observe(data.next_obs)  # (B, O)
         # 1. The actions the actor loss will score, and the temperature step on their log-probabilities.
         pi, logprob = self.net.get_action(obs)  # (B, A), (B,)
         alpha = self.log_alpha.detach().exp()  # this update's alpha, as SB3's ent_coef (taken before its step)
@@ -249,14 +212,13 @@ class SACModule(LightningModule):
             grads |= grad_norm(params, name=name)
         opt.step()
 
-    def _log_training(self, stats: dict[str, Tensor]) -> None:
-        metrics = {k if k.startswith("grad/") else f"train/{k}": v for k, v in stats.items()}
-        metrics["train/env_steps"] = self.env_steps.float()
-        metrics["train/buffer_size"] = torch.tensor(float(len(self.buffer)))
+    def _metrics(self, stats: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The last update's terms, the buffer's size, and the training episodes that ended since the last log."""
+        metrics = {**stats, "buffer_size": torch.tensor(float(len(self.buffer)))}
         returns, lengths = self.collector.pop_episodes()
         if len(returns):
-            metrics["train/episode_return"], metrics["train/episode_length"] = returns.mean(), lengths.float().mean()
-        self.log_dict(metrics, on_step=True, on_epoch=False)
+            metrics["episode_return"], metrics["episode_length"] = returns.mean(), lengths.float().mean()
+        return metrics
 
     def configure_optimizers(self):
         h = self.hparams
@@ -269,22 +231,13 @@ class SACModule(LightningModule):
             torch.optim.Adam([self.log_alpha], lr=h.alpha_lr, fused=fused),
         ]
 
-    # -- evaluation and prediction -----------------------------------------------------------------------
-
-    def validation_step(self, batch: int, batch_idx: int) -> None:
-        self.envs.validate()
-
-    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
-        """Plays the DataModule's ``predict_episodes``; rows (episode, return, length) go to WritePredictions."""
-        return self.envs.play()
-
-    # -- checkpoints -------------------------------------------------------------------------------------
+    # -- checkpoints: the replay buffer, beside what every agent saves ------------------------------------
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        self.envs.save_to(checkpoint)
+        super().on_save_checkpoint(checkpoint)
         if self.hparams.save_buffer and self.buffer is not None:
             checkpoint["replay_buffer"] = self.buffer.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.envs.load_from(checkpoint)
+        super().on_load_checkpoint(checkpoint)
         self._buffer_to_restore = checkpoint.get("replay_buffer")

@@ -135,7 +135,7 @@ def _detached_forward(mlp: nn.Sequential, x: Tensor) -> Tensor:
 class SoftActorCritic(nn.Module):
     """SAC's nets: ``actor`` (squashed Gaussian) and ``critic`` (twin Q); the module keeps the target copy."""
 
-    continuous = True  # AgentEnvs checks it against the env: SAC acts in Box action spaces only
+    continuous = True  # AgentModule.setup checks it against the env: SAC acts in Box action spaces only
 
     def __init__(
         self,
