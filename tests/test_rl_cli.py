@@ -178,6 +178,12 @@ def test_a2c_tiny_fits_predicts_reloads_and_resumes():
     torch.testing.assert_close(loaded.act(obs), resumed.model.act(obs))
     torch.testing.assert_close(loaded.obs_rms.mean, resumed.model.obs_rms.mean)
 
+    # Resumed with its budget spent: AgentModule stops before the first training step.
+    RecordFirstBatch.seen = {}
+    spent = cli("fit", "--config", A2C_TINY, "--ckpt_path", final, "--trainer.logger=false",
+                "--trainer.callbacks+=test_rl_cli.RecordFirstBatch")
+    assert not RecordFirstBatch.seen and int(spent.model.env_steps) == 512 and spent.trainer.global_step == 16
+
 
 def test_a2c_cartpole_learns_far_above_random():
     # A random policy averages ~22; rl-zoo's A2C reaches 475 by 10-20k env steps here (bench/rl.py). 30k steps take about 10 s.
