@@ -158,18 +158,26 @@ def test_grad_norm_inf_norm_and_fp16_grads():
     assert grad_norms_per_tensor(g).tolist() == pytest.approx([math.sqrt(58), math.sqrt(10) * 1e4], rel=1e-6)
 
 
+class Manual(Tiny):
+    """Tiny under manual optimisation; with `clip`, it clips and logs zoo.layers.gradnorm's norms itself."""
+
+    def __init__(self, clip: float | None = None):
+        super().__init__()
+        self.automatic_optimization = False
+        self.clip = clip
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(super().training_step(batch, batch_idx))
+        if self.clip is not None:
+            grads = clip_grad_norm(self.parameters(), self.clip)
+            if lightning_writes(self.trainer):
+                self.log_dict(grads, on_step=True, on_epoch=False)
+        opt.step()
+
+
 def test_grad_norm_logs_nothing_under_manual_optimization():
-    class Manual(Tiny):
-        def __init__(self):
-            super().__init__()
-            self.automatic_optimization = False
-
-        def training_step(self, batch, batch_idx):
-            opt = self.optimizers()
-            opt.zero_grad()
-            self.manual_backward(super().training_step(batch, batch_idx))
-            opt.step()
-
     logger = fit(Manual(), [GradNormMonitor(per_layer_every_n_steps=1)])
     assert not [k for _, m in logger.metrics for k in m if k.startswith("grad/")]
 
@@ -208,21 +216,7 @@ def test_grad_norm_of_a_known_gradient_named_and_nonfinite():
 
 
 def test_a_manual_module_logs_what_grad_norm_monitor_logs_for_an_automatic_one():
-    class Manual(Tiny):
-        def __init__(self):
-            super().__init__()
-            self.automatic_optimization = False
-
-        def training_step(self, batch, batch_idx):
-            opt = self.optimizers()
-            opt.zero_grad()
-            self.manual_backward(super().training_step(batch, batch_idx))
-            grads = clip_grad_norm(self.parameters(), 0.01)
-            opt.step()
-            if lightning_writes(self.trainer):
-                self.log_dict(grads, on_step=True, on_epoch=False)
-
-    manual = fit(Manual(), [GradNormMonitor()], steps=4, log_every_n_steps=2)
+    manual = fit(Manual(clip=0.01), [GradNormMonitor()], steps=4, log_every_n_steps=2)
     automatic = fit(Tiny(), [GradNormMonitor()], steps=4, log_every_n_steps=2, gradient_clip_val=0.01)
     expected = [e["grad/norm"] for e in reference_grad_norms(clip=0.01)]
     assert manual.series("grad/norm") == pytest.approx(expected[1::2], rel=1e-6)  # Lightning writes steps 2, 4

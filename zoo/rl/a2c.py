@@ -20,8 +20,10 @@ from torch import Tensor
 
 from zoo.layers.gradnorm import clip_grad_norm
 from zoo.layers.hparams import save_hparams
-from zoo.rl.agent import AgentModule, collect_rollout, finish_rollout, open_rollout_collector, rmsprop_or_adam
-from zoo.rl.collector import Rollout, RolloutCollector
+from zoo.rl.agent import (
+    AgentModule, collect_rollout, finish_rollout, open_rollout_collector, rmsprop_or_adam, rollout_env_steps,
+)
+from zoo.rl.collector import Rollout
 from zoo.rl.losses import a2c_loss, normalize
 from zoo.rl.nets import ActorCritic
 from zoo.rl.normalization import RunningMeanStd
@@ -29,6 +31,10 @@ from zoo.rl.normalization import RunningMeanStd
 
 class A2CModule(AgentModule):
     """A2C: n-step (or GAE) advantages, one RMSprop step per rollout, entropy bonus, gradient clipping."""
+
+    # The on-policy collector of zoo.rl.agent (PPO's and A2C's): T x N env steps per training step.
+    start_collecting = open_rollout_collector
+    batch_env_steps = property(rollout_env_steps)
 
     def __init__(
         self,
@@ -80,13 +86,6 @@ class A2CModule(AgentModule):
         self.obs_rms = RunningMeanStd((net.obs_dim,), clip=clip_obs)
         self.return_rms = RunningMeanStd((), clip=clip_reward)
         self.ended_episodes: list[Tensor] = []  # returns and lengths of training episodes since the last log
-
-    def start_collecting(self, dm) -> RolloutCollector:
-        return open_rollout_collector(self, dm)
-
-    @property
-    def batch_env_steps(self) -> int:
-        return self.hparams.num_steps * self.require_datamodule().num_envs
 
     def learn(self, write: bool) -> dict[str, Tensor]:
         """One short rollout and one gradient step on all of it."""

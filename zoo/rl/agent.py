@@ -313,6 +313,11 @@ def open_rollout_collector(module: AgentModule, dm) -> RolloutCollector:
     )
 
 
+def rollout_env_steps(module: AgentModule) -> int:
+    """Env steps of one rollout: T = ``num_steps`` steps of each of the DataModule's N envs."""
+    return module.hparams.num_steps * module.require_datamodule().num_envs
+
+
 def collect_rollout(module: AgentModule) -> tuple[Rollout, Tensor, Tensor]:
     """The next rollout of the module's collector, with its GAE advantages and returns (T, N)."""
     h, rollout = module.hparams, module.collector.collect(module.net)

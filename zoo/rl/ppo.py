@@ -28,8 +28,8 @@ from torch.optim.lr_scheduler import LambdaLR
 from zoo.layers.gradnorm import clip_grad_norm
 from zoo.layers.hparams import save_hparams
 from zoo.layers.optim import param_groups
-from zoo.rl.agent import AgentModule, collect_rollout, finish_rollout, open_rollout_collector
-from zoo.rl.collector import Rollout, RolloutCollector
+from zoo.rl.agent import AgentModule, collect_rollout, finish_rollout, open_rollout_collector, rollout_env_steps
+from zoo.rl.collector import Rollout
 from zoo.rl.losses import normalize, ppo_loss
 from zoo.rl.nets import ActorCritic
 from zoo.rl.normalization import RunningMeanStd
@@ -37,6 +37,10 @@ from zoo.rl.normalization import RunningMeanStd
 
 class PPOModule(AgentModule):
     """PPO-clip with GAE, minibatch epochs, advantage normalisation, target-KL stop, LR annealing."""
+
+    # The on-policy collector of zoo.rl.agent (PPO's and A2C's): T x N env steps per training step.
+    start_collecting = open_rollout_collector
+    batch_env_steps = property(rollout_env_steps)
 
     def __init__(
         self,
@@ -100,13 +104,6 @@ class PPOModule(AgentModule):
         self.obs_rms = RunningMeanStd((net.obs_dim,), clip=clip_obs)
         self.return_rms = RunningMeanStd((), clip=clip_reward)
         self.ended_episodes: list[Tensor] = []  # returns and lengths of training episodes since the last log
-
-    def start_collecting(self, dm) -> RolloutCollector:
-        return open_rollout_collector(self, dm)
-
-    @property
-    def batch_env_steps(self) -> int:
-        return self.hparams.num_steps * self.require_datamodule().num_envs
 
     def learn(self, write: bool) -> dict[str, Tensor]:
         """One rollout, then every PPO epoch and minibatch on it."""
