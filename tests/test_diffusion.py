@@ -15,6 +15,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from zoo.diffusion import ClassifierFreeGuidance, DDIMSampler, DDPMSampler, DiffusionModule, DiT, NoiseSchedule, UNet
@@ -684,3 +685,41 @@ def test_init_weights_never_overwrite_a_checkpoint(tmp_path):
     again.load_state_dict(trained)
     again.configure_model()  # a Trainer given the loaded module calls this hook again
     assert again.net.final_layer.linear.weight.abs().max() == 0
+
+
+def _conv_attention_layout(state: dict) -> dict:
+    """A UNet state dict as checkpoints wrote it before the shared attention layer: 1x1-conv qkv/proj per block."""
+    out = {}
+    for k, v in state.items():
+        name = k.replace(".attn.qkv.", ".qkv.").replace(".attn.proj.", ".proj.")
+        out[name] = v[:, :, None, None] if name != k and v.ndim == 2 else v
+    return out
+
+
+def test_unet_checkpoints_with_conv_attention_still_load(tmp_path):
+    from zoo.diffusion.convert import load_pretrained
+
+    torch.manual_seed(0)
+    src = NETS["unet-cond"]().eval()  # no dropout
+    for p in src.parameters():
+        nn.init.normal_(p, std=0.05)
+    old = _conv_attention_layout(src.state_dict())
+    assert "mid_attn.qkv.weight" in old and old["mid_attn.qkv.weight"].ndim == 4
+    x, t, y = torch.randn(2, 1, 8, 8), torch.tensor([5, 600]), torch.tensor([1, 10])
+    # The old block's forward, written out: 1x1 convs, heads (B, h, d, HW) read transposed.
+    blk, xb = src.mid_attn, torch.randn(2, 16, 2, 2)
+    qkv = F.conv2d(blk.norm(xb), old["mid_attn.qkv.weight"], old["mid_attn.qkv.bias"]).reshape(2, 3, 2, 8, 4)
+    q, k, v = qkv.transpose(-1, -2).unbind(1)
+    ref = xb + F.conv2d(F.scaled_dot_product_attention(q, k, v).transpose(-1, -2).reshape(2, 16, 2, 2),
+                        old["mid_attn.proj.weight"], old["mid_attn.proj.bias"])
+    torch.testing.assert_close(blk(xb), ref)
+    net = NETS["unet-cond"]().eval()
+    net.load_state_dict(old)  # the blocks' load hook renames
+    torch.testing.assert_close(net(x, t, y), src(x, t, y))
+    m = DiffusionModule(NETS["unet-cond"]()).eval()
+    ckpt = {"state_dict": {f"net.{k}": v for k, v in old.items()}}
+    m.on_load_checkpoint(ckpt)  # checks every key and shape: passes only after the rename
+    m.load_state_dict(ckpt["state_dict"])
+    torch.testing.assert_close(m.net(x, t, y), src(x, t, y))
+    torch.save({"state_dict": {f"net.{k}": v for k, v in old.items()}}, tmp_path / "old.ckpt")
+    torch.testing.assert_close(load_pretrained(NETS["unet-cond"]().eval(), tmp_path / "old.ckpt")(x, t, y), src(x, t, y))

@@ -26,30 +26,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from zoo.layers.attention import SelfAttention
+
 Activation = Literal["quick_gelu", "gelu"]
 
 
 def quick_gelu(x: Tensor) -> Tensor:
     """OpenAI CLIP's sigmoid approximation of GELU; its released weights were trained with it."""
     return x * torch.sigmoid(1.702 * x)
-
-
-class SelfAttention(nn.Module):
-    """Multi-head self-attention, q/k/v from one fused matmul laid out [q | k | v]."""
-
-    def __init__(self, dim: int, n_head: int, causal: bool) -> None:
-        super().__init__()
-        if dim % n_head:
-            raise ValueError(f"width {dim} is not divisible by heads {n_head}")
-        self.n_head, self.causal = n_head, causal
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-
-    def forward(self, x: Tensor) -> Tensor:
-        b, t, dim = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.n_head, dim // self.n_head).permute(2, 0, 3, 1, 4)  # 3 x (B, h, T, d)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)  # (B, h, T, d)
-        return self.proj(y.transpose(1, 2).reshape(b, t, dim))
 
 
 class MLP(nn.Module):

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo.diffusion.dit import DiT
+from zoo.diffusion.unet import upgrade_state_dict
 from zoo.layers.weights import check_compatible, extract_state_dict, load_file
 
 
@@ -144,6 +145,7 @@ def load_pretrained(net: nn.Module, path: str | Path) -> nn.Module:
     state = extract_state_dict(load_file(path))
     if any(k.startswith("net.") for k in state):
         state = {k[4:]: v for k, v in state.items() if k.startswith("net.")}
+    upgrade_state_dict(state)  # a UNet's weights from before the shared attention layer
     check_compatible(net, state, f"weights file {str(path)!r}")
     net.load_state_dict(state)
     return net

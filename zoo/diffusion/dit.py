@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.diffusion.embeddings import LabelEmbedder, TimestepEmbedder
+from zoo.layers.attention import SelfAttention
 
 SIZES: dict[str, tuple[int, int, int]] = {  # name: (depth, hidden_size, num_heads)
     "S": (12, 384, 6),
@@ -59,24 +60,6 @@ def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
     return x * (1 + scale[:, None]) + shift[:, None]  # (B, N, D) with (B, D) shift and scale
 
 
-class Attention(nn.Module):
-    """Multi-head self-attention over the N tokens."""
-
-    def __init__(self, dim: int, num_heads: int) -> None:
-        super().__init__()
-        if dim % num_heads:
-            raise ValueError(f"hidden size {dim} does not split into {num_heads} heads")
-        self.num_heads = num_heads
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-
-    def forward(self, x: Tensor) -> Tensor:
-        b, n, d = x.shape
-        q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, d // self.num_heads).permute(2, 0, 3, 1, 4)
-        out = F.scaled_dot_product_attention(q, k, v)  # (B, heads, N, D/heads)
-        return self.proj(out.transpose(1, 2).reshape(b, n, d))
-
-
 class MLP(nn.Module):
     def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
@@ -92,7 +75,7 @@ class DiTBlock(nn.Module):
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
-        self.attn = Attention(dim, num_heads)
+        self.attn = SelfAttention(dim, num_heads)  # over the N tokens
         self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         self.mlp = MLP(dim, int(dim * mlp_ratio))
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))

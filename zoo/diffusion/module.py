@@ -27,6 +27,7 @@ from zoo.diffusion.grid import save_grid
 from zoo.diffusion.losses import denoising_loss
 from zoo.diffusion.samplers import ClassifierFreeGuidance, DDIMSampler, DDPMSampler
 from zoo.diffusion.schedule import NoiseSchedule
+from zoo.diffusion.unet import upgrade_state_dict
 from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
 from zoo.layers.optim import adamw_warmup_cosine
@@ -252,6 +253,8 @@ class DiffusionModule(LightningModule):
     # -- checkpoints -------------------------------------------------------------------------------------
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        for key in ("state_dict", "current_model_state"):  # UNet checkpoints from before the shared attention
+            upgrade_state_dict(checkpoint.get(key, {}))
         net_state = {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
         check_compatible(self.net, net_state, "checkpoint")
         # The checkpoint's weights are trained ones: a later configure_model (a module from load_from_checkpoint

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.diffusion.embeddings import LabelEmbedder, TimestepEmbedder
+from zoo.layers.attention import SelfAttention
 
 
 def group_norm(channels: int, groups: int = 32) -> nn.GroupNorm:
@@ -54,26 +55,40 @@ class ResBlock(nn.Module):
         return self.skip(x) + h
 
 
+def upgrade_state_dict(state_dict: dict[str, Tensor], prefix: str = "") -> dict[str, Tensor]:
+    """Rename, in place, the attention weights of checkpoints written before ``AttentionBlock`` used the shared
+    ``SelfAttention``: its 1x1 convolutions ``qkv``/``proj`` (C_out, C, 1, 1) become ``attn.qkv``/``attn.proj``
+    linears (C_out, C), the same numbers. Only keys under ``prefix`` with a 4-D ``qkv.weight`` are touched."""
+    blocks = [k[: -len("qkv.weight")] for k, v in state_dict.items()
+              if k.startswith(prefix) and k.endswith("qkv.weight") and v.ndim == 4]
+    for block in blocks:
+        for name in ("qkv", "proj"):
+            for kind in ("weight", "bias"):
+                old = f"{block}{name}.{kind}"
+                if old in state_dict:
+                    value = state_dict.pop(old)
+                    state_dict[f"{block}attn.{name}.{kind}"] = value.flatten(1) if kind == "weight" else value
+    return state_dict
+
+
 class AttentionBlock(nn.Module):
     """Multi-head self-attention over the H*W positions, residual."""
 
     def __init__(self, channels: int, num_heads: int, groups: int) -> None:
         super().__init__()
-        if channels % num_heads:
-            raise ValueError(f"{channels} channels do not split into {num_heads} heads")
-        self.num_heads = num_heads
         self.norm = group_norm(channels, groups)
-        self.qkv = nn.Conv2d(channels, 3 * channels, 1)
-        self.proj = zero(nn.Conv2d(channels, channels, 1))
+        self.attn = SelfAttention(channels, num_heads)  # a 1x1 conv is a linear map of each position's channels
+        zero(self.attn.proj)
+        # Older checkpoints (any path: load_from_checkpoint, EMA's copies, init_weights) load after a rename.
+        self.register_load_state_dict_pre_hook(lambda module, sd, prefix, *_: upgrade_state_dict(sd, prefix))
 
     def forward(self, x: Tensor) -> Tensor:
         b, c, h, w = x.shape
-        qkv = self.qkv(self.norm(x)).reshape(b, 3, self.num_heads, c // self.num_heads, h * w)
-        q, k, v = qkv.transpose(-1, -2).unbind(1)  # (B, heads, HW, C/heads) each
-        out = F.scaled_dot_product_attention(q, k, v)  # (B, heads, HW, C/heads)
-        # contiguous: SDPA's output strides would make the conv treat it as channels-last, and give its
-        # weight a gradient of other strides than the weight (which DDP's gradient buckets warn about).
-        return x + self.proj(out.transpose(-1, -2).reshape(b, c, h, w).contiguous())
+        tokens = self.norm(x).flatten(2).transpose(1, 2)  # (B, HW, C)
+        out = self.attn(tokens).transpose(1, 2).reshape(b, c, h, w)  # (B, C, H, W), channels-last strides
+        # contiguous: channels-last strides would carry into the next conv, whose weight would then get a
+        # gradient of other strides than the weight (which DDP's gradient buckets warn about).
+        return x + out.contiguous()
 
 
 class Downsample(nn.Module):
