@@ -7,9 +7,9 @@ learned positions, LayerNorm, GELU MLP 4x, tied head (``zoo.gpt.GPT``'s defaults
          GELU(tanh) MLP, learned positions, tied head), of the zoo MHA net's shape: the same parameter
          count (asserted) and the same parameter names, so it loads the zoo MHA's initial weights and
          the two must print the same loss (training only: the reference the zoo is timed against)
-  mha    GPT(n_kv_head=None): 4 query heads, 4 key-value heads
-  gqa    GPT(n_kv_head=2): 4 query heads sharing 2 key-value heads
-  mla    GPT(attention="mla") with DeepSeek-V2's proportions for head size 64: kv_lora_rank 256 (4 x 64),
+  mha    GPT(attention=MHA): 4 query heads, 4 key-value heads
+  gqa    GPT(attention=partial(MHA, n_kv_head=2)): 4 query heads sharing 2 key-value heads
+  mla    GPT(attention=partial(MLA, ...)) with DeepSeek-V2's proportions for head size 64: kv_lora_rank 256 (4 x 64),
          qk_rope_head_dim 32 (64 / 2), qk_nope_head_dim 64, v_head_dim 64; queries projected directly
 
 Three parts:
@@ -62,6 +62,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -72,18 +73,18 @@ import torch.nn.functional as F  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
 from bench._common import median, now, print_header, resolve_device, set_threads, spread, sync, table  # noqa: E402
-from zoo.gpt import GPT, generate  # noqa: E402
+from zoo.gpt import GPT, MHA, MLA, generate  # noqa: E402
 from zoo.gpt.generate import make_cache  # noqa: E402
 
 SEED = 0
 VOCAB, N_LAYER, N_EMBD, N_HEAD, HEAD = 257, 4, 256, 4, 64
 TRAIN_CONTEXT, TRAIN_BATCH = 256, 8
 DECODE_CONTEXT, DECODE_TOKENS = 512, 16
-MLA = dict(attention="mla", kv_lora_rank=4 * HEAD, qk_rope_head_dim=HEAD // 2, qk_nope_head_dim=HEAD, v_head_dim=HEAD)
+MLA_ARGS = dict(kv_lora_rank=4 * HEAD, qk_rope_head_dim=HEAD // 2, qk_nope_head_dim=HEAD, v_head_dim=HEAD)
 VARIANTS = {  # name: GPT keyword arguments on top of the shared shape
-    "mha": dict(n_kv_head=None),
-    "gqa": dict(n_kv_head=2),
-    "mla": MLA,
+    "mha": dict(attention=MHA),
+    "gqa": dict(attention=partial(MHA, n_kv_head=2)),
+    "mla": dict(attention=partial(MLA, **MLA_ARGS)),
 }
 PARTS = ("train", "decode", "cache")
 # (warmup steps, timed steps per round, rounds): a CPU step here is ~0.3-0.5 s, a GPU one a few ms.
@@ -387,8 +388,8 @@ def main(argv: list[str] | None = None) -> None:
     t_start = time.perf_counter()
     print_header("bench/llm.py: GPT (MHA, GQA, MLA) training step, decode with and without cache, cache bytes", device)
     print(f"shape: {N_LAYER} layers, width {N_EMBD}, {N_HEAD} heads of {HEAD}, vocab {VOCAB}; gqa: 2 kv heads; "
-          f"mla: kv_lora_rank {MLA['kv_lora_rank']}, qk_rope_head_dim {MLA['qk_rope_head_dim']}, "
-          f"qk_nope_head_dim {MLA['qk_nope_head_dim']}, v_head_dim {MLA['v_head_dim']}; dtype {args.dtype}"
+          f"mla: kv_lora_rank {MLA_ARGS['kv_lora_rank']}, qk_rope_head_dim {MLA_ARGS['qk_rope_head_dim']}, "
+          f"qk_nope_head_dim {MLA_ARGS['qk_nope_head_dim']}, v_head_dim {MLA_ARGS['v_head_dim']}; dtype {args.dtype}"
           + (" (autocast)" if bf16 else ""))
     if "train" in parts:
         bench_train(names, device, bf16, warmup, steps, repeats)

@@ -7,13 +7,12 @@ to the math kernel, which materialises the T x T scores. On a CPU the flash kern
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 import torch.nn.functional as F
 import yaml
 from conftest import CONFIGS
+from jsonargparse import ArgumentParser
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from zoo.gpt.generate import generate
@@ -23,19 +22,14 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 FUSED = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
 
 
-def build(spec):
-    """Instantiate a ``class_path``/``init_args`` tree of a config file (nested nets included)."""
-    if isinstance(spec, dict) and "class_path" in spec:
-        module, name = spec["class_path"].rsplit(".", 1)
-        args = {k: build(v) for k, v in spec.get("init_args", {}).items()}
-        return getattr(importlib.import_module(module), name)(**args)
-    return spec
-
-
 def config_net(path: str) -> tuple[torch.nn.Module, dict]:
+    """The net of a config file, built by jsonargparse as the CLI builds it (injected classes included)."""
     torch.manual_seed(0)
     config = yaml.safe_load((CONFIGS / path).read_text())
-    return build(config["model"]["init_args"]["net"]), config
+    parser = ArgumentParser()
+    parser.add_argument("--net", type=torch.nn.Module)
+    cfg = parser.parse_object({"net": config["model"]["init_args"]["net"]})
+    return parser.instantiate(cfg).net, config
 
 
 def run_denoiser(net, config: dict) -> None:

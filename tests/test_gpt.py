@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 import torch
 
-from zoo.gpt import GPT, generate
+from zoo.gpt import GPT, MHA, MLA, generate
 from zoo.gpt.generate import filter_logits, make_cache, sample_next
 from zoo.gpt.losses import IGNORE_INDEX, causal_lm_loss
 from zoo.layers.optim import param_groups
 
 V = 97
-MLA = dict(attention="mla", kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
+MLA_ARGS = dict(kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
 VARIANTS = {
     "mha": dict(),
-    "gqa": dict(n_kv_head=2, position="rope", norm="rmsnorm", mlp="swiglu", bias=False),
-    "mqa": dict(n_kv_head=1, position="rope"),
-    "mla": MLA,
-    "mla_qlora": {**MLA, "q_lora_rank": 12, "position": "rope", "norm": "rmsnorm"},
+    "gqa": dict(attention=partial(MHA, n_kv_head=2), position="rope", norm="rmsnorm", mlp="swiglu", bias=False),
+    "mqa": dict(attention=partial(MHA, n_kv_head=1), position="rope"),
+    "mla": dict(attention=partial(MLA, **MLA_ARGS)),
+    "mla_qlora": dict(attention=partial(MLA, **MLA_ARGS, q_lora_rank=12), position="rope", norm="rmsnorm"),
 }
 
 
@@ -113,8 +114,8 @@ def test_generation_stops_at_eos_and_at_block_size():
 @pytest.mark.parametrize("heads", [4, 16])
 def test_mla_cache_holds_latent_and_rope_key_only(heads):
     d = 64  # head size; DeepSeek-V2's proportions: r = 4d, p = d/2
-    mla = GPT(vocab_size=V, block_size=16, n_layer=3, n_embd=heads * d, n_head=heads, attention="mla",
-              kv_lora_rank=4 * d, qk_rope_head_dim=d // 2, qk_nope_head_dim=d, v_head_dim=d)
+    mla = GPT(vocab_size=V, block_size=16, n_layer=3, n_embd=heads * d, n_head=heads,
+              attention=partial(MLA, kv_lora_rank=4 * d, qk_rope_head_dim=d // 2, qk_nope_head_dim=d, v_head_dim=d))
     mha = GPT(vocab_size=V, block_size=16, n_layer=3, n_embd=heads * d, n_head=heads)
     b, n = 2, 16
     def numbers(net):  # every element of every buffer, per token and layer

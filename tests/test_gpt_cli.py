@@ -66,6 +66,35 @@ def test_shakespeare_configs_run_a_few_steps(name):
     assert torch.isfinite(c.trainer.callback_metrics["val/loss"])
 
 
+MLA_CONFIG = CONFIGS / "gpt" / "mla_shakespeare.yaml"
+ATTN = "--model.init_args.net.init_args.attention"
+
+
+@pytest.mark.parametrize(("config", "args", "key"), [
+    (MLA_CONFIG, [f"{ATTN}.init_args.n_kv_head=2"], "n_kv_head"),  # a GQA option given to MLA
+    (TINY, [f"{ATTN}.class_path=zoo.gpt.attention.MHA", f"{ATTN}.init_args.kv_lora_rank=16"], "kv_lora_rank"),
+    (TINY, ["--model.init_args.net.init_args.kv_lora_rank=16"], "kv_lora_rank"),  # the old flat form
+])
+def test_attention_options_of_another_variant_fail_at_parse_time(config, args, key):
+    proc = subprocess.run([sys.executable, "cli.py", "fit", "--config", str(config), *args, "--print_config"],
+                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          timeout=300)
+    assert proc.returncode != 0
+    assert key in proc.stderr, proc.stderr[-2000:]
+
+
+def test_mla_checkpoint_reloads_its_attention_alone():
+    c = cli("fit", "--config", str(MLA_CONFIG), "--trainer.max_steps=2", "--trainer.limit_val_batches=1",
+            "--trainer.enable_progress_bar=false", "--model.init_args.net.init_args.n_layer=1",
+            "--data.init_args.samples_per_epoch=64", "--data.init_args.val_samples=32")
+    module = CausalLMModule.load_from_checkpoint(c.trainer.checkpoint_callback.last_model_path).eval()
+    attn = module.net.blocks[0].attn
+    assert type(attn).__name__ == "MLA" and attn.r == 128 and attn.dp == 16
+    ids = torch.randint(0, 85, (1, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(module(ids), c.model.eval()(ids))
+
+
 @pytest.fixture
 def gpt2_folder(tmp_path) -> Path:
     """A tiny random GPT-2 in Hugging Face's layout, with GPT-2-style vocab.json and merges.txt."""

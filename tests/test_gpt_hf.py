@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
 from zoo.gpt.hf import export_gpt2, load_gpt2, load_safetensors, save_safetensors
-from zoo.gpt import GPT
+from zoo.gpt import GPT, MHA
 
 transformers = pytest.importorskip("transformers")
 
@@ -61,11 +63,12 @@ def test_export_refuses_a_net_gpt2_cannot_hold(tmp_path):
 
 def test_safetensors_round_trip_with_tied_embeddings(tmp_path):
     torch.manual_seed(2)
-    a = GPT(vocab_size=50, block_size=16, n_layer=1, n_embd=16, n_head=2, n_kv_head=1, position="rope")
+    a = GPT(vocab_size=50, block_size=16, n_layer=1, n_embd=16, n_head=2, attention=partial(MHA, n_kv_head=1),
+            position="rope")
     path = save_safetensors(a, tmp_path / "w.safetensors")
     torch.manual_seed(3)
-    b = load_safetensors(GPT(vocab_size=50, block_size=16, n_layer=1, n_embd=16, n_head=2, n_kv_head=1,
-                             position="rope"), path)
+    b = load_safetensors(GPT(vocab_size=50, block_size=16, n_layer=1, n_embd=16, n_head=2,
+                             attention=partial(MHA, n_kv_head=1), position="rope"), path)
     assert b.lm_head.weight is b.tok_emb.weight
     x = torch.randint(0, 50, (1, 16))
     torch.testing.assert_close(a(x), b(x))

@@ -1,7 +1,8 @@
 """GPT language models: MHA/GQA/MLA decoder, causal-LM objective, cached generation, GPT-2 weights."""
 
+from zoo.gpt.attention import MHA, MLA
 from zoo.gpt.generate import generate
 from zoo.gpt.gpt import GPT
 from zoo.gpt.module import CausalLMModule
 
-__all__ = ["GPT", "CausalLMModule", "generate"]
+__all__ = ["GPT", "MHA", "MLA", "CausalLMModule", "generate"]

@@ -1,9 +1,9 @@
 """Autoregressive decoding for ``GPT``: per-layer caches, sampling filters and the decoding loop.
 
-Caches are preallocated once per call (no concatenation per token). For MHA/GQA a layer caches its
-keys and values, 2 * G * d numbers per token; for MLA only the compressed latent c_kv and the shared
-RoPE key side by side, r + p numbers per token (DeepSeek-V2, section 2.1.3), which ``LatentAttention``
-reads with its up-projections absorbed.
+Caches are preallocated once per call (no concatenation per token), in the layout each attention class
+states (``cache_layout``): for MHA/GQA its keys and values, 2 * G * d numbers per token; for MLA only the
+compressed latent c_kv and the shared RoPE key side by side, r + p numbers per token (DeepSeek-V2,
+section 2.1.3), which ``MLA`` reads with its up-projections absorbed.
 
 Prompts of different lengths decode together as in Meta's Llama reference ``generate``: all rows
 start at the shortest prompt's length, and while a row is still inside its prompt the sampled token is
@@ -18,13 +18,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from zoo.gpt.gpt import GPT, LatentAttention
+from zoo.gpt.gpt import GPT
 
 
 class LayerCache:
-    """Preallocated per-layer cache: ``a`` (B, heads, N, da) and, when db > 0, ``b`` (B, heads, N, db)."""
+    """Preallocated per-layer cache for a ``(heads, da, db)`` layout: ``a`` (B, heads, N, da) and, when db > 0,
+    ``b`` (B, heads, N, db)."""
 
-    def __init__(self, batch: int, heads: int, max_len: int, da: int, db: int, device, dtype) -> None:
+    def __init__(self, batch: int, max_len: int, layout: tuple[int, int, int], device, dtype) -> None:
+        heads, da, db = layout
         self.a = torch.zeros(batch, heads, max_len, da, device=device, dtype=dtype)
         self.b = torch.zeros(batch, heads, max_len, db, device=device, dtype=dtype) if db else None
 
@@ -42,7 +44,7 @@ class LayerCache:
 
 
 def make_cache(net: GPT, batch: int, max_len: int, dtype: torch.dtype | None = None) -> list[LayerCache]:
-    """One cache per layer: keys and values for MHA/GQA, [c_kv | k_rope] for MLA.
+    """One cache per layer, laid out as its attention says: keys and values for MHA/GQA, [c_kv | k_rope] for MLA.
 
     ``dtype`` defaults to the autocast dtype when autocast is on (what the keys are computed in), else
     the parameters' dtype.
@@ -51,14 +53,7 @@ def make_cache(net: GPT, batch: int, max_len: int, dtype: torch.dtype | None = N
     if dtype is None:
         on = torch.is_autocast_enabled(p.device.type)
         dtype = torch.get_autocast_dtype(p.device.type) if on else p.dtype
-    caches = []
-    for block in net.blocks:
-        attn = block.attn
-        if isinstance(attn, LatentAttention):
-            caches.append(LayerCache(batch, 1, max_len, attn.r + attn.dp, 0, p.device, dtype))
-        else:
-            caches.append(LayerCache(batch, attn.n_kv_head, max_len, attn.head_dim, attn.head_dim, p.device, dtype))
-    return caches
+    return [LayerCache(batch, max_len, block.attn.cache_layout(), p.device, dtype) for block in net.blocks]
 
 
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:

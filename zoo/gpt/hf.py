@@ -2,7 +2,7 @@
 
 A Hugging Face GPT-2 folder holds ``config.json`` and ``model.safetensors`` (or ``pytorch_model.bin``).
 Its linear layers are ``Conv1D`` modules that store weights as (in, out), the transpose of
-``nn.Linear``; its ``c_attn`` packs [q | k | v] in the order our ``Attention.qkv`` does. Nothing is
+``nn.Linear``; its ``c_attn`` packs [q | k | v] in the order our ``MHA.qkv`` does. Nothing is
 downloaded: point at a folder (``save_pretrained`` output, or a hub snapshot copied by hand).
 
     python -m zoo.gpt.hf export <lightning.ckpt> <out_folder>     # our checkpoint -> HF GPT-2 folder
@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from zoo.gpt.attention import MHA
 from zoo.gpt.gpt import GPT
 from zoo.layers.weights import check_compatible, extract_state_dict, load_file
 
@@ -43,7 +44,7 @@ def gpt2_net_kwargs(config: dict) -> dict:
         n_layer=config["n_layer"], n_embd=config["n_embd"], n_head=config["n_head"],
         mlp_hidden=config.get("n_inner") or 4 * config["n_embd"], norm_eps=config.get("layer_norm_epsilon", 1e-5),
         tie_embeddings=config.get("tie_word_embeddings", True),
-        attention="mha", norm="layernorm", mlp="gelu", position="learned", bias=True,
+        attention=MHA, norm="layernorm", mlp="gelu", position="learned", bias=True,
     )
 
 
@@ -106,7 +107,8 @@ def export_gpt2(net: GPT, folder: str | Path, eos_id: int | None = None) -> Path
     """
     from safetensors.torch import save_file
 
-    if net.attention != "mha" or net.position != "learned" or net.blocks[0].attn.n_kv_head != net.blocks[0].attn.n_head:
+    attn = net.blocks[0].attn
+    if not isinstance(attn, MHA) or attn.n_kv_head != attn.n_head or net.position != "learned":
         raise ValueError("Only a GPT-2-shaped net (MHA, learned positions, LayerNorm, GELU) exports as GPT-2")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -115,7 +117,7 @@ def export_gpt2(net: GPT, folder: str | Path, eos_id: int | None = None) -> Path
     if tied:
         del sd["lm_head.weight"]  # transformers re-ties it from wte
     save_file({k: v.contiguous() for k, v in sd.items()}, folder / "model.safetensors", metadata={"format": "pt"})
-    attn, mlp = net.blocks[0].attn, net.blocks[0].mlp
+    mlp = net.blocks[0].mlp
     config = {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
         "vocab_size": net.vocab_size, "n_positions": net.block_size, "n_ctx": net.block_size,
