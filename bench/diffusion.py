@@ -35,7 +35,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 from bench._common import median, now, print_header, resolve_device, set_threads, spread, table  # noqa: E402
-from zoo.diffusion import DiffusionModule, DiT, UNet  # noqa: E402
+from zoo.diffusion import DiffusionModule, DiT, Sampling, UNet  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "diffusion"
 NETS = {"unet": ("ddpm_unet_shapes.yaml", UNet), "dit-s/2": ("dit_s_shapes.yaml", DiT)}
@@ -95,15 +95,15 @@ def bench_train(args, device, autocast) -> None:
 def bench_sample(args, device, autocast) -> None:
     torch.manual_seed(0)
     module = build("unet").to(device).eval()
-    runs = {"ddim-50": dict(sampler="ddim", steps=50), "ddpm-1000": dict(sampler="ddpm")}
+    runs = {"ddim-50": Sampling("ddim", steps=50), "ddpm-1000": Sampling("ddpm")}
     with autocast():
-        module.sample(args.sample_batch, "ddim", steps=2)  # warm-up
+        module.sample(args.sample_batch, Sampling("ddim", steps=2))  # warm-up
     times: dict[str, list[float]] = {n: [] for n in runs}
     for r in range(args.repeats):
         for name in runs if r % 2 == 0 else reversed(runs):
             t0 = now(device)
             with autocast():
-                module.sample(args.sample_batch, seed=r, **runs[name])
+                module.sample(args.sample_batch, runs[name], seed=r)
             times[name].append(now(device) - t0)
     calls = {"ddim-50": 50, "ddpm-1000": module.schedule.num_timesteps}
     rows = [[n, calls[n], f"{median(ts):.2f}", spread(ts, 2), f"{median(ts) / calls[n] * 1e3:.1f}"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Literal
 
 import lightning.pytorch as pl
 import torch
@@ -20,6 +19,7 @@ from lightning.pytorch import Callback
 from torch import Tensor
 
 from callbacks.frechet import due, log_frechet
+from zoo.diffusion.samplers import Sampling
 
 
 def to_uint8_rgb(images: Tensor) -> Tensor:
@@ -40,9 +40,7 @@ class FrechetInceptionDistance(Callback):
         self,
         weights: str,
         num_samples: int = 500,
-        sampler: Literal["ddpm", "ddim"] = "ddim",
-        steps: int = 50,
-        guidance_scale: float = 1.0,
+        sampling: Sampling = Sampling(),
         batch_size: int = 250,
         every_n_epochs: int = 1,
         seed: int = 0,
@@ -52,9 +50,8 @@ class FrechetInceptionDistance(Callback):
             weights: local path of torch-fidelity's Inception-v3 weights (pt_inception-2015-12-05-6726825d.pth).
             num_samples: generated (and real) images compared; FID is biased upwards at small N (papers use
                 50k), so compare numbers only at the same N.
-            sampler: "ddim" or "ddpm".
-            steps: DDIM steps.
-            guidance_scale: classifier-free guidance scale for class-conditional models (1: none).
+            sampling: the sampler and its options (``zoo.diffusion.Sampling``: sampler, steps, eta, spacing,
+                variance, guidance_scale).
             batch_size: images generated per call of ``sample``.
             every_n_epochs: compute after every n-th validation epoch.
             seed: sampling seed, the same every time.
@@ -70,8 +67,8 @@ class FrechetInceptionDistance(Callback):
                 "pt_inception-2015-12-05-6726825d.pth (this callback never downloads it), or use "
                 "callbacks.FrechetDistance with a zoo classifier checkpoint instead"
             )
-        self.weights, self.num_samples, self.sampler, self.steps = weights, num_samples, sampler, steps
-        self.guidance_scale, self.batch_size = guidance_scale, batch_size
+        self.weights, self.num_samples, self.sampling = weights, num_samples, sampling
+        self.batch_size = batch_size
         self.every_n_epochs, self.seed = every_n_epochs, seed
         self.metric = None
 

@@ -8,12 +8,13 @@ The distance is torchmetrics' ``FrechetInceptionDistance`` with the classifier a
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Literal
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch import Callback
 from torch import Tensor
+
+from zoo.diffusion.samplers import Sampling
 
 
 def due(trainer: pl.Trainer, batch_idx: int, dataloader_idx: int, every_n_epochs: int) -> bool:
@@ -35,8 +36,7 @@ def real_images(trainer: pl.Trainer, num_samples: int, device: torch.device) -> 
 
 
 def generated_images(
-    pl_module: pl.LightningModule, num_samples: int, batch_size: int, sampler: Literal["ddpm", "ddim"], steps: int,
-    guidance_scale: float, seed: int,
+    pl_module: pl.LightningModule, num_samples: int, batch_size: int, sampling: Sampling, seed: int
 ) -> Iterator[Tensor]:
     """``num_samples`` images from ``pl_module.sample``, ``batch_size`` at a time; classes in turn across batches.
 
@@ -46,7 +46,7 @@ def generated_images(
     for i in range(0, num_samples, batch_size):
         n = min(batch_size, num_samples - i)
         labels = torch.arange(i, i + n) % k if k else None
-        yield pl_module.sample(n, sampler, steps, guidance_scale, seed=seed + i, labels=labels)
+        yield pl_module.sample(n, sampling, seed=seed + i, labels=labels)
 
 
 def log_frechet(
@@ -64,8 +64,8 @@ def log_frechet(
         if int(metric.real_features_num_samples) == 0:  # kept across validations (reset_real_features=False)
             for images in real_images(trainer, callback.num_samples, pl_module.device):
                 metric.update(prepare(images), real=True)
-    for images in generated_images(pl_module, callback.num_samples, callback.batch_size, callback.sampler,
-                                   callback.steps, callback.guidance_scale, callback.seed):
+    for images in generated_images(pl_module, callback.num_samples, callback.batch_size, callback.sampling,
+                                   callback.seed):
         if rank0:
             metric.update(prepare(images), real=False)
     if rank0:
@@ -86,9 +86,7 @@ class FrechetDistance(Callback):
         self,
         classifier: str,
         num_samples: int = 500,
-        sampler: Literal["ddpm", "ddim"] = "ddim",
-        steps: int = 50,
-        guidance_scale: float = 1.0,
+        sampling: Sampling = Sampling(),
         batch_size: int = 250,
         every_n_epochs: int = 1,
         seed: int = 0,
@@ -100,9 +98,8 @@ class FrechetDistance(Callback):
             classifier: a ``ClassifierModule`` checkpoint trained on the same data (e.g. by configs/cnn/convnet_shapes.yaml).
             num_samples: generated (and real) images compared; the metric is biased upwards at small N, so
                 compare numbers only at the same N.
-            sampler: "ddim" or "ddpm".
-            steps: DDIM steps.
-            guidance_scale: classifier-free guidance scale for class-conditional models (1: none).
+            sampling: the sampler and its options (``zoo.diffusion.Sampling``: sampler, steps, eta, spacing,
+                variance, guidance_scale).
             batch_size: images generated per call of ``sample``.
             every_n_epochs: compute after every n-th validation epoch.
             seed: sampling seed, the same every time.
@@ -110,8 +107,8 @@ class FrechetDistance(Callback):
                 std (0.5,): images in [-1, 1], as ShapesDataModule gives them).
             classifier_std: per-channel std of that standardisation.
         """
-        self.classifier, self.num_samples, self.sampler, self.steps = classifier, num_samples, sampler, steps
-        self.guidance_scale, self.batch_size = guidance_scale, batch_size
+        self.classifier, self.num_samples, self.sampling = classifier, num_samples, sampling
+        self.batch_size = batch_size
         self.every_n_epochs, self.seed = every_n_epochs, seed
         self.classifier_mean, self.classifier_std = classifier_mean, classifier_std
         self.metric = None

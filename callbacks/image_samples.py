@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import lightning.pytorch as pl
 from lightning.pytorch import Callback
 
+from zoo.diffusion.samplers import Sampling
 from zoo.tracking import mlflow_loggers
 
 
@@ -21,23 +20,20 @@ class LogImageSamples(Callback):
     def __init__(
         self,
         num_samples: int = 16,
-        sampler: Literal["ddpm", "ddim"] = "ddim",
-        steps: int = 50,
-        guidance_scale: float = 1.0,
+        sampling: Sampling = Sampling(),
         every_n_epochs: int = 1,
         seed: int = 0,
     ) -> None:
         """
         Args:
             num_samples: images per grid (a class-conditional model cycles through the classes).
-            sampler: "ddim" (``steps`` calls of the net) or "ddpm" (all T steps).
-            steps: DDIM steps.
-            guidance_scale: classifier-free guidance scale s for class-conditional models (1: none).
+            sampling: the sampler and its options (``zoo.diffusion.Sampling``: sampler, steps, eta, spacing,
+                variance, guidance_scale).
             every_n_epochs: log after every n-th validation epoch.
             seed: sampling seed, the same at every validation so grids compare across the run.
         """
-        self.num_samples, self.sampler, self.steps = num_samples, sampler, steps
-        self.guidance_scale, self.every_n_epochs, self.seed = guidance_scale, every_n_epochs, seed
+        self.num_samples, self.sampling = num_samples, sampling
+        self.every_n_epochs, self.seed = every_n_epochs, seed
 
     def on_validation_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx: int, dataloader_idx: int = 0
@@ -49,7 +45,7 @@ class LogImageSamples(Callback):
         from zoo.diffusion.grid import image_grid
 
         # Every rank samples (a sharded net's forward is collective); rank 0 logs.
-        images = pl_module.sample(self.num_samples, self.sampler, self.steps, self.guidance_scale, seed=self.seed)
+        images = pl_module.sample(self.num_samples, self.sampling, seed=self.seed)
         if not trainer.is_global_zero:
             return
         grid = image_grid(images)

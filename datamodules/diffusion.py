@@ -11,24 +11,25 @@ Notation: B batch, C channels.
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import asdict
 
 import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
 from datamodules.base import ImageDataModule
+from zoo.diffusion.samplers import Sampling
 
 
 class _CollateRequests:
-    """Sampling requests stay (index, label) tensors; the settings ride along with every batch."""
+    """Sampling requests stay (index, label) tensors; the settings (plain values) ride along with every batch."""
 
-    def __init__(self, sampling: dict) -> None:
-        self.sampling = sampling
+    def __init__(self, settings: dict) -> None:
+        self.settings = settings
 
     def __call__(self, items: list[tuple[int, int]]) -> dict:
         index, labels = zip(*items)
-        return {"index": torch.tensor(index), "labels": torch.tensor(labels), "sampling": dict(self.sampling)}
+        return {"index": torch.tensor(index), "labels": torch.tensor(labels), **self.settings}
 
 
 class DiffusionDataModule(LightningDataModule):
@@ -42,11 +43,7 @@ class DiffusionDataModule(LightningDataModule):
         num_samples: int = 64,
         batch_size: int = 64,
         labels: list[int] | None = None,
-        sampler: Literal["ddpm", "ddim"] = "ddim",
-        steps: int = 50,
-        eta: float = 0.0,
-        spacing: Literal["leading", "trailing", "linspace"] = "trailing",
-        guidance_scale: float = 1.0,
+        sampling: Sampling = Sampling(),
         seed: int = 0,
         output_dir: str = "samples",
     ) -> None:
@@ -59,11 +56,8 @@ class DiffusionDataModule(LightningDataModule):
             num_samples: predict: images to generate.
             batch_size: predict: images per batch, i.e. per PNG grid.
             labels: predict: class of each image, repeated in turn (class-conditional models); None: 0, 1, ..., K-1, 0, ...
-            sampler: predict: "ddim" or "ddpm" (all T steps).
-            steps: predict: DDIM steps.
-            eta: predict: DDIM eta, 0 deterministic .. 1 DDPM-like.
-            spacing: predict: which of the T steps DDIM visits (trailing starts at the noisiest).
-            guidance_scale: predict: classifier-free guidance scale s (1: the conditional model alone).
+            sampling: predict: the sampler and its options (``zoo.diffusion.Sampling``: sampler, steps, eta,
+                spacing, variance, guidance_scale).
             seed: predict: seed of batch 0; batch i uses seed + i, so a run repeats exactly.
             output_dir: predict: folder of the PNG grids (``grid_<batch>.png``).
         """
@@ -74,8 +68,8 @@ class DiffusionDataModule(LightningDataModule):
         self._scale, self._shift = (2 * std).view(-1, 1, 1), (2 * mean - 1).view(-1, 1, 1)
         self._identity = bool((self._scale == 1).all() and (self._shift == 0).all())
         self.num_samples, self.batch_size, self.labels = num_samples, batch_size, labels
-        self.sampling = {"sampler": sampler, "steps": steps, "eta": eta, "spacing": spacing,
-                         "guidance_scale": guidance_scale, "seed": seed, "output_dir": output_dir}
+        # As plain values: Lightning's batch transfer rebuilds dataclasses, which a frozen one refuses.
+        self.sampling = {"sampling": asdict(sampling), "seed": seed, "output_dir": output_dir}
         # The image protocol, so nets can be sized from the data config alone.
         self.num_classes, self.image_shape = images.num_classes, images.image_shape
         self.class_names = images.class_names

@@ -1,10 +1,10 @@
-"""Diffusion: noise schedules, DDPM/DDIM samplers, classifier-free guidance, UNet and DiT denoisers."""
+"""Diffusion: noise schedules, DDPM/DDIM samplers and their Sampling settings, classifier-free guidance, UNet and DiT."""
 
 from zoo.diffusion.convert import load_dit_weights
 from zoo.diffusion.dit import DiT
 from zoo.diffusion.losses import denoising_loss
 from zoo.diffusion.module import DiffusionModule
-from zoo.diffusion.samplers import ClassifierFreeGuidance, DDIMSampler, DDPMSampler
+from zoo.diffusion.samplers import SAMPLERS, ClassifierFreeGuidance, DDIMSampler, DDPMSampler, Sampler, Sampling
 from zoo.diffusion.schedule import NoiseSchedule
 from zoo.diffusion.unet import UNet
 
@@ -15,6 +15,9 @@ __all__ = [
     "DiT",
     "DiffusionModule",
     "NoiseSchedule",
+    "SAMPLERS",
+    "Sampler",
+    "Sampling",
     "UNet",
     "denoising_loss",
     "load_dit_weights",

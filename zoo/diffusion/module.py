@@ -1,4 +1,4 @@
-"""DiffusionModule: trains any denoiser (UNet, DiT) with the denoising objective; samples with DDPM or DDIM.
+"""DiffusionModule: trains any denoiser (UNet, DiT) with the denoising objective; samples as a ``Sampling`` says.
 
 EMA of the weights is Lightning's ``EMAWeightAveraging`` callback, which this module adds unless
 the trainer has a weight-averaging callback already: it swaps the EMA weights in for validation
@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from zoo.diffusion.grid import save_grid
 from zoo.diffusion.losses import denoising_loss
-from zoo.diffusion.samplers import ClassifierFreeGuidance, DDIMSampler, DDPMSampler
+from zoo.diffusion.samplers import ClassifierFreeGuidance, Sampling, make_sampler
 from zoo.diffusion.schedule import NoiseSchedule
 from zoo.diffusion.unet import upgrade_state_dict
 from zoo.layers.hparams import save_hparams
@@ -194,59 +194,41 @@ class DiffusionModule(LightningModule):
 
     # -- sampling ----------------------------------------------------------------------------------------
 
-    def sampler(
-        self, name: Literal["ddpm", "ddim"] = "ddim", steps: int = 50, eta: float = 0.0,
-        spacing: Literal["leading", "trailing", "linspace"] = "trailing",
-    ) -> DDPMSampler | DDIMSampler:
-        """A sampler over this module's schedule and prediction type (DDPM always takes all T steps)."""
-        h = self.hparams
-        if name == "ddpm":
-            return DDPMSampler(self.schedule, h.prediction, clip_denoised=h.clip_denoised)
-        if name == "ddim":
-            return DDIMSampler(self.schedule, h.prediction, steps, eta, spacing, clip_denoised=h.clip_denoised)
-        raise ValueError(f"sampler must be 'ddpm' or 'ddim', got {name!r}")
-
     @torch.no_grad()
     def sample(
-        self,
-        n: int,
-        sampler: Literal["ddpm", "ddim"] = "ddim",
-        steps: int = 50,
-        guidance_scale: float = 1.0,
-        seed: int = 0,
-        labels: Tensor | list[int] | None = None,
-        eta: float = 0.0,
-        spacing: Literal["leading", "trailing", "linspace"] = "trailing",
+        self, n: int, sampling: Sampling | None = None, seed: int = 0, labels: Tensor | list[int] | None = None
     ) -> Tensor:
-        """``n`` images (n, C, H, W) in [-1, 1]; the same seed and settings give the same images.
+        """``n`` images (n, C, H, W) in [-1, 1] drawn as ``sampling`` says (default ``Sampling()``: DDIM, 50
+        steps); the same seed and settings give the same images.
 
         ``labels`` (n,) condition a class-conditional net (default: classes 0, 1, ..., K-1, 0, ... in turn)
-        and ``guidance_scale`` s > 1 applies classifier-free guidance; both are ignored by an
-        unconditional net. ``steps``, ``eta`` and ``spacing`` are DDIM's.
+        and ``sampling.guidance_scale`` s > 1 applies classifier-free guidance; both are ignored by an
+        unconditional net.
         """
+        sampling = sampling or Sampling()
         gen = torch.Generator(self.device).manual_seed(seed)
         noise = torch.randn((n, *self.image_shape), generator=gen, device=self.device)  # x_T
         y, model = None, self.denoise
         if self.num_classes:
             y = torch.arange(n) % self.num_classes if labels is None else torch.as_tensor(labels)
             y = y.to(self.device, torch.long)
-            model = ClassifierFreeGuidance(self.denoise, guidance_scale, null_label=self.num_classes)
+            model = ClassifierFreeGuidance(self.denoise, sampling.guidance_scale, null_label=self.num_classes)
+        sampler = make_sampler(sampling, self.schedule, self.hparams.prediction, self.hparams.clip_denoised)
         was_training = self.training
         self.eval()  # dropout off
         try:
-            x = self.sampler(sampler, steps, eta, spacing).sample(model, noise, y, gen)
+            x = sampler.sample(model, noise, y, gen)
         finally:
             self.train(was_training)
         return x.clamp(-1, 1)
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
         """Sample the datamodule's requests with its settings; one PNG grid per batch, rows to WritePredictions."""
-        settings = dict(batch["sampling"])
-        out_dir, seed = Path(settings.pop("output_dir")), settings.pop("seed") + batch_idx
+        sampling, seed = Sampling(**batch["sampling"]), batch["seed"] + batch_idx
         labels = batch["labels"]
-        images = self.sample(len(labels), seed=seed, labels=labels, **settings)
+        images = self.sample(len(labels), sampling, seed=seed, labels=labels)
         rank = f".rank{self.global_rank}" if self.trainer.world_size > 1 else ""
-        path = save_grid(images, out_dir / f"grid_{batch_idx:04d}{rank}.png")
+        path = save_grid(images, Path(batch["output_dir"]) / f"grid_{batch_idx:04d}{rank}.png")
         label = labels if self.num_classes else torch.full_like(labels, -1)
         return {"index": batch["index"], "label": label, "seed": [seed] * len(labels), "grid": [str(path)] * len(labels)}
 

@@ -12,6 +12,11 @@ So a sampler never knows the net, and classifier-free guidance is a wrapper arou
 - ``ClassifierFreeGuidance``: eps-hat = eps(x, null) + s (eps(x, y) - eps(x, null)) (Ho & Salimans
   2021, eq. 6 with w = s - 1; DiT's ``cfg_scale`` = s), both in one batched call.
 
+``Sampling`` holds every sampling option in one typed object, the one ``DiffusionModule.sample``, the
+sampling callbacks and predict take from YAML; ``SAMPLERS`` maps its ``sampler`` name to a class, built by
+the class's ``from_settings``. A new sampler is one ``Sampler`` subclass here and one line in ``SAMPLERS``
+(plus a field in ``Sampling`` if it takes an option no sampler took before).
+
 A denoiser with learned variance returns 2C channels: the prediction, then v in [-1, 1] per pixel
 (Nichol & Dhariwal 2021, "Improved DDPM", eq. 15). Both samplers then draw their noise with the
 learned Sigma_theta instead of a fixed variance; DDIM's S-step version uses the betas of its own
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -36,6 +42,32 @@ from torch import Tensor
 from zoo.diffusion.schedule import NoiseSchedule, Prediction, interpolate_log_variance
 
 Denoiser = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
+Spacing = Literal["leading", "trailing", "linspace"]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How to draw samples: the sampler by name and every option of the samplers (each reads its own).
+
+    Args:
+        sampler: a name in ``SAMPLERS``: "ddim" (``steps`` calls of the net) or "ddpm" (all T steps).
+        steps: DDIM's S, denoiser calls per sample.
+        eta: DDIM's stochasticity, 0 deterministic .. 1 the DDPM posterior variance (Song et al. 2021, eq. 16).
+        spacing: which S of the T steps DDIM visits (see ``ddim_timesteps``; trailing starts at the noisiest).
+        variance: DDPM's sigma_t^2 without a learned variance: beta-tilde_t or beta_t (Ho et al. 2020, sec. 3.2).
+        guidance_scale: classifier-free guidance scale s for class-conditional nets (1: the conditional net alone).
+    """
+
+    sampler: str = "ddim"
+    steps: int = 50
+    eta: float = 0.0
+    spacing: Spacing = "trailing"
+    variance: Literal["beta_tilde", "beta"] = "beta_tilde"
+    guidance_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler {self.sampler!r} is not one of SAMPLERS: {', '.join(sorted(SAMPLERS))}")
 
 
 def split_variance(output: Tensor, x_t: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -75,14 +107,21 @@ def _noise_like(x: Tensor, generator: torch.Generator | None) -> Tensor:
     return torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
 
 
-class _Sampler:
-    """The loop both samplers share; subclasses give ``timesteps`` and ``step``."""
+class Sampler:
+    """The loop every sampler shares; subclasses give ``from_settings``, ``timesteps`` and ``step``."""
 
     schedule: NoiseSchedule
     prediction: Prediction
     clip_denoised: float | None
     # Per-step scalars as Python floats on the host: no device sync and no kernel launch per step.
     _abar: list[float]
+
+    @classmethod
+    def from_settings(
+        cls, settings: Sampling, schedule: NoiseSchedule, prediction: Prediction, clip_denoised: float | None
+    ) -> Sampler:
+        """This sampler over a model's schedule and prediction type, with the options it reads from ``settings``."""
+        raise NotImplementedError
 
     def timesteps(self) -> list[int]:
         raise NotImplementedError
@@ -114,7 +153,7 @@ class _Sampler:
         return len(self.timesteps())
 
 
-class DDPMSampler(_Sampler):
+class DDPMSampler(Sampler):
     """Ancestral sampling through every one of the schedule's T steps (Ho et al. 2020, Algorithm 2)."""
 
     def __init__(
@@ -138,6 +177,11 @@ class DDPMSampler(_Sampler):
         self._log_beta = schedule.log_betas.double().tolist()
         self._log_beta_tilde = schedule.posterior_log_variance_clipped.double().tolist()
 
+    @classmethod
+    def from_settings(cls, settings: Sampling, schedule: NoiseSchedule, prediction: Prediction,
+                      clip_denoised: float | None) -> DDPMSampler:
+        return cls(schedule, prediction, settings.variance, clip_denoised)
+
     def timesteps(self) -> list[int]:
         return list(range(self.schedule.num_timesteps - 1, -1, -1))
 
@@ -160,7 +204,7 @@ class DDPMSampler(_Sampler):
         return mean + std * _noise_like(x_t, generator)
 
 
-def ddim_timesteps(num_timesteps: int, steps: int, spacing: Literal["leading", "trailing", "linspace"]) -> list[int]:
+def ddim_timesteps(num_timesteps: int, steps: int, spacing: Spacing) -> list[int]:
     """S step indices in decreasing order, as diffusers spaces them (Lin et al. 2024, table 2).
 
     leading: 0, T/S, 2T/S, ... (DDIM's own, never visits the noisiest step); trailing: T-1, T-1-T/S, ...
@@ -179,7 +223,7 @@ def ddim_timesteps(num_timesteps: int, steps: int, spacing: Literal["leading", "
     return sorted({int(t) for t in ts}, reverse=True)
 
 
-class DDIMSampler(_Sampler):
+class DDIMSampler(Sampler):
     """DDIM over S of the T steps (Song et al. 2021, eq. 12), eta = 0 deterministic, eta = 1 DDPM-like."""
 
     def __init__(
@@ -188,7 +232,7 @@ class DDIMSampler(_Sampler):
         prediction: Prediction = "eps",
         steps: int = 50,
         eta: float = 0.0,
-        spacing: Literal["leading", "trailing", "linspace"] = "leading",
+        spacing: Spacing = "leading",
         clip_denoised: float | None = None,
     ) -> None:
         """
@@ -207,6 +251,11 @@ class DDIMSampler(_Sampler):
         self._timesteps = ddim_timesteps(schedule.num_timesteps, steps, spacing)
         # The step after each one: the next visited index, and -1 (abar = 1, clean data) after the last.
         self._prev = dict(zip(self._timesteps, self._timesteps[1:] + [-1]))
+
+    @classmethod
+    def from_settings(cls, settings: Sampling, schedule: NoiseSchedule, prediction: Prediction,
+                      clip_denoised: float | None) -> DDIMSampler:
+        return cls(schedule, prediction, settings.steps, settings.eta, settings.spacing, clip_denoised)
 
     def timesteps(self) -> list[int]:
         return self._timesteps
@@ -239,3 +288,17 @@ class DDIMSampler(_Sampler):
         beta = 1 - abar / abar_prev
         log_var = interpolate_log_variance(v, math.log(beta), math.log(beta * (1 - abar_prev) / (1 - abar)))
         return self.eta * (0.5 * log_var).exp().to(v.dtype)
+
+
+# The samplers ``Sampling.sampler`` names. A new one: its class above, and its line here.
+SAMPLERS: dict[str, type[Sampler]] = {
+    "ddpm": DDPMSampler,
+    "ddim": DDIMSampler,
+}
+
+
+def make_sampler(
+    settings: Sampling, schedule: NoiseSchedule, prediction: Prediction, clip_denoised: float | None = None
+) -> Sampler:
+    """The sampler ``settings`` name, over a model's schedule and prediction type."""
+    return SAMPLERS[settings.sampler].from_settings(settings, schedule, prediction, clip_denoised)
