@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.diffusion import (ClassifierFreeGuidance, DDIMSampler, DDPMSampler, DiffusionModule, DiT, NoiseSchedule, Sampling,
-                           UNet)
+from zoo.diffusion import (ClassifierFreeGuidance, DDIMSampler, DDPMSampler, DiffusionModule, DiT, NoiseSchedule,
+                           Sampling, UNet)
 from zoo.diffusion.dit import SIZES
 from zoo.diffusion.samplers import SAMPLERS, Sampler, ddim_timesteps, split_variance
 from zoo.layers.optim import param_groups
@@ -723,7 +723,8 @@ def test_unet_checkpoints_with_conv_attention_still_load(tmp_path):
     m.load_state_dict(ckpt["state_dict"])
     torch.testing.assert_close(m.net(x, t, y), src(x, t, y))
     torch.save({"state_dict": {f"net.{k}": v for k, v in old.items()}}, tmp_path / "old.ckpt")
-    torch.testing.assert_close(load_pretrained(NETS["unet-cond"]().eval(), tmp_path / "old.ckpt")(x, t, y), src(x, t, y))
+    loaded = load_pretrained(NETS["unet-cond"]().eval(), tmp_path / "old.ckpt")
+    torch.testing.assert_close(loaded(x, t, y), src(x, t, y))
 
 
 # -- the sampler registry ------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Diffusion: noise schedules, DDPM/DDIM samplers and their Sampling settings, classifier-free guidance, UNet and DiT."""
+"""Diffusion: noise schedules, samplers and their Sampling settings, classifier-free guidance, UNet and DiT."""
 
 from zoo.diffusion.convert import load_dit_weights
 from zoo.diffusion.dit import DiT

@@ -71,6 +71,10 @@ def upgrade_state_dict(state_dict: dict[str, Tensor], prefix: str = "") -> dict[
     return state_dict
 
 
+def _upgrade_on_load(module: nn.Module, state_dict: dict[str, Tensor], prefix: str, *args) -> None:
+    upgrade_state_dict(state_dict, prefix)  # a module-level function, so the net still pickles (spawn, DDP)
+
+
 class AttentionBlock(nn.Module):
     """Multi-head self-attention over the H*W positions, residual."""
 
@@ -80,7 +84,7 @@ class AttentionBlock(nn.Module):
         self.attn = SelfAttention(channels, num_heads)  # a 1x1 conv is a linear map of each position's channels
         zero(self.attn.proj)
         # Older checkpoints (any path: load_from_checkpoint, EMA's copies, init_weights) load after a rename.
-        self.register_load_state_dict_pre_hook(lambda module, sd, prefix, *_: upgrade_state_dict(sd, prefix))
+        self.register_load_state_dict_pre_hook(_upgrade_on_load)
 
     def forward(self, x: Tensor) -> Tensor:
         b, c, h, w = x.shape

@@ -109,13 +109,13 @@ class GPT(nn.Module):
         norm_cls = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}[norm]
         if mlp_hidden is None:
             mlp_hidden = 4 * n_embd if mlp == "gelu" else 64 * math.ceil(8 * n_embd / 3 / 64)
-
         self.tok_emb = nn.Embedding(vocab_size, n_embd)
         if position == "learned":
             self.pos_emb = nn.Embedding(block_size, n_embd)
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
-            Block(attention(n_embd, n_head, bias, dropout, position == "rope"), MLP(n_embd, mlp_hidden, mlp, bias, dropout), norm_cls, n_embd, norm_eps, dropout)
+            Block(attention(n_embd, n_head, bias, dropout, position == "rope"),
+                  MLP(n_embd, mlp_hidden, mlp, bias, dropout), norm_cls, n_embd, norm_eps, dropout)
             for _ in range(n_layer)
         )
         self.norm_f = norm_cls(n_embd, eps=norm_eps)
