@@ -7,6 +7,7 @@ metric), learning-rate, grad-norm and precision monitors, a checkpoint on except
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch import LightningDataModule, LightningModule
-from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
 from zoo.tracking import LogConfigToMLflow, mlflow_loggers
@@ -99,6 +100,17 @@ class ZooCLI(LightningCLI):
             # fp16 matmuls are an order of magnitude slower than fp32 on CPUs; bf16 is faster.
             warnings.warn("precision 16-mixed on a CPU runs as bf16-mixed", stacklevel=1)
             cfg.trainer.precision = "bf16-mixed"
+
+    def after_instantiate_classes(self) -> None:
+        # The family's own callbacks (sample logging), which the module names by class path so that zoo/ never
+        # imports callbacks/: each unless the trainer has one of its class; before the checkpoints, which run last.
+        callbacks = self.trainer.callbacks
+        for path in getattr(self.model, "default_callbacks", ()):
+            module, name = path.rsplit(".", 1)
+            cls = getattr(importlib.import_module(module), name)
+            if not any(isinstance(c, cls) for c in callbacks):
+                at = next((i for i, c in enumerate(callbacks) if isinstance(c, Checkpoint)), len(callbacks))
+                callbacks.insert(at, cls())
 
     def before_validate(self) -> None:
         # validate/test/predict write no checkpoint, so the checkpoint callback's folder differing from the

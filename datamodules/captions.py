@@ -39,7 +39,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from datamodules.base import EpochShuffle, not_found_message, split_indices
 from datamodules.shapes import COLOURS, POSITIONS, SIZES, ShapesDataset
-from datamodules.tokenizers import BPETokenizer, ByteTokenizer, Tokenizer
+from zoo.layers.tokenizers import BPETokenizer, ByteTokenizer, Tokenizer, tokenize
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # OpenAI CLIP's pixel statistics
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -49,16 +49,6 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
 SHAPES_TEMPLATES = [f"a {z} {c} {{}} {p}" for z in SIZES for c in COLOURS for p in POSITIONS]
 GENERIC_TEMPLATES = ["a photo of a {}.", "a picture of a {}.", "{}"]
 Predict = Literal["zeroshot", "image_embeddings", "text_embeddings"]
-
-
-def tokenize(tokenizer: Tokenizer, texts: Sequence[str], context_length: int) -> Tensor:
-    """(N, T) int64 ids: each text's ids cut to T - 1, then end-of-text, padded with end-of-text."""
-    eos = tokenizer.eos_id
-    out = torch.full((len(texts), context_length), eos, dtype=torch.long)
-    for i, ids in enumerate(tokenizer.encode_batch(list(texts))):
-        ids = ids[: context_length - 1]
-        out[i, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-    return out
 
 
 def read_pairs(path: Path, image_column: str, caption_column: str, label_column: str | None) -> dict[str, list]:

@@ -40,7 +40,7 @@ from datamodules.text_corpus import (
     training_text,
     write_json_atomic,
 )
-from datamodules.tokenizers import (
+from zoo.layers.tokenizers import (
     BPETokenizer,
     ByteTokenizer,
     CharTokenizer,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from datamodules.tokenizers import Tokenizer, tokenizer_from_dict
+from zoo.layers.tokenizers import Tokenizer, tokenizer_from_dict
 
 log = logging.getLogger(__name__)
 

@@ -13,13 +13,13 @@ import torch
 import torch.nn.functional as F
 from conftest import ROOT
 
-from datamodules.captions import CaptionDataModule, read_pairs, tokenize
-from datamodules.tokenizers import ByteTokenizer
+from datamodules.captions import CaptionDataModule, read_pairs
 from zoo.clip import CLIP, ContrastiveModule, TextTransformer, VisionTransformer
 from zoo.clip.losses import infonce_loss, siglip_loss
 from zoo.clip.module import recall_at_k
 from zoo.cnn import ConvNet
 from zoo.layers.optim import param_groups
+from zoo.layers.tokenizers import ByteTokenizer, tokenize
 
 E = 16
 

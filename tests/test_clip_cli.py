@@ -83,7 +83,7 @@ def test_short_cpu_fit_on_shapes_is_far_above_chance():
 def hf_clip_folder(tmp_path) -> Path:
     """A tiny random Hugging Face CLIP with a BPE tokenizer.json of its own vocabulary, as save_pretrained writes."""
     transformers = pytest.importorskip("transformers")
-    from datamodules.tokenizers import BPETokenizer
+    from zoo.layers.tokenizers import BPETokenizer
 
     folder = tmp_path / "hf_clip"
     captions = [f"a {c} {s} on a {b} background"

@@ -16,7 +16,7 @@ from torch import nn
 from datamodules import TextDataModule
 from datamodules import text_corpus
 from datamodules.shakespeare import extract_texts
-from datamodules.tokenizers import (
+from zoo.layers.tokenizers import (
     BPETokenizer,
     ByteTokenizer,
     CharTokenizer,

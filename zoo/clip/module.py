@@ -25,6 +25,7 @@ from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
 from zoo.layers.optim import adamw_warmup_cosine
 from zoo.layers.parallel import shard
+from zoo.layers.tokenizers import tokenize, tokenizer_from_dict
 from zoo.layers.weights import check_compatible
 
 RECALL_AT = (1, 5, 10)
@@ -219,8 +220,6 @@ class ContrastiveModule(LightningModule):
         """(B, E) normalised embeddings of texts, tokenised as in training."""
         if self.tokenizer is None:
             raise RuntimeError("No tokenizer: fit, or load from a checkpoint made with CaptionDataModule")
-        from datamodules.captions import tokenize
-
         return self.net.encode_text(tokenize(self.tokenizer, texts, self.context_length).to(self.device))
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
@@ -262,8 +261,6 @@ class ContrastiveModule(LightningModule):
         net_state = {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
         check_compatible(self.net, net_state, "checkpoint")
         if "tokenizer" in checkpoint:
-            from datamodules.tokenizers import tokenizer_from_dict
-
             tok = dict(checkpoint["tokenizer"])
             self.context_length = tok.pop("context_length")
             self.tokenizer = tokenizer_from_dict(tok)

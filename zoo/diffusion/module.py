@@ -47,6 +47,8 @@ class DiffusionModule(LightningModule):
     family = "diffusion"
     monitor = "val/loss"
     monitor_mode = "min"
+    # Attached by cli.py unless the trainer has one: a grid of samples logged to MLflow at validation.
+    default_callbacks = ("callbacks.LogImageSamples",)
 
     def __init__(
         self,
@@ -128,20 +130,11 @@ class DiffusionModule(LightningModule):
             self._init_loaded = True
 
     def configure_callbacks(self):
-        # Unless the trainer has its own: EMA weights, and a grid of samples logged to MLflow at validation.
-        from callbacks import LogImageSamples
-
-        defaults = [LogImageSamples()]
-        if self.hparams.ema_decay:
-            start = self.hparams.ema_start_step or None
-            defaults.append(EMAWeightAveraging(decay=self.hparams.ema_decay, update_starting_at_step=start))
-        present = self.trainer.callbacks
-
-        def missing(cb) -> bool:  # any weight averaging (EMA, SWA) the trainer has replaces ours
-            kind = WeightAveraging if isinstance(cb, WeightAveraging) else type(cb)
-            return not any(isinstance(c, kind) for c in present)
-
-        return [cb for cb in defaults if missing(cb)]
+        # EMA weights, unless the trainer has a weight averaging (EMA, SWA) of its own, which replaces ours.
+        if not self.hparams.ema_decay or any(isinstance(c, WeightAveraging) for c in self.trainer.callbacks):
+            return []
+        start = self.hparams.ema_start_step or None
+        return [EMAWeightAveraging(decay=self.hparams.ema_decay, update_starting_at_step=start)]
 
     # -- the denoiser ------------------------------------------------------------------------------------
 

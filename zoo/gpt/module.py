@@ -15,6 +15,7 @@ from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
 from zoo.layers.optim import adamw_warmup_cosine
 from zoo.layers.parallel import shard
+from zoo.layers.tokenizers import tokenizer_from_dict
 from zoo.layers.weights import check_compatible
 
 
@@ -32,6 +33,8 @@ class CausalLMModule(LightningModule):
     family = "gpt"
     monitor = "val/loss"
     monitor_mode = "min"
+    # Attached by cli.py unless the trainer has one: a few generations logged to MLflow at each validation.
+    default_callbacks = ("callbacks.LogTextSamples",)
 
     def __init__(
         self,
@@ -75,11 +78,10 @@ class CausalLMModule(LightningModule):
 
     def configure_callbacks(self):
         # Unless the config lists its own: tokens/s (and FLOPs/s and MFU on GPUs with a known peak, from
-        # `flops_per_batch` below), and a few generations logged to MLflow at each validation.
-        from callbacks import LogTextSamples
-
-        defaults = [ThroughputMonitor(batch_size_fn=_batch_size, length_fn=_tokens), LogTextSamples()]
-        return [cb for cb in defaults if not any(isinstance(c, type(cb)) for c in self.trainer.callbacks)]
+        # `flops_per_batch` below).
+        if any(isinstance(c, ThroughputMonitor) for c in self.trainer.callbacks):
+            return []
+        return [ThroughputMonitor(batch_size_fn=_batch_size, length_fn=_tokens)]
 
     def setup(self, stage: str) -> None:
         # Here rather than in __init__: a checkpoint restores over it, and load_from_checkpoint (which
@@ -178,7 +180,5 @@ class CausalLMModule(LightningModule):
         net_state = {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
         check_compatible(self.net, net_state, "checkpoint")
         if "tokenizer" in checkpoint:
-            from datamodules.tokenizers import tokenizer_from_dict
-
             self.tokenizer = tokenizer_from_dict(checkpoint["tokenizer"])
 

@@ -1,4 +1,6 @@
-"""Tokenizers for the GPT family: bytes, characters, a locally trained BPE, and GPT-2's BPE.
+"""Tokenizers for the GPT and CLIP families: bytes, characters, a locally trained BPE, and GPT-2's BPE.
+
+Model-side: a checkpoint carries its tokenizer (``to_dict``), so loading one needs only ``zoo``.
 
 All four share one small protocol (``Tokenizer``): ``encode``/``encode_batch``/``decode``,
 ``vocab_size``, ``eos_id`` and ``to_dict``. ``to_dict`` is JSON-able and complete (the BPE kinds
@@ -20,8 +22,10 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
+from torch import Tensor
 
 EOS_TOKEN = "<|endoftext|>"
 
@@ -216,3 +220,13 @@ def tokenizer_from_dict(d: dict) -> Tokenizer:
     if kind == "gpt2":
         return GPT2Tokenizer.from_json(d["json"])
     raise ValueError(f"unknown tokenizer kind {kind!r} in {json.dumps(d)[:200]}")
+
+
+def tokenize(tokenizer: Tokenizer, texts: Sequence[str], context_length: int) -> Tensor:
+    """(N, T) int64 ids: each text's ids cut to T - 1, then end-of-text, padded with end-of-text (CLIP's layout)."""
+    eos = tokenizer.eos_id
+    out = torch.full((len(texts), context_length), eos, dtype=torch.long)
+    for i, ids in enumerate(tokenizer.encode_batch(list(texts))):
+        ids = ids[: context_length - 1]
+        out[i, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+    return out
