@@ -150,11 +150,12 @@ class ZooCLI(LightningCLI):
         ckpt = trainer.checkpoint_callback
         lines = []
         for lg in mlflow_loggers(trainer):
+            uri, experiment = lg.experiment.tracking_uri, lg.experiment.get_experiment(lg.experiment_id).name
             lines += [
-                f"MLflow run:  {lg.run_id} (experiment {lg._experiment_name!r}) at {lg._tracking_uri}",
-                f"  open it:   mlflow ui --backend-store-uri {lg._tracking_uri}"
-                if lg._tracking_uri.startswith("sqlite")
-                else f"  open it:   {lg._tracking_uri}/#/experiments/{lg.experiment_id}/runs/{lg.run_id}",
+                f"MLflow run:  {lg.run_id} (experiment {experiment!r}) at {uri}",
+                f"  open it:   mlflow ui --backend-store-uri {uri}"
+                if uri.startswith("sqlite")
+                else f"  open it:   {uri}/#/experiments/{lg.experiment_id}/runs/{lg.run_id}",
             ]
         if ckpt is not None:
             lines += [f"Best checkpoint: {ckpt.best_model_path or '-'}", f"Last checkpoint: {ckpt.last_model_path or '-'}"]

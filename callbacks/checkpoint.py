@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+
+from zoo.layers.compat import refresh_last_checkpoint
 
 
 class MonitoredCheckpoint(ModelCheckpoint):
@@ -54,22 +57,16 @@ class MonitoredCheckpoint(ModelCheckpoint):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self.monitor is None and getattr(pl_module, "monitor", None):
             self.monitor = pl_module.monitor
-            mode = self._explicit_mode or getattr(pl_module, "monitor_mode", "min")
-            self._ModelCheckpoint__init_monitor_mode(mode)
+            self.mode = self._explicit_mode or getattr(pl_module, "monitor_mode", "min")
+            # The worst score of the mode, as ModelCheckpoint's __init__ sets it for its own mode.
+            self.kth_value = torch.tensor(torch.inf if self.mode == "min" else -torch.inf)
             self.best_model_score = None
         super().setup(trainer, pl_module, stage)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
-        if self._should_save_on_train_epoch_end(trainer):
-            self._refresh_last(trainer)
+        refresh_last_checkpoint(self, trainer, at_train_epoch_end=True)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
-        if not self._should_save_on_train_epoch_end(trainer):
-            self._refresh_last(trainer)
-
-    def _refresh_last(self, trainer: Trainer) -> None:
-        # Skipped when this step was already saved (best and last written by the parent).
-        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        refresh_last_checkpoint(self, trainer, at_train_epoch_end=False)

@@ -18,6 +18,7 @@ from lightning.pytorch.plugins.precision import FSDPPrecision, MixedPrecision
 from torch import Tensor
 
 from zoo.layers.gradnorm import grad_norm_keys, grad_norms_per_tensor, total_norm
+from zoo.layers.compat import grad_scale
 from zoo.layers.logging import lightning_writes
 
 
@@ -129,13 +130,6 @@ class PrecisionMonitor(Callback):
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         return scaler if scaler is not None and scaler.is_enabled() else None
 
-    @staticmethod
-    def _scale(scaler: torch.amp.GradScaler) -> Tensor:
-        # `get_scale()` calls `.item()`; the async variant keeps the scale on the device (no host sync).
-        # The scaler updates its tensor in place, hence the clone.
-        scale = scaler._get_scale_async()
-        return torch.tensor(scaler.get_scale()) if scale is None else scale.detach().clone()
-
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         autocast = _autocast_dtype(trainer.precision_plugin)
         params = {
@@ -149,7 +143,7 @@ class PrecisionMonitor(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # After the checkpoint (and the scaler's state) is restored: the reference for the first step.
         scaler = self._scaler(trainer)
-        self._prev_scale = self._scale(scaler) if scaler is not None else None
+        self._prev_scale = grad_scale(scaler) if scaler is not None else None
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -182,7 +176,7 @@ class PrecisionMonitor(Callback):
         # GradScaler multiplies the scale by backoff_factor (< 1) exactly when it skips a step for inf/nan
         # grads, and only ever grows it otherwise; checked every batch so no skip is missed between logs.
         # (Manual optimization stepping two optimizers in one batch would count two skips as one.)
-        scale = self._scale(scaler)
+        scale = grad_scale(scaler)
         if self._prev_scale is not None:
             self._skipped = self._skipped.to(scale.device) + (scale < self._prev_scale.to(scale.device))
         self._prev_scale = scale

@@ -54,7 +54,7 @@ def test_logger_piece_stacks(mlflow_server):
 
     c = main(["--config", str(TINY), "--config", str(CONFIGS / "logger" / "mlflow_server.yaml"),
               f"--trainer.logger.init_args.tracking_uri={mlflow_server}"], run=False)
-    assert c.trainer.logger._tracking_uri == mlflow_server
+    assert c.trainer.logger.tracking_uri == mlflow_server
 
 
 RUNNABLE = ["cnn/convnet_digits.yaml", "cnn/convnet_shapes.yaml", "cnn/convnet_mnist.yaml"]

@@ -32,7 +32,7 @@ def test_tiny_fits_into_mlflow_then_predicts_from_its_checkpoint(tmp_path):
     c = cli("fit", "--config", TINY)
     for key in METRICS:
         assert torch.isfinite(c.trainer.callback_metrics[key]), key
-    client = MlflowClient(c.trainer.logger._tracking_uri)
+    client = MlflowClient(c.trainer.logger.tracking_uri)
     run = client.get_run(c.trainer.logger.run_id).data
     assert run.tags["zoo.family"] == "clip" and "val/zeroshot_acc" in run.metrics and "val/t2i_recall_10" in run.metrics
     last = c.trainer.checkpoint_callback.last_model_path

@@ -46,7 +46,7 @@ def test_tiny_fits_validates_on_ema_and_predicts_from_its_checkpoint():
     assert v.trainer.callback_metrics["val/loss"].item() == pytest.approx(val_loss, rel=1e-5)
 
     run = c.trainer.logger.run_id
-    client = MlflowClient(c.trainer.logger._tracking_uri)
+    client = MlflowClient(c.trainer.logger.tracking_uri)
     grids = [a.path for a in client.list_artifacts(run, "samples")]
     assert grids == ["samples/step_0000010.png", "samples/step_0000020.png"]  # one per validation epoch
     assert client.get_run(run).data.tags["zoo.family"] == "diffusion"

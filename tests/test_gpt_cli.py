@@ -27,7 +27,7 @@ def test_tiny_fits_then_predicts_from_its_checkpoint_and_reloads_alone():
     last = c.trainer.checkpoint_callback.last_model_path
 
     run = c.trainer.logger.run_id
-    client = MlflowClient(c.trainer.logger._tracking_uri)
+    client = MlflowClient(c.trainer.logger.tracking_uri)
     samples = [a.path for a in client.list_artifacts(run, "samples")]
     assert samples, "LogTextSamples wrote nothing at validation"
     assert client.get_run(run).data.tags["zoo.family"] == "gpt"

@@ -46,7 +46,7 @@ def _check_run(client: MlflowClient, c) -> None:
 
 def test_embedded_store_by_default(tmp_path, embedded_store):
     c = cli("fit", "--config", TINY)
-    assert c.trainer.logger._tracking_uri == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
+    assert c.trainer.logger.tracking_uri == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
     assert (tmp_path / "mlflow.db").is_file() and (tmp_path / "mlruns").is_dir()
     _check_run(MlflowClient(c.trainer.logger.tracking_uri), c)
 
@@ -67,7 +67,7 @@ def test_learning_rate_logged_follows_warmup_cosine():
 def test_tracking_server_from_env(mlflow_server, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
     c = cli("fit", "--config", TINY)
-    assert c.trainer.logger._tracking_uri == mlflow_server
+    assert c.trainer.logger.tracking_uri == mlflow_server
     _check_run(MlflowClient(mlflow_server), c)
     assert not Path("mlflow.db").exists()
 

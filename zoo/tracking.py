@@ -98,14 +98,14 @@ class ZooMLFlowLogger(MLFlowLogger):
             run_id=run_id,
             synchronous=synchronous,
         )
+        self.tracking_uri, self.experiment_name = tracking_uri, experiment_name
+        self.checkpoint_dir: str | None = None  # where the checkpoints this run logs are, for the warning below
 
-    @property
-    def tracking_uri(self) -> str:
-        return self._tracking_uri
+    def after_save_checkpoint(self, checkpoint_callback) -> None:
+        self.checkpoint_dir = checkpoint_callback.dirpath
+        super().after_save_checkpoint(checkpoint_callback)
 
     def finalize(self, status: str = "success") -> None:
-        if not self._initialized:
-            return
         from mlflow.exceptions import MlflowException
 
         try:
@@ -115,10 +115,9 @@ class ZooMLFlowLogger(MLFlowLogger):
             super().finalize(status)
         except (MlflowException, OSError) as err:
             # Training is over and its checkpoints are on local disk: report, do not crash the run.
-            ckpt = self._checkpoint_callback
-            where = f" Local checkpoints are in {ckpt.dirpath}." if ckpt is not None else ""
+            where = f" Local checkpoints are in {self.checkpoint_dir}." if self.checkpoint_dir else ""
             rank_zero_warn(
-                f"MLflow at {self._tracking_uri} failed while closing run {self._run_id}: "
+                f"MLflow at {self.tracking_uri} failed while closing run {self.run_id}: "
                 f"{str(err).splitlines()[0][:300]}. Metrics or checkpoint artifacts may be missing from "
                 f"the run.{where}"
             )

@@ -25,6 +25,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
+from zoo.layers.compat import all_gather_with_grad
+
 
 def _fp32(x: Tensor) -> Tensor:
     """Logits in at least single precision: a softmax over thousands of bf16 logits loses the small terms."""
@@ -35,12 +37,8 @@ def gather_with_grad(x: Tensor) -> tuple[Tensor, int]:
     """Every rank's rows of ``x`` (b, E) concatenated in rank order, (N, E), and this rank's first row."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return x, 0
-    # The functional collective carries gradients (its backward is a reduce-scatter, summing what every
-    # rank's loss sends back to these rows); torch.distributed.nn.functional.all_gather, the older route,
-    # is deprecated in favour of it.
-    from torch.distributed._functional_collectives import all_gather_single
-
-    return all_gather_single(x.contiguous(), 0, dist.group.WORLD), dist.get_rank() * x.shape[0]
+    # Differentiable: the backward sums what every rank's loss sends back to these rows.
+    return all_gather_with_grad(x), dist.get_rank() * x.shape[0]
 
 
 def _gather_pair(image_features: Tensor, text_features: Tensor, gather: bool) -> tuple[Tensor, Tensor, int]:

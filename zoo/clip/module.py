@@ -21,6 +21,7 @@ from torch import Tensor
 
 from zoo.clip.clip import CLIP
 from zoo.clip.losses import infonce_loss, siglip_loss
+from zoo.layers.compat import trainer_of
 from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
 from zoo.layers.optim import adamw_warmup_cosine
@@ -109,7 +110,7 @@ class ContrastiveModule(LightningModule):
 
             load_hf_clip_into(self.net, self.hparams.init_weights)
             self._init_loaded = True
-        dm = self.trainer.datamodule if self._trainer is not None else None
+        dm = getattr(trainer_of(self), "datamodule", None)
         if getattr(dm, "tokenizer", None) is None:
             return
         self.tokenizer, self.context_length = dm.tokenizer, dm.context_length

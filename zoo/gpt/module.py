@@ -11,6 +11,7 @@ from torchmetrics import MeanMetric
 from zoo.gpt.generate import generate
 from zoo.gpt.gpt import GPT
 from zoo.gpt.losses import causal_lm_loss
+from zoo.layers.compat import trainer_of
 from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
 from zoo.layers.optim import adamw_warmup_cosine
@@ -91,7 +92,7 @@ class CausalLMModule(LightningModule):
 
             load_pretrained(self.net, self.hparams.init_weights)
             self._init_loaded = True
-        dm = self.trainer.datamodule if self._trainer is not None else None
+        dm = getattr(trainer_of(self), "datamodule", None)
         tok = getattr(dm, "tokenizer", None)
         if tok is None:
             return

@@ -11,14 +11,15 @@ from __future__ import annotations
 import inspect
 
 from lightning.pytorch import LightningModule
-from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
 from torch import nn
+
+from zoo.layers.compat import given_hyperparameters
 
 
 def save_hparams(module: LightningModule, *module_args: str) -> None:
     """``save_hyperparameters`` from the caller's ``__init__``, dropping ``module_args`` given as nn.Modules."""
     frame = inspect.currentframe().f_back
-    given = _given_hyperparameters.get()
+    given = given_hyperparameters()
     if given is not None:
         ignore = [a for a in module_args if isinstance(given.get(a), nn.Module)]
     else:

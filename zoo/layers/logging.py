@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 
+from zoo.layers.compat import batches_that_stepped
+
 
 def lightning_writes(trainer: pl.Trainer, step: int | None = None) -> bool:
     """Whether Lightning's logger connector writes step metrics after optimizer step ``step`` (1-based).
@@ -18,5 +20,5 @@ def lightning_writes(trainer: pl.Trainer, step: int | None = None) -> bool:
     """
     n = trainer.log_every_n_steps
     if step is None:
-        step = trainer.fit_loop.epoch_loop._batches_that_stepped + 1
+        step = batches_that_stepped(trainer) + 1
     return n > 0 and (step % n == 0 or trainer.should_stop)

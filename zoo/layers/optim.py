@@ -13,9 +13,10 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-_NORMS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
-if hasattr(nn, "RMSNorm"):
-    _NORMS = (*_NORMS, nn.RMSNorm)
+_NORMS = (  # the lazy and sync variants subclass these
+    nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.InstanceNorm1d, nn.InstanceNorm2d,
+    nn.InstanceNorm3d, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm, nn.RMSNorm,
+)
 
 
 def _no_decay_names(net: nn.Module) -> set[str]:

@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+LIGHTNING_META = "meta.pt"  # Lightning's non-tensor part of a sharded checkpoint (lightning.fabric.utilities.load)
+
 
 def shard(net: nn.Module, device_mesh, blocks: Iterable[nn.Module] | None = None) -> nn.Module:
     """Apply ``fully_shard`` to each block and then the whole net, once; no-op without a mesh.
@@ -42,17 +44,24 @@ def shard(net: nn.Module, device_mesh, blocks: Iterable[nn.Module] | None = None
 
 
 def consolidate(checkpoint_dir: str | Path, output_file: str | Path) -> Path:
-    """Merge a ModelParallelStrategy (FSDP2) checkpoint directory into one Lightning checkpoint file."""
-    from lightning.fabric.utilities.load import _load_distributed_checkpoint
+    """Merge a ModelParallelStrategy (FSDP2) checkpoint directory into one Lightning checkpoint file.
+
+    The shards (weights, optimizer states) are torch.distributed.checkpoint's format; Lightning keeps the
+    rest of the checkpoint (loops, hyperparameters, callbacks) beside them in ``meta.pt``.
+    """
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     checkpoint_dir = Path(checkpoint_dir)
     if not checkpoint_dir.is_dir():
         raise NotADirectoryError(f"{str(checkpoint_dir)!r} is not a sharded checkpoint directory")
-    ckpt = _load_distributed_checkpoint(checkpoint_dir)
-    opt_keys = sorted((k for k in ckpt if re.fullmatch(r"optimizer_\d+", k)), key=lambda k: int(k.split("_")[1]))
-    ckpt["optimizer_states"] = [ckpt.pop(k) for k in opt_keys]
     output_file = Path(output_file)
     output_file.parent.mkdir(parents=True, exist_ok=True)
+    dcp_to_torch_save(checkpoint_dir, output_file)
+    ckpt = torch.load(output_file, map_location="cpu", weights_only=True)
+    meta = checkpoint_dir / LIGHTNING_META
+    ckpt.update(torch.load(meta, map_location="cpu", weights_only=True) if meta.is_file() else {})
+    opt_keys = sorted((k for k in ckpt if re.fullmatch(r"optimizer_\d+", k)), key=lambda k: int(k.split("_")[1]))
+    ckpt["optimizer_states"] = [ckpt.pop(k) for k in opt_keys]
     torch.save(ckpt, output_file)
     return output_file
 

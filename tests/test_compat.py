@@ -1,0 +1,120 @@
+"""One test per entry of zoo.layers.compat: a Lightning or torch release that moves a private name fails here."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+from zoo.layers import compat
+
+
+def _trainer(**kw) -> Trainer:
+    return Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False, **kw)
+
+
+class Recorder(BoringModel):
+    def __init__(self, width: int = 2) -> None:
+        super().__init__()
+        self.given = compat.given_hyperparameters()
+
+
+def test_given_hyperparameters_are_the_cli_config_and_none_in_python():
+    assert Recorder().given is None
+    c = LightningCLI(Recorder, run=False, args=["--model.width=3", "--trainer.logger=false"])
+    assert c.model.given["width"] == 3
+
+
+class TwoStepsPerBatch(BoringModel):
+    """Manual optimisation stepping twice per batch: global_step counts 2 per batch, the logger 1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        for _ in range(2):
+            opt.zero_grad()
+            self.manual_backward(self.step(batch))
+            opt.step()
+
+
+def test_batches_that_stepped_counts_batches_not_optimizer_steps():
+    trainer = _trainer(max_steps=-1, max_epochs=1, limit_train_batches=4, limit_val_batches=0)
+    trainer.fit(TwoStepsPerBatch())
+    assert trainer.global_step == 8 and compat.batches_that_stepped(trainer) == 4
+
+
+def test_trainer_of_is_none_until_attached():
+    model = BoringModel()
+    assert compat.trainer_of(model) is None
+    trainer = _trainer(max_steps=1, limit_val_batches=0)
+    trainer.fit(model)
+    assert compat.trainer_of(model) is trainer
+
+
+class GetsWorse(BoringModel):
+    def validation_step(self, batch, batch_idx):
+        self.log("score", float(self.current_epoch))  # best at epoch 0 for mode "min"
+
+
+class RefreshingCheckpoint(ModelCheckpoint):
+    def on_train_epoch_end(self, trainer, pl_module):
+        super().on_train_epoch_end(trainer, pl_module)
+        compat.refresh_last_checkpoint(self, trainer, at_train_epoch_end=True)
+
+    def on_validation_end(self, trainer, pl_module):
+        super().on_validation_end(trainer, pl_module)
+        compat.refresh_last_checkpoint(self, trainer, at_train_epoch_end=False)
+
+
+@pytest.mark.parametrize("cls, fresh", [(ModelCheckpoint, False), (RefreshingCheckpoint, True)])
+@pytest.mark.parametrize("at_train_epoch_end", [True, False])
+def test_refresh_last_checkpoint_keeps_last_ckpt_current(tmp_path, cls, fresh, at_train_epoch_end):
+    ckpt = cls(dirpath=tmp_path, monitor="score", mode="min", save_last=True, save_on_train_epoch_end=at_train_epoch_end)
+    trainer = _trainer(max_epochs=3, limit_train_batches=2, limit_val_batches=1, callbacks=[ckpt])
+    trainer.fit(GetsWorse())
+    last = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    assert ckpt.best_model_path.endswith("epoch=0-step=2.ckpt")
+    # Lightning alone leaves last.ckpt at the best epoch's step: the gap this entry closes.
+    assert (last["global_step"] == trainer.global_step) is fresh
+
+
+def test_all_gather_with_grad_concatenates_ranks_and_passes_gradients(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        x = torch.randn(3, 2, requires_grad=True)
+        out = compat.all_gather_with_grad(x)
+        (out * 2).sum().backward()
+        torch.testing.assert_close(out, x)
+        torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_grad_scale_is_a_device_copy_of_the_scale():
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    assert compat.grad_scale(scaler).item() == 8.0  # before the first scale(): the public fallback
+    scaler.scale(torch.ones(()))
+    scale = compat.grad_scale(scaler)
+    scale.mul_(2)
+    assert scaler.get_scale() == 8.0 and scale.item() == 16.0
+
+
+def test_foreach_norm_equals_per_tensor_norms_in_float32():
+    ts = [torch.randn(3, 4).bfloat16(), torch.randn(5).bfloat16()]
+    want = torch.stack([torch.linalg.vector_norm(t.float()) for t in ts])
+    got = compat.foreach_norm(ts, 2.0, dtype=torch.float32)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want)
+
+
+def test_foreach_lerp_moves_targets_toward_sources():
+    targets, sources = [torch.zeros(3), torch.ones(2)], [torch.ones(3), torch.full((2,), 3.0)]
+    compat.foreach_lerp_(targets, sources, 0.25)
+    torch.testing.assert_close(targets, [torch.full((3,), 0.25), torch.full((2,), 1.5)])

@@ -1,0 +1,83 @@
+"""Every private Lightning/torch name the zoo relies on, in one place, each with a test (tests/test_compat.py).
+
+Each entry says why no public API serves. A Lightning or torch upgrade that breaks one breaks its test here,
+not a training run. Entries whose public replacement appears should move to it and leave this file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import Tensor
+
+
+def given_hyperparameters() -> dict[str, Any] | None:
+    """The config LightningCLI is instantiating the module from (nets as ``{class_path, init_args}``), else None.
+
+    Lightning passes it to ``save_hyperparameters`` through a context variable with no public accessor;
+    ``zoo.layers.hparams`` needs it to tell an injected net (keep its config) from a Python object (drop it).
+    """
+    from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
+
+    return _given_hyperparameters.get()
+
+
+def batches_that_stepped(trainer: pl.Trainer) -> int:
+    """Batches that stepped the optimizer so far: the step Lightning's logger connector writes metrics at.
+
+    ``trainer.global_step`` counts every ``optimizer.step()`` (several per batch under manual optimisation),
+    so it is not the step logged values land on; Lightning keeps this counter on its epoch loop only.
+    """
+    return trainer.fit_loop.epoch_loop._batches_that_stepped
+
+
+def trainer_of(module: pl.LightningModule) -> pl.Trainer | None:
+    """The module's trainer, or None when it is not attached (the public property raises instead)."""
+    try:
+        return module.trainer
+    except RuntimeError:
+        return None
+
+
+def refresh_last_checkpoint(callback: ModelCheckpoint, trainer: pl.Trainer, at_train_epoch_end: bool) -> None:
+    """Write ``last.ckpt`` now, unless this step is already saved or the callback saves at the other hook.
+
+    Lightning 2.6 refreshes ``last.ckpt`` only in a step that also saved a top-k checkpoint, and offers no
+    public call to save the last one; these are ``ModelCheckpoint``'s own protected helpers.
+    """
+    if not callback.save_last or callback._should_save_on_train_epoch_end(trainer) != at_train_epoch_end:
+        return
+    if not callback._should_skip_saving_checkpoint(trainer):  # skipped when this step is saved already
+        callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
+
+
+def all_gather_with_grad(x: Tensor, group=None) -> Tensor:
+    """Every rank's rows of ``x`` concatenated along dim 0, differentiable (backward is a reduce-scatter).
+
+    torch's functional collectives are the supported autograd-aware gather, still under a private module;
+    ``torch.distributed.nn.functional.all_gather`` is deprecated in their favour.
+    """
+    import torch.distributed as dist
+    from torch.distributed._functional_collectives import all_gather_single
+
+    return all_gather_single(x.contiguous(), 0, group if group is not None else dist.group.WORLD)
+
+
+def grad_scale(scaler: torch.amp.GradScaler) -> Tensor:
+    """The loss scale as a device tensor (a copy), without the host sync of the public ``get_scale()``."""
+    scale = scaler._get_scale_async()
+    return torch.tensor(scaler.get_scale()) if scale is None else scale.detach().clone()
+
+
+def foreach_norm(tensors: list[Tensor], norm_type: float = 2.0, dtype: torch.dtype | None = None) -> Tensor:
+    """(P,) norm of each tensor in one fused kernel per device and dtype (``torch._foreach_norm``, a beta
+    API; ``torch.nn.utils.get_total_norm`` only gives the norm of all of them together)."""
+    return torch.stack(torch._foreach_norm(tensors, norm_type, dtype=dtype))
+
+
+def foreach_lerp_(targets: list[Tensor], sources: list[Tensor], weight: float) -> None:
+    """``t += weight * (s - t)`` for every pair in one fused op (``torch._foreach_lerp_``, a beta API)."""
+    torch._foreach_lerp_(targets, sources, weight)
