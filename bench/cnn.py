@@ -1,7 +1,7 @@
 """ResNet-18 training throughput in images/s at 32x32: eager, channels_last, torch.compile, bf16 autocast.
 
 The net is ``zoo.cnn.ResNet(18)`` with the CIFAR stem and 10 classes, the optimizer AdamW on the
-zoo's parameter groups (``zoo.layers.optim.adamw_warmup_cosine``, fused on CUDA as in the zoo). A
+zoo's parameter groups (``zoo.layers.optim.AdamWCosine``, fused on CUDA as in the zoo). A
 step is a full training step: inputs to channels_last where the variant says so (per step, as
 ``ClassifierModule.forward`` does), forward and cross-entropy (under autocast for bf16), zero_grad,
 backward, AdamW step. Batches are random tensors already on the device: this measures compute, not
@@ -38,7 +38,7 @@ import gc
 import inspect
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
@@ -50,7 +50,6 @@ import torch.nn.functional as F  # noqa: E402
 
 from bench._common import median, now, print_header, resolve_device, set_threads, spread, sync, table  # noqa: E402
 from zoo.cnn import ClassifierModule, ResNet  # noqa: E402
-from zoo.layers.optim import adamw_warmup_cosine  # noqa: E402
 
 SEED = 0
 NUM_CLASSES = 10
@@ -81,10 +80,8 @@ def build(name: str, device: torch.device, batch_size: int) -> Bench:
     if channels_last:
         net = net.to(memory_format=torch.channels_last)
     hp = {k: p.default for k, p in inspect.signature(ClassifierModule.__init__).parameters.items()}
-    opt = adamw_warmup_cosine(  # the zoo's groups and fused/foreach choice; the schedule is not stepped here
-        net, SimpleNamespace(estimated_stepping_batches=1),
-        hp["lr"], hp["weight_decay"], hp["betas"], 0, hp["min_lr_ratio"],
-    )["optimizer"]
+    # the zoo's groups and fused/foreach choice; the schedule is not stepped here
+    opt = replace(hp["optimizer"], warmup_steps=0).configure(net, SimpleNamespace(estimated_stepping_batches=1))["optimizer"]
     model = torch.compile(net) if compiled else net
     g = torch.Generator().manual_seed(SEED + 1)
     batches = [  # a few distinct batches, cycled

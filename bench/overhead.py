@@ -4,7 +4,7 @@ Three variants train the same net, from the same initial weights, on the same ba
 over an in-memory TensorDataset, num_workers=0, no shuffle, no validation), for the same steps:
 
   plain      a hand-written loop: AdamW on the zoo's parameter groups with its warmup-cosine LambdaLR
-             stepped every step (both built by ``zoo.layers.optim.adamw_warmup_cosine`` from
+             stepped every step (both built by ``zoo.layers.optim.AdamWCosine`` from
              ``ClassifierModule``'s default hyperparameters); forward, cross-entropy,
              zero_grad(set_to_none=True), backward, optimizer step, scheduler step. That is Lightning's
              order (zero_grad sits in its closure between training_step and backward). Zeroing first
@@ -101,7 +101,6 @@ from bench._common import (  # noqa: E402
 )
 from cli import DEFAULT_CALLBACKS, TRAINER_DEFAULTS  # noqa: E402
 from zoo.cnn import ClassifierModule, ResNet  # noqa: E402
-from zoo.layers.optim import adamw_warmup_cosine  # noqa: E402
 
 SEED = 0
 VARIANTS = ("plain", "zoo", "lightning")
@@ -205,10 +204,7 @@ def run_plain(w: Workload, loader: DataLoader, warmup: int, device: torch.device
     net = seeded_net(w).to(device).train()
     hp = module_defaults()
     total_steps = len(loader)
-    cfg = adamw_warmup_cosine(
-        net, SimpleNamespace(estimated_stepping_batches=total_steps),
-        hp["lr"], hp["weight_decay"], hp["betas"], hp["warmup_steps"], hp["min_lr_ratio"],
-    )
+    cfg = hp["optimizer"].configure(net, SimpleNamespace(estimated_stepping_batches=total_steps))
     opt, sched = cfg["optimizer"], cfg["lr_scheduler"]["scheduler"]
     t0, c0, f0 = float("nan"), float("nan"), 0
     for i, (x, y) in enumerate(loader):

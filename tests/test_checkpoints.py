@@ -116,3 +116,13 @@ def test_external_weights_load_weights_only(tmp_path):
         torch.testing.assert_close(net(x), src.eval()(x))
     with pytest.raises(ValueError, match=r"fc\.weight: checkpoint \(7, 512\) vs model \(3, 512\)"):
         TorchvisionNet("resnet18", num_classes=3, weights_path=str(tmp_path / "w.pth"))
+
+
+def test_extract_state_dict_takes_the_nets_keys_from_a_module_checkpoint():
+    from zoo.layers.weights import extract_state_dict
+
+    w, ema = torch.ones(2), torch.zeros(2)
+    ckpt = {"state_dict": {"net.head.weight": w, "critic_target.weight": ema}, "epoch": 3}
+    assert extract_state_dict(ckpt, "net.") == {"head.weight": w}  # the module's other state is not the net's
+    assert extract_state_dict({"head.weight": w}, "net.") == {"head.weight": w}  # a bare net state dict as it is
+    assert extract_state_dict({"model": {"net.a": w}}) == {"net.a": w}

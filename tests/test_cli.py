@@ -118,7 +118,7 @@ def test_plain_fit_and_evaluation_print_nothing_a_user_cannot_act_on():
     "override, named",
     [
         ("--model.init_args.no_such_key=1", "no_such_key"),
-        ("--model.init_args.lr=fast", "lr"),
+        ("--model.init_args.optimizer.lr=fast", "lr"),
         ("--model.class_path=zoo.cnn.NoSuchModule", "NoSuchModule"),
         ("--trainer.max_epochz=3", "max_epochz"),
     ],

@@ -18,7 +18,7 @@ from zoo.clip import CLIP, ContrastiveModule, TextTransformer, VisionTransformer
 from zoo.clip.losses import infonce_loss, siglip_loss
 from zoo.clip.module import recall_at_k
 from zoo.cnn import ConvNet
-from zoo.layers.optim import param_groups
+from zoo.layers.optim import AdamWCosine, param_groups
 from zoo.layers.tokenizers import ByteTokenizer, tokenize
 
 E = 16
@@ -122,7 +122,7 @@ def test_losses_go_to_zero_for_matched_orthogonal_pairs_at_a_large_scale():
 def test_logit_scale_never_exceeds_its_clamp():
     net = _clip()
     assert net.scale().item() == pytest.approx(1 / 0.07, rel=1e-5)
-    module = ContrastiveModule(net, lr=1.0)
+    module = ContrastiveModule(net, optimizer=AdamWCosine(lr=1.0))
     opt = torch.optim.SGD([net.logit_scale], lr=5.0)
     x, ids = torch.randn(6, 3, 16, 16), _ids(6)
     for _ in range(10):

@@ -92,7 +92,7 @@ def test_a_short_fit_lowers_the_frechet_distance_of_its_samples():
     # The metric's feature space: a ConvNet the zoo trains on the same 8x8 shapes in a few seconds.
     clf = cli("fit", "--config", str(CONFIGS / "cnn" / "convnet_shapes.yaml"), "--data.init_args.image_size=8",
               "--data.init_args.num_train=2000", "--data.init_args.num_val=256", "--data.init_args.num_test=64",
-              "--model.init_args.net.init_args.depth=2", "--model.init_args.warmup_steps=5", "--trainer.max_epochs=1",
+              "--model.init_args.net.init_args.depth=2", "--model.init_args.optimizer.warmup_steps=5", "--trainer.max_epochs=1",
               "--test_after_fit=false",
               "--trainer.enable_progress_bar=false", "--trainer.default_root_dir=classifier")
     fd = ["--trainer.callbacks+=callbacks.FrechetDistance",

@@ -31,7 +31,7 @@ def _check_run(client: MlflowClient, c) -> None:
     assert run.data.tags["zoo.family"] == "cnn"
     assert run.data.tags["zoo.model"].endswith("ConvNet")
     params = run.data.params
-    assert float(params["lr"]) == 0.01 and params["model.init_args.net.init_args.width"] == "8"
+    assert float(params["optimizer/lr"]) == 0.01 and params["model.init_args.net.init_args.width"] == "8"
     metrics = run.data.metrics
     for key in ("train/loss", "val/loss", "val/acc", "grad/norm", "lr/pg1", "lr/pg2"):
         assert key in metrics, sorted(metrics)

@@ -154,13 +154,11 @@ def load_hf_clip_into(net: CLIP, path: str | Path) -> CLIP:
     """Weights into a configured ``net`` from a Hugging Face folder, an OpenAI/open_clip state dict file, or
     a file of the zoo's own keys (a Lightning checkpoint included); every key and shape is checked."""
     path = Path(path)
-    sd = extract_state_dict(load_file(_weights_file(path) if path.is_dir() else path))
+    sd = extract_state_dict(load_file(_weights_file(path) if path.is_dir() else path), "net.")
     if "vision_model.embeddings.class_embedding" in sd:
         sd = hf_to_zoo(sd)
     elif "visual.class_embedding" in sd:
         sd = openai_to_zoo(sd)
-    else:
-        sd = {k.removeprefix("net."): v for k, v in sd.items()}
     if net.logit_bias is not None and "logit_bias" not in sd:  # CLIP weights, a SigLIP loss: keep the fresh bias
         sd["logit_bias"] = net.logit_bias.detach().clone()
     check_compatible(net, sd, f"CLIP weights {str(path)!r}")

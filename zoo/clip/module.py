@@ -24,10 +24,10 @@ from zoo.clip.losses import infonce_loss, siglip_loss
 from zoo.layers.compat import trainer_of
 from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
-from zoo.layers.optim import adamw_warmup_cosine
+from zoo.layers.optim import AdamWCosine
 from zoo.layers.parallel import shard
 from zoo.layers.tokenizers import tokenize, tokenizer_from_dict
-from zoo.layers.weights import check_compatible
+from zoo.layers.weights import check_compatible, extract_state_dict
 
 RECALL_AT = (1, 5, 10)
 
@@ -63,11 +63,9 @@ class ContrastiveModule(LightningModule):
         self,
         net: CLIP,
         loss: Literal["infonce", "siglip"] = "infonce",
-        lr: float = 5e-4,
-        weight_decay: float = 0.2,
-        betas: tuple[float, float] = (0.9, 0.98),
-        warmup_steps: int = 100,
-        min_lr_ratio: float = 0.0,
+        optimizer: AdamWCosine = AdamWCosine(
+            lr=5e-4, weight_decay=0.2, betas=(0.9, 0.98), warmup_steps=100, min_lr_ratio=0.0
+        ),
         init_weights: str | None = None,
         compile: bool = False,
     ) -> None:
@@ -75,12 +73,8 @@ class ContrastiveModule(LightningModule):
         Args:
             net: the two-tower model (``zoo.clip.CLIP``); the sigmoid loss needs its ``init_logit_bias``.
             loss: infonce (CLIP's symmetric cross-entropy) or siglip (pairwise sigmoid, Zhai et al. 2023).
-            lr: peak AdamW learning rate reached after warmup.
-            weight_decay: AdamW decoupled weight decay on >=2-D weights (not on norms, biases, embeddings,
-                positions, the logit scale and bias).
-            betas: AdamW (beta1, beta2); CLIP uses beta2 = 0.98 for stability with large batches.
-            warmup_steps: optimizer steps of linear warmup before the cosine decay.
-            min_lr_ratio: final learning rate as a fraction of ``lr`` at the end of the cosine.
+            optimizer: AdamW with warmup and cosine decay (``zoo.layers.optim.AdamWCosine``); CLIP uses beta2 = 0.98
+                for stability with large batches; positions, the logit scale and bias take no weight decay.
             init_weights: a local Hugging Face CLIP folder (config.json + weights) to start from, loaded
                 weights-only before any checkpoint given by --ckpt_path is restored over it.
             compile: run the towers through ``torch.compile`` for training (checkpoint keys unchanged).
@@ -154,8 +148,7 @@ class ContrastiveModule(LightningModule):
         self.net.clamp_logit_scale()  # after the optimizer step, as open_clip does
 
     def configure_optimizers(self):
-        h = self.hparams
-        return adamw_warmup_cosine(self.net, self.trainer, h.lr, h.weight_decay, h.betas, h.warmup_steps, h.min_lr_ratio)
+        return AdamWCosine.of(self.hparams.optimizer).configure(self.net, self.trainer)
 
     # -- evaluation ----------------------------------------------------------------------------------------
 
@@ -259,8 +252,7 @@ class ContrastiveModule(LightningModule):
             checkpoint["tokenizer"] = {**self.tokenizer.to_dict(), "context_length": self.context_length}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        net_state = {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
-        check_compatible(self.net, net_state, "checkpoint")
+        check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
         if "tokenizer" in checkpoint:
             tok = dict(checkpoint["tokenizer"])
             self.context_length = tok.pop("context_length")

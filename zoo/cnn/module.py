@@ -14,8 +14,8 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 
 from zoo.layers.hparams import save_hparams
 from zoo.layers.parallel import shard
-from zoo.layers.optim import adamw_warmup_cosine
-from zoo.layers.weights import check_compatible
+from zoo.layers.optim import AdamWCosine
+from zoo.layers.weights import check_compatible, extract_state_dict
 from zoo.layers.logging import lightning_writes
 from zoo.tracking import log_json_artifact
 
@@ -36,11 +36,7 @@ class ClassifierModule(LightningModule):
         self,
         net: nn.Module,
         label_smoothing: float = 0.0,
-        lr: float = 1e-3,
-        weight_decay: float = 0.05,
-        betas: tuple[float, float] = (0.9, 0.999),
-        warmup_steps: int = 100,
-        min_lr_ratio: float = 0.01,
+        optimizer: AdamWCosine = AdamWCosine(lr=1e-3, weight_decay=0.05, warmup_steps=100, min_lr_ratio=0.01),
         channels_last: bool = False,
         compile: bool = False,
     ) -> None:
@@ -48,11 +44,7 @@ class ClassifierModule(LightningModule):
         Args:
             net: a classifier ``nn.Module`` mapping (B, C, H, W) images to (B, K) logits, with ``num_classes``.
             label_smoothing: cross-entropy label smoothing in [0, 1).
-            lr: peak AdamW learning rate reached after warmup.
-            weight_decay: AdamW decoupled weight decay on >=2-D weights (not on norms, biases, embeddings).
-            betas: AdamW (beta1, beta2).
-            warmup_steps: optimizer steps of linear warmup before the cosine decay.
-            min_lr_ratio: final learning rate as a fraction of ``lr`` at the end of the cosine.
+            optimizer: AdamW with warmup and cosine decay (``zoo.layers.optim.AdamWCosine``).
             channels_last: store weights and inputs NHWC (faster convolutions on GPUs and bf16 CPUs).
             compile: run the net through ``torch.compile`` (weights and checkpoint keys unchanged).
         """
@@ -111,12 +103,10 @@ class ClassifierModule(LightningModule):
         self.test_confusion.reset()
 
     def configure_optimizers(self):
-        h = self.hparams
-        return adamw_warmup_cosine(self.net, self.trainer, h.lr, h.weight_decay, h.betas, h.warmup_steps, h.min_lr_ratio)
+        return AdamWCosine.of(self.hparams.optimizer).configure(self.net, self.trainer)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        net_state = {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
-        check_compatible(self.net, net_state, "checkpoint")
+        check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
 
     def predict_step(self, batch: Tensor | tuple[Tensor, ...], batch_idx: int) -> dict[str, Tensor]:
         x = batch[0] if isinstance(batch, (tuple, list)) else batch

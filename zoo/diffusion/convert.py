@@ -120,9 +120,7 @@ def load_dit_weights(net: nn.Module, path: str | Path) -> nn.Module:
     state = _load_sharded(path) if path.name.endswith(".index.json") else load_file(path)
     if isinstance(state.get("ema"), Mapping):  # DiT's training checkpoints: {"model", "ema", "opt", "args"}
         state = state["ema"]
-    state = extract_state_dict(state)
-    if any(k.startswith("net.") for k in state):  # a zoo Lightning checkpoint: the DiffusionModule's net
-        state = {k[4:]: v for k, v in state.items() if k.startswith("net.")}
+    state = extract_state_dict(state, "net.")  # from a zoo Lightning checkpoint: the DiffusionModule's net
     if any(k.startswith("transformer_blocks.") for k in state):
         state = from_diffusers(state)
     state = {k: v for k, v in state.items() if k != "pos_embed"}  # a fixed table the net rebuilds
@@ -142,9 +140,7 @@ def load_pretrained(net: nn.Module, path: str | Path) -> nn.Module:
     """``init_weights`` of ``DiffusionModule``: any DiT format for a ``DiT``; the zoo's own keys for other nets."""
     if isinstance(net, DiT):
         return load_dit_weights(net, path)
-    state = extract_state_dict(load_file(path))
-    if any(k.startswith("net.") for k in state):
-        state = {k[4:]: v for k, v in state.items() if k.startswith("net.")}
+    state = extract_state_dict(load_file(path), "net.")
     upgrade_state_dict(state)  # a UNet's weights from before the shared attention layer
     check_compatible(net, state, f"weights file {str(path)!r}")
     net.load_state_dict(state)

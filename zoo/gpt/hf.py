@@ -144,7 +144,7 @@ def save_safetensors(net: GPT, path: str | Path) -> Path:
 
 def load_safetensors(net: GPT, path: str | Path) -> GPT:
     """Load ``save_safetensors`` output (or any file of this net's keys), tied head included, shapes checked."""
-    sd = extract_state_dict(load_file(path))
+    sd = extract_state_dict(load_file(path), "net.")  # a zoo checkpoint's net too
     if net.lm_head.weight is net.tok_emb.weight:  # save_model keeps one name of the tied pair
         for a, b in (("lm_head.weight", "tok_emb.weight"), ("tok_emb.weight", "lm_head.weight")):
             if a not in sd and b in sd:

@@ -14,10 +14,10 @@ from zoo.gpt.losses import causal_lm_loss
 from zoo.layers.compat import trainer_of
 from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
-from zoo.layers.optim import adamw_warmup_cosine
+from zoo.layers.optim import AdamWCosine
 from zoo.layers.parallel import shard
 from zoo.layers.tokenizers import tokenizer_from_dict
-from zoo.layers.weights import check_compatible
+from zoo.layers.weights import check_compatible, extract_state_dict
 
 
 def _batch_size(batch: tuple[Tensor, Tensor] | dict) -> int:
@@ -40,22 +40,17 @@ class CausalLMModule(LightningModule):
     def __init__(
         self,
         net: GPT,
-        lr: float = 6e-4,
-        weight_decay: float = 0.1,
-        betas: tuple[float, float] = (0.9, 0.95),
-        warmup_steps: int = 100,
-        min_lr_ratio: float = 0.1,
+        optimizer: AdamWCosine = AdamWCosine(
+            lr=6e-4, weight_decay=0.1, betas=(0.9, 0.95), warmup_steps=100, min_lr_ratio=0.1
+        ),
         compile: bool = False,
         init_weights: str | None = None,
     ) -> None:
         """
         Args:
             net: the decoder (``zoo.gpt.GPT``), ids (B, T) -> logits (B, T, V).
-            lr: peak AdamW learning rate reached after warmup.
-            weight_decay: AdamW decoupled weight decay on >=2-D weights (not on norms, biases, embeddings).
-            betas: AdamW (beta1, beta2); GPT-2/3 use (0.9, 0.95).
-            warmup_steps: optimizer steps of linear warmup before the cosine decay.
-            min_lr_ratio: final learning rate as a fraction of ``lr`` at the end of the cosine.
+            optimizer: AdamW with warmup and cosine decay (``zoo.layers.optim.AdamWCosine``); GPT-2/3 use betas
+                (0.9, 0.95) and weight decay 0.1.
             compile: run the net through ``torch.compile`` for training (weights and checkpoint keys unchanged).
             init_weights: weights to start from: a Hugging Face GPT-2 folder (config.json + model.safetensors
                 or pytorch_model.bin) or a safetensors file of this net; loaded weights-only, before any
@@ -136,8 +131,7 @@ class CausalLMModule(LightningModule):
         self.log_dict({"val/loss": loss, "val/ppl": loss.exp()}, prog_bar=True)
 
     def configure_optimizers(self):
-        h = self.hparams
-        return adamw_warmup_cosine(self.net, self.trainer, h.lr, h.weight_decay, h.betas, h.warmup_steps, h.min_lr_ratio)
+        return AdamWCosine.of(self.hparams.optimizer).configure(self.net, self.trainer)
 
     # -- generation --------------------------------------------------------------------------------------
 
@@ -178,8 +172,7 @@ class CausalLMModule(LightningModule):
             checkpoint["tokenizer"] = self.tokenizer.to_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        net_state = {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
-        check_compatible(self.net, net_state, "checkpoint")
+        check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
         if "tokenizer" in checkpoint:
             self.tokenizer = tokenizer_from_dict(checkpoint["tokenizer"])
 

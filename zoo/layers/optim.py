@@ -1,4 +1,4 @@
-"""Shared optimisation: AdamW parameter groups and a warmup-cosine schedule.
+"""Shared optimisation: AdamW parameter groups and a warmup-cosine schedule, injected as one ``AdamWCosine``.
 
 Decay rule (GPT-2 / nanoGPT, open_clip): tensors of two or more dimensions decay;
 biases, norm weights and embeddings do not. Embeddings are 2-D, so the net names them
@@ -8,6 +8,7 @@ through an optional ``no_weight_decay()`` method returning parameter-name prefix
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -81,3 +82,36 @@ def adamw_warmup_cosine(
     total = trainer.estimated_stepping_batches if trainer is not None else warmup_steps + 1
     sched = warmup_cosine(opt, warmup_steps, int(total), min_lr_ratio)
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "name": "lr"}}
+
+
+@dataclass(frozen=True)
+class AdamWCosine:
+    """AdamW (Loshchilov & Hutter 2019) on ``param_groups``, linear warmup then cosine decay per optimizer step.
+
+    Every module's ``optimizer`` argument: ``model.init_args.optimizer.lr`` and so on in a config; a field left
+    out keeps the module's default.
+
+    Args:
+        lr: peak learning rate, reached after warmup.
+        weight_decay: decoupled weight decay on >=2-D weights (not on norms, biases, embeddings, or what the
+            net's ``no_weight_decay()`` names).
+        betas: (beta1, beta2) of the moment averages.
+        warmup_steps: optimizer steps of linear warmup before the cosine decay.
+        min_lr_ratio: final learning rate as a fraction of ``lr`` at the end of the cosine; 1.0 keeps it constant.
+    """
+
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = 0
+    min_lr_ratio: float = 1.0
+
+    @classmethod
+    def of(cls, value: AdamWCosine | dict) -> AdamWCosine:
+        """From itself or from its fields as a dict (how checkpoints' hyperparameters carry it)."""
+        return value if isinstance(value, cls) else cls(**value)
+
+    def configure(self, net: nn.Module, trainer) -> dict:
+        """The ``configure_optimizers`` dict for ``net`` over the trainer's total optimizer steps."""
+        return adamw_warmup_cosine(net, trainer, self.lr, self.weight_decay, tuple(self.betas), self.warmup_steps,
+                                   self.min_lr_ratio)

@@ -38,12 +38,18 @@ def load_file(path: str | Path) -> dict:
 
 
 def extract_state_dict(obj: Mapping, prefix: str = "") -> dict[str, Tensor]:
-    """Accept a bare state dict, a Lightning checkpoint, or ``{"model": ...}``; strip ``prefix``."""
+    """Accept a bare state dict, a Lightning checkpoint, or ``{"model": ...}``.
+
+    With ``prefix`` (``"net."``: a zoo module's net) and keys under it, only those keys, the prefix stripped:
+    the module's other state (EMA or target copies, buffers of the objective) is not the net's.
+    """
     for key in ("state_dict", "model", "module"):
         if key in obj and isinstance(obj[key], Mapping):
             obj = obj[key]
             break
-    return {k[len(prefix):] if prefix and k.startswith(prefix) else k: v for k, v in obj.items()}
+    if prefix and any(k.startswith(prefix) for k in obj):
+        return {k[len(prefix):]: v for k, v in obj.items() if k.startswith(prefix)}
+    return dict(obj)
 
 
 def shape_mismatches(net: nn.Module, state_dict: Mapping[str, Tensor]) -> list[str]:
