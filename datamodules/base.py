@@ -82,8 +82,18 @@ class ImageDataModule(LightningDataModule):
     class_names: list[str]
 
     def __init__(
-        self, batch_size: int, num_workers: int, pin_memory: bool, persistent_workers: bool, seed: int
+        self, batch_size: int, seed: int, num_workers: int = 0, pin_memory: bool = False, persistent_workers: bool = False
     ) -> None:
+        """Subclasses state ``batch_size`` and ``seed`` (their defaults and meanings differ) and forward the rest
+        as ``**loader``, which LightningCLI resolves to the arguments below.
+
+        Args:
+            batch_size: images per batch.
+            seed: seed of the splits and of the shuffling order.
+            num_workers: DataLoader worker processes (0 loads in the main process).
+            pin_memory: pin batches in page-locked memory for faster host-to-GPU copies.
+            persistent_workers: keep workers alive between epochs (only when num_workers > 0).
+        """
         super().__init__()
         self.batch_size = batch_size
         self.num_workers = num_workers

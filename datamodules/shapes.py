@@ -153,9 +153,7 @@ class ShapesDataModule(ImageDataModule):
         num_test: int = 2000,
         augment: bool = False,
         seed: int = 0,
-        num_workers: int = 0,
-        pin_memory: bool = False,
-        persistent_workers: bool = False,
+        **loader,
     ) -> None:
         """
         Args:
@@ -166,11 +164,9 @@ class ShapesDataModule(ImageDataModule):
             num_test: test (and predict) images to render.
             augment: random shifts of up to image_size/8 pixels and horizontal flips of training images.
             seed: seed of the rendering (split k uses 3*seed+k, so splits never share images) and of shuffling.
-            num_workers: DataLoader worker processes (0 loads in the main process).
-            pin_memory: pin batches in page-locked memory for faster host-to-GPU copies.
-            persistent_workers: keep workers alive between epochs (only when num_workers > 0).
+            **loader: DataLoader settings (num_workers, pin_memory, persistent_workers) of ``ImageDataModule``.
         """
-        super().__init__(batch_size, num_workers, pin_memory, persistent_workers, seed)
+        super().__init__(batch_size, seed, **loader)
         self.save_hyperparameters()
         self.image_size, self.augment = image_size, augment
         self.split_sizes = {"train": num_train, "val": num_val, "test": num_test}

@@ -46,9 +46,7 @@ class TorchvisionDataModule(ImageDataModule):
         val_fraction: float = 0.1,
         augment: bool = False,
         seed: int = 0,
-        num_workers: int = 0,
-        pin_memory: bool = False,
-        persistent_workers: bool = False,
+        **loader,
     ) -> None:
         """
         Args:
@@ -59,11 +57,9 @@ class TorchvisionDataModule(ImageDataModule):
             val_fraction: fraction of the training set held out for validation.
             augment: random crop with 4 pixels of padding, plus horizontal flips where they keep the class.
             seed: seed of the validation split and of the shuffling order.
-            num_workers: DataLoader worker processes.
-            pin_memory: pin batches in page-locked memory for faster host-to-GPU copies.
-            persistent_workers: keep workers alive between epochs (only when num_workers > 0).
+            **loader: DataLoader settings (num_workers, pin_memory, persistent_workers) of ``ImageDataModule``.
         """
-        super().__init__(batch_size, num_workers, pin_memory, persistent_workers, seed)
+        super().__init__(batch_size, seed, **loader)
         self.save_hyperparameters()
         self.name, self.root, self.download = name, root, download
         self.val_fraction, self.augment = val_fraction, augment
@@ -116,9 +112,7 @@ class ImageFolderDataModule(ImageDataModule):
         mean: tuple[float, float, float] = IMAGENET_MEAN,
         std: tuple[float, float, float] = IMAGENET_STD,
         seed: int = 0,
-        num_workers: int = 0,
-        pin_memory: bool = False,
-        persistent_workers: bool = False,
+        **loader,
     ) -> None:
         """
         Args:
@@ -130,11 +124,9 @@ class ImageFolderDataModule(ImageDataModule):
             mean: per-channel normalisation mean (ImageNet's by default).
             std: per-channel normalisation std (ImageNet's by default).
             seed: seed of the validation split and of the shuffling order.
-            num_workers: DataLoader worker processes (decoding images is the bottleneck: use several).
-            pin_memory: pin batches in page-locked memory for faster host-to-GPU copies.
-            persistent_workers: keep workers alive between epochs (only when num_workers > 0).
+            **loader: DataLoader settings (num_workers, pin_memory, persistent_workers) of ``ImageDataModule``.
         """
-        super().__init__(batch_size, num_workers, pin_memory, persistent_workers, seed)
+        super().__init__(batch_size, seed, **loader)
         self.save_hyperparameters()
         self.root, self.val_fraction = Path(root), val_fraction
         self.class_names = self._classes()
