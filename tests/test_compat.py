@@ -118,3 +118,50 @@ def test_foreach_lerp_moves_targets_toward_sources():
     targets, sources = [torch.zeros(3), torch.ones(2)], [torch.ones(3), torch.full((2,), 3.0)]
     compat.foreach_lerp_(targets, sources, 0.25)
     torch.testing.assert_close(targets, [torch.full((3,), 0.25), torch.full((2,), 1.5)])
+
+
+def _private_names_outside_compat() -> list[str]:
+    """`_name`s read from torch, Lightning or any object whose class the project did not write, outside compat.
+
+    A name the project defines somewhere (a method, an attribute it assigns, a parameter) is its own; any
+    other single-underscore attribute, import or module path is a third party's private API.
+    """
+    import ast
+
+    from conftest import ROOT
+
+    files = [p for d in ("zoo", "callbacks", "datamodules") for p in (ROOT / d).rglob("*.py")] + [ROOT / "cli.py"]
+    trees = {p: ast.parse(p.read_text()) for p in files}
+    own = set()
+    for tree in trees.values():
+        for n in ast.walk(tree):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                own.add(n.name)
+            elif isinstance(n, ast.arg):
+                own.add(n.arg)
+            elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
+                own.add(n.attr)
+            elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                own.add(n.id)
+
+    def private(name: str) -> bool:
+        return name.startswith("_") and not name.startswith("__") and name not in own
+
+    found = []
+    for path, tree in trees.items():
+        if path.name == "compat.py" and path.parent.name == "layers":
+            continue
+        for n in ast.walk(tree):
+            names = []
+            if isinstance(n, ast.Attribute):
+                names = [n.attr]
+            elif isinstance(n, ast.ImportFrom) and not (n.module or "").startswith(("zoo", "callbacks", "datamodules")):
+                names = [a.name for a in n.names] + (n.module or "").split(".")
+            elif isinstance(n, ast.Import):
+                names = [part for a in n.names for part in a.name.split(".")]
+            found += [f"{path.relative_to(ROOT)}:{n.lineno} {name}" for name in names if private(name)]
+    return found
+
+
+def test_no_private_torch_or_lightning_name_outside_compat():
+    assert _private_names_outside_compat() == []

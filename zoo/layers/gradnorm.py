@@ -19,6 +19,8 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
+from zoo.layers.compat import foreach_norm
+
 
 def grad_norms_per_tensor(grads: list[Tensor], norm_type: float = 2.0) -> Tensor:
     """(P,) float32 p-norm of each gradient; for a DTensor, the norm of the full tensor across ranks.
@@ -26,7 +28,7 @@ def grad_norms_per_tensor(grads: list[Tensor], norm_type: float = 2.0) -> Tensor
     Accumulating in float32 keeps fp16 gradients (precision="16-true") from overflowing the norm.
     """
     if not any(isinstance(g, DTensor) for g in grads):
-        return torch.stack(torch._foreach_norm(grads, norm_type, dtype=torch.float32))
+        return foreach_norm(grads, norm_type, dtype=torch.float32)
     groups: dict[Any, list[int]] = {}  # plain tensors under None, DTensors by (mesh, placements)
     for i, g in enumerate(grads):
         groups.setdefault((g.device_mesh, g.placements) if isinstance(g, DTensor) else None, []).append(i)
@@ -49,7 +51,7 @@ def _full_norms(grads: list[DTensor], norm_type: float) -> Tensor:
     if any(p.is_partial() for p in placements):  # unreduced grads: reduce them first
         placements = tuple(Replicate() if p.is_partial() else p for p in placements)
         grads = [g.redistribute(mesh, placements) for g in grads]
-    local = torch.stack(torch._foreach_norm([g.to_local() for g in grads], norm_type, dtype=torch.float32))
+    local = foreach_norm([g.to_local() for g in grads], norm_type, dtype=torch.float32)
     inf = math.isinf(norm_type)
     partial = [Partial("max" if inf else "sum") if p.is_shard() else Replicate() for p in placements]
     full = DTensor.from_local(local if inf else local.pow(norm_type), mesh, partial, run_check=False).full_tensor()

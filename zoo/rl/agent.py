@@ -29,6 +29,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torch.optim.lr_scheduler import LambdaLR
 
+from zoo.layers.compat import trainer_of
 from zoo.layers.logging import lightning_writes
 from zoo.layers.weights import check_compatible
 from zoo.rl.collector import Evaluator, Rollout, RolloutCollector
@@ -150,7 +151,7 @@ class AgentModule(LightningModule):
     # -- environments ------------------------------------------------------------------------------------
 
     def datamodule(self):
-        trainer = self._trainer
+        trainer = trainer_of(self)
         dm = trainer.datamodule if trainer is not None else None
         return dm if dm is not None and hasattr(dm, "make_envs") else None
 

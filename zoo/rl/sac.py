@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from zoo.layers.compat import foreach_lerp_
 from zoo.layers.gradnorm import grad_norm
 from zoo.layers.hparams import save_hparams
 from zoo.rl.agent import AgentModule
@@ -199,7 +200,7 @@ class SACModule(AgentModule):
         # 4. theta' <- theta' + tau (theta - theta'): one fused op over all target tensors, no loop per tensor.
         if polyak:
             with torch.no_grad():
-                torch._foreach_lerp_(list(self.critic_target.parameters()), list(self.net.critic.parameters()), h.tau)
+                foreach_lerp_(list(self.critic_target.parameters()), list(self.net.critic.parameters()), h.tau)
         return {"critic_loss": critic.pop("loss"), "actor_loss": actor.pop("loss"),
                 "alpha_loss": temperature.pop("loss"), **critic, **actor, **temperature, **(grads or {})}
 
