@@ -104,7 +104,7 @@ class GPT(nn.Module):
         """
         super().__init__()
         self.vocab_size, self.block_size, self.n_layer = vocab_size, block_size, n_layer
-        self.position = position
+        self.position, self.rope_base = position, rope_base
         self.activation_checkpointing = activation_checkpointing
         norm_cls = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}[norm]
         if mlp_hidden is None:

@@ -155,9 +155,15 @@ def load_safetensors(net: GPT, path: str | Path) -> GPT:
 
 
 def load_pretrained(net: GPT, path: str | Path) -> GPT:
-    """A Hugging Face GPT-2 folder, or a safetensors/checkpoint file of this net, into ``net``."""
+    """A Hugging Face GPT-2, Llama or DeepSeek-V3 folder, or a safetensors/checkpoint file of this net, into ``net``."""
     path = Path(path)
     if path.is_dir():
+        config = path / "config.json"
+        kind = json.loads(config.read_text()).get("model_type", "gpt2") if config.is_file() else "gpt2"
+        if kind != "gpt2":
+            from zoo.gpt.llama import load_hf_into  # Llama and DeepSeek-V3 layouts
+
+            return load_hf_into(net, path)
         return load_gpt2_into(net, path)
     return load_safetensors(net, path)
 

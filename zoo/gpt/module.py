@@ -52,8 +52,8 @@ class CausalLMModule(LightningModule):
             optimizer: AdamW with warmup and cosine decay (``zoo.layers.optim.AdamWCosine``); GPT-2/3 use betas
                 (0.9, 0.95) and weight decay 0.1.
             compile: run the net through ``torch.compile`` for training (weights and checkpoint keys unchanged).
-            init_weights: weights to start from: a Hugging Face GPT-2 folder (config.json + model.safetensors
-                or pytorch_model.bin) or a safetensors file of this net; loaded weights-only, before any
+            init_weights: weights to start from: a Hugging Face GPT-2, Llama or DeepSeek-V3 folder (config.json + weights,
+                see zoo.gpt.llama) or a safetensors file of this net; loaded weights-only, before any
                 checkpoint given by --ckpt_path is restored over them.
         """
         super().__init__()

@@ -1,0 +1,246 @@
+"""Llama and DeepSeek-V3 weights in and out of the zoo's ``GPT``, from and to Hugging Face folders on disk.
+
+The zoo's GPT with ``norm="rmsnorm", mlp="swiglu", position="rope", bias=False`` and ``MHA(n_kv_head=G)`` is
+transformers' ``LlamaForCausalLM`` (Touvron et al. 2023); with ``MLA`` it is ``DeepseekV3ForCausalLM`` with
+every layer dense (DeepSeek-AI 2024, "DeepSeek-V3", MLA as in DeepSeek-V2 section 2.1). Only the layout differs:
+
+- our ``MHA.qkv`` is Llama's q_proj, k_proj, v_proj stacked by rows; our SwiGLU ``fc`` is [gate | up].
+- RoPE pairs channels (i, i + d/2) in both Llama and ours ("rotate half"). DeepSeek's released weights
+  pair (2i, 2i + 1) instead (``rope_interleave``, default True), so the RoPE rows of ``q_b_proj`` and
+  ``kv_a_proj_with_mqa`` are reordered to [even | odd] on import; q.k is unchanged by the same reordering
+  of q and k, and after it the interleaved rotation is ours. Exports write ``rope_interleave: false``.
+
+Not representable, and refused with a message: MoE layers (DeepSeek-V3 past ``first_k_dense_replace``),
+RoPE scaling (Llama 3's ``rope_type: llama3``, YaRN), a Llama ``head_dim`` other than hidden/heads, and
+attention and MLP biases that differ. Nothing is downloaded: point at a folder.
+
+    python -m zoo.gpt.llama export <lightning.ckpt> <out_folder>   # MHA -> Llama folder, MLA -> DeepSeek-V3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from functools import partial
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file as load_safetensors
+from torch import Tensor
+
+from zoo.gpt.attention import MHA, MLA
+from zoo.gpt.gpt import GPT
+from zoo.layers.weights import check_compatible, extract_state_dict, load_file
+
+# (ours, theirs) inside block i / model.layers.i, shared by both families.
+_NORM_KEYS = [("norm1.weight", "input_layernorm.weight"), ("norm2.weight", "post_attention_layernorm.weight"),
+              ("mlp.proj.weight", "mlp.down_proj.weight")]
+# (ours, theirs) for DeepSeek's MLA projections; q_down/q_norm/q_up exist with a q_lora_rank, q_proj without.
+_MLA_KEYS = [("q_down.weight", "q_a_proj.weight"), ("q_down.bias", "q_a_proj.bias"),
+             ("q_norm.weight", "q_a_layernorm.weight"), ("q_up.weight", "q_b_proj.weight"),
+             ("q_proj.weight", "q_proj.weight"), ("kv_down.weight", "kv_a_proj_with_mqa.weight"),
+             ("kv_down.bias", "kv_a_proj_with_mqa.bias"), ("kv_norm.weight", "kv_a_layernorm.weight"),
+             ("kv_up.weight", "kv_b_proj.weight"), ("proj.weight", "o_proj.weight"), ("proj.bias", "o_proj.bias")]
+
+
+def _rope_theta(config: dict) -> float:
+    """RoPE base from a transformers 5 ``rope_parameters`` dict or an older top-level ``rope_theta``."""
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if params.get("rope_type", params.get("type", "default")) != "default":
+        raise ValueError(f"RoPE scaling {params!r} is not supported by the zoo's GPT (plain RoPE only)")
+    return float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+
+
+def _common_kwargs(config: dict) -> dict:
+    if config.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"Only SwiGLU (hidden_act='silu') is supported, the config has {config['hidden_act']!r}")
+    return dict(
+        vocab_size=config["vocab_size"], block_size=config.get("max_position_embeddings", 2048),
+        n_layer=config["num_hidden_layers"], n_embd=config["hidden_size"], n_head=config["num_attention_heads"],
+        norm="rmsnorm", norm_eps=config.get("rms_norm_eps", 1e-6), mlp="swiglu",
+        mlp_hidden=config["intermediate_size"], position="rope", rope_base=_rope_theta(config),
+        tie_embeddings=config.get("tie_word_embeddings", False),
+    )
+
+
+def llama_net_kwargs(config: dict) -> dict:
+    """``GPT`` arguments for a Hugging Face ``LlamaConfig`` dict (MHA, GQA or MQA)."""
+    d, h = config["hidden_size"], config["num_attention_heads"]
+    if config.get("head_dim") not in (None, d // h):
+        raise ValueError(f"head_dim {config['head_dim']} != hidden_size/num_attention_heads {d // h}: unsupported")
+    if bool(config.get("attention_bias", False)) != bool(config.get("mlp_bias", False)):
+        raise ValueError("attention_bias and mlp_bias differ; the zoo's GPT has one bias switch")
+    kv = config.get("num_key_value_heads") or h
+    return dict(_common_kwargs(config), bias=bool(config.get("attention_bias", False)),
+                attention=partial(MHA, n_kv_head=kv))
+
+
+def deepseek_net_kwargs(config: dict) -> dict:
+    """``GPT`` arguments for a Hugging Face ``DeepseekV3Config`` dict whose layers are all dense."""
+    if config.get("first_k_dense_replace", 3) < config["num_hidden_layers"]:
+        raise ValueError("The config has MoE layers (first_k_dense_replace < num_hidden_layers): the zoo's GPT "
+                         "has dense MLPs only")
+    mla = partial(MLA, kv_lora_rank=config["kv_lora_rank"], q_lora_rank=config.get("q_lora_rank"),
+                  qk_nope_head_dim=config["qk_nope_head_dim"], qk_rope_head_dim=config["qk_rope_head_dim"],
+                  v_head_dim=config["v_head_dim"], norm_eps=1e-6)  # transformers' latent norms keep eps=1e-6
+    return dict(_common_kwargs(config), bias=bool(config.get("attention_bias", False)), attention=mla)
+
+
+def _mla_rope_rows(w: Tensor, n_head: int, dn: int, dp: int, per_head: bool, inverse: bool) -> Tensor:
+    """Reorder the RoPE output rows of a projection between DeepSeek's interleaved and our half layout."""
+    perm = torch.cat((torch.arange(0, dp, 2), torch.arange(1, dp, 2)))
+    if inverse:
+        perm = torch.argsort(perm)
+    if not per_head:  # kv_a_proj_with_mqa: [c_kv (r) | k_rope (p)]
+        r = w.shape[0] - dp
+        return torch.cat((w[:r], w[r:][perm]))
+    w = w.view(n_head, dn + dp, *w.shape[1:])  # q_proj / q_b_proj: per head [nope (n) | rope (p)]
+    return torch.cat((w[:, :dn], w[:, dn:][:, perm]), dim=1).flatten(0, 1)
+
+
+def _attn_to_zoo(sd: dict, pre: str, net: GPT, interleave: bool) -> dict[str, Tensor]:
+    attn = net.blocks[0].attn
+    if isinstance(attn, MHA):
+        qkv = torch.cat([sd[f"{pre}self_attn.{n}_proj.weight"] for n in "qkv"])
+        out = {"attn.qkv.weight": qkv, "attn.proj.weight": sd[f"{pre}self_attn.o_proj.weight"]}
+        if f"{pre}self_attn.q_proj.bias" in sd:
+            out["attn.qkv.bias"] = torch.cat([sd[f"{pre}self_attn.{n}_proj.bias"] for n in "qkv"])
+            out["attn.proj.bias"] = sd[f"{pre}self_attn.o_proj.bias"]
+        return out
+    out = {f"attn.{ours}": sd[f"{pre}self_attn.{theirs}"] for ours, theirs in _MLA_KEYS
+           if f"{pre}self_attn.{theirs}" in sd}
+    if interleave:
+        for key, per_head in (("attn.q_up.weight", True), ("attn.q_proj.weight", True),
+                              ("attn.kv_down.weight", False), ("attn.kv_down.bias", False)):
+            if key in out:
+                out[key] = _mla_rope_rows(out[key], attn.n_head, attn.dn, attn.dp, per_head, inverse=False)
+    return out
+
+
+def hf_to_zoo(sd: dict[str, Tensor], net: GPT, interleave: bool = False) -> dict[str, Tensor]:
+    """A LlamaForCausalLM / DeepseekV3ForCausalLM state dict in ``net``'s keys (extra layers, e.g. MTP, ignored)."""
+    out = {"tok_emb.weight": sd["model.embed_tokens.weight"], "norm_f.weight": sd["model.norm.weight"]}
+    for i in range(net.n_layer):
+        pre = f"model.layers.{i}."
+        block = {ours: sd[pre + theirs] for ours, theirs in _NORM_KEYS}
+        block["mlp.fc.weight"] = torch.cat((sd[pre + "mlp.gate_proj.weight"], sd[pre + "mlp.up_proj.weight"]))
+        block.update(_attn_to_zoo(sd, pre, net, interleave))
+        out.update({f"blocks.{i}.{k}": v for k, v in block.items()})
+    out["lm_head.weight"] = sd.get("lm_head.weight", out["tok_emb.weight"])
+    return out
+
+
+def zoo_to_hf(sd: dict[str, Tensor], net: GPT) -> dict[str, Tensor]:
+    """The inverse of ``hf_to_zoo`` (written without interleaving)."""
+    out = {"model.embed_tokens.weight": sd["tok_emb.weight"], "model.norm.weight": sd["norm_f.weight"],
+           "lm_head.weight": sd["lm_head.weight"]}
+    for i, block in enumerate(net.blocks):
+        ours, pre = f"blocks.{i}.", f"model.layers.{i}."
+        out.update({pre + theirs: sd[ours + o] for o, theirs in _NORM_KEYS})
+        out[pre + "mlp.gate_proj.weight"], out[pre + "mlp.up_proj.weight"] = sd[ours + "mlp.fc.weight"].chunk(2)
+        attn = block.attn
+        if isinstance(attn, MHA):
+            sizes = [attn.n_head * attn.head_dim] + 2 * [attn.n_kv_head * attn.head_dim]
+            for kind in ("weight", "bias"):
+                if ours + f"attn.qkv.{kind}" in sd:
+                    for n, w in zip("qkv", sd[ours + f"attn.qkv.{kind}"].split(sizes)):
+                        out[pre + f"self_attn.{n}_proj.{kind}"] = w
+                    out[pre + f"self_attn.o_proj.{kind}"] = sd[ours + f"attn.proj.{kind}"]
+        else:
+            out.update({pre + f"self_attn.{t}": sd[ours + f"attn.{o}"] for o, t in _MLA_KEYS
+                        if ours + f"attn.{o}" in sd})
+    return out
+
+
+def _read_folder(folder: Path) -> tuple[dict, dict[str, Tensor]]:
+    """config.json and every weights shard of a Hugging Face folder."""
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"No config.json in {str(folder)!r}: point at a Hugging Face Llama/DeepSeek folder")
+    shards = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("pytorch_model*.bin"))
+    if not shards:
+        raise FileNotFoundError(f"No *.safetensors or pytorch_model*.bin in {str(folder)!r}")
+    sd: dict[str, Tensor] = {}
+    for shard in shards:
+        sd.update(load_safetensors(str(shard)) if shard.suffix == ".safetensors" else extract_state_dict(load_file(shard)))
+    return json.loads((folder / "config.json").read_text()), sd
+
+
+def net_kwargs(config: dict) -> dict:
+    """``GPT`` arguments for a Llama-family or DeepSeek-V3 ``config.json`` dict."""
+    kind = config.get("model_type", "llama")
+    if kind in ("llama", "mistral"):
+        return llama_net_kwargs(config)
+    if kind == "deepseek_v3":
+        return deepseek_net_kwargs(config)
+    raise ValueError(f"model_type {kind!r} is not a Llama or DeepSeek-V3 config")
+
+
+def load_hf_into(net: GPT, folder: str | Path) -> GPT:
+    """Copy a local Llama or DeepSeek-V3 folder's weights into ``net``, after checking every shape."""
+    folder = Path(folder)
+    config, sd = _read_folder(folder)
+    interleave = config.get("model_type") == "deepseek_v3" and config.get("rope_interleave", True)
+    sd = hf_to_zoo(sd, net, interleave)
+    check_compatible(net, sd, f"Hugging Face folder {str(folder)!r}")
+    net.load_state_dict(sd)
+    return net
+
+
+def load_hf(folder: str | Path) -> GPT:
+    """A ``GPT`` holding the weights of a local Llama or (dense) DeepSeek-V3 Hugging Face folder."""
+    config, _ = _read_folder(Path(folder))
+    return load_hf_into(GPT(**net_kwargs(config)), folder)
+
+
+def hf_config(net: GPT) -> dict:
+    """The ``config.json`` of ``net`` as a Llama (MHA) or DeepSeek-V3 (MLA) model."""
+    block, attn = net.blocks[0], net.blocks[0].attn
+    if net.position != "rope" or not isinstance(block.norm1, torch.nn.RMSNorm) or block.mlp.kind != "swiglu":
+        raise ValueError("Only a Llama-shaped net (RoPE, RMSNorm, SwiGLU) exports as Llama or DeepSeek-V3")
+    config = dict(
+        vocab_size=net.vocab_size, max_position_embeddings=net.block_size, num_hidden_layers=net.n_layer,
+        hidden_size=net.tok_emb.weight.shape[1], num_attention_heads=attn.n_head,
+        intermediate_size=block.mlp.proj.in_features, hidden_act="silu", rms_norm_eps=net.norm_f.eps,
+        tie_word_embeddings=net.lm_head.weight is net.tok_emb.weight, attention_bias=block.mlp.proj.bias is not None,
+        rope_parameters={"rope_type": "default", "rope_theta": net.rope_base}, attention_dropout=0.0,
+    )
+    if isinstance(attn, MHA):
+        return dict(config, model_type="llama", architectures=["LlamaForCausalLM"], num_key_value_heads=attn.n_kv_head,
+                    head_dim=attn.head_dim, mlp_bias=config["attention_bias"])
+    q_lora = attn.q_up.in_features if hasattr(attn, "q_up") else None
+    return dict(config, model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"], rope_interleave=False,
+                num_key_value_heads=attn.n_head, kv_lora_rank=attn.r, q_lora_rank=q_lora, qk_nope_head_dim=attn.dn,
+                qk_rope_head_dim=attn.dp, v_head_dim=attn.dv, first_k_dense_replace=net.n_layer,
+                n_routed_experts=1, num_experts_per_tok=1, n_group=1, topk_group=1, num_mtp_layers=0)
+
+
+def export_hf(net: GPT, folder: str | Path) -> Path:
+    """Write ``net`` as a Hugging Face Llama (MHA/GQA) or DeepSeek-V3 (MLA) folder that transformers loads."""
+    from safetensors.torch import save_file
+
+    config = hf_config(net)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    sd = zoo_to_hf({k: v.detach().cpu() for k, v in net.state_dict().items()}, net)
+    if config["tie_word_embeddings"]:
+        del sd["lm_head.weight"]  # transformers re-ties it from embed_tokens
+    save_file({k: v.contiguous() for k, v in sd.items()}, folder / "model.safetensors", metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
+def _main() -> None:
+    parser = argparse.ArgumentParser(description="Export a zoo GPT checkpoint as a Llama / DeepSeek-V3 folder.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    exp = sub.add_parser("export", help="Lightning checkpoint -> Hugging Face folder")
+    exp.add_argument("checkpoint")
+    exp.add_argument("folder")
+    args = parser.parse_args()
+    from zoo.gpt.module import CausalLMModule
+
+    module = CausalLMModule.load_from_checkpoint(args.checkpoint, map_location="cpu", weights_only=True)
+    print(f"Wrote {export_hf(module.net, args.folder)}")
+
+
+if __name__ == "__main__":
+    _main()
