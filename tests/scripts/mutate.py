@@ -1,0 +1,174 @@
+"""Plant known bugs one at a time in the core files and report how many the tests catch (not in the suite).
+
+Each mutant is (file, old text, new text): a sign flipped, a scale changed, an off-by-one, a term
+dropped, arguments swapped. The repository's tracked files are copied to a temporary folder once; each
+mutant edits that copy, runs its family's test files there (``-x -n 0``, a per-mutant timeout), and is
+undone. A mutant is caught when pytest fails (or times out); "stale" means its old text is no longer
+found exactly once, so the list needs updating, not the tests. The working tree is never touched.
+
+    python tests/scripts/mutate.py gpt                 # one family
+    python tests/scripts/mutate.py gpt diffusion rl    # several; prints caught/total per family
+    python tests/scripts/mutate.py gpt --only 3        # one mutant, to see its failure
+
+Do not tune tests to these exact mutants: the probe the issue asks for uses bugs nobody here has seen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+A, S, G = "zoo/gpt/attention.py", "zoo/gpt/generate.py", "zoo/gpt/gpt.py"
+SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/diffusion/losses.py"
+RL, VT, SN = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/sac_nets.py"
+
+FAMILIES: dict[str, dict] = {
+    "gpt": {
+        "tests": ["tests/test_gpt.py", "tests/test_gpt_llama.py", "tests/test_gpt_behaviour.py", "tests/test_gpt_hf.py"],
+        "mutants": [
+            (A, "torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin)", "torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin)"),
+            (A, "/ dim)\n", "/ (dim - 2))\n"),
+            (A, "tril(diagonal=s - t)", "tril(diagonal=s - t - 1)"),
+            (A, "self.scale = 1.0 / math.sqrt(qk_nope_head_dim + qk_rope_head_dim)", "self.scale = 1.0 / math.sqrt(qk_nope_head_dim)"),
+            (A, "return self.kv_norm(c_kv), apply_rope(", "return c_kv, apply_rope("),
+            (A, "apply_rope(k_rope.unsqueeze(1), cos, sin)", "k_rope.unsqueeze(1)"),
+            (A, "return q_nope, apply_rope(q_rope, cos, sin)", "return q_nope, q_rope"),
+            (A, "q, k, v = self.qkv(x).split(", "q, v, k = self.qkv(x).split("),
+            (A, "o_lat = attend(q, latent, latent, self.scale, 0.0)", "o_lat = attend(q, latent, latent, None, 0.0)"),
+            (G, "h = F.silu(gate) * up", "h = F.silu(up) * gate"),
+            (G, "return x + self.mlp(self.norm2(x))", "return x + self.mlp(self.norm1(x))"),
+            (G, "x = x + self.pos_emb.weight[start:start + t]", "x = x + self.pos_emb.weight[:t]"),
+            (G, "if self.activation_checkpointing and self.training", "if False and self.activation_checkpointing"),
+            (G, "self.norm_f = norm_cls(n_embd, eps=norm_eps)", "self.norm_f = norm_cls(n_embd)"),
+            (S, "filter_logits(logits.float() / temperature, top_k, top_p)", "filter_logits(logits.float(), top_k, top_p)"),
+            (S, "probs.cumsum(dim=-1) - probs >= top_p", "probs.cumsum(dim=-1) >= top_p"),
+            (S, "logits = logits.masked_fill(logits < kth, float(\"-inf\"))", "logits = logits.masked_fill(logits <= kth, float(\"-inf\"))"),
+            (S, "logits = net(tokens[:, pos:pos + 1], cache, pos)[:, -1]", "logits = net(tokens[:, pos:pos + 1], cache, pos + 1)[:, -1]"),
+            ("zoo/gpt/losses.py", "ignore_index=IGNORE_INDEX)", "ignore_index=0)"),
+            ("zoo/gpt/llama.py", "perm = torch.cat((torch.arange(0, dp, 2), torch.arange(1, dp, 2)))", "perm = torch.arange(dp)"),
+        ],
+    },
+    "diffusion": {
+        "tests": ["tests/test_diffusion.py", "tests/test_diffusion_refs.py"],
+        "mutants": [
+            (SCH, "return abar.sqrt() * x0 + (1 - abar).sqrt() * noise", "return abar.sqrt() * x0 + (1 - abar) * noise"),
+            (SCH, "return abar.sqrt() * noise - (1 - abar).sqrt() * x0", "return abar.sqrt() * noise + (1 - abar).sqrt() * x0"),
+            (SCH, "return a * x_t - s * output, s * x_t + a * output", "return a * x_t - s * output, s * x_t - a * output"),
+            (SCH, "return (x_t - s * output) / a, output", "return (x_t - output) / a, output"),
+            (SCH, "abar_prev = torch.cat([torch.ones(1, dtype=torch.float64), abar[:-1]])", "abar_prev = abar"),
+            (SMP, "beta, abar, abar_prev = self._beta[t], self._abar[t], (self._abar[t - 1] if t > 0 else 1.0)",
+             "beta, abar, abar_prev = self._beta[t], self._abar[t], (self._abar[t] if t > 0 else 1.0)"),
+            (SMP, "std = (beta * (1 - abar_prev) / (1 - abar) if self.variance == \"beta_tilde\" else beta) ** 0.5",
+             "std = (beta * (1 - abar_prev) / (1 - abar) if self.variance == \"beta_tilde\" else beta)"),
+            (SMP, "sigma = self.eta * ((1 - abar_prev)", "sigma = ((1 - abar_prev)"),
+            (SMP, "direction = max(1 - abar_prev - sigma**2, 0.0) ** 0.5 * eps", "direction = max(1 - abar_prev, 0.0) ** 0.5 * eps"),
+            (SMP, "ts = torch.arange(num_timesteps, 0, -num_timesteps / steps).round().long() - 1",
+             "ts = torch.arange(num_timesteps, 0, -num_timesteps / steps).round().long()"),
+            (SMP, "ts = torch.arange(steps) * (num_timesteps // steps)", "ts = torch.arange(steps) * (num_timesteps // steps) + 1"),
+            (SMP, "guided = uncond[:, :c] + self.guidance_scale * (cond[:, :c] - uncond[:, :c])",
+             "guided = cond[:, :c] + self.guidance_scale * (cond[:, :c] - uncond[:, :c])"),
+            (DL, "per_example = per_example * schedule.min_snr_weight(t, prediction, min_snr_gamma)", "per_example = per_example"),
+        ],
+    },
+    "rl": {
+        "tests": ["tests/test_rl.py", "tests/test_rl_refs.py", "tests/test_sac.py", "tests/test_impala.py"],
+        "mutants": [
+            (RL, "deltas = rewards + gamma * values[1:] * not_terminal - values[:-1]", "deltas = rewards + gamma * values[1:] - values[:-1]"),
+            (RL, "decay = gamma * gae_lambda * (~(terminated | truncated))", "decay = gamma * gae_lambda * (~terminated)"),
+            (RL, "return advantages, advantages + values[:-1]", "return advantages, advantages + values[1:]"),
+            (RL, "ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()", "ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean() * 0 + (-advantages * ratio).mean()"),
+            (RL, "torch.max((value - returns).square(), (clipped - returns).square())", "torch.min((value - returns).square(), (clipped - returns).square())"),
+            (RL, "loss = pg_loss - ent_coef * entropy + vf_coef * v_loss\n    return {\"loss\": loss, \"pg_loss\": pg_loss, \"v_loss\": v_loss, \"entropy\": entropy, \"approx_kl\"",
+             "loss = pg_loss + ent_coef * entropy + vf_coef * v_loss\n    return {\"loss\": loss, \"pg_loss\": pg_loss, \"v_loss\": v_loss, \"entropy\": entropy, \"approx_kl\""),
+            (RL, "return (x - x.mean()) / (x.std() + eps)", "return x - x.mean()"),
+            (RL, "soft_value = next_q.min(0).values - alpha * next_logprob", "soft_value = next_q.max(0).values - alpha * next_logprob"),
+            (RL, "return rewards + gamma * (1.0 - terminated) * soft_value", "return rewards + gamma * soft_value"),
+            (RL, "loss = -(log_alpha * (logprob.detach() + target_entropy)).mean()", "loss = (log_alpha * (logprob.detach() + target_entropy)).mean()"),
+            (VT, "go_on = discounts if truncated is None else discounts * (~truncated).to(discounts.dtype)", "go_on = discounts"),
+            (VT, "pg_advantages = pg_rhos * (rewards + discounts * next_vs - values[:-1])", "pg_advantages = pg_rhos * (rewards + discounts * values[1:] - values[:-1])"),
+            (VT, "cs = lambda_ * (rhos.clamp(max=clip_c_threshold)", "cs = lambda_ * (rhos.clamp(max=clip_rho_threshold + 1.0)"),
+            (SN, "return 2.0 * (_LOG_2 - u - F.softplus(-2.0 * u))", "return 2.0 * (_LOG_2 - u + F.softplus(-2.0 * u))"),
+            (SN, "- log_det_tanh(u) - self.action_scale.log()\n        return self.action_bias", "- log_det_tanh(u)\n        return self.action_bias"),
+        ],
+    },
+}
+
+
+def copy_tree(dest: Path) -> None:
+    """The tracked and untracked-but-not-ignored files of the working tree (what the tests import)."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.splitlines()
+    for rel in files:
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+
+
+def run_tests(tree: Path, tests: list[str], timeout: float) -> str:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider", *tests]
+    try:
+        proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "caught (timeout)"
+    if proc.returncode == 0:
+        return "MISSED"
+    if proc.returncode == 1:
+        return "caught"
+    return f"error rc={proc.returncode}: {proc.stdout.strip().splitlines()[-1:]}"
+
+
+def mutate_family(tree: Path, name: str, only: int | None, timeout: float) -> tuple[int, int]:
+    fam = FAMILIES[name]
+    tests = [t for t in fam["tests"] if (tree / t).is_file()]
+    caught = total = 0
+    for i, (rel, old, new) in enumerate(fam["mutants"]):
+        if only is not None and i != only:
+            continue
+        path = tree / rel
+        text = path.read_text()
+        if text.count(old) != 1:
+            print(f"[{name} {i:2d}] stale ({text.count(old)} matches) {rel}: {old[:60]!r}", flush=True)
+            continue
+        start = time.time()
+        path.write_text(text.replace(old, new))
+        try:
+            verdict = run_tests(tree, tests, timeout)
+        finally:
+            path.write_text(text)
+        total += 1
+        caught += verdict.startswith("caught")
+        print(f"[{name} {i:2d}] {verdict:16s} {time.time() - start:5.0f}s  {rel}: {new[:70]!r}", flush=True)
+    return caught, total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("families", nargs="+", choices=sorted(FAMILIES))
+    parser.add_argument("--only", type=int, help="run only the mutant with this index")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="zoo-mutants-") as tmp:
+        tree = Path(tmp)
+        copy_tree(tree)
+        baseline = {n: run_tests(tree, [t for t in FAMILIES[n]["tests"] if (tree / t).is_file()], args.timeout)
+                    for n in args.families}
+        for n, verdict in baseline.items():
+            if verdict != "MISSED":  # i.e. the unmutated tests must pass
+                sys.exit(f"{n}: the unmutated tests do not pass ({verdict}); fix them first")
+        figures = {n: mutate_family(tree, n, args.only, args.timeout) for n in args.families}
+    for n, (caught, total) in figures.items():
+        print(f"{n}: caught {caught}/{total}")
+
+
+if __name__ == "__main__":
+    main()
