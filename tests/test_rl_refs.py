@@ -1,0 +1,83 @@
+"""RL objectives against CleanRL's and SB3's code written out here term by term, away from the ratio-1 and
+equal-value special cases the unit tests use (where a clipped and an unclipped term, or max and min, agree).
+
+References: CleanRL ppo.py / ppo_continuous_action.py (the loss block), sac_continuous_action.py; SB3's
+PPO.train (advantage normalisation, clip_range_vf) and SAC.train (ent_coef_loss, critic target).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from zoo.rl.losses import normalize, ppo_loss, sac_actor_loss, sac_critic_loss, sac_temperature_loss, soft_q_target
+
+
+def batch(b: int = 256, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    # Log-ratios of +-0.5 put a good share of rows outside [1 - 0.2, 1 + 0.2]; values move by more than clip too.
+    return dict(logprob=r(b) * 0.5, old_logprob=r(b) * 0.1, advantages=r(b), value=r(b), old_value=r(b) * 0.3,
+                returns=r(b), entropy=r(b).abs())
+
+
+def cleanrl_ppo(logprob, old_logprob, advantages, value, old_value, returns, entropy, clip_coef, vf_coef,
+                ent_coef, clip_vloss):
+    logratio = logprob - old_logprob
+    ratio = logratio.exp()
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+    if clip_vloss:
+        v_loss_unclipped = (value - returns) ** 2
+        v_clipped = old_value + torch.clamp(value - old_value, -clip_coef, clip_coef)
+        v_loss_clipped = (v_clipped - returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((value - returns) ** 2).mean()
+    entropy_loss = entropy.mean()
+    loss = pg_loss - ent_coef * entropy_loss + v_loss * vf_coef
+    approx_kl = ((ratio - 1) - logratio).mean()
+    clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
+    return dict(loss=loss, pg_loss=pg_loss, v_loss=v_loss, entropy=entropy_loss, approx_kl=approx_kl, clipfrac=clipfrac)
+
+
+def test_ppo_loss_equals_cleanrl_off_ratio_one_with_and_without_value_clipping():
+    b = batch()
+    ratio = (b["logprob"] - b["old_logprob"]).exp()
+    assert ((ratio - 1).abs() > 0.2).float().mean() > 0.2  # clipping is exercised
+    for clip_vloss in (False, True):
+        ours = ppo_loss(**b, clip_coef=0.2, vf_coef=0.7, ent_coef=0.03, clip_vloss=clip_vloss)
+        theirs = cleanrl_ppo(**b, clip_coef=0.2, vf_coef=0.7, ent_coef=0.03, clip_vloss=clip_vloss)
+        for k, v in theirs.items():
+            torch.testing.assert_close(ours[k], v, msg=f"{k} (clip_vloss={clip_vloss})")
+    assert not torch.allclose(ppo_loss(**b, clip_vloss=True)["v_loss"], ppo_loss(**b, clip_vloss=False)["v_loss"])
+
+
+def test_advantage_normalisation_is_cleanrls():
+    adv = batch()["advantages"] * 3 + 2
+    torch.testing.assert_close(normalize(adv), (adv - adv.mean()) / (adv.std() + 1e-8))
+
+
+def test_sac_terms_equal_cleanrl_and_sb3():
+    g = torch.Generator().manual_seed(3)
+    b = 64
+    rewards, next_logprob, logprob = torch.randn(b, generator=g), torch.randn(b, generator=g), torch.randn(b, generator=g)
+    terminated = (torch.rand(b, generator=g) < 0.3).float()
+    next_q, q, q_pi = torch.randn(2, b, generator=g), torch.randn(2, b, generator=g), torch.randn(2, b, generator=g)
+    alpha, gamma = 0.2, 0.99
+    # CleanRL: min_qf_next_target = min(qf1, qf2) - alpha * next_log_pi; next_q_value = r + (1 - d) * gamma * that
+    target = rewards + (1 - terminated) * gamma * (torch.min(next_q[0], next_q[1]) - alpha * next_logprob)
+    torch.testing.assert_close(soft_q_target(rewards, terminated, next_q, next_logprob, alpha, gamma), target)
+    # SB3: critic_loss = 0.5 * sum(F.mse_loss(current_q, target_q_values) for current_q in current_q_values)
+    expected = 0.5 * sum(torch.nn.functional.mse_loss(qk, target) for qk in q)
+    torch.testing.assert_close(sac_critic_loss(q, target)["loss"], expected)
+    # CleanRL: actor_loss = ((alpha * log_pi) - min_qf_pi).mean()
+    torch.testing.assert_close(sac_actor_loss(logprob, q_pi, alpha)["loss"],
+                               (alpha * logprob - torch.min(q_pi[0], q_pi[1])).mean())
+    # SB3: ent_coef_loss = -(log_ent_coef * (log_prob + target_entropy).detach()).mean(); its gradient raises
+    # alpha (descends to larger log alpha) exactly when the entropy -log pi is below the target.
+    log_alpha = torch.tensor(-1.0, requires_grad=True)
+    out = sac_temperature_loss(log_alpha, logprob, target_entropy=-2.0)
+    torch.testing.assert_close(out["loss"], -(log_alpha * (logprob + -2.0)).mean())
+    (grad,) = torch.autograd.grad(out["loss"], log_alpha)
+    assert torch.sign(grad) == -torch.sign((logprob - 2.0).mean())
