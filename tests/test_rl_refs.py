@@ -7,6 +7,7 @@ PPO.train (advantage normalisation, clip_range_vf) and SAC.train (ent_coef_loss,
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from zoo.rl.losses import normalize, ppo_loss, sac_actor_loss, sac_critic_loss, sac_temperature_loss, soft_q_target
@@ -81,3 +82,83 @@ def test_sac_terms_equal_cleanrl_and_sb3():
     torch.testing.assert_close(out["loss"], -(log_alpha * (logprob + -2.0)).mean())
     (grad,) = torch.autograd.grad(out["loss"], log_alpha)
     assert torch.sign(grad) == -torch.sign((logprob - 2.0).mean())
+
+
+# -- GAE through the collector, on a scripted env with episode ends at known steps ----------------------
+
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+from gymnasium.wrappers import TimeLimit  # noqa: E402
+
+from zoo.rl import RolloutCollector, gae  # noqa: E402
+
+
+class Counter(gym.Env):
+    """obs = steps taken in this episode; reward k + 1 + offset at its k-th step; terminal after ``terminal_at``."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, offset: float, terminal_at: int | None) -> None:
+        self.offset, self.terminal_at, self.k = offset, terminal_at, 0
+
+    def reset(self, seed=None, options=None):
+        self.k = 0
+        return np.array([0.0], np.float32), {}
+
+    def step(self, action):
+        self.k += 1
+        term = self.terminal_at is not None and self.k == self.terminal_at
+        return np.array([self.k], np.float32), self.k + self.offset, term, False, {}
+
+
+class ValueOfObs:
+    """V(s) = 10 + 2 s, action 0 always: the values at every step are known in advance."""
+
+    def get_value(self, x):
+        return 10 + 2 * x[:, 0]
+
+    def get_action_and_value(self, x):
+        return torch.zeros(len(x), dtype=torch.long), torch.zeros(len(x)), None, self.get_value(x)
+
+
+def reference_advantages(episode_len: int, terminal: bool, offset: float, steps: int, gamma: float, lam: float):
+    """Per step of one env: the transitions written out from the script, then CleanRL's reversed loop over them
+    with its bootstrap made right (a truncation bootstraps V(final obs), a termination nothing), None on the
+    autoreset steps."""
+    v = lambda s: 10 + 2 * s  # noqa: E731
+    rows, k = [], 0  # (s, r, s', ended, terminated) per rollout step, None for the autoreset step
+    for _ in range(steps):
+        if k == episode_len:
+            rows.append(None)
+            k = 0
+            continue
+        k += 1
+        rows.append((k - 1, k + offset, k, k == episode_len, terminal and k == episode_len))
+    adv, last = [None] * steps, 0.0
+    for t in reversed(range(steps)):
+        if rows[t] is None:
+            last = 0.0
+            continue
+        s, r, s_next, ended, term = rows[t]
+        delta = r + gamma * (0.0 if term else v(s_next)) - v(s)
+        last = delta + (0.0 if ended else gamma * lam * last)
+        adv[t] = last
+    return adv
+
+
+def test_collector_and_gae_equal_a_reference_on_scripted_episode_ends():
+    gamma, lam, steps = 0.9, 0.8, 11
+    specs = [(3, True, 0.0), (4, False, 0.5), (20, False, 0.25)]  # terminates at 3; truncated at 4; never ends
+    envs = gym.vector.SyncVectorEnv([
+        (lambda L=L, term=term, off=off: TimeLimit(Counter(off, L if term else None), L if not term else 1000))
+        for L, term, off in specs
+    ])
+    rollout = RolloutCollector(envs, steps).collect(ValueOfObs())
+    adv, _ = gae(rollout.rewards, rollout.values, rollout.terminated, rollout.truncated, gamma, lam)
+    for i, (L, term, off) in enumerate(specs):
+        expected = reference_advantages(L, term, off, steps, gamma, lam)
+        assert rollout.valid[:, i].tolist() == [a is not None for a in expected]
+        got = [adv[t, i].item() for t in range(steps) if expected[t] is not None]
+        assert got == pytest.approx([a for a in expected if a is not None], rel=1e-5), f"env {i}"
+    envs.close()
