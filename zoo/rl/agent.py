@@ -13,7 +13,10 @@ loss, optimizer steps). Everything else is here:
   - the torch thread count pinned while the module runs (a small MLP runs fastest on one thread);
   - the global RNG state, saved in checkpoints and restored when fit resumes;
   - the seed of a resumed run's new episodes;
-  - the collector closed at the end of fit, and when fit fails or is interrupted.
+  - the collector closed at the end of fit, and when fit fails or is interrupted;
+  - under DDP, one agent over several processes (``zoo.rl.distributed``): each rank collects its own data
+    (seeds offset by rank, RNG forked), the env-step counter and the budget count every rank's steps (a sum
+    over ranks after each ``learn``), and validation splits its episodes over the ranks and gathers them.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from zoo.layers.compat import trainer_of
 from zoo.layers.logging import lightning_writes
 from zoo.layers.weights import check_compatible
 from zoo.rl.collector import Evaluator, Rollout, RolloutCollector
+from zoo.rl.distributed import evaluation_share, fork_rng, gather_over_ranks, sum_over_ranks
 from zoo.rl.losses import explained_variance, gae
 from zoo.rl.video import record_episode, save_gif
 from zoo.tracking import mlflow_loggers
@@ -78,13 +82,14 @@ def evaluation_metrics(returns: Tensor, lengths: Tensor, env_steps: Tensor) -> d
             "val/episode_length": lengths.float().mean(), "val/env_steps": env_steps.float()}
 
 
-def episode_rows(returns: Tensor, lengths: Tensor) -> dict[str, Tensor]:
-    """Predict's rows (episode, return, length) for ``WritePredictions``, with a one-line summary."""
+def episode_rows(returns: Tensor, lengths: Tensor, first: int = 0) -> dict[str, Tensor]:
+    """Predict's rows (episode, return, length) for ``WritePredictions``, numbered from ``first``, with a
+    one-line summary."""
     rank_zero_info(
         f"Played {len(returns)} episodes: return {returns.mean():.2f} +- {returns.std(unbiased=False):.2f} "
         f"(min {returns.min():.2f}, max {returns.max():.2f}), mean length {lengths.float().mean():.1f}"
     )
-    return {"episode": torch.arange(len(returns)), "return": returns, "length": lengths}
+    return {"episode": first + torch.arange(len(returns)), "return": returns, "length": lengths}
 
 
 class StopCollectingOnException(Callback):
@@ -126,11 +131,17 @@ class AgentModule(LightningModule):
 
     @property
     def batch_env_steps(self) -> int:
-        """Env steps of one training step, all envs together."""
+        """Env steps of one training step, all envs of this process together."""
         raise NotImplementedError
 
+    def num_train_envs(self, dm) -> int:
+        """Training envs this process steps: under DDP, rank r's seeds start r x this after rank 0's."""
+        return dm.num_envs
+
     def learn(self, write: bool) -> dict[str, Tensor]:
-        """One training step: collect, losses, optimizer steps, ``env_steps`` advanced. Returns the step's metrics
+        """One training step: collect, losses, optimizer steps, ``env_steps`` advanced by this process's env steps
+        (``AgentModule`` then sums them over the ranks). Every backward and every other collective must happen
+        on every rank, the same number of times (DDP averages gradients in each). Returns the step's metrics
         when ``write`` (Lightning writes this step's logs): loss terms under their names (logged as ``train/...``)
         and ``zoo.layers.gradnorm``'s ``grad/...``; return ``{}`` otherwise, as its values would be dropped."""
         raise NotImplementedError
@@ -163,8 +174,9 @@ class AgentModule(LightningModule):
         return dm
 
     def train_seed(self, dm) -> int:
-        """``dm.seed`` for a fresh run; a resumed run's new episodes get one drawn from (seed, env steps)."""
-        return train_seed(dm.seed, int(self.env_steps))
+        """``dm.seed`` for a fresh run; a resumed run's new episodes get one drawn from (seed, env steps). Rank r
+        of a DDP run adds r x ``num_train_envs``: its envs take the seeds that follow rank r - 1's."""
+        return train_seed(dm.seed, int(self.env_steps)) + self.global_rank * self.num_train_envs(dm)
 
     def setup(self, stage: str) -> None:
         """Pins the thread count and checks that the net (its ``obs_dim``, ``action_dim``, ``continuous``)
@@ -205,13 +217,20 @@ class AgentModule(LightningModule):
         return min(1.0, int(self.env_steps) / self.hparams.total_env_steps)
 
     def _budget_left(self) -> bool:
-        return int(self.env_steps) + self.batch_env_steps <= self.hparams.total_env_steps
+        # env_steps is the same global count on every rank, so every rank takes the same decision.
+        return int(self.env_steps) + self.batch_env_steps * self.world_size <= self.hparams.total_env_steps
+
+    @property
+    def world_size(self) -> int:
+        """Processes that collect and learn together (DDP ranks); 1 without a trainer."""
+        return self._trainer.world_size if self._trainer is not None else 1
 
     def on_train_start(self) -> None:
         # Here rather than in setup: the device is final and a resumed checkpoint (env steps, RNG) is loaded.
         if self._rng_to_restore is not None:
-            set_rng_state(self._rng_to_restore)
+            set_rng_state(self._rng_to_restore)  # rank 0's state, saved in the checkpoint
             self._rng_to_restore = None
+        fork_rng(self.global_rank)
         if not self._budget_left():
             self.trainer.should_stop = True  # a resumed run whose budget is already spent: no envs opened
         elif self.collector is None:
@@ -219,7 +238,9 @@ class AgentModule(LightningModule):
 
     def training_step(self, batch: int, batch_idx: int) -> None:
         write = lightning_writes(self.trainer)
+        before = self.env_steps.clone()
         stats = self.learn(write)
+        self.env_steps.copy_(before + sum_over_ranks(self.env_steps - before))  # every rank's env steps
         scheduler = self.lr_schedulers()
         if scheduler is not None:
             scheduler.step()  # the rate for the next step's updates (a function of env steps, see progress)
@@ -233,15 +254,30 @@ class AgentModule(LightningModule):
 
     def evaluate(self, stage: str) -> tuple[Tensor, Tensor]:
         """(returns, lengths) of ``act`` over the DataModule's ``eval_episodes`` ("val") or ``predict_episodes``;
-        in predict, also the recording of one episode when the DataModule asks for it."""
+        in predict, also the recording of one episode when the DataModule asks for it.
+
+        Under DDP each rank plays its share of the episodes (``evaluation_share``: together the ones one process
+        would play); validation gathers them, so every rank logs the same figures, and predict keeps its own
+        (``WritePredictions`` writes a file per rank)."""
         dm = self.require_datamodule()
-        if stage not in self._evaluators:
-            episodes = dm.eval_episodes if stage == "val" else dm.predict_episodes
-            envs = dm.make_envs(min(dm.eval_envs, episodes))
-            self._evaluators[stage] = Evaluator(envs, episodes, seed=dm.eval_seed, device=self.device)
+        episodes = dm.eval_episodes if stage == "val" else dm.predict_episodes
+        shares = evaluation_share(episodes, dm.eval_envs, self.world_size)
+        mine = shares[self.global_rank]
+        if stage not in self._evaluators and mine.num_envs:
+            envs = dm.make_envs(mine.num_envs)
+            self._evaluators[stage] = Evaluator(envs, mine.num_episodes, seed=dm.eval_seed + mine.first_env,
+                                                device=self.device)
         if stage == "predict" and getattr(dm, "record_video", False):
             self.record(dm)
-        return self._evaluators[stage].run(self.act)
+        if mine.num_envs:
+            returns, lengths = self._evaluators[stage].run(self.act)
+        else:
+            returns, lengths = torch.zeros(0), torch.zeros(0, dtype=torch.int64)
+        if stage == "predict":
+            return returns, lengths
+        counts = [s.num_episodes for s in shares]
+        return (gather_over_ranks(returns.to(self.device), counts).cpu(),
+                gather_over_ranks(lengths.to(self.device), counts).cpu())
 
     def record(self, dm) -> Path | None:
         """One episode as a GIF in the DataModule's ``video_dir``, logged to MLflow; None without a renderer."""
@@ -264,11 +300,16 @@ class AgentModule(LightningModule):
 
     def validation_step(self, batch: int, batch_idx: int) -> None:
         """The evaluation episodes of ``act``: mean and std return, episode length, env steps so far."""
-        self.log_dict(evaluation_metrics(*self.evaluate("val"), self.env_steps), batch_size=1, prog_bar=True)
+        # Every rank holds the same figures (gathered episodes, global env steps): sync_dist averages equal values.
+        self.log_dict(evaluation_metrics(*self.evaluate("val"), self.env_steps), batch_size=1, prog_bar=True,
+                      sync_dist=True)
 
     def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
-        """Plays the DataModule's ``predict_episodes``; rows (episode, return, length) go to WritePredictions."""
-        return episode_rows(*self.evaluate("predict"))
+        """Plays the DataModule's ``predict_episodes``; rows (episode, return, length) go to WritePredictions
+        (under DDP, each rank's share, numbered as one process would number them)."""
+        dm = self.require_datamodule()
+        shares = evaluation_share(dm.predict_episodes, dm.eval_envs, self.world_size)
+        return episode_rows(*self.evaluate("predict"), sum(s.num_episodes for s in shares[: self.global_rank]))
 
     # -- checkpoints -------------------------------------------------------------------------------------
 

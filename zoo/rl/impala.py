@@ -102,6 +102,10 @@ class IMPALAModule(AgentModule):
         h = self.hparams
         return h.batch_size * h.unroll_length * h.envs_per_actor
 
+    def num_train_envs(self, dm) -> int:
+        h = self.hparams
+        return h.num_actors * h.envs_per_actor
+
     @property
     def actors(self) -> ActorPool | None:
         """The actor processes: this agent's collector, while fit runs."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from zoo.rl.distributed import sum_over_ranks
+
 
 class RunningMeanStd(nn.Module):
     """Mean and variance of everything passed to ``update`` (float64 buffers), over leading dims."""
@@ -30,12 +32,16 @@ class RunningMeanStd(nn.Module):
 
     @torch.no_grad()
     def update(self, x: Tensor) -> None:
-        """Merge a batch (..., *shape) into the statistics."""
+        """Merge a batch (..., *shape) into the statistics. Under DDP the batch is every rank's rows together, so
+        the ranks keep equal statistics: a collective, which every rank calls (``zoo.rl.distributed``)."""
         x = x.reshape(-1, *self.mean.shape).to(torch.float64)
-        n = x.shape[0]
+        # Count and sum first, then the squared deviations from that mean: exact, where summing squares is not.
+        head = sum_over_ranks(torch.cat([x.new_tensor([x.shape[0]]), x.sum(0).flatten()]))
+        n = head[0].item()
         if n == 0:
             return
-        batch_mean, batch_var = x.mean(0), x.var(0, unbiased=False)
+        batch_mean = (head[1:] / n).view(self.mean.shape)
+        batch_var = sum_over_ranks((x - batch_mean).square().sum(0)) / n
         delta = batch_mean - self.mean
         total = self.count + n
         m2 = self.var * self.count + batch_var * n + delta.square() * self.count * n / total

@@ -19,8 +19,6 @@ Notation: T steps per rollout, N envs, B minibatch rows, O observation features.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 from torch.optim.lr_scheduler import LambdaLR
@@ -30,6 +28,7 @@ from zoo.layers.hparams import save_hparams
 from zoo.layers.optim import param_groups
 from zoo.rl.agent import AgentModule, collect_rollout, finish_rollout, open_rollout_collector, rollout_env_steps
 from zoo.rl.collector import Rollout
+from zoo.rl.distributed import sum_over_ranks
 from zoo.rl.losses import normalize, ppo_loss
 from zoo.rl.nets import ActorCritic
 from zoo.rl.normalization import RunningMeanStd
@@ -121,15 +120,16 @@ class PPOModule(AgentModule):
         old_logprobs, old_values = rollout.logprobs.flatten()[keep], rollout.values[:-1].flatten()[keep]
         advantages, returns = advantages.flatten()[keep], returns.flatten()[keep]
         opt = self.optimizers()
-        size = math.ceil(len(keep) / h.num_minibatches)
         updates, grads = 0, {}
         for _ in range(h.update_epochs):
-            for mb in torch.randperm(len(keep), device=self.device).split(size):
+            # Exactly num_minibatches on every rank whatever its count of valid steps: under DDP each backward
+            # averages gradients over the ranks, so they must make the same number of them.
+            for mb in torch.randperm(len(keep), device=self.device).tensor_split(h.num_minibatches):
                 _, logprob, entropy, value = self.net.get_action_and_value(obs[mb], actions[mb])
                 adv = normalize(advantages[mb]) if h.norm_adv else advantages[mb]
                 out = ppo_loss(logprob, old_logprobs[mb], adv, value, old_values[mb], returns[mb], entropy,
                                clip, h.vf_coef, h.ent_coef, h.clip_vloss)
-                if h.target_kl is not None and out["approx_kl"] > 1.5 * h.target_kl:
+                if h.target_kl is not None and self._mean_over_ranks(out["approx_kl"]) > 1.5 * h.target_kl:
                     return {**out, **grads, "updates": torch.tensor(float(updates))}  # SB3: stop before the overshoot
                 opt.zero_grad()
                 self.manual_backward(out["loss"])
@@ -137,6 +137,10 @@ class PPOModule(AgentModule):
                 opt.step()
                 updates += 1
         return {**out, **grads, "updates": torch.tensor(float(updates))}
+
+    def _mean_over_ranks(self, x: Tensor) -> Tensor:
+        """``x`` averaged over the DDP ranks (a collective), so that all of them stop early together."""
+        return sum_over_ranks(x.detach().clone()) / self.world_size
 
     def configure_optimizers(self):
         h = self.hparams

@@ -40,6 +40,7 @@ from zoo.layers.compat import foreach_lerp_
 from zoo.layers.gradnorm import grad_norm
 from zoo.layers.hparams import save_hparams
 from zoo.rl.agent import AgentModule
+from zoo.rl.distributed import sum_over_ranks
 from zoo.rl.losses import sac_actor_loss, sac_critic_loss, sac_temperature_loss, soft_q_target
 from zoo.rl.normalization import RunningMeanStd
 from zoo.rl.replay import ReplayBuffer, TransitionCollector
@@ -110,6 +111,7 @@ class SACModule(AgentModule):
         self.obs_rms = RunningMeanStd((net.obs_dim,), clip=clip_obs)
         self.register_buffer("updates", torch.zeros((), dtype=torch.int64))
         self.buffer: ReplayBuffer | None = None
+        self._ready = False  # the replay buffers hold a minibatch (see _buffer_ready)
         self._buffer_to_restore: dict | None = None  # set by on_load_checkpoint, applied when fit starts
 
     def _explore(self, obs: Tensor) -> Tensor:
@@ -135,6 +137,14 @@ class SACModule(AgentModule):
                    f"--model.init_args.net.init_args.action_high={space.high.tolist()}")
             raise ValueError(f"{env_id} acts in [{space.low}, {space.high}], the actor in [{low}, {high}]: pass {fix}")
 
+    def on_train_start(self) -> None:
+        # DDP averages the gradients of each backward, and SAC's three backwards (temperature, critics, actor)
+        # each reach one part of the module: DDP allows that only when it looks for the unused parameters.
+        if self.world_size > 1 and not getattr(self.trainer.model, "find_unused_parameters", True):
+            raise ValueError("SAC under DDP makes backwards that reach one net each: pass "
+                             "--trainer.strategy=ddp_find_unused_parameters_true")
+        super().on_train_start()
+
     def start_collecting(self, dm) -> TransitionCollector:
         """The replay buffer (a checkpoint's, when fit resumes with one) and the collector that fills it."""
         h = self.hparams
@@ -144,6 +154,7 @@ class SACModule(AgentModule):
         if self._buffer_to_restore is not None:
             self.buffer.load_state_dict(self._buffer_to_restore)
             self._buffer_to_restore = None
+        self._ready = False
         return TransitionCollector(dm.make_envs(), self.buffer, self.device, self.train_seed(dm), h.norm_obs)
 
     @property
@@ -156,22 +167,33 @@ class SACModule(AgentModule):
         h, collector = self.hparams, self.collector
         optimizers = self.optimizers()
         # Python counters inside the loop, written back once: no tensor op (or device sync) per env step.
+        # env_steps counts every rank's steps (each rank steps its n envs at once), as the budget does, so that
+        # every rank takes the same decisions: under DDP each update's backwards average over the ranks.
         env_steps, updates, n = int(self.env_steps), int(self.updates), collector.num_envs
+        stride = n * self.world_size
         stats: dict[str, Tensor] = {}
         for _ in range(h.steps_per_batch):
             collector.step(self._explore if env_steps >= h.learning_starts else None)
-            env_steps += n
+            env_steps += stride
             # SB3's rule: train every train_freq vector steps once past learning_starts, given a full minibatch.
-            if (env_steps > h.learning_starts and (env_steps // n) % h.train_freq == 0
-                    and len(self.buffer) >= h.batch_size):
+            if (env_steps > h.learning_starts and (env_steps // stride) % h.train_freq == 0
+                    and self._buffer_ready()):
                 for _ in range(h.gradient_steps):
                     updates += 1
                     stats = self._update(*optimizers, polyak=updates % h.target_update_interval == 0, measure=write)
-        self.env_steps.fill_(env_steps)
+        self.env_steps += n * h.steps_per_batch  # this process's steps; AgentModule sums them over the ranks
         self.updates.fill_(updates)
         if h.norm_obs:
             self.obs_rms.update(collector.pop_observations())
         return self._metrics(stats) if write else {}
+
+    def _buffer_ready(self) -> bool:
+        """Whether every rank's buffer holds a minibatch (autoreset steps are not stored, so the ranks' sizes can
+        differ); a collective under DDP until it first holds, which it then does for good."""
+        if not self._ready:
+            enough = torch.tensor(int(len(self.buffer) >= self.hparams.batch_size), device=self.device)
+            self._ready = int(sum_over_ranks(enough)) == self.world_size
+        return self._ready
 
     def _update(self, actor_opt, critic_opt, alpha_opt, polyak: bool = True, measure: bool = False
                 ) -> dict[str, Tensor]:

@@ -1,0 +1,49 @@
+"""Fit an agent through ``cli.py`` (under DDP, on 2 processes), then save what each rank collected and counted.
+
+Usage: python rl_ranks.py <cli.py fit arguments>. Each rank writes ``rank<k>.pt``: the first training step's data
+(a rollout's raw observations, or the replay rows), the env-step counter and the logged ``train/env_steps``.
+Launched as a subprocess by tests/test_rl_ddp.py: DDP re-runs this script for rank 1, which would re-run pytest
+if the fit happened inside the pytest process. A deadlock (a collective only one rank calls) ends the process
+with every thread's stack on stderr instead of hanging the test.
+"""
+
+import faulthandler
+import sys
+from pathlib import Path
+
+import torch
+from lightning.pytorch import Callback
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from cli import main  # noqa: E402
+
+
+class RecordRanks(Callback):
+    """The data of this rank's first training step, then at the end what it counted and logged."""
+
+    first: torch.Tensor | None = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if batch_idx == 0:
+            collector = pl_module.collector
+            if hasattr(collector, "raw_obs"):  # on-policy: the rollout's observations (T, N, O)
+                RecordRanks.first = collector.raw_obs.clone()
+            else:  # off-policy: the replay rows written so far
+                RecordRanks.first = pl_module.buffer.storage[: len(pl_module.buffer)].clone()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        torch.save({
+            "first": RecordRanks.first, "env_steps": int(pl_module.env_steps),
+            "logged": float(trainer.logged_metrics["train/env_steps"]),
+            "val_return": float(trainer.callback_metrics["val/return"]),
+            "val_env_steps": float(trainer.callback_metrics["val/env_steps"]),
+            "obs_mean": pl_module.obs_rms.mean.clone(), "world_size": trainer.world_size,
+        }, f"rank{trainer.global_rank}.pt")
+
+
+if __name__ == "__main__":
+    faulthandler.dump_traceback_later(240, exit=True)
+    c = main([*sys.argv[1:], "--trainer.callbacks+=rl_ranks.RecordRanks"])
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()  # before exit: gloo's threads can abort a good run otherwise

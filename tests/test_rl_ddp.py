@@ -1,0 +1,74 @@
+"""One agent on 2 processes (DDP over gloo, CPU, in a subprocess: DDP relaunches its script): each rank steps
+envs of its own, and the env-step counter, the budget, the statistics and the evaluation are global."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from conftest import CONFIGS, ROOT
+
+from zoo.rl.collector import Evaluator
+from zoo.rl.distributed import evaluation_share
+
+SCRIPT = str(ROOT / "tests" / "scripts" / "rl_ranks.py")
+DDP = str(CONFIGS / "trainer" / "ddp.yaml")
+
+
+def _fit_on_two_ranks(config: str, *args: str) -> tuple[dict, dict]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, SCRIPT, "fit", "--config", str(CONFIGS / "rl" / config), "--config", DDP,
+           "--trainer.accelerator=cpu", "--trainer.logger=false", "--trainer.log_every_n_steps=1", *args]
+    # The script dumps every thread's stack and exits after 240 s: a deadlock fails with stacks, not a hang.
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return torch.load("rank0.pt"), torch.load("rank1.pt")
+
+
+def _first_observations(seeds: range) -> torch.Tensor:
+    return torch.tensor(np.stack([gym.make("CartPole-v1").reset(seed=s)[0] for s in seeds]))
+
+
+def test_ppo_on_two_ranks_collects_twice_the_data_and_counts_it():
+    r0, r1 = _fit_on_two_ranks("ppo_tiny.yaml")
+    # Each rank's envs start where envs 0-3 and 4-7 of one 8-env process would (seed 0 from seed_everything).
+    torch.testing.assert_close(r0["first"][0], _first_observations(range(0, 4)))
+    torch.testing.assert_close(r1["first"][0], _first_observations(range(4, 8)))
+    assert not torch.equal(r0["first"], r1["first"])
+    # The 1024-step budget counts both ranks: 4 rollouts of 4 envs x 32 steps each, 512 per rank.
+    for r in (r0, r1):
+        assert r["world_size"] == 2 and r["env_steps"] == 1024 and r["logged"] == 1024 and r["val_env_steps"] == 1024
+    # Statistics merge every rank's observations; the evaluation's figures are gathered from both.
+    torch.testing.assert_close(r0["obs_mean"], r1["obs_mean"], rtol=0, atol=0)
+    assert r0["val_return"] == r1["val_return"]
+
+
+def test_sac_on_two_ranks_collects_twice_the_data_and_counts_it():
+    r0, r1 = _fit_on_two_ranks("sac_tiny.yaml", "--trainer.strategy=ddp_find_unused_parameters_true")
+    # The first training step's replay rows: 40 steps of 2 envs on each rank, from different seeds and actions.
+    assert r0["first"].shape == r1["first"].shape == (80, 9)
+    assert not torch.isclose(r0["first"], r1["first"]).all(-1).any()
+    for r in (r0, r1):
+        assert r["env_steps"] == 800 and r["logged"] == 800
+
+
+def _cartpoles(n: int) -> gym.vector.VectorEnv:
+    return gym.make_vec("CartPole-v1", n, vectorization_mode="sync")  # env i resets with seed + i
+
+
+@pytest.mark.parametrize(("episodes", "envs", "world"), [(10, 10, 2), (10, 4, 2), (7, 3, 2), (5, 4, 3), (3, 2, 4)])
+def test_evaluation_shares_play_the_episodes_of_one_process(episodes, envs, world):
+    shares = evaluation_share(episodes, envs, world)
+    assert sum(s.num_episodes for s in shares) == episodes
+    one = Evaluator(_cartpoles(min(envs, episodes)), episodes, seed=100)
+    policy = lambda x: (x[:, 2] > 0).long()  # noqa: E731  pole leaning right: push right
+    returns, lengths = one.run(policy)
+    parts = [Evaluator(_cartpoles(s.num_envs), s.num_episodes, seed=100 + s.first_env).run(policy)
+             for s in shares if s.num_envs]
+    torch.testing.assert_close(torch.cat([r for r, _ in parts]), returns)
+    torch.testing.assert_close(torch.cat([n for _, n in parts]), lengths)
