@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -290,6 +291,36 @@ def marked_processes(marker: str) -> list[int]:
     return pids
 
 
+# The terminal test's time limits, generous for a loaded 2-core machine (about 10 s / 2 s / 1 s when idle): the
+# learner and the fork server each import torch, Lightning and gymnasium before three learner steps; after
+# Ctrl-C the learner saves a checkpoint and joins its actors (5 s at most each); then the fork server and the
+# resource tracker notice their parent is gone. Past a limit the run's stacks are dumped and the test fails.
+STARTUP_S, SHUTDOWN_S, REAP_S = 300.0, 120.0, 60.0
+
+
+def read_line_until(stream, expected: str, timeout: float) -> bool:
+    """Whether ``stream`` yields the line ``expected`` within ``timeout`` seconds (read on a thread, so a
+    process that neither prints nor exits cannot hang the test)."""
+    found = threading.Event()
+
+    def read() -> None:
+        for line in stream:
+            if line.strip() == expected:
+                found.set()
+                return
+
+    threading.Thread(target=read, daemon=True).start()
+    return found.wait(timeout)
+
+
+def stacks_and_kill(proc: subprocess.Popen) -> str:
+    """The stacks of a run that overran (its faulthandler prints them on SIGUSR1), then the run killed."""
+    os.kill(proc.pid, signal.SIGUSR1)
+    time.sleep(2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    return proc.communicate()[1]
+
+
 def test_ctrl_c_in_a_terminal_ends_the_run_and_every_actor():
     # A terminal's Ctrl-C is SIGINT to the whole foreground process group: the learner, the fork server and
     # the actors. The learner's handler must stop the actors, and the interpreter then exit, neither hanging
@@ -298,19 +329,25 @@ def test_ctrl_c_in_a_terminal_ends_the_run_and_every_actor():
     env = {**os.environ, marker: "1", "PYTHONPATH": os.pathsep.join([str(CONFIGS.parent), str(Path(__file__).parent)])}
     args = ["fit", "--config", TINY, "--model.init_args.total_env_steps=100000000", *QUIET,
             "--trainer.callbacks+=test_impala.AnnounceTraining"]
-    proc = subprocess.Popen([sys.executable, "-u", "-c", f"from cli import main; main({args!r})"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    code = ("import faulthandler, signal; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+            f"from cli import main; main({args!r})")
+    proc = subprocess.Popen([sys.executable, "-u", "-c", code], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        assert any(line.strip() == "LEARNING" for line in proc.stdout), proc.stderr.read()
+        if not read_line_until(proc.stdout, "LEARNING", STARTUP_S):
+            pytest.fail(f"no learner step within {STARTUP_S:.0f} s (or the run died):\n{stacks_and_kill(proc)}")
         assert len(marked_processes(marker)) >= 1 + 2  # the learner and its actors (and helpers)
         os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        try:
+            _, err = proc.communicate(timeout=SHUTDOWN_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the run outlived Ctrl-C by {SHUTDOWN_S:.0f} s:\n{stacks_and_kill(proc)}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 1 and "Detected KeyboardInterrupt" in err, err
     assert "Traceback" not in err, err  # no actor died of the signal
-    deadline = time.monotonic() + 10  # the fork server and resource tracker leave when the learner is gone
+    deadline = time.monotonic() + REAP_S  # the fork server and resource tracker leave when the learner is gone
     while marked_processes(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert marked_processes(marker) == []
