@@ -52,7 +52,7 @@ class GymDataModule(LightningDataModule):
         seed: int | None = None,
         env_kwargs: dict[str, Any] | None = None,
         max_episode_steps: int | None = None,
-        wrappers: list[str] | None = None,
+        wrappers: list[str | dict[str, Any]] | None = None,
         eval_episodes: int = 10,
         eval_envs: int = 10,
         eval_seed: int = 10_000,
@@ -71,8 +71,9 @@ class GymDataModule(LightningDataModule):
                 ``seed_everything`` (PL_GLOBAL_SEED), else 0.
             env_kwargs: keyword arguments for ``gymnasium.make``.
             max_episode_steps: time limit replacing the registered one.
-            wrappers: import paths of single-env wrappers applied in order, each called with the env alone
-                (e.g. ``gymnasium.wrappers.ClipAction``).
+            wrappers: single-env wrappers applied in order, each an import path called with the env alone
+                (``gymnasium.wrappers.ClipAction``) or ``{class_path, init_args}`` called with the env and the
+                arguments (``{class_path: gymnasium.wrappers.FrameStackObservation, init_args: {stack_size: 4}}``).
             eval_episodes: deterministic episodes per validation.
             eval_envs: envs the evaluation episodes are spread over.
             eval_seed: every evaluation resets its envs with this seed, so all evaluations play the same
@@ -104,8 +105,10 @@ class GymDataModule(LightningDataModule):
         """One env with the configured time limit and wrappers (``render_mode="rgb_array"`` for recording)."""
         kwargs = {**self.env_kwargs, **({"render_mode": render_mode} if render_mode else {})}
         env = gym.make(self.env_id, max_episode_steps=self.max_episode_steps, **kwargs)
-        for path in self.wrappers:
-            env = _import(path)(env)
+        for wrapper in self.wrappers:
+            if isinstance(wrapper, str):
+                wrapper = {"class_path": wrapper}
+            env = _import(wrapper["class_path"])(env, **wrapper.get("init_args", {}))
         return env
 
     def make_envs(self, num_envs: int | None = None, mode: Literal["sync", "async"] | None = None) -> VectorEnv:

@@ -83,7 +83,7 @@ class A2CModule(AgentModule):
         super().__init__(num_threads)
         save_hparams(self, "net")
         self.net = net
-        self.obs_rms = RunningMeanStd((net.obs_dim,), clip=clip_obs)
+        self.obs_rms = RunningMeanStd(net.obs_shape or (net.obs_dim,), clip=clip_obs)
         self.return_rms = RunningMeanStd((), clip=clip_reward)
         self.ended_episodes: list[Tensor] = []  # returns and lengths of training episodes since the last log
 

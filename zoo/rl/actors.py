@@ -118,11 +118,9 @@ class SharedSlots:
     def allocate(cls, num_slots: int, unroll_length: int, num_envs: int, obs_space: gym.Space,
                  action_space: gym.Space) -> SharedSlots:
         k, t, n = num_slots, unroll_length, num_envs
-        continuous = isinstance(action_space, gym.spaces.Box)
-        if continuous:
-            actions = torch.zeros((k, t, n, *action_space.shape))
-        else:
-            actions = torch.zeros((k, t, n), dtype=torch.int64)
+        # (K, T, N) indices of a Discrete action, (K, T, N, K') of a MultiDiscrete one, (K, T, N, A) of a Box one.
+        dtype = torch.float32 if isinstance(action_space, gym.spaces.Box) else torch.int64
+        actions = torch.zeros((k, t, n, *action_space.shape), dtype=dtype)
         slots = cls(
             obs=torch.zeros((k, t + 1, n, *obs_space.shape)), actions=actions, logprobs=torch.zeros((k, t, n)),
             rewards=torch.zeros((k, t, n)), terminated=torch.zeros((k, t, n), dtype=torch.bool),

@@ -42,11 +42,22 @@ from zoo.rl.video import record_episode, save_gif
 from zoo.tracking import mlflow_loggers
 
 
-def net_shape_for(obs_space: gym.Space, action_space: gym.Space) -> dict[str, int | bool]:
-    """The net arguments an env's spaces call for: ``obs_dim``, ``action_dim``, ``continuous``."""
-    continuous = isinstance(action_space, gym.spaces.Box)
-    action_dim = int(np.prod(action_space.shape)) if continuous else int(action_space.n)
-    return {"obs_dim": int(np.prod(obs_space.shape)), "action_dim": action_dim, "continuous": continuous}
+def net_shape_for(obs_space: gym.Space, action_space: gym.Space) -> dict[str, int | bool | list[int]]:
+    """The net arguments an env's spaces call for: ``obs_dim``, ``action_dim``, ``continuous`` (and a MultiDiscrete
+    action's ``action_nvec``). Observations must be a Box: gymnasium's ``FlattenObservation`` makes one of a Dict,
+    Tuple or Discrete space."""
+    if not isinstance(obs_space, gym.spaces.Box):
+        raise ValueError(f"the agents observe Box spaces, not {obs_space}: add {{class_path: "
+                         "gymnasium.wrappers.FlattenObservation}} to the DataModule's wrappers")
+    want = {"obs_dim": int(np.prod(obs_space.shape)), "continuous": isinstance(action_space, gym.spaces.Box)}
+    if isinstance(action_space, gym.spaces.Box):
+        return {**want, "action_dim": int(np.prod(action_space.shape))}
+    if isinstance(action_space, gym.spaces.Discrete):
+        return {**want, "action_dim": int(action_space.n)}
+    if isinstance(action_space, gym.spaces.MultiDiscrete) and action_space.nvec.ndim == 1:
+        nvec = action_space.nvec.tolist()
+        return {**want, "action_dim": sum(nvec), "action_nvec": nvec}
+    raise ValueError(f"the agents act in Box, Discrete or 1-D MultiDiscrete spaces, not {action_space}")
 
 
 def rng_state() -> dict:
@@ -187,9 +198,12 @@ class AgentModule(LightningModule):
         dm = self.datamodule()
         if dm is not None:
             want = net_shape_for(*dm.spaces)
+            if getattr(self.net, "obs_shape", None) is not None:  # an image encoder: the layout matters too
+                want["obs_shape"] = list(dm.spaces[0].shape)
             have = {k: getattr(self.net, k, None) for k in want}
+            have = {k: list(v) if isinstance(v, tuple) else v for k, v in have.items()}
             if want != have:
-                fix = " ".join(f"--model.init_args.net.init_args.{k}={v}" for k, v in want.items())
+                fix = " ".join(f"--model.init_args.net.init_args.{k}={v}".replace(" ", "") for k, v in want.items())
                 raise ValueError(f"{dm.env_id} needs a net with {want}, this one has {have}: pass {fix}")
 
     def configure_callbacks(self) -> list[Callback]:

@@ -113,10 +113,9 @@ class RolloutCollector:
         f32 = dict(dtype=torch.float32, device=self.device)
         self.raw_obs = torch.zeros((t, n, *obs_shape), **f32)
         self.obs = torch.zeros((t, n, *obs_shape), **f32)
-        self.actions = (
-            torch.zeros((t, n, *act_space.shape), **f32) if continuous
-            else torch.zeros((t, n), dtype=torch.int64, device=self.device)
-        )
+        # (T, N) indices of a Discrete action, (T, N, K) of a MultiDiscrete one, (T, N, A) floats of a Box one.
+        self.actions = torch.zeros((t, n, *act_space.shape), dtype=torch.float32 if continuous else torch.int64,
+                                   device=self.device)
         self.logprobs = torch.zeros((t, n), **f32)
         self.values = torch.zeros((t + 1, n), **f32)
         # What the envs return stays in NumPy until the rollout ends: one host-to-device copy, not T.
