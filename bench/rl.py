@@ -10,8 +10,15 @@ from the start of training to that evaluation without the time spent evaluating;
 SB3 runs the same protocol: rl-baselines3-zoo's CartPole hyperparameters (n_envs 8, n_steps 32,
 batch_size 256, n_epochs 20, gamma 0.98, gae_lambda 0.8, lin_0.001 learning rate, lin_0.2 clip range) with
 linear schedules over the same 50k budget, evaluated by ``evaluate_policy`` on 10 envs every 2048 steps.
-Runs alternate between the two (zoo seed 0, SB3 seed 0, zoo seed 1, ...) so that drift in a shared machine's
-load spreads over both. Both use one intra-op thread.
+Both sides are evaluated at the same points, after that rollout's update (SB3's ``on_step`` fires before its
+``train()``, so its evaluation runs at the next ``on_rollout_start``, or after ``learn`` for the last one), and
+from the same start states (env i of 10 reset with seed 10_000 + i at every evaluation, the zoo's
+``eval_seed``). Runs alternate between the two (zoo seed 0, SB3 seed 0, zoo seed 1, ...) so that drift in a
+shared machine's load spreads over both. Both use one intra-op thread. The summary gives the median and
+interquartile range over all seeds, a seed that never reaches the target ranking last; the race needs at
+least 10 seeds to rank anything (three spread 6k-43k env steps):
+
+    python bench/rl.py --only cartpole --seeds 0 1 2 3 4 5 6 7 8 9   # ~10 min on 2 idle cores, SB3 installed
 
 On a CPU-only machine with a CUDA build of PyTorch, Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK=1, which
 makes every Adam step probe NVML (~0.2-0.3 ms, as long as a PPO minibatch update); with ``--device cpu``
@@ -119,6 +126,9 @@ def bench_learner(updates: int = 400) -> None:
 # -- time to the CartPole result ---------------------------------------------------------------------------
 
 
+EVAL_SEED, EVAL_EVERY = 10_000, 2048  # the zoo's GymDataModule.eval_seed; ppo_cartpole.yaml's 8 rollouts x 256
+
+
 def zoo_run(seed: int, target: float, budget: int, config: str = "configs/rl/ppo_cartpole.yaml") -> dict:
     from lightning.pytorch import Callback
 
@@ -164,29 +174,43 @@ def sb3_run(seed: int, target: float, budget: int) -> dict:
     from stable_baselines3.common.evaluation import evaluate_policy
 
     torch.set_num_threads(1)
-    eval_env = make_vec_env("CartPole-v1", n_envs=10, seed=10_000)
+    eval_env = make_vec_env("CartPole-v1", n_envs=10, seed=EVAL_SEED)
+
+    def evaluate(num_timesteps: int) -> float:
+        # The zoo's Evaluator: every evaluation from the same start states (env i reset with 10_000 + i); SB3's
+        # VecEnv applies a seed at its next reset only, so it is set again before each evaluation.
+        eval_env.seed(EVAL_SEED)
+        return evaluate_policy(model, eval_env, n_eval_episodes=10, deterministic=True)[0]
 
     class TimeToReturn(BaseCallback):
+        """Evaluates every 2048 env steps *after* that rollout's update, as the zoo's validation does: SB3 calls
+        ``on_step`` and ``on_rollout_end`` before ``train()``, ``on_rollout_start`` after it."""
+
         def __init__(self) -> None:
             super().__init__()
-            self.t0, self.eval_s, self.hit, self.evals = 0.0, 0.0, None, []
+            self.t0, self.eval_s, self.hit, self.evals, self.last_eval = 0.0, 0.0, None, [], 0
 
         def _on_training_start(self) -> None:
             self.t0 = time.perf_counter()
 
         def _on_step(self) -> bool:
-            if self.num_timesteps % 2048:
-                return True
+            return self.hit is None  # False ends learn() at the first step after the hit
+
+        def _on_rollout_start(self) -> None:
+            if self.num_timesteps == 0 or self.num_timesteps % EVAL_EVERY or self.hit is not None:
+                return
+            self.check()
+
+        def check(self) -> None:
             v0 = time.perf_counter()
-            ret, _ = evaluate_policy(self.model, eval_env, n_eval_episodes=10, deterministic=True)
+            ret = evaluate(self.num_timesteps)
             now = time.perf_counter()
             self.eval_s += now - v0
             self.evals.append((self.num_timesteps, round(ret)))
+            self.last_eval = self.num_timesteps
             if ret >= target:
                 self.hit = {"env_steps": self.num_timesteps, "train_s": now - self.t0 - self.eval_s,
                             "total_s": now - self.t0}
-                return False
-            return True
 
     linear = lambda start: (lambda remaining: remaining * start)  # noqa: E731
     model = PPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=8, seed=seed), n_steps=32, batch_size=256,
@@ -195,6 +219,9 @@ def sb3_run(seed: int, target: float, budget: int) -> dict:
     timer = TimeToReturn()
     t = time.perf_counter()
     model.learn(budget, callback=timer)
+    # The last rollout's update has no rollout after it: its evaluation, when it falls on the grid, comes here.
+    if timer.hit is None and model.num_timesteps % EVAL_EVERY == 0 and model.num_timesteps > timer.last_eval:
+        timer.check()
     return {"hit": timer.hit, "evals": timer.evals, "wall_s": time.perf_counter() - t}
 
 
@@ -237,10 +264,20 @@ def time_to_return(runners: list, seeds: list[int], target: float, budget: int, 
             print(f"  {name:8s} {seed:4d} {cols}  {r['evals']}", flush=True)
     for name, rs in results.items():
         hits = [r["hit"] for r in rs if r["hit"]]
-        if hits:
-            mean = {k: sum(h[k] for h in hits) / len(hits) for k in hits[0]}
-            print(f"  {name}: reached on {len(hits)}/{len(rs)} seeds; mean {mean['env_steps']:.0f} env steps, "
-                  f"{mean['train_s']:.2f} s train, {mean['total_s']:.2f} s total")
+        print(f"  {name}: reached on {len(hits)}/{len(rs)} seeds; median [IQR] over all seeds, a miss counting as "
+              f"never: {quartiles([h['env_steps'] if h else None for h in (r['hit'] for r in rs)], '.0f')} env "
+              f"steps, {quartiles([h['train_s'] if h else None for h in (r['hit'] for r in rs)], '.1f')} s train")
+
+
+def quartiles(values: list[float | None], fmt: str) -> str:
+    """"median [q1, q3]" of ``values``, None (a seed that never reached the target) ranking above every number;
+    nearest-rank quartiles, so no quantile is interpolated towards a miss."""
+    import numpy as np
+
+    ranked = np.array([np.inf if v is None else v for v in values], dtype=float)
+    q1, med, q3 = np.quantile(ranked, [0.25, 0.5, 0.75], method="nearest")
+    show = lambda v: "never" if np.isinf(v) else format(v, fmt)  # noqa: E731
+    return f"{show(med)} [{show(q1)}, {show(q3)}]"
 
 
 # -- SAC on Pendulum: time to the result and env steps/s, next to SB3's SAC ------------------------------------
@@ -331,6 +368,7 @@ def sac_sb3_run(seed: int, target: float, budget: int) -> dict:
             if self.num_timesteps % SAC_EVAL_EVERY:
                 return True
             v0 = time.perf_counter()
+            eval_env.seed(EVAL_SEED)  # the zoo's start states at every evaluation (see sb3_run)
             ret, _ = evaluate_policy(self.model, eval_env, n_eval_episodes=10, deterministic=True)
             now = time.perf_counter()
             self.eval_s += now - v0
