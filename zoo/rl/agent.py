@@ -237,7 +237,8 @@ class AgentModule(LightningModule):
     @property
     def world_size(self) -> int:
         """Processes that collect and learn together (DDP ranks); 1 without a trainer."""
-        return self._trainer.world_size if self._trainer is not None else 1
+        trainer = trainer_of(self)
+        return trainer.world_size if trainer is not None else 1
 
     def on_train_start(self) -> None:
         # Here rather than in setup: the device is final and a resumed checkpoint (env steps, RNG) is loaded.
