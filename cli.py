@@ -80,6 +80,10 @@ class ZooCLI(LightningCLI):
         if cfg.get("ckpt_path") and cfg.get("weights_only") is None:
             # Lightning unpickles a resumed checkpoint fully by default; the zoo never runs code from a file.
             cfg.weights_only = True
+        if cfg.get("ckpt_path") and Path(cfg.ckpt_path).is_dir():
+            from zoo.layers.parallel import check_sharded_checkpoint
+
+            check_sharded_checkpoint(cfg.ckpt_path)  # torch unpickles a sharded folder unrestricted: check it first
         # Lightning raises on a LearningRateMonitor without a logger and on a progress bar callback with
         # enable_progress_bar=false; a run that switches either off loses that default callback instead.
         dropped = []

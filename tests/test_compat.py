@@ -165,3 +165,22 @@ def _private_names_outside_compat() -> list[str]:
 
 def test_no_private_torch_or_lightning_name_outside_compat():
     assert _private_names_outside_compat() == []
+
+
+def test_load_sharded_equals_dcp_to_torch_save_and_reads_selected_keys(tmp_path):
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    state = {"m": {"w": torch.randn(3, 4)}, "opt": {"param_groups": [{"lr": 0.1, "betas": (0.9, 0.95)}]}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state, checkpoint_id=tmp_path / "ckpt", no_dist=True)
+        dcp_to_torch_save(tmp_path / "ckpt", tmp_path / "ref.pt")
+        ref = torch.load(tmp_path / "ref.pt", weights_only=True)
+        got = compat.load_sharded(FileSystemReader(tmp_path / "ckpt"))
+        some = compat.load_sharded(FileSystemReader(tmp_path / "ckpt"), keys={"opt.param_groups.0.betas"})
+    torch.testing.assert_close(got["m"]["w"], ref["m"]["w"], rtol=0, atol=0)
+    assert got["opt"] == ref["opt"] and some == {"opt": {"param_groups": [{"betas": (0.9, 0.95)}]}}

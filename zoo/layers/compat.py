@@ -81,3 +81,45 @@ def foreach_norm(tensors: list[Tensor], norm_type: float = 2.0, dtype: torch.dty
 def foreach_lerp_(targets: list[Tensor], sources: list[Tensor], weight: float) -> None:
     """``t += weight * (s - t)`` for every pair in one fused op (``torch._foreach_lerp_``, a beta API)."""
     torch._foreach_lerp_(targets, sources, weight)
+
+
+def load_sharded(storage_reader, keys: set[str] | None = None) -> dict[str, Any]:
+    """Everything in a torch.distributed.checkpoint folder (or only ``keys``) as one nested state dict, in this
+    process alone, with every non-tensor entry read weights-only.
+
+    This is ``dcp_to_torch_save`` without the file and with the caller's reader (it builds an unrestricted one).
+    The planner that fills an empty state dict from the checkpoint's metadata is private, as is the loader that
+    fills the caller's dict (the public ``load`` fills a copy of it); the planner's ``load_bytes``
+    unpickles entries with ``weights_only=False``: each is first read weights-only, which refuses one that would
+    run code (raising ``UnsafeCheckpointError`` naming it), so the full read after it runs nothing.
+    """
+    import io
+    import pickle
+
+    from torch.distributed.checkpoint import CheckpointException
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    from zoo.layers.weights import UnsafeCheckpointError
+
+    class WeightsOnlyPlanner(_EmptyStateDictLoadPlanner):
+        def load_bytes(self, read_item, value: io.BytesIO) -> None:
+            try:
+                torch.load(value, weights_only=True)
+            except pickle.UnpicklingError as err:
+                raise UnsafeCheckpointError(
+                    f"refused entry {read_item.storage_index.fqn!r} of a sharded checkpoint: it carries pickled "
+                    f"objects that are not weights (loading it would execute code). Detail: {str(err).splitlines()[0]}"
+                ) from err
+            value.seek(0)
+            super().load_bytes(read_item, value)
+
+    state: dict[str, Any] = {}
+    try:
+        _load_state_dict(state, storage_reader=storage_reader, planner=WeightsOnlyPlanner(keys=keys), no_dist=True)
+    except CheckpointException as err:  # torch wraps each rank's error; the refusal is what the user must see
+        refused = [exc for exc, _ in err.failures.values() if isinstance(exc, UnsafeCheckpointError)]
+        if refused:
+            raise refused[0] from None
+        raise
+    return state

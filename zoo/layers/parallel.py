@@ -17,6 +17,11 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
+
+from zoo.layers import compat
+from zoo.layers.weights import read_sharded_metadata
 
 LIGHTNING_META = "meta.pt"  # Lightning's non-tensor part of a sharded checkpoint (lightning.fabric.utilities.load)
 
@@ -43,21 +48,44 @@ def shard(net: nn.Module, device_mesh, blocks: Iterable[nn.Module] | None = None
     return net
 
 
+class SafeFileSystemReader(FileSystemReader):
+    """torch.distributed.checkpoint's reader with the ``.metadata`` pickle read by ``read_sharded_metadata``: only
+    the metadata classes are admitted, so a crafted folder is refused before anything in it executes."""
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        metadata = read_sharded_metadata(Path(self.path))
+        if metadata.storage_meta is None:  # as FileSystemReader.read_metadata does
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def check_sharded_checkpoint(checkpoint_dir: str | Path) -> None:
+    """Refuse a sharded checkpoint folder whose metadata or non-tensor entries would run code when read.
+
+    Lightning resumes (``fit``/``validate``/``test``/``predict --ckpt_path <dir>``) through torch's own reader,
+    which unpickles both without restriction and takes no other reader; this reads them the safe way first
+    (only the metadata and the small non-tensor entries, never the weights).
+    """
+    metadata = read_sharded_metadata(checkpoint_dir)
+    objects = {k for k, v in metadata.state_dict_metadata.items() if isinstance(v, BytesStorageMetadata)}
+    if objects:
+        compat.load_sharded(SafeFileSystemReader(checkpoint_dir), keys=objects)
+
+
 def consolidate(checkpoint_dir: str | Path, output_file: str | Path) -> Path:
     """Merge a ModelParallelStrategy (FSDP2) checkpoint directory into one Lightning checkpoint file.
 
     The shards (weights, optimizer states) are torch.distributed.checkpoint's format; Lightning keeps the
     rest of the checkpoint (loops, hyperparameters, callbacks) beside them in ``meta.pt``.
     """
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
     checkpoint_dir = Path(checkpoint_dir)
     if not checkpoint_dir.is_dir():
         raise NotADirectoryError(f"{str(checkpoint_dir)!r} is not a sharded checkpoint directory")
+    read_sharded_metadata(checkpoint_dir)  # refuses a crafted folder in one clear error (torch would wrap it)
     output_file = Path(output_file)
     output_file.parent.mkdir(parents=True, exist_ok=True)
-    dcp_to_torch_save(checkpoint_dir, output_file)
-    ckpt = torch.load(output_file, map_location="cpu", weights_only=True)
+    ckpt = compat.load_sharded(SafeFileSystemReader(checkpoint_dir))  # dcp_to_torch_save, with the safe reader
     meta = checkpoint_dir / LIGHTNING_META
     ckpt.update(torch.load(meta, map_location="cpu", weights_only=True) if meta.is_file() else {})
     opt_keys = sorted((k for k in ckpt if re.fullmatch(r"optimizer_\d+", k)), key=lambda k: int(k.split("_")[1]))

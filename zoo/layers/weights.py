@@ -83,3 +83,51 @@ def load_weights(net: nn.Module, path: str | Path, prefix: str = "") -> nn.Modul
     check_compatible(net, state_dict, f"weights file {str(path)!r}")
     net.load_state_dict(state_dict)
     return net
+
+
+# What a sharded checkpoint's ``.metadata`` pickle may name: torch.distributed.checkpoint's metadata classes
+# and the torch/pathlib types they hold (recorded from the files torch 2.14 writes). Anything else, such as a
+# ``__reduce__`` naming os.system, is refused before it is looked up, so nothing in the file executes.
+DCP_METADATA_CLASSES = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata", "TensorStorageMetadata", "TensorProperties", "ChunkStorageMetadata", "BytesStorageMetadata",
+        "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING",
+    },
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},  # a layout by its name
+    "torch": {"Size"},  # and every torch dtype, checked below
+    "pathlib": {"Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"},
+    "collections": {"OrderedDict"},
+}
+DCP_METADATA_FILE = ".metadata"
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        is_dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        if is_dtype or name in DCP_METADATA_CLASSES.get(module, ()):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not a checkpoint metadata class")
+
+
+def read_sharded_metadata(path: str | Path):
+    """torch.distributed.checkpoint's ``Metadata`` from ``path`` (a sharded checkpoint folder or its ``.metadata``
+    file), unpickled with only the metadata classes admitted: a crafted file is refused, and runs nothing."""
+    path = Path(path)
+    file = path / DCP_METADATA_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise FileNotFoundError(f"{str(file)!r} does not exist: {str(path)!r} is not a sharded checkpoint folder")
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    try:
+        with open(file, "rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+    except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError) as err:
+        raise UnsafeCheckpointError(
+            f"refused to read {str(file)!r}: it is not the metadata torch.distributed.checkpoint writes "
+            f"(it asks to unpickle other objects, which would execute code from the file). Only load sharded "
+            f"checkpoints you created or trust. Detail: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
+        ) from err
+    if not isinstance(metadata, Metadata):
+        raise UnsafeCheckpointError(f"refused to read {str(file)!r}: it holds a {type(metadata).__name__}, not Metadata")
+    return metadata
