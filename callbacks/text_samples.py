@@ -12,7 +12,9 @@ class LogTextSamples(Callback):
     """After every ``every_n_epochs``-th validation, continue prompts with ``pl_module.generate``.
 
     The text goes to each MLflow run as ``samples/step_<global step>.txt`` and is printed. Prompts come
-    from here, else from the datamodule's ``prompts``.
+    from here, else from the datamodule's ``prompts``. Every rank generates, the same text from the same
+    seed: under FSDP2 each forward gathers the sharded weights from all ranks, so rank 0 alone would wait for
+    the others forever. Rank 0 logs.
     """
 
     def __init__(
@@ -36,10 +38,12 @@ class LogTextSamples(Callback):
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:
             return
-        if not trainer.is_global_zero or getattr(pl_module, "tokenizer", None) is None:
-            return
+        if getattr(pl_module, "tokenizer", None) is None or not (mlflow_loggers(trainer) or self.print_samples):
+            return  # the same on every rank: each builds the configured loggers
         prompts = self.prompts or list(getattr(trainer.datamodule, "prompts", None) or ["\n"])
         outs = pl_module.generate(prompts, self.max_new_tokens, self.temperature, self.top_k, seed=self.seed)
+        if not trainer.is_global_zero:
+            return
         text = "\n\n".join(f"=== {p!r}\n{p}{o}" for p, o in zip(prompts, outs))
         for lg in mlflow_loggers(trainer):
             lg.experiment.log_text(lg.run_id, text, f"samples/step_{trainer.global_step:07d}.txt")

@@ -2,8 +2,12 @@
 
 Launched as a subprocess by the strategy tests: Lightning's DDP launcher re-runs this script once
 per extra rank, which would re-run pytest if the fit happened inside the pytest process.
+Every rank (each runs this script) dumps the stack of all its threads and exits after ``FIT_DEADLINE_S``
+seconds (default 240): a deadlock between ranks is a failure that shows where each rank waits.
 """
 
+import faulthandler
+import os
 import sys
 from pathlib import Path
 
@@ -18,6 +22,7 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 
 
 if __name__ == "__main__":
+    faulthandler.dump_traceback_later(float(os.environ.get("FIT_DEADLINE_S", 240)), exit=True)
     c = main(sys.argv[1:])
     rank = c.trainer.global_rank
     model = c.model.eval()

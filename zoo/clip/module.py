@@ -252,7 +252,8 @@ class ContrastiveModule(LightningModule):
             checkpoint["tokenizer"] = {**self.tokenizer.to_dict(), "context_length": self.context_length}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
+        if "state_dict" in checkpoint:  # absent in a sharded (FSDP2) resume: the shards load into the net directly
+            check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
         if "tokenizer" in checkpoint:
             tok = dict(checkpoint["tokenizer"])
             self.context_length = tok.pop("context_length")

@@ -106,7 +106,8 @@ class ClassifierModule(LightningModule):
         return AdamWCosine.of(self.hparams.optimizer).configure(self.net, self.trainer)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
+        if "state_dict" in checkpoint:  # absent in a sharded (FSDP2) resume: the shards load into the net directly
+            check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
 
     def predict_step(self, batch: Tensor | tuple[Tensor, ...], batch_idx: int) -> dict[str, Tensor]:
         x = batch[0] if isinstance(batch, (tuple, list)) else batch

@@ -222,7 +222,8 @@ class DiffusionModule(LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         for key in ("state_dict", "current_model_state"):  # UNet checkpoints from before the shared attention
             upgrade_state_dict(checkpoint.get(key, {}))
-        check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
+        if "state_dict" in checkpoint:  # absent in a sharded (FSDP2) resume: the shards load into the net directly
+            check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
         # The checkpoint's weights are trained ones: a later configure_model (a module from load_from_checkpoint
         # handed to a Trainer) must not overwrite them with init_weights.
         self._init_loaded = True

@@ -172,7 +172,8 @@ class CausalLMModule(LightningModule):
             checkpoint["tokenizer"] = self.tokenizer.to_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
+        if "state_dict" in checkpoint:  # absent in a sharded (FSDP2) resume: the shards load into the net directly
+            check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
         if "tokenizer" in checkpoint:
             self.tokenizer = tokenizer_from_dict(checkpoint["tokenizer"])
 
