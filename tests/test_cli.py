@@ -45,8 +45,34 @@ def test_every_config_instantiates(config, image_folder):
 def test_trainer_pieces_stack_on_a_family_config(piece):
     from cli import main
 
-    c = main(["--config", str(TINY), "--config", str(piece)], run=False)
+    # Every device unless told: auto (all GPUs; a CPU counts as one), and the count from the command line.
+    assert main(["--config", str(TINY), "--config", str(piece), "--trainer.accelerator=cpu"], run=False).trainer.num_devices == 1
+    c = main(["--config", str(TINY), "--config", str(piece), "--trainer.devices=2"], run=False)
     assert c.trainer.num_devices == 2
+
+
+@pytest.mark.parametrize("nodes, devices", [(1, 2), (1, 4), (2, 3)])
+def test_fsdp_configs_shard_over_every_process_of_every_node(nodes, devices):
+    from cli import main
+
+    piece = ["--config", str(TINY), "--config", str(CONFIGS / "trainer" / "fsdp.yaml")]
+    for args in (piece, ["--config", str(CONFIGS / "gpt" / "gpt2_124m_fsdp.yaml")]):
+        c = main([*args, "--trainer.accelerator=cpu", f"--trainer.devices={devices}", f"--trainer.num_nodes={nodes}"],
+                 run=False)
+        assert c.trainer.strategy.mesh_shape() == (nodes * devices, 1)
+
+
+def test_consolidation_command_documented_in_the_configs_runs(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    for yaml in (CONFIGS / "trainer" / "fsdp.yaml", CONFIGS / "gpt" / "gpt2_124m_fsdp.yaml"):
+        assert "python -m zoo.layers.parallel <" in yaml.read_text(), yaml
+    proc = subprocess.run([sys.executable, "-m", "zoo.layers.parallel", "--help"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 0 and "checkpoint_dir" in proc.stdout and "output_file" in proc.stdout, proc.stderr
 
 
 def test_logger_piece_stacks(mlflow_server):

@@ -145,7 +145,7 @@ def test_ddp_and_fsdp2_on_two_processes_evaluate_the_same_gathered_pairs():
     metrics = []
     for piece in ("ddp.yaml", "fsdp.yaml"):
         proc = run_cli("fit", "--config", TINY, "--config", str(CONFIGS / "trainer" / piece), "--trainer.accelerator=cpu",
-                       env={"OMP_NUM_THREADS": "1"})
+                       "--trainer.devices=2", env={"OMP_NUM_THREADS": "1"})
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
         experiments = [e.experiment_id for e in client.search_experiments()]
         run = client.search_runs(experiments, order_by=["attributes.start_time DESC"])[0]

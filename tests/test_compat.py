@@ -184,3 +184,14 @@ def test_load_sharded_equals_dcp_to_torch_save_and_reads_selected_keys(tmp_path)
         some = compat.load_sharded(FileSystemReader(tmp_path / "ckpt"), keys={"opt.param_groups.0.betas"})
     torch.testing.assert_close(got["m"]["w"], ref["m"]["w"], rtol=0, atol=0)
     assert got["opt"] == ref["opt"] and some == {"opt": {"param_groups": [{"betas": (0.9, 0.95)}]}}
+
+
+def test_set_data_parallel_size_is_what_model_parallel_strategy_builds_its_mesh_from():
+    import inspect
+
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    strategy = ModelParallelStrategy(data_parallel_size="auto", tensor_parallel_size=1)
+    compat.set_data_parallel_size(strategy, 6)
+    assert strategy._data_parallel_size == 6
+    assert "self._data_parallel_size" in inspect.getsource(ModelParallelStrategy.setup_environment)

@@ -11,6 +11,7 @@ import torch
 from conftest import CONFIGS, ROOT
 from mlflow.tracking import MlflowClient
 
+from zoo.clip import ContrastiveModule
 from zoo.cnn import ClassifierModule
 from zoo.diffusion import DiffusionModule
 from zoo.gpt import CausalLMModule
@@ -25,7 +26,9 @@ DEADLINE_S = 240  # per fit; then every rank prints its stack and exits (fit_and
 
 def _run(*args: str, config: str = TINY, command: str = "fit") -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "FIT_DEADLINE_S": str(DEADLINE_S)}
-    proc = subprocess.run([sys.executable, SCRIPT, command, "--config", config, *args, "--trainer.accelerator=cpu"],
+    # The trainer pieces use every device (auto); a CPU counts as one, so the tests ask for 2 processes.
+    proc = subprocess.run([sys.executable, SCRIPT, command, "--config", config, *args, "--trainer.accelerator=cpu",
+                           "--trainer.devices=2"],
                           capture_output=True, text=True, env=env, timeout=DEADLINE_S + 60)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-8000:]
 
@@ -56,6 +59,7 @@ def test_fsdp2_two_processes_train_checkpoint_consolidate_reload(tmp_path):
     for k, v in r0["state"].items():
         if "running_" not in k and "num_batches" not in k:
             torch.testing.assert_close(v, r1["state"][k], rtol=0, atol=0, msg=k)
+    assert r0["mesh"] == r1["mesh"] == (2, 1), "data parallel over every process, no tensor parallel"
     last = Path(r0["last"])
     assert last.is_dir(), "FSDP2 checkpoints are sharded directories"
     single = consolidate(last, tmp_path / "consolidated.ckpt")
@@ -78,6 +82,7 @@ def test_fsdp2_gpt_shards_per_block_and_reloads_with_its_tokenizer(tmp_path, emb
          config=str(CONFIGS / "gpt" / "gpt_tiny.yaml"))
     assert _artifacts("samples") == ["step_0000003.txt", "step_0000006.txt"]
     r0, r1 = torch.load("rank0.pt"), torch.load("rank1.pt")
+    assert r0["mesh"] == (2, 1)
     for k, v in r0["state"].items():  # no per-rank buffers in a GPT: every tensor agrees
         torch.testing.assert_close(v, r1["state"][k], rtol=0, atol=0, msg=k)
     single = consolidate(Path(r0["last"]), tmp_path / "consolidated.ckpt")
@@ -96,10 +101,12 @@ def test_fsdp2_gpt_shards_per_block_and_reloads_with_its_tokenizer(tmp_path, emb
 DIFFUSION_TINY = str(CONFIGS / "diffusion" / "tiny.yaml")
 
 
-def test_fsdp2_diffusion_shards_consolidates_and_reloads(tmp_path):
-    # EMA keeps an unsharded copy of the model, so a sharded run switches it off.
-    _run("--config", str(CONFIGS / "trainer" / "fsdp.yaml"), "--trainer.max_steps=4",
-         "--model.init_args.ema_decay=null", config=DIFFUSION_TINY)
+def test_fsdp2_diffusion_shards_consolidates_and_reloads(tmp_path, embedded_store):
+    # EMA keeps an unsharded copy of the model, so a sharded run switches it off. Two validations, each
+    # sampling a grid (LogImageSamples) on every rank of the sharded net.
+    _run("--config", str(CONFIGS / "trainer" / "fsdp.yaml"), "--trainer.max_steps=4", "--trainer.val_check_interval=2",
+         "--trainer.limit_val_batches=1", "--model.init_args.ema_decay=null", config=DIFFUSION_TINY)
+    assert _artifacts("samples") == ["step_0000002.png", "step_0000004.png"]
     r0, r1 = torch.load("rank0.pt"), torch.load("rank1.pt")
     for k, v in r0["state"].items():
         torch.testing.assert_close(v, r1["state"][k], rtol=0, atol=0, msg=k)
@@ -108,3 +115,51 @@ def test_fsdp2_diffusion_shards_consolidates_and_reloads(tmp_path):
         y = torch.zeros(len(r0["x"]), dtype=torch.long)
         torch.testing.assert_close(module.denoise(r0["x"], torch.full((len(y),), 10), y), r0["out"],
                                    rtol=1e-5, atol=1e-5)
+
+
+def test_ddp_diffusion_with_ema_samples_at_two_validations(embedded_store):
+    _run("--config", str(CONFIGS / "trainer" / "ddp.yaml"), "--trainer.max_steps=4", "--trainer.val_check_interval=2",
+         "--trainer.limit_val_batches=1", config=DIFFUSION_TINY)
+    assert _artifacts("samples") == ["step_0000002.png", "step_0000004.png"]
+    r0, r1 = torch.load("rank0.pt"), torch.load("rank1.pt")
+    for k, v in r0["state"].items():  # the EMA weights too: every rank averages the same synchronised weights
+        torch.testing.assert_close(v, r1["state"][k], rtol=0, atol=0, msg=k)
+
+
+def test_fsdp2_clip_evaluates_retrieval_and_zero_shot_at_two_validations(tmp_path, embedded_store):
+    _run("--config", str(CONFIGS / "trainer" / "fsdp.yaml"), "--trainer.max_steps=4", "--trainer.val_check_interval=2",
+         "--trainer.limit_val_batches=2", config=str(CONFIGS / "clip" / "tiny.yaml"))
+    client = MlflowClient(f"sqlite:///{Path('mlflow.db').resolve()}")
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    for key in ("val/recall_1", "val/zeroshot_acc"):
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [2, 4], key
+    r0 = torch.load("rank0.pt")
+    module = ContrastiveModule.load_from_checkpoint(consolidate(Path(r0["last"]), tmp_path / "c.ckpt")).eval()
+    assert module.tokenizer is not None
+    torch.testing.assert_close(module.embed_images(r0["x"]), r0["out"], rtol=1e-5, atol=1e-5)
+
+
+def test_two_nodes_under_torchrun_train_one_model_into_one_run(embedded_store):
+    # Two torchrun launches on localhost as two 1-process "nodes" (README, "Past one machine"): Lightning
+    # takes ranks from torchrun's environment and launches nothing itself.
+    from conftest import free_port
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FIT_DEADLINE_S": str(DEADLINE_S), "OMP_NUM_THREADS": "1"}
+    port = free_port()
+    nodes = [
+        subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                          "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", str(port),
+                          SCRIPT, "fit", "--config", TINY, "--config", str(CONFIGS / "trainer" / "ddp.yaml"),
+                          "--trainer.num_nodes=2", "--trainer.accelerator=cpu", "--trainer.devices=1",
+                          "--trainer.max_steps=4", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        for rank in (0, 1)
+    ]
+    outs = [p.communicate(timeout=DEADLINE_S + 60)[0] for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], outs[0][-4000:] + outs[1][-4000:]
+    r0, r1 = torch.load("rank0.pt"), torch.load("rank1.pt")
+    for k, v in r0["state"].items():
+        if "running_" not in k and "num_batches" not in k:  # BatchNorm statistics are per rank
+            torch.testing.assert_close(v, r1["state"][k], rtol=0, atol=0, msg=k)
+    client = MlflowClient(f"sqlite:///{Path('mlflow.db').resolve()}")
+    assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == 1

@@ -36,11 +36,15 @@ if __name__ == "__main__":
         if hasattr(model, "denoise"):  # a diffusion module: the prediction at a fixed step and label
             y = torch.zeros(len(x), dtype=torch.long) if model.num_classes else None
             out = model.denoise(x, torch.full((len(x),), 10), y).cpu()
+        elif hasattr(model, "embed_images"):  # a contrastive module: the image embeddings
+            out = model.embed_images(x).cpu()
         else:
             out = model(x).cpu()
     ckpt = c.trainer.checkpoint_callback
+    mesh = getattr(c.trainer.strategy, "device_mesh", None)  # FSDP2: (data parallel, tensor parallel) sizes
     torch.save(
-        {"state": state, "x": x, "out": out, "last": str(ckpt.last_model_path), "best": str(ckpt.best_model_path)},
+        {"state": state, "x": x, "out": out, "last": str(ckpt.last_model_path), "best": str(ckpt.best_model_path),
+         "mesh": tuple(mesh.shape) if mesh is not None else None},
         f"rank{rank}.pt",
     )
     # Shut the process group down before the interpreter exits: left to exit-time destructors, gloo's

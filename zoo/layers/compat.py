@@ -83,6 +83,15 @@ def foreach_lerp_(targets: list[Tensor], sources: list[Tensor], weight: float) -
     torch._foreach_lerp_(targets, sources, weight)
 
 
+def set_data_parallel_size(strategy, size: int) -> None:
+    """The data-parallel size ``ModelParallelStrategy`` builds its device mesh with at ``setup_environment``.
+
+    Its public argument is fixed at construction, before the device and node counts are known, and its "auto"
+    means the number of nodes; the attribute it reads is private.
+    """
+    strategy._data_parallel_size = size
+
+
 def load_sharded(storage_reader, keys: set[str] | None = None) -> dict[str, Any]:
     """Everything in a torch.distributed.checkpoint folder (or only ``keys``) as one nested state dict, in this
     process alone, with every non-tensor entry read weights-only.

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
@@ -71,6 +72,38 @@ def check_sharded_checkpoint(checkpoint_dir: str | Path) -> None:
     objects = {k for k, v in metadata.state_dict_metadata.items() if isinstance(v, BytesStorageMetadata)}
     if objects:
         compat.load_sharded(SafeFileSystemReader(checkpoint_dir), keys=objects)
+
+
+class FSDP2Strategy(ModelParallelStrategy):
+    """``ModelParallelStrategy`` for the zoo's FSDP2: every process holds one shard, on 1 x N or M x N processes.
+
+    Lightning's own ``data_parallel_size: auto`` is the number of nodes (it expects tensor parallelism within a
+    node), so on one machine with N devices it asks for a 1 x 1 mesh of N processes and fails; a fixed number
+    would tie the config to one cluster. Here the mesh is (every process) x 1, and resuming from a sharded
+    folder first reads its pickled parts the safe way (``check_sharded_checkpoint``).
+    """
+
+    def __init__(self, save_distributed_checkpoint: bool = True, process_group_backend: str | None = None) -> None:
+        """
+        Args:
+            save_distributed_checkpoint: each rank saves its shard into a checkpoint folder; False gathers one
+                file on rank 0 (the whole model and optimizer state in its memory).
+            process_group_backend: None: NCCL on GPUs, gloo on CPUs.
+        """
+        super().__init__("auto", 1, save_distributed_checkpoint, process_group_backend)
+
+    def mesh_shape(self) -> tuple[int, int]:
+        """(data parallel, tensor parallel) sizes: every process of every node shards the same model."""
+        return self.num_nodes * self.num_processes, 1
+
+    def setup_environment(self) -> None:
+        compat.set_data_parallel_size(self, self.mesh_shape()[0])
+        super().setup_environment()
+
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict:
+        if Path(checkpoint_path).is_dir():
+            check_sharded_checkpoint(checkpoint_path)
+        return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
 
 
 def consolidate(checkpoint_dir: str | Path, output_file: str | Path) -> Path:
