@@ -1,7 +1,8 @@
-"""FSDP2 for every family: shard a net once in ``configure_model``, consolidate sharded checkpoints.
+"""FSDP2 for every family: the strategy, sharding a net once in ``configure_model``, reading sharded checkpoints
+safely and consolidating them.
 
-Lightning's ``fsdp`` strategy wraps FSDP1 and refuses a CPU; ``ModelParallelStrategy`` gives the
-module a device mesh and leaves the wrapping to ``configure_model``, where ``fully_shard`` (FSDP2)
+Lightning's ``fsdp`` strategy wraps FSDP1 and refuses a CPU; ``ModelParallelStrategy`` (here ``FSDP2Strategy``)
+gives the module a device mesh and leaves the wrapping to ``configure_model``, where ``fully_shard`` (FSDP2)
 runs on GPUs (NCCL) and CPUs (gloo) alike.
 
 Consolidate a sharded checkpoint directory into one file that ``load_from_checkpoint`` reads:
