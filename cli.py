@@ -60,6 +60,10 @@ def quiet_uninformative_messages() -> None:
     )
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logging.getLogger(name).addFilter(lambda record: not str(record.msg).startswith(noise))
+    # Said when OnExceptionCheckpoint saves a full checkpoint (optimizer state included); reads as if a file
+    # were being loaded unsafely.
+    logging.getLogger("lightning.pytorch.trainer.connectors.checkpoint_connector").addFilter(
+        lambda record: not str(record.msg).startswith("`weights_only` was not set, defaulting to `False`"))
 
 
 quiet_uninformative_messages()
@@ -182,11 +186,14 @@ def main(args: list[str] | None = None, run: bool = True) -> ZooCLI:
 
 
 def bad_input(err: BaseException) -> BaseException | None:
-    """The error in ``err``'s chain that names a missing or refused input file and its fix, if any."""
+    """The error in ``err``'s chain that names a missing input (a file, a refused file, an environment's
+    optional package such as Box2D) and its fix, if any."""
+    from gymnasium.error import DependencyNotInstalled
+
     from zoo.layers.weights import UnsafeCheckpointError
 
     while err is not None:
-        if isinstance(err, (FileNotFoundError, NotADirectoryError, UnsafeCheckpointError)):
+        if isinstance(err, (FileNotFoundError, NotADirectoryError, UnsafeCheckpointError, DependencyNotInstalled)):
             return err
         err = err.__cause__ or err.__context__
     return None

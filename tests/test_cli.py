@@ -120,6 +120,18 @@ def test_missing_image_folder_fails_at_once_in_one_line():
     assert verbose.returncode != 0 and "Traceback" in verbose.stderr and "FileNotFoundError" in verbose.stderr
 
 
+def test_missing_environment_package_is_one_line_naming_the_install():
+    import importlib.util
+
+    if importlib.util.find_spec("Box2D") is not None:
+        pytest.skip("Box2D is installed here")
+    proc = run_cli("fit", "--config", str(CONFIGS / "rl" / "ppo_lunarlander.yaml"), timeout=180)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and len(errors) == 1 and "box2d" in errors[0].lower(), proc.stderr[-2000:]
+    # Nor does the exception checkpoint's save announce a "weights_only" default that reads like a load.
+    assert "Traceback" not in proc.stderr and "weights_only" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
+
+
 # What Lightning and torch print on every run that no user can act on (cli.quiet_uninformative_messages).
 NOISE = ("Tip:", "litlogger", "LeafSpec", "FLOPs", "dirpath has changed", "estimate number of stepping batches",
          "already configured with model summary")
