@@ -94,6 +94,17 @@ def test_mla_checkpoint_reloads_its_attention_alone():
     with torch.no_grad():
         torch.testing.assert_close(module(ids), c.model.eval()(ids))
 
+    # the same checkpoint exports as a DeepSeek-V3 folder that transformers runs to the same logits
+    proc = subprocess.run([sys.executable, "-m", "zoo.gpt.hf", "export", c.trainer.checkpoint_callback.last_model_path,
+                           "ds", "--format", "llama"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoModelForCausalLM.from_pretrained("ds").eval()
+    assert type(hf).__name__ == "DeepseekV3ForCausalLM"
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, module(ids), atol=1e-4, rtol=0)
+
 
 @pytest.fixture
 def gpt2_folder(tmp_path) -> Path:

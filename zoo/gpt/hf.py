@@ -169,15 +169,21 @@ def load_pretrained(net: GPT, path: str | Path) -> GPT:
 
 
 def _main() -> None:
-    parser = argparse.ArgumentParser(description="Export a zoo GPT checkpoint as a Hugging Face GPT-2 folder.")
+    parser = argparse.ArgumentParser(description="Export a zoo GPT checkpoint as a Hugging Face model folder.")
     sub = parser.add_subparsers(dest="command", required=True)
-    exp = sub.add_parser("export", help="Lightning checkpoint -> Hugging Face GPT-2 folder")
+    exp = sub.add_parser("export", help="Lightning checkpoint -> Hugging Face folder")
     exp.add_argument("checkpoint")
     exp.add_argument("folder")
+    exp.add_argument("--format", choices=["gpt2", "llama"], default="gpt2",
+                     help="gpt2: GPT2LMHeadModel; llama: LlamaForCausalLM for MHA/GQA, DeepseekV3ForCausalLM for MLA")
     args = parser.parse_args()
+    from zoo.gpt.llama import export_hf
     from zoo.gpt.module import CausalLMModule
 
     module = CausalLMModule.load_from_checkpoint(args.checkpoint, map_location="cpu", weights_only=True)
+    if args.format == "llama":
+        print(f"Wrote {export_hf(module.net, args.folder)}")
+        return
     eos = module.tokenizer.eos_id if module.tokenizer is not None else None
     print(f"Wrote {export_gpt2(module.net, args.folder, eos)}")
 

@@ -14,12 +14,11 @@ Not representable, and refused with a message: MoE layers (DeepSeek-V3 past ``fi
 RoPE scaling (Llama 3's ``rope_type: llama3``, YaRN), a Llama ``head_dim`` other than hidden/heads, and
 attention and MLP biases that differ. Nothing is downloaded: point at a folder.
 
-    python -m zoo.gpt.llama export <lightning.ckpt> <out_folder>   # MHA -> Llama folder, MLA -> DeepSeek-V3
+    python -m zoo.gpt.hf export <lightning.ckpt> <out_folder> --format llama   # MHA -> Llama, MLA -> DeepSeek-V3
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from functools import partial
 from pathlib import Path
@@ -227,20 +226,3 @@ def export_hf(net: GPT, folder: str | Path) -> Path:
     save_file({k: v.contiguous() for k, v in sd.items()}, folder / "model.safetensors", metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     return folder
-
-
-def _main() -> None:
-    parser = argparse.ArgumentParser(description="Export a zoo GPT checkpoint as a Llama / DeepSeek-V3 folder.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    exp = sub.add_parser("export", help="Lightning checkpoint -> Hugging Face folder")
-    exp.add_argument("checkpoint")
-    exp.add_argument("folder")
-    args = parser.parse_args()
-    from zoo.gpt.module import CausalLMModule
-
-    module = CausalLMModule.load_from_checkpoint(args.checkpoint, map_location="cpu", weights_only=True)
-    print(f"Wrote {export_hf(module.net, args.folder)}")
-
-
-if __name__ == "__main__":
-    _main()
