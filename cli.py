@@ -21,7 +21,7 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
-from zoo.tracking import LogConfigToMLflow, mlflow_loggers
+from zoo.tracking import LogConfigToMLflow, default_run_name, mlflow_loggers
 
 EXCEPTION_DIR = "runs/on_exception"  # moved into the run's own folder at fit start
 DEFAULT_CALLBACKS = [
@@ -40,6 +40,9 @@ RUN_DIR_ENV = "ZOO_RUN_DIR"  # the folder of a run without an MLflow logger, pas
 TRAINER_DEFAULTS = {
     "default_root_dir": "runs",
     "logger": {"class_path": "zoo.tracking.ZooMLFlowLogger"},
+    # LogConfigToMLflow logs every hyperparameter once, under the config's dotted name; Lightning's own
+    # logging would add the module's and data's hparams again under their bare names (and `_instantiator`).
+    "enable_autolog_hparams": False,
 }
 
 
@@ -102,6 +105,12 @@ class ZooCLI(LightningCLI):
                 c for c in cfg.trainer.callbacks
                 if not str(c.get("class_path", "")).endswith(tuple(dropped))
             ]
+        logger = cfg.trainer.get("logger")
+        if str(getattr(logger, "class_path", "")).endswith("ZooMLFlowLogger") and not logger.init_args.get("run_name"):
+            net = cfg.model.init_args.get("net")
+            logger.init_args.run_name = default_run_name(
+                cfg.model.class_path, getattr(net, "class_path", None), cfg.get("data") and cfg.data.class_path
+            )
         accelerator = str(cfg.trainer.get("accelerator", "auto"))
         on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
         if on_cpu and str(cfg.trainer.get("precision")) in ("16-mixed", "16"):

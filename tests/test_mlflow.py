@@ -31,7 +31,7 @@ def _check_run(client: MlflowClient, c) -> None:
     assert run.data.tags["zoo.family"] == "cnn"
     assert run.data.tags["zoo.model"].endswith("ConvNet")
     params = run.data.params
-    assert float(params["optimizer/lr"]) == 0.01 and params["model.init_args.net.init_args.width"] == "8"
+    assert float(params["model.init_args.optimizer.lr"]) == 0.01 and params["model.init_args.net.init_args.width"] == "8"
     metrics = run.data.metrics
     for key in ("train/loss", "val/loss", "val/acc", "grad/norm", "lr/pg1", "lr/pg2"):
         assert key in metrics, sorted(metrics)
@@ -49,6 +49,26 @@ def test_embedded_store_by_default(tmp_path, embedded_store):
     assert c.trainer.logger.tracking_uri == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
     assert (tmp_path / "mlflow.db").is_file() and (tmp_path / "mlruns").is_dir()
     _check_run(MlflowClient(c.trainer.logger.tracking_uri), c)
+
+
+def test_runs_get_unique_readable_names_and_each_hyperparameter_once():
+    # seed_everything(0) seeds Python's random before MLflow drew its name: every run was overjoyed-slug-911.
+    a, b = (cli("fit", "--config", TINY, "--trainer.max_steps=2", "--trainer.limit_val_batches=1") for _ in range(2))
+    client = MlflowClient(a.trainer.logger.tracking_uri)
+    runs = [client.get_run(c.trainer.logger.run_id) for c in (a, b)]
+    names = [r.info.run_name for r in runs]
+    assert names[0] != names[1] and all(n.startswith("cnn-convnet-digits-") for n in names), names
+    params = runs[0].data.params
+    assert "_instantiator" not in params and params["trainer.logger.init_args.run_name"] == names[0]
+    # A value logged twice is a bare or "/"-joined name that repeats the tail of a config's dotted name.
+    doubled = [
+        (k, other) for k in params for other in params
+        if other != k and other.endswith("." + k.replace("/", ".")) and params[other] == params[k]
+    ]
+    assert not doubled, doubled
+    named = cli("fit", "--config", TINY, "--trainer.max_steps=1", "--trainer.limit_val_batches=1",
+                "--trainer.logger.init_args.run_name=mine")
+    assert client.get_run(named.trainer.logger.run_id).info.run_name == "mine"
 
 
 def test_learning_rate_logged_follows_warmup_cosine():

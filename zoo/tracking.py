@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
@@ -70,7 +71,7 @@ class ZooMLFlowLogger(MLFlowLogger):
         """
         Args:
             experiment_name: MLflow experiment the run goes to.
-            run_name: MLflow run name (MLflow picks one if None).
+            run_name: MLflow run name; None: cli.py names it <family>-<model>-<data>-<time>-<4 hex>.
             tracking_uri: where runs go; None means $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db.
             tags: extra run tags (the zoo adds family and model class itself).
             log_model: True logs the checkpoints (best and last) as artifacts at the end of fit.
@@ -121,6 +122,19 @@ class ZooMLFlowLogger(MLFlowLogger):
                 f"{str(err).splitlines()[0][:300]}. Metrics or checkpoint artifacts may be missing from "
                 f"the run.{where}"
             )
+
+
+def default_run_name(model_class: str, net_class: str | None, data_class: str | None) -> str:
+    """``<family>-<model>-<data>-<YYYYmmdd-HHMMSS>-<4 hex>``: readable, and unique across runs.
+
+    MLflow draws its own names from Python's ``random``, which ``seed_everything`` has just seeded, so every
+    seeded run got the same name; ``uuid4`` reads ``os.urandom``, which no seed touches.
+    """
+    parts = model_class.split(".")
+    family = parts[1] if parts[0] == "zoo" and len(parts) > 2 else parts[-1].lower()
+    model = (net_class or model_class).rsplit(".", 1)[-1].lower()
+    data = (data_class or "nodata").rsplit(".", 1)[-1].removesuffix("DataModule").lower() or "data"
+    return f"{family}-{model}-{data}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
 
 
 def mlflow_loggers(trainer: Trainer) -> list[MLFlowLogger]:
