@@ -11,6 +11,7 @@ import importlib
 import logging
 import os
 import sys
+import tempfile
 import time
 import uuid
 import warnings
@@ -21,6 +22,7 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
+from zoo.registry import is_mlflow_uri, resolve_checkpoint
 from zoo.tracking import LogConfigToMLflow, default_run_name, mlflow_loggers
 
 EXCEPTION_DIR = "runs/on_exception"  # moved into the run's own folder at fit start
@@ -87,6 +89,8 @@ class ZooCLI(LightningCLI):
         if cfg.get("ckpt_path") and cfg.get("weights_only") is None:
             # Lightning unpickles a resumed checkpoint fully by default; the zoo never runs code from a file.
             cfg.weights_only = True
+        if is_mlflow_uri(cfg.get("ckpt_path")):  # models:/<name>/<version>, models:/<name>@<alias>, runs:/<id>/...
+            cfg.ckpt_path = resolve_checkpoint(cfg.ckpt_path, Path(tempfile.mkdtemp(prefix="zoo-model-")))
         if cfg.get("ckpt_path") and Path(cfg.ckpt_path).is_dir():
             from zoo.layers.parallel import check_sharded_checkpoint
 
@@ -174,6 +178,10 @@ class ZooCLI(LightningCLI):
                 if uri.startswith("sqlite")
                 else f"  open it:   {uri}/#/experiments/{lg.experiment_id}/runs/{lg.run_id}",
             ]
+        if ckpt is not None and (ckpt.best_model_path or ckpt.last_model_path):
+            # The MLflow model: the best weights (those the run reports), pickle-free, registered if asked.
+            lines += [f"MLflow model: {lg.log_trained_model(ckpt.best_model_path or ckpt.last_model_path)}"
+                      for lg in mlflow_loggers(trainer) if getattr(lg, "logs_model", False)]
         if ckpt is not None:
             lines += [f"Best checkpoint: {ckpt.best_model_path or '-'}", f"Last checkpoint: {ckpt.last_model_path or '-'}"]
         print("\n".join(lines))

@@ -28,6 +28,7 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per downloaded model in every log
 
 
 class TrackingServerUnreachable(ConnectionError):
@@ -67,6 +68,7 @@ class ZooMLFlowLogger(MLFlowLogger):
         run_id: str | None = None,
         synchronous: bool = False,
         check_server: bool = True,
+        registered_model_name: str | None = None,
     ) -> None:
         """
         Args:
@@ -74,12 +76,14 @@ class ZooMLFlowLogger(MLFlowLogger):
             run_name: MLflow run name; None: cli.py names it <family>-<model>-<data>-<time>-<4 hex>.
             tracking_uri: where runs go; None means $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db.
             tags: extra run tags (the zoo adds family and model class itself).
-            log_model: True logs the checkpoints (best and last) as artifacts at the end of fit.
+            log_model: True logs the checkpoints (best and last) as artifacts and the best as an MLflow model
+                (``runs:/<id>/model``) at the end of fit.
             prefix: prefix for every metric key.
             artifact_location: artifact root of a newly created experiment.
             run_id: resume logging into this existing run.
             synchronous: False logs metrics in a background thread (~30 ms a call synchronously here).
             check_server: check an http(s) server answers before training starts.
+            registered_model_name: register the MLflow model logged at the end of fit under this name.
         """
         tracking_uri = tracking_uri or os.getenv("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
         if tracking_uri == DEFAULT_TRACKING_URI:
@@ -101,6 +105,13 @@ class ZooMLFlowLogger(MLFlowLogger):
         )
         self.tracking_uri, self.experiment_name = tracking_uri, experiment_name
         self.checkpoint_dir: str | None = None  # where the checkpoints this run logs are, for the warning below
+        self.registered_model_name, self.logs_model = registered_model_name, bool(log_model)
+
+    def log_trained_model(self, ckpt_path: str) -> str:
+        """Log ``ckpt_path``'s module as this run's MLflow model (``zoo.registry``), registered if asked; says where."""
+        from zoo.registry import log_checkpoint_model
+
+        return log_checkpoint_model(ckpt_path, self.experiment, self.run_id, self.registered_model_name)
 
     def after_save_checkpoint(self, checkpoint_callback) -> None:
         self.checkpoint_dir = checkpoint_callback.dirpath
@@ -203,3 +214,9 @@ def wait_for_server(tracking_uri: str, timeout: float = 60.0) -> None:
         except (OSError, TrackingServerUnreachable):
             time.sleep(0.3)
     raise TimeoutError(f"MLflow server at {tracking_uri} did not start within {timeout:.0f}s")
+
+
+if __name__ == "__main__":
+    from zoo.registry import main
+
+    main()

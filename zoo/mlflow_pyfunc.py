@@ -1,0 +1,34 @@
+"""The MLflow pyfunc of a zoo model, logged as code (MLflow's "models from code"), so no pickle.
+
+``mlflow.pyfunc.load_model`` runs this file from the model's folder; it rebuilds the LightningModule from
+its class path and hyperparameters (``module.json``) and loads ``weights.safetensors``. ``predict`` calls
+the module's ``forward`` on the input array: logits for CNN and GPT, the net's outputs for the others.
+"""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+import numpy as np
+import torch
+from mlflow.pyfunc import PythonModel
+
+
+class ZooPyfunc(PythonModel):
+    def load_context(self, context) -> None:
+        from zoo.registry import build_module
+        from zoo.layers.weights import load_file
+
+        spec = json.loads(open(context.artifacts["module"]).read())
+        self.module = build_module(spec)
+        self.module.load_state_dict(load_file(context.artifacts["weights"]))
+        self.module.eval()
+
+    def predict(self, context, model_input, params=None):
+        x = torch.as_tensor(np.asarray(model_input))
+        with torch.no_grad():
+            return self.module(x).float().numpy()
+
+
+mlflow.models.set_model(ZooPyfunc())

@@ -1,0 +1,183 @@
+"""Zoo modules as MLflow models: logged at the end of fit, registered by name, loaded back weights-only.
+
+An MLflow model of a zoo module is a pyfunc logged as code (``zoo/mlflow_pyfunc.py``) with two artifacts:
+``weights.safetensors`` (the LightningModule's state dict: net, plus what the module keeps in buffers, such as
+RL's observation normaliser) and ``module.json`` (its class path and ``save_hyperparameters`` arguments, with
+the tokenizer and class names it carries). Safetensors and JSON rather than ``mlflow.pytorch``'s pickled
+module: loading reads tensors and plain values and never runs code from the file; the class is the zoo's own,
+restricted to ``zoo.*``. ``mlflow.pytorch``'s ``pt2`` format would also be pickle-free, but needs an export per
+family (GPT's generate, RL's act are not ``forward``) and loses ``load_from_checkpoint``-style rebuilding.
+
+``models:/<name>/<version>``, ``models:/<name>@<alias>`` and ``runs:/<id>/<path>`` are read by
+``load_model`` and turned into a weights-only local checkpoint by ``resolve_checkpoint`` (``--ckpt_path``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule
+
+from zoo.layers.weights import extract_state_dict, load_file
+
+URI_SCHEMES = ("models:/", "runs:/")
+MODEL_PATH = "model"  # the model's folder in its run's artifacts
+WEIGHTS, SPEC = "weights.safetensors", "module.json"
+
+
+def is_mlflow_uri(path: Any) -> bool:
+    return isinstance(path, str) and path.startswith(URI_SCHEMES)
+
+
+def module_spec(hparams: dict, class_path: str | None = None) -> dict:
+    """``module.json``: the class path and the JSON-able hyperparameters that rebuild the module."""
+    hp = {k: v for k, v in dict(hparams).items() if k != "_instantiator"}
+    class_path = hp.pop("_class_path", None) or class_path
+    if not class_path:
+        raise ValueError("the checkpoint names no module class (it was not built by cli.py): pass --class_path")
+    return {"class_path": class_path, "init_args": json.loads(json.dumps(hp, default=str))}
+
+
+def build_module(spec: dict) -> LightningModule:
+    """The module ``spec`` describes, built as LightningCLI builds it; only the zoo's own classes."""
+    from lightning.pytorch.cli import instantiate_module
+
+    if not str(spec.get("class_path", "")).startswith("zoo."):
+        raise ValueError(f"refused to build {spec.get('class_path')!r}: a zoo model names a class under zoo.")
+    return instantiate_module(LightningModule, {"_class_path": spec["class_path"], **spec["init_args"]})
+
+
+def save_model(state_dict: dict, spec: dict, path: Path) -> Path:
+    """Write the MLflow model folder (MLmodel, the pyfunc code, the zoo sources, pip requirements)."""
+    import lightning
+    import mlflow
+    import safetensors
+    from safetensors.torch import save_file
+
+    work = Path(tempfile.mkdtemp())
+    save_file({k: v.contiguous() for k, v in state_dict.items()}, str(work / WEIGHTS))
+    (work / SPEC).write_text(json.dumps(spec, indent=1))
+    zoo_dir = Path(__file__).resolve().parent
+    mlflow.pyfunc.save_model(
+        path=str(path), python_model=str(zoo_dir / "mlflow_pyfunc.py"),
+        artifacts={"weights": str(work / WEIGHTS), "module": str(work / SPEC)}, code_paths=[str(zoo_dir)],
+        pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"lightning=={lightning.__version__}",
+                          f"mlflow=={mlflow.__version__}", f"safetensors=={safetensors.__version__}", "jsonargparse"],
+    )
+    return path
+
+
+def log_checkpoint_model(
+    ckpt_path: str | Path, client, run_id: str, registered_model_name: str | None = None,
+    class_path: str | None = None,
+) -> str:
+    """Log a checkpoint's module as ``runs:/<run_id>/model`` (``model-<ckpt>-<hex>`` if the run has one: a
+    registered version points at its folder, which must not change); register a version (tagged with the run's
+    final metrics) when ``registered_model_name`` is given. Returns ``runs:/...`` and ``= models:/<name>/<v>``."""
+    ckpt = load_file(ckpt_path)
+    spec = module_spec(ckpt.get("hyper_parameters", {}), class_path)
+    path = MODEL_PATH
+    if client.list_artifacts(run_id, MODEL_PATH):
+        path = f"{MODEL_PATH}-{Path(ckpt_path).stem}-{uuid.uuid4().hex[:6]}"
+    with tempfile.TemporaryDirectory() as tmp:
+        client.log_artifacts(run_id, str(save_model(extract_state_dict(ckpt), spec, Path(tmp) / MODEL_PATH)), path)
+    where = f"runs:/{run_id}/{path}"
+    if not registered_model_name:
+        return where
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.create_registered_model(registered_model_name)
+    except MlflowException:  # it exists: this is a new version of it
+        pass
+    run = client.get_run(run_id)
+    version = client.create_model_version(
+        registered_model_name, source=f"{run.info.artifact_uri}/{path}", run_id=run_id,
+        tags={"zoo.class_path": spec["class_path"], "zoo.checkpoint": Path(ckpt_path).name},
+    )
+    for key, value in run.data.metrics.items():
+        client.set_model_version_tag(registered_model_name, version.version, key, str(value))
+    return f"{where} = models:/{registered_model_name}/{version.version}"
+
+
+def tracking_uri() -> str:
+    """Where ``ZooMLFlowLogger`` logs by default: $MLFLOW_TRACKING_URI, else ./mlflow.db."""
+    return os.getenv("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('mlflow.db').resolve()}"
+
+
+def _download(uri: str, tracking_uri_: str | None) -> Path:
+    import mlflow
+
+    return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, tracking_uri=tracking_uri_ or tracking_uri()))
+
+
+def _read_model_dir(local: Path) -> tuple[dict, dict]:
+    """The spec and state dict of a downloaded model folder: JSON and safetensors only, nothing else is read."""
+    spec_file, weights = next(local.rglob(SPEC), None), next(local.rglob(WEIGHTS), None)
+    if spec_file is None or weights is None:
+        raise FileNotFoundError(f"{local} holds no zoo model ({SPEC} + {WEIGHTS}): log one with zoo.tracking log-model")
+    return json.loads(spec_file.read_text()), load_file(weights)
+
+
+def load_model(uri: str, tracking_uri: str | None = None) -> LightningModule:
+    """The module at ``models:/<name>/<version>``, ``models:/<name>@<alias>``, ``runs:/<id>/model`` or a local
+    checkpoint, rebuilt from its own hyperparameters and loaded weights-only, in eval mode."""
+    local = _download(uri, tracking_uri) if is_mlflow_uri(uri) else Path(uri)
+    if local.is_dir():
+        spec, state_dict = _read_model_dir(local)
+    else:
+        ckpt = load_file(local)
+        spec, state_dict = module_spec(ckpt.get("hyper_parameters", {})), extract_state_dict(ckpt)
+    module = build_module(spec)
+    module.load_state_dict(state_dict)
+    return module.eval()
+
+
+def resolve_checkpoint(uri: str, dst: Path, tracking_uri: str | None = None) -> str:
+    """A local checkpoint for ``--ckpt_path``: a logged checkpoint file as it is, a model folder as a
+    weights-only Lightning checkpoint (state dict and hyperparameters) written under ``dst``."""
+    import lightning
+
+    local = _download(uri, tracking_uri)
+    if local.is_file():
+        return str(local)
+    spec, state_dict = _read_model_dir(local)
+    ckpt = {"state_dict": state_dict, "pytorch-lightning_version": lightning.__version__,
+            "hyper_parameters": {"_class_path": spec["class_path"], **spec["init_args"]}}
+    dst.mkdir(parents=True, exist_ok=True)
+    torch.save(ckpt, dst / "model.ckpt")
+    return str(dst / "model.ckpt")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m zoo.tracking log-model <ckpt> [--registered_model_name NAME]``: a checkpoint as an MLflow
+    model, into its own training run when the checkpoint lies in ``<root>/<experiment>/<run>/checkpoints``."""
+    import argparse
+
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    parser = argparse.ArgumentParser(prog="python -m zoo.tracking")
+    sub = parser.add_subparsers(dest="command", required=True).add_parser("log-model", help=main.__doc__)
+    sub.add_argument("ckpt")
+    sub.add_argument("--registered_model_name")
+    sub.add_argument("--run_id", help="the run to log into (default: the checkpoint's own run, else a new one)")
+    sub.add_argument("--class_path", help="the module's class, for a checkpoint not written through cli.py")
+    sub.add_argument("--experiment_name", default="zoo")
+    args = parser.parse_args(argv)
+    client = MlflowClient(tracking_uri())
+    run_id = args.run_id or Path(args.ckpt).resolve().parent.parent.name
+    try:
+        client.get_run(run_id)
+    except MlflowException:
+        experiment = client.get_experiment_by_name(args.experiment_name)
+        exp_id = experiment.experiment_id if experiment else client.create_experiment(args.experiment_name)
+        run_id = client.create_run(exp_id, run_name=f"log-model-{Path(args.ckpt).stem}").info.run_id
+        client.set_terminated(run_id)
+    print(f"MLflow model: {log_checkpoint_model(args.ckpt, client, run_id, args.registered_model_name, args.class_path)}")
