@@ -61,7 +61,9 @@ def save_model(state_dict: dict, spec: dict, path: Path) -> Path:
     from safetensors.torch import save_file
 
     work = Path(tempfile.mkdtemp())
-    save_file({k: v.contiguous() for k, v in state_dict.items()}, str(work / WEIGHTS))
+    # A tied pair (GPT's lm_head and tok_emb) is written twice: safetensors refuses shared storage, and
+    # load_state_dict copies the same values into the one tied parameter.
+    save_file({k: v.detach().clone().contiguous() for k, v in state_dict.items()}, str(work / WEIGHTS))
     (work / SPEC).write_text(json.dumps(spec, indent=1))
     zoo_dir = Path(__file__).resolve().parent
     mlflow.pyfunc.save_model(
@@ -114,7 +116,18 @@ def tracking_uri() -> str:
 def _download(uri: str, tracking_uri_: str | None) -> Path:
     import mlflow
 
-    return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, tracking_uri=tracking_uri_ or tracking_uri()))
+    from mlflow.tracking import MlflowClient
+
+    store = tracking_uri_ or tracking_uri()
+    if uri.startswith("models:/"):
+        # Resolved here: MLflow resolves models:/ against its process-wide registry URI, not the one passed.
+        name, _, version = uri.removeprefix("models:/").rstrip("/").partition("/")
+        client = MlflowClient(store, registry_uri=store)
+        if "@" in name:
+            name, alias = name.split("@", 1)
+            version = client.get_model_version_by_alias(name, alias).version
+        uri = client.get_model_version_download_uri(name, version)
+    return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, tracking_uri=store))
 
 
 def _read_model_dir(local: Path) -> tuple[dict, dict]:
@@ -181,3 +194,15 @@ def main(argv: list[str] | None = None) -> None:
         run_id = client.create_run(exp_id, run_name=f"log-model-{Path(args.ckpt).stem}").info.run_id
         client.set_terminated(run_id)
     print(f"MLflow model: {log_checkpoint_model(args.ckpt, client, run_id, args.registered_model_name, args.class_path)}")
+
+
+def local_weights(path: str) -> str:
+    """``init_weights``: a registered model's ``weights.safetensors`` (the module's keys, ``net.`` first) for
+    an MLflow URI, downloaded; any other path as it is."""
+    if not is_mlflow_uri(path):
+        return path
+    local = _download(path, None)
+    weights = local if local.is_file() else next(local.rglob(WEIGHTS), None)
+    if weights is None:
+        raise FileNotFoundError(f"{path} holds no {WEIGHTS}: log the model with zoo.tracking log-model")
+    return str(weights)

@@ -87,7 +87,8 @@ class DiffusionModule(LightningModule):
             vlb_weight: lambda of the hybrid loss L_simple + lambda L_vlb that trains a learned variance (nets with
                 2C outputs, e.g. ``learn_sigma``; 0.001 in Nichol & Dhariwal 2021 and DiT); unused otherwise.
             init_weights: weights to start from: a published DiT ``.pt`` (facebookresearch/DiT), a diffusers
-                ``DiTTransformer2DModel`` folder (``save_pretrained``), or a safetensors file of this net's keys;
+                ``DiTTransformer2DModel`` folder (``save_pretrained``), a safetensors file of this net's keys or a zoo
+                MLflow model (models:/name/version, models:/name@alias, runs:/id/model);
                 loaded weights-only, before any checkpoint given by --ckpt_path is restored over them.
         """
         super().__init__()
@@ -118,8 +119,9 @@ class DiffusionModule(LightningModule):
         # --ckpt_path is restored after this hook. Once, so a later test() keeps the trained weights.
         if self.hparams.init_weights and not self._init_loaded:
             from zoo.diffusion.convert import load_pretrained
+            from zoo.registry import local_weights
 
-            load_pretrained(self.net, self.hparams.init_weights)
+            load_pretrained(self.net, local_weights(self.hparams.init_weights))  # models:/... too
             self._init_loaded = True
 
     def configure_callbacks(self):

@@ -53,7 +53,8 @@ class CausalLMModule(LightningModule):
                 (0.9, 0.95) and weight decay 0.1.
             compile: run the net through ``torch.compile`` for training (weights and checkpoint keys unchanged).
             init_weights: weights to start from: a Hugging Face GPT-2, Llama or DeepSeek-V3 folder (config.json + weights,
-                see zoo.gpt.llama) or a safetensors file of this net; loaded weights-only, before any
+                see zoo.gpt.llama), a safetensors file of this net or a zoo MLflow model (models:/name/version,
+                models:/name@alias, runs:/id/model); loaded weights-only, before any
                 checkpoint given by --ckpt_path is restored over them.
         """
         super().__init__()
@@ -84,8 +85,9 @@ class CausalLMModule(LightningModule):
         # does not call setup) never needs the original weights file to exist.
         if self.hparams.init_weights and not self._init_loaded:  # once: a later test() keeps trained weights
             from zoo.gpt.hf import load_pretrained
+            from zoo.registry import local_weights
 
-            load_pretrained(self.net, self.hparams.init_weights)
+            load_pretrained(self.net, local_weights(self.hparams.init_weights))  # models:/... too
             self._init_loaded = True
         dm = getattr(trainer_of(self), "datamodule", None)
         tok = getattr(dm, "tokenizer", None)

@@ -1,0 +1,142 @@
+"""MLflow models of zoo modules: fit -> registered model -> loaded back by name, weights-only, same outputs."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import CONFIGS, ROOT, cli
+from mlflow.tracking import MlflowClient
+
+from zoo.cnn import ClassifierModule
+from zoo.layers.weights import UnsafeCheckpointError
+from zoo.registry import build_module, load_model
+
+TINY = str(CONFIGS / "cnn" / "convnet_digits.yaml")
+
+
+@pytest.fixture(scope="module")
+def registered(tmp_path_factory):
+    cwd = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("registered"))
+    try:
+        c = cli("fit", "--config", TINY, "--trainer.max_epochs=1", "--trainer.logger.init_args.registered_model_name=digits")
+        client = MlflowClient(c.trainer.logger.tracking_uri)
+        version = client.search_model_versions("name='digits'")[0]
+        client.set_registered_model_alias("digits", "champion", version.version)
+        c.last = Path(c.trainer.checkpoint_callback.last_model_path).resolve()
+        return c, client, version, Path(c.trainer.checkpoint_callback.best_model_path).resolve()
+    finally:
+        os.chdir(cwd)
+
+
+def test_fit_registers_a_version_tagged_with_the_runs_metrics(registered):
+    c, client, version, _ = registered
+    run = client.get_run(c.trainer.logger.run_id)
+    assert version.run_id == run.info.run_id
+    assert float(version.tags["val/acc"]) == pytest.approx(run.data.metrics["val/acc"])
+    files = {f.path for f in client.list_artifacts(run.info.run_id, "model")}
+    assert {"model/MLmodel", "model/artifacts"} <= files and not any(f.endswith(".pkl") for f in files), files
+
+
+@pytest.mark.parametrize("uri", ["models:/digits/{v}", "models:/digits@champion", "runs:/{run}/model"])
+def test_load_by_name_gives_the_checkpoints_outputs(registered, uri):
+    c, client, version, best = registered
+    uri = uri.format(v=version.version, run=version.run_id)
+    x = torch.randn(4, 1, 8, 8)
+    ref = ClassifierModule.load_from_checkpoint(best).eval()
+    loaded = load_model(uri, client.tracking_uri)
+    torch.testing.assert_close(loaded(x), ref(x), rtol=0, atol=0)
+
+
+def test_validate_from_a_registered_model_equals_the_checkpoint(registered, monkeypatch):
+    c, client, version, best = registered
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
+    by_path = cli("validate", "--config", TINY, f"--ckpt_path={best}", "--trainer.logger=false")
+    by_name = cli("validate", "--config", TINY, "--ckpt_path=models:/digits@champion", "--trainer.logger=false")
+    assert float(by_name.trainer.callback_metrics["val/acc"]) == float(by_path.trainer.callback_metrics["val/acc"])
+
+
+def test_log_model_from_a_checkpoint_adds_a_version_and_keeps_the_first(registered):
+    c, client, version, best = registered
+    last = c.last
+    proc = subprocess.run(
+        [sys.executable, "-m", "zoo.tracking", "log-model", str(last), "--registered_model_name=digits"],
+        capture_output=True, text=True, env={**os.environ, "MLFLOW_TRACKING_URI": client.tracking_uri,
+                                             "PYTHONPATH": str(ROOT)}, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"runs:/{version.run_id}/model-last-" in proc.stdout and "models:/digits/" in proc.stdout, proc.stdout
+    new = proc.stdout.strip().rsplit("/", 1)[-1]
+    x = torch.randn(4, 1, 8, 8)
+    torch.testing.assert_close(load_model(f"models:/digits/{new}", client.tracking_uri)(x),
+                               ClassifierModule.load_from_checkpoint(last).eval()(x))
+    torch.testing.assert_close(load_model(f"models:/digits/{version.version}", client.tracking_uri)(x),
+                               ClassifierModule.load_from_checkpoint(best).eval()(x))
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def test_crafted_pickle_in_a_registered_model_is_refused(registered, tmp_path, monkeypatch):
+    c, client, version, _ = registered
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    for name in ("python_model.pkl", "evil.ckpt"):  # MLflow's pickled-model file name; a checkpoint by name
+        (evil / name).write_bytes(pickle.dumps({"state_dict": {"w": _Exploit()}}))
+    client.log_artifacts(version.run_id, str(evil), "model/artifacts")  # beside the real weights
+    v = client.create_model_version("digits", f"{client.get_run(version.run_id).info.artifact_uri}/model", version.run_id)
+    load_model(f"models:/digits/{v.version}", client.tracking_uri)  # reads JSON and safetensors, nothing else
+    with pytest.raises(UnsafeCheckpointError, match="refused"):
+        load_model(f"runs:/{version.run_id}/model/artifacts/evil.ckpt", client.tracking_uri)
+    with pytest.raises(Exception, match="(?s)Weights only load failed|refused"):
+        cli("validate", "--config", TINY, f"--ckpt_path=runs:/{version.run_id}/model/artifacts/evil.ckpt",
+            "--trainer.logger=false")
+    with pytest.raises(ValueError, match="refused to build 'os.system'"):  # a spec names only the zoo's classes
+        build_module({"class_path": "os.system", "init_args": {"command": "touch pwned"}})
+    assert not Path("pwned").exists() and not list(Path(os.getcwd()).parent.rglob("pwned"))
+
+
+def test_init_weights_take_a_registered_model(tmp_path, monkeypatch):
+    """A GPT (tied head) logged and registered from a checkpoint starts another module's training by name."""
+    from zoo.gpt import GPT, CausalLMModule
+    from zoo.registry import log_checkpoint_model
+
+    def net():
+        return GPT(vocab_size=17, block_size=8, n_layer=1, n_embd=16, n_head=2)
+
+    uri = f"sqlite:///{tmp_path / 'reg.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    trained = CausalLMModule(net())
+    ckpt = tmp_path / "gpt.ckpt"
+    torch.save({"state_dict": trained.state_dict(), "hyper_parameters": {"_class_path": "zoo.gpt.CausalLMModule"}}, ckpt)
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("init")).info.run_id
+    assert log_checkpoint_model(ckpt, client, run_id, "tiny-gpt").endswith("models:/tiny-gpt/1")
+    client.set_registered_model_alias("tiny-gpt", "base", "1")
+    for name in ("models:/tiny-gpt/1", "models:/tiny-gpt@base", f"runs:/{run_id}/model"):
+        fresh = CausalLMModule(net(), init_weights=name)
+        fresh.setup("fit")
+        for k, v in trained.net.state_dict().items():
+            torch.testing.assert_close(fresh.net.state_dict()[k], v, rtol=0, atol=0, msg=f"{name} {k}")
+
+
+@pytest.mark.parametrize("config", ["gpt/gpt_tiny.yaml", "diffusion/tiny.yaml", "clip/tiny.yaml", "rl/ppo_tiny.yaml"])
+def test_every_family_logs_a_model_that_rebuilds_its_module(config):
+    """Net, tokenizer and buffers (RL's observation normaliser) travel in the MLflow model's weights and hparams."""
+    c = cli("fit", "--config", str(CONFIGS / config), "--trainer.max_steps=2", "--trainer.limit_val_batches=1")
+    ck = c.trainer.checkpoint_callback
+    saved = torch.load(ck.best_model_path or ck.last_model_path, weights_only=True)["state_dict"]
+    loaded = load_model(f"runs:/{c.trainer.logger.run_id}/model", c.trainer.logger.tracking_uri)
+    assert type(loaded) is type(c.model)
+    assert loaded.state_dict().keys() == saved.keys()
+    for k, v in saved.items():
+        torch.testing.assert_close(loaded.state_dict()[k], v, rtol=0, atol=0, msg=k)
