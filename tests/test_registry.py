@@ -140,3 +140,18 @@ def test_every_family_logs_a_model_that_rebuilds_its_module(config):
     assert loaded.state_dict().keys() == saved.keys()
     for k, v in saved.items():
         torch.testing.assert_close(loaded.state_dict()[k], v, rtol=0, atol=0, msg=k)
+
+
+def test_registered_on_a_tracking_server_and_loaded_by_name(mlflow_server, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    c = cli("fit", "--config", TINY, "--trainer.max_steps=3", "--trainer.limit_val_batches=1",
+            "--trainer.logger.init_args.registered_model_name=digits-on-server")
+    client = MlflowClient(mlflow_server)
+    version = client.search_model_versions("name='digits-on-server'")[0]
+    client.set_registered_model_alias("digits-on-server", "champion", version.version)
+    ck = c.trainer.checkpoint_callback
+    best = ck.best_model_path or ck.last_model_path  # max_steps ends fit before any validation
+    x = torch.randn(4, 1, 8, 8)
+    ref = ClassifierModule.load_from_checkpoint(best).eval()(x)
+    for uri in (f"models:/digits-on-server/{version.version}", "models:/digits-on-server@champion"):
+        torch.testing.assert_close(load_model(uri)(x), ref, rtol=0, atol=0)

@@ -21,6 +21,8 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
+from zoo.registry import load_model  # noqa: F401  zoo.tracking.load_model("models:/<name>@<alias>")
+
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
 # MLflow retries an unreachable server with exponential backoff for minutes by default; a run that
