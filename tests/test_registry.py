@@ -137,6 +137,8 @@ def test_every_family_logs_a_model_that_rebuilds_its_module(config):
     saved = torch.load(ck.best_model_path or ck.last_model_path, weights_only=True)["state_dict"]
     loaded = load_model(f"runs:/{c.trainer.logger.run_id}/model", c.trainer.logger.tracking_uri)
     assert type(loaded) is type(c.model)
+    if hasattr(c.model, "tokenizer"):  # GPT, CLIP: the tokenizer travels with the model
+        assert loaded.tokenizer is not None and loaded.tokenizer.to_dict() == c.model.tokenizer.to_dict()
     assert loaded.state_dict().keys() == saved.keys()
     for k, v in saved.items():
         torch.testing.assert_close(loaded.state_dict()[k], v, rtol=0, atol=0, msg=k)

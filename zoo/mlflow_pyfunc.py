@@ -22,7 +22,9 @@ class ZooPyfunc(PythonModel):
 
         spec = json.loads(open(context.artifacts["module"]).read())
         self.module = build_module(spec)
-        self.module.load_state_dict(load_file(context.artifacts["weights"]))
+        state_dict = load_file(context.artifacts["weights"])
+        self.module.on_load_checkpoint({"state_dict": state_dict, **spec.get("checkpoint", {})})  # the tokenizer
+        self.module.load_state_dict(state_dict)
         self.module.eval()
 
     def predict(self, context, model_input, params=None):

@@ -29,19 +29,23 @@ from zoo.layers.weights import extract_state_dict, load_file
 URI_SCHEMES = ("models:/", "runs:/")
 MODEL_PATH = "model"  # the model's folder in its run's artifacts
 WEIGHTS, SPEC = "weights.safetensors", "module.json"
+# What modules add to a checkpoint beyond weights and hparams that a trained model needs (GPT's and CLIP's
+# tokenizer), as plain JSON; the rest (RNG states, replay buffers) is training state and stays in the .ckpt.
+MODEL_STATE_KEYS = ("tokenizer",)
 
 
 def is_mlflow_uri(path: Any) -> bool:
     return isinstance(path, str) and path.startswith(URI_SCHEMES)
 
 
-def module_spec(hparams: dict, class_path: str | None = None) -> dict:
-    """``module.json``: the class path and the JSON-able hyperparameters that rebuild the module."""
-    hp = {k: v for k, v in dict(hparams).items() if k != "_instantiator"}
+def module_spec(ckpt: dict, class_path: str | None = None) -> dict:
+    """``module.json``: the class path, the hyperparameters that rebuild the module, and its model state."""
+    hp = {k: v for k, v in dict(ckpt.get("hyper_parameters", {})).items() if k != "_instantiator"}
     class_path = hp.pop("_class_path", None) or class_path
     if not class_path:
         raise ValueError("the checkpoint names no module class (it was not built by cli.py): pass --class_path")
-    return {"class_path": class_path, "init_args": json.loads(json.dumps(hp, default=str))}
+    extras = {k: ckpt[k] for k in MODEL_STATE_KEYS if k in ckpt}
+    return json.loads(json.dumps({"class_path": class_path, "init_args": hp, "checkpoint": extras}, default=str))
 
 
 def build_module(spec: dict) -> LightningModule:
@@ -55,9 +59,6 @@ def build_module(spec: dict) -> LightningModule:
 
 def save_model(state_dict: dict, spec: dict, path: Path) -> Path:
     """Write the MLflow model folder (MLmodel, the pyfunc code, the zoo sources, pip requirements)."""
-    import lightning
-    import mlflow
-    import safetensors
     from safetensors.torch import save_file
 
     work = Path(tempfile.mkdtemp())
@@ -65,14 +66,23 @@ def save_model(state_dict: dict, spec: dict, path: Path) -> Path:
     # load_state_dict copies the same values into the one tied parameter.
     save_file({k: v.detach().clone().contiguous() for k, v in state_dict.items()}, str(work / WEIGHTS))
     (work / SPEC).write_text(json.dumps(spec, indent=1))
-    zoo_dir = Path(__file__).resolve().parent
+    _save_pyfunc(path, Path(__file__).resolve().parent, work)
+    return path
+
+
+def _save_pyfunc(path: Path, zoo_dir: Path, work: Path) -> None:
+    import lightning
+    import mlflow
+    import safetensors
+
+    # No input example or signature: predict takes ids, images or observations, whichever the family's
+    # forward does (MLflow warns that predict has no type hints).
     mlflow.pyfunc.save_model(
         path=str(path), python_model=str(zoo_dir / "mlflow_pyfunc.py"),
         artifacts={"weights": str(work / WEIGHTS), "module": str(work / SPEC)}, code_paths=[str(zoo_dir)],
         pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"lightning=={lightning.__version__}",
                           f"mlflow=={mlflow.__version__}", f"safetensors=={safetensors.__version__}", "jsonargparse"],
     )
-    return path
 
 
 def log_checkpoint_model(
@@ -83,7 +93,7 @@ def log_checkpoint_model(
     registered version points at its folder, which must not change); register a version (tagged with the run's
     final metrics) when ``registered_model_name`` is given. Returns ``runs:/...`` and ``= models:/<name>/<v>``."""
     ckpt = load_file(ckpt_path)
-    spec = module_spec(ckpt.get("hyper_parameters", {}), class_path)
+    spec = module_spec(ckpt, class_path)
     path = MODEL_PATH
     if client.list_artifacts(run_id, MODEL_PATH):
         path = f"{MODEL_PATH}-{Path(ckpt_path).stem}-{uuid.uuid4().hex[:6]}"
@@ -146,8 +156,9 @@ def load_model(uri: str, tracking_uri: str | None = None) -> LightningModule:
         spec, state_dict = _read_model_dir(local)
     else:
         ckpt = load_file(local)
-        spec, state_dict = module_spec(ckpt.get("hyper_parameters", {})), extract_state_dict(ckpt)
+        spec, state_dict = module_spec(ckpt), extract_state_dict(ckpt)
     module = build_module(spec)
+    module.on_load_checkpoint({"state_dict": state_dict, **spec.get("checkpoint", {})})  # checks keys, tokenizer
     module.load_state_dict(state_dict)
     return module.eval()
 
@@ -162,7 +173,7 @@ def resolve_checkpoint(uri: str, dst: Path, tracking_uri: str | None = None) -> 
         return str(local)
     spec, state_dict = _read_model_dir(local)
     ckpt = {"state_dict": state_dict, "pytorch-lightning_version": lightning.__version__,
-            "hyper_parameters": {"_class_path": spec["class_path"], **spec["init_args"]}}
+            "hyper_parameters": {"_class_path": spec["class_path"], **spec["init_args"]}, **spec.get("checkpoint", {})}
     dst.mkdir(parents=True, exist_ok=True)
     torch.save(ckpt, dst / "model.ckpt")
     return str(dst / "model.ckpt")
