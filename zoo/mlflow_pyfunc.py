@@ -27,7 +27,7 @@ class ZooPyfunc(PythonModel):
         self.module.load_state_dict(state_dict)
         self.module.eval()
 
-    def predict(self, context, model_input, params=None):
+    def predict(self, context, model_input: np.ndarray, params=None) -> np.ndarray:  # ids, images or observations
         x = torch.as_tensor(np.asarray(model_input))
         with torch.no_grad():
             return self.module(x).float().numpy()

@@ -15,6 +15,7 @@ family (GPT's generate, RL's act are not ``forward``) and loses ``load_from_chec
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 import uuid
@@ -71,12 +72,23 @@ def save_model(state_dict: dict, spec: dict, path: Path) -> Path:
 
 
 def _save_pyfunc(path: Path, zoo_dir: Path, work: Path) -> None:
+    # No input example or signature: predict takes ids, images or observations, whichever the family's
+    # forward does (np.ndarray: a type hint from which MLflow infers no schema); MLflow's log line saying
+    # it inferred none would follow every fit, so that one logger is quiet while it saves.
+    log = logging.getLogger("mlflow.pyfunc")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        _save(path, zoo_dir, work)
+    finally:
+        log.setLevel(level)
+
+
+def _save(path: Path, zoo_dir: Path, work: Path) -> None:
     import lightning
     import mlflow
     import safetensors
 
-    # No input example or signature: predict takes ids, images or observations, whichever the family's
-    # forward does (MLflow warns that predict has no type hints).
     mlflow.pyfunc.save_model(
         path=str(path), python_model=str(zoo_dir / "mlflow_pyfunc.py"),
         artifacts={"weights": str(work / WEIGHTS), "module": str(work / SPEC)}, code_paths=[str(zoo_dir)],
