@@ -42,6 +42,8 @@ def test_fit_registers_a_version_tagged_with_the_runs_metrics(registered):
     assert float(version.tags["val/acc"]) == pytest.approx(run.data.metrics["val/acc"])
     files = {f.path for f in client.list_artifacts(run.info.run_id, "model")}
     assert {"model/MLmodel", "model/artifacts"} <= files and not any(f.endswith(".pkl") for f in files), files
+    code = {f.path for f in client.list_artifacts(run.info.run_id, "model/code/zoo")}
+    assert "model/code/zoo/registry.py" in code and not any("__pycache__" in f for f in code), code
 
 
 @pytest.mark.parametrize("uri", ["models:/digits/{v}", "models:/digits@champion", "runs:/{run}/model"])

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import tempfile
 import uuid
 from pathlib import Path
@@ -89,9 +90,11 @@ def _save(path: Path, zoo_dir: Path, work: Path) -> None:
     import mlflow
     import safetensors
 
+    # The package's sources only: compiled caches are the saving interpreter's, not the model's.
+    code = shutil.copytree(zoo_dir, work / "code" / "zoo", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     mlflow.pyfunc.save_model(
         path=str(path), python_model=str(zoo_dir / "mlflow_pyfunc.py"),
-        artifacts={"weights": str(work / WEIGHTS), "module": str(work / SPEC)}, code_paths=[str(zoo_dir)],
+        artifacts={"weights": str(work / WEIGHTS), "module": str(work / SPEC)}, code_paths=[str(code)],
         pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"lightning=={lightning.__version__}",
                           f"mlflow=={mlflow.__version__}", f"safetensors=={safetensors.__version__}", "jsonargparse"],
     )
