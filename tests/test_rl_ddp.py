@@ -23,7 +23,8 @@ DDP = str(CONFIGS / "trainer" / "ddp.yaml")
 def _fit_on_two_ranks(config: str, *args: str) -> tuple[dict, dict]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, SCRIPT, "fit", "--config", str(CONFIGS / "rl" / config), "--config", DDP,
-           "--trainer.accelerator=cpu", "--trainer.logger=false", "--trainer.log_every_n_steps=1", *args]
+           "--trainer.devices=2", "--trainer.accelerator=cpu", "--trainer.logger=false",
+           "--trainer.log_every_n_steps=1", *args]
     # The script dumps every thread's stack and exits after 240 s: a deadlock fails with stacks, not a hang.
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]

@@ -90,6 +90,8 @@ def test_fsdp2_gpt_shards_per_block_and_reloads_with_its_tokenizer(tmp_path, emb
     with torch.no_grad():
         torch.testing.assert_close(module(r0["x"]), r0["out"], rtol=1e-5, atol=1e-5)
     assert isinstance(module.generate(["To be"], max_new_tokens=5, temperature=0)[0], str)
+    # The run's MLflow model was logged from the sharded best checkpoint, consolidated on the way.
+    assert "MLmodel" in _artifacts("model")
     # Resuming from the sharded folder reads its metadata through the zoo's allowlist first: Lightning's
     # real checkpoint (weights, optimizer state) passes it.
     _run("--config", str(CONFIGS / "trainer" / "fsdp.yaml"), "--trainer.max_steps=9", "--trainer.val_check_interval=3",

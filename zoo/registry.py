@@ -106,8 +106,9 @@ def log_checkpoint_model(
 ) -> str:
     """Log a checkpoint's module as ``runs:/<run_id>/model`` (``model-<ckpt>-<hex>`` if the run has one: a
     registered version points at its folder, which must not change); register a version (tagged with the run's
-    final metrics) when ``registered_model_name`` is given. Returns ``runs:/...`` and ``= models:/<name>/<v>``."""
-    ckpt = load_file(ckpt_path)
+    final metrics) when ``registered_model_name`` is given. Returns ``runs:/...`` and ``= models:/<name>/<v>``.
+    A sharded (FSDP2) checkpoint directory is consolidated first."""
+    ckpt = load_checkpoint(ckpt_path)
     spec = module_spec(ckpt, class_path)
     path = MODEL_PATH
     if client.list_artifacts(run_id, MODEL_PATH):
@@ -131,6 +132,16 @@ def log_checkpoint_model(
     for key, value in run.data.metrics.items():
         client.set_model_version_tag(registered_model_name, version.version, key, str(value))
     return f"{where} = models:/{registered_model_name}/{version.version}"
+
+
+def load_checkpoint(ckpt_path: str | Path) -> dict:
+    """A checkpoint file, weights-only; a sharded checkpoint directory through its safe consolidation."""
+    if not Path(ckpt_path).is_dir():
+        return load_file(ckpt_path)
+    from zoo.layers.parallel import consolidate
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return load_file(consolidate(ckpt_path, Path(tmp) / "consolidated.ckpt"))
 
 
 def tracking_uri() -> str:
