@@ -329,7 +329,10 @@ def test_ctrl_c_in_a_terminal_ends_the_run_and_every_actor():
     env = {**os.environ, marker: "1", "PYTHONPATH": os.pathsep.join([str(CONFIGS.parent), str(Path(__file__).parent)])}
     args = ["fit", "--config", TINY, "--model.init_args.total_env_steps=100000000", *QUIET,
             "--trainer.callbacks+=test_impala.AnnounceTraining"]
+    # A terminal's Ctrl-C reaches a Python whose SIGINT raises KeyboardInterrupt; a test runner started as a
+    # background job of a non-interactive shell ignores SIGINT, and a child inherits that, so set it here.
     code = ("import faulthandler, signal; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+            "signal.signal(signal.SIGINT, signal.default_int_handler); "
             f"from cli import main; main({args!r})")
     proc = subprocess.Popen([sys.executable, "-u", "-c", code], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
