@@ -158,6 +158,8 @@ class TextDataModule(LightningDataModule):
         val_fraction: float = 0.1,
         val_samples: int | None = None,
         prompts: list[str] = ["\n"],  # noqa: B006 (copied below; a list default reads best in the CLI)
+        prompts_file: str | None = None,
+        test_path: str | None = None,
         max_new_tokens: int = 200,
         temperature: float = 0.8,
         top_k: int | None = None,
@@ -183,6 +185,9 @@ class TextDataModule(LightningDataModule):
             val_fraction: the tail of the token stream held out for validation.
             val_samples: at most this many validation windows (the first ones); None: all of them.
             prompts: texts to continue at predict time ("" starts from EOS, i.e. a new document).
+            prompts_file: a UTF-8 file of prompts, one per line (an empty line starts a new document); replaces prompts.
+            test_path: ``test`` scores this .txt/.jsonl file or folder (loss and perplexity) with the tokenizer of the
+                checkpoint under test, never reading the training corpus; None: the validation split.
             max_new_tokens: predict: tokens generated per prompt (fewer at EOS or at the net's block_size).
             temperature: predict: sampling temperature; 0 is greedy.
             top_k: predict: sample among the k most likely tokens only; None: all.
@@ -208,7 +213,11 @@ class TextDataModule(LightningDataModule):
         self.bpe_vocab_size, self.gpt2_dir, self.jsonl_field = bpe_vocab_size, gpt2_dir, jsonl_field
         self.block_size, self.batch_size, self.sampling = block_size, batch_size, sampling
         self.samples_per_epoch, self.val_fraction, self.val_samples = samples_per_epoch, val_fraction, val_samples
-        self.prompts = list(prompts)
+        for name, given in (("prompts_file", prompts_file), ("test_path", test_path)):
+            if given is not None and not Path(given).exists():
+                raise FileNotFoundError(not_found_message(name.replace("_", " "), given, f"pass --data.init_args.{name}"))
+        self.prompts = Path(prompts_file).read_text("utf-8").splitlines() if prompts_file else list(prompts)
+        self.test_path = test_path
         # Sampling settings live here, not on the model: LightningCLI replaces a model's arguments with the
         # checkpoint's at predict --ckpt_path, but leaves the data's as given on the command line.
         self.generation = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k,
@@ -224,6 +233,12 @@ class TextDataModule(LightningDataModule):
 
     def _files(self) -> list[Path]:
         return list_text_files(Path(self.path) if self.path is not None else shakespeare_dir(self.root))
+
+    def _needs_corpus(self) -> bool:
+        """Whether this stage reads the training corpus: predict and a test on ``test_path`` take the checkpoint's
+        tokenizer (restored after setup) and their own text."""
+        fn = getattr(getattr(getattr(self, "trainer", None), "state", None), "fn", None)
+        return not (fn == "predict" or (fn == "test" and self.test_path is not None))
 
     def _cache_dir(self, files: list[Path]) -> Path:
         return self.root / "text_cache" / corpus_key(files, self.jsonl_field)
@@ -252,13 +267,16 @@ class TextDataModule(LightningDataModule):
         return BPETokenizer.load(saved)  # always the file's tokenizer, so every run sees the same one
 
     def _ensure_tokenizer(self) -> Tokenizer:
-        if self.tokenizer is None:
-            self.tokenizer = self._fit_tokenizer(self._files())
+        if self.tokenizer is None:  # a checkpoint's model carries its own (also when this state is not restored)
+            module = getattr(getattr(self, "trainer", None), "lightning_module", None)
+            self.tokenizer = getattr(module, "tokenizer", None)
+        if self.tokenizer is None:  # bytes and GPT-2's files need no corpus
+            self.tokenizer = self._fit_tokenizer(self._files() if self.kind in ("chars", "bpe") else [])
         return self.tokenizer
 
-    def _token_file(self) -> TokenFile:
-        """The corpus's token stream, tokenised on first use (``tokens-<tokenizer key>.bin``)."""
-        files = self._files()
+    def _token_file(self, files: list[Path] | None = None) -> TokenFile:
+        """The token stream of ``files`` (the corpus by default), tokenised on first use (``tokens-<tokenizer key>.bin``)."""
+        files = files or self._files()
         tokenizer = self._ensure_tokenizer()
         path = self._cache_dir(files) / f"tokens-{tokenizer_key(tokenizer)}.bin"
         meta_path = path.with_suffix(".json")
@@ -269,7 +287,7 @@ class TextDataModule(LightningDataModule):
             workers = auto_workers(files, self.tokenize_workers)
             meta = tokenize_to_file(files, self.jsonl_field, tokenizer, path, workers)
         if meta["n_tokens"] < 2:
-            raise ValueError(f"the corpus {self.path or 'shakespeare'!r} holds no text to learn from")
+            raise ValueError(f"{[str(f) for f in files]} hold no text (at least 2 tokens)")
         return TokenFile(path, meta["dtype"], 0, meta["n_tokens"])
 
     @property
@@ -280,11 +298,12 @@ class TextDataModule(LightningDataModule):
     # -- Lightning hooks ---------------------------------------------------------------------------------
 
     def prepare_data(self) -> None:
-        self._token_file()  # download, fit, tokenise: on rank 0 only, every later call reuses the files
+        if self._needs_corpus():
+            self._token_file()  # download, fit, tokenise: on rank 0 only, every later call reuses the files
 
     def setup(self, stage: str | None = None) -> None:
-        if stage == "predict" or self.train_set is not None:
-            return  # predict needs only the tokenizer: from the checkpoint if restored, else built lazily
+        if stage == "predict" or (stage == "test" and self.test_path is not None) or self.train_set is not None:
+            return  # the tokenizer: from the checkpoint if restored, else built lazily by the loader
         self.tokens = tokens = self._token_file()
         split = int(len(tokens) * (1 - self.val_fraction))
         train = TokenFile(tokens.path, tokens.dtype, 0, split)
@@ -322,6 +341,15 @@ class TextDataModule(LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_set, "val", None)
+
+    def test_dataloader(self) -> DataLoader:
+        """``test_path`` (tokenised with the restored tokenizer, cached like the corpus) in consecutive windows of
+        ``block_size``, or the validation split."""
+        if self.test_path is None:
+            return self._loader(self.val_set, "validation", None)
+        tokens = self._token_file(list_text_files(Path(self.test_path)))  # tokenises with _ensure_tokenizer's
+        windows = TokenWindows(tokens, self.block_size, stride=self.block_size, eos_id=self.tokenizer.eos_id)
+        return self._loader(windows, "test", None)
 
     def predict_dataloader(self) -> DataLoader:
         tokenizer = self._ensure_tokenizer()

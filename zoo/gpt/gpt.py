@@ -64,7 +64,7 @@ class GPT(nn.Module):
 
     def __init__(
         self,
-        vocab_size: int = 257,
+        vocab_size: int | None = None,
         block_size: int = 256,
         n_layer: int = 4,
         n_embd: int = 256,
@@ -83,7 +83,8 @@ class GPT(nn.Module):
     ) -> None:
         """
         Args:
-            vocab_size: number of token ids (V); the tokenizer's vocabulary must fit.
+            vocab_size: number of token ids (V); None: the tokenizer's, set by ``CausalLMModule`` at setup (see
+                ``set_vocab_size``), so it is never copied by hand.
             block_size: longest sequence (context length); sizes learned positions and RoPE tables.
             n_layer: transformer blocks.
             n_embd: model width D.
@@ -104,12 +105,14 @@ class GPT(nn.Module):
         """
         super().__init__()
         self.vocab_size, self.block_size, self.n_layer = vocab_size, block_size, n_layer
+        self.n_embd, self.tie_embeddings = n_embd, tie_embeddings
         self.position, self.rope_base = position, rope_base
         self.activation_checkpointing = activation_checkpointing
         norm_cls = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}[norm]
         if mlp_hidden is None:
             mlp_hidden = 4 * n_embd if mlp == "gelu" else 64 * math.ceil(8 * n_embd / 3 / 64)
-        self.tok_emb = nn.Embedding(vocab_size, n_embd)
+        if vocab_size is not None:  # registered first, as always, so a seed gives the same weights as before
+            self.tok_emb = nn.Embedding(vocab_size, n_embd)
         if position == "learned":
             self.pos_emb = nn.Embedding(block_size, n_embd)
         self.drop = nn.Dropout(dropout)
@@ -119,14 +122,30 @@ class GPT(nn.Module):
             for _ in range(n_layer)
         )
         self.norm_f = norm_cls(n_embd, eps=norm_eps)
-        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
-        if tie_embeddings:
-            self.lm_head.weight = self.tok_emb.weight
+        if vocab_size is not None:
+            self._add_head()
         cos, sin = rope_cache(block_size, self.blocks[0].attn.rope_dim, rope_base)
         # Not persistent: rebuilt from the config, so checkpoints and HF conversions carry weights only.
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.reset_parameters()
+
+    def _add_head(self) -> None:
+        self.lm_head = nn.Linear(self.n_embd, self.vocab_size, bias=False)
+        if self.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+
+    def set_vocab_size(self, vocab_size: int) -> None:
+        """Create the token embedding and output head (GPT-2's N(0, 0.02)) of a net built with vocab_size=None."""
+        if self.vocab_size is not None:
+            raise RuntimeError(f"the net already has a vocabulary of {self.vocab_size} ids")
+        self.vocab_size = vocab_size
+        self.tok_emb = nn.Embedding(vocab_size, self.n_embd, device=self.norm_f.weight.device)
+        nn.init.normal_(self.tok_emb.weight, 0.0, 0.02)
+        self._add_head()
+        self.lm_head.to(self.norm_f.weight.device)
+        if not self.tie_embeddings:
+            nn.init.normal_(self.lm_head.weight, 0.0, 0.02)
 
     def reset_parameters(self) -> None:
         """GPT-2 initialisation: N(0, 0.02), zero biases, residual output projections N(0, 0.02/sqrt(2L))."""
@@ -149,6 +168,8 @@ class GPT(nn.Module):
     def forward(self, idx: Tensor, cache: list[LayerCache] | None = None, start: int = 0) -> Tensor:
         """Logits (B, T, V) for ids (B, T) at positions start..start+T-1; ``cache`` holds earlier tokens."""
         t = idx.shape[1]
+        if self.vocab_size is None:
+            raise RuntimeError("the net has no vocabulary yet: pass vocab_size, or let CausalLMModule set it from the tokenizer")
         if start + t > self.block_size:
             raise ValueError(f"Sequence of {start + t} tokens exceeds block_size {self.block_size}")
         x = self.tok_emb(idx)  # (B, T, D)

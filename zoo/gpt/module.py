@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.callbacks import ThroughputMonitor
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torchmetrics import MeanMetric
 
@@ -26,6 +27,17 @@ def _batch_size(batch: tuple[Tensor, Tensor] | dict) -> int:
 
 def _tokens(batch: tuple[Tensor, Tensor] | dict) -> int:
     return sum(p.numel() for p in batch["prompt_ids"]) if isinstance(batch, dict) else batch[0].numel()
+
+
+def warn_if_cut_short(prompts: list[Tensor], outs: list[Tensor], max_new_tokens: int, block_size: int) -> None:
+    """Say so when a continuation ended at the net's context length rather than at EOS or ``max_new_tokens``."""
+    cut = [len(o) for p, o in zip(prompts, outs) if len(o) < max_new_tokens and len(p) + len(o) >= block_size]
+    if cut:
+        rank_zero_warn(
+            f"{len(cut)} of {len(prompts)} continuations stopped at the net's block_size {block_size} with "
+            f"{min(cut)}-{max(cut)} of the {max_new_tokens} new tokens asked for: decoding does not slide its window "
+            f"past block_size; ask for at most block_size minus the prompt's tokens."
+        )
 
 
 class CausalLMModule(LightningModule):
@@ -61,6 +73,7 @@ class CausalLMModule(LightningModule):
         save_hparams(self, "net")
         self.net = net
         self.val_loss = MeanMetric()  # token-weighted over the whole validation set
+        self.test_loss = MeanMetric()
         self._compiled = None  # set by configure_model; kept off the module tree (no "_orig_mod." keys)
         self._flops_per_token: dict[int, int] = {}
         self._init_loaded = False
@@ -91,13 +104,28 @@ class CausalLMModule(LightningModule):
             self._init_loaded = True
         dm = getattr(trainer_of(self), "datamodule", None)
         tok = getattr(dm, "tokenizer", None)
+        if tok is None and self.net.vocab_size is None and hasattr(dm, "vocab_size"):
+            dm.vocab_size  # noqa: B018 (builds the datamodule's tokenizer: the net's vocabulary is its size)
+            tok = dm.tokenizer
         if tok is None:
-            return
+            return  # predict and test on a new file: the tokenizer comes with the checkpoint, restored after setup
         self.tokenizer = tok
-        if tok.vocab_size > self.net.vocab_size:
+        self._size_vocabulary(tok.vocab_size)
+
+    def _size_vocabulary(self, n: int) -> None:
+        """The net's vocabulary from the tokenizer's ``n`` ids unless given; a given size must agree."""
+        given = self.net.vocab_size
+        if given is None:
+            self.net.set_vocab_size(n)
+            net_cfg = self.hparams.get("net")
+            if isinstance(net_cfg, dict) and isinstance(net_cfg.get("init_args"), dict):
+                net_cfg["init_args"]["vocab_size"] = n  # checkpoints and MLflow models rebuild the sized net
+            return
+        # A larger multiple of 64 is padding on purpose (nanoGPT's 50304 for GPT-2's 50257: faster matmuls).
+        if given != n and not (given > n and given % 64 == 0):
             raise ValueError(
-                f"The tokenizer has {tok.vocab_size} ids but the net's vocab_size is {self.net.vocab_size}: "
-                f"set --model.init_args.net.init_args.vocab_size={tok.vocab_size} (or more)"
+                f"The tokenizer has {n} ids but the net's vocab_size is {given}: leave vocab_size unset to take "
+                f"the tokenizer's, or set --model.init_args.net.init_args.vocab_size={n} (or a larger multiple of 64)"
             )
 
     # -- steps -------------------------------------------------------------------------------------------
@@ -132,6 +160,18 @@ class CausalLMModule(LightningModule):
         self.val_loss.reset()
         self.log_dict({"val/loss": loss, "val/ppl": loss.exp()}, prog_bar=True)
 
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        x, y = batch
+        out = causal_lm_loss(self(x), y)
+        self.test_loss.update(out["loss"], weight=out["tokens"])
+
+    def on_test_epoch_end(self) -> None:
+        # Token-weighted over the whole file (the datamodule's test_path, or its validation split): exp of it is
+        # the perplexity per token of the model's own tokenizer (per byte for bytes, so tokenizers compare).
+        loss = self.test_loss.compute()
+        self.test_loss.reset()
+        self.log_dict({"test/loss": loss, "test/ppl": loss.exp()})
+
     def configure_optimizers(self):
         return AdamWCosine.of(self.hparams.optimizer).configure(self.net, self.trainer)
 
@@ -152,6 +192,7 @@ class CausalLMModule(LightningModule):
             gen = torch.Generator(self.device).manual_seed(seed)
         eos = self.tokenizer.eos_id if self.tokenizer is not None else None
         out = generate(self.net, ids, max_new_tokens, temperature, top_k, top_p, eos_id=eos, generator=gen)
+        warn_if_cut_short(ids, out, max_new_tokens, self.net.block_size)
         return [self.tokenizer.decode(o.tolist()) for o in out] if as_text else out
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict[str, list[str]]:
@@ -164,6 +205,7 @@ class CausalLMModule(LightningModule):
             self.net, batch["prompt_ids"], eos_id=self.tokenizer.eos_id,
             generator=torch.Generator(self.device).manual_seed(seed), **settings,
         )
+        warn_if_cut_short(batch["prompt_ids"], out, settings["max_new_tokens"], self.net.block_size)
         return {"prompt": list(batch["text"]), "completion": [self.tokenizer.decode(o.tolist()) for o in out]}
 
     # -- checkpoints -------------------------------------------------------------------------------------
@@ -174,6 +216,8 @@ class CausalLMModule(LightningModule):
             checkpoint["tokenizer"] = self.tokenizer.to_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if self.net.vocab_size is None and "net.tok_emb.weight" in checkpoint.get("state_dict", {}):
+            self.net.set_vocab_size(checkpoint["state_dict"]["net.tok_emb.weight"].shape[0])  # its own size
         if "state_dict" in checkpoint:  # absent in a sharded (FSDP2) resume: the shards load into the net directly
             check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
         if "tokenizer" in checkpoint:

@@ -1,0 +1,97 @@
+"""A trained GPT on new inputs through cli.py: test on any text file, predict from a prompts file without the
+training corpus, the vocabulary sized from the tokenizer."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import CONFIGS, cli
+
+import datamodules.text
+from zoo.gpt import CausalLMModule
+from zoo.gpt.losses import causal_lm_loss
+
+TINY = CONFIGS / "gpt" / "gpt_tiny.yaml"
+TEXT = "Now is the winter of our discontent\nMade glorious summer by this sun of York.\n" * 12
+
+
+def fit_tiny() -> str:
+    c = cli("fit", "--config", str(TINY), "--trainer.max_steps=4", "--trainer.limit_val_batches=1")
+    assert c.model.net.vocab_size == 257  # the byte tokenizer's, not written in the config
+    return c.trainer.checkpoint_callback.last_model_path
+
+
+def forbid_corpus(monkeypatch) -> None:
+    """From here on, reading (downloading) the training corpus fails the test."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the training corpus was read")
+
+    monkeypatch.setattr(datamodules.text, "shakespeare_dir", refuse)
+
+
+def test_test_on_a_text_file_reports_its_loss_and_perplexity(monkeypatch):
+    last = fit_tiny()
+    forbid_corpus(monkeypatch)
+    Path("new.txt").write_text(TEXT)
+    c = cli("test", "--config", str(TINY), "--ckpt_path", last, "--data.init_args.test_path=new.txt")
+    loss, ppl = c.trainer.callback_metrics["test/loss"], c.trainer.callback_metrics["test/ppl"]
+    torch.testing.assert_close(ppl, loss.exp())
+
+    # the same figure computed here: the file's bytes + EOS, in non-overlapping windows of 64, token-weighted
+    module = CausalLMModule.load_from_checkpoint(last).eval()
+    ids = torch.tensor(module.tokenizer.encode(TEXT) + [module.tokenizer.eos_id])
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(ids) - 1, 64):
+            window = ids[start:start + 65]
+            out = causal_lm_loss(module(window[None, :-1]), window[None, 1:])
+            total, tokens = total + out["loss"] * out["tokens"], tokens + out["tokens"]
+    torch.testing.assert_close(loss, total / tokens, rtol=1e-5, atol=1e-5)
+    assert loss < math.log(257) + 0.5
+
+
+def test_predict_from_a_prompts_file_without_the_corpus(monkeypatch):
+    last = fit_tiny()
+    forbid_corpus(monkeypatch)
+    Path("prompts.txt").write_text("ROMEO:\n\nTo be, or not\n")
+    # the checkpoint's tokenizer: nothing is tokenised to a file either
+    monkeypatch.setattr(datamodules.text, "tokenize_to_file", lambda *a, **k: pytest.fail("tokenised a corpus"))
+    cli("predict", "--config", str(TINY), "--ckpt_path", last, "--data.init_args.prompts_file=prompts.txt",
+        "--data.init_args.max_new_tokens=12", "--data.init_args.temperature=0")
+    rows = [json.loads(line) for line in Path("predictions.jsonl").read_text().splitlines()]
+    prompts = ["ROMEO:", "", "To be, or not"]
+    assert [r["prompt"] for r in rows] == prompts
+    module = CausalLMModule.load_from_checkpoint(last).eval()
+    assert [r["completion"] for r in rows] == module.generate(prompts, max_new_tokens=12, temperature=0)
+
+
+def test_generation_past_block_size_is_not_cut_short_silently():
+    last = fit_tiny()
+    module = CausalLMModule.load_from_checkpoint(last).eval()
+    prompt = "x" * 40  # 40 of the 64 positions
+    with pytest.warns(UserWarning, match=r"block_size 64 with 24-24 of the 50 new tokens") as record:
+        out = module.generate([torch.tensor(module.tokenizer.encode(prompt))], max_new_tokens=50, temperature=0,
+                              top_k=None)
+        if len(out[0]) == 50:  # decoding slides its window now: nothing is cut, nothing to say
+            pytest.skip("generation goes past block_size")
+    assert len(record) == 1 and len(out[0]) == 24
+
+
+def test_a_vocab_size_that_disagrees_with_the_tokenizer_is_an_error_naming_both():
+    with pytest.raises(ValueError, match=r"tokenizer has 257 ids but the net's vocab_size is 300"):
+        cli("fit", "--config", str(TINY), "--trainer.fast_dev_run=1", "--model.init_args.net.init_args.vocab_size=300")
+    # a larger multiple of 64 is padding on purpose (nanoGPT's 50304), and a matching size is fine
+    for size in (320, 257):
+        c = cli("fit", "--config", str(TINY), "--trainer.fast_dev_run=1", f"--model.init_args.net.init_args.vocab_size={size}")
+        assert c.model.net.vocab_size == size
+
+
+def test_the_derived_vocab_size_is_in_the_checkpoint():
+    last = fit_tiny()
+    ckpt = torch.load(last, weights_only=True)
+    assert ckpt["hyper_parameters"]["net"]["init_args"]["vocab_size"] == 257
+    assert CausalLMModule.load_from_checkpoint(last).net.tok_emb.weight.shape == (257, 32)
