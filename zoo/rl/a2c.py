@@ -83,9 +83,13 @@ class A2CModule(AgentModule):
         super().__init__(num_threads)
         save_hparams(self, "net")
         self.net = net
-        self.obs_rms = RunningMeanStd(net.obs_shape or (net.obs_dim,), clip=clip_obs)
+        if not net.unsized:
+            self.net_sized()
         self.return_rms = RunningMeanStd((), clip=clip_reward)
         self.ended_episodes: list[Tensor] = []  # returns and lengths of training episodes since the last log
+
+    def net_sized(self) -> None:
+        self.obs_rms = RunningMeanStd(self.net.obs_shape or (self.net.obs_dim,), clip=self.hparams.clip_obs)
 
     def learn(self, write: bool) -> dict[str, Tensor]:
         """One short rollout and one gradient step on all of it."""

@@ -196,6 +196,8 @@ class AgentModule(LightningModule):
             self._threads_before = torch.get_num_threads()
             torch.set_num_threads(self.num_threads)
         dm = self.datamodule()
+        if dm is not None and getattr(self.net, "unsized", False):
+            self._size_net_for(dm)
         if dm is not None:
             want = net_shape_for(*dm.spaces)
             if getattr(self.net, "obs_shape", None) is not None:  # an image encoder: the layout matters too
@@ -205,6 +207,24 @@ class AgentModule(LightningModule):
             if want != have:
                 fix = " ".join(f"--model.init_args.net.init_args.{k}={v}".replace(" ", "") for k, v in want.items())
                 raise ValueError(f"{dm.env_id} needs a net with {want}, this one has {have}: pass {fix}")
+
+    def _size_net_for(self, dm) -> None:
+        """Replaces a net built without its sizes (obs_dim, action_dim, ... left None) by one sized for ``dm``'s env;
+        the sizes go into the hyperparameters, so checkpoints and MLflow models rebuild the sized net."""
+        obs_space, action_space = dm.spaces
+        shape = {**net_shape_for(obs_space, action_space), "obs_shape": list(obs_space.shape)}
+        if isinstance(action_space, gym.spaces.Box):
+            shape |= {"action_low": action_space.low.tolist(), "action_high": action_space.high.tolist()}
+        self.net = self.net.for_env(shape)
+        net_cfg = self.hparams.get("net")
+        if isinstance(net_cfg, dict) and isinstance(net_cfg.get("init_args"), dict):
+            given = net_cfg["init_args"]
+            given.update({k: v for k, v in self.net.init_args.items() if given.get(k, v) is None})
+        self.net_sized()
+
+    def net_sized(self) -> None:
+        """Builds what the module keeps beside the net and sizes from it (observation statistics, target nets):
+        called by ``__init__`` for a sized net, else by setup once the env has sized it."""
 
     def configure_callbacks(self) -> list[Callback]:
         return [StopCollectingOnException()]

@@ -104,15 +104,20 @@ class SACModule(AgentModule):
         super().__init__(num_threads)
         save_hparams(self, "net")
         self.net = net
-        # The targets are a copy that only Polyak averaging moves; a submodule, so checkpoints carry them.
-        self.critic_target = copy.deepcopy(net.critic).requires_grad_(False)
         self.log_alpha = nn.Parameter(torch.tensor(math.log(init_alpha)))
-        self.target_entropy = float(-net.action_dim if target_entropy is None else target_entropy)
-        self.obs_rms = RunningMeanStd((net.obs_dim,), clip=clip_obs)
+        if not net.unsized:
+            self.net_sized()
         self.register_buffer("updates", torch.zeros((), dtype=torch.int64))
         self.buffer: ReplayBuffer | None = None
         self._ready = False  # the replay buffers hold a minibatch (see _buffer_ready)
         self._buffer_to_restore: dict | None = None  # set by on_load_checkpoint, applied when fit starts
+
+    def net_sized(self) -> None:
+        h = self.hparams
+        # The targets are a copy that only Polyak averaging moves; a submodule, so checkpoints carry them.
+        self.critic_target = copy.deepcopy(self.net.critic).requires_grad_(False)
+        self.target_entropy = float(-self.net.action_dim if h.target_entropy is None else h.target_entropy)
+        self.obs_rms = RunningMeanStd((self.net.obs_dim,), clip=h.clip_obs)
 
     def _explore(self, obs: Tensor) -> Tensor:
         return self.act(obs, deterministic=False)
@@ -121,12 +126,11 @@ class SACModule(AgentModule):
 
     def setup(self, stage: str) -> None:
         dm = self.datamodule()
+        if dm is not None and not isinstance(dm.spaces[1], gym.spaces.Box):
+            raise ValueError(f"SAC acts in continuous (Box) action spaces; {dm.env_id} has {dm.spaces[1]}")
+        super().setup(stage)  # sizes a net built without its sizes, then checks them against the env
         if dm is not None:
-            space = dm.spaces[1]
-            if not isinstance(space, gym.spaces.Box):
-                raise ValueError(f"SAC acts in continuous (Box) action spaces; {dm.env_id} has {space}")
-            self._check_bounds(dm.env_id, space)
-        super().setup(stage)
+            self._check_bounds(dm.env_id, dm.spaces[1])
 
     def _check_bounds(self, env_id: str, space: gym.spaces.Box) -> None:
         actor = self.net.actor

@@ -81,6 +81,11 @@ class SquashedGaussianActor(nn.Module):
         log_std = self.log_std_min + 0.5 * (self.log_std_max - self.log_std_min) * (torch.tanh(log_std) + 1)
         return mean, log_std
 
+    def for_env(self, shape: dict) -> SoftActorCritic:
+        """This net with every size and bound left None taken from ``shape`` (the env's, see ``AgentModule.setup``)."""
+        fill = {k: v for k, v in shape.items() if k in self.init_args and self.init_args[k] is None}
+        return SoftActorCritic(**{**self.init_args, **fill})
+
     def get_action(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """A reparameterised sample (differentiable in the actor's parameters): (action (B, A), log pi (B,))."""
         mean, log_std = self(x)
@@ -139,10 +144,10 @@ class SoftActorCritic(nn.Module):
 
     def __init__(
         self,
-        obs_dim: int,
-        action_dim: int,
-        action_low: float | list[float] = -1.0,
-        action_high: float | list[float] = 1.0,
+        obs_dim: int | None = None,
+        action_dim: int | None = None,
+        action_low: float | list[float] | None = None,
+        action_high: float | list[float] | None = None,
         hidden_sizes: tuple[int, ...] = (256, 256),
         num_critics: int = 2,
         log_std_min: float = -5.0,
@@ -150,20 +155,34 @@ class SoftActorCritic(nn.Module):
     ) -> None:
         """
         Args:
-            obs_dim: observation features O (the flattened observation space).
-            action_dim: dimensions A of the (Box) action.
-            action_low: the Box's lower bound, one number for every dimension or one per dimension.
-            action_high: the Box's upper bound, likewise; actions are rescaled from tanh's (-1, 1) to the Box.
+            obs_dim: observation features O (the flattened observation space); None: the env's (the agent module
+                sizes the net at setup, see ``for_env``).
+            action_dim: dimensions A of the (Box) action; None: the env's.
+            action_low: the Box's lower bound, one number for every dimension or one per dimension; None: the env's
+                (-1 for a net sized by hand).
+            action_high: the Box's upper bound, likewise (None: the env's, or 1); actions are rescaled from tanh's
+                (-1, 1) to the Box.
             hidden_sizes: widths of the hidden layers of the actor and of each critic.
             num_critics: K, Q functions whose minimum forms the targets (2: clipped double Q).
             log_std_min: lower bound of the actor's log standard deviation (CleanRL -5; SB3 clamps at -20).
             log_std_max: upper bound of the actor's log standard deviation.
         """
+        self.init_args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         super().__init__()
         self.obs_dim, self.action_dim = obs_dim, action_dim
+        self.unsized = obs_dim is None or action_dim is None
+        if self.unsized:  # no layers until for_env: a placeholder the agent module replaces at setup
+            return
+        action_low = -1.0 if action_low is None else action_low
+        action_high = 1.0 if action_high is None else action_high
         self.actor = SquashedGaussianActor(obs_dim, action_dim, hidden_sizes, action_low, action_high,
                                            log_std_min, log_std_max)
         self.critic = TwinQ(obs_dim, action_dim, hidden_sizes, num_critics)
+
+    def for_env(self, shape: dict) -> SoftActorCritic:
+        """This net with every size and bound left None taken from ``shape`` (the env's, see ``AgentModule.setup``)."""
+        fill = {k: v for k, v in shape.items() if k in self.init_args and self.init_args[k] is None}
+        return SoftActorCritic(**{**self.init_args, **fill})
 
     def get_action(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Sampled action (B, A) and its log-probability (B,), differentiable (reparameterised)."""
