@@ -1,4 +1,5 @@
-"""Writes what ``predict_step`` returns to a file, one row per example: CSV for tensors, JSONL for text."""
+"""Writes what ``predict_step`` returns to a file, one row per example: CSV for tensors, JSONL for text; images
+and videos among them (``callbacks.media``) as files in the same folder."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import numpy as np
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
+
+from callbacks.media import split_media, write_images, write_video
+from zoo.tracking import mlflow_loggers
 
 
 class WritePredictions(BasePredictionWriter):
@@ -33,6 +37,11 @@ class WritePredictions(BasePredictionWriter):
         batches = [b for b in batches if isinstance(b, dict)]
         if not batches:
             return
+        batches, images, videos = split_media(batches)
+        for video in videos:
+            self._write_video(trainer, video)
+        if images:
+            self._write_images(trainer, batches, torch.cat(images))
         if any(not isinstance(v, torch.Tensor) for v in batches[0].values()):
             self._write_jsonl(trainer, batches)
             return
@@ -44,6 +53,36 @@ class WritePredictions(BasePredictionWriter):
         fmt = ["%d" if i else "%.6g" for i in is_int]
         np.savetxt(path, table.numpy(), fmt=fmt, delimiter=",", header=",".join(header), comments="")
         print(f"Wrote {len(table)} predictions to {path.resolve()}")
+
+    def _media_dir(self, trainer: Trainer, name: str, given: str | None = None) -> Path:
+        """``given``, else the folder ``name`` beside the predictions file."""
+        return Path(given) if given else Path(self.path).parent / name
+
+    def _write_video(self, trainer: Trainer, video: dict) -> None:
+        path = write_video(video, self._media_dir(trainer, "videos", video.get("dir")))
+        for lg in mlflow_loggers(trainer):
+            lg.experiment.log_artifact(lg.run_id, str(path), "videos")
+        print(f"Wrote a video of {len(video['frames'])} frames to {path.resolve()}")
+
+    def _write_images(self, trainer: Trainer, batches: list[dict], images: torch.Tensor) -> None:
+        """A PNG per image, named by its row's index and label when it has them, and a grid; the rows get the paths."""
+        rank = f".rank{trainer.global_rank}" if trainer.world_size > 1 else ""
+        names, n = [], 0
+        for b in batches:
+            size = len(next(iter(b.values())))
+            for i in range(size):
+                index = int(b["index"][i]) if "index" in b else n + i
+                label = f"_label{int(b['label'][i])}" if "label" in b and int(b["label"][i]) >= 0 else ""
+                names.append(f"{index:04d}{label}{rank}")
+            n += size
+        folder = self._media_dir(trainer, "images")
+        paths, grid = write_images(images, names, folder, grid_name=f"grid{rank}")
+        files = iter(str(p) for p in paths)
+        for b in batches:
+            b["image"] = [next(files) for _ in range(len(next(iter(b.values()))))]
+        for lg in mlflow_loggers(trainer):
+            lg.experiment.log_artifacts(lg.run_id, str(folder), "images")
+        print(f"Wrote {len(paths)} images and their grid to {grid.resolve()}")
 
     def _rank_path(self, trainer: Trainer, suffix: str) -> Path:
         path = Path(self.path).with_suffix(suffix)

@@ -58,8 +58,9 @@ class GymDataModule(LightningDataModule):
         eval_seed: int = 10_000,
         predict_episodes: int = 10,
         record_video: bool = False,
-        video_dir: str = "videos",
+        video_dir: str | None = None,
         video_fps: int = 30,
+        video_format: Literal["gif", "mp4"] = "gif",
     ) -> None:
         """
         Args:
@@ -79,11 +80,13 @@ class GymDataModule(LightningDataModule):
             eval_seed: every evaluation resets its envs with this seed, so all evaluations play the same
                 start states; keep it apart from the training seeds.
             predict_episodes: episodes ``predict`` plays.
-            record_video: ``predict`` also plays one episode on an env rendering RGB frames, saves it as a GIF
+            record_video: ``predict`` also plays one episode on an env rendering RGB frames, saves it as a video
                 in ``video_dir`` and logs it to MLflow (skipped with a warning when the env's renderer, e.g.
                 pygame for classic control, is not installed).
-            video_dir: where the GIF is written.
-            video_fps: frames per second of the GIF.
+            video_dir: where the video is written; None: ``videos/`` beside the predictions file.
+            video_fps: frames per second of the video.
+            video_format: "gif" (Pillow only; MLflow shows it inline) or "mp4" (needs moviepy, as gymnasium's
+                ``RecordVideo``).
         """
         super().__init__()
         self.env_id, self.num_envs, self.vectorization_mode = env_id, num_envs, vectorization_mode
@@ -93,6 +96,7 @@ class GymDataModule(LightningDataModule):
         self.eval_episodes, self.eval_envs, self.eval_seed = eval_episodes, eval_envs, eval_seed
         self.predict_episodes = predict_episodes
         self.record_video, self.video_dir, self.video_fps = record_video, video_dir, video_fps
+        self.video_format = video_format
         self._spaces: tuple[gym.Space, gym.Space] | None = None
 
     @property

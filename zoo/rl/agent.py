@@ -9,7 +9,8 @@ loss, optimizer steps). Everything else is here:
     the stop before a step would exceed ``total_env_steps`` (also when a resumed run has spent it already);
   - acting (``act``) with the running observation statistics of the agents that keep them;
   - the evaluators for validation and predict, on envs of their own, and the metrics they log;
-  - in predict, a GIF of one episode logged to MLflow when the DataModule asks and the env can render;
+  - in predict, the frames of one episode (written as a GIF or MP4 by ``WritePredictions``) when the DataModule
+    asks and the env can render;
   - the torch thread count pinned while the module runs (a small MLP runs fastest on one thread);
   - the global RNG state, saved in checkpoints and restored when fit resumes;
   - the seed of a resumed run's new episodes;
@@ -22,7 +23,6 @@ loss, optimizer steps). Everything else is here:
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -38,8 +38,7 @@ from zoo.layers.weights import check_compatible
 from zoo.rl.collector import Evaluator, Rollout, RolloutCollector
 from zoo.rl.distributed import evaluation_share, fork_rng, gather_over_ranks, sum_over_ranks
 from zoo.rl.losses import explained_variance, gae
-from zoo.rl.video import record_episode, save_gif
-from zoo.tracking import mlflow_loggers
+from zoo.rl.video import record_episode
 
 
 def net_shape_for(obs_space: gym.Space, action_space: gym.Space) -> dict[str, int | bool | list[int]]:
@@ -302,8 +301,6 @@ class AgentModule(LightningModule):
             envs = dm.make_envs(mine.num_envs)
             self._evaluators[stage] = Evaluator(envs, mine.num_episodes, seed=dm.eval_seed + mine.first_env,
                                                 device=self.device)
-        if stage == "predict" and getattr(dm, "record_video", False):
-            self.record(dm)
         if mine.num_envs:
             returns, lengths = self._evaluators[stage].run(self.act)
         else:
@@ -314,8 +311,9 @@ class AgentModule(LightningModule):
         return (gather_over_ranks(returns.to(self.device), counts).cpu(),
                 gather_over_ranks(lengths.to(self.device), counts).cpu())
 
-    def record(self, dm) -> Path | None:
-        """One episode as a GIF in the DataModule's ``video_dir``, logged to MLflow; None without a renderer."""
+    def record(self, dm) -> dict | None:
+        """One episode's frames, as predict hands a video to ``WritePredictions`` (``callbacks.media``: written beside
+        the predictions, or in the DataModule's ``video_dir``, and logged to MLflow); None without a renderer."""
         if not self.trainer.is_global_zero:
             return None
         try:
@@ -327,11 +325,9 @@ class AgentModule(LightningModule):
         except gym.error.DependencyNotInstalled as err:
             rank_zero_warn(f"No video: {dm.env_id} cannot render here ({err}). Predict goes on without it.")
             return None
-        path = save_gif(frames, Path(dm.video_dir) / f"{dm.env_id}_episode.gif", fps=dm.video_fps)
-        for lg in mlflow_loggers(self.trainer):
-            lg.experiment.log_artifact(lg.run_id, str(path), "videos")
-        rank_zero_info(f"Recorded one episode (return {total:.2f}, {len(frames)} frames) to {path.resolve()}")
-        return path
+        rank_zero_info(f"Recorded one episode: return {total:.2f}, {len(frames)} frames")
+        return {"frames": frames, "fps": dm.video_fps, "name": f"{dm.env_id.rsplit(':', 1)[-1]}_episode",
+                "dir": dm.video_dir, "format": getattr(dm, "video_format", "gif")}
 
     def validation_step(self, batch: int, batch_idx: int) -> None:
         """The evaluation episodes of ``act``: mean and std return, episode length, env steps so far."""
@@ -344,7 +340,9 @@ class AgentModule(LightningModule):
         (under DDP, each rank's share, numbered as one process would number them)."""
         dm = self.require_datamodule()
         shares = evaluation_share(dm.predict_episodes, dm.eval_envs, self.world_size)
-        return episode_rows(*self.evaluate("predict"), sum(s.num_episodes for s in shares[: self.global_rank]))
+        video = self.record(dm) if getattr(dm, "record_video", False) else None
+        rows = episode_rows(*self.evaluate("predict"), sum(s.num_episodes for s in shares[: self.global_rank]))
+        return rows if video is None else {**rows, "video": video}
 
     # -- checkpoints -------------------------------------------------------------------------------------
 

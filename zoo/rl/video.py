@@ -1,7 +1,6 @@
-"""One episode played by an agent, recorded as an animated GIF (Pillow, which torchvision already needs).
+"""One episode played by an agent, recorded as RGB frames (``callbacks.media`` writes them as a GIF or an MP4).
 
-GIF rather than MP4: it needs no video encoder (gymnasium's ``RecordVideo`` needs moviepy and ffmpeg) and
-MLflow's artifact view shows it inline. Rendering needs the env's own renderer: classic control draws with
+Rendering needs the env's own renderer: classic control draws with
 pygame, MuJoCo with its GL context; when it is missing the recording is skipped with a warning that names it,
 and the rest of predict goes on.
 """
@@ -9,12 +8,10 @@ and the rest of predict goes on.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import torch
-from PIL import Image
 from torch import Tensor
 
 from zoo.rl.collector import env_actions
@@ -34,12 +31,3 @@ def record_episode(env: gym.Env, policy: Callable[[Tensor], Tensor], seed: int |
         if terminated or truncated:
             break
     return frames, total
-
-
-def save_gif(frames: list[np.ndarray], path: str | Path, fps: int = 30) -> Path:
-    """Writes ``frames`` as a looping GIF at ``fps`` frames per second."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    images = [Image.fromarray(np.asarray(f, dtype=np.uint8)) for f in frames]
-    images[0].save(path, save_all=True, append_images=images[1:], duration=round(1000 / fps), loop=0)
-    return path

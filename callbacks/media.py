@@ -1,0 +1,81 @@
+"""Images and videos that ``predict_step`` returns, written as files beside the predictions (``WritePredictions``).
+
+The modules under ``zoo/`` never write files themselves: a predict step puts its media in its output dict under
+two keys, a protocol rather than an import (``zoo/`` does not import ``callbacks/``):
+  - ``"images"``: a float tensor (B, C, H, W) in [0, 1], one image per row of the predictions. Each becomes a PNG,
+    and all of them one grid; images smaller than ``MIN_SIDE`` pixels are enlarged by an integer factor with
+    nearest-neighbour sampling, so a 16 px sample is readable and its pixels stay sharp.
+  - ``"video"``: ``{"frames": [(H, W, 3) uint8 arrays], "fps": int, "name": str, "dir": str | None,
+    "format": "gif" | "mp4"}``, one recorded episode. GIF needs only Pillow and MLflow shows it inline; MP4
+    needs moviepy (what gymnasium's ``RecordVideo`` writes with).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+
+IMAGES, VIDEO = "images", "video"
+MIN_SIDE = 128  # pixels: smaller images are enlarged to at least this
+
+
+def split_media(batches: list[dict]) -> tuple[list[dict], list[Tensor], list[dict]]:
+    """(the batches without their media, the image tensors in batch order, the videos)."""
+    rows, images, videos = [], [], []
+    for b in batches:
+        if IMAGES in b:
+            images.append(b[IMAGES])
+        if VIDEO in b and b[VIDEO] is not None:
+            videos.append(b[VIDEO])
+        rows.append({k: v for k, v in b.items() if k not in (IMAGES, VIDEO)})
+    return rows, images, videos
+
+
+def to_pil(image: Tensor) -> Image.Image:
+    """(C, H, W) in [0, 1] -> an 8-bit image, enlarged by an integer factor when smaller than ``MIN_SIDE``."""
+    array = (image.detach().float().cpu().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+    pil = Image.fromarray(array[..., 0] if array.shape[-1] == 1 else array)
+    factor = math.ceil(MIN_SIDE / min(pil.size))
+    return pil.resize((pil.width * factor, pil.height * factor), Image.NEAREST) if factor > 1 else pil
+
+
+def write_images(images: Tensor, names: list[str], folder: Path, grid_name: str = "grid") -> tuple[list[Path], Path]:
+    """One PNG per image (``<folder>/<name>.png``) and a grid of all (``<folder>/<grid_name>.png``)."""
+    from torchvision.utils import make_grid
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / f"{name}.png" for name in names]
+    for image, path in zip(images, paths):
+        to_pil(image).save(path)
+    nrow = math.ceil(math.sqrt(len(images)))
+    grid = make_grid(images.detach().float().cpu(), nrow=nrow, padding=1, pad_value=1.0)  # (C, H', W')
+    side = min(images.shape[-2:])  # enlarge by the single image's factor, so the grid's tiles match the PNGs
+    factor = max(1, math.ceil(MIN_SIDE / side))
+    grid = grid.repeat_interleave(factor, dim=1).repeat_interleave(factor, dim=2)
+    grid_path = folder / f"{grid_name}.png"
+    to_pil(grid).save(grid_path)
+    return paths, grid_path
+
+
+def write_video(video: dict, folder: Path) -> Path:
+    """The recorded frames as ``<folder>/<name>.gif`` (Pillow) or ``.mp4`` (moviepy)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    frames, fps = [np.asarray(f, dtype=np.uint8) for f in video["frames"]], int(video.get("fps", 30))
+    if video.get("format", "gif") == "mp4":
+        try:
+            from moviepy import ImageSequenceClip
+        except ImportError as err:
+            raise ImportError("an MP4 video needs moviepy (pip install moviepy); video_format: gif needs only "
+                              "Pillow") from err
+        path = folder / f"{video['name']}.mp4"
+        ImageSequenceClip(frames, fps=fps).write_videofile(str(path), logger=None)
+        return path
+    path = folder / f"{video['name']}.gif"
+    images = [Image.fromarray(f) for f in frames]
+    images[0].save(path, save_all=True, append_images=images[1:], duration=round(1000 / fps), loop=0)
+    return path
