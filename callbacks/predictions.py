@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import json
+import re
 
 import numpy as np
 import torch
@@ -67,12 +68,14 @@ class WritePredictions(BasePredictionWriter):
     def _write_images(self, trainer: Trainer, batches: list[dict], images: torch.Tensor) -> None:
         """A PNG per image, named by its row's index and label when it has them, and a grid; the rows get the paths."""
         rank = f".rank{trainer.global_rank}" if trainer.world_size > 1 else ""
+        classes = list(getattr(trainer.datamodule, "class_names", None) or [])
         names, n = [], 0
         for b in batches:
             size = len(next(iter(b.values())))
             for i in range(size):
                 index = int(b["index"][i]) if "index" in b else n + i
-                label = f"_label{int(b['label'][i])}" if "label" in b and int(b["label"][i]) >= 0 else ""
+                k = int(b["label"][i]) if "label" in b else -1
+                label = "" if k < 0 else "_" + re.sub(r"[^\w.-]+", "_", str(classes[k])) if k < len(classes) else f"_label{k}"
                 names.append(f"{index:04d}{label}{rank}")
             n += size
         folder = self._media_dir(trainer, "images")

@@ -210,14 +210,16 @@ class DiffusionModule(LightningModule):
         return x.clamp(-1, 1)
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
-        """Sample the datamodule's requests with its settings; one PNG grid per batch, rows to WritePredictions."""
+        """Sample the datamodule's requests with its settings; one PNG grid per batch, rows and images to WritePredictions."""
         sampling, seed = Sampling(**batch["sampling"]), batch["seed"] + batch_idx
         labels = batch["labels"]
         images = self.sample(len(labels), sampling, seed=seed, labels=labels)
         rank = f".rank{self.global_rank}" if self.trainer.world_size > 1 else ""
         path = save_grid(images, Path(batch["output_dir"]) / f"grid_{batch_idx:04d}{rank}.png")
         label = labels if self.num_classes else torch.full_like(labels, -1)
-        return {"index": batch["index"], "label": label, "seed": [seed] * len(labels), "grid": [str(path)] * len(labels)}
+        # "images" in [0, 1]: WritePredictions writes each as a PNG (enlarged when tiny) and all of them as one grid.
+        return {"index": batch["index"], "label": label, "seed": [seed] * len(labels), "grid": [str(path)] * len(labels),
+                "images": images * 0.5 + 0.5}
 
     # -- checkpoints -------------------------------------------------------------------------------------
 

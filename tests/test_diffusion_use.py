@@ -1,0 +1,42 @@
+"""A trained diffusion model on new requests through cli.py: N samples of given classes as PNGs and one grid."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from conftest import CONFIGS, cli
+from PIL import Image
+
+from zoo.diffusion import DiffusionModule
+from zoo.diffusion.samplers import Sampling
+
+TINY = str(CONFIGS / "diffusion" / "tiny.yaml")
+
+
+def test_predict_writes_a_readable_png_per_sample_and_a_grid():
+    c = cli("fit", "--config", TINY, "--trainer.max_epochs=1")
+    last = c.trainer.checkpoint_callback.last_model_path
+    classes = c.datamodule.class_names
+    cli("predict", "--config", TINY, f"--ckpt_path={last}", "--data.init_args.num_samples=5",
+        "--data.init_args.labels=[1, 3]", "--data.init_args.sampling.steps=3", "--data.init_args.seed=7")
+    rows = [json.loads(line) for line in Path("predictions.jsonl").read_text().splitlines()]
+    assert [r["label"] for r in rows] == [1, 3, 1, 3, 1]
+    names = [f"{i:04d}_{classes[k]}.png" for i, k in enumerate([1, 3, 1, 3, 1])]
+    assert [Path(r["image"]).name for r in rows] == names
+    assert sorted(p.name for p in Path("images").iterdir()) == sorted([*names, "grid.png"])
+
+    # 8 px samples enlarged 16 times with nearest neighbours: every 16th pixel is the sample itself
+    module = DiffusionModule.load_from_checkpoint(last).eval()
+    first = module.sample(4, Sampling("ddim", steps=3), seed=7, labels=[1, 3, 1, 3])  # batch 0 (batch_size 4)
+    expected = ((first[0] * 0.5 + 0.5).clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()
+    png = np.asarray(Image.open(Path("images") / names[0]))
+    assert png.shape == (128, 128, 3)
+    assert np.array_equal(png[::16, ::16], expected)
+    assert np.array_equal(png[15::16, 15::16], expected)  # blocks, not interpolation
+
+    grid = Image.open("images/grid.png")  # 3 x 2 tiles of 8 px with 1 px borders, enlarged 16 times
+    assert grid.size == ((3 * 9 + 1) * 16, (2 * 9 + 1) * 16)
+    tile = np.asarray(grid)[16:16 + 128, 16:16 + 128]
+    assert np.array_equal(tile, png)
