@@ -95,3 +95,26 @@ def test_the_derived_vocab_size_is_in_the_checkpoint():
     ckpt = torch.load(last, weights_only=True)
     assert ckpt["hyper_parameters"]["net"]["init_args"]["vocab_size"] == 257
     assert CausalLMModule.load_from_checkpoint(last).net.tok_emb.weight.shape == (257, 32)
+
+
+CHARS = CONFIGS / "gpt" / "gpt_char_shakespeare.yaml"
+SMALL = ("--model.init_args.net.init_args.n_layer=1", "--model.init_args.net.init_args.n_embd=32",
+         "--model.init_args.net.init_args.n_head=2")
+
+
+def test_the_logged_model_scores_and_continues_new_text_with_its_own_characters(monkeypatch):
+    # A character vocabulary is fitted on the corpus: only the model's own copy avoids reading the corpus again.
+    c = cli("fit", "--config", str(CHARS), *SMALL, "--trainer.max_steps=3", "--trainer.limit_val_batches=1",
+            "--data.init_args.samples_per_epoch=32", "--data.init_args.val_samples=8")
+    assert c.model.net.vocab_size == 85  # 84 characters + EOS, not written in the config
+    model = f"runs:/{c.trainer.logger.run_id}/model"
+    forbid_corpus(monkeypatch)
+    Path("new.txt").write_text("JULIET: O Romeo, Romeo, wherefore art thou Romeo?\n")
+    t = cli("test", "--config", str(CHARS), *SMALL, "--ckpt_path", model, "--data.init_args.test_path=new.txt")
+    torch.testing.assert_close(t.trainer.callback_metrics["test/ppl"], t.trainer.callback_metrics["test/loss"].exp())
+    Path("prompts.txt").write_text("ROMEO:\nJULIET:\n")
+    cli("predict", "--config", str(CHARS), *SMALL, "--ckpt_path", model, "--data.init_args.prompts_file=prompts.txt",
+        "--data.init_args.max_new_tokens=8", "--data.init_args.temperature=0")
+    rows = [json.loads(line) for line in Path("predictions.jsonl").read_text().splitlines()]
+    assert [r["prompt"] for r in rows] == ["ROMEO:", "JULIET:"]
+    assert [r["completion"] for r in rows] == c.model.eval().generate(["ROMEO:", "JULIET:"], 8, temperature=0)

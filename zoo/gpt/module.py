@@ -104,13 +104,19 @@ class CausalLMModule(LightningModule):
             self._init_loaded = True
         dm = getattr(trainer_of(self), "datamodule", None)
         tok = getattr(dm, "tokenizer", None)
-        if tok is None and self.net.vocab_size is None and hasattr(dm, "vocab_size"):
-            dm.vocab_size  # noqa: B018 (builds the datamodule's tokenizer: the net's vocabulary is its size)
-            tok = dm.tokenizer
         if tok is None:
             return  # predict and test on a new file: the tokenizer comes with the checkpoint, restored after setup
         self.tokenizer = tok
         self._size_vocabulary(tok.vocab_size)
+
+    def on_predict_start(self) -> None:
+        # No checkpoint sized the net (an untrained model's predict or test): the datamodule's tokenizer does.
+        dm = self.trainer.datamodule
+        if self.net.vocab_size is None and dm is not None and hasattr(type(dm), "vocab_size"):
+            self.net.set_vocab_size(dm.vocab_size)
+            self.tokenizer = dm.tokenizer
+
+    on_test_start = on_predict_start
 
     def _size_vocabulary(self, n: int) -> None:
         """The net's vocabulary from the tokenizer's ``n`` ids unless given; a given size must agree."""
