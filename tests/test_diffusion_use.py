@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 from conftest import CONFIGS, cli
+from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from zoo.diffusion import DiffusionModule
@@ -19,13 +20,15 @@ def test_predict_writes_a_readable_png_per_sample_and_a_grid():
     c = cli("fit", "--config", TINY, "--trainer.max_epochs=1")
     last = c.trainer.checkpoint_callback.last_model_path
     classes = c.datamodule.class_names
-    cli("predict", "--config", TINY, f"--ckpt_path={last}", "--data.init_args.num_samples=5",
+    p = cli("predict", "--config", TINY, f"--ckpt_path={last}", "--data.init_args.num_samples=5",
         "--data.init_args.labels=[1, 3]", "--data.init_args.sampling.steps=3", "--data.init_args.seed=7")
     rows = [json.loads(line) for line in Path("predictions.jsonl").read_text().splitlines()]
     assert [r["label"] for r in rows] == [1, 3, 1, 3, 1]
     names = [f"{i:04d}_{classes[k]}.png" for i, k in enumerate([1, 3, 1, 3, 1])]
     assert [Path(r["image"]).name for r in rows] == names
-    assert sorted(p.name for p in Path("images").iterdir()) == sorted([*names, "grid.png"])
+    assert sorted(f.name for f in Path("images").iterdir()) == sorted([*names, "grid.png"])
+    logged = MlflowClient(p.trainer.logger.tracking_uri).list_artifacts(p.trainer.logger.run_id, "images")
+    assert sorted(a.path for a in logged) == sorted(f"images/{n}" for n in [*names, "grid.png"])
 
     # 8 px samples enlarged 16 times with nearest neighbours: every 16th pixel is the sample itself
     module = DiffusionModule.load_from_checkpoint(last).eval()
