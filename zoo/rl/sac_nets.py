@@ -81,11 +81,6 @@ class SquashedGaussianActor(nn.Module):
         log_std = self.log_std_min + 0.5 * (self.log_std_max - self.log_std_min) * (torch.tanh(log_std) + 1)
         return mean, log_std
 
-    def for_env(self, shape: dict) -> SoftActorCritic:
-        """This net with every size and bound left None taken from ``shape`` (the env's, see ``AgentModule.setup``)."""
-        fill = {k: v for k, v in shape.items() if k in self.init_args and self.init_args[k] is None}
-        return SoftActorCritic(**{**self.init_args, **fill})
-
     def get_action(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """A reparameterised sample (differentiable in the actor's parameters): (action (B, A), log pi (B,))."""
         mean, log_std = self(x)
