@@ -172,8 +172,8 @@ class CausalLMModule(LightningModule):
         self.test_loss.update(out["loss"], weight=out["tokens"])
 
     def on_test_epoch_end(self) -> None:
-        # Token-weighted over the whole file (the datamodule's test_path, or its validation split): exp of it is
-        # the perplexity per token of the model's own tokenizer (per byte for bytes, so tokenizers compare).
+        # Token-weighted over the whole file (the datamodule's test_path, or its validation split); its exp is the
+        # perplexity per token of the model's own tokenizer, so only models sharing a tokenizer compare by it.
         loss = self.test_loss.compute()
         self.test_loss.reset()
         self.log_dict({"test/loss": loss, "test/ppl": loss.exp()})
