@@ -29,7 +29,10 @@ def config_net(path: str) -> tuple[torch.nn.Module, dict]:
     parser = ArgumentParser()
     parser.add_argument("--net", type=torch.nn.Module)
     cfg = parser.parse_object({"net": config["model"]["init_args"]["net"]})
-    return parser.instantiate(cfg).net, config
+    net = parser.instantiate(cfg).net
+    if getattr(net, "vocab_size", 0) is None:  # a GPT config leaves it to the tokenizer (CausalLMModule sizes it)
+        net.set_vocab_size(257)
+    return net, config
 
 
 def run_denoiser(net, config: dict) -> None:
