@@ -167,3 +167,22 @@ def test_gpt2_init_scales_residual_projections():
     assert net.blocks[0].mlp.fc.weight.std().item() == pytest.approx(0.02, rel=0.05)
     assert net.blocks[0].attn.proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(24), rel=0.05)
     assert net.lm_head.weight is net.tok_emb.weight
+
+
+def test_gelu_is_chosen_by_config_exact_for_new_models_tanh_for_gpt2_weights():
+    x = torch.randn(3, 32)
+    exact, tanh = (GPT(vocab_size=V, block_size=8, n_layer=1, n_embd=32, n_head=4, gelu=g).blocks[0].mlp
+                   for g in ("exact", "tanh"))
+    tanh.load_state_dict(exact.state_dict())
+    h = exact.fc(x)
+    torch.testing.assert_close(exact(x), exact.proj(0.5 * h * (1 + torch.erf(h / math.sqrt(2)))))
+    torch.testing.assert_close(tanh(x), tanh.proj(torch.nn.functional.gelu(h, approximate="tanh")))
+    # A checkpoint saved before the option existed rebuilds with the GELU it was trained with.
+    assert GPT(vocab_size=V, block_size=8, n_layer=1, n_embd=32, n_head=4).blocks[0].mlp.approximate == "tanh"
+    import yaml
+    from conftest import CONFIGS
+    for path in sorted((CONFIGS / "gpt").glob("*.yaml")):
+        model = yaml.safe_load(path.read_text())["model"]["init_args"]
+        if model["net"]["init_args"].get("mlp", "gelu") == "gelu":  # GPT-2's weights keep tanh; new models exact
+            expected = "tanh" if model.get("init_weights") == "gpt2" else "exact"
+            assert model["net"]["init_args"].get("gelu") == expected, path.name

@@ -31,6 +31,7 @@ def test_imported_gpt2_matches_transformers_logits(tmp_path, safe):
     model = reference()
     model.save_pretrained(tmp_path, safe_serialization=safe)
     net = load_gpt2(tmp_path).eval()
+    assert net.blocks[0].mlp.approximate == "tanh"  # GPT-2's weights were trained with gelu_new
     x = torch.randint(0, 211, (2, 40))
     with torch.no_grad():
         torch.testing.assert_close(net(x), model(x).logits, atol=1e-4, rtol=0)
@@ -46,11 +47,14 @@ def test_untied_head_imports(tmp_path):
         torch.testing.assert_close(net(x), model(x).logits, atol=1e-4, rtol=0)
 
 
-def test_exported_folder_loads_in_transformers_with_the_same_logits(tmp_path):
+@pytest.mark.parametrize("gelu", ["tanh", "exact"])
+def test_exported_folder_loads_in_transformers_with_the_same_logits(tmp_path, gelu):
     torch.manual_seed(1)
-    net = GPT(vocab_size=150, block_size=32, n_layer=2, n_embd=32, n_head=4).eval()
+    net = GPT(vocab_size=150, block_size=32, n_layer=2, n_embd=32, n_head=4, gelu=gelu).eval()
     export_gpt2(net, tmp_path / "hf")
     model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    assert model.config.activation_function == {"tanh": "gelu_new", "exact": "gelu"}[gelu]
+    assert load_gpt2(tmp_path / "hf").blocks[0].mlp.approximate == net.blocks[0].mlp.approximate
     x = torch.randint(0, 150, (2, 32))
     with torch.no_grad():
         torch.testing.assert_close(model(x).logits, net(x), atol=1e-4, rtol=0)

@@ -28,9 +28,11 @@ from zoo.gpt.attention import MHA, AttentionClass, LayerCache, rope_cache
 class MLP(nn.Module):
     """GELU MLP (GPT-2) or SwiGLU (gate and up projections fused in one matmul)."""
 
-    def __init__(self, dim: int, hidden: int, kind: Literal["gelu", "swiglu"], bias: bool, dropout: float) -> None:
+    def __init__(self, dim: int, hidden: int, kind: Literal["gelu", "swiglu"], bias: bool, dropout: float,
+                 gelu: Literal["exact", "tanh"] = "tanh") -> None:
         super().__init__()
         self.kind = kind
+        self.approximate = "tanh" if gelu == "tanh" else "none"  # F.gelu's name for the choice
         self.fc = nn.Linear(dim, 2 * hidden if kind == "swiglu" else hidden, bias=bias)
         self.proj = nn.Linear(hidden, dim, bias=bias)
         self.drop = nn.Dropout(dropout)
@@ -41,7 +43,7 @@ class MLP(nn.Module):
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
         else:
-            h = F.gelu(h, approximate="tanh")  # GPT-2's gelu_new
+            h = F.gelu(h, approximate=self.approximate)
         return self.drop(self.proj(h))
 
 
@@ -74,6 +76,7 @@ class GPT(nn.Module):
         norm_eps: float = 1e-5,
         mlp: Literal["gelu", "swiglu"] = "gelu",
         mlp_hidden: int | None = None,
+        gelu: Literal["exact", "tanh"] = "tanh",
         position: Literal["learned", "rope"] = "learned",
         rope_base: float = 10000.0,
         bias: bool = True,
@@ -96,6 +99,10 @@ class GPT(nn.Module):
             norm_eps: epsilon of every norm.
             mlp: "gelu" (GPT-2) or "swiglu".
             mlp_hidden: MLP hidden width; None = 4D for gelu, 8D/3 rounded up to a multiple of 64 for swiglu.
+            gelu: the "gelu" MLP's activation: "exact" (erf; nanoGPT, new models) or "tanh", GPT-2's
+                approximation ("gelu_new"), which its weights were trained with. The default stays "tanh" so
+                checkpoints saved before this option existed rebuild as trained; the configs say "exact",
+                2.3x cheaper on a CPU (issue 16).
             position: learned absolute positions (GPT-2) or RoPE (MLA always uses RoPE on its p channels).
             rope_base: RoPE's base wavelength.
             bias: biases in linear layers (GPT-2 has them).
@@ -118,7 +125,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
             Block(attention(n_embd, n_head, bias, dropout, position == "rope"),
-                  MLP(n_embd, mlp_hidden, mlp, bias, dropout), norm_cls, n_embd, norm_eps, dropout)
+                  MLP(n_embd, mlp_hidden, mlp, bias, dropout, gelu), norm_cls, n_embd, norm_eps, dropout)
             for _ in range(n_layer)
         )
         self.norm_f = norm_cls(n_embd, eps=norm_eps)

@@ -34,17 +34,21 @@ _TOP_KEYS = [("tok_emb.weight", "wte.weight"), ("pos_emb.weight", "wpe.weight"),
              ("norm_f.weight", "ln_f.weight"), ("norm_f.bias", "ln_f.bias")]
 
 
+# transformers' activation names -> GPT(gelu=...): GPT-2's own weights use the tanh form.
+_GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "exact"}
+
+
 def gpt2_net_kwargs(config: dict) -> dict:
     """``GPT`` arguments for a Hugging Face ``GPT2Config`` dict."""
     act = config.get("activation_function", "gelu_new")
-    if act not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise ValueError(f"Only GPT-2's tanh GELU is supported, the config has activation_function={act!r}")
+    if act not in _GELU:
+        raise ValueError(f"Only GELU (tanh or exact) is supported, the config has activation_function={act!r}")
     return dict(
         vocab_size=config["vocab_size"], block_size=config.get("n_positions", config.get("n_ctx", 1024)),
         n_layer=config["n_layer"], n_embd=config["n_embd"], n_head=config["n_head"],
         mlp_hidden=config.get("n_inner") or 4 * config["n_embd"], norm_eps=config.get("layer_norm_epsilon", 1e-5),
         tie_embeddings=config.get("tie_word_embeddings", True),
-        attention=MHA, norm="layernorm", mlp="gelu", position="learned", bias=True,
+        attention=MHA, norm="layernorm", mlp="gelu", gelu=_GELU[act], position="learned", bias=True,
     )
 
 
@@ -119,7 +123,8 @@ def export_gpt2(net: GPT, folder: str | Path, eos_id: int | None = None) -> Path
     save_file({k: v.contiguous() for k, v in sd.items()}, folder / "model.safetensors", metadata={"format": "pt"})
     mlp = net.blocks[0].mlp
     config = {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+        "activation_function": "gelu_new" if mlp.approximate == "tanh" else "gelu",
         "vocab_size": net.vocab_size, "n_positions": net.block_size, "n_ctx": net.block_size,
         "n_embd": net.tok_emb.weight.shape[1], "n_layer": net.n_layer, "n_head": attn.n_head,
         "n_inner": mlp.proj.in_features, "layer_norm_epsilon": net.norm_f.eps, "tie_word_embeddings": tied,
