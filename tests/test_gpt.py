@@ -26,7 +26,7 @@ VARIANTS = {
 
 def tiny(variant: str, **kw) -> GPT:
     torch.manual_seed(0)
-    return GPT(vocab_size=V, block_size=48, n_layer=2, n_embd=32, n_head=4, **{**VARIANTS[variant], **kw})
+    return GPT(**{**dict(vocab_size=V, block_size=48, n_layer=2, n_embd=32, n_head=4), **VARIANTS[variant], **kw})
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -99,16 +99,42 @@ def test_generation_cached_equals_uncached_and_batch_equals_single(variant):
     assert all(torch.equal(a, b) for a, b in zip(s1, s2))
 
 
-def test_generation_stops_at_eos_and_at_block_size():
+def test_generation_stops_at_eos_and_slides_past_block_size():
     net = tiny("mha")
     prompt = torch.randint(0, V, (5,))
     greedy = generate(net, [prompt], 10, temperature=0)[0]
     eos = int(greedy[3])  # pretend the 4th greedy token is EOS
     first = int((greedy == eos).nonzero()[0])
     assert torch.equal(generate(net, [prompt], 10, temperature=0, eos_id=eos)[0], greedy[:first])
-    assert len(generate(net, [prompt], 500, temperature=0)[0]) == net.block_size - 5
+    # Issue 13: 500 tokens asked past block_size 48 are 500 given (it stopped at 43 before), or a clear error.
+    assert len(generate(net, [prompt], 500, temperature=0)[0]) == 500
+    with pytest.raises(ValueError, match="exceed block_size 48; ask for at most 43"):
+        generate(net, [prompt], 500, temperature=0, past_block_size="error")
     with pytest.raises(ValueError, match="block_size"):
         generate(net, [torch.zeros(48, dtype=torch.long)], 1)
+
+
+@pytest.mark.parametrize("variant", ["mha", "gqa", "mla"])
+def test_generation_past_block_size_predicts_from_the_last_block_size_tokens(variant):
+    net = tiny(variant, block_size=16).double().eval()
+    prompts = [torch.randint(0, V, (n,)) for n in (3, 11)]
+    out = generate(net, prompts, 40, temperature=0)
+    assert [len(o) for o in out] == [40, 40]
+    assert all(torch.equal(a, b) for a, b in zip(out, generate(net, prompts, 40, temperature=0, use_cache=False)))
+    for p, o in zip(prompts, out):  # nanoGPT's rule written out: each token the argmax after the last 16 ids
+        seq = torch.cat((p, o))
+        expected = [int(net(seq[None, max(0, i - 16):i])[0, -1].argmax()) for i in range(len(p), len(seq))]
+        assert o.tolist() == expected
+
+
+def test_unequal_prompts_prefill_in_one_pass():
+    net = tiny("mha", block_size=64)
+    calls = []
+    net.register_forward_hook(lambda m, args, out: calls.append(args[0].shape))
+    short, long = torch.randint(0, V, (5,)), torch.randint(0, V, (40,))
+    out = generate(net, [short, long], 4, temperature=0)
+    assert calls == [(2, 40), (2, 1), (2, 1), (2, 1)]  # one prefill of both prompts, then one token per step
+    assert all(torch.equal(o, generate(net, [p], 4, temperature=0)[0]) for o, p in zip(out, (short, long)))
 
 
 @pytest.mark.parametrize("heads", [4, 16])
@@ -186,3 +212,22 @@ def test_gelu_is_chosen_by_config_exact_for_new_models_tanh_for_gpt2_weights():
         if model["net"]["init_args"].get("mlp", "gelu") == "gelu":  # GPT-2's weights keep tanh; new models exact
             expected = "tanh" if model.get("init_weights") == "gpt2" else "exact"
             assert model["net"]["init_args"].get("gelu") == expected, path.name
+
+
+def test_mla_decode_attends_all_heads_in_one_single_head_call_on_the_cache_itself(monkeypatch):
+    # DeepSeek-V2's absorbed decode: the H heads' queries are rows of one attention over the shared latent,
+    # which is read in place (a GQA-style call with H query heads copied the latent per head on the CPU).
+    net = tiny("mla").eval()
+    cache = make_cache(net, 2, 20)
+    x = torch.randint(0, V, (2, 12))
+    net(x, cache, 0)
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, k, v, **kw: seen.append((q.shape, k, kw)) or sdpa(q, k, v, **kw))
+    net(x[:, :1], cache, 12)
+    r_p = MLA_ARGS["kv_lora_rank"] + MLA_ARGS["qk_rope_head_dim"]
+    assert len(seen) == net.n_layer
+    for (q_shape, k, kw), layer in zip(seen, cache):
+        assert q_shape == (2, 1, 4, r_p) and not kw.get("enable_gqa")  # 4 heads x 1 token as query rows
+        assert k.data_ptr() == layer.a.data_ptr() and k.shape == (2, 1, 13, r_p)  # the cache buffer, not a copy

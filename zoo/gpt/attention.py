@@ -62,10 +62,13 @@ def causal_mask(t: int, s: int, device: torch.device) -> Tensor | None:
     return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, scale: float | None, dropout: float) -> Tensor:
-    """SDPA of q (B, H, T, *) over k, v (B, G, S, *) with G dividing H; causal, offset by S - T."""
+def attend(q: Tensor, k: Tensor, v: Tensor, scale: float | None, dropout: float, mask: Tensor | None = None) -> Tensor:
+    """SDPA of q (B, H, T, *) over k, v (B, G, S, *) with G dividing H; causal, offset by S - T, unless ``mask``
+    (B, 1, T, S) (the GPT's, for left-padded rows) says which keys each query sees."""
     t, s = q.shape[-2], k.shape[-2]
     gqa = k.shape[1] != q.shape[1]
+    if mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale, enable_gqa=gqa)
     if t == s:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scale, enable_gqa=gqa)
     mask = causal_mask(t, s, q.device)
@@ -107,7 +110,8 @@ class MHA(nn.Module):
         """Training FLOPs per token of QK^T and AV over ``seq_len`` keys (forward and backward, no causal halving)."""
         return 6 * seq_len * 2 * self.n_head * self.head_dim
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache | None = None, start: int = 0) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache | None = None, start: int = 0,
+                mask: Tensor | None = None) -> Tensor:
         b, t, _ = x.shape
         hd, h, g = self.head_dim, self.n_head, self.n_kv_head
         q, k, v = self.qkv(x).split([h * hd, g * hd, g * hd], dim=-1)
@@ -118,7 +122,7 @@ class MHA(nn.Module):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v, start)  # (B, G, S, d)
-        y = attend(q, k, v, None, self.dropout if self.training else 0.0)  # (B, H, T, d)
+        y = attend(q, k, v, None, self.dropout if self.training else 0.0, mask)  # (B, H, T, d)
         return self.proj(y.transpose(1, 2).reshape(b, t, h * hd))
 
 
@@ -189,18 +193,19 @@ class MLA(nn.Module):
         c_kv, k_rope = self.kv_down(x).split([self.r, self.dp], dim=-1)
         return self.kv_norm(c_kv), apply_rope(k_rope.unsqueeze(1), cos, sin)  # (B, T, r), (B, 1, T, p)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache | None = None, start: int = 0) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache | None = None, start: int = 0,
+                mask: Tensor | None = None) -> Tensor:
         q_nope, q_rope = self.queries(x, cos, sin)
         c_kv, k_rope = self.latents(x, cos, sin)
         if cache is not None:
             # The cache keeps [c_kv | k_rope] in one buffer, so the shared key is a view, not a copy.
             latent, _ = cache.update(torch.cat((c_kv.unsqueeze(1), k_rope), dim=-1), None, start)  # (B, 1, S, r + p)
             if x.shape[1] == 1 or start > 0:
-                return self.proj(self.absorbed(q_nope, q_rope, latent))
+                return self.proj(self.absorbed(q_nope, q_rope, latent, mask))
         # Training, and a prompt's prefill: per-head keys and values, as cheap as ordinary attention.
-        return self.proj(self.expanded(q_nope, q_rope, c_kv, k_rope))
+        return self.proj(self.expanded(q_nope, q_rope, c_kv, k_rope, mask))
 
-    def expanded(self, q_nope: Tensor, q_rope: Tensor, c_kv: Tensor, k_rope: Tensor) -> Tensor:
+    def expanded(self, q_nope: Tensor, q_rope: Tensor, c_kv: Tensor, k_rope: Tensor, mask: Tensor | None) -> Tensor:
         b, h, t, _ = q_nope.shape
         kv = self.kv_up(c_kv).view(b, t, h, self.dn + self.dv).transpose(1, 2)
         k_nope, v = kv.split([self.dn, self.dv], dim=-1)  # (B, H, T, n), (B, H, T, v)
@@ -208,17 +213,26 @@ class MLA(nn.Module):
         k = torch.cat((k_nope, k_rope.expand(b, h, t, self.dp)), dim=-1)
         # PyTorch's fused attention kernels want one width for q, k and v: pad v, as DeepSeek's code does.
         v = F.pad(v, (0, q.shape[-1] - self.dv)) if self.dv < q.shape[-1] else v
-        y = attend(q, k, v, self.scale, self.dropout if self.training else 0.0)[..., : self.dv]  # (B, H, T, v)
+        y = attend(q, k, v, self.scale, self.dropout if self.training else 0.0, mask)[..., : self.dv]  # (B, H, T, v)
         return y.transpose(1, 2).reshape(b, t, h * self.dv)
 
-    def absorbed(self, q_nope: Tensor, q_rope: Tensor, latent: Tensor) -> Tensor:
+    def absorbed(self, q_nope: Tensor, q_rope: Tensor, latent: Tensor, mask: Tensor | None) -> Tensor:
         b, h, t, _ = q_nope.shape
+        s = latent.shape[2]
         w_uk, w_uv = self.kv_up.weight.view(h, self.dn + self.dv, self.r).split([self.dn, self.dv], dim=1)
         q_lat = torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk)  # W_uk absorbed into the query
-        q = torch.cat((q_lat, q_rope), dim=-1)  # (B, H, T, r + p)
-        # One key head shared by all; the value is the same buffer (its first r columns are c_kv), so q, k
-        # and v share a width and the fused kernel runs; the k_rope columns of the output are dropped.
-        o_lat = attend(q, latent, latent, self.scale, 0.0)[..., : self.r]  # (B, H, T, r)
+        # Every head reads the same latent, so the heads fold into the query rows: one single-head attention
+        # of H x T queries against the S latents, one batched matmul each way, the cache never copied per head
+        # (a GQA-style call broadcasting one key head to H heads copies it on some backends).
+        q = torch.cat((q_lat, q_rope), dim=-1).reshape(b, 1, h * t, self.r + self.dp)  # (B, 1, H T, r + p)
+        if mask is None and t > 1:
+            mask = causal_mask(t, s, q.device)
+        if mask is not None:  # (T, S) or (B, 1, T, S) -> (B, 1, H T, S), head-major as the query rows
+            mask = mask.expand(b, h, t, s).reshape(b, 1, h * t, s)
+        # The value is the same buffer as the key (its first r columns are c_kv), so q, k and v share a width
+        # and the fused kernel runs; the k_rope columns of the output are dropped.
+        o_lat = F.scaled_dot_product_attention(q, latent, latent, attn_mask=mask, scale=self.scale)
+        o_lat = o_lat[..., : self.r].reshape(b, h, t, self.r)  # (B, H, T, r)
         y = torch.einsum("bhtr,hvr->bhtv", o_lat, w_uv)  # W_uv absorbed on the way out
         return y.transpose(1, 2).reshape(b, t, h * self.dv)
 

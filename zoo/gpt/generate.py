@@ -5,15 +5,23 @@ states (``cache_layout``): for MHA/GQA its keys and values, 2 * G * d numbers pe
 compressed latent c_kv and the shared RoPE key side by side, r + p numbers per token (DeepSeek-V2,
 section 2.1.3), which ``MLA`` reads with its up-projections absorbed.
 
-Prompts of different lengths decode together as in Meta's Llama reference ``generate``: all rows
-start at the shortest prompt's length, and while a row is still inside its prompt the sampled token is
-replaced by the prompt's own. Every row then sits at the same position, so the caches need no padding
-masks or per-row positions, and the result equals decoding each prompt alone.
+Prompts of different lengths decode together left-padded, as Hugging Face's ``generate`` does: every
+prompt ends at the same slot, so one forward pass prefills each prompt to its own length and every
+decoding step writes the same cache slot for all rows. The GPT's ``pad`` argument masks each row's padding
+and shifts its positions, so a row computes what it would alone (tested: greedy output is identical).
 
-Notation: B prompts, P longest prompt, N total length (P + max_new_tokens), V vocabulary.
+Past the net's ``block_size`` the context slides (``past_block_size="slide"``): each new token is predicted
+from the last ``block_size`` tokens, as nanoGPT's ``generate`` crops its input. Once the window is full every
+step re-prefills it, as ``use_cache=False`` does; a RoPE model could instead roll its cache, but keys
+rotated for their old positions then differ from a re-prefilled window's by rounding, and learned
+positions cannot roll at all, so one rule serves every net and cached and uncached decoding stay equal.
+
+Notation: B prompts, P longest prompt, N slots (P + max_new_tokens), W window (at most block_size), V vocabulary.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -82,6 +90,23 @@ def sample_next(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def left_padded(prompts: list[Tensor], device: torch.device, slots: int) -> tuple[Tensor, Tensor]:
+    """Ids (B, slots) with every prompt ending at slot P (the longest prompt's length), and pads (B,)."""
+    lengths = torch.tensor([p.numel() for p in prompts], device=device)
+    longest = int(lengths.max())
+    pad = longest - lengths  # (B,)
+    tokens = torch.zeros(len(prompts), slots, dtype=torch.long, device=device)  # (B, N)
+    in_prompt = torch.arange(longest, device=device) >= pad[:, None]  # (B, P)
+    tokens[:, :longest][in_prompt] = torch.cat([p.to(device) for p in prompts])  # row-major, as the mask enumerates
+    return tokens, pad
+
+
+def window_pad(pad: Tensor, first: int) -> Tensor | None:
+    """Each row's padding within a window starting at slot ``first``; None when no row has any (no mask)."""
+    inside = (pad - first).clamp_min(0)
+    return inside if bool(inside.any()) else None
+
+
 @torch.inference_mode()
 def generate(
     net: GPT,
@@ -93,47 +118,48 @@ def generate(
     eos_id: int | None = None,
     use_cache: bool = True,
     generator: torch.Generator | None = None,
+    past_block_size: Literal["slide", "error"] = "slide",
 ) -> list[Tensor]:
     """Continue each 1-D prompt of ids by up to ``max_new_tokens``; returns the new ids only, EOS excluded.
 
-    Decoding stops early for a row at ``eos_id`` and for all rows at the net's ``block_size``.
+    A row stops early at ``eos_id``. Past ``block_size`` tokens the context slides over the last
+    ``block_size`` (``"slide"``), or the call is refused up front (``"error"``). A prompt must leave room for
+    one token in ``block_size``.
     """
     if not prompts or any(p.ndim != 1 or p.numel() == 0 for p in prompts):
         raise ValueError("prompts must be a non-empty list of non-empty 1-D id tensors")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    device = net.tok_emb.weight.device
-    lengths = torch.tensor([p.numel() for p in prompts], device=device)
-    shortest, longest = int(lengths.min()), int(lengths.max())
-    if longest >= net.block_size:
-        raise ValueError(f"A prompt of {longest} tokens leaves no room in block_size {net.block_size}")
-    total = min(longest + max_new_tokens, net.block_size)
+    longest, bs = max(p.numel() for p in prompts), net.block_size
+    if longest >= bs:
+        raise ValueError(f"A prompt of {longest} tokens leaves no room in block_size {bs}: shorten it")
+    if past_block_size == "error" and longest + max_new_tokens > bs:
+        raise ValueError(f"{longest} prompt tokens + max_new_tokens={max_new_tokens} exceed block_size {bs}; "
+                         f"ask for at most {bs - longest} or pass past_block_size='slide'")
+    n = longest + max_new_tokens
+    tokens, pad = left_padded(prompts, net.tok_emb.weight.device, n)  # (B, N), (B,)
     b = len(prompts)
-    tokens = torch.zeros(b, total, dtype=torch.long, device=device)  # (B, N)
-    in_prompt = torch.arange(total, device=device) < lengths[:, None]  # (B, N)
-    tokens[in_prompt] = torch.cat([p.to(device) for p in prompts])  # row-major, as the mask enumerates
-    limit = lengths + max_new_tokens  # each row's own end
-    done = torch.zeros(b, dtype=torch.bool, device=device)
-    ended = torch.full((b,), total, device=device)  # where each row's continuation stops
+    done = torch.zeros(b, dtype=torch.bool, device=tokens.device)
+    ended = torch.full((b,), n, device=tokens.device)  # the slot where each row's continuation stops
 
     was_training = net.training
     net.eval()
-    cache = make_cache(net, b, total) if use_cache else None
-    logits = net(tokens[:, :shortest], cache, 0)[:, -1]  # (B, V)
-    for pos in range(shortest, total):
-        active = ~done
+    cache = make_cache(net, b, min(n, bs)) if use_cache else None
+    first = 0  # the window's first slot: the context is tokens[:, first:pos + 1]
+    logits = net(tokens[:, :longest], cache, 0, window_pad(pad, 0))[:, -1]  # (B, V): every prompt in one pass
+    for pos in range(longest, n):
         nxt = sample_next(logits, temperature, top_k, top_p, generator)
-        nxt = torch.where(in_prompt[:, pos], tokens[:, pos], nxt)
-        hit_eos = active & ~in_prompt[:, pos] & (nxt == eos_id) if eos_id is not None else torch.zeros_like(done)
-        at_limit = active & ~hit_eos & (pos + 1 >= limit)
-        ended = torch.where(hit_eos, pos, torch.where(at_limit, pos + 1, ended))
-        tokens[:, pos] = torch.where(active, nxt, tokens[:, pos])
-        done |= hit_eos | at_limit
-        if bool(done.all()) or pos + 1 == total:
+        hit_eos = ~done & (nxt == eos_id) if eos_id is not None else torch.zeros_like(done)
+        ended = torch.where(hit_eos, pos, ended)
+        done |= hit_eos
+        tokens[:, pos] = nxt
+        if bool(done.all()) or pos + 1 == n:
             break
-        if use_cache:
-            logits = net(tokens[:, pos:pos + 1], cache, pos)[:, -1]
+        slide = pos + 1 - first > bs  # the window is full: drop its oldest token and re-prefill
+        first = pos + 1 - bs if slide else first
+        if use_cache and not slide:
+            logits = net(tokens[:, pos:pos + 1], cache, pos - first, window_pad(pad, first))[:, -1]
         else:
-            logits = net(tokens[:, :pos + 1])[:, -1]
+            logits = net(tokens[:, first:pos + 1], cache, 0, window_pad(pad, first))[:, -1]
     net.train(was_training)
-    return [tokens[i, int(lengths[i]):int(ended[i])].clone() for i in range(b)]
+    return [tokens[i, longest:int(ended[i])].clone() for i in range(b)]

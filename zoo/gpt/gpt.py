@@ -56,9 +56,25 @@ class Block(nn.Module):
         self.norm2, self.mlp = norm(dim, eps=eps), mlp
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache | None = None, start: int = 0) -> Tensor:
-        x = x + self.drop(self.attn(self.norm1(x), cos, sin, cache, start))
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache | None = None, start: int = 0,
+                mask: Tensor | None = None) -> Tensor:
+        x = x + self.drop(self.attn(self.norm1(x), cos, sin, cache, start, mask))
         return x + self.mlp(self.norm2(x))
+
+
+def padded_positions(pad: Tensor, start: int, t: int) -> tuple[Tensor, Tensor]:
+    """Positions (B, T) and attention mask (B, 1, T, S) of slots start..start+T-1 in rows left-padded by ``pad``.
+
+    A query sees the earlier slots of its row that are not padding; a padding query sees itself only, so
+    its (unused) output is finite rather than a softmax over nothing.
+    """
+    s = start + t
+    slots = torch.arange(start, s, device=pad.device)  # (T,)
+    keys = torch.arange(s, device=pad.device)  # (S,)
+    causal = keys <= slots[:, None]  # (T, S)
+    real = keys >= pad[:, None, None]  # (B, 1, S)
+    mask = causal & (real | (keys == slots[:, None]))  # (B, T, S)
+    return (slots - pad[:, None]).clamp_min(0), mask.unsqueeze(1)
 
 
 class GPT(nn.Module):
@@ -172,24 +188,36 @@ class GPT(nn.Module):
             names.add("pos_emb.weight")
         return names
 
-    def forward(self, idx: Tensor, cache: list[LayerCache] | None = None, start: int = 0) -> Tensor:
-        """Logits (B, T, V) for ids (B, T) at positions start..start+T-1; ``cache`` holds earlier tokens."""
+    def forward(self, idx: Tensor, cache: list[LayerCache] | None = None, start: int = 0,
+                pad: Tensor | None = None) -> Tensor:
+        """Logits (B, T, V) for ids (B, T) in slots start..start+T-1; ``cache`` holds the earlier slots.
+
+        ``pad`` (B,) left-pads rows of unequal prompts in one batch: row b's first pad[b] slots are
+        padding, never attended to, and its tokens' positions are slot - pad[b], so each row computes what it
+        would alone.
+        """
         t = idx.shape[1]
         if self.vocab_size is None:
             raise RuntimeError("the net has no vocabulary yet: pass vocab_size, or let CausalLMModule set it from the tokenizer")
         if start + t > self.block_size:
             raise ValueError(f"Sequence of {start + t} tokens exceeds block_size {self.block_size}")
         x = self.tok_emb(idx)  # (B, T, D)
-        if self.position == "learned":
-            x = x + self.pos_emb.weight[start:start + t]
+        learned = self.position == "learned"
+        if pad is None:  # every row at the same positions: slices, and SDPA's own causal mask
+            mask = None
+            cos, sin = self.rope_cos[start:start + t], self.rope_sin[start:start + t]  # (T, rope_dim/2)
+            x = x + self.pos_emb.weight[start:start + t] if learned else x
+        else:
+            pos, mask = padded_positions(pad, start, t)  # (B, T), (B, 1, T, S)
+            cos, sin = self.rope_cos[pos].unsqueeze(1), self.rope_sin[pos].unsqueeze(1)  # (B, 1, T, rope_dim/2)
+            x = x + self.pos_emb(pos) if learned else x
         x = self.drop(x)
-        cos, sin = self.rope_cos[start:start + t], self.rope_sin[start:start + t]
         for i, block in enumerate(self.blocks):
             layer_cache = None if cache is None else cache[i]
             if self.activation_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(block, x, cos, sin, layer_cache, start, use_reentrant=False)
+                x = checkpoint(block, x, cos, sin, layer_cache, start, mask, use_reentrant=False)
             else:
-                x = block(x, cos, sin, layer_cache, start)
+                x = block(x, cos, sin, layer_cache, start, mask)
         return self.lm_head(self.norm_f(x))  # (B, T, V)
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
