@@ -80,3 +80,60 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
         if j == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+# -- zoo against a peer, in one process ------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    """The CPU's model name and whether it computes bf16 natively (AVX512-BF16 or AMX), from /proc/cpuinfo."""
+    try:
+        info = open("/proc/cpuinfo").read()
+    except OSError:
+        return platform.processor() or platform.machine()
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+    bf16 = [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
+    return f"{name}; bf16 in hardware: {', '.join(bf16) if bf16 else 'no (AVX2 only: bf16 autocast is emulated, slower)'}"
+
+
+def peer_header(title: str, threads: int) -> None:
+    """What a reader needs to weigh the ratios: CPU model, threads, load."""
+    torch.set_num_threads(threads)
+    load = " / ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+    print(f"== {title}")
+    print(f"torch {torch.__version__}; CPU: {cpu_model()}; threads: {torch.get_num_threads()} of {os.cpu_count()}")
+    print(f"load average (1/5/15 min) at start: {load}; arms alternate (ABBA) so load drift hits both")
+
+
+def alternate(arms: dict, rounds: int, warmup: int = 1, inner: int = 1) -> dict[str, list[float]]:
+    """Time each arm (a no-argument callable) ``inner`` times per round, arms in order and reversed every other
+    round; returns ms per call for every round, after ``warmup`` untimed rounds."""
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    names = list(arms)
+    for r in range(warmup + rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                arms[name]()
+            if r >= warmup:
+                times[name].append((time.perf_counter() - t0) * 1e3 / inner)
+    return times
+
+
+def ratio_row(label: str, times: dict[str, list[float]], zoo: str, peer: str, target: float | None = None) -> list:
+    """[workload, zoo median/min ms, peer median/min ms, zoo/peer of medians, of mins, per-round median, verdict]."""
+    z, p = times[zoo], times[peer]
+    paired = median([a / b for a, b in zip(z, p)])
+    verdict = "-" if target is None else ("MET" if paired <= target else f"MISSED by {paired / target - 1:.0%}")
+    return [label, f"{median(z):.2f} / {min(z):.2f}", f"{median(p):.2f} / {min(p):.2f}",
+            f"{median(z) / median(p):.3f}", f"{min(z) / min(p):.3f}", f"{paired:.3f}",
+            "-" if target is None else f"<= {target}", verdict]
+
+
+RATIO_HEADERS = ["workload", "zoo ms med / min", "peer ms med / min", "ratio med", "ratio min", "paired med",
+                 "target", "verdict"]
+
+
+def missing(peer: str, how: str) -> None:
+    print(f"-- {peer} is not installed: its rows are skipped ({how})")
