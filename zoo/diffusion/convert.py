@@ -1,4 +1,4 @@
-"""DiT weights from outside: the published checkpoints (facebookresearch/DiT) and diffusers' layout.
+"""Denoiser weights from outside: published DiT checkpoints (facebookresearch/DiT), diffusers' DiT and UNet layouts.
 
 The zoo's ``DiT`` keeps the reference implementation's parameter names, so a published ``DiT-XL-2-256x256.pt``
 loads as it is (its ``pos_embed`` is a fixed table the net rebuilds, so that key is dropped). diffusers'
@@ -14,6 +14,13 @@ net with ``time_freq_shift=1`` to reproduce a diffusers model's outputs, 0 (defa
     load_dit_weights(net, "transformer/diffusion_pytorch_model.safetensors")      # diffusers, one file
     load_dit_weights(net, "DiT-XL-2-256")                   # a diffusers save_pretrained folder (or its pipeline)
 
+diffusers' ``UNet2DModel`` is DDPM's UNet too, block for block: ``unet_from_diffusers`` renames its keys to the
+zoo's ``UNet`` (q, k, v fused as the shared attention layer keeps them). A UNet2DModel matches a ``UNet`` built
+with ``block_out_channels = base_channels * channel_mults``, ``layers_per_block = num_res_blocks``, ``Attn*``
+blocks at the ``attention_resolutions``, heads = channels / ``attention_head_dim`` alike at every attention
+block, ``num_class_embeds = num_classes + 1`` and ``freq_shift=0`` (the zoo's UNet has no other step
+frequencies); its ``flip_sin_to_cos=False`` (sin-first features) is undone by permuting the step MLP's columns.
+
 ``load_pretrained`` is what ``DiffusionModule(init_weights=...)`` calls: these for a DiT, a safetensors file
 (or checkpoint) of the zoo's own keys for any other net.
 """
@@ -21,6 +28,7 @@ net with ``time_freq_shift=1`` to reproduce a diffusers model's outputs, 0 (defa
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -59,6 +67,43 @@ def from_diffusers(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
             out[f"{z}mlp.fc1.{kind}"] = state[f"{d}ff.net.0.proj.{kind}"]
             out[f"{z}mlp.fc2.{kind}"] = state[f"{d}ff.net.2.{kind}"]
             out[f"{z}adaLN_modulation.1.{kind}"] = state[f"{d}norm1.linear.{kind}"]
+    return out
+
+
+_UNET_RENAMES = [  # (diffusers' UNet2DModel, the zoo's UNet), applied in order to each key
+    (r"^time_embedding\.linear_1\.", "time_embed.mlp.0."),
+    (r"^time_embedding\.linear_2\.", "time_embed.mlp.2."),
+    (r"^class_embedding\.", "label_embed.embedding_table."),
+    (r"^(down|up)_blocks\.(\d+)\.resnets\.", r"\1.\2.res."),
+    (r"^(down|up)_blocks\.(\d+)\.attentions\.", r"\1.\2.attn."),
+    (r"^down_blocks\.(\d+)\.downsamplers\.0\.", r"downsample.\1."),
+    (r"^up_blocks\.(\d+)\.upsamplers\.0\.", r"upsample.\1."),
+    (r"^mid_block\.resnets\.0\.", "mid_res1."),
+    (r"^mid_block\.resnets\.1\.", "mid_res2."),
+    (r"^mid_block\.attentions\.0\.", "mid_attn."),
+    (r"\.time_emb_proj\.", ".emb."),
+    (r"\.conv_shortcut\.", ".skip."),
+    (r"\.group_norm\.", ".norm."),
+    (r"\.to_out\.0\.", ".attn.proj."),
+    (r"^conv_norm_out\.", "norm_out."),
+]
+
+
+def unet_from_diffusers(state: Mapping[str, Tensor], flip_sin_to_cos: bool = True) -> dict[str, Tensor]:
+    """A ``UNet2DModel`` state dict in the zoo ``UNet``'s key layout (see the module docstring for the arguments)."""
+    out: dict[str, Tensor] = {}
+    for name, value in state.items():
+        if re.search(r"\.to_[kv]\.", name):
+            continue  # fused with to_q below
+        if ".to_q." in name:  # rows [q; k; v], as the shared attention layer's fused Linear
+            value = torch.cat([value, state[name.replace(".to_q.", ".to_k.")], state[name.replace(".to_q.", ".to_v.")]])
+            name = name.replace(".to_q.", ".attn.qkv.")
+        for pattern, repl in _UNET_RENAMES:
+            name = re.sub(pattern, repl, name)
+        out[name] = value
+    if not flip_sin_to_cos:  # features [sin, cos]: the zoo's [cos, sin] are the same columns swapped in halves
+        w = out["time_embed.mlp.0.weight"]
+        out["time_embed.mlp.0.weight"] = torch.cat(w.chunk(2, dim=1)[::-1], dim=1)
     return out
 
 
@@ -137,10 +182,16 @@ def load_dit_weights(net: nn.Module, path: str | Path) -> nn.Module:
 
 
 def load_pretrained(net: nn.Module, path: str | Path) -> nn.Module:
-    """``init_weights`` of ``DiffusionModule``: any DiT format for a ``DiT``; the zoo's own keys for other nets."""
+    """``init_weights`` of ``DiffusionModule``: any DiT format for a ``DiT``; the zoo's own keys for other nets, or
+    a diffusers ``UNet2DModel`` (a ``.safetensors``/``.bin`` file; its ``config.json`` beside it, if any, says
+    whether the step features are sin-first) for a ``UNet``."""
     if isinstance(net, DiT):
         return load_dit_weights(net, path)
     state = extract_state_dict(load_file(path), "net.")
+    if any(k.startswith("down_blocks.") for k in state):
+        config = Path(path).parent / "config.json"
+        flip = json.loads(config.read_text()).get("flip_sin_to_cos", True) if config.is_file() else True
+        state = unet_from_diffusers(state, flip)
     upgrade_state_dict(state)  # a UNet's weights from before the shared attention layer
     check_compatible(net, state, f"weights file {str(path)!r}")
     net.load_state_dict(state)
