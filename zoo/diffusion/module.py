@@ -1,6 +1,6 @@
 """DiffusionModule: trains any denoiser (UNet, DiT) with the denoising objective; samples as a ``Sampling`` says.
 
-EMA of the weights is Lightning's ``EMAWeightAveraging`` callback, which this module adds unless
+EMA of the weights is ``zoo.diffusion.ema.EMA`` (Lightning's ``WeightAveraging``), which this module adds unless
 the trainer has a weight-averaging callback already: it swaps the EMA weights in for validation
 (so ``val/loss`` and the logged samples are the EMA model's), writes them as the checkpoint's
 ``state_dict`` and the training weights under ``current_model_state``, and restores both on resume.
@@ -20,9 +20,10 @@ from typing import Literal
 
 import torch
 from lightning.pytorch import LightningModule
-from lightning.pytorch.callbacks import EMAWeightAveraging, WeightAveraging
+from lightning.pytorch.callbacks import WeightAveraging
 from torch import Tensor, nn
 
+from zoo.diffusion.ema import EMA
 from zoo.diffusion.grid import save_grid
 from zoo.diffusion.losses import denoising_loss
 from zoo.diffusion.samplers import ClassifierFreeGuidance, Sampling, make_sampler
@@ -80,7 +81,8 @@ class DiffusionModule(LightningModule):
             label_dropout: fraction of training labels replaced by the null class, for classifier-free guidance.
             clip_denoised: clamp the predicted x0 to [-c, c] at every sampling step (1 for images in [-1, 1]); None: never.
             ema_decay: decay of the weights' exponential moving average (0.9999 in DiT); None: no EMA.
-            ema_start_step: optimizer step of the first EMA update (the average starts as a copy of the weights then).
+            ema_start_step: 0-based optimizer step of the first EMA update (the average starts as a copy of the weights
+                then; before it, validation and checkpoints use the weights themselves).
             optimizer: AdamW with warmup and cosine decay (``zoo.layers.optim.AdamWCosine``): lr 1e-4 in DiT, 2e-4
                 in DDPM on CIFAR-10 after 5000 warmup steps; no weight decay and a constant rate in both.
             compile: run the net through ``torch.compile`` for training (weights and checkpoint keys unchanged).
@@ -128,8 +130,7 @@ class DiffusionModule(LightningModule):
         # EMA weights, unless the trainer has a weight averaging (EMA, SWA) of its own, which replaces ours.
         if not self.hparams.ema_decay or any(isinstance(c, WeightAveraging) for c in self.trainer.callbacks):
             return []
-        start = self.hparams.ema_start_step or None
-        return [EMAWeightAveraging(decay=self.hparams.ema_decay, update_starting_at_step=start)]
+        return [EMA(decay=self.hparams.ema_decay, start_step=self.hparams.ema_start_step)]
 
     # -- the denoiser ------------------------------------------------------------------------------------
 
