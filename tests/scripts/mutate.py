@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 A, S, G = "zoo/gpt/attention.py", "zoo/gpt/generate.py", "zoo/gpt/gpt.py"
 SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/diffusion/losses.py"
 RL, VT, SN = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/sac_nets.py"
+UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
+CL, CC = "zoo/clip/losses.py", "zoo/clip/clip.py"
 
 FAMILIES: dict[str, dict] = {
     "gpt": {
@@ -57,7 +59,7 @@ FAMILIES: dict[str, dict] = {
         ],
     },
     "diffusion": {
-        "tests": ["tests/test_diffusion_refs.py", "tests/test_diffusion.py"],
+        "tests": ["tests/test_diffusion_refs.py", "tests/test_diffusion_behaviour.py", "tests/test_diffusion.py"],
         "mutants": [
             (SCH, "return abar.sqrt() * x0 + (1 - abar).sqrt() * noise", "return abar.sqrt() * x0 + (1 - abar) * noise"),
             (SCH, "return abar.sqrt() * noise - (1 - abar).sqrt() * x0", "return abar.sqrt() * noise + (1 - abar).sqrt() * x0"),
@@ -76,10 +78,22 @@ FAMILIES: dict[str, dict] = {
             (SMP, "guided = uncond[:, :c] + self.guidance_scale * (cond[:, :c] - uncond[:, :c])",
              "guided = cond[:, :c] + self.guidance_scale * (cond[:, :c] - uncond[:, :c])"),
             (DL, "per_example = per_example * schedule.min_snr_weight(t, prediction, min_snr_gamma)", "per_example = per_example"),
+            # Added with the UNet/EMA references (issue 14's bug classes: ignored step, dropped attention, ...).
+            (UN, "h = h + self.emb(F.silu(emb))[:, :, None, None]", "h = h"),
+            (UN, "return x + out.contiguous()", "return x"),
+            (UN, "h = attn(res(torch.cat([h, skips.pop()], dim=1), emb))", "h = attn(res(torch.cat([skips.pop(), h], dim=1), emb))"),
+            ("zoo/diffusion/embeddings.py", "torch.cat([torch.cos(args), torch.sin(args)], dim=-1)", "torch.cat([torch.sin(args), torch.cos(args)], dim=-1)"),
+            (DT, "x = x + gate_a[:, None] * self.attn(", "x = x + self.attn("),
+            (DT, "return x * (1 + scale[:, None]) + shift[:, None]", "return x * scale[:, None] + shift[:, None]"),
+            (DM, "y = torch.where(drop, self.num_classes, y)", "y = torch.where(drop, 0, y)"),
+            (DM, "self.eval()  # dropout off", "self.train()  # dropout off"),
+            ("zoo/diffusion/ema.py", "torch.where(num_averaged <= start_step, 1.0, 1.0 - decay)", "torch.where(num_averaged <= start_step, 1.0, decay)"),
+            (DL, "out[\"loss\"] = out[\"loss\"] + vlb_weight * out[\"vlb\"]", "out[\"loss\"] = out[\"loss\"] + out[\"vlb\"]"),
         ],
     },
     "rl": {
-        "tests": ["tests/test_rl_refs.py", "tests/test_rl.py", "tests/test_sac.py", "tests/test_impala.py"],
+        "tests": ["tests/test_rl_refs.py", "tests/test_rl_behaviour.py", "tests/test_rl.py", "tests/test_sac.py",
+                  "tests/test_impala.py"],
         "mutants": [
             (RL, "deltas = rewards + gamma * values[1:] * not_terminal - values[:-1]", "deltas = rewards + gamma * values[1:] - values[:-1]"),
             (RL, "decay = gamma * gae_lambda * (~(terminated | truncated))", "decay = gamma * gae_lambda * (~terminated)"),
@@ -97,6 +111,28 @@ FAMILIES: dict[str, dict] = {
             (VT, "cs = lambda_ * (rhos.clamp(max=clip_c_threshold)", "cs = lambda_ * (rhos.clamp(max=clip_rho_threshold + 1.0)"),
             (SN, "return 2.0 * (_LOG_2 - u - F.softplus(-2.0 * u))", "return 2.0 * (_LOG_2 - u + F.softplus(-2.0 * u))"),
             (SN, "- log_det_tanh(u) - self.action_scale.log()\n        return self.action_bias", "- log_det_tanh(u)\n        return self.action_bias"),
+            # Added with the target-network and normaliser behaviour tests.
+            ("zoo/rl/sac.py", "polyak=updates % h.target_update_interval == 0", "polyak=True"),
+            ("zoo/rl/sac.py", "list(self.net.critic.parameters()), h.tau)", "list(self.net.critic.parameters()), 1 - h.tau)"),
+            ("zoo/rl/collector.py", "self.obs_norm.update(self.raw_obs.flatten(0, 1))", "self.obs_norm.update(self.obs.flatten(0, 1))"),
+            ("zoo/rl/collector.py", "self._discounted[ended[t]] = 0.0", "pass"),
+            ("zoo/rl/normalization.py", "self.var.copy_(m2 / total)", "self.var.copy_(m2 / n)"),
+        ],
+    },
+    "clip": {
+        "tests": ["tests/test_clip_refs.py", "tests/test_clip.py"],
+        "mutants": [
+            (CL, "labels = torch.arange(image_features.shape[0], device=image_features.device) + offset",
+             "labels = torch.arange(image_features.shape[0], device=image_features.device)"),
+            (CL, "signs[rows, rows + offset] = 1.0", "signs[rows, rows] = 1.0"),
+            (CL, "{\"loss\": (loss_i2t + loss_t2i) / 2,", "{\"loss\": (loss_i2t + loss_t2i),"),
+            (CL, "logits_per_text = logit_scale * text_features @ all_images.T", "logits_per_text = text_features @ all_images.T"),
+            (CL, "-F.logsigmoid(signs * logits).sum() / b", "-F.logsigmoid(signs * logits).sum() / n"),
+            (CL, "all_images, all_texts = both.split(", "all_texts, all_images = both.split("),
+            (CL, "logits = _fp32(logit_scale * image_features @ all_texts.T + logit_bias)", "logits = _fp32(logit_scale * image_features @ all_texts.T - logit_bias)"),
+            (CC, "features = self.text_encoder(ids)  # (B, E)\n        return F.normalize(features, dim=-1) if normalize else features",
+             "features = self.text_encoder(ids)  # (B, E)\n        return features"),
+            (CC, "return s.clamp(max=self.max_logit_scale).exp()", "return s.clamp(max=self.max_logit_scale)"),
         ],
     },
 }
