@@ -1,6 +1,6 @@
 """DiffusionModule: trains any denoiser (UNet, DiT) with the denoising objective; samples as a ``Sampling`` says.
 
-EMA of the weights is ``zoo.diffusion.ema.EMA`` (Lightning's ``WeightAveraging``), which this module adds unless
+EMA of the weights is ``zoo.diffusion.ema.EMA`` (sharded like the weights under FSDP2), which this module adds unless
 the trainer has a weight-averaging callback already: it swaps the EMA weights in for validation
 (so ``val/loss`` and the logged samples are the EMA model's), writes them as the checkpoint's
 ``state_dict`` and the training weights under ``current_model_state``, and restores both on resume.
@@ -38,7 +38,8 @@ from zoo.layers.weights import check_compatible, extract_state_dict
 # Both are expected here: the EMA callback is attached at every stage so a checkpoint's callback state
 # always finds its owner, and outside fit the EMA weights are already the checkpoint's state_dict.
 warnings.filterwarnings("ignore", message=r".*WeightAveraging callback, but loading a checkpoint outside the 'fit'")
-# configure_model only shards (refused below with EMA) and compiles lazily, so calling it early is harmless.
+# A trainer's own WeightAveraging (e.g. SWA) calls configure_model early; it only shards (refused below for
+# such a callback) and compiles lazily, so that is harmless.
 warnings.filterwarnings("ignore", message=r".*WeightAveraging callback with a model that overrides the configure_model")
 
 
@@ -108,11 +109,12 @@ class DiffusionModule(LightningModule):
         return (self.net.in_channels, self.net.image_size, self.net.image_size)
 
     def configure_model(self) -> None:
-        self._load_init_weights()  # before sharding, and before EMA's copy (its setup calls this hook first)
-        if self.device_mesh is not None and any(isinstance(c, WeightAveraging) for c in self.trainer.callbacks):
+        self._load_init_weights()  # before sharding (and before the EMA copies the weights at its first update)
+        if self.device_mesh is not None and (averaging := [  # the zoo's EMA stays sharded; others keep a whole copy
+                c for c in self.trainer.callbacks if isinstance(c, WeightAveraging) and not isinstance(c, EMA)]):
             raise ValueError(
-                "EMA (Lightning's WeightAveraging) keeps an unsharded copy of the model and cannot follow FSDP "
-                "sharding: set model.init_args.ema_decay=null to shard"
+                f"{type(averaging[0]).__name__} keeps an unsharded copy of the model and cannot follow FSDP sharding: "
+                "use the module's own EMA (model.init_args.ema_decay) or no weight averaging to shard"
             )
         shard(self.net, self.device_mesh, blocks=self.net.blocks)  # FSDP2 units: residual/attention/DiT blocks
 
