@@ -16,6 +16,7 @@ from torch.nn.utils import parameters_to_vector
 from torch.utils.data import DataLoader, TensorDataset
 
 from zoo.diffusion import DiffusionModule, UNet
+from zoo.diffusion.samplers import Sampling
 from zoo.layers.optim import AdamWCosine
 
 DECAY = 0.5  # far from 1, so the average is far from the weights after a few steps
@@ -120,3 +121,53 @@ def test_ema_starts_at_ema_start_step_and_none_means_raw_weights_everywhere(tmp_
     module, _ = fit(tmp_path / "off", off, ema_decay=None)
     torch.testing.assert_close(off.val[0], off.after_step[1])
     torch.testing.assert_close(Seen.vec(module), off.after_step[3])
+
+
+class Spy(torch.nn.Module):
+    """A denoiser that records what it is called with (labels, train mode) and predicts through a tiny UNet."""
+
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.unet = UNet(in_channels=1, image_size=8, base_channels=8, channel_mults=(1, 2), num_res_blocks=1,
+                         attention_resolutions=(4,), dropout=dropout, norm_groups=4, num_classes=3)
+        self.in_channels, self.image_size, self.num_classes = 1, 8, 3
+        self.labels, self.modes = [], []
+
+    @property
+    def blocks(self) -> list[torch.nn.Module]:
+        return self.unet.blocks
+
+    def forward(self, x, t, y=None):
+        self.labels.append(None if y is None else y.clone())
+        self.modes.append(self.training)
+        return self.unet(x, t, y)
+
+
+def test_label_dropout_replaces_labels_by_the_null_class(tmp_path):
+    """Classifier-free guidance's unconditional model is the null class K (here 3), never a real class."""
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 3, (64,), generator=g)
+    data = TensorDataset(torch.rand(64, 1, 8, 8, generator=g) * 2 - 1, y)
+    for p, check in ((1.0, lambda seen: (seen == 3).all()),
+                     (0.5, lambda seen: ((seen == y) | (seen == 3)).all() and 16 < (seen == 3).sum() < 48),
+                     (0.0, lambda seen: torch.equal(seen, y))):
+        net = Spy()
+        module = DiffusionModule(net, num_timesteps=20, label_dropout=p, ema_decay=None)
+        L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                  enable_model_summary=False, default_root_dir=tmp_path).fit(module, DataLoader(data, batch_size=64))
+        assert check(net.labels[0]), (p, net.labels[0])
+
+
+def test_sampling_runs_the_net_in_eval_mode_and_restores_the_mode():
+    """Dropout off while sampling (the same seed then gives the same images), and the module's mode kept."""
+    torch.manual_seed(0)
+    net = Spy(dropout=0.5)
+    module = DiffusionModule(net, num_timesteps=20, ema_decay=None).train()
+    with torch.no_grad():  # a non-zero output path, so that dropout would show
+        for p in net.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    first = module.sample(2, Sampling(steps=5), seed=3)
+    assert net.modes and not any(net.modes)
+    assert module.training and net.training
+    torch.manual_seed(1)  # another global RNG state: dropout would draw other masks
+    torch.testing.assert_close(module.sample(2, Sampling(steps=5), seed=3), first)
