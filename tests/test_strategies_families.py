@@ -8,12 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import CONFIGS, ROOT
 from mlflow.tracking import MlflowClient
 from test_strategies import DEADLINE_S, DIFFUSION_TINY, SCRIPT, TINY, _artifacts, _run
 
 from zoo.clip import ContrastiveModule
+from zoo.cnn import ClassifierModule
+from zoo.diffusion import DiffusionModule
 from zoo.layers.parallel import consolidate
 
 
@@ -69,3 +72,84 @@ def test_two_nodes_under_torchrun_train_one_model_into_one_run(mlflow_server):
             torch.testing.assert_close(v, r1["state"][k], rtol=0, atol=0, msg=k)
     client = MlflowClient(mlflow_server)
     assert len(client.search_runs([client.get_experiment_by_name(experiment).experiment_id])) == 1
+
+
+TINY_DIT = ('{"class_path": "zoo.diffusion.DiT", "init_args": {"image_size": 8, "in_channels": 3, "num_classes": 6, '
+            '"depth": 2, "hidden_size": 32, "num_heads": 2, "patch_size": 2}}')
+
+
+def _dit_ema_fsdp2(*args: str) -> None:
+    # 4-step epochs, validations (and sample grids) at steps 2 and 4: a resume from step 4 starts a fresh epoch,
+    # so it draws the same batches as an unbroken run. The EMA starts at step 1 (0-based), before the save.
+    _run("--config", str(CONFIGS / "trainer" / "fsdp.yaml"), f"--model.init_args.net={TINY_DIT}",
+         "--model.init_args.ema_start_step=1", "--trainer.limit_train_batches=4", "--trainer.val_check_interval=2",
+         "--trainer.limit_val_batches=1", *args, config=DIFFUSION_TINY)
+
+
+def test_fsdp2_dit_with_ema_validates_resumes_and_consolidates_both_weights(tmp_path, monkeypatch, embedded_store):
+    """The EMA stays sharded with the weights; validation samples from it on every rank; the sharded checkpoint
+    holds it as state_dict and the training weights as current_model_state; a resumed run ends where an
+    unbroken one does, EMA and weights alike."""
+    runs = {name: tmp_path / name for name in ("first", "resumed", "unbroken")}
+    for path in runs.values():
+        path.mkdir()
+    monkeypatch.chdir(runs["first"])
+    _dit_ema_fsdp2("--trainer.max_steps=4")
+    assert _artifacts("samples") == ["step_0000002.png", "step_0000004.png"]
+    r0, r1 = torch.load("rank0.pt"), torch.load("rank1.pt")
+    for k, v in r0["state"].items():
+        torch.testing.assert_close(v, r1["state"][k], rtol=0, atol=0, msg=k)
+    first = Path(r0["last"]).resolve()
+    ckpt = torch.load(consolidate(first, tmp_path / "first.ckpt"), weights_only=True)
+    assert ckpt["state_dict"].keys() == ckpt["current_model_state"].keys() == r0["state"].keys()
+    for k, v in r0["state"].items():  # fit ends holding the EMA, which the checkpoint's state_dict is
+        torch.testing.assert_close(ckpt["state_dict"][k], v, rtol=0, atol=0, msg=k)
+    assert any(not torch.equal(ckpt["state_dict"][k], w) for k, w in ckpt["current_model_state"].items())
+    module = DiffusionModule.load_from_checkpoint(tmp_path / "first.ckpt").eval()
+    with torch.no_grad():
+        y = torch.zeros(len(r0["x"]), dtype=torch.long)
+        torch.testing.assert_close(module.denoise(r0["x"], torch.full((len(y),), 10), y), r0["out"],
+                                   rtol=1e-5, atol=1e-5)
+
+    monkeypatch.chdir(runs["resumed"])
+    _dit_ema_fsdp2("--trainer.max_steps=8", "--ckpt_path", str(first), "--trainer.logger=false")
+    monkeypatch.chdir(runs["unbroken"])
+    _dit_ema_fsdp2("--trainer.max_steps=8", "--trainer.logger=false")
+    ends = {}
+    for name in ("resumed", "unbroken"):
+        r = torch.load(runs[name] / "rank0.pt")
+        ends[name] = (r["state"], torch.load(consolidate(runs[name] / r["last"], tmp_path / f"{name}.ckpt"),
+                                             weights_only=True))
+    (state, ckpt), (want_state, want) = ends["resumed"], ends["unbroken"]
+    assert ckpt["global_step"] == want["global_step"] == 8
+    for k, v in want_state.items():
+        torch.testing.assert_close(state[k], v, msg=k)
+        for key in ("state_dict", "current_model_state"):
+            torch.testing.assert_close(ckpt[key][k], want[key][k], msg=f"{key} {k}")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_cnn_validates_twice_resumes_and_reloads(strategy, tmp_path, monkeypatch, embedded_store):
+    """The CNN (BatchNorm: per-rank buffers) through two validations, a resume from its checkpoint (a sharded
+    folder under FSDP2) and a reload, under each strategy."""
+    trainer = str(CONFIGS / "trainer" / f"{strategy}.yaml")
+    common = ("--config", trainer, "--trainer.limit_train_batches=4", "--trainer.val_check_interval=2",
+              "--trainer.limit_val_batches=1")
+    _run(*common, "--trainer.max_steps=4")
+    client = MlflowClient(f"sqlite:///{Path('mlflow.db').resolve()}")
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert len(client.get_metric_history(run.info.run_id, "val/loss")) == 2  # after steps 2 and 4
+    first = Path(torch.load("rank0.pt")["last"]).resolve()
+    assert first.is_dir() == (strategy == "fsdp")
+    _run(*common, "--trainer.max_steps=8", "--ckpt_path", str(first), "--trainer.logger=false")
+    r0, r1 = torch.load("rank0.pt"), torch.load("rank1.pt")
+    last = Path(r0["last"])
+    ckpt_file = consolidate(last, tmp_path / "one.ckpt") if strategy == "fsdp" else last
+    assert torch.load(ckpt_file, weights_only=True)["global_step"] == 8
+    module = ClassifierModule.load_from_checkpoint(ckpt_file).eval()
+    for k, v in r0["state"].items():  # weights agree across ranks; BatchNorm statistics are each rank's own
+        if "running_" not in k and "num_batches" not in k:
+            torch.testing.assert_close(v, r1["state"][k], rtol=0, atol=0, msg=k)
+    holder = next(r for r in (r0, r1) if all(torch.equal(module.state_dict()[k], v) for k, v in r["state"].items()))
+    with torch.no_grad():
+        torch.testing.assert_close(module(holder["x"]), holder["out"], rtol=1e-5, atol=1e-5)
