@@ -22,6 +22,7 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
+from zoo.layers.parallel import num_nodes_from_env
 from zoo.registry import is_mlflow_uri, resolve_checkpoint
 from zoo.tracking import LogConfigToMLflow, default_run_name, mlflow_loggers
 
@@ -83,6 +84,8 @@ class ZooCLI(LightningCLI):
         # A parser default rather than LightningCLI's persistent trainer_defaults callbacks, so that a
         # config's trainer.callbacks replaces the list and --trainer.callbacks+=... appends to it.
         parser.set_defaults({"trainer.callbacks": DEFAULT_CALLBACKS})
+        if nodes := num_nodes_from_env():  # torchrun or srun: the node count needs no flag (a config's or flag's wins)
+            parser.set_defaults({"trainer.num_nodes": nodes})
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import torch
-from conftest import CONFIGS, ROOT
+from conftest import CONFIGS, ROOT, run_cli
 from mlflow.tracking import MlflowClient
 
 from zoo.cnn import ClassifierModule
@@ -117,3 +117,17 @@ def test_fsdp2_diffusion_shards_consolidates_and_reloads(tmp_path, embedded_stor
         torch.testing.assert_close(module.denoise(r0["x"], torch.full((len(y),), 10), y), r0["out"],
                                    rtol=1e-5, atol=1e-5)
 
+
+
+def test_num_nodes_comes_from_torchrun_or_srun_and_a_flag_wins():
+    from zoo.layers.parallel import num_nodes_from_env
+
+    assert num_nodes_from_env({}) is None
+    assert num_nodes_from_env({"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8", "RANK": "9"}) == 2  # torchrun
+    assert num_nodes_from_env({"SLURM_NNODES": "4", "SLURM_NTASKS": "32", "SLURM_JOB_NAME": "train"}) == 4  # srun
+    assert num_nodes_from_env({"SLURM_NNODES": "4", "SLURM_NTASKS": "32", "SLURM_JOB_NAME": "bash"}) is None
+    torchrun = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
+    for extra, want in (([], 2), (["--trainer.num_nodes=3"], 3)):  # the parsed config, as cli.py would run it
+        proc = run_cli("fit", "--config", TINY, *extra, "--print_config", env=torchrun, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert f"num_nodes: {want}" in proc.stdout

@@ -12,8 +12,9 @@ Consolidate a sharded checkpoint directory into one file that ``load_from_checkp
 from __future__ import annotations
 
 import argparse
+import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import torch
@@ -26,6 +27,21 @@ from zoo.layers import compat
 from zoo.layers.weights import read_sharded_metadata
 
 LIGHTNING_META = "meta.pt"  # Lightning's non-tensor part of a sharded checkpoint (lightning.fabric.utilities.load)
+
+
+def num_nodes_from_env(env: Mapping[str, str] | None = None) -> int | None:
+    """The node count a launcher put in the environment, for ``trainer.num_nodes``'s default; None: no launcher.
+
+    torchrun sets WORLD_SIZE (every process) and LOCAL_WORLD_SIZE (this node's), so nodes = their ratio; a SLURM
+    job step (``srun``) sets SLURM_NNODES. A SLURM allocation's interactive shell (job name bash or interactive,
+    as Lightning's ``SLURMEnvironment`` tells it) launches nothing itself: no count from it.
+    """
+    env = os.environ if env is None else env
+    if "WORLD_SIZE" in env and "LOCAL_WORLD_SIZE" in env:
+        return max(int(env["WORLD_SIZE"]) // int(env["LOCAL_WORLD_SIZE"]), 1)
+    if "SLURM_NNODES" in env and "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
+        return int(env["SLURM_NNODES"])
+    return None
 
 
 def shard(net: nn.Module, device_mesh, blocks: Iterable[nn.Module] | None = None) -> nn.Module:
