@@ -19,7 +19,7 @@ from zoo.diffusion import DiffusionModule, UNet
 from zoo.diffusion.samplers import Sampling
 from zoo.layers.optim import AdamWCosine
 
-DECAY = 0.5  # far from 1, so the average is far from the weights after a few steps
+DECAY = 0.7  # far from 1, so the average is far from the weights after a few steps; not 0.5, where d = 1 - d
 
 
 class Seen(Callback):
