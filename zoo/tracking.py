@@ -87,11 +87,7 @@ class ZooMLFlowLogger(MLFlowLogger):
             check_server: check an http(s) server answers before training starts.
             registered_model_name: register the MLflow model logged at the end of fit under this name.
         """
-        tracking_uri = tracking_uri or os.getenv("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-        if tracking_uri == DEFAULT_TRACKING_URI:
-            # MLflow caches one store per URI string for the life of the process, so a relative path
-            # would keep pointing at the first working directory it was opened from.
-            tracking_uri = f"sqlite:///{Path('mlflow.db').resolve()}"
+        tracking_uri = store_uri(tracking_uri)
         if check_server:
             check_reachable(tracking_uri)
         super().__init__(
@@ -137,6 +133,41 @@ class ZooMLFlowLogger(MLFlowLogger):
             )
 
 
+def store_uri(tracking_uri: str | None = None) -> str:
+    """The store a logger given ``tracking_uri`` writes to: it, else $MLFLOW_TRACKING_URI, else ./mlflow.db."""
+    tracking_uri = tracking_uri or os.getenv("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    if tracking_uri == DEFAULT_TRACKING_URI:
+        # MLflow caches one store per URI string for the life of the process, so a relative path
+        # would keep pointing at the first working directory it was opened from.
+        tracking_uri = f"sqlite:///{Path('mlflow.db').resolve()}"
+    return tracking_uri
+
+
+def nest_under_training_run(logger_args: Any, parent_run_id: str | None, stage: str, source: str) -> bool:
+    """Make an evaluation's logger (its ``init_args``) open a child run of the training run ``parent_run_id``.
+
+    A child rather than the training run itself: validate's metrics at step 0 would otherwise join the
+    training curves, two predicts would overwrite each other's files, and the finished training run is not
+    reopened. MLflow nests a run under the run named by its ``mlflow.parentRunId`` tag, within one experiment,
+    so the child goes to the parent's experiment. Returns whether the parent was found in the logger's store.
+    """
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    if parent_run_id is None or logger_args.get("run_id"):
+        return False
+    client = MlflowClient(store_uri(logger_args.get("tracking_uri")))
+    try:
+        parent = client.get_run(parent_run_id)
+    except MlflowException:  # the checkpoint's run lives in another store
+        return False
+    logger_args.experiment_name = client.get_experiment(parent.info.experiment_id).name
+    logger_args.tags = {**(logger_args.get("tags") or {}), "mlflow.parentRunId": parent_run_id, "zoo.checkpoint": source}
+    if not logger_args.get("run_name"):
+        logger_args.run_name = f"{parent.info.run_name}-{stage}-{time.strftime('%H%M%S')}"
+    return True
+
+
 def default_run_name(model_class: str, net_class: str | None, data_class: str | None) -> str:
     """``<family>-<model>-<data>-<YYYYmmdd-HHMMSS>-<4 hex>``: readable, and unique across runs.
 
@@ -160,6 +191,48 @@ def log_json_artifact(trainer: Trainer, obj: dict, artifact_file: str) -> None:
         return
     for lg in mlflow_loggers(trainer):
         lg.experiment.log_dict(lg.run_id, obj, artifact_file)
+
+
+def log_figure(trainer: Trainer, figure, artifact_file: str) -> None:
+    """Log a matplotlib figure as an image artifact to every MLflow logger of the trainer (rank 0 only), then close it."""
+    import matplotlib.pyplot as plt
+
+    if trainer.is_global_zero:
+        for lg in mlflow_loggers(trainer):
+            lg.experiment.log_figure(lg.run_id, figure, artifact_file)
+    plt.close(figure)
+
+
+RUN_DIR_ENV = "ZOO_RUN_DIR"  # the folder of a run without an MLflow logger, passed to the ranks Lightning launches
+
+
+def run_dir(trainer: Trainer) -> Path:
+    """The folder of this run's files (checkpoints, predictions, samples): ``<root>/<experiment id>/<run id>``
+    with an MLflow logger (rank 0), else the folder rank 0 chose and passed on in $ZOO_RUN_DIR (``cli.py``)."""
+    loggers = mlflow_loggers(trainer)
+    if loggers and trainer.is_global_zero:
+        return Path(trainer.default_root_dir, loggers[0].experiment_id, loggers[0].run_id)
+    return Path(os.environ.get(RUN_DIR_ENV) or Path(trainer.default_root_dir, "run-unnamed"))
+
+
+def new_run_dir(trainer: Trainer, stage: str) -> Path:
+    """Rank 0: this run's folder, a fresh ``<root>/<stage>-<time>-<hex>`` without an MLflow logger, passed on to
+    the ranks Lightning launches later through $ZOO_RUN_DIR. Other ranks: the folder rank 0 passed on."""
+    if not trainer.is_global_zero:
+        return run_dir(trainer)
+    if mlflow_loggers(trainer):
+        path = run_dir(trainer)
+    else:
+        path = Path(trainer.default_root_dir, f"{stage}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}")
+    os.environ[RUN_DIR_ENV] = str(path)
+    return path
+
+
+def log_file(trainer: Trainer, path: str | Path, artifact_path: str | None = None) -> None:
+    """Log a file this run wrote as an artifact of every MLflow run of the trainer (rank 0 only)."""
+    if trainer.is_global_zero:
+        for lg in mlflow_loggers(trainer):
+            lg.experiment.log_artifact(lg.run_id, str(path), artifact_path)
 
 
 def net_class_name(pl_module: LightningModule) -> str:
