@@ -1,12 +1,19 @@
-"""Writes what ``predict_step`` returns to a file, one row per example: CSV for tensors, JSONL for text; images
-and videos among them (``callbacks.media``) as files in the same folder."""
+"""Writes what ``predict_step`` returns to files in the run's folder, one row per example, and logs them to MLflow.
+
+Every output of a run (predictions, sample grids, per-image PNGs, GIFs, text) goes under ``run_dir(trainer)``
+(``<root>/<experiment id>/<run id>`` with the MLflow logger) and into the run's artifacts with ``log_file``;
+nothing is written to the working directory. Both helpers live in ``zoo.tracking`` so that modules can use
+them too, and are re-exported here for the callbacks. Images and videos among the outputs (``callbacks.media``)
+become PNGs with a grid and GIF/MP4 files in the same folder.
+"""
 
 from __future__ import annotations
 
+import csv
+import json
 from pathlib import Path
 from typing import Any
 
-import json
 import re
 
 import numpy as np
@@ -15,20 +22,42 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from callbacks.media import split_media, write_images, write_video
-from zoo.tracking import mlflow_loggers
+from zoo.tracking import log_file, run_dir
+
+__all__ = ["WritePredictions", "log_file", "output_path", "run_dir"]
+
+ARTIFACT_DIR = "predictions"
+
+
+def output_path(trainer: Trainer, path: str | Path) -> Path:
+    """``path`` under this run's folder unless absolute (one file per rank under DDP), its folder created."""
+    path = Path(path)
+    path = path if path.is_absolute() else run_dir(trainer) / path
+    if trainer.world_size > 1:
+        path = path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _format(value: Any) -> Any:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return value
 
 
 class WritePredictions(BasePredictionWriter):
-    """Collects per-example tensors from ``predict_step`` dicts and writes them at epoch end.
+    """Collects per-example values from ``predict_step`` dicts and writes them at epoch end.
 
-    Under DDP each rank writes ``<stem>.rank<k>.csv``; on one process the file is ``path``. Dicts that
-    carry lists (generated text) are written as JSON lines to ``path`` with the suffix ``.jsonl``.
+    A module whose ``predictions_format`` is "csv" gets a CSV of tensors and strings; otherwise tensors alone
+    make a CSV and dicts carrying other lists (generated text) make JSON lines (``.jsonl``). Keys the module
+    names in ``prediction_arrays`` (embeddings) go to ``<stem>.<key>.npy`` instead, one row per example.
     """
 
     def __init__(self, path: str = "predictions.csv") -> None:
         """
         Args:
-            path: CSV file the predictions are written to (columns are the predict_step dict keys).
+            path: file the predictions are written to, relative to the run's folder (columns are the
+                predict_step dict keys).
         """
         super().__init__(write_interval="epoch")
         self.path = path
@@ -43,26 +72,28 @@ class WritePredictions(BasePredictionWriter):
             self._write_video(trainer, video)
         if images:
             self._write_images(trainer, batches, torch.cat(images))
-        if any(not isinstance(v, torch.Tensor) for v in batches[0].values()):
-            self._write_jsonl(trainer, batches)
-            return
-        columns = {k: torch.cat([b[k].reshape(len(b[k]), -1) for b in batches]).cpu() for k in batches[0]}
-        path = self._rank_path(trainer, Path(self.path).suffix)
-        header = [k if v.shape[1] == 1 else f"{k}_{i}" for k, v in columns.items() for i in range(v.shape[1])]
-        table = torch.cat([v.double() if v.is_floating_point() else v.to(torch.float64) for v in columns.values()], 1)
-        is_int = [not v.is_floating_point() for v in columns.values() for _ in range(v.shape[1])]
-        fmt = ["%d" if i else "%.6g" for i in is_int]
-        np.savetxt(path, table.numpy(), fmt=fmt, delimiter=",", header=",".join(header), comments="")
-        print(f"Wrote {len(table)} predictions to {path.resolve()}")
+        columns = {k: _concat([b[k] for b in batches]) for k in batches[0]}
+        written = [self._write_array(trainer, k, columns.pop(k)) for k in getattr(pl_module, "prediction_arrays", ())
+                   if k in columns]
+        fmt = getattr(pl_module, "predictions_format", None)
+        tensors_only = all(isinstance(v, torch.Tensor) for v in columns.values())
+        if columns:
+            written.append(self._write_csv(trainer, columns) if fmt == "csv" or (fmt is None and tensors_only)
+                           else self._write_jsonl(trainer, columns))
+        for path in written:
+            log_file(trainer, path, ARTIFACT_DIR)
+        print("\n".join(f"Wrote {path.resolve()}" for path in written))
 
     def _media_dir(self, trainer: Trainer, name: str, given: str | None = None) -> Path:
-        """``given``, else the folder ``name`` beside the predictions file."""
-        return Path(given) if given else Path(self.path).parent / name
+        """``given``, else the folder ``name`` beside the predictions file in the run's folder."""
+        if given:
+            return Path(given)
+        path = Path(self.path).parent / name
+        return path if path.is_absolute() else run_dir(trainer) / path
 
     def _write_video(self, trainer: Trainer, video: dict) -> None:
         path = write_video(video, self._media_dir(trainer, "videos", video.get("dir")))
-        for lg in mlflow_loggers(trainer):
-            lg.experiment.log_artifact(lg.run_id, str(path), "videos")
+        log_file(trainer, path, "videos")
         print(f"Wrote a video of {len(video['frames'])} frames to {path.resolve()}")
 
     def _write_images(self, trainer: Trainer, batches: list[dict], images: torch.Tensor) -> None:
@@ -83,22 +114,43 @@ class WritePredictions(BasePredictionWriter):
         files = iter(str(p) for p in paths)
         for b in batches:
             b["image"] = [next(files) for _ in range(len(next(iter(b.values()))))]
-        for lg in mlflow_loggers(trainer):
-            lg.experiment.log_artifacts(lg.run_id, str(folder), "images")
+        for path in [*paths, grid]:
+            log_file(trainer, path, "images")
         print(f"Wrote {len(paths)} images and their grid to {grid.resolve()}")
 
-    def _rank_path(self, trainer: Trainer, suffix: str) -> Path:
-        path = Path(self.path).with_suffix(suffix)
-        if trainer.world_size > 1:
-            path = path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
-        path.parent.mkdir(parents=True, exist_ok=True)
+    def _write_array(self, trainer: Trainer, key: str, values: torch.Tensor) -> Path:
+        path = output_path(trainer, Path(self.path).with_suffix(f".{key}.npy"))
+        np.save(path, values.float().numpy())
         return path
 
-    def _write_jsonl(self, trainer: Trainer, batches: list[dict]) -> None:
-        path = self._rank_path(trainer, ".jsonl")
-        rows = [
-            {k: (v[i].tolist() if isinstance(v, torch.Tensor) else v[i]) for k, v in b.items()}
-            for b in batches for i in range(len(next(iter(b.values()))))
-        ]
+    def _write_csv(self, trainer: Trainer, columns: dict[str, Any]) -> Path:
+        header, cells = [], []
+        for key, value in columns.items():
+            if isinstance(value, torch.Tensor):
+                table = value.reshape(len(value), -1)
+                table = table.int() if table.dtype == torch.bool else table
+                header += [key] if table.shape[1] == 1 else [f"{key}_{i}" for i in range(table.shape[1])]
+                cells += list(table.T.tolist())
+            else:
+                header.append(key)
+                cells.append(value)
+        path = output_path(trainer, Path(self.path).with_suffix(".csv"))
+        with path.open("w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(header)
+            writer.writerows([_format(v) for v in row] for row in zip(*cells))
+        return path
+
+    def _write_jsonl(self, trainer: Trainer, columns: dict[str, Any]) -> Path:
+        path = output_path(trainer, Path(self.path).with_suffix(".jsonl"))
+        n = len(next(iter(columns.values())))
+        rows = [{k: (v[i].tolist() if isinstance(v, torch.Tensor) else v[i]) for k, v in columns.items()} for i in range(n)]
         path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-        print(f"Wrote {len(rows)} predictions to {path.resolve()}")
+        return path
+
+
+def _concat(parts: list[Any]) -> Any:
+    """One column from its per-batch parts: tensors concatenated on the CPU, anything else as one list."""
+    if all(isinstance(p, torch.Tensor) for p in parts):
+        return torch.cat([p.reshape(len(p), -1) if p.dim() != 1 else p for p in parts]).cpu()
+    return [x for p in parts for x in (p.tolist() if isinstance(p, torch.Tensor) else p)]

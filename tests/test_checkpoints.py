@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, cli
+from conftest import CONFIGS, cli, output
 
 from zoo.cnn import ClassifierModule
 from zoo.layers.weights import UnsafeCheckpointError, load_file
@@ -38,7 +38,7 @@ def test_validate_test_predict_from_the_same_yaml(trained):
     assert v.trainer.callback_metrics["val/acc"] == pytest.approx(float(c.trainer.checkpoint_callback.best_model_score), abs=1e-6)
     assert 0.0 <= float(t.trainer.callback_metrics["test/acc"]) <= 1.0
     cli("predict", "--config", TINY, f"--ckpt_path={best}")
-    rows = Path("predictions.csv").read_text().splitlines()
+    rows = output("predictions.csv").read_text().splitlines()
     assert rows[0] == "pred,confidence,target"
     assert len(rows) - 1 == len(t.datamodule.test_set)
 
@@ -114,8 +114,13 @@ def test_external_weights_load_weights_only(tmp_path):
     for name in ("w.safetensors", "w.pth"):
         net = TorchvisionNet("resnet18", num_classes=7, weights_path=str(tmp_path / name)).eval()
         torch.testing.assert_close(net(x), src.eval()(x))
-    with pytest.raises(ValueError, match=r"fc\.weight: checkpoint \(7, 512\) vs model \(3, 512\)"):
-        TorchvisionNet("resnet18", num_classes=3, weights_path=str(tmp_path / "w.pth"))
+    # Another number of classes fine-tunes: the backbone loads, the head is new (issue 13); any other
+    # mismatch is still refused, naming the keys.
+    other = TorchvisionNet("resnet18", num_classes=3, weights_path=str(tmp_path / "w.pth"))
+    assert other.model.fc.weight.shape == (3, 512)
+    torch.testing.assert_close(other.model.layer4[1].conv2.weight, src.model.layer4[1].conv2.weight, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"layer1\.2\.conv1\.weight: missing from checkpoint"):
+        TorchvisionNet("resnet34", num_classes=7, weights_path=str(tmp_path / "w.pth"))
 
 
 def test_extract_state_dict_takes_the_nets_keys_from_a_module_checkpoint():

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import CONFIGS, cli
+from conftest import CONFIGS, cli, output
 from lightning.pytorch import Callback
 from mlflow.tracking import MlflowClient
 from PIL import Image
@@ -53,7 +53,7 @@ def test_tiny_fits_validates_on_ema_and_predicts_from_its_checkpoint():
 
     cli("predict", "--config", TINY, f"--ckpt_path={last}", "--data.init_args.sampling.guidance_scale=3",
         "--data.init_args.sampling.steps=4", "--data.init_args.seed=5", "--data.init_args.labels=[2, 4]")
-    rows = [json.loads(line) for line in Path("predictions.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in output("predictions.jsonl").read_text().splitlines()]
     assert [r["label"] for r in rows] == [2, 4] * 4 and [r["seed"] for r in rows] == [5] * 4 + [6] * 4
     assert sorted(p.name for p in Path("samples").iterdir()) == ["grid_0000.png", "grid_0001.png"]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, ROOT, cli
+from conftest import CONFIGS, ROOT, cli, output
 from mlflow.tracking import MlflowClient
 
 from zoo.gpt import CausalLMModule
@@ -34,7 +34,7 @@ def test_tiny_fits_then_predicts_from_its_checkpoint_and_reloads_alone():
 
     cli("predict", "--config", str(TINY), "--ckpt_path", last, '--data.init_args.prompts=["ROMEO:", "To be"]',
         "--data.init_args.max_new_tokens=12", "--data.init_args.temperature=0")
-    rows = [json.loads(line) for line in Path("predictions.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in output("predictions.jsonl").read_text().splitlines()]
     assert [r["prompt"] for r in rows] == ["ROMEO:", "To be"]
 
     module = CausalLMModule.load_from_checkpoint(last).eval()  # net and tokenizer from the file alone

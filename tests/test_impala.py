@@ -18,7 +18,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import CONFIGS, cli
+from conftest import CONFIGS, cli, output
 from lightning.pytorch import Callback
 
 from datamodules import GymDataModule
@@ -241,7 +241,7 @@ def test_tiny_fits_predicts_and_reloads():
     last = trainer.checkpoint_callback.last_model_path
 
     cli("predict", "--config", TINY, "--ckpt_path", last)
-    rows = list(csv.DictReader(Path("predictions.csv").read_text().splitlines()))
+    rows = list(csv.DictReader(output("predictions.csv").read_text().splitlines()))
     assert [int(r["episode"]) for r in rows] == [0, 1, 2] and all(float(r["return"]) >= 1 for r in rows)
 
     loaded = IMPALAModule.load_from_checkpoint(last)

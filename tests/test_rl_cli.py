@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import CONFIGS, cli
+from conftest import CONFIGS, cli, output
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 from lightning.pytorch import Callback
 from mlflow.tracking import MlflowClient
@@ -64,7 +64,7 @@ def test_tiny_fits_predicts_and_reloads_with_its_statistics():
     # CartPole draws with pygame, which is not installed here: the video is skipped, predict goes on.
     with pytest.warns(UserWarning, match="No video: CartPole-v1 cannot render here"):
         cli("predict", "--config", TINY, "--ckpt_path", last, "--data.init_args.record_video=true")
-    rows = list(csv.DictReader(Path("predictions.csv").read_text().splitlines()))
+    rows = list(csv.DictReader(output("predictions.csv").read_text().splitlines()))
     assert [int(r["episode"]) for r in rows] == [0, 1, 2] and all(float(r["return"]) >= 1 for r in rows)
 
     # With a renderer, one episode becomes a GIF in the run's MLflow artifacts.
@@ -171,7 +171,7 @@ def test_a2c_tiny_fits_predicts_reloads_and_resumes():
 
     final = resumed.trainer.checkpoint_callback.last_model_path
     cli("predict", "--config", A2C_TINY, "--ckpt_path", final)
-    rows = list(csv.DictReader(Path("predictions.csv").read_text().splitlines()))
+    rows = list(csv.DictReader(output("predictions.csv").read_text().splitlines()))
     assert len(rows) == 3 and all(float(r["return"]) >= 1 for r in rows)
     loaded = A2CModule.load_from_checkpoint(final)
     obs = torch.randn(16, 4) * 0.3

@@ -12,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import CONFIGS, cli
+from conftest import CONFIGS, cli, output
 from gymnasium.wrappers import TimeLimit
 from lightning.pytorch import Callback
 from mlflow.tracking import MlflowClient
@@ -228,7 +228,7 @@ def test_tiny_fits_predicts_and_reloads(tmp_path):
     assert not torch.equal(state["critic_target.qs.0.0.weight"], state["net.critic.qs.0.0.weight"])
 
     cli("predict", "--config", TINY, "--ckpt_path", last)
-    rows = list(csv.DictReader(Path("predictions.csv").read_text().splitlines()))
+    rows = list(csv.DictReader(output("predictions.csv").read_text().splitlines()))
     assert [int(r["episode"]) for r in rows] == [0, 1, 2] and all(float(r["return"]) < 0 for r in rows)
 
     loaded = SACModule.load_from_checkpoint(last)
