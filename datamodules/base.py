@@ -2,7 +2,8 @@
 
 Models and the CLI read ``num_classes``, ``image_shape`` (C, H, W after transforms) and
 ``class_names`` right after ``__init__``, before any data is touched, so a net can be sized from
-the data config alone. Every loader yields ``(images, labels)``: float32 (B, C, H, W) normalised
+the data config alone; ``normalization`` (per-channel mean and std applied to pixels in [0, 1]) after
+``setup``, so a trained model can read new image files as its training data was read. Every loader yields ``(images, labels)``: float32 (B, C, H, W) normalised
 images and int64 (B,) labels. Subclasses only fill ``train_set``/``val_set``/``test_set`` in
 ``setup``; predict reuses the test split.
 """
@@ -80,6 +81,7 @@ class ImageDataModule(LightningDataModule):
     num_classes: int
     image_shape: tuple[int, int, int]
     class_names: list[str]
+    normalization: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
     def __init__(
         self, batch_size: int, seed: int, num_workers: int = 0, pin_memory: bool = False, persistent_workers: bool = False

@@ -239,6 +239,7 @@ class CaptionDataModule(LightningDataModule):
         self.context_length, self.batch_size, self.seed = context_length, batch_size, seed
         self.num_workers, self.pin_memory = num_workers, pin_memory
         self.image_shape = (3, image_size, image_size)
+        self.normalization = (tuple(mean), tuple(std))
         # Known now for shapes or when given; read from the label column at setup otherwise.
         self.class_names = list(class_names) if class_names else (list(ShapesDataset.class_names) if path is None else [])
         self.templates = list(templates) if templates else (SHAPES_TEMPLATES if path is None else GENERIC_TEMPLATES)

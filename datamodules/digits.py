@@ -52,6 +52,7 @@ class DigitsDataModule(ImageDataModule):
         train, val = split_indices(len(rest), self.val_fraction, self.seed + 1)
         train, val = [rest[i] for i in train], [rest[i] for i in val]
         mean, std = images[train].mean(), images[train].std()
+        self.normalization = ((float(mean),), (float(std),))
         images = (images - mean) / std
         fill = float(-mean / std)  # the blank-paper value after standardisation
         self.train_set = TensorImageDataset(images[train], labels[train], max_shift=int(self.augment), fill=fill)

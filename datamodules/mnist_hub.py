@@ -107,6 +107,7 @@ class MNISTHubDataModule(ImageDataModule):
         self.num_classes = 10
         self.image_shape = (1, 28, 28)
         self.class_names = [str(d) for d in range(10)]
+        self.normalization = ((MEAN,), (STD,))
         self.collate_fn = TensorImageDataset.collate_batch
 
     def prepare_data(self) -> None:

@@ -173,6 +173,7 @@ class ShapesDataModule(ImageDataModule):
         self.num_classes = len(SHAPES)
         self.image_shape = (3, image_size, image_size)
         self.class_names = list(SHAPES)
+        self.normalization = ((0.5,) * 3, (0.5,) * 3)  # [0, 1] -> [-1, 1]
         self.collate_fn = TensorImageDataset.collate_batch
         self.shapes: dict[str, ShapesDataset] = {}  # the raw splits, for captions and attributes
 

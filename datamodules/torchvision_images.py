@@ -67,6 +67,7 @@ class TorchvisionDataModule(ImageDataModule):
         self.num_classes = k
         self.image_shape = (c, side, side)
         self.class_names = list(_CIFAR_CLASSES.get(name) or cls.classes)
+        self.normalization = (tuple(mean), tuple(std))
         normalise = [T.ToTensor(), T.Normalize(mean, std)]
         aug = [T.RandomCrop(side, padding=4)] + ([T.RandomHorizontalFlip()] if flip else [])
         self.train_transform = T.Compose((aug if augment else []) + normalise)
@@ -132,6 +133,7 @@ class ImageFolderDataModule(ImageDataModule):
         self.class_names = self._classes()
         self.num_classes = len(self.class_names)
         self.image_shape = (3, image_size, image_size)
+        self.normalization = (tuple(mean), tuple(std))
         normalise = [T.ToTensor(), T.Normalize(mean, std)]
         resize = [T.Resize(image_size), T.CenterCrop(image_size)]
         aug = [T.RandomResizedCrop(image_size, scale=(0.35, 1.0)), T.RandomHorizontalFlip()]

@@ -26,7 +26,7 @@ class ConvNet(nn.Module):
 
     def __init__(
         self,
-        num_classes: int = 10,
+        num_classes: int | None = None,
         in_channels: int = 1,
         width: int = 32,
         depth: int = 2,
@@ -34,7 +34,7 @@ class ConvNet(nn.Module):
     ) -> None:
         """
         Args:
-            num_classes: number of output classes K.
+            num_classes: number of output classes K; None: the data's (``ClassifierModule`` sets it at setup).
             in_channels: image channels (1 for MNIST, 3 for RGB).
             width: channels of the first stage; each further stage doubles it.
             depth: number of stages (each halves the resolution).
@@ -44,7 +44,7 @@ class ConvNet(nn.Module):
         self.num_classes = num_classes
         chans = [in_channels] + [width * 2**i for i in range(depth)]
         self.features = nn.Sequential(*(_stage(a, b, dropout) for a, b in zip(chans[:-1], chans[1:])))
-        self.head = nn.Linear(chans[-1], num_classes)
+        self.head = nn.Linear(chans[-1], num_classes or 1)  # without num_classes, a placeholder replaced at setup
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.features(x)  # (B, C, H / 2^depth, W / 2^depth)

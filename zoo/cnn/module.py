@@ -8,16 +8,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
+from zoo.layers.compat import trainer_of
 from zoo.layers.hparams import save_hparams
-from zoo.layers.parallel import shard
-from zoo.layers.optim import AdamWCosine
-from zoo.layers.weights import check_compatible, extract_state_dict
 from zoo.layers.logging import lightning_writes
-from zoo.tracking import log_json_artifact
+from zoo.layers.new_inputs import image_inputs, top_k_columns
+from zoo.layers.optim import AdamWCosine
+from zoo.layers.parallel import shard
+from zoo.layers.weights import (check_compatible, classifier_head, extract_state_dict, load_file, load_with_new_head,
+                                replace_head)
+from zoo.tracking import log_figure, log_json_artifact
 
 
 def classification_loss(logits: Tensor, target: Tensor, label_smoothing: float = 0.0) -> dict[str, Tensor]:
@@ -31,6 +35,8 @@ class ClassifierModule(LightningModule):
     family = "cnn"
     monitor = "val/acc"
     monitor_mode = "max"
+    predict_data = "datamodules.ImageFilesDataModule"  # predict --ckpt_path alone: new image files
+    predictions_format = "csv"
 
     def __init__(
         self,
@@ -39,26 +45,83 @@ class ClassifierModule(LightningModule):
         optimizer: AdamWCosine = AdamWCosine(lr=1e-3, weight_decay=0.05, warmup_steps=100, min_lr_ratio=0.01),
         channels_last: bool = False,
         compile: bool = False,
+        init_weights: str | None = None,
+        freeze_backbone: bool = False,
     ) -> None:
         """
         Args:
-            net: a classifier ``nn.Module`` mapping (B, C, H, W) images to (B, K) logits, with ``num_classes``.
+            net: a classifier ``nn.Module`` mapping (B, C, H, W) images to (B, K) logits, with ``num_classes``
+                (None: the data's, set at setup).
             label_smoothing: cross-entropy label smoothing in [0, 1).
             optimizer: AdamW with warmup and cosine decay (``zoo.layers.optim.AdamWCosine``).
             channels_last: store weights and inputs NHWC (faster convolutions on GPUs and bf16 CPUs).
             compile: run the net through ``torch.compile`` (weights and checkpoint keys unchanged).
+            init_weights: pretrained weights to start from (a checkpoint, .pth or .safetensors of the net, or
+                models:/<name>@<alias>); a head of another number of classes is replaced, and a line says so.
+            freeze_backbone: train the classifier head only (linear probing); the rest keeps its weights and
+                its batch-norm statistics.
         """
         super().__init__()
         save_hparams(self, "net")
         self.net = net
-        k = net.num_classes
+        if net.num_classes is not None:
+            self._build_metrics(net.num_classes)
+        self.inputs: dict | None = None  # what new images must look like, and the class names (zoo.layers.new_inputs)
+        self._init_loaded = False
+        self._compiled = None  # set by configure_model; kept off the module tree (no "_orig_mod." keys)
+
+    def _build_metrics(self, k: int) -> None:
         metrics = MetricCollection(
             {"acc": MulticlassAccuracy(k, average="micro"), "acc_top5": MulticlassAccuracy(k, top_k=min(5, k), average="micro")}
         )
         self.val_metrics = metrics.clone(prefix="val/")
         self.test_metrics = metrics.clone(prefix="test/")
         self.test_confusion = MulticlassConfusionMatrix(k)
-        self._compiled = None  # set by configure_model; kept off the module tree (no "_orig_mod." keys)
+
+    def setup(self, stage: str) -> None:
+        dm = getattr(trainer_of(self), "datamodule", None)
+        self._size_to_data(getattr(dm, "num_classes", None), getattr(dm, "class_names", None))
+        if stage == "fit" or self.inputs is None:  # a checkpoint's own, restored after setup, wins otherwise
+            self.inputs = image_inputs(dm) or self.inputs
+        if self.hparams.init_weights and not self._init_loaded:  # once: a later test() keeps the trained weights
+            self._load_init_weights(self.hparams.init_weights)
+        if self.hparams.freeze_backbone:
+            head = classifier_head(self.net)
+            for name, p in self.net.named_parameters():
+                p.requires_grad_(name.startswith(head + "."))
+
+    def _size_to_data(self, k: int | None, names: list[str] | None) -> None:
+        """num_classes from the data unless the net states one; a stated one that disagrees is an error."""
+        if k is None:
+            if self.net.num_classes is None:
+                raise ValueError("the net's num_classes is not set and the data does not say how many classes it has: "
+                                 "set model.init_args.net.init_args.num_classes")
+            return
+        if self.net.num_classes is None:
+            replace_head(self.net, k)
+            self._build_metrics(k)
+            if isinstance(self.hparams.get("net"), dict):  # so that the checkpoint rebuilds the sized net
+                self.hparams["net"]["init_args"]["num_classes"] = k
+        elif self.net.num_classes != k:
+            shown = f" ({', '.join(map(str, names[:6]))}{', ...' if len(names) > 6 else ''})" if names else ""
+            raise ValueError(f"the net has num_classes={self.net.num_classes} but the data has {k} classes{shown}: "
+                             f"drop num_classes from the net's config to take the data's, or set it to {k}")
+
+    def _load_init_weights(self, path: str) -> None:
+        from zoo.registry import local_weights
+
+        weights = local_weights(path)
+        state_dict = extract_state_dict(load_file(weights), "net.")
+        for line in load_with_new_head(self.net, state_dict, f"init_weights {path!r}"):
+            rank_zero_info(f"init_weights: replaced the classifier head, {line}")
+        self._init_loaded = True
+
+    def on_train_epoch_start(self) -> None:
+        if self.hparams.freeze_backbone:  # linear probing: the frozen layers' batch-norm statistics stay as loaded
+            head = self.net.get_submodule(classifier_head(self.net))
+            for m in self.net.modules():
+                if m is not head and m is not self.net:
+                    m.eval()
 
     def configure_model(self) -> None:
         shard(self.net, self.device_mesh)
@@ -99,17 +162,34 @@ class ClassifierModule(LightningModule):
 
     def on_test_epoch_end(self) -> None:
         matrix = self.test_confusion.compute()  # (K, K): rows true class, columns predicted
-        log_json_artifact(self.trainer, {"confusion_matrix": matrix.tolist()}, "test/confusion_matrix.json")
+        names = (self.inputs or {}).get("class_names")
+        log_json_artifact(self.trainer, {"confusion_matrix": matrix.tolist(), "class_names": names},
+                          "test/confusion_matrix.json")
+        if self.trainer.is_global_zero:
+            fig, _ = self.test_confusion.plot(matrix, labels=names)
+            fig.set_size_inches(max(4.0, 0.45 * len(matrix) + 2), max(4.0, 0.45 * len(matrix) + 2))
+            log_figure(self.trainer, fig, "test/confusion_matrix.png")
         self.test_confusion.reset()
 
     def configure_optimizers(self):
         return AdamWCosine.of(self.hparams.optimizer).configure(self.net, self.trainer)
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.inputs is not None:  # so that new files are read as the training data was, without its config
+            checkpoint["inputs"] = self.inputs
+
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "state_dict" in checkpoint:  # absent in a sharded (FSDP2) resume: the shards load into the net directly
             check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
+        if "inputs" in checkpoint:
+            self.inputs = dict(checkpoint["inputs"])
 
-    def predict_step(self, batch: Tensor | tuple[Tensor, ...], batch_idx: int) -> dict[str, Tensor]:
+    def predict_step(self, batch: Tensor | tuple[Tensor, ...] | dict, batch_idx: int) -> dict:
+        """New files (a dict batch of ``image`` and ``path``): path, class name, confidence and the top 5;
+        a labelled split: the predicted index, its probability and the target."""
+        if isinstance(batch, dict):
+            probs = self(batch["image"]).float().softmax(-1)  # (B, K)
+            return {"path": list(batch["path"])} | top_k_columns(probs, (self.inputs or {}).get("class_names"))
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         probs = self(x).float().softmax(-1)
         conf, pred = probs.max(-1)

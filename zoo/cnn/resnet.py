@@ -25,7 +25,7 @@ class ResNet(resnet.ResNet):
     def __init__(
         self,
         depth: Literal[18, 34, 50] = 18,
-        num_classes: int = 10,
+        num_classes: int | None = None,
         in_channels: int = 3,
         stem: Literal["cifar", "imagenet"] = "cifar",
         zero_init_residual: bool = True,
@@ -33,13 +33,14 @@ class ResNet(resnet.ResNet):
         """
         Args:
             depth: 18, 34 or 50 layers.
-            num_classes: number of output classes.
+            num_classes: number of output classes; None: the data's (``ClassifierModule`` sets it at setup).
             in_channels: image channels.
             stem: "cifar" (3x3 conv, no pool) for images up to ~64px, "imagenet" (7x7/2 + pool).
             zero_init_residual: start each residual branch at zero (Goyal et al. 2017).
         """
         block, layers = _DEPTHS[depth]
-        super().__init__(block, layers, num_classes=num_classes, zero_init_residual=zero_init_residual)
+        # Without num_classes the head is a placeholder the module replaces once the data is known.
+        super().__init__(block, layers, num_classes=num_classes or 1000, zero_init_residual=zero_init_residual)
         self.num_classes = num_classes
         if stem == "cifar":
             self.conv1 = nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False)

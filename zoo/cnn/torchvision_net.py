@@ -6,10 +6,11 @@ weights-only (see ``zoo.layers.weights``).
 
 from __future__ import annotations
 
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchvision import models
 
-from zoo.layers.weights import load_weights
+from zoo.layers.weights import extract_state_dict, load_file, load_with_new_head
 
 _NO_DECAY = {"class_token", "pos_embedding", "cls_token", "relative_position_bias_table", "position_embedding"}
 
@@ -17,21 +18,24 @@ _NO_DECAY = {"class_token", "pos_embedding", "cls_token", "relative_position_bia
 class TorchvisionNet(nn.Module):
     """Wraps ``torchvision.models.get_model(name)``; ``self.model`` keeps torchvision's key layout."""
 
-    def __init__(self, name: str = "resnet18", num_classes: int = 1000, weights_path: str | None = None) -> None:
+    def __init__(self, name: str = "resnet18", num_classes: int | None = None, weights_path: str | None = None) -> None:
         """
         Args:
             name: a torchvision classification model name, e.g. "resnet50", "convnext_tiny", "vit_b_16".
-            num_classes: number of output classes (must match the weights file when one is given).
+            num_classes: number of output classes; None: the data's (``ClassifierModule`` sets it at setup). A
+                weights file with another number keeps its backbone and gets a new head (fine-tuning).
             weights_path: a local ``.pth``/``.safetensors`` file of torchvision weights, or None.
         """
         super().__init__()
         available = models.list_models(module=models)
         if name not in available:
             raise ValueError(f"unknown torchvision model {name!r}; choose one of: {', '.join(available)}")
+        self.model = models.get_model(name, weights=None, num_classes=num_classes or 1000)
         self.num_classes = num_classes
-        self.model = models.get_model(name, weights=None, num_classes=num_classes)
         if weights_path:
-            load_weights(self.model, weights_path)
+            state_dict = extract_state_dict(load_file(weights_path))
+            for line in load_with_new_head(self.model, state_dict, f"weights file {weights_path!r}"):
+                rank_zero_info(f"weights_path: replaced the classifier head, {line}")
 
     def no_weight_decay(self) -> list[str]:
         """Position embeddings, class tokens and relative-position tables (ViT, Swin) do not decay."""

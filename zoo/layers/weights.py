@@ -131,3 +131,39 @@ def read_sharded_metadata(path: str | Path):
     if not isinstance(metadata, Metadata):
         raise UnsafeCheckpointError(f"refused to read {str(file)!r}: it holds a {type(metadata).__name__}, not Metadata")
     return metadata
+
+
+def classifier_head(net: nn.Module) -> str:
+    """The name of the net's classifier head: its last ``nn.Linear`` (ConvNet ``head``, ResNet ``fc``, torchvision
+    ViT ``heads.head``, ConvNeXt ``classifier.2``), the layer whose size is the number of classes."""
+    names = [name for name, m in net.named_modules() if isinstance(m, nn.Linear)]
+    if not names:
+        raise ValueError(f"{type(net).__name__} has no nn.Linear classifier head to resize")
+    return names[-1]
+
+
+def replace_head(net: nn.Module, num_classes: int) -> str:
+    """Give ``net`` a freshly initialised head of ``num_classes`` outputs (``net.num_classes`` follows); one line saying so."""
+    name = classifier_head(net)
+    old = net.get_submodule(name)
+    parent, _, attr = name.rpartition(".")
+    setattr(net.get_submodule(parent), attr, nn.Linear(old.in_features, num_classes, bias=old.bias is not None))
+    net.num_classes = num_classes
+    return f"{name}: ({old.out_features}, {old.in_features}) -> ({num_classes}, {old.in_features})"
+
+
+def load_with_new_head(
+    net: nn.Module, state_dict: Mapping[str, Tensor], source: str, heads: list[str] | None = None
+) -> list[str]:
+    """Load pretrained weights into ``net`` whose head may differ in size (fine-tuning to other classes): the
+    tensors of ``heads`` (module names; default the classifier head) whose shapes differ keep ``net``'s fresh
+    values, every other key must match. Returns a line per tensor left out ("fc.weight: (1000, 512) in the
+    weights, (5, 512) here"), empty when all loaded."""
+    prefixes = tuple(f"{h}." for h in (heads or [classifier_head(net)]))
+    own = net.state_dict()
+    skipped = [k for k, v in state_dict.items()
+               if k.startswith(prefixes) and k in own and tuple(v.shape) != tuple(own[k].shape)]
+    kept = {k: v for k, v in state_dict.items() if k not in skipped}
+    check_compatible(net, {**kept, **{k: own[k] for k in skipped}}, source)
+    net.load_state_dict(kept, strict=False)
+    return [f"{k}: {tuple(state_dict[k].shape)} in the weights, {tuple(own[k].shape)} here" for k in skipped]

@@ -1,0 +1,197 @@
+"""New image files to predict on with a trained model: a folder, a file, or a list of them.
+
+The files are read as the model's training data was: channels, side, mean and std come from the model's
+``inputs`` (recorded at fit and carried by its checkpoint and MLflow model, ``zoo.layers.new_inputs``)
+unless given here, so ``predict --ckpt_path models:/<name>@<alias> --data.init_args.paths=<folder>`` needs
+no training config. They are read in ``predict_dataloader``, which Lightning calls after restoring the
+checkpoint. Batches are dicts: ``image`` (B, C, H, W) and ``path`` (B,) strings.
+
+``ZeroShotDataModule`` adds what CLIP needs: class names (or a file of them, one a line) and prompt
+templates for zero-shot classification, or texts to embed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, Dataset, default_collate
+
+from datamodules.base import not_found_message
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+
+
+def image_paths(paths: str | list[str]) -> list[Path]:
+    """Every image named: files as given, folders searched recursively (sorted), in the order given."""
+    out: list[Path] = []
+    for p in [paths] if isinstance(paths, str) else paths:
+        path = Path(p)
+        if path.is_dir():
+            out += sorted(f for f in path.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES)
+        elif path.is_file():
+            out.append(path)
+        else:
+            raise FileNotFoundError(not_found_message("images", str(path), "pass data.init_args.paths=<a folder, "
+                                                      "an image file, or a list of them>"))
+    if not out:
+        raise FileNotFoundError(not_found_message("image files", str(paths), f"expected files ending in {IMAGE_SUFFIXES}"))
+    return out
+
+
+class ImageFiles(Dataset):
+    """Images read from files with one transform; items are ``{"image", "path"}``."""
+
+    def __init__(self, paths: list[Path], mode: str, transform) -> None:
+        self.paths, self.mode, self.transform = paths, mode, transform
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> dict:
+        from PIL import Image
+
+        with Image.open(self.paths[i]) as im:
+            return {"image": self.transform(im.convert(self.mode)), "path": str(self.paths[i])}
+
+
+class ImageFilesDataModule(LightningDataModule):
+    """Predict-only: image files read the way the model's training data was."""
+
+    def __init__(
+        self,
+        paths: str | list[str] | None = None,
+        image_size: int | None = None,
+        channels: Literal[1, 3] | None = None,
+        mean: tuple[float, ...] | None = None,
+        std: tuple[float, ...] | None = None,
+        batch_size: int = 64,
+        num_workers: int = 0,
+    ) -> None:
+        """
+        Args:
+            paths: a folder (searched recursively), an image file, or a list of them.
+            image_size: side images are resized (shorter side) and centre-cropped to; None: the model's.
+            channels: 1 (grey) or 3 (RGB); None: the model's.
+            mean: per-channel mean subtracted from pixels in [0, 1]; None: the model's training data's.
+            std: per-channel std they are divided by; None: the model's training data's.
+            batch_size: images per batch.
+            num_workers: DataLoader worker processes (decoding files is the bottleneck).
+        """
+        super().__init__()
+        self.save_hyperparameters()
+
+    def _model_inputs(self) -> dict:
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        return dict(getattr(module, "inputs", None) or {})
+
+    def transform(self):
+        """Resize, centre-crop, to tensor, normalise: the settings given here, else the model's ``inputs``."""
+        from torchvision import transforms as T
+
+        h, spec = self.hparams, self._model_inputs()
+        shape = spec.get("image_shape")
+        side, channels = h.image_size or (shape and shape[-1]), h.get("channels") or (shape and shape[0])
+        mean, std = h.mean or spec.get("mean"), h.std or spec.get("std")
+        if not side or not channels or mean is None or std is None:
+            raise ValueError("the model records no input format (a checkpoint from before the zoo recorded one, or "
+                             "a model built in Python): pass --data.init_args.image_size, channels, mean and std")
+        self.image_mode = "L" if channels == 1 else "RGB"
+        return T.Compose([T.Resize(side), T.CenterCrop(side), T.ToTensor(), T.Normalize(mean, std)])
+
+    def _images(self) -> Dataset:
+        if self.hparams.paths is None:
+            raise FileNotFoundError("predict on new images: pass --data.init_args.paths=<a folder, an image, or "
+                                    "[a.png, b.jpg]>")
+        transform = self.transform()
+        return ImageFiles(image_paths(self.hparams.paths), self.image_mode, transform)
+
+    def _loader(self, dataset: Dataset, collate_fn=default_collate) -> DataLoader:
+        return DataLoader(dataset, batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers,
+                          collate_fn=collate_fn)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self._images())
+
+
+class _WithSettings:
+    """Adds the predict settings (mode, class names, templates) to every batch; module-level for workers."""
+
+    def __init__(self, extra: dict) -> None:
+        self.extra = extra
+
+    def __call__(self, items: list[dict]) -> dict:
+        return {**default_collate(items), **self.extra}
+
+
+class _Texts(Dataset):
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"caption": self.texts[i]}
+
+
+def _lines(path: str) -> list[str]:
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(not_found_message("a text file", path, "pass a file with one entry a line"))
+    return [line.strip() for line in file.read_text("utf-8").splitlines() if line.strip()]
+
+
+class ZeroShotDataModule(ImageFilesDataModule):
+    """CLIP on new inputs: zero-shot classes of image files, or image or text embeddings."""
+
+    def __init__(
+        self,
+        paths: str | list[str] | None = None,
+        predict: Literal["zeroshot", "image_embeddings", "text_embeddings"] = "zeroshot",
+        class_names: list[str] | str | None = None,
+        templates: list[str] | None = None,
+        texts: list[str] | str | None = None,
+        image_size: int | None = None,
+        mean: tuple[float, ...] | None = None,
+        std: tuple[float, ...] | None = None,
+        batch_size: int = 64,
+        num_workers: int = 0,
+    ) -> None:
+        """
+        Args:
+            paths: images: a folder (searched recursively), an image file, or a list of them.
+            predict: zeroshot (a class per image), image_embeddings or text_embeddings.
+            class_names: zeroshot: the classes, or a text file of them one a line; None: the model's training classes.
+            templates: zeroshot: prompts with ``{}`` for the class name; None: the model's training templates, else
+                "a photo of a {}." and two more.
+            texts: text_embeddings: the texts, or a text file of them one a line.
+            image_size: side images are resized and centre-cropped to; None: the model's.
+            mean: per-channel mean subtracted from pixels in [0, 1]; None: the model's training data's.
+            std: per-channel std they are divided by; None: the model's training data's.
+            batch_size: images or texts per batch.
+            num_workers: DataLoader worker processes.
+        """
+        super().__init__(paths, image_size, 3, mean, std, batch_size, num_workers)
+        self.save_hyperparameters()
+
+    def _zeroshot_settings(self) -> dict:
+        h, spec = self.hparams, self._model_inputs()
+        names = _lines(h.class_names) if isinstance(h.class_names, str) else h.class_names or spec.get("class_names")
+        if not names:
+            raise ValueError("zero-shot prediction needs classes: pass --data.init_args.class_names='[cat, dog]' or a "
+                             "file of names, one a line")
+        templates = h.templates or spec.get("templates") or ["a photo of a {}.", "a picture of a {}.", "{}"]
+        return {"class_names": list(names), "templates": list(templates)}
+
+    def predict_dataloader(self) -> DataLoader:
+        h = self.hparams
+        if h.predict == "text_embeddings":
+            if not h.texts:
+                raise ValueError("text embeddings: pass --data.init_args.texts='[a red circle, a blue ring]' or a file")
+            texts = _lines(h.texts) if isinstance(h.texts, str) else list(h.texts)
+            return self._loader(_Texts(texts), _WithSettings({"mode": h.predict}))
+        extra = {"mode": h.predict} | (self._zeroshot_settings() if h.predict == "zeroshot" else {})
+        return self._loader(self._images(), _WithSettings(extra))
