@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import lightning.pytorch as pl
 from lightning.pytorch import Callback
 
@@ -14,7 +16,8 @@ class LogImageSamples(Callback):
 
     Sampling happens after the first validation batch, inside the validation epoch, so it sees the
     weights validation sees (the EMA weights when an EMA callback swaps them in, whatever the callback
-    order). The grid goes to each MLflow run as ``samples/step_<global step>.png``.
+    order). The grid goes to each MLflow run as ``samples/step_<global step>.png`` and as the image ``samples``
+    at that step, which the MLflow UI shows with a step slider; small images are enlarged (``readable``).
     """
 
     def __init__(
@@ -48,6 +51,16 @@ class LogImageSamples(Callback):
         images = pl_module.sample(self.num_samples, self.sampling, seed=self.seed)
         if not trainer.is_global_zero:
             return
-        grid = image_grid(images)
+        grid = readable(image_grid(images))
         for lg in mlflow_loggers(trainer):
             lg.experiment.log_image(lg.run_id, grid, artifact_file=f"samples/step_{trainer.global_step:07d}.png")
+            lg.experiment.log_image(lg.run_id, grid, key="samples", step=trainer.global_step)
+
+
+def readable(image, min_side: int = 512):
+    """``image`` enlarged by a whole factor (nearest neighbour: pixels stay sharp) to at least ``min_side`` pixels
+    across: a grid of 16-pixel samples is otherwise a thumbnail of a few dozen pixels in the MLflow UI."""
+    from PIL import Image
+
+    factor = math.ceil(min_side / max(image.size))
+    return image if factor <= 1 else image.resize((image.width * factor, image.height * factor), Image.NEAREST)

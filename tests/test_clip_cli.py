@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -10,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import CONFIGS, cli
+from conftest import CONFIGS, cli, output
 from mlflow.tracking import MlflowClient
 
 from zoo.clip import ContrastiveModule
@@ -24,8 +25,8 @@ METRICS = ["val/loss", "val/zeroshot_acc", "val/zeroshot_acc_top5", "val/recall_
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _jsonl(path: str = "predictions.jsonl") -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+def _rows(path: str = "predictions.csv") -> list[dict]:
+    return list(csv.DictReader(output(path).read_text().splitlines()))
 
 
 def test_tiny_fits_into_mlflow_then_predicts_from_its_checkpoint(tmp_path):
@@ -40,9 +41,9 @@ def test_tiny_fits_into_mlflow_then_predicts_from_its_checkpoint(tmp_path):
 
     # Zero-shot on the held-out split against classes named on the command line.
     cli("predict", "--config", TINY, "--ckpt_path", last, "--data.init_args.class_names=[circle, ring]")
-    rows = _jsonl()
-    assert len(rows) == num_val and {r["pred"] for r in rows} <= {"circle", "ring"}
-    assert all(0.5 <= r["confidence"] <= 1.0 for r in rows)
+    rows = _rows()
+    assert len(rows) == num_val and {r["class"] for r in rows} <= {"circle", "ring"}
+    assert all(0.5 <= float(r["confidence"]) <= 1.0 for r in rows)
 
     # ... and on a folder of image files.
     from PIL import Image
@@ -50,24 +51,24 @@ def test_tiny_fits_into_mlflow_then_predicts_from_its_checkpoint(tmp_path):
     for i in range(3):
         Image.new("RGB", (40, 40), (200, 30 * i, 0)).save(tmp_path / f"{i}.png")
     cli("predict", "--config", TINY, "--ckpt_path", last, f"--data.init_args.predict_path={tmp_path}")
-    rows = _jsonl()
+    rows = _rows()
     assert [Path(r["path"]).name for r in rows] == ["0.png", "1.png", "2.png"]
-    assert all(r["pred"] in c.datamodule.class_names for r in rows)
+    assert all(r["class"] in c.datamodule.class_names for r in rows)
 
-    # Image embeddings: a CSV of unit vectors.
+    # Image embeddings: an array of unit vectors, a row per image, beside the CSV naming the rows.
     cli("predict", "--config", TINY, "--ckpt_path", last, "--data.init_args.predict=image_embeddings")
-    table = np.loadtxt("predictions.csv", delimiter=",", skiprows=1)
-    assert table.shape == (num_val, 1 + 32)
-    np.testing.assert_allclose(np.linalg.norm(table[:, 1:], axis=1), 1.0, atol=1e-4)
+    table = np.load(output("predictions.embedding.npy"))
+    assert table.shape == (num_val, 32) and len(_rows()) == num_val
+    np.testing.assert_allclose(np.linalg.norm(table, axis=1), 1.0, atol=1e-4)
 
     # Text embeddings equal what the checkpoint alone computes (net and tokenizer from the file).
     texts = ["a small red circle in the center", "a large blue ring on the left"]
     cli("predict", "--config", TINY, "--ckpt_path", last, "--data.init_args.predict=text_embeddings",
         f"--data.init_args.texts={json.dumps(texts)}")
-    rows = _jsonl()
+    rows = _rows()
     assert [r["text"] for r in rows] == texts
     module = ContrastiveModule.load_from_checkpoint(last).eval()
-    torch.testing.assert_close(module.embed_texts(texts), torch.tensor([r["embedding"] for r in rows]))
+    torch.testing.assert_close(module.embed_texts(texts), torch.from_numpy(np.load(output("predictions.embedding.npy"))))
 
 
 def test_short_cpu_fit_on_shapes_is_far_above_chance():

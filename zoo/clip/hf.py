@@ -22,11 +22,12 @@ from pathlib import Path
 
 import torch
 import yaml
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from zoo.clip.clip import CLIP
 from zoo.clip.towers import TextTransformer, VisionTransformer
-from zoo.layers.weights import check_compatible, extract_state_dict, load_file
+from zoo.layers.weights import classifier_head, extract_state_dict, load_file, load_with_new_head
 
 # Per block: (ours, Hugging Face, OpenAI); the q/k/v triple is handled apart.
 _BLOCK_KEYS = [
@@ -152,7 +153,9 @@ def load_hf_clip(folder: str | Path) -> CLIP:
 
 def load_hf_clip_into(net: CLIP, path: str | Path) -> CLIP:
     """Weights into a configured ``net`` from a Hugging Face folder, an OpenAI/open_clip state dict file, or
-    a file of the zoo's own keys (a Lightning checkpoint included); every key and shape is checked."""
+    a file of the zoo's own keys (a Lightning checkpoint included); every key and shape is checked, except the
+    towers' output projections: one of another embedding size is replaced (fine-tuning to a new joint space),
+    and a line says so."""
     path = Path(path)
     sd = extract_state_dict(load_file(_weights_file(path) if path.is_dir() else path), "net.")
     if "vision_model.embeddings.class_embedding" in sd:
@@ -161,8 +164,9 @@ def load_hf_clip_into(net: CLIP, path: str | Path) -> CLIP:
         sd = openai_to_zoo(sd)
     if net.logit_bias is not None and "logit_bias" not in sd:  # CLIP weights, a SigLIP loss: keep the fresh bias
         sd["logit_bias"] = net.logit_bias.detach().clone()
-    check_compatible(net, sd, f"CLIP weights {str(path)!r}")
-    net.load_state_dict(sd)
+    heads = [f"{name}.{classifier_head(getattr(net, name))}" for name in ("image_encoder", "text_encoder")]
+    for line in load_with_new_head(net, sd, f"CLIP weights {str(path)!r}", heads):
+        rank_zero_info(f"init_weights: replaced a tower's projection, {line}")
     return net
 
 

@@ -24,6 +24,7 @@ from zoo.clip.losses import infonce_loss, siglip_loss
 from zoo.layers.compat import trainer_of
 from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
+from zoo.layers.new_inputs import image_inputs, top_k_columns
 from zoo.layers.optim import AdamWCosine
 from zoo.layers.parallel import shard
 from zoo.layers.tokenizers import tokenize, tokenizer_from_dict
@@ -58,6 +59,9 @@ class ContrastiveModule(LightningModule):
     family = "clip"
     monitor = "val/recall_1"  # mean of the two retrieval directions: defined for any caption data
     monitor_mode = "max"
+    predict_data = "datamodules.ZeroShotDataModule"  # predict --ckpt_path alone: new images, class names, texts
+    predictions_format = "csv"
+    prediction_arrays = ("embedding",)  # written to predictions.embedding.npy, one row per image or text
 
     def __init__(
         self,
@@ -75,8 +79,9 @@ class ContrastiveModule(LightningModule):
             loss: infonce (CLIP's symmetric cross-entropy) or siglip (pairwise sigmoid, Zhai et al. 2023).
             optimizer: AdamW with warmup and cosine decay (``zoo.layers.optim.AdamWCosine``); CLIP uses beta2 = 0.98
                 for stability with large batches; positions, the logit scale and bias take no weight decay.
-            init_weights: a local Hugging Face CLIP folder (config.json + weights) to start from, loaded
-                weights-only before any checkpoint given by --ckpt_path is restored over it.
+            init_weights: a local Hugging Face CLIP folder (config.json + weights), a weights file, or
+                models:/<name>@<alias>, to start from, loaded weights-only before any checkpoint given by
+                --ckpt_path is restored over it; a tower projection of another size is replaced.
             compile: run the towers through ``torch.compile`` for training (checkpoint keys unchanged).
         """
         super().__init__()
@@ -90,6 +95,7 @@ class ContrastiveModule(LightningModule):
         self._classifier: tuple[tuple, Tensor] | None = None  # predict: (class names, (K, E) weights)
         self.tokenizer = None  # from the datamodule or the checkpoint; needed by ``embed_texts``
         self.context_length: int | None = None
+        self.inputs: dict | None = None  # image format, class names, templates of the training data (new_inputs)
 
     # -- setup ---------------------------------------------------------------------------------------------
 
@@ -101,10 +107,13 @@ class ContrastiveModule(LightningModule):
     def setup(self, stage: str) -> None:
         if self.hparams.init_weights and not self._init_loaded:  # once: a later test() keeps trained weights
             from zoo.clip.hf import load_hf_clip_into
+            from zoo.registry import local_weights
 
-            load_hf_clip_into(self.net, self.hparams.init_weights)
+            load_hf_clip_into(self.net, local_weights(self.hparams.init_weights))
             self._init_loaded = True
         dm = getattr(trainer_of(self), "datamodule", None)
+        if stage == "fit" or self.inputs is None:  # a checkpoint's own, restored after setup, wins otherwise
+            self.inputs = image_inputs(dm) or self.inputs
         if getattr(dm, "tokenizer", None) is None:
             return
         self.tokenizer, self.context_length = dm.tokenizer, dm.context_length
@@ -216,23 +225,33 @@ class ContrastiveModule(LightningModule):
             raise RuntimeError("No tokenizer: fit, or load from a checkpoint made with CaptionDataModule")
         return self.net.encode_text(tokenize(self.tokenizer, texts, self.context_length).to(self.device))
 
+    def _tokens(self, texts: list[str]) -> Tensor:
+        if self.tokenizer is None:
+            raise RuntimeError("No tokenizer: fit, or load from a checkpoint made with CaptionDataModule")
+        return tokenize(self.tokenizer, texts, self.context_length).to(self.device)
+
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
-        """Zero-shot classes, image embeddings or text embeddings, as the datamodule's ``predict`` asks."""
+        """Zero-shot classes (path, class, confidence and the top 5, as the CNN's), image embeddings or text
+        embeddings, as the datamodule's ``predict`` asks. Texts come as ids (``CaptionDataModule``, tokenised by
+        the data) or as strings (``ZeroShotDataModule``, tokenised here with the model's own tokenizer)."""
         mode = batch["mode"]
         if mode == "text_embeddings":
-            return {"text": list(batch["caption"]), "embedding": self.net.encode_text(batch["text"])}
+            ids = batch["text"] if "text" in batch else self._tokens(list(batch["caption"]))
+            return {"text": list(batch["caption"]), "embedding": self.net.encode_text(ids)}
         ident = {"path": list(batch["path"])} if "path" in batch else {"index": batch["index"]}
         images = self.net.encode_image(batch["image"])  # (B, E)
         if mode == "image_embeddings":
             return ident | {"embedding": images}
         names = tuple(batch["class_names"])
         if self._classifier is None or self._classifier[0] != names:  # the prompts are the same in every batch
-            self._classifier = (names, zeroshot_weights(self.net, batch["class_text"], len(names)))
+            ids = batch.get("class_text")
+            if ids is None:  # class-major prompts, as CaptionDataModule.zeroshot_prompts builds them
+                ids = self._tokens([t.format(c) for c in names for t in batch["templates"]])
+            self._classifier = (names, zeroshot_weights(self.net, ids, len(names)))
         probs = (self.net.scale() * images @ self._classifier[1].T).float().softmax(-1)  # (B, K)
-        conf, pred = probs.max(-1)
-        rows = ident | {"pred": [names[k] for k in pred.tolist()], "confidence": conf}
-        if (batch["label"] >= 0).any():
-            rows["label"] = [names[k] if 0 <= k < len(names) else None for k in batch["label"].tolist()]
+        rows = ident | top_k_columns(probs, list(names))
+        if "label" in batch and (batch["label"] >= 0).any():
+            rows["label"] = [names[k] if 0 <= k < len(names) else "" for k in batch["label"].tolist()]
         return rows
 
     def on_predict_start(self) -> None:
@@ -250,6 +269,8 @@ class ContrastiveModule(LightningModule):
         # The tokenizer travels with the weights, so load_from_checkpoint(path).embed_texts([...]) works alone.
         if self.tokenizer is not None:
             checkpoint["tokenizer"] = {**self.tokenizer.to_dict(), "context_length": self.context_length}
+        if self.inputs is not None:  # so that new files are read as the training data was, without its config
+            checkpoint["inputs"] = self.inputs
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "state_dict" in checkpoint:  # absent in a sharded (FSDP2) resume: the shards load into the net directly
@@ -258,3 +279,5 @@ class ContrastiveModule(LightningModule):
             tok = dict(checkpoint["tokenizer"])
             self.context_length = tok.pop("context_length")
             self.tokenizer = tokenizer_from_dict(tok)
+        if "inputs" in checkpoint:
+            self.inputs = dict(checkpoint["inputs"])
