@@ -230,3 +230,24 @@ def test_clip_weights_into_towers_of_another_embedding_size_replace_the_projecti
         load_hf_clip_into(CLIP(VisionTransformer(image_size=16, patch_size=4, width=16, layers=1, heads=2, embed_dim=32),
                                TextTransformer(vocab_size=257, context_length=8, width=32, layers=1, heads=2,
                                                embed_dim=32)), tmp_path / "clip.pth")
+
+
+def test_image_samples_are_enlarged_and_logged_per_step(tmp_path):
+    from types import SimpleNamespace
+
+    from callbacks import LogImageSamples
+    from zoo.tracking import ZooMLFlowLogger
+
+    logger = ZooMLFlowLogger(experiment_name="samples")
+    module = SimpleNamespace(sample=lambda n, sampling, seed: torch.linspace(-1, 1, n * 3 * 16 * 16).view(n, 3, 16, 16))
+    for step in (5, 10):
+        trainer = SimpleNamespace(sanity_checking=False, current_epoch=0, is_global_zero=True, global_step=step,
+                                  loggers=[logger])
+        LogImageSamples(num_samples=16).on_validation_batch_end(trainer, module, None, None, 0)
+    client = MlflowClient(logger.tracking_uri)
+    grid = client.download_artifacts(logger.run_id, "samples/step_0000010.png", str(tmp_path))
+    from PIL import Image
+
+    assert min(Image.open(grid).size) >= 512  # a 4 x 4 grid of 16-pixel images is 74 pixels across unenlarged
+    keyed = [a.path for a in client.list_artifacts(logger.run_id, "images")]
+    assert {p.split("+")[2] for p in keyed if p.startswith("images/samples+step+")} == {"5", "10"}, keyed
