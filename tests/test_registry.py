@@ -146,7 +146,7 @@ def test_every_family_logs_a_model_that_rebuilds_its_module(config):
         torch.testing.assert_close(loaded.state_dict()[k], v, rtol=0, atol=0, msg=k)
 
 
-def test_registered_on_a_tracking_server_and_loaded_by_name(mlflow_server, monkeypatch):
+def test_registered_on_a_tracking_server_and_loaded_by_name(mlflow_server, monkeypatch, tmp_path_factory):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
     c = cli("fit", "--config", TINY, "--trainer.max_steps=3", "--trainer.limit_val_batches=1",
             "--trainer.logger.init_args.registered_model_name=digits-on-server")
@@ -159,3 +159,17 @@ def test_registered_on_a_tracking_server_and_loaded_by_name(mlflow_server, monke
     ref = ClassifierModule.load_from_checkpoint(best).eval()(x)
     for uri in (f"models:/digits-on-server/{version.version}", "models:/digits-on-server@champion"):
         torch.testing.assert_close(load_model(uri)(x), ref, rtol=0, atol=0)
+
+    # predict on new files by name alone (no config), into a child run on the server holding the CSV
+    from PIL import Image
+
+    files = tmp_path_factory.mktemp("server_files")
+    for i in range(3):
+        Image.fromarray((torch.rand(8, 8) * 255).to(torch.uint8).numpy()).save(files / f"{i}.png")
+    by_name = cli("predict", "--ckpt_path", "models:/digits-on-server@champion", f"--data.init_args.paths={files}")
+    by_file = cli("predict", "--ckpt_path", best, f"--data.init_args.paths={files}")
+    run = client.get_run(by_name.trainer.logger.run_id)
+    assert run.data.tags["mlflow.parentRunId"] == c.trainer.logger.run_id
+    csvs = [Path(client.download_artifacts(p.trainer.logger.run_id, "predictions/predictions.csv",
+                                           str(tmp_path_factory.mktemp("dl")))).read_text() for p in (by_name, by_file)]
+    assert csvs[0] == csvs[1] and len(csvs[0].splitlines()) == 4
