@@ -268,7 +268,9 @@ def checkpoint_config(uri: str, subcommand: str, tracking_uri_: str | None = Non
     training data the checkpoint recorded; either may be missing (a sharded folder, a checkpoint from Python).
     """
     local = Path(resolve_checkpoint(uri, tracking_uri_) if is_mlflow_uri(uri) else uri)
-    if not local.is_file():
+    if not local.exists():
+        raise FileNotFoundError(f"checkpoint {uri!r} does not exist: pass --ckpt_path <{CKPT_SOURCES}>")
+    if not local.is_file():  # a sharded folder: Lightning reads it, with the config the user gives
         return {}
     try:
         spec = module_spec(load_file(local))
