@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 from typing import Any
-
-import re
 
 import numpy as np
 import torch

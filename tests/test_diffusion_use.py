@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from conftest import CONFIGS, cli
+from conftest import CONFIGS, cli, output
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
@@ -22,11 +22,11 @@ def test_predict_writes_a_readable_png_per_sample_and_a_grid():
     classes = c.datamodule.class_names
     p = cli("predict", "--config", TINY, f"--ckpt_path={last}", "--data.init_args.num_samples=5",
         "--data.init_args.labels=[1, 3]", "--data.init_args.sampling.steps=3", "--data.init_args.seed=7")
-    rows = [json.loads(line) for line in Path("predictions.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in output("predictions.jsonl").read_text().splitlines()]
     assert [r["label"] for r in rows] == [1, 3, 1, 3, 1]
     names = [f"{i:04d}_{classes[k]}.png" for i, k in enumerate([1, 3, 1, 3, 1])]
     assert [Path(r["image"]).name for r in rows] == names
-    assert sorted(f.name for f in Path("images").iterdir()) == sorted([*names, "grid.png"])
+    assert sorted(f.name for f in output("grid.png").parent.iterdir()) == sorted([*names, "grid.png"])
     logged = MlflowClient(p.trainer.logger.tracking_uri).list_artifacts(p.trainer.logger.run_id, "images")
     assert sorted(a.path for a in logged) == sorted(f"images/{n}" for n in [*names, "grid.png"])
 
@@ -34,12 +34,12 @@ def test_predict_writes_a_readable_png_per_sample_and_a_grid():
     module = DiffusionModule.load_from_checkpoint(last).eval()
     first = module.sample(4, Sampling("ddim", steps=3), seed=7, labels=[1, 3, 1, 3])  # batch 0 (batch_size 4)
     expected = ((first[0] * 0.5 + 0.5).clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()
-    png = np.asarray(Image.open(Path("images") / names[0]))
+    png = np.asarray(Image.open(output("grid.png").parent / names[0]))
     assert png.shape == (128, 128, 3)
     assert np.array_equal(png[::16, ::16], expected)
     assert np.array_equal(png[15::16, 15::16], expected)  # blocks, not interpolation
 
-    grid = Image.open("images/grid.png")  # 3 x 2 tiles of 8 px with 1 px borders, enlarged 16 times
+    grid = Image.open(output("grid.png"))  # 3 x 2 tiles of 8 px with 1 px borders, enlarged 16 times
     assert grid.size == ((3 * 9 + 1) * 16, (2 * 9 + 1) * 16)
     tile = np.asarray(grid)[16:16 + 128, 16:16 + 128]
     assert np.array_equal(tile, png)

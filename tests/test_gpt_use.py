@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, cli
+from conftest import CONFIGS, cli, output
 
 import datamodules.text
 from zoo.gpt import CausalLMModule
@@ -62,7 +62,7 @@ def test_predict_from_a_prompts_file_without_the_corpus(monkeypatch):
     monkeypatch.setattr(datamodules.text, "tokenize_to_file", lambda *a, **k: pytest.fail("tokenised a corpus"))
     cli("predict", "--config", str(TINY), "--ckpt_path", last, "--data.init_args.prompts_file=prompts.txt",
         "--data.init_args.max_new_tokens=12", "--data.init_args.temperature=0")
-    rows = [json.loads(line) for line in Path("predictions.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in output("predictions.jsonl").read_text().splitlines()]
     prompts = ["ROMEO:", "", "To be, or not"]
     assert [r["prompt"] for r in rows] == prompts
     module = CausalLMModule.load_from_checkpoint(last).eval()
@@ -115,6 +115,6 @@ def test_the_logged_model_scores_and_continues_new_text_with_its_own_characters(
     Path("prompts.txt").write_text("ROMEO:\nJULIET:\n")
     cli("predict", "--config", str(CHARS), *SMALL, "--ckpt_path", model, "--data.init_args.prompts_file=prompts.txt",
         "--data.init_args.max_new_tokens=8", "--data.init_args.temperature=0")
-    rows = [json.loads(line) for line in Path("predictions.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in output("predictions.jsonl").read_text().splitlines()]
     assert [r["prompt"] for r in rows] == ["ROMEO:", "JULIET:"]
     assert [r["completion"] for r in rows] == c.model.eval().generate(["ROMEO:", "JULIET:"], 8, temperature=0)

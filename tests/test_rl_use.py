@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, cli
+from conftest import CONFIGS, cli, output
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
@@ -26,10 +26,10 @@ def test_play_writes_every_episode_and_a_video_of_one():
             "--data.init_args.env_id=datamodules.gym_envs:NumpyCartPole-v1",
             "--data.init_args.env_kwargs={width: 40, height: 30}", "--data.init_args.record_video=true",
             "--data.init_args.video_fps=20")  # 50 ms a frame: GIF durations are whole centiseconds
-    rows = list(csv.DictReader(Path("predictions.csv").read_text().splitlines()))
+    rows = list(csv.DictReader(output("predictions.csv").read_text().splitlines()))
     assert [int(r["episode"]) for r in rows] == [0, 1, 2, 3, 4]
     assert all(float(r["return"]) == int(r["length"]) >= 1 for r in rows)  # CartPole pays 1 per step
-    gif = Image.open("videos/NumpyCartPole-v1_episode.gif")  # beside predictions.csv
+    gif = Image.open(output("NumpyCartPole-v1_episode.gif"))  # beside predictions.csv, in the run folder
     assert gif.size == (40, 30)
     # the recorded episode is episode 0, from the same start state: its first frame and one per step, at 20 fps
     # (Pillow merges repeated frames into one longer one, so count time rather than frames)
