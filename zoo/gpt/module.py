@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.callbacks import ThroughputMonitor
-from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torchmetrics import MeanMetric
 
@@ -27,17 +26,6 @@ def _batch_size(batch: tuple[Tensor, Tensor] | dict) -> int:
 
 def _tokens(batch: tuple[Tensor, Tensor] | dict) -> int:
     return sum(p.numel() for p in batch["prompt_ids"]) if isinstance(batch, dict) else batch[0].numel()
-
-
-def warn_if_cut_short(prompts: list[Tensor], outs: list[Tensor], max_new_tokens: int, block_size: int) -> None:
-    """Say so when a continuation ended at the net's context length rather than at EOS or ``max_new_tokens``."""
-    cut = [len(o) for p, o in zip(prompts, outs) if len(o) < max_new_tokens and len(p) + len(o) >= block_size]
-    if cut:
-        rank_zero_warn(
-            f"{len(cut)} of {len(prompts)} continuations stopped at the net's block_size {block_size} with "
-            f"{min(cut)}-{max(cut)} of the {max_new_tokens} new tokens asked for: decoding does not slide its window "
-            f"past block_size; ask for at most block_size minus the prompt's tokens."
-        )
 
 
 class CausalLMModule(LightningModule):
@@ -198,7 +186,6 @@ class CausalLMModule(LightningModule):
             gen = torch.Generator(self.device).manual_seed(seed)
         eos = self.tokenizer.eos_id if self.tokenizer is not None else None
         out = generate(self.net, ids, max_new_tokens, temperature, top_k, top_p, eos_id=eos, generator=gen)
-        warn_if_cut_short(ids, out, max_new_tokens, self.net.block_size)
         return [self.tokenizer.decode(o.tolist()) for o in out] if as_text else out
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict[str, list[str]]:
@@ -211,7 +198,6 @@ class CausalLMModule(LightningModule):
             self.net, batch["prompt_ids"], eos_id=self.tokenizer.eos_id,
             generator=torch.Generator(self.device).manual_seed(seed), **settings,
         )
-        warn_if_cut_short(batch["prompt_ids"], out, settings["max_new_tokens"], self.net.block_size)
         return {"prompt": list(batch["text"]), "completion": [self.tokenizer.decode(o.tolist()) for o in out]}
 
     # -- checkpoints -------------------------------------------------------------------------------------
