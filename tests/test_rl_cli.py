@@ -70,7 +70,7 @@ def test_tiny_fits_predicts_and_reloads_with_its_statistics():
     # With a renderer, one episode becomes a GIF in the run's MLflow artifacts.
     p = cli("predict", "--config", TINY, "--ckpt_path", last, "--data.init_args.record_video=true",
             "--data.init_args.env_id=RenderedCartPole-v1")
-    gif = Path("videos/RenderedCartPole-v1_episode.gif")
+    gif = output("RenderedCartPole-v1_episode.gif")  # in the run folder, beside predictions.csv
     frames = Image.open(gif)
     assert frames.n_frames >= 2 and frames.size == (48, 24)
     logger = p.trainer.logger
