@@ -216,6 +216,9 @@ def bad_input(err: BaseException) -> BaseException | None:
     while err is not None:
         if isinstance(err, (FileNotFoundError, NotADirectoryError, UnsafeCheckpointError, DependencyNotInstalled)):
             return err
+        # models:/<name>@<alias> or a version that the registry does not have: the message names it
+        if getattr(err, "error_code", None) == "RESOURCE_DOES_NOT_EXIST":
+            return err
         err = err.__cause__ or err.__context__
     return None
 
