@@ -89,6 +89,8 @@ class GymDataModule(LightningDataModule):
                 ``RecordVideo``).
         """
         super().__init__()
+        # Recorded in checkpoints, so that `predict --ckpt_path <model>` without a config plays in the same env.
+        self.save_hyperparameters()
         self.env_id, self.num_envs, self.vectorization_mode = env_id, num_envs, vectorization_mode
         self._seed = seed
         self.env_kwargs, self.max_episode_steps = dict(env_kwargs or {}), max_episode_steps

@@ -83,3 +83,13 @@ def test_a_size_that_disagrees_with_the_env_names_both():
         cli("fit", "--config", PPO_TINY, *QUIET, "--model.init_args.net.init_args.action_dim=3")
     with pytest.raises(ValueError, match=r"needs a net with .*'obs_dim': 3.*this one has .*'obs_dim': 5"):
         cli("fit", "--config", SAC_TINY, *QUIET, "--model.init_args.net.init_args.obs_dim=5")
+
+
+def test_a_checkpoint_alone_plays_in_the_env_it_was_trained_in():
+    """predict without --config: the checkpoint records the GymDataModule's arguments (env id, wrappers, ...)."""
+    fit = cli("fit", "--config", PPO_TINY, *QUIET, "--data.init_args.env_id=datamodules.gym_envs:NumpyCartPole-v1")
+    cli("predict", "--ckpt_path", fit.trainer.checkpoint_callback.last_model_path, *QUIET,
+        "--data.init_args.predict_episodes=2")
+    rows = list(csv.DictReader(output("predictions.csv").read_text().splitlines()))
+    assert [int(r["episode"]) for r in rows] == [0, 1]
+    assert fit.datamodule.hparams.env_id == "datamodules.gym_envs:NumpyCartPole-v1"
