@@ -168,8 +168,11 @@ class ZooCLI(LightningCLI):
     def after_fit(self) -> None:
         trainer = self.trainer
         if self.config.fit.test_after_fit:
-            best = trainer.checkpoint_callback and trainer.checkpoint_callback.best_model_path
-            trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best" if best else None)
+            ckpt = trainer.checkpoint_callback
+            paths = (ckpt.best_model_path, ckpt.last_model_path) if ckpt is not None else None
+            trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best" if paths and paths[0] else None)
+            if paths:  # restoring the best checkpoint restores the callback's state as it was then (no last.ckpt yet)
+                ckpt.best_model_path, ckpt.last_model_path = paths
         if not trainer.is_global_zero:
             return
         ckpt = trainer.checkpoint_callback

@@ -18,6 +18,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
 from datamodules.base import ImageDataModule
+from zoo.layers.hparams import save_hparams
 from zoo.diffusion.samplers import Sampling
 
 
@@ -62,6 +63,9 @@ class DiffusionDataModule(LightningDataModule):
             output_dir: predict: folder of the PNG grids (``grid_<batch>.png``).
         """
         super().__init__()
+        # Recorded in checkpoints (the image data as its config, never the object), so that
+        # `predict --ckpt_path <model>` without a config samples with the same normalisation and classes.
+        save_hparams(self, "images")
         self.images = images
         mean, std = torch.tensor(data_mean, dtype=torch.float32), torch.tensor(data_std, dtype=torch.float32)
         # 2 (x std + mean) - 1 = scale x + shift, per channel

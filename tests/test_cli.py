@@ -209,3 +209,14 @@ def test_fit_without_a_logger():
     assert again.trainer.global_step == c.trainer.global_step
     first, second = (Path(x.trainer.checkpoint_callback.last_model_path).parent for x in (c, again))
     assert first != second and first.parent.name.startswith("run-")
+
+
+def test_summary_after_test_after_fit_names_the_checkpoints_written(capsys):
+    """Testing the best checkpoint restores the checkpoint callback's state as saved then (before last.ckpt
+    existed); the summary and the MLflow model must still name the files this run wrote."""
+    c = cli("fit", "--config", str(TINY), "--test_after_fit=true", "--trainer.max_epochs=1",
+            "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1", "--trainer.limit_test_batches=1",
+            "--trainer.enable_progress_bar=false")
+    last = c.trainer.checkpoint_callback.last_model_path
+    assert last and Path(last).is_file()
+    assert f"Last checkpoint: {last}" in capsys.readouterr().out

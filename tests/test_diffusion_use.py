@@ -43,3 +43,25 @@ def test_predict_writes_a_readable_png_per_sample_and_a_grid():
     assert grid.size == ((3 * 9 + 1) * 16, (2 * 9 + 1) * 16)
     tile = np.asarray(grid)[16:16 + 128, 16:16 + 128]
     assert np.array_equal(tile, png)
+
+
+def test_a_checkpoint_alone_samples_with_the_data_it_was_trained_on():
+    """predict without --config: the checkpoint records the DiffusionDataModule's arguments, the image data
+    as its config (class names, normalisation), the sampling settings as plain values."""
+    fit = cli("fit", "--config", TINY, "--trainer.max_epochs=1", "--data.init_args.num_samples=3",
+              "--data.init_args.labels=[2]", "--data.init_args.sampling.steps=2")
+    cli("predict", "--ckpt_path", fit.trainer.checkpoint_callback.last_model_path)
+    rows = [json.loads(line) for line in output("predictions.jsonl").read_text().splitlines()]
+    name = fit.datamodule.class_names[2]
+    assert [Path(r["image"]).name for r in rows] == [f"{i:04d}_{name}.png" for i in range(3)]
+
+
+def test_a_datamodule_built_in_python_records_no_objects():
+    """The image DataModule object is left out of the hyperparameters: pickled, it would make every checkpoint
+    unreadable weights-only."""
+    from datamodules import DiffusionDataModule, ShapesDataModule
+
+    dm = DiffusionDataModule(ShapesDataModule(image_size=8), num_samples=3, sampling=Sampling("ddim", steps=2))
+    assert "images" not in dm.hparams
+    assert dm.hparams["sampling"] == {**vars(Sampling()), "sampler": "ddim", "steps": 2}
+    assert dm.hparams["num_samples"] == 3

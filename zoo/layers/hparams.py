@@ -12,21 +12,25 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
-from lightning.pytorch import LightningModule
-from torch import nn
+from lightning.pytorch import LightningDataModule, LightningModule
 
 from zoo.layers.compat import given_hyperparameters
 
 
-def save_hparams(module: LightningModule, *module_args: str) -> None:
-    """``save_hyperparameters`` from the caller's ``__init__``, dropping ``module_args`` given as nn.Modules."""
+def save_hparams(module: LightningModule | LightningDataModule, *object_args: str) -> None:
+    """``save_hyperparameters`` from the caller's ``__init__``, dropping ``object_args`` given as objects (an
+    nn.Module, a DataModule) rather than as their ``{class_path, init_args}`` config."""
     frame = inspect.currentframe().f_back
     given = given_hyperparameters()
-    if given is not None:
-        ignore = [a for a in module_args if isinstance(given.get(a), nn.Module)]
-    else:
-        ignore = [a for a in module_args if isinstance(frame.f_locals.get(a), nn.Module)]
+    values = given if given is not None else frame.f_locals
+    ignore = [a for a in object_args if _is_object(values.get(a))]
     module.save_hyperparameters(ignore=ignore, frame=frame)
     for key, value in module.hparams.items():
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             module.hparams[key] = dataclasses.asdict(value)
+
+
+def _is_object(value) -> bool:
+    # A config is plain data (a dict from the CLI, a dataclass of settings); anything else would be pickled.
+    plain = (dict, list, tuple, str, int, float, bool, type(None))
+    return not isinstance(value, plain) and not (dataclasses.is_dataclass(value) and not isinstance(value, type))
