@@ -17,7 +17,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule
-from torch import Tensor
+from torch import Tensor, nn
 
 from zoo.clip.clip import CLIP
 from zoo.clip.losses import infonce_loss, siglip_loss
@@ -72,6 +72,8 @@ class ContrastiveModule(LightningModule):
         ),
         init_weights: str | None = None,
         compile: bool = False,
+        lock_image: bool = False,
+        lock_text: bool = False,
     ) -> None:
         """
         Args:
@@ -83,6 +85,9 @@ class ContrastiveModule(LightningModule):
                 models:/<name>@<alias>, to start from, loaded weights-only before any checkpoint given by
                 --ckpt_path is restored over it; a tower projection of another size is replaced.
             compile: run the towers through ``torch.compile`` for training (checkpoint keys unchanged).
+            lock_image: keep the image tower as loaded (LiT, Zhai et al. 2022: a pretrained image tower, locked,
+                teaches a new text tower); its normalisation statistics and dropout stay in eval mode.
+            lock_text: keep the text tower as loaded (linear probing of the image tower against fixed texts).
         """
         super().__init__()
         save_hparams(self, "net")
@@ -111,6 +116,8 @@ class ContrastiveModule(LightningModule):
 
             load_hf_clip_into(self.net, local_weights(self.hparams.init_weights))
             self._init_loaded = True
+        for tower in self._locked_towers():
+            tower.requires_grad_(False)  # param_groups leaves them out of the optimizer
         dm = getattr(trainer_of(self), "datamodule", None)
         if stage == "fit" or self.inputs is None:  # a checkpoint's own, restored after setup, wins otherwise
             self.inputs = image_inputs(dm) or self.inputs
@@ -118,6 +125,15 @@ class ContrastiveModule(LightningModule):
             return
         self.tokenizer, self.context_length = dm.tokenizer, dm.context_length
         self._check_text_tower()
+
+    def _locked_towers(self) -> list[nn.Module]:
+        h = self.hparams
+        return [t for t, lock in ((self.net.image_encoder, h.get("lock_image")), (self.net.text_encoder, h.get("lock_text")))
+                if lock]
+
+    def on_train_epoch_start(self) -> None:
+        for tower in self._locked_towers():  # Lightning puts the whole module in train mode before each epoch
+            tower.eval()
 
     def _check_text_tower(self) -> None:
         tower = self.net.text_encoder
