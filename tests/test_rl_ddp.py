@@ -73,3 +73,14 @@ def test_evaluation_shares_play_the_episodes_of_one_process(episodes, envs, worl
              for s in shares if s.num_envs]
     torch.testing.assert_close(torch.cat([r for r, _ in parts]), returns)
     torch.testing.assert_close(torch.cat([n for _, n in parts]), lengths)
+
+
+def test_fsdp2_is_refused_naming_ddp(tmp_path):
+    """Sharding an agent is refused at setup with the strategy to use, not deep inside Lightning's FSDP2 setup."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(ROOT / "cli.py"), "fit", "--config", str(CONFIGS / "rl" / "ppo_tiny.yaml"),
+           "--config", str(CONFIGS / "trainer" / "fsdp.yaml"), "--trainer.devices=1", "--trainer.accelerator=cpu",
+           "--trainer.logger=false"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "RL agents are not sharded" in proc.stderr and "configs/trainer/ddp.yaml" in proc.stderr, proc.stderr[-3000:]

@@ -17,6 +17,7 @@ from test_strategies import DEADLINE_S, DIFFUSION_TINY, SCRIPT, TINY, _artifacts
 from zoo.clip import ContrastiveModule
 from zoo.cnn import ClassifierModule
 from zoo.diffusion import DiffusionModule
+from zoo.gpt import CausalLMModule
 from zoo.layers.parallel import consolidate
 
 
@@ -58,7 +59,7 @@ def test_two_nodes_under_torchrun_train_one_model_into_one_run(mlflow_server):
         subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                           "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", str(port),
                           SCRIPT, "fit", "--config", TINY, "--config", str(CONFIGS / "trainer" / "ddp.yaml"),
-                          "--trainer.num_nodes=2", "--trainer.accelerator=cpu", "--trainer.devices=1",
+                          "--trainer.accelerator=cpu", "--trainer.devices=1",  # num_nodes: 2, from torchrun's env
                           "--trainer.max_steps=4", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
                           f"--trainer.logger.init_args.experiment_name={experiment}"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -70,6 +71,7 @@ def test_two_nodes_under_torchrun_train_one_model_into_one_run(mlflow_server):
     for k, v in r0["state"].items():
         if "running_" not in k and "num_batches" not in k:  # BatchNorm statistics are per rank
             torch.testing.assert_close(v, r1["state"][k], rtol=0, atol=0, msg=k)
+    assert r0["num_nodes"] == r1["num_nodes"] == 2
     client = MlflowClient(mlflow_server)
     assert len(client.search_runs([client.get_experiment_by_name(experiment).experiment_id])) == 1
 
@@ -153,3 +155,28 @@ def test_cnn_validates_twice_resumes_and_reloads(strategy, tmp_path, monkeypatch
     holder = next(r for r in (r0, r1) if all(torch.equal(module.state_dict()[k], v) for k, v in r["state"].items()))
     with torch.no_grad():
         torch.testing.assert_close(module(holder["x"]), holder["out"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("config", ["gpt/gpt_tiny.yaml", "clip/tiny.yaml"])
+def test_ddp_gpt_and_clip_validate_twice_and_reload_with_the_ranks_outputs(config, embedded_store):
+    """Through two validations with the family's default callbacks (text samples, retrieval and zero-shot), the
+    ranks end with the same weights, and the checkpoint reloaded in one process gives their outputs."""
+    _run("--config", str(CONFIGS / "trainer" / "ddp.yaml"), "--trainer.max_steps=4", "--trainer.val_check_interval=2",
+         "--trainer.limit_val_batches=1", config=str(CONFIGS / config))
+    client = MlflowClient(f"sqlite:///{Path('mlflow.db').resolve()}")
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert len(client.get_metric_history(run.info.run_id, "val/loss")) == 2
+    r0, r1 = torch.load("rank0.pt"), torch.load("rank1.pt")
+    for k, v in r0["state"].items():
+        torch.testing.assert_close(v, r1["state"][k], rtol=0, atol=0, msg=k)
+    torch.testing.assert_close(r0["out"], r1["out"], rtol=0, atol=0)
+    module_class = ContrastiveModule if config.startswith("clip") else CausalLMModule
+    module = module_class.load_from_checkpoint(r0["last"]).eval()
+    with torch.no_grad():
+        out = module.embed_images(r0["x"]) if module_class is ContrastiveModule else module(r0["x"])
+    torch.testing.assert_close(out, r0["out"], rtol=1e-5, atol=1e-5)
+    if module_class is CausalLMModule:  # the text samples, generated at each validation
+        assert _artifacts("samples") == ["step_0000002.txt", "step_0000004.txt"]
+    else:  # gathered over both ranks, logged once per validation
+        for key in ("val/recall_1", "val/zeroshot_acc"):
+            assert len(client.get_metric_history(run.info.run_id, key)) == 2, key

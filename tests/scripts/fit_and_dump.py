@@ -44,7 +44,7 @@ if __name__ == "__main__":
     mesh = getattr(c.trainer.strategy, "device_mesh", None)  # FSDP2: (data parallel, tensor parallel) sizes
     torch.save(
         {"state": state, "x": x, "out": out, "last": str(ckpt.last_model_path), "best": str(ckpt.best_model_path),
-         "mesh": tuple(mesh.shape) if mesh is not None else None},
+         "mesh": tuple(mesh.shape) if mesh is not None else None, "num_nodes": c.trainer.num_nodes},
         f"rank{rank}.pt",
     )
     # Shut the process group down before the interpreter exits: left to exit-time destructors, gloo's

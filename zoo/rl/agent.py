@@ -28,6 +28,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule
+from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torch.optim.lr_scheduler import LambdaLR
@@ -191,6 +192,9 @@ class AgentModule(LightningModule):
     def setup(self, stage: str) -> None:
         """Pins the thread count and checks that the net (its ``obs_dim``, ``action_dim``, ``continuous``)
         fits the DataModule's env, when there is one."""
+        if isinstance(getattr(trainer_of(self), "strategy", None), ModelParallelStrategy):
+            raise ValueError("RL agents are not sharded (FSDP2): their nets are small and each rank collects its own "
+                             "rollouts; train them data-parallel with --config configs/trainer/ddp.yaml instead")
         if self.num_threads and self._threads_before is None:
             self._threads_before = torch.get_num_threads()
             torch.set_num_threads(self.num_threads)
