@@ -12,6 +12,8 @@ from torch import nn
 from zoo.cnn import ClassifierModule, ConvNet, ResNet, TorchvisionNet
 from zoo.layers.optim import param_groups, warmup_cosine
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # small convolutions: threads waiting on each other cost ~4x
+
 NETS = {
     "convnet": lambda: ConvNet(num_classes=10, in_channels=1, width=8, depth=2),
     "resnet18-cifar": lambda: ResNet(18, num_classes=10, in_channels=3, stem="cifar"),
