@@ -31,6 +31,7 @@ SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/di
 RL, VT, SN = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/sac_nets.py"
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
 CL, CC = "zoo/clip/losses.py", "zoo/clip/clip.py"
+CM, CN, RN, TV = "zoo/cnn/module.py", "zoo/cnn/convnet.py", "zoo/cnn/resnet.py", "zoo/cnn/torchvision_net.py"
 
 FAMILIES: dict[str, dict] = {
     "gpt": {
@@ -121,15 +122,33 @@ FAMILIES: dict[str, dict] = {
         ],
     },
     "cnn": {
-        # The README's 20-minute MNIST job (marked slow) would time out under every mutant: deselected here.
-        "tests": ["tests/test_cnn.py", "-m", "not slow"],
+        # Only the fast files: the shapes fit through cli.py (~1 min) and the README's 20-minute MNIST job (slow)
+        # would dominate every mutant's run; the references and the Trainer-level behaviour tests stand in for them.
+        "tests": ["tests/test_cnn_refs.py", "tests/test_cnn_behaviour.py", "tests/test_cnn.py", "-m", "not slow",
+                  "-k", "not shapes_accuracy"],
         "mutants": [
-            ("zoo/cnn/module.py", "F.cross_entropy(logits, target, label_smoothing=label_smoothing)", "F.cross_entropy(logits, target)"),
-            ("zoo/cnn/convnet.py", "return self.head(x.mean(dim=(2, 3)))", "return self.head(x.amax(dim=(2, 3)))"),
-            ("zoo/cnn/convnet.py", "nn.MaxPool2d(2),", "nn.AvgPool2d(2),"),
-            ("zoo/cnn/resnet.py", "nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False)", "nn.Conv2d(in_channels, 64, 3, stride=2, padding=1, bias=False)"),
-            ("zoo/cnn/module.py", "conf, pred = probs.max(-1)", "conf, pred = probs.min(-1)"),
-            ("zoo/cnn/module.py", "self.val_metrics.update(logits, batch[1])", "self.val_metrics.update(logits, logits.argmax(-1))"),
+            (CM, "F.cross_entropy(logits, target, label_smoothing=label_smoothing)", "F.cross_entropy(logits, target)"),
+            (CN, "return self.head(x.mean(dim=(2, 3)))", "return self.head(x.amax(dim=(2, 3)))"),
+            (CN, "nn.MaxPool2d(2),", "nn.AvgPool2d(2),"),
+            (RN, "nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False)", "nn.Conv2d(in_channels, 64, 3, stride=2, padding=1, bias=False)"),
+            (CM, "conf, pred = probs.max(-1)", "conf, pred = probs.min(-1)"),
+            (CM, "self.val_metrics.update(logits, batch[1])", "self.val_metrics.update(logits, logits.argmax(-1))"),
+            # Added with the timm/functional references and the Trainer-level behaviour tests.
+            (RN, "self.maxpool = nn.Identity()", "self.maxpool = self.maxpool"),
+            (RN, "34: (resnet.BasicBlock, [3, 4, 6, 3])", "34: (resnet.BasicBlock, [3, 4, 5, 3])"),
+            (RN, "mode=\"fan_out\", nonlinearity=\"relu\")", "mode=\"fan_in\", nonlinearity=\"relu\")"),
+            (RN, "zero_init_residual=zero_init_residual)", "zero_init_residual=False)"),
+            (RN, "nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)", "nn.Conv2d(in_channels, 64, 7, stride=2, padding=2, bias=False)"),
+            (CN, "nn.BatchNorm2d(c_out),\n        nn.ReLU(inplace=True),\n        nn.MaxPool2d(2),", "nn.BatchNorm2d(c_out),\n        nn.MaxPool2d(2),"),
+            (CN, "[width * 2**i for i in range(depth)]", "[width * 2**i for i in range(1, depth + 1)]"),
+            (CN, "nn.Dropout2d(dropout) if dropout > 0", "nn.Dropout2d(1 - dropout) if dropout > 0"),
+            (CM, "p.requires_grad_(name.startswith(head + \".\"))", "p.requires_grad_(True)"),
+            (CM, "                    m.eval()", "                    m.train()"),
+            (CM, "{\"confusion_matrix\": matrix.tolist()", "{\"confusion_matrix\": matrix.T.tolist()"),
+            (CM, "top_k=min(5, k)", "top_k=min(4, k)"),
+            (CM, "            self._build_metrics(k)\n", "            self._build_metrics(k - 1)\n"),
+            (CM, "probs = self(batch[\"image\"]).float().softmax(-1)", "probs = self(batch[\"image\"]).float().softmax(0)"),
+            (TV, "_NO_DECAY = {\"class_token\", \"pos_embedding\", ", "_NO_DECAY = {\"class_token\", "),
         ],
     },
     "clip": {
