@@ -14,7 +14,6 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule, Trainer
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -155,3 +154,9 @@ def test_init_weights_from_a_zoo_checkpoint_start_from_its_net(tmp_path):
     for key, value in trained.net.state_dict().items():
         torch.testing.assert_close(fresh.net.state_dict()[key], value, rtol=0, atol=0, msg=key)
     assert got["val/acc"] == pytest.approx(reference_metrics(trained.net, dm, 0.0)["acc"])
+    trainer(max_steps=2).fit(fresh, datamodule=dm)
+    tuned = copy.deepcopy(fresh.net.state_dict())
+    assert not torch.equal(tuned["head.weight"], trained.net.state_dict()["head.weight"])
+    trainer().validate(fresh, datamodule=dm, verbose=False)  # set up again: the init weights load only once
+    for key, value in tuned.items():
+        assert torch.equal(fresh.net.state_dict()[key], value), key
