@@ -149,6 +149,8 @@ FAMILIES: dict[str, dict] = {
             (CM, "            self._build_metrics(k)\n", "            self._build_metrics(k - 1)\n"),
             (CM, "probs = self(batch[\"image\"]).float().softmax(-1)", "probs = self(batch[\"image\"]).float().softmax(0)"),
             (TV, "_NO_DECAY = {\"class_token\", \"pos_embedding\", ", "_NO_DECAY = {\"class_token\", "),
+            (RN, "        elif in_channels != 3:", "        if in_channels != 3:"),
+            (CM, "        self._init_loaded = True", "        self._init_loaded = False"),
         ],
     },
     "clip": {
