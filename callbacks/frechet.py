@@ -8,6 +8,7 @@ The distance is torchmetrics' ``FrechetInceptionDistance`` with the classifier a
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
@@ -107,6 +108,11 @@ class FrechetDistance(Callback):
                 std (0.5,): images in [-1, 1], as ShapesDataModule gives them).
             classifier_std: per-channel std of that standardisation.
         """
+        # Checked here, on every rank: found missing in setup, where rank 0 alone loads it, rank 0 would fail
+        # while the other ranks wait for it in the next collective.
+        if not classifier.startswith(("models:/", "runs:/")) and not Path(classifier).is_file():
+            raise FileNotFoundError(f"FrechetDistance's classifier checkpoint {classifier!r} does not exist: pass "
+                                    "--trainer.callbacks.classifier=<a ClassifierModule .ckpt trained on the same data>")
         self.classifier, self.num_samples, self.sampling = classifier, num_samples, sampling
         self.batch_size = batch_size
         self.every_n_epochs, self.seed = every_n_epochs, seed

@@ -105,6 +105,14 @@ def test_a_short_fit_lowers_the_frechet_distance_of_its_samples():
     assert trained < 0.3 * untrained  # measured here: 80 -> 15
 
 
+def test_a_missing_frechet_classifier_is_named_on_every_rank_at_construction():
+    # Not at setup, where rank 0 alone loads it while the other ranks wait for it in a collective.
+    from callbacks import FrechetDistance
+
+    with pytest.raises(FileNotFoundError, match="classifier checkpoint 'no/such.ckpt' does not exist"):
+        FrechetDistance("no/such.ckpt")
+
+
 # -- init_weights: DiT weights from diffusers through the CLI --------------------------------------------
 
 SMALL_DATA = ["--data.init_args.images.init_args.batch_size=4", "--data.init_args.images.init_args.num_train=16",

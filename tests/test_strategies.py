@@ -103,11 +103,22 @@ DIFFUSION_TINY = str(CONFIGS / "diffusion" / "tiny.yaml")
 
 
 def test_fsdp2_diffusion_shards_consolidates_and_reloads(tmp_path, embedded_store):
-    # EMA keeps an unsharded copy of the model, so a sharded run switches it off. Two validations, each
-    # sampling a grid (LogImageSamples) on every rank of the sharded net.
+    # Two validations, each sampling a grid (LogImageSamples) and the Frechet distance's images on every rank of
+    # the sharded net (rank 0 alone would wait in the first all-gather for ever); EMA off (the DiT test has it).
+    from conftest import cli
+
+    clf = cli("fit", "--config", str(CONFIGS / "cnn" / "convnet_shapes.yaml"), "--data.init_args.image_size=8",
+              "--trainer.max_steps=2", "--trainer.limit_val_batches=1", "--test_after_fit=false",
+              "--trainer.logger=false", "--trainer.enable_progress_bar=false")
+    fd = ["--trainer.callbacks+=callbacks.FrechetDistance", "--trainer.callbacks.num_samples=8",
+          f"--trainer.callbacks.classifier={clf.trainer.checkpoint_callback.last_model_path}",
+          "--trainer.callbacks.batch_size=4", "--trainer.callbacks.sampling.steps=2"]
     _run("--config", str(CONFIGS / "trainer" / "fsdp.yaml"), "--trainer.max_steps=4", "--trainer.val_check_interval=2",
-         "--trainer.limit_val_batches=1", "--model.init_args.ema_decay=null", config=DIFFUSION_TINY)
+         "--trainer.limit_val_batches=1", "--model.init_args.ema_decay=null", *fd, config=DIFFUSION_TINY)
     assert _artifacts("samples") == ["step_0000002.png", "step_0000004.png"]
+    client = MlflowClient(f"sqlite:///{Path('mlflow.db').resolve()}")
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert len(client.get_metric_history(run.info.run_id, "val/fd_classifier")) == 2
     r0, r1 = torch.load("rank0.pt"), torch.load("rank1.pt")
     for k, v in r0["state"].items():
         torch.testing.assert_close(v, r1["state"][k], rtol=0, atol=0, msg=k)
