@@ -97,13 +97,26 @@ def cpu_model() -> str:
     return f"{name}; bf16 in hardware: {', '.join(bf16) if bf16 else 'no (AVX2 only: bf16 autocast is emulated, slower)'}"
 
 
-def peer_header(title: str, threads: int) -> None:
-    """What a reader needs to weigh the ratios: CPU model, threads, load."""
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+_clock = CLOCKS["wall"]
+
+
+def add_clock_arg(ap) -> None:
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                    help="wall: elapsed time; cpu: this process's CPU time, which other processes on a busy machine "
+                         "do not inflate (time-slicing), though they still share caches and memory bandwidth")
+
+
+def peer_header(title: str, threads: int, clock: str = "wall") -> None:
+    """What a reader needs to weigh the ratios: CPU model, threads, load, clock; sets the clock ``alternate`` reads."""
+    global _clock
+    _clock = CLOCKS[clock]
     torch.set_num_threads(threads)
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     print(f"== {title}")
     print(f"torch {torch.__version__}; CPU: {cpu_model()}; threads: {torch.get_num_threads()} of {os.cpu_count()}")
-    print(f"load average (1/5/15 min) at start: {load}; arms alternate (ABBA) so load drift hits both")
+    print(f"load average (1/5/15 min) at start: {load}; arms alternate (ABBA) so load drift hits both; "
+          f"clock: {clock} ({'process CPU time' if clock == 'cpu' else 'elapsed'})")
 
 
 def alternate(arms: dict, rounds: int, warmup: int = 1, inner: int = 1) -> dict[str, list[float]]:
@@ -113,11 +126,11 @@ def alternate(arms: dict, rounds: int, warmup: int = 1, inner: int = 1) -> dict[
     names = list(arms)
     for r in range(warmup + rounds):
         for name in names if r % 2 == 0 else names[::-1]:
-            t0 = time.perf_counter()
+            t0 = _clock()
             for _ in range(inner):
                 arms[name]()
             if r >= warmup:
-                times[name].append((time.perf_counter() - t0) * 1e3 / inner)
+                times[name].append((_clock() - t0) * 1e3 / inner)
     return times
 
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench._common import RATIO_HEADERS, alternate, missing, peer_header, ratio_row, table  # noqa: E402
+from bench._common import RATIO_HEADERS, add_clock_arg, alternate, missing, peer_header, ratio_row, table  # noqa: E402
 from zoo.clip import CLIP, TextTransformer, VisionTransformer  # noqa: E402
 from zoo.clip.losses import infonce_loss  # noqa: E402
 from zoo.layers.optim import AdamWCosine  # noqa: E402
@@ -63,10 +63,11 @@ def step_fn(net, opt, images, ids, bf16: bool, zoo: bool):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
+    add_clock_arg(ap)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--batch", type=int, default=32)
     args = ap.parse_args()
-    peer_header("CLIP: zoo vs open_clip", args.threads)
+    peer_header("CLIP: zoo vs open_clip", args.threads, args.clock)
     if open_clip is None:
         missing("open_clip", 'pip install -e ".[bench]"')
         return

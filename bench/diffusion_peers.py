@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench._common import RATIO_HEADERS, alternate, missing, peer_header, ratio_row, table  # noqa: E402
+from bench._common import RATIO_HEADERS, add_clock_arg, alternate, missing, peer_header, ratio_row, table  # noqa: E402
 from zoo.diffusion import DiffusionModule, DiT, Sampling, UNet  # noqa: E402
 from zoo.layers.optim import AdamWCosine  # noqa: E402
 
@@ -108,13 +108,14 @@ def ddim_row(args) -> list:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
+    add_clock_arg(ap)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--rows", default="unet,ddim,dit")
     ap.add_argument("--unet-batch", type=int, default=8)
     ap.add_argument("--dit-batch", type=int, default=2)
     ap.add_argument("--sample-batch", type=int, default=8)
     args = ap.parse_args()
-    peer_header("Diffusion: zoo vs diffusers and DiT's reference (bench/dit_ref.py)", args.threads)
+    peer_header("Diffusion: zoo vs diffusers and DiT's reference (bench/dit_ref.py)", args.threads, args.clock)
     rows = []
     if diffusers is None:
         missing("diffusers", 'pip install -e ".[bench]"')

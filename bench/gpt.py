@@ -32,7 +32,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from bench import nanogpt_ref  # noqa: E402
-from bench._common import RATIO_HEADERS, alternate, missing, peer_header, ratio_row, table  # noqa: E402
+from bench._common import RATIO_HEADERS, add_clock_arg, alternate, missing, peer_header, ratio_row, table  # noqa: E402
 from zoo.gpt import GPT, MLA  # noqa: E402
 from zoo.gpt.generate import make_cache  # noqa: E402
 from zoo.layers.optim import AdamWCosine  # noqa: E402
@@ -163,11 +163,12 @@ def decode_rows(args) -> list:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
+    add_clock_arg(ap)
     ap.add_argument("--rounds", type=int, default=7, help="timed rounds per arm (after one untimed)")
     ap.add_argument("--decode-tokens", type=int, default=16)
     ap.add_argument("--parts", default="train,decode")
     args = ap.parse_args()
-    peer_header("GPT: zoo vs nanoGPT (reference copy in bench/nanogpt_ref.py) and litgpt", args.threads)
+    peer_header("GPT: zoo vs nanoGPT (reference copy in bench/nanogpt_ref.py) and litgpt", args.threads, args.clock)
     if LitGPT is None:
         missing("litgpt", "pip install --no-deps litgpt psutil")
     rows = []
