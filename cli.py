@@ -18,7 +18,9 @@ import torch
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from zoo.layers.checkpoint import WeightsOnlyCheckpointIO
 from zoo.layers.parallel import num_nodes_from_env
 from zoo.registry import (SUBCOMMANDS_WITH_A_MODEL, is_mlflow_uri, resolve_checkpoint, training_run,
                           with_checkpoint_config)
@@ -132,6 +134,9 @@ class ZooCLI(LightningCLI):
             cfg.trainer.precision = "bf16-mixed"
 
     def after_instantiate_classes(self) -> None:
+        strategy = self.trainer.strategy
+        if type(strategy.checkpoint_io) is TorchCheckpointIO:  # --ckpt_path and "best" read weights-only, by load_file
+            strategy.checkpoint_io = WeightsOnlyCheckpointIO()
         # The family's own callbacks (sample logging), which the module names by class path so that zoo/ never
         # imports callbacks/: each unless the trainer has one of its class; before the checkpoints, which run last.
         callbacks = self.trainer.callbacks
@@ -214,10 +219,10 @@ def bad_input(err: BaseException) -> BaseException | None:
     optional package such as Box2D) and its fix, if any."""
     from gymnasium.error import DependencyNotInstalled
 
-    from zoo.layers.weights import UnsafeCheckpointError
+    from zoo.layers.weights import CheckpointError
 
     while err is not None:
-        if isinstance(err, (FileNotFoundError, NotADirectoryError, UnsafeCheckpointError, DependencyNotInstalled)):
+        if isinstance(err, (FileNotFoundError, NotADirectoryError, CheckpointError, DependencyNotInstalled)):
             return err
         # models:/<name>@<alias> or a version that the registry does not have: the message names it
         if getattr(err, "error_code", None) == "RESOURCE_DOES_NOT_EXIST":
