@@ -1,5 +1,5 @@
-"""What a checkpoint guarantees (issue 17): one weights-only reader behind every way in, and files that do not load
-say which of truncated / not a checkpoint / would run code they are."""
+"""What a checkpoint guarantees (issue 17): one weights-only reader behind every way in, files that do not load say
+which of truncated / not a checkpoint / would run code they are, and a checkpoint meeting a config says who wins."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import CONFIGS, cli
 
 from zoo.cnn import ClassifierModule
@@ -197,3 +198,54 @@ def test_a_file_that_does_not_load_says_why_in_one_line(trained, tmp_path, monke
     assert [k for k, v in others.items() if v in line] == [kind], line  # one verdict, the right one
     with pytest.raises(CheckpointError, match=says):
         ClassifierModule.load_from_checkpoint(path)
+
+
+# -- 4. a checkpoint meets a config, loudly ------------------------------------------------------------------
+
+
+def test_a_shape_changing_override_is_refused_naming_the_key(trained, monkeypatch, capsys):
+    line = cli_error(monkeypatch, capsys, "validate", f"--ckpt_path={trained}", "--model.init_args.net.init_args.width=16")
+    assert "model.init_args.net.init_args.width=16 (trained with 8) changes the shape" in line, line
+
+
+def test_other_overrides_win_and_are_listed(trained, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        c = cli("validate", f"--ckpt_path={trained}", "--model.init_args.label_smoothing=0.1", *FAST[2:])
+    assert c.model.hparams.label_smoothing == 0.1
+    assert "model.init_args.label_smoothing: 0.1 (this run's config) wins over the checkpoint's 0.0" in caplog.text
+
+
+def test_a_resume_lists_its_overrides_and_keeps_the_sizes_it_derived(trained, caplog):
+    import logging
+
+    # The YAML leaves num_classes to the data (None); the checkpoint recorded 10: no difference, no refusal.
+    with caplog.at_level(logging.INFO):
+        c = cli("fit", "--config", TINY, *FAST, "--trainer.max_epochs=2", f"--ckpt_path={trained}",
+                "--model.init_args.label_smoothing=0.1")
+    assert c.trainer.current_epoch == 2 and c.model.hparams.label_smoothing == 0.1
+    listed = [line for line in caplog.text.splitlines() if "wins over the checkpoint's" in line]
+    assert len(listed) == 1 and "model.init_args.label_smoothing: 0.1" in listed[0], caplog.text[-2000:]
+
+
+def test_a_checkpoint_of_another_module_class_is_refused_in_one_line(trained, tmp_path, monkeypatch, capsys):
+    gpt = yaml.safe_load((CONFIGS / "gpt" / "gpt_tiny.yaml").read_text())["model"]
+    ckpt = torch.load(trained, weights_only=True)
+    ckpt["hyper_parameters"] = {"_class_path": gpt["class_path"], **gpt["init_args"]}
+    torch.save(ckpt, tmp_path / "gpt.ckpt")
+    line = cli_error(monkeypatch, capsys, "validate", "--config", TINY, f"--ckpt_path={tmp_path / 'gpt.ckpt'}")
+    assert (f"{tmp_path / 'gpt.ckpt'} holds a zoo.gpt.CausalLMModule checkpoint; this run's model is "
+            "zoo.cnn.ClassifierModule; drop --config") in line, line
+
+
+def test_a_fine_tuned_checkpoint_never_needs_its_init_weights_again(trained, tmp_path):
+    weights = tmp_path / "pretrained.ckpt"
+    weights.write_bytes(trained.read_bytes())
+    tuned = cli("fit", "--config", TINY, *FAST, f"--model.init_args.init_weights={weights}")
+    best = tuned.trainer.checkpoint_callback.best_model_path
+    weights.unlink()  # the pretrained weights are gone: the checkpoint alone must do
+    v = cli("validate", f"--ckpt_path={best}", *FAST[2:])
+    assert v.model.hparams.init_weights == str(weights)  # recorded, never read
+    assert float(v.trainer.callback_metrics["val/acc"]) == pytest.approx(float(tuned.trainer.checkpoint_callback.best_model_score))
+    ClassifierModule.load_from_checkpoint(best)  # nor in Python

@@ -203,6 +203,28 @@ class Wide(BoringModel):
         self.save_hyperparameters()
 
 
+class _Parsed(Exception):
+    pass
+
+
+class _StopBeforeInstantiating:
+    def before_instantiate_classes(self) -> None:
+        raise _Parsed(self.config.validate.model.width)
+
+
+@pytest.mark.parametrize("mixin, width", [((), 3), ((compat.CheckpointHyperparametersLeftToCaller,), 5)])
+def test_checkpoint_hyperparameters_left_to_caller_keeps_the_command_lines_values(tmp_path, mixin, width):
+    import lightning
+
+    torch.save({"hyper_parameters": {"width": 3}, "state_dict": Wide().state_dict(),
+                "pytorch-lightning_version": lightning.__version__}, tmp_path / "wide.ckpt")
+    cls = type("CLI", (_StopBeforeInstantiating, *mixin, LightningCLI), {})
+    with pytest.raises(_Parsed) as parsed:  # Lightning alone: the checkpoint's 3 silently beats the flag's 5
+        cls(Wide, args=["validate", f"--ckpt_path={tmp_path / 'wide.ckpt'}", "--model.width=5",
+                        "--trainer.logger=false"])
+    assert parsed.value.args[0] == width
+
+
 def test_module_from_checkpoint_is_load_from_checkpoint_on_a_dict_already_read(tmp_path):
     trainer = _trainer(max_steps=1, limit_val_batches=0, default_root_dir=tmp_path)
     trainer.fit(Wide(width=4))

@@ -148,3 +148,16 @@ def module_from_checkpoint(cls: type[pl.LightningModule], checkpoint: dict[str, 
     checkpoint = _pl_migrate_checkpoint(checkpoint)
     checkpoint.setdefault(cls.CHECKPOINT_HYPER_PARAMS_KEY, {}).update(kwargs)
     return _load_state(cls, checkpoint, strict=strict, **kwargs)
+
+
+class CheckpointHyperparametersLeftToCaller:
+    """A LightningCLI mixin switching off its merge of a ``--ckpt_path``'s hyperparameters into the config.
+
+    LightningCLI's private ``_parse_ckpt_path`` step reads the checkpoint a second time with an unnamed ``torch.load``
+    and makes every stored hyperparameter win over the config and command line, silently (a width override is
+    ignored, another family's checkpoint swaps the model class); it has no public switch. ``cli.py`` merges them
+    itself (``zoo.layers.checkpoint.reconcile``): the user's values win, and a shape change is refused.
+    """
+
+    def _parse_ckpt_path(self) -> None:
+        return None
