@@ -27,14 +27,14 @@ class WeightsOnlyLoading:
 
     @classmethod
     def load_from_checkpoint(
-        cls, checkpoint_path: str | Path, map_location: Any = "cpu", strict: bool | None = None, **kwargs: Any
+        cls, checkpoint_path: str | Path, map_location: Any = "cpu", hparams_file: str | Path | None = None,
+        strict: bool | None = None, weights_only: bool | None = None, **kwargs: Any,
     ) -> LightningModule:
         """The module a checkpoint (a path, or an fsspec URL such as ``https://...``) holds, rebuilt from its
         hyperparameters (``kwargs`` override them) and loaded on ``map_location``; a file that would run code when
-        unpickled, a truncated one and a foreign one are refused, naming the file. ``weights_only`` is accepted
-        for Lightning's signature and always true."""
-        kwargs.pop("weights_only", None)
-        if kwargs.pop("hparams_file", None) is not None:
+        unpickled, a truncated one and a foreign one are refused, naming the file. Lightning's signature:
+        ``weights_only`` is always true here."""
+        if hparams_file is not None:
             raise ValueError("hparams_file is not supported: a zoo checkpoint carries its hyperparameters")
         checkpoint = load_file(checkpoint_path, map_location=map_location)
         module = compat.module_from_checkpoint(cls, checkpoint, strict=strict, **kwargs)
