@@ -18,8 +18,13 @@ import torch
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_info
 
+from zoo.layers.checkpoint import WeightsOnlyCheckpointIO, WeightsOnlyLoading, reconcile
+from zoo.layers.compat import CheckpointHyperparametersLeftToCaller
 from zoo.layers.parallel import num_nodes_from_env
+from zoo.layers.weights import is_remote
 from zoo.registry import (SUBCOMMANDS_WITH_A_MODEL, is_mlflow_uri, resolve_checkpoint, training_run,
                           with_checkpoint_config)
 from zoo.tracking import LogConfigToMLflow, default_run_name, mlflow_loggers, nest_under_training_run, new_run_dir
@@ -71,7 +76,7 @@ def quiet_uninformative_messages() -> None:
 quiet_uninformative_messages()
 
 
-class ZooCLI(LightningCLI):
+class ZooCLI(CheckpointHyperparametersLeftToCaller, LightningCLI):
     def parse_arguments(self, parser, args) -> None:
         if args is None:  # changed in place: the ranks Lightning launches re-run this command line
             sys.argv[1:] = with_checkpoint_config(sys.argv[1:])
@@ -105,6 +110,9 @@ class ZooCLI(LightningCLI):
             from zoo.layers.parallel import check_sharded_checkpoint
 
             check_sharded_checkpoint(cfg.ckpt_path)  # torch unpickles a sharded folder unrestricted: check it first
+        if cfg.get("ckpt_path") and Path(cfg.ckpt_path).is_file():  # the config wins, but never over weight shapes
+            for line in reconcile(cfg.ckpt_path, cfg.model.as_dict()):
+                rank_zero_info(line)
         # Lightning raises on a LearningRateMonitor without a logger and on a progress bar callback with
         # enable_progress_bar=false; a run that switches either off loses that default callback instead.
         dropped = []
@@ -132,6 +140,12 @@ class ZooCLI(LightningCLI):
             cfg.trainer.precision = "bf16-mixed"
 
     def after_instantiate_classes(self) -> None:
+        strategy = self.trainer.strategy
+        if type(strategy.checkpoint_io) is TorchCheckpointIO:  # --ckpt_path and "best" read weights-only, by load_file
+            strategy.checkpoint_io = WeightsOnlyCheckpointIO()
+        ckpt = (self.config[self.subcommand] if self.subcommand else self.config).get("ckpt_path")
+        if ckpt and (is_remote(ckpt) or Path(ckpt).exists()) and isinstance(self.model, WeightsOnlyLoading):
+            self.model.skip_init_weights()  # restored after setup: the checkpoint holds the fine-tuned weights
         # The family's own callbacks (sample logging), which the module names by class path so that zoo/ never
         # imports callbacks/: each unless the trainer has one of its class; before the checkpoints, which run last.
         callbacks = self.trainer.callbacks
@@ -214,10 +228,10 @@ def bad_input(err: BaseException) -> BaseException | None:
     optional package such as Box2D) and its fix, if any."""
     from gymnasium.error import DependencyNotInstalled
 
-    from zoo.layers.weights import UnsafeCheckpointError
+    from zoo.layers.weights import CheckpointError
 
     while err is not None:
-        if isinstance(err, (FileNotFoundError, NotADirectoryError, UnsafeCheckpointError, DependencyNotInstalled)):
+        if isinstance(err, (FileNotFoundError, NotADirectoryError, CheckpointError, DependencyNotInstalled)):
             return err
         # models:/<name>@<alias> or a version that the registry does not have: the message names it
         if getattr(err, "error_code", None) == "RESOURCE_DOES_NOT_EXIST":

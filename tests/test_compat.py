@@ -195,3 +195,44 @@ def test_set_data_parallel_size_is_what_model_parallel_strategy_builds_its_mesh_
     compat.set_data_parallel_size(strategy, 6)
     assert strategy._data_parallel_size == 6
     assert "self._data_parallel_size" in inspect.getsource(ModelParallelStrategy.setup_environment)
+
+
+class Wide(BoringModel):
+    def __init__(self, width: int = 2) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+
+class _Parsed(Exception):
+    pass
+
+
+class _StopBeforeInstantiating:
+    def before_instantiate_classes(self) -> None:
+        raise _Parsed(self.config.validate.model.width)
+
+
+@pytest.mark.parametrize("mixin, width", [((), 3), ((compat.CheckpointHyperparametersLeftToCaller,), 5)])
+def test_checkpoint_hyperparameters_left_to_caller_keeps_the_command_lines_values(tmp_path, mixin, width):
+    import lightning
+
+    torch.save({"hyper_parameters": {"width": 3}, "state_dict": Wide().state_dict(),
+                "pytorch-lightning_version": lightning.__version__}, tmp_path / "wide.ckpt")
+    cls = type("CLI", (_StopBeforeInstantiating, *mixin, LightningCLI), {})
+    with pytest.raises(_Parsed) as parsed:  # Lightning alone: the checkpoint's 3 silently beats the flag's 5
+        cls(Wide, args=["validate", f"--ckpt_path={tmp_path / 'wide.ckpt'}", "--model.width=5",
+                        "--trainer.logger=false"])
+    assert parsed.value.args[0] == width
+
+
+def test_module_from_checkpoint_is_load_from_checkpoint_on_a_dict_already_read(tmp_path):
+    trainer = _trainer(max_steps=1, limit_val_batches=0, default_root_dir=tmp_path)
+    trainer.fit(Wide(width=4))
+    trainer.save_checkpoint(tmp_path / "w.ckpt")
+    ckpt = torch.load(tmp_path / "w.ckpt", weights_only=True)
+    ref = Wide.load_from_checkpoint(tmp_path / "w.ckpt", weights_only=True)
+    got = compat.module_from_checkpoint(Wide, ckpt)
+    assert got.hparams.width == ref.hparams.width == 4
+    torch.testing.assert_close(got.state_dict(), ref.state_dict(), rtol=0, atol=0)
+    again = torch.load(tmp_path / "w.ckpt", weights_only=True)
+    assert compat.module_from_checkpoint(Wide, again, width=7).hparams.width == 7  # kwargs override, as in Lightning

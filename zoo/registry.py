@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule
 
-from zoo.layers.weights import extract_state_dict, load_file
+from zoo.layers.weights import extract_state_dict, is_remote, load_file
 
 URI_SCHEMES = ("models:/", "runs:/")
 MODEL_PATH = "model"  # the model's folder in its run's artifacts
@@ -268,12 +268,12 @@ def checkpoint_config(uri: str, subcommand: str, tracking_uri_: str | None = Non
     training data the checkpoint recorded; either may be missing (a sharded folder, a checkpoint from Python).
     """
     local = Path(resolve_checkpoint(uri, tracking_uri_) if is_mlflow_uri(uri) else uri)
-    if not local.exists():
+    if not is_remote(uri) and not local.exists():
         raise FileNotFoundError(f"checkpoint {uri!r} does not exist: pass --ckpt_path <{CKPT_SOURCES}>")
-    if not local.is_file():  # a sharded folder: Lightning reads it, with the config the user gives
+    if not is_remote(uri) and not local.is_file():  # a sharded folder: Lightning reads it, with the user's config
         return {}
-    try:
-        spec = module_spec(load_file(local))
+    try:  # a local file's tensors mapped, not read: only its hyperparameters are needed here
+        spec = module_spec(load_file(uri, mmap=True) if is_remote(uri) else load_file(local, mmap=True))
     except ValueError:  # no class path: a checkpoint saved from Python, not through cli.py
         return {}
     out = {"model": {"class_path": spec["class_path"], "init_args": spec["init_args"]}}
@@ -286,7 +286,7 @@ def checkpoint_config(uri: str, subcommand: str, tracking_uri_: str | None = Non
     return out
 
 
-CKPT_SOURCES = "a .ckpt file, models:/<name>@<alias>, models:/<name>/<version> or runs:/<run id>/model"
+CKPT_SOURCES = "a .ckpt file or URL, models:/<name>@<alias>, models:/<name>/<version> or runs:/<run id>/model"
 
 
 def _flag(argv: list[str], name: str) -> str | None:

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from zoo.clip.clip import CLIP
 from zoo.clip.losses import infonce_loss, siglip_loss
+from zoo.layers.checkpoint import WeightsOnlyLoading
 from zoo.layers.compat import trainer_of
 from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
@@ -53,7 +54,7 @@ def zeroshot_weights(model: CLIP, prompt_ids: Tensor, num_classes: int, chunk: i
     return F.normalize(emb.view(num_classes, -1, emb.shape[-1]).mean(dim=1), dim=-1)
 
 
-class ContrastiveModule(LightningModule):
+class ContrastiveModule(WeightsOnlyLoading, LightningModule):
     """Trains ``net`` (a ``CLIP``) with InfoNCE or the sigmoid loss across all ranks' pairs."""
 
     family = "clip"

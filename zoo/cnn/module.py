@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
+from zoo.layers.checkpoint import WeightsOnlyLoading
 from zoo.layers.compat import trainer_of
 from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
@@ -29,7 +30,7 @@ def classification_loss(logits: Tensor, target: Tensor, label_smoothing: float =
     return {"loss": F.cross_entropy(logits, target, label_smoothing=label_smoothing)}
 
 
-class ClassifierModule(LightningModule):
+class ClassifierModule(WeightsOnlyLoading, LightningModule):
     """Trains ``net`` (images -> logits) with cross-entropy; top-1/top-5 accuracy; confusion matrix on test."""
 
     family = "cnn"

@@ -138,10 +138,8 @@ def diffusers_weights_file(folder: Path) -> Path:
 
 def _load_sharded(index: Path) -> dict[str, Tensor]:
     """A sharded safetensors checkpoint: the union of the shards its index names."""
-    from safetensors.torch import load_file as load_safetensors
-
     shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    return {k: v for shard in shards for k, v in load_safetensors(str(index.parent / shard)).items()}
+    return {k: v for shard in shards for k, v in load_file(index.parent / shard).items()}
 
 
 def _check_heads(net: nn.Module, weights: Path) -> None:

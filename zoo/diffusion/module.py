@@ -29,6 +29,7 @@ from zoo.diffusion.losses import denoising_loss
 from zoo.diffusion.samplers import ClassifierFreeGuidance, Sampling, make_sampler
 from zoo.diffusion.schedule import NoiseSchedule
 from zoo.diffusion.unet import upgrade_state_dict
+from zoo.layers.checkpoint import WeightsOnlyLoading
 from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
 from zoo.layers.optim import AdamWCosine
@@ -43,7 +44,7 @@ warnings.filterwarnings("ignore", message=r".*WeightAveraging callback, but load
 warnings.filterwarnings("ignore", message=r".*WeightAveraging callback with a model that overrides the configure_model")
 
 
-class DiffusionModule(LightningModule):
+class DiffusionModule(WeightsOnlyLoading, LightningModule):
     """Trains ``net(x_t, t, y) -> eps | v | x0`` on (images in [-1, 1], labels) batches; ``sample`` draws images."""
 
     family = "diffusion"

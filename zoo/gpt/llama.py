@@ -24,7 +24,6 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file as load_safetensors
 from torch import Tensor
 
 from zoo.gpt.attention import MHA, MLA
@@ -160,7 +159,7 @@ def _read_folder(folder: Path) -> tuple[dict, dict[str, Tensor]]:
         raise FileNotFoundError(f"No *.safetensors or pytorch_model*.bin in {str(folder)!r}")
     sd: dict[str, Tensor] = {}
     for shard in shards:
-        sd.update(load_safetensors(str(shard)) if shard.suffix == ".safetensors" else extract_state_dict(load_file(shard)))
+        sd.update(extract_state_dict(load_file(shard)))
     return json.loads((folder / "config.json").read_text()), sd
 
 

@@ -11,6 +11,7 @@ from torchmetrics import MeanMetric
 from zoo.gpt.generate import generate
 from zoo.gpt.gpt import GPT
 from zoo.gpt.losses import causal_lm_loss
+from zoo.layers.checkpoint import WeightsOnlyLoading
 from zoo.layers.compat import trainer_of
 from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
@@ -28,7 +29,7 @@ def _tokens(batch: tuple[Tensor, Tensor] | dict) -> int:
     return sum(p.numel() for p in batch["prompt_ids"]) if isinstance(batch, dict) else batch[0].numel()
 
 
-class CausalLMModule(LightningModule):
+class CausalLMModule(WeightsOnlyLoading, LightningModule):
     """Trains a ``GPT`` on (input ids, target ids) batches; ``generate`` continues text prompts."""
 
     family = "gpt"

@@ -132,3 +132,32 @@ def load_sharded(storage_reader, keys: set[str] | None = None) -> dict[str, Any]
             raise refused[0] from None
         raise
     return state
+
+
+def module_from_checkpoint(cls: type[pl.LightningModule], checkpoint: dict[str, Any], strict: bool | None = None,
+                           **kwargs: Any) -> pl.LightningModule:
+    """``cls.load_from_checkpoint`` on a checkpoint already read (weights-only, by ``zoo.layers.weights.load_file``).
+
+    The public method reads the file itself, forcing ``weights_only=False`` for a remote path (http...) and
+    unpickling it before anything can check it; its steps after reading (migrating an older checkpoint, overriding
+    hyperparameters with ``kwargs``, rebuilding and loading the module) are private.
+    """
+    from lightning.pytorch.core.saving import _load_state
+    from lightning.pytorch.utilities.migration.utils import _pl_migrate_checkpoint
+
+    checkpoint = _pl_migrate_checkpoint(checkpoint)
+    checkpoint.setdefault(cls.CHECKPOINT_HYPER_PARAMS_KEY, {}).update(kwargs)
+    return _load_state(cls, checkpoint, strict=strict, **kwargs)
+
+
+class CheckpointHyperparametersLeftToCaller:
+    """A LightningCLI mixin switching off its merge of a ``--ckpt_path``'s hyperparameters into the config.
+
+    LightningCLI's private ``_parse_ckpt_path`` step reads the checkpoint a second time with an unnamed ``torch.load``
+    and makes every stored hyperparameter win over the config and command line, silently (a width override is
+    ignored, another family's checkpoint swaps the model class); it has no public switch. ``cli.py`` merges them
+    itself (``zoo.layers.checkpoint.reconcile``): the user's values win, and a shape change is refused.
+    """
+
+    def _parse_ckpt_path(self) -> None:
+        return None

@@ -24,7 +24,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
 
 from zoo.layers import compat
-from zoo.layers.weights import read_sharded_metadata
+from zoo.layers.weights import load_file, read_sharded_metadata
 
 LIGHTNING_META = "meta.pt"  # Lightning's non-tensor part of a sharded checkpoint (lightning.fabric.utilities.load)
 
@@ -137,7 +137,7 @@ def consolidate(checkpoint_dir: str | Path, output_file: str | Path) -> Path:
     output_file.parent.mkdir(parents=True, exist_ok=True)
     ckpt = compat.load_sharded(SafeFileSystemReader(checkpoint_dir))  # dcp_to_torch_save, with the safe reader
     meta = checkpoint_dir / LIGHTNING_META
-    ckpt.update(torch.load(meta, map_location="cpu", weights_only=True) if meta.is_file() else {})
+    ckpt.update(load_file(meta) if meta.is_file() else {})
     opt_keys = sorted((k for k in ckpt if re.fullmatch(r"optimizer_\d+", k)), key=lambda k: int(k.split("_")[1]))
     ckpt["optimizer_states"] = [ckpt.pop(k) for k in opt_keys]
     torch.save(ckpt, output_file)

@@ -1,40 +1,177 @@
 """Loading weights that come from outside: weights-only, with errors that name what is wrong.
 
-A ``.pt``/``.pth``/``.ckpt`` file is read with ``torch.load(weights_only=True)``, which refuses any
-pickled object that is not a tensor or a plain container, so a crafted file cannot run code.
+``load_file`` is the zoo's one reader of checkpoint and weights files, local or remote: a ``.pt``/``.pth``/``.ckpt``
+file is read with ``torch.load(weights_only=True)``, which refuses any pickled object that is not a tensor or a
+plain container, so a crafted file cannot run code. When a file does not load, ``diagnose`` reads its bytes (never
+unpickling them) to say which of three things it is: truncated, not a checkpoint, or a pickle that would run code.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import pickle
-from collections.abc import Mapping
+import re
+import warnings
+import zipfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 from torch import Tensor, nn
 
 
-class UnsafeCheckpointError(RuntimeError):
+class CheckpointError(RuntimeError):
+    """A file that is not a loadable checkpoint (truncated, another format); the message names it and says why."""
+
+
+class UnsafeCheckpointError(CheckpointError):
     """A checkpoint asked to unpickle something other than tensors and plain containers."""
 
 
-def load_file(path: str | Path) -> dict:
-    """Read a checkpoint or weights file without executing pickled code."""
-    path = Path(path)
+REMOTE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # an fsspec URL: http(s)://, s3://, memory://, ...
+
+
+def is_remote(path: str | Path) -> bool:
+    return isinstance(path, str) and bool(REMOTE.match(path)) and not path.startswith("file://")
+
+
+def load_file(path: str | Path, map_location: str | torch.device | None = "cpu", mmap: bool = False) -> dict:
+    """Read a checkpoint or weights file, local or at an fsspec URL (http://, s3://, memory://), weights-only.
+
+    The zoo's one reader of ``.ckpt``/``.pt``/``.pth``/``.bin``/``.safetensors`` files: a pickle that would run
+    code is refused (``UnsafeCheckpointError``), and a truncated or foreign file says so, naming it
+    (``CheckpointError``). ``mmap`` maps a local file's tensors instead of reading them, so reading only its
+    hyperparameters costs little.
+    """
+    if is_remote(path):
+        return _load_bytes(_download(str(path)), str(path), map_location)
+    path = Path(str(path).removeprefix("file://"))
     if not path.is_file():
         raise FileNotFoundError(f"weights file {str(path)!r} does not exist: pass the path of a local file")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file as load_safetensors
-
-        return load_safetensors(str(path))
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise UnsafeCheckpointError(
-            f"refused to load {str(path)!r}: it carries pickled objects that are not weights "
-            f"(loading it would execute code from the file). Only load files you created or trust "
-            f"in the safetensors or weights-only format. Detail: {str(err).splitlines()[0]}"
-        ) from err
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file as load_safetensors
+
+            return load_safetensors(str(path), device=map_location if isinstance(map_location, str) else "cpu")
+        with quiet_protocol_warning():
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap and _is_zip(path))
+    except Exception as err:
+        with path.open("rb") as f:
+            verdict = diagnose(f, str(path), path.stat().st_size)
+        if verdict is None:
+            raise
+        raise verdict from err
+
+
+def _load_bytes(data: bytes, name: str, map_location) -> dict:
+    try:
+        if name.endswith(".safetensors"):
+            from safetensors.torch import load as load_safetensors
+
+            device = map_location if isinstance(map_location, str) else "cpu"
+            return {k: v.to(device) for k, v in load_safetensors(data).items()}
+        with quiet_protocol_warning():
+            return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+    except Exception as err:
+        verdict = diagnose(io.BytesIO(data), name, len(data))
+        if verdict is None:
+            raise
+        raise verdict from err
+
+
+@contextlib.contextmanager
+def quiet_protocol_warning() -> Iterator[None]:
+    """torch warns about a plain pickle's protocol before refusing it; the refusal says what is wrong."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+        yield
+
+
+def _download(url: str) -> bytes:
+    """The bytes at an fsspec URL, in memory: nothing is cached on disk (torch.hub's download would keep a copy)."""
+    import fsspec
+
+    with fsspec.open(url, "rb") as f:
+        return f.read()
+
+
+def _is_zip(path: Path) -> bool:
+    with path.open("rb") as f:
+        return f.read(4) == ZIP_MAGIC
+
+
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since 1.6: a zip archive of data.pkl and one record per tensor
+
+
+def diagnose(f: BinaryIO, name: str, size: int) -> CheckpointError | None:
+    """Why the file in ``f`` (``size`` bytes) failed to load, found without unpickling anything: truncated, not a
+    checkpoint, or a pickle that would run code; None when it looks whole (the loader's own error then stands)."""
+    head = f.read(9)
+    f.seek(0)
+    if size == 0 or (head[:4] == ZIP_MAGIC and not zipfile.is_zipfile(f)):  # a zip's directory is at its end
+        return _truncated(name, size)
+    if head[:4] == ZIP_MAGIC:
+        with zipfile.ZipFile(f) as z:
+            pickled = [n for n in z.namelist() if n.endswith("data.pkl")]
+            return _unsafe(io.BytesIO(z.read(pickled[0])), name) if pickled else _not_a_checkpoint(name, size, head)
+    if head[:1] == pickle.PROTO and 2 <= head[1] <= pickle.HIGHEST_PROTOCOL:  # a plain or legacy torch pickle
+        try:
+            return _unsafe(f, name) or _not_a_checkpoint(name, size, head)
+        except ValueError as err:  # the opcode stream ends, or breaks, before its STOP
+            ended = "exhausted" in str(err) or "not enough data" in str(err)
+            return _truncated(name, size) if ended else _not_a_checkpoint(name, size, head)
+    if head[8:9] == b"{" and _safetensors_end(f) > size:
+        return _truncated(name, size)
+    return _not_a_checkpoint(name, size, head)
+
+
+def _safetensors_end(f: BinaryIO) -> int:
+    """The size a safetensors file must have: its 8-byte header length, the JSON header, the last tensor's end."""
+    import json
+
+    header = int.from_bytes(f.read(8), "little")
+    try:
+        entries = json.loads(f.read(header)).values()
+    except ValueError:  # the header itself is cut short
+        return 8 + header
+    return 8 + header + max((e["data_offsets"][1] for e in entries if "data_offsets" in e), default=0)
+
+
+def _truncated(name: str, size: int) -> CheckpointError:
+    return CheckpointError(f"{name} is truncated ({size} bytes): its end is missing, as a copy, download or save "
+                           "cut short leaves it. Copy or save the checkpoint again.")
+
+
+def _not_a_checkpoint(name: str, size: int, head: bytes) -> CheckpointError:
+    return CheckpointError(f"{name} is not a PyTorch checkpoint ({size} bytes, starting {head[:8]!r}): pass a .ckpt, "
+                           ".pt, .pth or .safetensors file written by torch.save, Lightning or safetensors")
+
+
+def _unsafe(f: BinaryIO, name: str) -> UnsafeCheckpointError | None:
+    """The refusal of a pickle that names callables outside torch, found opcode by opcode (``pickletools``
+    executes nothing); None when it names none. Raises ValueError on a broken opcode stream."""
+    import pickletools
+
+    names, strings = [], []
+    for _ in range(5):  # torch's legacy format is several pickles: magic number, protocol, system info, data
+        for op, arg, _pos in pickletools.genops(f):
+            strings += [arg] if isinstance(arg, str) else []
+            if op.name in ("GLOBAL", "INST"):
+                names.append(arg.replace(" ", "."))
+            elif op.name == "STACK_GLOBAL" and len(strings) >= 2:  # module and name: the last two strings pushed
+                names.append(f"{strings[-2]}.{strings[-1]}")
+        if f.read(1) != pickle.PROTO:
+            break
+        f.seek(-1, io.SEEK_CUR)
+    unsafe = sorted({n for n in names if not n.startswith(("torch.", "collections.OrderedDict"))})
+    if not unsafe:
+        return None
+    return UnsafeCheckpointError(
+        f"refused to load {name}: it is a pickle that would execute code when loaded (it calls "
+        f"{', '.join(unsafe[:5])}). Only load files you created or trust, in the safetensors or weights-only format."
+    )
 
 
 def extract_state_dict(obj: Mapping, prefix: str = "") -> dict[str, Tensor]:

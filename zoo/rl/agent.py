@@ -33,6 +33,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torch.optim.lr_scheduler import LambdaLR
 
+from zoo.layers.checkpoint import WeightsOnlyLoading
 from zoo.layers.compat import trainer_of
 from zoo.layers.logging import lightning_writes
 from zoo.layers.weights import check_compatible
@@ -111,7 +112,7 @@ class StopCollectingOnException(Callback):
         pl_module.stop_collecting()
 
 
-class AgentModule(LightningModule):
+class AgentModule(WeightsOnlyLoading, LightningModule):
     """An RL agent on the envs of a ``GymDataModule``: one training step is one ``learn``, manually optimised."""
 
     family = "rl"

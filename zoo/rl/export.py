@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from zoo.layers.weights import load_file
 from zoo.rl.agent import AgentModule
 
 METADATA = "policy.json"
@@ -93,7 +94,7 @@ def agent_class(hparams: dict) -> type[AgentModule]:
 
 def load_agent(checkpoint: str | Path) -> AgentModule:
     """The agent of a checkpoint written by ``cli.py fit`` (its net rebuilt from the saved config), on CPU."""
-    hparams = torch.load(checkpoint, map_location="cpu", weights_only=True)["hyper_parameters"]
+    hparams = load_file(checkpoint, mmap=True)["hyper_parameters"]
     return agent_class(hparams).load_from_checkpoint(checkpoint, map_location="cpu").eval()
 
 

@@ -1,0 +1,251 @@
+"""What a checkpoint guarantees (issue 17): one weights-only reader behind every way in, files that do not load say
+which of truncated / not a checkpoint / would run code they are, and a checkpoint meeting a config says who wins."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import pickle
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import CONFIGS, cli
+
+from zoo.cnn import ClassifierModule
+from zoo.layers.weights import CheckpointError, UnsafeCheckpointError
+
+TINY = str(CONFIGS / "cnn" / "convnet_digits.yaml")
+FAST = ("--trainer.max_epochs=1", "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=2")
+
+
+class _Payload:
+    """Unpickled, it would create ``marker``: the proof that a load ran code from the file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _crafted(tmp_path: Path, name: str = "evil.ckpt", zip_format: bool = True) -> tuple[Path, Path]:
+    """A checkpoint-shaped file carrying the payload (torch.save's zip format, or a plain pickle) and its marker."""
+    marker, path = tmp_path / f"pwned-{name}", tmp_path / name
+    ckpt = {"state_dict": {"net.head.weight": _Payload(marker)}, "hyper_parameters": {}}
+    if zip_format:
+        torch.save(ckpt, path)
+    else:
+        path.write_bytes(pickle.dumps(ckpt))
+    return path, marker
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    cwd = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("trained"))
+    try:
+        c = cli("fit", "--config", TINY, *FAST)
+        return Path(c.trainer.checkpoint_callback.best_model_path).resolve()
+    finally:
+        os.chdir(cwd)
+
+
+def cli_error(monkeypatch, capsys, *args: str) -> str:
+    """``python cli.py <args>`` as a terminal runs it (cli.run), in this process: the one ``error:`` line it exits with."""
+    from cli import run
+
+    monkeypatch.setattr(sys, "argv", ["cli.py", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        run()
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert exit_info.value.code == 1 and len(errors) == 1 and "Traceback" not in err, err[-3000:]
+    return errors[0]
+
+
+@pytest.fixture
+def served(tmp_path):
+    """``tmp_path`` over HTTP on 127.0.0.1 (a thread of this process; nothing leaves the machine)."""
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+
+
+# -- 1. no code from any file, by any path -------------------------------------------------------------------
+
+
+def _module_classes():
+    from zoo.clip import ContrastiveModule
+    from zoo.diffusion import DiffusionModule
+    from zoo.gpt import CausalLMModule
+    from zoo.rl import A2CModule, IMPALAModule, PPOModule, SACModule
+
+    return [ClassifierModule, CausalLMModule, ContrastiveModule, DiffusionModule, PPOModule, A2CModule, IMPALAModule,
+            SACModule]
+
+
+@pytest.mark.parametrize("zip_format", [True, False], ids=["torch.save", "pickle"])
+@pytest.mark.parametrize("cls", _module_classes(), ids=lambda c: c.__name__)
+def test_every_modules_load_from_checkpoint_refuses_code(tmp_path, cls, zip_format):
+    path, marker = _crafted(tmp_path, zip_format=zip_format)
+    with pytest.raises(UnsafeCheckpointError, match=rf"{path.name}: it is a pickle that would execute code .*posix\.system"):
+        cls.load_from_checkpoint(path)
+    assert not marker.exists()
+
+
+def test_load_from_a_url_is_weights_only_too(tmp_path, served, trained):
+    # Lightning's own load_from_checkpoint unpickles an http(s) path with weights_only=False: this ran the payload.
+    path, marker = _crafted(tmp_path)
+    with pytest.raises(UnsafeCheckpointError, match=rf"{served}/evil.ckpt: it is a pickle that would execute code"):
+        ClassifierModule.load_from_checkpoint(f"{served}/evil.ckpt")
+    assert not marker.exists()
+    (tmp_path / "good.ckpt").write_bytes(trained.read_bytes())
+    remote, local = ClassifierModule.load_from_checkpoint(f"{served}/good.ckpt"), ClassifierModule.load_from_checkpoint(trained)
+    x = torch.randn(3, 1, 8, 8)
+    torch.testing.assert_close(remote.eval()(x), local.eval()(x), rtol=0, atol=0)
+
+
+def test_cli_ckpt_path_refuses_code_naming_the_file(tmp_path, monkeypatch, capsys):
+    path, marker = _crafted(tmp_path)
+    line = cli_error(monkeypatch, capsys, "validate", "--config", TINY, f"--ckpt_path={path}")
+    assert f"refused to load {path}: it is a pickle that would execute code" in line and "posix.system" in line
+    assert not marker.exists()
+
+
+def test_cli_reads_a_url_weights_only(tmp_path, served, trained, monkeypatch, capsys):
+    path, marker = _crafted(tmp_path)
+    line = cli_error(monkeypatch, capsys, "validate", f"--ckpt_path={served}/{path.name}")
+    assert f"{served}/evil.ckpt: it is a pickle that would execute code" in line and not marker.exists()
+    (tmp_path / "good.ckpt").write_bytes(trained.read_bytes())
+    remote = cli("validate", f"--ckpt_path={served}/good.ckpt", *FAST[2:])
+    local = cli("validate", f"--ckpt_path={trained}", *FAST[2:])
+    assert remote.trainer.callback_metrics["val/acc"] == local.trainer.callback_metrics["val/acc"]
+
+
+def test_init_weights_refuses_code(tmp_path, monkeypatch, capsys):
+    path, marker = _crafted(tmp_path, "evil.pth")
+    line = cli_error(monkeypatch, capsys, "fit", "--config", TINY, *FAST, f"--model.init_args.init_weights={path}")
+    assert "would execute code" in line and "posix.system" in line and not marker.exists()
+
+
+def _importers(tmp_path: Path, marker: Path):
+    """Each importer with the payload where it reads weights: a Hugging Face, Llama, CLIP or diffusers folder, a file."""
+    from zoo.clip.hf import load_hf_clip_into
+    from zoo.cnn import TorchvisionNet
+    from zoo.diffusion.convert import load_dit_weights
+    from zoo.gpt.hf import load_pretrained
+
+    def folder(name: str, weights: str, config: dict) -> Path:
+        (tmp_path / name).mkdir()
+        torch.save({"w": _Payload(marker)}, tmp_path / name / weights)
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        return tmp_path / name
+
+    return {
+        "gpt2": lambda: load_pretrained(None, folder("gpt2", "pytorch_model.bin", {"model_type": "gpt2"})),
+        "llama": lambda: load_pretrained(None, folder("llama", "pytorch_model.bin", {"model_type": "llama"})),
+        "clip": lambda: load_hf_clip_into(None, folder("clip", "pytorch_model.bin", {})),
+        "diffusers": lambda: load_dit_weights(None, folder("dit", "diffusion_pytorch_model.bin", {})),
+        "torchvision": lambda: TorchvisionNet("resnet18", weights_path=str(_crafted(tmp_path, "tv.pth")[0])),
+    }
+
+
+@pytest.mark.parametrize("importer", ["gpt2", "llama", "clip", "diffusers", "torchvision"])
+def test_importers_refuse_code(tmp_path, importer):
+    marker = tmp_path / "pwned-evil.ckpt"
+    with pytest.raises(UnsafeCheckpointError, match="would execute code"):
+        _importers(tmp_path, marker)[importer]()
+    assert not marker.exists() and not (tmp_path / "pwned-tv.pth").exists()
+
+
+# -- 6. truncated and foreign files say so -------------------------------------------------------------------
+
+
+def _broken(trained: Path, tmp_path: Path, kind: str) -> tuple[Path, str]:
+    path = tmp_path / f"{kind}.ckpt"
+    if kind == "truncated":
+        data = trained.read_bytes()[: trained.stat().st_size // 2]
+        path.write_bytes(data)
+        return path, rf"{path} is truncated \({len(data)} bytes\)"
+    if kind == "random":
+        path.write_bytes(torch.randint(0, 256, (4096,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)).numpy().tobytes())
+        return path, rf"{path} is not a PyTorch checkpoint"
+    path, _ = _crafted(tmp_path, f"{kind}.ckpt")
+    return path, rf"refused to load {path}: it is a pickle that would execute code"
+
+
+@pytest.mark.parametrize("kind", ["truncated", "random", "code"])
+def test_a_file_that_does_not_load_says_why_in_one_line(trained, tmp_path, monkeypatch, capsys, kind):
+    import re
+
+    path, says = _broken(trained, tmp_path, kind)
+    line = cli_error(monkeypatch, capsys, "validate", "--config", TINY, f"--ckpt_path={path}")
+    assert re.search(says, line), line
+    others = {"truncated": "truncated", "random": "not a PyTorch checkpoint", "code": "would execute code"}
+    assert [k for k, v in others.items() if v in line] == [kind], line  # one verdict, the right one
+    with pytest.raises(CheckpointError, match=says):
+        ClassifierModule.load_from_checkpoint(path)
+
+
+# -- 4. a checkpoint meets a config, loudly ------------------------------------------------------------------
+
+
+def test_a_shape_changing_override_is_refused_naming_the_key(trained, monkeypatch, capsys):
+    line = cli_error(monkeypatch, capsys, "validate", f"--ckpt_path={trained}", "--model.init_args.net.init_args.width=16")
+    assert "model.init_args.net.init_args.width=16 (trained with 8) changes the shape" in line, line
+
+
+def test_other_overrides_win_and_are_listed(trained, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        c = cli("validate", f"--ckpt_path={trained}", "--model.init_args.label_smoothing=0.1", *FAST[2:])
+    assert c.model.hparams.label_smoothing == 0.1
+    assert "model.init_args.label_smoothing: 0.1 (this run's config) wins over the checkpoint's 0.0" in caplog.text
+
+
+def test_a_resume_lists_its_overrides_and_keeps_the_sizes_it_derived(trained, caplog):
+    import logging
+
+    # The YAML leaves num_classes to the data (None); the checkpoint recorded 10: no difference, no refusal.
+    with caplog.at_level(logging.INFO):
+        c = cli("fit", "--config", TINY, *FAST, "--trainer.max_epochs=2", f"--ckpt_path={trained}",
+                "--model.init_args.label_smoothing=0.1")
+    assert c.trainer.current_epoch == 2 and c.model.hparams.label_smoothing == 0.1
+    listed = [line for line in caplog.text.splitlines() if "wins over the checkpoint's" in line]
+    assert len(listed) == 1 and "model.init_args.label_smoothing: 0.1" in listed[0], caplog.text[-2000:]
+
+
+def test_a_checkpoint_of_another_module_class_is_refused_in_one_line(trained, tmp_path, monkeypatch, capsys):
+    gpt = yaml.safe_load((CONFIGS / "gpt" / "gpt_tiny.yaml").read_text())["model"]
+    ckpt = torch.load(trained, weights_only=True)
+    ckpt["hyper_parameters"] = {"_class_path": gpt["class_path"], **gpt["init_args"]}
+    torch.save(ckpt, tmp_path / "gpt.ckpt")
+    line = cli_error(monkeypatch, capsys, "validate", "--config", TINY, f"--ckpt_path={tmp_path / 'gpt.ckpt'}")
+    assert (f"{tmp_path / 'gpt.ckpt'} holds a zoo.gpt.CausalLMModule checkpoint; this run's model is "
+            "zoo.cnn.ClassifierModule; drop --config") in line, line
+
+
+def test_a_fine_tuned_checkpoint_never_needs_its_init_weights_again(trained, tmp_path):
+    weights = tmp_path / "pretrained.ckpt"
+    weights.write_bytes(trained.read_bytes())
+    tuned = cli("fit", "--config", TINY, *FAST, f"--model.init_args.init_weights={weights}")
+    best = tuned.trainer.checkpoint_callback.best_model_path
+    weights.unlink()  # the pretrained weights are gone: the checkpoint alone must do
+    v = cli("validate", f"--ckpt_path={best}", *FAST[2:])
+    assert v.model.hparams.init_weights == str(weights)  # recorded, never read
+    assert float(v.trainer.callback_metrics["val/acc"]) == pytest.approx(float(tuned.trainer.checkpoint_callback.best_model_score))
+    ClassifierModule.load_from_checkpoint(best)  # nor in Python

@@ -1,0 +1,143 @@
+"""Checkpoints read back: weights-only by every path, and a checkpoint meeting a config says where they differ.
+
+Every way in reads the file with ``zoo.layers.weights.load_file``: ``Module.load_from_checkpoint`` (local path or
+URL; Lightning's own unpickles a remote file with ``weights_only=False``), the Trainer's ``--ckpt_path`` restore
+(``WeightsOnlyCheckpointIO``), ``init_weights`` and the importers. ``reconcile`` is what ``cli.py`` does with a
+``--ckpt_path`` and a config: the config and command line win, except where a value would change the shape of
+the checkpoint's weights (refused, naming the key), and a checkpoint of another module class is refused.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from zoo.layers import compat
+from zoo.layers.weights import CheckpointError, is_remote, load_file
+
+
+class WeightsOnlyLoading:
+    """Mixed into every zoo LightningModule: ``load_from_checkpoint`` reads weights-only, local paths and URLs alike."""
+
+    @classmethod
+    def load_from_checkpoint(
+        cls, checkpoint_path: str | Path, map_location: Any = "cpu", hparams_file: str | Path | None = None,
+        strict: bool | None = None, weights_only: bool | None = None, **kwargs: Any,
+    ) -> LightningModule:
+        """The module a checkpoint (a path, or an fsspec URL such as ``https://...``) holds, rebuilt from its
+        hyperparameters (``kwargs`` override them) and loaded on ``map_location``; a file that would run code when
+        unpickled, a truncated one and a foreign one are refused, naming the file. Lightning's signature:
+        ``weights_only`` is always true here."""
+        if hparams_file is not None:
+            raise ValueError("hparams_file is not supported: a zoo checkpoint carries its hyperparameters")
+        checkpoint = load_file(checkpoint_path, map_location=map_location)
+        module = compat.module_from_checkpoint(cls, checkpoint, strict=strict, **kwargs)
+        module.skip_init_weights()  # the checkpoint's weights are the trained ones
+        tensor = next((t for t in checkpoint.get("state_dict", {}).values() if isinstance(t, torch.Tensor)), None)
+        return module if tensor is None else module.to(tensor.device)  # where map_location put the weights
+
+    def skip_init_weights(self) -> None:
+        """Weights come from a checkpoint: ``init_weights`` (the pretrained start) is not read again, so a
+        fine-tuned checkpoint works without the file it was fine-tuned from."""
+        self._init_loaded = True
+
+
+class WeightsOnlyCheckpointIO(TorchCheckpointIO):
+    """The Trainer's checkpoint reader (``--ckpt_path``, ``ckpt_path="best"``) through ``load_file``."""
+
+    def load_checkpoint(self, path: str | Path, map_location: Any = None, weights_only: bool | None = None) -> dict:
+        if not is_remote(path) and not Path(path).is_file():
+            raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+        return load_file(path, map_location=map_location)
+
+
+# -- a checkpoint meeting a config ---------------------------------------------------------------------------
+
+MISSING = "<absent>"
+
+
+def stored_model(ckpt_path: str | Path) -> tuple[str, dict] | None:
+    """The module class path and init arguments a checkpoint written through cli.py records, else None."""
+    hparams = dict(load_file(ckpt_path, mmap=True).get("hyper_parameters") or {})
+    hparams.pop("_instantiator", None)
+    class_path = hparams.pop("_class_path", None)
+    return (class_path, _plain(hparams)) if class_path else None
+
+
+def reconcile(ckpt_path: str | Path, model: dict) -> list[str]:
+    """How the model config ``model`` (``class_path``, ``init_args``: what the config and command line give) meets
+    the checkpoint's own: a line per differing value, the given one winning; raises ``CheckpointError`` (one line)
+    for another module class, or for values that would change the shape of the checkpoint's weights."""
+    stored = stored_model(ckpt_path)
+    if stored is None:  # saved from Python, not through cli.py: nothing to compare with
+        return []
+    class_path, old = stored
+    if model["class_path"] != class_path:
+        raise CheckpointError(
+            f"{ckpt_path} holds a {class_path} checkpoint; this run's model is {model['class_path']}; drop --config "
+            f"(the checkpoint brings its own model config) or pass a {model['class_path']} checkpoint")
+    was, given = _flat(old), _flat(_plain(model.get("init_args") or {}))
+    # None asks the module to derive a size (num_classes, vocab_size from the data): the checkpoint holds the one
+    # it derived, which is no difference.
+    diffs = [k for k in sorted(was.keys() | given.keys())
+             if was.get(k, MISSING) != given.get(k, MISSING) and given.get(k, MISSING) is not None]
+    if not diffs:
+        return []
+    wanted = old
+    for k in diffs:  # the checkpoint's values with this run's on top (a None left as the checkpoint derived it)
+        wanted = _with(wanted, k, given.get(k, MISSING))
+    if _shapes(class_path, wanted) != (trained := _shapes(class_path, old)):
+        shaping = [k for k in diffs if _shapes(class_path, _with(old, k, given.get(k, MISSING))) != trained]
+        named = "; ".join(f"model.init_args.{k}={given.get(k, MISSING)} (trained with {was.get(k, MISSING)})"
+                          for k in shaping or diffs)
+        raise CheckpointError(
+            f"{ckpt_path}: {named} changes the shape of the checkpoint's weights: drop it (the checkpoint brings "
+            "its own value) or pass a checkpoint trained with it")
+    return [f"model.init_args.{k}: {given.get(k, MISSING)} (this run's config) wins over the checkpoint's "
+            f"{was.get(k, MISSING)}" for k in diffs]
+
+
+def _plain(value: Any) -> Any:
+    """Plain JSON values, so that a tuple and a list, or a dataclass and its dict, compare equal."""
+    return json.loads(json.dumps(value, default=lambda o: getattr(o, "__dict__", str(o))))
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}": v})
+    return out
+
+
+def _with(d: dict, dotted: str, value: Any) -> dict:
+    d = copy.deepcopy(d)
+    *parents, last = dotted.split(".")
+    at = d
+    for p in parents:
+        at = at.setdefault(p, {})
+    if value == MISSING:
+        at.pop(last, None)
+    else:
+        at[last] = value
+    return d
+
+
+def _shapes(class_path: str, init_args: dict) -> dict[str, tuple] | None:
+    """The shapes of the module's state dict as ``init_args`` build it (on the meta device: no memory, no init
+    cost); None when it does not build (the real instantiation then reports why)."""
+    from lightning.pytorch.cli import instantiate_module
+
+    for device in ("meta", "cpu"):
+        try:
+            with torch.device(device):
+                module = instantiate_module(LightningModule, {"_class_path": class_path, **init_args})
+            return {k: tuple(v.shape) for k, v in module.state_dict().items()}
+        except Exception:  # noqa: BLE001 - a net that cannot be built on meta tensors is built on the CPU
+            continue
+    return None
