@@ -39,7 +39,7 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from datamodules.base import EpochShuffle, not_found_message, split_indices
+from datamodules.base import EpochShuffle, not_found_message, split_indices, training_loader, training_position
 from datamodules.shapes import COLOURS, POSITIONS, SIZES, ShapesDataset
 from zoo.layers.tokenizers import BPETokenizer, ByteTokenizer, Tokenizer, tokenize
 
@@ -268,6 +268,7 @@ class CaptionDataModule(LightningDataModule):
         self.tokenizer: Tokenizer | None = ByteTokenizer() if tokenizer == "bytes" else None
         self.train_set: CaptionPairs | None = None
         self.val_set: CaptionPairs | None = None
+        self.train_position: dict = {}  # from a checkpoint: where its epoch stood (``ResumableLoader``)
 
     # -- building the splits -----------------------------------------------------------------------------
 
@@ -356,16 +357,25 @@ class CaptionDataModule(LightningDataModule):
         prompts = [t.format(c) for c in self.class_names for t in self.templates]
         return self.class_names, self.encode(prompts)
 
+    # -- resuming ------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {"train_position": training_position(self.trainer)}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.train_position = state_dict.get("train_position", {})
+
     # -- loaders -------------------------------------------------------------------------------------------
 
     def _loader(self, dataset: Dataset, shuffle: bool = False, collate_fn=collate) -> DataLoader:
-        return DataLoader(
-            dataset, batch_size=self.batch_size, num_workers=self.num_workers, pin_memory=self.pin_memory,
-            sampler=EpochShuffle(len(dataset), self.seed) if shuffle else None, collate_fn=collate_fn,
+        loader = {"num_workers": self.num_workers, "pin_memory": self.pin_memory, "collate_fn": collate_fn,
+                  "persistent_workers": self.num_workers > 0}
+        if shuffle:
             # Training drops the last partial batch: a handful of pairs is a far easier contrastive task
             # than a full batch, and every rank must gather equal-sized feature blocks.
-            drop_last=shuffle, persistent_workers=self.num_workers > 0,
-        )
+            return training_loader(dataset, self.trainer, self.batch_size, EpochShuffle(len(dataset), self.seed),
+                                   drop_last=True, resume_at=self.train_position, **loader)
+        return DataLoader(dataset, batch_size=self.batch_size, **loader)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, shuffle=True)

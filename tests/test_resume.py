@@ -1,0 +1,94 @@
+"""Resume is exact where the README says so, and says why where it cannot be.
+
+Exact: a Ctrl-C mid-epoch, between batches, then ``fit --ckpt_path`` of the exception checkpoint, gives
+the weights of the run never interrupted (the loader restarts at the first batch not trained); inside a
+step, the weights are exact and BatchNorm's running statistics have seen the interrupted batch once more. Not exact, and warned: resuming with a larger ``max_epochs`` rebuilds the schedule
+for the new total, whose learning rates the resumed steps then follow.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+from conftest import CONFIGS, cli, output
+from lightning.pytorch import Callback
+from mlflow import MlflowClient
+
+TINY = str(CONFIGS / "cnn" / "convnet_digits.yaml")
+
+
+class InterruptAt(Callback):
+    """A Ctrl-C when ``step`` optimizer steps are done: at the end of that batch, or in the next one, before its
+    forward pass or before its backward pass."""
+
+    def __init__(self, step: int = 1, where: str = "batch_end") -> None:
+        self.step, self.where = step, where
+
+    def _maybe(self, trainer, where: str) -> None:
+        if self.where == where and trainer.global_step == self.step:
+            raise KeyboardInterrupt
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._maybe(trainer, "batch_end")
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._maybe(trainer, "batch_start")
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        self._maybe(trainer, "backward")
+
+
+def _params(module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def _lr_history(c) -> dict[int, float]:
+    client = MlflowClient(c.trainer.logger.tracking_uri)
+    return {m.step: m.value for m in client.get_metric_history(c.trainer.logger.run_id, "lr/pg1")}
+
+
+@pytest.mark.parametrize("where", ["batch_end", "batch_start", "backward"])
+def test_ctrl_c_mid_epoch_then_resume_equals_the_run_never_interrupted(where):
+    straight = cli("fit", "--config", TINY, "--trainer.max_epochs=2", "--trainer.default_root_dir=straight")
+    per_epoch = straight.trainer.num_training_batches
+    step = per_epoch + per_epoch // 2  # the middle of the second epoch
+    interrupt = {"class_path": "test_resume.InterruptAt", "init_args": {"step": step, "where": where}}
+    with pytest.raises(SystemExit):  # Lightning's graceful shutdown on KeyboardInterrupt
+        cli("fit", "--config", TINY, "--trainer.max_epochs=2", f"--trainer.callbacks+={json.dumps(interrupt)}")
+    saved = output("on_exception.ckpt")
+    assert torch.load(saved, weights_only=True)["global_step"] == step
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = cli("fit", "--config", TINY, "--trainer.max_epochs=2", "--trainer.default_root_dir=resumed",
+                      f"--ckpt_path={saved}")
+    said = [str(w.message) for w in caught]
+    assert not [m for m in said if "not resumable" in m or "learning-rate schedule" in m], said
+    assert resumed.trainer.global_step == straight.trainer.global_step == 2 * per_epoch
+    a, b = _params(straight.model), _params(resumed.model)
+    if where == "backward":
+        # The interrupted forward pass had already moved the BatchNorm running statistics once with its
+        # batch, which the resumed run trains on again: the weights are exact, those buffers are not.
+        a = {k: v for k, v in a.items() if not k.endswith(("running_mean", "running_var", "num_batches_tracked"))}
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
+
+
+def test_extending_max_epochs_on_resume_rebuilds_the_schedule_and_warns():
+    log = "--trainer.log_every_n_steps=1"
+    straight = cli("fit", "--config", TINY, "--trainer.max_epochs=2", log, "--trainer.default_root_dir=straight")
+    first = cli("fit", "--config", TINY, "--trainer.max_epochs=1", log, "--trainer.default_root_dir=first")
+    steps = first.trainer.global_step
+    with pytest.warns(UserWarning, match=rf"total_steps {steps} -> {2 * steps}.*at step {steps}.*will not equal"):
+        resumed = cli("fit", "--config", TINY, "--trainer.max_epochs=2", log, "--trainer.default_root_dir=resumed",
+                      f"--ckpt_path={first.trainer.checkpoint_callback.last_model_path}")
+    # From the resumed step on, the learning rate is the two-epoch schedule's, step for step ...
+    want, got = _lr_history(straight), _lr_history(resumed)
+    assert sorted(got) == [s for s in sorted(want) if s >= steps] and len(got) == steps
+    for s, lr in got.items():
+        assert lr == pytest.approx(want[s], rel=1e-6), s
+    # ... but the first epoch decayed over one epoch, not two: the weights differ, as the warning says.
+    a, b = _params(straight.model), _params(resumed.model)
+    assert any(not torch.equal(a[k], b[k]) for k in a)
