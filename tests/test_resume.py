@@ -18,6 +18,7 @@ from lightning.pytorch import Callback
 from mlflow import MlflowClient
 
 TINY = str(CONFIGS / "cnn" / "convnet_digits.yaml")
+CLIP_TINY = str(CONFIGS / "clip" / "tiny.yaml")
 
 
 class InterruptAt(Callback):
@@ -50,19 +51,22 @@ def _lr_history(c) -> dict[int, float]:
     return {m.step: m.value for m in client.get_metric_history(c.trainer.logger.run_id, "lr/pg1")}
 
 
-@pytest.mark.parametrize("where", ["batch_end", "batch_start", "backward"])
-def test_ctrl_c_mid_epoch_then_resume_equals_the_run_never_interrupted(where):
-    straight = cli("fit", "--config", TINY, "--trainer.max_epochs=2", "--trainer.default_root_dir=straight")
+@pytest.mark.parametrize(("config", "where"), [
+    (TINY, "batch_end"), (TINY, "batch_start"), (TINY, "backward"),
+    (CLIP_TINY, "batch_start"),  # CaptionDataModule, its last partial batch dropped
+], ids=["cnn-batch_end", "cnn-batch_start", "cnn-backward", "clip-batch_start"])
+def test_ctrl_c_mid_epoch_then_resume_equals_the_run_never_interrupted(config, where):
+    straight = cli("fit", "--config", config, "--trainer.max_epochs=2", "--trainer.default_root_dir=straight")
     per_epoch = straight.trainer.num_training_batches
     step = per_epoch + per_epoch // 2  # the middle of the second epoch
     interrupt = {"class_path": "test_resume.InterruptAt", "init_args": {"step": step, "where": where}}
     with pytest.raises(SystemExit):  # Lightning's graceful shutdown on KeyboardInterrupt
-        cli("fit", "--config", TINY, "--trainer.max_epochs=2", f"--trainer.callbacks+={json.dumps(interrupt)}")
+        cli("fit", "--config", config, "--trainer.max_epochs=2", f"--trainer.callbacks+={json.dumps(interrupt)}")
     saved = output("on_exception.ckpt")
     assert torch.load(saved, weights_only=True)["global_step"] == step
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        resumed = cli("fit", "--config", TINY, "--trainer.max_epochs=2", "--trainer.default_root_dir=resumed",
+        resumed = cli("fit", "--config", config, "--trainer.max_epochs=2", "--trainer.default_root_dir=resumed",
                       f"--ckpt_path={saved}")
     said = [str(w.message) for w in caught]
     assert not [m for m in said if "not resumable" in m or "learning-rate schedule" in m], said
