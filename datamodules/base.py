@@ -103,12 +103,13 @@ class ResumableBatches(BatchSampler):
 
 
 def training_position(trainer) -> dict:
-    """Where fit stands in its training data: the epoch and the batches of it the optimizer stepped on; {} outside fit.
+    """Where fit stands in its training data: the epoch and the batches of it the optimizer stepped on; {} outside
+    a running or interrupted fit (a checkpoint saved after fit ended resumes, as Lightning does, at the next epoch).
 
     Batches stepped, not fetched: a Ctrl-C inside a training step leaves that batch to do again, as Lightning's
     own progress counters do.
     """
-    if trainer is None or trainer.state.fn != "fit" or not trainer.num_training_batches:
+    if trainer is None or trainer.state.fn != "fit" or trainer.state.status == "finished":
         return {}
     epoch, done = trainer.current_epoch, batches_trained_in_epoch(trainer)
     if done >= trainer.num_training_batches:  # saved at the epoch's end: the next one starts at its first batch
@@ -185,7 +186,8 @@ class ImageDataModule(LightningDataModule):
         self.train_position: dict = {}  # from a checkpoint: where its epoch stood (``ResumableLoader``)
 
     def state_dict(self) -> dict:
-        return {"train_position": training_position(self.trainer)}
+        position = training_position(self.trainer)
+        return {"train_position": position} if position else {}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.train_position = state_dict.get("train_position", {})

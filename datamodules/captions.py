@@ -360,7 +360,8 @@ class CaptionDataModule(LightningDataModule):
     # -- resuming ------------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        return {"train_position": training_position(self.trainer)}
+        position = training_position(self.trainer)
+        return {"train_position": position} if position else {}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.train_position = state_dict.get("train_position", {})

@@ -314,8 +314,9 @@ class TextDataModule(LightningDataModule):
         self.val_set = TokenWindows(val, t, stride=t, eos_id=eos, limit=self.val_samples)
 
     def state_dict(self) -> dict:
-        position = {"train_position": training_position(self.trainer)}  # where fit stood (``ResumableLoader``)
-        return position | ({"tokenizer": self.tokenizer.to_dict()} if self.tokenizer is not None else {})
+        position = training_position(self.trainer)  # where fit stood (``ResumableLoader``)
+        return ({"train_position": position} if position else {}) | (
+            {"tokenizer": self.tokenizer.to_dict()} if self.tokenizer is not None else {})
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.train_position = state_dict.get("train_position", {})

@@ -1,19 +1,25 @@
 """Resume is exact where the README says so, and says why where it cannot be.
 
-Exact: a Ctrl-C mid-epoch, between batches, then ``fit --ckpt_path`` of the exception checkpoint, gives
-the weights of the run never interrupted (the loader restarts at the first batch not trained); inside a
-step, the weights are exact and BatchNorm's running statistics have seen the interrupted batch once more. Not exact, and warned: resuming with a larger ``max_epochs`` rebuilds the schedule
-for the new total, whose learning rates the resumed steps then follow.
+Exact: a Ctrl-C mid-epoch between batches, or a kill -9 after a mid-epoch ``last.ckpt``, then
+``fit --ckpt_path`` gives the weights of the run never stopped (the loader restarts at the first batch not
+trained); a Ctrl-C inside a step gives exact weights, while BatchNorm's running statistics have seen the
+interrupted batch once more. Not exact, and warned: resuming with a larger ``max_epochs`` rebuilds the
+schedule for the new total, whose learning rates the resumed steps then follow.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, cli, output
+from conftest import CONFIGS, ROOT, cli, output
 from lightning.pytorch import Callback
 from mlflow import MlflowClient
 
@@ -40,6 +46,18 @@ class InterruptAt(Callback):
 
     def on_before_backward(self, trainer, pl_module, loss) -> None:
         self._maybe(trainer, "backward")
+
+
+class HangAt(Callback):
+    """Stands in for a long step: once ``step`` optimizer steps are done, say so in ``marker`` and wait to be killed."""
+
+    def __init__(self, step: int = 1, marker: str = "hanging") -> None:
+        self.step, self.marker = step, marker
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            Path(self.marker).touch()
+            time.sleep(600)
 
 
 def _params(module) -> dict[str, torch.Tensor]:
@@ -76,6 +94,33 @@ def test_ctrl_c_mid_epoch_then_resume_equals_the_run_never_interrupted(config, w
         # The interrupted forward pass had already moved the BatchNorm running statistics once with its
         # batch, which the resumed run trains on again: the weights are exact, those buffers are not.
         a = {k: v for k, v in a.items() if not k.endswith(("running_mean", "running_var", "num_batches_tracked"))}
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
+
+
+def test_kill_9_mid_epoch_then_resume_from_last_ckpt_equals_the_run_never_killed():
+    straight = cli("fit", "--config", TINY, "--trainer.max_epochs=2", "--trainer.default_root_dir=straight")
+    per_epoch = straight.trainer.num_training_batches
+    saved_at = per_epoch + 5  # last.ckpt written mid-epoch, then a few more steps before the kill
+    callbacks = [{"class_path": "callbacks.MonitoredCheckpoint", "init_args": {"every_n_train_steps": saved_at}},
+                 {"class_path": "test_resume.HangAt", "init_args": {"step": saved_at + 3}}]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
+    args = ["fit", "--config", TINY, "--trainer.max_epochs=2", f"--trainer.callbacks={json.dumps(callbacks)}"]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not Path("hanging").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it hung"
+            time.sleep(0.5)
+    finally:
+        proc.kill()  # SIGKILL: no handler runs, nothing is saved
+        proc.wait()
+    (last,) = Path("runs").rglob("last.ckpt")
+    assert torch.load(last, weights_only=True)["global_step"] == saved_at
+    resumed = cli("fit", "--config", TINY, "--trainer.max_epochs=2", "--trainer.default_root_dir=resumed",
+                  f"--ckpt_path={last}")
+    a, b = _params(straight.model), _params(resumed.model)
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
 
