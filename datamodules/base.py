@@ -10,6 +10,7 @@ images and int64 (B,) labels. Subclasses only fill ``train_set``/``val_set``/``t
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -18,7 +19,9 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
+
+from zoo.layers.compat import batches_trained_in_epoch
 
 
 def split_indices(n: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -75,6 +78,78 @@ class EpochShuffle(Sampler[int]):
         return iter(torch.randperm(self.n, generator=g).tolist())
 
 
+class ResumableBatches(BatchSampler):
+    """A ``BatchSampler`` that can start one epoch past its first batches (a resumed run) without reading them."""
+
+    def __init__(self, sampler: Sampler[int], batch_size: int, drop_last: bool) -> None:
+        super().__init__(sampler, batch_size, drop_last)
+        self.resume_at: tuple[int, int] | None = None  # (epoch, batches done in it), used once
+
+    def set_epoch(self, epoch: int) -> None:
+        """Lightning sets the epoch on a loader's sampler or batch sampler: passed on to the sampler it batches."""
+        getattr(self.sampler, "set_epoch", lambda e: None)(epoch)
+
+    def __iter__(self):
+        skip, self.resume_at = self.resume_at, None
+        if skip is not None and skip[0] != getattr(self.sampler, "epoch", skip[0]):
+            skip = None  # saved at an epoch's end: the next epoch starts at its first batch
+        indices = iter(self.sampler)
+        if skip is not None:
+            indices = itertools.islice(indices, skip[1] * self.batch_size, None)
+        while batch := list(itertools.islice(indices, self.batch_size)):
+            if len(batch) < self.batch_size and self.drop_last:
+                return
+            yield batch
+
+
+def training_position(trainer) -> dict:
+    """Where fit stands in its training data: the epoch and the batches of it the optimizer stepped on; {} outside
+    a running or interrupted fit (a checkpoint saved after fit ended resumes, as Lightning does, at the next epoch).
+
+    Batches stepped, not fetched: a Ctrl-C inside a training step leaves that batch to do again, as Lightning's
+    own progress counters do.
+    """
+    if trainer is None or trainer.state.fn != "fit" or trainer.state.status == "finished":
+        return {}
+    epoch, done = trainer.current_epoch, batches_trained_in_epoch(trainer)
+    if done >= trainer.num_training_batches:  # saved at the epoch's end: the next one starts at its first batch
+        epoch, done = epoch + 1, 0
+    return {"epoch": epoch, "batches": done}
+
+
+class ResumableLoader(DataLoader):
+    """A training DataLoader that starts where a checkpointed run stood in its epoch (``training_position``).
+
+    The position travels twice. Lightning saves the state of any loader with ``state_dict``/``load_state_dict``
+    (and warns on a mid-epoch resume of any other), but loads it only when it builds the loader after restoring
+    the checkpoint, not when a learning-rate schedule asked for ``estimated_stepping_batches`` first (every zoo
+    module's does). So the DataModule saves the same position in its own state, which Lightning restores
+    before any loader exists, and builds the loader from it. ``ResumableBatches`` skips the done batches'
+    indices, so an epoch-seeded sampler (``EpochShuffle``, ``RandomStarts``) gives the rest of the same order;
+    under DDP Lightning rebuilds the batch sampler around its distributed sampler and each rank skips its own.
+    """
+
+    trainer = None  # set by ``training_loader``
+
+    def state_dict(self) -> dict:
+        return training_position(self.trainer)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if state_dict and isinstance(self.batch_sampler, ResumableBatches):
+            self.batch_sampler.resume_at = (state_dict["epoch"], state_dict["batches"])
+            # Iterators with workers draw their first indices when created, before Lightning's set_epoch.
+            self.batch_sampler.set_epoch(state_dict["epoch"])
+
+
+def training_loader(dataset: Dataset, trainer, batch_size: int, sampler: Sampler[int], drop_last: bool = False,
+                    resume_at: dict | None = None, **loader) -> ResumableLoader:
+    """The loader of a training split: ``sampler`` in batches, started at ``resume_at`` (a ``training_position``)."""
+    dl = ResumableLoader(dataset, batch_sampler=ResumableBatches(sampler, batch_size, drop_last), **loader)
+    dl.trainer = trainer
+    dl.load_state_dict(resume_at or {})
+    return dl
+
+
 class ImageDataModule(LightningDataModule):
     """Loader settings and the three splits; subclasses set the protocol attributes and ``setup``."""
 
@@ -108,19 +183,24 @@ class ImageDataModule(LightningDataModule):
         self.test_set: Dataset | None = None
         # In-memory datasets fetch whole batches themselves (``__getitems__``) and set this to pass them through.
         self.collate_fn: Callable | None = None
+        self.train_position: dict = {}  # from a checkpoint: where its epoch stood (``ResumableLoader``)
+
+    def state_dict(self) -> dict:
+        position = training_position(self.trainer)
+        return {"train_position": position} if position else {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.train_position = state_dict.get("train_position", {})
 
     def _loader(self, dataset: Dataset | None, split: str, shuffle: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__} has no {split} split yet; call setup() first")
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size,
-            sampler=EpochShuffle(len(dataset), self.seed) if shuffle else None,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-            persistent_workers=self.persistent_workers,
-            collate_fn=self.collate_fn,
-        )
+        loader = {"num_workers": self.num_workers, "pin_memory": self.pin_memory,
+                  "persistent_workers": self.persistent_workers, "collate_fn": self.collate_fn}
+        if shuffle:
+            return training_loader(dataset, self.trainer, self.batch_size, EpochShuffle(len(dataset), self.seed),
+                                   resume_at=self.train_position, **loader)
+        return DataLoader(dataset, batch_size=self.batch_size, **loader)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, "train", shuffle=True)

@@ -11,8 +11,10 @@ Sources:
 Captions are tokenised once at setup into a (N, T) id tensor: the tokenizer's ids cut to T - 1, then
 its end-of-text id, padded with it (the text tower reads the first one, and its causal mask keeps the
 padding from reaching it). Batches are dicts: ``image`` (B, C, H, W), ``text`` (B, T), ``label`` (B,)
-(-1 where unknown) and ``caption_id`` (B,), which is equal for equal captions so that retrieval counts
-any image of the same caption as a hit (the shapes captions repeat).
+(-1 where unknown), ``image_id`` (B,), equal for the rows of one image file (COCO and Flickr30k give five
+captions per image), and ``caption_id`` (B,), equal for equal captions: retrieval ranks each image once
+and counts every caption of it, and any image of the same caption text, as a hit (``zoo.clip.metrics``).
+A held-out split from ``val_fraction`` takes whole images, all their captions with them.
 
 Predict batches carry what to do, set here on the command line, because LightningCLI replaces the
 model's arguments with the checkpoint's at ``predict --ckpt_path`` (as ``TextDataModule`` does):
@@ -37,7 +39,7 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from datamodules.base import EpochShuffle, not_found_message, split_indices
+from datamodules.base import EpochShuffle, not_found_message, split_indices, training_loader, training_position
 from datamodules.shapes import COLOURS, POSITIONS, SIZES, ShapesDataset
 from zoo.layers.tokenizers import BPETokenizer, ByteTokenizer, Tokenizer, tokenize
 
@@ -101,28 +103,48 @@ def list_images(path: Path, image_column: str) -> list[Path]:
                                               "folder of images, or a CSV/JSONL with an image column>"))
 
 
-def caption_groups(captions: Sequence[str]) -> Tensor:
-    """(N,) ids equal exactly for equal captions."""
-    first: dict[str, int] = {}
+def caption_groups(captions: Sequence) -> Tensor:
+    """(N,) ids equal exactly for equal captions (or any equal hashable values, such as image paths)."""
+    first: dict = {}
     return torch.tensor([first.setdefault(c, len(first)) for c in captions], dtype=torch.long)
 
 
-class CaptionPairs(Dataset):
-    """Items are dicts of ``image``, ``text`` ids, ``label``, ``caption_id`` and ``index`` (and ``path`` for files).
+def split_by_image(images: Sequence, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """(train, val) row indices holding out ``val_fraction`` of the unique images with every caption row of each.
 
-    Images are either one normalised in-memory (N, C, H, W) tensor, fetched a batch at a time, or
-    files opened and transformed per item (in DataLoader workers).
+    A row split would put some captions of an image in training and the rest in validation. With one row
+    per image this is the row split of ``split_indices``.
+    """
+    ids = caption_groups(images)  # (N,) image of each row
+    n = int(ids.max()) + 1 if len(ids) else 0
+    train_images, val_images = split_indices(n, val_fraction, seed)
+    place = torch.empty(n, dtype=torch.long)
+    place[torch.tensor(train_images + val_images, dtype=torch.long)] = torch.arange(n)  # image -> place in the split
+    rows = place[ids].argsort(stable=True)  # rows in their images' order, the captions of an image together
+    n_train = int((place[ids] < len(train_images)).sum())
+    return rows[:n_train].tolist(), rows[n_train:].tolist()
+
+
+class CaptionPairs(Dataset):
+    """Items are dicts of ``image``, ``text`` ids, ``label``, ``image_id``, ``caption_id`` and ``index`` (and ``path``
+    for files).
+
+    Images are either one normalised in-memory (N, C, H, W) tensor, fetched a batch at a time (each row its
+    own image), or files opened and transformed per item (in DataLoader workers; rows of one file share
+    an ``image_id``).
     """
 
     def __init__(self, images: Tensor | list[Path], text: Tensor, labels: Tensor, captions: list[str], transform=None) -> None:
         self.images, self.text, self.labels, self.captions, self.transform = images, text, labels, captions, transform
         self.caption_ids = caption_groups(captions) if captions else torch.zeros(len(labels), dtype=torch.long)
+        self.image_ids = torch.arange(len(labels)) if isinstance(images, Tensor) else caption_groups(images)
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def _fields(self, idx: Tensor) -> dict:
-        return {"text": self.text[idx], "label": self.labels[idx], "caption_id": self.caption_ids[idx], "index": idx}
+        return {"text": self.text[idx], "label": self.labels[idx], "image_id": self.image_ids[idx],
+                "caption_id": self.caption_ids[idx], "index": idx}
 
     def __getitems__(self, indices: list[int]) -> dict | list[dict]:
         if not isinstance(self.images, Tensor):
@@ -204,7 +226,7 @@ class CaptionDataModule(LightningDataModule):
             path: a .csv/.tsv/.jsonl of (image, caption) rows, or a folder of images with .txt captions;
                 None: the generated shapes with their captions.
             val_path: held-out pairs in the same form; None: ``val_fraction`` of ``path`` is held out.
-            val_fraction: share of ``path`` held out when there is no ``val_path``.
+            val_fraction: share of ``path``'s images held out, each with all its captions, when there is no ``val_path``.
             image_column: the column (CSV) or field (JSONL) with the image path, relative to the file.
             caption_column: the column or field with the caption.
             label_column: optional column with a class name per row, for zero-shot accuracy at validation.
@@ -246,6 +268,7 @@ class CaptionDataModule(LightningDataModule):
         self.tokenizer: Tokenizer | None = ByteTokenizer() if tokenizer == "bytes" else None
         self.train_set: CaptionPairs | None = None
         self.val_set: CaptionPairs | None = None
+        self.train_position: dict = {}  # from a checkpoint: where its epoch stood (``ResumableLoader``)
 
     # -- building the splits -----------------------------------------------------------------------------
 
@@ -306,7 +329,7 @@ class CaptionDataModule(LightningDataModule):
             train_rows, val_rows = list(range(len(pairs["captions"]))), None
             val_pairs = read_pairs(self.val_path, h.image_column, h.caption_column, h.label_column)
         else:
-            train_rows, val_rows = split_indices(len(pairs["captions"]), h.val_fraction, self.seed)
+            train_rows, val_rows = split_by_image(pairs["images"], h.val_fraction, self.seed)
             val_pairs = {k: (None if v is None else [v[i] for i in val_rows]) for k, v in pairs.items()}
         train_pairs = {k: (None if v is None else [v[i] for i in train_rows]) for k, v in pairs.items()}
         self._fit_tokenizer(train_pairs["captions"])
@@ -334,16 +357,26 @@ class CaptionDataModule(LightningDataModule):
         prompts = [t.format(c) for c in self.class_names for t in self.templates]
         return self.class_names, self.encode(prompts)
 
+    # -- resuming ------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        position = training_position(self.trainer)
+        return {"train_position": position} if position else {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.train_position = state_dict.get("train_position", {})
+
     # -- loaders -------------------------------------------------------------------------------------------
 
     def _loader(self, dataset: Dataset, shuffle: bool = False, collate_fn=collate) -> DataLoader:
-        return DataLoader(
-            dataset, batch_size=self.batch_size, num_workers=self.num_workers, pin_memory=self.pin_memory,
-            sampler=EpochShuffle(len(dataset), self.seed) if shuffle else None, collate_fn=collate_fn,
+        loader = {"num_workers": self.num_workers, "pin_memory": self.pin_memory, "collate_fn": collate_fn,
+                  "persistent_workers": self.num_workers > 0}
+        if shuffle:
             # Training drops the last partial batch: a handful of pairs is a far easier contrastive task
             # than a full batch, and every rank must gather equal-sized feature blocks.
-            drop_last=shuffle, persistent_workers=self.num_workers > 0,
-        )
+            return training_loader(dataset, self.trainer, self.batch_size, EpochShuffle(len(dataset), self.seed),
+                                   drop_last=True, resume_at=self.train_position, **loader)
+        return DataLoader(dataset, batch_size=self.batch_size, **loader)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, shuffle=True)

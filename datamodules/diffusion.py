@@ -89,7 +89,15 @@ class DiffusionDataModule(LightningDataModule):
         if stage != "predict":
             self.images.setup(stage)
 
+    def state_dict(self) -> dict:
+        self.images.trainer = self.trainer  # the images' loader and position read the trainer's progress
+        return self.images.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.images.load_state_dict(state_dict)
+
     def train_dataloader(self) -> DataLoader:
+        self.images.trainer = self.trainer
         return self.images.train_dataloader()
 
     def val_dataloader(self) -> DataLoader:

@@ -28,7 +28,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from datamodules.base import EpochShuffle, not_found_message
+from datamodules.base import EpochShuffle, not_found_message, training_loader, training_position
 from datamodules.shakespeare import shakespeare_dir
 from datamodules.text_corpus import (
     auto_workers,
@@ -228,6 +228,7 @@ class TextDataModule(LightningDataModule):
         self.tokens: TokenFile | None = None  # the whole stream
         self.train_set: TokenWindows | None = None
         self.val_set: TokenWindows | None = None
+        self.train_position: dict = {}  # from a checkpoint: where its epoch stood (``ResumableLoader``)
 
     # -- corpus, tokenizer and token cache ----------------------------------------------------------------
 
@@ -313,9 +314,12 @@ class TextDataModule(LightningDataModule):
         self.val_set = TokenWindows(val, t, stride=t, eos_id=eos, limit=self.val_samples)
 
     def state_dict(self) -> dict:
-        return {"tokenizer": self.tokenizer.to_dict()} if self.tokenizer is not None else {}
+        position = training_position(self.trainer)  # where fit stood (``ResumableLoader``)
+        return ({"train_position": position} if position else {}) | (
+            {"tokenizer": self.tokenizer.to_dict()} if self.tokenizer is not None else {})
 
     def load_state_dict(self, state_dict: dict) -> None:
+        self.train_position = state_dict.get("train_position", {})
         if "tokenizer" not in state_dict:
             return
         restored = tokenizer_from_dict(state_dict["tokenizer"])
@@ -329,10 +333,10 @@ class TextDataModule(LightningDataModule):
     def _loader(self, dataset: TokenWindows | None, split: str, sampler: Sampler | None) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__} has no {split} split yet; call setup() first")
-        return DataLoader(
-            dataset, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers,
-            pin_memory=self.pin_memory, collate_fn=TokenWindows.collate_batch,
-        )
+        loader = {"num_workers": self.num_workers, "pin_memory": self.pin_memory, "collate_fn": TokenWindows.collate_batch}
+        if split == "train":
+            return training_loader(dataset, self.trainer, self.batch_size, sampler, resume_at=self.train_position, **loader)
+        return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, **loader)
 
     def train_dataloader(self) -> DataLoader:
         n = len(self.train_set or ())

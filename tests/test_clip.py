@@ -16,7 +16,7 @@ from conftest import ROOT
 from datamodules.captions import CaptionDataModule, read_pairs
 from zoo.clip import CLIP, ContrastiveModule, TextTransformer, VisionTransformer
 from zoo.clip.losses import infonce_loss, siglip_loss
-from zoo.clip.module import recall_at_k
+from zoo.clip.metrics import recall_at_k, retrieval_recall, zeroshot_accuracy, zeroshot_weights
 from zoo.cnn import ConvNet
 from zoo.layers.optim import AdamWCosine, param_groups
 from zoo.layers.tokenizers import ByteTokenizer, tokenize
@@ -164,6 +164,77 @@ def test_recall_counts_any_item_with_the_query_caption():
     assert recall_at_k(sim, torch.tensor([1, 1, 1]), groups, ks=(1,))[1].item() == pytest.approx(2 / 3)
 
 
+# Image x caption similarities, 3 images with 2 captions each (columns 0-1, 2-3, 4-5); no ties in a row or
+# column. Rank of the first hit, image -> text: image 0 at 2 (c2 first), image 1 at 1, image 2 at 5.
+# Text -> image, by column: c0 2, c1 2, c2 3, c3 1, c4 2, c5 1.
+SIM = torch.tensor([[0.80, 0.60, 0.90, 0.70, 0.50, 0.40],
+                    [0.10, 0.20, 0.30, 0.95, 0.05, 0.15],
+                    [0.85, 0.75, 0.65, 0.55, 0.35, 0.45]])
+IMAGE_OF = torch.tensor([0, 0, 1, 1, 2, 2])
+
+
+def _rows(sim: torch.Tensor, image_of: torch.Tensor, order: torch.Tensor):
+    """Per-row (image, text) features whose (unique image x caption) similarity is ``sim``, rows in ``order``."""
+    images = torch.eye(sim.shape[0])[image_of]  # one-hot: image i's features pick row i of sim
+    return images[order], sim.T[order], image_of[order]
+
+
+def test_recall_on_a_hand_built_matrix_counts_any_hit_in_the_top_k_both_ways():
+    order = torch.tensor([3, 0, 5, 1, 4, 2])  # rows arrive in any order
+    images, texts, image_ids = _rows(SIM, IMAGE_OF, order)
+    r = retrieval_recall(images, texts, image_ids + 10, torch.arange(6)[order], ks=(1, 2, 3, 5))
+    got = {k: round(v.item(), 4) for k, v in r.items()}
+    assert got == {"i2t_recall_1": round(1 / 3, 4), "i2t_recall_2": round(2 / 3, 4), "i2t_recall_3": round(2 / 3, 4),
+                   "i2t_recall_5": 1.0, "t2i_recall_1": round(2 / 6, 4), "t2i_recall_2": round(5 / 6, 4),
+                   "t2i_recall_3": 1.0, "t2i_recall_5": 1.0, "recall_1": round(1 / 3, 4)}
+
+
+def test_near_perfect_model_with_five_captions_per_image_recalls_everything():
+    torch.manual_seed(0)
+    n_images, per_image = 8, 5
+    image_feats = F.normalize(torch.randn(n_images, E), dim=-1)
+    image_of = torch.arange(n_images).repeat_interleave(per_image)  # COCO's layout: 5 caption rows per image
+    texts = F.normalize(image_feats[image_of] + 0.05 * torch.randn(len(image_of), E), dim=-1)
+    order = torch.randperm(len(image_of))
+    r = retrieval_recall(image_feats[image_of][order], texts[order], image_of[order], torch.arange(len(image_of)))
+    assert all(v.item() == 1.0 for v in r.values()), r  # one row per caption would score i2t recall@1 ~ 1/5
+
+
+def test_captions_of_the_same_text_count_for_every_image_that_carries_it():
+    # Rows 0 and 1 (images 0 and 1) are both "a red circle" (caption id 7); the shapes captions repeat so.
+    sim = torch.tensor([[0.2, 0.1, 0.9], [0.9, 0.8, 0.1], [0.1, 0.3, 0.0]])  # (images 0-2) x (rows 0-2)
+    images, texts, image_ids = _rows(sim, torch.tensor([0, 1, 2]), torch.arange(3))
+    r = retrieval_recall(images, texts, image_ids, torch.tensor([7, 7, 3]), ks=(1,))
+    # Row 0 finds image 1, which carries its text: a hit, as is row 1; row 2 finds image 0: a miss.
+    assert r["t2i_recall_1"].item() == pytest.approx(2 / 3)
+    # Image 1 finds row 0, its own text on another image: a hit; images 0 and 2 find the other text: misses.
+    assert r["i2t_recall_1"].item() == pytest.approx(1 / 3)
+
+
+def test_zeroshot_classes_are_renormalised_after_averaging_their_prompts():
+    # Class 0's two prompts disagree (their mean is short), class 1's agree: without the second
+    # normalisation the image, nearer class 0 in angle, would go to class 1 on length alone.
+    table = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.6, 0.8], [0.0, 0.6, 0.8]])
+
+    class Prompts:
+        def encode_text(self, ids):
+            return table[ids[:, 0]]
+
+    weights = zeroshot_weights(Prompts(), torch.arange(4)[:, None], num_classes=2)  # class-major prompts
+    torch.testing.assert_close(weights.norm(dim=-1), torch.ones(2))
+    image = F.normalize(torch.tensor([[0.6, 0.75, 0.55]]), dim=-1)
+    assert zeroshot_accuracy(image, torch.tensor([0]), weights)["zeroshot_acc"].item() == 1.0
+
+
+def test_top5_accuracy_only_with_more_than_five_classes():
+    five = zeroshot_accuracy(torch.eye(5)[[0, 1, 2]], torch.tensor([0, 1, 4]), torch.eye(5))
+    assert set(five) == {"zeroshot_acc"} and five["zeroshot_acc"].item() == pytest.approx(2 / 3)
+    # Class c scores 1 for image c and -0.01 c otherwise: image 2 ranks class 5 last and class 0 second.
+    weights = torch.eye(6) - 0.01 * torch.arange(6.0)[:, None]
+    six = zeroshot_accuracy(torch.eye(6)[[0, 1, 2, 2]], torch.tensor([0, 1, 5, 0]), weights)
+    assert six["zeroshot_acc"].item() == 0.5 and six["zeroshot_acc_top5"].item() == 0.75
+
+
 def test_tokenize_ends_with_end_of_text_and_pads_with_it():
     ids = tokenize(ByteTokenizer(), ["ab", "x" * 20], context_length=6)
     assert ids[0].tolist() == [97, 98, 256, 256, 256, 256]
@@ -216,6 +287,22 @@ def test_csv_jsonl_and_folder_sources_read_the_same_pairs(tmp_path):
     label_of = {str(tmp_path / "img" / f"{i}.png"): dm.class_names.index(lab) for i, lab in enumerate(labels)}
     assert batch["image"].shape == (2, 3, 16, 16) and batch["label"].tolist() == [label_of[p] for p in batch["path"]]
     assert len(next(iter(dm.train_dataloader()))["text"]) == 2  # 3 training pairs, the last partial batch dropped
+
+
+def test_five_captions_per_image_share_an_image_id_and_a_split(tmp_path):
+    _write_images(tmp_path / "img", 6)
+    rows = "".join(f"img/{i}.png,caption {c} of image {i}\n" for c in range(5) for i in range(6))  # images interleaved
+    (tmp_path / "coco.csv").write_text("image,caption\n" + rows)
+    dm = CaptionDataModule(path=str(tmp_path / "coco.csv"), image_size=16, context_length=24, val_fraction=0.34,
+                           batch_size=30)
+    dm.setup()
+    train, val = (set(map(str, d.images)) for d in (dm.train_set, dm.val_set))
+    assert len(val) == 2 and len(train) == 4 and not train & val  # whole images held out ...
+    assert len(dm.val_set) == 10 and len(dm.train_set) == 20  # ... with all five captions each
+    batch = next(iter(dm.val_dataloader()))
+    image_of = dict(zip(batch["path"], batch["image_id"].tolist()))
+    assert len(set(image_of.values())) == 2 and all((batch["image_id"] == image_of[p]).sum() == 5 for p in image_of)
+    assert len(set(batch["caption_id"].tolist())) == 10
 
 
 def test_missing_caption_file_fails_at_setup_naming_the_flag():

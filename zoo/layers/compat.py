@@ -34,6 +34,18 @@ def batches_that_stepped(trainer: pl.Trainer) -> int:
     return trainer.fit_loop.epoch_loop._batches_that_stepped
 
 
+def batches_trained_in_epoch(trainer: pl.Trainer) -> int:
+    """Training batches of the current epoch whose step has run, not counting one only fetched or in progress.
+
+    A resumable DataLoader saves this as its position (``datamodules.base.ResumableLoader``). Lightning restarts
+    its own count from the same tracker of its epoch loop, which it keeps internal; ``global_step`` counts
+    optimizer steps across epochs (several per batch under manual optimisation, one per several batches
+    under gradient accumulation), and the loader's own count of batches handed out includes one interrupted
+    inside its training step.
+    """
+    return trainer.fit_loop.epoch_loop.batch_progress.current.processed
+
+
 def trainer_of(module: pl.LightningModule) -> pl.Trainer | None:
     """The module's trainer, or None when it is not attached (the public property raises instead)."""
     try:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.optim.lr_scheduler import LambdaLR
 
 _NORMS = (  # the lazy and sync variants subclass these
@@ -59,23 +60,61 @@ def use_fused(params: list[torch.Tensor]) -> bool:
     return devices == {"cpu"} and not any(isinstance(p, DTensor) for p in params)
 
 
+class WarmupCosine(LambdaLR):
+    """Linear warmup from 0 to the base LR, then cosine decay to ``min_lr_ratio`` x base LR by ``total_steps``.
+
+    Stepped per optimizer step (Loshchilov & Hutter 2017, SGDR; warmup as in Goyal et al. 2017). The horizon
+    is saved with the scheduler's state. Resumed with another one (``max_epochs``/``max_steps`` extended, or
+    the warmup, floor or base LR changed), the schedule is rebuilt deliberately for the new settings at the
+    step reached, as if this run had been started with them, the learning rate jumps to that curve (a warm
+    restart), and a warning names both: such a run cannot equal one started with the new settings, whose
+    first part decayed over the longer horizon.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.1):
+        self.warmup_steps = max(0, int(warmup_steps))
+        self.total_steps = max(int(total_steps), self.warmup_steps + 1)
+        self.min_lr_ratio = float(min_lr_ratio)
+        super().__init__(optimizer, lambda step: self.factor(step))  # a function: LambdaLR saves no state for it
+
+    def factor(self, step: int) -> float:
+        """The learning rate at optimizer step ``step`` as a fraction of the base LR."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
+        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    def _settings(self) -> dict:
+        return {"total_steps": self.total_steps, "warmup_steps": self.warmup_steps,
+                "min_lr_ratio": self.min_lr_ratio, "base_lrs": list(self.base_lrs)}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        planned = self._settings()  # this run's, from its config and trainer
+        super().load_state_dict(state_dict)  # the step reached, and the checkpoint's settings
+        stored = {k: state_dict.get(k) for k in planned}
+        changed = {k: (stored[k], v) for k, v in planned.items() if stored[k] is not None and stored[k] != v}
+        self.__dict__.update(planned)
+        if not changed:
+            return
+        groups = self.optimizer.param_groups
+        before = groups[0]["lr"]  # restored with the optimizer: the old curve's value
+        for group, base in zip(groups, self.base_lrs):
+            group["lr"] = base * self.factor(self.last_epoch)
+        what = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items())
+        rank_zero_warn(
+            f"Resuming with another learning-rate schedule than the checkpoint's ({what}): the warmup-cosine is "
+            f"rebuilt for this run's settings at step {self.last_epoch}, so the learning rate moves from {before:.4g} "
+            f"to {groups[0]['lr']:.4g}. From here on it follows the new schedule, but the run will not equal one "
+            "started with these settings. Resume with the checkpoint's max_epochs/max_steps to continue exactly.",
+            category=UserWarning,
+        )
+
+
 def warmup_cosine(
     optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.1
-) -> LambdaLR:
-    """Linear warmup from 0 to the base LR, then cosine decay to ``min_lr_ratio`` x base LR.
-
-    Stepped per optimizer step (Loshchilov & Hutter 2017, SGDR; warmup as in Goyal et al. 2017).
-    """
-    warmup_steps = max(0, int(warmup_steps))
-    total_steps = max(int(total_steps), warmup_steps + 1)
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
-        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return LambdaLR(optimizer, factor)
+) -> WarmupCosine:
+    """``WarmupCosine`` of ``optimizer``: linear warmup, then cosine decay to ``min_lr_ratio`` x the base LR."""
+    return WarmupCosine(optimizer, warmup_steps, total_steps, min_lr_ratio)
 
 
 def adamw_warmup_cosine(
