@@ -228,10 +228,11 @@ def bad_input(err: BaseException) -> BaseException | None:
     optional package such as Box2D) and its fix, if any."""
     from gymnasium.error import DependencyNotInstalled
 
+    from zoo.layers.errors import InputError
     from zoo.layers.weights import CheckpointError
 
     while err is not None:
-        if isinstance(err, (FileNotFoundError, NotADirectoryError, CheckpointError, DependencyNotInstalled)):
+        if isinstance(err, (FileNotFoundError, NotADirectoryError, CheckpointError, InputError, DependencyNotInstalled)):
             return err
         # models:/<name>@<alias> or a version that the registry does not have: the message names it
         if getattr(err, "error_code", None) == "RESOURCE_DOES_NOT_EXIST":

@@ -40,6 +40,7 @@ from datamodules.text_corpus import (
     training_text,
     write_json_atomic,
 )
+from zoo.layers.errors import InputError
 from zoo.layers.tokenizers import (
     BPETokenizer,
     ByteTokenizer,
@@ -309,9 +310,24 @@ class TextDataModule(LightningDataModule):
         split = int(len(tokens) * (1 - self.val_fraction))
         train = TokenFile(tokens.path, tokens.dtype, 0, split)
         val = TokenFile(tokens.path, tokens.dtype, split, len(tokens))
+        self._check_split_sizes(len(train), len(val))
         eos, t = self.tokenizer.eos_id, self.block_size
         self.train_set = TokenWindows(train, t, stride=1 if self.sampling == "random" else t, eos_id=eos)
         self.val_set = TokenWindows(val, t, stride=t, eos_id=eos, limit=self.val_samples)
+
+    def _check_split_sizes(self, n_train: int, n_val: int) -> None:
+        """A split under 2 tokens holds no (input, target) pair: fitting on it would run with an empty loader and
+        exit 0 having learnt nothing, or validate on nothing."""
+        small = [(name, n) for name, n, wanted in (("training", n_train, True), ("validation", n_val, self.val_fraction > 0))
+                 if wanted and n < 2]
+        if small:
+            sizes = ", ".join(f"{n} for {name}" for name, n in small)
+            fix = " or --data.init_args.val_fraction 0 to train without validation" if small[-1][0] == "validation" else ""
+            raise InputError(
+                f"{[str(f) for f in self._files()]} hold {n_train + n_val} tokens: {sizes} (val_fraction="
+                f"{self.val_fraction}), fewer than the 2 tokens one prediction needs. Give more text (several "
+                f"blocks of block_size={self.block_size} tokens){fix}."
+            )
 
     def state_dict(self) -> dict:
         position = training_position(self.trainer)  # where fit stood (``ResumableLoader``)

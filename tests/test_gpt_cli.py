@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, ROOT, cli, output
+from conftest import CONFIGS, ROOT, cli, output, run_cli
 from mlflow.tracking import MlflowClient
 
 from zoo.gpt import CausalLMModule
@@ -153,3 +153,19 @@ def test_char_config_learns_well_below_the_unigram_entropy():
     entropy = c.datamodule.unigram_entropy()
     assert entropy == pytest.approx(3.33, abs=0.01)
     assert c.trainer.callback_metrics["val/loss"].item() < entropy - 0.5
+
+
+@pytest.mark.parametrize("text, short", [("ab", "validation"), ("abcdefghijklmnopqrstuvwxyz" * 4, None)])
+def test_a_corpus_too_small_for_a_validation_window_fails_before_training_naming_the_file(tmp_path, text, short):
+    corpus = tmp_path / "tiny.txt"
+    corpus.write_text(text)
+    proc = run_cli("fit", "--config", str(CONFIGS / "gpt" / "gpt_tiny.yaml"), f"--data.init_args.path={corpus}",
+                   f"--data.init_args.root={tmp_path / 'data'}", "--trainer.max_steps=2", "--trainer.logger=false",
+                   f"--trainer.default_root_dir={tmp_path}", timeout=300)
+    if short is None:  # 104 bytes: one window for validation, so it trains
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and len(errors) == 1, proc.stderr[-3000:]
+    assert str(corpus) in errors[0] and short in errors[0] and "val_fraction" in errors[0], errors[0]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
