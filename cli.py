@@ -230,9 +230,11 @@ def bad_input(err: BaseException) -> BaseException | None:
 
     from zoo.layers.errors import InputError
     from zoo.layers.weights import CheckpointError
+    from zoo.tracking import TrackingServerUnreachable
 
     while err is not None:
-        if isinstance(err, (FileNotFoundError, NotADirectoryError, CheckpointError, InputError, DependencyNotInstalled)):
+        if isinstance(err, (FileNotFoundError, NotADirectoryError, CheckpointError, InputError, DependencyNotInstalled,
+                            TrackingServerUnreachable)):
             return err
         # models:/<name>@<alias> or a version that the registry does not have: the message names it
         if getattr(err, "error_code", None) == "RESOURCE_DOES_NOT_EXIST":
