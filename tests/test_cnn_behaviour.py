@@ -27,13 +27,13 @@ K = 7
 class TinyImages(LightningDataModule):
     """48 random 3x8x8 images with K labels, the same 48 for every split, in fixed order."""
 
-    def __init__(self, n: int = 48, batch_size: int = 16) -> None:
+    def __init__(self, n: int = 48, batch_size: int = 16, k: int = K) -> None:
         super().__init__()
         g = torch.Generator().manual_seed(0)
         self.x = torch.randn(n, 3, 8, 8, generator=g)
-        self.y = torch.randint(0, K, (n,), generator=g)
+        self.y = torch.randint(0, k, (n,), generator=g)
         self.batch_size = batch_size
-        self.num_classes, self.class_names, self.image_shape = K, [f"c{k}" for k in range(K)], (3, 8, 8)
+        self.num_classes, self.class_names, self.image_shape = k, [f"c{c}" for c in range(k)], (3, 8, 8)
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(TensorDataset(self.x, self.y), batch_size=self.batch_size)
@@ -79,6 +79,14 @@ def test_num_classes_comes_from_the_data():
     assert m.net.head.out_features == K and m.net.num_classes == K
     assert m.val_metrics["acc"].num_classes == K and m.test_confusion.num_classes == K
     assert m.inputs["class_names"] == [f"c{k}" for k in range(K)] and m.inputs["image_shape"] == [3, 8, 8]
+
+
+@pytest.mark.parametrize("k", [5, 6])
+def test_top5_accuracy_is_logged_only_when_it_can_miss(k):
+    # With 5 classes or fewer every label is among the top 5: a constant 1.0 on the dashboard, never logged.
+    m = module(num_classes=k)
+    got = trainer().validate(m, datamodule=TinyImages(k=k), verbose=False)[0]
+    assert "val/acc" in got and ("val/acc_top5" in got) == (k > 5), got
 
 
 def reference_metrics(net: torch.nn.Module, dm: TinyImages, eps: float) -> dict[str, float]:

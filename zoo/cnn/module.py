@@ -72,9 +72,10 @@ class ClassifierModule(WeightsOnlyLoading, LightningModule):
         self._compiled = None  # set by configure_model; kept off the module tree (no "_orig_mod." keys)
 
     def _build_metrics(self, k: int) -> None:
-        metrics = MetricCollection(
-            {"acc": MulticlassAccuracy(k, average="micro"), "acc_top5": MulticlassAccuracy(k, top_k=min(5, k), average="micro")}
-        )
+        metrics = {"acc": MulticlassAccuracy(k, average="micro")}
+        if k > 5:  # with 5 classes or fewer every label is in the top 5: a constant 1.0 says nothing
+            metrics["acc_top5"] = MulticlassAccuracy(k, top_k=5, average="micro")
+        metrics = MetricCollection(metrics)
         self.val_metrics = metrics.clone(prefix="val/")
         self.test_metrics = metrics.clone(prefix="test/")
         self.test_confusion = MulticlassConfusionMatrix(k)
