@@ -39,6 +39,8 @@ def run_denoiser(net, config: dict) -> None:
     s, c = net.image_size, net.in_channels
     y = torch.tensor([0, 1]) if net.num_classes else None
     net(torch.randn(2, c, s, s), torch.tensor([3, 700]), y).square().mean().backward()
+    with torch.no_grad():  # sampling: the UNet's channels-last activations
+        net(torch.randn(2, c, s, s), torch.tensor([3, 700]), y)
 
 
 def run_clip(net, config: dict) -> None:

@@ -171,3 +171,21 @@ def test_sampling_runs_the_net_in_eval_mode_and_restores_the_mode():
     assert module.training and net.training
     torch.manual_seed(1)  # another global RNG state: dropout would draw other masks
     torch.testing.assert_close(module.sample(2, Sampling(steps=5), seed=3), first)
+
+
+SMALL_UNET = dict(in_channels=3, image_size=8, base_channels=8, channel_mults=(1, 2), num_res_blocks=1,
+                  attention_resolutions=(4,), norm_groups=4, dropout=0.0, num_classes=2)
+
+
+def test_channels_last_sampling_gives_the_default_layouts_images_and_training_keeps_weight_gradient_strides():
+    torch.manual_seed(0)
+    net, plain = UNet(**SMALL_UNET), UNet(**SMALL_UNET, channels_last=False)
+    plain.load_state_dict(net.state_dict())
+    torch.nn.init.normal_(net.conv_out.weight), plain.conv_out.weight.data.copy_(net.conv_out.weight)
+    x, t, y = torch.randn(3, 3, 8, 8), torch.tensor([1, 500, 999]), torch.tensor([0, 1, 2])
+    with torch.no_grad():
+        fast, want = net(x, t, y), plain(x, t, y)
+    assert fast.is_contiguous() and torch.allclose(fast, want, atol=1e-5), (fast - want).abs().max()
+    net(x, t, y).square().mean().backward()  # training: every weight gradient has its weight's strides
+    assert all(p.grad.stride() == p.stride() for p in net.parameters() if p.grad is not None)
+

