@@ -3,6 +3,8 @@ observations flattened by gymnasium's wrapper, MultiDiscrete actions; all throug
 
 from __future__ import annotations
 
+import importlib.util
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -110,3 +112,21 @@ def test_multidiscrete_env_needs_the_nvec():
 def test_actor_critic_rejects_an_nvec_that_does_not_sum_to_action_dim():
     with pytest.raises(ValueError, match="action_dim=5"):
         ActorCritic(5, 4, action_nvec=[3, 2])
+
+
+# The presets whose simulators come with the `rl` extra (pip install -c constraints.txt -e ".[rl]"); CI installs
+# only `test`, so there they skip and name the extra.
+PRESETS = [("ppo_lunarlander.yaml", "Box2D", 8, 4, 16), ("ppo_hopper.yaml", "mujoco", 11, 3, 1)]
+
+
+@pytest.mark.parametrize(("config", "module", "obs_dim", "action_dim", "num_envs"), PRESETS)
+def test_rl_extra_presets_run_a_rollout_through_the_cli(config, module, obs_dim, action_dim, num_envs):
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} comes with the rl extra: pip install -c constraints.txt -e '.[rl]'")
+    # The preset as written, one shortened rollout (32 steps per env) and 2 evaluation episodes.
+    c = cli("fit", "--config", str(CONFIGS / "rl" / config), *QUIET, "--trainer.fast_dev_run=1",
+            "--model.init_args.num_steps=32", "--data.init_args.eval_episodes=2", "--data.init_args.eval_envs=2")
+    net = c.model.net
+    assert (net.obs_dim, net.action_dim, net.continuous) == (obs_dim, action_dim, module == "mujoco")
+    assert int(c.model.env_steps) == 32 * num_envs
+    assert torch.isfinite(c.trainer.callback_metrics["val/return"])
