@@ -18,7 +18,7 @@ shared machine's load spreads over both. Both use one intra-op thread. The summa
 interquartile range over all seeds, a seed that never reaches the target ranking last; the race needs at
 least 10 seeds to rank anything (three spread 6k-43k env steps):
 
-    python bench/rl.py --only cartpole --seeds 0 1 2 3 4 5 6 7 8 9   # ~10 min on 2 idle cores, SB3 installed
+    python bench/rl.py --only cartpole --seeds 0 1 2 3 4 5 6 7 8 9   # ~3 min on 2 busy cores, SB3 installed
 
 On a CPU-only machine with a CUDA build of PyTorch, Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK=1, which
 makes every Adam step probe NVML (~0.2-0.3 ms, as long as a PPO minibatch update); with ``--device cpu``
