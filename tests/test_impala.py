@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import CONFIGS, cli, output
+from rl_baselines import BaselineReturns
 from lightning.pytorch import Callback
 
 from datamodules import GymDataModule
@@ -362,7 +363,8 @@ def test_cartpole_learns_far_above_random():
     # decays by then, so the test keeps it constant rather than annealing it over the shorter budget). The
     # actors' timing makes runs differ even with one seed: six of seed 0 reached 390-500.
     c = cli("fit", "--config", CARTPOLE, "--model.init_args.total_env_steps=61440", "--model.init_args.anneal_lr=false",
-            *QUIET)
+            *QUIET, "--trainer.callbacks+=rl_baselines.BaselineReturns")
     assert int(c.model.env_steps) == 61440
+    assert BaselineReturns.untrained < 50 and BaselineReturns.random < 50  # far below: reaching 200 is learning
     assert c.trainer.checkpoint_callback.best_model_score.item() >= 200
     assert c.model.actors is None
