@@ -1,5 +1,6 @@
 """One agent on 2 processes (DDP over gloo, CPU, in a subprocess: DDP relaunches its script): each rank steps
-envs of its own, and the env-step counter, the budget, the statistics and the evaluation are global."""
+envs of its own (IMPALA: actor processes of its own), and the env-step counter, the budget, the statistics and the
+evaluation are global."""
 
 from __future__ import annotations
 
@@ -56,6 +57,18 @@ def test_sac_on_two_ranks_collects_twice_the_data_and_counts_it():
     assert not torch.isclose(r0["first"], r1["first"]).all(-1).any()
     for r in (r0, r1):
         assert r["env_steps"] == 800 and r["logged"] == 800
+
+
+def test_impala_on_two_ranks_collects_twice_the_data_and_counts_it():
+    # Each rank's learner runs 2 actor processes of its own (6 processes in all): their envs are seeded after the
+    # other rank's (train_seed), so the first unrolls differ and no env starts where one of the other rank's does.
+    r0, r1 = _fit_on_two_ranks("impala_tiny.yaml")
+    assert r0["first"].shape == r1["first"].shape == (17, 8, 4)  # T + 1 observations of 2 unrolls x 4 envs
+    assert not torch.isclose(r0["first"][0][:, None], r1["first"][0][None]).all(-1).any()
+    # The 1024-step budget counts both ranks: 128 env steps per learner step and rank, so 4 steps, not 8.
+    for r in (r0, r1):
+        assert r["world_size"] == 2 and r["env_steps"] == 1024 and r["logged"] == 1024 and r["global_step"] == 4
+    assert r0["val_return"] == r1["val_return"] and r0["val_env_steps"] == 1024
 
 
 def _cartpoles(n: int) -> gym.vector.VectorEnv:

@@ -1,7 +1,7 @@
 """Fit an agent through ``cli.py`` (under DDP, on 2 processes), then save what each rank collected and counted.
 
 Usage: python rl_ranks.py <cli.py fit arguments>. Each rank writes ``rank<k>.pt``: the first training step's data
-(a rollout's raw observations, or the replay rows), the env-step counter and the logged ``train/env_steps``.
+(a rollout's raw observations, the replay rows, or IMPALA's first unrolls), the env-step counter and the logged ``train/env_steps``.
 Launched as a subprocess by tests/test_rl_ddp.py: DDP re-runs this script for rank 1, which would re-run pytest
 if the fit happened inside the pytest process. A deadlock (a collective only one rank calls) ends the process
 with every thread's stack on stderr instead of hanging the test.
@@ -23,8 +23,21 @@ class RecordRanks(Callback):
 
     first: torch.Tensor | None = None
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        pool = pl_module.collector
+        if batch_idx == 0 and hasattr(pool, "take"):  # IMPALA: the observations of the first unrolls the learner takes
+            take = pool.take
+
+            def recorded(*args, **kwargs):
+                traj = take(*args, **kwargs)
+                if RecordRanks.first is None:
+                    RecordRanks.first = traj.obs.clone()
+                return traj
+
+            pool.take = recorded
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if batch_idx == 0:
+        if batch_idx == 0 and RecordRanks.first is None:
             collector = pl_module.collector
             if hasattr(collector, "raw_obs"):  # on-policy: the rollout's observations (T, N, O)
                 RecordRanks.first = collector.raw_obs.clone()
@@ -37,7 +50,8 @@ class RecordRanks(Callback):
             "logged": float(trainer.logged_metrics["train/env_steps"]),
             "val_return": float(trainer.callback_metrics["val/return"]),
             "val_env_steps": float(trainer.callback_metrics["val/env_steps"]),
-            "obs_mean": pl_module.obs_rms.mean.clone(), "world_size": trainer.world_size,
+            "obs_mean": pl_module.obs_rms.mean.clone() if hasattr(pl_module, "obs_rms") else None,
+            "world_size": trainer.world_size, "global_step": trainer.global_step,
         }, f"rank{trainer.global_rank}.pt")
 
 
