@@ -243,6 +243,15 @@ def bad_input(err: BaseException) -> BaseException | None:
     return None
 
 
+def install_hint(err: BaseException) -> str:
+    """The zoo's own extra for an environment package gymnasium says is missing (its wheels need no compiler)."""
+    from gymnasium.error import DependencyNotInstalled
+
+    if isinstance(err, DependencyNotInstalled):
+        return '; or install the zoo\'s rl extra, which has Box2D and MuJoCo wheels: pip install -e ".[rl]"'
+    return ""
+
+
 def run() -> None:
     """``main()`` for a person at a terminal: a missing dataset or file is one line and its fix."""
     if "--verbose" in sys.argv:
@@ -254,7 +263,8 @@ def run() -> None:
         cause = bad_input(err)
         if cause is None or os.environ.get(VERBOSE_ENV):
             raise
-        print(f"error: {cause}\n(the full traceback: rerun with --verbose or {VERBOSE_ENV}=1)", file=sys.stderr)
+        print(f"error: {cause}{install_hint(cause)}\n(the full traceback: rerun with --verbose or {VERBOSE_ENV}=1)",
+              file=sys.stderr)
         sys.exit(1)
 
 

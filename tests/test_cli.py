@@ -128,6 +128,7 @@ def test_missing_environment_package_is_one_line_naming_the_install():
     proc = run_cli("fit", "--config", str(CONFIGS / "rl" / "ppo_lunarlander.yaml"), timeout=180)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 1 and len(errors) == 1 and "box2d" in errors[0].lower(), proc.stderr[-2000:]
+    assert '".[rl]"' in errors[0], errors[0]  # the zoo's extra, whose wheels need no swig
     # Nor does the exception checkpoint's save announce a "weights_only" default that reads like a load.
     assert "Traceback" not in proc.stderr and "weights_only" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
 
