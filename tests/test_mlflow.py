@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -12,9 +14,19 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import CONFIGS, ROOT, cli, free_port, run_cli, start_mlflow_server, stop_server
+from lightning.pytorch import Callback
 from mlflow.tracking import MlflowClient
 
+from zoo.tracking import store_uri
+
 TINY = str(CONFIGS / "cnn" / "convnet_digits.yaml")
+
+
+class RaiseAtSetup(Callback):
+    """A run that fails before training: its MLflow run exists, no optimizer step was taken."""
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        raise RuntimeError("boom")
 
 
 def _artifacts(client: MlflowClient, run_id: str, path: str | None = None) -> list[str]:
@@ -129,3 +141,60 @@ def test_server_dying_mid_run_keeps_local_checkpoints(tmp_path):
     last = next(Path("runs").glob("**/last.ckpt"))
     ckpt = torch.load(last, weights_only=True)
     assert ckpt["epoch"] == 5, out[-3000:]  # checkpoints kept coming after the server died
+
+
+def _start_fit(*args: str) -> subprocess.Popen:
+    """``python cli.py fit`` on the tiny config in the background, into the working directory's default store."""
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "cli.py"), "fit", "--config", TINY, *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**env, "PYTHONPATH": str(ROOT)},
+    )
+
+
+def test_runs_started_together_on_a_fresh_store_all_succeed(embedded_store):
+    # MLflow creates a sqlite schema without a lock: 2 of 3 such runs crashed ("table experiments already exists").
+    fits = [_start_fit("--trainer.max_steps=1", "--trainer.limit_val_batches=1") for _ in range(3)]
+    outs = [f.communicate(timeout=600)[0] for f in fits]
+    for fit, out in zip(fits, outs):
+        assert fit.returncode == 0, out[-3000:]
+    runs = MlflowClient(store_uri()).search_runs([e.experiment_id for e in MlflowClient(store_uri()).search_experiments()])
+    assert sorted(r.info.status for r in runs) == ["FINISHED"] * 3
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_run_stopped_by_a_signal_ends_killed(embedded_store, sig):
+    fit = _start_fit("--trainer.max_epochs=1000")
+    deadline = time.monotonic() + 300
+    while not list(Path("runs").glob("**/last.ckpt")) and fit.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # training has started: Lightning's SIGTERM handler is in place
+    fit.send_signal(sig)
+    out, _ = fit.communicate(timeout=300)
+    client = MlflowClient(store_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("zoo").experiment_id])
+    assert run.info.status == "KILLED", out[-3000:]
+
+
+def test_run_that_raises_ends_failed_without_an_exception_checkpoint(embedded_store):
+    with pytest.raises(RuntimeError, match="boom"):
+        cli("fit", "--config", TINY, "--trainer.callbacks+=test_mlflow.RaiseAtSetup")
+    client = MlflowClient(store_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("zoo").experiment_id])
+    assert run.info.status == "FAILED"
+
+
+def test_running_runs_of_dead_processes_are_marked_killed_at_the_next_start(embedded_store):
+    from zoo.tracking import HOST_TAG, PID_TAG
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # reaped: its pid names no process now
+    client = MlflowClient(store_uri())
+    experiment = client.create_experiment("zoo")
+    here, elsewhere = socket.gethostname(), "another-host-" + socket.gethostname()
+    runs = {
+        name: client.create_run(experiment, tags={PID_TAG: str(pid), HOST_TAG: host}).info.run_id
+        for name, pid, host in [("killed", dead.pid, here), ("alive", os.getpid(), here), ("elsewhere", dead.pid, elsewhere)]
+    }
+    cli("fit", "--config", TINY, "--trainer.max_steps=1", "--trainer.limit_val_batches=1")
+    status = {name: client.get_run(run_id).info.status for name, run_id in runs.items()}
+    assert status == {"killed": "KILLED", "alive": "RUNNING", "elsewhere": "RUNNING"}

@@ -7,21 +7,29 @@ it, so the zoo's logger defaults to MLflow's embedded store ``sqlite:///mlflow.d
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlparse
 
 import yaml
+from filelock import FileLock
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from zoo.registry import load_model  # noqa: F401  zoo.tracking.load_model("models:/<name>@<alias>")
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
@@ -90,26 +98,42 @@ class ZooMLFlowLogger(MLFlowLogger):
         tracking_uri = store_uri(tracking_uri)
         if check_server:
             check_reachable(tracking_uri)
-        super().__init__(
-            experiment_name=experiment_name,
-            run_name=run_name,
-            tracking_uri=tracking_uri,
-            tags=tags,
-            log_model=log_model,
-            prefix=prefix,
-            artifact_location=artifact_location,
-            run_id=run_id,
-            synchronous=synchronous,
-        )
+        with store_lock(tracking_uri):  # MLflow's client opens the store, creating or migrating its schema, right here
+            super().__init__(
+                experiment_name=experiment_name,
+                run_name=run_name,
+                tracking_uri=tracking_uri,
+                # Where the run's process lives, so that a later start can tell a killed run from a live one.
+                tags={**(tags or {}), PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname()},
+                log_model=log_model,
+                prefix=prefix,
+                artifact_location=artifact_location,
+                run_id=run_id,
+                synchronous=synchronous,
+            )
         self.tracking_uri, self.experiment_name = tracking_uri, experiment_name
         self.checkpoint_dir: str | None = None  # where the checkpoints this run logs are, for the warning below
         self.registered_model_name, self.logs_model = registered_model_name, bool(log_model)
+        self.opened = False  # whether the run (and its experiment, if new) was created, under the store's lock
 
     def log_trained_model(self, ckpt_path: str) -> str:
         """Log ``ckpt_path``'s module as this run's MLflow model (``zoo.registry``), registered if asked; says where."""
         from zoo.registry import log_checkpoint_model
 
         return log_checkpoint_model(ckpt_path, self.experiment, self.run_id, self.registered_model_name)
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> MlflowClient:
+        if self.opened:
+            return super().experiment
+        from mlflow.tracking import MlflowClient
+
+        mark_dead_runs_killed(MlflowClient(self.tracking_uri))
+        with store_lock(self.tracking_uri):  # two runs that both find no experiment would both create it
+            client = super().experiment
+        self.opened = True
+        return client
 
     def after_save_checkpoint(self, checkpoint_callback) -> None:
         self.checkpoint_dir = checkpoint_callback.dirpath
@@ -118,6 +142,10 @@ class ZooMLFlowLogger(MLFlowLogger):
     def finalize(self, status: str = "success") -> None:
         from mlflow.exceptions import MlflowException
 
+        if status == "failed" and isinstance(sys.exc_info()[1], (SIGTERMException, KeyboardInterrupt)):
+            # Lightning finalizes every way a run stops early as "failed": SIGTERM (its handler raises
+            # SIGTERMException) and Ctrl-C were stopped from outside, which MLflow calls KILLED.
+            status = "KILLED"
         try:
             # set_terminated, inside, drains the async queue of this run before closing it
             # (MlflowClient.set_terminated -> store.shut_down_async_logging); a separate
@@ -131,6 +159,60 @@ class ZooMLFlowLogger(MLFlowLogger):
                 f"{str(err).splitlines()[0][:300]}. Metrics or checkpoint artifacts may be missing from "
                 f"the run.{where}"
             )
+
+
+def store_lock(tracking_uri: str) -> contextlib.AbstractContextManager:
+    """A lock on a sqlite store, held while a process opens the store or creates an experiment in it.
+
+    MLflow creates and migrates a sqlite schema on first use without a lock: three runs started together in a
+    fresh folder crashed in two ("table experiments already exists", "duplicate column name: step"), and two
+    that both found no experiment would both create it. With a file lock beside the database (``<db>.lock``,
+    fcntl on POSIX, through ``filelock``) the first run does it and the others find it done. Servers serialise
+    their own writes: no lock for them.
+    """
+    path = _sqlite_path(tracking_uri)
+    return FileLock(f"{path}.lock") if path else contextlib.nullcontext()
+
+
+def _sqlite_path(tracking_uri: str) -> str | None:
+    """The database file of a ``sqlite:///<path>`` URI (None for other stores and in-memory databases)."""
+    path = tracking_uri.removeprefix("sqlite:///") if tracking_uri.startswith("sqlite:///") else None
+    return path if path and not path.startswith(":memory:") else None
+
+
+PID_TAG, HOST_TAG = "zoo.pid", "zoo.host"
+
+
+def mark_dead_runs_killed(client: MlflowClient) -> list[str]:
+    """End as KILLED the runs still RUNNING whose process, on this host, is gone (kill -9, the OOM killer, a
+    power loss: no handler ran); returns their ids. A process on another host cannot be checked, so its runs
+    stay; a pid the system has since given to another process keeps its run RUNNING (the safe side)."""
+    from mlflow.exceptions import MlflowException
+
+    host, killed = socket.gethostname(), []
+    try:
+        experiments = [e.experiment_id for e in client.search_experiments()]
+        where = f"attributes.status = 'RUNNING' and tags.`{HOST_TAG}` = '{host}'"
+        for run in client.search_runs(experiments, where, max_results=1000) if experiments else []:
+            pid = run.data.tags.get(PID_TAG, "")
+            if pid.isdigit() and not _process_alive(int(pid)):
+                client.set_terminated(run.info.run_id, "KILLED")
+                killed.append(run.info.run_id)
+    except MlflowException as err:  # housekeeping of other runs: never the reason this one fails
+        rank_zero_warn(f"Could not check {client.tracking_uri} for killed runs: {str(err).splitlines()[0][:300]}")
+    return killed
+
+
+def _process_alive(pid: int) -> bool:
+    if os.name == "nt":  # Windows' os.kill terminates the process for any signal but the console events
+        return True
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's
+        return True
+    return True
 
 
 def store_uri(tracking_uri: str | None = None) -> str:
