@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -20,6 +21,7 @@ from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, OnException
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from zoo.layers.checkpoint import WeightsOnlyCheckpointIO, WeightsOnlyLoading, reconcile
 from zoo.layers.compat import CheckpointHyperparametersLeftToCaller
@@ -29,13 +31,13 @@ from zoo.registry import (SUBCOMMANDS_WITH_A_MODEL, is_mlflow_uri, resolve_check
                           with_checkpoint_config)
 from zoo.tracking import LogConfigToMLflow, default_run_name, mlflow_loggers, nest_under_training_run, new_run_dir
 
-EXCEPTION_DIR = "runs/on_exception"  # moved into the run's own folder at fit start
+EXCEPTION_DIR = "runs/on_exception"  # moved into the run's own folder at fit start (evaluations write none)
 DEFAULT_CALLBACKS = [
     {"class_path": "callbacks.MonitoredCheckpoint"},
     {"class_path": "lightning.pytorch.callbacks.LearningRateMonitor", "init_args": {"logging_interval": "step"}},
     {"class_path": "callbacks.GradNormMonitor"},
     {"class_path": "callbacks.PrecisionMonitor"},
-    {"class_path": "lightning.pytorch.callbacks.OnExceptionCheckpoint", "init_args": {"dirpath": EXCEPTION_DIR}},
+    {"class_path": "callbacks.CheckpointOnException", "init_args": {"dirpath": EXCEPTION_DIR}},
     {"class_path": "callbacks.WritePredictions"},
     {"class_path": "callbacks.ProgressBar"},
     {"class_path": "callbacks.ModelSummary"},
@@ -259,6 +261,8 @@ def run() -> None:
         os.environ[VERBOSE_ENV] = "1"
     try:
         main()
+    except SIGTERMException:  # Lightning stops at the next step and exits 0; a job script must see the kill
+        sys.exit(128 + signal.SIGTERM)
     except Exception as err:
         cause = bad_input(err)
         if cause is None or os.environ.get(VERBOSE_ENV):

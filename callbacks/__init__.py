@@ -1,6 +1,6 @@
 """Callbacks shared by every family: monitors, checkpointing, prediction writing, progress."""
 
-from callbacks.checkpoint import MonitoredCheckpoint
+from callbacks.checkpoint import CheckpointOnException, MonitoredCheckpoint
 from callbacks.fid import FrechetInceptionDistance
 from callbacks.frechet import FrechetDistance
 from callbacks.image_samples import LogImageSamples
@@ -10,5 +10,5 @@ from callbacks.progress import ProgressBar
 from callbacks.summary import ModelSummary
 from callbacks.text_samples import LogTextSamples
 
-__all__ = ["FrechetDistance", "FrechetInceptionDistance", "GradNormMonitor", "LogImageSamples", "LogTextSamples",
+__all__ = ["CheckpointOnException", "FrechetDistance", "FrechetInceptionDistance", "GradNormMonitor", "LogImageSamples", "LogTextSamples",
            "ModelSummary", "MonitoredCheckpoint", "NonFiniteLossError", "PrecisionMonitor", "ProgressBar", "WritePredictions"]

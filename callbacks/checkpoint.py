@@ -1,4 +1,5 @@
-"""ModelCheckpoint that keeps the last checkpoint and the best on the module's own metric.
+"""ModelCheckpoint that keeps the last checkpoint and the best on the module's own metric, and a checkpoint on
+exception that holds only what the failed fit trained.
 
 Each module declares ``monitor`` (e.g. "val/acc") and ``monitor_mode``; the CLI's default
 checkpoint callback cannot know them before the module exists, so it reads them at setup.
@@ -12,7 +13,7 @@ from typing import Literal
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
 from zoo.layers.compat import refresh_last_checkpoint
 
@@ -70,3 +71,31 @@ class MonitoredCheckpoint(ModelCheckpoint):
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
         refresh_last_checkpoint(self, trainer, at_train_epoch_end=False)
+
+
+class CheckpointOnException(OnExceptionCheckpoint):
+    """``OnExceptionCheckpoint`` that saves only once this fit has taken an optimizer step.
+
+    Lightning's saves on any exception of any stage: a run that failed in data setup (a mistyped CSV path)
+    wrote 605 MB of untrained ViT-B/32 weights, and each failed validate run a copy of the checkpoint it read.
+    Before the first step, or resumed and failed before the next, the weights are those the run started from.
+    """
+
+    def __init__(self, dirpath: str, filename: str = "on_exception") -> None:
+        """
+        Args:
+            dirpath: folder of the checkpoint (cli.py moves its default into the run's own folder).
+            filename: file name without ``.ckpt``.
+        """
+        super().__init__(dirpath, filename)
+        self.start_step: int | None = None  # global step when this fit's training began; None outside training
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self.start_step = None  # a test after fit (cli.py --test_after_fit) trains nothing
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.start_step = trainer.global_step  # after a resume restored its step
+
+    def on_exception(self, trainer: Trainer, *args, **kwargs) -> None:
+        if self.start_step is not None and trainer.global_step > self.start_step:
+            super().on_exception(trainer, *args, **kwargs)

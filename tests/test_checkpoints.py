@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch import Callback
 from conftest import CONFIGS, cli, output
 
 from zoo.cnn import ClassifierModule
@@ -131,3 +132,45 @@ def test_extract_state_dict_takes_the_nets_keys_from_a_module_checkpoint():
     assert extract_state_dict(ckpt, "net.") == {"head.weight": w}  # the module's other state is not the net's
     assert extract_state_dict({"head.weight": w}, "net.") == {"head.weight": w}  # a bare net state dict as it is
     assert extract_state_dict({"model": {"net.a": w}}) == {"net.a": w}
+
+
+class RaiseAtStep(Callback):
+    """Fails the run at setup (``step`` 0), at the start of a training batch once ``step`` optimizer steps are
+    done, or, ``in_test``, as a test starts."""
+
+    def __init__(self, step: int = 0, in_test: bool = False) -> None:
+        self.step, self.in_test = step, in_test
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        if self.step == 0:
+            raise RuntimeError("failed at setup")
+
+    def on_train_batch_start(self, trainer, *args) -> None:
+        if trainer.global_step >= self.step:
+            raise RuntimeError(f"failed at step {trainer.global_step}")
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        if self.in_test:
+            raise RuntimeError("failed in test")
+
+
+def test_exception_checkpoint_only_after_an_optimizer_step_in_the_runs_own_folder():
+    fail = "--trainer.callbacks+=test_checkpoints.RaiseAtStep"
+    with pytest.raises(RuntimeError, match="at setup"):
+        cli("fit", "--config", TINY, fail)
+    for stage in ("validate", "validate"):  # evaluations train nothing: they shared one runs/on_exception/
+        with pytest.raises(RuntimeError, match="at setup"):
+            cli(stage, "--config", TINY, fail)
+    assert not list(Path("runs").rglob("*.ckpt"))
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="at step 3"):
+            cli("fit", "--config", TINY, fail, "--trainer.callbacks.init_args.step=3")
+    saved = sorted(Path("runs").rglob("on_exception.ckpt"))
+    assert len(saved) == 2 and all(p.parent.name == "on_exception" and p.parents[3] == Path("runs") for p in saved)
+    assert [torch.load(p, weights_only=True)["global_step"] for p in saved] == [3, 3]
+    with pytest.raises(RuntimeError, match="at step 3"):  # resumed, and failed before its next step
+        cli("fit", "--config", TINY, fail, "--trainer.callbacks.init_args.step=3", f"--ckpt_path={saved[0]}")
+    with pytest.raises(RuntimeError, match="in test"):  # the test after a finished fit trains nothing
+        cli("fit", "--config", TINY, fail, "--trainer.callbacks.init_args.step=1000",
+            "--trainer.callbacks.init_args.in_test=true", "--trainer.max_steps=2", "--test_after_fit=true")
+    assert sorted(Path("runs").rglob("on_exception.ckpt")) == saved
