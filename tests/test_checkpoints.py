@@ -166,7 +166,8 @@ def test_exception_checkpoint_only_after_an_optimizer_step_in_the_runs_own_folde
         with pytest.raises(RuntimeError, match="at step 3"):
             cli("fit", "--config", TINY, fail, "--trainer.callbacks.init_args.step=3")
     saved = sorted(Path("runs").rglob("on_exception.ckpt"))
-    assert len(saved) == 2 and all(p.parent.name == "on_exception" and p.parents[3] == Path("runs") for p in saved)
+    assert len(saved) == 2  # one folder per run: runs/<experiment>/<run>/on_exception/
+    assert all(p.parent.name == "on_exception" and p.parents[3] == Path("runs") for p in saved)
     assert [torch.load(p, weights_only=True)["global_step"] for p in saved] == [3, 3]
     with pytest.raises(RuntimeError, match="at step 3"):  # resumed, and failed before its next step
         cli("fit", "--config", TINY, fail, "--trainer.callbacks.init_args.step=3", f"--ckpt_path={saved[0]}")

@@ -158,7 +158,8 @@ def test_runs_started_together_on_a_fresh_store_all_succeed(embedded_store):
     outs = [f.communicate(timeout=600)[0] for f in fits]
     for fit, out in zip(fits, outs):
         assert fit.returncode == 0, out[-3000:]
-    runs = MlflowClient(store_uri()).search_runs([e.experiment_id for e in MlflowClient(store_uri()).search_experiments()])
+    client = MlflowClient(store_uri())
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert sorted(r.info.status for r in runs) == ["FINISHED"] * 3
 
 
@@ -195,7 +196,8 @@ def test_running_runs_of_dead_processes_are_marked_killed_at_the_next_start(embe
     here, elsewhere = socket.gethostname(), "another-host-" + socket.gethostname()
     runs = {
         name: client.create_run(experiment, tags={PID_TAG: str(pid), HOST_TAG: host}).info.run_id
-        for name, pid, host in [("killed", dead.pid, here), ("alive", os.getpid(), here), ("elsewhere", dead.pid, elsewhere)]
+        for name, pid, host in [("killed", dead.pid, here), ("alive", os.getpid(), here),
+                                ("elsewhere", dead.pid, elsewhere)]
     }
     cli("fit", "--config", TINY, "--trainer.max_steps=1", "--trainer.limit_val_batches=1")
     status = {name: client.get_run(run_id).info.status for name, run_id in runs.items()}

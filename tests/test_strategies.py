@@ -50,7 +50,7 @@ def test_ddp_two_processes_identical_weights_one_run(embedded_store):
     assert len(runs) == 1 and runs[0].data.tags["zoo.family"] == "cnn"
 
 
-def test_fsdp2_two_processes_train_checkpoint_consolidate_reload(tmp_path):
+def test_fsdp2_two_processes_train_checkpoint_consolidate_reload(tmp_path, embedded_store):
     _run("--config", str(CONFIGS / "trainer" / "fsdp.yaml"), "--trainer.max_epochs=1")
     r0, r1 = torch.load("rank0.pt"), torch.load("rank1.pt")
     # Parameters are one sharded copy; BatchNorm running statistics are per-rank buffers (no
@@ -62,6 +62,13 @@ def test_fsdp2_two_processes_train_checkpoint_consolidate_reload(tmp_path):
     last = Path(r0["last"])
     assert last.is_dir(), "FSDP2 checkpoints are sharded directories"
     single = consolidate(last, tmp_path / "consolidated.ckpt")
+    # The run logged its sharded best and last checkpoints consolidated, where Lightning logs checkpoint files.
+    best = Path(r0["best"])
+    assert _artifacts(best.stem) == [best.name] and _artifacts(last.stem) == [last.name]
+    client = MlflowClient(f"sqlite:///{Path('mlflow.db').resolve()}")
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    logged = torch.load(client.download_artifacts(run.info.run_id, f"{last.stem}/{last.name}"), weights_only=True)
+    torch.testing.assert_close(logged["state_dict"], torch.load(single, weights_only=True)["state_dict"], rtol=0, atol=0)
     module = ClassifierModule.load_from_checkpoint(single).eval()
     assert module.state_dict().keys() == r0["state"].keys()
     # The checkpoint's replicated BatchNorm buffers are one rank's copy: it must reproduce that rank.

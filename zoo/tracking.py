@@ -11,6 +11,7 @@ import contextlib
 import os
 import socket
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -23,7 +24,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from zoo.registry import load_model  # noqa: F401  zoo.tracking.load_model("models:/<name>@<alias>")
@@ -115,6 +116,7 @@ class ZooMLFlowLogger(MLFlowLogger):
         self.checkpoint_dir: str | None = None  # where the checkpoints this run logs are, for the warning below
         self.registered_model_name, self.logs_model = registered_model_name, bool(log_model)
         self.opened = False  # whether the run (and its experiment, if new) was created, under the store's lock
+        self.saved_by = None  # the checkpoint callback whose checkpoints the run logs
 
     def log_trained_model(self, ckpt_path: str) -> str:
         """Log ``ckpt_path``'s module as this run's MLflow model (``zoo.registry``), registered if asked; says where."""
@@ -136,9 +138,22 @@ class ZooMLFlowLogger(MLFlowLogger):
         return client
 
     def after_save_checkpoint(self, checkpoint_callback) -> None:
-        self.checkpoint_dir = checkpoint_callback.dirpath
+        self.checkpoint_dir, self.saved_by = checkpoint_callback.dirpath, checkpoint_callback
         super().after_save_checkpoint(checkpoint_callback)
 
+    def log_sharded_checkpoints(self) -> None:
+        """Log the run's best and last checkpoints that are sharded folders (FSDP2), each consolidated into one file
+        where Lightning logs a checkpoint file (``last/last.ckpt``): Lightning logs files only, and passes folders
+        over in silence."""
+        from zoo.layers.parallel import consolidate
+
+        for folder in dict.fromkeys(p for p in (self.saved_by.best_model_path, self.saved_by.last_model_path) if p):
+            if Path(folder).is_dir():
+                with tempfile.TemporaryDirectory() as tmp:
+                    file = consolidate(folder, Path(tmp, Path(folder).name))
+                    self.experiment.log_artifact(self.run_id, str(file), Path(folder).stem)
+
+    @rank_zero_only
     def finalize(self, status: str = "success") -> None:
         from mlflow.exceptions import MlflowException
 
@@ -150,6 +165,8 @@ class ZooMLFlowLogger(MLFlowLogger):
             # set_terminated, inside, drains the async queue of this run before closing it
             # (MlflowClient.set_terminated -> store.shut_down_async_logging); a separate
             # mlflow.flush_async_logging() would only add its 0.5 s poll.
+            if self.logs_model and self.saved_by is not None and status == "success":  # a failed run's may be partial
+                self.log_sharded_checkpoints()
             super().finalize(status)
         except (MlflowException, OSError) as err:
             # Training is over and its checkpoints are on local disk: report, do not crash the run.
