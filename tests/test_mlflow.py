@@ -187,18 +187,22 @@ def test_run_that_raises_ends_failed_without_an_exception_checkpoint(embedded_st
 
 
 def test_running_runs_of_dead_processes_are_marked_killed_at_the_next_start(embedded_store):
-    from zoo.tracking import HOST_TAG, PID_TAG
+    from zoo.tracking import HOST_TAG, PID_TAG, process_host
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # reaped: its pid names no process now
     client = MlflowClient(store_uri())
     experiment = client.create_experiment("zoo")
-    here, elsewhere = socket.gethostname(), "another-host-" + socket.gethostname()
+    here, elsewhere = process_host(), "another-host-" + socket.gethostname()
+    # A container with the host's name but a process table of its own (docker --network host).
+    other_container = socket.gethostname() + "/pid:[1]"
     runs = {
         name: client.create_run(experiment, tags={PID_TAG: str(pid), HOST_TAG: host}).info.run_id
         for name, pid, host in [("killed", dead.pid, here), ("alive", os.getpid(), here),
-                                ("elsewhere", dead.pid, elsewhere)]
+                                ("elsewhere", dead.pid, elsewhere), ("other_container", dead.pid, other_container)]
     }
-    cli("fit", "--config", TINY, "--trainer.max_steps=1", "--trainer.limit_val_batches=1")
+    c = cli("fit", "--config", TINY, "--trainer.max_steps=1", "--trainer.limit_val_batches=1")
     status = {name: client.get_run(run_id).info.status for name, run_id in runs.items()}
-    assert status == {"killed": "KILLED", "alive": "RUNNING", "elsewhere": "RUNNING"}
+    tag = client.get_run(c.trainer.logger.run_id).data.tags[HOST_TAG]
+    assert tag == here and (os.name != "posix" or not Path("/proc/self/ns/pid").exists() or "/pid:[" in tag), tag
+    assert status == {"killed": "KILLED", "alive": "RUNNING", "elsewhere": "RUNNING", "other_container": "RUNNING"}

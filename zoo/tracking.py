@@ -105,7 +105,7 @@ class ZooMLFlowLogger(MLFlowLogger):
                 run_name=run_name,
                 tracking_uri=tracking_uri,
                 # Where the run's process lives, so that a later start can tell a killed run from a live one.
-                tags={**(tags or {}), PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname()},
+                tags={**(tags or {}), PID_TAG: str(os.getpid()), HOST_TAG: process_host()},
                 log_model=log_model,
                 prefix=prefix,
                 artifact_location=artifact_location,
@@ -206,7 +206,7 @@ def mark_dead_runs_killed(client: MlflowClient) -> list[str]:
     stay; a pid the system has since given to another process keeps its run RUNNING (the safe side)."""
     from mlflow.exceptions import MlflowException
 
-    host, killed = socket.gethostname(), []
+    host, killed = process_host(), []
     try:
         experiments = [e.experiment_id for e in client.search_experiments()]
         where = f"attributes.status = 'RUNNING' and tags.`{HOST_TAG}` = '{host}'"
@@ -218,6 +218,15 @@ def mark_dead_runs_killed(client: MlflowClient) -> list[str]:
     except MlflowException as err:  # housekeeping of other runs: never the reason this one fails
         rank_zero_warn(f"Could not check {client.tracking_uri} for killed runs: {str(err).splitlines()[0][:300]}")
     return killed
+
+
+def process_host() -> str:
+    """Where this process's pid means something: the host name, and on Linux its pid namespace. Containers
+    sharing the host's name (``--network host``) but not its process table must not judge each other's runs."""
+    try:
+        return f"{socket.gethostname()}/{os.readlink('/proc/self/ns/pid')}"  # e.g. "node1/pid:[4026531836]"
+    except OSError:  # no /proc (macOS, Windows)
+        return socket.gethostname()
 
 
 def _process_alive(pid: int) -> bool:
