@@ -150,7 +150,21 @@ def training_loader(dataset: Dataset, trainer, batch_size: int, sampler: Sampler
     return dl
 
 
-class ImageDataModule(LightningDataModule):
+class ResumesMidEpoch:
+    """Mixed into a DataModule whose training loader comes from ``training_loader``: its checkpoint state is where
+    fit stood in the epoch, restored before any loader is built (see ``ResumableLoader``)."""
+
+    train_position: dict = {}  # from a checkpoint: where its epoch stood; replaced, never changed in place
+
+    def state_dict(self) -> dict:
+        position = training_position(self.trainer)
+        return {"train_position": position} if position else {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.train_position = state_dict.get("train_position", {})
+
+
+class ImageDataModule(ResumesMidEpoch, LightningDataModule):
     """Loader settings and the three splits; subclasses set the protocol attributes and ``setup``."""
 
     num_classes: int
@@ -183,14 +197,6 @@ class ImageDataModule(LightningDataModule):
         self.test_set: Dataset | None = None
         # In-memory datasets fetch whole batches themselves (``__getitems__``) and set this to pass them through.
         self.collate_fn: Callable | None = None
-        self.train_position: dict = {}  # from a checkpoint: where its epoch stood (``ResumableLoader``)
-
-    def state_dict(self) -> dict:
-        position = training_position(self.trainer)
-        return {"train_position": position} if position else {}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self.train_position = state_dict.get("train_position", {})
 
     def _loader(self, dataset: Dataset | None, split: str, shuffle: bool) -> DataLoader:
         if dataset is None:

@@ -39,7 +39,7 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from datamodules.base import EpochShuffle, not_found_message, split_indices, training_loader, training_position
+from datamodules.base import EpochShuffle, ResumesMidEpoch, not_found_message, split_indices, training_loader
 from datamodules.shapes import COLOURS, POSITIONS, SIZES, ShapesDataset
 from zoo.layers.tokenizers import BPETokenizer, ByteTokenizer, Tokenizer, tokenize
 
@@ -190,7 +190,7 @@ class _PredictCollate:
         return {**collate(batch), **self.extra}
 
 
-class CaptionDataModule(LightningDataModule):
+class CaptionDataModule(ResumesMidEpoch, LightningDataModule):
     """Image-caption pairs (shapes by default, or a CSV/JSONL/folder) with zero-shot prompts and a held-out split."""
 
     def __init__(
@@ -268,7 +268,6 @@ class CaptionDataModule(LightningDataModule):
         self.tokenizer: Tokenizer | None = ByteTokenizer() if tokenizer == "bytes" else None
         self.train_set: CaptionPairs | None = None
         self.val_set: CaptionPairs | None = None
-        self.train_position: dict = {}  # from a checkpoint: where its epoch stood (``ResumableLoader``)
 
     # -- building the splits -----------------------------------------------------------------------------
 
@@ -356,15 +355,6 @@ class CaptionDataModule(LightningDataModule):
             return None
         prompts = [t.format(c) for c in self.class_names for t in self.templates]
         return self.class_names, self.encode(prompts)
-
-    # -- resuming ------------------------------------------------------------------------------------------
-
-    def state_dict(self) -> dict:
-        position = training_position(self.trainer)
-        return {"train_position": position} if position else {}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self.train_position = state_dict.get("train_position", {})
 
     # -- loaders -------------------------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from datamodules.base import EpochShuffle, not_found_message, training_loader, training_position
+from datamodules.base import EpochShuffle, ResumesMidEpoch, not_found_message, training_loader
 from datamodules.shakespeare import shakespeare_dir
 from datamodules.text_corpus import (
     auto_workers,
@@ -141,7 +141,7 @@ class _CollatePrompts:
                 "generation": dict(self.generation)}
 
 
-class TextDataModule(LightningDataModule):
+class TextDataModule(ResumesMidEpoch, LightningDataModule):
     """Next-token windows of a tokenised text corpus; ``self.tokenizer`` is set by ``setup``."""
 
     def __init__(
@@ -229,7 +229,6 @@ class TextDataModule(LightningDataModule):
         self.tokens: TokenFile | None = None  # the whole stream
         self.train_set: TokenWindows | None = None
         self.val_set: TokenWindows | None = None
-        self.train_position: dict = {}  # from a checkpoint: where its epoch stood (``ResumableLoader``)
 
     # -- corpus, tokenizer and token cache ----------------------------------------------------------------
 
@@ -330,12 +329,10 @@ class TextDataModule(LightningDataModule):
             )
 
     def state_dict(self) -> dict:
-        position = training_position(self.trainer)  # where fit stood (``ResumableLoader``)
-        return ({"train_position": position} if position else {}) | (
-            {"tokenizer": self.tokenizer.to_dict()} if self.tokenizer is not None else {})
+        return super().state_dict() | ({"tokenizer": self.tokenizer.to_dict()} if self.tokenizer is not None else {})
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.train_position = state_dict.get("train_position", {})
+        super().load_state_dict(state_dict)
         if "tokenizer" not in state_dict:
             return
         restored = tokenizer_from_dict(state_dict["tokenizer"])

@@ -10,7 +10,7 @@ from conftest import CONFIGS, cli
 from torch import nn
 
 from zoo.cnn import ClassifierModule, ConvNet, ResNet, TorchvisionNet
-from zoo.layers.optim import param_groups, warmup_cosine
+from zoo.layers.optim import WarmupCosine, param_groups
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # small convolutions: threads waiting on each other cost ~4x
 
@@ -61,7 +61,7 @@ def test_embeddings_do_not_decay():
 
 def test_warmup_cosine_matches_closed_form():
     opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=2.0)
-    sched = warmup_cosine(opt, warmup_steps=4, total_steps=20, min_lr_ratio=0.1)
+    sched = WarmupCosine(opt, warmup_steps=4, total_steps=20, min_lr_ratio=0.1)
     seen = []
     for _ in range(25):
         seen.append(opt.param_groups[0]["lr"])

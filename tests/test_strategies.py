@@ -32,10 +32,21 @@ def _run(*args: str, config: str = TINY, command: str = "fit") -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-8000:]
 
 
+def _the_run():
+    """The client of the working directory's MLflow store and its one run."""
+    client, run = _the_run()
+    return client, run
+
+
+def _equal_ranks() -> tuple[dict, dict]:
+    """What the two ranks dumped (fit_and_dump.py), after checking they hold the same weights exactly."""
+    r0, r1 = _equal_ranks()
+    return r0, r1
+
+
 def _artifacts(folder: str) -> list[str]:
     """The files under ``folder`` of the one run in the working directory's MLflow store."""
-    client = MlflowClient(f"sqlite:///{Path('mlflow.db').resolve()}")
-    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    client, run = _the_run()
     return sorted(Path(a.path).name for a in client.list_artifacts(run.info.run_id, folder))
 
 
@@ -65,8 +76,7 @@ def test_fsdp2_two_processes_train_checkpoint_consolidate_reload(tmp_path, embed
     # The run logged its sharded best and last checkpoints consolidated, where Lightning logs checkpoint files.
     best = Path(r0["best"])
     assert _artifacts(best.stem) == [best.name] and _artifacts(last.stem) == [last.name]
-    client = MlflowClient(f"sqlite:///{Path('mlflow.db').resolve()}")
-    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    client, run = _the_run()
     logged = torch.load(client.download_artifacts(run.info.run_id, f"{last.stem}/{last.name}"), weights_only=True)
     torch.testing.assert_close(logged["state_dict"], torch.load(single, weights_only=True)["state_dict"], rtol=0, atol=0)
     module = ClassifierModule.load_from_checkpoint(single).eval()
@@ -123,12 +133,9 @@ def test_fsdp2_diffusion_shards_consolidates_and_reloads(tmp_path, embedded_stor
     _run("--config", str(CONFIGS / "trainer" / "fsdp.yaml"), "--trainer.max_steps=4", "--trainer.val_check_interval=2",
          "--trainer.limit_val_batches=1", "--model.init_args.ema_decay=null", *fd, config=DIFFUSION_TINY)
     assert _artifacts("samples") == ["step_0000002.png", "step_0000004.png"]
-    client = MlflowClient(f"sqlite:///{Path('mlflow.db').resolve()}")
-    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    client, run = _the_run()
     assert len(client.get_metric_history(run.info.run_id, "val/fd_classifier")) == 2
-    r0, r1 = torch.load("rank0.pt"), torch.load("rank1.pt")
-    for k, v in r0["state"].items():
-        torch.testing.assert_close(v, r1["state"][k], rtol=0, atol=0, msg=k)
+    r0, r1 = _equal_ranks()
     module = DiffusionModule.load_from_checkpoint(consolidate(Path(r0["last"]), tmp_path / "one.ckpt")).eval()
     with torch.no_grad():
         y = torch.zeros(len(r0["x"]), dtype=torch.long)

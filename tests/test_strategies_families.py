@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import CONFIGS, ROOT
 from mlflow.tracking import MlflowClient
-from test_strategies import DEADLINE_S, DIFFUSION_TINY, SCRIPT, TINY, _artifacts, _run
+from test_strategies import DEADLINE_S, DIFFUSION_TINY, SCRIPT, TINY, _artifacts, _equal_ranks, _run, _the_run
 
 from zoo.clip import ContrastiveModule
 from zoo.cnn import ClassifierModule
@@ -33,8 +33,7 @@ def test_ddp_diffusion_with_ema_samples_at_two_validations(embedded_store):
 def test_fsdp2_clip_evaluates_retrieval_and_zero_shot_at_two_validations(tmp_path, embedded_store):
     _run("--config", str(CONFIGS / "trainer" / "fsdp.yaml"), "--trainer.max_steps=4", "--trainer.val_check_interval=2",
          "--trainer.limit_val_batches=2", config=str(CONFIGS / "clip" / "tiny.yaml"))
-    client = MlflowClient(f"sqlite:///{Path('mlflow.db').resolve()}")
-    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    client, run = _the_run()
     for key in ("val/recall_1", "val/zeroshot_acc"):  # gathered over both ranks, logged once per validation
         assert len(client.get_metric_history(run.info.run_id, key)) == 2, key
     r0 = torch.load("rank0.pt")
@@ -98,9 +97,7 @@ def test_fsdp2_dit_with_ema_validates_resumes_and_consolidates_both_weights(tmp_
     monkeypatch.chdir(runs["first"])
     _dit_ema_fsdp2("--trainer.max_steps=4")
     assert _artifacts("samples") == ["step_0000002.png", "step_0000004.png"]
-    r0, r1 = torch.load("rank0.pt"), torch.load("rank1.pt")
-    for k, v in r0["state"].items():
-        torch.testing.assert_close(v, r1["state"][k], rtol=0, atol=0, msg=k)
+    r0, r1 = _equal_ranks()
     first = Path(r0["last"]).resolve()
     ckpt = torch.load(consolidate(first, tmp_path / "first.ckpt"), weights_only=True)
     assert ckpt["state_dict"].keys() == ckpt["current_model_state"].keys() == r0["state"].keys()
@@ -138,8 +135,7 @@ def test_cnn_validates_twice_resumes_and_reloads(strategy, tmp_path, monkeypatch
     common = ("--config", trainer, "--trainer.limit_train_batches=4", "--trainer.val_check_interval=2",
               "--trainer.limit_val_batches=1")
     _run(*common, "--trainer.max_steps=4")
-    client = MlflowClient(f"sqlite:///{Path('mlflow.db').resolve()}")
-    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    client, run = _the_run()
     assert len(client.get_metric_history(run.info.run_id, "val/loss")) == 2  # after steps 2 and 4
     first = Path(torch.load("rank0.pt")["last"]).resolve()
     assert first.is_dir() == (strategy == "fsdp")
@@ -163,12 +159,9 @@ def test_ddp_gpt_and_clip_validate_twice_and_reload_with_the_ranks_outputs(confi
     ranks end with the same weights, and the checkpoint reloaded in one process gives their outputs."""
     _run("--config", str(CONFIGS / "trainer" / "ddp.yaml"), "--trainer.max_steps=4", "--trainer.val_check_interval=2",
          "--trainer.limit_val_batches=1", config=str(CONFIGS / config))
-    client = MlflowClient(f"sqlite:///{Path('mlflow.db').resolve()}")
-    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    client, run = _the_run()
     assert len(client.get_metric_history(run.info.run_id, "val/loss")) == 2
-    r0, r1 = torch.load("rank0.pt"), torch.load("rank1.pt")
-    for k, v in r0["state"].items():
-        torch.testing.assert_close(v, r1["state"][k], rtol=0, atol=0, msg=k)
+    r0, r1 = _equal_ranks()
     torch.testing.assert_close(r0["out"], r1["out"], rtol=0, atol=0)
     module_class = ContrastiveModule if config.startswith("clip") else CausalLMModule
     module = module_class.load_from_checkpoint(r0["last"]).eval()

@@ -167,6 +167,7 @@ class ZooMLFlowLogger(MLFlowLogger):
             # mlflow.flush_async_logging() would only add its 0.5 s poll.
             if self.logs_model and self.saved_by is not None and status == "success":  # a failed run's may be partial
                 self.log_sharded_checkpoints()
+                self.saved_by = None  # logged: a test after fit finalizes again, with nothing new to upload
             super().finalize(status)
         except (MlflowException, OSError) as err:
             # Training is over and its checkpoints are on local disk: report, do not crash the run.

@@ -30,7 +30,7 @@ A, S, G = "zoo/gpt/attention.py", "zoo/gpt/generate.py", "zoo/gpt/gpt.py"
 SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/diffusion/losses.py"
 RL, VT, SN = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/sac_nets.py"
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
-CL, CC = "zoo/clip/losses.py", "zoo/clip/clip.py"
+CL, CC, CMT = "zoo/clip/losses.py", "zoo/clip/clip.py", "zoo/clip/metrics.py"
 CM, CN, RN, TV = "zoo/cnn/module.py", "zoo/cnn/convnet.py", "zoo/cnn/resnet.py", "zoo/cnn/torchvision_net.py"
 
 FAMILIES: dict[str, dict] = {
@@ -81,7 +81,9 @@ FAMILIES: dict[str, dict] = {
             (DL, "per_example = per_example * schedule.min_snr_weight(t, prediction, min_snr_gamma)", "per_example = per_example"),
             # Added with the UNet/EMA references (issue 14's bug classes: ignored step, dropped attention, ...).
             (UN, "h = h + self.emb(F.silu(emb))[:, :, None, None]", "h = h"),
-            (UN, "return x + out.contiguous()", "return x"),
+            (UN, "return x + out.contiguous(memory_format=layout)", "return x"),
+            (UN, "if self.channels_last and not torch.is_grad_enabled():", "if self.channels_last:"),
+            (UN, "return self.conv_out(F.silu(self.norm_out(h))).contiguous()", "return self.conv_out(F.silu(self.norm_out(h)))"),
             (UN, "h = attn(res(torch.cat([h, skips.pop()], dim=1), emb))", "h = attn(res(torch.cat([skips.pop(), h], dim=1), emb))"),
             ("zoo/diffusion/embeddings.py", "torch.cat([torch.cos(args), torch.sin(args)], dim=-1)", "torch.cat([torch.sin(args), torch.cos(args)], dim=-1)"),
             (DT, "x = x + gate_a[:, None] * self.attn(", "x = x + self.attn("),
@@ -145,7 +147,8 @@ FAMILIES: dict[str, dict] = {
             (CM, "p.requires_grad_(name.startswith(head + \".\"))", "p.requires_grad_(True)"),
             (CM, "                    m.eval()", "                    m.train()"),
             (CM, "{\"confusion_matrix\": matrix.tolist()", "{\"confusion_matrix\": matrix.T.tolist()"),
-            (CM, "top_k=min(5, k)", "top_k=min(4, k)"),
+            (CM, "MulticlassAccuracy(k, top_k=5, average=\"micro\")", "MulticlassAccuracy(k, top_k=4, average=\"micro\")"),
+            (CM, "        if k > 5:", "        if k >= 5:"),
             (CM, "            self._build_metrics(k)\n", "            self._build_metrics(k - 1)\n"),
             (CM, "probs = self(batch[\"image\"]).float().softmax(-1)", "probs = self(batch[\"image\"]).float().softmax(0)"),
             (TV, "_NO_DECAY = {\"class_token\", \"pos_embedding\", ", "_NO_DECAY = {\"class_token\", "),
@@ -167,6 +170,13 @@ FAMILIES: dict[str, dict] = {
             (CC, "features = self.text_encoder(ids)  # (B, E)\n        return F.normalize(features, dim=-1) if normalize else features",
              "features = self.text_encoder(ids)  # (B, E)\n        return features"),
             (CC, "return s.clamp(max=self.max_logit_scale).exp()", "return s.clamp(max=self.max_logit_scale)"),
+            # The retrieval and zero-shot bugs issue 17 names: rank k only, each caption row its own image,
+            # text->image relevance on the wrong axis, no renormalisation, a trivial top-5.
+            (CMT, "hits[k] += int(match[:, :k].any(dim=1).sum())", "hits[k] += int(match[:, k - 1].sum())"),
+            (CMT, "first, image_of = first_rows(image_ids)", "first, image_of = first_rows(torch.arange(len(image_ids)))"),
+            (CMT, "t2i = recall_at_k(sim.T, caption_ids, images_i, pairs.flip(1), ks)", "t2i = recall_at_k(sim.T, caption_ids, images_i, pairs, ks)"),
+            (CMT, "return F.normalize(emb.view(num_classes, -1, emb.shape[-1]).mean(dim=1), dim=-1)", "return emb.view(num_classes, -1, emb.shape[-1]).mean(dim=1)"),
+            (CMT, "if weights.shape[0] > 5:", "if weights.shape[0] >= 5:"),
         ],
     },
 }

@@ -110,13 +110,6 @@ class WarmupCosine(LambdaLR):
         )
 
 
-def warmup_cosine(
-    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.1
-) -> WarmupCosine:
-    """``WarmupCosine`` of ``optimizer``: linear warmup, then cosine decay to ``min_lr_ratio`` x the base LR."""
-    return WarmupCosine(optimizer, warmup_steps, total_steps, min_lr_ratio)
-
-
 def adamw_warmup_cosine(
     net: nn.Module,
     trainer,
@@ -126,14 +119,14 @@ def adamw_warmup_cosine(
     warmup_steps: int,
     min_lr_ratio: float,
 ) -> dict:
-    """AdamW on ``param_groups(net)`` with ``warmup_cosine`` over the trainer's total optimizer steps.
+    """AdamW on ``param_groups(net)`` with ``WarmupCosine`` over the trainer's total optimizer steps.
 
     Returns the ``configure_optimizers`` dict, with the scheduler stepped every optimizer step.
     """
     opt = torch.optim.AdamW(param_groups(net, weight_decay), lr=lr, betas=tuple(betas),
                             fused=use_fused(list(net.parameters())) or None)
     total = trainer.estimated_stepping_batches if trainer is not None else warmup_steps + 1
-    sched = warmup_cosine(opt, warmup_steps, int(total), min_lr_ratio)
+    sched = WarmupCosine(opt, warmup_steps, int(total), min_lr_ratio)
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "name": "lr"}}
 
 

@@ -46,36 +46,31 @@ def load_file(path: str | Path, map_location: str | torch.device | None = "cpu",
     hyperparameters costs little.
     """
     if is_remote(path):
-        return _load_bytes(_download(str(path)), str(path), map_location)
+        data = _download(str(path))
+        return _read(io.BytesIO(data), str(path), len(data), map_location)
     path = Path(str(path).removeprefix("file://"))
     if not path.is_file():
         raise FileNotFoundError(f"weights file {str(path)!r} does not exist: pass the path of a local file")
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file as load_safetensors
-
-            return load_safetensors(str(path), device=map_location if isinstance(map_location, str) else "cpu")
-        with quiet_protocol_warning():
-            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap and _is_zip(path))
-    except Exception as err:
-        with path.open("rb") as f:
-            verdict = diagnose(f, str(path), path.stat().st_size)
-        if verdict is None:
-            raise
-        raise verdict from err
+    return _read(path, str(path), path.stat().st_size, map_location, mmap)
 
 
-def _load_bytes(data: bytes, name: str, map_location) -> dict:
+def _read(source: Path | io.BytesIO, name: str, size: int, map_location, mmap: bool = False) -> dict:
+    """Load a local file or downloaded bytes weights-only; a failure is diagnosed from the bytes, naming ``name``."""
+    device = map_location if isinstance(map_location, str) else "cpu"
     try:
         if name.endswith(".safetensors"):
-            from safetensors.torch import load as load_safetensors
+            from safetensors.torch import load, load_file as load_path
 
-            device = map_location if isinstance(map_location, str) else "cpu"
-            return {k: v.to(device) for k, v in load_safetensors(data).items()}
+            if isinstance(source, Path):
+                return load_path(str(source), device=device)
+            return {k: v.to(device) for k, v in load(source.getvalue()).items()}
         with quiet_protocol_warning():
-            return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+            mmap = mmap and isinstance(source, Path) and _is_zip(source)
+            return torch.load(source, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as err:
-        verdict = diagnose(io.BytesIO(data), name, len(data))
+        with source.open("rb") if isinstance(source, Path) else contextlib.nullcontext(source) as f:
+            f.seek(0)
+            verdict = diagnose(f, name, size)
         if verdict is None:
             raise
         raise verdict from err
