@@ -78,12 +78,23 @@ def quiet_uninformative_messages() -> None:
 quiet_uninformative_messages()
 
 
+def stored_config_allowlist():
+    """What a checkpoint's or registered model's stored config may name: the zoo's modules and parts, and the
+    DataModules of ``datamodules`` (the application's, so named here)."""
+    import datamodules
+    from zoo.layers.trust import zoo_allowlist
+
+    classes = (getattr(datamodules, name) for name in datamodules.__all__)
+    data = [c for c in classes if isinstance(c, type) and issubclass(c, LightningDataModule)]
+    return zoo_allowlist(data, env_modules=["datamodules.gym_envs"])
+
+
 class ZooCLI(CheckpointHyperparametersLeftToCaller, LightningCLI):
     def parse_arguments(self, parser, args) -> None:
         if args is None:  # changed in place: the ranks Lightning launches re-run this command line
-            sys.argv[1:] = with_checkpoint_config(sys.argv[1:])
+            sys.argv[1:] = with_checkpoint_config(sys.argv[1:], stored_config_allowlist())
         elif isinstance(args, list):
-            args = with_checkpoint_config(args)
+            args = with_checkpoint_config(args, stored_config_allowlist())
         super().parse_arguments(parser, args)
 
     def add_arguments_to_parser(self, parser) -> None:

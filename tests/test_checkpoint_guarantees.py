@@ -69,21 +69,6 @@ def cli_error(monkeypatch, capsys, *args: str) -> str:
     return errors[0]
 
 
-@pytest.fixture
-def served(tmp_path):
-    """``tmp_path`` over HTTP on 127.0.0.1 (a thread of this process; nothing leaves the machine)."""
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    server.server_close()
-
-
 # -- 1. no code from any file, by any path -------------------------------------------------------------------
 
 

@@ -4,8 +4,8 @@ An MLflow model of a zoo module is a pyfunc logged as code (``zoo/mlflow_pyfunc.
 ``weights.safetensors`` (the LightningModule's state dict: net, plus what the module keeps in buffers, such as
 RL's observation normaliser) and ``module.json`` (its class path and ``save_hyperparameters`` arguments, with
 the tokenizer and class names it carries). Safetensors and JSON rather than ``mlflow.pytorch``'s pickled
-module: loading reads tensors and plain values and never runs code from the file; the class is the zoo's own,
-restricted to ``zoo.*``. ``mlflow.pytorch``'s ``pt2`` format would also be pickle-free, but needs an export per
+module: loading reads tensors and plain values and never runs code from the file; every class its config names
+passes ``zoo.layers.trust``'s allowlist before anything is imported. ``mlflow.pytorch``'s ``pt2`` format would also be pickle-free, but needs an export per
 family (GPT's generate, RL's act are not ``forward``) and loses ``load_from_checkpoint``-style rebuilding.
 
 ``models:/<name>/<version>``, ``models:/<name>@<alias>`` and ``runs:/<id>/<path>`` are read by
@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule
 
+from zoo.layers.trust import Allowlist, check_stored_data, check_stored_model, trusted_class_paths, zoo_allowlist
 from zoo.layers.weights import extract_state_dict, is_remote, load_file
 
 URI_SCHEMES = ("models:/", "runs:/")
@@ -58,13 +59,14 @@ def module_spec(ckpt: dict, class_path: str | None = None) -> dict:
     return json.loads(json.dumps(spec, default=str))
 
 
-def build_module(spec: dict) -> LightningModule:
-    """The module ``spec`` describes, built as LightningCLI builds it; only the zoo's own classes."""
+def build_module(spec: dict, source: str = "the model") -> LightningModule:
+    """The module ``spec`` describes, built as LightningCLI builds it, once its config passed the allowlist
+    (``zoo.layers.trust``: the zoo's own classes only, checked before anything is imported)."""
     from lightning.pytorch.cli import instantiate_module
 
-    if not str(spec.get("class_path", "")).startswith("zoo."):
-        raise ValueError(f"refused to build {spec.get('class_path')!r}: a zoo model names a class under zoo.")
-    return instantiate_module(LightningModule, {"_class_path": spec["class_path"], **spec["init_args"]})
+    init_args = check_stored_model({"_class_path": spec.get("class_path"), **(spec.get("init_args") or {})},
+                                   source, zoo_allowlist())
+    return instantiate_module(LightningModule, {"_class_path": spec["class_path"], **init_args})
 
 
 def save_model(state_dict: dict, spec: dict, path: Path) -> Path:
@@ -220,7 +222,7 @@ def load_model(uri: str, tracking_uri: str | None = None) -> LightningModule:
     else:
         ckpt = load_file(local)
         spec, state_dict = module_spec(ckpt), extract_state_dict(ckpt)
-    module = build_module(spec)
+    module = build_module(spec, uri)
     module.on_load_checkpoint({"state_dict": state_dict, **spec.get("checkpoint", {})})  # checks keys, tokenizer
     module.load_state_dict(state_dict)
     return module.eval()
@@ -260,13 +262,17 @@ def training_run(uri: str, tracking_uri_: str | None = None) -> str | None:
     return path.parent.parent.name if path.parent.name == "checkpoints" else None
 
 
-def checkpoint_config(uri: str, subcommand: str, tracking_uri_: str | None = None) -> dict[str, dict]:
+def checkpoint_config(uri: str, subcommand: str, allow: Allowlist | None = None,
+                      tracking_uri_: str | None = None) -> dict[str, dict]:
     """``model`` and ``data`` configs (class path + init args) for ``cli.py <subcommand> --ckpt_path <uri>``.
 
     The model is the checkpoint's own. The data is, for predict, the module's ``predict_data`` (its DataModule
     for new inputs, named by class path since zoo/ never imports datamodules/) when it has one, else the
     training data the checkpoint recorded; either may be missing (a sharded folder, a checkpoint from Python).
+    Both come from a file, so both pass ``allow`` (``zoo.layers.trust``) before anything they name is imported,
+    and lose the settings a file may not choose (where outputs go).
     """
+    allow = allow or zoo_allowlist()
     local = Path(resolve_checkpoint(uri, tracking_uri_) if is_mlflow_uri(uri) else uri)
     if not is_remote(uri) and not local.exists():
         raise FileNotFoundError(f"checkpoint {uri!r} does not exist: pass --ckpt_path <{CKPT_SOURCES}>")
@@ -276,13 +282,15 @@ def checkpoint_config(uri: str, subcommand: str, tracking_uri_: str | None = Non
         spec = module_spec(load_file(uri, mmap=True) if is_remote(uri) else load_file(local, mmap=True))
     except ValueError:  # no class path: a checkpoint saved from Python, not through cli.py
         return {}
-    out = {"model": {"class_path": spec["class_path"], "init_args": spec["init_args"]}}
-    module_class = _zoo_class(spec["class_path"])
-    predict_data = getattr(module_class, "predict_data", None)
+    init_args = check_stored_model({"_class_path": spec["class_path"], **spec["init_args"]}, uri, allow)
+    out = {"model": {"class_path": spec["class_path"], "init_args": init_args}}
+    predict_data = getattr(allow.modules.get(spec["class_path"]), "predict_data", None)
     if subcommand == "predict" and predict_data:
         out["data"] = {"class_path": predict_data}
     elif "data" in spec:
-        out["data"] = spec["data"]
+        data = spec["data"]
+        out["data"] = {"class_path": data.get("class_path"),
+                       "init_args": check_stored_data(data.get("class_path"), data.get("init_args") or {}, uri, allow)}
     return out
 
 
@@ -298,10 +306,11 @@ def _flag(argv: list[str], name: str) -> str | None:
     return None
 
 
-def with_checkpoint_config(argv: list[str]) -> list[str]:
+def with_checkpoint_config(argv: list[str], allow: Allowlist | None = None) -> list[str]:
     """``cli.py`` validate/test/predict arguments with the model and data configs ``--ckpt_path`` carries
-    (``checkpoint_config``) put first after the subcommand, so that a ``--config`` or flag the user gives
-    overrides them; exits naming what to pass when neither the checkpoint nor the user gives a model or data."""
+    (``checkpoint_config``, checked against ``allow`` plus what the user's own flags and ``--config`` files name)
+    put first after the subcommand, so that a ``--config`` or flag the user gives overrides them; exits naming
+    what to pass when neither the checkpoint nor the user gives a model or data."""
     at = next((i for i, a in enumerate(argv) if a in SUBCOMMANDS_WITH_A_MODEL), None)
     if at is None or any(a in ("-h", "--help") for a in argv):
         return argv
@@ -313,7 +322,7 @@ def with_checkpoint_config(argv: list[str]) -> list[str]:
             sys.exit(f"error: `cli.py {sub}` needs a model: pass --ckpt_path <{CKPT_SOURCES}> (the model's config "
                      f"comes with it), or --config <the training YAML> with --ckpt_path")
         return argv
-    config = checkpoint_config(ckpt, sub)
+    config = checkpoint_config(ckpt, sub, (allow or zoo_allowlist()).with_trusted(_named_by_user(rest)))
     if "model" not in config and not given("--config") and not given("--model"):
         sys.exit(f"error: {ckpt} names no model class (it was not written through cli.py): pass --config <the "
                  f"training YAML> as well")
@@ -323,13 +332,23 @@ def with_checkpoint_config(argv: list[str]) -> list[str]:
     return argv[:at + 1] + [f"--{key}={json.dumps(value)}" for key, value in config.items()] + rest
 
 
-def _zoo_class(class_path: str) -> type:
-    import importlib
+def _named_by_user(args: list[str]) -> set[str]:
+    """The class paths, wrappers and env ids in the user's own flags and ``--config`` files: theirs to vouch for."""
+    import yaml
 
-    if not class_path.startswith("zoo."):
-        raise ValueError(f"refused to build {class_path!r}: a zoo model names a class under zoo.")
-    module, name = class_path.rsplit(".", 1)
-    return getattr(importlib.import_module(module), name)
+    named: set[str] = set()
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if not eq:  # ``--flag value``: the value is the next argument
+            flag, value = (arg, args[i + 1]) if arg.startswith("--") and i + 1 < len(args) else ("", "")
+        if not flag.startswith("--"):
+            continue
+        try:
+            text = Path(value).read_text() if flag == "--config" else value
+            named |= trusted_class_paths({flag.lstrip("-").rsplit(".", 1)[-1]: yaml.safe_load(text)})
+        except (OSError, ValueError, yaml.YAMLError):  # the parser reports a bad config or flag itself
+            named |= trusted_class_paths(value)
+    return named
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -31,6 +31,7 @@ SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/di
 RL, VT, SN = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/sac_nets.py"
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
 CL, CC, CMT = "zoo/clip/losses.py", "zoo/clip/clip.py", "zoo/clip/metrics.py"
+TR, CK, RG = "zoo/layers/trust.py", "zoo/layers/checkpoint.py", "zoo/registry.py"
 CM, CN, RN, TV = "zoo/cnn/module.py", "zoo/cnn/convnet.py", "zoo/cnn/resnet.py", "zoo/cnn/torchvision_net.py"
 
 FAMILIES: dict[str, dict] = {
@@ -179,6 +180,30 @@ FAMILIES: dict[str, dict] = {
             (CMT, "t2i = recall_at_k(sim.T, caption_ids, images_i, pairs.flip(1), ks)", "t2i = recall_at_k(sim.T, caption_ids, images_i, pairs, ks)"),
             (CMT, "return F.normalize(emb.view(num_classes, -1, emb.shape[-1]).mean(dim=1), dim=-1)", "return emb.view(num_classes, -1, emb.shape[-1]).mean(dim=1)"),
             (CMT, "if weights.shape[0] > 5:", "if weights.shape[0] >= 5:"),
+        ],
+    },
+    # A stored config checked before anything it names is imported (issue 24).
+    "trust": {
+        "tests": ["tests/test_stored_config.py"],
+        "mutants": [
+            (TR, "        if key in IMPORT_LIST_ARGS and value is not None:", "        if False:"),
+            (TR, "(\":\" not in value and value in gym.registry)", "value in gym.registry or \":\" in value"),
+            (TR, "        return any(_admits_class(a) for a in typing.get_args(hint))", "        return False"),
+            (TR, "        for key, item in value.items():  # a dict argument", "        for key, item in {}.items():  # a dict argument"),
+            (TR, "    if (instantiator := hparams.pop(\"_instantiator\", None)) not in (None, LIGHTNING_INSTANTIATOR):",
+             "    if (instantiator := hparams.pop(\"_instantiator\", None)) is None:"),
+            (TR, "            _check_value(wrapper.get(\"init_args\") or {}", "            None and _check_value(wrapper.get(\"init_args\") or {}"),
+            (TR, "        if key in OUTPUT_ARGS:\n            continue", "        if key in OUTPUT_ARGS:\n            pass"),
+            (TR, "return Allowlist(\n        modules={p: c for p, c in classes.items() if issubclass(c, LightningModule)},",
+             "return Allowlist(\n        modules={p: c for p, c in classes.items() if issubclass(c, object)},"),
+            (CK, "checked = trust.check_stored_model(stored, str(checkpoint_path), trust.zoo_allowlist(), cls=cls)",
+             "checked = {k: v for k, v in stored.items() if not k.startswith(\"_\")}"),
+            (RG, "    init_args = check_stored_model({\"_class_path\": spec[\"class_path\"], **spec[\"init_args\"]}, uri, allow)",
+             "    init_args = spec[\"init_args\"]"),
+            (RG, "\"init_args\": check_stored_data(data.get(\"class_path\"), data.get(\"init_args\") or {}, uri, allow)}",
+             "\"init_args\": data.get(\"init_args\") or {}}"),
+            (RG, "    init_args = check_stored_model({\"_class_path\": spec.get(\"class_path\"), **(spec.get(\"init_args\") or {})},\n                                   source, zoo_allowlist())",
+             "    init_args = spec.get(\"init_args\") or {}"),
         ],
     },
 }

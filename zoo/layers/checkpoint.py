@@ -18,7 +18,7 @@ import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from zoo.layers import compat
+from zoo.layers import compat, trust
 from zoo.layers.weights import CheckpointError, is_remote, load_file
 
 
@@ -37,6 +37,11 @@ class WeightsOnlyLoading:
         if hparams_file is not None:
             raise ValueError("hparams_file is not supported: a zoo checkpoint carries its hyperparameters")
         checkpoint = load_file(checkpoint_path, map_location=map_location)
+        key = cls.CHECKPOINT_HYPER_PARAMS_KEY
+        if checkpoint.get(key):  # what the file names is checked before Lightning imports any of it
+            stored = dict(checkpoint[key])
+            checked = trust.check_stored_model(stored, str(checkpoint_path), trust.zoo_allowlist(), cls=cls)
+            checkpoint[key] = {**{k: stored[k] for k in ("_class_path", "_instantiator") if k in stored}, **checked}
         module = compat.module_from_checkpoint(cls, checkpoint, strict=strict, **kwargs)
         module.skip_init_weights()  # the checkpoint's weights are the trained ones
         tensor = next((t for t in checkpoint.get("state_dict", {}).values() if isinstance(t, torch.Tensor)), None)
@@ -62,19 +67,22 @@ class WeightsOnlyCheckpointIO(TorchCheckpointIO):
 MISSING = "<absent>"
 
 
-def stored_model(ckpt_path: str | Path) -> tuple[str, dict] | None:
-    """The module class path and init arguments a checkpoint written through cli.py records, else None."""
+def stored_model(ckpt_path: str | Path, allow: trust.Allowlist | None = None) -> tuple[str, dict] | None:
+    """The module class path and init arguments a checkpoint written through cli.py records, else None; checked
+    against ``allow`` (``zoo.layers.trust``) before anything they name is imported."""
     hparams = dict(load_file(ckpt_path, mmap=True).get("hyper_parameters") or {})
-    hparams.pop("_instantiator", None)
-    class_path = hparams.pop("_class_path", None)
-    return (class_path, _plain(hparams)) if class_path else None
+    class_path = hparams.get("_class_path")
+    if not class_path:
+        return None
+    return class_path, _plain(trust.check_stored_model(hparams, str(ckpt_path), allow or trust.zoo_allowlist()))
 
 
 def reconcile(ckpt_path: str | Path, model: dict) -> list[str]:
     """How the model config ``model`` (``class_path``, ``init_args``: what the config and command line give) meets
     the checkpoint's own: a line per differing value, the given one winning; raises ``CheckpointError`` (one line)
     for another module class, or for values that would change the shape of the checkpoint's weights."""
-    stored = stored_model(ckpt_path)
+    # The classes this run's own config names are the user's to vouch for (a checkpoint of their own custom net).
+    stored = stored_model(ckpt_path, trust.zoo_allowlist().with_trusted(trust.trusted_class_paths(model)))
     if stored is None:  # saved from Python, not through cli.py: nothing to compare with
         return []
     class_path, old = stored

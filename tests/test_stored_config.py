@@ -1,0 +1,365 @@
+"""A file is data, never code (issue 24): whatever a checkpoint, a registered model or a URL says is checked against
+the allowlist (``zoo.layers.trust``) before anything it names is imported, called or written to.
+
+The attacks are plain-data files: no pickled objects, tensors only, which pass ``torch.load(weights_only=True)``;
+their stored config names a module of the attacker's that writes a marker file when it is imported and when any of
+its callables runs. Each test tampers several keys, at several depths, with several callables, through every way a
+stored config comes in, and checks that the marker never appears and that the refusal names the key.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import CONFIGS, cli
+
+from zoo.layers import trust
+from zoo.layers.trust import UntrustedConfigError
+
+CNN = str(CONFIGS / "cnn" / "convnet_digits.yaml")
+PPO = str(CONFIGS / "rl" / "ppo_tiny.yaml")
+FAST = ("--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
+        "--trainer.logger=false")
+
+EVIL = '''
+import pathlib
+MARK = pathlib.Path({marker!r})
+MARK.with_name(MARK.name + ".imported").touch()  # its top-level code ran
+
+import gymnasium as gym
+import torch
+from lightning.pytorch import LightningDataModule, LightningModule
+
+
+def evil(*args, **kwargs):
+    MARK.touch()
+
+
+class EvilNet(torch.nn.Module):
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+        MARK.touch()
+
+
+class EvilModule(LightningModule):
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+        MARK.touch()
+
+
+class EvilData(LightningDataModule):
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+        MARK.touch()
+
+
+class EvilWrapper(gym.Wrapper):
+    def __init__(self, env, *args, **kwargs):
+        super().__init__(env)
+        MARK.touch()
+
+
+class EvilEnv(gym.Env):
+    def __init__(self, *args, **kwargs):
+        MARK.touch()
+'''
+
+
+class Attacker:
+    """A module of the attacker's, importable (on sys.path), and the marker its code would leave."""
+
+    def __init__(self, root: Path, monkeypatch) -> None:
+        self.name = f"evil_{uuid.uuid4().hex[:8]}"
+        self.marker = root / f"{self.name}.marker"
+        (root / f"{self.name}.py").write_text(EVIL.format(marker=str(self.marker)))
+        monkeypatch.syspath_prepend(str(root))
+
+    def ran(self) -> bool:
+        return (self.marker.exists() or self.marker.with_name(self.marker.name + ".imported").exists()
+                or self.name in sys.modules)
+
+
+@pytest.fixture
+def attacker(tmp_path, monkeypatch) -> Attacker:
+    folder = tmp_path / "attacker"
+    folder.mkdir()
+    return Attacker(folder, monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """Real checkpoints of two families, trained for a step through cli.py: a classifier and a PPO agent."""
+    import os
+
+    cwd = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("checkpoints"))
+    try:
+        out = {}
+        ppo = ("--model.init_args.total_env_steps=256", "--trainer.val_check_interval=2", "--trainer.logger=false")
+        for name, config, args in (("cnn", CNN, FAST), ("ppo", PPO, ppo)):
+            c = cli("fit", "--config", config, *args)
+            out[name] = Path(c.trainer.checkpoint_callback.last_model_path).resolve()
+        return out
+    finally:
+        os.chdir(cwd)
+
+
+# Where a tampered config puts the attacker's name: (checkpoint, section, dotted key, value with {m} for the module).
+# Every one is something a consumer would import or call: jsonargparse (class paths, strings for class- and
+# callable-typed arguments, any {class_path} dict), Lightning (_instantiator), GymDataModule (wrappers) and
+# gymnasium (module:Env).
+TAMPERED = [
+    ("cnn", "hyper_parameters", "_class_path", "{m}.EvilModule"),
+    ("cnn", "hyper_parameters", "_instantiator", "{m}.evil"),
+    ("cnn", "hyper_parameters", "net.class_path", "{m}.EvilNet"),
+    ("cnn", "hyper_parameters", "net", "{m}.EvilNet"),
+    ("cnn", "hyper_parameters", "net.init_args.extra", {"deep": [{"class_path": "{m}.EvilNet"}]}),
+    ("cnn", "hyper_parameters", "optimizer", {"class_path": "{m}.evil", "init_args": {"lr": 1.0}}),
+    ("cnn", "datamodule_hyper_parameters", "_class_path", "{m}.EvilData"),
+    ("cnn", "datamodule_hyper_parameters", "batch_size", {"class_path": "{m}.EvilNet"}),
+    ("ppo", "datamodule_hyper_parameters", "wrappers", ["{m}.EvilWrapper"]),
+    ("ppo", "datamodule_hyper_parameters", "wrappers", ["gymnasium.wrappers.ClipAction", {"class_path": "{m}.evil"}]),
+    ("ppo", "datamodule_hyper_parameters", "wrappers", [{"class_path": "gymnasium.wrappers.TransformObservation",
+                                                         "init_args": {"func": "{m}.evil"}}]),
+    ("ppo", "datamodule_hyper_parameters", "env_id", "{m}:EvilEnv"),
+    ("ppo", "hyper_parameters", "net.class_path", "os.system"),
+]
+IDS = [f"{ckpt}-{'data' if section.startswith('data') else 'model'}.{key}-{i}"
+       for i, (ckpt, section, key, _) in enumerate(TAMPERED)]
+
+
+def _fill(value, module: str):
+    if isinstance(value, str):
+        return value.replace("{m}", module)
+    if isinstance(value, list):
+        return [_fill(v, module) for v in value]
+    if isinstance(value, dict):
+        return {k: _fill(v, module) for k, v in value.items()}
+    return value
+
+
+def _set(d: dict, dotted: str, value) -> None:
+    *parents, last = dotted.split(".")
+    for p in parents:
+        d = d[p] if isinstance(d.get(p), dict) else d.setdefault(p, {})
+    d[last] = value
+
+
+def tamper(src: Path, dst: Path, section: str, key: str, value) -> Path:
+    """``src`` with one stored setting replaced: still tensors and plain values only (weights-only loadable)."""
+    ckpt = torch.load(src, weights_only=True)
+    _set(ckpt[section], key, value)
+    torch.save(ckpt, dst)
+    torch.load(dst, weights_only=True)  # the attack passes the unpickler: only the config is hostile
+    return dst
+
+
+def shown_key(section: str, key: str) -> str:
+    """How the refusal names the key: model/data, then init_args for everything but the class path itself."""
+    where = "data" if section.startswith("data") else "model"
+    first = key.split(".")[0]
+    if first in ("_class_path",):
+        return f"{where} class_path"
+    if first == "_instantiator":
+        return "_instantiator"
+    return f"{where}.init_args.{first}"
+
+
+@pytest.mark.parametrize(("ckpt", "section", "key", "value"), TAMPERED, ids=IDS)
+@pytest.mark.parametrize("subcommand", ["validate", "predict"])
+def test_a_tampered_checkpoint_is_refused_through_ckpt_path(checkpoints, attacker, tmp_path, subcommand, ckpt,
+                                                            section, key, value):
+    if subcommand == "predict" and section.startswith("data") and ckpt == "cnn":
+        pytest.skip("predict takes the module's own DataModule for new inputs, not the stored training data")
+    path = tamper(checkpoints[ckpt], tmp_path / "evil.ckpt", section, key, _fill(value, attacker.name))
+    with pytest.raises(UntrustedConfigError) as err:
+        cli(subcommand, f"--ckpt_path={path}", "--trainer.logger=false")
+    assert shown_key(section, key) in str(err.value) and str(path) in str(err.value), err.value
+    assert not attacker.ran()
+
+
+def test_the_refusal_is_one_line_and_the_users_own_config_overrides_nothing(checkpoints, attacker, tmp_path,
+                                                                            monkeypatch, capsys):
+    """The user's own trusted --config does not set the tampered key, so the stored one would be used: refused."""
+    from cli import run
+
+    path = tamper(checkpoints["ppo"], tmp_path / "evil.ckpt", "datamodule_hyper_parameters", "wrappers",
+                  [f"{attacker.name}.EvilWrapper"])
+    monkeypatch.setattr(sys, "argv", ["cli.py", "validate", "--config", PPO, f"--ckpt_path={path}",
+                                      "--trainer.logger=false"])
+    with pytest.raises(SystemExit) as exit_info:
+        run()
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert exit_info.value.code == 1 and len(errors) == 1 and "Traceback" not in err, err[-3000:]
+    assert f"data.init_args.wrappers[0] is '{attacker.name}.EvilWrapper'" in errors[0], errors[0]
+    assert not attacker.ran()
+
+
+def test_a_tampered_checkpoint_at_a_url_is_refused(checkpoints, attacker, tmp_path, served):
+    tamper(checkpoints["cnn"], tmp_path / "evil.ckpt", "hyper_parameters", "net.class_path", f"{attacker.name}.EvilNet")
+    with pytest.raises(UntrustedConfigError, match=r"model\.init_args\.net\.class_path"):
+        cli("predict", f"--ckpt_path={served}/evil.ckpt", "--trainer.logger=false")
+    from zoo.cnn import ClassifierModule
+
+    with pytest.raises(UntrustedConfigError, match=r"model\.init_args\.net\.class_path"):
+        ClassifierModule.load_from_checkpoint(f"{served}/evil.ckpt")
+    assert not attacker.ran()
+
+
+@pytest.mark.parametrize(("ckpt", "section", "key", "value"),
+                         [t for t in TAMPERED if t[1] == "hyper_parameters"],
+                         ids=[i for i, t in zip(IDS, TAMPERED) if t[1] == "hyper_parameters"])
+def test_load_from_checkpoint_and_load_model_refuse_a_tampered_model(checkpoints, attacker, tmp_path, ckpt, section,
+                                                                     key, value):
+    from zoo.cnn import ClassifierModule
+    from zoo.rl import PPOModule
+    from zoo.tracking import load_model
+
+    path = tamper(checkpoints[ckpt], tmp_path / "evil.ckpt", section, key, _fill(value, attacker.name))
+    cls = {"cnn": ClassifierModule, "ppo": PPOModule}[ckpt]
+    for load in (cls.load_from_checkpoint, load_model):
+        if key == "_instantiator" and load is load_model:
+            load(str(path))  # load_model builds the module itself: a stored instantiator is never read
+            continue
+        with pytest.raises(UntrustedConfigError) as err:
+            load(str(path))
+        assert shown_key(section, key) in str(err.value), err.value
+    assert not attacker.ran()
+
+
+def test_a_stored_data_config_is_never_used_by_load_from_checkpoint(checkpoints, attacker, tmp_path):
+    from zoo.rl import PPOModule
+
+    path = tamper(checkpoints["ppo"], tmp_path / "evil.ckpt", "datamodule_hyper_parameters", "env_id",
+                  f"{attacker.name}:EvilEnv")
+    PPOModule.load_from_checkpoint(path)
+    assert not attacker.ran()
+
+
+def test_init_weights_read_only_the_weights_of_a_tampered_checkpoint(checkpoints, attacker, tmp_path):
+    path = tamper(checkpoints["cnn"], tmp_path / "evil.ckpt", "hyper_parameters", "net.class_path",
+                  f"{attacker.name}.EvilNet")
+    c = cli("validate", "--config", CNN, f"--model.init_args.init_weights={path}", *FAST)
+    trained = torch.load(checkpoints["cnn"], weights_only=True)["state_dict"]
+    for k, v in c.model.state_dict().items():
+        torch.testing.assert_close(v, trained[k])
+    assert not attacker.ran()
+
+
+@pytest.fixture
+def registered_tampered(checkpoints, tmp_path):
+    """Register the classifier as an MLflow model, then let ``edit`` change its module.json in the store, as anyone
+    with write access to a shared tracking server could; returns a function giving the models:/ and runs:/ URIs."""
+    from mlflow.tracking import MlflowClient
+
+    from zoo.layers.weights import extract_state_dict
+    from zoo.registry import SPEC, load_checkpoint, module_spec, save_model, tracking_uri
+
+    client = MlflowClient(tracking_uri(), registry_uri=tracking_uri())
+
+    def register(edit) -> tuple[str, str]:
+        ckpt = load_checkpoint(checkpoints["cnn"])
+        folder = save_model(extract_state_dict(ckpt), module_spec(ckpt), tmp_path / f"model-{uuid.uuid4().hex[:6]}")
+        spec = json.loads((folder / "artifacts" / SPEC).read_text())
+        edit(spec)
+        (folder / "artifacts" / SPEC).write_text(json.dumps(spec))
+        exp = client.get_experiment_by_name("Default").experiment_id
+        run = client.create_run(exp).info.run_id
+        client.log_artifacts(run, str(folder), "model")
+        name = f"tampered-{uuid.uuid4().hex[:6]}"
+        client.create_registered_model(name)
+        v = client.create_model_version(name, f"{client.get_run(run).info.artifact_uri}/model", run)
+        return f"models:/{name}/{v.version}", f"runs:/{run}/model"
+
+    return register
+
+
+@pytest.mark.parametrize("where", [
+    ("class_path",), ("init_args", "net", "class_path"), ("init_args", "net", "init_args", "nested"),
+    ("data", "class_path"), ("data", "init_args", "root"),
+])
+def test_a_tampered_registered_model_is_refused(registered_tampered, attacker, where):
+    from zoo.tracking import load_model
+
+    def edit(spec):
+        at = spec
+        for k in where[:-1]:
+            at = at.setdefault(k, {})
+        value = f"{attacker.name}.EvilNet"
+        at[where[-1]] = value if where[-1] == "class_path" else {"class_path": value}
+
+    models_uri, runs_uri = registered_tampered(edit)
+    for uri in (models_uri, runs_uri):
+        with pytest.raises(UntrustedConfigError, match=f"{attacker.name}.EvilNet"):
+            cli("validate", f"--ckpt_path={uri}", "--trainer.logger=false")
+        if where[0] != "data":  # the model alone: load_model builds no DataModule
+            with pytest.raises(UntrustedConfigError, match=f"{attacker.name}.EvilNet"):
+                load_model(uri)
+    assert not attacker.ran()
+
+
+# -- what is allowed -----------------------------------------------------------------------------------------
+
+
+def _sections(config: dict) -> list[tuple[str, dict]]:
+    return [(k, config[k]) for k in ("model", "data") if k in config]
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*/*.yaml")), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_shipped_config_passes_as_a_stored_config(path):
+    from cli import stored_config_allowlist
+
+    allow = stored_config_allowlist()
+    for section, cfg in _sections(yaml.safe_load(path.read_text())):
+        args = cfg.get("init_args") or {}
+        if section == "model":
+            trust.check_stored_model({"_class_path": cfg["class_path"], **args}, str(path), allow)
+        else:
+            trust.check_stored_data(cfg["class_path"], args, str(path), allow)
+
+
+def test_a_class_or_env_the_users_own_config_names_is_theirs_to_vouch_for(attacker):
+    from cli import stored_config_allowlist
+
+    allow = stored_config_allowlist()
+    stored = {"_class_path": "zoo.cnn.ClassifierModule", "net": {"class_path": f"{attacker.name}.EvilNet"}}
+    with pytest.raises(UntrustedConfigError):
+        trust.check_stored_model(stored, "x.ckpt", allow)
+    user = {"model": {"init_args": {"net": {"class_path": f"{attacker.name}.EvilNet"}}}}
+    trust.check_stored_model(stored, "x.ckpt", allow.with_trusted(trust.trusted_class_paths(user)))
+    data = {"env_id": f"{attacker.name}:EvilEnv", "wrappers": [f"{attacker.name}.EvilWrapper"]}
+    with pytest.raises(UntrustedConfigError):
+        trust.check_stored_data("datamodules.GymDataModule", data, "x.ckpt", allow)
+    trust.check_stored_data("datamodules.GymDataModule", data, "x.ckpt",
+                            allow.with_trusted(trust.trusted_class_paths({"data": copy.deepcopy(data)})))
+    assert not attacker.ran()  # vouched for, but nothing was imported by the check
+
+
+def test_a_stored_output_folder_is_dropped():
+    from cli import stored_config_allowlist
+
+    args = trust.check_stored_data("datamodules.GymDataModule", {"env_id": "CartPole-v1", "video_dir": "/etc"},
+                                   "x.ckpt", stored_config_allowlist())
+    assert args == {"env_id": "CartPole-v1"}
+
+
+def test_every_allowed_class_has_resolvable_annotations():
+    """An annotation that did not resolve would be read as "may take a class", refusing plain strings there."""
+    import typing
+
+    from cli import stored_config_allowlist
+
+    allow = stored_config_allowlist()
+    for cls in {**allow.modules, **allow.data, **allow.parts}.values():
+        for base in cls.__mro__:
+            init = vars(base).get("__init__")
+            if init is not None and base.__module__.split(".")[0] in ("zoo", "datamodules"):
+                typing.get_type_hints(init)  # raises, naming the annotation, if it cannot be resolved
