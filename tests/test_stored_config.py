@@ -117,6 +117,7 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
 # gymnasium (module:Env).
 TAMPERED = [
     ("cnn", "hyper_parameters", "_class_path", "{m}.EvilModule"),
+    ("cnn", "hyper_parameters", "_class_path", "zoo.cnn.ConvNet"),  # the zoo's, but a net is not a module class
     ("cnn", "hyper_parameters", "_instantiator", "{m}.evil"),
     ("cnn", "hyper_parameters", "net.class_path", "{m}.EvilNet"),
     ("cnn", "hyper_parameters", "net", "{m}.EvilNet"),
@@ -124,10 +125,13 @@ TAMPERED = [
     ("cnn", "hyper_parameters", "optimizer", {"class_path": "{m}.evil", "init_args": {"lr": 1.0}}),
     ("cnn", "datamodule_hyper_parameters", "_class_path", "{m}.EvilData"),
     ("cnn", "datamodule_hyper_parameters", "batch_size", {"class_path": "{m}.EvilNet"}),
+    ("cnn", "hyper_parameters", "net.init_args.channels", '{"class_path": "{m}.EvilNet"}'),  # YAML in a string
     ("ppo", "datamodule_hyper_parameters", "wrappers", ["{m}.EvilWrapper"]),
     ("ppo", "datamodule_hyper_parameters", "wrappers", ["gymnasium.wrappers.ClipAction", {"class_path": "{m}.evil"}]),
     ("ppo", "datamodule_hyper_parameters", "wrappers", [{"class_path": "gymnasium.wrappers.TransformObservation",
                                                          "init_args": {"func": "{m}.evil"}}]),
+    ("ppo", "datamodule_hyper_parameters", "wrappers", [{"class_path": "gymnasium.wrappers.FrameStackObservation",
+                                                         "init_args": {"stack_size": {"class_path": "{m}.evil"}}}]),
     ("ppo", "datamodule_hyper_parameters", "env_id", "{m}:EvilEnv"),
     ("ppo", "hyper_parameters", "net.class_path", "os.system"),
 ]
@@ -363,3 +367,17 @@ def test_every_allowed_class_has_resolvable_annotations():
             init = vars(base).get("__init__")
             if init is not None and base.__module__.split(".")[0] in ("zoo", "datamodules"):
                 typing.get_type_hints(init)  # raises, naming the annotation, if it cannot be resolved
+
+
+def test_which_annotations_jsonargparse_may_resolve_a_string_for_by_import():
+    from collections.abc import Callable
+    from typing import Literal
+
+    from torch import nn
+
+    admits = trust._admits_class
+    for hint in (nn.Module, nn.Module | None, type[nn.Module] | None, Callable[[int], nn.Module], type):
+        assert admits(hint), hint
+    for hint in (str, str | None, int, float | None, bool, Literal["a", "b"], list[nn.Module], dict[str, nn.Module],
+                 Path, None):
+        assert not admits(hint), hint

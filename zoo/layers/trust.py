@@ -41,6 +41,8 @@ from enum import Enum
 from pathlib import PurePath
 from typing import Any
 
+import yaml
+
 from zoo.layers.weights import CheckpointError
 
 # The packages whose classes a stored config may name (imported here only by these fixed names: they are ours).
@@ -186,6 +188,14 @@ def _check_value(value: Any, hint: Any, where: str, source: str, allow: Allowlis
     elif isinstance(value, str) and _admits_class(hint):
         # jsonargparse reads a string given to a class-, type- or callable-typed argument as a class path
         _allowed(value, allow.parts, allow, source, where, "a class the zoo ships")
+    elif isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
+        # jsonargparse loads a string given to a non-string argument as YAML: a class path may hide inside
+        try:
+            loaded = yaml.safe_load(value)
+        except yaml.YAMLError:
+            return
+        if isinstance(loaded, (Mapping, list)):
+            _check_value(loaded, hint, where, source, allow)
 
 
 def _check_wrappers(value: Any, where: str, source: str, allow: Allowlist) -> None:
