@@ -281,8 +281,10 @@ def checkpoint_config(uri: str, subcommand: str, tracking_uri_: str | None = Non
     predict_data = getattr(module_class, "predict_data", None)
     if subcommand == "predict" and predict_data:
         out["data"] = {"class_path": predict_data}
-    elif "data" in spec:
-        out["data"] = spec["data"]
+    elif "data" in spec:  # where this run writes is its own: a stored output folder is dropped
+        from zoo.tracking import without_output_keys
+
+        out["data"] = without_output_keys(spec["data"])
     return out
 
 

@@ -324,6 +324,39 @@ def run_dir(trainer: Trainer) -> Path:
     return Path(os.environ.get(RUN_DIR_ENV) or Path(trainer.default_root_dir, "run-unnamed"))
 
 
+# The init arguments that name where a run writes (class path, argument): each a name inside the run's folder
+# (``in_run_dir``), never taken from a stored config (a checkpoint's or registered model's data section, dropped
+# by ``without_output_keys``), since a shared file must not choose where a user's run writes.
+OUTPUT_KEYS = (("datamodules.GymDataModule", "video_dir"), ("datamodules.DiffusionDataModule", "output_dir"))
+
+
+def without_output_keys(config: dict) -> dict:
+    """A stored ``{class_path, init_args}`` without the arguments that name an output location (``OUTPUT_KEYS``), so
+    that this run's defaults, or the user's flags, choose them. By name whatever the class path says: a class
+    reached by another path (``datamodules.gym.GymDataModule``) is the same class."""
+    names = {key for _, key in OUTPUT_KEYS}
+    return {**config, "init_args": {k: v for k, v in (config.get("init_args") or {}).items() if k not in names}}
+
+
+def check_output_name(key: str, name: str | None) -> str | None:
+    """``name`` unchanged when it is a folder or file name inside a run's folder: relative, and no ``..`` that
+    leaves it; otherwise an InputError naming ``key``, checked before the run does any work."""
+    from zoo.layers.errors import InputError
+
+    if name is not None and (Path(name).is_absolute() or os.path.normpath(name).split(os.sep)[0] == os.pardir):
+        raise InputError(
+            f"{key}={name!r} is outside the run's folder: every output goes under the run's folder "
+            f"(<default_root_dir>/<experiment id>/<run id>/), so give a name inside it (a relative path without "
+            f"'..'), and copy the files elsewhere after the run"
+        )
+    return name
+
+
+def in_run_dir(trainer: Trainer, name: str | Path, key: str) -> Path:
+    """The place called ``name`` inside this run's folder (``run_dir``); refuses a name that leaves it."""
+    return run_dir(trainer) / os.path.normpath(check_output_name(key, str(name)))
+
+
 def new_run_dir(trainer: Trainer, stage: str) -> Path:
     """Rank 0: this run's folder, a fresh ``<root>/<stage>-<time>-<hex>`` without an MLflow logger, passed on to
     the ranks Lightning launches later through $ZOO_RUN_DIR. Other ranks: the folder rank 0 passed on."""
