@@ -2,14 +2,16 @@
 
 Every output of a run (predictions, sample grids, per-image PNGs, GIFs, text) goes under ``run_dir(trainer)``
 (``<root>/<experiment id>/<run id>`` with the MLflow logger) and into the run's artifacts with ``log_file``;
-nothing is written to the working directory. Both helpers live in ``zoo.tracking`` so that modules can use
-them too, and are re-exported here for the callbacks. Images and videos among the outputs (``callbacks.media``)
-become PNGs with a grid and GIF/MP4 files in the same folder.
+nothing is written to the working directory or outside the run's folder (a folder setting is a name inside it,
+``zoo.tracking.in_run_dir``), and nothing over an existing file (``callbacks.media.new_file``). Both helpers live
+in ``zoo.tracking`` so that modules can use them too, and are re-exported here for the callbacks. Images and
+videos among the outputs (``callbacks.media``) become PNGs with a grid and GIF/MP4 files in the same folder.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import re
 from pathlib import Path
@@ -20,21 +22,20 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from callbacks.media import split_media, write_images, write_video
-from zoo.tracking import log_file, run_dir
+from callbacks.media import new_file, split_media, write_images, write_video
+from zoo.tracking import check_output_name, in_run_dir, log_file, run_dir
 
 __all__ = ["WritePredictions", "log_file", "output_path", "run_dir"]
 
 ARTIFACT_DIR = "predictions"
+PATH_KEY = "callbacks.WritePredictions path"
 
 
 def output_path(trainer: Trainer, path: str | Path) -> Path:
-    """``path`` under this run's folder unless absolute (one file per rank under DDP), its folder created."""
-    path = Path(path)
-    path = path if path.is_absolute() else run_dir(trainer) / path
+    """``path`` inside this run's folder (one file per rank under DDP); refuses one that leaves it."""
+    path = in_run_dir(trainer, path, PATH_KEY)
     if trainer.world_size > 1:
         path = path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
-    path.parent.mkdir(parents=True, exist_ok=True)
     return path
 
 
@@ -55,22 +56,22 @@ class WritePredictions(BasePredictionWriter):
     def __init__(self, path: str = "predictions.csv") -> None:
         """
         Args:
-            path: file the predictions are written to, relative to the run's folder (columns are the
+            path: file the predictions are written to, a name inside the run's folder (columns are the
                 predict_step dict keys).
         """
         super().__init__(write_interval="epoch")
-        self.path = path
+        self.path = check_output_name(PATH_KEY, path)
 
     def write_on_epoch_end(self, trainer: Trainer, pl_module: LightningModule, predictions: Any, batch_indices: Any) -> None:
         batches = predictions[0] if predictions and isinstance(predictions[0], list) else predictions
         batches = [b for b in batches if isinstance(b, dict)]
         if not batches:
             return
-        batches, images, videos = split_media(batches)
+        batches, images, images_dir, videos = split_media(batches)
         for video in videos:
             self._write_video(trainer, video)
         if images:
-            self._write_images(trainer, batches, torch.cat(images))
+            self._write_images(trainer, batches, torch.cat(images), images_dir)
         columns = {k: _concat([b[k] for b in batches]) for k in batches[0]}
         written = [self._write_array(trainer, k, columns.pop(k)) for k in getattr(pl_module, "prediction_arrays", ())
                    if k in columns]
@@ -83,19 +84,18 @@ class WritePredictions(BasePredictionWriter):
             log_file(trainer, path, ARTIFACT_DIR)
         print("\n".join(f"Wrote {path.resolve()}" for path in written))
 
-    def _media_dir(self, trainer: Trainer, name: str, given: str | None = None) -> Path:
-        """``given``, else the folder ``name`` beside the predictions file in the run's folder."""
+    def _media_dir(self, trainer: Trainer, name: str, given: str | None = None, key: str = "") -> Path:
+        """The folder ``given`` (setting ``key``), else ``name`` beside the predictions file, in the run's folder."""
         if given:
-            return Path(given)
-        path = Path(self.path).parent / name
-        return path if path.is_absolute() else run_dir(trainer) / path
+            return in_run_dir(trainer, given, key)
+        return in_run_dir(trainer, Path(self.path).parent / name, PATH_KEY)
 
     def _write_video(self, trainer: Trainer, video: dict) -> None:
-        path = write_video(video, self._media_dir(trainer, "videos", video.get("dir")))
+        path = write_video(video, self._media_dir(trainer, "videos", video.get("dir"), "the video's folder"))
         log_file(trainer, path, "videos")
         print(f"Wrote a video of {len(video['frames'])} frames to {path.resolve()}")
 
-    def _write_images(self, trainer: Trainer, batches: list[dict], images: torch.Tensor) -> None:
+    def _write_images(self, trainer: Trainer, batches: list[dict], images: torch.Tensor, given: str | None) -> None:
         """A PNG per image, named by its row's index and label when it has them, and a grid; the rows get the paths."""
         rank = f".rank{trainer.global_rank}" if trainer.world_size > 1 else ""
         classes = list(getattr(trainer.datamodule, "class_names", None) or [])
@@ -108,7 +108,7 @@ class WritePredictions(BasePredictionWriter):
                 label = "" if k < 0 else "_" + re.sub(r"[^\w.-]+", "_", str(classes[k])) if k < len(classes) else f"_label{k}"
                 names.append(f"{index:04d}{label}{rank}")
             n += size
-        folder = self._media_dir(trainer, "images")
+        folder = self._media_dir(trainer, "images", given, "the images' folder")
         paths, grid = write_images(images, names, folder, grid_name=f"grid{rank}")
         files = iter(str(p) for p in paths)
         for b in batches:
@@ -118,8 +118,9 @@ class WritePredictions(BasePredictionWriter):
         print(f"Wrote {len(paths)} images and their grid to {grid.resolve()}")
 
     def _write_array(self, trainer: Trainer, key: str, values: torch.Tensor) -> Path:
-        path = output_path(trainer, Path(self.path).with_suffix(f".{key}.npy"))
-        np.save(path, values.float().numpy())
+        f, path = new_file(output_path(trainer, Path(self.path).with_suffix(f".{key}.npy")))
+        with f:
+            np.save(f, values.float().numpy())
         return path
 
     def _write_csv(self, trainer: Trainer, columns: dict[str, Any]) -> Path:
@@ -133,18 +134,19 @@ class WritePredictions(BasePredictionWriter):
             else:
                 header.append(key)
                 cells.append(value)
-        path = output_path(trainer, Path(self.path).with_suffix(".csv"))
-        with path.open("w", newline="", encoding="utf-8") as f:
-            writer = csv.writer(f)
+        f, path = new_file(output_path(trainer, Path(self.path).with_suffix(".csv")))
+        with io.TextIOWrapper(f, encoding="utf-8", newline="") as text:
+            writer = csv.writer(text)
             writer.writerow(header)
             writer.writerows([_format(v) for v in row] for row in zip(*cells))
         return path
 
     def _write_jsonl(self, trainer: Trainer, columns: dict[str, Any]) -> Path:
-        path = output_path(trainer, Path(self.path).with_suffix(".jsonl"))
+        f, path = new_file(output_path(trainer, Path(self.path).with_suffix(".jsonl")))
         n = len(next(iter(columns.values())))
         rows = [{k: (v[i].tolist() if isinstance(v, torch.Tensor) else v[i]) for k, v in columns.items()} for i in range(n)]
-        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        with f:
+            f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8"))
         return path
 
 

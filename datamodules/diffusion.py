@@ -18,8 +18,9 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
 from datamodules.base import ImageDataModule
-from zoo.layers.hparams import save_hparams
 from zoo.diffusion.samplers import Sampling
+from zoo.layers.hparams import save_hparams
+from zoo.tracking import check_output_name
 
 
 class _CollateRequests:
@@ -46,7 +47,7 @@ class DiffusionDataModule(LightningDataModule):
         labels: list[int] | None = None,
         sampling: Sampling = Sampling(),
         seed: int = 0,
-        output_dir: str = "samples",
+        output_dir: str | None = None,
     ) -> None:
         """
         Args:
@@ -60,7 +61,8 @@ class DiffusionDataModule(LightningDataModule):
             sampling: predict: the sampler and its options (``zoo.diffusion.Sampling``: sampler, steps, eta,
                 spacing, variance, guidance_scale).
             seed: predict: seed of batch 0; batch i uses seed + i, so a run repeats exactly.
-            output_dir: predict: folder of the PNG grids (``grid_<batch>.png``).
+            output_dir: predict: folder of the PNGs and their grid, a name inside the run's folder (never outside it;
+                a checkpoint's stored value is not used); None: ``images/`` beside the predictions file.
         """
         super().__init__()
         # Recorded in checkpoints (the image data as its config, never the object), so that
@@ -73,7 +75,8 @@ class DiffusionDataModule(LightningDataModule):
         self._identity = bool((self._scale == 1).all() and (self._shift == 0).all())
         self.num_samples, self.batch_size, self.labels = num_samples, batch_size, labels
         # As plain values: Lightning's batch transfer rebuilds dataclasses, which a frozen one refuses.
-        self.sampling = {"sampling": asdict(sampling), "seed": seed, "output_dir": output_dir}
+        self.sampling = {"sampling": asdict(sampling), "seed": seed,
+                         "images_dir": check_output_name("data.init_args.output_dir", output_dir)}
         # The image protocol, so nets can be sized from the data config alone.
         self.num_classes, self.image_shape = images.num_classes, images.image_shape
         self.class_names = images.class_names

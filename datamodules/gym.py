@@ -25,6 +25,8 @@ from gymnasium.vector import VectorEnv
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, IterableDataset
 
+from zoo.tracking import check_output_name
+
 
 class Ticks(IterableDataset):
     """``count`` placeholders 0, 1, ... (None: without end)."""
@@ -83,7 +85,8 @@ class GymDataModule(LightningDataModule):
             record_video: ``predict`` also plays one episode on an env rendering RGB frames, saves it as a video
                 in ``video_dir`` and logs it to MLflow (skipped with a warning when the env's renderer, e.g.
                 pygame for classic control, is not installed).
-            video_dir: where the video is written; None: ``videos/`` beside the predictions file.
+            video_dir: the video's folder, a name inside the run's folder (never outside it; a checkpoint's stored
+                value is not used); None: ``videos/`` beside the predictions file.
             video_fps: frames per second of the video.
             video_format: "gif" (Pillow only; MLflow shows it inline) or "mp4" (needs moviepy, as gymnasium's
                 ``RecordVideo``).
@@ -97,7 +100,8 @@ class GymDataModule(LightningDataModule):
         self.wrappers = list(wrappers or [])
         self.eval_episodes, self.eval_envs, self.eval_seed = eval_episodes, eval_envs, eval_seed
         self.predict_episodes = predict_episodes
-        self.record_video, self.video_dir, self.video_fps = record_video, video_dir, video_fps
+        self.record_video, self.video_fps = record_video, video_fps
+        self.video_dir = check_output_name("data.init_args.video_dir", video_dir)
         self.video_format = video_format
         self._spaces: tuple[gym.Space, gym.Space] | None = None
 

@@ -15,8 +15,9 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 from torch import nn
 
+from callbacks.media import to_pil
 from zoo.diffusion import DiffusionModule, Sampling
-from zoo.diffusion.grid import image_grid
+from zoo.tracking import run_dir
 
 TINY = str(CONFIGS / "diffusion" / "tiny.yaml")
 DIT16 = str(CONFIGS / "diffusion" / "dit_tiny_shapes16.yaml")
@@ -51,17 +52,19 @@ def test_tiny_fits_validates_on_ema_and_predicts_from_its_checkpoint():
     assert grids == ["samples/step_0000010.png", "samples/step_0000020.png"]  # one per validation epoch
     assert client.get_run(run).data.tags["zoo.family"] == "diffusion"
 
-    cli("predict", "--config", TINY, f"--ckpt_path={last}", "--data.init_args.sampling.guidance_scale=3",
-        "--data.init_args.sampling.steps=4", "--data.init_args.seed=5", "--data.init_args.labels=[2, 4]")
+    p = cli("predict", "--config", TINY, f"--ckpt_path={last}", "--data.init_args.sampling.guidance_scale=3",
+            "--data.init_args.sampling.steps=4", "--data.init_args.seed=5", "--data.init_args.labels=[2, 4]")
     rows = [json.loads(line) for line in output("predictions.jsonl").read_text().splitlines()]
     assert [r["label"] for r in rows] == [2, 4] * 4 and [r["seed"] for r in rows] == [5] * 4 + [6] * 4
-    assert sorted(p.name for p in Path("samples").iterdir()) == ["grid_0000.png", "grid_0001.png"]
+    assert all(Path(r["image"]).parent == run_dir(p.trainer) / "images" for r in rows)
+    assert not Path("samples").exists()  # nothing in the working directory
 
-    # The same grid from the checkpoint alone, through the module's public sample().
+    # The same images from the checkpoint alone, through the module's public sample().
     module = DiffusionModule.load_from_checkpoint(last).eval()
     torch.testing.assert_close(module.net.conv_out.weight, ema["net.conv_out.weight"])
     images = module.sample(4, Sampling("ddim", steps=4, guidance_scale=3.0), seed=5, labels=[2, 4, 2, 4])
-    assert np.array_equal(np.asarray(image_grid(images)), np.asarray(Image.open("samples/grid_0000.png")))
+    for image, row in zip(images, rows):
+        assert np.array_equal(np.asarray(to_pil(image * 0.5 + 0.5)), np.asarray(Image.open(row["image"])))
 
 
 def test_resume_restores_training_weights_and_ema():

@@ -350,9 +350,12 @@ def test_a_class_or_env_the_users_own_config_names_is_theirs_to_vouch_for(attack
 def test_a_stored_output_folder_is_dropped():
     from cli import stored_config_allowlist
 
+    allow = stored_config_allowlist()
     args = trust.check_stored_data("datamodules.GymDataModule", {"env_id": "CartPole-v1", "video_dir": "/etc"},
-                                   "x.ckpt", stored_config_allowlist())
+                                   "x.ckpt", allow)
     assert args == {"env_id": "CartPole-v1"}
+    stored = {"root": "data", "download": True, "output_dir": "/home"}
+    assert trust.check_stored_data("datamodules.DiffusionDataModule", stored, "x.ckpt", allow) == {"root": "data"}
 
 
 def test_every_allowed_class_has_resolvable_annotations():

@@ -324,6 +324,25 @@ def run_dir(trainer: Trainer) -> Path:
     return Path(os.environ.get(RUN_DIR_ENV) or Path(trainer.default_root_dir, "run-unnamed"))
 
 
+def check_output_name(key: str, name: str | None) -> str | None:
+    """``name`` unchanged when it is a folder or file name inside a run's folder: relative, and no ``..`` that
+    leaves it; otherwise an InputError naming ``key``, checked before the run does any work."""
+    from zoo.layers.errors import InputError
+
+    if name is not None and (Path(name).is_absolute() or os.path.normpath(name).split(os.sep)[0] == os.pardir):
+        raise InputError(
+            f"{key}={name!r} is outside the run's folder: every output goes under the run's folder "
+            f"(<default_root_dir>/<experiment id>/<run id>/), so give a name inside it (a relative path without "
+            f"'..'), and copy the files elsewhere after the run"
+        )
+    return name
+
+
+def in_run_dir(trainer: Trainer, name: str | Path, key: str) -> Path:
+    """The place called ``name`` inside this run's folder (``run_dir``); refuses a name that leaves it."""
+    return run_dir(trainer) / os.path.normpath(check_output_name(key, str(name)))
+
+
 def new_run_dir(trainer: Trainer, stage: str) -> Path:
     """Rank 0: this run's folder, a fresh ``<root>/<stage>-<time>-<hex>`` without an MLflow logger, passed on to
     the ranks Lightning launches later through $ZOO_RUN_DIR. Other ranks: the folder rank 0 passed on."""

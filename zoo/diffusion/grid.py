@@ -1,9 +1,8 @@
-"""Image batches in [-1, 1] as one PNG grid, for MLflow artifacts and predict outputs."""
+"""Image batches in [-1, 1] as one grid image, for the MLflow artifacts of validation samples."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -19,9 +18,3 @@ def image_grid(images: Tensor, nrow: int | None = None, padding: int = 2):
     array = (grid * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
     return Image.fromarray(array[..., 0] if array.shape[-1] == 1 else array)
 
-
-def save_grid(images: Tensor, path: str | Path, nrow: int | None = None) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    image_grid(images, nrow).save(path)
-    return path

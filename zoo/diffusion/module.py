@@ -15,7 +15,6 @@ Notation: B batch, C channels, H/W height/width, K classes (label K is the null 
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 from typing import Literal
 
 import torch
@@ -24,7 +23,6 @@ from lightning.pytorch.callbacks import WeightAveraging
 from torch import Tensor, nn
 
 from zoo.diffusion.ema import EMA
-from zoo.diffusion.grid import save_grid
 from zoo.diffusion.losses import denoising_loss
 from zoo.diffusion.samplers import ClassifierFreeGuidance, Sampling, make_sampler
 from zoo.diffusion.schedule import NoiseSchedule
@@ -214,16 +212,15 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         return x.clamp(-1, 1)
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
-        """Sample the datamodule's requests with its settings; one PNG grid per batch, rows and images to WritePredictions."""
+        """Sample the datamodule's requests with its settings; the rows and images go to WritePredictions."""
         sampling, seed = Sampling(**batch["sampling"]), batch["seed"] + batch_idx
         labels = batch["labels"]
         images = self.sample(len(labels), sampling, seed=seed, labels=labels)
-        rank = f".rank{self.global_rank}" if self.trainer.world_size > 1 else ""
-        path = save_grid(images, Path(batch["output_dir"]) / f"grid_{batch_idx:04d}{rank}.png")
         label = labels if self.num_classes else torch.full_like(labels, -1)
-        # "images" in [0, 1]: WritePredictions writes each as a PNG (enlarged when tiny) and all of them as one grid.
-        return {"index": batch["index"], "label": label, "seed": [seed] * len(labels), "grid": [str(path)] * len(labels),
-                "images": images * 0.5 + 0.5}
+        # "images" in [0, 1]: WritePredictions writes each as a PNG (enlarged when tiny) and all of them as one grid,
+        # in the run's folder ("images_dir" a name inside it), and adds each row's PNG path; zoo/ writes no file.
+        return {"index": batch["index"], "label": label, "seed": [seed] * len(labels), "images": images * 0.5 + 0.5,
+                "images_dir": batch.get("images_dir")}
 
     # -- checkpoints -------------------------------------------------------------------------------------
 

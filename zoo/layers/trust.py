@@ -22,7 +22,8 @@ Anything else is refused in one line naming the file, the key and the value. Wha
 their own YAML, is theirs and is not checked: ``trusted`` carries the class paths they named, so a checkpoint of
 their own custom net still loads when their config names it too.
 
-Settings that name where outputs go (``OUTPUT_ARGS``) are dropped from a stored config: the current run decides.
+Settings that name where outputs go, or whether to download (``OUTPUT_ARGS``), are dropped from a stored config:
+the current run decides.
 """
 
 from __future__ import annotations
@@ -62,8 +63,10 @@ REVIEWED_WRAPPERS = frozenset(f"gymnasium.wrappers.{name}" for name in (
 ))
 IMPORT_LIST_ARGS = ("wrappers",)  # init arguments whose entries are import paths called by their owner
 ENV_ID_ARGS = ("env_id",)  # init arguments that gymnasium.make resolves (``module:Env`` imports ``module``)
-# Where outputs go: chosen by the current run, never by a file (dropped from stored configs).
-OUTPUT_ARGS = ("video_dir",)
+# Chosen by the current run (its defaults, or the user's flags), never by a file, so dropped from stored configs:
+# where outputs go (GymDataModule's video_dir, DiffusionDataModule's output_dir: names inside the run's folder, see
+# zoo.tracking.in_run_dir), and whether a DataModule downloads into its root (TorchvisionDataModule's download).
+OUTPUT_ARGS = ("video_dir", "output_dir", "download")
 
 
 class UntrustedConfigError(CheckpointError):

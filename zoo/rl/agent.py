@@ -318,7 +318,7 @@ class AgentModule(WeightsOnlyLoading, LightningModule):
 
     def record(self, dm) -> dict | None:
         """One episode's frames, as predict hands a video to ``WritePredictions`` (``callbacks.media``: written beside
-        the predictions, or in the DataModule's ``video_dir``, and logged to MLflow); None without a renderer."""
+        the predictions, or in the DataModule's ``video_dir`` inside the run's folder, and logged to MLflow); None without a renderer."""
         if not self.trainer.is_global_zero:
             return None
         try:
