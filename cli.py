@@ -29,7 +29,8 @@ from zoo.layers.parallel import num_nodes_from_env
 from zoo.layers.weights import is_remote
 from zoo.registry import (SUBCOMMANDS_WITH_A_MODEL, is_mlflow_uri, resolve_checkpoint, training_run,
                           with_checkpoint_config)
-from zoo.tracking import LogConfigToMLflow, default_run_name, mlflow_loggers, nest_under_training_run, new_run_dir
+from zoo.tracking import (LogConfigToMLflow, default_run_name, end_open_runs, mlflow_loggers, nest_under_training_run,
+                          new_run_dir)
 
 EXCEPTION_DIR = "runs/on_exception"  # moved into the run's own folder at fit start (evaluations write none)
 DEFAULT_CALLBACKS = [
@@ -272,9 +273,11 @@ def run() -> None:
         os.environ[VERBOSE_ENV] = "1"
     try:
         main()
-    except SIGTERMException:  # Lightning stops at the next step and exits 0; a job script must see the kill
+    except SIGTERMException as err:  # Lightning stops at the next step and exits 0; a job script must see the kill
+        end_open_runs(err)
         sys.exit(128 + signal.SIGTERM)
     except Exception as err:
+        end_open_runs(err)  # Lightning ends a failed run, unless a callback raised on the way out or it failed outside
         cause = bad_input(err)
         if cause is None or os.environ.get(VERBOSE_ENV):
             raise

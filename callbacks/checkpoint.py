@@ -9,11 +9,13 @@ run whose metric stops improving would resume from stale weights: here ``last`` 
 
 from __future__ import annotations
 
+import contextlib
 from typing import Literal
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+from lightning.pytorch.utilities import rank_zero_warn
 
 from zoo.layers.compat import refresh_last_checkpoint
 
@@ -79,6 +81,7 @@ class CheckpointOnException(OnExceptionCheckpoint):
     Lightning's saves on any exception of any stage: a run that failed in data setup (a mistyped CSV path)
     wrote 605 MB of untrained ViT-B/32 weights, and each failed validate run a copy of the checkpoint it read.
     Before the first step, or resumed and failed before the next, the weights are those the run started from.
+    A save that fails (a full disk) is a warning: the run's own exception is the one it ends with.
     """
 
     def __init__(self, dirpath: str, filename: str = "on_exception") -> None:
@@ -97,5 +100,15 @@ class CheckpointOnException(OnExceptionCheckpoint):
         self.start_step = trainer.global_step  # after a resume restored its step
 
     def on_exception(self, trainer: Trainer, *args, **kwargs) -> None:
-        if self.start_step is not None and trainer.global_step > self.start_step:
+        if self.start_step is None or trainer.global_step <= self.start_step:
+            return
+        try:
             super().on_exception(trainer, *args, **kwargs)
+        except Exception as err:  # noqa: BLE001 - whatever failed the save must not replace the run's own error
+            # Raising here would replace the run's own exception and skip what Lightning does after the callbacks
+            # (the loggers' finalize: the MLflow run stayed RUNNING). A partial file is no checkpoint: removed.
+            with contextlib.suppress(Exception):
+                trainer.strategy.remove_checkpoint(self.ckpt_path)
+            why = str(err).splitlines()[0] if str(err) else ""
+            rank_zero_warn(f"The failed run's checkpoint was not written to {self.ckpt_path} ({type(err).__name__}: "
+                           f"{why}); its last checkpoint, if any, is the one to resume from.")

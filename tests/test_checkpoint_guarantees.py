@@ -8,6 +8,7 @@ import http.server
 import json
 import os
 import pickle
+import re
 import sys
 import threading
 from pathlib import Path
@@ -174,7 +175,6 @@ def _broken(trained: Path, tmp_path: Path, kind: str) -> tuple[Path, str]:
 
 @pytest.mark.parametrize("kind", ["truncated", "random", "code"])
 def test_a_file_that_does_not_load_says_why_in_one_line(trained, tmp_path, monkeypatch, capsys, kind):
-    import re
 
     path, says = _broken(trained, tmp_path, kind)
     line = cli_error(monkeypatch, capsys, "validate", "--config", TINY, f"--ckpt_path={path}")
@@ -183,6 +183,75 @@ def test_a_file_that_does_not_load_says_why_in_one_line(trained, tmp_path, monke
     assert [k for k, v in others.items() if v in line] == [kind], line  # one verdict, the right one
     with pytest.raises(CheckpointError, match=says):
         ClassifierModule.load_from_checkpoint(path)
+
+
+def _safetensors(header, data: bytes = bytes(16), length: int | None = None) -> bytes:
+    """A safetensors file: the header's length (or ``length``, a lie), the header (JSON or raw bytes), the data."""
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    return (len(raw) if length is None else length).to_bytes(8, "little") + raw + data
+
+
+def _tampered_zip(member: str, declared: int) -> bytes:
+    """torch.save's zip with ``member``'s sizes, in its local header and the central directory, set to ``declared``."""
+    import io
+    import struct
+    import zipfile
+
+    buffer = io.BytesIO()
+    torch.save({"state_dict": {"w": torch.arange(64.0)}}, buffer)
+    data = bytearray(buffer.getvalue())
+    (info,) = [i for i in zipfile.ZipFile(buffer).infolist() if i.filename.endswith(member)]
+    struct.pack_into("<II", data, info.header_offset + 18, declared, declared)  # local header: sizes at 18
+    central = data.find(b"PK\x01\x02")  # the central directory's first entry
+    while data[central + 46: central + 46 + len(info.filename)] != info.filename.encode():
+        central = data.find(b"PK\x01\x02", central + 4)
+    struct.pack_into("<II", data, central + 20, declared, declared)  # central directory entry: sizes at 20
+    return bytes(data)
+
+
+W = {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}
+# Files that declare sizes or offsets they do not have: each is one CheckpointError naming the file and what is
+# wrong, never a MemoryError, an OverflowError or a traceback.
+ABSURD = {
+    "header length 2**63": (
+        "w.safetensors", _safetensors({"w": W}, length=2**63), "corrupt.*declare a 9223372036854775808-byte header"),
+    "header length 2**62": (
+        "w.safetensors", _safetensors({"w": W}, length=2**62), "corrupt.*-byte header, past safetensors' limit"),
+    "header longer than the file": ("w.safetensors", _safetensors({"w": W}, length=10**6), "is truncated"),
+    "header not JSON": ("w.safetensors", _safetensors(b"{not json"), "corrupt.*header is not safetensors' JSON"),
+    "header a list": ("w.safetensors", _safetensors([1, 2]), "corrupt.*header is not safetensors' JSON"),
+    "an entry not a dict": ("w.safetensors", _safetensors({"w": 3}), "corrupt.*header is not safetensors' JSON"),
+    "offsets past the data": ("w.safetensors", _safetensors({"w": {**W, "data_offsets": [0, 2**40]}}), "is truncated"),
+    "negative offsets": (
+        "w.safetensors", _safetensors({"w": {**W, "data_offsets": [-4, 12]}}), r"data_offsets \[-4, 12\]"),
+    "a shape its bytes do not hold": (
+        "w.safetensors", _safetensors({"w": {**W, "shape": [2**40]}}),
+        r"corrupt.*tensor 'w' \(F32, shape \[1099511627776\]\) needs 4398046511104 bytes"),
+    "a zip record past the end": (
+        "w.ckpt", _tampered_zip("data/0", 2**32 - 1), "corrupt.*record .*data/0 declares 4294967295 bytes"),
+    "a zip data.pkl past the end": (
+        "w.ckpt", _tampered_zip("data.pkl", 2**31), "corrupt.*record .*data.pkl declares 2147483648"),
+}
+
+
+@pytest.mark.parametrize("case", ABSURD)
+def test_absurd_sizes_and_headers_are_one_error_naming_the_file(tmp_path, case, monkeypatch, capsys):
+    import fsspec
+
+    from zoo.layers.weights import load_file
+
+    name, data, says = ABSURD[case]
+    (tmp_path / name).write_bytes(data)
+    with fsspec.open(f"memory://{tmp_path.name}/{name}", "wb") as f:
+        f.write(data)
+    for path in (str(tmp_path / name), f"memory://{tmp_path.name}/{name}"):  # a local file, downloaded bytes
+        with pytest.raises(CheckpointError) as err:
+            load_file(path)
+        assert str(err.value).startswith(f"{path} is ") and "\n" not in str(err.value), str(err.value)
+        assert re.search(says, str(err.value)), str(err.value)
+    if name.endswith(".ckpt"):  # through the command line: one error line
+        line = cli_error(monkeypatch, capsys, "validate", "--config", TINY, f"--ckpt_path={tmp_path / name}")
+        assert re.search(says, line), line
 
 
 # -- 4. a checkpoint meets a config, loudly ------------------------------------------------------------------

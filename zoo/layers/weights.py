@@ -3,13 +3,15 @@
 ``load_file`` is the zoo's one reader of checkpoint and weights files, local or remote: a ``.pt``/``.pth``/``.ckpt``
 file is read with ``torch.load(weights_only=True)``, which refuses any pickled object that is not a tensor or a
 plain container, so a crafted file cannot run code. When a file does not load, ``diagnose`` reads its bytes (never
-unpickling them) to say which of three things it is: truncated, not a checkpoint, or a pickle that would run code.
+unpickling them, nor allocating the sizes they declare) to say which it is: truncated, corrupt, not a checkpoint, or a
+pickle that would run code.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import math
 import pickle
 import re
 import warnings
@@ -24,6 +26,10 @@ from torch import Tensor, nn
 
 class CheckpointError(RuntimeError):
     """A file that is not a loadable checkpoint (truncated, another format); the message names it and says why."""
+
+
+class TruncatedCheckpointError(CheckpointError):
+    """A checkpoint whose end is missing (an interrupted copy, download or save)."""
 
 
 class UnsafeCheckpointError(CheckpointError):
@@ -101,42 +107,92 @@ ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since 1.6: a zip archive of dat
 
 
 def diagnose(f: BinaryIO, name: str, size: int) -> CheckpointError | None:
-    """Why the file in ``f`` (``size`` bytes) failed to load, found without unpickling anything: truncated, not a
-    checkpoint, or a pickle that would run code; None when it looks whole (the loader's own error then stands)."""
+    """Why the file in ``f`` (``size`` bytes) failed to load, found without unpickling anything and without
+    allocating any size the file declares: truncated, corrupt (sizes or offsets past its end, a broken header),
+    not a checkpoint, or a pickle that would run code; None when it looks whole (the loader's error then stands)."""
     head = f.read(9)
     f.seek(0)
     if size == 0 or (head[:4] == ZIP_MAGIC and not zipfile.is_zipfile(f)):  # a zip's directory is at its end
         return _truncated(name, size)
     if head[:4] == ZIP_MAGIC:
-        with zipfile.ZipFile(f) as z:
-            pickled = [n for n in z.namelist() if n.endswith("data.pkl")]
-            return _unsafe(io.BytesIO(z.read(pickled[0])), name) if pickled else _not_a_checkpoint(name, size, head)
+        try:
+            with zipfile.ZipFile(f) as z:
+                if why := _zip_past_its_end(z, size):
+                    return _corrupt(name, size, why)
+                pickled = [n for n in z.namelist() if n.endswith("data.pkl")]
+                return _unsafe(io.BytesIO(z.read(pickled[0])), name) if pickled else _not_a_checkpoint(name, size, head)
+        except (zipfile.BadZipFile, EOFError, ValueError, OSError) as err:  # a directory that lies about its records
+            return _corrupt(name, size, f"its contents do not read ({str(err) or type(err).__name__})")
     if head[:1] == pickle.PROTO and 2 <= head[1] <= pickle.HIGHEST_PROTOCOL:  # a plain or legacy torch pickle
         try:
             return _unsafe(f, name) or _not_a_checkpoint(name, size, head)
         except ValueError as err:  # the opcode stream ends, or breaks, before its STOP
             ended = "exhausted" in str(err) or "not enough data" in str(err)
             return _truncated(name, size) if ended else _not_a_checkpoint(name, size, head)
-    if head[8:9] == b"{" and _safetensors_end(f) > size:
-        return _truncated(name, size)
+    if name.endswith(".safetensors") and size >= 8:
+        return _safetensors_verdict(f, name, size)
+    if head[8:9] == b"{" and isinstance(verdict := _safetensors_verdict(f, name, size), TruncatedCheckpointError):
+        return verdict  # a safetensors file by another name, cut short
     return _not_a_checkpoint(name, size, head)
 
 
-def _safetensors_end(f: BinaryIO) -> int:
-    """The size a safetensors file must have: its 8-byte header length, the JSON header, the last tensor's end."""
+def _zip_past_its_end(z: zipfile.ZipFile, size: int) -> str | None:
+    """A record the zip's directory places past the end of the file (``size`` bytes), or None: read before any
+    record is, so an absurd declared size is never allocated."""
+    for info in z.infolist():
+        if info.header_offset + info.compress_size > size or (info.compress_type == zipfile.ZIP_STORED
+                                                              and info.file_size != info.compress_size):
+            return f"its record {info.filename} declares {info.file_size} bytes at offset {info.header_offset}"
+    return None
+
+
+SAFETENSORS_MAX_HEADER = 100_000_000  # safetensors' own limit on the JSON header's length
+
+
+# Bytes per element of safetensors' dtypes (the sub-byte and other rare ones are left to safetensors' own check).
+SAFETENSORS_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
+                        "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "C64": 8, "F64": 8, "I64": 8, "U64": 8}
+
+
+def _safetensors_verdict(f: BinaryIO, name: str, size: int) -> CheckpointError:
+    """What is wrong with a safetensors file, from its header alone (nothing it declares is allocated): an
+    absurd header length, a header that is not safetensors' JSON, tensors past the end (truncated), a tensor
+    whose shape does not fit its bytes."""
     import json
 
     header = int.from_bytes(f.read(8), "little")
+    if header > SAFETENSORS_MAX_HEADER:
+        return _corrupt(name, size, f"its first 8 bytes declare a {header}-byte header, past safetensors' limit of "
+                                    f"{SAFETENSORS_MAX_HEADER}")
+    if 8 + header > size:
+        return _truncated(name, size)
     try:
-        entries = json.loads(f.read(header)).values()
-    except ValueError:  # the header itself is cut short
-        return 8 + header
-    return 8 + header + max((e["data_offsets"][1] for e in entries if "data_offsets" in e), default=0)
+        tensors = {k: e for k, e in json.loads(f.read(header)).items() if k != "__metadata__"}
+        spans = {k: (*e["data_offsets"], math.prod(e["shape"]) * SAFETENSORS_ITEMSIZE.get(e["dtype"], 0))
+                 for k, e in tensors.items()}
+        bad = [k for k, (begin, end, _) in spans.items() if not (type(begin) is type(end) is int and 0 <= begin <= end)]
+        if bad:
+            raise ValueError(f"tensor {bad[0]!r} has data_offsets {tensors[bad[0]]['data_offsets']}")
+    except (ValueError, TypeError, KeyError, AttributeError) as err:
+        return _corrupt(name, size, f"its header is not safetensors' JSON ({type(err).__name__}: {err})")
+    if 8 + header + max((end for _, end, _ in spans.values()), default=0) > size:
+        return _truncated(name, size)
+    for k, (begin, end, nbytes) in spans.items():
+        if nbytes and nbytes != end - begin:
+            e = tensors[k]
+            return _corrupt(name, size, f"its tensor {k!r} ({e['dtype']}, shape {e['shape']}) needs {nbytes} bytes, "
+                                        f"its data_offsets give {end - begin}")
+    return _corrupt(name, size, "safetensors does not read it, though its header is whole")
 
 
 def _truncated(name: str, size: int) -> CheckpointError:
-    return CheckpointError(f"{name} is truncated ({size} bytes): its end is missing, as a copy, download or save "
-                           "cut short leaves it. Copy or save the checkpoint again.")
+    return TruncatedCheckpointError(f"{name} is truncated ({size} bytes): its end is missing, as a copy, download or "
+                                    "save cut short leaves it. Copy or save the checkpoint again.")
+
+
+def _corrupt(name: str, size: int, why: str) -> CheckpointError:
+    return CheckpointError(f"{name} is corrupt ({size} bytes): {why}. Copy or save the checkpoint again; only load "
+                           "files you created or trust")
 
 
 def _not_a_checkpoint(name: str, size: int, head: bytes) -> CheckpointError:
@@ -262,7 +318,29 @@ def read_sharded_metadata(path: str | Path):
         ) from err
     if not isinstance(metadata, Metadata):
         raise UnsafeCheckpointError(f"refused to read {str(file)!r}: it holds a {type(metadata).__name__}, not Metadata")
+    _check_storage(metadata, file)
     return metadata
+
+
+def _check_storage(metadata, file: Path) -> None:
+    """Refuse metadata that places an entry outside the folder's own data files: a path out of the folder, or
+    bytes past a file's end (torch would read another file, or read on to the end, as the entry)."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    for index, info in (metadata.storage_data or {}).items():
+        where = f"{getattr(index, 'fqn', index)!r} in {getattr(info, 'relative_path', info)!r}"
+        data = file.parent / str(getattr(info, "relative_path", ""))
+        if not (isinstance(info, _StorageInfo) and isinstance(info.relative_path, str)
+                and Path(info.relative_path).name == info.relative_path and data.is_file()):
+            why = f"places {where}, not a data file of {str(file.parent)!r}"
+        elif not (type(info.offset) is type(info.length) is int and 0 <= info.offset <= info.offset + info.length
+                  <= data.stat().st_size):
+            why = f"places {where} at bytes {info.offset}+{info.length}, outside its {data.stat().st_size} bytes"
+        elif info.transform_descriptors:  # the zoo writes no compressed shards; a decompressor could inflate any size
+            why = f"asks for {where} to be read through {list(info.transform_descriptors)}"
+        else:
+            continue
+        raise CheckpointError(f"{str(file)!r} is corrupt: it {why}. Only load sharded checkpoints you created or trust")
 
 
 def classifier_head(net: nn.Module) -> str:
