@@ -17,7 +17,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
-from datamodules.base import ImageDataModule
+from datamodules.base import ImageDataModule, check_settings
 from zoo.layers.hparams import save_hparams
 from zoo.diffusion.samplers import Sampling
 
@@ -63,6 +63,7 @@ class DiffusionDataModule(LightningDataModule):
             output_dir: predict: folder of the PNG grids (``grid_<batch>.png``).
         """
         super().__init__()
+        check_settings(at_least=1, num_samples=num_samples, batch_size=batch_size)
         # Recorded in checkpoints (the image data as its config, never the object), so that
         # `predict --ckpt_path <model>` without a config samples with the same normalisation and classes.
         save_hparams(self, "images")

