@@ -89,10 +89,9 @@ _UNION_NOISE = ("Does not validate against any of the Union subtypes", "Subtypes
                 "Expected a <class 'NoneType'>")
 
 
-def parser_error_line(message: str) -> str:
-    """jsonargparse's error for a bad config value, which nests one block per subclass level (a misspelt
-    ``net.init_args.widht`` is 11 lines of union alternatives), as one line: the key's full path, the class that
-    refused it, the reason, and the accepted names closest to a misspelt one."""
+def _leaves(message: str):
+    """(where, reason) for each reason in jsonargparse's nested message: where is the key's full path and the class
+    that refused it (``model.init_args.net.init_args.widht (zoo.cnn.ConvNet)``)."""
     path: list[tuple[int, str]] = []  # (indent, key or "class:<path>") of the enclosing blocks
     for raw in message.splitlines():
         indent, line = len(raw) - len(raw.lstrip()), raw.strip().removeprefix("- ")
@@ -100,28 +99,33 @@ def parser_error_line(message: str) -> str:
             path.pop()
         if not line or line.startswith(_UNION_NOISE):
             continue
-        if m := _PARSER_KEY.match(line):
-            path.append((indent, m[1]))
-            line = m[2]
-        elif m := _CLASS_PATH.match(line):
-            path.append((indent, "class:" + m[1]))
+        if m := _PARSER_KEY.match(line) or _CLASS_PATH.match(line):
+            path.append((indent, m[1] if m.re is _PARSER_KEY else "class:" + m[1]))
             line = m[2]
         if not line:
             continue
         keys, owner = [], None
         for _, part in path:
-            if part.startswith("class:"):
-                owner = part[len("class:"):]
-                keys.append("init_args")
-            else:
-                keys.append(part)
-        unknown = _UNKNOWN_OPTION.search(line)
-        if unknown:
+            owner = part.removeprefix("class:") if part.startswith("class:") else owner
+            keys.append("init_args" if part.startswith("class:") else part)
+        if unknown := _UNKNOWN_OPTION.search(line):
             keys += [unknown[2], unknown[3]] if unknown[2] else [unknown[1]]
-        key = ".".join(keys)
-        where = f"{key} ({owner})" if owner and key else key or owner
-        return f"{where}: {line}{close_names(owner, keys[-1]) if unknown and not unknown[2] else ''}" if where else line
-    return " ".join(message.split())
+            line += close_names(owner, unknown[1]) if unknown[1] else ""
+        key = ".".join(keys).removesuffix(".init_args")  # the class itself was refused (not found)
+        yield (f"{key} ({owner})" if owner and key else key or owner or ""), line
+
+
+def parser_error_line(message: str) -> str:
+    """jsonargparse's error for a bad config value, which nests one block per subclass level (a misspelt
+    ``net.init_args.widht`` is 11 lines of union alternatives), as one line: the key's full path, the class that
+    refused it, the reason (each alternative's, for a value no type of a union accepts), and the accepted names
+    closest to a misspelt one."""
+    leaves = list(_leaves(message))
+    if not leaves:
+        return " ".join(message.split())
+    where = leaves[0][0]
+    reasons = " or ".join(dict.fromkeys(reason for w, reason in leaves if w == where))
+    return f"{where}: {reasons}" if where else reasons
 
 
 def close_names(class_path: str | None, name: str) -> str:
@@ -150,7 +154,12 @@ class ZooArgumentParser(LightningArgumentParser):
             super().error(message, ex)  # a subcommand's parser raises to its parent, which prints
         parser = getattr(ex, "subcommand_parser", None) or self
         prog = parser.prog.replace(" [options]", "")
-        sys.stderr.write(f"error: {parser_error_line(message)}\n"
+        line = parser_error_line(message)
+        if message.startswith("unrecognized arguments:"):  # a misspelt flag: the closest the parser knows
+            flags = [f for f in message.split(":", 1)[1].split() if f.startswith("--")]
+            near = [difflib.get_close_matches(f.split("=")[0], list(parser._option_string_actions), n=1) for f in flags]
+            line += "".join(f"; did you mean {n[0]}?" for n in near if n)
+        sys.stderr.write(f"error: {line}\n"
                          f"(the options: {prog} --help; the whole message: rerun with --verbose)\n")
         sys.exit(2)
 
@@ -337,14 +346,15 @@ def bad_input(err: BaseException) -> BaseException | None:
     """The error in ``err``'s chain that names a missing input (a file, a refused file, an environment's
     optional package such as Box2D) and its fix, if any."""
     from gymnasium.error import DependencyNotInstalled
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-    from zoo.layers.errors import InputError
     from zoo.layers.weights import CheckpointError
     from zoo.tracking import TrackingServerUnreachable
 
     while err is not None:
+        # MisconfigurationException: Lightning's own one-line refusal of a Trainer setting (max_epochs=-5, devices=0)
         if isinstance(err, (FileNotFoundError, NotADirectoryError, CheckpointError, InputError, DependencyNotInstalled,
-                            TrackingServerUnreachable)):
+                            TrackingServerUnreachable, MisconfigurationException)):
             return err
         # models:/<name>@<alias> or a version that the registry does not have: the message names it
         if getattr(err, "error_code", None) == "RESOURCE_DOES_NOT_EXIST":

@@ -97,6 +97,9 @@ CASES = {
                                     ["afile", "is a file, not a folder", "MLFLOW_TRACKING_URI"]),
     "folder-as-ckpt_path": (["validate", "--config", CNN, "--ckpt_path={pics}"],
                             ["pics", "not a sharded checkpoint", "checkpoint file"]),
+    "lr-negative": (["fit", "--config", CNN, "--model.init_args.optimizer.lr=-1"],
+                    ["lr=-1.0", "model.init_args.optimizer.lr"]),
+    "max_epochs-negative-lightning": (["fit", "--config", CNN, "--trainer.max_epochs=-5"], ["max_epochs", "-5"]),
     "sharded-folder-to-one-file-strategy": (["validate", "--config", CNN, "--ckpt_path={sharded}"],
                                             ["sharded", "sharded checkpoint folder", "fsdp.yaml", "zoo.layers.parallel"]),
 }
@@ -154,3 +157,35 @@ def test_an_unreadable_image_is_skipped_naming_it_or_fails_naming_it(tmp_path, m
                                  f"--data.init_args.paths={folder}", "--data.init_args.on_unreadable=error")
     lines = error_lines(err)
     assert status == 1 and len(lines) == 1 and "broken.png" in lines[0] and "on_unreadable=skip" in lines[0], err
+
+    # A truncated file passes the header check and fails decoding, in a DataLoader worker: still one line naming it
+    # (torch re-raises a worker's error with the worker's traceback as its message).
+    (folder / "broken.png").unlink()
+    Image.effect_noise((64, 64), 50).save(folder / "truncated.png")
+    (folder / "truncated.png").write_bytes((folder / "truncated.png").read_bytes()[:300])
+    status, err = run_in_process(monkeypatch, capsys, "predict", f"--ckpt_path={ckpt}",
+                                 f"--data.init_args.paths={folder}", "--data.init_args.num_workers=1")
+    lines = error_lines(err)
+    assert status == 1 and len(lines) == 1 and "truncated.png" in lines[0] and "Traceback" not in err, err[-3000:]
+    assert "does not decode" in lines[0], lines
+
+
+@pytest.mark.parametrize("message, line", [
+    ("Parser key \"model\":\n  Does not validate against any of the Union subtypes\n  Errors:\n"
+     "    - Problem with given class_path 'zoo.cnn.NoSuchModule':\n        module 'zoo.cnn' has no attribute 'X'\n"
+     "    - Expected a <class 'NoneType'>\n  Given value type: <class 'str'>",
+     "model (zoo.cnn.NoSuchModule): module 'zoo.cnn' has no attribute 'X'"),
+    ("Parser key \"model\":\n  Errors:\n    - Problem with given class_path 'zoo.cnn.ClassifierModule':\n"
+     "        Group 'optimizer' does not accept option 'learning_rat'\n    - Expected a <class 'NoneType'>",
+     "model.init_args.optimizer.learning_rat (zoo.cnn.ClassifierModule): Group 'optimizer' does not accept option "
+     "'learning_rat'"),
+    ("Parser key \"trainer.precision\":\n  Does not validate against any of the Union subtypes\n  Subtypes: [...]\n"
+     "  Errors:\n    - Expected a typing.Literal[64, 32]\n    - Expected a typing.Literal['bf16-mixed']\n"
+     "    - Expected a <class 'NoneType'>\n  Given value: 17",
+     "trainer.precision: Expected a typing.Literal[64, 32] or Expected a typing.Literal['bf16-mixed']"),
+    ("Parser key \"config\": File does not exist: 'x.yaml'", "config: File does not exist: 'x.yaml'"),
+], ids=["unknown-class", "unknown-group-option", "union-of-literals", "missing-config-file"])
+def test_jsonargparse_messages_become_one_line_with_the_key_path(message, line):
+    from cli import parser_error_line
+
+    assert parser_error_line(message) == line
