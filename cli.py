@@ -207,8 +207,8 @@ class ZooCLI(CheckpointHyperparametersLeftToCaller, LightningCLI):
             # Lightning accepts these and exits 0 having trained nothing: refused before any run or data.
             for key in ("max_steps", "max_epochs", "limit_train_batches"):
                 if cfg.trainer.get(key) == 0:
-                    raise InputError(f"trainer.{key}=0 trains nothing: pass --trainer.{key}=<1 or more> (-1 or unset: no "
-                                     f"limit), or run validate/test/predict to use a model without training it")
+                    raise InputError(f"trainer.{key}=0 trains nothing: pass --trainer.{key}=<1 or more> (-1 or unset: "
+                                     f"no limit), or run validate/test/predict to use a model without training it")
         if cfg.get("ckpt_path") and cfg.get("weights_only") is None:
             # Lightning unpickles a resumed checkpoint fully by default; the zoo never runs code from a file.
             cfg.weights_only = True

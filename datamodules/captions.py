@@ -71,9 +71,11 @@ def read_pairs(path: Path, image_column: str, caption_column: str, label_column:
             except json.JSONDecodeError as e:
                 raise InputError(f"{path}:{n} is not a JSON line ({e.msg}): fix the line") from None
     elif path.suffix.lower() in (".csv", ".tsv"):
-        rows = list(csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if path.suffix.lower() == ".tsv" else ","))
+        delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
+        rows = list(csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter))
     else:
-        raise InputError(f"{str(path)!r}: expected a .csv, .tsv or .jsonl file, or a folder of images with .txt captions")
+        raise InputError(f"{str(path)!r}: expected a .csv, .tsv or .jsonl file, or a folder of images with .txt "
+                         f"captions")
     if not rows:
         raise InputError(f"{str(path)!r} holds no rows: pass a file with a header and at least one row")
     wanted = [("image_column", image_column), ("caption_column", caption_column)]

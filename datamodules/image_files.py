@@ -232,7 +232,8 @@ class ZeroShotDataModule(ImageFilesDataModule):
 
     def _zeroshot_settings(self) -> dict:
         h, spec = self.hparams, self._model_inputs()
-        names = _lines(h.class_names, "class_names") if isinstance(h.class_names, str) else h.class_names or spec.get("class_names")
+        names = h.class_names or spec.get("class_names")
+        names = _lines(h.class_names, "class_names") if isinstance(h.class_names, str) else names
         if not names:
             raise ValueError("zero-shot prediction needs classes: pass --data.init_args.class_names='[cat, dog]' or a "
                              "file of names, one a line")

@@ -214,11 +214,12 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
             raise InputError("tokenizer='gpt2' needs gpt2_dir=<folder with GPT-2's vocab.json and merges.txt>")
         check_settings(fraction=True, val_fraction=val_fraction)
         check_settings(at_least=1, block_size=block_size, batch_size=batch_size, samples_per_epoch=samples_per_epoch,
-                       val_samples=val_samples, max_new_tokens=max_new_tokens, bpe_vocab_size=bpe_vocab_size, top_k=top_k)
+                       val_samples=val_samples, max_new_tokens=max_new_tokens, bpe_vocab_size=bpe_vocab_size,
+                       top_k=top_k)
         check_settings(at_least=0, num_workers=num_workers, temperature=temperature, tokenize_workers=tokenize_workers)
         if top_p is not None and not 0.0 < top_p <= 1.0:
-            raise InputError(f"data.init_args.top_p={top_p} is a probability mass and must be in (0, 1]: pass 0.9, say, "
-                             f"or leave it unset")
+            raise InputError(f"data.init_args.top_p={top_p} is a probability mass and must be in (0, 1]: pass 0.9, "
+                             f"say, or leave it unset")
         self.path, self.root, self.kind = path, Path(root), tokenizer
         self.bpe_vocab_size, self.gpt2_dir, self.jsonl_field = bpe_vocab_size, gpt2_dir, jsonl_field
         self.block_size, self.batch_size, self.sampling = block_size, batch_size, sampling

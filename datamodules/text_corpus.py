@@ -39,7 +39,8 @@ def list_text_files(path: Path) -> list[Path]:
     """The ``.txt``/``.jsonl`` files of a corpus: ``path`` itself, or those under the folder ``path``."""
     if path.is_file():
         if path.suffix not in SUFFIXES:
-            raise InputError(f"{str(path)!r} is neither .txt nor .jsonl: rename it, or pass a folder of .txt/.jsonl files")
+            raise InputError(f"{str(path)!r} is neither .txt nor .jsonl: rename it, or pass a folder of .txt/.jsonl "
+                             f"files")
         return [path]
     files = sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file())
     if not files:
@@ -66,11 +67,13 @@ def _jsonl_documents(path: Path, field: str) -> Iterator[str]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise InputError(f"{path}:{n} is not a JSON line ({e.msg}): fix the line, or pass a .txt file") from None
+                raise InputError(
+                    f"{path}:{n} is not a JSON line ({e.msg}): fix the line, or pass a .txt file") from None
             text = record.get(field) if isinstance(record, dict) else None
             if not isinstance(text, str):
                 keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-                raise InputError(f"{path}:{n} has no string field {field!r} (found {keys}): set data.init_args.jsonl_field")
+                raise InputError(f"{path}:{n} has no string field {field!r} (found {keys}): set "
+                                 f"data.init_args.jsonl_field")
             yield text
 
 

@@ -77,7 +77,8 @@ CASES = {
                             ["model.init_args.net.init_args.widht", "zoo.cnn.ConvNet", "did you mean 'width'"]),
     "max_steps-0": (["fit", "--config", CNN, "--trainer.max_steps=0"], ["trainer.max_steps=0", "trains nothing"]),
     "csv-smaller-than-a-batch": (["fit", "--config", CLIP, "--data.init_args.path={captions.csv}",
-                                  "--data.init_args.val_fraction=0.34", *ONE_STEP], ["no training batches", "batch_size"]),
+                                  "--data.init_args.val_fraction=0.34", *ONE_STEP],
+                                 ["no training batches", "batch_size"]),
     "csv-missing-column": (["fit", "--config", CLIP, "--data.init_args.path={no_caption_column.csv}"],
                            ["no_caption_column.csv", "no column 'caption'", "caption_column"]),
     "empty-corpus": (["fit", "--config", GPT, "--data.init_args.path={empty.txt}", *ONE_STEP],
@@ -91,9 +92,11 @@ CASES = {
     "max_new_tokens-negative": (["predict", "--config", GPT, "--data.init_args.max_new_tokens=-3"],
                                 ["data.init_args.max_new_tokens=-3"]),
     "prompt-past-block_size": (["predict", "--config", GPT, "--data.init_args.path={corpus.txt}",
-                                "--data.init_args.prompts_file={long_prompt.txt}", "--data.init_args.past_block_size=error"],
+                                "--data.init_args.prompts_file={long_prompt.txt}",
+                                "--data.init_args.past_block_size=error"],
                                ["A prompt of 100 tokens", "block_size 64", "at most 63"]),
-    "tracking-uri-through-a-file": (["fit", "--config", CNN, "--trainer.logger.init_args.tracking_uri=sqlite:///{afile}/m.db"],
+    "tracking-uri-through-a-file": (["fit", "--config", CNN,
+                                     "--trainer.logger.init_args.tracking_uri=sqlite:///{afile}/m.db"],
                                     ["afile", "is a file, not a folder", "MLFLOW_TRACKING_URI"]),
     "folder-as-ckpt_path": (["validate", "--config", CNN, "--ckpt_path={pics}"],
                             ["pics", "not a sharded checkpoint", "checkpoint file"]),
@@ -101,7 +104,7 @@ CASES = {
                     ["lr=-1.0", "model.init_args.optimizer.lr"]),
     "max_epochs-negative-lightning": (["fit", "--config", CNN, "--trainer.max_epochs=-5"], ["max_epochs", "-5"]),
     "sharded-folder-to-one-file-strategy": (["validate", "--config", CNN, "--ckpt_path={sharded}"],
-                                            ["sharded", "sharded checkpoint folder", "fsdp.yaml", "zoo.layers.parallel"]),
+                                            ["sharded checkpoint folder", "fsdp.yaml", "zoo.layers.parallel"]),
 }
 
 

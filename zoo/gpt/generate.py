@@ -137,8 +137,8 @@ def generate(
         raise InputError(f"A prompt of {longest} tokens leaves no room in the model's block_size {bs}: shorten it to "
                          f"at most {bs - 1} tokens")
     if past_block_size == "error" and longest + max_new_tokens > bs:
-        raise InputError(f"{longest} prompt tokens + max_new_tokens={max_new_tokens} exceed the model's block_size {bs} "
-                         f"(past_block_size='error'): ask for at most {bs - longest} new tokens, or pass "
+        raise InputError(f"{longest} prompt tokens + max_new_tokens={max_new_tokens} exceed the model's block_size "
+                         f"{bs} (past_block_size='error'): ask for at most {bs - longest} new tokens, or pass "
                          f"past_block_size='slide'")
     n = longest + max_new_tokens
     tokens, pad = left_padded(prompts, net.tok_emb.weight.device, n)  # (B, N), (B,)

@@ -159,11 +159,13 @@ class AdamWCosine:
         bad = [(name, rule) for name, ok, rule in (
             ("lr", self.lr > 0, "above 0"), ("weight_decay", self.weight_decay >= 0, "0 or more"),
             ("betas", all(0 <= b < 1 for b in self.betas), "each in [0, 1)"),
-            ("warmup_steps", self.warmup_steps >= 0, "0 or more"), ("min_lr_ratio", 0 <= self.min_lr_ratio <= 1, "in [0, 1]"),
+            ("warmup_steps", self.warmup_steps >= 0, "0 or more"),
+            ("min_lr_ratio", 0 <= self.min_lr_ratio <= 1, "in [0, 1]"),
         ) if not ok]
         if bad:
             name, rule = bad[0]
-            raise InputError(f"optimizer {name}={getattr(self, name)} must be {rule}: set model.init_args.optimizer.{name}")
+            raise InputError(f"optimizer {name}={getattr(self, name)} must be {rule}: set "
+                             f"model.init_args.optimizer.{name}")
 
     @classmethod
     def of(cls, value: AdamWCosine | dict) -> AdamWCosine:
