@@ -7,24 +7,28 @@ metric), learning-rate, grad-norm and precision monitors, a checkpoint on except
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import inspect
 import logging
 import os
+import re
 import signal
 import sys
 import warnings
 from pathlib import Path
 
 import torch
-from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch import Callback, LightningDataModule, LightningModule
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, OnExceptionCheckpoint
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from zoo.layers.checkpoint import WeightsOnlyCheckpointIO, WeightsOnlyLoading, reconcile
 from zoo.layers.compat import CheckpointHyperparametersLeftToCaller
+from zoo.layers.errors import InputError
 from zoo.layers.parallel import num_nodes_from_env
 from zoo.layers.weights import is_remote
 from zoo.registry import (SUBCOMMANDS_WITH_A_MODEL, is_mlflow_uri, resolve_checkpoint, training_run,
@@ -90,6 +94,106 @@ def stored_config_allowlist():
     return zoo_allowlist(data, env_modules=["datamodules.gym_envs"])
 
 
+_PARSER_KEY = re.compile(r'Parser key "([^"]+)":\s*(.*)')
+_CLASS_PATH = re.compile(r"Problem with given class_path '([^']+)':\s*(.*)")
+_UNKNOWN_OPTION = re.compile(r"Option '([^']+)' is not accepted|Group '([^']+)' does not accept option '([^']+)'")
+_UNION_NOISE = ("Does not validate against any of the Union subtypes", "Subtypes:", "Errors:", "Given value",
+                "Expected a <class 'NoneType'>")
+
+
+def _leaves(message: str):
+    """(where, reason) for each reason in jsonargparse's nested message: where is the key's full path and the class
+    that refused it (``model.init_args.net.init_args.widht (zoo.cnn.ConvNet)``)."""
+    path: list[tuple[int, str]] = []  # (indent, key or "class:<path>") of the enclosing blocks
+    for raw in message.splitlines():
+        indent, line = len(raw) - len(raw.lstrip()), raw.strip().removeprefix("- ")
+        while path and path[-1][0] >= indent:
+            path.pop()
+        if not line or line.startswith(_UNION_NOISE):
+            continue
+        if m := _PARSER_KEY.match(line) or _CLASS_PATH.match(line):
+            path.append((indent, m[1] if m.re is _PARSER_KEY else "class:" + m[1]))
+            line = m[2]
+        if not line:
+            continue
+        keys, owner = [], None
+        for _, part in path:
+            owner = part.removeprefix("class:") if part.startswith("class:") else owner
+            keys.append("init_args" if part.startswith("class:") else part)
+        if unknown := _UNKNOWN_OPTION.search(line):
+            keys += [unknown[2], unknown[3]] if unknown[2] else [unknown[1]]
+            line += close_names(owner, unknown[1]) if unknown[1] else ""
+        key = ".".join(keys).removesuffix(".init_args")  # the class itself was refused (not found)
+        yield (f"{key} ({owner})" if owner and key else key or owner or ""), line
+
+
+def parser_error_line(message: str) -> str:
+    """jsonargparse's error for a bad config value, which nests one block per subclass level (a misspelt
+    ``net.init_args.widht`` is 11 lines of union alternatives), as one line: the key's full path, the class that
+    refused it, the reason (each alternative's, for a value no type of a union accepts), and the accepted names
+    closest to a misspelt one."""
+    leaves = list(_leaves(message))
+    if not leaves:
+        return " ".join(message.split())
+    where = leaves[0][0]
+    reasons = " or ".join(dict.fromkeys(reason for w, reason in leaves if w == where))
+    return f"{where}: {reasons}" if where else reasons
+
+
+def close_names(class_path: str | None, name: str) -> str:
+    """"; did you mean 'width'?" from the init arguments of ``class_path``, which the parser has already imported
+    (nothing is imported here)."""
+    module, _, attr = (class_path or "").rpartition(".")
+    cls = getattr(sys.modules.get(module), attr, None)
+    if cls is None:
+        return ""
+    try:
+        names = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
+    except (TypeError, ValueError):
+        return ""
+    near = difflib.get_close_matches(name, names, n=3)
+    return f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+
+
+class ZooArgumentParser(LightningArgumentParser):
+    """Lightning's parser whose errors are one ``error:`` line and a hint, instead of the full usage (60 lines of
+    options) before jsonargparse's nested message; ``--verbose`` keeps jsonargparse's own output."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        from jsonargparse._common import debug_mode_active
+
+        if not self.exit_on_error or debug_mode_active() or os.environ.get(VERBOSE_ENV):
+            super().error(message, ex)  # a subcommand's parser raises to its parent, which prints
+        parser = getattr(ex, "subcommand_parser", None) or self
+        prog = parser.prog.replace(" [options]", "")
+        line = parser_error_line(message)
+        if message.startswith("unrecognized arguments:"):  # a misspelt flag: the closest the parser knows
+            flags = [f for f in message.split(":", 1)[1].split() if f.startswith("--")]
+            near = [difflib.get_close_matches(f.split("=")[0], list(parser._option_string_actions), n=1) for f in flags]
+            line += "".join(f"; did you mean {n[0]}?" for n in near if n)
+        sys.stderr.write(f"error: {line}\n"
+                         f"(the options: {prog} --help; the whole message: rerun with --verbose)\n")
+        sys.exit(2)
+
+
+class TrainsSomething(Callback):
+    """Fails a fit that would train on no batch (a dataset smaller than one batch when the last partial batch is
+    dropped, an empty split): Lightning would print "No training batches" as info and exit 0, having trained
+    nothing, and a script going on to register or deploy the model could not tell."""
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        # The zoo's modules size their schedules from estimated_stepping_batches, which builds the training loader
+        # by now; Lightning's own count is inf until then, and 0 after it skipped a fit with no batches.
+        self.on_fit_end(trainer, pl_module)
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        if trainer.num_training_batches == 0:
+            raise InputError(
+                "fit has no training batches: the training split is empty or smaller than one batch (some DataModules "
+                "drop the last partial batch). Give more data, or a smaller --data.init_args.batch_size"
+            )
+
+
 class ZooCLI(CheckpointHyperparametersLeftToCaller, LightningCLI):
     def parse_arguments(self, parser, args) -> None:
         if args is None:  # changed in place: the ranks Lightning launches re-run this command line
@@ -111,6 +215,12 @@ class ZooCLI(CheckpointHyperparametersLeftToCaller, LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config
+        if self.subcommand == "fit":
+            # Lightning accepts these and exits 0 having trained nothing: refused before any run or data.
+            for key in ("max_steps", "max_epochs", "limit_train_batches"):
+                if cfg.trainer.get(key) == 0:
+                    raise InputError(f"trainer.{key}=0 trains nothing: pass --trainer.{key}=<1 or more> (-1 or unset: "
+                                     f"no limit), or run validate/test/predict to use a model without training it")
         if cfg.get("ckpt_path") and cfg.get("weights_only") is None:
             # Lightning unpickles a resumed checkpoint fully by default; the zoo never runs code from a file.
             cfg.weights_only = True
@@ -122,6 +232,10 @@ class ZooCLI(CheckpointHyperparametersLeftToCaller, LightningCLI):
             cfg.ckpt_path = resolve_checkpoint(cfg.ckpt_path)
         if cfg.get("ckpt_path") and Path(cfg.ckpt_path).is_dir():
             from zoo.layers.parallel import check_sharded_checkpoint
+
+            if not (Path(cfg.ckpt_path) / ".metadata").is_file():  # what torch.distributed.checkpoint writes first
+                raise InputError(f"--ckpt_path {cfg.ckpt_path} is a folder but not a sharded checkpoint (it has no "
+                                 f".metadata): pass a checkpoint file (runs/<experiment>/<run>/checkpoints/last.ckpt)")
 
             check_sharded_checkpoint(cfg.ckpt_path)  # torch unpickles a sharded folder unrestricted: check it first
         if cfg.get("ckpt_path") and Path(cfg.ckpt_path).is_file():  # the config wins, but never over weight shapes
@@ -163,6 +277,8 @@ class ZooCLI(CheckpointHyperparametersLeftToCaller, LightningCLI):
         # The family's own callbacks (sample logging), which the module names by class path so that zoo/ never
         # imports callbacks/: each unless the trainer has one of its class; before the checkpoints, which run last.
         callbacks = self.trainer.callbacks
+        if self.subcommand == "fit":
+            callbacks.append(TrainsSomething())
         for path in getattr(self.model, "default_callbacks", ()):
             module, name = path.rsplit(".", 1)
             cls = getattr(importlib.import_module(module), name)
@@ -226,6 +342,7 @@ def main(args: list[str] | None = None, run: bool = True) -> ZooCLI:
     return ZooCLI(
         LightningModule,
         LightningDataModule,
+        parser_class=ZooArgumentParser,
         subclass_mode_model=True,
         subclass_mode_data=True,
         save_config_callback=LogConfigToMLflow,
@@ -241,20 +358,30 @@ def bad_input(err: BaseException) -> BaseException | None:
     """The error in ``err``'s chain that names a missing input (a file, a refused file, an environment's
     optional package such as Box2D) and its fix, if any."""
     from gymnasium.error import DependencyNotInstalled
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-    from zoo.layers.errors import InputError
     from zoo.layers.weights import CheckpointError
     from zoo.tracking import TrackingServerUnreachable
 
     while err is not None:
+        # MisconfigurationException: Lightning's own one-line refusal of a Trainer setting (max_epochs=-5, devices=0)
         if isinstance(err, (FileNotFoundError, NotADirectoryError, CheckpointError, InputError, DependencyNotInstalled,
-                            TrackingServerUnreachable)):
+                            TrackingServerUnreachable, MisconfigurationException)):
             return err
         # models:/<name>@<alias> or a version that the registry does not have: the message names it
         if getattr(err, "error_code", None) == "RESOURCE_DOES_NOT_EXIST":
             return err
         err = err.__cause__ or err.__context__
     return None
+
+
+def one_line(err: BaseException) -> str:
+    """``err``'s message; for one raised in a DataLoader worker, which torch re-raises with the worker's traceback as
+    its message, the original message only."""
+    text = str(err)
+    if "Original Traceback" in text:
+        text = text.rstrip().splitlines()[-1].split(": ", 1)[-1]  # "zoo.layers.errors.InputError: <message>"
+    return " ".join(text.split()) if "\n" in text else text
 
 
 def install_hint(err: BaseException) -> str:
@@ -281,8 +408,8 @@ def run() -> None:
         cause = bad_input(err)
         if cause is None or os.environ.get(VERBOSE_ENV):
             raise
-        print(f"error: {cause}{install_hint(cause)}\n(the full traceback: rerun with --verbose or {VERBOSE_ENV}=1)",
-              file=sys.stderr)
+        print(f"error: {one_line(cause)}{install_hint(cause)}\n(the full traceback: rerun with --verbose or "
+              f"{VERBOSE_ENV}=1)", file=sys.stderr)
         sys.exit(1)
 
 

@@ -22,12 +22,29 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 
 from zoo.layers.compat import batches_trained_in_epoch
+from zoo.layers.errors import InputError
 
 
-def split_indices(n: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+def check_settings(at_least: int | None = None, fraction: bool = False, **settings: float | None) -> None:
+    """Refuse, naming the DataModule setting, a count below ``at_least`` or a held-out fraction outside [0, 1).
+
+    Checked when the DataModule is built, before any data or run: left to the DataLoader or a split, a
+    batch_size of -1 or a val_fraction of 1.5 surfaces in setup as a traceback that names no config key.
+    """
+    for name, value in settings.items():
+        if value is None:
+            continue
+        if at_least is not None and value < at_least:
+            raise InputError(f"data.init_args.{name}={value} must be {at_least} or more: pass "
+                             f"--data.init_args.{name}=<a whole number >= {at_least}>")
+        if fraction and not 0.0 <= value < 1.0:
+            raise InputError(f"data.init_args.{name}={value} is a share of the data held out and must be in [0, 1): "
+                             f"pass --data.init_args.{name}=0.1, say")
+
+
+def split_indices(n: int, val_fraction: float, seed: int, name: str = "val_fraction") -> tuple[list[int], list[int]]:
     """Deterministic (train, val) index split of ``range(n)``; same seed, same split on every rank."""
-    if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    check_settings(fraction=True, **{name: val_fraction})
     n_val = int(round(n * val_fraction))
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
     return perm[n_val:], perm[:n_val]
@@ -186,6 +203,8 @@ class ImageDataModule(ResumesMidEpoch, LightningDataModule):
             persistent_workers: keep workers alive between epochs (only when num_workers > 0).
         """
         super().__init__()
+        check_settings(at_least=1, batch_size=batch_size)
+        check_settings(at_least=0, num_workers=num_workers)
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.pin_memory = pin_memory

@@ -28,6 +28,7 @@ Notation: N pairs, B batch, T context length, K classes, P templates.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import warnings
 from collections.abc import Sequence
@@ -39,8 +40,12 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from datamodules.base import EpochShuffle, ResumesMidEpoch, not_found_message, split_indices, training_loader
+from datamodules.base import (EpochShuffle, ResumesMidEpoch, check_settings, not_found_message, split_indices,
+                              training_loader)
+from datamodules.image_files import OnUnreadable, open_image, readable_images
 from datamodules.shapes import COLOURS, POSITIONS, SIZES, ShapesDataset
+from datamodules.text_corpus import read_utf8
+from zoo.layers.errors import InputError
 from zoo.layers.tokenizers import BPETokenizer, ByteTokenizer, Tokenizer, tokenize
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # OpenAI CLIP's pixel statistics
@@ -57,20 +62,29 @@ def read_pairs(path: Path, image_column: str, caption_column: str, label_column:
     """``{"images": [Path], "captions": [str], "labels": [str] | None}`` from a CSV, a JSONL or a folder."""
     if path.is_dir():
         return _folder_pairs(path)
+    text = read_utf8(path)
     if path.suffix.lower() == ".jsonl":
-        rows = [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
+        rows = []
+        for n, line in enumerate(text.splitlines(), 1):
+            try:
+                rows += [json.loads(line)] if line.strip() else []
+            except json.JSONDecodeError as e:
+                raise InputError(f"{path}:{n} is not a JSON line ({e.msg}): fix the line") from None
     elif path.suffix.lower() in (".csv", ".tsv"):
-        with path.open(newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f, delimiter="\t" if path.suffix.lower() == ".tsv" else ","))
+        delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
+        rows = list(csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter))
     else:
-        raise ValueError(f"{str(path)!r}: expected a .csv, .tsv or .jsonl file, or a folder of images with .txt captions")
+        raise InputError(f"{str(path)!r}: expected a .csv, .tsv or .jsonl file, or a folder of images with .txt "
+                         f"captions")
     if not rows:
-        raise ValueError(f"{str(path)!r} holds no rows")
-    wanted = [image_column, caption_column] + ([label_column] if label_column else [])
-    missing = [c for c in wanted if c not in rows[0]]
-    if missing:
-        raise KeyError(f"{str(path)!r} has no column {missing[0]!r} (it has {sorted(rows[0])}); "
-                       f"set data.init_args.image_column / caption_column / label_column")
+        raise InputError(f"{str(path)!r} holds no rows: pass a file with a header and at least one row")
+    wanted = [("image_column", image_column), ("caption_column", caption_column)]
+    wanted += [("label_column", label_column)] if label_column else []
+    for setting, column in wanted:
+        columns = sorted(rows[0]) if isinstance(rows[0], dict) else type(rows[0]).__name__
+        if not isinstance(rows[0], dict) or column not in rows[0]:
+            raise InputError(f"{str(path)!r} has no column {column!r} (it has {columns}): pass "
+                             f"--data.init_args.{setting}=<one of its columns>, or add the column")
     root = path.parent
     return {
         "images": [root / str(r[image_column]) for r in rows],
@@ -155,10 +169,7 @@ class CaptionPairs(Dataset):
     def __getitem__(self, i: int) -> dict:
         if isinstance(self.images, Tensor):
             return {"image": self.images[i], **self._fields(torch.tensor(i))}
-        from PIL import Image
-
-        with Image.open(self.images[i]) as im:
-            image = self.transform(im.convert("RGB"))
+        image = open_image(self.images[i], "RGB", self.transform)
         return {"image": image, **self._fields(torch.tensor(i)), "path": str(self.images[i])}
 
 
@@ -216,6 +227,7 @@ class CaptionDataModule(ResumesMidEpoch, LightningDataModule):
         predict: Predict = "zeroshot",
         predict_path: str | None = None,
         texts: list[str] | None = None,
+        on_unreadable: OnUnreadable = "skip",
         batch_size: int = 128,
         num_workers: int = 0,
         pin_memory: bool = False,
@@ -249,12 +261,19 @@ class CaptionDataModule(ResumesMidEpoch, LightningDataModule):
             predict: predict: zeroshot (classify images), image_embeddings or text_embeddings.
             predict_path: predict: an image, a folder of images or a CSV/JSONL; None: the held-out split.
             texts: predict (text_embeddings): texts to embed; None: the held-out captions.
+            on_unreadable: predict: a file under predict_path that is not an image PIL can read: skip it with a
+                warning naming it, or error.
             batch_size: pairs per batch (per rank; every rank's pairs are negatives for all the others).
             num_workers: DataLoader worker processes (decoding image files is the bottleneck).
             pin_memory: pin batches in page-locked memory for faster host-to-GPU copies.
             seed: seed of the shapes rendering (train 3 x seed, held-out 3 x seed + 1), the split and the shuffling.
         """
         super().__init__()
+        check_settings(at_least=1, image_size=image_size, batch_size=batch_size, num_train=num_train,
+                       bpe_vocab_size=bpe_vocab_size)
+        check_settings(at_least=2, context_length=context_length)  # a token and the end-of-text
+        check_settings(at_least=0, num_val=num_val, num_workers=num_workers)
+        check_settings(fraction=True, val_fraction=val_fraction)
         self.save_hyperparameters()
         self.path = Path(path) if path is not None else None
         self.val_path = Path(val_path) if val_path is not None else None
@@ -394,6 +413,7 @@ class CaptionDataModule(ResumesMidEpoch, LightningDataModule):
             images = list_images(Path(h.predict_path), h.image_column)
             if not images:
                 raise FileNotFoundError(not_found_message("images", h.predict_path, "pass an image, a folder or a CSV/JSONL"))
+            images = readable_images(images, h.on_unreadable)
             dataset = CaptionPairs(images, torch.zeros(len(images), 1, dtype=torch.long),
                                    torch.full((len(images),), -1, dtype=torch.long), [], self._transforms(False))
         return self._loader(dataset, collate_fn=_PredictCollate(mode))

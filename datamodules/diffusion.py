@@ -17,7 +17,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
-from datamodules.base import ImageDataModule
+from datamodules.base import ImageDataModule, check_settings
 from zoo.diffusion.samplers import Sampling
 from zoo.layers.hparams import save_hparams
 from zoo.tracking import check_output_name
@@ -65,6 +65,7 @@ class DiffusionDataModule(LightningDataModule):
                 a checkpoint's stored value is not used); None: ``images/`` beside the predictions file.
         """
         super().__init__()
+        check_settings(at_least=1, num_samples=num_samples, batch_size=batch_size)
         # Recorded in checkpoints (the image data as its config, never the object), so that
         # `predict --ckpt_path <model>` without a config samples with the same normalisation and classes.
         save_hparams(self, "images")

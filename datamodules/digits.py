@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from sklearn.datasets import load_digits
 
-from datamodules.base import ImageDataModule, split_indices
+from datamodules.base import ImageDataModule, check_settings, split_indices
 from datamodules.tensor_dataset import TensorImageDataset
 
 
@@ -35,6 +35,7 @@ class DigitsDataModule(ImageDataModule):
             **loader: DataLoader settings (num_workers, pin_memory, persistent_workers) of ``ImageDataModule``.
         """
         super().__init__(batch_size, seed, **loader)
+        check_settings(fraction=True, val_fraction=val_fraction, test_fraction=test_fraction)
         self.save_hyperparameters()
         self.val_fraction, self.test_fraction, self.augment = val_fraction, test_fraction, augment
         self.num_classes = 10
@@ -48,7 +49,7 @@ class DigitsDataModule(ImageDataModule):
         digits = load_digits()
         images = torch.from_numpy(digits.images).float().unsqueeze(1) / 16.0  # (N, 1, 8, 8) in [0, 1]
         labels = torch.from_numpy(digits.target).long()
-        rest, test = split_indices(len(labels), self.test_fraction, self.seed)
+        rest, test = split_indices(len(labels), self.test_fraction, self.seed, "test_fraction")
         train, val = split_indices(len(rest), self.val_fraction, self.seed + 1)
         train, val = [rest[i] for i in train], [rest[i] for i in val]
         mean, std = images[train].mean(), images[train].std()

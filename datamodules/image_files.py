@@ -17,9 +17,11 @@ from typing import Literal
 
 import torch
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from datamodules.base import not_found_message
+from datamodules.base import check_settings, not_found_message
+from zoo.layers.errors import InputError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 
@@ -41,6 +43,51 @@ def image_paths(paths: str | list[str]) -> list[Path]:
     return out
 
 
+OnUnreadable = Literal["skip", "error"]
+
+
+def readable_images(paths: list[Path], on_unreadable: OnUnreadable = "skip") -> list[Path]:
+    """``paths`` less the files PIL cannot identify as an image (it reads their header, not their pixels).
+
+    Predicting on a folder, an unreadable file (a failed download, an HTML page saved as .jpg, an empty file) is
+    skipped with one warning naming every such file, as batch-inference tools (img2dataset, ultralytics'
+    ``predict``) do: one broken file among thousands should not cost the predictions of all the others, and the
+    warning says which are missing. ``on_unreadable="error"`` fails naming the first one instead, as torchvision's
+    ``ImageFolder`` does, for pipelines that must predict every file or none. A folder with no readable image
+    fails either way.
+    """
+    from PIL import Image
+
+    readable, unreadable = [], []
+    for path in paths:
+        try:
+            with Image.open(path):
+                readable.append(path)
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+            if on_unreadable == "error":
+                raise InputError(f"{str(path)!r} is not an image PIL can read ({err}): remove it, or pass "
+                                 f"--data.init_args.on_unreadable=skip to predict the others") from err
+            unreadable.append(str(path))
+    if not readable:
+        raise InputError(f"none of the {len(paths)} files given is an image PIL can read (first: {unreadable[0]!r}): "
+                         f"pass image files or a folder of them")
+    if unreadable:
+        rank_zero_warn(f"skipped {len(unreadable)} file(s) that are not images PIL can read, predicting the other "
+                       f"{len(readable)}: {', '.join(unreadable)} (on_unreadable=error fails instead)")
+    return readable
+
+
+def open_image(path: Path, mode: str, transform):
+    """``transform`` of the image at ``path``; a file whose pixels do not decode (truncated) is named."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            return transform(im.convert(mode))
+    except (OSError, SyntaxError, ValueError) as err:
+        raise InputError(f"{str(path)!r} does not decode as an image ({err}): remove it or save it again") from err
+
+
 class ImageFiles(Dataset):
     """Images read from files with one transform; items are ``{"image", "path"}``."""
 
@@ -51,10 +98,7 @@ class ImageFiles(Dataset):
         return len(self.paths)
 
     def __getitem__(self, i: int) -> dict:
-        from PIL import Image
-
-        with Image.open(self.paths[i]) as im:
-            return {"image": self.transform(im.convert(self.mode)), "path": str(self.paths[i])}
+        return {"image": open_image(self.paths[i], self.mode, self.transform), "path": str(self.paths[i])}
 
 
 class ImageFilesDataModule(LightningDataModule):
@@ -69,6 +113,7 @@ class ImageFilesDataModule(LightningDataModule):
         std: tuple[float, ...] | None = None,
         batch_size: int = 64,
         num_workers: int = 0,
+        on_unreadable: OnUnreadable = "skip",
     ) -> None:
         """
         Args:
@@ -79,8 +124,11 @@ class ImageFilesDataModule(LightningDataModule):
             std: per-channel std they are divided by; None: the model's training data's.
             batch_size: images per batch.
             num_workers: DataLoader worker processes (decoding files is the bottleneck).
+            on_unreadable: a file that is not an image PIL can read: skip it with a warning naming it, or error.
         """
         super().__init__()
+        check_settings(at_least=1, batch_size=batch_size, image_size=image_size)
+        check_settings(at_least=0, num_workers=num_workers)
         self.save_hyperparameters()
 
     def _model_inputs(self) -> dict:
@@ -106,7 +154,8 @@ class ImageFilesDataModule(LightningDataModule):
             raise FileNotFoundError("predict on new images: pass --data.init_args.paths=<a folder, an image, or "
                                     "[a.png, b.jpg]>")
         transform = self.transform()
-        return ImageFiles(image_paths(self.hparams.paths), self.image_mode, transform)
+        paths = readable_images(image_paths(self.hparams.paths), self.hparams.on_unreadable)
+        return ImageFiles(paths, self.image_mode, transform)
 
     def _loader(self, dataset: Dataset, collate_fn=default_collate) -> DataLoader:
         return DataLoader(dataset, batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers,
@@ -137,11 +186,13 @@ class _Texts(Dataset):
         return {"caption": self.texts[i]}
 
 
-def _lines(path: str) -> list[str]:
+def _lines(path: str, setting: str) -> list[str]:
     file = Path(path)
     if not file.is_file():
         raise FileNotFoundError(not_found_message("a text file", path, "pass a file with one entry a line"))
-    return [line.strip() for line in file.read_text("utf-8").splitlines() if line.strip()]
+    from datamodules.text_corpus import read_utf8
+
+    return [line.strip() for line in read_utf8(file, setting).splitlines() if line.strip()]
 
 
 class ZeroShotDataModule(ImageFilesDataModule):
@@ -159,6 +210,7 @@ class ZeroShotDataModule(ImageFilesDataModule):
         std: tuple[float, ...] | None = None,
         batch_size: int = 64,
         num_workers: int = 0,
+        on_unreadable: OnUnreadable = "skip",
     ) -> None:
         """
         Args:
@@ -173,13 +225,15 @@ class ZeroShotDataModule(ImageFilesDataModule):
             std: per-channel std they are divided by; None: the model's training data's.
             batch_size: images or texts per batch.
             num_workers: DataLoader worker processes.
+            on_unreadable: a file that is not an image PIL can read: skip it with a warning naming it, or error.
         """
-        super().__init__(paths, image_size, 3, mean, std, batch_size, num_workers)
+        super().__init__(paths, image_size, 3, mean, std, batch_size, num_workers, on_unreadable)
         self.save_hyperparameters()
 
     def _zeroshot_settings(self) -> dict:
         h, spec = self.hparams, self._model_inputs()
-        names = _lines(h.class_names) if isinstance(h.class_names, str) else h.class_names or spec.get("class_names")
+        names = h.class_names or spec.get("class_names")
+        names = _lines(h.class_names, "class_names") if isinstance(h.class_names, str) else names
         if not names:
             raise ValueError("zero-shot prediction needs classes: pass --data.init_args.class_names='[cat, dog]' or a "
                              "file of names, one a line")
@@ -191,7 +245,7 @@ class ZeroShotDataModule(ImageFilesDataModule):
         if h.predict == "text_embeddings":
             if not h.texts:
                 raise ValueError("text embeddings: pass --data.init_args.texts='[a red circle, a blue ring]' or a file")
-            texts = _lines(h.texts) if isinstance(h.texts, str) else list(h.texts)
+            texts = _lines(h.texts, "texts") if isinstance(h.texts, str) else list(h.texts)
             return self._loader(_Texts(texts), _WithSettings({"mode": h.predict}))
         extra = {"mode": h.predict} | (self._zeroshot_settings() if h.predict == "zeroshot" else {})
         return self._loader(self._images(), _WithSettings(extra))

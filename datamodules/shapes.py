@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from datamodules.base import ImageDataModule
+from datamodules.base import ImageDataModule, check_settings
 from datamodules.tensor_dataset import TensorImageDataset
 
 
@@ -167,6 +167,8 @@ class ShapesDataModule(ImageDataModule):
             **loader: DataLoader settings (num_workers, pin_memory, persistent_workers) of ``ImageDataModule``.
         """
         super().__init__(batch_size, seed, **loader)
+        check_settings(at_least=1, image_size=image_size, num_train=num_train)
+        check_settings(at_least=0, num_val=num_val, num_test=num_test)
         self.save_hyperparameters()
         self.image_size, self.augment = image_size, augment
         self.split_sizes = {"train": num_train, "val": num_val, "test": num_test}

@@ -28,13 +28,14 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from datamodules.base import EpochShuffle, ResumesMidEpoch, not_found_message, training_loader
+from datamodules.base import EpochShuffle, ResumesMidEpoch, check_settings, not_found_message, training_loader
 from datamodules.shakespeare import shakespeare_dir
 from datamodules.text_corpus import (
     auto_workers,
     corpus_key,
     iter_documents,
     list_text_files,
+    read_utf8,
     tokenize_to_file,
     tokenizer_key,
     training_text,
@@ -166,6 +167,7 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
         top_k: int | None = None,
         top_p: float | None = None,
         generation_seed: int = 0,
+        past_block_size: Literal["slide", "error"] = "slide",
         num_workers: int = 0,
         pin_memory: bool = False,
         seed: int = 0,
@@ -194,6 +196,8 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
             top_k: predict: sample among the k most likely tokens only; None: all.
             top_p: predict: sample from the smallest set of tokens whose probability reaches top_p; None: all.
             generation_seed: predict: seed of the sampling, so a prediction run repeats exactly.
+            past_block_size: predict: past the net's block_size, slide the context over the last block_size tokens, or
+                refuse (error) a prompt and max_new_tokens that do not fit in it.
             num_workers: DataLoader worker processes (0: gather in the main process; batches are one memmap read).
             pin_memory: pin batches in page-locked memory for faster host-to-GPU copies.
             seed: seed of the training window draws and of the packed shuffling.
@@ -207,9 +211,15 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
                                   "or a folder of them>, or leave path unset for the Shakespeare corpus")
             )
         if tokenizer == "gpt2" and gpt2_dir is None:
-            raise ValueError("tokenizer='gpt2' needs gpt2_dir=<folder with GPT-2's vocab.json and merges.txt>")
-        if not 0.0 <= val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+            raise InputError("tokenizer='gpt2' needs gpt2_dir=<folder with GPT-2's vocab.json and merges.txt>")
+        check_settings(fraction=True, val_fraction=val_fraction)
+        check_settings(at_least=1, block_size=block_size, batch_size=batch_size, samples_per_epoch=samples_per_epoch,
+                       val_samples=val_samples, max_new_tokens=max_new_tokens, bpe_vocab_size=bpe_vocab_size,
+                       top_k=top_k)
+        check_settings(at_least=0, num_workers=num_workers, temperature=temperature, tokenize_workers=tokenize_workers)
+        if top_p is not None and not 0.0 < top_p <= 1.0:
+            raise InputError(f"data.init_args.top_p={top_p} is a probability mass and must be in (0, 1]: pass 0.9, "
+                             f"say, or leave it unset")
         self.path, self.root, self.kind = path, Path(root), tokenizer
         self.bpe_vocab_size, self.gpt2_dir, self.jsonl_field = bpe_vocab_size, gpt2_dir, jsonl_field
         self.block_size, self.batch_size, self.sampling = block_size, batch_size, sampling
@@ -217,12 +227,15 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
         for name, given in (("prompts_file", prompts_file), ("test_path", test_path)):
             if given is not None and not Path(given).exists():
                 raise FileNotFoundError(not_found_message(name.replace("_", " "), given, f"pass --data.init_args.{name}"))
-        self.prompts = Path(prompts_file).read_text("utf-8").splitlines() if prompts_file else list(prompts)
+        self.prompts = read_utf8(Path(prompts_file), "prompts_file").splitlines() if prompts_file else list(prompts)
+        if not self.prompts:
+            given = f"prompts_file {prompts_file!r} holds no lines" if prompts_file else "prompts is empty"
+            raise InputError(f"data.init_args.{given}: give at least one prompt (an empty line starts a new document)")
         self.test_path = test_path
         # Sampling settings live here, not on the model: LightningCLI replaces a model's arguments with the
         # checkpoint's at predict --ckpt_path, but leaves the data's as given on the command line.
         self.generation = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k,
-                           "top_p": top_p, "seed": generation_seed}
+                           "top_p": top_p, "seed": generation_seed, "past_block_size": past_block_size}
         self.num_workers, self.pin_memory, self.seed = num_workers, pin_memory, seed
         self.tokenize_workers = tokenize_workers
         self.tokenizer: Tokenizer | None = None
@@ -288,7 +301,8 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
             workers = auto_workers(files, self.tokenize_workers)
             meta = tokenize_to_file(files, self.jsonl_field, tokenizer, path, workers)
         if meta["n_tokens"] < 2:
-            raise ValueError(f"{[str(f) for f in files]} hold no text (at least 2 tokens)")
+            raise InputError(f"{[str(f) for f in files]} hold no text (at least 2 tokens are needed): pass "
+                             f"--data.init_args.path=<a .txt/.jsonl file or folder with text in it>")
         return TokenFile(path, meta["dtype"], 0, meta["n_tokens"])
 
     @property

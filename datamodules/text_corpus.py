@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from zoo.layers.errors import InputError
 from zoo.layers.tokenizers import Tokenizer, tokenizer_from_dict
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,8 @@ def list_text_files(path: Path) -> list[Path]:
     """The ``.txt``/``.jsonl`` files of a corpus: ``path`` itself, or those under the folder ``path``."""
     if path.is_file():
         if path.suffix not in SUFFIXES:
-            raise ValueError(f"{str(path)!r} is neither .txt nor .jsonl")
+            raise InputError(f"{str(path)!r} is neither .txt nor .jsonl: rename it, or pass a folder of .txt/.jsonl "
+                             f"files")
         return [path]
     files = sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file())
     if not files:
@@ -46,11 +48,15 @@ def list_text_files(path: Path) -> list[Path]:
     return files
 
 
-def _read_utf8(path: Path) -> str:
+def read_utf8(path: Path, setting: str = "path") -> str:
+    """The text of ``path``; a file that is not UTF-8 (a binary, a Latin-1 export) is named, with the setting."""
+    if path.is_dir():
+        raise InputError(f"data.init_args.{setting}={str(path)!r} is a folder: pass a text file")
     try:
         return path.read_text("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{str(path)!r} is not UTF-8 text ({e})") from None
+        raise InputError(f"data.init_args.{setting}: {str(path)!r} is not UTF-8 text (byte {e.start}: {e.reason}); "
+                         f"convert it (iconv -t UTF-8) or pass another file") from None
 
 
 def _jsonl_documents(path: Path, field: str) -> Iterator[str]:
@@ -58,18 +64,23 @@ def _jsonl_documents(path: Path, field: str) -> Iterator[str]:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            record = json.loads(line)
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputError(
+                    f"{path}:{n} is not a JSON line ({e.msg}): fix the line, or pass a .txt file") from None
             text = record.get(field) if isinstance(record, dict) else None
             if not isinstance(text, str):
                 keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-                raise ValueError(f"{path}:{n} has no string field {field!r} (found {keys}); set jsonl_field")
+                raise InputError(f"{path}:{n} has no string field {field!r} (found {keys}): set "
+                                 f"data.init_args.jsonl_field")
             yield text
 
 
 def iter_documents(files: Iterable[Path], jsonl_field: str) -> Iterator[str]:
     """Every non-empty document of the corpus, in file order."""
     for path in files:
-        docs = _jsonl_documents(path, jsonl_field) if path.suffix == ".jsonl" else [_read_utf8(path)]
+        docs = _jsonl_documents(path, jsonl_field) if path.suffix == ".jsonl" else [read_utf8(path)]
         yield from (d for d in docs if d)
 
 

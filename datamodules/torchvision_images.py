@@ -11,7 +11,7 @@ from typing import Literal
 from torchvision import datasets
 from torchvision import transforms as T
 
-from datamodules.base import ImageDataModule, TransformSubset, not_found_message, split_indices
+from datamodules.base import ImageDataModule, TransformSubset, check_settings, not_found_message, split_indices
 
 # name: (class, channels, side, classes, mean, std, flip makes sense)
 _DATASETS = {
@@ -60,6 +60,7 @@ class TorchvisionDataModule(ImageDataModule):
             **loader: DataLoader settings (num_workers, pin_memory, persistent_workers) of ``ImageDataModule``.
         """
         super().__init__(batch_size, seed, **loader)
+        check_settings(fraction=True, val_fraction=val_fraction)
         self.save_hyperparameters()
         self.name, self.root, self.download = name, root, download
         self.val_fraction, self.augment = val_fraction, augment
@@ -128,6 +129,7 @@ class ImageFolderDataModule(ImageDataModule):
             **loader: DataLoader settings (num_workers, pin_memory, persistent_workers) of ``ImageDataModule``.
         """
         super().__init__(batch_size, seed, **loader)
+        check_settings(fraction=True, val_fraction=val_fraction)
         self.save_hyperparameters()
         self.root, self.val_fraction = Path(root), val_fraction
         self.class_names = self._classes()

@@ -18,6 +18,7 @@ from zoo.clip import CLIP, ContrastiveModule, TextTransformer, VisionTransformer
 from zoo.clip.losses import infonce_loss, siglip_loss
 from zoo.clip.metrics import recall_at_k, retrieval_recall, zeroshot_accuracy, zeroshot_weights
 from zoo.cnn import ConvNet
+from zoo.layers.errors import InputError
 from zoo.layers.optim import AdamWCosine, param_groups
 from zoo.layers.tokenizers import ByteTokenizer, tokenize
 
@@ -276,7 +277,7 @@ def test_csv_jsonl_and_folder_sources_read_the_same_pairs(tmp_path):
     b = read_pairs(tmp_path / "pairs.jsonl", "filepath", "text", "label")
     c = read_pairs(tmp_path / "img", "image", "caption", None)
     assert a == b and a["captions"] == c["captions"] == captions and a["images"] == c["images"]
-    with pytest.raises(KeyError, match="caption_column"):
+    with pytest.raises(InputError, match="caption_column"):
         read_pairs(tmp_path / "pairs.csv", "filepath", "caption", None)
 
     dm = CaptionDataModule(path=str(tmp_path / "pairs.csv"), image_column="filepath", caption_column="text",

@@ -30,6 +30,7 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from zoo.layers.errors import InputError
 from zoo.registry import load_model  # noqa: F401  zoo.tracking.load_model("models:/<name>@<alias>")
 
 if TYPE_CHECKING:
@@ -100,6 +101,7 @@ class ZooMLFlowLogger(MLFlowLogger):
             registered_model_name: register the MLflow model logged at the end of fit under this name.
         """
         tracking_uri = store_uri(tracking_uri)
+        check_store_folder(tracking_uri)
         if check_server:
             check_reachable(tracking_uri)
         with store_lock(tracking_uri):  # MLflow's client opens the store, creating or migrating its schema, right here
@@ -232,6 +234,23 @@ def store_lock(tracking_uri: str) -> contextlib.AbstractContextManager:
     """
     path = _sqlite_path(tracking_uri)
     return FileLock(f"{path}.lock") if path else contextlib.nullcontext()
+
+
+def check_store_folder(tracking_uri: str) -> None:
+    """Refuse, in one line, a sqlite store whose folder cannot be one: a path through a regular file (the lock file
+    and MLflow would otherwise fail deep inside, as a FileExistsError or an SQLAlchemy error)."""
+    path = _sqlite_path(tracking_uri)
+    if path and Path(path).is_dir():
+        raise InputError(f"MLflow store {tracking_uri} is a folder, not a database file: name one inside it "
+                         f"(sqlite:///{Path(path).resolve() / 'mlflow.db'}) in MLFLOW_TRACKING_URI or "
+                         f"trainer.logger.init_args.tracking_uri")
+    for folder in Path(path).parents if path else ():
+        if folder.exists() and not folder.is_dir():
+            raise InputError(
+                f"MLflow store {tracking_uri}: {str(folder)!r} is a file, not a folder. Fix MLFLOW_TRACKING_URI or "
+                f"trainer.logger.init_args.tracking_uri (sqlite:///<a folder>/mlflow.db), or unset them to log to "
+                f"{DEFAULT_TRACKING_URI}."
+            )
 
 
 def _sqlite_path(tracking_uri: str) -> str | None:

@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from zoo.layers.errors import InputError
+
 
 class LayerCache(Protocol):
     """What an attention layer needs from a decoding cache (``generate.py`` has the implementation)."""
@@ -94,7 +96,8 @@ class MHA(nn.Module):
         super().__init__()
         n_kv_head = n_kv_head or n_head
         if dim % n_head or n_head % n_kv_head:
-            raise ValueError(f"Need n_embd % n_head == 0 and n_head % n_kv_head == 0; got {dim}, {n_head}, {n_kv_head}")
+            raise InputError(f"Need n_embd % n_head == 0 and n_head % n_kv_head == 0; got n_embd={dim}, "
+                             f"n_head={n_head}, n_kv_head={n_kv_head}: choose heads that divide them")
         self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, dim // n_head
         self.rope, self.dropout = rope, dropout
         self.rope_dim = self.head_dim  # the GPT builds its tables for this width (used when ``rope``)

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from zoo.gpt.gpt import GPT
+from zoo.layers.errors import InputError
 
 
 class LayerCache:
@@ -128,14 +129,17 @@ def generate(
     """
     if not prompts or any(p.ndim != 1 or p.numel() == 0 for p in prompts):
         raise ValueError("prompts must be a non-empty list of non-empty 1-D id tensors")
+    # What a user asks for (prompts, max_new_tokens) that cannot work: InputError, one line naming it and the fix.
     if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     longest, bs = max(p.numel() for p in prompts), net.block_size
     if longest >= bs:
-        raise ValueError(f"A prompt of {longest} tokens leaves no room in block_size {bs}: shorten it")
+        raise InputError(f"A prompt of {longest} tokens leaves no room in the model's block_size {bs}: shorten it to "
+                         f"at most {bs - 1} tokens")
     if past_block_size == "error" and longest + max_new_tokens > bs:
-        raise ValueError(f"{longest} prompt tokens + max_new_tokens={max_new_tokens} exceed block_size {bs}; "
-                         f"ask for at most {bs - longest} or pass past_block_size='slide'")
+        raise InputError(f"{longest} prompt tokens + max_new_tokens={max_new_tokens} exceed the model's block_size "
+                         f"{bs} (past_block_size='error'): ask for at most {bs - longest} new tokens, or pass "
+                         f"past_block_size='slide'")
     n = longest + max_new_tokens
     tokens, pad = left_padded(prompts, net.tok_emb.weight.device, n)  # (B, N), (B,)
     b = len(prompts)

@@ -19,6 +19,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from zoo.layers import compat, trust
+from zoo.layers.errors import InputError
 from zoo.layers.weights import CheckpointError, is_remote, load_file
 
 
@@ -57,6 +58,13 @@ class WeightsOnlyCheckpointIO(TorchCheckpointIO):
     """The Trainer's checkpoint reader (``--ckpt_path``, ``ckpt_path="best"``) through ``load_file``."""
 
     def load_checkpoint(self, path: str | Path, map_location: Any = None, weights_only: bool | None = None) -> dict:
+        if not is_remote(path) and Path(path).is_dir():
+            # A strategy that reads one file; FSDP2Strategy reads folders itself.
+            raise InputError(
+                f"checkpoint {str(path)!r} is a sharded checkpoint folder (FSDP2), which this run's strategy does not "
+                f"read: run with the FSDP2 strategy (--config configs/trainer/fsdp.yaml), or consolidate it into one "
+                f"file (python -m zoo.layers.parallel {path} consolidated.ckpt) and pass --ckpt_path consolidated.ckpt"
+            )
         if not is_remote(path) and not Path(path).is_file():
             raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
         return load_file(path, map_location=map_location)

@@ -16,6 +16,8 @@ from torch.distributed.tensor import DTensor
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.optim.lr_scheduler import LambdaLR
 
+from zoo.layers.errors import InputError
+
 _NORMS = (  # the lazy and sync variants subclass these
     nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.InstanceNorm1d, nn.InstanceNorm2d,
     nn.InstanceNorm3d, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm, nn.RMSNorm,
@@ -151,6 +153,19 @@ class AdamWCosine:
     betas: tuple[float, float] = (0.9, 0.999)
     warmup_steps: int = 0
     min_lr_ratio: float = 1.0
+
+    def __post_init__(self) -> None:
+        # Checked when the config is read, not at the first step (torch's "Invalid learning rate" traceback).
+        bad = [(name, rule) for name, ok, rule in (
+            ("lr", self.lr > 0, "above 0"), ("weight_decay", self.weight_decay >= 0, "0 or more"),
+            ("betas", all(0 <= b < 1 for b in self.betas), "each in [0, 1)"),
+            ("warmup_steps", self.warmup_steps >= 0, "0 or more"),
+            ("min_lr_ratio", 0 <= self.min_lr_ratio <= 1, "in [0, 1]"),
+        ) if not ok]
+        if bad:
+            name, rule = bad[0]
+            raise InputError(f"optimizer {name}={getattr(self, name)} must be {rule}: set "
+                             f"model.init_args.optimizer.{name}")
 
     @classmethod
     def of(cls, value: AdamWCosine | dict) -> AdamWCosine:

@@ -1,0 +1,194 @@
+"""Every input mistake a careless user makes is one ``error:`` line naming the input and its fix, a non-zero exit
+and no traceback (README "When something is wrong"); an unreadable image among good ones is skipped with a warning
+naming it, or fails naming it with ``on_unreadable=error``.
+
+Most cases run ``cli.run()`` in this process (what ``python cli.py`` runs, without the interpreter start); one runs
+``cli.py`` in a subprocess to show the same holds there and that ``--verbose`` brings the traceback back.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import CONFIGS, cli, run_cli
+
+CNN = str(CONFIGS / "cnn" / "convnet_digits.yaml")
+GPT = str(CONFIGS / "gpt" / "gpt_tiny.yaml")
+CLIP = str(CONFIGS / "clip" / "tiny.yaml")
+ONE_STEP = ["--trainer.max_steps=1", "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0"]
+
+
+def error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("error:")]
+
+
+def run_in_process(monkeypatch, capsys, *args: str, stream: str = "err") -> tuple[int, str]:
+    """``python cli.py <args>`` in this process: its exit status and stderr (or stdout)."""
+    import cli
+
+    monkeypatch.setattr(sys, "argv", ["cli.py", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.run()
+    return exit_info.value.code, getattr(capsys.readouterr(), stream)
+
+
+def _files(folder: Path) -> dict[str, str]:
+    """Inputs the cases name: a GPT corpus, empty and binary text, a long prompt, caption CSVs, a sharded checkpoint
+    folder, a file where a folder is expected."""
+    from PIL import Image
+
+    folder.mkdir(exist_ok=True)
+    (folder / "corpus.txt").write_text("the cat sat on the mat\n" * 40)
+    (folder / "empty.txt").write_text("")
+    (folder / "binary.txt").write_bytes(bytes(range(256)) * 4)
+    (folder / "long_prompt.txt").write_text("x" * 100 + "\n")
+    (folder / "afile").write_text("a file, not a folder")
+    (folder / "pics").mkdir(exist_ok=True)
+    rows = ["image,caption"]
+    for i in range(6):
+        Image.new("RGB", (16, 16), (40 * i, 0, 0)).save(folder / "pics" / f"{i}.png")
+        rows.append(f"pics/{i}.png,a red square {i}")
+    (folder / "captions.csv").write_text("\n".join(rows) + "\n")
+    (folder / "no_caption_column.csv").write_text("\n".join(rows).replace("caption", "text") + "\n")
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
+        dcp.save({"state_dict": {"net.w": torch.zeros(2)}}, checkpoint_id=folder / "sharded", no_dist=True)
+    return {name: str(folder / name) for name in ("corpus.txt", "empty.txt", "binary.txt", "long_prompt.txt", "afile",
+                                                    "captions.csv", "no_caption_column.csv", "sharded", "pics")}
+
+
+# (command line, with {file} placeholders; text the one error line must hold: the input and the fix)
+CASES = {
+    "batch_size-negative": (["fit", "--config", CNN, "--data.init_args.batch_size=-1"],
+                            ["data.init_args.batch_size=-1", "1 or more"]),
+    "batch_size-zero": (["fit", "--config", CLIP, "--data.init_args.batch_size=0"], ["data.init_args.batch_size=0"]),
+    "num_workers-negative": (["fit", "--config", CNN, "--data.init_args.num_workers=-1"],
+                             ["data.init_args.num_workers=-1", "0 or more"]),
+    "val_fraction-above-1": (["fit", "--config", CNN, "--data.init_args.val_fraction=1.5"],
+                             ["data.init_args.val_fraction=1.5", "[0, 1)"]),
+    "misspelt-nested-key": (["fit", "--config", CNN, "--model.init_args.net.init_args.widht=8"],
+                            ["model.init_args.net.init_args.widht", "zoo.cnn.ConvNet", "did you mean 'width'"]),
+    "max_steps-0": (["fit", "--config", CNN, "--trainer.max_steps=0"], ["trainer.max_steps=0", "trains nothing"]),
+    "csv-smaller-than-a-batch": (["fit", "--config", CLIP, "--data.init_args.path={captions.csv}",
+                                  "--data.init_args.val_fraction=0.34", *ONE_STEP],
+                                 ["no training batches", "batch_size"]),
+    "csv-missing-column": (["fit", "--config", CLIP, "--data.init_args.path={no_caption_column.csv}"],
+                           ["no_caption_column.csv", "no column 'caption'", "caption_column"]),
+    "empty-corpus": (["fit", "--config", GPT, "--data.init_args.path={empty.txt}", *ONE_STEP],
+                     ["empty.txt", "no text", "data.init_args.path"]),
+    "binary-corpus": (["fit", "--config", GPT, "--data.init_args.path={binary.txt}", *ONE_STEP],
+                      ["binary.txt", "not UTF-8", "data.init_args.path"]),
+    "empty-prompts-file": (["predict", "--config", GPT, "--data.init_args.prompts_file={empty.txt}"],
+                           ["prompts_file", "empty.txt", "no lines"]),
+    "binary-prompts-file": (["predict", "--config", GPT, "--data.init_args.prompts_file={binary.txt}"],
+                            ["prompts_file", "binary.txt", "not UTF-8"]),
+    "max_new_tokens-negative": (["predict", "--config", GPT, "--data.init_args.max_new_tokens=-3"],
+                                ["data.init_args.max_new_tokens=-3"]),
+    "prompt-past-block_size": (["predict", "--config", GPT, "--data.init_args.path={corpus.txt}",
+                                "--data.init_args.prompts_file={long_prompt.txt}",
+                                "--data.init_args.past_block_size=error"],
+                               ["A prompt of 100 tokens", "block_size 64", "at most 63"]),
+    "tracking-uri-through-a-file": (["fit", "--config", CNN,
+                                     "--trainer.logger.init_args.tracking_uri=sqlite:///{afile}/m.db"],
+                                    ["afile", "is a file, not a folder", "MLFLOW_TRACKING_URI"]),
+    "folder-as-ckpt_path": (["validate", "--config", CNN, "--ckpt_path={pics}"],
+                            ["pics", "not a sharded checkpoint", "checkpoint file"]),
+    "lr-negative": (["fit", "--config", CNN, "--model.init_args.optimizer.lr=-1"],
+                    ["lr=-1.0", "model.init_args.optimizer.lr"]),
+    "max_epochs-negative-lightning": (["fit", "--config", CNN, "--trainer.max_epochs=-5"], ["max_epochs", "-5"]),
+    "sharded-folder-to-one-file-strategy": (["validate", "--config", CNN, "--ckpt_path={sharded}"],
+                                            ["sharded checkpoint folder", "fsdp.yaml", "zoo.layers.parallel"]),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_an_input_mistake_is_one_error_line_naming_it(case, tmp_path, monkeypatch, capsys, one_thread):
+    files = _files(tmp_path / "inputs")
+    args, named = CASES[case]
+    for name, path in files.items():
+        args = [a.replace("{" + name + "}", path) for a in args]
+    status, err = run_in_process(monkeypatch, capsys, *args)
+    lines = error_lines(err)
+    assert status != 0 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    for text in named:
+        assert text in lines[0], (text, lines[0])
+
+
+def test_a_parser_error_is_one_line_through_a_subprocess(tmp_path):
+    """``python cli.py`` itself: a key misspelt in YAML is one line and a hint, not the usage before it (60 lines)."""
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text(Path(CNN).read_text().replace("width: 8", "widht: 8"))
+    proc = run_cli("fit", "--config", str(bad_yaml), timeout=300)
+    assert proc.returncode == 2 and len(error_lines(proc.stderr)) == 1, proc.stderr[-3000:]
+    assert "model.init_args.net.init_args.widht" in proc.stderr and "did you mean 'width'" in proc.stderr, proc.stderr
+    assert "usage:" not in proc.stderr and len(proc.stderr.splitlines()) <= 2, proc.stderr
+
+
+def test_verbose_keeps_jsonargparse_message_and_help_still_prints(monkeypatch, capsys):
+    monkeypatch.setenv("ZOO_VERBOSE", "1")
+    status, err = run_in_process(monkeypatch, capsys, "fit", "--config", CNN, "--model.init_args.net.init_args.widht=8")
+    assert status == 2 and "Does not validate against any of the Union subtypes" in err, err[-3000:]
+    status, out = run_in_process(monkeypatch, capsys, "fit", "--help", stream="out")
+    assert status == 0 and "--trainer.max_steps" in out
+
+
+def test_an_unreadable_image_is_skipped_naming_it_or_fails_naming_it(tmp_path, monkeypatch, capsys, one_thread):
+    from PIL import Image
+
+    folder = tmp_path / "new"
+    folder.mkdir()
+    for i in range(2):
+        Image.new("L", (8, 8), 100 * i).save(folder / f"{i}.png")
+    (folder / "broken.png").write_bytes(b"<html>not an image</html>")
+    fit = cli("fit", "--config", CNN, *ONE_STEP)
+    ckpt = fit.trainer.checkpoint_callback.last_model_path
+    with pytest.warns(UserWarning, match=r"skipped 1 file.*predicting the other 2.*broken\.png"):
+        predict = cli("predict", f"--ckpt_path={ckpt}", f"--data.init_args.paths={folder}")
+    lg = predict.trainer.logger
+    with Path(predict.trainer.default_root_dir, lg.experiment_id, lg.run_id, "predictions.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(Path(r["path"]).name for r in rows) == ["0.png", "1.png"]  # the good files, predicted
+
+    status, err = run_in_process(monkeypatch, capsys, "predict", f"--ckpt_path={ckpt}",
+                                 f"--data.init_args.paths={folder}", "--data.init_args.on_unreadable=error")
+    lines = error_lines(err)
+    assert status == 1 and len(lines) == 1 and "broken.png" in lines[0] and "on_unreadable=skip" in lines[0], err
+
+    # A truncated file passes the header check and fails decoding, in a DataLoader worker: still one line naming it
+    # (torch re-raises a worker's error with the worker's traceback as its message).
+    (folder / "broken.png").unlink()
+    Image.effect_noise((64, 64), 50).save(folder / "truncated.png")
+    (folder / "truncated.png").write_bytes((folder / "truncated.png").read_bytes()[:300])
+    status, err = run_in_process(monkeypatch, capsys, "predict", f"--ckpt_path={ckpt}",
+                                 f"--data.init_args.paths={folder}", "--data.init_args.num_workers=1")
+    lines = error_lines(err)
+    assert status == 1 and len(lines) == 1 and "truncated.png" in lines[0] and "Traceback" not in err, err[-3000:]
+    assert "does not decode" in lines[0], lines
+
+
+@pytest.mark.parametrize("message, line", [
+    ("Parser key \"model\":\n  Does not validate against any of the Union subtypes\n  Errors:\n"
+     "    - Problem with given class_path 'zoo.cnn.NoSuchModule':\n        module 'zoo.cnn' has no attribute 'X'\n"
+     "    - Expected a <class 'NoneType'>\n  Given value type: <class 'str'>",
+     "model (zoo.cnn.NoSuchModule): module 'zoo.cnn' has no attribute 'X'"),
+    ("Parser key \"model\":\n  Errors:\n    - Problem with given class_path 'zoo.cnn.ClassifierModule':\n"
+     "        Group 'optimizer' does not accept option 'learning_rat'\n    - Expected a <class 'NoneType'>",
+     "model.init_args.optimizer.learning_rat (zoo.cnn.ClassifierModule): Group 'optimizer' does not accept option "
+     "'learning_rat'"),
+    ("Parser key \"trainer.precision\":\n  Does not validate against any of the Union subtypes\n  Subtypes: [...]\n"
+     "  Errors:\n    - Expected a typing.Literal[64, 32]\n    - Expected a typing.Literal['bf16-mixed']\n"
+     "    - Expected a <class 'NoneType'>\n  Given value: 17",
+     "trainer.precision: Expected a typing.Literal[64, 32] or Expected a typing.Literal['bf16-mixed']"),
+    ("Parser key \"config\": File does not exist: 'x.yaml'", "config: File does not exist: 'x.yaml'"),
+], ids=["unknown-class", "unknown-group-option", "union-of-literals", "missing-config-file"])
+def test_jsonargparse_messages_become_one_line_with_the_key_path(message, line):
+    from cli import parser_error_line
+
+    assert parser_error_line(message) == line
