@@ -1,7 +1,6 @@
 """Actor-critic agents on gymnasium: nets, rollout collection, objectives and the agent modules."""
 
 from zoo.rl.a2c import A2CModule
-from zoo.rl.agent import AgentModule
 from zoo.rl.collector import Evaluator, Rollout, RolloutCollector
 from zoo.rl.impala import IMPALAModule
 from zoo.rl.losses import a2c_loss, gae, ppo_loss
@@ -14,7 +13,7 @@ from zoo.rl.sac_nets import SoftActorCritic
 from zoo.rl.vtrace import impala_loss, vtrace
 
 __all__ = [
-    "A2CModule", "ActorCritic", "AgentModule", "Evaluator", "IMPALAModule", "PPOModule", "ReplayBuffer", "Rollout",
+    "A2CModule", "ActorCritic", "Evaluator", "IMPALAModule", "PPOModule", "ReplayBuffer", "Rollout",
     "RolloutCollector", "RunningMeanStd", "SACModule", "SoftActorCritic", "TransitionCollector", "a2c_loss",
     "gae", "impala_loss", "ppo_loss", "vtrace",
 ]
