@@ -135,7 +135,7 @@ def detached_forward(mlp: nn.Sequential, x: Tensor) -> Tensor:
 class SoftActorCritic(nn.Module):
     """SAC's nets: ``actor`` (squashed Gaussian) and ``critic`` (twin Q); the module keeps the target copy."""
 
-    continuous = True  # AgentModule.setup checks it against the env: SAC acts in Box action spaces only
+    continuous = True  # checked against the env (zoo.rl.common.env_sized): SAC acts in Box action spaces only
 
     def __init__(
         self,
@@ -175,7 +175,7 @@ class SoftActorCritic(nn.Module):
         self.critic = TwinQ(obs_dim, action_dim, hidden_sizes, num_critics)
 
     def for_env(self, shape: dict) -> SoftActorCritic:
-        """This net with every size and bound left None taken from ``shape`` (the env's, see ``AgentModule.setup``)."""
+        """This net with every size and bound left None taken from ``shape`` (the env's: ``common.env_sized``)."""
         fill = {k: v for k, v in shape.items() if k in self.init_args and self.init_args[k] is None}
         return SoftActorCritic(**{**self.init_args, **fill})
 
