@@ -235,7 +235,8 @@ class EpisodeLog:
         self.sums = torch.zeros(3, dtype=torch.float64)  # count, return sum, length sum
 
     def add(self, returns: Tensor, lengths: Tensor) -> None:
-        self.sums += torch.stack([torch.tensor(float(len(returns))), returns.double().sum(), lengths.double().sum()])
+        count = torch.tensor(float(len(returns)), dtype=torch.float64)
+        self.sums += torch.stack([count, returns.double().sum(), lengths.double().sum()])
 
     def add_sums(self, sums: Tensor) -> None:
         """Episodes already summed elsewhere (an actor process): (count, return sum, length sum)."""
