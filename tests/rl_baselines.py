@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch import Callback
 
 from zoo.rl import Evaluator
+from zoo.rl.common import require_datamodule
 
 
 class BaselineReturns(Callback):
@@ -20,8 +21,9 @@ class BaselineReturns(Callback):
     random: float | None = None
 
     def on_train_start(self, trainer, pl_module) -> None:
-        BaselineReturns.untrained = pl_module.evaluate("val")[0].mean().item()
-        dm = pl_module.require_datamodule()
+        dm = require_datamodule(pl_module)
+        untrained = pl_module.evaluation.validate(pl_module, dm, pl_module.env_steps)
+        BaselineReturns.untrained = untrained["val/return"].item()
         envs = dm.make_envs(min(dm.eval_envs, dm.eval_episodes))  # as one process's evaluation (evaluation_share)
         n, g = int(envs.single_action_space.n), torch.Generator().manual_seed(0)  # Discrete actions (CartPole)
         try:

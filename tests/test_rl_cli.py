@@ -189,7 +189,7 @@ def test_a2c_tiny_fits_predicts_reloads_and_resumes():
     torch.testing.assert_close(loaded.act(obs), resumed.model.act(obs))
     torch.testing.assert_close(loaded.obs_rms.mean, resumed.model.obs_rms.mean)
 
-    # Resumed with its budget spent: AgentModule stops before the first training step.
+    # Resumed with its budget spent: the agent stops before the first training step (zoo.rl.common.Budget).
     RecordFirstBatch.seen = {}
     spent = cli("fit", "--config", A2C_TINY, "--ckpt_path", final, "--trainer.logger=false",
                 "--trainer.callbacks+=test_rl_cli.RecordFirstBatch")

@@ -203,6 +203,34 @@ def test_collector_stores_the_final_observation_and_skips_autoreset_steps():
     collector.close()
 
 
+class Chooser(Counter):
+    """Counter with a Discrete(3) action, whose reward is the action taken: a stored row shows its fields together."""
+
+    action_space = gym.spaces.Discrete(3)
+
+    def step(self, action):
+        obs, _, term, trunc, info = super().step(action)
+        return obs, float(action), term, trunc, info
+
+
+def test_buffer_and_collector_take_discrete_actions_from_the_action_space():
+    envs = gym.vector.SyncVectorEnv([lambda: Chooser(5), lambda: Chooser(7)])
+    buffer = ReplayBuffer(capacity=100, obs_dim=1, action_space=envs.single_action_space)
+    collector = TransitionCollector(envs, buffer, seed=0)
+    torch.manual_seed(0)
+    for _ in range(30):
+        collector.step(None)  # uniform warm-up indices
+    batch = buffer.sample(500)
+    assert batch.actions.dtype == torch.int64 and batch.actions.shape == (500,)
+    assert set(batch.actions.tolist()) == {0, 1, 2}
+    torch.testing.assert_close(batch.rewards, batch.actions.float())  # the index the env received, stored with it
+    collector.close()
+    multi = ReplayBuffer(capacity=4, obs_dim=1, action_space=gym.spaces.MultiDiscrete([2, 5]))
+    actions = torch.tensor([[1, 4], [0, 3]])
+    multi.add(torch.zeros(2, 1), torch.ones(2, 1), actions, torch.zeros(2), torch.zeros(2, dtype=torch.bool))
+    assert torch.equal(multi._split(multi.storage[:2]).actions, actions)
+
+
 # -- through cli.py ------------------------------------------------------------------------------------------
 
 

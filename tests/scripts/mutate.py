@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 A, S, G = "zoo/gpt/attention.py", "zoo/gpt/generate.py", "zoo/gpt/gpt.py"
 SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/diffusion/losses.py"
-RL, VT, SN = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/sac_nets.py"
+RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/sac_nets.py", "zoo/rl/td3.py"
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
 CL, CC, CMT = "zoo/clip/losses.py", "zoo/clip/clip.py", "zoo/clip/metrics.py"
 TR, CK, RG = "zoo/layers/trust.py", "zoo/layers/checkpoint.py", "zoo/registry.py"
@@ -99,8 +99,8 @@ FAMILIES: dict[str, dict] = {
         ],
     },
     "rl": {
-        "tests": ["tests/test_rl_refs.py", "tests/test_rl_behaviour.py", "tests/test_rl.py", "tests/test_sac.py",
-                  "tests/test_impala.py"],
+        "tests": ["tests/test_rl_refs.py", "tests/test_rl_behaviour.py", "tests/test_rl.py", "tests/test_td3.py",
+                  "tests/test_sac.py", "tests/test_impala.py"],
         "mutants": [
             (RL, "deltas = rewards + gamma * values[1:] * not_terminal - values[:-1]", "deltas = rewards + gamma * values[1:] - values[:-1]"),
             (RL, "decay = gamma * gae_lambda * (~(terminated | truncated))", "decay = gamma * gae_lambda * (~terminated)"),
@@ -124,6 +124,11 @@ FAMILIES: dict[str, dict] = {
             ("zoo/rl/collector.py", "self.obs_norm.update(self.raw_obs.flatten(0, 1))", "self.obs_norm.update(self.obs.flatten(0, 1))"),
             ("zoo/rl/collector.py", "self._discounted[ended[t]] = 0.0", "pass"),
             ("zoo/rl/normalization.py", "self.var.copy_(m2 / total)", "self.var.copy_(m2 / n)"),
+            # TD3: clipped double Q, target policy smoothing, delayed actor updates.
+            (T3, "return rewards + gamma * (1.0 - terminated) * next_q.min(0).values",
+             "return rewards + gamma * (1.0 - terminated) * next_q.max(0).values"),
+            (T3, "(next_action + noise.clamp(-noise_clip, noise_clip) * action_scale)", "(next_action + noise * action_scale)"),
+            (T3, "if update % h.policy_delay == 0:", "if True:"),
         ],
     },
     "cnn": {

@@ -1,7 +1,6 @@
 """Actor-critic agents on gymnasium: nets, rollout collection, objectives and the agent modules."""
 
 from zoo.rl.a2c import A2CModule
-from zoo.rl.agent import AgentModule
 from zoo.rl.collector import Evaluator, Rollout, RolloutCollector
 from zoo.rl.impala import IMPALAModule
 from zoo.rl.losses import a2c_loss, gae, ppo_loss
@@ -11,10 +10,11 @@ from zoo.rl.ppo import PPOModule
 from zoo.rl.replay import ReplayBuffer, TransitionCollector
 from zoo.rl.sac import SACModule
 from zoo.rl.sac_nets import SoftActorCritic
+from zoo.rl.td3 import DeterministicActorCritic, TD3Module
 from zoo.rl.vtrace import impala_loss, vtrace
 
 __all__ = [
-    "A2CModule", "ActorCritic", "AgentModule", "Evaluator", "IMPALAModule", "PPOModule", "ReplayBuffer", "Rollout",
-    "RolloutCollector", "RunningMeanStd", "SACModule", "SoftActorCritic", "TransitionCollector", "a2c_loss",
-    "gae", "impala_loss", "ppo_loss", "vtrace",
+    "A2CModule", "ActorCritic", "DeterministicActorCritic", "Evaluator", "IMPALAModule", "PPOModule", "ReplayBuffer",
+    "Rollout", "RolloutCollector", "RunningMeanStd", "SACModule", "SoftActorCritic", "TD3Module", "TransitionCollector",
+    "a2c_loss", "gae", "impala_loss", "ppo_loss", "vtrace",
 ]

@@ -4,7 +4,7 @@ the synchronous form of OpenAI Baselines' ``a2c`` and SB3's ``A2C``) on gymnasiu
 One Lightning training step is one short rollout (``num_steps`` x N env steps, 5 x 8 by default) and one
 gradient step on all of it, with manual optimisation. The rollout collector, GAE (with ``gae_lambda`` 1 it
 is the n-step return), the running statistics, evaluation and checkpoints are the same as PPO's
-(``zoo.rl.agent``, ``zoo.rl.collector``); what differs is the objective (``zoo.rl.losses.a2c_loss``: no
+(``zoo.rl.collector``, ``zoo.rl.common``); what differs is the objective (``zoo.rl.losses.a2c_loss``: no
 ratio, no clipping, one pass over fresh data) and the optimizer (RMSprop, as Baselines and SB3).
 
 Checkpoints carry the net, the running statistics, the env-step counter, the optimizer and the RNG states;
@@ -16,25 +16,31 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
+from lightning.pytorch import Callback, LightningModule
 from torch import Tensor
 
+from zoo.layers.checkpoint import WeightsOnlyLoading
 from zoo.layers.gradnorm import clip_grad_norm
 from zoo.layers.hparams import save_hparams
-from zoo.rl.agent import (
-    AgentModule, collect_rollout, finish_rollout, open_rollout_collector, rmsprop_or_adam, rollout_env_steps,
+from zoo.layers.logging import lightning_writes
+from zoo.rl.collector import RolloutCollector
+from zoo.rl.common import (
+    Budget, EpisodeLog, Evaluation, Policy, RNGState, StopCollectingOnException, Threads, check_net_state,
+    datamodule_of, env_sized, linear_annealing, refuse_sharding, require_datamodule, rmsprop_or_adam, train_metrics,
+    train_seed, world_size,
 )
-from zoo.rl.collector import Rollout
-from zoo.rl.losses import a2c_loss, normalize
+from zoo.rl.losses import a2c_loss, explained_variance, gae, normalize
 from zoo.rl.nets import ActorCritic
 from zoo.rl.normalization import RunningMeanStd
 
 
-class A2CModule(AgentModule):
+class A2CModule(WeightsOnlyLoading, LightningModule):
     """A2C: n-step (or GAE) advantages, one RMSprop step per rollout, entropy bonus, gradient clipping."""
 
-    # The on-policy collector of zoo.rl.agent (PPO's and A2C's): T x N env steps per training step.
-    start_collecting = open_rollout_collector
-    batch_env_steps = property(rollout_env_steps)
+    family = "rl"
+    monitor = "val/return"
+    monitor_mode = "max"
 
     def __init__(
         self,
@@ -80,39 +86,111 @@ class A2CModule(AgentModule):
             clip_reward: clip scaled rewards to [-clip_reward, clip_reward].
             num_threads: PyTorch CPU threads while this module runs (restored after); None: unchanged.
         """
-        super().__init__(num_threads)
+        super().__init__()
         save_hparams(self, "net")
+        self.automatic_optimization = False  # an optimizer step per rollout, after the collector's forwards
         self.net = net
-        if not net.unsized:
-            self.net_sized()
+        self.obs_rms = None if net.unsized else RunningMeanStd(net.obs_shape or (net.obs_dim,), clip=clip_obs)
         self.return_rms = RunningMeanStd((), clip=clip_reward)
-        self.ended_episodes: list[Tensor] = []  # returns and lengths of training episodes since the last log
+        self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))  # spent of the budget, every rank's
+        self.budget, self.rng, self.threads = Budget(total_env_steps), RNGState(), Threads(num_threads)
+        self.evaluation, self.episodes = Evaluation(), EpisodeLog()
+        self.collector: RolloutCollector | None = None  # while fit runs
 
-    def net_sized(self) -> None:
-        self.obs_rms = RunningMeanStd(self.net.obs_shape or (self.net.obs_dim,), clip=self.hparams.clip_obs)
+    @torch.no_grad()
+    def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
+        """Actions for raw observations (B, O): the policy's mode, or a sample of it."""
+        x = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
+        return self.net.act(self.obs_rms.normalize(x) if self.hparams.norm_obs else x, deterministic)
 
-    def learn(self, write: bool) -> dict[str, Tensor]:
-        """One short rollout and one gradient step on all of it."""
-        rollout, advantages, returns = collect_rollout(self)
-        stats = self._update(rollout, advantages, returns)
-        return finish_rollout(self, rollout, returns, stats, write)
+    def policy(self) -> Policy:
+        """The deterministic policy on raw observations, normaliser included (what ``zoo.rl.export`` traces)."""
+        return Policy(self.net, self.obs_rms if self.hparams.norm_obs else None)
 
-    def _update(self, rollout: Rollout, advantages: Tensor, returns: Tensor) -> dict[str, Tensor]:
-        """One gradient step on the rollout's valid steps (autoreset steps are not transitions)."""
-        h = self.hparams
-        keep = rollout.valid.flatten()
+    # -- fit: the envs, then one short rollout and one gradient step per training step ----------------------------
+
+    def setup(self, stage: str) -> None:
+        refuse_sharding(self)
+        self.threads.pin()
+        if (dm := datamodule_of(self)) is not None:
+            self.net = env_sized(self.net, self.hparams, dm)
+            if self.obs_rms is None:
+                self.obs_rms = RunningMeanStd(self.net.obs_shape or (self.net.obs_dim,), clip=self.hparams.clip_obs)
+
+    def on_train_start(self) -> None:
+        # Here rather than in setup: the device is final and a resumed checkpoint (env steps, RNG) is loaded.
+        h, dm = self.hparams, require_datamodule(self)
+        self.rng.resume(self.global_rank)
+        self.budget.step = h.num_steps * dm.num_envs * world_size(self)  # T x N env steps per rollout, every rank's
+        if not self.budget.fits(self.env_steps):
+            self.trainer.should_stop = True  # a resumed run whose budget is already spent: no envs opened
+        elif self.collector is None:
+            seed = train_seed(dm.seed, int(self.env_steps), self.global_rank, dm.num_envs)
+            self.collector = RolloutCollector(dm.make_envs(), h.num_steps, self.device,
+                                              self.obs_rms if h.norm_obs else None,
+                                              self.return_rms if h.norm_reward else None, h.gamma, seed=seed)
+
+    def training_step(self, batch: int, batch_idx: int) -> None:
+        """One short rollout of T x N env steps, its n-step (GAE) advantages, one gradient step on all of it."""
+        h, write = self.hparams, lightning_writes(self.trainer)
+        rollout = self.collector.collect(self.net)  # the running statistics take its observations and returns
+        advantages, returns = gae(rollout.rewards, rollout.values, rollout.terminated, rollout.truncated,
+                                  h.gamma, h.gae_lambda)  # (T, N)
+        keep = rollout.valid.flatten()  # autoreset steps are not transitions
         obs, actions = rollout.obs.flatten(0, 1)[keep], rollout.actions.flatten(0, 1)[keep]
-        advantages, returns = advantages.flatten()[keep], returns.flatten()[keep]
+        adv, ret = advantages.flatten()[keep], returns.flatten()[keep]
         if h.norm_adv:
-            advantages = normalize(advantages)
+            adv = normalize(adv)
         _, logprob, entropy, value = self.net.get_action_and_value(obs, actions)
-        out = a2c_loss(logprob, advantages, value, returns, entropy, h.vf_coef, h.ent_coef)
+        stats = a2c_loss(logprob, adv, value, ret, entropy, h.vf_coef, h.ent_coef)
         opt = self.optimizers()
         opt.zero_grad()
-        self.manual_backward(out["loss"])
-        out |= clip_grad_norm(self.net.parameters(), h.max_grad_norm)  # grad/norm before clipping
+        self.manual_backward(stats["loss"])
+        stats |= clip_grad_norm(self.net.parameters(), h.max_grad_norm)  # grad/norm before clipping
         opt.step()
-        return out
+
+        self.budget.spend(self.env_steps, rollout.env_steps)
+        self.episodes.add(rollout.episode_returns, rollout.episode_lengths)
+        self.lr_schedulers().step()  # the rate for the next rollout's step (a function of env steps)
+        if write:
+            stats["explained_variance"] = explained_variance(rollout.values[:-1][rollout.valid], returns[rollout.valid])
+            self.log_dict(train_metrics({**stats, **self.episodes.pop()}, self.env_steps), on_step=True,
+                          on_epoch=False)
+        if not self.budget.fits(self.env_steps):
+            self.trainer.should_stop = True
 
     def configure_optimizers(self):
-        return rmsprop_or_adam(self)
+        h = self.hparams
+        opt = rmsprop_or_adam(list(self.net.parameters()), h.optimizer, h.lr, h.rms_alpha, h.optim_eps)
+        return linear_annealing(opt, lambda: self.budget.progress(self.env_steps), h.anneal_lr)
+
+    # -- evaluation, predict, checkpoints, the end of fit -----------------------------------------------------------
+
+    def validation_step(self, batch: int, batch_idx: int) -> None:
+        # Every rank holds the same figures (gathered episodes, global env steps): sync_dist averages equal values.
+        metrics = self.evaluation.validate(self, require_datamodule(self), self.env_steps)
+        self.log_dict(metrics, batch_size=1, prog_bar=True, sync_dist=True)
+
+    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
+        return self.evaluation.predict(self, require_datamodule(self))
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self.rng.save(checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        check_net_state(self.net, checkpoint)
+        self.rng.load(checkpoint)
+
+    def configure_callbacks(self) -> list[Callback]:
+        return [StopCollectingOnException()]
+
+    def stop_collecting(self) -> None:
+        if self.collector is not None:
+            self.collector.close()
+            self.collector = None
+
+    def teardown(self, stage: str) -> None:
+        if stage == "fit":
+            self.stop_collecting()
+        self.evaluation.close()
+        self.threads.restore()

@@ -10,7 +10,7 @@ the actors keep producing while the learner updates, evaluates or checkpoints (u
 Checkpoints carry the net, the optimizer, the env-step counter (a buffer; it counts the env steps the
 learner has trained on, not those the actors produced and nobody read) and the RNG states; a resumed run
 spawns fresh actors on envs seeded from (seed, env_steps). Evaluation and predict run in this process on
-envs of their own, as for every agent here (``zoo.rl.agent``). ``total_env_steps`` is the budget;
+envs of their own, as for every agent here (``zoo.rl.common.Evaluation``). ``total_env_steps`` is the budget;
 ``val_check_interval`` counts learner steps.
 
 The defaults of the objective and optimizer are torchbeast monobeast's (``--unroll_length`` 80,
@@ -25,18 +25,29 @@ import time
 from typing import Literal
 
 import torch
+from lightning.pytorch import Callback, LightningModule
 from torch import Tensor
 
+from zoo.layers.checkpoint import WeightsOnlyLoading
 from zoo.layers.gradnorm import clip_grad_norm
 from zoo.layers.hparams import save_hparams
-from zoo.rl.actors import ActorPool, EnvSpec, Trajectories
-from zoo.rl.agent import AgentModule, rmsprop_or_adam
+from zoo.layers.logging import lightning_writes
+from zoo.rl.actors import ActorPool, EnvSpec
+from zoo.rl.common import (
+    Budget, EpisodeLog, Evaluation, Policy, RNGState, StopCollectingOnException, Threads, check_net_state,
+    datamodule_of, env_sized, linear_annealing, refuse_sharding, require_datamodule, rmsprop_or_adam, train_metrics,
+    train_seed, world_size,
+)
 from zoo.rl.nets import ActorCritic
 from zoo.rl.vtrace import impala_loss, masked_mean, vtrace
 
 
-class IMPALAModule(AgentModule):
+class IMPALAModule(WeightsOnlyLoading, LightningModule):
     """IMPALA's learner: V-trace actor-critic on batches of unrolls from actor processes."""
+
+    family = "rl"
+    monitor = "val/return"
+    monitor_mode = "max"
 
     def __init__(
         self,
@@ -92,53 +103,57 @@ class IMPALAModule(AgentModule):
             num_threads: PyTorch CPU threads of the learner while this module runs (restored after); the
                 actors use one each. None: unchanged.
         """
-        super().__init__(num_threads)
+        super().__init__()
         save_hparams(self, "net")
+        self.automatic_optimization = False  # one optimizer step per batch of unrolls, then the weights published
         self.net = net
-        self._episodes = torch.zeros(3, dtype=torch.float64)  # ended since the last log: count, return, length sums
-
-    @property
-    def batch_env_steps(self) -> int:
-        h = self.hparams
-        return h.batch_size * h.unroll_length * h.envs_per_actor
-
-    def num_train_envs(self, dm) -> int:
-        h = self.hparams
-        return h.num_actors * h.envs_per_actor
+        self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))  # trained on, every rank's
+        self.budget, self.rng, self.threads = Budget(total_env_steps), RNGState(), Threads(num_threads)
+        self.evaluation, self.episodes = Evaluation(), EpisodeLog()
+        self.collector: ActorPool | None = None  # the actor processes, while fit runs
 
     @property
     def actors(self) -> ActorPool | None:
         """The actor processes: this agent's collector, while fit runs."""
         return self.collector
 
-    def start_collecting(self, dm) -> ActorPool:
-        h = self.hparams
-        return ActorPool(
-            EnvSpec.of(dm), self.net, h.num_actors, h.envs_per_actor, h.unroll_length,
-            h.num_slots or max(2 * h.num_actors, h.batch_size), seed=self.train_seed(dm), start_method=h.start_method,
-        )
+    @torch.no_grad()
+    def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
+        """Actions for raw observations (B, O): the policy's mode, or a sample of it."""
+        return self.net.act(torch.as_tensor(obs, dtype=torch.float32, device=self.device), deterministic)
 
-    # -- training ----------------------------------------------------------------------------------------
+    def policy(self) -> Policy:
+        """The deterministic policy on raw observations (what ``zoo.rl.export`` traces)."""
+        return Policy(self.net)
 
-    def learn(self, write: bool) -> dict[str, Tensor]:
-        """B unrolls from the actors, one V-trace step on them, the new weights published to the actors."""
+    # -- fit: the actor processes, then one V-trace step on B unrolls per training step ---------------------------
+
+    def setup(self, stage: str) -> None:
+        refuse_sharding(self)
+        self.threads.pin()
+        if (dm := datamodule_of(self)) is not None:
+            self.net = env_sized(self.net, self.hparams, dm)
+
+    def on_train_start(self) -> None:
+        # Here rather than in setup: the device is final and a resumed checkpoint (env steps, RNG) is loaded.
+        h, dm = self.hparams, require_datamodule(self)
+        self.rng.resume(self.global_rank)
+        self.budget.step = h.batch_size * h.unroll_length * h.envs_per_actor * world_size(self)
+        if not self.budget.fits(self.env_steps):
+            self.trainer.should_stop = True  # a resumed run whose budget is already spent: no actors started
+        elif self.collector is None:
+            # Rank r's actors take the env seeds after rank r - 1's num_actors x envs_per_actor.
+            seed = train_seed(dm.seed, int(self.env_steps), self.global_rank, h.num_actors * h.envs_per_actor)
+            self.collector = ActorPool(EnvSpec.of(dm), self.net, h.num_actors, h.envs_per_actor, h.unroll_length,
+                                       h.num_slots or max(2 * h.num_actors, h.batch_size), seed=seed,
+                                       start_method=h.start_method)
+
+    def training_step(self, batch: int, batch_idx: int) -> None:
+        """B unrolls from the actors, one V-trace actor-critic step on them, the new weights published."""
+        h, write = self.hparams, lightning_writes(self.trainer)
         t0 = time.perf_counter()
-        traj = self.actors.take(self.hparams.batch_size, self.device)
+        traj = self.actors.take(h.batch_size, self.device)  # (T, M) of M = B x N trajectories
         waited = time.perf_counter() - t0
-        stats = self._update(traj)
-        version = self.actors.publish(self.net)
-        self.env_steps += traj.env_steps
-        self._episodes += traj.episodes
-        if not write:
-            return {}
-        # Policy lag: learner updates between the weights an unroll was acted with and the ones it trains.
-        stats["policy_lag"] = (version - 1 - traj.versions).float().mean()
-        stats["learner_wait_ms"] = torch.tensor(waited * 1e3)
-        return self._with_episodes(stats)
-
-    def _update(self, traj: Trajectories) -> dict[str, Tensor]:
-        """One V-trace actor-critic step on B unrolls (T, M): the loss terms and diagnostics."""
-        h = self.hparams
         t, m = traj.rewards.shape
         # One forward over all T + 1 observations: the values of row T bootstrap the unroll's end, and its
         # action (a placeholder) scores nothing.
@@ -149,26 +164,62 @@ class IMPALAModule(AgentModule):
         discounts = h.gamma * (~traj.terminated).to(value.dtype)
         targets = vtrace(log_rhos, discounts, traj.rewards, value.detach(), traj.truncated, h.clip_rho_threshold,
                          h.clip_pg_rho_threshold, h.clip_c_threshold, h.vtrace_lambda)
-        out = impala_loss(logprob, entropy, value[:-1], targets, traj.valid, h.vf_coef, h.ent_coef)
+        stats = impala_loss(logprob, entropy, value[:-1], targets, traj.valid, h.vf_coef, h.ent_coef)
         opt = self.optimizers()
         opt.zero_grad()
-        self.manual_backward(out["loss"])
-        out |= clip_grad_norm(self.net.parameters(), h.max_grad_norm)  # grad/norm before clipping
+        self.manual_backward(stats["loss"])
+        stats |= clip_grad_norm(self.net.parameters(), h.max_grad_norm)  # grad/norm before clipping
         opt.step()
-        with torch.no_grad():
-            rhos = log_rhos.exp()
-            out["rho"] = masked_mean(rhos, traj.valid)
-            out["rho_clipfrac"] = masked_mean((rhos > h.clip_rho_threshold).float(), traj.valid)
-        return out
+        version = self.actors.publish(self.net)
 
-    def _with_episodes(self, stats: dict[str, Tensor]) -> dict[str, Tensor]:
-        """``stats`` with the mean return and length of the training episodes that ended since the last log."""
-        count, returns, lengths = self._episodes.tolist()
-        self._episodes.zero_()
-        if count:
-            stats["episode_return"] = torch.tensor(returns / count)
-            stats["episode_length"] = torch.tensor(lengths / count)
-        return stats
+        self.budget.spend(self.env_steps, traj.env_steps)
+        self.episodes.add_sums(traj.episodes)
+        self.lr_schedulers().step()  # the rate for the next step (a function of env steps)
+        if write:
+            with torch.no_grad():
+                rhos = log_rhos.exp()
+                stats["rho"] = masked_mean(rhos, traj.valid)
+                stats["rho_clipfrac"] = masked_mean((rhos > h.clip_rho_threshold).float(), traj.valid)
+            # Policy lag: learner updates between the weights an unroll was acted with and the ones it trains.
+            stats["policy_lag"] = (version - 1 - traj.versions).float().mean()
+            stats["learner_wait_ms"] = torch.tensor(waited * 1e3)
+            self.log_dict(train_metrics({**stats, **self.episodes.pop()}, self.env_steps), on_step=True,
+                          on_epoch=False)
+        if not self.budget.fits(self.env_steps):
+            self.trainer.should_stop = True
 
     def configure_optimizers(self):
-        return rmsprop_or_adam(self)
+        h = self.hparams
+        opt = rmsprop_or_adam(list(self.net.parameters()), h.optimizer, h.lr, h.rms_alpha, h.optim_eps)
+        return linear_annealing(opt, lambda: self.budget.progress(self.env_steps), h.anneal_lr)
+
+    # -- evaluation, predict, checkpoints, the end of fit -----------------------------------------------------------
+
+    def validation_step(self, batch: int, batch_idx: int) -> None:
+        # Every rank holds the same figures (gathered episodes, global env steps): sync_dist averages equal values.
+        metrics = self.evaluation.validate(self, require_datamodule(self), self.env_steps)
+        self.log_dict(metrics, batch_size=1, prog_bar=True, sync_dist=True)
+
+    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
+        return self.evaluation.predict(self, require_datamodule(self))
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self.rng.save(checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        check_net_state(self.net, checkpoint)
+        self.rng.load(checkpoint)
+
+    def configure_callbacks(self) -> list[Callback]:
+        return [StopCollectingOnException()]
+
+    def stop_collecting(self) -> None:
+        if self.collector is not None:
+            self.collector.close()
+            self.collector = None
+
+    def teardown(self, stage: str) -> None:
+        if stage == "fit":
+            self.stop_collecting()
+        self.evaluation.close()
+        self.threads.restore()

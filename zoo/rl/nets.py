@@ -171,7 +171,7 @@ class ActorCritic(nn.Module):
             self.actor_logstd = nn.Parameter(torch.full((1, action_dim), float(log_std_init)))
 
     def for_env(self, shape: dict) -> ActorCritic:
-        """This net with every size left None taken from ``shape`` (``zoo.rl.agent.net_shape_for`` of the env, and
+        """This net with every size left None taken from ``shape`` (``zoo.rl.common.net_shape_for`` of the env, and
         the env's ``obs_shape``, used by image encoders only)."""
         fill = {k: v for k, v in shape.items() if k in self.init_args and self.init_args[k] is None}
         if self.init_args["encoder"] == "flat":

@@ -3,8 +3,9 @@
 One Lightning training step is one rollout plus every PPO epoch and minibatch on it, with manual
 optimisation: Lightning's per-step overhead (~0.4 ms) would otherwise be paid per minibatch, about as long
 as the minibatch update of a small MLP itself. The training loader only paces the steps (see
-``datamodules.gym``); the module owns a ``RolloutCollector`` over the DataModule's training envs and an
-``Evaluator`` over separate envs for validation and predict.
+``datamodules.gym``); the module holds a ``RolloutCollector`` over the DataModule's training envs, an
+``Evaluation`` over separate envs for validation and predict, and the other shared parts of ``zoo.rl.common``
+(budget, RNG state, thread count, episode log), each called below where it acts.
 
 Checkpoints carry everything needed to act and to resume: the net, the running observation and return
 statistics (buffers), the environment-step counter (a buffer), the optimizer and the RNG states. A resumed
@@ -20,26 +21,32 @@ Notation: T steps per rollout, N envs, B minibatch rows, O observation features.
 from __future__ import annotations
 
 import torch
+from lightning.pytorch import Callback, LightningModule
 from torch import Tensor
-from torch.optim.lr_scheduler import LambdaLR
 
+from zoo.layers.checkpoint import WeightsOnlyLoading
 from zoo.layers.gradnorm import clip_grad_norm
 from zoo.layers.hparams import save_hparams
+from zoo.layers.logging import lightning_writes
 from zoo.layers.optim import param_groups
-from zoo.rl.agent import AgentModule, collect_rollout, finish_rollout, open_rollout_collector, rollout_env_steps
-from zoo.rl.collector import Rollout
+from zoo.rl.collector import Rollout, RolloutCollector
+from zoo.rl.common import (
+    Budget, EpisodeLog, Evaluation, Policy, RNGState, StopCollectingOnException, Threads, check_net_state,
+    datamodule_of, env_sized, linear_annealing, refuse_sharding, require_datamodule, train_metrics, train_seed,
+    world_size,
+)
 from zoo.rl.distributed import sum_over_ranks
-from zoo.rl.losses import normalize, ppo_loss
+from zoo.rl.losses import explained_variance, gae, normalize, ppo_loss
 from zoo.rl.nets import ActorCritic
 from zoo.rl.normalization import RunningMeanStd
 
 
-class PPOModule(AgentModule):
+class PPOModule(WeightsOnlyLoading, LightningModule):
     """PPO-clip with GAE, minibatch epochs, advantage normalisation, target-KL stop, LR annealing."""
 
-    # The on-policy collector of zoo.rl.agent (PPO's and A2C's): T x N env steps per training step.
-    start_collecting = open_rollout_collector
-    batch_env_steps = property(rollout_env_steps)
+    family = "rl"
+    monitor = "val/return"
+    monitor_mode = "max"
 
     def __init__(
         self,
@@ -97,24 +104,70 @@ class PPOModule(AgentModule):
             num_threads: PyTorch CPU threads while this module runs (restored after); a small MLP runs
                 fastest on one, as intra-op threads cost more to synchronise than they save. None: unchanged.
         """
-        super().__init__(num_threads)
+        super().__init__()
         save_hparams(self, "net")
+        # One training step holds many optimizer steps (minibatches): Lightning's per-step overhead would otherwise
+        # cost as much as a small MLP's update.
+        self.automatic_optimization = False
         self.net = net
-        if not net.unsized:
-            self.net_sized()
+        self.obs_rms = None if net.unsized else RunningMeanStd(net.obs_shape or (net.obs_dim,), clip=clip_obs)
         self.return_rms = RunningMeanStd((), clip=clip_reward)
-        self.ended_episodes: list[Tensor] = []  # returns and lengths of training episodes since the last log
+        self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))  # spent of the budget, every rank's
+        self.budget, self.rng, self.threads = Budget(total_env_steps), RNGState(), Threads(num_threads)
+        self.evaluation, self.episodes = Evaluation(), EpisodeLog()
+        self.collector: RolloutCollector | None = None  # while fit runs
 
-    def net_sized(self) -> None:
-        self.obs_rms = RunningMeanStd(self.net.obs_shape or (self.net.obs_dim,), clip=self.hparams.clip_obs)
+    @torch.no_grad()
+    def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
+        """Actions for raw observations (B, O): the policy's mode, or a sample of it."""
+        x = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
+        return self.net.act(self.obs_rms.normalize(x) if self.hparams.norm_obs else x, deterministic)
 
-    def learn(self, write: bool) -> dict[str, Tensor]:
-        """One rollout, then every PPO epoch and minibatch on it."""
-        h = self.hparams
-        rollout, advantages, returns = collect_rollout(self)
-        clip = h.clip_coef * (1.0 - self.progress()) if h.anneal_clip else h.clip_coef
+    def policy(self) -> Policy:
+        """The deterministic policy on raw observations, normaliser included (what ``zoo.rl.export`` traces)."""
+        return Policy(self.net, self.obs_rms if self.hparams.norm_obs else None)
+
+    # -- fit: the envs, then one rollout and its update per training step ---------------------------------------
+
+    def setup(self, stage: str) -> None:
+        refuse_sharding(self)
+        self.threads.pin()
+        if (dm := datamodule_of(self)) is not None:
+            self.net = env_sized(self.net, self.hparams, dm)
+            if self.obs_rms is None:
+                self.obs_rms = RunningMeanStd(self.net.obs_shape or (self.net.obs_dim,), clip=self.hparams.clip_obs)
+
+    def on_train_start(self) -> None:
+        # Here rather than in setup: the device is final and a resumed checkpoint (env steps, RNG) is loaded.
+        h, dm = self.hparams, require_datamodule(self)
+        self.rng.resume(self.global_rank)
+        self.budget.step = h.num_steps * dm.num_envs * world_size(self)  # T x N env steps per rollout, every rank's
+        if not self.budget.fits(self.env_steps):
+            self.trainer.should_stop = True  # a resumed run whose budget is already spent: no envs opened
+        elif self.collector is None:
+            seed = train_seed(dm.seed, int(self.env_steps), self.global_rank, dm.num_envs)
+            self.collector = RolloutCollector(dm.make_envs(), h.num_steps, self.device,
+                                              self.obs_rms if h.norm_obs else None,
+                                              self.return_rms if h.norm_reward else None, h.gamma, seed=seed)
+
+    def training_step(self, batch: int, batch_idx: int) -> None:
+        """One rollout of T x N env steps, its GAE advantages, then every PPO epoch and minibatch on it."""
+        h, write = self.hparams, lightning_writes(self.trainer)
+        rollout = self.collector.collect(self.net)  # the running statistics take its observations and returns
+        advantages, returns = gae(rollout.rewards, rollout.values, rollout.terminated, rollout.truncated,
+                                  h.gamma, h.gae_lambda)  # (T, N)
+        clip = h.clip_coef * (1.0 - self.budget.progress(self.env_steps)) if h.anneal_clip else h.clip_coef
         stats = self._update(rollout, advantages, returns, clip)
-        return finish_rollout(self, rollout, returns, stats, write)
+        self.budget.spend(self.env_steps, rollout.env_steps)
+        self.episodes.add(rollout.episode_returns, rollout.episode_lengths)
+        self.lr_schedulers().step()  # the rate for the next rollout's updates (a function of env steps)
+        if write:
+            keep = rollout.valid
+            stats["explained_variance"] = explained_variance(rollout.values[:-1][keep], returns[keep])
+            self.log_dict(train_metrics({**stats, **self.episodes.pop()}, self.env_steps), on_step=True,
+                          on_epoch=False)
+        if not self.budget.fits(self.env_steps):
+            self.trainer.should_stop = True
 
     def _update(self, rollout: Rollout, advantages: Tensor, returns: Tensor, clip: float) -> dict[str, Tensor]:
         """All epochs and minibatches on one rollout's valid steps; the last minibatch's terms and counts."""
@@ -133,8 +186,9 @@ class PPOModule(AgentModule):
                 adv = normalize(advantages[mb]) if h.norm_adv else advantages[mb]
                 out = ppo_loss(logprob, old_logprobs[mb], adv, value, old_values[mb], returns[mb], entropy,
                                clip, h.vf_coef, h.ent_coef, h.clip_vloss)
+                # SB3: stop before the overshoot, on every rank together (the KL averaged over them).
                 if h.target_kl is not None and self._mean_over_ranks(out["approx_kl"]) > 1.5 * h.target_kl:
-                    return {**out, **grads, "updates": torch.tensor(float(updates))}  # SB3: stop before the overshoot
+                    return {**out, **grads, "updates": torch.tensor(float(updates))}
                 opt.zero_grad()
                 self.manual_backward(out["loss"])
                 grads = clip_grad_norm(self.net.parameters(), h.max_grad_norm)  # the norm before clipping
@@ -144,7 +198,7 @@ class PPOModule(AgentModule):
 
     def _mean_over_ranks(self, x: Tensor) -> Tensor:
         """``x`` averaged over the DDP ranks (a collective), so that all of them stop early together."""
-        return sum_over_ranks(x.detach().clone()) / self.world_size
+        return sum_over_ranks(x.detach().clone()) / world_size(self)
 
     def configure_optimizers(self):
         h = self.hparams
@@ -152,7 +206,35 @@ class PPOModule(AgentModule):
         # small steps, each costing little more than its per-op overhead.
         fused = all(p.device.type in ("cpu", "cuda") for p in self.net.parameters())
         opt = torch.optim.AdamW(param_groups(self.net, h.weight_decay), lr=h.lr, eps=h.adam_eps, fused=fused or None)
-        # Stepped once per rollout by training_step; a function of the env steps spent, so resuming needs no
-        # schedule state (CleanRL's `frac = 1 - (iteration - 1) / num_iterations`).
-        factor = (lambda _: 1.0 - self.progress()) if h.anneal_lr else (lambda _: 1.0)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": LambdaLR(opt, factor), "name": "lr"}}
+        return linear_annealing(opt, lambda: self.budget.progress(self.env_steps), h.anneal_lr)
+
+    # -- evaluation, predict, checkpoints, the end of fit -----------------------------------------------------------
+
+    def validation_step(self, batch: int, batch_idx: int) -> None:
+        # Every rank holds the same figures (gathered episodes, global env steps): sync_dist averages equal values.
+        metrics = self.evaluation.validate(self, require_datamodule(self), self.env_steps)
+        self.log_dict(metrics, batch_size=1, prog_bar=True, sync_dist=True)
+
+    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
+        return self.evaluation.predict(self, require_datamodule(self))
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self.rng.save(checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        check_net_state(self.net, checkpoint)
+        self.rng.load(checkpoint)
+
+    def configure_callbacks(self) -> list[Callback]:
+        return [StopCollectingOnException()]
+
+    def stop_collecting(self) -> None:
+        if self.collector is not None:
+            self.collector.close()
+            self.collector = None
+
+    def teardown(self, stage: str) -> None:
+        if stage == "fit":
+            self.stop_collecting()
+        self.evaluation.close()
+        self.threads.restore()

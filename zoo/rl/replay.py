@@ -1,9 +1,11 @@
-"""Experience replay for off-policy agents (SAC): a preallocated circular buffer and the collector that fills it.
+"""Experience replay for off-policy agents (SAC, TD3): a preallocated circular buffer and the collector that fills it.
 
 ``ReplayBuffer`` keeps every transition as one row of a single (C, 2O + A + 2) float tensor, written in place
 (circularly, the oldest rows overwritten first) and sampled uniformly with one ``index_select``: one gather per
 minibatch rather than one per field, at SB3's and CleanRL's layout (obs, next_obs, action, reward, done).
-Its ``state_dict`` is plain tensors and ints, so a checkpoint can carry it and still load weights-only.
+Its ``state_dict`` is plain tensors and ints, so a checkpoint can carry it and still load weights-only. The action
+columns follow the env's action space: a Box's A floats, a Discrete action's index (one column, returned as int64),
+a MultiDiscrete action's K indices; float32 holds indices exactly up to 2^24.
 
 ``TransitionCollector`` steps a gymnasium vector env one step at a time and stores the real transitions.
 Under gymnasium 1.x's default next-step autoreset the step that ends an episode returns the episode's *final*
@@ -37,7 +39,7 @@ class Transitions:
 
     obs: Tensor  # (B, O)
     next_obs: Tensor  # (B, O) the true next observation, the final one where an episode ended
-    actions: Tensor  # (B, A)
+    actions: Tensor  # (B, A) floats of a Box, (B,) int64 of a Discrete space, (B, K) int64 of a MultiDiscrete one
     rewards: Tensor  # (B,)
     terminated: Tensor  # (B,) 1.0 where s' is terminal (no bootstrap), else 0.0; truncation stays 0.0
 
@@ -45,14 +47,26 @@ class Transitions:
 class ReplayBuffer:
     """Fixed-capacity circular store of transitions, sampled uniformly."""
 
-    def __init__(self, capacity: int, obs_dim: int, action_dim: int, device: torch.device | str = "cpu") -> None:
+    def __init__(self, capacity: int, obs_dim: int, action_dim: int | None = None, device: torch.device | str = "cpu",
+                 action_space: gym.Space | None = None) -> None:
         """
         Args:
             capacity: C, transitions kept; the oldest are overwritten first once it is full.
             obs_dim: observation features O (flattened).
-            action_dim: action dimensions A.
+            action_dim: action dimensions A of a Box action; None: from ``action_space``.
             device: where the storage lives (the agent's device), so sampled batches need no copy.
+            action_space: the env's (single) action space: Box, Discrete or MultiDiscrete; it sets the action
+                columns, their shape and their dtype when sampled. None: a Box of ``action_dim``.
         """
+        if action_space is None:
+            action_space = gym.spaces.Box(-np.inf, np.inf, (action_dim,), np.float32)
+        if isinstance(action_space, gym.spaces.Box):
+            self.action_shape, self.action_dtype = tuple(action_space.shape), torch.float32
+        elif isinstance(action_space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
+            self.action_shape, self.action_dtype = tuple(action_space.shape), torch.int64
+        else:
+            raise ValueError(f"the replay buffer stores Box, Discrete or MultiDiscrete actions, not {action_space}")
+        action_dim = int(np.prod(self.action_shape))  # a Discrete action: one column, its index
         self.capacity, self.obs_dim, self.action_dim = capacity, obs_dim, action_dim
         # torch.empty touches no pages: a 1e6-row buffer costs memory only as it fills.
         self.storage = torch.empty((capacity, 2 * obs_dim + action_dim + 2), dtype=torch.float32, device=device)
@@ -67,9 +81,10 @@ class ReplayBuffer:
         return self
 
     def add(self, obs: Tensor, next_obs: Tensor, actions: Tensor, rewards: Tensor, terminated: Tensor) -> None:
-        """Append k transitions: obs, next_obs (k, O), actions (k, A), rewards (k,), terminated (k,) bool."""
-        rows = torch.cat([obs, next_obs, actions, rewards[:, None], terminated[:, None].to(obs.dtype)], 1)
-        k = rows.shape[0]
+        """Append k transitions: obs, next_obs (k, O), actions (k, *action_shape), rewards (k,), terminated (k,)."""
+        k = obs.shape[0]
+        flat = actions.reshape(k, self.action_dim).to(obs.dtype)
+        rows = torch.cat([obs, next_obs, flat, rewards[:, None], terminated[:, None].to(obs.dtype)], 1)
         if k == 0:
             return
         skip = max(0, k - self.capacity)  # more rows than fit: only the last C survive
@@ -85,7 +100,11 @@ class ReplayBuffer:
 
     def _split(self, rows: Tensor) -> Transitions:
         o, a = self.obs_dim, self.action_dim
-        return Transitions(rows[:, :o], rows[:, o:2 * o], rows[:, 2 * o:2 * o + a], rows[:, -2], rows[:, -1])
+        actions = rows[:, 2 * o:2 * o + a]
+        if self.action_dtype != actions.dtype:
+            actions = actions.round().to(self.action_dtype)
+        actions = actions.reshape(len(rows), *self.action_shape)  # a view for a Box's (B, A)
+        return Transitions(rows[:, :o], rows[:, o:2 * o], actions, rows[:, -2], rows[:, -1])
 
     def state_dict(self) -> dict:
         """The rows written, the write position and the count: tensors and ints (weights-only loadable)."""
@@ -114,7 +133,8 @@ class TransitionCollector:
                  seed: int | None = None, keep_observations: bool = False) -> None:
         """
         Args:
-            envs: a gymnasium vector env with next-step autoreset (gymnasium's default) and a Box action space.
+            envs: a gymnasium vector env with next-step autoreset (gymnasium's default); its action space is a
+                bounded Box, a Discrete or a MultiDiscrete one (where the warm-up draws its uniform actions).
             buffer: where transitions go.
             device: the agent's device (observations are handed to the policy there).
             seed: seeds the envs' first reset (env i gets seed + i); None leaves them unseeded.
@@ -123,13 +143,19 @@ class TransitionCollector:
         """
         check_next_step_autoreset(envs)
         space = envs.single_action_space
-        if not (isinstance(space, gym.spaces.Box) and np.isfinite(space.low).all() and np.isfinite(space.high).all()):
-            raise ValueError(f"the collector needs a bounded Box action space, not {space}")
         self.envs, self.buffer, self.seed = with_episode_statistics(envs), buffer, seed
         self.device = torch.device(device)
         self.num_envs = envs.num_envs
-        self.low = torch.as_tensor(space.low, dtype=torch.float32, device=self.device)  # (A,)
-        self.high = torch.as_tensor(space.high, dtype=torch.float32, device=self.device)  # (A,)
+        if isinstance(space, gym.spaces.Box) and np.isfinite(space.low).all() and np.isfinite(space.high).all():
+            self.low = torch.as_tensor(space.low, dtype=torch.float32, device=self.device)  # (A,)
+            self.high = torch.as_tensor(space.high, dtype=torch.float32, device=self.device)  # (A,)
+        elif isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
+            self.low = torch.as_tensor(space.start, device=self.device)  # () or (K,) first index
+            self.high = self.low + torch.as_tensor(space.nvec if hasattr(space, "nvec") else space.n,
+                                                   device=self.device)  # one past the last index
+        else:
+            raise ValueError(f"the collector needs a bounded Box, a Discrete or a MultiDiscrete action space, "
+                             f"not {space}")
         self._obs: Tensor | None = None  # (N, O); reset lazily, on the first step
         self._valid = np.ones(self.num_envs, dtype=bool)  # False: the next step is an autoreset step
         self.keep_observations = keep_observations
@@ -144,8 +170,12 @@ class TransitionCollector:
         self._valid[:] = True
 
     def random_actions(self) -> Tensor:
-        """Uniform actions in the Box (N, A), from torch's global RNG so that checkpoints carry its state."""
-        return self.low + (self.high - self.low) * torch.rand((self.num_envs, *self.low.shape), device=self.device)
+        """Uniform actions in the space: (N, A) floats in a Box, (N,) or (N, K) int64 indices of a (Multi)Discrete
+        one; from torch's global RNG, so that checkpoints carry its state."""
+        u = torch.rand((self.num_envs, *self.low.shape), device=self.device)
+        if self.low.is_floating_point():
+            return self.low + (self.high - self.low) * u
+        return self.low + (u * (self.high - self.low)).long()
 
     @torch.no_grad()
     def step(self, policy: Callable[[Tensor], Tensor] | None) -> None:
@@ -154,7 +184,7 @@ class TransitionCollector:
         if self._obs is None:
             self.reset()
         obs = self._obs
-        actions = policy(obs) if policy is not None else self.random_actions()  # (N, A)
+        actions = policy(obs) if policy is not None else self.random_actions()  # (N, *action_shape)
         next_obs, reward, term, trunc, info = self.envs.step(env_actions(actions, self.envs.single_action_space))
         next_t = torch.as_tensor(next_obs, dtype=torch.float32, device=self.device)
         reward_t = torch.as_tensor(reward, dtype=torch.float32, device=self.device)

@@ -4,8 +4,9 @@ One Lightning training step is ``steps_per_batch`` env steps, each followed by i
 manual optimisation (actor, critics and temperature have an optimizer each). An update costs a few
 milliseconds on a CPU and Lightning's per-step overhead ~0.4-1 ms, so a Lightning step per env step would
 cost SAC a tenth of its speed; here that overhead is paid once per ``steps_per_batch`` env steps. The
-training loader only paces the steps (``datamodules.gym``); the module owns a ``TransitionCollector`` over the
-DataModule's training envs and a ``ReplayBuffer``; ``zoo.rl.agent.AgentModule`` evaluates, predicts and checkpoints.
+training loader only paces the steps (``datamodules.gym``); the module holds a ``TransitionCollector`` over the
+DataModule's training envs, a ``ReplayBuffer``, and the shared parts of ``zoo.rl.common`` (evaluation, budget, RNG
+state, thread count), each called below where it acts.
 
 One update, in SB3's order (``SAC.train``; CleanRL's ``sac_continuous_action.py`` differs only in where the
 temperature step falls):
@@ -31,15 +32,20 @@ from __future__ import annotations
 import copy
 import math
 
-import gymnasium as gym
-import numpy as np
 import torch
+from lightning.pytorch import Callback, LightningModule
 from torch import Tensor, nn
 
+from zoo.layers.checkpoint import WeightsOnlyLoading
 from zoo.layers.compat import foreach_lerp_
 from zoo.layers.gradnorm import grad_norm
 from zoo.layers.hparams import save_hparams
-from zoo.rl.agent import AgentModule
+from zoo.layers.logging import lightning_writes
+from zoo.rl.common import (
+    Budget, EpisodeLog, Evaluation, Policy, RNGState, StopCollectingOnException, Threads, check_action_bounds,
+    check_box, check_net_state, datamodule_of, env_sized, refuse_sharding, require_datamodule, train_metrics,
+    train_seed, world_size,
+)
 from zoo.rl.distributed import sum_over_ranks
 from zoo.rl.losses import sac_actor_loss, sac_critic_loss, sac_temperature_loss, soft_q_target
 from zoo.rl.normalization import RunningMeanStd
@@ -47,8 +53,12 @@ from zoo.rl.replay import ReplayBuffer, TransitionCollector
 from zoo.rl.sac_nets import SoftActorCritic
 
 
-class SACModule(AgentModule):
+class SACModule(WeightsOnlyLoading, LightningModule):
     """SAC with twin critics, Polyak-averaged targets, automatic entropy temperature and random warm-up."""
+
+    family = "rl"
+    monitor = "val/return"
+    monitor_mode = "max"
 
     def __init__(
         self,
@@ -101,83 +111,96 @@ class SACModule(AgentModule):
                 runs these 256-wide MLPs fastest, as threads that wait on each other cost more than they share.
                 None: unchanged.
         """
-        super().__init__(num_threads)
+        super().__init__()
         save_hparams(self, "net")
+        self.automatic_optimization = False  # three optimizers, stepped in SB3's order within each update
         self.net = net
         self.log_alpha = nn.Parameter(torch.tensor(math.log(init_alpha)))
         if not net.unsized:
-            self.net_sized()
+            self._build_beside_net()
+        self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))  # spent of the budget, every rank's
         self.register_buffer("updates", torch.zeros((), dtype=torch.int64))
+        self.budget, self.rng, self.threads = Budget(total_env_steps), RNGState(), Threads(num_threads)
+        self.evaluation, self.episodes = Evaluation(), EpisodeLog()
+        self.collector: TransitionCollector | None = None  # while fit runs
         self.buffer: ReplayBuffer | None = None
         self._ready = False  # the replay buffers hold a minibatch (see _buffer_ready)
         self._buffer_to_restore: dict | None = None  # set by on_load_checkpoint, applied when fit starts
 
-    def net_sized(self) -> None:
+    def _build_beside_net(self) -> None:
+        """What the module sizes from the net: the target critics, the entropy target, the observation statistics."""
         h = self.hparams
         # The targets are a copy that only Polyak averaging moves; a submodule, so checkpoints carry them.
         self.critic_target = copy.deepcopy(self.net.critic).requires_grad_(False)
         self.target_entropy = float(-self.net.action_dim if h.target_entropy is None else h.target_entropy)
         self.obs_rms = RunningMeanStd((self.net.obs_dim,), clip=h.clip_obs)
 
+    def observe(self, x: Tensor) -> Tensor:
+        """Raw observations (B, O) as the nets see them: normalised by the running statistics with ``norm_obs``."""
+        return self.obs_rms.normalize(x) if self.hparams.norm_obs else x
+
+    @torch.no_grad()
+    def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
+        """Actions (B, A) in the Box for raw observations (B, O): the squashed mean, or a sample."""
+        return self.net.act(self.observe(torch.as_tensor(obs, dtype=torch.float32, device=self.device)), deterministic)
+
+    def policy(self) -> Policy:
+        """The deterministic policy on raw observations, normaliser included (what ``zoo.rl.export`` traces)."""
+        return Policy(self.net, self.obs_rms if self.hparams.norm_obs else None)
+
     def _explore(self, obs: Tensor) -> Tensor:
         return self.act(obs, deterministic=False)
 
-    # -- setup -------------------------------------------------------------------------------------------
+    # -- fit: the envs and the buffer, then steps_per_batch env steps and their updates per training step ---------
 
     def setup(self, stage: str) -> None:
-        dm = self.datamodule()
-        if dm is not None and not isinstance(dm.spaces[1], gym.spaces.Box):
-            raise ValueError(f"SAC acts in continuous (Box) action spaces; {dm.env_id} has {dm.spaces[1]}")
-        super().setup(stage)  # sizes a net built without its sizes, then checks them against the env
-        if dm is not None:
-            self._check_bounds(dm.env_id, dm.spaces[1])
-
-    def _check_bounds(self, env_id: str, space: gym.spaces.Box) -> None:
-        actor = self.net.actor
-        low = (actor.action_bias - actor.action_scale).cpu().numpy()
-        high = (actor.action_bias + actor.action_scale).cpu().numpy()
-        if low.shape != space.low.shape or not (np.allclose(low, space.low) and np.allclose(high, space.high)):
-            fix = (f"--model.init_args.net.init_args.action_low={space.low.tolist()} "
-                   f"--model.init_args.net.init_args.action_high={space.high.tolist()}")
-            raise ValueError(f"{env_id} acts in [{space.low}, {space.high}], the actor in [{low}, {high}]: pass {fix}")
+        refuse_sharding(self)
+        self.threads.pin()
+        if (dm := datamodule_of(self)) is not None:
+            check_box("SAC", dm.env_id, dm.spaces[1])
+            sizing = self.net.unsized
+            self.net = env_sized(self.net, self.hparams, dm)
+            if sizing:
+                self._build_beside_net()
+            check_action_bounds(self.net.actor, dm.env_id, dm.spaces[1])
 
     def on_train_start(self) -> None:
         # DDP averages the gradients of each backward, and SAC's three backwards (temperature, critics, actor)
         # each reach one part of the module: DDP allows that only when it looks for the unused parameters.
-        if self.world_size > 1 and not getattr(self.trainer.model, "find_unused_parameters", True):
+        if world_size(self) > 1 and not getattr(self.trainer.model, "find_unused_parameters", True):
             raise ValueError("SAC under DDP makes backwards that reach one net each: pass "
                              "--trainer.strategy=ddp_find_unused_parameters_true")
-        super().on_train_start()
+        # Here rather than in setup: the device is final and a resumed checkpoint (env steps, RNG, buffer) is loaded.
+        h, dm = self.hparams, require_datamodule(self)
+        self.rng.resume(self.global_rank)
+        self.budget.step = h.steps_per_batch * dm.num_envs * world_size(self)
+        if not self.budget.fits(self.env_steps):
+            self.trainer.should_stop = True  # a resumed run whose budget is already spent: no envs opened
+        elif self.collector is None:  # the replay buffer (a checkpoint's, when fit resumes with one) and its collector
+            if self.buffer is None:
+                self.buffer = ReplayBuffer(h.buffer_size, self.net.obs_dim, device=self.device,
+                                           action_space=dm.spaces[1])
+            self.buffer.to(self.device)  # one kept from an earlier fit on another device
+            if self._buffer_to_restore is not None:
+                self.buffer.load_state_dict(self._buffer_to_restore)
+                self._buffer_to_restore = None
+            self._ready = False
+            seed = train_seed(dm.seed, int(self.env_steps), self.global_rank, dm.num_envs)
+            self.collector = TransitionCollector(dm.make_envs(), self.buffer, self.device, seed, h.norm_obs)
 
-    def start_collecting(self, dm) -> TransitionCollector:
-        """The replay buffer (a checkpoint's, when fit resumes with one) and the collector that fills it."""
-        h = self.hparams
-        if self.buffer is None:
-            self.buffer = ReplayBuffer(h.buffer_size, self.net.obs_dim, self.net.action_dim, self.device)
-        self.buffer.to(self.device)  # one kept from an earlier fit on another device
-        if self._buffer_to_restore is not None:
-            self.buffer.load_state_dict(self._buffer_to_restore)
-            self._buffer_to_restore = None
-        self._ready = False
-        return TransitionCollector(dm.make_envs(), self.buffer, self.device, self.train_seed(dm), h.norm_obs)
-
-    @property
-    def batch_env_steps(self) -> int:
-        return self.hparams.steps_per_batch * self.require_datamodule().num_envs
-
-    def learn(self, write: bool) -> dict[str, Tensor]:
+    def training_step(self, batch: int, batch_idx: int) -> None:
         """``steps_per_batch`` vector-env steps, each followed by its updates (gradient norms measured when
-        ``write``, the only steps whose values Lightning keeps)."""
-        h, collector = self.hparams, self.collector
+        Lightning writes this step's logs, the only steps whose values it keeps)."""
+        h, collector, write = self.hparams, self.collector, lightning_writes(self.trainer)
         optimizers = self.optimizers()
         # Python counters inside the loop, written back once: no tensor op (or device sync) per env step.
         # env_steps counts every rank's steps (each rank steps its n envs at once), as the budget does, so that
         # every rank takes the same decisions: under DDP each update's backwards average over the ranks.
         env_steps, updates, n = int(self.env_steps), int(self.updates), collector.num_envs
-        stride = n * self.world_size
+        stride = n * world_size(self)
         stats: dict[str, Tensor] = {}
         for _ in range(h.steps_per_batch):
-            collector.step(self._explore if env_steps >= h.learning_starts else None)
+            collector.step(self._explore if env_steps >= h.learning_starts else None)  # uniform before learning_starts
             env_steps += stride
             # SB3's rule: train every train_freq vector steps once past learning_starts, given a full minibatch.
             if (env_steps > h.learning_starts and (env_steps // stride) % h.train_freq == 0
@@ -185,18 +208,24 @@ class SACModule(AgentModule):
                 for _ in range(h.gradient_steps):
                     updates += 1
                     stats = self._update(*optimizers, polyak=updates % h.target_update_interval == 0, measure=write)
-        self.env_steps += n * h.steps_per_batch  # this process's steps; AgentModule sums them over the ranks
+        self.budget.spend(self.env_steps, n * h.steps_per_batch)
         self.updates.fill_(updates)
         if h.norm_obs:
             self.obs_rms.update(collector.pop_observations())
-        return self._metrics(stats) if write else {}
+        self.episodes.add(*collector.pop_episodes())
+        if write:
+            stats["buffer_size"] = torch.tensor(float(len(self.buffer)))
+            self.log_dict(train_metrics({**stats, **self.episodes.pop()}, self.env_steps), on_step=True,
+                          on_epoch=False)
+        if not self.budget.fits(self.env_steps):
+            self.trainer.should_stop = True
 
     def _buffer_ready(self) -> bool:
         """Whether every rank's buffer holds a minibatch (autoreset steps are not stored, so the ranks' sizes can
         differ); a collective under DDP until it first holds, which it then does for good."""
         if not self._ready:
             enough = torch.tensor(int(len(self.buffer) >= self.hparams.batch_size), device=self.device)
-            self._ready = int(sum_over_ranks(enough)) == self.world_size
+            self._ready = int(sum_over_ranks(enough)) == world_size(self)
         return self._ready
 
     def _update(self, actor_opt, critic_opt, alpha_opt, polyak: bool = True, measure: bool = False
@@ -239,14 +268,6 @@ class SACModule(AgentModule):
             grads |= grad_norm(params, name=name)
         opt.step()
 
-    def _metrics(self, stats: dict[str, Tensor]) -> dict[str, Tensor]:
-        """The last update's terms, the buffer's size, and the training episodes that ended since the last log."""
-        metrics = {**stats, "buffer_size": torch.tensor(float(len(self.buffer)))}
-        returns, lengths = self.collector.pop_episodes()
-        if len(returns):
-            metrics["episode_return"], metrics["episode_length"] = returns.mean(), lengths.float().mean()
-        return metrics
-
     def configure_optimizers(self):
         h = self.hparams
         # The fused kernel (CPU and CUDA) is one op per tensor instead of about ten per parameter: SAC makes one
@@ -258,13 +279,36 @@ class SACModule(AgentModule):
             torch.optim.Adam([self.log_alpha], lr=h.alpha_lr, fused=fused),
         ]
 
-    # -- checkpoints: the replay buffer, beside what every agent saves ------------------------------------
+    # -- evaluation, predict, checkpoints (the replay buffer with save_buffer), the end of fit ---------------------
+
+    def validation_step(self, batch: int, batch_idx: int) -> None:
+        # Every rank holds the same figures (gathered episodes, global env steps): sync_dist averages equal values.
+        metrics = self.evaluation.validate(self, require_datamodule(self), self.env_steps)
+        self.log_dict(metrics, batch_size=1, prog_bar=True, sync_dist=True)
+
+    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
+        return self.evaluation.predict(self, require_datamodule(self))
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        super().on_save_checkpoint(checkpoint)
+        self.rng.save(checkpoint)
         if self.hparams.save_buffer and self.buffer is not None:
             checkpoint["replay_buffer"] = self.buffer.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        super().on_load_checkpoint(checkpoint)
-        self._buffer_to_restore = checkpoint.get("replay_buffer")
+        check_net_state(self.net, checkpoint)
+        self.rng.load(checkpoint)
+        self._buffer_to_restore = checkpoint.get("replay_buffer")  # applied when fit resumes
+
+    def configure_callbacks(self) -> list[Callback]:
+        return [StopCollectingOnException()]
+
+    def stop_collecting(self) -> None:
+        if self.collector is not None:
+            self.collector.close()
+            self.collector = None
+
+    def teardown(self, stage: str) -> None:
+        if stage == "fit":
+            self.stop_collecting()
+        self.evaluation.close()
+        self.threads.restore()

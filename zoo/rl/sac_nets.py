@@ -43,7 +43,7 @@ def relu_mlp(in_dim: int, hidden: Sequence[int], out_dim: int | None) -> nn.Sequ
     return nn.Sequential(*layers)
 
 
-def _as_vector(x: float | Sequence[float], dim: int) -> Tensor:
+def as_vector(x: float | Sequence[float], dim: int) -> Tensor:
     t = torch.as_tensor(x, dtype=torch.float32)
     return t.expand(dim).clone() if t.ndim == 0 else t.reshape(dim).clone()
 
@@ -70,7 +70,7 @@ class SquashedGaussianActor(nn.Module):
         self.trunk = relu_mlp(obs_dim, hidden_sizes, None)
         self.head = nn.Linear(hidden_sizes[-1], 2 * action_dim)  # mean and log-std in one matmul
         self.log_std_min, self.log_std_max = log_std_min, log_std_max
-        low, high = _as_vector(action_low, action_dim), _as_vector(action_high, action_dim)
+        low, high = as_vector(action_low, action_dim), as_vector(action_high, action_dim)
         self.register_buffer("action_scale", (high - low) / 2)  # (A,)
         self.register_buffer("action_bias", (high + low) / 2)  # (A,)
 
@@ -123,10 +123,10 @@ class TwinQ(nn.Module):
         xa = torch.cat([x, action], -1)  # (B, O + A)
         if not detach_params:
             return torch.stack([q(xa) for q in self.qs]).squeeze(-1)
-        return torch.stack([_detached_forward(q, xa) for q in self.qs]).squeeze(-1)
+        return torch.stack([detached_forward(q, xa) for q in self.qs]).squeeze(-1)
 
 
-def _detached_forward(mlp: nn.Sequential, x: Tensor) -> Tensor:
+def detached_forward(mlp: nn.Sequential, x: Tensor) -> Tensor:
     for layer in mlp:
         x = F.linear(x, layer.weight.detach(), layer.bias.detach()) if isinstance(layer, nn.Linear) else layer(x)
     return x
@@ -135,7 +135,7 @@ def _detached_forward(mlp: nn.Sequential, x: Tensor) -> Tensor:
 class SoftActorCritic(nn.Module):
     """SAC's nets: ``actor`` (squashed Gaussian) and ``critic`` (twin Q); the module keeps the target copy."""
 
-    continuous = True  # AgentModule.setup checks it against the env: SAC acts in Box action spaces only
+    continuous = True  # checked against the env (zoo.rl.common.env_sized): SAC acts in Box action spaces only
 
     def __init__(
         self,
@@ -175,7 +175,7 @@ class SoftActorCritic(nn.Module):
         self.critic = TwinQ(obs_dim, action_dim, hidden_sizes, num_critics)
 
     def for_env(self, shape: dict) -> SoftActorCritic:
-        """This net with every size and bound left None taken from ``shape`` (the env's, see ``AgentModule.setup``)."""
+        """This net with every size and bound left None taken from ``shape`` (the env's: ``common.env_sized``)."""
         fill = {k: v for k, v in shape.items() if k in self.init_args and self.init_args[k] is None}
         return SoftActorCritic(**{**self.init_args, **fill})
 

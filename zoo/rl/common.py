@@ -1,0 +1,384 @@
+"""What the agents share, as functions and small objects each agent holds and calls by name.
+
+An agent module (``PPOModule``, ``A2CModule``, ``IMPALAModule``, ``SACModule``, ``TD3Module``) is a plain
+``LightningModule`` whose file shows its whole update top to bottom, as CleanRL's ``ppo.py`` does. What they have in
+common is here, and each agent calls it where its own hooks need it:
+  - ``env_sized``: the net sized for the DataModule's env (when built without sizes) and checked against its spaces;
+  - ``Budget``: the env-step budget, counted over every DDP rank, and the fraction of it spent (annealing);
+  - ``RNGState``: the global RNG states, saved in checkpoints and put back when fit resumes;
+  - ``Threads``: the torch thread count pinned while the module runs (a small MLP runs fastest on one thread);
+  - ``EpisodeLog``: the training episodes that ended since the last log;
+  - ``Evaluation``: validation and predict episodes on envs of their own, split over the ranks under DDP, and
+    predict's recording of one episode;
+  - ``Policy``: raw observations to the most likely actions, normaliser folded in: what ``zoo.rl.export`` traces;
+  - ``StopCollectingOnException``: closes an agent's envs (actor processes) when fit fails.
+Under DDP each rank collects its own data (``zoo.rl.distributed``): seeds offset by rank, RNG forked, the env-step
+counter and the budget global (a sum over ranks after each training step).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import gymnasium as gym
+import numpy as np
+import torch
+from lightning.pytorch import Callback, LightningModule
+from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch import Tensor, nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from zoo.layers.compat import trainer_of
+from zoo.layers.weights import check_compatible
+from zoo.rl.collector import Evaluator
+from zoo.rl.distributed import evaluation_share, fork_rng, gather_over_ranks, sum_over_ranks
+from zoo.rl.normalization import RunningMeanStd
+from zoo.rl.video import record_episode
+
+# -- the envs and the net ------------------------------------------------------------------------------------
+
+
+def datamodule_of(module: LightningModule):
+    """The DataModule that builds ``module``'s envs (``datamodules.GymDataModule``), or None."""
+    trainer = trainer_of(module)
+    dm = trainer.datamodule if trainer is not None else None
+    return dm if dm is not None and hasattr(dm, "make_envs") else None
+
+
+def require_datamodule(module: LightningModule):
+    dm = datamodule_of(module)
+    if dm is None:
+        raise RuntimeError(f"{type(module).__name__} runs with a datamodule that builds its envs "
+                           "(datamodules.GymDataModule)")
+    return dm
+
+
+def world_size(module: LightningModule) -> int:
+    """Processes that collect and learn together (DDP ranks); 1 without a trainer."""
+    trainer = trainer_of(module)
+    return trainer.world_size if trainer is not None else 1
+
+
+def net_shape_for(obs_space: gym.Space, action_space: gym.Space) -> dict[str, int | bool | list[int]]:
+    """The net arguments an env's spaces call for: ``obs_dim``, ``action_dim``, ``continuous`` (and a MultiDiscrete
+    action's ``action_nvec``). Observations must be a Box: gymnasium's ``FlattenObservation`` makes one of a Dict,
+    Tuple or Discrete space."""
+    if not isinstance(obs_space, gym.spaces.Box):
+        raise ValueError(f"the agents observe Box spaces, not {obs_space}: add {{class_path: "
+                         "gymnasium.wrappers.FlattenObservation}} to the DataModule's wrappers")
+    want = {"obs_dim": int(np.prod(obs_space.shape)), "continuous": isinstance(action_space, gym.spaces.Box)}
+    if isinstance(action_space, gym.spaces.Box):
+        return {**want, "action_dim": int(np.prod(action_space.shape))}
+    if isinstance(action_space, gym.spaces.Discrete):
+        return {**want, "action_dim": int(action_space.n)}
+    if isinstance(action_space, gym.spaces.MultiDiscrete) and action_space.nvec.ndim == 1:
+        nvec = action_space.nvec.tolist()
+        return {**want, "action_dim": sum(nvec), "action_nvec": nvec}
+    raise ValueError(f"the agents act in Box, Discrete or 1-D MultiDiscrete spaces, not {action_space}")
+
+
+def refuse_sharding(module: LightningModule) -> None:
+    if isinstance(getattr(trainer_of(module), "strategy", None), ModelParallelStrategy):
+        raise ValueError("RL agents are not sharded (FSDP2): their nets are small and each rank collects its own "
+                         "rollouts; train them data-parallel with --config configs/trainer/ddp.yaml instead")
+
+
+def env_sized(net: nn.Module, hparams: dict, dm) -> nn.Module:
+    """``net`` as ``dm``'s env needs it: a net built without its sizes (obs_dim, action_dim, ... left None) is
+    replaced by one sized for the env, the sizes written into ``hparams`` so that checkpoints and MLflow models
+    rebuild the sized net; then the sizes (``obs_dim``, ``action_dim``, ``continuous``, an image net's
+    ``obs_shape``) are checked against the env's, a mismatch naming the flags that fix it."""
+    obs_space, action_space = dm.spaces
+    if getattr(net, "unsized", False):
+        shape = {**net_shape_for(obs_space, action_space), "obs_shape": list(obs_space.shape)}
+        if isinstance(action_space, gym.spaces.Box):
+            shape |= {"action_low": action_space.low.tolist(), "action_high": action_space.high.tolist()}
+        net = net.for_env(shape)
+        net_cfg = hparams.get("net")
+        if isinstance(net_cfg, dict) and isinstance(net_cfg.get("init_args"), dict):
+            given = net_cfg["init_args"]
+            given.update({k: v for k, v in net.init_args.items() if given.get(k, v) is None})
+    want = net_shape_for(obs_space, action_space)
+    if getattr(net, "obs_shape", None) is not None:  # an image encoder: the layout matters too
+        want["obs_shape"] = list(obs_space.shape)
+    have = {k: getattr(net, k, None) for k in want}
+    have = {k: list(v) if isinstance(v, tuple) else v for k, v in have.items()}
+    if want != have:
+        fix = " ".join(f"--model.init_args.net.init_args.{k}={v}".replace(" ", "") for k, v in want.items())
+        raise ValueError(f"{dm.env_id} needs a net with {want}, this one has {have}: pass {fix}")
+    return net
+
+
+def check_box(agent: str, env_id: str, space: gym.Space) -> None:
+    """Before the net is sized for it: an agent of continuous actions (SAC, TD3) refuses any other action space."""
+    if not isinstance(space, gym.spaces.Box):
+        raise ValueError(f"{agent} acts in continuous (Box) action spaces; {env_id} has {space}")
+
+
+def check_action_bounds(actor: nn.Module, env_id: str, space: gym.spaces.Box) -> None:
+    """A bounded actor (``action_bias`` +- ``action_scale``) acts in the env's Box, or the flags to fix it are named."""
+    low = (actor.action_bias - actor.action_scale).cpu().numpy()
+    high = (actor.action_bias + actor.action_scale).cpu().numpy()
+    if low.shape != space.low.shape or not (np.allclose(low, space.low) and np.allclose(high, space.high)):
+        fix = (f"--model.init_args.net.init_args.action_low={space.low.tolist()} "
+               f"--model.init_args.net.init_args.action_high={space.high.tolist()}")
+        raise ValueError(f"{env_id} acts in [{space.low}, {space.high}], the actor in [{low}, {high}]: pass {fix}")
+
+
+def check_net_state(net: nn.Module, checkpoint: dict) -> None:
+    """A checkpoint's net fits ``net`` (mismatches named) before Lightning loads it."""
+    check_compatible(net, {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")},
+                     "checkpoint")
+
+
+# -- budget, seeds, RNG, threads -------------------------------------------------------------------------------
+
+
+class Budget:
+    """The env-step budget ``total_env_steps``: fit stops before a training step would exceed it. The spent count is
+    the module's ``env_steps`` buffer (so checkpoints carry it), the same global count on every rank."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.step = 0  # env steps of one training step, every rank's together; set once the envs are known
+
+    def progress(self, env_steps: Tensor) -> float:
+        """Fraction spent, for the linear annealings of learning rate and clipping."""
+        return min(1.0, int(env_steps) / self.total)
+
+    def fits(self, env_steps: Tensor) -> bool:
+        """Whether one more training step fits: every rank takes the same decision, as it holds the same count."""
+        return int(env_steps) + self.step <= self.total
+
+    def spend(self, env_steps: Tensor, mine: int) -> None:
+        """Adds every rank's ``mine`` (this process's env steps) to ``env_steps``: a collective under DDP."""
+        env_steps += sum_over_ranks(torch.tensor(mine, dtype=env_steps.dtype, device=env_steps.device))
+
+
+def train_seed(seed: int, env_steps: int, rank: int = 0, envs_per_rank: int = 0) -> int:
+    """``seed`` for a fresh run; a resumed run's new episodes get a seed drawn from (seed, env steps). Rank r of a DDP
+    run adds r x ``envs_per_rank``: its envs take the seeds that follow rank r - 1's."""
+    base = seed if env_steps == 0 else int(np.random.SeedSequence([seed, env_steps]).generate_state(1)[0])
+    return base + rank * envs_per_rank
+
+
+def rng_state() -> dict:
+    """The global RNG states, in types a weights-only checkpoint load accepts."""
+    np_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    random.setstate(tuple(tuple(s) if isinstance(s, list) else s for s in state["python"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class RNGState:
+    """The global RNGs of a run: saved in each checkpoint, put back when fit resumes from one, forked per rank."""
+
+    def __init__(self) -> None:
+        self._to_restore: dict | None = None
+
+    def save(self, checkpoint: dict) -> None:
+        checkpoint["rng"] = rng_state()
+
+    def load(self, checkpoint: dict) -> None:
+        """Keeps a checkpoint's state for ``resume``: applied only when fit resumes, never by a plain load."""
+        self._to_restore = checkpoint.get("rng")
+
+    def resume(self, rank: int) -> None:
+        """At train start (the device final, a resumed checkpoint loaded): rank 0's saved state back, then rank r > 0
+        forks its own stream from it."""
+        if self._to_restore is not None:
+            set_rng_state(self._to_restore)
+            self._to_restore = None
+        fork_rng(rank)
+
+
+class Threads:
+    """torch's CPU thread count pinned while a module runs, restored after; None leaves it alone."""
+
+    def __init__(self, num_threads: int | None) -> None:
+        self.num_threads, self._before = num_threads, None
+
+    def pin(self) -> None:
+        if self.num_threads and self._before is None:
+            self._before = torch.get_num_threads()
+            torch.set_num_threads(self.num_threads)
+
+    def restore(self) -> None:
+        if self._before is not None:
+            torch.set_num_threads(self._before)
+            self._before = None
+
+
+# -- logging ---------------------------------------------------------------------------------------------------
+
+
+class EpisodeLog:
+    """Undiscounted returns and lengths of the training episodes that ended since the last log (float64 sums)."""
+
+    def __init__(self) -> None:
+        self.sums = torch.zeros(3, dtype=torch.float64)  # count, return sum, length sum
+
+    def add(self, returns: Tensor, lengths: Tensor) -> None:
+        count = torch.tensor(float(len(returns)), dtype=torch.float64)
+        self.sums += torch.stack([count, returns.double().sum(), lengths.double().sum()])
+
+    def add_sums(self, sums: Tensor) -> None:
+        """Episodes already summed elsewhere (an actor process): (count, return sum, length sum)."""
+        self.sums += sums
+
+    def pop(self) -> dict[str, Tensor]:
+        """``episode_return`` and ``episode_length`` means, or nothing when no episode ended; then starts afresh."""
+        count, returns, lengths = self.sums.tolist()
+        self.sums.zero_()
+        if not count:
+            return {}
+        return {"episode_return": torch.tensor(returns / count), "episode_length": torch.tensor(lengths / count)}
+
+
+def train_metrics(stats: dict[str, Tensor], env_steps: Tensor) -> dict[str, Tensor]:
+    """A training step's figures under ``train/`` (gradient norms keep their ``grad/``), with the env steps."""
+    return {**{k if k.startswith("grad/") else f"train/{k}": v for k, v in stats.items()},
+            "train/env_steps": env_steps.float()}
+
+
+def linear_annealing(opt: torch.optim.Optimizer, progress: Callable[[], float], anneal: bool) -> dict:
+    """configure_optimizers' answer: ``opt`` with its rate decayed linearly to 0 over the budget when ``anneal``.
+    Stepped once per training step; a function of the env steps spent, so resuming needs no schedule state
+    (CleanRL's ``frac = 1 - (iteration - 1) / num_iterations``)."""
+    factor = (lambda _: 1.0 - progress()) if anneal else (lambda _: 1.0)
+    return {"optimizer": opt, "lr_scheduler": {"scheduler": LambdaLR(opt, factor), "name": "lr"}}
+
+
+def rmsprop_or_adam(params: list[nn.Parameter], optimizer: str, lr: float, rms_alpha: float, eps: float
+                    ) -> torch.optim.Optimizer:
+    """A2C's and IMPALA's optimizer: RMSprop (their papers') or Adam."""
+    if optimizer == "rmsprop":
+        # torch adds eps outside the square root, TF (Baselines, the IMPALA paper) inside; SB3 and monobeast
+        # use torch's, as here.
+        return torch.optim.RMSprop(params, lr=lr, alpha=rms_alpha, eps=eps)
+    fused = all(p.device.type in ("cpu", "cuda") for p in params)
+    return torch.optim.Adam(params, lr=lr, eps=eps, fused=fused or None)
+
+
+# -- acting, evaluation and prediction ------------------------------------------------------------------------
+
+
+class Policy(nn.Module):
+    """Raw observations (B, *obs_shape) -> the most likely actions: the observation normaliser (when one is given),
+    then the net's ``act``. An agent's ``policy()`` returns one; ``zoo.rl.export`` traces it."""
+
+    def __init__(self, net: nn.Module, obs_rms: RunningMeanStd | None = None) -> None:
+        super().__init__()
+        self.net, self.obs_rms = net, obs_rms
+
+    @property
+    def obs_shape(self) -> tuple[int, ...]:
+        """One observation's shape, as the net takes it (an image net names ``obs_shape``; an MLP ``obs_dim``)."""
+        return tuple(getattr(self.net, "obs_shape", None) or (self.net.obs_dim,))
+
+    def forward(self, obs: Tensor) -> Tensor:
+        x = obs.to(torch.float32)
+        if self.obs_rms is not None:
+            x = self.obs_rms.normalize(x)
+        return self.net.act(x, deterministic=True)
+
+
+def evaluation_metrics(returns: Tensor, lengths: Tensor, env_steps: Tensor) -> dict[str, Tensor]:
+    """What validation logs: mean and std return of the evaluation episodes, their length, the env steps."""
+    return {"val/return": returns.mean(), "val/return_std": returns.std(unbiased=False),
+            "val/episode_length": lengths.float().mean(), "val/env_steps": env_steps.float()}
+
+
+def episode_rows(returns: Tensor, lengths: Tensor, first: int = 0) -> dict[str, Tensor]:
+    """Predict's rows (episode, return, length) for ``WritePredictions``, numbered from ``first``, with a
+    one-line summary."""
+    rank_zero_info(
+        f"Played {len(returns)} episodes: return {returns.mean():.2f} +- {returns.std(unbiased=False):.2f} "
+        f"(min {returns.min():.2f}, max {returns.max():.2f}), mean length {lengths.float().mean():.1f}"
+    )
+    return {"episode": first + torch.arange(len(returns)), "return": returns, "length": lengths}
+
+
+class Evaluation:
+    """Validation and predict episodes of an agent's ``act``, on envs of their own (one ``Evaluator`` per stage,
+    kept between evaluations). Under DDP each rank plays its share of the episodes (``evaluation_share``: together
+    the ones one process would play); validation gathers them, so every rank logs the same figures, and predict keeps
+    its own (``WritePredictions`` writes a file per rank)."""
+
+    def __init__(self) -> None:
+        self.evaluators: dict[str, Evaluator] = {}
+
+    def _play(self, module: LightningModule, dm, stage: str) -> tuple[Tensor, Tensor, list]:
+        episodes = dm.eval_episodes if stage == "val" else dm.predict_episodes
+        shares = evaluation_share(episodes, dm.eval_envs, world_size(module))
+        mine = shares[module.global_rank]
+        if not mine.num_envs:
+            return torch.zeros(0), torch.zeros(0, dtype=torch.int64), shares
+        if stage not in self.evaluators:
+            self.evaluators[stage] = Evaluator(dm.make_envs(mine.num_envs), mine.num_episodes,
+                                               seed=dm.eval_seed + mine.first_env, device=module.device)
+        return *self.evaluators[stage].run(module.act), shares
+
+    def validate(self, module: LightningModule, dm, env_steps: Tensor) -> dict[str, Tensor]:
+        """The evaluation episodes' mean and std return, episode length, and the env steps so far."""
+        returns, lengths, shares = self._play(module, dm, "val")
+        counts = [s.num_episodes for s in shares]
+        returns = gather_over_ranks(returns.to(module.device), counts).cpu()
+        lengths = gather_over_ranks(lengths.to(module.device), counts).cpu()
+        return evaluation_metrics(returns, lengths, env_steps)
+
+    def predict(self, module: LightningModule, dm) -> dict[str, Tensor]:
+        """Predict's rows (episode, return, length), numbered as one process would number them, and the video of
+        one episode when the DataModule asks for it (``record_video``)."""
+        video = self.record(module, dm) if getattr(dm, "record_video", False) else None
+        returns, lengths, shares = self._play(module, dm, "predict")
+        rows = episode_rows(returns, lengths, sum(s.num_episodes for s in shares[: module.global_rank]))
+        return rows if video is None else {**rows, "video": video}
+
+    def record(self, module: LightningModule, dm) -> dict | None:
+        """One episode's frames, as predict hands a video to ``WritePredictions`` (``callbacks.media``: written beside
+        the predictions, or in the DataModule's ``video_dir`` inside the run's folder, and logged to MLflow); None
+        without a renderer."""
+        if not module.trainer.is_global_zero:
+            return None
+        try:
+            env = dm.make_env(render_mode="rgb_array")
+            try:
+                frames, total = record_episode(env, module.act, seed=dm.eval_seed, device=module.device)
+            finally:
+                env.close()
+        except gym.error.DependencyNotInstalled as err:
+            rank_zero_warn(f"No video: {dm.env_id} cannot render here ({err}). Predict goes on without it.")
+            return None
+        rank_zero_info(f"Recorded one episode: return {total:.2f}, {len(frames)} frames")
+        return {"frames": frames, "fps": dm.video_fps, "name": f"{dm.env_id.rsplit(':', 1)[-1]}_episode",
+                "dir": dm.video_dir, "format": getattr(dm, "video_format", "gif")}
+
+    def close(self) -> None:
+        for evaluator in self.evaluators.values():
+            evaluator.close()
+        self.evaluators.clear()
+
+
+class StopCollectingOnException(Callback):
+    """Closes an agent's collector (envs, actor processes) through its ``stop_collecting`` when fit fails or is
+    interrupted: Lightning then skips the module's ``teardown`` hook, which closes it on a normal exit."""
+
+    def on_exception(self, trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        pl_module.stop_collecting()

@@ -1,0 +1,396 @@
+"""TD3: twin delayed deep deterministic policy gradient (Fujimoto et al. 2018, "Addressing Function Approximation
+Error in Actor-Critic Methods") on gymnasium vector envs.
+
+DDPG's deterministic actor mu(s) and critic, with the paper's three fixes against the critic's overestimation:
+twin critics whose minimum forms the target (clipped double Q), noise on the target action (target policy
+smoothing) and an actor and targets that move once every ``policy_delay`` critic steps (delayed updates). The
+nets follow CleanRL's ``td3_continuous_action.py`` and SB3's ``TD3`` (ReLU MLPs, PyTorch's default init, a tanh
+actor rescaled to the Box); the twin critics are SAC's (``zoo.rl.sac_nets.TwinQ``).
+
+One update, in SB3's order (``TD3.train``), on a replay minibatch (s, a, r, s', terminated):
+  1. a' = clip(mu_targ(s') + clip(eps, -c, c) * scale, low, high), eps ~ N(0, sigma): the smoothed target action;
+  2. y = r + gamma (1 - terminated) min_k Q_targ_k(s', a');
+  3. the critics step on sum_k mean((Q_k(s, a) - y)^2);
+  4. every ``policy_delay``-th update only: the actor steps on -mean Q_1(s, mu(s)), then the target actor and
+     critics move towards theirs by Polyak averaging, theta' <- (1 - tau) theta' + tau theta.
+Exploration adds N(0, (action_noise * scale)^2) to mu(s) and clips to the Box (SB3's ``NormalActionNoise`` in its
+[-1, 1] action units; CleanRL's ``exploration_noise``); before ``learning_starts`` env steps the actions are uniform.
+Collection, replay, evaluation and checkpoints are SAC's (``zoo.rl.replay``, ``zoo.rl.common``).
+
+Checkpoints carry the nets and both targets, the running observation statistics, the env-step and update counters
+(buffers), the two optimizers, the RNG states and, with ``save_buffer``, the replay buffer.
+Notation: B minibatch rows, N envs, O observation features, A action dims, K critics.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import torch
+from lightning.pytorch import Callback, LightningModule
+from torch import Tensor, nn
+
+from zoo.layers.checkpoint import WeightsOnlyLoading
+from zoo.layers.compat import foreach_lerp_
+from zoo.layers.gradnorm import grad_norm
+from zoo.layers.hparams import save_hparams
+from zoo.layers.logging import lightning_writes
+from zoo.rl.common import (
+    Budget, EpisodeLog, Evaluation, Policy, RNGState, StopCollectingOnException, Threads, check_action_bounds,
+    check_box, check_net_state, datamodule_of, env_sized, refuse_sharding, require_datamodule, train_metrics,
+    train_seed, world_size,
+)
+from zoo.rl.distributed import sum_over_ranks
+from zoo.rl.normalization import RunningMeanStd
+from zoo.rl.replay import ReplayBuffer, TransitionCollector
+from zoo.rl.sac_nets import TwinQ, as_vector, detached_forward, relu_mlp
+
+# -- nets ------------------------------------------------------------------------------------------------------
+
+
+class DeterministicActor(nn.Module):
+    """mu(s) = bias + scale * tanh(MLP(s)): one action per observation, inside the Box."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden_sizes: Sequence[int], action_low: float | Sequence[float],
+                 action_high: float | Sequence[float]) -> None:
+        super().__init__()
+        self.mlp = relu_mlp(obs_dim, hidden_sizes, action_dim)
+        low, high = as_vector(action_low, action_dim), as_vector(action_high, action_dim)
+        self.register_buffer("action_scale", (high - low) / 2)  # (A,)
+        self.register_buffer("action_bias", (high + low) / 2)  # (A,)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.action_bias + self.action_scale * torch.tanh(self.mlp(x))  # (B, A)
+
+
+class DeterministicActorCritic(nn.Module):
+    """TD3's nets: ``actor`` (deterministic, tanh-bounded) and ``critic`` (twin Q); the module keeps the targets."""
+
+    continuous = True  # checked against the env: TD3 acts in Box action spaces only
+
+    def __init__(
+        self,
+        obs_dim: int | None = None,
+        action_dim: int | None = None,
+        action_low: float | list[float] | None = None,
+        action_high: float | list[float] | None = None,
+        hidden_sizes: tuple[int, ...] = (256, 256),
+        num_critics: int = 2,
+    ) -> None:
+        """
+        Args:
+            obs_dim: observation features O (the flattened observation space); None: the env's, sized at setup.
+            action_dim: dimensions A of the (Box) action; None: the env's.
+            action_low: the Box's lower bound, one number or one per dimension; None: the env's (-1 by hand).
+            action_high: the Box's upper bound, likewise (None: the env's, or 1).
+            hidden_sizes: widths of the hidden layers of the actor and of each critic (CleanRL and SB3: 256 x 256).
+            num_critics: K, Q functions whose minimum forms the targets (2: clipped double Q).
+        """
+        self.init_args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        super().__init__()
+        self.obs_dim, self.action_dim = obs_dim, action_dim
+        self.unsized = obs_dim is None or action_dim is None
+        if self.unsized:  # no layers until for_env: a placeholder the module replaces at setup
+            return
+        low = -1.0 if action_low is None else action_low
+        high = 1.0 if action_high is None else action_high
+        self.actor = DeterministicActor(obs_dim, action_dim, hidden_sizes, low, high)
+        self.critic = TwinQ(obs_dim, action_dim, hidden_sizes, num_critics)
+
+    def for_env(self, shape: dict) -> DeterministicActorCritic:
+        """This net with every size and bound left None taken from ``shape`` (the env's)."""
+        fill = {k: v for k, v in shape.items() if k in self.init_args and self.init_args[k] is None}
+        return DeterministicActorCritic(**{**self.init_args, **fill})
+
+    def get_q_values(self, x: Tensor, action: Tensor) -> Tensor:
+        """Q_k(s, a) of every critic: (K, B)."""
+        return self.critic(x, action)
+
+    def get_q1(self, x: Tensor, action: Tensor) -> Tensor:
+        """Q_1(s, a) (B,) with the critic's parameters detached: the actor's loss differentiates only through the
+        action (SB3's ``q1_forward``; the detached weights save their gradients' computation)."""
+        return detached_forward(self.critic.qs[0], torch.cat([x, action], -1)).squeeze(-1)
+
+    @torch.no_grad()
+    def act(self, x: Tensor, deterministic: bool = True) -> Tensor:
+        """mu(s) (B, A); exploration noise is the module's (``TD3Module.act``)."""
+        return self.actor(x)
+
+
+# -- the objective, as SB3's TD3.train writes it -----------------------------------------------------------------
+
+
+def smoothed_target_action(next_action: Tensor, noise: Tensor, noise_clip: float, action_scale: Tensor,
+                           low: Tensor, high: Tensor) -> Tensor:
+    """Target policy smoothing: clip(mu_targ(s') + clip(noise, -c, c) * scale, low, high); ``noise`` ~ N(0, sigma)
+    in [-1, 1] action units (SB3's), rescaled to the Box (CleanRL's ``clipped_noise * action_scale``)."""
+    return (next_action + noise.clamp(-noise_clip, noise_clip) * action_scale).clamp(low, high)  # (B, A)
+
+
+def td3_target(rewards: Tensor, terminated: Tensor, next_q: Tensor, gamma: float) -> Tensor:
+    """y = r + gamma (1 - terminated) min_k Q_targ_k(s', a') (B,); ``next_q`` (K, B). A truncation bootstraps."""
+    return rewards + gamma * (1.0 - terminated) * next_q.min(0).values
+
+
+def td3_critic_loss(q: Tensor, target: Tensor) -> dict[str, Tensor]:
+    """sum_k mean((Q_k(s, a) - y)^2), SB3's and CleanRL's sum (SAC's halves it); ``q`` (K, B)."""
+    per_critic = (q - target).square().mean(1)  # (K,)
+    return {"loss": per_critic.sum(), "qf1_loss": per_critic[0].detach(), "qf2_loss": per_critic[-1].detach(),
+            "q_value": q.detach().mean()}
+
+
+def td3_actor_loss(q1_pi: Tensor) -> dict[str, Tensor]:
+    """-mean Q_1(s, mu(s)): the deterministic policy gradient through the first critic alone."""
+    return {"loss": -q1_pi.mean()}
+
+
+# -- the module -------------------------------------------------------------------------------------------------
+
+
+class TD3Module(WeightsOnlyLoading, LightningModule):
+    """TD3 with twin critics, target policy smoothing, delayed actor and target updates, Gaussian exploration."""
+
+    family = "rl"
+    monitor = "val/return"
+    monitor_mode = "max"
+
+    def __init__(
+        self,
+        net: DeterministicActorCritic,
+        total_env_steps: int = 100_000,
+        steps_per_batch: int = 100,
+        buffer_size: int = 1_000_000,
+        learning_starts: int = 25_000,
+        batch_size: int = 256,
+        gamma: float = 0.99,
+        tau: float = 0.005,
+        train_freq: int = 1,
+        gradient_steps: int = 1,
+        policy_delay: int = 2,
+        target_policy_noise: float = 0.2,
+        target_noise_clip: float = 0.5,
+        action_noise: float = 0.1,
+        actor_lr: float = 3e-4,
+        critic_lr: float = 3e-4,
+        norm_obs: bool = False,
+        clip_obs: float = 10.0,
+        save_buffer: bool = False,
+        num_threads: int | None = 1,
+    ) -> None:
+        """
+        Args:
+            net: actor and twin critics (``zoo.rl.DeterministicActorCritic``), sized and bounded for the env.
+            total_env_steps: fit stops before a training step would exceed this many env steps (all envs together).
+            steps_per_batch: vector-env steps per Lightning training step, each followed by its updates.
+            buffer_size: replay capacity in transitions; the oldest are overwritten first.
+            learning_starts: env steps of uniformly random actions, without updates, before learning starts
+                (CleanRL's 25k; SB3's 100).
+            batch_size: transitions per update, sampled uniformly from the buffer.
+            gamma: discount factor.
+            tau: Polyak coefficient of the target actor and critics.
+            train_freq: vector-env steps between two rounds of updates (SB3's ``train_freq``).
+            gradient_steps: updates per round (SB3's ``gradient_steps``).
+            policy_delay: critic updates per actor update and Polyak step (the paper's d = 2).
+            target_policy_noise: sigma of the target action's Gaussian noise, in [-1, 1] action units (0.2).
+            target_noise_clip: c, the clip of that noise (0.5).
+            action_noise: std of the exploration noise added to mu(s), in [-1, 1] action units (0.1).
+            actor_lr: Adam learning rate of the actor.
+            critic_lr: Adam learning rate of the critics.
+            norm_obs: feed the nets observations normalised by running statistics kept in this module; the buffer
+                stores raw observations, normalised when sampled.
+            clip_obs: clip normalised observations to [-clip_obs, clip_obs].
+            save_buffer: put the replay buffer in checkpoints, so that a resumed run continues with it.
+            num_threads: PyTorch CPU threads while this module runs (restored after). None: unchanged.
+        """
+        super().__init__()
+        save_hparams(self, "net")
+        self.automatic_optimization = False  # two optimizers, the actor's stepped every policy_delay updates
+        self.net = net
+        if not net.unsized:
+            self._build_beside_net()
+        self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))  # spent of the budget, every rank's
+        self.register_buffer("updates", torch.zeros((), dtype=torch.int64))
+        self.budget, self.rng, self.threads = Budget(total_env_steps), RNGState(), Threads(num_threads)
+        self.evaluation, self.episodes = Evaluation(), EpisodeLog()
+        self.collector: TransitionCollector | None = None  # while fit runs
+        self.buffer: ReplayBuffer | None = None
+        self._ready = False  # every rank's replay buffer holds a minibatch
+        self._buffer_to_restore: dict | None = None  # set by on_load_checkpoint, applied when fit starts
+
+    def _build_beside_net(self) -> None:
+        """What the module sizes from the net: the target actor and critics (submodules that only Polyak averaging
+        moves, so checkpoints carry them) and the observation statistics."""
+        self.actor_target = copy.deepcopy(self.net.actor).requires_grad_(False)
+        self.critic_target = copy.deepcopy(self.net.critic).requires_grad_(False)
+        self.obs_rms = RunningMeanStd((self.net.obs_dim,), clip=self.hparams.clip_obs)
+
+    def observe(self, x: Tensor) -> Tensor:
+        """Raw observations (B, O) as the nets see them: normalised by the running statistics with ``norm_obs``."""
+        return self.obs_rms.normalize(x) if self.hparams.norm_obs else x
+
+    @torch.no_grad()
+    def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
+        """Actions (B, A) in the Box for raw observations (B, O): mu(s), or mu(s) plus Gaussian exploration noise."""
+        action = self.net.act(self.observe(torch.as_tensor(obs, dtype=torch.float32, device=self.device)))
+        if deterministic:
+            return action
+        actor = self.net.actor
+        noise = torch.randn_like(action) * (self.hparams.action_noise * actor.action_scale)
+        return (action + noise).clamp(actor.action_bias - actor.action_scale, actor.action_bias + actor.action_scale)
+
+    def policy(self) -> Policy:
+        """The deterministic policy on raw observations, normaliser included (what ``zoo.rl.export`` traces)."""
+        return Policy(self.net, self.obs_rms if self.hparams.norm_obs else None)
+
+    def _explore(self, obs: Tensor) -> Tensor:
+        return self.act(obs, deterministic=False)
+
+    # -- fit: the envs and the buffer, then steps_per_batch env steps and their updates per training step ---------
+
+    def setup(self, stage: str) -> None:
+        refuse_sharding(self)
+        self.threads.pin()
+        if (dm := datamodule_of(self)) is not None:
+            check_box("TD3", dm.env_id, dm.spaces[1])
+            sizing = self.net.unsized
+            self.net = env_sized(self.net, self.hparams, dm)
+            if sizing:
+                self._build_beside_net()
+            check_action_bounds(self.net.actor, dm.env_id, dm.spaces[1])
+
+    def on_train_start(self) -> None:
+        # The actor's backward reaches the actor alone, the critics' the critics: DDP needs to look for unused ones.
+        if world_size(self) > 1 and not getattr(self.trainer.model, "find_unused_parameters", True):
+            raise ValueError("TD3 under DDP makes backwards that reach one net each: pass "
+                             "--trainer.strategy=ddp_find_unused_parameters_true")
+        # Here rather than in setup: the device is final and a resumed checkpoint (env steps, RNG, buffer) is loaded.
+        h, dm = self.hparams, require_datamodule(self)
+        self.rng.resume(self.global_rank)
+        self.budget.step = h.steps_per_batch * dm.num_envs * world_size(self)
+        if not self.budget.fits(self.env_steps):
+            self.trainer.should_stop = True  # a resumed run whose budget is already spent: no envs opened
+        elif self.collector is None:  # the replay buffer (a checkpoint's, when fit resumes with one) and its collector
+            if self.buffer is None:
+                self.buffer = ReplayBuffer(h.buffer_size, self.net.obs_dim, device=self.device,
+                                           action_space=dm.spaces[1])
+            self.buffer.to(self.device)
+            if self._buffer_to_restore is not None:
+                self.buffer.load_state_dict(self._buffer_to_restore)
+                self._buffer_to_restore = None
+            self._ready = False
+            seed = train_seed(dm.seed, int(self.env_steps), self.global_rank, dm.num_envs)
+            self.collector = TransitionCollector(dm.make_envs(), self.buffer, self.device, seed, h.norm_obs)
+
+    def training_step(self, batch: int, batch_idx: int) -> None:
+        """``steps_per_batch`` vector-env steps, each followed by its updates (SB3's schedule, as SAC's)."""
+        h, collector, write = self.hparams, self.collector, lightning_writes(self.trainer)
+        actor_opt, critic_opt = self.optimizers()
+        # Python counters in the loop, written back once; env_steps counts every rank's steps, as the budget does.
+        env_steps, updates, n = int(self.env_steps), int(self.updates), collector.num_envs
+        stride = n * world_size(self)
+        stats: dict[str, Tensor] = {}
+        for _ in range(h.steps_per_batch):
+            collector.step(self._explore if env_steps >= h.learning_starts else None)  # uniform before learning_starts
+            env_steps += stride
+            if (env_steps > h.learning_starts and (env_steps // stride) % h.train_freq == 0
+                    and self._buffer_ready()):
+                for _ in range(h.gradient_steps):
+                    updates += 1
+                    stats |= self._update(actor_opt, critic_opt, updates, measure=write)
+        self.budget.spend(self.env_steps, n * h.steps_per_batch)
+        self.updates.fill_(updates)
+        if h.norm_obs:
+            self.obs_rms.update(collector.pop_observations())
+        self.episodes.add(*collector.pop_episodes())
+        if write:
+            stats["buffer_size"] = torch.tensor(float(len(self.buffer)))
+            self.log_dict(train_metrics({**stats, **self.episodes.pop()}, self.env_steps), on_step=True,
+                          on_epoch=False)
+        if not self.budget.fits(self.env_steps):
+            self.trainer.should_stop = True
+
+    def _buffer_ready(self) -> bool:
+        """Whether every rank's buffer holds a minibatch; a collective under DDP until it first holds."""
+        if not self._ready:
+            enough = torch.tensor(int(len(self.buffer) >= self.hparams.batch_size), device=self.device)
+            self._ready = int(sum_over_ranks(enough)) == world_size(self)
+        return self._ready
+
+    def _update(self, actor_opt, critic_opt, update: int, measure: bool = False) -> dict[str, Tensor]:
+        """Update number ``update`` (from 1): the critics' step on a replay minibatch; on every ``policy_delay``-th,
+        the actor's step and the targets' Polyak step. Its terms, with gradient norms when ``measure``."""
+        h, actor = self.hparams, self.net.actor
+        grads: dict[str, Tensor] | None = {} if measure else None
+        data = self.buffer.sample(h.batch_size)
+        obs, next_obs = self.observe(data.obs), self.observe(data.next_obs)  # (B, O)
+        # 1-2. The smoothed target action and the clipped double-Q target.
+        with torch.no_grad():
+            noise = torch.randn_like(data.actions) * h.target_policy_noise  # (B, A)
+            next_action = smoothed_target_action(self.actor_target(next_obs), noise, h.target_noise_clip,
+                                                 actor.action_scale, actor.action_bias - actor.action_scale,
+                                                 actor.action_bias + actor.action_scale)
+            target = td3_target(data.rewards, data.terminated, self.critic_target(next_obs, next_action), h.gamma)
+        # 3. The critics towards it.
+        critic = td3_critic_loss(self.net.get_q_values(obs, data.actions), target)
+        self._step(critic_opt, critic["loss"], self.net.critic.parameters(), "critic", grads)
+        out = {"critic_loss": critic.pop("loss"), **critic}
+        # 4. Delayed: the actor through the updated first critic, then both targets.
+        if update % h.policy_delay == 0:
+            actor_loss = td3_actor_loss(self.net.get_q1(obs, actor(obs)))["loss"]
+            self._step(actor_opt, actor_loss, actor.parameters(), "actor", grads)
+            with torch.no_grad():  # theta' <- theta' + tau (theta - theta'), one fused op over every target tensor
+                foreach_lerp_([*self.actor_target.parameters(), *self.critic_target.parameters()],
+                              [*actor.parameters(), *self.net.critic.parameters()], h.tau)
+            out["actor_loss"] = actor_loss.detach()
+        return {**out, **(grads or {})}
+
+    def _step(self, opt, loss: Tensor, params, name: str, grads: dict[str, Tensor] | None) -> None:
+        """One optimizer step on ``loss``; ``grad/norm/<name>`` of ``params`` into ``grads`` when given."""
+        opt.zero_grad()
+        self.manual_backward(loss)
+        if grads is not None:
+            grads |= grad_norm(params, name=name)
+        opt.step()
+
+    def configure_optimizers(self):
+        h = self.hparams
+        fused = all(p.device.type in ("cpu", "cuda") for p in self.parameters()) or None  # one op per tensor
+        return [
+            torch.optim.Adam(self.net.actor.parameters(), lr=h.actor_lr, fused=fused),
+            torch.optim.Adam(self.net.critic.parameters(), lr=h.critic_lr, fused=fused),
+        ]
+
+    # -- evaluation, predict, checkpoints (the replay buffer with save_buffer), the end of fit ---------------------
+
+    def validation_step(self, batch: int, batch_idx: int) -> None:
+        # Every rank holds the same figures (gathered episodes, global env steps): sync_dist averages equal values.
+        metrics = self.evaluation.validate(self, require_datamodule(self), self.env_steps)
+        self.log_dict(metrics, batch_size=1, prog_bar=True, sync_dist=True)
+
+    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
+        return self.evaluation.predict(self, require_datamodule(self))
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self.rng.save(checkpoint)
+        if self.hparams.save_buffer and self.buffer is not None:
+            checkpoint["replay_buffer"] = self.buffer.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        check_net_state(self.net, checkpoint)
+        self.rng.load(checkpoint)
+        self._buffer_to_restore = checkpoint.get("replay_buffer")  # applied when fit resumes
+
+    def configure_callbacks(self) -> list[Callback]:
+        return [StopCollectingOnException()]
+
+    def stop_collecting(self) -> None:
+        if self.collector is not None:
+            self.collector.close()
+            self.collector = None
+
+    def teardown(self, stage: str) -> None:
+        if stage == "fit":
+            self.stop_collecting()
+        self.evaluation.close()
+        self.threads.restore()
