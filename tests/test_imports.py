@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import CONFIGS, ROOT, cli
@@ -52,7 +51,8 @@ def owner(name: str) -> str | None:
 
 
 def reaches(source: str, package: str) -> list[str]:
-    """``line: name`` for each reference of ``source`` (a file of ``package``) into the application or another family."""
+    """``line: name`` for each reference of ``source`` (a file of ``package``) into the application or another
+    family."""
     return [f"{line}: {name}" for line, name in references(source)
             if (to := owner(name)) not in (None, package, *SHARED) and (to == "application" or package in FAMILIES)]
 
@@ -66,7 +66,8 @@ def graph() -> dict[str, dict[str, list[tuple[str, bool]]]]:
             imported = {n.lineno for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.Import, ast.ImportFrom))}
             for line, name in references(source):
                 if (to := owner(name)) not in (None, package):
-                    edges[package].setdefault(to, []).append((f"{path.relative_to(ROOT)}:{line} {name}", line in imported))
+                    ref = f"{path.relative_to(ROOT)}:{line} {name}"
+                    edges[package].setdefault(to, []).append((ref, line in imported))
     return edges
 
 

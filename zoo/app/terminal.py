@@ -25,7 +25,8 @@ def quiet_uninformative_messages() -> None:
     warnings.filterwarnings("ignore", message=r".*\.fit\(ckpt_path=None\)` was called without a model")
     warnings.filterwarnings("ignore", message=r".*\.fit\(ckpt_path=\"last\"\) is set, but there is no last checkpoint")
     # Lightning 2.6's own _pytree helper builds the LeafSpec that torch 2.14 deprecates.
-    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                            category=FutureWarning)
     noise = (
         "💡 Tip: For seamless cloud logging",  # an advertisement for Lightning's hosted logger
         "Loading `train_dataloader` to estimate number of stepping batches",  # the schedules' horizon
