@@ -1,14 +1,16 @@
 """Callbacks shared by every family: monitors, checkpointing, prediction writing, progress."""
 
 from callbacks.checkpoint import CheckpointOnException, MonitoredCheckpoint
+from callbacks.confusion import LogConfusionMatrix
 from callbacks.fid import FrechetInceptionDistance
 from callbacks.frechet import FrechetDistance
 from callbacks.image_samples import LogImageSamples
-from callbacks.monitors import GradNormMonitor, NonFiniteLossError, PrecisionMonitor
+from callbacks.monitors import GradNormMonitor, NonFiniteLossError, PrecisionMonitor, TrainsSomething
 from callbacks.predictions import WritePredictions
 from callbacks.progress import ProgressBar
 from callbacks.summary import ModelSummary
 from callbacks.text_samples import LogTextSamples
 
-__all__ = ["CheckpointOnException", "FrechetDistance", "FrechetInceptionDistance", "GradNormMonitor", "LogImageSamples", "LogTextSamples",
-           "ModelSummary", "MonitoredCheckpoint", "NonFiniteLossError", "PrecisionMonitor", "ProgressBar", "WritePredictions"]
+__all__ = ["CheckpointOnException", "FrechetDistance", "FrechetInceptionDistance", "GradNormMonitor", "LogConfusionMatrix",
+           "LogImageSamples", "LogTextSamples", "ModelSummary", "MonitoredCheckpoint", "NonFiniteLossError",
+           "PrecisionMonitor", "ProgressBar", "TrainsSomething", "WritePredictions"]

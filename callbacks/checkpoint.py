@@ -1,8 +1,8 @@
 """ModelCheckpoint that keeps the last checkpoint and the best on the module's own metric, and a checkpoint on
 exception that holds only what the failed fit trained.
 
-Each module declares ``monitor`` (e.g. "val/acc") and ``monitor_mode``; the CLI's default
-checkpoint callback cannot know them before the module exists, so it reads them at setup.
+Each family's metric and mode ("val/acc", "max") are in the application's table (``zoo.app.families``); the CLI's
+default checkpoint callback cannot know the family before the module exists, so it reads them at setup.
 Lightning 2.6 refreshes ``last.ckpt`` only when a best checkpoint is saved in the same step, so a
 run whose metric stops improving would resume from stale weights: here ``last`` follows every save.
 """
@@ -17,11 +17,12 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.utilities import rank_zero_warn
 
+from zoo.app.families import family_of
 from zoo.layers.compat import refresh_last_checkpoint
 
 
 class MonitoredCheckpoint(ModelCheckpoint):
-    """``ModelCheckpoint(save_last=True)`` whose monitor defaults to ``pl_module.monitor``."""
+    """``ModelCheckpoint(save_last=True)`` whose monitor defaults to the module's family's (``zoo.app.families``)."""
 
     def __init__(
         self,
@@ -38,8 +39,8 @@ class MonitoredCheckpoint(ModelCheckpoint):
         Args:
             dirpath: where checkpoints go; None puts them under the run's folder in default_root_dir.
             filename: best-checkpoint file name pattern.
-            monitor: metric to rank checkpoints by; None takes the module's ``monitor`` attribute.
-            mode: "min" or "max"; None takes the module's ``monitor_mode``.
+            monitor: metric to rank checkpoints by; None takes the module's family's (``zoo.app.families``).
+            mode: "min" or "max"; None takes the family's.
             save_last: also keep ``last.ckpt`` for resuming.
             save_top_k: how many best checkpoints to keep.
             every_n_train_steps: also checkpoint every N optimizer steps.
@@ -58,9 +59,10 @@ class MonitoredCheckpoint(ModelCheckpoint):
         )
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if self.monitor is None and getattr(pl_module, "monitor", None):
-            self.monitor = pl_module.monitor
-            self.mode = self._explicit_mode or getattr(pl_module, "monitor_mode", "min")
+        family = family_of(pl_module)
+        if self.monitor is None and family.monitor:
+            self.monitor = family.monitor
+            self.mode = self._explicit_mode or family.monitor_mode
             # The worst score of the mode, as ModelCheckpoint's __init__ sets it for its own mode.
             self.kth_value = torch.tensor(torch.inf if self.mode == "min" else -torch.inf)
             self.best_model_score = None

@@ -125,7 +125,8 @@ class FrechetDistance(Callback):
 
             from zoo.diffusion.metrics import ClassifierFeatures
 
-            features = ClassifierFeatures.from_checkpoint(self.classifier, self.classifier_mean, self.classifier_std)
+            net = classifier_net(self.classifier)
+            features = ClassifierFeatures(net, self.classifier_mean, self.classifier_std)
             # rank 0 alone holds the metric: syncing its states at compute would wait for the other ranks forever.
             self.metric = FID(feature=features, reset_real_features=False, sync_on_compute=False)
 
@@ -134,3 +135,12 @@ class FrechetDistance(Callback):
     ) -> None:
         if due(trainer, batch_idx, dataloader_idx, self.every_n_epochs):
             log_frechet(self, trainer, pl_module, "val/fd_classifier")
+
+
+def classifier_net(path: str) -> torch.nn.Module:
+    """The net of a ``ClassifierModule`` checkpoint (made through cli.py) or MLflow model, loaded weights-only."""
+    from zoo.cnn import ClassifierModule
+    from zoo.tracking import is_mlflow_uri, resolve_checkpoint
+
+    local = resolve_checkpoint(path) if is_mlflow_uri(path) else path
+    return ClassifierModule.load_from_checkpoint(local, map_location="cpu", weights_only=True).net

@@ -17,8 +17,9 @@ from lightning.pytorch import Callback
 from lightning.pytorch.plugins.precision import FSDPPrecision, MixedPrecision
 from torch import Tensor
 
-from zoo.layers.gradnorm import grad_norm_keys, grad_norms_per_tensor, total_norm
 from zoo.layers.compat import grad_scale
+from zoo.layers.errors import InputError
+from zoo.layers.gradnorm import grad_norm_keys, grad_norms_per_tensor, total_norm
 from zoo.layers.logging import lightning_writes
 
 
@@ -190,3 +191,21 @@ class PrecisionMonitor(Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._skipped = torch.tensor(int(state_dict["skipped_steps"]), dtype=torch.int64)
+
+
+class TrainsSomething(Callback):
+    """Fails a fit that would train on no batch (a dataset smaller than one batch when the last partial batch is
+    dropped, an empty split): Lightning would print "No training batches" as info and exit 0, having trained
+    nothing, and a script going on to register or deploy the model could not tell."""
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        # The zoo's modules size their schedules from estimated_stepping_batches, which builds the training loader
+        # by now; Lightning's own count is inf until then, and 0 after it skipped a fit with no batches.
+        self.on_fit_end(trainer, pl_module)
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        if trainer.num_training_batches == 0:
+            raise InputError(
+                "fit has no training batches: the training split is empty or smaller than one batch (some DataModules "
+                "drop the last partial batch). Give more data, or a smaller --data.init_args.batch_size"
+            )

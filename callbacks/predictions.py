@@ -3,9 +3,9 @@
 Every output of a run (predictions, sample grids, per-image PNGs, GIFs, text) goes under ``run_dir(trainer)``
 (``<root>/<experiment id>/<run id>`` with the MLflow logger) and into the run's artifacts with ``log_file``;
 nothing is written to the working directory or outside the run's folder (a folder setting is a name inside it,
-``zoo.tracking.in_run_dir``), and nothing over an existing file (``callbacks.media.new_file``). Both helpers live
-in ``zoo.tracking`` so that modules can use them too, and are re-exported here for the callbacks. Images and
-videos among the outputs (``callbacks.media``) become PNGs with a grid and GIF/MP4 files in the same folder.
+``zoo.tracking.in_run_dir``), and nothing over an existing file (``callbacks.media.new_file``). The run's folder
+is the application's (``zoo.tracking.runs``: DataModules name outputs inside it too); re-exported here for the
+callbacks. Images and videos among the outputs (``callbacks.media``) become PNGs with a grid and GIF/MP4 files in the same folder.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from callbacks.media import new_file, split_media, write_images, write_video
+from zoo.app.families import family_of
 from zoo.tracking import check_output_name, in_run_dir, log_file, run_dir
 
 __all__ = ["WritePredictions", "log_file", "output_path", "run_dir"]
@@ -48,9 +49,9 @@ def _format(value: Any) -> Any:
 class WritePredictions(BasePredictionWriter):
     """Collects per-example values from ``predict_step`` dicts and writes them at epoch end.
 
-    A module whose ``predictions_format`` is "csv" gets a CSV of tensors and strings; otherwise tensors alone
-    make a CSV and dicts carrying other lists (generated text) make JSON lines (``.jsonl``). Keys the module
-    names in ``prediction_arrays`` (embeddings) go to ``<stem>.<key>.npy`` instead, one row per example.
+    A family whose ``predictions`` is "csv" (``zoo.app.families``) gets a CSV of tensors and strings; otherwise
+    tensors alone make a CSV and dicts carrying other lists (generated text) make JSON lines (``.jsonl``). Keys its
+    row names in ``prediction_arrays`` (embeddings) go to ``<stem>.<key>.npy`` instead, one row per example.
     """
 
     def __init__(self, path: str = "predictions.csv") -> None:
@@ -73,9 +74,9 @@ class WritePredictions(BasePredictionWriter):
         if images:
             self._write_images(trainer, batches, torch.cat(images), images_dir)
         columns = {k: _concat([b[k] for b in batches]) for k in batches[0]}
-        written = [self._write_array(trainer, k, columns.pop(k)) for k in getattr(pl_module, "prediction_arrays", ())
-                   if k in columns]
-        fmt = getattr(pl_module, "predictions_format", None)
+        family = family_of(pl_module)
+        written = [self._write_array(trainer, k, columns.pop(k)) for k in family.prediction_arrays if k in columns]
+        fmt = family.predictions
         tensors_only = all(isinstance(v, torch.Tensor) for v in columns.values())
         if columns:
             written.append(self._write_csv(trainer, columns) if fmt == "csv" or (fmt is None and tensors_only)

@@ -189,6 +189,6 @@ def test_an_unreadable_image_is_skipped_naming_it_or_fails_naming_it(tmp_path, m
     ("Parser key \"config\": File does not exist: 'x.yaml'", "config: File does not exist: 'x.yaml'"),
 ], ids=["unknown-class", "unknown-group-option", "union-of-literals", "missing-config-file"])
 def test_jsonargparse_messages_become_one_line_with_the_key_path(message, line):
-    from cli import parser_error_line
+    from zoo.app.parser import parser_error_line
 
     assert parser_error_line(message) == line

@@ -133,7 +133,7 @@ def test_missing_environment_package_is_one_line_naming_the_install():
     assert "Traceback" not in proc.stderr and "weights_only" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
 
 
-# What Lightning and torch print on every run that no user can act on (cli.quiet_uninformative_messages).
+# What Lightning and torch print on every run that no user can act on (zoo.app.terminal.quiet_uninformative_messages).
 NOISE = ("Tip:", "litlogger", "LeafSpec", "FLOPs", "dirpath has changed", "estimate number of stepping batches",
          "already configured with model summary")
 

@@ -106,9 +106,11 @@ def test_validation_and_test_metrics_and_confusion_matrix_are_the_counts(monkeyp
     got = trainer().validate(m, datamodule=dm, verbose=False)[0]
     for key, value in want.items():
         assert got[f"val/{key}"] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    from callbacks import LogConfusionMatrix
+
     logged = {}
-    monkeypatch.setattr("zoo.cnn.module.log_json_artifact", lambda trainer, obj, name: logged.update({name: obj}))
-    got = trainer().test(m, datamodule=dm, verbose=False)[0]
+    monkeypatch.setattr("callbacks.confusion.log_json_artifact", lambda trainer, obj, name: logged.update({name: obj}))
+    got = trainer(callbacks=[LogConfusionMatrix()]).test(m, datamodule=dm, verbose=False)[0]
     for key, value in want.items():
         assert got[f"test/{key}"] == pytest.approx(value, rel=1e-5, abs=1e-6), key
     with torch.no_grad():

@@ -1,21 +1,27 @@
-"""Dependencies run one way: cli.py -> callbacks/, datamodules/ -> zoo/. Nothing under zoo/ imports the others."""
+"""Dependencies run one way: the application (cli.py, callbacks/, datamodules/, zoo.tracking, zoo.app) -> the five
+families, side by side -> the shared parts (zoo.layers). No family names the application or another family."""
 
 from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import CONFIGS, ROOT, cli
 
-APPLICATION = ("callbacks", "datamodules", "cli")  # the packages zoo/ must never import, at any depth
+FAMILIES = ("zoo.gpt", "zoo.clip", "zoo.cnn", "zoo.diffusion", "zoo.rl")
+SHARED = ("zoo.layers",)
+# The application: the packages no family and no shared part may name, at any depth, by import or class-path string.
+APPLICATION = ("callbacks", "datamodules", "cli", "zoo.tracking", "zoo.app")
+DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")  # a whole string that reads as a module or class path
 
 
-def forbidden_imports(source: str) -> list[str]:
-    """``line: module`` for every import of an application package in ``source``, inside functions too."""
+def references(source: str) -> list[tuple[int, str]]:
+    """``(line, dotted name)`` for every import in ``source`` (inside functions, by ``importlib`` too) and every string
+    that is a dotted path: a class path a caller would import is an import in disguise."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
@@ -26,25 +32,84 @@ def forbidden_imports(source: str) -> list[str]:
             "import_module", "__import__"
         ) and node.args and isinstance(node.args[0], ast.Constant):
             names = [str(node.args[0].value)]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and DOTTED.fullmatch(node.value):
+            names = [node.value]
         else:
             continue
-        found += [f"{node.lineno}: {n}" for n in names if n.split(".")[0] in APPLICATION]
-    return found
+        found += [(node.lineno, n) for n in names]
+    return sorted(set(found))
 
 
-def test_the_checker_sees_imports_inside_functions():
-    src = "import torch\ndef f():\n    from callbacks import X\n    import datamodules.text\n    importlib.import_module('cli')\n"
-    assert forbidden_imports(src) == ["3: callbacks", "4: datamodules.text", "5: cli"]
-    assert forbidden_imports("from zoo.layers import tokenizers\nimport callbacks_extra\n") == []
+def owner(name: str) -> str | None:
+    """The package of the graph that ``name`` lies in: a family, a shared part, "application", or None (outside)."""
+    for package in (*FAMILIES, *SHARED):
+        if name == package or name.startswith(package + "."):
+            return package
+    if any(name == a or name.startswith(a + ".") for a in APPLICATION):
+        return "application"
+    return None
 
 
-def test_nothing_under_zoo_imports_callbacks_datamodules_or_cli():
+def reaches(source: str, package: str) -> list[str]:
+    """``line: name`` for each reference of ``source`` (a file of ``package``) into the application or another
+    family."""
+    return [f"{line}: {name}" for line, name in references(source)
+            if (to := owner(name)) not in (None, package, *SHARED) and (to == "application" or package in FAMILIES)]
+
+
+def graph() -> dict[str, dict[str, list[tuple[str, bool]]]]:
+    """package -> {package it names -> [("file:line name", whether by import), ...]}, for families and shared parts."""
+    edges: dict[str, dict[str, list[tuple[str, bool]]]] = {p: {} for p in (*FAMILIES, *SHARED)}
+    for package in edges:
+        for path in sorted((ROOT / package.replace(".", "/")).rglob("*.py")):
+            source = path.read_text("utf-8")
+            imported = {n.lineno for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.Import, ast.ImportFrom))}
+            for line, name in references(source):
+                if (to := owner(name)) not in (None, package):
+                    ref = f"{path.relative_to(ROOT)}:{line} {name}"
+                    edges[package].setdefault(to, []).append((ref, line in imported))
+    return edges
+
+
+def test_the_checker_sees_imports_inside_functions_and_class_path_strings():
+    src = ("import torch\ndef f():\n    from callbacks import X\n    import datamodules.text\n"
+           "    importlib.import_module('cli')\n"
+           "default_callbacks = ('callbacks.LogTextSamples',)\n"
+           "from zoo.tracking import local_weights\n"
+           "from zoo.cnn import ClassifierModule\n"
+           "doc = 'names callbacks.LogTextSamples in a sentence'\n")
+    assert reaches(src, "zoo.gpt") == ["3: callbacks", "4: datamodules.text", "5: cli", "6: callbacks.LogTextSamples",
+                                       "7: zoo.tracking", "8: zoo.cnn"]
+    assert reaches("from zoo.layers import tokenizers\nimport callbacks_extra\nx = 'zoo.gpt.GPT'\n", "zoo.gpt") == []
+    assert reaches("x = 'zoo.gpt.GPT'\n", "zoo.layers") == []  # a shared part may name the families' classes
+
+
+def test_no_family_or_shared_part_reaches_into_the_application_or_another_family():
     bad = {
         str(path.relative_to(ROOT)): hits
-        for path in sorted((ROOT / "zoo").rglob("*.py"))
-        if (hits := forbidden_imports(path.read_text("utf-8")))
+        for package in (*FAMILIES, *SHARED)
+        for path in sorted((ROOT / package.replace(".", "/")).rglob("*.py"))
+        if (hits := reaches(path.read_text("utf-8"), package))
     }
-    assert not bad, f"zoo/ imports application code (move the shared part under zoo/): {bad}"
+    assert not bad, f"library code names the application or another family (pass it in from the application): {bad}"
+
+
+def test_the_import_graph_has_the_five_families_side_by_side_and_no_cycle():
+    edges = graph()
+
+    def targets(package: str, imports: bool) -> list[str]:
+        return sorted(to for to, refs in edges[package].items() if any(by_import == imports for _, by_import in refs))
+
+    lines = [f"  {p:<14} -> {', '.join(targets(p, True)) or '(torch, lightning, torchmetrics only)'}"
+             + (f"   (names only: {', '.join(names)})" if (names := targets(p, False)) else "") for p in edges]
+    print(f"\nthe application ({', '.join(APPLICATION)}) -> any of:\n" + "\n".join(lines))
+    for family in FAMILIES:
+        assert set(edges[family]) <= set(SHARED), (family, edges[family])
+    assert "application" not in edges["zoo.layers"]
+    # No cycle: the shared parts import no family. trust.py alone names them (its allowlist: a stored config may name
+    # any family's class; it imports that fixed list of packages to hold their classes).
+    assert targets("zoo.layers", True) == [], edges["zoo.layers"]
+    assert {ref.split(":")[0] for refs in edges["zoo.layers"].values() for ref, _ in refs} <= {"zoo/layers/trust.py"}
 
 
 def test_a_users_own_callbacks_and_datamodules_do_not_break_gpt_checkpoint_loading(tmp_path):

@@ -158,7 +158,7 @@ def test_every_dropped_key_is_an_argument_of_a_datamodule():
 
 
 def test_two_runs_started_in_the_same_second_get_their_own_folders(tmp_path, monkeypatch):
-    monkeypatch.setattr("zoo.tracking.time.strftime", lambda fmt: "20260101-000000")
+    monkeypatch.setattr("zoo.tracking.runs.time.strftime", lambda fmt: "20260101-000000")
     trainer = Trainer(logger=False, default_root_dir=str(tmp_path), enable_checkpointing=False)
     folders = {new_run_dir(trainer, "predict") for _ in range(100)}
     assert len(folders) == 100

@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 from zoo.cnn import ClassifierModule
 from zoo.layers.trust import UntrustedConfigError
 from zoo.layers.weights import UnsafeCheckpointError
-from zoo.registry import build_module, load_model
+from zoo.tracking import build_module, load_model
 
 TINY = str(CONFIGS / "cnn" / "convnet_digits.yaml")
 
@@ -44,7 +44,7 @@ def test_fit_registers_a_version_tagged_with_the_runs_metrics(registered):
     files = {f.path for f in client.list_artifacts(run.info.run_id, "model")}
     assert {"model/MLmodel", "model/artifacts"} <= files and not any(f.endswith(".pkl") for f in files), files
     code = {f.path for f in client.list_artifacts(run.info.run_id, "model/code/zoo")}
-    assert "model/code/zoo/registry.py" in code and not any("__pycache__" in f for f in code), code
+    assert "model/code/zoo/tracking" in code and not any("__pycache__" in f for f in code), code
 
 
 @pytest.mark.parametrize("uri", ["models:/digits/{v}", "models:/digits@champion", "runs:/{run}/model"])
@@ -62,6 +62,17 @@ def test_validate_from_a_registered_model_equals_the_checkpoint(registered, monk
     monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
     by_path = cli("validate", "--config", TINY, f"--ckpt_path={best}", "--trainer.logger=false")
     by_name = cli("validate", "--config", TINY, "--ckpt_path=models:/digits@champion", "--trainer.logger=false")
+    assert float(by_name.trainer.callback_metrics["val/acc"]) == float(by_path.trainer.callback_metrics["val/acc"])
+
+
+def test_init_weights_named_by_the_registry_are_downloaded_before_the_module_is_built(registered, monkeypatch):
+    """cli.py turns ``models:/`` into the local weights file: the module starts from the registered net."""
+    c, client, version, best = registered
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
+    by_path = cli("validate", "--config", TINY, f"--ckpt_path={best}", "--trainer.logger=false")
+    by_name = cli("validate", "--config", TINY, "--model.init_args.init_weights=models:/digits@champion",
+                  "--trainer.logger=false")
+    assert Path(by_name.model.hparams.init_weights).is_file()  # what the module was given: a local file
     assert float(by_name.trainer.callback_metrics["val/acc"]) == float(by_path.trainer.callback_metrics["val/acc"])
 
 
@@ -111,7 +122,8 @@ def test_crafted_pickle_in_a_registered_model_is_refused(registered, tmp_path, m
 def test_init_weights_take_a_registered_model(tmp_path, monkeypatch):
     """A GPT (tied head) logged and registered from a checkpoint starts another module's training by name."""
     from zoo.gpt import GPT, CausalLMModule
-    from zoo.registry import log_checkpoint_model
+    from zoo.layers.errors import InputError
+    from zoo.tracking import local_weights, log_checkpoint_model
 
     def net():
         return GPT(vocab_size=17, block_size=8, n_layer=1, n_embd=16, n_head=2)
@@ -126,7 +138,10 @@ def test_init_weights_take_a_registered_model(tmp_path, monkeypatch):
     assert log_checkpoint_model(ckpt, client, run_id, "tiny-gpt").endswith("models:/tiny-gpt/1")
     client.set_registered_model_alias("tiny-gpt", "base", "1")
     for name in ("models:/tiny-gpt/1", "models:/tiny-gpt@base", f"runs:/{run_id}/model"):
-        fresh = CausalLMModule(net(), init_weights=name)
+        # The module reads files: the application (cli.py, or this helper) resolves the registry's names first.
+        with pytest.raises(InputError, match=r"MLflow URI.*zoo\.tracking\.local_weights"):
+            CausalLMModule(net(), init_weights=name).setup("fit")
+        fresh = CausalLMModule(net(), init_weights=local_weights(name))
         fresh.setup("fit")
         for k, v in trained.net.state_dict().items():
             torch.testing.assert_close(fresh.net.state_dict()[k], v, rtol=0, atol=0, msg=f"{name} {k}")

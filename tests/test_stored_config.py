@@ -265,7 +265,7 @@ def registered_tampered(checkpoints, tmp_path):
     from mlflow.tracking import MlflowClient
 
     from zoo.layers.weights import extract_state_dict
-    from zoo.registry import SPEC, load_checkpoint, module_spec, save_model, tracking_uri
+    from zoo.tracking.models import SPEC, load_checkpoint, module_spec, save_model, tracking_uri
 
     client = MlflowClient(tracking_uri(), registry_uri=tracking_uri())
 
@@ -319,7 +319,7 @@ def _sections(config: dict) -> list[tuple[str, dict]]:
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*/*.yaml")), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_shipped_config_passes_as_a_stored_config(path):
-    from cli import stored_config_allowlist
+    from zoo.tracking.stored_config import stored_config_allowlist
 
     allow = stored_config_allowlist()
     for section, cfg in _sections(yaml.safe_load(path.read_text())):
@@ -331,7 +331,7 @@ def test_every_shipped_config_passes_as_a_stored_config(path):
 
 
 def test_a_class_or_env_the_users_own_config_names_is_theirs_to_vouch_for(attacker):
-    from cli import stored_config_allowlist
+    from zoo.tracking.stored_config import stored_config_allowlist
 
     allow = stored_config_allowlist()
     stored = {"_class_path": "zoo.cnn.ClassifierModule", "net": {"class_path": f"{attacker.name}.EvilNet"}}
@@ -348,7 +348,7 @@ def test_a_class_or_env_the_users_own_config_names_is_theirs_to_vouch_for(attack
 
 
 def test_a_stored_output_folder_is_dropped():
-    from cli import stored_config_allowlist
+    from zoo.tracking.stored_config import stored_config_allowlist
 
     allow = stored_config_allowlist()
     args = trust.check_stored_data("datamodules.GymDataModule", {"env_id": "CartPole-v1", "video_dir": "/etc"},
@@ -362,7 +362,7 @@ def test_every_allowed_class_has_resolvable_annotations():
     """An annotation that did not resolve would be read as "may take a class", refusing plain strings there."""
     import typing
 
-    from cli import stored_config_allowlist
+    from zoo.tracking.stored_config import stored_config_allowlist
 
     allow = stored_config_allowlist()
     for cls in {**allow.modules, **allow.data, **allow.parts}.values():

@@ -31,7 +31,8 @@ SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/di
 RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/sac_nets.py", "zoo/rl/td3.py"
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
 CL, CC, CMT = "zoo/clip/losses.py", "zoo/clip/clip.py", "zoo/clip/metrics.py"
-TR, CK, RG = "zoo/layers/trust.py", "zoo/layers/checkpoint.py", "zoo/registry.py"
+TR, CK = "zoo/layers/trust.py", "zoo/layers/checkpoint.py"
+RG, SC = "zoo/tracking/models.py", "zoo/tracking/stored_config.py"
 CM, CN, RN, TV = "zoo/cnn/module.py", "zoo/cnn/convnet.py", "zoo/cnn/resnet.py", "zoo/cnn/torchvision_net.py"
 
 FAMILIES: dict[str, dict] = {
@@ -203,9 +204,9 @@ FAMILIES: dict[str, dict] = {
              "return Allowlist(\n        modules={p: c for p, c in classes.items() if issubclass(c, object)},"),
             (CK, "checked = trust.check_stored_model(stored, str(checkpoint_path), trust.zoo_allowlist(), cls=cls)",
              "checked = {k: v for k, v in stored.items() if not k.startswith(\"_\")}"),
-            (RG, "    init_args = check_stored_model({\"_class_path\": spec[\"class_path\"], **spec[\"init_args\"]}, uri, allow)",
+            (SC, "    init_args = check_stored_model({\"_class_path\": spec[\"class_path\"], **spec[\"init_args\"]}, uri, allow)",
              "    init_args = spec[\"init_args\"]"),
-            (RG, "\"init_args\": check_stored_data(data.get(\"class_path\"), data.get(\"init_args\") or {}, uri, allow)}",
+            (SC, "\"init_args\": check_stored_data(data.get(\"class_path\"), data.get(\"init_args\") or {}, uri, allow)}",
              "\"init_args\": data.get(\"init_args\") or {}}"),
             (RG, "    init_args = check_stored_model({\"_class_path\": spec.get(\"class_path\"), **(spec.get(\"init_args\") or {})},\n                                   source, zoo_allowlist())",
              "    init_args = spec.get(\"init_args\") or {}"),

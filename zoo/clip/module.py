@@ -29,18 +29,12 @@ from zoo.layers.new_inputs import image_inputs, top_k_columns
 from zoo.layers.optim import AdamWCosine
 from zoo.layers.parallel import shard
 from zoo.layers.tokenizers import tokenize, tokenizer_from_dict
-from zoo.layers.weights import check_compatible, extract_state_dict
+from zoo.layers.weights import check_compatible, extract_state_dict, readable
 
 
 class ContrastiveModule(WeightsOnlyLoading, LightningModule):
     """Trains ``net`` (a ``CLIP``) with InfoNCE or the sigmoid loss across all ranks' pairs."""
 
-    family = "clip"
-    monitor = "val/recall_1"  # mean of the two retrieval directions: defined for any caption data
-    monitor_mode = "max"
-    predict_data = "datamodules.ZeroShotDataModule"  # predict --ckpt_path alone: new images, class names, texts
-    predictions_format = "csv"
-    prediction_arrays = ("embedding",)  # written to predictions.embedding.npy, one row per image or text
 
     def __init__(
         self,
@@ -91,9 +85,8 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
     def setup(self, stage: str) -> None:
         if self.hparams.init_weights and not self._init_loaded:  # once: a later test() keeps trained weights
             from zoo.clip.hf import load_hf_clip_into
-            from zoo.registry import local_weights
 
-            load_hf_clip_into(self.net, local_weights(self.hparams.init_weights))
+            load_hf_clip_into(self.net, readable(self.hparams.init_weights))
             self._init_loaded = True
         for tower in self._locked_towers():
             tower.requires_grad_(False)  # param_groups leaves them out of the optimizer

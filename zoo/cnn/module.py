@@ -21,8 +21,7 @@ from zoo.layers.new_inputs import image_inputs, top_k_columns
 from zoo.layers.optim import AdamWCosine
 from zoo.layers.parallel import shard
 from zoo.layers.weights import (check_compatible, classifier_head, extract_state_dict, load_file, load_with_new_head,
-                                replace_head)
-from zoo.tracking import log_figure, log_json_artifact
+                                readable, replace_head)
 
 
 def classification_loss(logits: Tensor, target: Tensor, label_smoothing: float = 0.0) -> dict[str, Tensor]:
@@ -32,12 +31,6 @@ def classification_loss(logits: Tensor, target: Tensor, label_smoothing: float =
 
 class ClassifierModule(WeightsOnlyLoading, LightningModule):
     """Trains ``net`` (images -> logits) with cross-entropy; top-1/top-5 accuracy; confusion matrix on test."""
-
-    family = "cnn"
-    monitor = "val/acc"
-    monitor_mode = "max"
-    predict_data = "datamodules.ImageFilesDataModule"  # predict --ckpt_path alone: new image files
-    predictions_format = "csv"
 
     def __init__(
         self,
@@ -68,6 +61,7 @@ class ClassifierModule(WeightsOnlyLoading, LightningModule):
         if net.num_classes is not None:
             self._build_metrics(net.num_classes)
         self.inputs: dict | None = None  # what new images must look like, and the class names (zoo.layers.new_inputs)
+        self.confusion_matrix: dict | None = None  # the last test's, set at its end
         self._init_loaded = False
         self._compiled = None  # set by configure_model; kept off the module tree (no "_orig_mod." keys)
 
@@ -110,10 +104,7 @@ class ClassifierModule(WeightsOnlyLoading, LightningModule):
                              f"drop num_classes from the net's config to take the data's, or set it to {k}")
 
     def _load_init_weights(self, path: str) -> None:
-        from zoo.registry import local_weights
-
-        weights = local_weights(path)
-        state_dict = extract_state_dict(load_file(weights), "net.")
+        state_dict = extract_state_dict(load_file(readable(path)), "net.")
         for line in load_with_new_head(self.net, state_dict, f"init_weights {path!r}"):
             rank_zero_info(f"init_weights: replaced the classifier head, {line}")
         self._init_loaded = True
@@ -165,12 +156,8 @@ class ClassifierModule(WeightsOnlyLoading, LightningModule):
     def on_test_epoch_end(self) -> None:
         matrix = self.test_confusion.compute()  # (K, K): rows true class, columns predicted
         names = (self.inputs or {}).get("class_names")
-        log_json_artifact(self.trainer, {"confusion_matrix": matrix.tolist(), "class_names": names},
-                          "test/confusion_matrix.json")
-        if self.trainer.is_global_zero:
-            fig, _ = self.test_confusion.plot(matrix, labels=names)
-            fig.set_size_inches(max(4.0, 0.45 * len(matrix) + 2), max(4.0, 0.45 * len(matrix) + 2))
-            log_figure(self.trainer, fig, "test/confusion_matrix.png")
+        # What the last test counted, for whoever reports it (callbacks.LogConfusionMatrix logs it to MLflow).
+        self.confusion_matrix = {"confusion_matrix": matrix.tolist(), "class_names": names}
         self.test_confusion.reset()
 
     def configure_optimizers(self):

@@ -3,7 +3,7 @@
 FID takes the features from an ImageNet Inception-v3, which needs its weights file. Always available
 offline instead: the features of a classifier the zoo trained on the same data (the input of its last
 linear layer), through ``ClassifierFeatures``, which torchmetrics' ``FrechetInceptionDistance`` takes as its
-feature extractor (``callbacks.FrechetDistance``). Its numbers are not FID's and compare only between runs
+feature extractor (``callbacks.FrechetDistance``, which loads the classifier: this family knows no other). Its numbers are not FID's and compare only between runs
 that use the same classifier checkpoint, but they fall as samples approach the data just the same.
 
 Notation: B images, F feature width.
@@ -38,14 +38,6 @@ class ClassifierFeatures(nn.Module):
 
     def _grab(self, module: nn.Module, args: tuple[Tensor, ...]) -> None:
         self._features = args[0]
-
-    @classmethod
-    def from_checkpoint(cls, path: str, mean: tuple[float, ...] = (0.5,), std: tuple[float, ...] = (0.5,)):
-        """The net of a ``ClassifierModule`` checkpoint (made through cli.py), loaded weights-only."""
-        from zoo.cnn import ClassifierModule
-
-        module = ClassifierModule.load_from_checkpoint(path, map_location="cpu", weights_only=True)
-        return cls(module.net, mean, std)
 
     def train(self, mode: bool = True) -> ClassifierFeatures:
         return super().train(False)  # batch-norm statistics stay the classifier's

@@ -32,7 +32,7 @@ from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
 from zoo.layers.optim import AdamWCosine
 from zoo.layers.parallel import shard
-from zoo.layers.weights import check_compatible, extract_state_dict
+from zoo.layers.weights import check_compatible, extract_state_dict, readable
 
 # Both are expected here: the EMA callback is attached at every stage so a checkpoint's callback state
 # always finds its owner, and outside fit the EMA weights are already the checkpoint's state_dict.
@@ -44,12 +44,6 @@ warnings.filterwarnings("ignore", message=r".*WeightAveraging callback with a mo
 
 class DiffusionModule(WeightsOnlyLoading, LightningModule):
     """Trains ``net(x_t, t, y) -> eps | v | x0`` on (images in [-1, 1], labels) batches; ``sample`` draws images."""
-
-    family = "diffusion"
-    monitor = "val/loss"
-    monitor_mode = "min"
-    # Attached by cli.py unless the trainer has one: a grid of samples logged to MLflow at validation.
-    default_callbacks = ("callbacks.LogImageSamples",)
 
     def __init__(
         self,
@@ -122,9 +116,8 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         # --ckpt_path is restored after this hook. Once, so a later test() keeps the trained weights.
         if self.hparams.init_weights and not self._init_loaded:
             from zoo.diffusion.convert import load_pretrained
-            from zoo.registry import local_weights
 
-            load_pretrained(self.net, local_weights(self.hparams.init_weights))  # models:/... too
+            load_pretrained(self.net, readable(self.hparams.init_weights))
             self._init_loaded = True
 
     def configure_callbacks(self):

@@ -18,7 +18,7 @@ from zoo.layers.logging import lightning_writes
 from zoo.layers.optim import AdamWCosine
 from zoo.layers.parallel import shard
 from zoo.layers.tokenizers import tokenizer_from_dict
-from zoo.layers.weights import check_compatible, extract_state_dict
+from zoo.layers.weights import check_compatible, extract_state_dict, readable
 
 
 def _batch_size(batch: tuple[Tensor, Tensor] | dict) -> int:
@@ -31,12 +31,6 @@ def _tokens(batch: tuple[Tensor, Tensor] | dict) -> int:
 
 class CausalLMModule(WeightsOnlyLoading, LightningModule):
     """Trains a ``GPT`` on (input ids, target ids) batches; ``generate`` continues text prompts."""
-
-    family = "gpt"
-    monitor = "val/loss"
-    monitor_mode = "min"
-    # Attached by cli.py unless the trainer has one: a few generations logged to MLflow at each validation.
-    default_callbacks = ("callbacks.LogTextSamples",)
 
     def __init__(
         self,
@@ -87,9 +81,8 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         # does not call setup) never needs the original weights file to exist.
         if self.hparams.init_weights and not self._init_loaded:  # once: a later test() keeps trained weights
             from zoo.gpt.hf import load_pretrained
-            from zoo.registry import local_weights
 
-            load_pretrained(self.net, local_weights(self.hparams.init_weights))  # models:/... too
+            load_pretrained(self.net, readable(self.hparams.init_weights))
             self._init_loaded = True
         dm = getattr(trainer_of(self), "datamodule", None)
         tok = getattr(dm, "tokenizer", None)

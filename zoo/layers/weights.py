@@ -23,6 +23,8 @@ from typing import BinaryIO
 import torch
 from torch import Tensor, nn
 
+from zoo.layers.errors import InputError
+
 
 class CheckpointError(RuntimeError):
     """A file that is not a loadable checkpoint (truncated, another format); the message names it and says why."""
@@ -43,6 +45,20 @@ def is_remote(path: str | Path) -> bool:
     return isinstance(path, str) and bool(REMOTE.match(path)) and not path.startswith("file://")
 
 
+# A registry's names, not files: the application (zoo.tracking) turns them into local files before a module is built.
+# Plain URLs stay readable here: reading bytes through fsspec is I/O, like a local file, and needs no registry.
+REGISTRY_URIS = ("models:/", "runs:/")
+
+
+def readable(path: str | Path, key: str = "init_weights") -> str | Path:
+    """``path`` as it is when a module can read it itself (a local path or a URL); an ``InputError`` naming ``key``
+    for an MLflow URI, which only the application resolves."""
+    if isinstance(path, str) and path.startswith(REGISTRY_URIS):
+        raise InputError(f"{key}={path!r} is an MLflow URI, which a module does not resolve: cli.py resolves it for "
+                         f"you; from Python, pass the local file zoo.tracking.local_weights({path!r}) returns")
+    return path
+
+
 def load_file(path: str | Path, map_location: str | torch.device | None = "cpu", mmap: bool = False) -> dict:
     """Read a checkpoint or weights file, local or at an fsspec URL (http://, s3://, memory://), weights-only.
 
@@ -51,7 +67,7 @@ def load_file(path: str | Path, map_location: str | torch.device | None = "cpu",
     (``CheckpointError``). ``mmap`` maps a local file's tensors instead of reading them, so reading only its
     hyperparameters costs little.
     """
-    if is_remote(path):
+    if is_remote(readable(path, "weights file")):
         data = _download(str(path))
         return _read(io.BytesIO(data), str(path), len(data), map_location)
     path = Path(str(path).removeprefix("file://"))

@@ -1,6 +1,6 @@
 """Zoo modules as MLflow models: logged at the end of fit, registered by name, loaded back weights-only.
 
-An MLflow model of a zoo module is a pyfunc logged as code (``zoo/mlflow_pyfunc.py``) with two artifacts:
+An MLflow model of a zoo module is a pyfunc logged as code (``zoo/tracking/pyfunc.py``) with two artifacts:
 ``weights.safetensors`` (the LightningModule's state dict: net, plus what the module keeps in buffers, such as
 RL's observation normaliser) and ``module.json`` (its class path and ``save_hyperparameters`` arguments, with
 the tokenizer and class names it carries). Safetensors and JSON rather than ``mlflow.pytorch``'s pickled
@@ -9,7 +9,8 @@ passes ``zoo.layers.trust``'s allowlist before anything is imported. ``mlflow.py
 family (GPT's generate, RL's act are not ``forward``) and loses ``load_from_checkpoint``-style rebuilding.
 
 ``models:/<name>/<version>``, ``models:/<name>@<alias>`` and ``runs:/<id>/<path>`` are read by
-``load_model`` and turned into a weights-only local checkpoint by ``resolve_checkpoint`` (``--ckpt_path``).
+``load_model`` and turned into a weights-only local checkpoint by ``resolve_checkpoint`` (``--ckpt_path``), or into
+the local weights file a module starts from by ``local_weights`` (``init_weights``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule
 
-from zoo.layers.trust import Allowlist, check_stored_data, check_stored_model, trusted_class_paths, zoo_allowlist
-from zoo.layers.weights import extract_state_dict, is_remote, load_file
+from zoo.layers.trust import check_stored_model, zoo_allowlist
+from zoo.layers.weights import extract_state_dict, load_file
 
 URI_SCHEMES = ("models:/", "runs:/")
 MODEL_PATH = "model"  # the model's folder in its run's artifacts
@@ -38,7 +38,6 @@ WEIGHTS, SPEC = "weights.safetensors", "module.json"
 # tokenizer, what new images must look like and the class names: ``inputs``), as plain JSON; the rest (RNG
 # states, replay buffers) is training state and stays in the .ckpt.
 MODEL_STATE_KEYS = ("tokenizer", "inputs")
-SUBCOMMANDS_WITH_A_MODEL = ("validate", "test", "predict")
 
 
 def is_mlflow_uri(path: Any) -> bool:
@@ -78,7 +77,7 @@ def save_model(state_dict: dict, spec: dict, path: Path) -> Path:
     # load_state_dict copies the same values into the one tied parameter.
     save_file({k: v.detach().clone().contiguous() for k, v in state_dict.items()}, str(work / WEIGHTS))
     (work / SPEC).write_text(json.dumps(spec, indent=1))
-    _save_pyfunc(path, Path(__file__).resolve().parent, work)
+    _save_pyfunc(path, Path(__file__).resolve().parents[1], work)
     return path
 
 
@@ -103,7 +102,7 @@ def _save(path: Path, zoo_dir: Path, work: Path) -> None:
     # The package's sources only: compiled caches are the saving interpreter's, not the model's.
     code = shutil.copytree(zoo_dir, work / "code" / "zoo", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     mlflow.pyfunc.save_model(
-        path=str(path), python_model=str(zoo_dir / "mlflow_pyfunc.py"),
+        path=str(path), python_model=str(Path(__file__).with_name("pyfunc.py")),
         artifacts={"weights": str(work / WEIGHTS), "module": str(work / SPEC)}, code_paths=[str(code)],
         pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"lightning=={lightning.__version__}",
                           f"mlflow=={mlflow.__version__}", f"safetensors=={safetensors.__version__}", "jsonargparse"],
@@ -209,7 +208,8 @@ def _read_model_dir(local: Path) -> tuple[dict, dict]:
     """The spec and state dict of a downloaded model folder: JSON and safetensors only, nothing else is read."""
     spec_file, weights = next(local.rglob(SPEC), None), next(local.rglob(WEIGHTS), None)
     if spec_file is None or weights is None:
-        raise FileNotFoundError(f"{local} holds no zoo model ({SPEC} + {WEIGHTS}): log one with zoo.tracking log-model")
+        raise FileNotFoundError(f"{local} holds no zoo model ({SPEC} + {WEIGHTS}): log one with "
+                                f"python -m zoo.tracking log-model")
     return json.loads(spec_file.read_text()), load_file(weights)
 
 
@@ -260,123 +260,6 @@ def training_run(uri: str, tracking_uri_: str | None = None) -> str | None:
         return uri.removeprefix("runs:/").split("/", 1)[0]
     path = Path(uri).resolve()
     return path.parent.parent.name if path.parent.name == "checkpoints" else None
-
-
-def checkpoint_config(uri: str, subcommand: str, allow: Allowlist | None = None,
-                      tracking_uri_: str | None = None) -> dict[str, dict]:
-    """``model`` and ``data`` configs (class path + init args) for ``cli.py <subcommand> --ckpt_path <uri>``.
-
-    The model is the checkpoint's own. The data is, for predict, the module's ``predict_data`` (its DataModule
-    for new inputs, named by class path since zoo/ never imports datamodules/) when it has one, else the
-    training data the checkpoint recorded; either may be missing (a sharded folder, a checkpoint from Python).
-    Both come from a file, so both pass ``allow`` (``zoo.layers.trust``) before anything they name is imported,
-    and lose the settings a file may not choose (where outputs go).
-    """
-    allow = allow or zoo_allowlist()
-    local = Path(resolve_checkpoint(uri, tracking_uri_) if is_mlflow_uri(uri) else uri)
-    if not is_remote(uri) and not local.exists():
-        raise FileNotFoundError(f"checkpoint {uri!r} does not exist: pass --ckpt_path <{CKPT_SOURCES}>")
-    if not is_remote(uri) and not local.is_file():  # a sharded folder: Lightning reads it, with the user's config
-        return {}
-    try:  # a local file's tensors mapped, not read: only its hyperparameters are needed here
-        spec = module_spec(load_file(uri, mmap=True) if is_remote(uri) else load_file(local, mmap=True))
-    except ValueError:  # no class path: a checkpoint saved from Python, not through cli.py
-        return {}
-    init_args = check_stored_model({"_class_path": spec["class_path"], **spec["init_args"]}, uri, allow)
-    out = {"model": {"class_path": spec["class_path"], "init_args": init_args}}
-    predict_data = getattr(allow.modules.get(spec["class_path"]), "predict_data", None)
-    if subcommand == "predict" and predict_data:
-        out["data"] = {"class_path": predict_data}
-    elif "data" in spec:
-        data = spec["data"]
-        out["data"] = {"class_path": data.get("class_path"),
-                       "init_args": check_stored_data(data.get("class_path"), data.get("init_args") or {}, uri, allow)}
-    return out
-
-
-CKPT_SOURCES = "a .ckpt file or URL, models:/<name>@<alias>, models:/<name>/<version> or runs:/<run id>/model"
-
-
-def _flag(argv: list[str], name: str) -> str | None:
-    for i, a in enumerate(argv):
-        if a.startswith(f"{name}="):
-            return a.split("=", 1)[1]
-        if a == name and i + 1 < len(argv):
-            return argv[i + 1]
-    return None
-
-
-def with_checkpoint_config(argv: list[str], allow: Allowlist | None = None) -> list[str]:
-    """``cli.py`` validate/test/predict arguments with the model and data configs ``--ckpt_path`` carries
-    (``checkpoint_config``, checked against ``allow`` plus what the user's own flags and ``--config`` files name)
-    put first after the subcommand, so that a ``--config`` or flag the user gives overrides them; exits naming
-    what to pass when neither the checkpoint nor the user gives a model or data."""
-    at = next((i for i, a in enumerate(argv) if a in SUBCOMMANDS_WITH_A_MODEL), None)
-    if at is None or any(a in ("-h", "--help") for a in argv):
-        return argv
-    sub, rest = argv[at], argv[at + 1:]
-    given = lambda flag: any(a == flag or a.startswith((f"{flag}=", f"{flag}.")) for a in rest)  # noqa: E731
-    ckpt = _flag(rest, "--ckpt_path")
-    if ckpt is None:
-        if not given("--config") and not given("--model"):
-            sys.exit(f"error: `cli.py {sub}` needs a model: pass --ckpt_path <{CKPT_SOURCES}> (the model's config "
-                     f"comes with it), or --config <the training YAML> with --ckpt_path")
-        return argv
-    config = checkpoint_config(ckpt, sub, (allow or zoo_allowlist()).with_trusted(_named_by_user(rest)))
-    if "model" not in config and not given("--config") and not given("--model"):
-        sys.exit(f"error: {ckpt} names no model class (it was not written through cli.py): pass --config <the "
-                 f"training YAML> as well")
-    if "data" not in config and not given("--config") and not given("--data"):
-        sys.exit(f"error: `cli.py {sub}` needs data and {ckpt} records none: pass --data <a DataModule class path> "
-                 f"with its --data.init_args.*, or --config <a YAML with a data: section>")
-    return argv[:at + 1] + [f"--{key}={json.dumps(value)}" for key, value in config.items()] + rest
-
-
-def _named_by_user(args: list[str]) -> set[str]:
-    """The class paths, wrappers and env ids in the user's own flags and ``--config`` files: theirs to vouch for."""
-    import yaml
-
-    named: set[str] = set()
-    for i, arg in enumerate(args):
-        flag, eq, value = arg.partition("=")
-        if not eq:  # ``--flag value``: the value is the next argument
-            flag, value = (arg, args[i + 1]) if arg.startswith("--") and i + 1 < len(args) else ("", "")
-        if not flag.startswith("--"):
-            continue
-        try:
-            text = Path(value).read_text() if flag == "--config" else value
-            named |= trusted_class_paths({flag.lstrip("-").rsplit(".", 1)[-1]: yaml.safe_load(text)})
-        except (OSError, ValueError, yaml.YAMLError):  # the parser reports a bad config or flag itself
-            named |= trusted_class_paths(value)
-    return named
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m zoo.tracking log-model <ckpt> [--registered_model_name NAME]``: a checkpoint as an MLflow
-    model, into its own training run when the checkpoint lies in ``<root>/<experiment>/<run>/checkpoints``."""
-    import argparse
-
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
-    parser = argparse.ArgumentParser(prog="python -m zoo.tracking")
-    sub = parser.add_subparsers(dest="command", required=True).add_parser("log-model", help=main.__doc__)
-    sub.add_argument("ckpt")
-    sub.add_argument("--registered_model_name")
-    sub.add_argument("--run_id", help="the run to log into (default: the checkpoint's own run, else a new one)")
-    sub.add_argument("--class_path", help="the module's class, for a checkpoint not written through cli.py")
-    sub.add_argument("--experiment_name", default="zoo")
-    args = parser.parse_args(argv)
-    client = MlflowClient(tracking_uri())
-    run_id = args.run_id or Path(args.ckpt).resolve().parent.parent.name
-    try:
-        client.get_run(run_id)
-    except MlflowException:
-        experiment = client.get_experiment_by_name(args.experiment_name)
-        exp_id = experiment.experiment_id if experiment else client.create_experiment(args.experiment_name)
-        run_id = client.create_run(exp_id, run_name=f"log-model-{Path(args.ckpt).stem}").info.run_id
-        client.set_terminated(run_id)
-    print(f"MLflow model: {log_checkpoint_model(args.ckpt, client, run_id, args.registered_model_name, args.class_path)}")
 
 
 def local_weights(path: str) -> str:

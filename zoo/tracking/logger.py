@@ -8,21 +8,18 @@ it, so the zoo's logger defaults to MLflow's embedded store ``sqlite:///mlflow.d
 from __future__ import annotations
 
 import atexit
-import contextlib
 import functools
 import os
 import socket
 import sys
 import tempfile
 import time
-import uuid
 import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlparse
 
 import yaml
-from filelock import FileLock
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
@@ -30,13 +27,12 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from zoo.layers.errors import InputError
-from zoo.registry import load_model  # noqa: F401  zoo.tracking.load_model("models:/<name>@<alias>")
+from zoo.app.families import family_of
+from zoo.tracking.runs import mlflow_loggers, net_class_name
+from zoo.tracking.store import DEFAULT_TRACKING_URI, check_store_folder, store_lock
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
-
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
 # MLflow retries an unreachable server with exponential backoff for minutes by default; a run that
 # cannot reach its server should say so in seconds, before training starts.
@@ -124,8 +120,9 @@ class ZooMLFlowLogger(MLFlowLogger):
         self.saved_by = None  # the checkpoint callback whose checkpoints the run logs
 
     def log_trained_model(self, ckpt_path: str) -> str:
-        """Log ``ckpt_path``'s module as this run's MLflow model (``zoo.registry``), registered if asked; says where."""
-        from zoo.registry import log_checkpoint_model
+        """Log ``ckpt_path``'s module as this run's MLflow model (``zoo.tracking.models``), registered if asked; says
+        where."""
+        from zoo.tracking.models import log_checkpoint_model
 
         return log_checkpoint_model(ckpt_path, self.experiment, self.run_id, self.registered_model_name)
 
@@ -223,41 +220,6 @@ def _end_open_runs_at_exit() -> None:
     atexit.register(lambda: end_open_runs(getattr(sys, "last_value", None)) if _open_runs else None)
 
 
-def store_lock(tracking_uri: str) -> contextlib.AbstractContextManager:
-    """A lock on a sqlite store, held while a process opens the store or creates an experiment in it.
-
-    MLflow creates and migrates a sqlite schema on first use without a lock: three runs started together in a
-    fresh folder crashed in two ("table experiments already exists", "duplicate column name: step"), and two
-    that both found no experiment would both create it. With a file lock beside the database (``<db>.lock``,
-    fcntl on POSIX, through ``filelock``) the first run does it and the others find it done. Servers serialise
-    their own writes: no lock for them.
-    """
-    path = _sqlite_path(tracking_uri)
-    return FileLock(f"{path}.lock") if path else contextlib.nullcontext()
-
-
-def check_store_folder(tracking_uri: str) -> None:
-    """Refuse, in one line, a sqlite store whose folder cannot be one: a path through a regular file (the lock file
-    and MLflow would otherwise fail deep inside, as a FileExistsError or an SQLAlchemy error)."""
-    path = _sqlite_path(tracking_uri)
-    if path and Path(path).is_dir():
-        raise InputError(f"MLflow store {tracking_uri} is a folder, not a database file: name one inside it "
-                         f"(sqlite:///{Path(path).resolve() / 'mlflow.db'}) in MLFLOW_TRACKING_URI or "
-                         f"trainer.logger.init_args.tracking_uri")
-    for folder in Path(path).parents if path else ():
-        if folder.exists() and not folder.is_dir():
-            raise InputError(
-                f"MLflow store {tracking_uri}: {str(folder)!r} is a file, not a folder. Fix MLFLOW_TRACKING_URI or "
-                f"trainer.logger.init_args.tracking_uri (sqlite:///<a folder>/mlflow.db), or unset them to log to "
-                f"{DEFAULT_TRACKING_URI}."
-            )
-
-
-def _sqlite_path(tracking_uri: str) -> str | None:
-    """The database file of a ``sqlite:///<path>`` URI (None for other stores and in-memory databases)."""
-    path = tracking_uri.removeprefix("sqlite:///") if tracking_uri.startswith("sqlite:///") else None
-    return path if path and not path.startswith(":memory:") else None
-
 
 PID_TAG, HOST_TAG = "zoo.pid", "zoo.host"
 
@@ -338,97 +300,6 @@ def nest_under_training_run(logger_args: Any, parent_run_id: str | None, stage: 
     return True
 
 
-def default_run_name(model_class: str, net_class: str | None, data_class: str | None) -> str:
-    """``<family>-<model>-<data>-<YYYYmmdd-HHMMSS>-<4 hex>``: readable, and unique across runs.
-
-    MLflow draws its own names from Python's ``random``, which ``seed_everything`` has just seeded, so every
-    seeded run got the same name; ``uuid4`` reads ``os.urandom``, which no seed touches.
-    """
-    parts = model_class.split(".")
-    family = parts[1] if parts[0] == "zoo" and len(parts) > 2 else parts[-1].lower()
-    model = (net_class or model_class).rsplit(".", 1)[-1].lower()
-    data = (data_class or "nodata").rsplit(".", 1)[-1].removesuffix("DataModule").lower() or "data"
-    return f"{family}-{model}-{data}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
-
-
-def mlflow_loggers(trainer: Trainer) -> list[MLFlowLogger]:
-    return [lg for lg in trainer.loggers if isinstance(lg, MLFlowLogger)]
-
-
-def log_json_artifact(trainer: Trainer, obj: dict, artifact_file: str) -> None:
-    """Log ``obj`` as a JSON artifact to every MLflow logger of the trainer (rank 0 only)."""
-    if not trainer.is_global_zero:
-        return
-    for lg in mlflow_loggers(trainer):
-        lg.experiment.log_dict(lg.run_id, obj, artifact_file)
-
-
-def log_figure(trainer: Trainer, figure, artifact_file: str) -> None:
-    """Log a matplotlib figure as an image artifact to every MLflow logger of the trainer (rank 0 only), then close it."""
-    import matplotlib.pyplot as plt
-
-    if trainer.is_global_zero:
-        for lg in mlflow_loggers(trainer):
-            lg.experiment.log_figure(lg.run_id, figure, artifact_file)
-    plt.close(figure)
-
-
-RUN_DIR_ENV = "ZOO_RUN_DIR"  # the folder of a run without an MLflow logger, passed to the ranks Lightning launches
-
-
-def run_dir(trainer: Trainer) -> Path:
-    """The folder of this run's files (checkpoints, predictions, samples): ``<root>/<experiment id>/<run id>``
-    with an MLflow logger (rank 0), else the folder rank 0 chose and passed on in $ZOO_RUN_DIR (``cli.py``)."""
-    loggers = mlflow_loggers(trainer)
-    if loggers and trainer.is_global_zero:
-        return Path(trainer.default_root_dir, loggers[0].experiment_id, loggers[0].run_id)
-    return Path(os.environ.get(RUN_DIR_ENV) or Path(trainer.default_root_dir, "run-unnamed"))
-
-
-def check_output_name(key: str, name: str | None) -> str | None:
-    """``name`` unchanged when it is a folder or file name inside a run's folder: relative, and no ``..`` that
-    leaves it; otherwise an InputError naming ``key``, checked before the run does any work."""
-    from zoo.layers.errors import InputError
-
-    if name is not None and (Path(name).is_absolute() or os.path.normpath(name).split(os.sep)[0] == os.pardir):
-        raise InputError(
-            f"{key}={name!r} is outside the run's folder: every output goes under the run's folder "
-            f"(<default_root_dir>/<experiment id>/<run id>/), so give a name inside it (a relative path without "
-            f"'..'), and copy the files elsewhere after the run"
-        )
-    return name
-
-
-def in_run_dir(trainer: Trainer, name: str | Path, key: str) -> Path:
-    """The place called ``name`` inside this run's folder (``run_dir``); refuses a name that leaves it."""
-    return run_dir(trainer) / os.path.normpath(check_output_name(key, str(name)))
-
-
-def new_run_dir(trainer: Trainer, stage: str) -> Path:
-    """Rank 0: this run's folder, a fresh ``<root>/<stage>-<time>-<hex>`` without an MLflow logger, passed on to
-    the ranks Lightning launches later through $ZOO_RUN_DIR. Other ranks: the folder rank 0 passed on."""
-    if not trainer.is_global_zero:
-        return run_dir(trainer)
-    if mlflow_loggers(trainer):
-        path = run_dir(trainer)
-    else:
-        path = Path(trainer.default_root_dir, f"{stage}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}")
-    os.environ[RUN_DIR_ENV] = str(path)
-    return path
-
-
-def log_file(trainer: Trainer, path: str | Path, artifact_path: str | None = None) -> None:
-    """Log a file this run wrote as an artifact of every MLflow run of the trainer (rank 0 only)."""
-    if trainer.is_global_zero:
-        for lg in mlflow_loggers(trainer):
-            lg.experiment.log_artifact(lg.run_id, str(path), artifact_path)
-
-
-def net_class_name(pl_module: LightningModule) -> str:
-    net = getattr(pl_module, "net", pl_module)
-    return f"{type(net).__module__}.{type(net).__qualname__}"
-
-
 class LogConfigToMLflow(SaveConfigCallback):
     """Logs the resolved config as ``config.yaml`` to the MLflow run, plus family and model tags.
 
@@ -442,7 +313,7 @@ class LogConfigToMLflow(SaveConfigCallback):
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         text = self.parser.dump(self.config, skip_none=False)
         tags = {
-            "zoo.family": getattr(pl_module, "family", "unknown"),
+            "zoo.family": family_of(pl_module).name,
             "zoo.module": type(pl_module).__qualname__,
             "zoo.model": net_class_name(pl_module),
             "zoo.stage": stage,
@@ -478,9 +349,3 @@ def wait_for_server(tracking_uri: str, timeout: float = 60.0) -> None:
         except (OSError, TrackingServerUnreachable):
             time.sleep(0.3)
     raise TimeoutError(f"MLflow server at {tracking_uri} did not start within {timeout:.0f}s")
-
-
-if __name__ == "__main__":
-    from zoo.registry import main
-
-    main()

@@ -17,8 +17,8 @@ from mlflow.pyfunc import PythonModel
 
 class ZooPyfunc(PythonModel):
     def load_context(self, context) -> None:
-        from zoo.registry import build_module
         from zoo.layers.weights import load_file
+        from zoo.tracking.models import build_module
 
         spec = json.loads(open(context.artifacts["module"]).read())
         self.module = build_module(spec)

@@ -1,0 +1,54 @@
+"""What the application needs to know of each family, in one visible table (as DiT's ``DiT_models``): the families
+know nothing of the application, so what a run adds around a module is written here, not in the module.
+
+Keyed by the module's class path as the family exports it; a subclass of a listed module (a user's own) takes its
+row. A module listed nowhere (a test's, a user's from scratch) gets the plain defaults: no family callbacks, no
+predict DataModule of its own, predictions written by their type, checkpoints on ``last`` only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    name: str  # the run's ``zoo.family`` tag and the first word of its default name
+    monitor: str | None = None  # the metric the best checkpoint is chosen by (callbacks.MonitoredCheckpoint)
+    monitor_mode: Literal["min", "max"] = "min"
+    callbacks: tuple[str, ...] = ()  # class paths added to every run unless the trainer has one of that class
+    predict_data: str | None = None  # the DataModule that reads new inputs for ``predict --ckpt_path`` alone
+    # How callbacks.WritePredictions writes predict's outputs: "csv", or None for CSV when all are tensors and JSON
+    # lines otherwise (generated text); the outputs named in ``prediction_arrays`` go to .npy files, a row an example.
+    predictions: Literal["csv"] | None = None
+    prediction_arrays: tuple[str, ...] = ()
+
+
+RL = dict(name="rl", monitor="val/return", monitor_mode="max")
+
+FAMILIES: dict[str, Family] = {
+    "zoo.gpt.CausalLMModule": Family("gpt", "val/loss", callbacks=("callbacks.LogTextSamples",)),
+    "zoo.diffusion.DiffusionModule": Family("diffusion", "val/loss", callbacks=("callbacks.LogImageSamples",)),
+    # recall@1: the mean of the two retrieval directions, defined for any caption data
+    "zoo.clip.ContrastiveModule": Family("clip", "val/recall_1", "max", predict_data="datamodules.ZeroShotDataModule",
+                                         predictions="csv", prediction_arrays=("embedding",)),
+    "zoo.cnn.ClassifierModule": Family("cnn", "val/acc", "max", callbacks=("callbacks.LogConfusionMatrix",),
+                                       predict_data="datamodules.ImageFilesDataModule", predictions="csv"),
+    "zoo.rl.PPOModule": Family(**RL),
+    "zoo.rl.A2CModule": Family(**RL),
+    "zoo.rl.IMPALAModule": Family(**RL),
+    "zoo.rl.SACModule": Family(**RL),
+}
+UNLISTED = Family("unknown")
+
+
+def family_of(module: object) -> Family:
+    """The row of ``module`` (an instance or a class): its own class's, else the nearest base class's listed."""
+    cls = module if isinstance(module, type) else type(module)
+    for base in cls.__mro__:
+        package = base.__module__.rsplit(".", 1)[0]
+        for path in (f"{package}.{base.__qualname__}", f"{base.__module__}.{base.__qualname__}"):
+            if path in FAMILIES:
+                return FAMILIES[path]
+    return UNLISTED

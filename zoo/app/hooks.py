@@ -1,0 +1,195 @@
+"""What ``cli.py``'s LightningCLI hooks do, one named step each: the config checked and completed before anything is
+built, the trainer wired once it is, each run's own folder, and what fit reports at its end."""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, OnExceptionCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_info
+
+from callbacks import TrainsSomething
+from zoo.app.families import family_of
+from zoo.app.parser import EXCEPTION_DIR
+from zoo.layers.checkpoint import WeightsOnlyCheckpointIO, WeightsOnlyLoading, reconcile
+from zoo.layers.errors import InputError
+from zoo.layers.weights import is_remote
+from zoo.tracking import (default_run_name, is_mlflow_uri, local_weights, mlflow_loggers, nest_under_training_run,
+                          new_run_dir, resolve_checkpoint, training_run)
+from zoo.tracking.stored_config import SUBCOMMANDS_WITH_A_MODEL
+
+
+def prepare_config(cfg: Any, subcommand: str | None) -> None:
+    """The parsed config (``cfg``, the subcommand's), checked and completed before any class is built."""
+    if subcommand == "fit":
+        refuse_training_nothing(cfg)
+    prepare_checkpoint(cfg, subcommand)
+    resolve_init_weights(cfg)
+    drop_unusable_callbacks(cfg)
+    name_the_run(cfg)
+    bf16_on_cpu(cfg)
+
+
+def refuse_training_nothing(cfg: Any) -> None:
+    # Lightning accepts these and exits 0 having trained nothing: refused before any run or data.
+    for key in ("max_steps", "max_epochs", "limit_train_batches"):
+        if cfg.trainer.get(key) == 0:
+            raise InputError(f"trainer.{key}=0 trains nothing: pass --trainer.{key}=<1 or more> (-1 or unset: "
+                             f"no limit), or run validate/test/predict to use a model without training it")
+
+
+def zoo_logger(cfg: Any) -> Any:
+    """The config of the trainer's ``ZooMLFlowLogger``, if that is its logger."""
+    logger = cfg.trainer.get("logger")
+    return logger if str(getattr(logger, "class_path", "")).endswith("ZooMLFlowLogger") else None
+
+
+def prepare_checkpoint(cfg: Any, subcommand: str | None) -> None:
+    """``--ckpt_path``: read weights-only, its evaluation nested under its training run, a registry URI downloaded,
+    a sharded folder checked before torch unpickles it, and the config reconciled with its weight shapes."""
+    if not cfg.get("ckpt_path"):
+        return
+    if cfg.get("weights_only") is None:
+        # Lightning unpickles a resumed checkpoint fully by default; the zoo never runs code from a file.
+        cfg.weights_only = True
+    if (logger := zoo_logger(cfg)) and subcommand in SUBCOMMANDS_WITH_A_MODEL:
+        nest_under_training_run(logger.init_args, training_run(str(cfg.ckpt_path)), subcommand, str(cfg.ckpt_path))
+    if is_mlflow_uri(cfg.ckpt_path):  # models:/<name>/<version>, models:/<name>@<alias>, runs:/<id>/...
+        cfg.ckpt_path = resolve_checkpoint(cfg.ckpt_path)
+    path = Path(cfg.ckpt_path)
+    if path.is_dir():
+        from zoo.layers.parallel import check_sharded_checkpoint
+
+        if not (path / ".metadata").is_file():  # what torch.distributed.checkpoint writes first
+            raise InputError(f"--ckpt_path {cfg.ckpt_path} is a folder but not a sharded checkpoint (it has no "
+                             f".metadata): pass a checkpoint file (runs/<experiment>/<run>/checkpoints/last.ckpt)")
+        check_sharded_checkpoint(cfg.ckpt_path)  # torch unpickles a sharded folder unrestricted: check it first
+    if path.is_file():  # the config wins, but never over weight shapes
+        for line in reconcile(cfg.ckpt_path, cfg.model.as_dict()):
+            rank_zero_info(line)
+
+
+def resolve_init_weights(cfg: Any) -> None:
+    """``model.init_args.init_weights`` naming an MLflow model, downloaded: a module reads local files and URLs only.
+    Not with a checkpoint, whose weights replace them (the module never reads them then)."""
+    init_args = cfg.model.get("init_args") if cfg.get("model") else None
+    weights = init_args.get("init_weights") if init_args else None
+    if is_mlflow_uri(weights) and not cfg.get("ckpt_path"):
+        init_args.init_weights = local_weights(weights)
+
+
+def drop_unusable_callbacks(cfg: Any) -> None:
+    # Lightning raises on a LearningRateMonitor without a logger and on a progress bar callback with
+    # enable_progress_bar=false; a run that switches either off loses that default callback instead.
+    dropped = []
+    if cfg.trainer.get("logger") in (False, None):
+        dropped.append("LearningRateMonitor")
+    if cfg.trainer.get("enable_progress_bar") is False:
+        dropped.append("ProgressBar")
+    if cfg.trainer.get("enable_model_summary") is False:
+        dropped.append("ModelSummary")
+    if dropped and cfg.trainer.get("callbacks"):
+        cfg.trainer.callbacks = [
+            c for c in cfg.trainer.callbacks if not str(c.get("class_path", "")).endswith(tuple(dropped))
+        ]
+
+
+def name_the_run(cfg: Any) -> None:
+    if (logger := zoo_logger(cfg)) and not logger.init_args.get("run_name"):
+        net = cfg.model.init_args.get("net")
+        logger.init_args.run_name = default_run_name(
+            cfg.model.class_path, getattr(net, "class_path", None), cfg.get("data") and cfg.data.class_path
+        )
+
+
+def bf16_on_cpu(cfg: Any) -> None:
+    accelerator = str(cfg.trainer.get("accelerator", "auto"))
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    if on_cpu and str(cfg.trainer.get("precision")) in ("16-mixed", "16"):
+        # fp16 matmuls are an order of magnitude slower than fp32 on CPUs; bf16 is faster.
+        warnings.warn("precision 16-mixed on a CPU runs as bf16-mixed", stacklevel=1)
+        cfg.trainer.precision = "bf16-mixed"
+
+
+def wire(trainer: Trainer, model: LightningModule, subcommand: str | None, ckpt_path: str | None) -> None:
+    """Once built: checkpoints read weights-only, a checkpoint's weights not loaded over by ``init_weights``, a fit
+    that trains nothing refused, and the family's own callbacks (``zoo.app.families``)."""
+    strategy = trainer.strategy
+    if type(strategy.checkpoint_io) is TorchCheckpointIO:  # --ckpt_path and "best" read weights-only, by load_file
+        strategy.checkpoint_io = WeightsOnlyCheckpointIO()
+    if ckpt_path and (is_remote(ckpt_path) or Path(ckpt_path).exists()) and isinstance(model, WeightsOnlyLoading):
+        model.skip_init_weights()  # restored after setup: the checkpoint holds the fine-tuned weights
+    if subcommand == "fit":
+        trainer.callbacks.append(TrainsSomething())
+    add_family_callbacks(trainer.callbacks, family_of(model).callbacks)
+
+
+def add_family_callbacks(callbacks: list, paths: tuple[str, ...]) -> None:
+    """Each class in ``paths`` (the application's own, from the families table) unless ``callbacks`` has one of
+    its class; before the checkpoints, which run last."""
+    for path in paths:
+        module, name = path.rsplit(".", 1)
+        cls = getattr(importlib.import_module(module), name)
+        if not any(isinstance(c, cls) for c in callbacks):
+            at = next((i for i, c in enumerate(callbacks) if isinstance(c, Checkpoint)), len(callbacks))
+            callbacks.insert(at, cls())
+
+
+def evaluation_folder(trainer: Trainer, subcommand: str) -> None:
+    # validate/test/predict write no checkpoint, so the checkpoint callback's folder differing from the
+    # one stored in the loaded checkpoint (it always does: each run has its own) tells the user nothing.
+    warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
+    new_run_dir(trainer, subcommand)  # where predictions and figures go (zoo.tracking.run_dir)
+
+
+def fit_folders(trainer: Trainer) -> None:
+    # Lightning resumes fit from the newest OnExceptionCheckpoint or last.ckpt it can find; a folder per
+    # run keeps one run's checkpoints from being picked up by the next, unrelated run.
+    loggers = mlflow_loggers(trainer)
+    if loggers and not trainer.is_global_zero:
+        return  # the checkpoint callbacks take rank 0's folder when they set up
+    run_dir = new_run_dir(trainer, "run")  # any other logger, or none: a folder of its own all the same
+    for cb in trainer.callbacks:
+        if isinstance(cb, OnExceptionCheckpoint) and cb.dirpath == EXCEPTION_DIR:
+            cb.dirpath = str(run_dir / "on_exception")
+        # Without a logger Lightning's default is <root>/checkpoints, shared by every such run, and its
+        # last.ckpt would be resumed by the next run as if it were this one's.
+        if not loggers and isinstance(cb, ModelCheckpoint) and cb.dirpath is None:
+            cb.dirpath = str(run_dir / "checkpoints")
+
+
+def after_fit(trainer: Trainer, model: LightningModule, datamodule: LightningDataModule | None, test: bool) -> None:
+    """``--test_after_fit``, then (rank 0) where the run, its MLflow model and its checkpoints are."""
+    ckpt = trainer.checkpoint_callback
+    if test:
+        paths = (ckpt.best_model_path, ckpt.last_model_path) if ckpt is not None else None
+        trainer.test(model, datamodule=datamodule, ckpt_path="best" if paths and paths[0] else None)
+        if paths:  # restoring the best checkpoint restores the callback's state as it was then (no last.ckpt yet)
+            ckpt.best_model_path, ckpt.last_model_path = paths
+    if trainer.is_global_zero:
+        print("\n".join(fit_report(trainer)))
+
+
+def fit_report(trainer: Trainer) -> list[str]:
+    ckpt, lines = trainer.checkpoint_callback, []
+    for lg in mlflow_loggers(trainer):
+        uri, experiment = lg.experiment.tracking_uri, lg.experiment.get_experiment(lg.experiment_id).name
+        lines += [
+            f"MLflow run:  {lg.run_id} (experiment {experiment!r}) at {uri}",
+            f"  open it:   mlflow ui --backend-store-uri {uri}"
+            if uri.startswith("sqlite")
+            else f"  open it:   {uri}/#/experiments/{lg.experiment_id}/runs/{lg.run_id}",
+        ]
+    if ckpt is not None and (ckpt.best_model_path or ckpt.last_model_path):
+        # The MLflow model: the best weights (those the run reports), pickle-free, registered if asked.
+        lines += [f"MLflow model: {lg.log_trained_model(ckpt.best_model_path or ckpt.last_model_path)}"
+                  for lg in mlflow_loggers(trainer) if getattr(lg, "logs_model", False)]
+    if ckpt is not None:
+        lines += [f"Best checkpoint: {ckpt.best_model_path or '-'}", f"Last checkpoint: {ckpt.last_model_path or '-'}"]
+    return lines

@@ -1,0 +1,128 @@
+"""The command line's parser: the zoo's arguments and defaults, and its errors as one ``error:`` line."""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import os
+import re
+import sys
+
+from lightning.pytorch.cli import LightningArgumentParser
+
+from zoo.layers.parallel import num_nodes_from_env
+
+VERBOSE_ENV = "ZOO_VERBOSE"  # set (or pass --verbose) to see the full traceback of a bad-input error
+EXCEPTION_DIR = "runs/on_exception"  # moved into the run's own folder at fit start (evaluations write none)
+DEFAULT_CALLBACKS = [
+    {"class_path": "callbacks.MonitoredCheckpoint"},
+    {"class_path": "lightning.pytorch.callbacks.LearningRateMonitor", "init_args": {"logging_interval": "step"}},
+    {"class_path": "callbacks.GradNormMonitor"},
+    {"class_path": "callbacks.PrecisionMonitor"},
+    {"class_path": "callbacks.CheckpointOnException", "init_args": {"dirpath": EXCEPTION_DIR}},
+    {"class_path": "callbacks.WritePredictions"},
+    {"class_path": "callbacks.ProgressBar"},
+    {"class_path": "callbacks.ModelSummary"},
+]
+TRAINER_DEFAULTS = {
+    "default_root_dir": "runs",
+    "logger": {"class_path": "zoo.tracking.ZooMLFlowLogger"},
+    # LogConfigToMLflow logs every hyperparameter once, under the config's dotted name; Lightning's own
+    # logging would add the module's and data's hparams again under their bare names (and `_instantiator`).
+    "enable_autolog_hparams": False,
+}
+
+
+def add_zoo_arguments(parser: LightningArgumentParser) -> None:
+    """``--test_after_fit``, the default callbacks, and the node count under torchrun or srun."""
+    parser.add_argument(
+        "--test_after_fit", type=bool, default=False,
+        help="After fit, test the best checkpoint on the test split, logging into the same run.",
+    )
+    # A parser default rather than LightningCLI's persistent trainer_defaults callbacks, so that a
+    # config's trainer.callbacks replaces the list and --trainer.callbacks+=... appends to it.
+    parser.set_defaults({"trainer.callbacks": DEFAULT_CALLBACKS})
+    if nodes := num_nodes_from_env():  # torchrun or srun: the node count needs no flag (a config's or flag's wins)
+        parser.set_defaults({"trainer.num_nodes": nodes})
+
+
+_PARSER_KEY = re.compile(r'Parser key "([^"]+)":\s*(.*)')
+_CLASS_PATH = re.compile(r"Problem with given class_path '([^']+)':\s*(.*)")
+_UNKNOWN_OPTION = re.compile(r"Option '([^']+)' is not accepted|Group '([^']+)' does not accept option '([^']+)'")
+_UNION_NOISE = ("Does not validate against any of the Union subtypes", "Subtypes:", "Errors:", "Given value",
+                "Expected a <class 'NoneType'>")
+
+
+def _leaves(message: str):
+    """(where, reason) for each reason in jsonargparse's nested message: where is the key's full path and the class
+    that refused it (``model.init_args.net.init_args.widht (zoo.cnn.ConvNet)``)."""
+    path: list[tuple[int, str]] = []  # (indent, key or "class:<path>") of the enclosing blocks
+    for raw in message.splitlines():
+        indent, line = len(raw) - len(raw.lstrip()), raw.strip().removeprefix("- ")
+        while path and path[-1][0] >= indent:
+            path.pop()
+        if not line or line.startswith(_UNION_NOISE):
+            continue
+        if m := _PARSER_KEY.match(line) or _CLASS_PATH.match(line):
+            path.append((indent, m[1] if m.re is _PARSER_KEY else "class:" + m[1]))
+            line = m[2]
+        if not line:
+            continue
+        keys, owner = [], None
+        for _, part in path:
+            owner = part.removeprefix("class:") if part.startswith("class:") else owner
+            keys.append("init_args" if part.startswith("class:") else part)
+        if unknown := _UNKNOWN_OPTION.search(line):
+            keys += [unknown[2], unknown[3]] if unknown[2] else [unknown[1]]
+            line += close_names(owner, unknown[1]) if unknown[1] else ""
+        key = ".".join(keys).removesuffix(".init_args")  # the class itself was refused (not found)
+        yield (f"{key} ({owner})" if owner and key else key or owner or ""), line
+
+
+def parser_error_line(message: str) -> str:
+    """jsonargparse's error for a bad config value, which nests one block per subclass level (a misspelt
+    ``net.init_args.widht`` is 11 lines of union alternatives), as one line: the key's full path, the class that
+    refused it, the reason (each alternative's, for a value no type of a union accepts), and the accepted names
+    closest to a misspelt one."""
+    leaves = list(_leaves(message))
+    if not leaves:
+        return " ".join(message.split())
+    where = leaves[0][0]
+    reasons = " or ".join(dict.fromkeys(reason for w, reason in leaves if w == where))
+    return f"{where}: {reasons}" if where else reasons
+
+
+def close_names(class_path: str | None, name: str) -> str:
+    """"; did you mean 'width'?" from the init arguments of ``class_path``, which the parser has already imported
+    (nothing is imported here)."""
+    module, _, attr = (class_path or "").rpartition(".")
+    cls = getattr(sys.modules.get(module), attr, None)
+    if cls is None:
+        return ""
+    try:
+        names = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
+    except (TypeError, ValueError):
+        return ""
+    near = difflib.get_close_matches(name, names, n=3)
+    return f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+
+
+class ZooArgumentParser(LightningArgumentParser):
+    """Lightning's parser whose errors are one ``error:`` line and a hint, instead of the full usage (60 lines of
+    options) before jsonargparse's nested message; ``--verbose`` keeps jsonargparse's own output."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        from jsonargparse._common import debug_mode_active
+
+        if not self.exit_on_error or debug_mode_active() or os.environ.get(VERBOSE_ENV):
+            super().error(message, ex)  # a subcommand's parser raises to its parent, which prints
+        parser = getattr(ex, "subcommand_parser", None) or self
+        prog = parser.prog.replace(" [options]", "")
+        line = parser_error_line(message)
+        if message.startswith("unrecognized arguments:"):  # a misspelt flag: the closest the parser knows
+            flags = [f for f in message.split(":", 1)[1].split() if f.startswith("--")]
+            near = [difflib.get_close_matches(f.split("=")[0], list(parser._option_string_actions), n=1) for f in flags]
+            line += "".join(f"; did you mean {n[0]}?" for n in near if n)
+        sys.stderr.write(f"error: {line}\n"
+                         f"(the options: {prog} --help; the whole message: rerun with --verbose)\n")
+        sys.exit(2)
