@@ -77,10 +77,10 @@ def _module_classes():
     from zoo.clip import ContrastiveModule
     from zoo.diffusion import DiffusionModule
     from zoo.gpt import CausalLMModule
-    from zoo.rl import A2CModule, IMPALAModule, PPOModule, SACModule
+    from zoo.rl import A2CModule, IMPALAModule, PPOModule, SACModule, TD3Module
 
     return [ClassifierModule, CausalLMModule, ContrastiveModule, DiffusionModule, PPOModule, A2CModule, IMPALAModule,
-            SACModule]
+            SACModule, TD3Module]
 
 
 @pytest.mark.parametrize("zip_format", [True, False], ids=["torch.save", "pickle"])

@@ -39,6 +39,7 @@ FAMILIES: dict[str, Family] = {
     "zoo.rl.A2CModule": Family(**RL),
     "zoo.rl.IMPALAModule": Family(**RL),
     "zoo.rl.SACModule": Family(**RL),
+    "zoo.rl.TD3Module": Family(**RL),
 }
 UNLISTED = Family("unknown")
 

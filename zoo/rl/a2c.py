@@ -38,10 +38,6 @@ from zoo.rl.normalization import RunningMeanStd
 class A2CModule(WeightsOnlyLoading, LightningModule):
     """A2C: n-step (or GAE) advantages, one RMSprop step per rollout, entropy bonus, gradient clipping."""
 
-    family = "rl"
-    monitor = "val/return"
-    monitor_mode = "max"
-
     def __init__(
         self,
         net: ActorCritic,

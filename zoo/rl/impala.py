@@ -45,10 +45,6 @@ from zoo.rl.vtrace import impala_loss, masked_mean, vtrace
 class IMPALAModule(WeightsOnlyLoading, LightningModule):
     """IMPALA's learner: V-trace actor-critic on batches of unrolls from actor processes."""
 
-    family = "rl"
-    monitor = "val/return"
-    monitor_mode = "max"
-
     def __init__(
         self,
         net: ActorCritic,

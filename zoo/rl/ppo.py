@@ -44,10 +44,6 @@ from zoo.rl.normalization import RunningMeanStd
 class PPOModule(WeightsOnlyLoading, LightningModule):
     """PPO-clip with GAE, minibatch epochs, advantage normalisation, target-KL stop, LR annealing."""
 
-    family = "rl"
-    monitor = "val/return"
-    monitor_mode = "max"
-
     def __init__(
         self,
         net: ActorCritic,

@@ -56,10 +56,6 @@ from zoo.rl.sac_nets import SoftActorCritic
 class SACModule(WeightsOnlyLoading, LightningModule):
     """SAC with twin critics, Polyak-averaged targets, automatic entropy temperature and random warm-up."""
 
-    family = "rl"
-    monitor = "val/return"
-    monitor_mode = "max"
-
     def __init__(
         self,
         net: SoftActorCritic,

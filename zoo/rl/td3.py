@@ -151,10 +151,6 @@ def td3_actor_loss(q1_pi: Tensor) -> dict[str, Tensor]:
 class TD3Module(WeightsOnlyLoading, LightningModule):
     """TD3 with twin critics, target policy smoothing, delayed actor and target updates, Gaussian exploration."""
 
-    family = "rl"
-    monitor = "val/return"
-    monitor_mode = "max"
-
     def __init__(
         self,
         net: DeterministicActorCritic,
