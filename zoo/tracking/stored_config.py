@@ -37,7 +37,7 @@ def checkpoint_config(uri: str, subcommand: str, allow: Allowlist | None = None,
     Both come from a file, so both pass ``allow`` (``zoo.layers.trust``) before anything they name is imported,
     and lose the settings a file may not choose (where outputs go).
     """
-    allow = allow or zoo_allowlist()
+    allow = allow or stored_config_allowlist()  # with the DataModules: zoo_allowlist() alone has none
     local = Path(resolve_checkpoint(uri, tracking_uri_) if is_mlflow_uri(uri) else uri)
     if not is_remote(uri) and not local.exists():
         raise FileNotFoundError(f"checkpoint {uri!r} does not exist: pass --ckpt_path <{CKPT_SOURCES}>")
@@ -88,7 +88,7 @@ def with_checkpoint_config(argv: list[str], allow: Allowlist | None = None) -> l
             sys.exit(f"error: `cli.py {sub}` needs a model: pass --ckpt_path <{CKPT_SOURCES}> (the model's config "
                      f"comes with it), or --config <the training YAML> with --ckpt_path")
         return argv
-    config = checkpoint_config(ckpt, sub, (allow or zoo_allowlist()).with_trusted(_named_by_user(rest)))
+    config = checkpoint_config(ckpt, sub, (allow or stored_config_allowlist()).with_trusted(_named_by_user(rest)))
     if "model" not in config and not given("--config") and not given("--model"):
         sys.exit(f"error: {ckpt} names no model class (it was not written through cli.py): pass --config <the "
                  f"training YAML> as well")
