@@ -264,3 +264,33 @@ def test_module_from_checkpoint_is_load_from_checkpoint_on_a_dict_already_read(t
     torch.testing.assert_close(got.state_dict(), ref.state_dict(), rtol=0, atol=0)
     again = torch.load(tmp_path / "w.ckpt", weights_only=True)
     assert compat.module_from_checkpoint(Wide, again, width=7).hparams.width == 7  # kwargs override, as in Lightning
+
+
+def test_jsonargparse_debug_follows_its_environment_variable(monkeypatch):
+    monkeypatch.delenv("JSONARGPARSE_DEBUG", raising=False)
+    assert compat.jsonargparse_debug() is False
+    monkeypatch.setenv("JSONARGPARSE_DEBUG", "true")
+    assert compat.jsonargparse_debug() is True
+
+
+def test_option_flags_lists_every_flag_a_parser_knows():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("-c", "--config")
+    parser.add_argument("--model.lr", type=float)
+    assert set(compat.option_flags(parser)) == {"-h", "--help", "-c", "--config", "--model.lr"}
+
+
+def test_dcp_storage_info_type_is_what_the_filesystem_writer_stores(tmp_path):
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"w": torch.randn(2, 3)}, checkpoint_id=tmp_path / "ckpt", no_dist=True)
+    infos = list(FileSystemReader(tmp_path / "ckpt").read_metadata().storage_data.values())
+    assert infos and all(type(i) is compat.dcp_storage_info_type() for i in infos)
+    assert {"relative_path", "offset", "length"} <= set(vars(infos[0]))

@@ -10,6 +10,7 @@ import sys
 
 from lightning.pytorch.cli import LightningArgumentParser
 
+from zoo.layers import compat
 from zoo.layers.parallel import num_nodes_from_env
 
 VERBOSE_ENV = "ZOO_VERBOSE"  # set (or pass --verbose) to see the full traceback of a bad-input error
@@ -112,16 +113,14 @@ class ZooArgumentParser(LightningArgumentParser):
     options) before jsonargparse's nested message; ``--verbose`` keeps jsonargparse's own output."""
 
     def error(self, message: str, ex: Exception | None = None):
-        from jsonargparse._common import debug_mode_active
-
-        if not self.exit_on_error or debug_mode_active() or os.environ.get(VERBOSE_ENV):
+        if not self.exit_on_error or compat.jsonargparse_debug() or os.environ.get(VERBOSE_ENV):
             super().error(message, ex)  # a subcommand's parser raises to its parent, which prints
         parser = getattr(ex, "subcommand_parser", None) or self
         prog = parser.prog.replace(" [options]", "")
         line = parser_error_line(message)
         if message.startswith("unrecognized arguments:"):  # a misspelt flag: the closest the parser knows
             flags = [f for f in message.split(":", 1)[1].split() if f.startswith("--")]
-            near = [difflib.get_close_matches(f.split("=")[0], list(parser._option_string_actions), n=1) for f in flags]
+            near = [difflib.get_close_matches(f.split("=")[0], compat.option_flags(parser), n=1) for f in flags]
             line += "".join(f"; did you mean {n[0]}?" for n in near if n)
         sys.stderr.write(f"error: {line}\n"
                          f"(the options: {prog} --help; the whole message: rerun with --verbose)\n")

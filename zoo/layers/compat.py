@@ -173,3 +173,25 @@ class CheckpointHyperparametersLeftToCaller:
 
     def _parse_ckpt_path(self) -> None:
         return None
+
+
+def jsonargparse_debug() -> bool:
+    """Whether jsonargparse's debug mode (``JSONARGPARSE_DEBUG``) is on, read the way jsonargparse reads it (its
+    boolean parsing of the variable); the reader is not exported. The zoo then leaves errors to jsonargparse."""
+    from jsonargparse._common import debug_mode_active
+
+    return debug_mode_active()
+
+
+def option_flags(parser) -> list[str]:
+    """Every flag an argparse parser knows (``--model.lr``, ``-c``): argparse keeps them in a private dict and has
+    no public listing; the zoo suggests the closest one for a misspelt flag."""
+    return list(parser._option_string_actions)
+
+
+def dcp_storage_info_type() -> type:
+    """The class torch.distributed.checkpoint's FileSystemWriter stores per entry (file, offset, length): the zoo
+    checks each before a read, and the class is private to the filesystem module."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    return _StorageInfo

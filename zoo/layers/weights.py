@@ -23,6 +23,7 @@ from typing import BinaryIO
 import torch
 from torch import Tensor, nn
 
+from zoo.layers import compat
 from zoo.layers.errors import InputError
 
 
@@ -341,12 +342,11 @@ def read_sharded_metadata(path: str | Path):
 def _check_storage(metadata, file: Path) -> None:
     """Refuse metadata that places an entry outside the folder's own data files: a path out of the folder, or
     bytes past a file's end (torch would read another file, or read on to the end, as the entry)."""
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
-
+    storage_info = compat.dcp_storage_info_type()
     for index, info in (metadata.storage_data or {}).items():
         where = f"{getattr(index, 'fqn', index)!r} in {getattr(info, 'relative_path', info)!r}"
         data = file.parent / str(getattr(info, "relative_path", ""))
-        if not (isinstance(info, _StorageInfo) and isinstance(info.relative_path, str)
+        if not (isinstance(info, storage_info) and isinstance(info.relative_path, str)
                 and Path(info.relative_path).name == info.relative_path and data.is_file()):
             why = f"places {where}, not a data file of {str(file.parent)!r}"
         elif not (type(info.offset) is type(info.length) is int and 0 <= info.offset <= info.offset + info.length
