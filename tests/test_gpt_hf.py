@@ -7,8 +7,8 @@ from functools import partial
 import pytest
 import torch
 
+from zoo.gpt import GPT, MHA, GeluMLP
 from zoo.gpt.hf import export_gpt2, load_gpt2, load_safetensors, save_safetensors
-from zoo.gpt import GPT, MHA
 
 transformers = pytest.importorskip("transformers")
 
@@ -50,7 +50,7 @@ def test_untied_head_imports(tmp_path):
 @pytest.mark.parametrize("gelu", ["tanh", "exact"])
 def test_exported_folder_loads_in_transformers_with_the_same_logits(tmp_path, gelu):
     torch.manual_seed(1)
-    net = GPT(vocab_size=150, block_size=32, n_layer=2, n_embd=32, n_head=4, gelu=gelu).eval()
+    net = GPT(vocab_size=150, block_size=32, n_layer=2, n_embd=32, n_head=4, mlp=partial(GeluMLP, approximate=gelu)).eval()
     export_gpt2(net, tmp_path / "hf")
     model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
     assert model.config.activation_function == {"tanh": "gelu_new", "exact": "gelu"}[gelu]
