@@ -217,7 +217,8 @@ def test_flops_and_init_are_what_each_mlp_class_states(mlp):
     torch.manual_seed(0)
     net = GPT(vocab_size=V, block_size=16, n_layer=12, n_embd=256, n_head=4, mlp=mlp)
     # nanoGPT's estimate: 6 x the matmul weights a token goes through, plus the attention scores (MHA: 12 L D T).
-    weights = sum(p.numel() for n, p in net.named_parameters() if p.dim() >= 2 and "emb" not in n and "experts.1" not in n)
+    weights = sum(p.numel() for n, p in net.named_parameters()
+                  if p.dim() >= 2 and "emb" not in n and "experts.1" not in n)
     assert net.flops_per_token(16) == 6 * (weights + V * 256) + 12 * 12 * 256 * 16
     last = net.blocks[0].mlp.residual_projections()[-1]
     assert last.std().item() == pytest.approx(0.02 / math.sqrt(24), rel=0.05)  # GPT-2's depth-scaled init

@@ -7,7 +7,7 @@ from functools import partial
 import pytest
 import torch
 
-from zoo.gpt import GPT, MHA, GeluMLP
+from zoo.gpt import GPT, MHA, GeluMLP, RMSNorm, SwiGLU
 from zoo.gpt.hf import export_gpt2, load_gpt2, load_safetensors, save_safetensors
 
 transformers = pytest.importorskip("transformers")
@@ -63,6 +63,9 @@ def test_exported_folder_loads_in_transformers_with_the_same_logits(tmp_path, ge
 def test_export_refuses_a_net_gpt2_cannot_hold(tmp_path):
     with pytest.raises(ValueError, match="GPT-2-shaped"):
         export_gpt2(GPT(vocab_size=50, block_size=16, n_layer=1, n_embd=16, n_head=2, position="rope"), tmp_path)
+    for part in (dict(mlp=SwiGLU), dict(norm=RMSNorm)):  # each class states the layout it exports to
+        with pytest.raises(ValueError, match="GPT-2-shaped"):
+            export_gpt2(GPT(vocab_size=50, block_size=16, n_layer=1, n_embd=16, n_head=2, **part), tmp_path)
 
 
 def test_safetensors_round_trip_with_tied_embeddings(tmp_path):

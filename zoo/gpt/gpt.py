@@ -24,12 +24,13 @@ from torch.utils.checkpoint import checkpoint
 
 from zoo.gpt.attention import MHA, AttentionClass, LayerCache, rope_cache
 from zoo.gpt.mlp import GeluMLP, MLPClass, mlp_of_old_config
+from zoo.gpt.norms import LayerNorm, NormClass, norm_of_old_config
 
 
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, attn: nn.Module, mlp: nn.Module, norm: type[nn.Module], dim: int, eps: float, dropout: float) -> None:
+    def __init__(self, attn: nn.Module, mlp: nn.Module, norm: NormClass, dim: int, eps: float, dropout: float) -> None:
         super().__init__()
         self.norm1, self.attn = norm(dim, eps=eps), attn
         self.norm2, self.mlp = norm(dim, eps=eps), mlp
@@ -67,7 +68,7 @@ class GPT(nn.Module):
         n_embd: int = 256,
         n_head: int = 4,
         attention: AttentionClass = MHA,
-        norm: Literal["layernorm", "rmsnorm"] = "layernorm",
+        norm: Literal["layernorm", "rmsnorm"] | NormClass = LayerNorm,
         norm_eps: float = 1e-5,
         mlp: Literal["gelu", "swiglu"] | MLPClass = GeluMLP,
         mlp_hidden: int | None = None,
@@ -90,7 +91,8 @@ class GPT(nn.Module):
             attention: the attention class of every block, with its own settings (``zoo.gpt.attention``):
                 ``MHA`` (``n_kv_head`` for GQA/MQA) or ``MLA`` (DeepSeek-V2 latent attention); in Python a
                 class or ``functools.partial(MLA, kv_lora_rank=...)``, called as (D, H, bias, dropout, rope).
-            norm: LayerNorm (GPT-2) or RMSNorm.
+            norm: the norm class (``zoo.gpt.norms``): ``LayerNorm`` (GPT-2) or ``RMSNorm``, called as (D, norm_eps); the
+                strings "layernorm" and "rmsnorm" of older configs name them.
             norm_eps: epsilon of every norm.
             mlp: the MLP class of every block, with its own settings (``zoo.gpt.mlp``): ``GeluMLP`` (GPT-2;
                 ``approximate`` exact or tanh) or ``SwiGLU``; called as (D, mlp_hidden, bias, dropout). The strings
@@ -109,7 +111,7 @@ class GPT(nn.Module):
         self.n_embd, self.tie_embeddings = n_embd, tie_embeddings
         self.position, self.rope_base = position, rope_base
         self.activation_checkpointing = activation_checkpointing
-        norm_cls = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}[norm]
+        norm_cls = norm_of_old_config(norm)
         mlp = mlp_of_old_config(mlp, gelu)
         if vocab_size is not None:  # registered first, as always, so a seed gives the same weights as before
             self.tok_emb = nn.Embedding(vocab_size, n_embd)

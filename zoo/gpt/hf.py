@@ -19,6 +19,7 @@ from torch import Tensor
 from zoo.gpt.attention import MHA
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import GeluMLP
+from zoo.gpt.norms import LayerNorm
 from zoo.layers.weights import check_compatible, extract_state_dict, load_file
 
 # (ours, theirs) per block; "T" marks Conv1D weights that are stored transposed.
@@ -39,7 +40,7 @@ def gpt2_net_kwargs(config: dict) -> dict:
         n_layer=config["n_layer"], n_embd=config["n_embd"], n_head=config["n_head"],
         mlp_hidden=config.get("n_inner") or 4 * config["n_embd"], norm_eps=config.get("layer_norm_epsilon", 1e-5),
         tie_embeddings=config.get("tie_word_embeddings", True),
-        attention=MHA, norm="layernorm", mlp=GeluMLP.from_hf_config(config), position="learned", bias=True,
+        attention=MHA, norm=LayerNorm, mlp=GeluMLP.from_hf_config(config), position="learned", bias=True,
     )
 
 
@@ -107,7 +108,8 @@ def export_gpt2(net: GPT, folder: str | Path, eos_id: int | None = None) -> Path
     from safetensors.torch import save_file
 
     attn, mlp = net.blocks[0].attn, net.blocks[0].mlp
-    gpt2_shaped = isinstance(attn, MHA) and attn.n_kv_head == attn.n_head and mlp.hf_layout == "gpt2"
+    gpt2_shaped = isinstance(attn, MHA) and attn.n_kv_head == attn.n_head
+    gpt2_shaped = gpt2_shaped and mlp.hf_layout == net.norm_f.hf_layout == "gpt2"  # as each class states
     if not gpt2_shaped or net.position != "learned":
         raise ValueError("Only a GPT-2-shaped net (MHA, learned positions, LayerNorm, GELU) exports as GPT-2")
     folder = Path(folder)
@@ -121,7 +123,7 @@ def export_gpt2(net: GPT, folder: str | Path, eos_id: int | None = None) -> Path
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", **mlp.hf_config(),
         "vocab_size": net.vocab_size, "n_positions": net.block_size, "n_ctx": net.block_size,
         "n_embd": net.tok_emb.weight.shape[1], "n_layer": net.n_layer, "n_head": attn.n_head,
-        "layer_norm_epsilon": net.norm_f.eps, "tie_word_embeddings": tied,
+        **net.norm_f.hf_config(), "tie_word_embeddings": tied,
         "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
     }
     if eos_id is None and net.vocab_size > 50256:

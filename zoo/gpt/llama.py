@@ -1,6 +1,6 @@
 """Llama and DeepSeek-V3 weights in and out of the zoo's ``GPT``, from and to Hugging Face folders on disk.
 
-The zoo's GPT with ``norm="rmsnorm", mlp="swiglu", position="rope", bias=False`` and ``MHA(n_kv_head=G)`` is
+The zoo's GPT with ``norm=RMSNorm, mlp=SwiGLU, position="rope", bias=False`` and ``MHA(n_kv_head=G)`` is
 transformers' ``LlamaForCausalLM`` (Touvron et al. 2023); with ``MLA`` it is ``DeepseekV3ForCausalLM`` with
 every layer dense (DeepSeek-AI 2024, "DeepSeek-V3", MLA as in DeepSeek-V2 section 2.1). Only the layout differs:
 
@@ -29,6 +29,7 @@ from torch import Tensor
 from zoo.gpt.attention import MHA, MLA
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import SwiGLU
+from zoo.gpt.norms import RMSNorm
 from zoo.layers.weights import check_compatible, extract_state_dict, load_file
 
 # (ours, theirs) inside block i / model.layers.i, shared by both families.
@@ -53,7 +54,7 @@ def _common_kwargs(config: dict) -> dict:
     return dict(
         vocab_size=config["vocab_size"], block_size=config.get("max_position_embeddings", 2048),
         n_layer=config["num_hidden_layers"], n_embd=config["hidden_size"], n_head=config["num_attention_heads"],
-        norm="rmsnorm", norm_eps=config.get("rms_norm_eps", 1e-6), mlp=SwiGLU.from_hf_config(config),
+        norm=RMSNorm, norm_eps=config.get("rms_norm_eps", 1e-6), mlp=SwiGLU.from_hf_config(config),
         mlp_hidden=config["intermediate_size"], position="rope", rope_base=_rope_theta(config),
         tie_embeddings=config.get("tie_word_embeddings", False),
     )
@@ -193,12 +194,12 @@ def load_hf(folder: str | Path) -> GPT:
 def hf_config(net: GPT) -> dict:
     """The ``config.json`` of ``net`` as a Llama (MHA) or DeepSeek-V3 (MLA) model."""
     block, attn = net.blocks[0], net.blocks[0].attn
-    if net.position != "rope" or not isinstance(block.norm1, torch.nn.RMSNorm) or block.mlp.hf_layout != "llama":
+    if net.position != "rope" or not block.mlp.hf_layout == net.norm_f.hf_layout == "llama":
         raise ValueError("Only a Llama-shaped net (RoPE, RMSNorm, SwiGLU) exports as Llama or DeepSeek-V3")
     config = dict(
         vocab_size=net.vocab_size, max_position_embeddings=net.block_size, num_hidden_layers=net.n_layer,
         hidden_size=net.tok_emb.weight.shape[1], num_attention_heads=attn.n_head,
-        **block.mlp.hf_config(), rms_norm_eps=net.norm_f.eps,
+        **block.mlp.hf_config(), **net.norm_f.hf_config(),
         tie_word_embeddings=net.lm_head.weight is net.tok_emb.weight, attention_bias=block.mlp.proj.bias is not None,
         rope_parameters={"rope_type": "default", "rope_theta": net.rope_base}, attention_dropout=0.0,
     )

@@ -8,8 +8,8 @@ The GPT builds every MLP as ``mlp(dim, hidden, bias, dropout)`` (``hidden`` None
 ``init_args`` hold only the class's own settings. Each class describes
 itself to the rest of the zoo instead of being recognised by type: ``flops_per_token()`` is an MLP's share of
 ``GPT.flops_per_token``, ``residual_projections()`` the weights GPT-2 initialises scaled by depth, and
-``hf_layout``, ``hf_config()``/``from_hf_config()``, ``to_hf()``/``from_hf()`` its names in Hugging Face's GPT-2 or Llama layout
-(``hf.py``, ``llama.py``). A new MLP (a mixture of experts: its ``flops_per_token`` counts the
+``hf_layout``, ``hf_config()``/``from_hf_config()``, ``to_hf()``/``from_hf()`` its names in Hugging Face's GPT-2
+or Llama layout (``hf.py``, ``llama.py``). A new MLP (a mixture of experts: its ``flops_per_token`` counts the
 experts a token visits) is one class here, added to ``MLPClass``.
 
 References:
