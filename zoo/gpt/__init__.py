@@ -4,7 +4,7 @@ from zoo.gpt.attention import MHA, MLA
 from zoo.gpt.generate import generate
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import GeluMLP, SwiGLU
-from zoo.gpt.norms import LayerNorm, RMSNorm
 from zoo.gpt.module import CausalLMModule
+from zoo.gpt.norms import LayerNorm, RMSNorm
 
 __all__ = ["GPT", "MHA", "MLA", "CausalLMModule", "GeluMLP", "LayerNorm", "RMSNorm", "SwiGLU", "generate"]
