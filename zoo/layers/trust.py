@@ -111,13 +111,15 @@ def zoo_allowlist(data: Mapping[str, type] | Iterable[type] = (), env_modules: I
     from lightning.pytorch import LightningModule
 
     classes = zoo_classes()
+    samplers = [c for p, c in classes.items() if p == "zoo.diffusion.samplers.Sampler"]  # found, not imported here
     if not isinstance(data, Mapping):
         data = {path: cls for cls in data for path in paths_of(cls)}
     return Allowlist(
         modules={p: c for p, c in classes.items() if issubclass(c, LightningModule)},
         data=dict(data),
-        # Settings dataclasses are stored as plain dicts, never by class path: only nets and their parts are named.
-        parts={p: c for p, c in classes.items() if issubclass(c, torch.nn.Module)},
+        # Settings dataclasses are stored as plain dicts, never by class path: only nets and their parts are named,
+        # and the samplers (objects without parameters, so not nn.Modules) a diffusion module holds.
+        parts={p: c for p, c in classes.items() if issubclass(c, (torch.nn.Module, *samplers))},
         env_modules=frozenset(env_modules),
     )
 
