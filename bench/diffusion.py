@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,7 +36,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 from bench._common import median, now, print_header, resolve_device, set_threads, spread, table  # noqa: E402
-from zoo.diffusion import DiffusionModule, DiT, Sampling, UNet  # noqa: E402
+from zoo.diffusion import DDIMSampler, DDPMSampler, DiffusionModule, DiT, UNet  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "diffusion"
 NETS = {"unet": ("ddpm_unet_shapes.yaml", UNet), "dit-s/2": ("dit_s_shapes.yaml", DiT)}
@@ -95,9 +96,9 @@ def bench_train(args, device, autocast) -> None:
 def bench_sample(args, device, autocast) -> None:
     torch.manual_seed(0)
     module = build("unet").to(device).eval()
-    runs = {"ddim-50": Sampling("ddim", steps=50), "ddpm-1000": Sampling("ddpm")}
+    runs = {"ddim-50": partial(DDIMSampler, steps=50), "ddpm-1000": DDPMSampler}
     with autocast():
-        module.sample(args.sample_batch, Sampling("ddim", steps=2))  # warm-up
+        module.sample(args.sample_batch, partial(DDIMSampler, steps=2))  # warm-up
     times: dict[str, list[float]] = {n: [] for n in runs}
     for r in range(args.repeats):
         for name in runs if r % 2 == 0 else reversed(runs):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,7 +29,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from bench._common import RATIO_HEADERS, add_clock_arg, alternate, missing, peer_header, ratio_row, table  # noqa: E402
-from zoo.diffusion import DiffusionModule, DiT, Sampling, UNet  # noqa: E402
+from zoo.diffusion import DDIMSampler, DiffusionModule, DiT, UNet  # noqa: E402
 from zoo.layers.optim import AdamWCosine  # noqa: E402
 
 try:
@@ -99,7 +100,7 @@ def ddim_row(args) -> list:
 
     @torch.inference_mode()
     def ours():
-        zoo.sample(n, Sampling("ddim", steps=50))
+        zoo.sample(n, partial(DDIMSampler, steps=50))
 
     times = alternate({"zoo": ours, "peer": theirs}, max(2, args.rounds // 2))
     return [ratio_row(f"UNet DDIM-50 sampling, batch {n}, fp32", times, "zoo", "peer", 0.9)]

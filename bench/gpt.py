@@ -4,7 +4,7 @@ Rows (zoo time / peer time; below 1 the zoo is faster; issue 16's targets beside
   train   one optimizer step, 4 layers, width 256, 4 heads, context 256, batch 8, byte vocabulary: forward, F.cross_entropy outside the net,
           zero_grad, backward, AdamW step, each project as its users get it: the zoo's AdamWCosine (fused
           AdamW on a CPU too), nanoGPT's configure_optimizers (fused only on CUDA), litgpt's torch.optim.AdamW
-          defaults. vs nanoGPT: zoo GPT(gelu="exact"), learned positions, tied head, against
+          defaults. vs nanoGPT: zoo GPT(mlp=GeluMLP(approximate="exact")), learned positions, tied head, against
           bench/nanogpt_ref.py (nanoGPT is a single file, not a package: an equivalent kept here).
           vs litgpt: zoo GPT(position="rope", tie_embeddings=False) against litgpt.model.GPT of the same
           shape (RoPE on all head channels, sequential residual, LayerNorm, GELU MLP 4x): same parameter count.
@@ -33,7 +33,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from bench import nanogpt_ref  # noqa: E402
 from bench._common import RATIO_HEADERS, add_clock_arg, alternate, missing, peer_header, ratio_row, table  # noqa: E402
-from zoo.gpt import GPT, MLA  # noqa: E402
+from zoo.gpt import GPT, MLA, GeluMLP  # noqa: E402
 from zoo.gpt.generate import make_cache  # noqa: E402
 from zoo.layers.optim import AdamWCosine  # noqa: E402
 
@@ -58,7 +58,8 @@ def lit_gpt(block_size: int, mla: bool = False, n_layer: int = L, n_embd: int = 
 
 def zoo_gpt(block_size: int, mla: bool = False, n_layer: int = L, n_embd: int = D, n_head: int = H, **kw) -> GPT:
     attn = {"attention": partial(MLA, **MLA_ARGS)} if mla else {}
-    return GPT(vocab_size=V, block_size=block_size, n_layer=n_layer, n_embd=n_embd, n_head=n_head, gelu="exact",
+    return GPT(vocab_size=V, block_size=block_size, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+               mlp=partial(GeluMLP, approximate="exact"),
                **attn, **kw)
 
 

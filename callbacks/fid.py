@@ -19,7 +19,7 @@ from lightning.pytorch import Callback
 from torch import Tensor
 
 from callbacks.frechet import due, log_frechet
-from zoo.diffusion.samplers import Sampling
+from zoo.diffusion.samplers import SamplerClass
 
 
 def to_uint8_rgb(images: Tensor) -> Tensor:
@@ -40,7 +40,8 @@ class FrechetInceptionDistance(Callback):
         self,
         weights: str,
         num_samples: int = 500,
-        sampling: Sampling = Sampling(),
+        sampler: SamplerClass | None = None,
+        guidance_scale: float | None = None,
         batch_size: int = 250,
         every_n_epochs: int = 1,
         seed: int = 0,
@@ -50,8 +51,9 @@ class FrechetInceptionDistance(Callback):
             weights: local path of torch-fidelity's Inception-v3 weights (pt_inception-2015-12-05-6726825d.pth).
             num_samples: generated (and real) images compared; FID is biased upwards at small N (papers use
                 50k), so compare numbers only at the same N.
-            sampling: the sampler and its options (``zoo.diffusion.Sampling``: sampler, steps, eta, spacing,
-                variance, guidance_scale).
+            sampler: the sampler class with its own settings (``zoo.diffusion.samplers``, e.g. ``DDIMSampler`` with
+                steps); None: the module's own.
+            guidance_scale: classifier-free guidance scale for a class-conditional net; None: the module's own.
             batch_size: images generated per call of ``sample``.
             every_n_epochs: compute after every n-th validation epoch.
             seed: sampling seed, the same every time.
@@ -67,8 +69,8 @@ class FrechetInceptionDistance(Callback):
                 "pt_inception-2015-12-05-6726825d.pth (this callback never downloads it), or use "
                 "callbacks.FrechetDistance with a zoo classifier checkpoint instead"
             )
-        self.weights, self.num_samples, self.sampling = weights, num_samples, sampling
-        self.batch_size = batch_size
+        self.weights, self.num_samples = weights, num_samples
+        self.sampler, self.guidance_scale, self.batch_size = sampler, guidance_scale, batch_size
         self.every_n_epochs, self.seed = every_n_epochs, seed
         self.metric = None
 

@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch import Callback
 from torch import Tensor
 
-from zoo.diffusion.samplers import Sampling
+from zoo.diffusion.samplers import SamplerClass
 
 
 def due(trainer: pl.Trainer, batch_idx: int, dataloader_idx: int, every_n_epochs: int) -> bool:
@@ -37,7 +37,8 @@ def real_images(trainer: pl.Trainer, num_samples: int, device: torch.device) -> 
 
 
 def generated_images(
-    pl_module: pl.LightningModule, num_samples: int, batch_size: int, sampling: Sampling, seed: int
+    pl_module: pl.LightningModule, num_samples: int, batch_size: int, sampler: SamplerClass | None,
+    guidance_scale: float | None, seed: int,
 ) -> Iterator[Tensor]:
     """``num_samples`` images from ``pl_module.sample``, ``batch_size`` at a time; classes in turn across batches.
 
@@ -47,7 +48,7 @@ def generated_images(
     for i in range(0, num_samples, batch_size):
         n = min(batch_size, num_samples - i)
         labels = torch.arange(i, i + n) % k if k else None
-        yield pl_module.sample(n, sampling, seed=seed + i, labels=labels)
+        yield pl_module.sample(n, sampler, guidance_scale, seed=seed + i, labels=labels)
 
 
 def log_frechet(
@@ -65,8 +66,8 @@ def log_frechet(
         if int(metric.real_features_num_samples) == 0:  # kept across validations (reset_real_features=False)
             for images in real_images(trainer, callback.num_samples, pl_module.device):
                 metric.update(prepare(images), real=True)
-    for images in generated_images(pl_module, callback.num_samples, callback.batch_size, callback.sampling,
-                                   callback.seed):
+    for images in generated_images(pl_module, callback.num_samples, callback.batch_size, callback.sampler,
+                                   callback.guidance_scale, callback.seed):
         if rank0:
             metric.update(prepare(images), real=False)
     if rank0:
@@ -87,7 +88,8 @@ class FrechetDistance(Callback):
         self,
         classifier: str,
         num_samples: int = 500,
-        sampling: Sampling = Sampling(),
+        sampler: SamplerClass | None = None,
+        guidance_scale: float | None = None,
         batch_size: int = 250,
         every_n_epochs: int = 1,
         seed: int = 0,
@@ -99,8 +101,9 @@ class FrechetDistance(Callback):
             classifier: a ``ClassifierModule`` checkpoint trained on the same data (e.g. by configs/cnn/convnet_shapes.yaml).
             num_samples: generated (and real) images compared; the metric is biased upwards at small N, so
                 compare numbers only at the same N.
-            sampling: the sampler and its options (``zoo.diffusion.Sampling``: sampler, steps, eta, spacing,
-                variance, guidance_scale).
+            sampler: the sampler class with its own settings (``zoo.diffusion.samplers``, e.g. ``DDIMSampler`` with
+                steps); None: the module's own.
+            guidance_scale: classifier-free guidance scale for a class-conditional net; None: the module's own.
             batch_size: images generated per call of ``sample``.
             every_n_epochs: compute after every n-th validation epoch.
             seed: sampling seed, the same every time.
@@ -113,8 +116,8 @@ class FrechetDistance(Callback):
         if not classifier.startswith(("models:/", "runs:/")) and not Path(classifier).is_file():
             raise FileNotFoundError(f"FrechetDistance's classifier checkpoint {classifier!r} does not exist: pass "
                                     "--trainer.callbacks.classifier=<a ClassifierModule .ckpt trained on the same data>")
-        self.classifier, self.num_samples, self.sampling = classifier, num_samples, sampling
-        self.batch_size = batch_size
+        self.classifier, self.num_samples = classifier, num_samples
+        self.sampler, self.guidance_scale, self.batch_size = sampler, guidance_scale, batch_size
         self.every_n_epochs, self.seed = every_n_epochs, seed
         self.classifier_mean, self.classifier_std = classifier_mean, classifier_std
         self.metric = None

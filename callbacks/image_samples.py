@@ -7,7 +7,7 @@ import math
 import lightning.pytorch as pl
 from lightning.pytorch import Callback
 
-from zoo.diffusion.samplers import Sampling
+from zoo.diffusion.samplers import SamplerClass
 from zoo.tracking import mlflow_loggers
 
 
@@ -23,19 +23,21 @@ class LogImageSamples(Callback):
     def __init__(
         self,
         num_samples: int = 16,
-        sampling: Sampling = Sampling(),
+        sampler: SamplerClass | None = None,
+        guidance_scale: float | None = None,
         every_n_epochs: int = 1,
         seed: int = 0,
     ) -> None:
         """
         Args:
             num_samples: images per grid (a class-conditional model cycles through the classes).
-            sampling: the sampler and its options (``zoo.diffusion.Sampling``: sampler, steps, eta, spacing,
-                variance, guidance_scale).
+            sampler: the sampler class with its own settings (``zoo.diffusion.samplers``, e.g. ``DDIMSampler`` with
+                steps); None: the module's own.
+            guidance_scale: classifier-free guidance scale for a class-conditional net; None: the module's own.
             every_n_epochs: log after every n-th validation epoch.
             seed: sampling seed, the same at every validation so grids compare across the run.
         """
-        self.num_samples, self.sampling = num_samples, sampling
+        self.num_samples, self.sampler, self.guidance_scale = num_samples, sampler, guidance_scale
         self.every_n_epochs, self.seed = every_n_epochs, seed
 
     def on_validation_batch_end(
@@ -48,7 +50,7 @@ class LogImageSamples(Callback):
         from zoo.diffusion.grid import image_grid
 
         # Every rank samples (a sharded net's forward is collective); rank 0 logs.
-        images = pl_module.sample(self.num_samples, self.sampling, seed=self.seed)
+        images = pl_module.sample(self.num_samples, self.sampler, self.guidance_scale, seed=self.seed)
         if not trainer.is_global_zero:
             return
         grid = readable(image_grid(images))

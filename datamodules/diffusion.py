@@ -2,29 +2,26 @@
 
 Training and validation batches come from the wrapped ``images`` DataModule, whose standardised pixels
 ((p - mean) / std, p in [0, 1]) are mapped back to 2p - 1, the range diffusion models are trained in.
-Predict batches are sampling requests: which class each image is of and how to sample, given on the
-command line. They live here, not on the model, because LightningCLI replaces a model's arguments with
-the checkpoint's at ``predict --ckpt_path``, but keeps the data's as given (as ``TextDataModule`` does).
+Predict batches are sampling requests: which class each image is of and its seed. How to sample (the
+sampler, its steps, guidance) is the model's: ``DiffusionModule(sampler=..., guidance_scale=...)``, which
+``predict --ckpt_path`` takes from the command line over the checkpoint's.
 
 Notation: B batch, C channels.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
 from datamodules.base import ImageDataModule, check_settings
-from zoo.diffusion.samplers import Sampling
 from zoo.layers.hparams import save_hparams
 from zoo.tracking import check_output_name
 
 
 class _CollateRequests:
-    """Sampling requests stay (index, label) tensors; the settings (plain values) ride along with every batch."""
+    """Sampling requests stay (index, label) tensors; the seed and output folder of the run (plain values) are added."""
 
     def __init__(self, settings: dict) -> None:
         self.settings = settings
@@ -45,7 +42,6 @@ class DiffusionDataModule(LightningDataModule):
         num_samples: int = 64,
         batch_size: int = 64,
         labels: list[int] | None = None,
-        sampling: Sampling = Sampling(),
         seed: int = 0,
         output_dir: str | None = None,
     ) -> None:
@@ -58,8 +54,6 @@ class DiffusionDataModule(LightningDataModule):
             num_samples: predict: images to generate.
             batch_size: predict: images per batch, i.e. per PNG grid.
             labels: predict: class of each image, repeated in turn (class-conditional models); None: 0, 1, ..., K-1, 0, ...
-            sampling: predict: the sampler and its options (``zoo.diffusion.Sampling``: sampler, steps, eta,
-                spacing, variance, guidance_scale).
             seed: predict: seed of batch 0; batch i uses seed + i, so a run repeats exactly.
             output_dir: predict: folder of the PNGs and their grid, a name inside the run's folder (never outside it;
                 a checkpoint's stored value is not used); None: ``images/`` beside the predictions file.
@@ -75,9 +69,7 @@ class DiffusionDataModule(LightningDataModule):
         self._scale, self._shift = (2 * std).view(-1, 1, 1), (2 * mean - 1).view(-1, 1, 1)
         self._identity = bool((self._scale == 1).all() and (self._shift == 0).all())
         self.num_samples, self.batch_size, self.labels = num_samples, batch_size, labels
-        # As plain values: Lightning's batch transfer rebuilds dataclasses, which a frozen one refuses.
-        self.sampling = {"sampling": asdict(sampling), "seed": seed,
-                         "images_dir": check_output_name("data.init_args.output_dir", output_dir)}
+        self.request = {"seed": seed, "images_dir": check_output_name("data.init_args.output_dir", output_dir)}
         # The image protocol, so nets can be sized from the data config alone.
         self.num_classes, self.image_shape = images.num_classes, images.image_shape
         self.class_names = images.class_names
@@ -114,7 +106,7 @@ class DiffusionDataModule(LightningDataModule):
         k = max(self.num_classes, 1)
         classes = self.labels or list(range(k))
         items = [(i, classes[i % len(classes)]) for i in range(self.num_samples)]
-        return DataLoader(items, batch_size=self.batch_size, shuffle=False, collate_fn=_CollateRequests(self.sampling))
+        return DataLoader(items, batch_size=self.batch_size, shuffle=False, collate_fn=_CollateRequests(self.request))
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         if self._identity or isinstance(batch, dict):

@@ -131,15 +131,9 @@ class RandomStarts(Sampler[int]):
         return iter(torch.randint(self.n, (self.num_samples,), generator=g).tolist())
 
 
-class _CollatePrompts:
-    """Prompts stay a list of 1-D id tensors (different lengths); the sampling settings ride along."""
-
-    def __init__(self, generation: dict) -> None:
-        self.generation = generation
-
-    def __call__(self, items: list[tuple[torch.Tensor, str]]) -> dict:
-        return {"prompt_ids": [ids for ids, _ in items], "text": [text for _, text in items],
-                "generation": dict(self.generation)}
+def _collate_prompts(items: list[tuple[torch.Tensor, str]]) -> dict:
+    """Prompts stay a list of 1-D id tensors (different lengths); how to continue them is the model's (generation)."""
+    return {"prompt_ids": [ids for ids, _ in items], "text": [text for _, text in items]}
 
 
 class TextDataModule(ResumesMidEpoch, LightningDataModule):
@@ -162,12 +156,6 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
         prompts: list[str] = ["\n"],  # noqa: B006 (copied below; a list default reads best in the CLI)
         prompts_file: str | None = None,
         test_path: str | None = None,
-        max_new_tokens: int = 200,
-        temperature: float = 0.8,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        generation_seed: int = 0,
-        past_block_size: Literal["slide", "error"] = "slide",
         num_workers: int = 0,
         pin_memory: bool = False,
         seed: int = 0,
@@ -191,13 +179,6 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
             prompts_file: a UTF-8 file of prompts, one per line (an empty line starts a new document); replaces prompts.
             test_path: ``test`` scores this .txt/.jsonl file or folder (loss and perplexity) with the tokenizer of the
                 checkpoint under test, never reading the training corpus; None: the validation split.
-            max_new_tokens: predict: tokens generated per prompt (fewer at EOS or at the net's block_size).
-            temperature: predict: sampling temperature; 0 is greedy.
-            top_k: predict: sample among the k most likely tokens only; None: all.
-            top_p: predict: sample from the smallest set of tokens whose probability reaches top_p; None: all.
-            generation_seed: predict: seed of the sampling, so a prediction run repeats exactly.
-            past_block_size: predict: past the net's block_size, slide the context over the last block_size tokens, or
-                refuse (error) a prompt and max_new_tokens that do not fit in it.
             num_workers: DataLoader worker processes (0: gather in the main process; batches are one memmap read).
             pin_memory: pin batches in page-locked memory for faster host-to-GPU copies.
             seed: seed of the training window draws and of the packed shuffling.
@@ -214,12 +195,8 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
             raise InputError("tokenizer='gpt2' needs gpt2_dir=<folder with GPT-2's vocab.json and merges.txt>")
         check_settings(fraction=True, val_fraction=val_fraction)
         check_settings(at_least=1, block_size=block_size, batch_size=batch_size, samples_per_epoch=samples_per_epoch,
-                       val_samples=val_samples, max_new_tokens=max_new_tokens, bpe_vocab_size=bpe_vocab_size,
-                       top_k=top_k)
-        check_settings(at_least=0, num_workers=num_workers, temperature=temperature, tokenize_workers=tokenize_workers)
-        if top_p is not None and not 0.0 < top_p <= 1.0:
-            raise InputError(f"data.init_args.top_p={top_p} is a probability mass and must be in (0, 1]: pass 0.9, "
-                             f"say, or leave it unset")
+                       val_samples=val_samples, bpe_vocab_size=bpe_vocab_size)
+        check_settings(at_least=0, num_workers=num_workers, tokenize_workers=tokenize_workers)
         self.path, self.root, self.kind = path, Path(root), tokenizer
         self.bpe_vocab_size, self.gpt2_dir, self.jsonl_field = bpe_vocab_size, gpt2_dir, jsonl_field
         self.block_size, self.batch_size, self.sampling = block_size, batch_size, sampling
@@ -232,10 +209,6 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
             given = f"prompts_file {prompts_file!r} holds no lines" if prompts_file else "prompts is empty"
             raise InputError(f"data.init_args.{given}: give at least one prompt (an empty line starts a new document)")
         self.test_path = test_path
-        # Sampling settings live here, not on the model: LightningCLI replaces a model's arguments with the
-        # checkpoint's at predict --ckpt_path, but leaves the data's as given on the command line.
-        self.generation = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k,
-                           "top_p": top_p, "seed": generation_seed, "past_block_size": past_block_size}
         self.num_workers, self.pin_memory, self.seed = num_workers, pin_memory, seed
         self.tokenize_workers = tokenize_workers
         self.tokenizer: Tokenizer | None = None
@@ -386,7 +359,7 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
         tokenizer = self._ensure_tokenizer()
         # An empty prompt starts a new document, the way GPT-2 samples unconditionally from <|endoftext|>.
         items = [(torch.tensor(tokenizer.encode(p) or [tokenizer.eos_id], dtype=torch.long), p) for p in self.prompts]
-        return DataLoader(items, batch_size=self.batch_size, shuffle=False, collate_fn=_CollatePrompts(self.generation))
+        return DataLoader(items, batch_size=self.batch_size, shuffle=False, collate_fn=_collate_prompts)
 
     def unigram_entropy(self) -> float:
         """Entropy (nats) of the training split's token frequencies: the loss of a model without context."""

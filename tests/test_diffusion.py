@@ -12,16 +12,16 @@ O(1 / steps): at T = 1000 it is within 4% of the data's variance for these distr
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.diffusion import (ClassifierFreeGuidance, DDIMSampler, DDPMSampler, DiffusionModule, DiT, NoiseSchedule,
-                           Sampling, UNet)
+from zoo.diffusion import ClassifierFreeGuidance, DDIMSampler, DDPMSampler, DiffusionModule, DiT, NoiseSchedule, UNet
 from zoo.diffusion.dit import SIZES
-from zoo.diffusion.samplers import SAMPLERS, Sampler, ddim_timesteps, split_variance
+from zoo.diffusion.samplers import Sampler, ddim_timesteps, split_variance
 from zoo.layers.optim import param_groups
 
 MU, S = torch.tensor([0.5, -0.3]), torch.tensor([0.5, 0.2])  # two independent 1-D Gaussians
@@ -364,9 +364,9 @@ def test_sample_is_seeded_and_in_range():
     m = _module()
     for p in m.net.parameters():
         nn.init.normal_(p, std=0.02)
-    a = m.sample(4, Sampling("ddim", steps=5, guidance_scale=3.0), seed=7)
-    b = m.sample(4, Sampling("ddim", steps=5, guidance_scale=3.0), seed=7)
-    c = m.sample(4, Sampling("ddpm"), seed=7, labels=[5, 5, 5, 5])
+    a = m.sample(4, partial(DDIMSampler, steps=5), guidance_scale=3.0, seed=7)
+    b = m.sample(4, partial(DDIMSampler, steps=5), guidance_scale=3.0, seed=7)
+    c = m.sample(4, DDPMSampler, seed=7, labels=[5, 5, 5, 5])
     assert a.shape == (4, 3, 8, 8) and torch.equal(a, b) and not torch.equal(a, c)
     assert a.abs().max() <= 1 and m.training  # back in the mode it was in
 
@@ -646,7 +646,7 @@ def test_a_short_fit_with_learned_variance_lowers_the_vlb():
     print(f"vlb {before['vlb'].item():.2f} -> {after['vlb'].item():.2f} bits/dim ({untrained_v.item():.2f} at v = 0)")
     assert after["vlb"] < 0.85 * before["vlb"]  # measured: 19.0 -> 14.4
     assert after["vlb"] < 0.985 * untrained_v  # measured: 14.4 against 14.8
-    assert torch.isfinite(m.sample(2, Sampling("ddim", steps=5, eta=1.0))).all()
+    assert torch.isfinite(m.sample(2, partial(DDIMSampler, steps=5, eta=1.0))).all()
 
 
 def test_load_pretrained_takes_the_zoo_s_own_keys(tmp_path):
@@ -727,20 +727,16 @@ def test_unet_checkpoints_with_conv_attention_still_load(tmp_path):
     torch.testing.assert_close(loaded(x, t, y), src(x, t, y))
 
 
-# -- the sampler registry ------------------------------------------------------------------------------
+# -- a new sampler is one class ---------------------------------------------------------------------------
 
 
 class OneStepSampler(Sampler):
-    """A toy sampler registered by the tests: x0-hat from one denoiser call at the noisiest step."""
+    """A toy sampler written as a new one is, one class: x0-hat from one denoiser call at the noisiest step."""
 
     calls = 0
 
     def __init__(self, schedule, prediction, clip_denoised) -> None:
         self.schedule, self.prediction, self.clip_denoised = schedule, prediction, clip_denoised
-
-    @classmethod
-    def from_settings(cls, settings, schedule, prediction, clip_denoised):
-        return cls(schedule, prediction, clip_denoised)
 
     def timesteps(self) -> list[int]:
         return [self.schedule.num_timesteps - 1]
@@ -750,19 +746,13 @@ class OneStepSampler(Sampler):
         return self._x0_eps(split_variance(output, x_t)[0], t, x_t)[0]
 
 
-@pytest.fixture
-def one_step_sampler(monkeypatch):
-    monkeypatch.setitem(SAMPLERS, "one_step", OneStepSampler)  # the one registration line, undone after the test
+def test_a_new_sampler_class_samples_through_the_module():
     OneStepSampler.calls = 0
-    return OneStepSampler
-
-
-def test_a_registered_sampler_samples_through_the_module(one_step_sampler):
     m = _module().eval()
     for p in m.net.parameters():
         nn.init.normal_(p, std=0.02)
-    got = m.sample(3, Sampling("one_step", guidance_scale=2.0), seed=4, labels=[0, 1, 2])
-    assert one_step_sampler.calls == 1
+    got = m.sample(3, OneStepSampler, guidance_scale=2.0, seed=4, labels=[0, 1, 2])
+    assert OneStepSampler.calls == 1
     # By hand: the same noise, one guided call at T - 1, x0 from eps, clamped as the module clamps.
     noise = torch.randn((3, 3, 8, 8), generator=torch.Generator().manual_seed(4))
     t, y = torch.full((3,), m.schedule.num_timesteps - 1), torch.tensor([0, 1, 2])
@@ -771,6 +761,12 @@ def test_a_registered_sampler_samples_through_the_module(one_step_sampler):
     torch.testing.assert_close(got, x0.clamp(-1, 1))
 
 
-def test_an_unknown_sampler_is_named_with_the_known_ones():
-    with pytest.raises(ValueError, match=r"'dpm' is not one of SAMPLERS: ddim, ddpm"):
-        Sampling("dpm")
+def test_the_module_samples_with_its_own_sampler_and_guidance_unless_given_others():
+    m = _module(sampler=partial(DDIMSampler, steps=3), guidance_scale=2.0).eval()
+    for p in m.net.parameters():  # DiT starts as the zero function (adaLN-Zero), which guidance leaves unchanged
+        nn.init.normal_(p, std=0.02)
+    torch.testing.assert_close(m.sample(2, seed=1), m.sample(2, partial(DDIMSampler, steps=3), 2.0, seed=1))
+    assert not torch.allclose(m.sample(2, seed=1), m.sample(2, partial(DDIMSampler, steps=3), 1.0, seed=1))
+    assert not torch.allclose(m.sample(2, seed=1), m.sample(2, partial(DDIMSampler, steps=4), 2.0, seed=1))
+    with pytest.raises(TypeError):  # a sampler's own settings are keywords: never taken for the module's arguments
+        DDIMSampler(NoiseSchedule(10), "eps", None, 5)

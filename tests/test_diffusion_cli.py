@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from PIL import Image
 from torch import nn
 
 from callbacks.media import to_pil
-from zoo.diffusion import DiffusionModule, Sampling
+from zoo.diffusion import DDIMSampler, DiffusionModule
 from zoo.tracking import run_dir
 
 TINY = str(CONFIGS / "diffusion" / "tiny.yaml")
@@ -52,8 +53,8 @@ def test_tiny_fits_validates_on_ema_and_predicts_from_its_checkpoint():
     assert grids == ["samples/step_0000010.png", "samples/step_0000020.png"]  # one per validation epoch
     assert client.get_run(run).data.tags["zoo.family"] == "diffusion"
 
-    p = cli("predict", "--config", TINY, f"--ckpt_path={last}", "--data.init_args.sampling.guidance_scale=3",
-            "--data.init_args.sampling.steps=4", "--data.init_args.seed=5", "--data.init_args.labels=[2, 4]")
+    p = cli("predict", "--config", TINY, f"--ckpt_path={last}", "--model.init_args.guidance_scale=3",
+            "--model.init_args.sampler.init_args.steps=4", "--data.init_args.seed=5", "--data.init_args.labels=[2, 4]")
     rows = [json.loads(line) for line in output("predictions.jsonl").read_text().splitlines()]
     assert [r["label"] for r in rows] == [2, 4] * 4 and [r["seed"] for r in rows] == [5] * 4 + [6] * 4
     assert all(Path(r["image"]).parent == run_dir(p.trainer) / "images" for r in rows)
@@ -62,7 +63,7 @@ def test_tiny_fits_validates_on_ema_and_predicts_from_its_checkpoint():
     # The same images from the checkpoint alone, through the module's public sample().
     module = DiffusionModule.load_from_checkpoint(last).eval()
     torch.testing.assert_close(module.net.conv_out.weight, ema["net.conv_out.weight"])
-    images = module.sample(4, Sampling("ddim", steps=4, guidance_scale=3.0), seed=5, labels=[2, 4, 2, 4])
+    images = module.sample(4, partial(DDIMSampler, steps=4), guidance_scale=3.0, seed=5, labels=[2, 4, 2, 4])
     for image, row in zip(images, rows):
         assert np.array_equal(np.asarray(to_pil(image * 0.5 + 0.5)), np.asarray(Image.open(row["image"])))
 
@@ -100,7 +101,8 @@ def test_a_short_fit_lowers_the_frechet_distance_of_its_samples():
               "--trainer.enable_progress_bar=false", "--trainer.default_root_dir=classifier")
     fd = ["--trainer.callbacks+=callbacks.FrechetDistance",
           f"--trainer.callbacks.classifier={clf.trainer.checkpoint_callback.best_model_path}",
-          "--trainer.callbacks.num_samples=256", "--trainer.callbacks.sampling.steps=10",
+          "--trainer.callbacks.num_samples=256", "--trainer.callbacks.sampler=zoo.diffusion.DDIMSampler",
+          "--trainer.callbacks.sampler.init_args.steps=10",
           "--data.init_args.images.init_args.num_val=256"]
     untrained = cli("validate", "--config", TINY, *fd).trainer.callback_metrics["val/fd_classifier"].item()
     trained = cli("fit", "--config", TINY, *fd, "--trainer.max_epochs=10").trainer.callback_metrics["val/fd_classifier"]
@@ -214,7 +216,8 @@ def test_fid_is_logged_from_local_inception_weights(inception_weights):
 
     fid = ["--trainer.callbacks+=callbacks.FrechetInceptionDistance",
            f"--trainer.callbacks.weights={inception_weights}", "--trainer.callbacks.num_samples=4",
-           "--trainer.callbacks.batch_size=4", "--trainer.callbacks.sampling.steps=2"]
+           "--trainer.callbacks.batch_size=4", "--trainer.callbacks.sampler=zoo.diffusion.DDIMSampler",
+           "--trainer.callbacks.sampler.init_args.steps=2"]
     c = cli("fit", "--config", TINY, *fid, "--trainer.max_epochs=1")
     assert torch.isfinite(c.trainer.callback_metrics["val/fid"])  # meaningless with random weights, but computed
     # The same images on both sides are at distance ~0; other images are not.
@@ -244,18 +247,15 @@ def test_fid_fails_fast_without_weights_or_torch_fidelity(tmp_path, monkeypatch)
         FrechetInceptionDistance(str(tmp_path / "pickled.pth"))
 
 
-def test_log_image_samples_takes_a_registered_sampler_and_its_options_from_the_command_line(monkeypatch):
+def test_log_image_samples_takes_a_new_sampler_class_and_its_options_from_the_command_line():
     from callbacks import LogImageSamples
     from test_diffusion import OneStepSampler
 
-    from zoo.diffusion import SAMPLERS
-
-    monkeypatch.setitem(SAMPLERS, "one_step", OneStepSampler)
     OneStepSampler.calls = 0
     c = cli("fit", "--config", TINY, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2",
-            "--trainer.callbacks.sampling.sampler=one_step", "--trainer.callbacks.sampling.guidance_scale=2.5")
+            "--trainer.callbacks.sampler=test_diffusion.OneStepSampler", "--trainer.callbacks.guidance_scale=2.5")
     (cb,) = [cb for cb in c.trainer.callbacks if isinstance(cb, LogImageSamples)]
-    assert cb.sampling == Sampling("one_step", steps=5, guidance_scale=2.5)  # the config's steps kept
+    assert cb.guidance_scale == 2.5 and isinstance(cb.sampler(c.model.schedule, "eps", None), OneStepSampler)
     assert OneStepSampler.calls == 1  # one validation, one step
     client = MlflowClient(c.trainer.logger._tracking_uri)
     assert [a.path for a in client.list_artifacts(c.trainer.logger.run_id, "samples")] == ["samples/step_0000002.png"]

@@ -36,7 +36,7 @@ def inputs(t: int):
 @pytest.mark.parametrize("prediction", ["eps", "v", "x0"])
 def test_ddpm_step_equals_diffusers(prediction, variance, beta_schedule):
     schedule = NoiseSchedule(T, beta_schedule)
-    ours = DDPMSampler(schedule, prediction, variance)
+    ours = DDPMSampler(schedule, prediction, variance=variance)
     theirs = diffusers.DDPMScheduler(
         num_train_timesteps=T, trained_betas=schedule.betas.double().numpy(), clip_sample=False,
         prediction_type=THEIR_PREDICTION[prediction], variance_type={"beta_tilde": "fixed_small", "beta": "fixed_large"}[variance],
@@ -53,7 +53,7 @@ def test_ddpm_step_equals_diffusers(prediction, variance, beta_schedule):
 def test_ddim_step_equals_diffusers(prediction, eta, spacing):
     """T divisible by S: diffusers steps from t to t - T/S, which is then the next visited step (see below)."""
     schedule, steps = NoiseSchedule(T, "linear"), 6
-    ours = DDIMSampler(schedule, prediction, steps, eta, spacing)
+    ours = DDIMSampler(schedule, prediction, steps=steps, eta=eta, spacing=spacing)
     theirs = diffusers.DDIMScheduler(
         num_train_timesteps=T, trained_betas=schedule.betas.double().numpy(), clip_sample=False,
         set_alpha_to_one=True, steps_offset=0, timestep_spacing=spacing, prediction_type=THEIR_PREDICTION[prediction],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from zoo.diffusion import DiffusionModule
-from zoo.diffusion.samplers import Sampling
+from zoo.diffusion.samplers import DDIMSampler
 
 TINY = str(CONFIGS / "diffusion" / "tiny.yaml")
 
@@ -21,7 +22,7 @@ def test_predict_writes_a_readable_png_per_sample_and_a_grid():
     last = c.trainer.checkpoint_callback.last_model_path
     classes = c.datamodule.class_names
     p = cli("predict", "--config", TINY, f"--ckpt_path={last}", "--data.init_args.num_samples=5",
-        "--data.init_args.labels=[1, 3]", "--data.init_args.sampling.steps=3", "--data.init_args.seed=7")
+        "--data.init_args.labels=[1, 3]", "--model.init_args.sampler.init_args.steps=3", "--data.init_args.seed=7")
     rows = [json.loads(line) for line in output("predictions.jsonl").read_text().splitlines()]
     assert [r["label"] for r in rows] == [1, 3, 1, 3, 1]
     names = [f"{i:04d}_{classes[k]}.png" for i, k in enumerate([1, 3, 1, 3, 1])]
@@ -32,7 +33,7 @@ def test_predict_writes_a_readable_png_per_sample_and_a_grid():
 
     # 8 px samples enlarged 16 times with nearest neighbours: every 16th pixel is the sample itself
     module = DiffusionModule.load_from_checkpoint(last).eval()
-    first = module.sample(4, Sampling("ddim", steps=3), seed=7, labels=[1, 3, 1, 3])  # batch 0 (batch_size 4)
+    first = module.sample(4, partial(DDIMSampler, steps=3), seed=7, labels=[1, 3, 1, 3])  # batch 0 (batch_size 4)
     expected = ((first[0] * 0.5 + 0.5).clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()
     png = np.asarray(Image.open(output("grid.png").parent / names[0]))
     assert png.shape == (128, 128, 3)
@@ -47,13 +48,18 @@ def test_predict_writes_a_readable_png_per_sample_and_a_grid():
 
 def test_a_checkpoint_alone_samples_with_the_data_it_was_trained_on():
     """predict without --config: the checkpoint records the DiffusionDataModule's arguments, the image data
-    as its config (class names, normalisation), the sampling settings as plain values."""
+    as its config (class names, normalisation); the model's its sampler."""
     fit = cli("fit", "--config", TINY, "--trainer.max_epochs=1", "--data.init_args.num_samples=3",
-              "--data.init_args.labels=[2]", "--data.init_args.sampling.steps=2")
-    cli("predict", "--ckpt_path", fit.trainer.checkpoint_callback.last_model_path)
+              "--data.init_args.labels=[2]", "--model.init_args.sampler.init_args.steps=2")
+    p = cli("predict", "--ckpt_path", fit.trainer.checkpoint_callback.last_model_path)
     rows = [json.loads(line) for line in output("predictions.jsonl").read_text().splitlines()]
     name = fit.datamodule.class_names[2]
     assert [Path(r["image"]).name for r in rows] == [f"{i:04d}_{name}.png" for i in range(3)]
+    assert len(p.model.sampler(p.model.schedule, "eps", None).timesteps()) == 2  # the checkpoint's sampler
+    # A sampling setting on the command line wins over the checkpoint's: it is no weight.
+    p = cli("predict", "--ckpt_path", fit.trainer.checkpoint_callback.last_model_path,
+            "--model.init_args.sampler.init_args.steps=3", "--model.init_args.guidance_scale=2")
+    assert len(p.model.sampler(p.model.schedule, "eps", None).timesteps()) == 3 and p.model.guidance_scale == 2
 
 
 def test_a_datamodule_built_in_python_records_no_objects():
@@ -61,7 +67,6 @@ def test_a_datamodule_built_in_python_records_no_objects():
     unreadable weights-only."""
     from datamodules import DiffusionDataModule, ShapesDataModule
 
-    dm = DiffusionDataModule(ShapesDataModule(image_size=8), num_samples=3, sampling=Sampling("ddim", steps=2))
+    dm = DiffusionDataModule(ShapesDataModule(image_size=8), num_samples=3)
     assert "images" not in dm.hparams
-    assert dm.hparams["sampling"] == {**vars(Sampling()), "sampler": "ddim", "steps": 2}
     assert dm.hparams["num_samples"] == 3

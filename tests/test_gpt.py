@@ -8,7 +8,7 @@ from functools import partial
 import pytest
 import torch
 
-from zoo.gpt import GPT, MHA, MLA, generate
+from zoo.gpt import GPT, MHA, MLA, GeluMLP, SwiGLU, generate
 from zoo.gpt.generate import filter_logits, make_cache, sample_next
 from zoo.gpt.losses import IGNORE_INDEX, causal_lm_loss
 from zoo.layers.optim import param_groups
@@ -195,10 +195,62 @@ def test_gpt2_init_scales_residual_projections():
     assert net.lm_head.weight is net.tok_emb.weight
 
 
+class TwoExperts(torch.nn.Module):
+    """A stand-in for a mixture of experts, written as a new MLP is: one class stating its FLOPs and init."""
+
+    def __init__(self, dim: int, hidden: int | None, bias: bool, dropout: float) -> None:
+        super().__init__()
+        self.experts = torch.nn.ModuleList(GeluMLP(dim, hidden, bias, dropout) for _ in range(2))
+
+    def forward(self, x):
+        return self.experts[0](x)  # every token to expert 0: routing is not what this test is about
+
+    def flops_per_token(self) -> int:
+        return self.experts[0].flops_per_token()  # a token visits one expert
+
+    def residual_projections(self):
+        return [e.proj.weight for e in self.experts]
+
+
+@pytest.mark.parametrize("mlp", [GeluMLP, SwiGLU, TwoExperts])
+def test_flops_and_init_are_what_each_mlp_class_states(mlp):
+    torch.manual_seed(0)
+    net = GPT(vocab_size=V, block_size=16, n_layer=12, n_embd=256, n_head=4, mlp=mlp)
+    # nanoGPT's estimate: 6 x the matmul weights a token goes through, plus the attention scores (MHA: 12 L D T).
+    weights = sum(p.numel() for n, p in net.named_parameters()
+                  if p.dim() >= 2 and "emb" not in n and "experts.1" not in n)
+    assert net.flops_per_token(16) == 6 * (weights + V * 256) + 12 * 12 * 256 * 16
+    last = net.blocks[0].mlp.residual_projections()[-1]
+    assert last.std().item() == pytest.approx(0.02 / math.sqrt(24), rel=0.05)  # GPT-2's depth-scaled init
+    net(torch.randint(0, V, (2, 16))).sum().backward()
+
+
+def test_older_mlp_strings_name_the_classes_and_gelu_beside_a_class_is_one_line():
+    import yaml
+
+    from zoo.layers.errors import InputError
+
+    def mlp_of(**kw):
+        return GPT(vocab_size=V, block_size=8, n_layer=1, n_embd=64, n_head=4, **kw).blocks[0].mlp
+
+    assert type(mlp_of(mlp="swiglu")) is SwiGLU and mlp_of(mlp="swiglu").proj.in_features == 192
+    assert (type(mlp_of(mlp="gelu", gelu="exact")), mlp_of(mlp="gelu", gelu="exact").approximate) == (GeluMLP, "none")
+    assert mlp_of(mlp="gelu").approximate == "tanh"  # a checkpoint from before gelu existed rebuilds as trained
+    with pytest.raises(InputError, match=r"^gelu='exact' is a setting of the GELU MLP now: pass mlp: .*GeluMLP"):
+        mlp_of(gelu="exact")
+    # An older checkpoint's stored config (mlp and gelu as strings) passes the stored-config check.
+    from zoo.layers.trust import check_stored_model, zoo_allowlist
+    stored = yaml.safe_load("""
+        _class_path: zoo.gpt.CausalLMModule
+        net: {class_path: zoo.gpt.GPT, init_args: {mlp: swiglu, gelu: tanh, norm: rmsnorm}}
+    """)
+    assert check_stored_model(stored, "old.ckpt", zoo_allowlist())["net"]["init_args"]["mlp"] == "swiglu"
+
+
 def test_gelu_is_chosen_by_config_exact_for_new_models_tanh_for_gpt2_weights():
     x = torch.randn(3, 32)
-    exact, tanh = (GPT(vocab_size=V, block_size=8, n_layer=1, n_embd=32, n_head=4, gelu=g).blocks[0].mlp
-                   for g in ("exact", "tanh"))
+    exact, tanh = (GPT(vocab_size=V, block_size=8, n_layer=1, n_embd=32, n_head=4,
+                       mlp=partial(GeluMLP, approximate=g)).blocks[0].mlp for g in ("exact", "tanh"))
     tanh.load_state_dict(exact.state_dict())
     h = exact.fc(x)
     torch.testing.assert_close(exact(x), exact.proj(0.5 * h * (1 + torch.erf(h / math.sqrt(2)))))
@@ -209,9 +261,10 @@ def test_gelu_is_chosen_by_config_exact_for_new_models_tanh_for_gpt2_weights():
     from conftest import CONFIGS
     for path in sorted((CONFIGS / "gpt").glob("*.yaml")):
         model = yaml.safe_load(path.read_text())["model"]["init_args"]
-        if model["net"]["init_args"].get("mlp", "gelu") == "gelu":  # GPT-2's weights keep tanh; new models exact
+        mlp = model["net"]["init_args"].get("mlp", {"class_path": "zoo.gpt.GeluMLP"})
+        if isinstance(mlp, dict) and mlp["class_path"].endswith("GeluMLP"):  # GPT-2's weights keep tanh; new: exact
             expected = "tanh" if model.get("init_weights") == "gpt2" else "exact"
-            assert model["net"]["init_args"].get("gelu") == expected, path.name
+            assert mlp.get("init_args", {}).get("approximate") == expected, path.name
 
 
 def test_mla_decode_attends_all_heads_in_one_single_head_call_on_the_cache_itself(monkeypatch):

@@ -33,7 +33,7 @@ def test_tiny_fits_then_predicts_from_its_checkpoint_and_reloads_alone():
     assert client.get_run(run).data.tags["zoo.family"] == "gpt"
 
     cli("predict", "--config", str(TINY), "--ckpt_path", last, '--data.init_args.prompts=["ROMEO:", "To be"]',
-        "--data.init_args.max_new_tokens=12", "--data.init_args.temperature=0")
+        "--model.init_args.generation.max_new_tokens=12", "--model.init_args.generation.temperature=0")
     rows = [json.loads(line) for line in output("predictions.jsonl").read_text().splitlines()]
     assert [r["prompt"] for r in rows] == ["ROMEO:", "To be"]
 

@@ -7,8 +7,8 @@ from functools import partial
 import pytest
 import torch
 
+from zoo.gpt import GPT, MHA, GeluMLP, RMSNorm, SwiGLU
 from zoo.gpt.hf import export_gpt2, load_gpt2, load_safetensors, save_safetensors
-from zoo.gpt import GPT, MHA
 
 transformers = pytest.importorskip("transformers")
 
@@ -50,7 +50,7 @@ def test_untied_head_imports(tmp_path):
 @pytest.mark.parametrize("gelu", ["tanh", "exact"])
 def test_exported_folder_loads_in_transformers_with_the_same_logits(tmp_path, gelu):
     torch.manual_seed(1)
-    net = GPT(vocab_size=150, block_size=32, n_layer=2, n_embd=32, n_head=4, gelu=gelu).eval()
+    net = GPT(vocab_size=150, block_size=32, n_layer=2, n_embd=32, n_head=4, mlp=partial(GeluMLP, approximate=gelu)).eval()
     export_gpt2(net, tmp_path / "hf")
     model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
     assert model.config.activation_function == {"tanh": "gelu_new", "exact": "gelu"}[gelu]
@@ -63,6 +63,9 @@ def test_exported_folder_loads_in_transformers_with_the_same_logits(tmp_path, ge
 def test_export_refuses_a_net_gpt2_cannot_hold(tmp_path):
     with pytest.raises(ValueError, match="GPT-2-shaped"):
         export_gpt2(GPT(vocab_size=50, block_size=16, n_layer=1, n_embd=16, n_head=2, position="rope"), tmp_path)
+    for part in (dict(mlp=SwiGLU), dict(norm=RMSNorm)):  # each class states the layout it exports to
+        with pytest.raises(ValueError, match="GPT-2-shaped"):
+            export_gpt2(GPT(vocab_size=50, block_size=16, n_layer=1, n_embd=16, n_head=2, **part), tmp_path)
 
 
 def test_safetensors_round_trip_with_tied_embeddings(tmp_path):

@@ -131,6 +131,15 @@ def test_what_the_gpt_cannot_hold_is_refused_by_name(tmp_path):
                                  qk_rope_head_dim=4, v_head_dim=4))
 
 
+def test_export_refuses_a_part_llama_has_not_as_its_class_states(tmp_path):
+    from zoo.gpt import GeluMLP, LayerNorm, RMSNorm, SwiGLU
+
+    for mlp, norm in ((GeluMLP, RMSNorm), (SwiGLU, LayerNorm)):
+        net = GPT(vocab_size=VOCAB, block_size=8, n_layer=1, n_embd=16, n_head=2, norm=norm, mlp=mlp, position="rope")
+        with pytest.raises(ValueError, match="Llama-shaped"):
+            export_hf(net, tmp_path)
+
+
 def test_causal_lm_module_init_weights_takes_a_llama_folder(tmp_path):
     from zoo.gpt import CausalLMModule
     from zoo.gpt.hf import load_pretrained

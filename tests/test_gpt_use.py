@@ -61,7 +61,7 @@ def test_predict_from_a_prompts_file_without_the_corpus(monkeypatch):
     # the checkpoint's tokenizer: nothing is tokenised to a file either
     monkeypatch.setattr(datamodules.text, "tokenize_to_file", lambda *a, **k: pytest.fail("tokenised a corpus"))
     cli("predict", "--config", str(TINY), "--ckpt_path", last, "--data.init_args.prompts_file=prompts.txt",
-        "--data.init_args.max_new_tokens=12", "--data.init_args.temperature=0")
+        "--model.init_args.generation.max_new_tokens=12", "--model.init_args.generation.temperature=0")
     rows = [json.loads(line) for line in output("predictions.jsonl").read_text().splitlines()]
     prompts = ["ROMEO:", "", "To be, or not"]
     assert [r["prompt"] for r in rows] == prompts
@@ -111,7 +111,7 @@ def test_the_logged_model_scores_and_continues_new_text_with_its_own_characters(
     torch.testing.assert_close(t.trainer.callback_metrics["test/ppl"], t.trainer.callback_metrics["test/loss"].exp())
     Path("prompts.txt").write_text("ROMEO:\nJULIET:\n")
     cli("predict", "--config", str(CHARS), *SMALL, "--ckpt_path", model, "--data.init_args.prompts_file=prompts.txt",
-        "--data.init_args.max_new_tokens=8", "--data.init_args.temperature=0")
+        "--model.init_args.generation.max_new_tokens=8", "--model.init_args.generation.temperature=0")
     rows = [json.loads(line) for line in output("predictions.jsonl").read_text().splitlines()]
     assert [r["prompt"] for r in rows] == ["ROMEO:", "JULIET:"]
     assert [r["completion"] for r in rows] == c.model.eval().generate(["ROMEO:", "JULIET:"], 8, temperature=0)

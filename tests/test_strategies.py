@@ -132,7 +132,8 @@ def test_fsdp2_diffusion_shards_consolidates_and_reloads(tmp_path, embedded_stor
               "--trainer.logger=false", "--trainer.enable_progress_bar=false")
     fd = ["--trainer.callbacks+=callbacks.FrechetDistance", "--trainer.callbacks.num_samples=8",
           f"--trainer.callbacks.classifier={clf.trainer.checkpoint_callback.last_model_path}",
-          "--trainer.callbacks.batch_size=4", "--trainer.callbacks.sampling.steps=2"]
+          "--trainer.callbacks.batch_size=4", "--trainer.callbacks.sampler=zoo.diffusion.DDIMSampler",
+           "--trainer.callbacks.sampler.init_args.steps=2"]
     _run("--config", str(CONFIGS / "trainer" / "fsdp.yaml"), "--trainer.max_steps=4", "--trainer.val_check_interval=2",
          "--trainer.limit_val_batches=1", "--model.init_args.ema_decay=null", *fd, config=DIFFUSION_TINY)
     assert _artifacts("samples") == ["step_0000002.png", "step_0000004.png"]

@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 A, S, G = "zoo/gpt/attention.py", "zoo/gpt/generate.py", "zoo/gpt/gpt.py"
+MLP, NRM = "zoo/gpt/mlp.py", "zoo/gpt/norms.py"
 SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/diffusion/losses.py"
 RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/sac_nets.py", "zoo/rl/td3.py"
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
@@ -49,7 +50,16 @@ FAMILIES: dict[str, dict] = {
             (A, "q, k, v = self.qkv(x).split(", "q, v, k = self.qkv(x).split("),
             (A, "F.scaled_dot_product_attention(q, latent, latent, attn_mask=mask, scale=self.scale)",
              "F.scaled_dot_product_attention(q, latent, latent, attn_mask=mask, scale=None)"),
-            (G, "h = F.silu(gate) * up", "h = F.silu(up) * gate"),
+            (MLP, "return self.drop(self.proj(F.silu(gate) * up))", "return self.drop(self.proj(F.silu(up) * gate))"),
+            (MLP, "self.approximate = approximate if approximate == \"tanh\" else \"none\"",
+             "self.approximate = \"tanh\""),
+            (MLP, "out[f\"mlp.gate_proj.{kind}\"], out[f\"mlp.up_proj.{kind}\"] = sd[f\"fc.{kind}\"].chunk(2)",
+             "out[f\"mlp.up_proj.{kind}\"], out[f\"mlp.gate_proj.{kind}\"] = sd[f\"fc.{kind}\"].chunk(2)"),
+            (MLP, "hidden = hidden or 64 * math.ceil(8 * dim / 3 / 64)", "hidden = hidden or 4 * dim"),
+            (G, "nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * self.n_layer) if id(p) in residual else 0.02)",
+             "nn.init.normal_(p, 0.0, 0.02)"),
+            (G, "sum(block.mlp.flops_per_token() + block.attn.flops_per_token(seq_len)", "sum(block.attn.flops_per_token(seq_len)"),
+            (NRM, "return {\"layer_norm_epsilon\": self.eps}", "return {\"layer_norm_epsilon\": 1e-5}"),
             (G, "return x + self.mlp(self.norm2(x))", "return x + self.mlp(self.norm1(x))"),
             (G, "x = x + self.pos_emb.weight[start:start + t]", "x = x + self.pos_emb.weight[:t]"),
             (G, "if self.activation_checkpointing and self.training", "if False and self.activation_checkpointing"),
@@ -94,6 +104,8 @@ FAMILIES: dict[str, dict] = {
             (DT, "return x * (1 + scale[:, None]) + shift[:, None]", "return x * scale[:, None] + shift[:, None]"),
             (DM, "y = torch.where(drop, self.num_classes, y)", "y = torch.where(drop, 0, y)"),
             (DM, "self.eval()  # dropout off", "self.train()  # dropout off"),
+            (DM, "scale = self.guidance_scale if guidance_scale is None else guidance_scale", "scale = self.guidance_scale"),
+            (DM, "sampler = (sampler or self.sampler)(", "sampler = self.sampler("),
             ("zoo/diffusion/ema.py", "[c for _, c in floats], 1.0 - self.decay)", "[c for _, c in floats], self.decay)"),
             ("zoo/diffusion/ema.py", "        self._swap(pl_module)\n\n    def on_validation_epoch_end", "        pass\n\n    def on_validation_epoch_end"),
             (DL, "out[\"loss\"] = out[\"loss\"] + vlb_weight * out[\"vlb\"]", "out[\"loss\"] = out[\"loss\"] + out[\"vlb\"]"),

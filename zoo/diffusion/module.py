@@ -1,4 +1,4 @@
-"""DiffusionModule: trains any denoiser (UNet, DiT) with the denoising objective; samples as a ``Sampling`` says.
+"""DiffusionModule: trains any denoiser (UNet, DiT) with the denoising objective; samples with the sampler it holds.
 
 EMA of the weights is ``zoo.diffusion.ema.EMA`` (sharded like the weights under FSDP2), which this module adds unless
 the trainer has a weight-averaging callback already: it swaps the EMA weights in for validation
@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from zoo.diffusion.ema import EMA
 from zoo.diffusion.losses import denoising_loss
-from zoo.diffusion.samplers import ClassifierFreeGuidance, Sampling, make_sampler
+from zoo.diffusion.samplers import ClassifierFreeGuidance, DDIMSampler, SamplerClass
 from zoo.diffusion.schedule import NoiseSchedule
 from zoo.diffusion.unet import upgrade_state_dict
 from zoo.layers.checkpoint import WeightsOnlyLoading
@@ -62,6 +62,8 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         compile: bool = False,
         vlb_weight: float = 0.001,
         init_weights: str | None = None,
+        sampler: SamplerClass = DDIMSampler,
+        guidance_scale: float = 1.0,
     ) -> None:
         """
         Args:
@@ -86,12 +88,20 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
                 ``DiTTransformer2DModel`` folder (``save_pretrained``), a safetensors file of this net's keys or a zoo
                 MLflow model (models:/name/version, models:/name@alias, runs:/id/model);
                 loaded weights-only, before any checkpoint given by --ckpt_path is restored over them.
+            sampler: how ``sample`` and predict draw images: a sampler class with its own settings
+                (``zoo.diffusion.samplers``: ``DDIMSampler`` with steps, eta, spacing; ``DDPMSampler`` with variance),
+                called with this module's schedule, prediction and clip_denoised. Not a weight: ``predict --ckpt_path``
+                takes it from the command line (``--model.init_args.sampler.init_args.steps=20``) over the
+                checkpoint's.
+            guidance_scale: classifier-free guidance scale s of ``sample`` and predict for class-conditional nets
+                (1: the conditional net alone; Ho & Salimans 2021); an unconditional net ignores it.
         """
         super().__init__()
-        save_hparams(self, "net")
+        save_hparams(self, "net", "sampler")
         self.net = net
         self.schedule = NoiseSchedule(num_timesteps, beta_schedule, beta_start, beta_end)
         self.num_classes = getattr(net, "num_classes", 0) or 0
+        self.sampler, self.guidance_scale = sampler, guidance_scale
         self._compiled = None  # built at the first training step; kept off the module tree (no "_orig_mod." keys)
         self._init_loaded = False
 
@@ -178,24 +188,25 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
 
     @torch.no_grad()
     def sample(
-        self, n: int, sampling: Sampling | None = None, seed: int = 0, labels: Tensor | list[int] | None = None
+        self, n: int, sampler: SamplerClass | None = None, guidance_scale: float | None = None, seed: int = 0,
+        labels: Tensor | list[int] | None = None,
     ) -> Tensor:
-        """``n`` images (n, C, H, W) in [-1, 1] drawn as ``sampling`` says (default ``Sampling()``: DDIM, 50
-        steps); the same seed and settings give the same images.
+        """``n`` images (n, C, H, W) in [-1, 1] drawn with ``sampler`` (default: the module's own); the same seed
+        and settings give the same images.
 
-        ``labels`` (n,) condition a class-conditional net (default: classes 0, 1, ..., K-1, 0, ... in turn)
-        and ``sampling.guidance_scale`` s > 1 applies classifier-free guidance; both are ignored by an
-        unconditional net.
+        ``labels`` (n,) condition a class-conditional net (default: classes 0, 1, ..., K-1, 0, ... in turn) and
+        ``guidance_scale`` s > 1 (default: the module's) applies classifier-free guidance; both are ignored by
+        an unconditional net.
         """
-        sampling = sampling or Sampling()
+        sampler = (sampler or self.sampler)(self.schedule, self.hparams.prediction, self.hparams.clip_denoised)
         gen = torch.Generator(self.device).manual_seed(seed)
         noise = torch.randn((n, *self.image_shape), generator=gen, device=self.device)  # x_T
         y, model = None, self.denoise
         if self.num_classes:
             y = torch.arange(n) % self.num_classes if labels is None else torch.as_tensor(labels)
             y = y.to(self.device, torch.long)
-            model = ClassifierFreeGuidance(self.denoise, sampling.guidance_scale, null_label=self.num_classes)
-        sampler = make_sampler(sampling, self.schedule, self.hparams.prediction, self.hparams.clip_denoised)
+            scale = self.guidance_scale if guidance_scale is None else guidance_scale
+            model = ClassifierFreeGuidance(self.denoise, scale, null_label=self.num_classes)
         was_training = self.training
         self.eval()  # dropout off
         try:
@@ -205,10 +216,10 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         return x.clamp(-1, 1)
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
-        """Sample the datamodule's requests with its settings; the rows and images go to WritePredictions."""
-        sampling, seed = Sampling(**batch["sampling"]), batch["seed"] + batch_idx
-        labels = batch["labels"]
-        images = self.sample(len(labels), sampling, seed=seed, labels=labels)
+        """Sample the datamodule's requests (labels, seed) with this module's sampler and guidance; the rows and
+        images go to WritePredictions."""
+        seed, labels = batch["seed"] + batch_idx, batch["labels"]
+        images = self.sample(len(labels), seed=seed, labels=labels)
         label = labels if self.num_classes else torch.full_like(labels, -1)
         # "images" in [0, 1]: WritePredictions writes each as a PNG (enlarged when tiny) and all of them as one grid,
         # in the run's folder ("images_dir" a name inside it), and adds each row's PNG path; zoo/ writes no file.

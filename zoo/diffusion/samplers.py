@@ -12,10 +12,17 @@ So a sampler never knows the net, and classifier-free guidance is a wrapper arou
 - ``ClassifierFreeGuidance``: eps-hat = eps(x, null) + s (eps(x, y) - eps(x, null)) (Ho & Salimans
   2021, eq. 6 with w = s - 1; DiT's ``cfg_scale`` = s), both in one batched call.
 
-``Sampling`` holds every sampling option in one typed object, the one ``DiffusionModule.sample``, the
-sampling callbacks and predict take from YAML; ``SAMPLERS`` maps its ``sampler`` name to a class, built by
-the class's ``from_settings``. A new sampler is one ``Sampler`` subclass here and one line in ``SAMPLERS``
-(plus a field in ``Sampling`` if it takes an option no sampler took before).
+Each sampler is one class built from its own ``class_path`` and scalars, as ``DiffusionModule(sampler=...)``,
+the sampling callbacks and ``predict`` take it from YAML:
+
+    sampler:
+      class_path: zoo.diffusion.DDIMSampler
+      init_args: {steps: 50, eta: 0.0}
+
+and is called with what belongs to the model, ``(schedule, prediction, clip_denoised)``, like diffusers'
+schedulers, whose ``set_timesteps`` and ``step`` are ``timesteps()`` and ``step()`` here. Guidance is not a
+sampler's option: it wraps the denoiser (``ClassifierFreeGuidance``). A new sampler is one ``Sampler``
+subclass, whose first three parameters are those (tests/test_diffusion.py's ``OneStepSampler`` is one).
 
 A denoiser with learned variance returns 2C channels: the prediction, then v in [-1, 1] per pixel
 (Nichol & Dhariwal 2021, "Improved DDPM", eq. 15). Both samplers then draw their noise with the
@@ -33,7 +40,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -43,31 +49,6 @@ from zoo.diffusion.schedule import NoiseSchedule, Prediction, interpolate_log_va
 
 Denoiser = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
 Spacing = Literal["leading", "trailing", "linspace"]
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How to draw samples: the sampler by name and every option of the samplers (each reads its own).
-
-    Args:
-        sampler: a name in ``SAMPLERS``: "ddim" (``steps`` calls of the net) or "ddpm" (all T steps).
-        steps: DDIM's S, denoiser calls per sample.
-        eta: DDIM's stochasticity, 0 deterministic .. 1 the DDPM posterior variance (Song et al. 2021, eq. 16).
-        spacing: which S of the T steps DDIM visits (see ``ddim_timesteps``; trailing starts at the noisiest).
-        variance: DDPM's sigma_t^2 without a learned variance: beta-tilde_t or beta_t (Ho et al. 2020, sec. 3.2).
-        guidance_scale: classifier-free guidance scale s for class-conditional nets (1: the conditional net alone).
-    """
-
-    sampler: str = "ddim"
-    steps: int = 50
-    eta: float = 0.0
-    spacing: Spacing = "trailing"
-    variance: Literal["beta_tilde", "beta"] = "beta_tilde"
-    guidance_scale: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.sampler not in SAMPLERS:
-            raise ValueError(f"sampler {self.sampler!r} is not one of SAMPLERS: {', '.join(sorted(SAMPLERS))}")
 
 
 def split_variance(output: Tensor, x_t: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -108,20 +89,14 @@ def _noise_like(x: Tensor, generator: torch.Generator | None) -> Tensor:
 
 
 class Sampler:
-    """The loop every sampler shares; subclasses give ``from_settings``, ``timesteps`` and ``step``."""
+    """The loop every sampler shares; subclasses give ``__init__(schedule, prediction, clip_denoised, *, own
+    scalars)``, ``timesteps`` and ``step``. Not an ``nn.Module``: no parameters, nothing in a state dict."""
 
     schedule: NoiseSchedule
     prediction: Prediction
     clip_denoised: float | None
     # Per-step scalars as Python floats on the host: no device sync and no kernel launch per step.
     _abar: list[float]
-
-    @classmethod
-    def from_settings(
-        cls, settings: Sampling, schedule: NoiseSchedule, prediction: Prediction, clip_denoised: float | None
-    ) -> Sampler:
-        """This sampler over a model's schedule and prediction type, with the options it reads from ``settings``."""
-        raise NotImplementedError
 
     def timesteps(self) -> list[int]:
         raise NotImplementedError
@@ -160,27 +135,24 @@ class DDPMSampler(Sampler):
         self,
         schedule: NoiseSchedule,
         prediction: Prediction = "eps",
-        variance: Literal["beta_tilde", "beta"] = "beta_tilde",
         clip_denoised: float | None = None,
+        *,
+        variance: Literal["beta_tilde", "beta"] = "beta_tilde",
     ) -> None:
         """
         Args:
-            schedule: the training schedule.
-            prediction: what the denoiser outputs (eps, v or x0).
+            schedule: the training schedule (given by the module).
+            prediction: what the denoiser outputs, eps, v or x0 (given by the module).
+            clip_denoised: clamp x0-hat to [-c, c] at every step, c = 1 for images in [-1, 1]; None: never (given
+                by the module).
             variance: sigma_t^2 = beta-tilde_t (optimal for a point mass x_0) or beta_t (optimal for x_0 ~ N(0, I));
                 unused when the denoiser returns its own (learned) variance.
-            clip_denoised: clamp x0-hat to [-c, c] at every step (c = 1 for images in [-1, 1]); None: never.
         """
         self.schedule, self.prediction, self.variance, self.clip_denoised = schedule, prediction, variance, clip_denoised
         self._abar = schedule.alphas_cumprod.double().tolist()
         self._beta = schedule.betas.double().tolist()
         self._log_beta = schedule.log_betas.double().tolist()
         self._log_beta_tilde = schedule.posterior_log_variance_clipped.double().tolist()
-
-    @classmethod
-    def from_settings(cls, settings: Sampling, schedule: NoiseSchedule, prediction: Prediction,
-                      clip_denoised: float | None) -> DDPMSampler:
-        return cls(schedule, prediction, settings.variance, clip_denoised)
 
     def timesteps(self) -> list[int]:
         return list(range(self.schedule.num_timesteps - 1, -1, -1))
@@ -230,19 +202,21 @@ class DDIMSampler(Sampler):
         self,
         schedule: NoiseSchedule,
         prediction: Prediction = "eps",
+        clip_denoised: float | None = None,
+        *,
         steps: int = 50,
         eta: float = 0.0,
-        spacing: Spacing = "leading",
-        clip_denoised: float | None = None,
+        spacing: Spacing = "trailing",
     ) -> None:
         """
         Args:
-            schedule: the training schedule.
-            prediction: what the denoiser outputs (eps, v or x0).
+            schedule: the training schedule (given by the module).
+            prediction: what the denoiser outputs, eps, v or x0 (given by the module).
+            clip_denoised: clamp x0-hat to [-c, c] at every step; None: never (given by the module).
             steps: S, denoiser calls per sample.
             eta: 0 deterministic (DDIM), 1 the DDPM posterior variance; in between interpolates (eq. 16).
-            spacing: which S of the T steps to visit (see ``ddim_timesteps``).
-            clip_denoised: clamp x0-hat to [-c, c] at every step; None: never.
+            spacing: which S of the T steps to visit (see ``ddim_timesteps``; trailing starts at the noisiest, better
+                at few steps).
         """
         if not 0.0 <= eta <= 1.0:
             raise ValueError(f"eta must be in [0, 1], got {eta}")
@@ -251,11 +225,6 @@ class DDIMSampler(Sampler):
         self._timesteps = ddim_timesteps(schedule.num_timesteps, steps, spacing)
         # The step after each one: the next visited index, and -1 (abar = 1, clean data) after the last.
         self._prev = dict(zip(self._timesteps, self._timesteps[1:] + [-1]))
-
-    @classmethod
-    def from_settings(cls, settings: Sampling, schedule: NoiseSchedule, prediction: Prediction,
-                      clip_denoised: float | None) -> DDIMSampler:
-        return cls(schedule, prediction, settings.steps, settings.eta, settings.spacing, clip_denoised)
 
     def timesteps(self) -> list[int]:
         return self._timesteps
@@ -290,15 +259,6 @@ class DDIMSampler(Sampler):
         return self.eta * (0.5 * log_var).exp().to(v.dtype)
 
 
-# The samplers ``Sampling.sampler`` names. A new one: its class above, and its line here.
-SAMPLERS: dict[str, type[Sampler]] = {
-    "ddpm": DDPMSampler,
-    "ddim": DDIMSampler,
-}
-
-
-def make_sampler(
-    settings: Sampling, schedule: NoiseSchedule, prediction: Prediction, clip_denoised: float | None = None
-) -> Sampler:
-    """The sampler ``settings`` name, over a model's schedule and prediction type."""
-    return SAMPLERS[settings.sampler].from_settings(settings, schedule, prediction, clip_denoised)
+# What DiffusionModule(sampler=...) and the sampling callbacks take: a sampler class (or partial) called as
+# cls(schedule, prediction, clip_denoised); in YAML a class_path with the sampler's own init_args (steps, eta, ...).
+SamplerClass = Callable[[NoiseSchedule, Prediction, "float | None"], Sampler]

@@ -1,8 +1,10 @@
 """GPT language models: MHA/GQA/MLA decoder, causal-LM objective, cached generation, GPT-2 weights."""
 
 from zoo.gpt.attention import MHA, MLA
-from zoo.gpt.generate import generate
+from zoo.gpt.generate import Generation, generate
 from zoo.gpt.gpt import GPT
+from zoo.gpt.mlp import GeluMLP, SwiGLU
 from zoo.gpt.module import CausalLMModule
+from zoo.gpt.norms import LayerNorm, RMSNorm
 
-__all__ = ["GPT", "MHA", "MLA", "CausalLMModule", "generate"]
+__all__ = ["GPT", "MHA", "MLA", "CausalLMModule", "GeluMLP", "Generation", "LayerNorm", "RMSNorm", "SwiGLU", "generate"]

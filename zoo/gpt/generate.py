@@ -21,6 +21,7 @@ Notation: B prompts, P longest prompt, N slots (P + max_new_tokens), W window (a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -106,6 +107,47 @@ def window_pad(pad: Tensor, first: int) -> Tensor | None:
     """Each row's padding within a window starting at slot ``first``; None when no row has any (no mask)."""
     inside = (pad - first).clamp_min(0)
     return inside if bool(inside.any()) else None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """How ``CausalLMModule``'s predict continues prompts: ``model.init_args.generation.temperature`` and so on in a
+    config or on the command line, which ``predict --ckpt_path`` takes over the checkpoint's (they are no weights).
+
+    Args:
+        max_new_tokens: tokens generated per prompt (fewer at EOS or at the net's block_size).
+        temperature: sampling temperature; 0 is greedy.
+        top_k: sample among the k most likely tokens only; None: all.
+        top_p: sample from the smallest set of tokens whose probability reaches top_p (nucleus); None: all.
+        seed: seed of the sampling of predict batch 0 (batch i: seed + i), so a prediction run repeats exactly.
+        past_block_size: past the net's block_size, slide the context over the last block_size tokens, or refuse
+            (error) a prompt and max_new_tokens that do not fit in it.
+    """
+
+    max_new_tokens: int = 200
+    temperature: float = 0.8
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
+    past_block_size: Literal["slide", "error"] = "slide"
+
+    def __post_init__(self) -> None:
+        # Checked when the config is read, before any run or data.
+        bad = [(name, rule) for name, ok, rule in (
+            ("max_new_tokens", self.max_new_tokens >= 1, "1 or more"),
+            ("temperature", self.temperature >= 0, "0 or more (0: greedy)"),
+            ("top_k", self.top_k is None or self.top_k >= 1, "1 or more, or null (all tokens)"),
+            ("top_p", self.top_p is None or 0 < self.top_p <= 1, "in (0, 1], or null (all tokens)"),
+        ) if not ok]
+        if bad:
+            name, rule = bad[0]
+            raise InputError(f"model.init_args.generation.{name}={getattr(self, name)} must be {rule}: pass "
+                             f"--model.init_args.generation.{name}=<such a value>")
+
+    @classmethod
+    def of(cls, value: Generation | dict) -> Generation:
+        """From itself or from its fields as a dict (how checkpoints' hyperparameters carry it)."""
+        return value if isinstance(value, cls) else cls(**value)
 
 
 @torch.inference_mode()

@@ -3,7 +3,8 @@
 References:
   GPT-2: Radford et al. 2019, "Language Models are Unsupervised Multitask Learners" (pre-norm blocks,
     residual projections initialised with std 0.02/sqrt(2 * n_layer)).
-  SwiGLU: Shazeer 2020. The attention variants (RoPE, GQA, MLA) and their references are in ``attention.py``.
+  The attention variants (RoPE, GQA, MLA) and their references are in ``attention.py``, the MLPs (GELU, SwiGLU)
+  in ``mlp.py``.
 
 The net only predicts logits; the loss is in ``losses.py`` and decoding (its caches, sampling) in
 ``generate.py``. ``forward`` takes an optional per-layer cache and the position of the first token, which
@@ -18,39 +19,18 @@ import math
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from zoo.gpt.attention import MHA, AttentionClass, LayerCache, rope_cache
-
-
-class MLP(nn.Module):
-    """GELU MLP (GPT-2) or SwiGLU (gate and up projections fused in one matmul)."""
-
-    def __init__(self, dim: int, hidden: int, kind: Literal["gelu", "swiglu"], bias: bool, dropout: float,
-                 gelu: Literal["exact", "tanh"] = "tanh") -> None:
-        super().__init__()
-        self.kind = kind
-        self.approximate = "tanh" if gelu == "tanh" else "none"  # F.gelu's name for the choice
-        self.fc = nn.Linear(dim, 2 * hidden if kind == "swiglu" else hidden, bias=bias)
-        self.proj = nn.Linear(hidden, dim, bias=bias)
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x: Tensor) -> Tensor:
-        h = self.fc(x)
-        if self.kind == "swiglu":
-            gate, up = h.chunk(2, dim=-1)
-            h = F.silu(gate) * up
-        else:
-            h = F.gelu(h, approximate=self.approximate)
-        return self.drop(self.proj(h))
+from zoo.gpt.mlp import GeluMLP, MLPClass, mlp_of_old_config
+from zoo.gpt.norms import LayerNorm, NormClass, norm_of_old_config
 
 
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, attn: nn.Module, mlp: MLP, norm: type[nn.Module], dim: int, eps: float, dropout: float) -> None:
+    def __init__(self, attn: nn.Module, mlp: nn.Module, norm: NormClass, dim: int, eps: float, dropout: float) -> None:
         super().__init__()
         self.norm1, self.attn = norm(dim, eps=eps), attn
         self.norm2, self.mlp = norm(dim, eps=eps), mlp
@@ -88,11 +68,11 @@ class GPT(nn.Module):
         n_embd: int = 256,
         n_head: int = 4,
         attention: AttentionClass = MHA,
-        norm: Literal["layernorm", "rmsnorm"] = "layernorm",
+        norm: Literal["layernorm", "rmsnorm"] | NormClass = LayerNorm,
         norm_eps: float = 1e-5,
-        mlp: Literal["gelu", "swiglu"] = "gelu",
+        mlp: Literal["gelu", "swiglu"] | MLPClass = GeluMLP,
         mlp_hidden: int | None = None,
-        gelu: Literal["exact", "tanh"] = "tanh",
+        gelu: Literal["exact", "tanh"] | None = None,
         position: Literal["learned", "rope"] = "learned",
         rope_base: float = 10000.0,
         bias: bool = True,
@@ -111,14 +91,14 @@ class GPT(nn.Module):
             attention: the attention class of every block, with its own settings (``zoo.gpt.attention``):
                 ``MHA`` (``n_kv_head`` for GQA/MQA) or ``MLA`` (DeepSeek-V2 latent attention); in Python a
                 class or ``functools.partial(MLA, kv_lora_rank=...)``, called as (D, H, bias, dropout, rope).
-            norm: LayerNorm (GPT-2) or RMSNorm.
+            norm: the norm class (``zoo.gpt.norms``): ``LayerNorm`` (GPT-2) or ``RMSNorm``, called as (D, norm_eps); the
+                strings "layernorm" and "rmsnorm" of older configs name them.
             norm_eps: epsilon of every norm.
-            mlp: "gelu" (GPT-2) or "swiglu".
-            mlp_hidden: MLP hidden width; None = 4D for gelu, 8D/3 rounded up to a multiple of 64 for swiglu.
-            gelu: the "gelu" MLP's activation: "exact" (erf; nanoGPT, new models) or "tanh", GPT-2's
-                approximation ("gelu_new"), which its weights were trained with. The default stays "tanh" so
-                checkpoints saved before this option existed rebuild as trained; the configs say "exact",
-                2.3x cheaper on a CPU (issue 16).
+            mlp: the MLP class of every block, with its own settings (``zoo.gpt.mlp``): ``GeluMLP`` (GPT-2;
+                ``approximate`` exact or tanh) or ``SwiGLU``; called as (D, mlp_hidden, bias, dropout). The strings
+                "gelu" and "swiglu" of older configs name them.
+            mlp_hidden: MLP hidden width; None: the class's own (4D for GeluMLP, 8D/3 rounded up to 64 for SwiGLU).
+            gelu: only with the older ``mlp: gelu``: its activation (now ``GeluMLP``'s ``approximate``).
             position: learned absolute positions (GPT-2) or RoPE (MLA always uses RoPE on its p channels).
             rope_base: RoPE's base wavelength.
             bias: biases in linear layers (GPT-2 has them).
@@ -131,9 +111,8 @@ class GPT(nn.Module):
         self.n_embd, self.tie_embeddings = n_embd, tie_embeddings
         self.position, self.rope_base = position, rope_base
         self.activation_checkpointing = activation_checkpointing
-        norm_cls = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}[norm]
-        if mlp_hidden is None:
-            mlp_hidden = 4 * n_embd if mlp == "gelu" else 64 * math.ceil(8 * n_embd / 3 / 64)
+        norm_cls = norm_of_old_config(norm)
+        mlp = mlp_of_old_config(mlp, gelu)
         if vocab_size is not None:  # registered first, as always, so a seed gives the same weights as before
             self.tok_emb = nn.Embedding(vocab_size, n_embd)
         if position == "learned":
@@ -141,7 +120,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
             Block(attention(n_embd, n_head, bias, dropout, position == "rope"),
-                  MLP(n_embd, mlp_hidden, mlp, bias, dropout, gelu), norm_cls, n_embd, norm_eps, dropout)
+                  mlp(n_embd, mlp_hidden, bias, dropout), norm_cls, n_embd, norm_eps, dropout)
             for _ in range(n_layer)
         )
         self.norm_f = norm_cls(n_embd, eps=norm_eps)
@@ -171,13 +150,14 @@ class GPT(nn.Module):
             nn.init.normal_(self.lm_head.weight, 0.0, 0.02)
 
     def reset_parameters(self) -> None:
-        """GPT-2 initialisation: N(0, 0.02), zero biases, residual output projections N(0, 0.02/sqrt(2L))."""
-        for name, p in self.named_parameters():
+        """GPT-2 initialisation: N(0, 0.02), zero biases, residual output projections N(0, 0.02/sqrt(2L)) (the
+        attention's ``proj`` and what each MLP names)."""
+        residual = {id(p) for block in self.blocks for p in (block.attn.proj.weight, *block.mlp.residual_projections())}
+        for name, p in self.named_parameters():  # in order, so a seed gives the weights it always gave
             if name.endswith("bias"):
                 nn.init.zeros_(p)
             elif p.dim() >= 2:
-                residual = name.endswith(("attn.proj.weight", "mlp.proj.weight"))
-                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * self.n_layer) if residual else 0.02)
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * self.n_layer) if id(p) in residual else 0.02)
             else:
                 nn.init.ones_(p)  # norm weights
 
@@ -221,13 +201,16 @@ class GPT(nn.Module):
         return self.lm_head(self.norm_f(x))  # (B, T, V)
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
-        """Training FLOPs per token, forward and backward: 6 * matmul weights + each layer's attention scores.
+        """Training FLOPs per token, forward and backward: 6 * matmul weights outside the MLPs, each MLP's own count
+        (the weights a token goes through) and each layer's attention scores.
 
         The attention term (each class's ``flops_per_token``) counts QK^T and AV over the whole context as
         nanoGPT and PaLM (App. B) do, without halving for the causal mask, so MFU figures compare with theirs.
         """
         seq_len = seq_len or self.block_size
-        n = sum(p.numel() for name, p in self.named_parameters() if p.dim() >= 2 and "emb" not in name)
+        in_mlps = {id(p) for block in self.blocks for p in block.mlp.parameters()}
+        n = sum(p.numel() for name, p in self.named_parameters()
+                if p.dim() >= 2 and "emb" not in name and id(p) not in in_mlps)
         if self.lm_head.weight is self.tok_emb.weight:
             n += self.lm_head.weight.numel()  # the tied head is a matmul too
-        return 6 * n + sum(block.attn.flops_per_token(seq_len) for block in self.blocks)
+        return 6 * n + sum(block.mlp.flops_per_token() + block.attn.flops_per_token(seq_len) for block in self.blocks)

@@ -14,11 +14,12 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
 from torch import Tensor
 
 from zoo.gpt.attention import MHA
 from zoo.gpt.gpt import GPT
+from zoo.gpt.mlp import GeluMLP
+from zoo.gpt.norms import LayerNorm
 from zoo.layers.weights import check_compatible, extract_state_dict, load_file
 
 # (ours, theirs) per block; "T" marks Conv1D weights that are stored transposed.
@@ -27,50 +28,45 @@ _BLOCK_KEYS = [
     ("attn.qkv.weight", "attn.c_attn.weight", "T"), ("attn.qkv.bias", "attn.c_attn.bias", ""),
     ("attn.proj.weight", "attn.c_proj.weight", "T"), ("attn.proj.bias", "attn.c_proj.bias", ""),
     ("norm2.weight", "ln_2.weight", ""), ("norm2.bias", "ln_2.bias", ""),
-    ("mlp.fc.weight", "mlp.c_fc.weight", "T"), ("mlp.fc.bias", "mlp.c_fc.bias", ""),
-    ("mlp.proj.weight", "mlp.c_proj.weight", "T"), ("mlp.proj.bias", "mlp.c_proj.bias", ""),
-]
+]  # the MLP's keys are its class's (``to_hf``, ``from_hf``)
 _TOP_KEYS = [("tok_emb.weight", "wte.weight"), ("pos_emb.weight", "wpe.weight"),
              ("norm_f.weight", "ln_f.weight"), ("norm_f.bias", "ln_f.bias")]
 
 
-# transformers' activation names -> GPT(gelu=...): GPT-2's own weights use the tanh form.
-_GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "exact"}
-
-
 def gpt2_net_kwargs(config: dict) -> dict:
     """``GPT`` arguments for a Hugging Face ``GPT2Config`` dict."""
-    act = config.get("activation_function", "gelu_new")
-    if act not in _GELU:
-        raise ValueError(f"Only GELU (tanh or exact) is supported, the config has activation_function={act!r}")
     return dict(
         vocab_size=config["vocab_size"], block_size=config.get("n_positions", config.get("n_ctx", 1024)),
         n_layer=config["n_layer"], n_embd=config["n_embd"], n_head=config["n_head"],
         mlp_hidden=config.get("n_inner") or 4 * config["n_embd"], norm_eps=config.get("layer_norm_epsilon", 1e-5),
         tie_embeddings=config.get("tie_word_embeddings", True),
-        attention=MHA, norm="layernorm", mlp="gelu", gelu=_GELU[act], position="learned", bias=True,
+        attention=MHA, norm=LayerNorm, mlp=GeluMLP.from_hf_config(config), position="learned", bias=True,
     )
 
 
-def hf_to_zoo(sd: dict[str, Tensor], n_layer: int) -> dict[str, Tensor]:
-    """Rename and transpose a GPT2LMHeadModel (or GPT2Model) state dict into ``GPT``'s keys."""
+def hf_to_zoo(sd: dict[str, Tensor], net: GPT) -> dict[str, Tensor]:
+    """Rename and transpose a GPT2LMHeadModel (or GPT2Model) state dict into ``net``'s keys."""
     pre = "transformer." if any(k.startswith("transformer.") for k in sd) else ""
     out = {ours: sd[pre + theirs] for ours, theirs in _TOP_KEYS}
-    for i in range(n_layer):
+    for i, block in enumerate(net.blocks):
         for ours, theirs, t in _BLOCK_KEYS:
             w = sd[f"{pre}h.{i}.{theirs}"]
             out[f"blocks.{i}.{ours}"] = w.t().contiguous() if t else w
+        layer = {k.removeprefix(f"{pre}h.{i}."): v for k, v in sd.items() if k.startswith(f"{pre}h.{i}.mlp.")}
+        out.update({f"blocks.{i}.mlp.{k}": v for k, v in block.mlp.from_hf(layer).items()})
     out["lm_head.weight"] = sd.get("lm_head.weight", out["tok_emb.weight"])
     return out
 
 
-def zoo_to_hf(sd: dict[str, Tensor], n_layer: int) -> dict[str, Tensor]:
+def zoo_to_hf(sd: dict[str, Tensor], net: GPT) -> dict[str, Tensor]:
     """The inverse of ``hf_to_zoo``: GPT2LMHeadModel keys, Conv1D weights transposed back."""
     out = {f"transformer.{theirs}": sd[ours] for ours, theirs in _TOP_KEYS}
-    for i in range(n_layer):
+    for i, block in enumerate(net.blocks):
         for ours, theirs, t in _BLOCK_KEYS:
             w = sd[f"blocks.{i}.{ours}"]
             out[f"transformer.h.{i}.{theirs}"] = w.t().contiguous() if t else w
+        mlp = {k.removeprefix(f"blocks.{i}.mlp."): v for k, v in sd.items() if k.startswith(f"blocks.{i}.mlp.")}
+        out.update({f"transformer.h.{i}.{k}": v for k, v in block.mlp.to_hf(mlp).items()})
     out["lm_head.weight"] = sd["lm_head.weight"]
     return out
 
@@ -98,7 +94,7 @@ def load_gpt2(folder: str | Path) -> GPT:
 def load_gpt2_into(net: GPT, folder: str | Path) -> GPT:
     """Copy a local Hugging Face GPT-2 folder's weights into ``net``, after checking every shape."""
     folder = Path(folder)
-    sd = hf_to_zoo(extract_state_dict(load_file(_weights_file(folder))), net.n_layer)
+    sd = hf_to_zoo(extract_state_dict(load_file(_weights_file(folder))), net)
     check_compatible(net, sd, f"GPT-2 folder {str(folder)!r}")
     net.load_state_dict(sd)
     return net
@@ -111,23 +107,23 @@ def export_gpt2(net: GPT, folder: str | Path, eos_id: int | None = None) -> Path
     """
     from safetensors.torch import save_file
 
-    attn = net.blocks[0].attn
-    if not isinstance(attn, MHA) or attn.n_kv_head != attn.n_head or net.position != "learned":
+    attn, mlp = net.blocks[0].attn, net.blocks[0].mlp
+    gpt2_shaped = isinstance(attn, MHA) and attn.n_kv_head == attn.n_head
+    gpt2_shaped = gpt2_shaped and mlp.hf_layout == net.norm_f.hf_layout == "gpt2"  # as each class states
+    if not gpt2_shaped or net.position != "learned":
         raise ValueError("Only a GPT-2-shaped net (MHA, learned positions, LayerNorm, GELU) exports as GPT-2")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    sd = zoo_to_hf({k: v.detach().cpu() for k, v in net.state_dict().items()}, net.n_layer)
+    sd = zoo_to_hf({k: v.detach().cpu() for k, v in net.state_dict().items()}, net)
     tied = net.lm_head.weight is net.tok_emb.weight
     if tied:
         del sd["lm_head.weight"]  # transformers re-ties it from wte
     save_file({k: v.contiguous() for k, v in sd.items()}, folder / "model.safetensors", metadata={"format": "pt"})
-    mlp = net.blocks[0].mlp
     config = {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-        "activation_function": "gelu_new" if mlp.approximate == "tanh" else "gelu",
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", **mlp.hf_config(),
         "vocab_size": net.vocab_size, "n_positions": net.block_size, "n_ctx": net.block_size,
         "n_embd": net.tok_emb.weight.shape[1], "n_layer": net.n_layer, "n_head": attn.n_head,
-        "n_inner": mlp.proj.in_features, "layer_norm_epsilon": net.norm_f.eps, "tie_word_embeddings": tied,
+        **net.norm_f.hf_config(), "tie_word_embeddings": tied,
         "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
     }
     if eos_id is None and net.vocab_size > 50256:

@@ -1,6 +1,6 @@
 """Llama and DeepSeek-V3 weights in and out of the zoo's ``GPT``, from and to Hugging Face folders on disk.
 
-The zoo's GPT with ``norm="rmsnorm", mlp="swiglu", position="rope", bias=False`` and ``MHA(n_kv_head=G)`` is
+The zoo's GPT with ``norm=RMSNorm, mlp=SwiGLU, position="rope", bias=False`` and ``MHA(n_kv_head=G)`` is
 transformers' ``LlamaForCausalLM`` (Touvron et al. 2023); with ``MLA`` it is ``DeepseekV3ForCausalLM`` with
 every layer dense (DeepSeek-AI 2024, "DeepSeek-V3", MLA as in DeepSeek-V2 section 2.1). Only the layout differs:
 
@@ -28,11 +28,12 @@ from torch import Tensor
 
 from zoo.gpt.attention import MHA, MLA
 from zoo.gpt.gpt import GPT
+from zoo.gpt.mlp import SwiGLU
+from zoo.gpt.norms import RMSNorm
 from zoo.layers.weights import check_compatible, extract_state_dict, load_file
 
 # (ours, theirs) inside block i / model.layers.i, shared by both families.
-_NORM_KEYS = [("norm1.weight", "input_layernorm.weight"), ("norm2.weight", "post_attention_layernorm.weight"),
-              ("mlp.proj.weight", "mlp.down_proj.weight")]
+_NORM_KEYS = [("norm1.weight", "input_layernorm.weight"), ("norm2.weight", "post_attention_layernorm.weight")]
 # (ours, theirs) for DeepSeek's MLA projections; q_down/q_norm/q_up exist with a q_lora_rank, q_proj without.
 _MLA_KEYS = [("q_down.weight", "q_a_proj.weight"), ("q_down.bias", "q_a_proj.bias"),
              ("q_norm.weight", "q_a_layernorm.weight"), ("q_up.weight", "q_b_proj.weight"),
@@ -50,12 +51,10 @@ def _rope_theta(config: dict) -> float:
 
 
 def _common_kwargs(config: dict) -> dict:
-    if config.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"Only SwiGLU (hidden_act='silu') is supported, the config has {config['hidden_act']!r}")
     return dict(
         vocab_size=config["vocab_size"], block_size=config.get("max_position_embeddings", 2048),
         n_layer=config["num_hidden_layers"], n_embd=config["hidden_size"], n_head=config["num_attention_heads"],
-        norm="rmsnorm", norm_eps=config.get("rms_norm_eps", 1e-6), mlp="swiglu",
+        norm=RMSNorm, norm_eps=config.get("rms_norm_eps", 1e-6), mlp=SwiGLU.from_hf_config(config),
         mlp_hidden=config["intermediate_size"], position="rope", rope_base=_rope_theta(config),
         tie_embeddings=config.get("tie_word_embeddings", False),
     )
@@ -121,7 +120,8 @@ def hf_to_zoo(sd: dict[str, Tensor], net: GPT, interleave: bool = False) -> dict
     for i in range(net.n_layer):
         pre = f"model.layers.{i}."
         block = {ours: sd[pre + theirs] for ours, theirs in _NORM_KEYS}
-        block["mlp.fc.weight"] = torch.cat((sd[pre + "mlp.gate_proj.weight"], sd[pre + "mlp.up_proj.weight"]))
+        layer = {k.removeprefix(pre): v for k, v in sd.items() if k.startswith(pre + "mlp.")}
+        block.update({f"mlp.{k}": v for k, v in net.blocks[i].mlp.from_hf(layer).items()})
         block.update(_attn_to_zoo(sd, pre, net, interleave))
         out.update({f"blocks.{i}.{k}": v for k, v in block.items()})
     out["lm_head.weight"] = sd.get("lm_head.weight", out["tok_emb.weight"])
@@ -135,7 +135,8 @@ def zoo_to_hf(sd: dict[str, Tensor], net: GPT) -> dict[str, Tensor]:
     for i, block in enumerate(net.blocks):
         ours, pre = f"blocks.{i}.", f"model.layers.{i}."
         out.update({pre + theirs: sd[ours + o] for o, theirs in _NORM_KEYS})
-        out[pre + "mlp.gate_proj.weight"], out[pre + "mlp.up_proj.weight"] = sd[ours + "mlp.fc.weight"].chunk(2)
+        mlp = {k.removeprefix(ours + "mlp."): v for k, v in sd.items() if k.startswith(ours + "mlp.")}
+        out.update({pre + k: v for k, v in block.mlp.to_hf(mlp).items()})
         attn = block.attn
         if isinstance(attn, MHA):
             sizes = [attn.n_head * attn.head_dim] + 2 * [attn.n_kv_head * attn.head_dim]
@@ -193,18 +194,18 @@ def load_hf(folder: str | Path) -> GPT:
 def hf_config(net: GPT) -> dict:
     """The ``config.json`` of ``net`` as a Llama (MHA) or DeepSeek-V3 (MLA) model."""
     block, attn = net.blocks[0], net.blocks[0].attn
-    if net.position != "rope" or not isinstance(block.norm1, torch.nn.RMSNorm) or block.mlp.kind != "swiglu":
+    if net.position != "rope" or not block.mlp.hf_layout == net.norm_f.hf_layout == "llama":
         raise ValueError("Only a Llama-shaped net (RoPE, RMSNorm, SwiGLU) exports as Llama or DeepSeek-V3")
     config = dict(
         vocab_size=net.vocab_size, max_position_embeddings=net.block_size, num_hidden_layers=net.n_layer,
         hidden_size=net.tok_emb.weight.shape[1], num_attention_heads=attn.n_head,
-        intermediate_size=block.mlp.proj.in_features, hidden_act="silu", rms_norm_eps=net.norm_f.eps,
+        **block.mlp.hf_config(), **net.norm_f.hf_config(),
         tie_word_embeddings=net.lm_head.weight is net.tok_emb.weight, attention_bias=block.mlp.proj.bias is not None,
         rope_parameters={"rope_type": "default", "rope_theta": net.rope_base}, attention_dropout=0.0,
     )
     if isinstance(attn, MHA):
         return dict(config, model_type="llama", architectures=["LlamaForCausalLM"], num_key_value_heads=attn.n_kv_head,
-                    head_dim=attn.head_dim, mlp_bias=config["attention_bias"])
+                    head_dim=attn.head_dim)
     q_lora = attn.q_up.in_features if hasattr(attn, "q_up") else None
     return dict(config, model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"], rope_interleave=False,
                 num_key_value_heads=attn.n_head, kv_lora_rank=attn.r, q_lora_rank=q_lora, qk_nope_head_dim=attn.dn,

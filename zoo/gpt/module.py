@@ -8,7 +8,7 @@ from lightning.pytorch.callbacks import ThroughputMonitor
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from zoo.gpt.generate import generate
+from zoo.gpt.generate import Generation, generate
 from zoo.gpt.gpt import GPT
 from zoo.gpt.losses import causal_lm_loss
 from zoo.layers.checkpoint import WeightsOnlyLoading
@@ -40,6 +40,7 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         ),
         compile: bool = False,
         init_weights: str | None = None,
+        generation: Generation = Generation(),
     ) -> None:
         """
         Args:
@@ -51,6 +52,9 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
                 see zoo.gpt.llama), a safetensors file of this net or a zoo MLflow model (models:/name/version,
                 models:/name@alias, runs:/id/model); loaded weights-only, before any
                 checkpoint given by --ckpt_path is restored over them.
+            generation: how predict continues the prompts (``zoo.gpt.generate.Generation``: max_new_tokens,
+                temperature, top_k, top_p, seed, past_block_size); not a weight, so ``predict --ckpt_path`` takes it
+                from the command line (``--model.init_args.generation.temperature=0``) over the checkpoint's.
         """
         super().__init__()
         save_hparams(self, "net")
@@ -183,14 +187,14 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         return [self.tokenizer.decode(o.tolist()) for o in out] if as_text else out
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict[str, list[str]]:
-        """Continue the datamodule's prompts with its sampling settings; rows go to WritePredictions."""
+        """Continue the datamodule's prompts as ``generation`` says; rows go to WritePredictions."""
         if self.tokenizer is None:  # predict without a checkpoint: the datamodule's (which encoded the prompts)
             self.tokenizer = getattr(self.trainer.datamodule, "tokenizer", None)
-        settings = dict(batch.get("generation", {}))
-        seed = settings.pop("seed", 0) + batch_idx
+        g = Generation.of(self.hparams.generation)  # a dict in hparams, as checkpoints carry it
         out = generate(
-            self.net, batch["prompt_ids"], eos_id=self.tokenizer.eos_id,
-            generator=torch.Generator(self.device).manual_seed(seed), **settings,
+            self.net, batch["prompt_ids"], g.max_new_tokens, g.temperature, g.top_k, g.top_p,
+            eos_id=self.tokenizer.eos_id, generator=torch.Generator(self.device).manual_seed(g.seed + batch_idx),
+            past_block_size=g.past_block_size,
         )
         return {"prompt": list(batch["text"]), "completion": [self.tokenizer.decode(o.tolist()) for o in out]}
 

@@ -111,13 +111,15 @@ def zoo_allowlist(data: Mapping[str, type] | Iterable[type] = (), env_modules: I
     from lightning.pytorch import LightningModule
 
     classes = zoo_classes()
+    samplers = [c for p, c in classes.items() if p == "zoo.diffusion.samplers.Sampler"]  # found, not imported here
     if not isinstance(data, Mapping):
         data = {path: cls for cls in data for path in paths_of(cls)}
     return Allowlist(
         modules={p: c for p, c in classes.items() if issubclass(c, LightningModule)},
         data=dict(data),
-        # Settings dataclasses are stored as plain dicts, never by class path: only nets and their parts are named.
-        parts={p: c for p, c in classes.items() if issubclass(c, torch.nn.Module)},
+        # Settings dataclasses are stored as plain dicts, never by class path: only nets and their parts are named,
+        # and the samplers (objects without parameters, so not nn.Modules) a diffusion module holds.
+        parts={p: c for p, c in classes.items() if issubclass(c, (torch.nn.Module, *samplers))},
         env_modules=frozenset(env_modules),
     )
 
@@ -188,8 +190,9 @@ def _check_value(value: Any, hint: Any, where: str, source: str, allow: Allowlis
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
             _check_value(item, _item_hint(hint), f"{where}[{i}]", source, allow)
-    elif isinstance(value, str) and _admits_class(hint):
-        # jsonargparse reads a string given to a class-, type- or callable-typed argument as a class path
+    elif isinstance(value, str) and _admits_class(hint) and value not in _literals(hint):
+        # jsonargparse reads a string given to a class-, type- or callable-typed argument as a class path (a union's
+        # Literal names, such as GPT's older ``mlp: gelu``, match before any import)
         _allowed(value, allow.parts, allow, source, where, "a class the zoo ships")
     elif isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
         # jsonargparse loads a string given to a non-string argument as YAML: a class path may hide inside
@@ -258,6 +261,16 @@ def _item_hint(hint: Any, key: bool = False) -> Any:
     if origin in (list, tuple, set, collections.abc.Sequence) and args:
         return args[0]
     return None
+
+
+def _literals(hint: Any) -> set:
+    """The values a ``Literal`` in ``hint`` (alone or in a union) names."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        return set(typing.get_args(hint))
+    if origin in (typing.Union, types.UnionType):
+        return set().union(*(_literals(a) for a in typing.get_args(hint)))
+    return set()
 
 
 def _admits_class(hint: Any) -> bool:

@@ -1,0 +1,59 @@
+"""The GPT's norms, each one class chosen by config like the attention and MLP variants (``norm: zoo.gpt.RMSNorm``).
+
+The GPT builds every norm as ``norm(dim, eps)``. Each class states its Hugging Face layout (``hf_layout``) and
+its ``config.json`` field (``hf_config()``), so the exporters ask it instead of testing its type; its weights keep
+torch's names (``weight``, and ``bias`` for LayerNorm), which both layouts share. A new norm is one class here,
+added to ``NormClass``.
+
+References: LayerNorm: Ba et al. 2016 (GPT-2's). RMSNorm: Zhang & Sennrich 2019 (Llama's, DeepSeek's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+from torch import nn
+
+
+class LayerNorm(nn.LayerNorm):
+    """LayerNorm with a weight and a bias (GPT-2's ``ln_1``, ``ln_2``, ``ln_f``)."""
+
+    hf_layout = "gpt2"
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        """
+        Args:
+            dim: model width D (given by the GPT).
+            eps: added to the variance (given by the GPT's ``norm_eps``).
+        """
+        super().__init__(dim, eps=eps)
+
+    def hf_config(self) -> dict:
+        return {"layer_norm_epsilon": self.eps}
+
+
+class RMSNorm(nn.RMSNorm):
+    """RMSNorm, a weight and no bias (Llama's ``input_layernorm``, ``post_attention_layernorm``, ``norm``)."""
+
+    hf_layout = "llama"
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        """
+        Args:
+            dim: model width D (given by the GPT).
+            eps: added to the mean square (given by the GPT's ``norm_eps``).
+        """
+        super().__init__(dim, eps=eps)
+
+    def hf_config(self) -> dict:
+        return {"rms_norm_eps": self.eps}
+
+
+# What GPT(norm=...) takes: a class called as cls(dim, eps); in YAML a class path.
+NormClass = Callable[[int, float], LayerNorm | RMSNorm]
+
+
+def norm_of_old_config(norm: NormClass | Literal["layernorm", "rmsnorm"]) -> NormClass:
+    """The class an older config's string (``norm: layernorm``, ``norm: rmsnorm``) means; a class as given."""
+    return {"layernorm": LayerNorm, "rmsnorm": RMSNorm}.get(norm, norm) if isinstance(norm, str) else norm
