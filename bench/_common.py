@@ -94,7 +94,9 @@ def cpu_model() -> str:
     name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
     flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
     bf16 = [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
-    return f"{name}; bf16 in hardware: {', '.join(bf16) if bf16 else 'no (AVX2 only: bf16 autocast is emulated, slower)'}"
+    return (
+        f"{name}; bf16 in hardware: {', '.join(bf16) if bf16 else 'no (AVX2 only: bf16 autocast is emulated, slower)'}"
+    )
 
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
@@ -102,9 +104,13 @@ _clock = CLOCKS["wall"]
 
 
 def add_clock_arg(ap) -> None:
-    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                    help="wall: elapsed time; cpu: this process's CPU time, which other processes on a busy machine "
-                         "do not inflate (time-slicing), though they still share caches and memory bandwidth")
+    ap.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="wall: elapsed time; cpu: this process's CPU time, which other processes on a busy machine "
+        "do not inflate (time-slicing), though they still share caches and memory bandwidth",
+    )
 
 
 def peer_header(title: str, threads: int, clock: str = "wall") -> None:
@@ -115,8 +121,10 @@ def peer_header(title: str, threads: int, clock: str = "wall") -> None:
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     print(f"== {title}")
     print(f"torch {torch.__version__}; CPU: {cpu_model()}; threads: {torch.get_num_threads()} of {os.cpu_count()}")
-    print(f"load average (1/5/15 min) at start: {load}; arms alternate (ABBA) so load drift hits both; "
-          f"clock: {clock} ({'process CPU time' if clock == 'cpu' else 'elapsed'})")
+    print(
+        f"load average (1/5/15 min) at start: {load}; arms alternate (ABBA) so load drift hits both; "
+        f"clock: {clock} ({'process CPU time' if clock == 'cpu' else 'elapsed'})"
+    )
 
 
 def alternate(arms: dict, rounds: int, warmup: int = 1, inner: int = 1) -> dict[str, list[float]]:
@@ -139,13 +147,28 @@ def ratio_row(label: str, times: dict[str, list[float]], zoo: str, peer: str, ta
     z, p = times[zoo], times[peer]
     paired = median([a / b for a, b in zip(z, p)])
     verdict = "-" if target is None else ("MET" if paired <= target else f"MISSED by {paired / target - 1:.0%}")
-    return [label, f"{median(z):.2f} / {min(z):.2f}", f"{median(p):.2f} / {min(p):.2f}",
-            f"{median(z) / median(p):.3f}", f"{min(z) / min(p):.3f}", f"{paired:.3f}",
-            "-" if target is None else f"<= {target}", verdict]
+    return [
+        label,
+        f"{median(z):.2f} / {min(z):.2f}",
+        f"{median(p):.2f} / {min(p):.2f}",
+        f"{median(z) / median(p):.3f}",
+        f"{min(z) / min(p):.3f}",
+        f"{paired:.3f}",
+        "-" if target is None else f"<= {target}",
+        verdict,
+    ]
 
 
-RATIO_HEADERS = ["workload", "zoo ms med / min", "peer ms med / min", "ratio med", "ratio min", "paired med",
-                 "target", "verdict"]
+RATIO_HEADERS = [
+    "workload",
+    "zoo ms med / min",
+    "peer ms med / min",
+    "ratio med",
+    "ratio min",
+    "paired med",
+    "target",
+    "verdict",
+]
 
 
 def missing(peer: str, how: str) -> None:

@@ -24,14 +24,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
 
-from bench._common import median, now, print_header, resolve_device, set_threads, spread, table  # noqa: E402
-from zoo.clip.losses import gather_with_grad, infonce_loss  # noqa: E402
-from zoo.layers.optim import adamw_warmup_cosine  # noqa: E402
+from bench._common import median, now, print_header, resolve_device, set_threads, spread, table
+from zoo.clip.losses import gather_with_grad, infonce_loss
+from zoo.layers.optim import adamw_warmup_cosine
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,22 +137,42 @@ def main() -> None:
     n_params = sum(p.numel() for p in model.net.parameters())
     rounds = time_steps(model, dm, batch, a.steps, a.repeats, a.warmup, device)
     ms = median(rounds) * 1e3
-    print(f"\n{Path(a.config).name}: {n_params / 1e3:.0f}K parameters, batch {batch}, images {dm.image_shape}, "
-          f"{dm.context_length} tokens, E={e}")
-    print(table(["", "ms/step", "range (ms)", "images/s"],
-                [["train step", f"{ms:.1f}", spread([r * 1e3 for r in rounds], 1), f"{batch / median(rounds):.0f}"]]))
+    print(
+        f"\n{Path(a.config).name}: {n_params / 1e3:.0f}K parameters, batch {batch}, images {dm.image_shape}, "
+        f"{dm.context_length} tokens, E={e}"
+    )
+    print(
+        table(
+            ["", "ms/step", "range (ms)", "images/s"],
+            [["train step", f"{ms:.1f}", spread([r * 1e3 for r in rounds], 1), f"{batch / median(rounds):.0f}"]],
+        )
+    )
 
     threads = max(1, torch.get_num_threads() // 2)
     cost = gather_cost(batch, e, a.gather_iters, threads)
     print(f"\nInfoNCE forward+backward, local batch b={batch}, E={e}; 2 processes on gloo, {threads} thread(s) each:")
     rows = [
-        ["1 process (b x b, no gather)", f"{median(cost['one_loss']) * 1e3:.3f}", spread([t * 1e3 for t in cost["one_loss"]])],
-        ["2 processes (b x 2b, gathered)", f"{median(cost['two_loss']) * 1e3:.3f}", spread([t * 1e3 for t in cost["two_loss"]])],
-        ["  of which all-gather fwd+bwd", f"{median(cost['two_gather']) * 1e3:.3f}", spread([t * 1e3 for t in cost["two_gather"]])],
+        [
+            "1 process (b x b, no gather)",
+            f"{median(cost['one_loss']) * 1e3:.3f}",
+            spread([t * 1e3 for t in cost["one_loss"]]),
+        ],
+        [
+            "2 processes (b x 2b, gathered)",
+            f"{median(cost['two_loss']) * 1e3:.3f}",
+            spread([t * 1e3 for t in cost["two_loss"]]),
+        ],
+        [
+            "  of which all-gather fwd+bwd",
+            f"{median(cost['two_gather']) * 1e3:.3f}",
+            spread([t * 1e3 for t in cost["two_gather"]]),
+        ],
     ]
     print(table(["", "ms", "range (ms)"], rows))
-    print(f"gather overhead per step: {(median(cost['two_loss']) - median(cost['one_loss'])) * 1e3:.3f} ms "
-          f"= {(median(cost['two_loss']) - median(cost['one_loss'])) / median(rounds) * 100:.1f}% of a training step")
+    print(
+        f"gather overhead per step: {(median(cost['two_loss']) - median(cost['one_loss'])) * 1e3:.3f} ms "
+        f"= {(median(cost['two_loss']) - median(cost['one_loss'])) / median(rounds) * 100:.1f}% of a training step"
+    )
 
 
 if __name__ == "__main__":

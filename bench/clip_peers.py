@@ -19,12 +19,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from bench._common import RATIO_HEADERS, add_clock_arg, alternate, missing, peer_header, ratio_row, table  # noqa: E402
-from zoo.clip import CLIP, TextTransformer, VisionTransformer  # noqa: E402
-from zoo.clip.losses import infonce_loss  # noqa: E402
-from zoo.layers.optim import AdamWCosine  # noqa: E402
+from bench._common import RATIO_HEADERS, add_clock_arg, alternate, missing, peer_header, ratio_row, table
+from zoo.clip import CLIP, TextTransformer, VisionTransformer
+from zoo.clip.losses import infonce_loss
+from zoo.layers.optim import AdamWCosine
 
 try:
     import open_clip
@@ -35,8 +35,10 @@ S, P, W, L, HEADS, V, CTX, E = 32, 4, 128, 2, 4, 257, 32, 128
 
 
 def zoo_clip() -> CLIP:
-    return CLIP(VisionTransformer(image_size=S, patch_size=P, width=W, layers=L, heads=HEADS, embed_dim=E),
-                TextTransformer(vocab_size=V, context_length=CTX, width=W, layers=L, heads=HEADS, embed_dim=E))
+    return CLIP(
+        VisionTransformer(image_size=S, patch_size=P, width=W, layers=L, heads=HEADS, embed_dim=E),
+        TextTransformer(vocab_size=V, context_length=CTX, width=W, layers=L, heads=HEADS, embed_dim=E),
+    )
 
 
 def peer_clip():
@@ -57,6 +59,7 @@ def step_fn(net, opt, images, ids, bf16: bool, zoo: bool):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+
     return step
 
 
@@ -79,8 +82,10 @@ def main() -> None:
     ids[:, -1] = V - 1  # an end-of-text token in every caption (the zoo reads features there, open_clip at argmax)
     rows = []
     for bf16 in (False, True):
-        arms = {"zoo": step_fn(zoo, AdamWCosine(lr=1e-4).configure(zoo, None)["optimizer"], images, ids, bf16, True),
-                "open_clip": step_fn(peer, torch.optim.AdamW(peer.parameters(), lr=1e-4), images, ids, bf16, False)}
+        arms = {
+            "zoo": step_fn(zoo, AdamWCosine(lr=1e-4).configure(zoo, None)["optimizer"], images, ids, bf16, True),
+            "open_clip": step_fn(peer, torch.optim.AdamW(peer.parameters(), lr=1e-4), images, ids, bf16, False),
+        }
         tag = f"CLIP ViT 32px/4 + text, width {W}, 2+2 layers, B{args.batch} {'bf16 autocast' if bf16 else 'fp32'}"
         rows.append(ratio_row(tag, alternate(arms, args.rounds), "zoo", "open_clip", 0.9))
     print(table(RATIO_HEADERS, rows))

@@ -38,18 +38,18 @@ import gc
 import inspect
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from bench._common import median, now, print_header, resolve_device, set_threads, spread, sync, table  # noqa: E402
-from zoo.cnn import ClassifierModule, ResNet  # noqa: E402
+from bench._common import median, now, print_header, resolve_device, set_threads, spread, sync, table
+from zoo.cnn import ClassifierModule, ResNet
 
 SEED = 0
 NUM_CLASSES = 10
@@ -81,7 +81,9 @@ def build(name: str, device: torch.device, batch_size: int) -> Bench:
         net = net.to(memory_format=torch.channels_last)
     hp = {k: p.default for k, p in inspect.signature(ClassifierModule.__init__).parameters.items()}
     # the zoo's groups and fused/foreach choice; the schedule is not stepped here
-    opt = replace(hp["optimizer"], warmup_steps=0).configure(net, SimpleNamespace(estimated_stepping_batches=1))["optimizer"]
+    opt = replace(hp["optimizer"], warmup_steps=0).configure(net, SimpleNamespace(estimated_stepping_batches=1))[
+        "optimizer"
+    ]
     model = torch.compile(net) if compiled else net
     g = torch.Generator().manual_seed(SEED + 1)
     batches = [  # a few distinct batches, cycled
@@ -139,11 +141,16 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__.split("\n\n")[0], epilog="See the module docstring for how to read the figures."
     )
     parser.add_argument("--steps", type=int, default=None, help="timed steps per round (default: cpu 2, cuda 50)")
-    parser.add_argument("--warmup", type=int, default=None,
-                        help="untimed steps per variant first (default: cpu 1, cuda 10)")
+    parser.add_argument(
+        "--warmup", type=int, default=None, help="untimed steps per variant first (default: cpu 1, cuda 10)"
+    )
     parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default: cpu 3, cuda 5)")
-    parser.add_argument("--budget-s", type=float, default=None,
-                        help="stop repeating a variant after this many timed seconds (default: cpu 45, cuda 60)")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="stop repeating a variant after this many timed seconds (default: cpu 45, cuda 60)",
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto (default: cuda when available)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: PyTorch's)")
@@ -163,8 +170,10 @@ def main(argv: list[str] | None = None) -> None:
     budget = args.budget_s or d_budget
     t_start = time.perf_counter()
     print_header("bench/cnn.py: ResNet-18 (CIFAR stem) training throughput", device)
-    print(f"batch {args.batch_size} x 3x32x32, {NUM_CLASSES} classes; {warmup} warm-up steps, then {repeats} rounds of "
-          f"{steps} steps, at most {budget:.0f} timed s per variant")
+    print(
+        f"batch {args.batch_size} x 3x32x32, {NUM_CLASSES} classes; {warmup} warm-up steps, then {repeats} rounds of "
+        f"{steps} steps, at most {budget:.0f} timed s per variant"
+    )
 
     benches: list[Bench] = []
     for n in names:
@@ -180,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
 
     live = [b for b in benches if b.error is None]
     for r in range(repeats):
-        order = live[r % len(live):] + live[: r % len(live)] if live else []
+        order = live[r % len(live) :] + live[: r % len(live)] if live else []
         for b in order:
             if r > 0 and sum(b.timings) >= budget:
                 continue
@@ -199,12 +208,26 @@ def main(argv: list[str] | None = None) -> None:
         # Ratio to eager within the same round; rounds where eager was skipped use eager's median.
         ref = [args.batch_size * steps / t for t in eager.timings] if eager else []
         ratios = [x / (ref[i] if i < len(ref) else median(ref)) for i, x in enumerate(ips)] if ref else []
-        row = [b.name, f"{median(ips):.1f}", spread(ips, 1), f"{median(ratios):.2f}" if ratios else "-",
-               f"{median(b.timings) / steps * 1e3:.1f}", str(len(b.timings) * steps)]
+        row = [
+            b.name,
+            f"{median(ips):.1f}",
+            spread(ips, 1),
+            f"{median(ratios):.2f}" if ratios else "-",
+            f"{median(b.timings) / steps * 1e3:.1f}",
+            str(len(b.timings) * steps),
+        ]
         if device.type == "cuda":
             row.append(f"{b.peak_mib:.0f}")
         rows.append(row)
-    headers = ["variant", "images/s", "range", "x eager", "ms/step", "n", *(["peak MiB"] if device.type == "cuda" else [])]
+    headers = [
+        "variant",
+        "images/s",
+        "range",
+        "x eager",
+        "ms/step",
+        "n",
+        *(["peak MiB"] if device.type == "cuda" else []),
+    ]
     print(table(headers, rows))
     for b in benches:
         if b.error is not None:

@@ -32,11 +32,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import yaml  # noqa: E402
+import torch
+import yaml
 
-from bench._common import median, now, print_header, resolve_device, set_threads, spread, table  # noqa: E402
-from zoo.diffusion import DDIMSampler, DDPMSampler, DiffusionModule, DiT, UNet  # noqa: E402
+from bench._common import median, now, print_header, resolve_device, set_threads, spread, table
+from zoo.diffusion import DDIMSampler, DDPMSampler, DiffusionModule, DiT, UNet
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "diffusion"
 NETS = {"unet": ("ddpm_unet_shapes.yaml", UNet), "dit-s/2": ("dit_s_shapes.yaml", DiT)}
@@ -71,8 +71,10 @@ def bench_train(args, device, autocast) -> None:
         torch.manual_seed(0)
         module = build(name).to(device)
         c, s = module.image_shape[0], module.image_shape[1]
-        batch = (torch.rand(args.batch_size, c, s, s, device=device) * 2 - 1,
-                 torch.randint(0, max(module.num_classes, 1), (args.batch_size,), device=device))
+        batch = (
+            torch.rand(args.batch_size, c, s, s, device=device) * 2 - 1,
+            torch.randint(0, max(module.num_classes, 1), (args.batch_size,), device=device),
+        )
         opt = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=device.type == "cuda" or None)
         if warmup:
             train_round(module, opt, batch, warmup, device, autocast)
@@ -87,8 +89,16 @@ def bench_train(args, device, autocast) -> None:
         module = setups[name][0]
         params = sum(p.numel() for p in module.parameters()) / 1e6
         shape = "x".join(map(str, module.image_shape))
-        rows.append([name, f"{params:.1f}M", shape, f"{median(ts) * 1e3:.1f}", spread([t * 1e3 for t in ts], 1),
-                     f"{args.batch_size / median(ts):.1f}"])
+        rows.append(
+            [
+                name,
+                f"{params:.1f}M",
+                shape,
+                f"{median(ts) * 1e3:.1f}",
+                spread([t * 1e3 for t in ts], 1),
+                f"{args.batch_size / median(ts):.1f}",
+            ]
+        )
     print(f"\n-- train: batch {args.batch_size}, {steps} steps x {repeats} rounds after {warmup} warm-up")
     print(table(["net", "params", "image", "ms/step", "range", "images/s"], rows))
 
@@ -107,15 +117,19 @@ def bench_sample(args, device, autocast) -> None:
                 module.sample(args.sample_batch, runs[name], seed=r)
             times[name].append(now(device) - t0)
     calls = {"ddim-50": 50, "ddpm-1000": module.schedule.num_timesteps}
-    rows = [[n, calls[n], f"{median(ts):.2f}", spread(ts, 2), f"{median(ts) / calls[n] * 1e3:.1f}"]
-            for n, ts in times.items()]
+    rows = [
+        [n, calls[n], f"{median(ts):.2f}", spread(ts, 2), f"{median(ts) / calls[n] * 1e3:.1f}"]
+        for n, ts in times.items()
+    ]
     ratios = [b / a for a, b in zip(times["ddim-50"], times["ddpm-1000"])]
     ratio = median(ratios)
     print(f"\n-- sample: UNet (ddpm_unet_shapes), {args.sample_batch} images, {args.repeats} rounds")
     print(table(["sampler", "net calls", "s", "range", "ms/call"], rows))
     verdict = "MET" if ratio >= SAMPLE_TARGET else "MISSED"
-    print(f"DDPM-1000 / DDIM-50 time: {ratio:.1f}x for {calls['ddpm-1000'] / 50:.0f}x the calls "
-          f"(target >= {SAMPLE_TARGET:.0f}x): {verdict}")
+    print(
+        f"DDPM-1000 / DDIM-50 time: {ratio:.1f}x for {calls['ddpm-1000'] / 50:.0f}x the calls "
+        f"(target >= {SAMPLE_TARGET:.0f}x): {verdict}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,12 +25,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from bench._common import RATIO_HEADERS, add_clock_arg, alternate, missing, peer_header, ratio_row, table  # noqa: E402
-from zoo.diffusion import DDIMSampler, DiffusionModule, DiT, UNet  # noqa: E402
-from zoo.layers.optim import AdamWCosine  # noqa: E402
+from bench._common import RATIO_HEADERS, add_clock_arg, alternate, missing, peer_header, ratio_row, table
+from zoo.diffusion import DDIMSampler, DiffusionModule, DiT, UNet
+from zoo.layers.optim import AdamWCosine
 
 try:
     import diffusers
@@ -41,16 +41,33 @@ try:
 except ImportError:
     dit_ref = None
 
-UNET = dict(in_channels=3, image_size=32, base_channels=32, channel_mults=(1, 2, 2, 2), num_res_blocks=2,
-            attention_resolutions=(16,), num_heads=1, dropout=0.0, norm_groups=8)
+UNET = dict(
+    in_channels=3,
+    image_size=32,
+    base_channels=32,
+    channel_mults=(1, 2, 2, 2),
+    num_res_blocks=2,
+    attention_resolutions=(16,),
+    num_heads=1,
+    dropout=0.0,
+    norm_groups=8,
+)
 
 
 def diffusers_unet():
     return diffusers.UNet2DModel(
-        sample_size=32, in_channels=3, out_channels=3, block_out_channels=(32, 64, 64, 64), layers_per_block=2,
+        sample_size=32,
+        in_channels=3,
+        out_channels=3,
+        block_out_channels=(32, 64, 64, 64),
+        layers_per_block=2,
         down_block_types=("DownBlock2D", "AttnDownBlock2D", "DownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "UpBlock2D", "AttnUpBlock2D", "UpBlock2D"), norm_num_groups=8,
-        attention_head_dim=None, flip_sin_to_cos=False, freq_shift=1)
+        up_block_types=("UpBlock2D", "UpBlock2D", "AttnUpBlock2D", "UpBlock2D"),
+        norm_num_groups=8,
+        attention_head_dim=None,
+        flip_sin_to_cos=False,
+        freq_shift=1,
+    )
 
 
 def n_params(net) -> int:
@@ -67,6 +84,7 @@ def step_fn(call, net, opt, batch, bf16: bool):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+
     return step
 
 
@@ -75,10 +93,16 @@ def pair_rows(label, zoo, peer, zoo_call, peer_call, shape, classes, batch, roun
     rows = []
     for bf16 in (False, True):
         g = torch.Generator().manual_seed(0)
-        data = (torch.randn(batch, *shape, generator=g), torch.randint(0, 1000, (batch,), generator=g),
-                torch.randint(0, max(classes, 1), (batch,), generator=g), torch.randn(batch, *shape, generator=g))
-        arms = {"zoo": step_fn(zoo_call, zoo, AdamWCosine(lr=1e-4).configure(zoo, None)["optimizer"], data, bf16),
-                "peer": step_fn(peer_call, peer, torch.optim.AdamW(peer.parameters(), lr=1e-4), data, bf16)}
+        data = (
+            torch.randn(batch, *shape, generator=g),
+            torch.randint(0, 1000, (batch,), generator=g),
+            torch.randint(0, max(classes, 1), (batch,), generator=g),
+            torch.randn(batch, *shape, generator=g),
+        )
+        arms = {
+            "zoo": step_fn(zoo_call, zoo, AdamWCosine(lr=1e-4).configure(zoo, None)["optimizer"], data, bf16),
+            "peer": step_fn(peer_call, peer, torch.optim.AdamW(peer.parameters(), lr=1e-4), data, bf16),
+        }
         tag = f"{label} train B{batch} {'bf16 autocast' if bf16 else 'fp32'}"
         rows.append(ratio_row(tag, alternate(arms, rounds), "zoo", "peer", target))
     return rows
@@ -122,9 +146,18 @@ def main() -> None:
         missing("diffusers", 'pip install -e ".[bench]"')
     elif "unet" in args.rows:
         torch.manual_seed(0)
-        rows += pair_rows("UNet 32px/32ch vs diffusers UNet2DModel", UNet(**UNET), diffusers_unet(),
-                          lambda m, x, t, y: m(x, t), lambda m, x, t, y: m(x, t).sample, (3, 32, 32), 0,
-                          args.unet_batch, args.rounds, 0.9)
+        rows += pair_rows(
+            "UNet 32px/32ch vs diffusers UNet2DModel",
+            UNet(**UNET),
+            diffusers_unet(),
+            lambda m, x, t, y: m(x, t),
+            lambda m, x, t, y: m(x, t).sample,
+            (3, 32, 32),
+            0,
+            args.unet_batch,
+            args.rounds,
+            0.9,
+        )
     if diffusers is not None and "ddim" in args.rows:
         rows += ddim_row(args)
     if dit_ref is None:
@@ -132,8 +165,18 @@ def main() -> None:
     elif "dit" in args.rows:
         torch.manual_seed(0)
         zoo = DiT(size="S", patch_size=2, image_size=32, in_channels=4, num_classes=1000, learn_sigma=True)
-        rows += pair_rows("DiT-S/2 vs DiT reference", zoo, dit_ref.DiT(), lambda m, x, t, y: m(x, t, y),
-                          lambda m, x, t, y: m(x, t, y), (4, 32, 32), 1000, args.dit_batch, args.rounds, 0.95)
+        rows += pair_rows(
+            "DiT-S/2 vs DiT reference",
+            zoo,
+            dit_ref.DiT(),
+            lambda m, x, t, y: m(x, t, y),
+            lambda m, x, t, y: m(x, t, y),
+            (4, 32, 32),
+            1000,
+            args.dit_batch,
+            args.rounds,
+            0.95,
+        )
     print(table(RATIO_HEADERS, rows))
 
 

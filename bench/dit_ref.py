@@ -25,8 +25,11 @@ def modulate(x, shift, scale):
 class TimestepEmbedder(nn.Module):
     def __init__(self, hidden_size: int, frequency_embedding_size: int = 256) -> None:
         super().__init__()
-        self.mlp = nn.Sequential(nn.Linear(frequency_embedding_size, hidden_size, bias=True), nn.SiLU(),
-                                 nn.Linear(hidden_size, hidden_size, bias=True))
+        self.mlp = nn.Sequential(
+            nn.Linear(frequency_embedding_size, hidden_size, bias=True),
+            nn.SiLU(),
+            nn.Linear(hidden_size, hidden_size, bias=True),
+        )
         self.frequency_embedding_size = frequency_embedding_size
 
     @staticmethod
@@ -59,8 +62,12 @@ class DiTBlock(nn.Module):
         self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
         self.attn = Attention(hidden_size, num_heads=num_heads, qkv_bias=True)
         self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
-        self.mlp = Mlp(in_features=hidden_size, hidden_features=int(hidden_size * mlp_ratio),
-                       act_layer=lambda: nn.GELU(approximate="tanh"), drop=0)
+        self.mlp = Mlp(
+            in_features=hidden_size,
+            hidden_features=int(hidden_size * mlp_ratio),
+            act_layer=lambda: nn.GELU(approximate="tanh"),
+            drop=0,
+        )
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size, bias=True))
 
     def forward(self, x, c):
@@ -86,14 +93,27 @@ def sincos_2d(dim: int, grid: int) -> torch.Tensor:
         omega = 1.0 / 10000 ** (torch.arange(d // 2, dtype=torch.float64) / (d / 2.0))
         out = pos.reshape(-1)[:, None] * omega[None]
         return torch.cat([torch.sin(out), torch.cos(out)], dim=1)
-    gw, gh = torch.meshgrid(torch.arange(grid, dtype=torch.float64), torch.arange(grid, dtype=torch.float64),
-                            indexing="xy")
+
+    gw, gh = torch.meshgrid(
+        torch.arange(grid, dtype=torch.float64), torch.arange(grid, dtype=torch.float64), indexing="xy"
+    )
     return torch.cat([one_d(dim // 2, gh), one_d(dim // 2, gw)], dim=1).float()
 
 
 class DiT(nn.Module):
-    def __init__(self, input_size=32, patch_size=2, in_channels=4, hidden_size=384, depth=12, num_heads=6,
-                 mlp_ratio=4.0, class_dropout_prob=0.1, num_classes=1000, learn_sigma=True) -> None:
+    def __init__(
+        self,
+        input_size=32,
+        patch_size=2,
+        in_channels=4,
+        hidden_size=384,
+        depth=12,
+        num_heads=6,
+        mlp_ratio=4.0,
+        class_dropout_prob=0.1,
+        num_classes=1000,
+        learn_sigma=True,
+    ) -> None:
         super().__init__()
         self.learn_sigma, self.in_channels = learn_sigma, in_channels
         self.out_channels = in_channels * 2 if learn_sigma else in_channels
@@ -102,7 +122,7 @@ class DiT(nn.Module):
         self.t_embedder = TimestepEmbedder(hidden_size)
         self.y_embedder = LabelEmbedder(num_classes, hidden_size, class_dropout_prob)
         num_patches = self.x_embedder.num_patches
-        self.pos_embed = nn.Parameter(sincos_2d(hidden_size, int(num_patches ** 0.5))[None], requires_grad=False)
+        self.pos_embed = nn.Parameter(sincos_2d(hidden_size, int(num_patches**0.5))[None], requires_grad=False)
         self.blocks = nn.ModuleList([DiTBlock(hidden_size, num_heads, mlp_ratio) for _ in range(depth)])
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels)
 

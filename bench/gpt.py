@@ -1,7 +1,8 @@
 """The GPT against its peers, in one process, arms alternating: nanoGPT's model and litgpt.
 
 Rows (zoo time / peer time; below 1 the zoo is faster; issue 16's targets beside them):
-  train   one optimizer step, 4 layers, width 256, 4 heads, context 256, batch 8, byte vocabulary: forward, F.cross_entropy outside the net,
+  train   one optimizer step, 4 layers, width 256, 4 heads, context 256, batch 8, byte vocabulary: forward,
+  F.cross_entropy outside the net,
           zero_grad, backward, AdamW step, each project as its users get it: the zoo's AdamWCosine (fused
           AdamW on a CPU too), nanoGPT's configure_optimizers (fused only on CUDA), litgpt's torch.optim.AdamW
           defaults. vs nanoGPT: zoo GPT(mlp=GeluMLP(approximate="exact")), learned positions, tied head, against
@@ -28,14 +29,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from bench import nanogpt_ref  # noqa: E402
-from bench._common import RATIO_HEADERS, add_clock_arg, alternate, missing, peer_header, ratio_row, table  # noqa: E402
-from zoo.gpt import GPT, MLA, GeluMLP  # noqa: E402
-from zoo.gpt.generate import make_cache  # noqa: E402
-from zoo.layers.optim import AdamWCosine  # noqa: E402
+from bench import nanogpt_ref
+from bench._common import RATIO_HEADERS, add_clock_arg, alternate, missing, peer_header, ratio_row, table
+from zoo.gpt import GPT, MLA, GeluMLP
+from zoo.gpt.generate import make_cache
+from zoo.layers.optim import AdamWCosine
 
 V, L, D, H, T = 257, 4, 256, 4, 256
 MLA_ARGS = dict(q_lora_rank=128, kv_lora_rank=256, qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64)
@@ -48,19 +49,38 @@ except ImportError:
 
 
 def lit_gpt(block_size: int, mla: bool = False, n_layer: int = L, n_embd: int = D, n_head: int = H):
-    cfg = LitConfig(block_size=block_size, vocab_size=V, padded_vocab_size=V, n_layer=n_layer, n_head=n_head,
-                    n_embd=n_embd, bias=True, norm_class_name="LayerNorm", parallel_residual=False,
-                    rotary_percentage=1.0, mlp_class_name="GptNeoxMLP", intermediate_size=4 * n_embd,
-                    gelu_approximate="none", n_query_groups=n_head,
-                    latent_attention=MLA_ARGS if mla else None)
+    cfg = LitConfig(
+        block_size=block_size,
+        vocab_size=V,
+        padded_vocab_size=V,
+        n_layer=n_layer,
+        n_head=n_head,
+        n_embd=n_embd,
+        bias=True,
+        norm_class_name="LayerNorm",
+        parallel_residual=False,
+        rotary_percentage=1.0,
+        mlp_class_name="GptNeoxMLP",
+        intermediate_size=4 * n_embd,
+        gelu_approximate="none",
+        n_query_groups=n_head,
+        latent_attention=MLA_ARGS if mla else None,
+    )
     return LitGPT(cfg)
 
 
 def zoo_gpt(block_size: int, mla: bool = False, n_layer: int = L, n_embd: int = D, n_head: int = H, **kw) -> GPT:
     attn = {"attention": partial(MLA, **MLA_ARGS)} if mla else {}
-    return GPT(vocab_size=V, block_size=block_size, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
-               mlp=partial(GeluMLP, approximate="exact"),
-               **attn, **kw)
+    return GPT(
+        vocab_size=V,
+        block_size=block_size,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        mlp=partial(GeluMLP, approximate="exact"),
+        **attn,
+        **kw,
+    )
 
 
 def n_params(net) -> int:
@@ -75,6 +95,7 @@ def train_step(net, opt, x, y, bf16: bool):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+
     return step
 
 
@@ -88,15 +109,19 @@ def train_rows(args) -> list:
         zoo = zoo_gpt(T)
         nano = nanogpt_ref.GPT(V, T, L, H, D)
         assert n_params(zoo) == n_params(nano), (n_params(zoo), n_params(nano))
-        arms = {"zoo": train_step(zoo, AdamWCosine(lr=1e-4).configure(zoo, None)["optimizer"], x, y, bf16),
-                "nanoGPT": train_step(nano, torch.optim.AdamW(nano.parameters(), lr=1e-4), x, y, bf16)}
+        arms = {
+            "zoo": train_step(zoo, AdamWCosine(lr=1e-4).configure(zoo, None)["optimizer"], x, y, bf16),
+            "nanoGPT": train_step(nano, torch.optim.AdamW(nano.parameters(), lr=1e-4), x, y, bf16),
+        }
         rows.append(ratio_row(f"{tag} vs nanoGPT", alternate(arms, args.rounds), "zoo", "nanoGPT", 0.95))
         if LitGPT is None:
             continue
         zoo_r, lit = zoo_gpt(T, position="rope", tie_embeddings=False), lit_gpt(T)
         assert n_params(zoo_r) == n_params(lit), (n_params(zoo_r), n_params(lit))
-        arms = {"zoo": train_step(zoo_r, AdamWCosine(lr=1e-4).configure(zoo_r, None)["optimizer"], x, y, bf16),
-                "litgpt": train_step(lit, torch.optim.AdamW(lit.parameters(), lr=1e-4), x, y, bf16)}
+        arms = {
+            "zoo": train_step(zoo_r, AdamWCosine(lr=1e-4).configure(zoo_r, None)["optimizer"], x, y, bf16),
+            "litgpt": train_step(lit, torch.optim.AdamW(lit.parameters(), lr=1e-4), x, y, bf16),
+        }
         rows.append(ratio_row(f"{tag} vs litgpt", alternate(arms, args.rounds), "zoo", "litgpt", 0.9))
     return rows
 
@@ -110,7 +135,8 @@ def zoo_decoder(net: GPT, ctx: int, n: int):
     @torch.inference_mode()
     def decode():
         for i in range(ctx, ctx + n):
-            net(ids[:, i:i + 1], cache, i)[:, -1].argmax(-1)
+            net(ids[:, i : i + 1], cache, i)[:, -1].argmax(-1)
+
     return decode, cache
 
 
@@ -124,7 +150,8 @@ def lit_decoder(net, ctx: int, n: int):
     @torch.inference_mode()
     def decode():
         for i in range(ctx, ctx + n):
-            net(ids[:, i:i + 1], input_pos=torch.tensor([i]), input_pos_maxp1=i + 1)[:, -1].argmax(-1)
+            net(ids[:, i : i + 1], input_pos=torch.tensor([i]), input_pos_maxp1=i + 1)[:, -1].argmax(-1)
+
     return decode
 
 
@@ -146,9 +173,19 @@ def decode_rows(args) -> list:
             times = {k: [t / n for t in v] for k, v in times.items()}  # ms per token
             lit_bytes = 2 * H * (MLA_ARGS["qk_nope_head_dim"] + MLA_ARGS["qk_rope_head_dim"] if mla else D // H) * 4
             if mla:
-                lit_bytes = H * (MLA_ARGS["qk_nope_head_dim"] + MLA_ARGS["qk_rope_head_dim"] + MLA_ARGS["v_head_dim"]) * 4
-            rows.append(ratio_row(f"decode {name} ctx {ctx}, ms/token (cache B/token/layer: zoo {cache_bytes(cache)}, "
-                                  f"litgpt {lit_bytes})", times, "zoo", "litgpt", round(1 / 1.3, 3)))
+                lit_bytes = (
+                    H * (MLA_ARGS["qk_nope_head_dim"] + MLA_ARGS["qk_rope_head_dim"] + MLA_ARGS["v_head_dim"]) * 4
+                )
+            rows.append(
+                ratio_row(
+                    f"decode {name} ctx {ctx}, ms/token (cache B/token/layer: zoo {cache_bytes(cache)}, "
+                    f"litgpt {lit_bytes})",
+                    times,
+                    "zoo",
+                    "litgpt",
+                    round(1 / 1.3, 3),
+                )
+            )
     torch.manual_seed(0)
     wide = dict(n_layer=2, n_embd=1024, n_head=16, position="rope", tie_embeddings=False)
     mha, mla = zoo_gpt(block, **wide).eval(), zoo_gpt(block, True, **wide).eval()
@@ -156,8 +193,15 @@ def decode_rows(args) -> list:
     times = alternate({"mla": mla_decode, "mha": mha_decode}, args.rounds)
     times = {k: [t / n for t in v] for k, v in times.items()}
     ratio = cache_bytes(mha_cache) / cache_bytes(mla_cache)
-    rows.append(ratio_row(f"decode zoo MLA vs zoo MHA, 2L/16H/1024 ctx {ctx}, ms/token (cache {ratio:.1f}x smaller)",
-                          times, "mla", "mha", 1.0))
+    rows.append(
+        ratio_row(
+            f"decode zoo MLA vs zoo MHA, 2L/16H/1024 ctx {ctx}, ms/token (cache {ratio:.1f}x smaller)",
+            times,
+            "mla",
+            "mha",
+            1.0,
+        )
+    )
     return rows
 
 

@@ -39,8 +39,16 @@ FAMILIES = {  # family: tiny config (what the tests train in seconds)
 }
 
 PEAK_BF16 = [  # (substring of torch.cuda.get_device_name, dense bf16 FLOP/s from the vendor's data sheet)
-    ("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("GH200", 989e12), ("A100", 312e12),
-    ("L40S", 362e12), ("L4", 121e12), ("A10", 125e12), ("RTX 4090", 165e12), ("RTX 3090", 71e12),
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),
+    ("GH200", 989e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+    ("A10", 125e12),
+    ("RTX 4090", 165e12),
+    ("RTX 3090", 71e12),
 ]
 
 SDPA_KERNELS = {  # the aten op each SDPA backend dispatches to
@@ -120,12 +128,20 @@ def fit_args(family: str, device: str, steps: int, compile: bool, gpus: int, roo
     args = ["fit", "--config", str(ROOT / FAMILIES[family])]
     if gpus > 1:
         args += ["--config", str(ROOT / "configs" / "trainer" / "fsdp.yaml")]
-    args += [f"--trainer.accelerator={'gpu' if device == 'cuda' else 'cpu'}",
-             f"--trainer.devices={gpus if device == 'cuda' else 1}", "--trainer.precision=bf16-mixed",
-             f"--trainer.max_steps={steps}", "--trainer.max_epochs=-1", "--trainer.limit_val_batches=0",
-             "--trainer.num_sanity_val_steps=0", "--trainer.logger=false", f"--trainer.default_root_dir={root}",
-             "--trainer.enable_progress_bar=false", "--trainer.callbacks+=gpu_check.Probe",
-             f"--model.init_args.compile={str(compile).lower()}"]
+    args += [
+        f"--trainer.accelerator={'gpu' if device == 'cuda' else 'cpu'}",
+        f"--trainer.devices={gpus if device == 'cuda' else 1}",
+        "--trainer.precision=bf16-mixed",
+        f"--trainer.max_steps={steps}",
+        "--trainer.max_epochs=-1",
+        "--trainer.limit_val_batches=0",
+        "--trainer.num_sanity_val_steps=0",
+        "--trainer.logger=false",
+        f"--trainer.default_root_dir={root}",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.callbacks+=gpu_check.Probe",
+        f"--model.init_args.compile={str(compile).lower()}",
+    ]
     return args
 
 
@@ -149,8 +165,15 @@ def check(family: str, device: str, steps: int, compile: bool, gpus: int, root: 
     c = main(fit_args(family, device, steps, compile, gpus, root))
     probe = next(cb for cb in c.trainer.callbacks if type(cb).__name__ == "Probe")
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
-    row = {"family": family, "step_ms": probe.step_ms(), "peak_mib": probe.peak_mib, "sdpa": probe.kernels,
-           "precision": c.trainer.precision, "strategy": type(c.trainer.strategy).__name__, "mfu": None}
+    row = {
+        "family": family,
+        "step_ms": probe.step_ms(),
+        "peak_mib": probe.peak_mib,
+        "sdpa": probe.kernels,
+        "precision": c.trainer.precision,
+        "strategy": type(c.trainer.strategy).__name__,
+        "mfu": None,
+    }
     if family == "gpt":
         row["mfu"] = mfu(c.model, probe, c.trainer.world_size, name)
     return row
@@ -175,8 +198,10 @@ def main() -> None:
     for r in rows:
         kernel = ", ".join(r["sdpa"]) or "-"
         m = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
-        print(f"{r['family']:<11} {r['precision']:<11} {r['strategy']:<22} {r['step_ms']:7.1f}  {r['peak_mib']:8.0f}  "
-              f"{kernel:<20} {m}")
+        print(
+            f"{r['family']:<11} {r['precision']:<11} {r['strategy']:<22} {r['step_ms']:7.1f}  {r['peak_mib']:8.0f}  "
+            f"{kernel:<20} {m}"
+        )
 
 
 if __name__ == "__main__":

@@ -33,7 +33,8 @@ Three parts:
           "speedup" is the median of the per-round ratios. "same ids" checks that both modes and
           ``generate()`` itself chose the same tokens (an untrained net's near-equal logits could in
           principle tie differently). With --dtype bf16 the cache is allocated in the autocast dtype
-          (bf16), as ``generate()`` does under autocast. Target: cache at least 5x the recompute tokens/s, every variant.
+          (bf16), as ``generate()`` does under autocast. Target: cache at least 5x the recompute tokens/s, every
+          variant.
   cache   bytes per token per layer of the buffers ``make_cache(net, 1, 512)`` allocates (``.a`` and
           ``.b`` of each layer, nbytes / 512), in fp32 and bf16, for the benchmarked shape (4 heads) and
           for 16 heads of 64 (width 1024; GQA keeps 2 key-value heads). MHA caches 2 x heads x head size
@@ -61,20 +62,20 @@ import gc
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import Tensor, nn  # noqa: E402
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
 
-from bench._common import median, now, print_header, resolve_device, set_threads, spread, sync, table  # noqa: E402
-from zoo.gpt import GPT, MHA, MLA, generate  # noqa: E402
-from zoo.gpt.generate import make_cache  # noqa: E402
+from bench._common import median, now, print_header, resolve_device, set_threads, spread, sync, table
+from zoo.gpt import GPT, MHA, MLA, generate
+from zoo.gpt.generate import make_cache
 
 SEED = 0
 VOCAB, N_LAYER, N_EMBD, N_HEAD, HEAD = 257, 4, 256, 4, 64
@@ -152,8 +153,14 @@ class PlainGPT(nn.Module):
 # ---------------------------------------------------------------- building
 def zoo_net(variant: str, block_size: int, n_head: int = N_HEAD) -> GPT:
     torch.manual_seed(SEED)
-    return GPT(vocab_size=VOCAB, block_size=block_size, n_layer=N_LAYER, n_embd=n_head * HEAD, n_head=n_head,
-               **VARIANTS[variant])
+    return GPT(
+        vocab_size=VOCAB,
+        block_size=block_size,
+        n_layer=N_LAYER,
+        n_embd=n_head * HEAD,
+        n_head=n_head,
+        **VARIANTS[variant],
+    )
 
 
 def n_params(net: nn.Module) -> int:
@@ -182,8 +189,9 @@ class Run:
     loss: float = float("nan")
 
 
-def make_train_step(net: nn.Module, batches: list[tuple[Tensor, Tensor]], device: torch.device,
-                    bf16: bool) -> Callable[[], Tensor]:
+def make_train_step(
+    net: nn.Module, batches: list[tuple[Tensor, Tensor]], device: torch.device, bf16: bool
+) -> Callable[[], Tensor]:
     net.to(device).train()
     opt = torch.optim.AdamW(net.parameters(), lr=3e-4, fused=device.type == "cuda")
     state = {"i": 0}
@@ -204,8 +212,10 @@ def make_train_step(net: nn.Module, batches: list[tuple[Tensor, Tensor]], device
 
 def bench_train(names: list[str], device: torch.device, bf16: bool, warmup: int, steps: int, repeats: int) -> None:
     tokens = TRAIN_BATCH * TRAIN_CONTEXT
-    print(f"\n-- train: batch {TRAIN_BATCH} x context {TRAIN_CONTEXT} = {tokens} tokens/step; {warmup} warm-up "
-          f"step(s), then {repeats} rounds of {steps} steps")
+    print(
+        f"\n-- train: batch {TRAIN_BATCH} x context {TRAIN_CONTEXT} = {tokens} tokens/step; {warmup} warm-up "
+        f"step(s), then {repeats} rounds of {steps} steps"
+    )
     g = torch.Generator().manual_seed(SEED + 1)
     batches = []
     for _ in range(4):  # a few distinct batches, cycled; targets are the inputs shifted by one
@@ -226,8 +236,11 @@ def bench_train(names: list[str], device: torch.device, bf16: bool, warmup: int,
                 loss = r.step()
             r.times.append(now(device) - t0)
             r.loss = float(loss)
-        print(f"   round {i + 1}/{repeats} ms/step: " + ", ".join(f"{r.name} {r.times[-1] / steps * 1e3:.0f}" for r in runs),
-              flush=True)
+        print(
+            f"   round {i + 1}/{repeats} ms/step: "
+            + ", ".join(f"{r.name} {r.times[-1] / steps * 1e3:.0f}" for r in runs),
+            flush=True,
+        )
 
     plain = runs[0]
     rows = []
@@ -235,19 +248,33 @@ def bench_train(names: list[str], device: torch.device, bf16: bool, warmup: int,
         ms = [t / steps * 1e3 for t in r.times]
         ratio = median([t / p for t, p in zip(r.times, plain.times)])
         tps = tokens / (median(ms) / 1e3)
-        rows.append([r.name, f"{r.params / 1e6:.3f}M", f"{median(ms):.1f}", spread(ms, 1), f"{tps:,.0f}",
-                     f"{ratio:.3f}", f"{tps * r.flops_per_token / 1e9:.1f}", f"{r.loss:.4f}"])
+        rows.append(
+            [
+                r.name,
+                f"{r.params / 1e6:.3f}M",
+                f"{median(ms):.1f}",
+                spread(ms, 1),
+                f"{tps:,.0f}",
+                f"{ratio:.3f}",
+                f"{tps * r.flops_per_token / 1e9:.1f}",
+                f"{r.loss:.4f}",
+            ]
+        )
     print(table(["variant", "params", "ms/step", "range", "tokens/s", "x plain", "GFLOP/s", "loss"], rows))
-    print("   (GFLOP/s from GPT.flops_per_token: 6 x matmul weights + attention; plain counted as mha. "
-          "plain and mha start from the same weights and see the same batches, so their losses should agree.)")
+    print(
+        "   (GFLOP/s from GPT.flops_per_token: 6 x matmul weights + attention; plain counted as mha. "
+        "plain and mha start from the same weights and see the same batches, so their losses should agree.)"
+    )
     mha = next((r for r in runs if r.name == "mha"), None)
     if mha is not None:
         ratios = [t / p for t, p in zip(mha.times, plain.times)]
         value = median(ratios)
         verdict = "MET" if value <= TRAIN_TARGET else "MISSED"
-        print(f"target train: zoo mha step time <= {TRAIN_TARGET:.2f} x plain -> {value:.3f} "
-              f"(rounds {spread(ratios)}; {median([t / steps * 1e3 for t in mha.times]):.1f} vs "
-              f"{median([t / steps * 1e3 for t in plain.times]):.1f} ms/step): {verdict}")
+        print(
+            f"target train: zoo mha step time <= {TRAIN_TARGET:.2f} x plain -> {value:.3f} "
+            f"(rounds {spread(ratios)}; {median([t / steps * 1e3 for t in mha.times]):.1f} vs "
+            f"{median([t / steps * 1e3 for t in plain.times]):.1f} ms/step): {verdict}"
+        )
 
 
 # ---------------------------------------------------------------- decode
@@ -273,17 +300,19 @@ def decode_once(d: Decode, use_cache: bool, n_new: int, device: torch.device, bf
         for pos in range(p, p + n_new):
             tokens[:, pos] = logits.argmax(dim=-1)
             if use_cache:
-                logits = d.net(tokens[:, pos:pos + 1], cache, pos)[:, -1]
+                logits = d.net(tokens[:, pos : pos + 1], cache, pos)[:, -1]
             else:
-                logits = d.net(tokens[:, :pos + 1])[:, -1]
+                logits = d.net(tokens[:, : pos + 1])[:, -1]
         elapsed = now(device) - t0
     return elapsed, tokens[0, p:].clone()
 
 
 def bench_decode(names: list[str], device: torch.device, bf16: bool, repeats: int, n_new: int) -> None:
     p = DECODE_CONTEXT - n_new
-    print(f"\n-- decode: batch 1, greedy, prompt {p} ids prefilled untimed, then {n_new} timed steps at positions "
-          f"{p}..{DECODE_CONTEXT - 1} (block_size {DECODE_CONTEXT}); 1 warm-up, then {repeats} rounds")
+    print(
+        f"\n-- decode: batch 1, greedy, prompt {p} ids prefilled untimed, then {n_new} timed steps at positions "
+        f"{p}..{DECODE_CONTEXT - 1} (block_size {DECODE_CONTEXT}); 1 warm-up, then {repeats} rounds"
+    )
     g = torch.Generator().manual_seed(SEED + 2)
     prompt = torch.randint(0, VOCAB, (1, p), generator=g).to(device)
     runs = [Decode(v, zoo_net(v, DECODE_CONTEXT).to(device).eval(), prompt) for v in names]
@@ -297,9 +326,13 @@ def bench_decode(names: list[str], device: torch.device, bf16: bool, repeats: in
         for d in runs if i % 2 == 0 else runs[::-1]:
             for m in modes if i % 2 == 0 else modes[::-1]:
                 d.times[m].append(decode_once(d, m == "cache", n_new, device, bf16)[0])
-        print(f"   round {i + 1}/{repeats} tokens/s cache/recompute: "
-              + ", ".join(f"{d.name} {n_new / d.times['cache'][-1]:.0f}/{n_new / d.times['recompute'][-1]:.1f}"
-                          for d in runs), flush=True)
+        print(
+            f"   round {i + 1}/{repeats} tokens/s cache/recompute: "
+            + ", ".join(
+                f"{d.name} {n_new / d.times['cache'][-1]:.0f}/{n_new / d.times['recompute'][-1]:.1f}" for d in runs
+            ),
+            flush=True,
+        )
 
     rows, speedup = [], {}
     for d in runs:
@@ -307,15 +340,43 @@ def bench_decode(names: list[str], device: torch.device, bf16: bool, repeats: in
         speedups = [r / c for c, r in zip(d.times["cache"], d.times["recompute"])]  # paired within a round
         speedup[d.name] = median(speedups)
         same = all(torch.equal(d.ids["cache"], d.ids[k]) for k in ("recompute", "generate"))
-        rows.append([d.name, f"{median(tps['cache']):.1f}", spread(tps["cache"], 1),
-                     f"{median(d.times['cache']) / n_new * 1e3:.2f}", f"{median(tps['recompute']):.1f}",
-                     spread(tps["recompute"], 1), f"{median(d.times['recompute']) / n_new * 1e3:.1f}",
-                     f"{speedup[d.name]:.1f}x", spread(speedups, 1), "yes" if same else "NO"])
-    print(table(["variant", "cache tok/s", "range", "ms/tok", "recompute tok/s", "range", "ms/tok", "speedup",
-                 "range", "same ids"], rows))
+        rows.append(
+            [
+                d.name,
+                f"{median(tps['cache']):.1f}",
+                spread(tps["cache"], 1),
+                f"{median(d.times['cache']) / n_new * 1e3:.2f}",
+                f"{median(tps['recompute']):.1f}",
+                spread(tps["recompute"], 1),
+                f"{median(d.times['recompute']) / n_new * 1e3:.1f}",
+                f"{speedup[d.name]:.1f}x",
+                spread(speedups, 1),
+                "yes" if same else "NO",
+            ]
+        )
+    print(
+        table(
+            [
+                "variant",
+                "cache tok/s",
+                "range",
+                "ms/tok",
+                "recompute tok/s",
+                "range",
+                "ms/tok",
+                "speedup",
+                "range",
+                "same ids",
+            ],
+            rows,
+        )
+    )
     verdict = "MET" if all(x >= DECODE_TARGET for x in speedup.values()) else "MISSED"
-    print(f"target decode: cached >= {DECODE_TARGET:.0f}x recompute tokens/s at context {DECODE_CONTEXT} -> "
-          + ", ".join(f"{v} {x:.1f}x" for v, x in speedup.items()) + f": {verdict}")
+    print(
+        f"target decode: cached >= {DECODE_TARGET:.0f}x recompute tokens/s at context {DECODE_CONTEXT} -> "
+        + ", ".join(f"{v} {x:.1f}x" for v, x in speedup.items())
+        + f": {verdict}"
+    )
 
 
 # ---------------------------------------------------------------- cache bytes
@@ -327,8 +388,10 @@ def cache_bytes_per_token(net: GPT, dtype: torch.dtype) -> float:
 
 
 def bench_cache(names: list[str]) -> None:
-    print(f"\n-- cache: make_cache(net, 1, {DECODE_CONTEXT}) buffers, bytes per token per layer "
-          f"(head size {HEAD}; nets on the meta device)")
+    print(
+        f"\n-- cache: make_cache(net, 1, {DECODE_CONTEXT}) buffers, bytes per token per layer "
+        f"(head size {HEAD}; nets on the meta device)"
+    )
     rows, checks = [], []
     for heads in (N_HEAD, 16):
         with torch.device("meta"):
@@ -340,12 +403,39 @@ def bench_cache(names: list[str]) -> None:
             net = nets[v]
             kv = "1 latent" if v == "mla" else f"{net.blocks[0].attn.n_kv_head}"
             whole = b16 * N_LAYER * DECODE_CONTEXT / 2**10
-            rows.append([v, heads, heads * HEAD, kv, f"{b32 / 4:.0f}", f"{b32:.0f}", f"{b16:.0f}", f"{whole:.0f}",
-                         f"{ratio:.4f}", f"{2.25 / heads:.4f}" if v == "mla" else ""])
+            rows.append(
+                [
+                    v,
+                    heads,
+                    heads * HEAD,
+                    kv,
+                    f"{b32 / 4:.0f}",
+                    f"{b32:.0f}",
+                    f"{b16:.0f}",
+                    f"{whole:.0f}",
+                    f"{ratio:.4f}",
+                    f"{2.25 / heads:.4f}" if v == "mla" else "",
+                ]
+            )
             if v == "mla":
                 checks.append((heads, ratio))
-    print(table(["variant", "heads", "width", "kv heads", "numbers", "fp32 B", "bf16 B",
-                 f"bf16 KiB at {DECODE_CONTEXT} tok x {N_LAYER} layers", "x mha", "2.25/heads"], rows))
+    print(
+        table(
+            [
+                "variant",
+                "heads",
+                "width",
+                "kv heads",
+                "numbers",
+                "fp32 B",
+                "bf16 B",
+                f"bf16 KiB at {DECODE_CONTEXT} tok x {N_LAYER} layers",
+                "x mha",
+                "2.25/heads",
+            ],
+            rows,
+        )
+    )
     for heads, ratio in checks:
         verdict = "MET" if math.isclose(ratio, 2.25 / heads, rel_tol=1e-9) else "MISSED"
         print(f"target cache: mla / mha at {heads} heads = 2.25/{heads} = {2.25 / heads:.4f} -> {ratio:.4f}: {verdict}")
@@ -359,13 +449,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto (default: cuda when available)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: PyTorch's)")
     parser.add_argument("--steps", type=int, default=None, help="timed train steps per round (default: cpu 2, cuda 20)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed train steps per variant (default: cpu 1, cuda 10)")
-    parser.add_argument("--repeats", type=int, default=None,
-                        help="interleaved rounds, train and decode (default: 9)")
-    parser.add_argument("--decode-tokens", type=int, default=DECODE_TOKENS,
-                        help=f"timed decode steps, ending at position {DECODE_CONTEXT} (default: {DECODE_TOKENS})")
-    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
-                        help="fp32, or torch.autocast(bfloat16) around forward and loss (default: fp32)")
+    parser.add_argument(
+        "--warmup", type=int, default=None, help="untimed train steps per variant (default: cpu 1, cuda 10)"
+    )
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds, train and decode (default: 9)")
+    parser.add_argument(
+        "--decode-tokens",
+        type=int,
+        default=DECODE_TOKENS,
+        help=f"timed decode steps, ending at position {DECODE_CONTEXT} (default: {DECODE_TOKENS})",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="fp32, or torch.autocast(bfloat16) around forward and loss (default: fp32)",
+    )
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from: " + ", ".join(VARIANTS))
     parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated, from: " + ", ".join(PARTS))
     args = parser.parse_args(argv)
@@ -387,10 +486,12 @@ def main(argv: list[str] | None = None) -> None:
     bf16 = args.dtype == "bf16"
     t_start = time.perf_counter()
     print_header("bench/llm.py: GPT (MHA, GQA, MLA) training step, decode with and without cache, cache bytes", device)
-    print(f"shape: {N_LAYER} layers, width {N_EMBD}, {N_HEAD} heads of {HEAD}, vocab {VOCAB}; gqa: 2 kv heads; "
-          f"mla: kv_lora_rank {MLA_ARGS['kv_lora_rank']}, qk_rope_head_dim {MLA_ARGS['qk_rope_head_dim']}, "
-          f"qk_nope_head_dim {MLA_ARGS['qk_nope_head_dim']}, v_head_dim {MLA_ARGS['v_head_dim']}; dtype {args.dtype}"
-          + (" (autocast)" if bf16 else ""))
+    print(
+        f"shape: {N_LAYER} layers, width {N_EMBD}, {N_HEAD} heads of {HEAD}, vocab {VOCAB}; gqa: 2 kv heads; "
+        f"mla: kv_lora_rank {MLA_ARGS['kv_lora_rank']}, qk_rope_head_dim {MLA_ARGS['qk_rope_head_dim']}, "
+        f"qk_nope_head_dim {MLA_ARGS['qk_nope_head_dim']}, v_head_dim {MLA_ARGS['v_head_dim']}; dtype {args.dtype}"
+        + (" (autocast)" if bf16 else "")
+    )
     if "train" in parts:
         bench_train(names, device, bf16, warmup, steps, repeats)
         gc.collect()

@@ -79,10 +79,10 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # cli.py lives at the repository root, not in a package
@@ -97,7 +97,14 @@ from torch import Tensor, nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from bench._common import (  # noqa: E402
-    median, minor_faults, now, print_header, resolve_device, set_threads, spread, table,
+    median,
+    minor_faults,
+    now,
+    print_header,
+    resolve_device,
+    set_threads,
+    spread,
+    table,
 )
 from cli import DEFAULT_CALLBACKS, TRAINER_DEFAULTS  # noqa: E402
 from zoo.cnn import ClassifierModule, ResNet  # noqa: E402
@@ -114,8 +121,10 @@ class MLP(nn.Module):
         self.num_classes = num_classes  # ClassifierModule sizes its metrics from it
         self.layers = nn.Sequential(
             nn.Flatten(),
-            nn.Linear(in_features, hidden), nn.ReLU(),
-            nn.Linear(hidden, hidden), nn.ReLU(),
+            nn.Linear(in_features, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
             nn.Linear(hidden, num_classes),
         )
 
@@ -137,8 +146,12 @@ class Workload:
 WORKLOADS = {
     "mlp": Workload(MLP, (1, 28, 28), steps=500, warmup=50, repeats=5, target="added_ms <= 0.5"),
     "resnet18": Workload(
-        lambda: ResNet(18, num_classes=10, stem="cifar"), (3, 32, 32),
-        steps=12, warmup=2, repeats=3, target="ratio <= 1.02",
+        lambda: ResNet(18, num_classes=10, stem="cifar"),
+        (3, 32, 32),
+        steps=12,
+        warmup=2,
+        repeats=3,
+        target="ratio <= 1.02",
     ),
 }
 
@@ -222,7 +235,9 @@ def run_plain(w: Workload, loader: DataLoader, warmup: int, device: torch.device
     t1, c1, f1 = now(device), time.process_time(), minor_faults()
     final = loss.item()
     end = time.perf_counter()
-    return Run(total=end - start, before=t0 - start, window=t1 - t0, after=end - t1, cpu=c1 - c0, faults=f1 - f0, loss=final)
+    return Run(
+        total=end - start, before=t0 - start, window=t1 - t0, after=end - t1, cpu=c1 - c0, faults=f1 - f0, loss=final
+    )
 
 
 def _instantiate(spec):
@@ -255,8 +270,14 @@ def ablations(tmp: Path) -> list[str]:
 
 
 def run_lightning(
-    w: Workload, loader: DataLoader, warmup: int, device: torch.device, tmp: Path, full: bool,
-    without: str | None = None, profiler=None,
+    w: Workload,
+    loader: DataLoader,
+    warmup: int,
+    device: torch.device,
+    tmp: Path,
+    full: bool,
+    without: str | None = None,
+    profiler=None,
 ) -> tuple[Run, Trainer]:
     start = now(device)
     module = (UnloggedClassifier if without == "train/loss log" else ClassifierModule)(seeded_net(w))
@@ -268,18 +289,34 @@ def run_lightning(
         trainer = Trainer(**kwargs, **common)
     else:
         trainer = Trainer(
-            logger=False, enable_checkpointing=False, callbacks=[timer], enable_progress_bar=False,
-            enable_model_summary=False, default_root_dir=str(tmp / "bare"), **common,
+            logger=False,
+            enable_checkpointing=False,
+            callbacks=[timer],
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=str(tmp / "bare"),
+            **common,
         )
     # The progress bar is drawn (formatted and written) as in any run, into /dev/null rather than a terminal.
-    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null), \
-            warnings.catch_warnings(record=True) as caught, fresh_workdir(tmp):
+    with (
+        open(os.devnull, "w") as null,
+        contextlib.redirect_stdout(null),
+        contextlib.redirect_stderr(null),
+        warnings.catch_warnings(record=True) as caught,
+        fresh_workdir(tmp),
+    ):
         trainer.fit(module, train_dataloaders=loader)
     end = time.perf_counter()
     notes = [str(m.message).splitlines()[0] for m in caught]
     run = Run(
-        total=end - start, before=timer.t0 - start, window=timer.t1 - timer.t0, after=end - timer.t1,
-        cpu=timer.c1 - timer.c0, faults=timer.f1 - timer.f0, loss=timer.loss, warnings=notes,
+        total=end - start,
+        before=timer.t0 - start,
+        window=timer.t1 - timer.t0,
+        after=end - timer.t1,
+        cpu=timer.c1 - timer.c0,
+        faults=timer.f1 - timer.f0,
+        loss=timer.loss,
+        warnings=notes,
     )
     return run, trainer
 
@@ -300,8 +337,15 @@ def fresh_workdir(tmp: Path):
         os.chdir(cwd)
 
 
-def run_variant(name: str, w: Workload, loader: DataLoader, warmup: int, device: torch.device, tmp: Path,
-                zero_grad_first: bool = False) -> Run:
+def run_variant(
+    name: str,
+    w: Workload,
+    loader: DataLoader,
+    warmup: int,
+    device: torch.device,
+    tmp: Path,
+    zero_grad_first: bool = False,
+) -> Run:
     """``name``: plain, zoo, lightning, or "zoo -<part>" / "lightning -<part>" for ``--ablate``."""
     gc.collect()
     if name == "plain":
@@ -327,12 +371,14 @@ def bench_workload(name: str, w: Workload, args, device: torch.device, tmp: Path
     warmup = args.warmup or w.warmup
     repeats = args.repeats or w.repeats
     loader = make_loader(w, warmup + steps)
-    print(f"\n-- {name}: batch {w.batch_size}, input {w.image_shape}, {steps} timed steps after {warmup} warm-up "
-          f"steps, {repeats} repeats")
+    print(
+        f"\n-- {name}: batch {w.batch_size}, input {w.image_shape}, {steps} timed steps after {warmup} warm-up "
+        f"steps, {repeats} repeats"
+    )
     variants = [*VARIANTS, *(ablations(tmp) if args.ablate else [])]
     runs: dict[str, list[Run]] = {v: [] for v in variants}
     for r in range(repeats):
-        order = variants[r % len(variants):] + variants[: r % len(variants)]
+        order = variants[r % len(variants) :] + variants[: r % len(variants)]
         for v in order:
             runs[v].append(run_variant(v, w, loader, warmup, device, tmp, args.zero_grad_first))
         line = ", ".join(f"{v} {runs[v][-1].window / steps * 1e3:.3f}" for v in VARIANTS)
@@ -355,18 +401,38 @@ def report(name: str, w: Workload, runs: dict[str, list[Run]], steps: int, warmu
     with_cpu = torch.get_num_threads() == 1
     div, sub = (lambda x, y: x / y), (lambda x, y: x - y)
 
-    headers = ["variant", "ms/step", "range", "x plain", "+ms/step", *(["+cpu ms/step"] if with_cpu else []),
-               "setup s", "teardown s", "total s", "faults/step", "loss"]
+    headers = [
+        "variant",
+        "ms/step",
+        "range",
+        "x plain",
+        "+ms/step",
+        *(["+cpu ms/step"] if with_cpu else []),
+        "setup s",
+        "teardown s",
+        "total s",
+        "faults/step",
+        "loss",
+    ]
     rows = []
     for v, rs in runs.items():
         setup = [r.before - warmup * m / 1e3 for r, m in zip(rs, ms[v])]
         added_cpu = [f"{median(_paired(cpu[v], cpu['plain'], sub)):+.{d}f}"] if with_cpu else []
-        rows.append([
-            v, f"{median(ms[v]):.{d}f}", spread(ms[v], d), f"{median(_paired(ms[v], ms['plain'], div)):.3f}",
-            f"{median(_paired(ms[v], ms['plain'], sub)):+.{d}f}", *added_cpu,
-            f"{median(setup):.2f}", f"{median([r.after for r in rs]):.2f}", f"{median([r.total for r in rs]):.2f}",
-            f"{median([r.faults / steps for r in rs]):.0f}", f"{rs[-1].loss:.4f}",
-        ])
+        rows.append(
+            [
+                v,
+                f"{median(ms[v]):.{d}f}",
+                spread(ms[v], d),
+                f"{median(_paired(ms[v], ms['plain'], div)):.3f}",
+                f"{median(_paired(ms[v], ms['plain'], sub)):+.{d}f}",
+                *added_cpu,
+                f"{median(setup):.2f}",
+                f"{median([r.after for r in rs]):.2f}",
+                f"{median([r.total for r in rs]):.2f}",
+                f"{median([r.faults / steps for r in rs]):.0f}",
+                f"{rs[-1].loss:.4f}",
+            ]
+        )
     print(table(headers, rows))
 
     kind, limit = w.target.split(" <= ")
@@ -387,9 +453,16 @@ def report(name: str, w: Workload, runs: dict[str, list[Run]], steps: int, warmu
             base = v.partition(" -")[0]
             saved, saved_cpu = _paired(ms[base], ms[v], sub), _paired(cpu[base], cpu[v], sub)
             extra = [f"{median(saved_cpu):+.{d}f}", spread(saved_cpu, d)] if with_cpu else []
-            rows.append((median(saved_cpu if with_cpu else saved), [v, f"{median(saved):+.{d}f}", spread(saved, d), *extra]))
+            rows.append(
+                (median(saved_cpu if with_cpu else saved), [v, f"{median(saved):+.{d}f}", spread(saved, d), *extra])
+            )
         extra_headers = ["cpu ms/step saved", "range"] if with_cpu else []
-        print(table(["left out", "ms/step saved", "range", *extra_headers], [r for _, r in sorted(rows, key=lambda t: -t[0])]))
+        print(
+            table(
+                ["left out", "ms/step saved", "range", *extra_headers],
+                [r for _, r in sorted(rows, key=lambda t: -t[0])],
+            )
+        )
 
     notes = sorted({n for v in runs if v != "plain" for r in runs[v] for n in r.warnings})
     for n in notes:
@@ -416,12 +489,16 @@ def profile(w: Workload, loader: DataLoader, warmup: int, device: torch.device, 
                 entry[2], entry[3] = hook, us
         elif us >= 5:
             rows.append([action, f"{us:.1f}", ""])
-    cb_rows = [[f"[Callback]{cb} ({n} hooks)", f"{us:.1f}", f"{hook} {top:.1f}"]
-               for cb, (us, n, hook, top) in sorted(per_callback.items(), key=lambda kv: -kv[1][0])]
+    cb_rows = [
+        [f"[Callback]{cb} ({n} hooks)", f"{us:.1f}", f"{hook} {top:.1f}"]
+        for cb, (us, n, hook, top) in sorted(per_callback.items(), key=lambda kv: -kv[1][0])
+    ]
     per_step = run.window / (steps - warmup) * 1e3
-    print(f"profile of one zoo run ({steps} steps, {per_step:.3f} ms/step under the profiler). "
-          "Lightning actions nest (run_training_batch holds optimizer_step, which holds training_step and backward); "
-          "callbacks are summed over their per-step hooks:")
+    print(
+        f"profile of one zoo run ({steps} steps, {per_step:.3f} ms/step under the profiler). "
+        "Lightning actions nest (run_training_batch holds optimizer_step, which holds training_step and backward); "
+        "callbacks are summed over their per-step hooks:"
+    )
     print(table(["action", "us/step", "costliest hook us/step"], rows + cb_rows))
 
 
@@ -430,18 +507,26 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__.split("\n\n")[0], epilog="See the module docstring for how to read the figures."
     )
     parser.add_argument("--steps", type=int, default=None, help="timed steps per run (default: mlp 500, resnet18 12)")
-    parser.add_argument("--warmup", type=int, default=None,
-                        help="untimed steps before the window, >= 1 (default: mlp 50, resnet18 2)")
-    parser.add_argument("--repeats", type=int, default=None,
-                        help="interleaved repeats of the variants (default: mlp 5, resnet18 3)")
+    parser.add_argument(
+        "--warmup", type=int, default=None, help="untimed steps before the window, >= 1 (default: mlp 50, resnet18 2)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="interleaved repeats of the variants (default: mlp 5, resnet18 3)"
+    )
     parser.add_argument("--workloads", default="mlp,resnet18", help="comma-separated, from: " + ", ".join(WORKLOADS))
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: PyTorch's)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
     parser.add_argument("--profile", action="store_true", help="add one SimpleProfiler'd zoo run per workload")
-    parser.add_argument("--ablate", action="store_true",
-                        help="also run the zoo setup without each callback, the progress bar, MLflow (one at a time)")
-    parser.add_argument("--zero-grad-first", action="store_true",
-                        help="plain loop zeroes gradients before the forward instead of Lightning's order")
+    parser.add_argument(
+        "--ablate",
+        action="store_true",
+        help="also run the zoo setup without each callback, the progress bar, MLflow (one at a time)",
+    )
+    parser.add_argument(
+        "--zero-grad-first",
+        action="store_true",
+        help="plain loop zeroes gradients before the forward instead of Lightning's order",
+    )
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
     unknown = [n for n in names if n not in WORKLOADS]
@@ -460,8 +545,10 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("lightning.pytorch.loggers.mlflow").setLevel(logging.ERROR)  # "Experiment ... Creating it."
     t_start = time.perf_counter()
     print_header("bench/overhead.py: zoo default setup vs a plain PyTorch loop", device)
-    print(f"plain loop order: {'zero_grad, forward' if args.zero_grad_first else 'forward, zero_grad (as Lightning)'}, "
-          "backward, step")
+    print(
+        f"plain loop order: {'zero_grad, forward' if args.zero_grad_first else 'forward, zero_grad (as Lightning)'}, "
+        "backward, step"
+    )
     with tempfile.TemporaryDirectory(prefix="zoo_bench_") as d:
         tmp = Path(d)
         cwd = os.getcwd()

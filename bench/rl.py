@@ -62,8 +62,12 @@ sys.path.insert(0, str(ROOT))
 
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", choices=["collect", "learner", "cartpole", "a2c", "pendulum", "sac", "impala"],
-                   action="append", help="run only these parts (repeatable); default all")
+    p.add_argument(
+        "--only",
+        choices=["collect", "learner", "cartpole", "a2c", "pendulum", "sac", "impala"],
+        action="append",
+        help="run only these parts (repeatable); default all",
+    )
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--target", type=float, default=475.0)
     p.add_argument("--budget", type=int, default=50_000, help="env steps")
@@ -119,8 +123,10 @@ def bench_learner(updates: int = 400) -> None:
     for _ in range(updates):
         update()
     wall, cpu = time.perf_counter() - t, time.process_time() - c
-    print(f"\nlearner, PPO minibatch of 256 rows, ActorCritic 64x64, fused AdamW, plain loop: "
-          f"{updates / wall:.0f} updates/s ({wall / updates * 1e3:.2f} ms wall, {cpu / updates * 1e3:.2f} ms CPU)")
+    print(
+        f"\nlearner, PPO minibatch of 256 rows, ActorCritic 64x64, fused AdamW, plain loop: "
+        f"{updates / wall:.0f} updates/s ({wall / updates * 1e3:.2f} ms wall, {cpu / updates * 1e3:.2f} ms CPU)"
+    )
 
 
 # -- time to the CartPole result ---------------------------------------------------------------------------
@@ -155,10 +161,17 @@ def zoo_run(seed: int, target: float, budget: int, config: str = "configs/rl/ppo
                 trainer.should_stop = True
 
     timer = TimeToReturn()
-    args = ["--config", str(ROOT / config), f"--seed_everything={seed}",
-            f"--model.init_args.total_env_steps={budget}", "--trainer.logger=false",
-            "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]", "--trainer.enable_progress_bar=false",
-            "--trainer.enable_model_summary=false"]
+    args = [
+        "--config",
+        str(ROOT / config),
+        f"--seed_everything={seed}",
+        f"--model.init_args.total_env_steps={budget}",
+        "--trainer.logger=false",
+        "--trainer.enable_checkpointing=false",
+        "--trainer.callbacks=[]",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+    ]
     cli = main(args, run=False)
     cli.trainer.callbacks.append(timer)
     t = time.perf_counter()
@@ -209,13 +222,28 @@ def sb3_run(seed: int, target: float, budget: int) -> dict:
             self.evals.append((self.num_timesteps, round(ret)))
             self.last_eval = self.num_timesteps
             if ret >= target:
-                self.hit = {"env_steps": self.num_timesteps, "train_s": now - self.t0 - self.eval_s,
-                            "total_s": now - self.t0}
+                self.hit = {
+                    "env_steps": self.num_timesteps,
+                    "train_s": now - self.t0 - self.eval_s,
+                    "total_s": now - self.t0,
+                }
 
-    linear = lambda start: (lambda remaining: remaining * start)  # noqa: E731
-    model = PPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=8, seed=seed), n_steps=32, batch_size=256,
-                n_epochs=20, gamma=0.98, gae_lambda=0.8, ent_coef=0.0, learning_rate=linear(1e-3),
-                clip_range=linear(0.2), seed=seed, device="cpu", verbose=0)
+    linear = lambda start: lambda remaining: remaining * start  # noqa: E731
+    model = PPO(
+        "MlpPolicy",
+        make_vec_env("CartPole-v1", n_envs=8, seed=seed),
+        n_steps=32,
+        batch_size=256,
+        n_epochs=20,
+        gamma=0.98,
+        gae_lambda=0.8,
+        ent_coef=0.0,
+        learning_rate=linear(1e-3),
+        clip_range=linear(0.2),
+        seed=seed,
+        device="cpu",
+        verbose=0,
+    )
     timer = TimeToReturn()
     t = time.perf_counter()
     model.learn(budget, callback=timer)
@@ -249,28 +277,34 @@ def time_to_return(runners: list, seeds: list[int], target: float, budget: int, 
 
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
-    print(f"\ntime to a mean return >= {target:g} over 10 deterministic episodes, {env_id}, "
-          f"budget {budget} env steps")
-    print(f"  {'agent':8s} {'seed':>4s} {'env steps':>9s} {'train s':>8s} {'total s':>8s}  "
-          "evaluations (env steps, return)")
+    print(f"\ntime to a mean return >= {target:g} over 10 deterministic episodes, {env_id}, budget {budget} env steps")
+    print(
+        f"  {'agent':8s} {'seed':>4s} {'env steps':>9s} {'train s':>8s} {'total s':>8s}  "
+        "evaluations (env steps, return)"
+    )
     results: dict[str, list[dict]] = {name: [] for name, _ in runners}
     for seed in seeds:
         for name, run in runners:
             r = run(seed, target, budget)
             results[name].append(r)
             hit = r["hit"]
-            cols = (f"{hit['env_steps']:9d} {hit['train_s']:8.2f} {hit['total_s']:8.2f}" if hit
-                    else f"{'not hit':>9s} {'-':>8s} {r['wall_s']:8.2f}")
+            cols = (
+                f"{hit['env_steps']:9d} {hit['train_s']:8.2f} {hit['total_s']:8.2f}"
+                if hit
+                else f"{'not hit':>9s} {'-':>8s} {r['wall_s']:8.2f}"
+            )
             print(f"  {name:8s} {seed:4d} {cols}  {r['evals']}", flush=True)
     for name, rs in results.items():
         hits = [r["hit"] for r in rs if r["hit"]]
-        print(f"  {name}: reached on {len(hits)}/{len(rs)} seeds; median [IQR] over all seeds, a miss counting as "
-              f"never: {quartiles([h['env_steps'] if h else None for h in (r['hit'] for r in rs)], '.0f')} env "
-              f"steps, {quartiles([h['train_s'] if h else None for h in (r['hit'] for r in rs)], '.1f')} s train")
+        print(
+            f"  {name}: reached on {len(hits)}/{len(rs)} seeds; median [IQR] over all seeds, a miss counting as "
+            f"never: {quartiles([h['env_steps'] if h else None for h in (r['hit'] for r in rs)], '.0f')} env "
+            f"steps, {quartiles([h['train_s'] if h else None for h in (r['hit'] for r in rs)], '.1f')} s train"
+        )
 
 
 def quartiles(values: list[float | None], fmt: str) -> str:
-    """"median [q1, q3]" of ``values``, None (a seed that never reached the target) ranking above every number;
+    """ "median [q1, q3]" of ``values``, None (a seed that never reached the target) ranking above every number;
     nearest-rank quartiles, so no quantile is interpolated towards a miss."""
     import numpy as np
 
@@ -332,10 +366,17 @@ def sac_zoo_run(seed: int, target: float, budget: int) -> dict:
                 trainer.should_stop = True
 
     timer = TimeToReturn()
-    args = ["--config", str(ROOT / "configs/rl/sac_pendulum.yaml"), f"--seed_everything={seed}",
-            f"--model.init_args.total_env_steps={budget}", "--trainer.logger=false",
-            "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]", "--trainer.enable_progress_bar=false",
-            "--trainer.enable_model_summary=false"]
+    args = [
+        "--config",
+        str(ROOT / "configs/rl/sac_pendulum.yaml"),
+        f"--seed_everything={seed}",
+        f"--model.init_args.total_env_steps={budget}",
+        "--trainer.logger=false",
+        "--trainer.enable_checkpointing=false",
+        "--trainer.callbacks=[]",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+    ]
     cli = main(args, run=False)
     cli.trainer.callbacks.append(timer)
     t = time.perf_counter()
@@ -379,9 +420,22 @@ def sac_sb3_run(seed: int, target: float, budget: int) -> dict:
                 return False
             return True
 
-    model = SAC("MlpPolicy", make_vec_env("Pendulum-v1", n_envs=1, seed=seed), learning_rate=1e-3,
-                buffer_size=100_000, learning_starts=SAC_LEARNING_STARTS, batch_size=256, tau=0.005, gamma=0.99,
-                train_freq=1, gradient_steps=1, ent_coef="auto", seed=seed, device="cpu", verbose=0)
+    model = SAC(
+        "MlpPolicy",
+        make_vec_env("Pendulum-v1", n_envs=1, seed=seed),
+        learning_rate=1e-3,
+        buffer_size=100_000,
+        learning_starts=SAC_LEARNING_STARTS,
+        batch_size=256,
+        tau=0.005,
+        gamma=0.99,
+        train_freq=1,
+        gradient_steps=1,
+        ent_coef="auto",
+        seed=seed,
+        device="cpu",
+        verbose=0,
+    )
     timer = TimeToReturn()
     t = time.perf_counter()
     model.learn(budget, callback=timer)
@@ -396,10 +450,14 @@ def bench_sac(seeds: list[int], target: float = -200.0, budget: int = 20_000, wi
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
     runners = [("zoo SAC", sac_zoo_run)] + ([("SB3 SAC", sac_sb3_run)] if with_sb3 else [])
-    print(f"\ntime to a mean return >= {target:g} over 10 deterministic episodes, Pendulum-v1, budget {budget} "
-          "env steps; steps/s: env steps per training second once updates run (one update per env step)")
-    print(f"  {'agent':8s} {'seed':>4s} {'env steps':>9s} {'train s':>8s} {'total s':>8s} {'steps/s':>8s}  "
-          "evaluations (env steps, return)")
+    print(
+        f"\ntime to a mean return >= {target:g} over 10 deterministic episodes, Pendulum-v1, budget {budget} "
+        "env steps; steps/s: env steps per training second once updates run (one update per env step)"
+    )
+    print(
+        f"  {'agent':8s} {'seed':>4s} {'env steps':>9s} {'train s':>8s} {'total s':>8s} {'steps/s':>8s}  "
+        "evaluations (env steps, return)"
+    )
     results: dict[str, list[dict]] = {name: [] for name, _ in runners}
     for seed in seeds:
         for name, run in runners:
@@ -407,16 +465,21 @@ def bench_sac(seeds: list[int], target: float = -200.0, budget: int = 20_000, wi
             results[name].append(r)
             hit = r["hit"] or r["last"]
             steps = f"{hit['env_steps']:9d}" if r["hit"] else f"{'not hit':>9s}"
-            print(f"  {name:8s} {seed:4d} {steps} {hit['train_s']:8.2f} {hit['total_s']:8.2f} "
-                  f"{hit['steps_per_s']:8.1f}  {r['evals']}", flush=True)
+            print(
+                f"  {name:8s} {seed:4d} {steps} {hit['train_s']:8.2f} {hit['total_s']:8.2f} "
+                f"{hit['steps_per_s']:8.1f}  {r['evals']}",
+                flush=True,
+            )
     for name, rs in results.items():
         hits = [r["hit"] for r in rs if r["hit"]]
         rates = [(r["hit"] or r["last"])["steps_per_s"] for r in rs]
         line = f"  {name}: reached on {len(hits)}/{len(rs)} seeds"
         if hits:
             mean = {k: sum(h[k] for h in hits) / len(hits) for k in hits[0]}
-            line += (f"; mean {mean['env_steps']:.0f} env steps, {mean['train_s']:.1f} s train, "
-                     f"{mean['total_s']:.1f} s total")
+            line += (
+                f"; mean {mean['env_steps']:.0f} env steps, {mean['train_s']:.1f} s train, "
+                f"{mean['total_s']:.1f} s total"
+            )
         print(f"{line}; {sum(rates) / len(rates):.1f} env steps/s with updates")
 
 
@@ -441,14 +504,26 @@ def throughput_run(config: str, budget: int, seed: int = 0) -> dict:
             self.t2, self.s2 = time.perf_counter(), int(pl_module.env_steps)
 
     rate = Rate()
-    args = ["--config", str(ROOT / config), f"--seed_everything={seed}", f"--model.init_args.total_env_steps={budget}",
-            "--trainer.limit_val_batches=0", "--trainer.logger=false", "--trainer.enable_checkpointing=false",
-            "--trainer.callbacks=[]", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+    args = [
+        "--config",
+        str(ROOT / config),
+        f"--seed_everything={seed}",
+        f"--model.init_args.total_env_steps={budget}",
+        "--trainer.limit_val_batches=0",
+        "--trainer.logger=false",
+        "--trainer.enable_checkpointing=false",
+        "--trainer.callbacks=[]",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+    ]
     cli = main(args, run=False)
     cli.trainer.callbacks.append(rate)
     cli.trainer.fit(cli.model, cli.datamodule)
-    return {"first_s": rate.t1 - rate.t0, "steps_per_s": (rate.s2 - rate.s1) / (rate.t2 - rate.t1),
-            "env_steps": rate.s2}
+    return {
+        "first_s": rate.t1 - rate.t0,
+        "steps_per_s": (rate.s2 - rate.s1) / (rate.t2 - rate.t1),
+        "env_steps": rate.s2,
+    }
 
 
 def actors_alone(seconds: float = 5.0) -> tuple[float, float]:
@@ -459,8 +534,15 @@ def actors_alone(seconds: float = 5.0) -> tuple[float, float]:
 
     net = ActorCritic(4, 2)
     t = time.perf_counter()
-    pool = ActorPool(EnvSpec.of(GymDataModule("CartPole-v1")), net, num_actors=2, envs_per_actor=8,
-                     unroll_length=32, num_slots=4, seed=0)
+    pool = ActorPool(
+        EnvSpec.of(GymDataModule("CartPole-v1")),
+        net,
+        num_actors=2,
+        envs_per_actor=8,
+        unroll_length=32,
+        num_slots=4,
+        seed=0,
+    )
     try:
         pool.take(2)
         first, t, steps = time.perf_counter() - t, time.perf_counter(), 0
@@ -482,9 +564,11 @@ def bench_impala(seeds: list[int], target: float, budget: int = 300_000) -> None
     print(f"  {'agent':34s} {'first step s':>12s} {'env steps/s':>11s}")
     first, rate = actors_alone()
     print(f"  {'IMPALA actors alone (2 x 8 envs)':34s} {first:12.2f} {rate:11.0f}", flush=True)
-    runs = [("IMPALA training (2 actors x 8 envs)", "configs/rl/impala_cartpole.yaml", 153_600),
-            ("PPO training (8 envs, 20 epochs)", "configs/rl/ppo_cartpole.yaml", 51_200),
-            ("A2C training (8 envs x 5 steps)", "configs/rl/a2c_cartpole.yaml", 51_200)]
+    runs = [
+        ("IMPALA training (2 actors x 8 envs)", "configs/rl/impala_cartpole.yaml", 153_600),
+        ("PPO training (8 envs, 20 epochs)", "configs/rl/ppo_cartpole.yaml", 51_200),
+        ("A2C training (8 envs x 5 steps)", "configs/rl/a2c_cartpole.yaml", 51_200),
+    ]
     for name, config, steps in runs:
         r = throughput_run(config, steps)
         print(f"  {name:34s} {r['first_s']:12.2f} {r['steps_per_s']:11.0f}", flush=True)

@@ -11,6 +11,19 @@ from callbacks.progress import ProgressBar
 from callbacks.summary import ModelSummary
 from callbacks.text_samples import LogTextSamples
 
-__all__ = ["CheckpointOnException", "FrechetDistance", "FrechetInceptionDistance", "GradNormMonitor", "LogConfusionMatrix",
-           "LogImageSamples", "LogTextSamples", "ModelSummary", "MonitoredCheckpoint", "NonFiniteLossError",
-           "PrecisionMonitor", "ProgressBar", "TrainsSomething", "WritePredictions"]
+__all__ = [
+    "CheckpointOnException",
+    "FrechetDistance",
+    "FrechetInceptionDistance",
+    "GradNormMonitor",
+    "LogConfusionMatrix",
+    "LogImageSamples",
+    "LogTextSamples",
+    "ModelSummary",
+    "MonitoredCheckpoint",
+    "NonFiniteLossError",
+    "PrecisionMonitor",
+    "ProgressBar",
+    "TrainsSomething",
+    "WritePredictions",
+]

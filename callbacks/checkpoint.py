@@ -106,11 +106,13 @@ class CheckpointOnException(OnExceptionCheckpoint):
             return
         try:
             super().on_exception(trainer, *args, **kwargs)
-        except Exception as err:  # noqa: BLE001 - whatever failed the save must not replace the run's own error
+        except Exception as err:
             # Raising here would replace the run's own exception and skip what Lightning does after the callbacks
             # (the loggers' finalize: the MLflow run stayed RUNNING). A partial file is no checkpoint: removed.
             with contextlib.suppress(Exception):
                 trainer.strategy.remove_checkpoint(self.ckpt_path)
             why = str(err).splitlines()[0] if str(err) else ""
-            rank_zero_warn(f"The failed run's checkpoint was not written to {self.ckpt_path} ({type(err).__name__}: "
-                           f"{why}); its last checkpoint, if any, is the one to resume from.")
+            rank_zero_warn(
+                f"The failed run's checkpoint was not written to {self.ckpt_path} ({type(err).__name__}: "
+                f"{why}); its last checkpoint, if any, is the one to resume from."
+            )

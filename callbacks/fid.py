@@ -94,7 +94,13 @@ class FrechetInceptionDistance(Callback):
         )
 
     def on_validation_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx: int, dataloader_idx: int = 0
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs,
+        batch,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
         if due(trainer, batch_idx, dataloader_idx, self.every_n_epochs):
             log_frechet(self, trainer, pl_module, "val/fid", to_uint8_rgb)

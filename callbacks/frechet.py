@@ -37,8 +37,12 @@ def real_images(trainer: pl.Trainer, num_samples: int, device: torch.device) -> 
 
 
 def generated_images(
-    pl_module: pl.LightningModule, num_samples: int, batch_size: int, sampler: SamplerClass | None,
-    guidance_scale: float | None, seed: int,
+    pl_module: pl.LightningModule,
+    num_samples: int,
+    batch_size: int,
+    sampler: SamplerClass | None,
+    guidance_scale: float | None,
+    seed: int,
 ) -> Iterator[Tensor]:
     """``num_samples`` images from ``pl_module.sample``, ``batch_size`` at a time; classes in turn across batches.
 
@@ -52,7 +56,10 @@ def generated_images(
 
 
 def log_frechet(
-    callback: Callback, trainer: pl.Trainer, pl_module: pl.LightningModule, key: str,
+    callback: Callback,
+    trainer: pl.Trainer,
+    pl_module: pl.LightningModule,
+    key: str,
     prepare: Callable[[Tensor], Tensor] = lambda images: images,
 ) -> None:
     """Logs ``key``: ``callback.metric`` (a torchmetrics FID kept on rank 0, real side featurised once) over
@@ -66,8 +73,9 @@ def log_frechet(
         if int(metric.real_features_num_samples) == 0:  # kept across validations (reset_real_features=False)
             for images in real_images(trainer, callback.num_samples, pl_module.device):
                 metric.update(prepare(images), real=True)
-    for images in generated_images(pl_module, callback.num_samples, callback.batch_size, callback.sampler,
-                                   callback.guidance_scale, callback.seed):
+    for images in generated_images(
+        pl_module, callback.num_samples, callback.batch_size, callback.sampler, callback.guidance_scale, callback.seed
+    ):
         if rank0:
             metric.update(prepare(images), real=False)
     if rank0:
@@ -98,7 +106,8 @@ class FrechetDistance(Callback):
     ) -> None:
         """
         Args:
-            classifier: a ``ClassifierModule`` checkpoint trained on the same data (e.g. by configs/cnn/convnet_shapes.yaml).
+            classifier: a ``ClassifierModule`` checkpoint trained on the same data (e.g. by
+            configs/cnn/convnet_shapes.yaml).
             num_samples: generated (and real) images compared; the metric is biased upwards at small N, so
                 compare numbers only at the same N.
             sampler: the sampler class with its own settings (``zoo.diffusion.samplers``, e.g. ``DDIMSampler`` with
@@ -114,8 +123,10 @@ class FrechetDistance(Callback):
         # Checked here, on every rank: found missing in setup, where rank 0 alone loads it, rank 0 would fail
         # while the other ranks wait for it in the next collective.
         if not classifier.startswith(("models:/", "runs:/")) and not Path(classifier).is_file():
-            raise FileNotFoundError(f"FrechetDistance's classifier checkpoint {classifier!r} does not exist: pass "
-                                    "--trainer.callbacks.classifier=<a ClassifierModule .ckpt trained on the same data>")
+            raise FileNotFoundError(
+                f"FrechetDistance's classifier checkpoint {classifier!r} does not exist: pass "
+                "--trainer.callbacks.classifier=<a ClassifierModule .ckpt trained on the same data>"
+            )
         self.classifier, self.num_samples = classifier, num_samples
         self.sampler, self.guidance_scale, self.batch_size = sampler, guidance_scale, batch_size
         self.every_n_epochs, self.seed = every_n_epochs, seed
@@ -134,7 +145,13 @@ class FrechetDistance(Callback):
             self.metric = FID(feature=features, reset_real_features=False, sync_on_compute=False)
 
     def on_validation_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx: int, dataloader_idx: int = 0
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs,
+        batch,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
         if due(trainer, batch_idx, dataloader_idx, self.every_n_epochs):
             log_frechet(self, trainer, pl_module, "val/fd_classifier")

@@ -41,7 +41,13 @@ class LogImageSamples(Callback):
         self.every_n_epochs, self.seed = every_n_epochs, seed
 
     def on_validation_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx: int, dataloader_idx: int = 0
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs,
+        batch,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
         if batch_idx or dataloader_idx or trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:
             return

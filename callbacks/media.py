@@ -92,8 +92,9 @@ def write_video(video: dict, folder: Path) -> Path:
         try:
             from moviepy import ImageSequenceClip
         except ImportError as err:
-            raise ImportError("an MP4 video needs moviepy (pip install moviepy); video_format: gif needs only "
-                              "Pillow") from err
+            raise ImportError(
+                "an MP4 video needs moviepy (pip install moviepy); video_format: gif needs only Pillow"
+            ) from err
         f, path = new_file(folder / f"{name}.mp4")
         f.close()  # the name is taken for this run; moviepy writes the file by name
         ImageSequenceClip(frames, fps=fps).write_videofile(str(path), logger=None)

@@ -70,8 +70,10 @@ class GradNormMonitor(Callback):
         step = trainer.global_step + 1  # this step, 1-based, as Lightning's logger connector counts it
         log_total = step % self.log_every_n_steps == 0 and lightning_writes(trainer, step)
         log_layers = (
-            self.per_layer_every_n_steps > 0 and step % self.per_layer_every_n_steps == 0
-            and trainer.log_every_n_steps > 0 and bool(trainer.loggers)
+            self.per_layer_every_n_steps > 0
+            and step % self.per_layer_every_n_steps == 0
+            and trainer.log_every_n_steps > 0
+            and bool(trainer.loggers)
         )
         if not (log_total or log_layers):
             return

@@ -5,7 +5,8 @@ Every output of a run (predictions, sample grids, per-image PNGs, GIFs, text) go
 nothing is written to the working directory or outside the run's folder (a folder setting is a name inside it,
 ``zoo.tracking.in_run_dir``), and nothing over an existing file (``callbacks.media.new_file``). The run's folder
 is the application's (``zoo.tracking.runs``: DataModules name outputs inside it too); re-exported here for the
-callbacks. Images and videos among the outputs (``callbacks.media``) become PNGs with a grid and GIF/MP4 files in the same folder.
+callbacks. Images and videos among the outputs (``callbacks.media``) become PNGs with a grid and GIF/MP4 files in the
+same folder.
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ class WritePredictions(BasePredictionWriter):
         super().__init__(write_interval="epoch")
         self.path = check_output_name(PATH_KEY, path)
 
-    def write_on_epoch_end(self, trainer: Trainer, pl_module: LightningModule, predictions: Any, batch_indices: Any) -> None:
+    def write_on_epoch_end(
+        self, trainer: Trainer, pl_module: LightningModule, predictions: Any, batch_indices: Any
+    ) -> None:
         batches = predictions[0] if predictions and isinstance(predictions[0], list) else predictions
         batches = [b for b in batches if isinstance(b, dict)]
         if not batches:
@@ -79,8 +82,11 @@ class WritePredictions(BasePredictionWriter):
         fmt = family.predictions
         tensors_only = all(isinstance(v, torch.Tensor) for v in columns.values())
         if columns:
-            written.append(self._write_csv(trainer, columns) if fmt == "csv" or (fmt is None and tensors_only)
-                           else self._write_jsonl(trainer, columns))
+            written.append(
+                self._write_csv(trainer, columns)
+                if fmt == "csv" or (fmt is None and tensors_only)
+                else self._write_jsonl(trainer, columns)
+            )
         for path in written:
             log_file(trainer, path, ARTIFACT_DIR)
         print("\n".join(f"Wrote {path.resolve()}" for path in written))
@@ -106,7 +112,13 @@ class WritePredictions(BasePredictionWriter):
             for i in range(size):
                 index = int(b["index"][i]) if "index" in b else n + i
                 k = int(b["label"][i]) if "label" in b else -1
-                label = "" if k < 0 else "_" + re.sub(r"[^\w.-]+", "_", str(classes[k])) if k < len(classes) else f"_label{k}"
+                label = (
+                    ""
+                    if k < 0
+                    else "_" + re.sub(r"[^\w.-]+", "_", str(classes[k]))
+                    if k < len(classes)
+                    else f"_label{k}"
+                )
                 names.append(f"{index:04d}{label}{rank}")
             n += size
         folder = self._media_dir(trainer, "images", given, "the images' folder")
@@ -145,7 +157,9 @@ class WritePredictions(BasePredictionWriter):
     def _write_jsonl(self, trainer: Trainer, columns: dict[str, Any]) -> Path:
         f, path = new_file(output_path(trainer, Path(self.path).with_suffix(".jsonl")))
         n = len(next(iter(columns.values())))
-        rows = [{k: (v[i].tolist() if isinstance(v, torch.Tensor) else v[i]) for k, v in columns.items()} for i in range(n)]
+        rows = [
+            {k: (v[i].tolist() if isinstance(v, torch.Tensor) else v[i]) for k, v in columns.items()} for i in range(n)
+        ]
         with f:
             f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8"))
         return path

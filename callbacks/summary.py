@@ -27,8 +27,7 @@ class ModelSummary(LightningModelSummary):
         total_flops: int,
         **summarize_kwargs: Any,
     ) -> None:
-        columns = [(name, [str(v) for v in values]) for name, values in summary_data
-                   if total_flops or name != "FLOPs"]
+        columns = [(name, [str(v) for v in values]) for name, values in summary_data if total_flops or name != "FLOPs"]
         totals = [
             (get_human_readable_count(trainable_parameters), "Trainable params"),
             (get_human_readable_count(total_parameters - trainable_parameters), "Non-trainable params"),

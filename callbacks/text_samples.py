@@ -18,8 +18,14 @@ class LogTextSamples(Callback):
     """
 
     def __init__(
-        self, prompts: list[str] | None = None, max_new_tokens: int = 200, temperature: float = 0.8,
-        top_k: int | None = 50, every_n_epochs: int = 1, seed: int = 0, print_samples: bool = False,
+        self,
+        prompts: list[str] | None = None,
+        max_new_tokens: int = 200,
+        temperature: float = 0.8,
+        top_k: int | None = 50,
+        every_n_epochs: int = 1,
+        seed: int = 0,
+        print_samples: bool = False,
     ) -> None:
         """
         Args:

@@ -3,7 +3,8 @@
 Models and the CLI read ``num_classes``, ``image_shape`` (C, H, W after transforms) and
 ``class_names`` right after ``__init__``, before any data is touched, so a net can be sized from
 the data config alone; ``normalization`` (per-channel mean and std applied to pixels in [0, 1]) after
-``setup``, so a trained model can read new image files as its training data was read. Every loader yields ``(images, labels)``: float32 (B, C, H, W) normalised
+``setup``, so a trained model can read new image files as its training data was read. Every loader yields ``(images,
+labels)``: float32 (B, C, H, W) normalised
 images and int64 (B,) labels. Subclasses only fill ``train_set``/``val_set``/``test_set`` in
 ``setup``; predict reuses the test split.
 """
@@ -35,11 +36,15 @@ def check_settings(at_least: int | None = None, fraction: bool = False, **settin
         if value is None:
             continue
         if at_least is not None and value < at_least:
-            raise InputError(f"data.init_args.{name}={value} must be {at_least} or more: pass "
-                             f"--data.init_args.{name}=<a whole number >= {at_least}>")
+            raise InputError(
+                f"data.init_args.{name}={value} must be {at_least} or more: pass "
+                f"--data.init_args.{name}=<a whole number >= {at_least}>"
+            )
         if fraction and not 0.0 <= value < 1.0:
-            raise InputError(f"data.init_args.{name}={value} is a share of the data held out and must be in [0, 1): "
-                             f"pass --data.init_args.{name}=0.1, say")
+            raise InputError(
+                f"data.init_args.{name}={value} is a share of the data held out and must be in [0, 1): "
+                f"pass --data.init_args.{name}=0.1, say"
+            )
 
 
 def split_indices(n: int, val_fraction: float, seed: int, name: str = "val_fraction") -> tuple[list[int], list[int]]:
@@ -158,8 +163,15 @@ class ResumableLoader(DataLoader):
             self.batch_sampler.set_epoch(state_dict["epoch"])
 
 
-def training_loader(dataset: Dataset, trainer, batch_size: int, sampler: Sampler[int], drop_last: bool = False,
-                    resume_at: dict | None = None, **loader) -> ResumableLoader:
+def training_loader(
+    dataset: Dataset,
+    trainer,
+    batch_size: int,
+    sampler: Sampler[int],
+    drop_last: bool = False,
+    resume_at: dict | None = None,
+    **loader,
+) -> ResumableLoader:
     """The loader of a training split: ``sampler`` in batches, started at ``resume_at`` (a ``training_position``)."""
     dl = ResumableLoader(dataset, batch_sampler=ResumableBatches(sampler, batch_size, drop_last), **loader)
     dl.trainer = trainer
@@ -190,7 +202,12 @@ class ImageDataModule(ResumesMidEpoch, LightningDataModule):
     normalization: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
     def __init__(
-        self, batch_size: int, seed: int, num_workers: int = 0, pin_memory: bool = False, persistent_workers: bool = False
+        self,
+        batch_size: int,
+        seed: int,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
     ) -> None:
         """Subclasses state ``batch_size`` and ``seed`` (their defaults and meanings differ) and forward the rest
         as ``**loader``, which LightningCLI resolves to the arguments below.
@@ -220,11 +237,21 @@ class ImageDataModule(ResumesMidEpoch, LightningDataModule):
     def _loader(self, dataset: Dataset | None, split: str, shuffle: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__} has no {split} split yet; call setup() first")
-        loader = {"num_workers": self.num_workers, "pin_memory": self.pin_memory,
-                  "persistent_workers": self.persistent_workers, "collate_fn": self.collate_fn}
+        loader = {
+            "num_workers": self.num_workers,
+            "pin_memory": self.pin_memory,
+            "persistent_workers": self.persistent_workers,
+            "collate_fn": self.collate_fn,
+        }
         if shuffle:
-            return training_loader(dataset, self.trainer, self.batch_size, EpochShuffle(len(dataset), self.seed),
-                                   resume_at=self.train_position, **loader)
+            return training_loader(
+                dataset,
+                self.trainer,
+                self.batch_size,
+                EpochShuffle(len(dataset), self.seed),
+                resume_at=self.train_position,
+                **loader,
+            )
         return DataLoader(dataset, batch_size=self.batch_size, **loader)
 
     def train_dataloader(self) -> DataLoader:

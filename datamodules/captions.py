@@ -40,8 +40,14 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from datamodules.base import (EpochShuffle, ResumesMidEpoch, check_settings, not_found_message, split_indices,
-                              training_loader)
+from datamodules.base import (
+    EpochShuffle,
+    ResumesMidEpoch,
+    check_settings,
+    not_found_message,
+    split_indices,
+    training_loader,
+)
 from datamodules.image_files import OnUnreadable, open_image, readable_images
 from datamodules.shapes import COLOURS, POSITIONS, SIZES, ShapesDataset
 from datamodules.text_corpus import read_utf8
@@ -74,8 +80,9 @@ def read_pairs(path: Path, image_column: str, caption_column: str, label_column:
         delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
         rows = list(csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter))
     else:
-        raise InputError(f"{str(path)!r}: expected a .csv, .tsv or .jsonl file, or a folder of images with .txt "
-                         f"captions")
+        raise InputError(
+            f"{str(path)!r}: expected a .csv, .tsv or .jsonl file, or a folder of images with .txt captions"
+        )
     if not rows:
         raise InputError(f"{str(path)!r} holds no rows: pass a file with a header and at least one row")
     wanted = [("image_column", image_column), ("caption_column", caption_column)]
@@ -83,8 +90,10 @@ def read_pairs(path: Path, image_column: str, caption_column: str, label_column:
     for setting, column in wanted:
         columns = sorted(rows[0]) if isinstance(rows[0], dict) else type(rows[0]).__name__
         if not isinstance(rows[0], dict) or column not in rows[0]:
-            raise InputError(f"{str(path)!r} has no column {column!r} (it has {columns}): pass "
-                             f"--data.init_args.{setting}=<one of its columns>, or add the column")
+            raise InputError(
+                f"{str(path)!r} has no column {column!r} (it has {columns}): pass "
+                f"--data.init_args.{setting}=<one of its columns>, or add the column"
+            )
     root = path.parent
     return {
         "images": [root / str(r[image_column]) for r in rows],
@@ -97,12 +106,21 @@ def _folder_pairs(folder: Path) -> dict[str, list]:
     images = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
     paired = [p for p in images if p.with_suffix(".txt").is_file()]
     if not paired:
-        raise FileNotFoundError(not_found_message("images with .txt captions beside them", str(folder),
-                                                  "put <name>.txt next to each <name>.png/.jpg, or pass a CSV/JSONL"))
+        raise FileNotFoundError(
+            not_found_message(
+                "images with .txt captions beside them",
+                str(folder),
+                "put <name>.txt next to each <name>.png/.jpg, or pass a CSV/JSONL",
+            )
+        )
     if len(paired) < len(images):
         skipped = len(images) - len(paired)
         warnings.warn(f"{skipped} images in {str(folder)!r} have no .txt caption and are skipped", stacklevel=2)
-    return {"images": paired, "captions": [p.with_suffix(".txt").read_text("utf-8").strip() for p in paired], "labels": None}
+    return {
+        "images": paired,
+        "captions": [p.with_suffix(".txt").read_text("utf-8").strip() for p in paired],
+        "labels": None,
+    }
 
 
 def list_images(path: Path, image_column: str) -> list[Path]:
@@ -113,8 +131,13 @@ def list_images(path: Path, image_column: str) -> list[Path]:
         return sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
     if path.is_file():
         return read_pairs(path, image_column, image_column, None)["images"]
-    raise FileNotFoundError(not_found_message("images", str(path), "pass data.init_args.predict_path=<an image, a "
-                                              "folder of images, or a CSV/JSONL with an image column>"))
+    raise FileNotFoundError(
+        not_found_message(
+            "images",
+            str(path),
+            "pass data.init_args.predict_path=<an image, a folder of images, or a CSV/JSONL with an image column>",
+        )
+    )
 
 
 def caption_groups(captions: Sequence) -> Tensor:
@@ -148,7 +171,9 @@ class CaptionPairs(Dataset):
     an ``image_id``).
     """
 
-    def __init__(self, images: Tensor | list[Path], text: Tensor, labels: Tensor, captions: list[str], transform=None) -> None:
+    def __init__(
+        self, images: Tensor | list[Path], text: Tensor, labels: Tensor, captions: list[str], transform=None
+    ) -> None:
         self.images, self.text, self.labels, self.captions, self.transform = images, text, labels, captions, transform
         self.caption_ids = caption_groups(captions) if captions else torch.zeros(len(labels), dtype=torch.long)
         self.image_ids = torch.arange(len(labels)) if isinstance(images, Tensor) else caption_groups(images)
@@ -157,8 +182,13 @@ class CaptionPairs(Dataset):
         return len(self.labels)
 
     def _fields(self, idx: Tensor) -> dict:
-        return {"text": self.text[idx], "label": self.labels[idx], "image_id": self.image_ids[idx],
-                "caption_id": self.caption_ids[idx], "index": idx}
+        return {
+            "text": self.text[idx],
+            "label": self.labels[idx],
+            "image_id": self.image_ids[idx],
+            "caption_id": self.caption_ids[idx],
+            "index": idx,
+        }
 
     def __getitems__(self, indices: list[int]) -> dict | list[dict]:
         if not isinstance(self.images, Tensor):
@@ -238,7 +268,8 @@ class CaptionDataModule(ResumesMidEpoch, LightningDataModule):
             path: a .csv/.tsv/.jsonl of (image, caption) rows, or a folder of images with .txt captions;
                 None: the generated shapes with their captions.
             val_path: held-out pairs in the same form; None: ``val_fraction`` of ``path`` is held out.
-            val_fraction: share of ``path``'s images held out, each with all its captions, when there is no ``val_path``.
+            val_fraction: share of ``path``'s images held out, each with all its captions, when there is no
+            ``val_path``.
             image_column: the column (CSV) or field (JSONL) with the image path, relative to the file.
             caption_column: the column or field with the caption.
             label_column: optional column with a class name per row, for zero-shot accuracy at validation.
@@ -269,8 +300,9 @@ class CaptionDataModule(ResumesMidEpoch, LightningDataModule):
             seed: seed of the shapes rendering (train 3 x seed, held-out 3 x seed + 1), the split and the shuffling.
         """
         super().__init__()
-        check_settings(at_least=1, image_size=image_size, batch_size=batch_size, num_train=num_train,
-                       bpe_vocab_size=bpe_vocab_size)
+        check_settings(
+            at_least=1, image_size=image_size, batch_size=batch_size, num_train=num_train, bpe_vocab_size=bpe_vocab_size
+        )
         check_settings(at_least=2, context_length=context_length)  # a token and the end-of-text
         check_settings(at_least=0, num_val=num_val, num_workers=num_workers)
         check_settings(fraction=True, val_fraction=val_fraction)
@@ -282,7 +314,9 @@ class CaptionDataModule(ResumesMidEpoch, LightningDataModule):
         self.image_shape = (3, image_size, image_size)
         self.normalization = (tuple(mean), tuple(std))
         # Known now for shapes or when given; read from the label column at setup otherwise.
-        self.class_names = list(class_names) if class_names else (list(ShapesDataset.class_names) if path is None else [])
+        self.class_names = (
+            list(class_names) if class_names else (list(ShapesDataset.class_names) if path is None else [])
+        )
         self.templates = list(templates) if templates else (SHAPES_TEMPLATES if path is None else GENERIC_TEMPLATES)
         self.tokenizer: Tokenizer | None = ByteTokenizer() if tokenizer == "bytes" else None
         self.train_set: CaptionPairs | None = None
@@ -319,8 +353,13 @@ class CaptionDataModule(ResumesMidEpoch, LightningDataModule):
         if h.tokenizer == "pretrained":
             path = Path(h.pretrained_tokenizer or "")
             if h.pretrained_tokenizer is None or not (path / "tokenizer.json" if path.is_dir() else path).is_file():
-                raise FileNotFoundError(not_found_message("tokenizer.json", str(h.pretrained_tokenizer), "pass "
-                                        "data.init_args.pretrained_tokenizer=<a tokenizer.json or a Hugging Face CLIP folder>"))
+                raise FileNotFoundError(
+                    not_found_message(
+                        "tokenizer.json",
+                        str(h.pretrained_tokenizer),
+                        "pass data.init_args.pretrained_tokenizer=<a tokenizer.json or a Hugging Face CLIP folder>",
+                    )
+                )
             self.tokenizer = BPETokenizer.load(path)  # any tokenizer.json: the BPE kind carries the whole file
         else:  # bpe: trained on the training captions only, deterministic for the same data
             self.tokenizer = BPETokenizer.train(captions, h.bpe_vocab_size)
@@ -339,7 +378,10 @@ class CaptionDataModule(ResumesMidEpoch, LightningDataModule):
     def _file_splits(self) -> None:
         for p in (self.path, self.val_path):
             if p is not None and not p.exists():
-                hint = "pass data.init_args.path=<a .csv/.jsonl of image,caption rows or a folder of images with .txt captions>"
+                hint = (
+                    "pass data.init_args.path=<a .csv/.jsonl of image,caption rows "
+                    "or a folder of images with .txt captions>"
+                )
                 raise FileNotFoundError(not_found_message("image-caption pairs", str(p), hint))
         h = self.hparams
         pairs = read_pairs(self.path, h.image_column, h.caption_column, h.label_column)
@@ -352,9 +394,14 @@ class CaptionDataModule(ResumesMidEpoch, LightningDataModule):
         train_pairs = {k: (None if v is None else [v[i] for i in train_rows]) for k, v in pairs.items()}
         self._fit_tokenizer(train_pairs["captions"])
         sets = []
-        for p, train, where in ((train_pairs, True, str(self.path)), (val_pairs, False, str(self.val_path or self.path))):
+        for p, train, where in (
+            (train_pairs, True, str(self.path)),
+            (val_pairs, False, str(self.val_path or self.path)),
+        ):
             labels = self._labels(p["labels"], len(p["captions"]), where)
-            sets.append(CaptionPairs(p["images"], self.encode(p["captions"]), labels, p["captions"], self._transforms(train)))
+            sets.append(
+                CaptionPairs(p["images"], self.encode(p["captions"]), labels, p["captions"], self._transforms(train))
+            )
         self.train_set, self.val_set = sets
 
     def setup(self, stage: str | None = None) -> None:
@@ -378,13 +425,24 @@ class CaptionDataModule(ResumesMidEpoch, LightningDataModule):
     # -- loaders -------------------------------------------------------------------------------------------
 
     def _loader(self, dataset: Dataset, shuffle: bool = False, collate_fn=collate) -> DataLoader:
-        loader = {"num_workers": self.num_workers, "pin_memory": self.pin_memory, "collate_fn": collate_fn,
-                  "persistent_workers": self.num_workers > 0}
+        loader = {
+            "num_workers": self.num_workers,
+            "pin_memory": self.pin_memory,
+            "collate_fn": collate_fn,
+            "persistent_workers": self.num_workers > 0,
+        }
         if shuffle:
             # Training drops the last partial batch: a handful of pairs is a far easier contrastive task
             # than a full batch, and every rank must gather equal-sized feature blocks.
-            return training_loader(dataset, self.trainer, self.batch_size, EpochShuffle(len(dataset), self.seed),
-                                   drop_last=True, resume_at=self.train_position, **loader)
+            return training_loader(
+                dataset,
+                self.trainer,
+                self.batch_size,
+                EpochShuffle(len(dataset), self.seed),
+                drop_last=True,
+                resume_at=self.train_position,
+                **loader,
+            )
         return DataLoader(dataset, batch_size=self.batch_size, **loader)
 
     def train_dataloader(self) -> DataLoader:
@@ -412,8 +470,15 @@ class CaptionDataModule(ResumesMidEpoch, LightningDataModule):
         else:
             images = list_images(Path(h.predict_path), h.image_column)
             if not images:
-                raise FileNotFoundError(not_found_message("images", h.predict_path, "pass an image, a folder or a CSV/JSONL"))
+                raise FileNotFoundError(
+                    not_found_message("images", h.predict_path, "pass an image, a folder or a CSV/JSONL")
+                )
             images = readable_images(images, h.on_unreadable)
-            dataset = CaptionPairs(images, torch.zeros(len(images), 1, dtype=torch.long),
-                                   torch.full((len(images),), -1, dtype=torch.long), [], self._transforms(False))
+            dataset = CaptionPairs(
+                images,
+                torch.zeros(len(images), 1, dtype=torch.long),
+                torch.full((len(images),), -1, dtype=torch.long),
+                [],
+                self._transforms(False),
+            )
         return self._loader(dataset, collate_fn=_PredictCollate(mode))

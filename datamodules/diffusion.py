@@ -53,7 +53,8 @@ class DiffusionDataModule(LightningDataModule):
             data_std: per-channel standard deviation the images were standardised with.
             num_samples: predict: images to generate.
             batch_size: predict: images per batch, i.e. per PNG grid.
-            labels: predict: class of each image, repeated in turn (class-conditional models); None: 0, 1, ..., K-1, 0, ...
+            labels: predict: class of each image, repeated in turn (class-conditional models); None: 0, 1, ..., K-1,
+            0, ...
             seed: predict: seed of batch 0; batch i uses seed + i, so a run repeats exactly.
             output_dir: predict: folder of the PNGs and their grid, a name inside the run's folder (never outside it;
                 a checkpoint's stored value is not used); None: ``images/`` beside the predictions file.

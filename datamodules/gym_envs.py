@@ -3,7 +3,8 @@
 ``NumpyCartPole`` is gymnasium's CartPole drawn with NumPy instead of pygame (which classic control needs to
 render, and which is not a dependency here): a pixel-observation task that needs neither pygame nor a ROM.
 gymnasium's ``AddRenderObservation`` turns its frames into observations; ``GrayscaleObservation`` and
-``FrameStackObservation`` then give the (stack, H, W) input of Atari-style agents (``configs/rl/ppo_cartpole_pixels.yaml``).
+``FrameStackObservation`` then give the (stack, H, W) input of Atari-style agents
+(``configs/rl/ppo_cartpole_pixels.yaml``).
 
 Make it through its module-qualified id, which imports this module and with it the registration (gymnasium's
 ``module:EnvId`` form): ``gym.make("datamodules.gym_envs:NumpyCartPole-v1", render_mode="rgb_array")``.

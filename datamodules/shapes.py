@@ -51,7 +51,14 @@ def _ring(u: Tensor, v: Tensor) -> Tensor:
 
 
 # Signed distance (negative inside) in units of the radius, one per class, in class-index order.
-SHAPES = {"circle": _circle, "square": _square, "triangle": _triangle, "cross": _cross, "diamond": _diamond, "ring": _ring}
+SHAPES = {
+    "circle": _circle,
+    "square": _square,
+    "triangle": _triangle,
+    "cross": _cross,
+    "diamond": _diamond,
+    "ring": _ring,
+}
 COLOURS = {
     "red": (0.90, 0.10, 0.10),
     "green": (0.10, 0.75, 0.20),
@@ -113,7 +120,9 @@ class ShapesDataset(Dataset):
         size_u = torch.rand(n, generator=g)
         self.radii = (lo + (hi - lo) * size_u) * s
         self.sizes = (size_u * len(SIZES)).long().clamp(max=len(SIZES) - 1)
-        self.centers = self.radii.unsqueeze(1) + torch.rand(n, 2, generator=g) * (s - 2 * self.radii).unsqueeze(1)  # (N, 2) xy
+        self.centers = self.radii.unsqueeze(1) + torch.rand(n, 2, generator=g) * (s - 2 * self.radii).unsqueeze(
+            1
+        )  # (N, 2) xy
         cell = (self.centers / s * 3).long().clamp(0, 2)
         self.positions = cell[:, 1] * 3 + cell[:, 0]
         palette = torch.tensor(list(COLOURS.values()))
@@ -124,10 +133,14 @@ class ShapesDataset(Dataset):
             b = min(a + chunk_size, n)
             noise = 0.06 * torch.randn(b - a, 3, s, s, generator=g)
             background = tint[a:b].expand(-1, -1, s, s)
-            self.images[a:b] = _render(self.labels[a:b], rgb[a:b], self.centers[a:b], self.radii[a:b], background, noise)
+            self.images[a:b] = _render(
+                self.labels[a:b], rgb[a:b], self.centers[a:b], self.radii[a:b], background, noise
+            )
         self.captions = [
             f"a {SIZES[z]} {self.colour_names[c]} {self.class_names[k]} {POSITIONS[p]}"
-            for k, c, z, p in zip(self.labels.tolist(), self.colours.tolist(), self.sizes.tolist(), self.positions.tolist())
+            for k, c, z, p in zip(
+                self.labels.tolist(), self.colours.tolist(), self.sizes.tolist(), self.positions.tolist()
+            )
         ]
 
     def caption(self, i: int) -> str:
@@ -187,6 +200,8 @@ class ShapesDataModule(ImageDataModule):
         # [0, 1] -> [-1, 1]: zero-centred like the other modules, and the range diffusion models expect.
         scaled = {split: (d.images - 0.5) / 0.5 for split, d in self.shapes.items()}
         shift = self.image_size // 8 if self.augment else 0
-        self.train_set = TensorImageDataset(scaled["train"], self.shapes["train"].labels, max_shift=shift, hflip=self.augment)
+        self.train_set = TensorImageDataset(
+            scaled["train"], self.shapes["train"].labels, max_shift=shift, hflip=self.augment
+        )
         self.val_set = TensorImageDataset(scaled["val"], self.shapes["val"].labels)
         self.test_set = TensorImageDataset(scaled["test"], self.shapes["test"].labels)

@@ -42,7 +42,9 @@ class TensorImageDataset(Dataset):
         self, images: Tensor, labels: Tensor, max_shift: int = 0, hflip: bool = False, fill: float = 0.0
     ) -> None:
         if images.ndim != 4 or len(images) != len(labels):
-            raise ValueError(f"need (N, C, H, W) images and (N,) labels, got {tuple(images.shape)}, {tuple(labels.shape)}")
+            raise ValueError(
+                f"need (N, C, H, W) images and (N,) labels, got {tuple(images.shape)}, {tuple(labels.shape)}"
+            )
         self.images = images.float()
         self.labels = labels.long()
         self.max_shift, self.hflip, self.fill = max_shift, hflip, fill

@@ -163,9 +163,11 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
     ) -> None:
         """
         Args:
-            path: a .txt file (one document), a .jsonl file (one document per line) or a folder of them; None: Shakespeare.
+            path: a .txt file (one document), a .jsonl file (one document per line) or a folder of them; None:
+            Shakespeare.
             root: folder for the downloaded corpus and the token caches (``<root>/text_cache/``).
-            tokenizer: bytes (257 ids, no files), chars (fitted on the corpus), bpe (trained here) or gpt2 (from gpt2_dir).
+            tokenizer: bytes (257 ids, no files), chars (fitted on the corpus), bpe (trained here) or gpt2 (from
+            gpt2_dir).
             bpe_vocab_size: vocabulary size of the BPE trained on the training split (tokenizer=bpe).
             gpt2_dir: folder with GPT-2's vocab.json and merges.txt (tokenizer=gpt2; nothing is downloaded).
             jsonl_field: the string field holding each .jsonl record's text.
@@ -188,14 +190,24 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
         self.save_hyperparameters()
         if path is not None and not Path(path).exists():
             raise FileNotFoundError(
-                not_found_message("text file or folder", path, "pass --data.init_args.path=<a .txt/.jsonl file "
-                                  "or a folder of them>, or leave path unset for the Shakespeare corpus")
+                not_found_message(
+                    "text file or folder",
+                    path,
+                    "pass --data.init_args.path=<a .txt/.jsonl file "
+                    "or a folder of them>, or leave path unset for the Shakespeare corpus",
+                )
             )
         if tokenizer == "gpt2" and gpt2_dir is None:
             raise InputError("tokenizer='gpt2' needs gpt2_dir=<folder with GPT-2's vocab.json and merges.txt>")
         check_settings(fraction=True, val_fraction=val_fraction)
-        check_settings(at_least=1, block_size=block_size, batch_size=batch_size, samples_per_epoch=samples_per_epoch,
-                       val_samples=val_samples, bpe_vocab_size=bpe_vocab_size)
+        check_settings(
+            at_least=1,
+            block_size=block_size,
+            batch_size=batch_size,
+            samples_per_epoch=samples_per_epoch,
+            val_samples=val_samples,
+            bpe_vocab_size=bpe_vocab_size,
+        )
         check_settings(at_least=0, num_workers=num_workers, tokenize_workers=tokenize_workers)
         self.path, self.root, self.kind = path, Path(root), tokenizer
         self.bpe_vocab_size, self.gpt2_dir, self.jsonl_field = bpe_vocab_size, gpt2_dir, jsonl_field
@@ -203,7 +215,9 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
         self.samples_per_epoch, self.val_fraction, self.val_samples = samples_per_epoch, val_fraction, val_samples
         for name, given in (("prompts_file", prompts_file), ("test_path", test_path)):
             if given is not None and not Path(given).exists():
-                raise FileNotFoundError(not_found_message(name.replace("_", " "), given, f"pass --data.init_args.{name}"))
+                raise FileNotFoundError(
+                    not_found_message(name.replace("_", " "), given, f"pass --data.init_args.{name}")
+                )
         self.prompts = read_utf8(Path(prompts_file), "prompts_file").splitlines() if prompts_file else list(prompts)
         if not self.prompts:
             given = f"prompts_file {prompts_file!r} holds no lines" if prompts_file else "prompts is empty"
@@ -262,7 +276,7 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
         return self.tokenizer
 
     def _token_file(self, files: list[Path] | None = None) -> TokenFile:
-        """The token stream of ``files`` (the corpus by default), tokenised on first use (``tokens-<tokenizer key>.bin``)."""
+        """The token stream of ``files`` (the corpus by default), tokenised on first use (``tokens-<key>.bin``)."""
         files = files or self._files()
         tokenizer = self._ensure_tokenizer()
         path = self._cache_dir(files) / f"tokens-{tokenizer_key(tokenizer)}.bin"
@@ -274,8 +288,10 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
             workers = auto_workers(files, self.tokenize_workers)
             meta = tokenize_to_file(files, self.jsonl_field, tokenizer, path, workers)
         if meta["n_tokens"] < 2:
-            raise InputError(f"{[str(f) for f in files]} hold no text (at least 2 tokens are needed): pass "
-                             f"--data.init_args.path=<a .txt/.jsonl file or folder with text in it>")
+            raise InputError(
+                f"{[str(f) for f in files]} hold no text (at least 2 tokens are needed): pass "
+                f"--data.init_args.path=<a .txt/.jsonl file or folder with text in it>"
+            )
         return TokenFile(path, meta["dtype"], 0, meta["n_tokens"])
 
     @property
@@ -304,11 +320,18 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
     def _check_split_sizes(self, n_train: int, n_val: int) -> None:
         """A split under 2 tokens holds no (input, target) pair: fitting on it would run with an empty loader and
         exit 0 having learnt nothing, or validate on nothing."""
-        small = [(name, n) for name, n, wanted in (("training", n_train, True), ("validation", n_val, self.val_fraction > 0))
-                 if wanted and n < 2]
+        small = [
+            (name, n)
+            for name, n, wanted in (("training", n_train, True), ("validation", n_val, self.val_fraction > 0))
+            if wanted and n < 2
+        ]
         if small:
             sizes = ", ".join(f"{n} for {name}" for name, n in small)
-            fix = " or --data.init_args.val_fraction 0 to train without validation" if small[-1][0] == "validation" else ""
+            fix = (
+                " or --data.init_args.val_fraction 0 to train without validation"
+                if small[-1][0] == "validation"
+                else ""
+            )
             raise InputError(
                 f"{[str(f) for f in self._files()]} hold {n_train + n_val} tokens: {sizes} (val_fraction="
                 f"{self.val_fraction}), fewer than the 2 tokens one prediction needs. Give more text (several "
@@ -333,14 +356,24 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
     def _loader(self, dataset: TokenWindows | None, split: str, sampler: Sampler | None) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__} has no {split} split yet; call setup() first")
-        loader = {"num_workers": self.num_workers, "pin_memory": self.pin_memory, "collate_fn": TokenWindows.collate_batch}
+        loader = {
+            "num_workers": self.num_workers,
+            "pin_memory": self.pin_memory,
+            "collate_fn": TokenWindows.collate_batch,
+        }
         if split == "train":
-            return training_loader(dataset, self.trainer, self.batch_size, sampler, resume_at=self.train_position, **loader)
+            return training_loader(
+                dataset, self.trainer, self.batch_size, sampler, resume_at=self.train_position, **loader
+            )
         return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, **loader)
 
     def train_dataloader(self) -> DataLoader:
         n = len(self.train_set or ())
-        sampler = RandomStarts(n, self.samples_per_epoch, self.seed) if self.sampling == "random" else EpochShuffle(n, self.seed)
+        sampler = (
+            RandomStarts(n, self.samples_per_epoch, self.seed)
+            if self.sampling == "random"
+            else EpochShuffle(n, self.seed)
+        )
         return self._loader(self.train_set, "train", sampler)
 
     def val_dataloader(self) -> DataLoader:

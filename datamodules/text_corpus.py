@@ -39,8 +39,9 @@ def list_text_files(path: Path) -> list[Path]:
     """The ``.txt``/``.jsonl`` files of a corpus: ``path`` itself, or those under the folder ``path``."""
     if path.is_file():
         if path.suffix not in SUFFIXES:
-            raise InputError(f"{str(path)!r} is neither .txt nor .jsonl: rename it, or pass a folder of .txt/.jsonl "
-                             f"files")
+            raise InputError(
+                f"{str(path)!r} is neither .txt nor .jsonl: rename it, or pass a folder of .txt/.jsonl files"
+            )
         return [path]
     files = sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file())
     if not files:
@@ -55,8 +56,10 @@ def read_utf8(path: Path, setting: str = "path") -> str:
     try:
         return path.read_text("utf-8")
     except UnicodeDecodeError as e:
-        raise InputError(f"data.init_args.{setting}: {str(path)!r} is not UTF-8 text (byte {e.start}: {e.reason}); "
-                         f"convert it (iconv -t UTF-8) or pass another file") from None
+        raise InputError(
+            f"data.init_args.{setting}: {str(path)!r} is not UTF-8 text (byte {e.start}: {e.reason}); "
+            f"convert it (iconv -t UTF-8) or pass another file"
+        ) from None
 
 
 def _jsonl_documents(path: Path, field: str) -> Iterator[str]:
@@ -68,12 +71,14 @@ def _jsonl_documents(path: Path, field: str) -> Iterator[str]:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
                 raise InputError(
-                    f"{path}:{n} is not a JSON line ({e.msg}): fix the line, or pass a .txt file") from None
+                    f"{path}:{n} is not a JSON line ({e.msg}): fix the line, or pass a .txt file"
+                ) from None
             text = record.get(field) if isinstance(record, dict) else None
             if not isinstance(text, str):
                 keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-                raise InputError(f"{path}:{n} has no string field {field!r} (found {keys}): set "
-                                 f"data.init_args.jsonl_field")
+                raise InputError(
+                    f"{path}:{n} has no string field {field!r} (found {keys}): set data.init_args.jsonl_field"
+                )
             yield text
 
 

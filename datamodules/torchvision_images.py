@@ -82,9 +82,11 @@ class TorchvisionDataModule(ImageDataModule):
             hint = (
                 "the download failed (no internet?): put the dataset there yourself"
                 if download
-                else f"pass data.init_args.root=<dir> containing it, or data.init_args.download=true with internet"
+                else "pass data.init_args.root=<dir> containing it, or data.init_args.download=true with internet"
             )
-            raise FileNotFoundError(not_found_message(self.name, self.root, hint) + f" ({type(err).__name__}: {err})") from err
+            raise FileNotFoundError(
+                not_found_message(self.name, self.root, hint) + f" ({type(err).__name__}: {err})"
+            ) from err
 
     def prepare_data(self) -> None:
         for train in (True, False):
@@ -147,9 +149,12 @@ class ImageFolderDataModule(ImageDataModule):
         classes = sorted(p.name for p in train.iterdir() if p.is_dir()) if train.is_dir() else []
         if not classes:
             raise FileNotFoundError(
-                not_found_message("an image folder (train/<class>/<image>)", str(self.root),
-                                  "pass data.init_args.root=<dir> with train/ (and optionally val/, test/) "
-                                  "holding one sub-folder of images per class")
+                not_found_message(
+                    "an image folder (train/<class>/<image>)",
+                    str(self.root),
+                    "pass data.init_args.root=<dir> with train/ (and optionally val/, test/) "
+                    "holding one sub-folder of images per class",
+                )
             )
         return classes
 

@@ -93,8 +93,20 @@ def stop_server(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
 def start_mlflow_server(home: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [
-        sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-        "--backend-store-uri", f"sqlite:///{home / 'server.db'}", "--artifacts-destination", str(home / "artifacts"),
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--backend-store-uri",
+        f"sqlite:///{home / 'server.db'}",
+        "--artifacts-destination",
+        str(home / "artifacts"),
     ]
     log = open(home / "server.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=home, start_new_session=True)

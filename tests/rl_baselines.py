@@ -28,7 +28,8 @@ class BaselineReturns(Callback):
         n, g = int(envs.single_action_space.n), torch.Generator().manual_seed(0)  # Discrete actions (CartPole)
         try:
             returns, _ = Evaluator(envs, dm.eval_episodes, seed=dm.eval_seed).run(
-                lambda obs: torch.randint(n, (obs.shape[0],), generator=g))
+                lambda obs: torch.randint(n, (obs.shape[0],), generator=g)
+            )
         finally:
             envs.close()
         BaselineReturns.random = returns.mean().item()

@@ -21,8 +21,11 @@ CLIP = str(CONFIGS / "clip" / "tiny.yaml")
 
 
 def _files_outside_run_folders(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in root.rglob("*")
-            if p.is_file() and p.relative_to(root).parts[0] not in ("runs", "mlruns", "data")}
+    return {
+        str(p.relative_to(root))
+        for p in root.rglob("*")
+        if p.is_file() and p.relative_to(root).parts[0] not in ("runs", "mlruns", "data")
+    }
 
 
 def _rows(c, name: str = "predictions.csv") -> list[dict]:
@@ -49,12 +52,16 @@ def digits_files(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("new_digits")
     digits = load_digits()
     for i in range(5):
-        Image.fromarray((digits.images[i] * 255 / 16).round().astype(np.uint8)).save(folder / f"{i}_{digits.target[i]}.png")
+        Image.fromarray((digits.images[i] * 255 / 16).round().astype(np.uint8)).save(
+            folder / f"{i}_{digits.target[i]}.png"
+        )
     return folder
 
 
 def test_cnn_registered_model_predicts_new_files_without_the_config(tmp_path, digits_files):
-    fit = cli("fit", "--config", CNN, "--trainer.max_epochs=1", "--trainer.logger.init_args.registered_model_name=digits13")
+    fit = cli(
+        "fit", "--config", CNN, "--trainer.max_epochs=1", "--trainer.logger.init_args.registered_model_name=digits13"
+    )
     assert fit.model.net.num_classes == 10  # from the data: the config states none
     client = _register(fit, "digits13")
     best = fit.trainer.checkpoint_callback.best_model_path
@@ -74,8 +81,12 @@ def test_cnn_registered_model_predicts_new_files_without_the_config(tmp_path, di
     dm = DigitsDataModule()
     dm.setup()
     (mean,), (std,) = dm.normalization
-    images = torch.stack([torch.from_numpy(np.asarray(__import__("PIL.Image").Image.open(r["path"]), np.float32))
-                          for r in rows])[:, None] / 255
+    images = (
+        torch.stack(
+            [torch.from_numpy(np.asarray(__import__("PIL.Image").Image.open(r["path"]), np.float32)) for r in rows]
+        )[:, None]
+        / 255
+    )
     module = ClassifierModule.load_from_checkpoint(best).eval()
     probs = module((images - mean) / std).softmax(-1)
     np.testing.assert_allclose([float(r["confidence"]) for r in rows], probs.max(-1).values.detach(), rtol=1e-4)
@@ -86,7 +97,9 @@ def test_cnn_registered_model_predicts_new_files_without_the_config(tmp_path, di
         run = client.get_run(c.trainer.logger.run_id)
         assert run.data.tags["mlflow.parentRunId"] == fit.trainer.logger.run_id
         assert run.info.experiment_id == fit.trainer.logger.experiment_id
-        assert [a.path for a in client.list_artifacts(run.info.run_id, "predictions")] == ["predictions/predictions.csv"]
+        assert [a.path for a in client.list_artifacts(run.info.run_id, "predictions")] == [
+            "predictions/predictions.csv"
+        ]
     assert _files_outside_run_folders(tmp_path) == before  # nothing written to the working directory
 
 
@@ -99,10 +112,14 @@ def test_validate_and_test_take_the_checkpoints_own_data_and_log_a_confusion_fig
     client = MlflowClient(alone.trainer.logger.tracking_uri)
     files = {a.path for a in client.list_artifacts(alone.trainer.logger.run_id, "test")}
     assert {"test/confusion_matrix.png", "test/confusion_matrix.json"} <= files
-    matrix = json.loads(Path(client.download_artifacts(alone.trainer.logger.run_id, "test/confusion_matrix.json")).read_text())
+    matrix = json.loads(
+        Path(client.download_artifacts(alone.trainer.logger.run_id, "test/confusion_matrix.json")).read_text()
+    )
     assert matrix["class_names"] == [str(d) for d in range(10)] and len(matrix["confusion_matrix"]) == 10
     v = cli("validate", "--ckpt_path", best)
-    assert float(v.trainer.callback_metrics["val/acc"]) == pytest.approx(float(fit.trainer.checkpoint_callback.best_model_score))
+    assert float(v.trainer.callback_metrics["val/acc"]) == pytest.approx(
+        float(fit.trainer.checkpoint_callback.best_model_score)
+    )
 
 
 def test_missing_model_or_data_is_named(tmp_path):
@@ -112,9 +129,16 @@ def test_missing_model_or_data_is_named(tmp_path):
     from zoo.cnn import ClassifierModule, ConvNet
 
     module = ClassifierModule(ConvNet(num_classes=3, width=4, depth=1))
-    torch.save({"state_dict": module.state_dict(), "hyper_parameters": {
-        "_class_path": "zoo.cnn.ClassifierModule",
-        "net": {"class_path": "zoo.cnn.ConvNet", "init_args": {"num_classes": 3, "width": 4, "depth": 1}}}}, ckpt)
+    torch.save(
+        {
+            "state_dict": module.state_dict(),
+            "hyper_parameters": {
+                "_class_path": "zoo.cnn.ClassifierModule",
+                "net": {"class_path": "zoo.cnn.ConvNet", "init_args": {"num_classes": 3, "width": 4, "depth": 1}},
+            },
+        },
+        ckpt,
+    )
     with pytest.raises(SystemExit, match="needs data and .* records none: pass --data"):
         cli("validate", "--ckpt_path", str(ckpt))
 
@@ -147,11 +171,18 @@ def test_a_1000_class_resnet_checkpoint_fine_tunes_to_5_classes(tmp_path, five_c
             m.running_mean.uniform_(-1, 1)
     torch.save(pretrained.state_dict(), tmp_path / "imagenet.pth")
     config = {
-        "model": {"class_path": "zoo.cnn.ClassifierModule", "init_args": {
-            "net": {"class_path": "zoo.cnn.ResNet", "init_args": {"depth": 18, "stem": "cifar"}},
-            "init_weights": str(tmp_path / "imagenet.pth"), "freeze_backbone": True}},
-        "data": {"class_path": "datamodules.ImageFolderDataModule", "init_args": {
-            "root": str(five_class_folder), "image_size": 16, "batch_size": 4, "val_fraction": 0.2}},
+        "model": {
+            "class_path": "zoo.cnn.ClassifierModule",
+            "init_args": {
+                "net": {"class_path": "zoo.cnn.ResNet", "init_args": {"depth": 18, "stem": "cifar"}},
+                "init_weights": str(tmp_path / "imagenet.pth"),
+                "freeze_backbone": True,
+            },
+        },
+        "data": {
+            "class_path": "datamodules.ImageFolderDataModule",
+            "init_args": {"root": str(five_class_folder), "image_size": 16, "batch_size": 4, "val_fraction": 0.2},
+        },
         "trainer": {"max_steps": 2, "logger": False, "enable_progress_bar": False},
     }
     (tmp_path / "finetune.yaml").write_text(json.dumps(config))
@@ -177,27 +208,54 @@ def test_clip_registered_model_zero_shot_and_embeddings_without_the_config(tmp_p
         Image.new("RGB", (40, 40), colour).save(folder / f"{i}.png")
     names = tmp_path_factory.mktemp("names") / "classes.txt"
     names.write_text("circle\nring\nsquare\n")
-    fit = cli("fit", "--config", CLIP, "--trainer.max_steps=3", "--trainer.limit_val_batches=1",
-              "--trainer.logger.init_args.registered_model_name=clip13")
+    fit = cli(
+        "fit",
+        "--config",
+        CLIP,
+        "--trainer.max_steps=3",
+        "--trainer.limit_val_batches=1",
+        "--trainer.logger.init_args.registered_model_name=clip13",
+    )
     _register(fit, "clip13")
     last = fit.trainer.checkpoint_callback.last_model_path
 
-    by_name = cli("predict", "--ckpt_path", "models:/clip13@champion", f"--data.init_args.paths={folder}",
-                  f"--data.init_args.class_names={names}")
+    by_name = cli(
+        "predict",
+        "--ckpt_path",
+        "models:/clip13@champion",
+        f"--data.init_args.paths={folder}",
+        f"--data.init_args.class_names={names}",
+    )
     rows = _rows(by_name)
     assert [Path(r["path"]).name for r in rows] == ["0.png", "1.png", "2.png"]
     assert {r["class"] for r in rows} <= {"circle", "ring", "square"} and set(rows[0]) >= {"confidence", "class_3"}
     # The training config's own predict path (the data tokenises, the shapes templates) gives the same numbers.
-    with_config = cli("predict", "--config", CLIP, "--ckpt_path", last, f"--data.init_args.predict_path={folder}",
-                      "--data.init_args.class_names=[circle, ring, square]")
+    with_config = cli(
+        "predict",
+        "--config",
+        CLIP,
+        "--ckpt_path",
+        last,
+        f"--data.init_args.predict_path={folder}",
+        "--data.init_args.class_names=[circle, ring, square]",
+    )
     for a, b in zip(rows, _rows(with_config)):
         assert a["class"] == b["class"] and float(a["confidence"]) == pytest.approx(float(b["confidence"]), rel=1e-5)
-    assert MlflowClient(fit.trainer.logger.tracking_uri).get_run(by_name.trainer.logger.run_id).data.tags[
-        "mlflow.parentRunId"] == fit.trainer.logger.run_id
+    assert (
+        MlflowClient(fit.trainer.logger.tracking_uri)
+        .get_run(by_name.trainer.logger.run_id)
+        .data.tags["mlflow.parentRunId"]
+        == fit.trainer.logger.run_id
+    )
 
     texts = ["a small red circle in the center", "a large blue ring on the left"]
-    emb = cli("predict", "--ckpt_path", "models:/clip13@champion", "--data.init_args.predict=text_embeddings",
-              f"--data.init_args.texts={json.dumps(texts)}")
+    emb = cli(
+        "predict",
+        "--ckpt_path",
+        "models:/clip13@champion",
+        "--data.init_args.predict=text_embeddings",
+        f"--data.init_args.texts={json.dumps(texts)}",
+    )
     assert [r["text"] for r in _rows(emb)] == texts
     lg = emb.trainer.logger
     vectors = np.load(Path(emb.trainer.default_root_dir, lg.experiment_id, lg.run_id, "predictions.embedding.npy"))
@@ -213,8 +271,10 @@ def test_clip_weights_into_towers_of_another_embedding_size_replace_the_projecti
     from zoo.clip.hf import load_hf_clip_into
 
     def net(embed_dim: int) -> CLIP:
-        return CLIP(VisionTransformer(image_size=16, patch_size=4, width=32, layers=1, heads=2, embed_dim=embed_dim),
-                    TextTransformer(vocab_size=257, context_length=8, width=32, layers=1, heads=2, embed_dim=embed_dim))
+        return CLIP(
+            VisionTransformer(image_size=16, patch_size=4, width=32, layers=1, heads=2, embed_dim=embed_dim),
+            TextTransformer(vocab_size=257, context_length=8, width=32, layers=1, heads=2, embed_dim=embed_dim),
+        )
 
     pretrained = net(32)
     torch.save(pretrained.state_dict(), tmp_path / "clip.pth")
@@ -227,9 +287,13 @@ def test_clip_weights_into_towers_of_another_embedding_size_replace_the_projecti
         if not key.endswith("encoder.proj.weight"):
             torch.testing.assert_close(fresh.state_dict()[key], value, rtol=0, atol=0, msg=key)
     with pytest.raises(ValueError, match="mismatched keys"):  # anything but the projections must still fit
-        load_hf_clip_into(CLIP(VisionTransformer(image_size=16, patch_size=4, width=16, layers=1, heads=2, embed_dim=32),
-                               TextTransformer(vocab_size=257, context_length=8, width=32, layers=1, heads=2,
-                                               embed_dim=32)), tmp_path / "clip.pth")
+        load_hf_clip_into(
+            CLIP(
+                VisionTransformer(image_size=16, patch_size=4, width=16, layers=1, heads=2, embed_dim=32),
+                TextTransformer(vocab_size=257, context_length=8, width=32, layers=1, heads=2, embed_dim=32),
+            ),
+            tmp_path / "clip.pth",
+        )
 
 
 def test_image_samples_are_enlarged_and_logged_per_step(tmp_path):
@@ -241,8 +305,9 @@ def test_image_samples_are_enlarged_and_logged_per_step(tmp_path):
     logger = ZooMLFlowLogger(experiment_name="samples")
     module = SimpleNamespace(sample=lambda n, sampling, seed: torch.linspace(-1, 1, n * 3 * 16 * 16).view(n, 3, 16, 16))
     for step in (5, 10):
-        trainer = SimpleNamespace(sanity_checking=False, current_epoch=0, is_global_zero=True, global_step=step,
-                                  loggers=[logger])
+        trainer = SimpleNamespace(
+            sanity_checking=False, current_epoch=0, is_global_zero=True, global_step=step, loggers=[logger]
+        )
         LogImageSamples(num_samples=16).on_validation_batch_end(trainer, module, None, None, 0)
     client = MlflowClient(logger.tracking_uri)
     grid = client.download_artifacts(logger.run_id, "samples/step_0000010.png", str(tmp_path))

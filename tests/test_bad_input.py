@@ -60,51 +60,105 @@ def _files(folder: Path) -> dict[str, str]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
         dcp.save({"state_dict": {"net.w": torch.zeros(2)}}, checkpoint_id=folder / "sharded", no_dist=True)
-    return {name: str(folder / name) for name in ("corpus.txt", "empty.txt", "binary.txt", "long_prompt.txt", "afile",
-                                                    "captions.csv", "no_caption_column.csv", "sharded", "pics")}
+    return {
+        name: str(folder / name)
+        for name in (
+            "corpus.txt",
+            "empty.txt",
+            "binary.txt",
+            "long_prompt.txt",
+            "afile",
+            "captions.csv",
+            "no_caption_column.csv",
+            "sharded",
+            "pics",
+        )
+    }
 
 
 # (command line, with {file} placeholders; text the one error line must hold: the input and the fix)
 CASES = {
-    "batch_size-negative": (["fit", "--config", CNN, "--data.init_args.batch_size=-1"],
-                            ["data.init_args.batch_size=-1", "1 or more"]),
+    "batch_size-negative": (
+        ["fit", "--config", CNN, "--data.init_args.batch_size=-1"],
+        ["data.init_args.batch_size=-1", "1 or more"],
+    ),
     "batch_size-zero": (["fit", "--config", CLIP, "--data.init_args.batch_size=0"], ["data.init_args.batch_size=0"]),
-    "num_workers-negative": (["fit", "--config", CNN, "--data.init_args.num_workers=-1"],
-                             ["data.init_args.num_workers=-1", "0 or more"]),
-    "val_fraction-above-1": (["fit", "--config", CNN, "--data.init_args.val_fraction=1.5"],
-                             ["data.init_args.val_fraction=1.5", "[0, 1)"]),
-    "misspelt-nested-key": (["fit", "--config", CNN, "--model.init_args.net.init_args.widht=8"],
-                            ["model.init_args.net.init_args.widht", "zoo.cnn.ConvNet", "did you mean 'width'"]),
+    "num_workers-negative": (
+        ["fit", "--config", CNN, "--data.init_args.num_workers=-1"],
+        ["data.init_args.num_workers=-1", "0 or more"],
+    ),
+    "val_fraction-above-1": (
+        ["fit", "--config", CNN, "--data.init_args.val_fraction=1.5"],
+        ["data.init_args.val_fraction=1.5", "[0, 1)"],
+    ),
+    "misspelt-nested-key": (
+        ["fit", "--config", CNN, "--model.init_args.net.init_args.widht=8"],
+        ["model.init_args.net.init_args.widht", "zoo.cnn.ConvNet", "did you mean 'width'"],
+    ),
     "max_steps-0": (["fit", "--config", CNN, "--trainer.max_steps=0"], ["trainer.max_steps=0", "trains nothing"]),
-    "csv-smaller-than-a-batch": (["fit", "--config", CLIP, "--data.init_args.path={captions.csv}",
-                                  "--data.init_args.val_fraction=0.34", *ONE_STEP],
-                                 ["no training batches", "batch_size"]),
-    "csv-missing-column": (["fit", "--config", CLIP, "--data.init_args.path={no_caption_column.csv}"],
-                           ["no_caption_column.csv", "no column 'caption'", "caption_column"]),
-    "empty-corpus": (["fit", "--config", GPT, "--data.init_args.path={empty.txt}", *ONE_STEP],
-                     ["empty.txt", "no text", "data.init_args.path"]),
-    "binary-corpus": (["fit", "--config", GPT, "--data.init_args.path={binary.txt}", *ONE_STEP],
-                      ["binary.txt", "not UTF-8", "data.init_args.path"]),
-    "empty-prompts-file": (["predict", "--config", GPT, "--data.init_args.prompts_file={empty.txt}"],
-                           ["prompts_file", "empty.txt", "no lines"]),
-    "binary-prompts-file": (["predict", "--config", GPT, "--data.init_args.prompts_file={binary.txt}"],
-                            ["prompts_file", "binary.txt", "not UTF-8"]),
-    "max_new_tokens-negative": (["predict", "--config", GPT, "--model.init_args.generation.max_new_tokens=-3"],
-                                ["model.init_args.generation.max_new_tokens=-3"]),
-    "prompt-past-block_size": (["predict", "--config", GPT, "--data.init_args.path={corpus.txt}",
-                                "--data.init_args.prompts_file={long_prompt.txt}",
-                                "--model.init_args.generation.past_block_size=error"],
-                               ["A prompt of 100 tokens", "block_size 64", "at most 63"]),
-    "tracking-uri-through-a-file": (["fit", "--config", CNN,
-                                     "--trainer.logger.init_args.tracking_uri=sqlite:///{afile}/m.db"],
-                                    ["afile", "is a file, not a folder", "MLFLOW_TRACKING_URI"]),
-    "folder-as-ckpt_path": (["validate", "--config", CNN, "--ckpt_path={pics}"],
-                            ["pics", "not a sharded checkpoint", "checkpoint file"]),
-    "lr-negative": (["fit", "--config", CNN, "--model.init_args.optimizer.lr=-1"],
-                    ["lr=-1.0", "model.init_args.optimizer.lr"]),
+    "csv-smaller-than-a-batch": (
+        [
+            "fit",
+            "--config",
+            CLIP,
+            "--data.init_args.path={captions.csv}",
+            "--data.init_args.val_fraction=0.34",
+            *ONE_STEP,
+        ],
+        ["no training batches", "batch_size"],
+    ),
+    "csv-missing-column": (
+        ["fit", "--config", CLIP, "--data.init_args.path={no_caption_column.csv}"],
+        ["no_caption_column.csv", "no column 'caption'", "caption_column"],
+    ),
+    "empty-corpus": (
+        ["fit", "--config", GPT, "--data.init_args.path={empty.txt}", *ONE_STEP],
+        ["empty.txt", "no text", "data.init_args.path"],
+    ),
+    "binary-corpus": (
+        ["fit", "--config", GPT, "--data.init_args.path={binary.txt}", *ONE_STEP],
+        ["binary.txt", "not UTF-8", "data.init_args.path"],
+    ),
+    "empty-prompts-file": (
+        ["predict", "--config", GPT, "--data.init_args.prompts_file={empty.txt}"],
+        ["prompts_file", "empty.txt", "no lines"],
+    ),
+    "binary-prompts-file": (
+        ["predict", "--config", GPT, "--data.init_args.prompts_file={binary.txt}"],
+        ["prompts_file", "binary.txt", "not UTF-8"],
+    ),
+    "max_new_tokens-negative": (
+        ["predict", "--config", GPT, "--model.init_args.generation.max_new_tokens=-3"],
+        ["model.init_args.generation.max_new_tokens=-3"],
+    ),
+    "prompt-past-block_size": (
+        [
+            "predict",
+            "--config",
+            GPT,
+            "--data.init_args.path={corpus.txt}",
+            "--data.init_args.prompts_file={long_prompt.txt}",
+            "--model.init_args.generation.past_block_size=error",
+        ],
+        ["A prompt of 100 tokens", "block_size 64", "at most 63"],
+    ),
+    "tracking-uri-through-a-file": (
+        ["fit", "--config", CNN, "--trainer.logger.init_args.tracking_uri=sqlite:///{afile}/m.db"],
+        ["afile", "is a file, not a folder", "MLFLOW_TRACKING_URI"],
+    ),
+    "folder-as-ckpt_path": (
+        ["validate", "--config", CNN, "--ckpt_path={pics}"],
+        ["pics", "not a sharded checkpoint", "checkpoint file"],
+    ),
+    "lr-negative": (
+        ["fit", "--config", CNN, "--model.init_args.optimizer.lr=-1"],
+        ["lr=-1.0", "model.init_args.optimizer.lr"],
+    ),
     "max_epochs-negative-lightning": (["fit", "--config", CNN, "--trainer.max_epochs=-5"], ["max_epochs", "-5"]),
-    "sharded-folder-to-one-file-strategy": (["validate", "--config", CNN, "--ckpt_path={sharded}"],
-                                            ["sharded checkpoint folder", "fsdp.yaml", "zoo.layers.parallel"]),
+    "sharded-folder-to-one-file-strategy": (
+        ["validate", "--config", CNN, "--ckpt_path={sharded}"],
+        ["sharded checkpoint folder", "fsdp.yaml", "zoo.layers.parallel"],
+    ),
 }
 
 
@@ -156,8 +210,14 @@ def test_an_unreadable_image_is_skipped_naming_it_or_fails_naming_it(tmp_path, m
         rows = list(csv.DictReader(f))
     assert sorted(Path(r["path"]).name for r in rows) == ["0.png", "1.png"]  # the good files, predicted
 
-    status, err = run_in_process(monkeypatch, capsys, "predict", f"--ckpt_path={ckpt}",
-                                 f"--data.init_args.paths={folder}", "--data.init_args.on_unreadable=error")
+    status, err = run_in_process(
+        monkeypatch,
+        capsys,
+        "predict",
+        f"--ckpt_path={ckpt}",
+        f"--data.init_args.paths={folder}",
+        "--data.init_args.on_unreadable=error",
+    )
     lines = error_lines(err)
     assert status == 1 and len(lines) == 1 and "broken.png" in lines[0] and "on_unreadable=skip" in lines[0], err
 
@@ -166,28 +226,44 @@ def test_an_unreadable_image_is_skipped_naming_it_or_fails_naming_it(tmp_path, m
     (folder / "broken.png").unlink()
     Image.effect_noise((64, 64), 50).save(folder / "truncated.png")
     (folder / "truncated.png").write_bytes((folder / "truncated.png").read_bytes()[:300])
-    status, err = run_in_process(monkeypatch, capsys, "predict", f"--ckpt_path={ckpt}",
-                                 f"--data.init_args.paths={folder}", "--data.init_args.num_workers=1")
+    status, err = run_in_process(
+        monkeypatch,
+        capsys,
+        "predict",
+        f"--ckpt_path={ckpt}",
+        f"--data.init_args.paths={folder}",
+        "--data.init_args.num_workers=1",
+    )
     lines = error_lines(err)
     assert status == 1 and len(lines) == 1 and "truncated.png" in lines[0] and "Traceback" not in err, err[-3000:]
     assert "does not decode" in lines[0], lines
 
 
-@pytest.mark.parametrize("message, line", [
-    ("Parser key \"model\":\n  Does not validate against any of the Union subtypes\n  Errors:\n"
-     "    - Problem with given class_path 'zoo.cnn.NoSuchModule':\n        module 'zoo.cnn' has no attribute 'X'\n"
-     "    - Expected a <class 'NoneType'>\n  Given value type: <class 'str'>",
-     "model (zoo.cnn.NoSuchModule): module 'zoo.cnn' has no attribute 'X'"),
-    ("Parser key \"model\":\n  Errors:\n    - Problem with given class_path 'zoo.cnn.ClassifierModule':\n"
-     "        Group 'optimizer' does not accept option 'learning_rat'\n    - Expected a <class 'NoneType'>",
-     "model.init_args.optimizer.learning_rat (zoo.cnn.ClassifierModule): Group 'optimizer' does not accept option "
-     "'learning_rat'"),
-    ("Parser key \"trainer.precision\":\n  Does not validate against any of the Union subtypes\n  Subtypes: [...]\n"
-     "  Errors:\n    - Expected a typing.Literal[64, 32]\n    - Expected a typing.Literal['bf16-mixed']\n"
-     "    - Expected a <class 'NoneType'>\n  Given value: 17",
-     "trainer.precision: Expected a typing.Literal[64, 32] or Expected a typing.Literal['bf16-mixed']"),
-    ("Parser key \"config\": File does not exist: 'x.yaml'", "config: File does not exist: 'x.yaml'"),
-], ids=["unknown-class", "unknown-group-option", "union-of-literals", "missing-config-file"])
+@pytest.mark.parametrize(
+    "message, line",
+    [
+        (
+            'Parser key "model":\n  Does not validate against any of the Union subtypes\n  Errors:\n'
+            "    - Problem with given class_path 'zoo.cnn.NoSuchModule':\n        module 'zoo.cnn' has no attribute 'X'\n"
+            "    - Expected a <class 'NoneType'>\n  Given value type: <class 'str'>",
+            "model (zoo.cnn.NoSuchModule): module 'zoo.cnn' has no attribute 'X'",
+        ),
+        (
+            "Parser key \"model\":\n  Errors:\n    - Problem with given class_path 'zoo.cnn.ClassifierModule':\n"
+            "        Group 'optimizer' does not accept option 'learning_rat'\n    - Expected a <class 'NoneType'>",
+            "model.init_args.optimizer.learning_rat (zoo.cnn.ClassifierModule): Group 'optimizer' does not accept option "
+            "'learning_rat'",
+        ),
+        (
+            'Parser key "trainer.precision":\n  Does not validate against any of the Union subtypes\n  Subtypes: [...]\n'
+            "  Errors:\n    - Expected a typing.Literal[64, 32]\n    - Expected a typing.Literal['bf16-mixed']\n"
+            "    - Expected a <class 'NoneType'>\n  Given value: 17",
+            "trainer.precision: Expected a typing.Literal[64, 32] or Expected a typing.Literal['bf16-mixed']",
+        ),
+        ("Parser key \"config\": File does not exist: 'x.yaml'", "config: File does not exist: 'x.yaml'"),
+    ],
+    ids=["unknown-class", "unknown-group-option", "union-of-literals", "missing-config-file"],
+)
 def test_jsonargparse_messages_become_one_line_with_the_key_path(message, line):
     from zoo.app.parser import parser_error_line
 

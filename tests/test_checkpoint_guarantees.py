@@ -3,14 +3,11 @@ which of truncated / not a checkpoint / would run code they are, and a checkpoin
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
 import os
 import pickle
 import re
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -58,7 +55,7 @@ def trained(tmp_path_factory) -> Path:
 
 
 def cli_error(monkeypatch, capsys, *args: str) -> str:
-    """``python cli.py <args>`` as a terminal runs it (cli.run), in this process: the one ``error:`` line it exits with."""
+    """``python cli.py <args>`` as a terminal runs it (cli.run), in-process: the one ``error:`` line it exits with."""
     from cli import run
 
     monkeypatch.setattr(sys, "argv", ["cli.py", *args])
@@ -79,15 +76,26 @@ def _module_classes():
     from zoo.gpt import CausalLMModule
     from zoo.rl import A2CModule, IMPALAModule, PPOModule, SACModule, TD3Module
 
-    return [ClassifierModule, CausalLMModule, ContrastiveModule, DiffusionModule, PPOModule, A2CModule, IMPALAModule,
-            SACModule, TD3Module]
+    return [
+        ClassifierModule,
+        CausalLMModule,
+        ContrastiveModule,
+        DiffusionModule,
+        PPOModule,
+        A2CModule,
+        IMPALAModule,
+        SACModule,
+        TD3Module,
+    ]
 
 
 @pytest.mark.parametrize("zip_format", [True, False], ids=["torch.save", "pickle"])
 @pytest.mark.parametrize("cls", _module_classes(), ids=lambda c: c.__name__)
 def test_every_modules_load_from_checkpoint_refuses_code(tmp_path, cls, zip_format):
     path, marker = _crafted(tmp_path, zip_format=zip_format)
-    with pytest.raises(UnsafeCheckpointError, match=rf"{path.name}: it is a pickle that would execute code .*posix\.system"):
+    with pytest.raises(
+        UnsafeCheckpointError, match=rf"{path.name}: it is a pickle that would execute code .*posix\.system"
+    ):
         cls.load_from_checkpoint(path)
     assert not marker.exists()
 
@@ -99,7 +107,10 @@ def test_load_from_a_url_is_weights_only_too(tmp_path, served, trained):
         ClassifierModule.load_from_checkpoint(f"{served}/evil.ckpt")
     assert not marker.exists()
     (tmp_path / "good.ckpt").write_bytes(trained.read_bytes())
-    remote, local = ClassifierModule.load_from_checkpoint(f"{served}/good.ckpt"), ClassifierModule.load_from_checkpoint(trained)
+    remote, local = (
+        ClassifierModule.load_from_checkpoint(f"{served}/good.ckpt"),
+        ClassifierModule.load_from_checkpoint(trained),
+    )
     x = torch.randn(3, 1, 8, 8)
     torch.testing.assert_close(remote.eval()(x), local.eval()(x), rtol=0, atol=0)
 
@@ -128,7 +139,7 @@ def test_init_weights_refuses_code(tmp_path, monkeypatch, capsys):
 
 
 def _importers(tmp_path: Path, marker: Path):
-    """Each importer with the payload where it reads weights: a Hugging Face, Llama, CLIP or diffusers folder, a file."""
+    """Each importer with the payload where it reads weights: a Hugging Face, Llama, CLIP, diffusers folder, a file."""
     from zoo.clip.hf import load_hf_clip_into
     from zoo.cnn import TorchvisionNet
     from zoo.diffusion.convert import load_dit_weights
@@ -167,7 +178,11 @@ def _broken(trained: Path, tmp_path: Path, kind: str) -> tuple[Path, str]:
         path.write_bytes(data)
         return path, rf"{path} is truncated \({len(data)} bytes\)"
     if kind == "random":
-        path.write_bytes(torch.randint(0, 256, (4096,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)).numpy().tobytes())
+        path.write_bytes(
+            torch.randint(0, 256, (4096,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+            .numpy()
+            .tobytes()
+        )
         return path, rf"{path} is not a PyTorch checkpoint"
     path, _ = _crafted(tmp_path, f"{kind}.ckpt")
     return path, rf"refused to load {path}: it is a pickle that would execute code"
@@ -203,7 +218,7 @@ def _tampered_zip(member: str, declared: int) -> bytes:
     (info,) = [i for i in zipfile.ZipFile(buffer).infolist() if i.filename.endswith(member)]
     struct.pack_into("<II", data, info.header_offset + 18, declared, declared)  # local header: sizes at 18
     central = data.find(b"PK\x01\x02")  # the central directory's first entry
-    while data[central + 46: central + 46 + len(info.filename)] != info.filename.encode():
+    while data[central + 46 : central + 46 + len(info.filename)] != info.filename.encode():
         central = data.find(b"PK\x01\x02", central + 4)
     struct.pack_into("<II", data, central + 20, declared, declared)  # central directory entry: sizes at 20
     return bytes(data)
@@ -214,23 +229,40 @@ W = {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}
 # wrong, never a MemoryError, an OverflowError or a traceback.
 ABSURD = {
     "header length 2**63": (
-        "w.safetensors", _safetensors({"w": W}, length=2**63), "corrupt.*declare a 9223372036854775808-byte header"),
+        "w.safetensors",
+        _safetensors({"w": W}, length=2**63),
+        "corrupt.*declare a 9223372036854775808-byte header",
+    ),
     "header length 2**62": (
-        "w.safetensors", _safetensors({"w": W}, length=2**62), "corrupt.*-byte header, past safetensors' limit"),
+        "w.safetensors",
+        _safetensors({"w": W}, length=2**62),
+        "corrupt.*-byte header, past safetensors' limit",
+    ),
     "header longer than the file": ("w.safetensors", _safetensors({"w": W}, length=10**6), "is truncated"),
     "header not JSON": ("w.safetensors", _safetensors(b"{not json"), "corrupt.*header is not safetensors' JSON"),
     "header a list": ("w.safetensors", _safetensors([1, 2]), "corrupt.*header is not safetensors' JSON"),
     "an entry not a dict": ("w.safetensors", _safetensors({"w": 3}), "corrupt.*header is not safetensors' JSON"),
     "offsets past the data": ("w.safetensors", _safetensors({"w": {**W, "data_offsets": [0, 2**40]}}), "is truncated"),
     "negative offsets": (
-        "w.safetensors", _safetensors({"w": {**W, "data_offsets": [-4, 12]}}), r"data_offsets \[-4, 12\]"),
+        "w.safetensors",
+        _safetensors({"w": {**W, "data_offsets": [-4, 12]}}),
+        r"data_offsets \[-4, 12\]",
+    ),
     "a shape its bytes do not hold": (
-        "w.safetensors", _safetensors({"w": {**W, "shape": [2**40]}}),
-        r"corrupt.*tensor 'w' \(F32, shape \[1099511627776\]\) needs 4398046511104 bytes"),
+        "w.safetensors",
+        _safetensors({"w": {**W, "shape": [2**40]}}),
+        r"corrupt.*tensor 'w' \(F32, shape \[1099511627776\]\) needs 4398046511104 bytes",
+    ),
     "a zip record past the end": (
-        "w.ckpt", _tampered_zip("data/0", 2**32 - 1), "corrupt.*record .*data/0 declares 4294967295 bytes"),
+        "w.ckpt",
+        _tampered_zip("data/0", 2**32 - 1),
+        "corrupt.*record .*data/0 declares 4294967295 bytes",
+    ),
     "a zip data.pkl past the end": (
-        "w.ckpt", _tampered_zip("data.pkl", 2**31), "corrupt.*record .*data.pkl declares 2147483648"),
+        "w.ckpt",
+        _tampered_zip("data.pkl", 2**31),
+        "corrupt.*record .*data.pkl declares 2147483648",
+    ),
 }
 
 
@@ -258,7 +290,9 @@ def test_absurd_sizes_and_headers_are_one_error_naming_the_file(tmp_path, case, 
 
 
 def test_a_shape_changing_override_is_refused_naming_the_key(trained, monkeypatch, capsys):
-    line = cli_error(monkeypatch, capsys, "validate", f"--ckpt_path={trained}", "--model.init_args.net.init_args.width=16")
+    line = cli_error(
+        monkeypatch, capsys, "validate", f"--ckpt_path={trained}", "--model.init_args.net.init_args.width=16"
+    )
     assert "model.init_args.net.init_args.width=16 (trained with 8) changes the shape" in line, line
 
 
@@ -276,8 +310,15 @@ def test_a_resume_lists_its_overrides_and_keeps_the_sizes_it_derived(trained, ca
 
     # The YAML leaves num_classes to the data (None); the checkpoint recorded 10: no difference, no refusal.
     with caplog.at_level(logging.INFO):
-        c = cli("fit", "--config", TINY, *FAST, "--trainer.max_epochs=2", f"--ckpt_path={trained}",
-                "--model.init_args.label_smoothing=0.1")
+        c = cli(
+            "fit",
+            "--config",
+            TINY,
+            *FAST,
+            "--trainer.max_epochs=2",
+            f"--ckpt_path={trained}",
+            "--model.init_args.label_smoothing=0.1",
+        )
     assert c.trainer.current_epoch == 2 and c.model.hparams.label_smoothing == 0.1
     listed = [line for line in caplog.text.splitlines() if "wins over the checkpoint's" in line]
     assert len(listed) == 1 and "model.init_args.label_smoothing: 0.1" in listed[0], caplog.text[-2000:]
@@ -289,8 +330,10 @@ def test_a_checkpoint_of_another_module_class_is_refused_in_one_line(trained, tm
     ckpt["hyper_parameters"] = {"_class_path": gpt["class_path"], **gpt["init_args"]}
     torch.save(ckpt, tmp_path / "gpt.ckpt")
     line = cli_error(monkeypatch, capsys, "validate", "--config", TINY, f"--ckpt_path={tmp_path / 'gpt.ckpt'}")
-    assert (f"{tmp_path / 'gpt.ckpt'} holds a zoo.gpt.CausalLMModule checkpoint; this run's model is "
-            "zoo.cnn.ClassifierModule; drop --config") in line, line
+    assert (
+        f"{tmp_path / 'gpt.ckpt'} holds a zoo.gpt.CausalLMModule checkpoint; this run's model is "
+        "zoo.cnn.ClassifierModule; drop --config"
+    ) in line, line
 
 
 def test_a_fine_tuned_checkpoint_never_needs_its_init_weights_again(trained, tmp_path):
@@ -301,5 +344,7 @@ def test_a_fine_tuned_checkpoint_never_needs_its_init_weights_again(trained, tmp
     weights.unlink()  # the pretrained weights are gone: the checkpoint alone must do
     v = cli("validate", f"--ckpt_path={best}", *FAST[2:])
     assert v.model.hparams.init_weights == str(weights)  # recorded, never read
-    assert float(v.trainer.callback_metrics["val/acc"]) == pytest.approx(float(tuned.trainer.checkpoint_callback.best_model_score))
+    assert float(v.trainer.callback_metrics["val/acc"]) == pytest.approx(
+        float(tuned.trainer.checkpoint_callback.best_model_score)
+    )
     ClassifierModule.load_from_checkpoint(best)  # nor in Python

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from lightning.pytorch import Callback
 from conftest import CONFIGS, cli, output
+from lightning.pytorch import Callback
 
 from zoo.cnn import ClassifierModule
 from zoo.layers.weights import UnsafeCheckpointError, load_file
@@ -36,7 +36,9 @@ def test_validate_test_predict_from_the_same_yaml(trained):
     c, best = trained
     v = cli("validate", "--config", TINY, f"--ckpt_path={best}")
     t = cli("test", "--config", TINY, f"--ckpt_path={best}")
-    assert v.trainer.callback_metrics["val/acc"] == pytest.approx(float(c.trainer.checkpoint_callback.best_model_score), abs=1e-6)
+    assert v.trainer.callback_metrics["val/acc"] == pytest.approx(
+        float(c.trainer.checkpoint_callback.best_model_score), abs=1e-6
+    )
     assert 0.0 <= float(t.trainer.callback_metrics["test/acc"]) <= 1.0
     cli("predict", "--config", TINY, f"--ckpt_path={best}")
     rows = output("predictions.csv").read_text().splitlines()
@@ -56,14 +58,20 @@ def test_load_from_checkpoint_alone_rebuilds_the_same_net(trained):
 
 
 def test_resume_to_2n_equals_uninterrupted_2n():
-    straight = cli("fit", "--config", TINY, "--trainer.max_epochs=2",
-                   "--trainer.default_root_dir=straight")
+    straight = cli("fit", "--config", TINY, "--trainer.max_epochs=2", "--trainer.default_root_dir=straight")
     # The same 2-epoch run, interrupted after its first epoch (the schedule spans both epochs).
-    first = cli("fit", "--config", TINY, "--trainer.max_epochs=2", "--trainer.callbacks+=conftest.StopAfterEpochs",
-                "--trainer.default_root_dir=first")
+    first = cli(
+        "fit",
+        "--config",
+        TINY,
+        "--trainer.max_epochs=2",
+        "--trainer.callbacks+=conftest.StopAfterEpochs",
+        "--trainer.default_root_dir=first",
+    )
     last = first.trainer.checkpoint_callback.last_model_path
-    resumed = cli("fit", "--config", TINY, "--trainer.max_epochs=2",
-                  "--trainer.default_root_dir=resumed", f"--ckpt_path={last}")
+    resumed = cli(
+        "fit", "--config", TINY, "--trainer.max_epochs=2", "--trainer.default_root_dir=resumed", f"--ckpt_path={last}"
+    )
     assert resumed.trainer.global_step == straight.trainer.global_step == 2 * first.trainer.global_step
     a, b = _params(straight.model), _params(resumed.model)
     for k in a:
@@ -81,7 +89,9 @@ def test_checkpoint_of_another_shape_names_the_mismatched_keys(trained):
     _, best = trained
     wider = ClassifierModule(ConvNet(num_classes=10, in_channels=1, width=16, depth=2))
     trainer = Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
-    with pytest.raises(ValueError, match=r"(?s)mismatched keys.*head\.weight: checkpoint \(10, 16\) vs model \(10, 32\)"):
+    with pytest.raises(
+        ValueError, match=r"(?s)mismatched keys.*head\.weight: checkpoint \(10, 16\) vs model \(10, 32\)"
+    ):
         trainer.validate(wider, DigitsDataModule(), ckpt_path=best)
 
 
@@ -96,9 +106,9 @@ def test_crafted_pickle_is_refused_not_executed(tmp_path):
         pickle.dump({"state_dict": {"w": _Exploit()}}, f)
     with pytest.raises(UnsafeCheckpointError, match="refused"):
         load_file(bad)
-    with pytest.raises(Exception):
+    with pytest.raises(UnsafeCheckpointError, match="execute code"):
         ClassifierModule.load_from_checkpoint(bad)
-    with pytest.raises(Exception):
+    with pytest.raises(UnsafeCheckpointError, match="execute code"):
         cli("validate", "--config", TINY, f"--ckpt_path={bad}")
     assert not Path("pwned").exists() and not (tmp_path / "pwned").exists()
 
@@ -172,6 +182,14 @@ def test_exception_checkpoint_only_after_an_optimizer_step_in_the_runs_own_folde
     with pytest.raises(RuntimeError, match="at step 3"):  # resumed, and failed before its next step
         cli("fit", "--config", TINY, fail, "--trainer.callbacks.init_args.step=3", f"--ckpt_path={saved[0]}")
     with pytest.raises(RuntimeError, match="in test"):  # the test after a finished fit trains nothing
-        cli("fit", "--config", TINY, fail, "--trainer.callbacks.init_args.step=1000",
-            "--trainer.callbacks.init_args.in_test=true", "--trainer.max_steps=2", "--test_after_fit=true")
+        cli(
+            "fit",
+            "--config",
+            TINY,
+            fail,
+            "--trainer.callbacks.init_args.step=1000",
+            "--trainer.callbacks.init_args.in_test=true",
+            "--trainer.max_steps=2",
+            "--test_after_fit=true",
+        )
     assert sorted(Path("runs").rglob("on_exception.ckpt")) == saved

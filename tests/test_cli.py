@@ -46,7 +46,12 @@ def test_trainer_pieces_stack_on_a_family_config(piece):
     from cli import main
 
     # Every device unless told: auto (all GPUs; a CPU counts as one), and the count from the command line.
-    assert main(["--config", str(TINY), "--config", str(piece), "--trainer.accelerator=cpu"], run=False).trainer.num_devices == 1
+    assert (
+        main(
+            ["--config", str(TINY), "--config", str(piece), "--trainer.accelerator=cpu"], run=False
+        ).trainer.num_devices
+        == 1
+    )
     c = main(["--config", str(TINY), "--config", str(piece), "--trainer.devices=2"], run=False)
     assert c.trainer.num_devices == 2
 
@@ -57,8 +62,10 @@ def test_fsdp_configs_shard_over_every_process_of_every_node(nodes, devices):
 
     piece = ["--config", str(TINY), "--config", str(CONFIGS / "trainer" / "fsdp.yaml")]
     for args in (piece, ["--config", str(CONFIGS / "gpt" / "gpt2_124m_fsdp.yaml")]):
-        c = main([*args, "--trainer.accelerator=cpu", f"--trainer.devices={devices}", f"--trainer.num_nodes={nodes}"],
-                 run=False)
+        c = main(
+            [*args, "--trainer.accelerator=cpu", f"--trainer.devices={devices}", f"--trainer.num_nodes={nodes}"],
+            run=False,
+        )
         assert c.trainer.strategy.mesh_shape() == (nodes * devices, 1)
 
 
@@ -70,16 +77,25 @@ def test_consolidation_command_documented_in_the_configs_runs(tmp_path):
 
     for yaml in (CONFIGS / "trainer" / "fsdp.yaml", CONFIGS / "gpt" / "gpt2_124m_fsdp.yaml"):
         assert "python -m zoo.layers.parallel <" in yaml.read_text(), yaml
-    proc = subprocess.run([sys.executable, "-m", "zoo.layers.parallel", "--help"], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "zoo.layers.parallel", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     assert proc.returncode == 0 and "checkpoint_dir" in proc.stdout and "output_file" in proc.stdout, proc.stderr
 
 
 def test_logger_piece_stacks(mlflow_server):
     from cli import main
 
-    c = main(["--config", str(TINY), "--config", str(CONFIGS / "logger" / "mlflow_server.yaml"),
-              f"--trainer.logger.init_args.tracking_uri={mlflow_server}"], run=False)
+    c = main(
+        [
+            "--config",
+            str(TINY),
+            "--config",
+            str(CONFIGS / "logger" / "mlflow_server.yaml"),
+            f"--trainer.logger.init_args.tracking_uri={mlflow_server}",
+        ],
+        run=False,
+    )
     assert c.trainer.logger.tracking_uri == mlflow_server
 
 
@@ -94,18 +110,32 @@ def test_runnable_configs_fit_end_to_end(name):
 
 
 def test_imagefolder_config_fits_on_a_folder(image_folder):
-    c = cli("fit", "--config", str(CONFIGS / "cnn" / "torchvision_imagefolder.yaml"), *FAST,
-            f"--data.init_args.root={image_folder}", "--data.init_args.image_size=32",
-            "--data.init_args.batch_size=4", "--data.init_args.num_workers=0",
-            "--model.init_args.net.init_args.name=resnet18", "--model.init_args.net.init_args.num_classes=2",
-            "--trainer.precision=32-true")
+    c = cli(
+        "fit",
+        "--config",
+        str(CONFIGS / "cnn" / "torchvision_imagefolder.yaml"),
+        *FAST,
+        f"--data.init_args.root={image_folder}",
+        "--data.init_args.image_size=32",
+        "--data.init_args.batch_size=4",
+        "--data.init_args.num_workers=0",
+        "--model.init_args.net.init_args.name=resnet18",
+        "--model.init_args.net.init_args.num_classes=2",
+        "--trainer.precision=32-true",
+    )
     assert torch.isfinite(c.trainer.callback_metrics["val/loss"])
 
 
 def test_missing_dataset_fails_fast_with_what_to_pass():
     with pytest.raises(FileNotFoundError, match=r"CIFAR10 not found under 'nowhere'.*data\.init_args\.root"):
-        cli("fit", "--config", str(CONFIGS / "cnn" / "resnet18_cifar10.yaml"), *FAST,
-            "--data.init_args.root=nowhere", "--data.init_args.num_workers=0")
+        cli(
+            "fit",
+            "--config",
+            str(CONFIGS / "cnn" / "resnet18_cifar10.yaml"),
+            *FAST,
+            "--data.init_args.root=nowhere",
+            "--data.init_args.num_workers=0",
+        )
 
 
 def test_missing_image_folder_fails_at_once_in_one_line():
@@ -115,8 +145,9 @@ def test_missing_image_folder_fails_at_once_in_one_line():
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "path/to/image_folder" in errors[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and "--verbose" in proc.stderr, proc.stderr[-2000:]
-    verbose = run_cli("fit", "--config", str(CONFIGS / "cnn" / "torchvision_imagefolder.yaml"), "--verbose",
-                      timeout=120)
+    verbose = run_cli(
+        "fit", "--config", str(CONFIGS / "cnn" / "torchvision_imagefolder.yaml"), "--verbose", timeout=120
+    )
     assert verbose.returncode != 0 and "Traceback" in verbose.stderr and "FileNotFoundError" in verbose.stderr
 
 
@@ -134,8 +165,15 @@ def test_missing_environment_package_is_one_line_naming_the_install():
 
 
 # What Lightning and torch print on every run that no user can act on (zoo.app.terminal.quiet_uninformative_messages).
-NOISE = ("Tip:", "litlogger", "LeafSpec", "FLOPs", "dirpath has changed", "estimate number of stepping batches",
-         "already configured with model summary")
+NOISE = (
+    "Tip:",
+    "litlogger",
+    "LeafSpec",
+    "FLOPs",
+    "dirpath has changed",
+    "estimate number of stepping batches",
+    "already configured with model summary",
+)
 
 
 def test_plain_fit_and_evaluation_print_nothing_a_user_cannot_act_on():
@@ -208,9 +246,17 @@ def test_fit_without_a_logger():
 def test_summary_after_test_after_fit_names_the_checkpoints_written(capsys):
     """Testing the best checkpoint restores the checkpoint callback's state as saved then (before last.ckpt
     existed); the summary and the MLflow model must still name the files this run wrote."""
-    c = cli("fit", "--config", str(TINY), "--test_after_fit=true", "--trainer.max_epochs=1",
-            "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1", "--trainer.limit_test_batches=1",
-            "--trainer.enable_progress_bar=false")
+    c = cli(
+        "fit",
+        "--config",
+        str(TINY),
+        "--test_after_fit=true",
+        "--trainer.max_epochs=1",
+        "--trainer.limit_train_batches=2",
+        "--trainer.limit_val_batches=1",
+        "--trainer.limit_test_batches=1",
+        "--trainer.enable_progress_bar=false",
+    )
     last = c.trainer.checkpoint_callback.last_model_path
     assert last and Path(last).is_file()
     assert f"Last checkpoint: {last}" in capsys.readouterr().out

@@ -29,13 +29,16 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _text(**kw) -> TextTransformer:
-    return TextTransformer(**{"vocab_size": 257, "context_length": 12, "width": 16, "layers": 1, "heads": 2, "embed_dim": E, **kw})
+    return TextTransformer(
+        **{"vocab_size": 257, "context_length": 12, "width": 16, "layers": 1, "heads": 2, "embed_dim": E, **kw}
+    )
 
 
 IMAGE_TOWERS = {
     "vit-cls": lambda: VisionTransformer(image_size=16, patch_size=4, width=16, layers=2, heads=2, embed_dim=E),
-    "vit-attention-pool": lambda: VisionTransformer(image_size=16, patch_size=8, width=16, layers=1, heads=2, embed_dim=E,
-                                                    pool="attention", act="quick_gelu"),
+    "vit-attention-pool": lambda: VisionTransformer(
+        image_size=16, patch_size=8, width=16, layers=1, heads=2, embed_dim=E, pool="attention", act="quick_gelu"
+    ),
     "convnet": lambda: ConvNet(num_classes=E, in_channels=3, width=8, depth=2),
 }
 
@@ -59,7 +62,9 @@ def test_every_tower_pair_embeds_normalised_and_backpropagates(tower):
         assert out[key].shape == (4, E)
         torch.testing.assert_close(out[key].norm(dim=-1), torch.ones(4))
     loss = infonce_loss(out["image_features"], out["text_features"], out["logit_scale"])["loss"]
-    loss = loss + siglip_loss(out["image_features"], out["text_features"], out["logit_scale"], out["logit_bias"])["loss"]
+    loss = (
+        loss + siglip_loss(out["image_features"], out["text_features"], out["logit_scale"], out["logit_bias"])["loss"]
+    )
     loss.backward()
     for name, p in net.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
@@ -90,8 +95,14 @@ def test_parameter_groups_cover_every_parameter_once_and_spare_embeddings_and_sc
     assert sorted(ids) == sorted(id(p) for p in net.parameters()) and len(ids) == len(set(ids))
     no_decay = {id(p) for p in groups[1]["params"]}
     names = dict(net.named_parameters())
-    for name in ("logit_scale", "logit_bias", "image_encoder.positional_embedding", "image_encoder.attn_pool.query",
-                 "text_encoder.positional_embedding", "text_encoder.token_embedding.weight"):
+    for name in (
+        "logit_scale",
+        "logit_bias",
+        "image_encoder.positional_embedding",
+        "image_encoder.attn_pool.query",
+        "text_encoder.positional_embedding",
+        "text_encoder.token_embedding.weight",
+    ):
         assert id(names[name]) in no_decay, name
     assert id(names["image_encoder.conv1.weight"]) not in no_decay
 
@@ -140,8 +151,13 @@ def test_logit_scale_never_exceeds_its_clamp():
 def test_two_processes_give_the_full_batch_loss_and_gradients(tmp_path):
     out = tmp_path / "ranks.pt"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "clip_loss_ranks.py"), str(out)],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "scripts" / "clip_loss_ranks.py"), str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     result = torch.load(out)
     for kind in ("infonce", "siglip"):
@@ -168,9 +184,9 @@ def test_recall_counts_any_item_with_the_query_caption():
 # Image x caption similarities, 3 images with 2 captions each (columns 0-1, 2-3, 4-5); no ties in a row or
 # column. Rank of the first hit, image -> text: image 0 at 2 (c2 first), image 1 at 1, image 2 at 5.
 # Text -> image, by column: c0 2, c1 2, c2 3, c3 1, c4 2, c5 1.
-SIM = torch.tensor([[0.80, 0.60, 0.90, 0.70, 0.50, 0.40],
-                    [0.10, 0.20, 0.30, 0.95, 0.05, 0.15],
-                    [0.85, 0.75, 0.65, 0.55, 0.35, 0.45]])
+SIM = torch.tensor(
+    [[0.80, 0.60, 0.90, 0.70, 0.50, 0.40], [0.10, 0.20, 0.30, 0.95, 0.05, 0.15], [0.85, 0.75, 0.65, 0.55, 0.35, 0.45]]
+)
 IMAGE_OF = torch.tensor([0, 0, 1, 1, 2, 2])
 
 
@@ -185,9 +201,17 @@ def test_recall_on_a_hand_built_matrix_counts_any_hit_in_the_top_k_both_ways():
     images, texts, image_ids = _rows(SIM, IMAGE_OF, order)
     r = retrieval_recall(images, texts, image_ids + 10, torch.arange(6)[order], ks=(1, 2, 3, 5))
     got = {k: round(v.item(), 4) for k, v in r.items()}
-    assert got == {"i2t_recall_1": round(1 / 3, 4), "i2t_recall_2": round(2 / 3, 4), "i2t_recall_3": round(2 / 3, 4),
-                   "i2t_recall_5": 1.0, "t2i_recall_1": round(2 / 6, 4), "t2i_recall_2": round(5 / 6, 4),
-                   "t2i_recall_3": 1.0, "t2i_recall_5": 1.0, "recall_1": round(1 / 3, 4)}
+    assert got == {
+        "i2t_recall_1": round(1 / 3, 4),
+        "i2t_recall_2": round(2 / 3, 4),
+        "i2t_recall_3": round(2 / 3, 4),
+        "i2t_recall_5": 1.0,
+        "t2i_recall_1": round(2 / 6, 4),
+        "t2i_recall_2": round(5 / 6, 4),
+        "t2i_recall_3": 1.0,
+        "t2i_recall_5": 1.0,
+        "recall_1": round(1 / 3, 4),
+    }
 
 
 def test_near_perfect_model_with_five_captions_per_image_recalls_everything():
@@ -280,8 +304,16 @@ def test_csv_jsonl_and_folder_sources_read_the_same_pairs(tmp_path):
     with pytest.raises(InputError, match="caption_column"):
         read_pairs(tmp_path / "pairs.csv", "filepath", "caption", None)
 
-    dm = CaptionDataModule(path=str(tmp_path / "pairs.csv"), image_column="filepath", caption_column="text",
-                           label_column="label", image_size=16, context_length=24, val_fraction=0.4, batch_size=2)
+    dm = CaptionDataModule(
+        path=str(tmp_path / "pairs.csv"),
+        image_column="filepath",
+        caption_column="text",
+        label_column="label",
+        image_size=16,
+        context_length=24,
+        val_fraction=0.4,
+        batch_size=2,
+    )
     dm.setup()
     assert dm.class_names == ["blue", "red"] and len(dm.train_set) == 3 and len(dm.val_set) == 2
     batch = next(iter(dm.val_dataloader()))
@@ -294,8 +326,9 @@ def test_five_captions_per_image_share_an_image_id_and_a_split(tmp_path):
     _write_images(tmp_path / "img", 6)
     rows = "".join(f"img/{i}.png,caption {c} of image {i}\n" for c in range(5) for i in range(6))  # images interleaved
     (tmp_path / "coco.csv").write_text("image,caption\n" + rows)
-    dm = CaptionDataModule(path=str(tmp_path / "coco.csv"), image_size=16, context_length=24, val_fraction=0.34,
-                           batch_size=30)
+    dm = CaptionDataModule(
+        path=str(tmp_path / "coco.csv"), image_size=16, context_length=24, val_fraction=0.34, batch_size=30
+    )
     dm.setup()
     train, val = (set(map(str, d.images)) for d in (dm.train_set, dm.val_set))
     assert len(val) == 2 and len(train) == 4 and not train & val  # whole images held out ...
@@ -318,10 +351,25 @@ def test_hf_clip_weights_reproduce_transformers_embeddings(tmp_path):
 
     torch.manual_seed(0)
     config = transformers.CLIPConfig(
-        text_config=dict(vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
-                         max_position_embeddings=16, eos_token_id=98, bos_token_id=97, pad_token_id=1),
-        vision_config=dict(image_size=16, patch_size=4, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
-                           num_attention_heads=4),
+        text_config=dict(
+            vocab_size=99,
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=16,
+            eos_token_id=98,
+            bos_token_id=97,
+            pad_token_id=1,
+        ),
+        vision_config=dict(
+            image_size=16,
+            patch_size=4,
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+        ),
         projection_dim=24,
     )
     reference = transformers.CLIPModel(config).eval()
@@ -345,10 +393,14 @@ def test_hf_clip_weights_reproduce_transformers_embeddings(tmp_path):
 
 
 def test_bpe_tokenizer_is_trained_on_the_training_captions():
-    dm = CaptionDataModule(image_size=16, context_length=24, num_train=200, num_val=20, tokenizer="bpe", bpe_vocab_size=300)
+    dm = CaptionDataModule(
+        image_size=16, context_length=24, num_train=200, num_val=20, tokenizer="bpe", bpe_vocab_size=300
+    )
     dm.setup()
     tok = dm.tokenizer
     assert 256 < tok.vocab_size <= 300
     ids = dm.train_set.text
-    assert (ids == tok.eos_id).any(dim=1).all() and (ids[:, :-1] != tok.eos_id).sum(1).float().mean() < 16  # merges shorten
+    assert (ids == tok.eos_id).any(dim=1).all() and (ids[:, :-1] != tok.eos_id).sum(
+        1
+    ).float().mean() < 16  # merges shorten
     assert tok.decode(ids[0].tolist()) == dm.train_set.captions[0]

@@ -63,12 +63,21 @@ def test_tiny_fits_into_mlflow_then_predicts_from_its_checkpoint(tmp_path):
 
     # Text embeddings equal what the checkpoint alone computes (net and tokenizer from the file).
     texts = ["a small red circle in the center", "a large blue ring on the left"]
-    cli("predict", "--config", TINY, "--ckpt_path", last, "--data.init_args.predict=text_embeddings",
-        f"--data.init_args.texts={json.dumps(texts)}")
+    cli(
+        "predict",
+        "--config",
+        TINY,
+        "--ckpt_path",
+        last,
+        "--data.init_args.predict=text_embeddings",
+        f"--data.init_args.texts={json.dumps(texts)}",
+    )
     rows = _rows()
     assert [r["text"] for r in rows] == texts
     module = ContrastiveModule.load_from_checkpoint(last).eval()
-    torch.testing.assert_close(module.embed_texts(texts), torch.from_numpy(np.load(output("predictions.embedding.npy"))))
+    torch.testing.assert_close(
+        module.embed_texts(texts), torch.from_numpy(np.load(output("predictions.embedding.npy")))
+    )
 
 
 def test_short_cpu_fit_on_shapes_is_far_above_chance():
@@ -87,17 +96,36 @@ def hf_clip_folder(tmp_path) -> Path:
     from zoo.layers.tokenizers import BPETokenizer
 
     folder = tmp_path / "hf_clip"
-    captions = [f"a {c} {s} on a {b} background"
-                for c in ("red", "blue", "green") for s in ("cat", "dog") for b in ("dark", "light")]
+    captions = [
+        f"a {c} {s} on a {b} background"
+        for c in ("red", "blue", "green")
+        for s in ("cat", "dog")
+        for b in ("dark", "light")
+    ]
     tok = BPETokenizer.train(captions * 5, vocab_size=300)
     tok.save(folder)
     torch.manual_seed(0)
     eos = tok.eos_id
     config = transformers.CLIPConfig(
-        text_config=dict(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, max_position_embeddings=24, eos_token_id=eos, bos_token_id=eos, pad_token_id=eos),
-        vision_config=dict(image_size=16, patch_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                           num_attention_heads=2),
+        text_config=dict(
+            vocab_size=tok.vocab_size,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=24,
+            eos_token_id=eos,
+            bos_token_id=eos,
+            pad_token_id=eos,
+        ),
+        vision_config=dict(
+            image_size=16,
+            patch_size=8,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+        ),
         projection_dim=16,
     )
     transformers.CLIPModel(config).save_pretrained(folder)
@@ -123,11 +151,21 @@ def test_finetune_preset_starts_from_hf_weights_and_tokenizer_on_a_csv(hf_clip_f
     from zoo.layers.weights import load_file
 
     net = yaml.safe_load(zoo_yaml(hf_clip_folder))["net"]
-    args = ["--config", str(CONFIGS / "clip" / "finetune_csv.yaml"), f"--model.init_args.net={json.dumps(net)}",
-            f"--model.init_args.init_weights={hf_clip_folder}", f"--data.init_args.pretrained_tokenizer={hf_clip_folder}",
-            f"--data.init_args.path={caption_csv}", "--data.init_args.image_size=16", "--data.init_args.context_length=24",
-            "--data.init_args.val_fraction=0.5", "--data.init_args.batch_size=4", "--data.init_args.num_workers=0",
-            "--trainer.precision=32-true", "--trainer.enable_progress_bar=false"]
+    args = [
+        "--config",
+        str(CONFIGS / "clip" / "finetune_csv.yaml"),
+        f"--model.init_args.net={json.dumps(net)}",
+        f"--model.init_args.init_weights={hf_clip_folder}",
+        f"--data.init_args.pretrained_tokenizer={hf_clip_folder}",
+        f"--data.init_args.path={caption_csv}",
+        "--data.init_args.image_size=16",
+        "--data.init_args.context_length=24",
+        "--data.init_args.val_fraction=0.5",
+        "--data.init_args.batch_size=4",
+        "--data.init_args.num_workers=0",
+        "--trainer.precision=32-true",
+        "--trainer.enable_progress_bar=false",
+    ]
     c = cli("validate", *args)
     expected = hf_to_zoo(load_file(hf_clip_folder / "model.safetensors"))
     for k, v in c.model.net.state_dict().items():
@@ -145,8 +183,16 @@ def test_ddp_and_fsdp2_on_two_processes_evaluate_the_same_gathered_pairs():
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     metrics = []
     for piece in ("ddp.yaml", "fsdp.yaml"):
-        proc = run_cli("fit", "--config", TINY, "--config", str(CONFIGS / "trainer" / piece), "--trainer.accelerator=cpu",
-                       "--trainer.devices=2", env={"OMP_NUM_THREADS": "1"})
+        proc = run_cli(
+            "fit",
+            "--config",
+            TINY,
+            "--config",
+            str(CONFIGS / "trainer" / piece),
+            "--trainer.accelerator=cpu",
+            "--trainer.devices=2",
+            env={"OMP_NUM_THREADS": "1"},
+        )
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
         experiments = [e.experiment_id for e in client.search_experiments()]
         run = client.search_runs(experiments, order_by=["attributes.start_time DESC"])[0]

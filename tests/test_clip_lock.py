@@ -8,8 +8,10 @@ import torch
 from conftest import CONFIGS
 
 TINY = str(CONFIGS / "clip" / "tiny.yaml")
-CONV_TOWER = ('--model.init_args.net.init_args.image_encoder={"class_path": "zoo.cnn.ConvNet", "init_args": '
-              '{"num_classes": 32, "in_channels": 3, "width": 8, "depth": 2}}')
+CONV_TOWER = (
+    '--model.init_args.net.init_args.image_encoder={"class_path": "zoo.cnn.ConvNet", "init_args": '
+    '{"num_classes": 32, "in_channels": 3, "width": 8, "depth": 2}}'
+)
 
 
 def _state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -24,8 +26,19 @@ def _changed(before: dict, after: dict) -> set[str]:
 def test_a_locked_tower_keeps_its_weights_and_statistics_while_the_other_trains(locked):
     from cli import main
 
-    c = main(["--config", TINY, CONV_TOWER, f"--model.init_args.lock_{locked}=true", "--trainer.max_steps=4",
-              "--trainer.limit_val_batches=1", "--trainer.val_check_interval=2", "--trainer.logger=false"], run=False)
+    c = main(
+        [
+            "--config",
+            TINY,
+            CONV_TOWER,
+            f"--model.init_args.lock_{locked}=true",
+            "--trainer.max_steps=4",
+            "--trainer.limit_val_batches=1",
+            "--trainer.val_check_interval=2",
+            "--trainer.logger=false",
+        ],
+        run=False,
+    )
     net = c.model.net
     image, text = _state(net.image_encoder), _state(net.text_encoder)
     assert any("running_mean" in k for k in image)  # the conv tower has batch-norm statistics to keep

@@ -55,8 +55,13 @@ def test_losses_equal_open_clips_on_one_process(kind):
 
 def test_distributed_losses_equal_open_clips_rank_by_rank(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "clip_openclip_ranks.py"), str(tmp_path)],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "scripts" / "clip_openclip_ranks.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     losses = {}
     for rank in range(2):
@@ -65,8 +70,9 @@ def test_distributed_losses_equal_open_clips_rank_by_rank(tmp_path):
         pairs += [("zoo/siglip", f"open_clip/siglip/{s}") for s in ("bidir", "shift", "reduce", "gather")]
         for ours, theirs in pairs:
             for key in ("loss", "images", "texts", "scale", "bias"):
-                torch.testing.assert_close(result[ours][key], result[theirs][key], rtol=1e-10, atol=1e-12,
-                                           msg=f"rank {rank} {theirs} {key}")
+                torch.testing.assert_close(
+                    result[ours][key], result[theirs][key], rtol=1e-10, atol=1e-12, msg=f"rank {rank} {theirs} {key}"
+                )
         losses[rank] = result["zoo/infonce"]["loss"]
         # Gradients from the other rank's loss reached this rank's features: the gather is differentiable.
         assert result["zoo/infonce"]["texts"].abs().min() > 0

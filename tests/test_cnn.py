@@ -68,7 +68,9 @@ def test_warmup_cosine_matches_closed_form():
         opt.step()
         sched.step()
     for t, lr in enumerate(seen):
-        want = 2.0 * (t + 1) / 4 if t < 4 else 2.0 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, (t - 4) / 16))))
+        want = (
+            2.0 * (t + 1) / 4 if t < 4 else 2.0 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, (t - 4) / 16))))
+        )
         assert lr == pytest.approx(want), t
     assert seen[-1] == pytest.approx(0.2)
 
@@ -87,8 +89,13 @@ def test_channels_last_and_compile_switches_match_eager():
 
 def test_shapes_accuracy_far_above_chance():
     """A short CPU fit on the generated shapes: 6 classes, chance is 1/6."""
-    c = cli("fit", "--config", str(CONFIGS / "cnn" / "convnet_shapes.yaml"), "--trainer.max_epochs=1",
-            "--data.init_args.num_train=4000")
+    c = cli(
+        "fit",
+        "--config",
+        str(CONFIGS / "cnn" / "convnet_shapes.yaml"),
+        "--trainer.max_epochs=1",
+        "--data.init_args.num_train=4000",
+    )
     acc = float(c.trainer.callback_metrics["test/acc"])
     assert acc > SHAPES_MIN_ACC, acc
 

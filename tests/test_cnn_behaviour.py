@@ -43,9 +43,18 @@ class TinyImages(LightningDataModule):
 
 def trainer(**kwargs) -> Trainer:
     """Fits (``max_steps``) skip validation; validate, test and predict go through their whole split."""
-    return Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                   enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=1,
-                   limit_val_batches=0 if "max_steps" in kwargs else 1.0, **kwargs)
+    return Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+        limit_val_batches=0 if "max_steps" in kwargs else 1.0,
+        **kwargs,
+    )
 
 
 def module(num_classes: int | None = K, **kwargs) -> ClassifierModule:
@@ -93,9 +102,11 @@ def reference_metrics(net: torch.nn.Module, dm: TinyImages, eps: float) -> dict[
     with torch.no_grad():
         logits = net.eval()(dm.x)  # (B, K)
     top5 = logits.topk(5, dim=-1).indices
-    return {"acc": (logits.argmax(-1) == dm.y).float().mean().item(),
-            "acc_top5": (top5 == dm.y[:, None]).any(-1).float().mean().item(),
-            "loss": smoothed_ce(logits, dm.y, eps).item()}
+    return {
+        "acc": (logits.argmax(-1) == dm.y).float().mean().item(),
+        "acc_top5": (top5 == dm.y[:, None]).any(-1).float().mean().item(),
+        "loss": smoothed_ce(logits, dm.y, eps).item(),
+    }
 
 
 def test_validation_and_test_metrics_and_confusion_matrix_are_the_counts(monkeypatch):

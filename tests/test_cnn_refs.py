@@ -35,8 +35,12 @@ def randomise_batch_norms(net: nn.Module, seed: int = 0) -> nn.Module:
     with torch.no_grad():
         for m in net.modules():
             if isinstance(m, nn.BatchNorm2d):
-                for t, (lo, hi) in ((m.weight, (0.5, 1.5)), (m.bias, (-0.3, 0.3)), (m.running_mean, (-0.2, 0.2)),
-                                    (m.running_var, (0.5, 2.0))):
+                for t, (lo, hi) in (
+                    (m.weight, (0.5, 1.5)),
+                    (m.bias, (-0.3, 0.3)),
+                    (m.running_mean, (-0.2, 0.2)),
+                    (m.running_var, (0.5, 2.0)),
+                ):
                     t.copy_(torch.rand(t.shape, generator=g, dtype=t.dtype) * (hi - lo) + lo)
     return net
 
@@ -110,8 +114,16 @@ def convnet_reference(state: dict, x: torch.Tensor, depth: int, training: bool, 
         for conv, bn in ((0, 1), (3, 4)):
             x = F.conv2d(x, state[f"features.{i}.{conv}.weight"], padding=1)
             p = f"features.{i}.{bn}."
-            x = F.batch_norm(x, state[p + "running_mean"], state[p + "running_var"], state[p + "weight"],
-                             state[p + "bias"], training=training, momentum=0.1, eps=1e-5)
+            x = F.batch_norm(
+                x,
+                state[p + "running_mean"],
+                state[p + "running_var"],
+                state[p + "weight"],
+                state[p + "bias"],
+                training=training,
+                momentum=0.1,
+                eps=1e-5,
+            )
             x = F.relu(x)
         x = F.max_pool2d(x, 2)  # (B, C, H / 2, W / 2)
         if dropout > 0:

@@ -104,7 +104,9 @@ class RefreshingCheckpoint(ModelCheckpoint):
 @pytest.mark.parametrize("cls, fresh", [(ModelCheckpoint, False), (RefreshingCheckpoint, True)])
 @pytest.mark.parametrize("at_train_epoch_end", [True, False])
 def test_refresh_last_checkpoint_keeps_last_ckpt_current(tmp_path, cls, fresh, at_train_epoch_end):
-    ckpt = cls(dirpath=tmp_path, monitor="score", mode="min", save_last=True, save_on_train_epoch_end=at_train_epoch_end)
+    ckpt = cls(
+        dirpath=tmp_path, monitor="score", mode="min", save_last=True, save_on_train_epoch_end=at_train_epoch_end
+    )
     trainer = _trainer(max_epochs=3, limit_train_batches=2, limit_val_batches=1, callbacks=[ckpt])
     trainer.fit(GetsWorse())
     last = torch.load(tmp_path / "last.ckpt", weights_only=True)
@@ -244,12 +246,20 @@ class _StopBeforeInstantiating:
 def test_checkpoint_hyperparameters_left_to_caller_keeps_the_command_lines_values(tmp_path, mixin, width):
     import lightning
 
-    torch.save({"hyper_parameters": {"width": 3}, "state_dict": Wide().state_dict(),
-                "pytorch-lightning_version": lightning.__version__}, tmp_path / "wide.ckpt")
+    torch.save(
+        {
+            "hyper_parameters": {"width": 3},
+            "state_dict": Wide().state_dict(),
+            "pytorch-lightning_version": lightning.__version__,
+        },
+        tmp_path / "wide.ckpt",
+    )
     cls = type("CLI", (_StopBeforeInstantiating, *mixin, LightningCLI), {})
     with pytest.raises(_Parsed) as parsed:  # Lightning alone: the checkpoint's 3 silently beats the flag's 5
-        cls(Wide, args=["validate", f"--ckpt_path={tmp_path / 'wide.ckpt'}", "--model.width=5",
-                        "--trainer.logger=false"])
+        cls(
+            Wide,
+            args=["validate", f"--ckpt_path={tmp_path / 'wide.ckpt'}", "--model.width=5", "--trainer.logger=false"],
+        )
     assert parsed.value.args[0] == width
 
 

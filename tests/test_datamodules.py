@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import io
 import os
 import pickle
 import time
@@ -99,8 +98,9 @@ def test_training_loader_resumes_at_the_batch_it_stood_in_its_epoch():
     whole = training_loader(data, None, 8, EpochShuffle(50, seed=1), drop_last=True)
     assert len(whole) == 6 and [len(b) for b in epoch(whole, 2)] == [8] * 6  # the last partial batch dropped
     full = epoch(whole, 2)
-    resumed = training_loader(data, None, 8, EpochShuffle(50, seed=1), drop_last=True,
-                              resume_at={"epoch": 2, "batches": 4})
+    resumed = training_loader(
+        data, None, 8, EpochShuffle(50, seed=1), drop_last=True, resume_at={"epoch": 2, "batches": 4}
+    )
     assert len(resumed) == 6 and epoch(resumed, 2) == full[4:]  # the rest of the same order, once ...
     assert epoch(resumed, 2) == full  # ... then whole epochs again
     # A position from another epoch (a checkpoint at an epoch's end names the next one) skips nothing.
@@ -124,7 +124,12 @@ def test_image_folder_protocol(tmp_path):
 
 
 def test_torchvision_protocol_needs_no_data():
-    shapes = {"MNIST": (1, 28, 28, 10), "FashionMNIST": (1, 28, 28, 10), "CIFAR10": (3, 32, 32, 10), "CIFAR100": (3, 32, 32, 100)}
+    shapes = {
+        "MNIST": (1, 28, 28, 10),
+        "FashionMNIST": (1, 28, 28, 10),
+        "CIFAR10": (3, 32, 32, 10),
+        "CIFAR100": (3, 32, 32, 100),
+    }
     for name, (c, h, w, k) in shapes.items():
         dm = TorchvisionDataModule(name, root="/nonexistent")
         assert dm.image_shape == (c, h, w) and dm.num_classes == k == len(set(dm.class_names))
@@ -176,7 +181,8 @@ def _dtype(code: str, state: tuple) -> _Reduce:
 NUMPY_ATTACKS = {
     # numpy reads the 8 raw bytes as an object pointer: a segmentation fault
     "a structured dtype with an object field over raw bytes": _array(
-        _dtype("V8", (3, "|", None, ("a",), {"a": (np.dtype("O"), 0)}, 8, 1, 25)), b"A" * 8),
+        _dtype("V8", (3, "|", None, ("a",), {"a": (np.dtype("O"), 0)}, 8, 1, 25)), b"A" * 8
+    ),
     "flags that mark refcounted items": _array(_dtype("V8", (3, "|", None, None, None, 8, 1, 61)), b"A" * 8),
     "an object array": _array(np.dtype("O"), [1, "x"], (2,)),
     "an object scalar": _Reduce(np._core.multiarray.scalar, (np.dtype("O"), "x")),
@@ -211,7 +217,8 @@ def test_restricted_unpickler_admits_only_plain_numeric_arrays(tmp_path, attack)
         z.writestr("mnist/data/mnist.pkl.gz", gzip.compress(pickle.dumps(data, protocol=2)))
     report = tmp_path / "report.txt"
     child = multiprocessing.get_context("fork").Process(
-        target=_build_cache_in_child, args=(wheel, tmp_path / "mnist.npz", report))
+        target=_build_cache_in_child, args=(wheel, tmp_path / "mnist.npz", report)
+    )
     child.start()
     child.join(60)
     assert child.exitcode == 0, f"exit code {child.exitcode} (-11: a segmentation fault; 1: an error not refused)"

@@ -75,7 +75,8 @@ def test_prediction_types_convert_back_to_x0_and_eps(prediction, kind):
     x_t = s.add_noise(x0, eps, t)
     out = s.target(x0, eps, t, prediction)
     x0_hat, eps_hat = s.to_x0_eps(out, x_t, t, prediction)
-    # eps from x0 divides by sqrt(1 - abar) (~1e-2 at t=0), x0 from eps by sqrt(abar_T) (~6e-3): float32 errors grow there
+    # eps from x0 divides by sqrt(1 - abar) (~1e-2 at t=0), x0 from eps by sqrt(abar_T) (~6e-3): float32 errors grow
+    # there
     torch.testing.assert_close(x0_hat, x0, atol=2e-3, rtol=1e-3)
     torch.testing.assert_close(eps_hat, eps, atol=2e-3, rtol=1e-3)
     torch.testing.assert_close(s.from_x0_eps(x0_hat, eps_hat, t, prediction), out, atol=1e-4, rtol=1e-4)
@@ -138,7 +139,9 @@ def exact_moments(schedule, timesteps, eta=None, ddpm_variance=None):
         sigma2 = beta_tilde if ddpm_variance else eta**2 * beta_tilde
         noise = {"beta_tilde": beta_tilde, "beta": beta[t], None: sigma2}[ddpm_variance] if tp >= 0 else 0.0
         k = math.sqrt(a) * s2 / (a * s2 + 1 - a)
-        c_eps = math.sqrt(max(1 - ap - sigma2, 0.0)) / math.sqrt(1 - a)  # eps-hat = (x_t - sqrt(a) x0-hat) / sqrt(1 - a)
+        c_eps = math.sqrt(max(1 - ap - sigma2, 0.0)) / math.sqrt(
+            1 - a
+        )  # eps-hat = (x_t - sqrt(a) x0-hat) / sqrt(1 - a)
         A = math.sqrt(ap) * k + c_eps * (1 - math.sqrt(a) * k)
         B = (math.sqrt(ap) - c_eps * math.sqrt(a)) * (mu - k * math.sqrt(a) * mu)
         mean, var = A * mean + B, A**2 * var + noise
@@ -178,7 +181,9 @@ def test_ddim_over_all_steps_reproduces_gaussian_data(kind):
     _assert_moments(_sample(sampler), mean, var)
 
 
-@pytest.mark.parametrize(("steps", "eta", "spacing"), [(50, 0.0, "trailing"), (50, 1.0, "leading"), (20, 0.5, "linspace")])
+@pytest.mark.parametrize(
+    ("steps", "eta", "spacing"), [(50, 0.0, "trailing"), (50, 1.0, "leading"), (20, 0.5, "linspace")]
+)
 def test_ddim_with_few_steps_lands_on_its_exact_moments(steps, eta, spacing):
     # Few steps under-disperse narrow data (the Euler error of the DDIM ODE: variance -25% for s = 0.2 at
     # 50 steps); the sampler must still match the moments of its own discretisation.
@@ -262,8 +267,16 @@ def test_guidance_scale_one_is_the_conditional_model_and_zero_the_unconditional(
 
 def test_guidance_through_a_net_at_scale_one_equals_the_conditional_net():
     torch.manual_seed(0)
-    net = UNet(3, 8, base_channels=8, channel_mults=(1, 2), num_res_blocks=1, attention_resolutions=(4,),
-               num_classes=5, norm_groups=4).eval()
+    net = UNet(
+        3,
+        8,
+        base_channels=8,
+        channel_mults=(1, 2),
+        num_res_blocks=1,
+        attention_resolutions=(4,),
+        num_classes=5,
+        norm_groups=4,
+    ).eval()
     for p in net.parameters():  # leave the zero init, so the output depends on the label
         nn.init.normal_(p, std=0.05)
     x, t, y = torch.randn(3, 3, 8, 8), torch.tensor([1, 50, 99]), torch.tensor([0, 4, 2])
@@ -277,16 +290,38 @@ def test_guidance_through_a_net_at_scale_one_equals_the_conditional_net():
 # -- denoisers -----------------------------------------------------------------------------------------
 
 NETS = {
-    "unet": lambda: UNet(3, 16, base_channels=16, channel_mults=(1, 2), num_res_blocks=1, attention_resolutions=(8,),
-                         norm_groups=8),
-    "unet-cond": lambda: UNet(1, 8, base_channels=8, channel_mults=(1, 2), num_res_blocks=2, attention_resolutions=(4,),
-                              num_classes=10, norm_groups=4, num_heads=2),
+    "unet": lambda: UNet(
+        3, 16, base_channels=16, channel_mults=(1, 2), num_res_blocks=1, attention_resolutions=(8,), norm_groups=8
+    ),
+    "unet-cond": lambda: UNet(
+        1,
+        8,
+        base_channels=8,
+        channel_mults=(1, 2),
+        num_res_blocks=2,
+        attention_resolutions=(4,),
+        num_classes=10,
+        norm_groups=4,
+        num_heads=2,
+    ),
     "dit": lambda: DiT("S", 4, image_size=16, in_channels=3, num_classes=0, depth=2, hidden_size=32, num_heads=2),
-    "dit-cond": lambda: DiT.preset("S/2", image_size=8, in_channels=3, num_classes=6, depth=2, hidden_size=32, num_heads=4),
-    "dit-learn-sigma": lambda: DiT("B", 2, image_size=8, in_channels=4, num_classes=3, depth=1, hidden_size=16,
-                                   num_heads=2, learn_sigma=True),
-    "unet-learn-sigma": lambda: UNet(3, 8, base_channels=8, channel_mults=(1, 2), num_res_blocks=1,
-                                     attention_resolutions=(4,), num_classes=2, norm_groups=4, learn_sigma=True),
+    "dit-cond": lambda: DiT.preset(
+        "S/2", image_size=8, in_channels=3, num_classes=6, depth=2, hidden_size=32, num_heads=4
+    ),
+    "dit-learn-sigma": lambda: DiT(
+        "B", 2, image_size=8, in_channels=4, num_classes=3, depth=1, hidden_size=16, num_heads=2, learn_sigma=True
+    ),
+    "unet-learn-sigma": lambda: UNet(
+        3,
+        8,
+        base_channels=8,
+        channel_mults=(1, 2),
+        num_res_blocks=1,
+        attention_resolutions=(4,),
+        num_classes=2,
+        norm_groups=4,
+        learn_sigma=True,
+    ),
 }
 
 
@@ -347,8 +382,16 @@ def test_dit_sincos_position_embedding_is_mae_s():
     pe = sincos_2d(8, 3)  # (9, 8): [sin w, cos w] over 2 frequencies, then [sin h, cos h]
     row, col = 1, 2
     w, h = float(col), float(row)
-    want = [math.sin(w), math.sin(w / 100), math.cos(w), math.cos(w / 100),
-            math.sin(h), math.sin(h / 100), math.cos(h), math.cos(h / 100)]
+    want = [
+        math.sin(w),
+        math.sin(w / 100),
+        math.cos(w),
+        math.cos(w / 100),
+        math.sin(h),
+        math.sin(h / 100),
+        math.cos(h),
+        math.cos(h / 100),
+    ]
     torch.testing.assert_close(pe[row * 3 + col], torch.tensor(want))
 
 
@@ -374,8 +417,16 @@ def test_sample_is_seeded_and_in_range():
 @pytest.mark.parametrize(("prediction", "min_snr_gamma"), [("eps", None), ("v", 5.0), ("x0", None), ("eps", 5.0)])
 def test_training_steps_lower_the_loss(prediction, min_snr_gamma):
     torch.manual_seed(0)
-    net = UNet(3, 8, base_channels=16, channel_mults=(1, 2), num_res_blocks=1, attention_resolutions=(4,),
-               num_classes=6, norm_groups=8)
+    net = UNet(
+        3,
+        8,
+        base_channels=16,
+        channel_mults=(1, 2),
+        num_res_blocks=1,
+        attention_resolutions=(4,),
+        num_classes=6,
+        norm_groups=8,
+    )
     m = DiffusionModule(net, num_timesteps=50, prediction=prediction, min_snr_gamma=min_snr_gamma)
     opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
     y = torch.arange(16) % 6
@@ -439,8 +490,15 @@ def test_dit_converted_from_diffusers_matches_its_outputs(tmp_path):
     num_classes = 10
     torch.manual_seed(0)
     ref = diffusers.DiTTransformer2DModel(
-        num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=8, num_layers=3, sample_size=8,
-        patch_size=2, num_embeds_ada_norm=num_classes, norm_eps=1e-6,  # DiT's LayerNorm eps (diffusers' default 1e-5)
+        num_attention_heads=2,
+        attention_head_dim=16,
+        in_channels=4,
+        out_channels=8,
+        num_layers=3,
+        sample_size=8,
+        patch_size=2,
+        num_embeds_ada_norm=num_classes,
+        norm_eps=1e-6,  # DiT's LayerNorm eps (diffusers' default 1e-5)
     ).eval()
     with torch.no_grad():
         for p in ref.parameters():  # diffusers zero-inits the adaLN and output layers: make every path count
@@ -449,10 +507,22 @@ def test_dit_converted_from_diffusers_matches_its_outputs(tmp_path):
         first = ref.transformer_blocks[0].norm1.emb
         for block in ref.transformer_blocks[1:]:
             block.norm1.emb.load_state_dict(first.state_dict())
-    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, tmp_path / "diffusion_pytorch_model.safetensors")
+    save_file(
+        {k: v.contiguous() for k, v in ref.state_dict().items()}, tmp_path / "diffusion_pytorch_model.safetensors"
+    )
 
-    net = DiT("S", 2, image_size=8, in_channels=4, num_classes=num_classes, depth=3, hidden_size=32, num_heads=2,
-              learn_sigma=True, time_freq_shift=1).eval()
+    net = DiT(
+        "S",
+        2,
+        image_size=8,
+        in_channels=4,
+        num_classes=num_classes,
+        depth=3,
+        hidden_size=32,
+        num_heads=2,
+        learn_sigma=True,
+        time_freq_shift=1,
+    ).eval()
     load_dit_weights(net, tmp_path / "diffusion_pytorch_model.safetensors")
     x, t = torch.randn(3, 4, 8, 8), torch.tensor([0, 250, 999])
     y = torch.tensor([1, 7, num_classes])  # the null class too
@@ -467,8 +537,18 @@ def test_dit_converted_from_diffusers_matches_its_outputs(tmp_path):
     net.t_embedder.freq_shift = 1.0
     # Published DiT weights (the reference key layout) load the same numbers unchanged.
     torch.save({**net.state_dict(), "pos_embed": net.pos_embed}, tmp_path / "DiT-tiny.pt")
-    again = DiT("S", 2, image_size=8, in_channels=4, num_classes=num_classes, depth=3, hidden_size=32, num_heads=2,
-                learn_sigma=True, time_freq_shift=1).eval()
+    again = DiT(
+        "S",
+        2,
+        image_size=8,
+        in_channels=4,
+        num_classes=num_classes,
+        depth=3,
+        hidden_size=32,
+        num_heads=2,
+        learn_sigma=True,
+        time_freq_shift=1,
+    ).eval()
     load_dit_weights(again, tmp_path / "DiT-tiny.pt")
     with torch.no_grad():
         torch.testing.assert_close(again(x, t, y), got, atol=0, rtol=0)
@@ -498,7 +578,7 @@ def test_discretized_gaussian_is_a_distribution_over_the_256_levels(mean, scale)
     log_p = discretized_gaussian_log_likelihood(levels, f64(mean), f64(math.log(scale)))
     assert log_p.exp().sum().item() == pytest.approx(1.0, abs=1e-6)
     # An inner bin's mass is the density integrated over [x - 1/255, x + 1/255] (Simpson's rule here).
-    k = int(((min(max(mean, -0.9), 0.9) + 1) * 127.5))
+    k = int((min(max(mean, -0.9), 0.9) + 1) * 127.5)
     edges = torch.linspace(levels[k] - 1 / 255, levels[k] + 1 / 255, 2001, dtype=torch.float64)
     density = torch.exp(-0.5 * ((edges - mean) / scale) ** 2) / (scale * math.sqrt(2 * math.pi))
     w = torch.ones(2001, dtype=torch.float64)
@@ -517,8 +597,11 @@ def test_discretized_gaussian_agrees_with_the_reference_tanh_approximation():
     levels = torch.arange(256, dtype=torch.float64) / 255 * 2 - 1
     mean, scale = torch.tensor(0.1, dtype=torch.float64), 0.05
     upper, lower = (levels - mean + 1 / 255) / scale, (levels - mean - 1 / 255) / scale
-    ref = torch.where(levels < -0.999, approx_cdf(upper),
-                      torch.where(levels > 0.999, 1 - approx_cdf(lower), approx_cdf(upper) - approx_cdf(lower)))
+    ref = torch.where(
+        levels < -0.999,
+        approx_cdf(upper),
+        torch.where(levels > 0.999, 1 - approx_cdf(lower), approx_cdf(upper) - approx_cdf(lower)),
+    )
     got = discretized_gaussian_log_likelihood(levels, mean, torch.tensor(math.log(scale), dtype=torch.float64)).exp()
     assert (got - ref).abs().max() < 3e-4
 
@@ -567,13 +650,16 @@ def _with_variance(model, v):
 def test_learned_variance_at_its_bounds_is_ddpm_with_beta_or_beta_tilde(v, variance):
     schedule = NoiseSchedule(200, "linear")
     noise = torch.randn(64, 2)
-    want = DDPMSampler(schedule, variance=variance).sample(optimal_eps(schedule), noise, None,
-                                                            torch.Generator().manual_seed(4))
+    want = DDPMSampler(schedule, variance=variance).sample(
+        optimal_eps(schedule), noise, None, torch.Generator().manual_seed(4)
+    )
     got = DDPMSampler(schedule, variance="beta_tilde" if v > 0 else "beta").sample(
-        _with_variance(optimal_eps(schedule), v), noise, None, torch.Generator().manual_seed(4))
+        _with_variance(optimal_eps(schedule), v), noise, None, torch.Generator().manual_seed(4)
+    )
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     other = DDPMSampler(schedule, variance="beta_tilde" if v > 0 else "beta").sample(
-        optimal_eps(schedule), noise, None, torch.Generator().manual_seed(4))
+        optimal_eps(schedule), noise, None, torch.Generator().manual_seed(4)
+    )
     assert not torch.allclose(other, want, atol=1e-3)
 
 
@@ -587,10 +673,12 @@ def test_ddim_eta1_over_all_steps_with_learned_variance_is_ddpm():
     torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     # v = -1 is plain DDIM at any step count; eta = 0 ignores the variance.
     for eta in (0.0, 0.5):
-        plain = DDIMSampler(schedule, steps=20, eta=eta).sample(optimal_eps(schedule), noise, None,
-                                                               torch.Generator().manual_seed(1))
-        got = DDIMSampler(schedule, steps=20, eta=eta).sample(_with_variance(optimal_eps(schedule), -1.0), noise, None,
-                                                             torch.Generator().manual_seed(1))
+        plain = DDIMSampler(schedule, steps=20, eta=eta).sample(
+            optimal_eps(schedule), noise, None, torch.Generator().manual_seed(1)
+        )
+        got = DDIMSampler(schedule, steps=20, eta=eta).sample(
+            _with_variance(optimal_eps(schedule), -1.0), noise, None, torch.Generator().manual_seed(1)
+        )
         torch.testing.assert_close(got, plain, atol=1e-5, rtol=1e-5)
 
 
@@ -711,8 +799,11 @@ def test_unet_checkpoints_with_conv_attention_still_load(tmp_path):
     blk, xb = src.mid_attn, torch.randn(2, 16, 2, 2)
     qkv = F.conv2d(blk.norm(xb), old["mid_attn.qkv.weight"], old["mid_attn.qkv.bias"]).reshape(2, 3, 2, 8, 4)
     q, k, v = qkv.transpose(-1, -2).unbind(1)
-    ref = xb + F.conv2d(F.scaled_dot_product_attention(q, k, v).transpose(-1, -2).reshape(2, 16, 2, 2),
-                        old["mid_attn.proj.weight"], old["mid_attn.proj.bias"])
+    ref = xb + F.conv2d(
+        F.scaled_dot_product_attention(q, k, v).transpose(-1, -2).reshape(2, 16, 2, 2),
+        old["mid_attn.proj.weight"],
+        old["mid_attn.proj.bias"],
+    )
     torch.testing.assert_close(blk(xb), ref)
     net = NETS["unet-cond"]().eval()
     net.load_state_dict(old)  # the blocks' load hook renames

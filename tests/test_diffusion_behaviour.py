@@ -11,7 +11,6 @@ from __future__ import annotations
 from functools import partial
 
 import lightning.pytorch as L
-import pytest
 import torch
 from lightning.pytorch import Callback
 from torch.nn.utils import parameters_to_vector
@@ -56,12 +55,28 @@ def loaders():
 
 def fit(tmp_path, seen: Seen, **module_args):
     torch.manual_seed(0)
-    net = UNet(in_channels=1, image_size=8, base_channels=8, channel_mults=(1, 2), num_res_blocks=1,
-               attention_resolutions=(4,), dropout=0.0, norm_groups=4)
+    net = UNet(
+        in_channels=1,
+        image_size=8,
+        base_channels=8,
+        channel_mults=(1, 2),
+        num_res_blocks=1,
+        attention_resolutions=(4,),
+        dropout=0.0,
+        norm_groups=4,
+    )
     module = DiffusionModule(net, num_timesteps=20, optimizer=AdamWCosine(lr=3e-2, warmup_steps=0), **module_args)
-    trainer = L.Trainer(max_steps=4, val_check_interval=2, limit_val_batches=1, num_sanity_val_steps=0, logger=False,
-                        callbacks=[seen], default_root_dir=tmp_path, enable_progress_bar=False,
-                        enable_model_summary=False)
+    trainer = L.Trainer(
+        max_steps=4,
+        val_check_interval=2,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        logger=False,
+        callbacks=[seen],
+        default_root_dir=tmp_path,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     train, val = loaders()
     trainer.fit(module, train, val)
     return module, trainer
@@ -102,8 +117,9 @@ def test_validation_sampling_and_checkpoints_use_the_ema_and_training_the_raw_we
     torch.testing.assert_close(trainer.callback_metrics["val/loss"], want)
     # The checkpoint: state_dict = EMA (what load_from_checkpoint and predict --ckpt_path sample from),
     # current_model_state = raw (what a resumed fit trains on).
-    ckpt = torch.load(trainer.checkpoint_callback.last_model_path or trainer.checkpoint_callback.best_model_path,
-                      weights_only=True)
+    ckpt = torch.load(
+        trainer.checkpoint_callback.last_model_path or trainer.checkpoint_callback.best_model_path, weights_only=True
+    )
     names = [n for n, _ in module.net.named_parameters()]
     saved = torch.cat([ckpt["state_dict"][f"net.{n}"].flatten() for n in names])
     current = torch.cat([ckpt["current_model_state"][f"net.{n}"].flatten() for n in names])
@@ -130,8 +146,17 @@ class Spy(torch.nn.Module):
 
     def __init__(self, dropout: float = 0.0) -> None:
         super().__init__()
-        self.unet = UNet(in_channels=1, image_size=8, base_channels=8, channel_mults=(1, 2), num_res_blocks=1,
-                         attention_resolutions=(4,), dropout=dropout, norm_groups=4, num_classes=3)
+        self.unet = UNet(
+            in_channels=1,
+            image_size=8,
+            base_channels=8,
+            channel_mults=(1, 2),
+            num_res_blocks=1,
+            attention_resolutions=(4,),
+            dropout=dropout,
+            norm_groups=4,
+            num_classes=3,
+        )
         self.in_channels, self.image_size, self.num_classes = 1, 8, 3
         self.labels, self.modes = [], []
 
@@ -150,13 +175,21 @@ def test_label_dropout_replaces_labels_by_the_null_class(tmp_path):
     g = torch.Generator().manual_seed(0)
     y = torch.randint(0, 3, (64,), generator=g)
     data = TensorDataset(torch.rand(64, 1, 8, 8, generator=g) * 2 - 1, y)
-    for p, check in ((1.0, lambda seen: (seen == 3).all()),
-                     (0.5, lambda seen: ((seen == y) | (seen == 3)).all() and 16 < (seen == 3).sum() < 48),
-                     (0.0, lambda seen: torch.equal(seen, y))):
+    for p, check in (
+        (1.0, lambda seen: (seen == 3).all()),
+        (0.5, lambda seen: ((seen == y) | (seen == 3)).all() and 16 < (seen == 3).sum() < 48),
+        (0.0, lambda seen: torch.equal(seen, y)),
+    ):
         net = Spy()
         module = DiffusionModule(net, num_timesteps=20, label_dropout=p, ema_decay=None)
-        L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                  enable_model_summary=False, default_root_dir=tmp_path).fit(module, DataLoader(data, batch_size=64))
+        L.Trainer(
+            max_steps=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=tmp_path,
+        ).fit(module, DataLoader(data, batch_size=64))
         assert check(net.labels[0]), (p, net.labels[0])
 
 
@@ -175,8 +208,17 @@ def test_sampling_runs_the_net_in_eval_mode_and_restores_the_mode():
     torch.testing.assert_close(module.sample(2, partial(DDIMSampler, steps=5), seed=3), first)
 
 
-SMALL_UNET = dict(in_channels=3, image_size=8, base_channels=8, channel_mults=(1, 2), num_res_blocks=1,
-                  attention_resolutions=(4,), norm_groups=4, dropout=0.0, num_classes=2)
+SMALL_UNET = dict(
+    in_channels=3,
+    image_size=8,
+    base_channels=8,
+    channel_mults=(1, 2),
+    num_res_blocks=1,
+    attention_resolutions=(4,),
+    norm_groups=4,
+    dropout=0.0,
+    num_classes=2,
+)
 
 
 def test_channels_last_sampling_gives_the_default_layouts_images_and_training_keeps_weight_gradient_strides():
@@ -190,4 +232,3 @@ def test_channels_last_sampling_gives_the_default_layouts_images_and_training_ke
     assert fast.is_contiguous() and torch.allclose(fast, want, atol=1e-5), (fast - want).abs().max()
     net(x, t, y).square().mean().backward()  # training: every weight gradient has its weight's strides
     assert all(p.grad.stride() == p.stride() for p in net.parameters() if p.grad is not None)
-

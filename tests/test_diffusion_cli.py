@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from functools import partial
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -53,8 +53,16 @@ def test_tiny_fits_validates_on_ema_and_predicts_from_its_checkpoint():
     assert grids == ["samples/step_0000010.png", "samples/step_0000020.png"]  # one per validation epoch
     assert client.get_run(run).data.tags["zoo.family"] == "diffusion"
 
-    p = cli("predict", "--config", TINY, f"--ckpt_path={last}", "--model.init_args.guidance_scale=3",
-            "--model.init_args.sampler.init_args.steps=4", "--data.init_args.seed=5", "--data.init_args.labels=[2, 4]")
+    p = cli(
+        "predict",
+        "--config",
+        TINY,
+        f"--ckpt_path={last}",
+        "--model.init_args.guidance_scale=3",
+        "--model.init_args.sampler.init_args.steps=4",
+        "--data.init_args.seed=5",
+        "--data.init_args.labels=[2, 4]",
+    )
     rows = [json.loads(line) for line in output("predictions.jsonl").read_text().splitlines()]
     assert [r["label"] for r in rows] == [2, 4] * 4 and [r["seed"] for r in rows] == [5] * 4 + [6] * 4
     assert all(Path(r["image"]).parent == run_dir(p.trainer) / "images" for r in rows)
@@ -70,11 +78,17 @@ def test_tiny_fits_validates_on_ema_and_predicts_from_its_checkpoint():
 
 def test_resume_restores_training_weights_and_ema():
     straight = cli("fit", "--config", TINY, "--trainer.default_root_dir=straight")
-    first = cli("fit", "--config", TINY, "--trainer.callbacks+=conftest.StopAfterEpochs",
-                "--trainer.default_root_dir=first")
+    first = cli(
+        "fit", "--config", TINY, "--trainer.callbacks+=conftest.StopAfterEpochs", "--trainer.default_root_dir=first"
+    )
     assert first.trainer.global_step * 2 == straight.trainer.global_step
-    resumed = cli("fit", "--config", TINY, "--trainer.default_root_dir=resumed",
-                  f"--ckpt_path={first.trainer.checkpoint_callback.last_model_path}")
+    resumed = cli(
+        "fit",
+        "--config",
+        TINY,
+        "--trainer.default_root_dir=resumed",
+        f"--ckpt_path={first.trainer.checkpoint_callback.last_model_path}",
+    )
     a = _ckpt(straight.trainer.checkpoint_callback.last_model_path)
     b = _ckpt(resumed.trainer.checkpoint_callback.last_model_path)
     assert a["averaging_state"]["n_averaged"] == b["averaging_state"]["n_averaged"] == straight.trainer.global_step
@@ -85,28 +99,52 @@ def test_resume_restores_training_weights_and_ema():
 
 @pytest.mark.parametrize("name", ["ddpm_unet_shapes.yaml", "dit_s_shapes.yaml", "dit_tiny_shapes16.yaml"])
 def test_shapes_configs_run_a_few_steps(name):
-    c = cli("fit", "--config", str(CONFIGS / "diffusion" / name), "--trainer.fast_dev_run=2",
-            "--trainer.enable_progress_bar=false", "--trainer.precision=32-true",
-            "--data.init_args.images.init_args.batch_size=4", "--data.init_args.images.init_args.num_train=16",
-            "--data.init_args.images.init_args.num_val=8", "--data.init_args.images.init_args.num_test=8")
+    c = cli(
+        "fit",
+        "--config",
+        str(CONFIGS / "diffusion" / name),
+        "--trainer.fast_dev_run=2",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.precision=32-true",
+        "--data.init_args.images.init_args.batch_size=4",
+        "--data.init_args.images.init_args.num_train=16",
+        "--data.init_args.images.init_args.num_val=8",
+        "--data.init_args.images.init_args.num_test=8",
+    )
     assert torch.isfinite(c.trainer.callback_metrics["val/loss"])
 
 
 def test_a_short_fit_lowers_the_frechet_distance_of_its_samples():
     # The metric's feature space: a ConvNet the zoo trains on the same 8x8 shapes in a few seconds.
-    clf = cli("fit", "--config", str(CONFIGS / "cnn" / "convnet_shapes.yaml"), "--data.init_args.image_size=8",
-              "--data.init_args.num_train=2000", "--data.init_args.num_val=256", "--data.init_args.num_test=64",
-              "--model.init_args.net.init_args.depth=2", "--model.init_args.optimizer.warmup_steps=5", "--trainer.max_epochs=1",
-              "--test_after_fit=false",
-              "--trainer.enable_progress_bar=false", "--trainer.default_root_dir=classifier")
-    fd = ["--trainer.callbacks+=callbacks.FrechetDistance",
-          f"--trainer.callbacks.classifier={clf.trainer.checkpoint_callback.best_model_path}",
-          "--trainer.callbacks.num_samples=256", "--trainer.callbacks.sampler=zoo.diffusion.DDIMSampler",
-          "--trainer.callbacks.sampler.init_args.steps=10",
-          "--data.init_args.images.init_args.num_val=256"]
+    clf = cli(
+        "fit",
+        "--config",
+        str(CONFIGS / "cnn" / "convnet_shapes.yaml"),
+        "--data.init_args.image_size=8",
+        "--data.init_args.num_train=2000",
+        "--data.init_args.num_val=256",
+        "--data.init_args.num_test=64",
+        "--model.init_args.net.init_args.depth=2",
+        "--model.init_args.optimizer.warmup_steps=5",
+        "--trainer.max_epochs=1",
+        "--test_after_fit=false",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.default_root_dir=classifier",
+    )
+    fd = [
+        "--trainer.callbacks+=callbacks.FrechetDistance",
+        f"--trainer.callbacks.classifier={clf.trainer.checkpoint_callback.best_model_path}",
+        "--trainer.callbacks.num_samples=256",
+        "--trainer.callbacks.sampler=zoo.diffusion.DDIMSampler",
+        "--trainer.callbacks.sampler.init_args.steps=10",
+        "--data.init_args.images.init_args.num_val=256",
+    ]
     untrained = cli("validate", "--config", TINY, *fd).trainer.callback_metrics["val/fd_classifier"].item()
     trained = cli("fit", "--config", TINY, *fd, "--trainer.max_epochs=10").trainer.callback_metrics["val/fd_classifier"]
-    print(f"Frechet distance in the classifier's features: untrained {untrained:.1f}, after 100 steps {trained.item():.1f}")
+    print(
+        f"Frechet distance in the classifier's features: untrained {untrained:.1f}, "
+        f"after 100 steps {trained.item():.1f}"
+    )
     assert trained < 0.3 * untrained  # measured here: 80 -> 15
 
 
@@ -120,15 +158,23 @@ def test_a_missing_frechet_classifier_is_named_on_every_rank_at_construction():
 
 # -- init_weights: DiT weights from diffusers through the CLI --------------------------------------------
 
-SMALL_DATA = ["--data.init_args.images.init_args.batch_size=4", "--data.init_args.images.init_args.num_train=16",
-              "--data.init_args.images.init_args.num_val=8", "--data.init_args.images.init_args.num_test=8",
-              "--trainer.enable_progress_bar=false"]
+SMALL_DATA = [
+    "--data.init_args.images.init_args.batch_size=4",
+    "--data.init_args.images.init_args.num_train=16",
+    "--data.init_args.images.init_args.num_val=8",
+    "--data.init_args.images.init_args.num_test=8",
+    "--trainer.enable_progress_bar=false",
+]
 
 
 def _tiny_dit(depth: int = 2, heads: int = 2) -> list[str]:
     # dit_tiny_shapes16.yaml's DiT made tiny; time_freq_shift=1 computes the step features as diffusers does.
-    return [f"--model.init_args.net.init_args.depth={depth}", "--model.init_args.net.init_args.hidden_size=32",
-            f"--model.init_args.net.init_args.num_heads={heads}", "--model.init_args.net.init_args.time_freq_shift=1"]
+    return [
+        f"--model.init_args.net.init_args.depth={depth}",
+        "--model.init_args.net.init_args.hidden_size=32",
+        f"--model.init_args.net.init_args.num_heads={heads}",
+        "--model.init_args.net.init_args.time_freq_shift=1",
+    ]
 
 
 def _diffusers_dit(folder: Path):
@@ -136,8 +182,15 @@ def _diffusers_dit(folder: Path):
     diffusers = pytest.importorskip("diffusers")
     torch.manual_seed(0)
     ref = diffusers.DiTTransformer2DModel(
-        num_attention_heads=2, attention_head_dim=16, in_channels=3, out_channels=6, num_layers=2, sample_size=16,
-        patch_size=2, num_embeds_ada_norm=6, norm_eps=1e-6,
+        num_attention_heads=2,
+        attention_head_dim=16,
+        in_channels=3,
+        out_channels=6,
+        num_layers=2,
+        sample_size=16,
+        patch_size=2,
+        num_embeds_ada_norm=6,
+        norm_eps=1e-6,
     ).eval()
     with torch.no_grad():
         for p in ref.parameters():  # diffusers zero-inits the adaLN and output layers: make every path count
@@ -162,8 +215,16 @@ class RecordDenoiserOutput(Callback):
 
 def test_init_weights_start_fit_from_a_diffusers_dit_folder(tmp_path):
     ref = _diffusers_dit(tmp_path / "dit")
-    c = cli("fit", "--config", DIT16, *_tiny_dit(), *SMALL_DATA, f"--model.init_args.init_weights={tmp_path / 'dit'}",
-            "--trainer.fast_dev_run=2", "--trainer.callbacks+=test_diffusion_cli.RecordDenoiserOutput")
+    c = cli(
+        "fit",
+        "--config",
+        DIT16,
+        *_tiny_dit(),
+        *SMALL_DATA,
+        f"--model.init_args.init_weights={tmp_path / 'dit'}",
+        "--trainer.fast_dev_run=2",
+        "--trainer.callbacks+=test_diffusion_cli.RecordDenoiserOutput",
+    )
     rec = next(cb for cb in c.trainer.callbacks if type(cb).__name__ == "RecordDenoiserOutput")
     x, t, y = rec.inputs
     with torch.no_grad():
@@ -214,10 +275,14 @@ def inception_weights(tmp_path) -> Path:
 def test_fid_is_logged_from_local_inception_weights(inception_weights):
     from callbacks.fid import FrechetInceptionDistance, to_uint8_rgb
 
-    fid = ["--trainer.callbacks+=callbacks.FrechetInceptionDistance",
-           f"--trainer.callbacks.weights={inception_weights}", "--trainer.callbacks.num_samples=4",
-           "--trainer.callbacks.batch_size=4", "--trainer.callbacks.sampler=zoo.diffusion.DDIMSampler",
-           "--trainer.callbacks.sampler.init_args.steps=2"]
+    fid = [
+        "--trainer.callbacks+=callbacks.FrechetInceptionDistance",
+        f"--trainer.callbacks.weights={inception_weights}",
+        "--trainer.callbacks.num_samples=4",
+        "--trainer.callbacks.batch_size=4",
+        "--trainer.callbacks.sampler=zoo.diffusion.DDIMSampler",
+        "--trainer.callbacks.sampler.init_args.steps=2",
+    ]
     c = cli("fit", "--config", TINY, *fid, "--trainer.max_epochs=1")
     assert torch.isfinite(c.trainer.callback_metrics["val/fid"])  # meaningless with random weights, but computed
     # The same images on both sides are at distance ~0; other images are not.
@@ -248,12 +313,20 @@ def test_fid_fails_fast_without_weights_or_torch_fidelity(tmp_path, monkeypatch)
 
 
 def test_log_image_samples_takes_a_new_sampler_class_and_its_options_from_the_command_line():
-    from callbacks import LogImageSamples
     from test_diffusion import OneStepSampler
 
+    from callbacks import LogImageSamples
+
     OneStepSampler.calls = 0
-    c = cli("fit", "--config", TINY, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2",
-            "--trainer.callbacks.sampler=test_diffusion.OneStepSampler", "--trainer.callbacks.guidance_scale=2.5")
+    c = cli(
+        "fit",
+        "--config",
+        TINY,
+        "--trainer.max_epochs=1",
+        "--trainer.limit_train_batches=2",
+        "--trainer.callbacks.sampler=test_diffusion.OneStepSampler",
+        "--trainer.callbacks.guidance_scale=2.5",
+    )
     (cb,) = [cb for cb in c.trainer.callbacks if isinstance(cb, LogImageSamples)]
     assert cb.guidance_scale == 2.5 and isinstance(cb.sampler(c.model.schedule, "eps", None), OneStepSampler)
     assert OneStepSampler.calls == 1  # one validation, one step

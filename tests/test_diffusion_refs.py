@@ -38,8 +38,11 @@ def test_ddpm_step_equals_diffusers(prediction, variance, beta_schedule):
     schedule = NoiseSchedule(T, beta_schedule)
     ours = DDPMSampler(schedule, prediction, variance=variance)
     theirs = diffusers.DDPMScheduler(
-        num_train_timesteps=T, trained_betas=schedule.betas.double().numpy(), clip_sample=False,
-        prediction_type=THEIR_PREDICTION[prediction], variance_type={"beta_tilde": "fixed_small", "beta": "fixed_large"}[variance],
+        num_train_timesteps=T,
+        trained_betas=schedule.betas.double().numpy(),
+        clip_sample=False,
+        prediction_type=THEIR_PREDICTION[prediction],
+        variance_type={"beta_tilde": "fixed_small", "beta": "fixed_large"}[variance],
     )
     for t in (T - 1, T // 2, 7, 1, 0):
         x_t, out = inputs(t)
@@ -55,8 +58,13 @@ def test_ddim_step_equals_diffusers(prediction, eta, spacing):
     schedule, steps = NoiseSchedule(T, "linear"), 6
     ours = DDIMSampler(schedule, prediction, steps=steps, eta=eta, spacing=spacing)
     theirs = diffusers.DDIMScheduler(
-        num_train_timesteps=T, trained_betas=schedule.betas.double().numpy(), clip_sample=False,
-        set_alpha_to_one=True, steps_offset=0, timestep_spacing=spacing, prediction_type=THEIR_PREDICTION[prediction],
+        num_train_timesteps=T,
+        trained_betas=schedule.betas.double().numpy(),
+        clip_sample=False,
+        set_alpha_to_one=True,
+        steps_offset=0,
+        timestep_spacing=spacing,
+        prediction_type=THEIR_PREDICTION[prediction],
     )
     theirs.set_timesteps(steps)
     assert ours.timesteps() == theirs.timesteps.tolist()
@@ -117,9 +125,17 @@ def tiny_unet2d(num_classes: int, out_channels: int, flip_sin_to_cos: bool = Tru
     zero-init of the last convs would hide a missing branch)."""
     torch.manual_seed(0)
     ref = diffusers.UNet2DModel(
-        sample_size=8, in_channels=3, out_channels=out_channels, block_out_channels=(16, 32), layers_per_block=2,
-        down_block_types=("DownBlock2D", "AttnDownBlock2D"), up_block_types=("AttnUpBlock2D", "UpBlock2D"),
-        attention_head_dim=16, norm_num_groups=8, num_class_embeds=num_classes + 1, flip_sin_to_cos=flip_sin_to_cos,
+        sample_size=8,
+        in_channels=3,
+        out_channels=out_channels,
+        block_out_channels=(16, 32),
+        layers_per_block=2,
+        down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+        up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+        attention_head_dim=16,
+        norm_num_groups=8,
+        num_class_embeds=num_classes + 1,
+        flip_sin_to_cos=flip_sin_to_cos,
     ).eval()
     with torch.no_grad():
         for p in ref.parameters():
@@ -130,9 +146,19 @@ def tiny_unet2d(num_classes: int, out_channels: int, flip_sin_to_cos: bool = Tru
 def tiny_unet(num_classes: int, learn_sigma: bool):
     from zoo.diffusion import UNet
 
-    return UNet(in_channels=3, image_size=8, base_channels=16, channel_mults=(1, 2), num_res_blocks=2,
-                attention_resolutions=(4,), num_heads=2, dropout=0.0, num_classes=num_classes, norm_groups=8,
-                learn_sigma=learn_sigma).eval()
+    return UNet(
+        in_channels=3,
+        image_size=8,
+        base_channels=16,
+        channel_mults=(1, 2),
+        num_res_blocks=2,
+        attention_resolutions=(4,),
+        num_heads=2,
+        dropout=0.0,
+        num_classes=num_classes,
+        norm_groups=8,
+        learn_sigma=learn_sigma,
+    ).eval()
 
 
 @pytest.mark.parametrize("flip_sin_to_cos", [True, False])
@@ -148,7 +174,9 @@ def test_unet_equals_diffusers_unet2d_with_copied_weights(tmp_path, learn_sigma,
 
     num_classes = 4
     ref = tiny_unet2d(num_classes, 6 if learn_sigma else 3, flip_sin_to_cos)
-    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, tmp_path / "diffusion_pytorch_model.safetensors")
+    save_file(
+        {k: v.contiguous() for k, v in ref.state_dict().items()}, tmp_path / "diffusion_pytorch_model.safetensors"
+    )
     (tmp_path / "config.json").write_text(json.dumps(dict(ref.config)))
     net = load_pretrained(tiny_unet(num_classes, learn_sigma), tmp_path / "diffusion_pytorch_model.safetensors")
     torch.manual_seed(1)
@@ -186,7 +214,9 @@ def test_min_snr_loss_equals_its_closed_form(prediction):
     a, s = abar[t].sqrt().view(-1, 1, 1, 1), (1 - abar[t]).sqrt().view(-1, 1, 1, 1)
     target = {"eps": noise, "x0": x0, "v": a * noise - s * x0}[prediction]
     mse = (out - target).pow(2).flatten(1).mean(1)
-    w = {"eps": snr.clamp(max=gamma) / snr, "v": snr.clamp(max=gamma) / (snr + 1), "x0": snr.clamp(max=gamma)}[prediction]
+    w = {"eps": snr.clamp(max=gamma) / snr, "v": snr.clamp(max=gamma) / (snr + 1), "x0": snr.clamp(max=gamma)}[
+        prediction
+    ]
     model = lambda x_t, t_, y: out.float()  # noqa: E731 -- a fixed output: the loss is then a closed form
     got = denoising_loss(model, schedule, x0.float(), None, prediction, gamma, t=t, noise=noise.float())
     torch.testing.assert_close(got["mse"].double(), mse.mean(), rtol=1e-5, atol=1e-6)

@@ -21,8 +21,16 @@ def test_predict_writes_a_readable_png_per_sample_and_a_grid():
     c = cli("fit", "--config", TINY, "--trainer.max_epochs=1")
     last = c.trainer.checkpoint_callback.last_model_path
     classes = c.datamodule.class_names
-    p = cli("predict", "--config", TINY, f"--ckpt_path={last}", "--data.init_args.num_samples=5",
-        "--data.init_args.labels=[1, 3]", "--model.init_args.sampler.init_args.steps=3", "--data.init_args.seed=7")
+    p = cli(
+        "predict",
+        "--config",
+        TINY,
+        f"--ckpt_path={last}",
+        "--data.init_args.num_samples=5",
+        "--data.init_args.labels=[1, 3]",
+        "--model.init_args.sampler.init_args.steps=3",
+        "--data.init_args.seed=7",
+    )
     rows = [json.loads(line) for line in output("predictions.jsonl").read_text().splitlines()]
     assert [r["label"] for r in rows] == [1, 3, 1, 3, 1]
     names = [f"{i:04d}_{classes[k]}.png" for i, k in enumerate([1, 3, 1, 3, 1])]
@@ -42,23 +50,35 @@ def test_predict_writes_a_readable_png_per_sample_and_a_grid():
 
     grid = Image.open(output("grid.png"))  # 3 x 2 tiles of 8 px with 1 px borders, enlarged 16 times
     assert grid.size == ((3 * 9 + 1) * 16, (2 * 9 + 1) * 16)
-    tile = np.asarray(grid)[16:16 + 128, 16:16 + 128]
+    tile = np.asarray(grid)[16 : 16 + 128, 16 : 16 + 128]
     assert np.array_equal(tile, png)
 
 
 def test_a_checkpoint_alone_samples_with_the_data_it_was_trained_on():
     """predict without --config: the checkpoint records the DiffusionDataModule's arguments, the image data
     as its config (class names, normalisation); the model's its sampler."""
-    fit = cli("fit", "--config", TINY, "--trainer.max_epochs=1", "--data.init_args.num_samples=3",
-              "--data.init_args.labels=[2]", "--model.init_args.sampler.init_args.steps=2")
+    fit = cli(
+        "fit",
+        "--config",
+        TINY,
+        "--trainer.max_epochs=1",
+        "--data.init_args.num_samples=3",
+        "--data.init_args.labels=[2]",
+        "--model.init_args.sampler.init_args.steps=2",
+    )
     p = cli("predict", "--ckpt_path", fit.trainer.checkpoint_callback.last_model_path)
     rows = [json.loads(line) for line in output("predictions.jsonl").read_text().splitlines()]
     name = fit.datamodule.class_names[2]
     assert [Path(r["image"]).name for r in rows] == [f"{i:04d}_{name}.png" for i in range(3)]
     assert len(p.model.sampler(p.model.schedule, "eps", None).timesteps()) == 2  # the checkpoint's sampler
     # A sampling setting on the command line wins over the checkpoint's: it is no weight.
-    p = cli("predict", "--ckpt_path", fit.trainer.checkpoint_callback.last_model_path,
-            "--model.init_args.sampler.init_args.steps=3", "--model.init_args.guidance_scale=2")
+    p = cli(
+        "predict",
+        "--ckpt_path",
+        fit.trainer.checkpoint_callback.last_model_path,
+        "--model.init_args.sampler.init_args.steps=3",
+        "--model.init_args.guidance_scale=2",
+    )
     assert len(p.model.sampler(p.model.schedule, "eps", None).timesteps()) == 3 and p.model.guidance_scale == 2
 
 

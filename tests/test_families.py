@@ -16,8 +16,14 @@ PACKAGES = ("zoo.gpt", "zoo.clip", "zoo.cnn", "zoo.diffusion", "zoo.rl")
 
 def exported_modules() -> list[type]:
     classes = (v for p in PACKAGES for v in vars(importlib.import_module(p)).values())
-    return [c for c in classes if inspect.isclass(c) and issubclass(c, LightningModule) and not inspect.isabstract(c)
-            and c.__name__ != "AgentModule"]  # the RL agents' base class trains nothing itself
+    return [
+        c
+        for c in classes
+        if inspect.isclass(c)
+        and issubclass(c, LightningModule)
+        and not inspect.isabstract(c)
+        and c.__name__ != "AgentModule"
+    ]  # the RL agents' base class trains nothing itself
 
 
 @pytest.mark.parametrize("cls", exported_modules(), ids=lambda c: c.__name__)
@@ -37,8 +43,9 @@ def test_the_tables_class_paths_are_the_applications_own_classes(path):
         assert issubclass(getattr(importlib.import_module("callbacks"), callback.split(".", 1)[1]), Callback)
     if row.predict_data:
         assert row.predict_data.startswith("datamodules.")
-        assert issubclass(getattr(importlib.import_module("datamodules"), row.predict_data.split(".", 1)[1]),
-                          LightningDataModule)
+        assert issubclass(
+            getattr(importlib.import_module("datamodules"), row.predict_data.split(".", 1)[1]), LightningDataModule
+        )
 
 
 def test_a_subclass_takes_its_familys_row_and_an_unknown_module_the_plain_defaults():

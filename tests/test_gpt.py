@@ -79,7 +79,7 @@ def test_cached_decoding_equals_full_sequence_logits_at_every_step(variant):
     full = net(x)
     cache = make_cache(net, 3, 30)
     steps = [net(x[:, :7], cache, 0)]  # prefill, then one token at a time
-    steps += [net(x[:, i:i + 1], cache, i) for i in range(7, 30)]
+    steps += [net(x[:, i : i + 1], cache, i) for i in range(7, 30)]
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=0, atol=1e-10)
 
 
@@ -123,7 +123,7 @@ def test_generation_past_block_size_predicts_from_the_last_block_size_tokens(var
     assert all(torch.equal(a, b) for a, b in zip(out, generate(net, prompts, 40, temperature=0, use_cache=False)))
     for p, o in zip(prompts, out):  # nanoGPT's rule written out: each token the argmax after the last 16 ids
         seq = torch.cat((p, o))
-        expected = [int(net(seq[None, max(0, i - 16):i])[0, -1].argmax()) for i in range(len(p), len(seq))]
+        expected = [int(net(seq[None, max(0, i - 16) : i])[0, -1].argmax()) for i in range(len(p), len(seq))]
         assert o.tolist() == expected
 
 
@@ -140,10 +140,17 @@ def test_unequal_prompts_prefill_in_one_pass():
 @pytest.mark.parametrize("heads", [4, 16])
 def test_mla_cache_holds_latent_and_rope_key_only(heads):
     d = 64  # head size; DeepSeek-V2's proportions: r = 4d, p = d/2
-    mla = GPT(vocab_size=V, block_size=16, n_layer=3, n_embd=heads * d, n_head=heads,
-              attention=partial(MLA, kv_lora_rank=4 * d, qk_rope_head_dim=d // 2, qk_nope_head_dim=d, v_head_dim=d))
+    mla = GPT(
+        vocab_size=V,
+        block_size=16,
+        n_layer=3,
+        n_embd=heads * d,
+        n_head=heads,
+        attention=partial(MLA, kv_lora_rank=4 * d, qk_rope_head_dim=d // 2, qk_nope_head_dim=d, v_head_dim=d),
+    )
     mha = GPT(vocab_size=V, block_size=16, n_layer=3, n_embd=heads * d, n_head=heads)
     b, n = 2, 16
+
     def numbers(net):  # every element of every buffer, per token and layer
         caches = make_cache(net, b, n)
         return sum(c.a.numel() + (0 if c.b is None else c.b.numel()) for c in caches) / (b * n * 3)
@@ -217,8 +224,9 @@ def test_flops_and_init_are_what_each_mlp_class_states(mlp):
     torch.manual_seed(0)
     net = GPT(vocab_size=V, block_size=16, n_layer=12, n_embd=256, n_head=4, mlp=mlp)
     # nanoGPT's estimate: 6 x the matmul weights a token goes through, plus the attention scores (MHA: 12 L D T).
-    weights = sum(p.numel() for n, p in net.named_parameters()
-                  if p.dim() >= 2 and "emb" not in n and "experts.1" not in n)
+    weights = sum(
+        p.numel() for n, p in net.named_parameters() if p.dim() >= 2 and "emb" not in n and "experts.1" not in n
+    )
     assert net.flops_per_token(16) == 6 * (weights + V * 256) + 12 * 12 * 256 * 16
     last = net.blocks[0].mlp.residual_projections()[-1]
     assert last.std().item() == pytest.approx(0.02 / math.sqrt(24), rel=0.05)  # GPT-2's depth-scaled init
@@ -240,6 +248,7 @@ def test_older_mlp_strings_name_the_classes_and_gelu_beside_a_class_is_one_line(
         mlp_of(gelu="exact")
     # An older checkpoint's stored config (mlp and gelu as strings) passes the stored-config check.
     from zoo.layers.trust import check_stored_model, zoo_allowlist
+
     stored = yaml.safe_load("""
         _class_path: zoo.gpt.CausalLMModule
         net: {class_path: zoo.gpt.GPT, init_args: {mlp: swiglu, gelu: tanh, norm: rmsnorm}}
@@ -249,8 +258,12 @@ def test_older_mlp_strings_name_the_classes_and_gelu_beside_a_class_is_one_line(
 
 def test_gelu_is_chosen_by_config_exact_for_new_models_tanh_for_gpt2_weights():
     x = torch.randn(3, 32)
-    exact, tanh = (GPT(vocab_size=V, block_size=8, n_layer=1, n_embd=32, n_head=4,
-                       mlp=partial(GeluMLP, approximate=g)).blocks[0].mlp for g in ("exact", "tanh"))
+    exact, tanh = (
+        GPT(vocab_size=V, block_size=8, n_layer=1, n_embd=32, n_head=4, mlp=partial(GeluMLP, approximate=g))
+        .blocks[0]
+        .mlp
+        for g in ("exact", "tanh")
+    )
     tanh.load_state_dict(exact.state_dict())
     h = exact.fc(x)
     torch.testing.assert_close(exact(x), exact.proj(0.5 * h * (1 + torch.erf(h / math.sqrt(2)))))
@@ -259,6 +272,7 @@ def test_gelu_is_chosen_by_config_exact_for_new_models_tanh_for_gpt2_weights():
     assert GPT(vocab_size=V, block_size=8, n_layer=1, n_embd=32, n_head=4).blocks[0].mlp.approximate == "tanh"
     import yaml
     from conftest import CONFIGS
+
     for path in sorted((CONFIGS / "gpt").glob("*.yaml")):
         model = yaml.safe_load(path.read_text())["model"]["init_args"]
         mlp = model["net"]["init_args"].get("mlp", {"class_path": "zoo.gpt.GeluMLP"})
@@ -276,8 +290,11 @@ def test_mla_decode_attends_all_heads_in_one_single_head_call_on_the_cache_itsel
     net(x, cache, 0)
     seen = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
-                        lambda q, k, v, **kw: seen.append((q.shape, k, kw)) or sdpa(q, k, v, **kw))
+    monkeypatch.setattr(
+        torch.nn.functional,
+        "scaled_dot_product_attention",
+        lambda q, k, v, **kw: seen.append((q.shape, k, kw)) or sdpa(q, k, v, **kw),
+    )
     net(x[:, :1], cache, 12)
     r_p = MLA_ARGS["kv_lora_rank"] + MLA_ARGS["qk_rope_head_dim"]
     assert len(seen) == net.n_layer

@@ -19,8 +19,18 @@ V, N = 8, 6000
 
 def tiny_net(**kw) -> GPT:
     torch.manual_seed(0)
-    net = GPT(vocab_size=V, block_size=16, n_layer=2, n_embd=32, n_head=4, norm="rmsnorm", mlp="swiglu",
-              position="rope", attention=partial(MHA, n_kv_head=2), **kw)
+    net = GPT(
+        vocab_size=V,
+        block_size=16,
+        n_layer=2,
+        n_embd=32,
+        n_head=4,
+        norm="rmsnorm",
+        mlp="swiglu",
+        position="rope",
+        attention=partial(MHA, n_kv_head=2),
+        **kw,
+    )
     with torch.no_grad():  # a spread-out next-token distribution, so temperature and filters matter
         net.lm_head.weight.mul_(4.0)
     return net.eval()
@@ -43,8 +53,10 @@ def expected(logits: torch.Tensor, temperature: float, top_k: int | None, top_p:
     return p / p.sum()
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, None, None), (0.5, None, None), (2.0, None, None),
-                                                      (1.0, 3, None), (1.0, None, 0.6), (0.8, 5, 0.9)])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p",
+    [(1.0, None, None), (0.5, None, None), (2.0, None, None), (1.0, 3, None), (1.0, None, 0.6), (0.8, 5, 0.9)],
+)
 def test_generated_token_frequencies_follow_the_specified_distribution(temperature, top_k, top_p):
     net = tiny_net()
     prompt = torch.tensor([3, 1, 4, 1, 5])
@@ -53,8 +65,9 @@ def test_generated_token_frequencies_follow_the_specified_distribution(temperatu
     p = expected(logits, temperature, top_k, top_p)
     assert p.max() < 0.9 and (p > 0.02).sum() >= 2, "the test needs a spread-out distribution"
     g = torch.Generator().manual_seed(0)
-    draws = torch.cat(generate(net, [prompt] * N, max_new_tokens=1, temperature=temperature, top_k=top_k,
-                               top_p=top_p, generator=g))
+    draws = torch.cat(
+        generate(net, [prompt] * N, max_new_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p, generator=g)
+    )
     freq = torch.bincount(draws, minlength=V).double() / N
     # 5 standard errors per id, plus exact zeros where the filters remove an id.
     bound = 5 * (p * (1 - p) / N).sqrt() + 1e-3
@@ -80,7 +93,8 @@ def saved_bytes(net: GPT, x: torch.Tensor) -> int:
 def test_activation_checkpointing_saves_less_for_backward():
     x = torch.randint(0, V, (4, 16))
     plain = saved_bytes(GPT(vocab_size=V, block_size=16, n_layer=4, n_embd=64, n_head=4), x)
-    ckpt = saved_bytes(GPT(vocab_size=V, block_size=16, n_layer=4, n_embd=64, n_head=4,
-                           activation_checkpointing=True), x)
+    ckpt = saved_bytes(
+        GPT(vocab_size=V, block_size=16, n_layer=4, n_embd=64, n_head=4, activation_checkpointing=True), x
+    )
     # What the blocks keep (attention, MLP activations) is recomputed; only block inputs stay.
     assert ckpt < 0.5 * plain, (ckpt, plain)

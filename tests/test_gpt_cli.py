@@ -32,8 +32,16 @@ def test_tiny_fits_then_predicts_from_its_checkpoint_and_reloads_alone():
     assert samples, "LogTextSamples wrote nothing at validation"
     assert client.get_run(run).data.tags["zoo.family"] == "gpt"
 
-    cli("predict", "--config", str(TINY), "--ckpt_path", last, '--data.init_args.prompts=["ROMEO:", "To be"]',
-        "--model.init_args.generation.max_new_tokens=12", "--model.init_args.generation.temperature=0")
+    cli(
+        "predict",
+        "--config",
+        str(TINY),
+        "--ckpt_path",
+        last,
+        '--data.init_args.prompts=["ROMEO:", "To be"]',
+        "--model.init_args.generation.max_new_tokens=12",
+        "--model.init_args.generation.temperature=0",
+    )
     rows = [json.loads(line) for line in output("predictions.jsonl").read_text().splitlines()]
     assert [r["prompt"] for r in rows] == ["ROMEO:", "To be"]
 
@@ -42,8 +50,13 @@ def test_tiny_fits_then_predicts_from_its_checkpoint_and_reloads_alone():
     assert greedy == [r["completion"] for r in rows]
 
     # the checkpoint exports as a Hugging Face GPT-2 folder that transformers runs to the same logits
-    proc = subprocess.run([sys.executable, "-m", "zoo.gpt.hf", "export", last, "hf"], capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "zoo.gpt.hf", "export", last, "hf"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     transformers = pytest.importorskip("transformers")
     hf = transformers.GPT2LMHeadModel.from_pretrained("hf").eval()
@@ -55,14 +68,18 @@ def test_tiny_fits_then_predicts_from_its_checkpoint_and_reloads_alone():
 
 def test_vocab_too_small_for_the_tokenizer_is_named():
     with pytest.raises(ValueError, match=r"vocab_size=257"):
-        cli("fit", "--config", str(TINY), "--trainer.fast_dev_run=1",
-            "--model.init_args.net.init_args.vocab_size=100")
+        cli("fit", "--config", str(TINY), "--trainer.fast_dev_run=1", "--model.init_args.net.init_args.vocab_size=100")
 
 
 @pytest.mark.parametrize("name", ["gpt_char_shakespeare.yaml", "gpt_bpe_shakespeare.yaml", "mla_shakespeare.yaml"])
 def test_shakespeare_configs_run_a_few_steps(name):
-    c = cli("fit", "--config", str(CONFIGS / "gpt" / name), "--trainer.fast_dev_run=2",
-            "--trainer.enable_progress_bar=false")
+    c = cli(
+        "fit",
+        "--config",
+        str(CONFIGS / "gpt" / name),
+        "--trainer.fast_dev_run=2",
+        "--trainer.enable_progress_bar=false",
+    )
     assert torch.isfinite(c.trainer.callback_metrics["val/loss"])
 
 
@@ -70,23 +87,39 @@ MLA_CONFIG = CONFIGS / "gpt" / "mla_shakespeare.yaml"
 ATTN = "--model.init_args.net.init_args.attention"
 
 
-@pytest.mark.parametrize(("config", "args", "key"), [
-    (MLA_CONFIG, [f"{ATTN}.init_args.n_kv_head=2"], "n_kv_head"),  # a GQA option given to MLA
-    (TINY, [f"{ATTN}.class_path=zoo.gpt.attention.MHA", f"{ATTN}.init_args.kv_lora_rank=16"], "kv_lora_rank"),
-    (TINY, ["--model.init_args.net.init_args.kv_lora_rank=16"], "kv_lora_rank"),  # the old flat form
-])
+@pytest.mark.parametrize(
+    ("config", "args", "key"),
+    [
+        (MLA_CONFIG, [f"{ATTN}.init_args.n_kv_head=2"], "n_kv_head"),  # a GQA option given to MLA
+        (TINY, [f"{ATTN}.class_path=zoo.gpt.attention.MHA", f"{ATTN}.init_args.kv_lora_rank=16"], "kv_lora_rank"),
+        (TINY, ["--model.init_args.net.init_args.kv_lora_rank=16"], "kv_lora_rank"),  # the old flat form
+    ],
+)
 def test_attention_options_of_another_variant_fail_at_parse_time(config, args, key):
-    proc = subprocess.run([sys.executable, "cli.py", "fit", "--config", str(config), *args, "--print_config"],
-                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "cli.py", "fit", "--config", str(config), *args, "--print_config"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=300,
+    )
     assert proc.returncode != 0
     assert key in proc.stderr, proc.stderr[-2000:]
 
 
 def test_mla_checkpoint_reloads_its_attention_alone():
-    c = cli("fit", "--config", str(MLA_CONFIG), "--trainer.max_steps=2", "--trainer.limit_val_batches=1",
-            "--trainer.enable_progress_bar=false", "--model.init_args.net.init_args.n_layer=1",
-            "--data.init_args.samples_per_epoch=64", "--data.init_args.val_samples=32")
+    c = cli(
+        "fit",
+        "--config",
+        str(MLA_CONFIG),
+        "--trainer.max_steps=2",
+        "--trainer.limit_val_batches=1",
+        "--trainer.enable_progress_bar=false",
+        "--model.init_args.net.init_args.n_layer=1",
+        "--data.init_args.samples_per_epoch=64",
+        "--data.init_args.val_samples=32",
+    )
     module = CausalLMModule.load_from_checkpoint(c.trainer.checkpoint_callback.last_model_path).eval()
     attn = module.net.blocks[0].attn
     assert type(attn).__name__ == "MLA" and attn.r == 128 and attn.dp == 16
@@ -95,9 +128,22 @@ def test_mla_checkpoint_reloads_its_attention_alone():
         torch.testing.assert_close(module(ids), c.model.eval()(ids))
 
     # the same checkpoint exports as a DeepSeek-V3 folder that transformers runs to the same logits
-    proc = subprocess.run([sys.executable, "-m", "zoo.gpt.hf", "export", c.trainer.checkpoint_callback.last_model_path,
-                           "ds", "--format", "llama"], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "zoo.gpt.hf",
+            "export",
+            c.trainer.checkpoint_callback.last_model_path,
+            "ds",
+            "--format",
+            "llama",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     transformers = pytest.importorskip("transformers")
     hf = transformers.AutoModelForCausalLM.from_pretrained("ds").eval()
@@ -130,26 +176,46 @@ def test_gpt2_config_starts_from_hf_weights_and_tokenizer_files(gpt2_folder):
     import transformers
 
     n_vocab = json.loads((gpt2_folder / "config.json").read_text())["vocab_size"]
-    args = [f"--model.init_args.net.init_args.{k}={v}"
-            for k, v in dict(vocab_size=n_vocab, block_size=64, n_layer=2, n_embd=32, n_head=4).items()]
-    args += [f"--model.init_args.init_weights={gpt2_folder}", f"--data.init_args.gpt2_dir={gpt2_folder}",
-             "--data.init_args.block_size=64", "--data.init_args.batch_size=2", "--trainer.limit_val_batches=2",
-             "--trainer.precision=32-true", "--trainer.enable_progress_bar=false"]
+    args = [
+        f"--model.init_args.net.init_args.{k}={v}"
+        for k, v in dict(vocab_size=n_vocab, block_size=64, n_layer=2, n_embd=32, n_head=4).items()
+    ]
+    args += [
+        f"--model.init_args.init_weights={gpt2_folder}",
+        f"--data.init_args.gpt2_dir={gpt2_folder}",
+        "--data.init_args.block_size=64",
+        "--data.init_args.batch_size=2",
+        "--trainer.limit_val_batches=2",
+        "--trainer.precision=32-true",
+        "--trainer.enable_progress_bar=false",
+    ]
     c = cli("validate", "--config", str(CONFIGS / "gpt" / "gpt2_124m.yaml"), *args)
     reference = transformers.GPT2LMHeadModel.from_pretrained(gpt2_folder)
     torch.testing.assert_close(c.model.net.tok_emb.weight, reference.transformer.wte.weight)
     assert c.model.tokenizer.eos_id == reference.config.eos_token_id or c.model.tokenizer.eos_id < n_vocab
-    c = cli("fit", "--config", str(CONFIGS / "gpt" / "gpt2_124m.yaml"), *args, "--trainer.fast_dev_run=2",
-            "--trainer.accumulate_grad_batches=1")
+    c = cli(
+        "fit",
+        "--config",
+        str(CONFIGS / "gpt" / "gpt2_124m.yaml"),
+        *args,
+        "--trainer.fast_dev_run=2",
+        "--trainer.accumulate_grad_batches=1",
+    )
     assert torch.isfinite(c.trainer.callback_metrics["val/loss"])
 
 
 def test_char_config_learns_well_below_the_unigram_entropy():
     # The README's figure is the full 500-step run (val loss 1.98 nats against an entropy of 3.33);
     # 80 steps already clear the unigram bound by a wide margin (2.6 measured at step 100).
-    c = cli("fit", "--config", str(CONFIGS / "gpt" / "gpt_char_shakespeare.yaml"), "--trainer.max_steps=80",
-            "--data.init_args.samples_per_epoch=2560", "--data.init_args.val_samples=64",
-            "--trainer.enable_progress_bar=false")
+    c = cli(
+        "fit",
+        "--config",
+        str(CONFIGS / "gpt" / "gpt_char_shakespeare.yaml"),
+        "--trainer.max_steps=80",
+        "--data.init_args.samples_per_epoch=2560",
+        "--data.init_args.val_samples=64",
+        "--trainer.enable_progress_bar=false",
+    )
     entropy = c.datamodule.unigram_entropy()
     assert entropy == pytest.approx(3.33, abs=0.01)
     assert c.trainer.callback_metrics["val/loss"].item() < entropy - 0.5
@@ -159,9 +225,17 @@ def test_char_config_learns_well_below_the_unigram_entropy():
 def test_a_corpus_too_small_for_a_validation_window_fails_before_training_naming_the_file(tmp_path, text, short):
     corpus = tmp_path / "tiny.txt"
     corpus.write_text(text)
-    proc = run_cli("fit", "--config", str(CONFIGS / "gpt" / "gpt_tiny.yaml"), f"--data.init_args.path={corpus}",
-                   f"--data.init_args.root={tmp_path / 'data'}", "--trainer.max_steps=2", "--trainer.logger=false",
-                   f"--trainer.default_root_dir={tmp_path}", timeout=300)
+    proc = run_cli(
+        "fit",
+        "--config",
+        str(CONFIGS / "gpt" / "gpt_tiny.yaml"),
+        f"--data.init_args.path={corpus}",
+        f"--data.init_args.root={tmp_path / 'data'}",
+        "--trainer.max_steps=2",
+        "--trainer.logger=false",
+        f"--trainer.default_root_dir={tmp_path}",
+        timeout=300,
+    )
     if short is None:  # 104 bytes: one window for validation, so it trains
         assert proc.returncode == 0, proc.stderr[-3000:]
         return

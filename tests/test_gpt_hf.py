@@ -16,8 +16,15 @@ transformers = pytest.importorskip("transformers")
 def reference(n_positions: int = 64, tie: bool = True):
     torch.manual_seed(0)
     config = transformers.GPT2Config(
-        vocab_size=211, n_positions=n_positions, n_embd=48, n_layer=3, n_head=4,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=tie,
+        vocab_size=211,
+        n_positions=n_positions,
+        n_embd=48,
+        n_layer=3,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        tie_word_embeddings=tie,
     )
     model = transformers.GPT2LMHeadModel(config).eval()
     with torch.no_grad():  # random biases and norms too, so a missed key or a wrong transpose shows
@@ -50,7 +57,9 @@ def test_untied_head_imports(tmp_path):
 @pytest.mark.parametrize("gelu", ["tanh", "exact"])
 def test_exported_folder_loads_in_transformers_with_the_same_logits(tmp_path, gelu):
     torch.manual_seed(1)
-    net = GPT(vocab_size=150, block_size=32, n_layer=2, n_embd=32, n_head=4, mlp=partial(GeluMLP, approximate=gelu)).eval()
+    net = GPT(
+        vocab_size=150, block_size=32, n_layer=2, n_embd=32, n_head=4, mlp=partial(GeluMLP, approximate=gelu)
+    ).eval()
     export_gpt2(net, tmp_path / "hf")
     model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
     assert model.config.activation_function == {"tanh": "gelu_new", "exact": "gelu"}[gelu]
@@ -70,12 +79,29 @@ def test_export_refuses_a_net_gpt2_cannot_hold(tmp_path):
 
 def test_safetensors_round_trip_with_tied_embeddings(tmp_path):
     torch.manual_seed(2)
-    a = GPT(vocab_size=50, block_size=16, n_layer=1, n_embd=16, n_head=2, attention=partial(MHA, n_kv_head=1),
-            position="rope")
+    a = GPT(
+        vocab_size=50,
+        block_size=16,
+        n_layer=1,
+        n_embd=16,
+        n_head=2,
+        attention=partial(MHA, n_kv_head=1),
+        position="rope",
+    )
     path = save_safetensors(a, tmp_path / "w.safetensors")
     torch.manual_seed(3)
-    b = load_safetensors(GPT(vocab_size=50, block_size=16, n_layer=1, n_embd=16, n_head=2,
-                             attention=partial(MHA, n_kv_head=1), position="rope"), path)
+    b = load_safetensors(
+        GPT(
+            vocab_size=50,
+            block_size=16,
+            n_layer=1,
+            n_embd=16,
+            n_head=2,
+            attention=partial(MHA, n_kv_head=1),
+            position="rope",
+        ),
+        path,
+    )
     assert b.lm_head.weight is b.tok_emb.weight
     x = torch.randint(0, 50, (1, 16))
     torch.testing.assert_close(a(x), b(x))

@@ -32,9 +32,17 @@ def perturb(model):
 def llama(kv_heads: int, tie: bool = False):
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=kv_heads, max_position_embeddings=48, rms_norm_eps=1e-5, tie_word_embeddings=tie,
-        rope_parameters={"rope_type": "default", "rope_theta": 500.0}, attn_implementation="eager",
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=48,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=tie,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+        attn_implementation="eager",
     )
     return perturb(transformers.LlamaForCausalLM(config))
 
@@ -42,19 +50,38 @@ def llama(kv_heads: int, tie: bool = False):
 def deepseek(q_lora_rank: int | None, interleave: bool = True):
     torch.manual_seed(0)
     config = transformers.DeepseekV3Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=q_lora_rank,
-        qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10, first_k_dense_replace=2, n_routed_experts=4,
-        num_experts_per_tok=2, n_group=1, topk_group=1, max_position_embeddings=48, rms_norm_eps=1e-5,
-        rope_parameters={"rope_type": "default", "rope_theta": 300.0}, rope_interleave=interleave,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=16,
+        q_lora_rank=q_lora_rank,
+        qk_nope_head_dim=12,
+        qk_rope_head_dim=8,
+        v_head_dim=10,
+        first_k_dense_replace=2,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        max_position_embeddings=48,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 300.0},
+        rope_interleave=interleave,
         attn_implementation="eager",
     )
     return perturb(transformers.DeepseekV3ForCausalLM(config))
 
 
 REFERENCES = {
-    "llama-mha": lambda: llama(4), "llama-gqa": lambda: llama(2), "llama-mqa-tied": lambda: llama(1, tie=True),
-    "deepseek-qlora": lambda: deepseek(24), "deepseek-direct-q": lambda: deepseek(None),
+    "llama-mha": lambda: llama(4),
+    "llama-gqa": lambda: llama(2),
+    "llama-mqa-tied": lambda: llama(1, tie=True),
+    "deepseek-qlora": lambda: deepseek(24),
+    "deepseek-direct-q": lambda: deepseek(None),
     "deepseek-halfrope": lambda: deepseek(24, interleave=False),
 }
 
@@ -91,23 +118,39 @@ def test_greedy_generation_matches_transformers_generate(pair):
     model, net = pair
     prompt = torch.randint(0, VOCAB, (7,))
     ours = generate(net, [prompt], max_new_tokens=12, temperature=0.0)[0]
-    theirs = model.generate(prompt[None], max_new_tokens=12, do_sample=False, min_new_tokens=12,
-                            pad_token_id=0, eos_token_id=None)[0, 7:]
+    theirs = model.generate(
+        prompt[None], max_new_tokens=12, do_sample=False, min_new_tokens=12, pad_token_id=0, eos_token_id=None
+    )[0, 7:]
     assert torch.equal(ours, theirs)
 
 
 ZOO_NETS = {
     "gqa": dict(attention=partial(MHA, n_kv_head=2)),
-    "mla": dict(attention=partial(MLA, kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=8, qk_rope_head_dim=8,
-                                  v_head_dim=12, norm_eps=1e-6)),
+    "mla": dict(
+        attention=partial(
+            MLA, kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12, norm_eps=1e-6
+        )
+    ),
 }
 
 
 @pytest.mark.parametrize("variant", list(ZOO_NETS))
 def test_exported_net_loads_in_transformers_with_the_same_logits(tmp_path, variant):
     torch.manual_seed(1)
-    net = GPT(vocab_size=VOCAB, block_size=32, n_layer=2, n_embd=64, n_head=4, norm="rmsnorm", mlp="swiglu",
-              position="rope", rope_base=700.0, bias=False, tie_embeddings=False, **ZOO_NETS[variant])
+    net = GPT(
+        vocab_size=VOCAB,
+        block_size=32,
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        norm="rmsnorm",
+        mlp="swiglu",
+        position="rope",
+        rope_base=700.0,
+        bias=False,
+        tie_embeddings=False,
+        **ZOO_NETS[variant],
+    )
     with torch.no_grad():
         for p in net.parameters():
             p.add_(torch.randn_like(p) * 0.1)
@@ -127,8 +170,9 @@ def test_what_the_gpt_cannot_hold_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="llama3"):
         llama_net_kwargs(dict(base, rope_parameters={"rope_type": "llama3", "rope_theta": 5e5}))
     with pytest.raises(ValueError, match="MoE"):
-        deepseek_net_kwargs(dict(base, first_k_dense_replace=1, kv_lora_rank=4, qk_nope_head_dim=4,
-                                 qk_rope_head_dim=4, v_head_dim=4))
+        deepseek_net_kwargs(
+            dict(base, first_k_dense_replace=1, kv_lora_rank=4, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4)
+        )
 
 
 def test_export_refuses_a_part_llama_has_not_as_its_class_states(tmp_path):

@@ -27,6 +27,7 @@ def fit_tiny() -> str:
 
 def forbid_corpus(monkeypatch) -> None:
     """From here on, reading (downloading) the training corpus fails the test."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("the training corpus was read")
 
@@ -47,7 +48,7 @@ def test_test_on_a_text_file_reports_its_loss_and_perplexity(monkeypatch):
     total, tokens = 0.0, 0
     with torch.no_grad():
         for start in range(0, len(ids) - 1, 64):
-            window = ids[start:start + 65]
+            window = ids[start : start + 65]
             out = causal_lm_loss(module(window[None, :-1]), window[None, 1:])
             total, tokens = total + out["loss"] * out["tokens"], tokens + out["tokens"]
     torch.testing.assert_close(loss, total / tokens, rtol=1e-5, atol=1e-5)
@@ -60,8 +61,16 @@ def test_predict_from_a_prompts_file_without_the_corpus(monkeypatch):
     Path("prompts.txt").write_text("ROMEO:\n\nTo be, or not\n")
     # the checkpoint's tokenizer: nothing is tokenised to a file either
     monkeypatch.setattr(datamodules.text, "tokenize_to_file", lambda *a, **k: pytest.fail("tokenised a corpus"))
-    cli("predict", "--config", str(TINY), "--ckpt_path", last, "--data.init_args.prompts_file=prompts.txt",
-        "--model.init_args.generation.max_new_tokens=12", "--model.init_args.generation.temperature=0")
+    cli(
+        "predict",
+        "--config",
+        str(TINY),
+        "--ckpt_path",
+        last,
+        "--data.init_args.prompts_file=prompts.txt",
+        "--model.init_args.generation.max_new_tokens=12",
+        "--model.init_args.generation.temperature=0",
+    )
     rows = [json.loads(line) for line in output("predictions.jsonl").read_text().splitlines()]
     prompts = ["ROMEO:", "", "To be, or not"]
     assert [r["prompt"] for r in rows] == prompts
@@ -73,8 +82,7 @@ def test_generation_past_block_size_slides_its_window_to_every_token_asked_for()
     last = fit_tiny()
     module = CausalLMModule.load_from_checkpoint(last).eval()
     prompt = "x" * 40  # 40 of the 64 positions: 50 new tokens go 26 past block_size
-    out = module.generate([torch.tensor(module.tokenizer.encode(prompt))], max_new_tokens=50, temperature=0,
-                          top_k=None)
+    out = module.generate([torch.tensor(module.tokenizer.encode(prompt))], max_new_tokens=50, temperature=0, top_k=None)
     assert len(out[0]) == 50
 
 
@@ -83,7 +91,13 @@ def test_a_vocab_size_that_disagrees_with_the_tokenizer_is_an_error_naming_both(
         cli("fit", "--config", str(TINY), "--trainer.fast_dev_run=1", "--model.init_args.net.init_args.vocab_size=300")
     # a larger multiple of 64 is padding on purpose (nanoGPT's 50304), and a matching size is fine
     for size in (320, 257):
-        c = cli("fit", "--config", str(TINY), "--trainer.fast_dev_run=1", f"--model.init_args.net.init_args.vocab_size={size}")
+        c = cli(
+            "fit",
+            "--config",
+            str(TINY),
+            "--trainer.fast_dev_run=1",
+            f"--model.init_args.net.init_args.vocab_size={size}",
+        )
         assert c.model.net.vocab_size == size
 
 
@@ -95,14 +109,25 @@ def test_the_derived_vocab_size_is_in_the_checkpoint():
 
 
 CHARS = CONFIGS / "gpt" / "gpt_char_shakespeare.yaml"
-SMALL = ("--model.init_args.net.init_args.n_layer=1", "--model.init_args.net.init_args.n_embd=32",
-         "--model.init_args.net.init_args.n_head=2")
+SMALL = (
+    "--model.init_args.net.init_args.n_layer=1",
+    "--model.init_args.net.init_args.n_embd=32",
+    "--model.init_args.net.init_args.n_head=2",
+)
 
 
 def test_the_logged_model_scores_and_continues_new_text_with_its_own_characters(monkeypatch):
     # A character vocabulary is fitted on the corpus: only the model's own copy avoids reading the corpus again.
-    c = cli("fit", "--config", str(CHARS), *SMALL, "--trainer.max_steps=3", "--trainer.limit_val_batches=1",
-            "--data.init_args.samples_per_epoch=32", "--data.init_args.val_samples=8")
+    c = cli(
+        "fit",
+        "--config",
+        str(CHARS),
+        *SMALL,
+        "--trainer.max_steps=3",
+        "--trainer.limit_val_batches=1",
+        "--data.init_args.samples_per_epoch=32",
+        "--data.init_args.val_samples=8",
+    )
     assert c.model.net.vocab_size == 85  # 84 characters + EOS, not written in the config
     model = f"runs:/{c.trainer.logger.run_id}/model"
     forbid_corpus(monkeypatch)
@@ -110,8 +135,17 @@ def test_the_logged_model_scores_and_continues_new_text_with_its_own_characters(
     t = cli("test", "--config", str(CHARS), *SMALL, "--ckpt_path", model, "--data.init_args.test_path=new.txt")
     torch.testing.assert_close(t.trainer.callback_metrics["test/ppl"], t.trainer.callback_metrics["test/loss"].exp())
     Path("prompts.txt").write_text("ROMEO:\nJULIET:\n")
-    cli("predict", "--config", str(CHARS), *SMALL, "--ckpt_path", model, "--data.init_args.prompts_file=prompts.txt",
-        "--model.init_args.generation.max_new_tokens=8", "--model.init_args.generation.temperature=0")
+    cli(
+        "predict",
+        "--config",
+        str(CHARS),
+        *SMALL,
+        "--ckpt_path",
+        model,
+        "--data.init_args.prompts_file=prompts.txt",
+        "--model.init_args.generation.max_new_tokens=8",
+        "--model.init_args.generation.temperature=0",
+    )
     rows = [json.loads(line) for line in output("predictions.jsonl").read_text().splitlines()]
     assert [r["prompt"] for r in rows] == ["ROMEO:", "JULIET:"]
     assert [r["completion"] for r in rows] == c.model.eval().generate(["ROMEO:", "JULIET:"], 8, temperature=0)

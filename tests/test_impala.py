@@ -14,13 +14,12 @@ import threading
 import time
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 from conftest import CONFIGS, cli, output
-from rl_baselines import BaselineReturns
 from lightning.pytorch import Callback
+from rl_baselines import BaselineReturns
 
 from datamodules import GymDataModule
 from zoo.rl import ActorCritic, IMPALAModule, RolloutCollector, gae, vtrace
@@ -64,19 +63,31 @@ def random_unroll(t_len=23, n=4, seed=0):
     ends = torch.rand(t_len, n, generator=g)
     terminated, truncated = ends < 0.1, (ends >= 0.1) & (ends < 0.2)
     f64 = dict(generator=g, dtype=torch.float64)
-    return {"log_rhos": 0.7 * torch.randn(t_len, n, **f64), "discounts": 0.97 * (~terminated).double(),
-            "rewards": torch.randn(t_len, n, **f64), "values": torch.randn(t_len + 1, n, **f64),
-            "truncated": truncated, "terminated": terminated}
+    return {
+        "log_rhos": 0.7 * torch.randn(t_len, n, **f64),
+        "discounts": 0.97 * (~terminated).double(),
+        "rewards": torch.randn(t_len, n, **f64),
+        "values": torch.randn(t_len + 1, n, **f64),
+        "truncated": truncated,
+        "terminated": terminated,
+    }
 
 
-@pytest.mark.parametrize("rho_bar, pg_rho_bar, c_bar, lam", [(1.0, 1.0, 1.0, 1.0), (2.0, 0.8, 0.9, 0.95),
-                                                             (None, None, None, 1.0)])
+@pytest.mark.parametrize(
+    "rho_bar, pg_rho_bar, c_bar, lam", [(1.0, 1.0, 1.0, 1.0), (2.0, 0.8, 0.9, 0.95), (None, None, None, 1.0)]
+)
 def test_vtrace_equals_the_papers_per_step_definition(rho_bar, pg_rho_bar, c_bar, lam):
     u = random_unroll()
-    out = vtrace(u["log_rhos"], u["discounts"], u["rewards"], u["values"], u["truncated"], rho_bar, pg_rho_bar,
-                 c_bar, lam)
-    vs, adv = naive_vtrace(*(u[k].numpy() for k in ("log_rhos", "discounts", "rewards", "values", "truncated")),
-                           rho_bar, pg_rho_bar, c_bar, lam)
+    out = vtrace(
+        u["log_rhos"], u["discounts"], u["rewards"], u["values"], u["truncated"], rho_bar, pg_rho_bar, c_bar, lam
+    )
+    vs, adv = naive_vtrace(
+        *(u[k].numpy() for k in ("log_rhos", "discounts", "rewards", "values", "truncated")),
+        rho_bar,
+        pg_rho_bar,
+        c_bar,
+        lam,
+    )
     torch.testing.assert_close(out.vs, torch.from_numpy(vs))
     torch.testing.assert_close(out.pg_advantages, torch.from_numpy(adv))
 
@@ -153,8 +164,9 @@ def test_actors_hand_their_unrolls_to_the_learner_intact(one_thread):
             k = pool.get()
             if pool.slots.meta[k, 2] == 1:
                 obs, actions = pool.slots.obs[k, :-1].flatten(0, 1), pool.slots.actions[k].flatten()
-                torch.testing.assert_close(pool.slots.logprobs[k].flatten(),
-                                           new.get_action_and_value(obs, actions)[1].detach())
+                torch.testing.assert_close(
+                    pool.slots.logprobs[k].flatten(), new.get_action_and_value(obs, actions)[1].detach()
+                )
                 break
             pool.release(k)
 
@@ -200,9 +212,17 @@ def test_a_failing_actor_raises_its_traceback_in_the_learner():
 
 
 def test_continuous_actions_train_and_evaluate():
-    c = cli("fit", "--config", TINY, "--data.init_args.env_id=Pendulum-v1", "--model.init_args.net.init_args.obs_dim=3",
-            "--model.init_args.net.init_args.action_dim=1", "--model.init_args.net.init_args.continuous=true",
-            "--trainer.fast_dev_run=1", *QUIET)
+    c = cli(
+        "fit",
+        "--config",
+        TINY,
+        "--data.init_args.env_id=Pendulum-v1",
+        "--model.init_args.net.init_args.obs_dim=3",
+        "--model.init_args.net.init_args.action_dim=1",
+        "--model.init_args.net.init_args.continuous=true",
+        "--trainer.fast_dev_run=1",
+        *QUIET,
+    )
     assert int(c.model.env_steps) == 128
     assert c.trainer.callback_metrics["val/return"].item() < 0  # Pendulum's rewards are all negative
 
@@ -223,8 +243,11 @@ class RecordFirstBatch(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if not RecordFirstBatch.seen:
-            RecordFirstBatch.seen = {"env_steps": int(pl_module.env_steps), "rng": torch.get_rng_state(),
-                                     "pids": [p.pid for p in pl_module.actors.processes]}
+            RecordFirstBatch.seen = {
+                "env_steps": int(pl_module.env_steps),
+                "rng": torch.get_rng_state(),
+                "pids": [p.pid for p in pl_module.actors.processes],
+            }
 
 
 def test_tiny_fits_predicts_and_reloads():
@@ -235,8 +258,18 @@ def test_tiny_fits_predicts_and_reloads():
     from mlflow.tracking import MlflowClient
 
     run = MlflowClient(trainer.logger._tracking_uri).get_run(trainer.logger.run_id)
-    for key in ("val/return", "train/pg_loss", "train/v_loss", "train/entropy", "train/rho", "train/policy_lag",
-                "train/episode_return", "grad/norm", "grad/nonfinite", "lr"):
+    for key in (
+        "val/return",
+        "train/pg_loss",
+        "train/v_loss",
+        "train/entropy",
+        "train/rho",
+        "train/policy_lag",
+        "train/episode_return",
+        "grad/norm",
+        "grad/nonfinite",
+        "lr",
+    ):
         assert key in run.data.metrics, key
     assert run.data.metrics["grad/norm"] > 0 and run.data.metrics["grad/nonfinite"] == 0
     last = trainer.checkpoint_callback.last_model_path
@@ -264,8 +297,9 @@ def test_ctrl_c_stops_the_actors_and_fit_resumes():
     assert int(saved["state_dict"]["env_steps"]) == 512
 
     RecordFirstBatch.seen = {}
-    second = cli("fit", "--config", TINY, *QUIET[:1], "--ckpt_path", last,
-                 "--trainer.callbacks+=test_impala.RecordFirstBatch")
+    second = cli(
+        "fit", "--config", TINY, *QUIET[:1], "--ckpt_path", last, "--trainer.callbacks+=test_impala.RecordFirstBatch"
+    )
     seen = RecordFirstBatch.seen
     assert seen["env_steps"] == 512 and torch.equal(seen["rng"], saved["rng"]["torch"])
     assert int(second.model.env_steps) == 1024 and second.trainer.global_step == 8
@@ -328,15 +362,29 @@ def test_ctrl_c_in_a_terminal_ends_the_run_and_every_actor():
     # on a queue nor leaving a process behind.
     marker = f"ZOO_IMPALA_TEST_{os.getpid()}_{time.time_ns()}"
     env = {**os.environ, marker: "1", "PYTHONPATH": os.pathsep.join([str(CONFIGS.parent), str(Path(__file__).parent)])}
-    args = ["fit", "--config", TINY, "--model.init_args.total_env_steps=100000000", *QUIET,
-            "--trainer.callbacks+=test_impala.AnnounceTraining"]
+    args = [
+        "fit",
+        "--config",
+        TINY,
+        "--model.init_args.total_env_steps=100000000",
+        *QUIET,
+        "--trainer.callbacks+=test_impala.AnnounceTraining",
+    ]
     # A terminal's Ctrl-C reaches a Python whose SIGINT raises KeyboardInterrupt; a test runner started as a
     # background job of a non-interactive shell ignores SIGINT, and a child inherits that, so set it here.
-    code = ("import faulthandler, signal; faulthandler.register(signal.SIGUSR1, all_threads=True); "
-            "signal.signal(signal.SIGINT, signal.default_int_handler); "
-            f"from cli import main; main({args!r})")
-    proc = subprocess.Popen([sys.executable, "-u", "-c", code], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    code = (
+        "import faulthandler, signal; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+        "signal.signal(signal.SIGINT, signal.default_int_handler); "
+        f"from cli import main; main({args!r})"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-u", "-c", code],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         if not read_line_until(proc.stdout, "LEARNING", STARTUP_S):
             pytest.fail(f"no learner step within {STARTUP_S:.0f} s (or the run died):\n{stacks_and_kill(proc)}")
@@ -362,8 +410,15 @@ def test_cartpole_learns_far_above_random():
     # steps of the config's run, 12 evaluations, ~4 s here once the fork server runs (its learning rate barely
     # decays by then, so the test keeps it constant rather than annealing it over the shorter budget). The
     # actors' timing makes runs differ even with one seed: six of seed 0 reached 390-500.
-    c = cli("fit", "--config", CARTPOLE, "--model.init_args.total_env_steps=61440", "--model.init_args.anneal_lr=false",
-            *QUIET, "--trainer.callbacks+=rl_baselines.BaselineReturns")
+    c = cli(
+        "fit",
+        "--config",
+        CARTPOLE,
+        "--model.init_args.total_env_steps=61440",
+        "--model.init_args.anneal_lr=false",
+        *QUIET,
+        "--trainer.callbacks+=rl_baselines.BaselineReturns",
+    )
     assert int(c.model.env_steps) == 61440
     assert BaselineReturns.untrained < 50 and BaselineReturns.random < 50  # far below: reaching 200 is learning
     assert c.trainer.checkpoint_callback.best_model_score.item() >= 200

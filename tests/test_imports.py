@@ -28,9 +28,12 @@ def references(source: str) -> list[tuple[int, str]]:
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             names = [node.module or ""]
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
-            "import_module", "__import__"
-        ) and node.args and isinstance(node.args[0], ast.Constant):
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("import_module", "__import__")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
             names = [str(node.args[0].value)]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and DOTTED.fullmatch(node.value):
             names = [node.value]
@@ -53,8 +56,11 @@ def owner(name: str) -> str | None:
 def reaches(source: str, package: str) -> list[str]:
     """``line: name`` for each reference of ``source`` (a file of ``package``) into the application or another
     family."""
-    return [f"{line}: {name}" for line, name in references(source)
-            if (to := owner(name)) not in (None, package, *SHARED) and (to == "application" or package in FAMILIES)]
+    return [
+        f"{line}: {name}"
+        for line, name in references(source)
+        if (to := owner(name)) not in (None, package, *SHARED) and (to == "application" or package in FAMILIES)
+    ]
 
 
 def graph() -> dict[str, dict[str, list[tuple[str, bool]]]]:
@@ -72,14 +78,22 @@ def graph() -> dict[str, dict[str, list[tuple[str, bool]]]]:
 
 
 def test_the_checker_sees_imports_inside_functions_and_class_path_strings():
-    src = ("import torch\ndef f():\n    from callbacks import X\n    import datamodules.text\n"
-           "    importlib.import_module('cli')\n"
-           "default_callbacks = ('callbacks.LogTextSamples',)\n"
-           "from zoo.tracking import local_weights\n"
-           "from zoo.cnn import ClassifierModule\n"
-           "doc = 'names callbacks.LogTextSamples in a sentence'\n")
-    assert reaches(src, "zoo.gpt") == ["3: callbacks", "4: datamodules.text", "5: cli", "6: callbacks.LogTextSamples",
-                                       "7: zoo.tracking", "8: zoo.cnn"]
+    src = (
+        "import torch\ndef f():\n    from callbacks import X\n    import datamodules.text\n"
+        "    importlib.import_module('cli')\n"
+        "default_callbacks = ('callbacks.LogTextSamples',)\n"
+        "from zoo.tracking import local_weights\n"
+        "from zoo.cnn import ClassifierModule\n"
+        "doc = 'names callbacks.LogTextSamples in a sentence'\n"
+    )
+    assert reaches(src, "zoo.gpt") == [
+        "3: callbacks",
+        "4: datamodules.text",
+        "5: cli",
+        "6: callbacks.LogTextSamples",
+        "7: zoo.tracking",
+        "8: zoo.cnn",
+    ]
     assert reaches("from zoo.layers import tokenizers\nimport callbacks_extra\nx = 'zoo.gpt.GPT'\n", "zoo.gpt") == []
     assert reaches("x = 'zoo.gpt.GPT'\n", "zoo.layers") == []  # a shared part may name the families' classes
 
@@ -100,8 +114,11 @@ def test_the_import_graph_has_the_five_families_side_by_side_and_no_cycle():
     def targets(package: str, imports: bool) -> list[str]:
         return sorted(to for to, refs in edges[package].items() if any(by_import == imports for _, by_import in refs))
 
-    lines = [f"  {p:<14} -> {', '.join(targets(p, True)) or '(torch, lightning, torchmetrics only)'}"
-             + (f"   (names only: {', '.join(names)})" if (names := targets(p, False)) else "") for p in edges]
+    lines = [
+        f"  {p:<14} -> {', '.join(targets(p, True)) or '(torch, lightning, torchmetrics only)'}"
+        + (f"   (names only: {', '.join(names)})" if (names := targets(p, False)) else "")
+        for p in edges
+    ]
     print(f"\nthe application ({', '.join(APPLICATION)}) -> any of:\n" + "\n".join(lines))
     for family in FAMILIES:
         assert set(edges[family]) <= set(SHARED), (family, edges[family])
@@ -113,8 +130,14 @@ def test_the_import_graph_has_the_five_families_side_by_side_and_no_cycle():
 
 
 def test_a_users_own_callbacks_and_datamodules_do_not_break_gpt_checkpoint_loading(tmp_path):
-    c = cli("fit", "--config", str(CONFIGS / "gpt" / "gpt_tiny.yaml"), "--trainer.max_steps=2",
-            "--trainer.limit_val_batches=0", "--trainer.logger=false")
+    c = cli(
+        "fit",
+        "--config",
+        str(CONFIGS / "gpt" / "gpt_tiny.yaml"),
+        "--trainer.max_steps=2",
+        "--trainer.limit_val_batches=0",
+        "--trainer.logger=false",
+    )
     ckpt = tmp_path / "gpt.ckpt"
     c.trainer.save_checkpoint(ckpt)
     shadow = tmp_path / "user"
@@ -129,8 +152,9 @@ def test_a_users_own_callbacks_and_datamodules_do_not_break_gpt_checkpoint_loadi
         "print(repr(m.generate(['ab'], max_new_tokens=3, temperature=0)[0]))\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), str(ROOT)])}
-    proc = subprocess.run([sys.executable, "-c", script], cwd=shadow, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=shadow, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().startswith("'")  # three generated characters, decoded by the carried tokenizer
 
@@ -141,9 +165,14 @@ def _built(*args: str):
     return main(["--trainer.logger=false", *args], run=False)  # classes instantiated, nothing run
 
 
-@pytest.mark.parametrize("config, callback", [("gpt/gpt_tiny.yaml", "LogTextSamples"),
-                                              ("diffusion/ddpm_unet_shapes.yaml", "LogImageSamples"),
-                                              ("diffusion/tiny.yaml", "LogImageSamples")])  # tiny lists its own
+@pytest.mark.parametrize(
+    "config, callback",
+    [
+        ("gpt/gpt_tiny.yaml", "LogTextSamples"),
+        ("diffusion/ddpm_unet_shapes.yaml", "LogImageSamples"),
+        ("diffusion/tiny.yaml", "LogImageSamples"),
+    ],
+)  # tiny lists its own
 def test_the_cli_attaches_the_callbacks_a_module_declares_once(config, callback):
     names = [type(cb).__name__ for cb in _built("--config", str(CONFIGS / config)).trainer.callbacks]
     assert names.count(callback) == 1
@@ -151,7 +180,11 @@ def test_the_cli_attaches_the_callbacks_a_module_declares_once(config, callback)
 
 
 def test_a_callback_the_config_lists_replaces_the_declared_default():
-    c = _built("--config", str(CONFIGS / "gpt" / "gpt_tiny.yaml"), "--trainer.callbacks+=callbacks.LogTextSamples",
-               "--trainer.callbacks.every_n_epochs=3")
+    c = _built(
+        "--config",
+        str(CONFIGS / "gpt" / "gpt_tiny.yaml"),
+        "--trainer.callbacks+=callbacks.LogTextSamples",
+        "--trainer.callbacks.every_n_epochs=3",
+    )
     mine = [cb for cb in c.trainer.callbacks if type(cb).__name__ == "LogTextSamples"]
     assert len(mine) == 1 and mine[0].every_n_epochs == 3

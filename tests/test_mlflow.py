@@ -47,7 +47,9 @@ def _check_run(client: MlflowClient, c) -> None:
     assert run.data.tags["zoo.family"] == "cnn"
     assert run.data.tags["zoo.model"].endswith("ConvNet")
     params = run.data.params
-    assert float(params["model.init_args.optimizer.lr"]) == 0.01 and params["model.init_args.net.init_args.width"] == "8"
+    assert (
+        float(params["model.init_args.optimizer.lr"]) == 0.01 and params["model.init_args.net.init_args.width"] == "8"
+    )
     metrics = run.data.metrics
     for key in ("train/loss", "val/loss", "val/acc", "grad/norm", "lr/pg1", "lr/pg2"):
         assert key in metrics, sorted(metrics)
@@ -78,12 +80,20 @@ def test_runs_get_unique_readable_names_and_each_hyperparameter_once():
     assert "_instantiator" not in params and params["trainer.logger.init_args.run_name"] == names[0]
     # A value logged twice is a bare or "/"-joined name that repeats the tail of a config's dotted name.
     doubled = [
-        (k, other) for k in params for other in params
+        (k, other)
+        for k in params
+        for other in params
         if other != k and other.endswith("." + k.replace("/", ".")) and params[other] == params[k]
     ]
     assert not doubled, doubled
-    named = cli("fit", "--config", TINY, "--trainer.max_steps=1", "--trainer.limit_val_batches=1",
-                "--trainer.logger.init_args.run_name=mine")
+    named = cli(
+        "fit",
+        "--config",
+        TINY,
+        "--trainer.max_steps=1",
+        "--trainer.limit_val_batches=1",
+        "--trainer.logger.init_args.run_name=mine",
+    )
     assert client.get_run(named.trainer.logger.run_id).info.run_name == "mine"
 
 
@@ -129,9 +139,19 @@ def test_server_dying_mid_run_keeps_local_checkpoints(tmp_path):
         wait_for_server(uri)
         env = {"MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(ROOT)}
         fit = subprocess.Popen(
-            [sys.executable, str(ROOT / "cli.py"), "fit", "--config", TINY, "--trainer.max_epochs=6",
-             "--model.init_args.net.init_args.width=32"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**__import__("os").environ, **env},
+            [
+                sys.executable,
+                str(ROOT / "cli.py"),
+                "fit",
+                "--config",
+                TINY,
+                "--trainer.max_epochs=6",
+                "--model.init_args.net.init_args.width=32",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**__import__("os").environ, **env},
         )
         deadline = time.monotonic() + 120
         while not list(Path("runs").glob("**/last.ckpt")) and time.monotonic() < deadline:
@@ -152,7 +172,10 @@ def _start_fit(*args: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     return subprocess.Popen(
         [sys.executable, str(ROOT / "cli.py"), "fit", "--config", TINY, *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**env, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**env, "PYTHONPATH": str(ROOT)},
     )
 
 
@@ -235,9 +258,17 @@ FAILURES = {
     "the exception checkpoint fails too": ("fit", ["FailAfterAStep", "SavingFails"], "boom after a step", "FAILED"),
     "a callback's on_exception raises": ("fit", ["FailAfterAStep", "RaiseOnException"], "boom after a step", "FAILED"),
     "bad input in setup, then on_exception raises": (
-        "fit", ["BadInputAtSetup", "RaiseOnException"], "error: bad input at setup: pass a better one", "FAILED"),
+        "fit",
+        ["BadInputAtSetup", "RaiseOnException"],
+        "error: bad input at setup: pass a better one",
+        "FAILED",
+    ),
     "validate fails, then on_exception raises": (
-        "validate", ["FailInEvaluation", "RaiseOnException"], "boom", "FAILED"),
+        "validate",
+        ["FailInEvaluation", "RaiseOnException"],
+        "boom",
+        "FAILED",
+    ),
     "predict fails, then on_exception raises": ("predict", ["FailInEvaluation", "RaiseOnException"], "boom", "FAILED"),
     "SIGTERM, then on_exception raises": ("fit", ["SigtermAfterAStep", "RaiseOnException"], "", "KILLED"),
 }
@@ -250,8 +281,19 @@ def test_a_failed_run_ends_failed_whatever_the_callbacks_do_on_the_way_out(tmp_p
     stage, callbacks, says, status = FAILURES[case]
     name = f"failing-{tmp_path.name}"  # the run, found by name in the store the tests share
     args = [f"--trainer.callbacks+=test_mlflow.{c}" for c in callbacks]
-    monkeypatch.setattr(sys, "argv", ["cli.py", stage, "--config", TINY, "--trainer.max_steps=3",
-                                      f"--trainer.logger.init_args.run_name={name}", *args])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "cli.py",
+            stage,
+            "--config",
+            TINY,
+            "--trainer.max_steps=3",
+            f"--trainer.logger.init_args.run_name={name}",
+            *args,
+        ],
+    )
     with warnings.catch_warnings(record=True) as caught, pytest.raises((SystemExit, RuntimeError)) as raised:
         warnings.simplefilter("always")
         run()  # cli.run: a training failure's traceback, or an input's one error line
@@ -273,12 +315,15 @@ def test_a_failed_run_ends_failed_whatever_the_callbacks_do_on_the_way_out(tmp_p
 
 def test_a_run_left_open_by_an_uncaught_exception_ends_failed_at_exit(embedded_store):
     # Outside cli.run (a script calling cli.main, a notebook's trainer): the logger's exit hook ends the run.
-    code = (f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]; from cli import main; "
-            f"main(['fit', '--config', {TINY!r}, '--trainer.callbacks+=test_mlflow.FailAfterAStep', "
-            "'--trainer.callbacks+=test_mlflow.RaiseOnException'])")
+    code = (
+        f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]; from cli import main; "
+        f"main(['fit', '--config', {TINY!r}, '--trainer.callbacks+=test_mlflow.FailAfterAStep', "
+        "'--trainer.callbacks+=test_mlflow.RaiseOnException'])"
+    )
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
-                          check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600, check=False
+    )
     assert proc.returncode == 1 and "on_exception failed too" in proc.stderr, proc.stderr[-3000:]
     client = MlflowClient(store_uri())
     (failed,) = client.search_runs([client.get_experiment_by_name("zoo").experiment_id])
@@ -297,8 +342,12 @@ def test_running_runs_of_dead_processes_are_marked_killed_at_the_next_start(embe
     other_container = socket.gethostname() + "/pid:[1]"
     runs = {
         name: client.create_run(experiment, tags={PID_TAG: str(pid), HOST_TAG: host}).info.run_id
-        for name, pid, host in [("killed", dead.pid, here), ("alive", os.getpid(), here),
-                                ("elsewhere", dead.pid, elsewhere), ("other_container", dead.pid, other_container)]
+        for name, pid, host in [
+            ("killed", dead.pid, here),
+            ("alive", os.getpid(), here),
+            ("elsewhere", dead.pid, elsewhere),
+            ("other_container", dead.pid, other_container),
+        ]
     }
     c = cli("fit", "--config", TINY, "--trainer.max_steps=1", "--trainer.limit_val_batches=1")
     status = {name: client.get_run(run_id).info.status for name, run_id in runs.items()}

@@ -82,8 +82,13 @@ def data(n_batches: int = STEPS, nan_batch: int | None = None) -> DataLoader:
 def fit(module, callbacks, steps: int = STEPS, loader=None, **trainer_kwargs) -> RecordingLogger:
     logger = RecordingLogger()
     trainer = pl.Trainer(
-        accelerator="cpu", max_steps=steps, logger=logger, callbacks=callbacks, enable_progress_bar=False,
-        enable_model_summary=False, **{"enable_checkpointing": False, "log_every_n_steps": 1, **trainer_kwargs},
+        accelerator="cpu",
+        max_steps=steps,
+        logger=logger,
+        callbacks=callbacks,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **{"enable_checkpointing": False, "log_every_n_steps": 1, **trainer_kwargs},
     )
     trainer.fit(module, loader if loader is not None else data(steps))
     return logger
@@ -97,8 +102,10 @@ def reference_grad_norms(steps: int = STEPS, clip: float | None = None) -> list[
     for x, y in data(steps):
         opt.zero_grad()
         torch.nn.functional.mse_loss(net(x), y).backward()
-        layers = {f"grad/norm/net.{n}": math.sqrt(sum(v * v for v in p.grad.flatten().tolist()))
-                  for n, p in net.named_parameters()}
+        layers = {
+            f"grad/norm/net.{n}": math.sqrt(sum(v * v for v in p.grad.flatten().tolist()))
+            for n, p in net.named_parameters()
+        }
         total = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in net.parameters()))
         out.append({"grad/norm": total, **layers})
         if clip is not None:
@@ -127,8 +134,10 @@ def test_grad_norm_logs_every_nth_step_that_lightning_writes(trainer_every, moni
     expected = reference_grad_norms(steps=8)
     # After the 2nd, 4th, ... step (the logger's step is 0-based). When Lightning writes in between, it
     # repeats the last value. The per-layer norms are written directly on their own period.
-    fresh = {"grad/norm": [None, 1, 1, 3, 3, 5, 5, 7],
-             "grad/norm/net.weight": [None, None, None, 3, None, None, None, 7]}
+    fresh = {
+        "grad/norm": [None, 1, 1, 3, 3, 5, 5, 7],
+        "grad/norm/net.weight": [None, None, None, 3, None, None, None, 7],
+    }
     for key, steps in fresh.items():
         logged = {s: m[key] for s, m in logger.metrics if key in m}
         if trainer_every == 2 and key == "grad/norm":  # Lightning writes after the 2nd, 4th, ... step only
@@ -245,8 +254,13 @@ def _fsdp2_worker(rank: int, world_size: int, port: int, results) -> None:
         grads[2] = grads[2].full_tensor()  # a plain tensor among the DTensors
         norms = grad_norms_per_tensor(grads).tolist()
         inf_norms = grad_norms_per_tensor(grads, math.inf).tolist()
-        results[rank] = (norms, inf_norms, [p.grad.norm().item() for p in ref.parameters()],
-                         [p.grad.abs().max().item() for p in ref.parameters()], type(net[0].weight.grad).__name__)
+        results[rank] = (
+            norms,
+            inf_norms,
+            [p.grad.norm().item() for p in ref.parameters()],
+            [p.grad.abs().max().item() for p in ref.parameters()],
+            type(net[0].weight.grad).__name__,
+        )
     finally:
         dist.destroy_process_group()
 
@@ -277,13 +291,17 @@ def test_grad_norms_of_fsdp2_dtensor_grads_are_full_norms():
 
 @pytest.mark.parametrize(
     ("precision", "autocast", "param_dtype"),
-    [("32-true", "none", "torch.float32"), ("bf16-mixed", "torch.bfloat16", "torch.float32"),
-     ("bf16-true", "none", "torch.bfloat16")],
+    [
+        ("32-true", "none", "torch.float32"),
+        ("bf16-mixed", "torch.bfloat16", "torch.float32"),
+        ("bf16-true", "none", "torch.bfloat16"),
+    ],
 )
 def test_precision_hyperparameters(precision, autocast, param_dtype):
     logger = fit(Tiny(), [PrecisionMonitor()], steps=1, precision=precision)
     assert {k: v for k, v in logger.hparams.items() if k.startswith("precision/")} == {
-        "precision/precision": precision, "precision/autocast_dtype": autocast,
+        "precision/precision": precision,
+        "precision/autocast_dtype": autocast,
         "precision/param_dtypes": f"{param_dtype}:15",  # 4 * 3 weights + 3 biases
     }
     assert not logger.series("precision/grad_scale")  # no GradScaler, nothing per step
@@ -316,16 +334,31 @@ def test_grad_scale_and_skipped_steps_under_fp16(tmp_path):
 
     # Resume: the counter comes back from the checkpoint and the restored scale is the new reference.
     ckpt = tmp_path / "six.ckpt"
-    trainer = pl.Trainer(accelerator="cpu", max_steps=6, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, plugins=[fp16_plugin()],
-                         callbacks=[PrecisionMonitor()])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=6,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        plugins=[fp16_plugin()],
+        callbacks=[PrecisionMonitor()],
+    )
     trainer.fit(Tiny(poison=dict(poison)), data(6))
     trainer.save_checkpoint(ckpt)
     assert torch.load(ckpt, weights_only=False)["callbacks"]["PrecisionMonitor"] == {"skipped_steps": 2}
     logger = RecordingLogger()
-    trainer = pl.Trainer(accelerator="cpu", max_steps=8, logger=logger, log_every_n_steps=1, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, plugins=[fp16_plugin()],
-                         callbacks=[PrecisionMonitor()])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=8,
+        logger=logger,
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        plugins=[fp16_plugin()],
+        callbacks=[PrecisionMonitor()],
+    )
     trainer.fit(Tiny(poison={7: inf_grad}), data(8), ckpt_path=ckpt)
     assert logger.series("precision/grad_scale") == [1024.0, 512.0]  # 512 after 1 clean step -> grows -> inf
     assert logger.series("precision/skipped_steps") == [2.0, 3.0]
@@ -335,11 +368,13 @@ def test_nonfinite_loss_stops_before_the_weights_change(tmp_path):
     module = Tiny()
     weights = []
     snapshot = pl.callbacks.LambdaCallback(
-        on_train_batch_end=lambda *_: weights.append(copy.deepcopy(module.net.state_dict())))
+        on_train_batch_end=lambda *_: weights.append(copy.deepcopy(module.net.state_dict()))
+    )
     on_exception = OnExceptionCheckpoint(dirpath=tmp_path, filename="on_exception")
     with pytest.raises(NonFiniteLossError) as err:
-        fit(module, [PrecisionMonitor(), snapshot, on_exception], loader=data(4, nan_batch=2),
-            enable_checkpointing=True)
+        fit(
+            module, [PrecisionMonitor(), snapshot, on_exception], loader=data(4, nan_batch=2), enable_checkpointing=True
+        )
     assert "global step 2, epoch 0, batch 2" in str(err.value) and "nan" in str(err.value)
     assert "bf16" in str(err.value) and "clip" in str(err.value)
     assert len(weights) == 2

@@ -42,7 +42,6 @@ def test_a_partial_override_keeps_the_modules_other_defaults():
     assert (gpt.lr, gpt.weight_decay, tuple(gpt.betas), gpt.min_lr_ratio) == (0.01, 0.1, (0.9, 0.95), 0.1)
 
 
-
 def test_adamw_is_fused_on_the_cpu_and_steps_as_the_reference_adamw():
     # The fused kernel is 4.4x faster per step on a CPU (zoo/layers/optim.py); it must take the same steps.
     torch.manual_seed(0)

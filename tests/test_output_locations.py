@@ -81,8 +81,14 @@ def test_a_checkpoint_never_chooses_where_the_video_goes(tmp_path, ppo_checkpoin
     gif = "NumpyCartPole-v1_episode.gif"
     users = _users_folder(tmp_path, gif)
     value = str(users) if video_dir == "absolute" else video_dir + "/" + users.name
-    evil = _tampered(ppo_checkpoint, tmp_path / "shared.ckpt", env_id="NumpyCartPole-v1", record_video=True,
-                     env_kwargs={"width": 24, "height": 16}, video_dir=value)
+    evil = _tampered(
+        ppo_checkpoint,
+        tmp_path / "shared.ckpt",
+        env_id="NumpyCartPole-v1",
+        record_video=True,
+        env_kwargs={"width": 24, "height": 16},
+        video_dir=value,
+    )
     p = cli("predict", "--ckpt_path", str(evil))
     _unchanged(users, gif)
     video = run_dir(p.trainer) / "videos" / gif  # where a run's video goes when the user names no folder
@@ -90,12 +96,12 @@ def test_a_checkpoint_never_chooses_where_the_video_goes(tmp_path, ppo_checkpoin
 
 
 def test_a_checkpoint_never_chooses_where_samples_go_and_nothing_lands_in_the_working_directory(
-        tmp_path, diffusion_checkpoint):
+    tmp_path, diffusion_checkpoint
+):
     class_name = ShapesDataModule(image_size=8).class_names[0]  # the data tiny.yaml trains on
     names = [f"0000_{class_name}.png", "grid.png", "grid_0000.png"]  # today's names and the old per-batch grid's
     users = _users_folder(tmp_path, *names)
-    evil = _tampered(diffusion_checkpoint, tmp_path / "shared.ckpt", output_dir=str(users), num_samples=2,
-                     labels=[0])
+    evil = _tampered(diffusion_checkpoint, tmp_path / "shared.ckpt", output_dir=str(users), num_samples=2, labels=[0])
     before = set(os.listdir("."))
     p = cli("predict", "--ckpt_path", str(evil))
     _unchanged(users, *names)
@@ -108,8 +114,13 @@ def test_a_checkpoint_never_chooses_where_samples_go_and_nothing_lands_in_the_wo
 
 
 def test_a_users_output_folder_is_a_name_inside_the_run_folder(diffusion_checkpoint):
-    p = cli("predict", "--ckpt_path", str(diffusion_checkpoint), "--data.init_args.num_samples=1",
-            "--data.init_args.output_dir=samples/ddim")
+    p = cli(
+        "predict",
+        "--ckpt_path",
+        str(diffusion_checkpoint),
+        "--data.init_args.num_samples=1",
+        "--data.init_args.output_dir=samples/ddim",
+    )
     assert (run_dir(p.trainer) / "samples" / "ddim" / "grid.png").is_file()
     assert not Path("samples").exists()
 
@@ -121,8 +132,13 @@ def test_two_predicts_never_overwrite_each_others_outputs(ppo_checkpoint):
     second = cli("predict", "--ckpt_path", str(ppo_checkpoint), "--data.init_args.predict_episodes=1")
     assert run_dir(second.trainer) != run_dir(first.trainer) and written.read_bytes() == mine
     # Even logging into the same MLflow run, hence the same folder, the second writes beside the first.
-    third = cli("predict", "--ckpt_path", str(ppo_checkpoint), "--data.init_args.predict_episodes=1",
-                f"--trainer.logger.init_args.run_id={first.trainer.logger.run_id}")
+    third = cli(
+        "predict",
+        "--ckpt_path",
+        str(ppo_checkpoint),
+        "--data.init_args.predict_episodes=1",
+        f"--trainer.logger.init_args.run_id={first.trainer.logger.run_id}",
+    )
     assert run_dir(third.trainer) == run_dir(first.trainer) and written.read_bytes() == mine
     rows = list(csv.DictReader((written.parent / "predictions-1.csv").read_text().splitlines()))
     assert [int(r["episode"]) for r in rows] == [0]

@@ -44,4 +44,5 @@ def test_lock_pins_every_declared_requirement_within_its_range():
         name = canonicalize_name(req.name)
         assert name in pins, f"{req.name} is declared in pyproject.toml but not locked: run `bash .ci/lock`"
         assert req.specifier.contains(pins[name], prereleases=True), (
-            f"constraints.txt pins {req.name}=={pins[name]}, outside pyproject's {req.specifier}: run `bash .ci/lock`")
+            f"constraints.txt pins {req.name}=={pins[name]}, outside pyproject's {req.specifier}: run `bash .ci/lock`"
+        )

@@ -26,7 +26,9 @@ def registered(tmp_path_factory):
     cwd = os.getcwd()
     os.chdir(tmp_path_factory.mktemp("registered"))
     try:
-        c = cli("fit", "--config", TINY, "--trainer.max_epochs=1", "--trainer.logger.init_args.registered_model_name=digits")
+        c = cli(
+            "fit", "--config", TINY, "--trainer.max_epochs=1", "--trainer.logger.init_args.registered_model_name=digits"
+        )
         client = MlflowClient(c.trainer.logger.tracking_uri)
         version = client.search_model_versions("name='digits'")[0]
         client.set_registered_model_alias("digits", "champion", version.version)
@@ -70,8 +72,9 @@ def test_init_weights_named_by_the_registry_are_downloaded_before_the_module_is_
     c, client, version, best = registered
     monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
     by_path = cli("validate", "--config", TINY, f"--ckpt_path={best}", "--trainer.logger=false")
-    by_name = cli("validate", "--config", TINY, "--model.init_args.init_weights=models:/digits@champion",
-                  "--trainer.logger=false")
+    by_name = cli(
+        "validate", "--config", TINY, "--model.init_args.init_weights=models:/digits@champion", "--trainer.logger=false"
+    )
     assert Path(by_name.model.hparams.init_weights).is_file()  # what the module was given: a local file
     assert float(by_name.trainer.callback_metrics["val/acc"]) == float(by_path.trainer.callback_metrics["val/acc"])
 
@@ -81,17 +84,23 @@ def test_log_model_from_a_checkpoint_adds_a_version_and_keeps_the_first(register
     last = c.last
     proc = subprocess.run(
         [sys.executable, "-m", "zoo.tracking", "log-model", str(last), "--registered_model_name=digits"],
-        capture_output=True, text=True, env={**os.environ, "MLFLOW_TRACKING_URI": client.tracking_uri,
-                                             "PYTHONPATH": str(ROOT)}, timeout=300,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MLFLOW_TRACKING_URI": client.tracking_uri, "PYTHONPATH": str(ROOT)},
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"runs:/{version.run_id}/model-last-" in proc.stdout and "models:/digits/" in proc.stdout, proc.stdout
     new = proc.stdout.strip().rsplit("/", 1)[-1]
     x = torch.randn(4, 1, 8, 8)
-    torch.testing.assert_close(load_model(f"models:/digits/{new}", client.tracking_uri)(x),
-                               ClassifierModule.load_from_checkpoint(last).eval()(x))
-    torch.testing.assert_close(load_model(f"models:/digits/{version.version}", client.tracking_uri)(x),
-                               ClassifierModule.load_from_checkpoint(best).eval()(x))
+    torch.testing.assert_close(
+        load_model(f"models:/digits/{new}", client.tracking_uri)(x),
+        ClassifierModule.load_from_checkpoint(last).eval()(x),
+    )
+    torch.testing.assert_close(
+        load_model(f"models:/digits/{version.version}", client.tracking_uri)(x),
+        ClassifierModule.load_from_checkpoint(best).eval()(x),
+    )
 
 
 class _Exploit:
@@ -107,13 +116,20 @@ def test_crafted_pickle_in_a_registered_model_is_refused(registered, tmp_path, m
     for name in ("python_model.pkl", "evil.ckpt"):  # MLflow's pickled-model file name; a checkpoint by name
         (evil / name).write_bytes(pickle.dumps({"state_dict": {"w": _Exploit()}}))
     client.log_artifacts(version.run_id, str(evil), "model/artifacts")  # beside the real weights
-    v = client.create_model_version("digits", f"{client.get_run(version.run_id).info.artifact_uri}/model", version.run_id)
+    v = client.create_model_version(
+        "digits", f"{client.get_run(version.run_id).info.artifact_uri}/model", version.run_id
+    )
     load_model(f"models:/digits/{v.version}", client.tracking_uri)  # reads JSON and safetensors, nothing else
     with pytest.raises(UnsafeCheckpointError, match="refused"):
         load_model(f"runs:/{version.run_id}/model/artifacts/evil.ckpt", client.tracking_uri)
     with pytest.raises(Exception, match="(?s)Weights only load failed|refused"):
-        cli("validate", "--config", TINY, f"--ckpt_path=runs:/{version.run_id}/model/artifacts/evil.ckpt",
-            "--trainer.logger=false")
+        cli(
+            "validate",
+            "--config",
+            TINY,
+            f"--ckpt_path=runs:/{version.run_id}/model/artifacts/evil.ckpt",
+            "--trainer.logger=false",
+        )
     with pytest.raises(UntrustedConfigError, match="model class_path is 'os.system'"):  # only the zoo's classes
         build_module({"class_path": "os.system", "init_args": {"command": "touch pwned"}})
     assert not Path("pwned").exists() and not list(Path(os.getcwd()).parent.rglob("pwned"))
@@ -132,7 +148,9 @@ def test_init_weights_take_a_registered_model(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     trained = CausalLMModule(net())
     ckpt = tmp_path / "gpt.ckpt"
-    torch.save({"state_dict": trained.state_dict(), "hyper_parameters": {"_class_path": "zoo.gpt.CausalLMModule"}}, ckpt)
+    torch.save(
+        {"state_dict": trained.state_dict(), "hyper_parameters": {"_class_path": "zoo.gpt.CausalLMModule"}}, ckpt
+    )
     client = MlflowClient(uri)
     run_id = client.create_run(client.create_experiment("init")).info.run_id
     assert log_checkpoint_model(ckpt, client, run_id, "tiny-gpt").endswith("models:/tiny-gpt/1")
@@ -164,8 +182,14 @@ def test_every_family_logs_a_model_that_rebuilds_its_module(config):
 
 def test_registered_on_a_tracking_server_and_loaded_by_name(mlflow_server, monkeypatch, tmp_path_factory):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
-    c = cli("fit", "--config", TINY, "--trainer.max_steps=3", "--trainer.limit_val_batches=1",
-            "--trainer.logger.init_args.registered_model_name=digits-on-server")
+    c = cli(
+        "fit",
+        "--config",
+        TINY,
+        "--trainer.max_steps=3",
+        "--trainer.limit_val_batches=1",
+        "--trainer.logger.init_args.registered_model_name=digits-on-server",
+    )
     client = MlflowClient(mlflow_server)
     version = client.search_model_versions("name='digits-on-server'")[0]
     client.set_registered_model_alias("digits-on-server", "champion", version.version)
@@ -186,6 +210,12 @@ def test_registered_on_a_tracking_server_and_loaded_by_name(mlflow_server, monke
     by_file = cli("predict", "--ckpt_path", best, f"--data.init_args.paths={files}")
     run = client.get_run(by_name.trainer.logger.run_id)
     assert run.data.tags["mlflow.parentRunId"] == c.trainer.logger.run_id
-    csvs = [Path(client.download_artifacts(p.trainer.logger.run_id, "predictions/predictions.csv",
-                                           str(tmp_path_factory.mktemp("dl")))).read_text() for p in (by_name, by_file)]
+    csvs = [
+        Path(
+            client.download_artifacts(
+                p.trainer.logger.run_id, "predictions/predictions.csv", str(tmp_path_factory.mktemp("dl"))
+            )
+        ).read_text()
+        for p in (by_name, by_file)
+    ]
     assert csvs[0] == csvs[1] and len(csvs[0].splitlines()) == 4

@@ -69,10 +69,16 @@ def _lr_history(c) -> dict[int, float]:
     return {m.step: m.value for m in client.get_metric_history(c.trainer.logger.run_id, "lr/pg1")}
 
 
-@pytest.mark.parametrize(("config", "where"), [
-    (TINY, "batch_end"), (TINY, "batch_start"), (TINY, "backward"),
-    (CLIP_TINY, "batch_start"),  # CaptionDataModule, its last partial batch dropped
-], ids=["cnn-batch_end", "cnn-batch_start", "cnn-backward", "clip-batch_start"])
+@pytest.mark.parametrize(
+    ("config", "where"),
+    [
+        (TINY, "batch_end"),
+        (TINY, "batch_start"),
+        (TINY, "backward"),
+        (CLIP_TINY, "batch_start"),  # CaptionDataModule, its last partial batch dropped
+    ],
+    ids=["cnn-batch_end", "cnn-batch_start", "cnn-backward", "clip-batch_start"],
+)
 def test_ctrl_c_mid_epoch_then_resume_equals_the_run_never_interrupted(config, where):
     straight = cli("fit", "--config", config, "--trainer.max_epochs=2", "--trainer.default_root_dir=straight")
     per_epoch = straight.trainer.num_training_batches
@@ -84,8 +90,14 @@ def test_ctrl_c_mid_epoch_then_resume_equals_the_run_never_interrupted(config, w
     assert torch.load(saved, weights_only=True)["global_step"] == step
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        resumed = cli("fit", "--config", config, "--trainer.max_epochs=2", "--trainer.default_root_dir=resumed",
-                      f"--ckpt_path={saved}")
+        resumed = cli(
+            "fit",
+            "--config",
+            config,
+            "--trainer.max_epochs=2",
+            "--trainer.default_root_dir=resumed",
+            f"--ckpt_path={saved}",
+        )
     said = [str(w.message) for w in caught]
     assert not [m for m in said if "not resumable" in m or "learning-rate schedule" in m], said
     assert resumed.trainer.global_step == straight.trainer.global_step == 2 * per_epoch
@@ -102,12 +114,15 @@ def test_kill_9_mid_epoch_then_resume_from_last_ckpt_equals_the_run_never_killed
     straight = cli("fit", "--config", TINY, "--trainer.max_epochs=2", "--trainer.default_root_dir=straight")
     per_epoch = straight.trainer.num_training_batches
     saved_at = per_epoch + 5  # last.ckpt written mid-epoch, then a few more steps before the kill
-    callbacks = [{"class_path": "callbacks.MonitoredCheckpoint", "init_args": {"every_n_train_steps": saved_at}},
-                 {"class_path": "test_resume.HangAt", "init_args": {"step": saved_at + 3}}]
+    callbacks = [
+        {"class_path": "callbacks.MonitoredCheckpoint", "init_args": {"every_n_train_steps": saved_at}},
+        {"class_path": "test_resume.HangAt", "init_args": {"step": saved_at + 3}},
+    ]
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
     args = ["fit", "--config", TINY, "--trainer.max_epochs=2", f"--trainer.callbacks={json.dumps(callbacks)}"]
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "cli.py"), *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + 300
         while not Path("hanging").exists():
@@ -118,8 +133,9 @@ def test_kill_9_mid_epoch_then_resume_from_last_ckpt_equals_the_run_never_killed
         proc.wait()
     (last,) = Path("runs").rglob("last.ckpt")
     assert torch.load(last, weights_only=True)["global_step"] == saved_at
-    resumed = cli("fit", "--config", TINY, "--trainer.max_epochs=2", "--trainer.default_root_dir=resumed",
-                  f"--ckpt_path={last}")
+    resumed = cli(
+        "fit", "--config", TINY, "--trainer.max_epochs=2", "--trainer.default_root_dir=resumed", f"--ckpt_path={last}"
+    )
     a, b = _params(straight.model), _params(resumed.model)
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
@@ -131,8 +147,15 @@ def test_extending_max_epochs_on_resume_rebuilds_the_schedule_and_warns():
     first = cli("fit", "--config", TINY, "--trainer.max_epochs=1", log, "--trainer.default_root_dir=first")
     steps = first.trainer.global_step
     with pytest.warns(UserWarning, match=rf"total_steps {steps} -> {2 * steps}.*at step {steps}.*will not equal"):
-        resumed = cli("fit", "--config", TINY, "--trainer.max_epochs=2", log, "--trainer.default_root_dir=resumed",
-                      f"--ckpt_path={first.trainer.checkpoint_callback.last_model_path}")
+        resumed = cli(
+            "fit",
+            "--config",
+            TINY,
+            "--trainer.max_epochs=2",
+            log,
+            "--trainer.default_root_dir=resumed",
+            f"--ckpt_path={first.trainer.checkpoint_callback.last_model_path}",
+        )
     # From the resumed step on, the learning rate is the two-epoch schedule's, step for step ...
     want, got = _lr_history(straight), _lr_history(resumed)
     assert sorted(got) == [s for s in sorted(want) if s >= steps] and len(got) == steps

@@ -12,7 +12,6 @@ from gymnasium.wrappers import TimeLimit
 from zoo.layers.optim import param_groups
 from zoo.rl import ActorCritic, Evaluator, RolloutCollector, RunningMeanStd, a2c_loss, gae, ppo_loss
 
-
 # -- GAE -------------------------------------------------------------------------------------------------
 
 
@@ -67,8 +66,19 @@ def test_ppo_loss_at_ratio_one():
     adv, ret, value = torch.randn(b, generator=g), torch.randn(b, generator=g), torch.randn(b, generator=g)
     entropy = torch.rand(b, generator=g)
     for clip_vloss in (False, True):
-        out = ppo_loss(logprob, logprob.detach(), adv, value, value, ret, entropy, clip_coef=0.2, vf_coef=0.5,
-                       ent_coef=0.01, clip_vloss=clip_vloss)
+        out = ppo_loss(
+            logprob,
+            logprob.detach(),
+            adv,
+            value,
+            value,
+            ret,
+            entropy,
+            clip_coef=0.2,
+            vf_coef=0.5,
+            ent_coef=0.01,
+            clip_vloss=clip_vloss,
+        )
         torch.testing.assert_close(out["pg_loss"], -adv.mean())
         torch.testing.assert_close(out["v_loss"], 0.5 * (value - ret).square().mean())
         expected = -adv.mean() - 0.01 * entropy.mean() + 0.25 * (value - ret).square().mean()
@@ -250,8 +260,9 @@ def test_collector_normalises_observations_and_scales_rewards_with_the_statistic
     obs_rms, ret_rms = RunningMeanStd((1,)), RunningMeanStd(())
     obs_rms.update(torch.tensor([[1.0], [3.0]]))  # mean 2, var 1 (nearly)
     before_mean, before_var = obs_rms.mean.clone(), obs_rms.var.clone()
-    collector = RolloutCollector(terminating_and_truncating_envs(), 6, obs_norm=obs_rms, reward_norm=ret_rms,
-                                 gamma=0.9, seed=0)
+    collector = RolloutCollector(
+        terminating_and_truncating_envs(), 6, obs_norm=obs_rms, reward_norm=ret_rms, gamma=0.9, seed=0
+    )
     r = collector.collect(ValueIsTenTimesObs())
     raw = collector.raw_obs.clone()
     torch.testing.assert_close(r.obs, ((raw - before_mean) / (before_var + 1e-8).sqrt()).float())

@@ -48,11 +48,16 @@ class PolyakWitness(Callback):
             if k % INTERVAL == 0:
                 target = target + TAU * (critic - target)
                 polyak_steps += 1
-        PolyakWitness.checks.append({
-            "updates": int(pl_module.updates) - first, "recorded": len(self.critics), "polyak": polyak_steps,
-            "target": vec(pl_module.critic_target), "want": target,
-            "rows": pl_module.obs_rms.count.item() - count,
-        })
+        PolyakWitness.checks.append(
+            {
+                "updates": int(pl_module.updates) - first,
+                "recorded": len(self.critics),
+                "polyak": polyak_steps,
+                "target": vec(pl_module.critic_target),
+                "want": target,
+                "rows": pl_module.obs_rms.count.item() - count,
+            }
+        )
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self.before_eval = (pl_module.obs_rms.state_dict(), vec(pl_module.critic_target))
@@ -65,8 +70,15 @@ class PolyakWitness(Callback):
 
 
 def test_sac_target_critics_take_a_polyak_step_every_interval_and_normaliser_rows_per_batch():
-    cli("fit", "--config", TINY, f"--model.init_args.tau={TAU}", f"--model.init_args.target_update_interval={INTERVAL}",
-        "--trainer.callbacks+=test_rl_behaviour.PolyakWitness", "--trainer.logger=false")
+    cli(
+        "fit",
+        "--config",
+        TINY,
+        f"--model.init_args.tau={TAU}",
+        f"--model.init_args.target_update_interval={INTERVAL}",
+        "--trainer.callbacks+=test_rl_behaviour.PolyakWitness",
+        "--trainer.logger=false",
+    )
     checks = PolyakWitness.checks
     assert len(checks) == 10
     assert [c["updates"] for c in checks] == [0, 0] + [40] * 8  # none before learning_starts (160 env steps)
@@ -93,8 +105,9 @@ def baselines_returns(rewards, ended, valid, gamma):
 
 def test_reward_and_observation_normalisers_follow_baselines_across_rollouts():
     obs_rms, ret_rms = RunningMeanStd((1,), epsilon=1e-8), RunningMeanStd((), epsilon=1e-8)
-    collector = RolloutCollector(terminating_and_truncating_envs(), 5, obs_norm=obs_rms, reward_norm=ret_rms,
-                                 gamma=0.9, seed=0)
+    collector = RolloutCollector(
+        terminating_and_truncating_envs(), 5, obs_norm=obs_rms, reward_norm=ret_rms, gamma=0.9, seed=0
+    )
     raws, rewards, ended, valid = [], [], [], []
     for _ in range(2):  # the running return carries over the rollout boundary
         r = collector.collect(ValueIsTenTimesObs())

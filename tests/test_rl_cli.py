@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import csv
 import importlib.util
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 from conftest import CONFIGS, cli, output
-from rl_baselines import BaselineReturns
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 from lightning.pytorch import Callback
 from mlflow.tracking import MlflowClient
 from PIL import Image
+from rl_baselines import BaselineReturns
 
 from zoo.rl import A2CModule, PPOModule
 
@@ -44,8 +43,10 @@ class RecordFirstBatch(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if not RecordFirstBatch.seen:
             RecordFirstBatch.seen = {
-                "env_steps": int(pl_module.env_steps), "obs_count": float(pl_module.obs_rms.count),
-                "rng": torch.get_rng_state(), "global_step": trainer.global_step,
+                "env_steps": int(pl_module.env_steps),
+                "obs_count": float(pl_module.obs_rms.count),
+                "rng": torch.get_rng_state(),
+                "global_step": trainer.global_step,
             }
 
 
@@ -57,8 +58,18 @@ def test_tiny_fits_predicts_and_reloads_with_its_statistics():
     assert torch.isfinite(trainer.callback_metrics["val/return"])
     run = MlflowClient(trainer.logger._tracking_uri).get_run(trainer.logger.run_id)
     assert run.data.tags["zoo.family"] == "rl"
-    for key in ("val/return", "val/return_std", "train/pg_loss", "train/v_loss", "train/entropy", "train/approx_kl",
-                "train/episode_return", "grad/norm", "grad/nonfinite", "lr/pg1"):
+    for key in (
+        "val/return",
+        "val/return_std",
+        "train/pg_loss",
+        "train/v_loss",
+        "train/entropy",
+        "train/approx_kl",
+        "train/episode_return",
+        "grad/norm",
+        "grad/nonfinite",
+        "lr/pg1",
+    ):
         assert key in run.data.metrics, key
     assert run.data.metrics["grad/norm"] > 0 and run.data.metrics["grad/nonfinite"] == 0
     last = trainer.checkpoint_callback.last_model_path
@@ -75,8 +86,15 @@ def test_tiny_fits_predicts_and_reloads_with_its_statistics():
     assert [int(r["episode"]) for r in rows] == [0, 1, 2] and all(float(r["return"]) >= 1 for r in rows)
 
     # With a renderer, one episode becomes a GIF in the run's MLflow artifacts.
-    p = cli("predict", "--config", TINY, "--ckpt_path", last, "--data.init_args.record_video=true",
-            "--data.init_args.env_id=RenderedCartPole-v1")
+    p = cli(
+        "predict",
+        "--config",
+        TINY,
+        "--ckpt_path",
+        last,
+        "--data.init_args.record_video=true",
+        "--data.init_args.env_id=RenderedCartPole-v1",
+    )
     gif = output("RenderedCartPole-v1_episode.gif")  # in the run folder, beside predictions.csv
     frames = Image.open(gif)
     assert frames.n_frames >= 2 and frames.size == (48, 24)
@@ -136,8 +154,15 @@ def test_cartpole_learns_far_above_random():
     # 16k env steps of the 50k budget (about 10 s on two CPU cores). Measured with this command: the best of
     # the 8 evaluations reached 500 / 500 / 365 / 311 / 494 on seeds 0-4; with the policy-gradient sign flipped
     # 9 / 10 / 9; with lr=0 (no learning) 9 / 33 / 429 (seed 2's untrained net balances by luck).
-    c = cli("fit", "--config", CARTPOLE, "--model.init_args.total_env_steps=16384", "--trainer.logger=false",
-            "--trainer.enable_progress_bar=false", "--trainer.callbacks+=rl_baselines.BaselineReturns")
+    c = cli(
+        "fit",
+        "--config",
+        CARTPOLE,
+        "--model.init_args.total_env_steps=16384",
+        "--trainer.logger=false",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.callbacks+=rl_baselines.BaselineReturns",
+    )
     assert int(c.model.env_steps) == 16384
     # The run starts far below the threshold (untrained 9 at seed 0; random actions ~22 on these start
     # states), so reaching it is learning, not a lucky initialisation.
@@ -147,16 +172,29 @@ def test_cartpole_learns_far_above_random():
 
 
 def test_continuous_actions_train_and_evaluate():
-    c = cli("fit", "--config", TINY, "--data.init_args.env_id=Pendulum-v1", "--model.init_args.net.init_args.obs_dim=3",
-            "--model.init_args.net.init_args.action_dim=1", "--model.init_args.net.init_args.continuous=true",
-            "--trainer.fast_dev_run=1", "--trainer.logger=false")
+    c = cli(
+        "fit",
+        "--config",
+        TINY,
+        "--data.init_args.env_id=Pendulum-v1",
+        "--model.init_args.net.init_args.obs_dim=3",
+        "--model.init_args.net.init_args.action_dim=1",
+        "--model.init_args.net.init_args.continuous=true",
+        "--trainer.fast_dev_run=1",
+        "--trainer.logger=false",
+    )
     assert int(c.model.env_steps) == 128
     assert c.trainer.callback_metrics["val/return"].item() < 0  # Pendulum's rewards are all negative
 
 
 def test_continuous_ppo_config_runs_a_rollout():
-    c = cli("fit", "--config", str(CONFIGS / "rl" / "ppo_pendulum.yaml"), "--trainer.fast_dev_run=1",
-            "--trainer.logger=false")
+    c = cli(
+        "fit",
+        "--config",
+        str(CONFIGS / "rl" / "ppo_pendulum.yaml"),
+        "--trainer.fast_dev_run=1",
+        "--trainer.logger=false",
+    )
     assert int(c.model.env_steps) == 4096
     assert c.model.net.continuous
 
@@ -173,7 +211,9 @@ def test_a2c_tiny_fits_predicts_reloads_and_resumes():
     RecordFirstBatch.seen = {}
     resumed = cli("fit", "--config", A2C_TINY, "--ckpt_path", last, "--trainer.callbacks+=test_rl_cli.RecordFirstBatch")
     saved = torch.load(last, weights_only=True)
-    assert RecordFirstBatch.seen["env_steps"] == 128 and torch.equal(RecordFirstBatch.seen["rng"], saved["rng"]["torch"])
+    assert RecordFirstBatch.seen["env_steps"] == 128 and torch.equal(
+        RecordFirstBatch.seen["rng"], saved["rng"]["torch"]
+    )
     assert int(resumed.model.env_steps) == 512 and resumed.trainer.global_step == 16
     run = MlflowClient(resumed.trainer.logger._tracking_uri).get_run(resumed.trainer.logger.run_id)
     for key in ("val/return", "train/pg_loss", "train/v_loss", "train/entropy", "grad/norm", "grad/nonfinite"):
@@ -191,17 +231,31 @@ def test_a2c_tiny_fits_predicts_reloads_and_resumes():
 
     # Resumed with its budget spent: the agent stops before the first training step (zoo.rl.common.Budget).
     RecordFirstBatch.seen = {}
-    spent = cli("fit", "--config", A2C_TINY, "--ckpt_path", final, "--trainer.logger=false",
-                "--trainer.callbacks+=test_rl_cli.RecordFirstBatch")
+    spent = cli(
+        "fit",
+        "--config",
+        A2C_TINY,
+        "--ckpt_path",
+        final,
+        "--trainer.logger=false",
+        "--trainer.callbacks+=test_rl_cli.RecordFirstBatch",
+    )
     assert not RecordFirstBatch.seen and int(spent.model.env_steps) == 512 and spent.trainer.global_step == 16
 
 
 def test_a2c_cartpole_learns_far_above_random():
     # A random policy averages ~22; rl-zoo's A2C reaches 475 by 10-20k env steps here (bench/rl.py). 30k steps take
     # about 10 s; the best evaluation reached 434 / 283 / 489 / 500 / 494 on seeds 0-4.
-    c = cli("fit", "--config", str(CONFIGS / "rl" / "a2c_cartpole.yaml"), "--model.init_args.total_env_steps=30000",
-            "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.val_check_interval=500",
-            "--trainer.callbacks+=rl_baselines.BaselineReturns")
+    c = cli(
+        "fit",
+        "--config",
+        str(CONFIGS / "rl" / "a2c_cartpole.yaml"),
+        "--model.init_args.total_env_steps=30000",
+        "--trainer.logger=false",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.val_check_interval=500",
+        "--trainer.callbacks+=rl_baselines.BaselineReturns",
+    )
     assert int(c.model.env_steps) == 30000
     assert BaselineReturns.untrained < 50 and BaselineReturns.random < 50  # far below: reaching 150 is learning
     assert c.trainer.checkpoint_callback.best_model_score.item() >= 150

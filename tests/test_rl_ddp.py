@@ -23,9 +23,20 @@ DDP = str(CONFIGS / "trainer" / "ddp.yaml")
 
 def _fit_on_two_ranks(config: str, *args: str) -> tuple[dict, dict]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, SCRIPT, "fit", "--config", str(CONFIGS / "rl" / config), "--config", DDP,
-           "--trainer.devices=2", "--trainer.accelerator=cpu", "--trainer.logger=false",
-           "--trainer.log_every_n_steps=1", *args]
+    cmd = [
+        sys.executable,
+        SCRIPT,
+        "fit",
+        "--config",
+        str(CONFIGS / "rl" / config),
+        "--config",
+        DDP,
+        "--trainer.devices=2",
+        "--trainer.accelerator=cpu",
+        "--trainer.logger=false",
+        "--trainer.log_every_n_steps=1",
+        *args,
+    ]
     # The script dumps every thread's stack and exits after 240 s: a deadlock fails with stacks, not a hang.
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -82,8 +93,11 @@ def test_evaluation_shares_play_the_episodes_of_one_process(episodes, envs, worl
     one = Evaluator(_cartpoles(min(envs, episodes)), episodes, seed=100)
     policy = lambda x: (x[:, 2] > 0).long()  # noqa: E731  pole leaning right: push right
     returns, lengths = one.run(policy)
-    parts = [Evaluator(_cartpoles(s.num_envs), s.num_episodes, seed=100 + s.first_env).run(policy)
-             for s in shares if s.num_envs]
+    parts = [
+        Evaluator(_cartpoles(s.num_envs), s.num_episodes, seed=100 + s.first_env).run(policy)
+        for s in shares
+        if s.num_envs
+    ]
     torch.testing.assert_close(torch.cat([r for r, _ in parts]), returns)
     torch.testing.assert_close(torch.cat([n for _, n in parts]), lengths)
 
@@ -91,9 +105,18 @@ def test_evaluation_shares_play_the_episodes_of_one_process(episodes, envs, worl
 def test_fsdp2_is_refused_naming_ddp(tmp_path):
     """Sharding an agent is refused at setup with the strategy to use, not deep inside Lightning's FSDP2 setup."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(ROOT / "cli.py"), "fit", "--config", str(CONFIGS / "rl" / "ppo_tiny.yaml"),
-           "--config", str(CONFIGS / "trainer" / "fsdp.yaml"), "--trainer.devices=1", "--trainer.accelerator=cpu",
-           "--trainer.logger=false"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "cli.py"),
+        "fit",
+        "--config",
+        str(CONFIGS / "rl" / "ppo_tiny.yaml"),
+        "--config",
+        str(CONFIGS / "trainer" / "fsdp.yaml"),
+        "--trainer.devices=1",
+        "--trainer.accelerator=cpu",
+        "--trainer.logger=false",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     assert proc.returncode != 0
     assert "RL agents are not sharded" in proc.stderr and "configs/trainer/ddp.yaml" in proc.stderr, proc.stderr[-3000:]

@@ -60,11 +60,21 @@ def test_multi_categorical_is_independent_categoricals():
 
 def test_pixel_cartpole_trains_through_the_cli_and_exports(tmp_path):
     # The config's pipeline at 36 x 36 (the NatureCNN's smallest input), 2 envs x 16 steps, 32 CNN features.
-    c = cli("fit", "--config", PIXELS, *QUIET, "--model.init_args.total_env_steps=64", "--model.init_args.num_steps=16",
-            "--trainer.val_check_interval=2",
-            "--data.init_args.num_envs=2", "--data.init_args.eval_episodes=2", "--data.init_args.eval_envs=2",
-            "--data.init_args.env_kwargs={render_mode: rgb_array, width: 36, height: 36}",
-            "--model.init_args.net.init_args.obs_shape=[4,36,36]", "--model.init_args.net.init_args.cnn_features=32")
+    c = cli(
+        "fit",
+        "--config",
+        PIXELS,
+        *QUIET,
+        "--model.init_args.total_env_steps=64",
+        "--model.init_args.num_steps=16",
+        "--trainer.val_check_interval=2",
+        "--data.init_args.num_envs=2",
+        "--data.init_args.eval_episodes=2",
+        "--data.init_args.eval_envs=2",
+        "--data.init_args.env_kwargs={render_mode: rgb_array, width: 36, height: 36}",
+        "--model.init_args.net.init_args.obs_shape=[4,36,36]",
+        "--model.init_args.net.init_args.cnn_features=32",
+    )
     model = c.model
     assert int(model.env_steps) == 2 * 2 * 16 and c.trainer.global_step == 2 * 4 * 4
     env = c.datamodule.make_env()
@@ -79,18 +89,36 @@ def test_pixel_cartpole_trains_through_the_cli_and_exports(tmp_path):
 
 def test_a_net_that_does_not_fit_the_image_layout_is_named():
     with pytest.raises(ValueError, match=r"obs_shape=\[4,84,84\]"):
-        cli("fit", "--config", PIXELS, *QUIET, "--trainer.fast_dev_run=1",
-            "--model.init_args.net.init_args.obs_shape=[4,36,36]")
+        cli(
+            "fit",
+            "--config",
+            PIXELS,
+            *QUIET,
+            "--trainer.fast_dev_run=1",
+            "--model.init_args.net.init_args.obs_shape=[4,36,36]",
+        )
 
 
-DICT_GOAL = ("--data.init_args.env_id=DictGoal-v0", "--data.init_args.max_episode_steps=null",
-             "--model.init_args.net.init_args.obs_dim=5", "--model.init_args.net.init_args.action_dim=5",
-             "--model.init_args.net.init_args.action_nvec=[3,2]", "--model.init_args.norm_obs=false")
+DICT_GOAL = (
+    "--data.init_args.env_id=DictGoal-v0",
+    "--data.init_args.max_episode_steps=null",
+    "--model.init_args.net.init_args.obs_dim=5",
+    "--model.init_args.net.init_args.action_dim=5",
+    "--model.init_args.net.init_args.action_nvec=[3,2]",
+    "--model.init_args.norm_obs=false",
+)
 
 
 def test_dict_observations_flattened_from_yaml_and_multidiscrete_actions_train():
-    c = cli("fit", "--config", TINY, *QUIET, *DICT_GOAL, "--model.init_args.total_env_steps=256",
-            "--data.init_args.wrappers=[{class_path: gymnasium.wrappers.FlattenObservation}]")
+    c = cli(
+        "fit",
+        "--config",
+        TINY,
+        *QUIET,
+        *DICT_GOAL,
+        "--model.init_args.total_env_steps=256",
+        "--data.init_args.wrappers=[{class_path: gymnasium.wrappers.FlattenObservation}]",
+    )
     assert int(c.model.env_steps) == 2 * 4 * 32
     assert c.trainer.callback_metrics["val/episode_length"].item() == 10
     obs = torch.rand(8, 5)
@@ -105,8 +133,15 @@ def test_dict_observations_without_the_flattening_wrapper_name_it():
 
 def test_multidiscrete_env_needs_the_nvec():
     with pytest.raises(ValueError, match=r"action_nvec=\[3,2\]"):
-        cli("fit", "--config", TINY, *QUIET, *DICT_GOAL[:-2], "--trainer.fast_dev_run=1",
-            "--data.init_args.wrappers=[gymnasium.wrappers.FlattenObservation]")
+        cli(
+            "fit",
+            "--config",
+            TINY,
+            *QUIET,
+            *DICT_GOAL[:-2],
+            "--trainer.fast_dev_run=1",
+            "--data.init_args.wrappers=[gymnasium.wrappers.FlattenObservation]",
+        )
 
 
 def test_actor_critic_rejects_an_nvec_that_does_not_sum_to_action_dim():
@@ -124,8 +159,16 @@ def test_rl_extra_presets_run_a_rollout_through_the_cli(config, module, obs_dim,
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} comes with the rl extra: pip install -c constraints.txt -e '.[rl]'")
     # The preset as written, one shortened rollout (32 steps per env) and 2 evaluation episodes.
-    c = cli("fit", "--config", str(CONFIGS / "rl" / config), *QUIET, "--trainer.fast_dev_run=1",
-            "--model.init_args.num_steps=32", "--data.init_args.eval_episodes=2", "--data.init_args.eval_envs=2")
+    c = cli(
+        "fit",
+        "--config",
+        str(CONFIGS / "rl" / config),
+        *QUIET,
+        "--trainer.fast_dev_run=1",
+        "--model.init_args.num_steps=32",
+        "--data.init_args.eval_episodes=2",
+        "--data.init_args.eval_envs=2",
+    )
     net = c.model.net
     assert (net.obs_dim, net.action_dim, net.continuous) == (obs_dim, action_dim, module == "mujoco")
     assert int(c.model.env_steps) == 32 * num_envs

@@ -36,12 +36,18 @@ def _with_statistics(module, obs_dim: int):
 AGENTS = {
     "ppo_discrete": lambda: _with_statistics(PPOModule(ActorCritic(4, 3, hidden_sizes=(16,)), norm_obs=True), 4),
     "ppo_gaussian": lambda: _with_statistics(
-        PPOModule(ActorCritic(3, 2, hidden_sizes=(16,), continuous=True), norm_obs=True), 3),
+        PPOModule(ActorCritic(3, 2, hidden_sizes=(16,), continuous=True), norm_obs=True), 3
+    ),
     "a2c_raw_obs": lambda: A2CModule(ActorCritic(5, 2, hidden_sizes=(8, 8))).eval(),
     "sac": lambda: _with_statistics(
-        SACModule(SoftActorCritic(3, 2, action_low=-2.0, action_high=[1.0, 3.0], hidden_sizes=(16,)), norm_obs=True), 3),
-    "td3": lambda: _with_statistics(TD3Module(
-        DeterministicActorCritic(3, 2, action_low=-2.0, action_high=[1.0, 3.0], hidden_sizes=(16,)), norm_obs=True), 3),
+        SACModule(SoftActorCritic(3, 2, action_low=-2.0, action_high=[1.0, 3.0], hidden_sizes=(16,)), norm_obs=True), 3
+    ),
+    "td3": lambda: _with_statistics(
+        TD3Module(
+            DeterministicActorCritic(3, 2, action_low=-2.0, action_high=[1.0, 3.0], hidden_sizes=(16,)), norm_obs=True
+        ),
+        3,
+    ),
 }
 
 
@@ -70,18 +76,40 @@ def test_every_agent_is_found_by_its_class_path_or_its_hyperparameters_and_nothi
 
 
 def test_checkpoint_exports_through_the_entry_point_and_plays_with_torch_alone(tmp_path):
-    c = cli("fit", "--config", str(CONFIGS / "rl" / "ppo_tiny.yaml"), "--model.init_args.total_env_steps=256",
-            "--trainer.logger=false")
+    c = cli(
+        "fit",
+        "--config",
+        str(CONFIGS / "rl" / "ppo_tiny.yaml"),
+        "--model.init_args.total_env_steps=256",
+        "--trainer.logger=false",
+    )
     agent = c.model.cpu().eval()
     ckpt = c.trainer.checkpoint_callback.last_model_path
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run([sys.executable, "-m", "zoo.rl.export", ckpt, str(tmp_path / "policy.pt2")], env=env,
-                   check=True, timeout=300, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "zoo.rl.export", ckpt, str(tmp_path / "policy.pt2")],
+        env=env,
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
     obs = torch.randn(64, 4) * torch.tensor([1.0, 0.5, 0.1, 0.5])
     torch.save(obs, tmp_path / "obs.pt")
-    proc = subprocess.run([sys.executable, "-c", LOAD_AND_ACT, str(tmp_path / "policy.pt2"), str(tmp_path / "obs.pt"),
-                           str(tmp_path / "actions.pt")], capture_output=True, text=True, timeout=300,
-                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            LOAD_AND_ACT,
+            str(tmp_path / "policy.pt2"),
+            str(tmp_path / "obs.pt"),
+            str(tmp_path / "actions.pt"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     actions = torch.load(tmp_path / "actions.pt")
     assert float(agent.obs_rms.count) > 200  # trained statistics, which the program must carry

@@ -17,12 +17,20 @@ def batch(b: int = 256, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
     # Log-ratios of +-0.5 put a good share of rows outside [1 - 0.2, 1 + 0.2]; values move by more than clip too.
-    return dict(logprob=r(b) * 0.5, old_logprob=r(b) * 0.1, advantages=r(b), value=r(b), old_value=r(b) * 0.3,
-                returns=r(b), entropy=r(b).abs())
+    return dict(
+        logprob=r(b) * 0.5,
+        old_logprob=r(b) * 0.1,
+        advantages=r(b),
+        value=r(b),
+        old_value=r(b) * 0.3,
+        returns=r(b),
+        entropy=r(b).abs(),
+    )
 
 
-def cleanrl_ppo(logprob, old_logprob, advantages, value, old_value, returns, entropy, clip_coef, vf_coef,
-                ent_coef, clip_vloss):
+def cleanrl_ppo(
+    logprob, old_logprob, advantages, value, old_value, returns, entropy, clip_coef, vf_coef, ent_coef, clip_vloss
+):
     logratio = logprob - old_logprob
     ratio = logratio.exp()
     pg_loss1 = -advantages * ratio
@@ -62,7 +70,11 @@ def test_advantage_normalisation_is_cleanrls():
 def test_sac_terms_equal_cleanrl_and_sb3():
     g = torch.Generator().manual_seed(3)
     b = 64
-    rewards, next_logprob, logprob = torch.randn(b, generator=g), torch.randn(b, generator=g), torch.randn(b, generator=g)
+    rewards, next_logprob, logprob = (
+        torch.randn(b, generator=g),
+        torch.randn(b, generator=g),
+        torch.randn(b, generator=g),
+    )
     terminated = (torch.rand(b, generator=g) < 0.3).float()
     next_q, q, q_pi = torch.randn(2, b, generator=g), torch.randn(2, b, generator=g), torch.randn(2, b, generator=g)
     alpha, gamma = 0.2, 0.99
@@ -73,8 +85,9 @@ def test_sac_terms_equal_cleanrl_and_sb3():
     expected = 0.5 * sum(torch.nn.functional.mse_loss(qk, target) for qk in q)
     torch.testing.assert_close(sac_critic_loss(q, target)["loss"], expected)
     # CleanRL: actor_loss = ((alpha * log_pi) - min_qf_pi).mean()
-    torch.testing.assert_close(sac_actor_loss(logprob, q_pi, alpha)["loss"],
-                               (alpha * logprob - torch.min(q_pi[0], q_pi[1])).mean())
+    torch.testing.assert_close(
+        sac_actor_loss(logprob, q_pi, alpha)["loss"], (alpha * logprob - torch.min(q_pi[0], q_pi[1])).mean()
+    )
     # SB3: ent_coef_loss = -(log_ent_coef * (log_prob + target_entropy).detach()).mean(); its gradient raises
     # alpha (descends to larger log alpha) exactly when the entropy -log pi is below the target.
     log_alpha = torch.tensor(-1.0, requires_grad=True)
@@ -150,10 +163,12 @@ def reference_advantages(episode_len: int, terminal: bool, offset: float, steps:
 def test_collector_and_gae_equal_a_reference_on_scripted_episode_ends():
     gamma, lam, steps = 0.9, 0.8, 11
     specs = [(3, True, 0.0), (4, False, 0.5), (20, False, 0.25)]  # terminates at 3; truncated at 4; never ends
-    envs = gym.vector.SyncVectorEnv([
-        (lambda L=L, term=term, off=off: TimeLimit(Counter(off, L if term else None), L if not term else 1000))
-        for L, term, off in specs
-    ])
+    envs = gym.vector.SyncVectorEnv(
+        [
+            (lambda L=L, term=term, off=off: TimeLimit(Counter(off, L if term else None), L if not term else 1000))
+            for L, term, off in specs
+        ]
+    )
     rollout = RolloutCollector(envs, steps).collect(ValueOfObs())
     adv, _ = gae(rollout.rewards, rollout.values, rollout.terminated, rollout.truncated, gamma, lam)
     for i, (L, term, off) in enumerate(specs):

@@ -4,7 +4,6 @@ sized from the environment."""
 from __future__ import annotations
 
 import csv
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,10 +21,18 @@ QUIET = ("--trainer.enable_progress_bar=false",)
 def test_play_writes_every_episode_and_a_video_of_one():
     last = cli("fit", "--config", PPO_TINY, *QUIET).trainer.checkpoint_callback.last_model_path
     # CartPole drawn with NumPy: renders without pygame
-    p = cli("predict", "--config", PPO_TINY, "--ckpt_path", last, "--data.init_args.predict_episodes=5",
-            "--data.init_args.env_id=datamodules.gym_envs:NumpyCartPole-v1",
-            "--data.init_args.env_kwargs={width: 40, height: 30}", "--data.init_args.record_video=true",
-            "--data.init_args.video_fps=20")  # 50 ms a frame: GIF durations are whole centiseconds
+    p = cli(
+        "predict",
+        "--config",
+        PPO_TINY,
+        "--ckpt_path",
+        last,
+        "--data.init_args.predict_episodes=5",
+        "--data.init_args.env_id=datamodules.gym_envs:NumpyCartPole-v1",
+        "--data.init_args.env_kwargs={width: 40, height: 30}",
+        "--data.init_args.record_video=true",
+        "--data.init_args.video_fps=20",
+    )  # 50 ms a frame: GIF durations are whole centiseconds
     rows = list(csv.DictReader(output("predictions.csv").read_text().splitlines()))
     assert [int(r["episode"]) for r in rows] == [0, 1, 2, 3, 4]
     assert all(float(r["return"]) == int(r["length"]) >= 1 for r in rows)  # CartPole pays 1 per step
@@ -46,15 +53,25 @@ def test_play_writes_every_episode_and_a_video_of_one():
 def test_an_mp4_without_moviepy_says_what_to_install():
     try:
         import moviepy  # noqa: F401
+
         pytest.skip("moviepy is installed")
     except ImportError:
         pass
-    last = cli("fit", "--config", PPO_TINY, *QUIET, "--model.init_args.total_env_steps=128",
-               "--trainer.num_sanity_val_steps=0").trainer.checkpoint_callback.last_model_path
+    last = cli(
+        "fit", "--config", PPO_TINY, *QUIET, "--model.init_args.total_env_steps=128", "--trainer.num_sanity_val_steps=0"
+    ).trainer.checkpoint_callback.last_model_path
     with pytest.raises(ImportError, match="moviepy"):
-        cli("predict", "--config", PPO_TINY, "--ckpt_path", last, "--data.init_args.predict_episodes=1",
-            "--data.init_args.env_id=datamodules.gym_envs:NumpyCartPole-v1", "--data.init_args.record_video=true",
-            "--data.init_args.video_format=mp4")
+        cli(
+            "predict",
+            "--config",
+            PPO_TINY,
+            "--ckpt_path",
+            last,
+            "--data.init_args.predict_episodes=1",
+            "--data.init_args.env_id=datamodules.gym_envs:NumpyCartPole-v1",
+            "--data.init_args.record_video=true",
+            "--data.init_args.video_format=mp4",
+        )
 
 
 def test_net_sizes_come_from_the_env_and_travel_with_the_checkpoint():
@@ -69,8 +86,14 @@ def test_net_sizes_come_from_the_env_and_travel_with_the_checkpoint():
     obs = torch.randn(8, 4)
     torch.testing.assert_close(loaded.act(obs), c.model.act(obs))
 
-    s = cli("fit", "--config", SAC_TINY, *QUIET, "--model.init_args.total_env_steps=160",
-            "--model.init_args.learning_starts=80")
+    s = cli(
+        "fit",
+        "--config",
+        SAC_TINY,
+        *QUIET,
+        "--model.init_args.total_env_steps=160",
+        "--model.init_args.learning_starts=80",
+    )
     actor = s.model.net.actor
     assert (s.model.net.obs_dim, s.model.net.action_dim, s.model.target_entropy) == (3, 1, -1.0)
     torch.testing.assert_close(actor.action_scale, torch.tensor([2.0]))  # Pendulum's torque in [-2, 2]
@@ -88,8 +111,13 @@ def test_a_size_that_disagrees_with_the_env_names_both():
 def test_a_checkpoint_alone_plays_in_the_env_it_was_trained_in():
     """predict without --config: the checkpoint records the GymDataModule's arguments (env id, wrappers, ...)."""
     fit = cli("fit", "--config", PPO_TINY, *QUIET, "--data.init_args.env_id=datamodules.gym_envs:NumpyCartPole-v1")
-    cli("predict", "--ckpt_path", fit.trainer.checkpoint_callback.last_model_path, *QUIET,
-        "--data.init_args.predict_episodes=2")
+    cli(
+        "predict",
+        "--ckpt_path",
+        fit.trainer.checkpoint_callback.last_model_path,
+        *QUIET,
+        "--data.init_args.predict_episodes=2",
+    )
     rows = list(csv.DictReader(output("predictions.csv").read_text().splitlines()))
     assert [int(r["episode"]) for r in rows] == [0, 1]
     assert fit.datamodule.hparams.env_id == "datamodules.gym_envs:NumpyCartPole-v1"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import math
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -243,8 +242,18 @@ def test_tiny_fits_predicts_and_reloads(tmp_path):
     assert trainer.global_step == 3 * 320  # temperature, critic and actor optimizer steps
     run = MlflowClient(trainer.logger._tracking_uri).get_run(trainer.logger.run_id)
     assert run.data.tags["zoo.family"] == "rl"
-    for key in ("val/return", "val/return_std", "train/critic_loss", "train/actor_loss", "train/alpha_loss",
-                "train/alpha", "train/qf1_loss", "train/q_value", "train/entropy", "train/episode_return"):
+    for key in (
+        "val/return",
+        "val/return_std",
+        "train/critic_loss",
+        "train/actor_loss",
+        "train/alpha_loss",
+        "train/alpha",
+        "train/qf1_loss",
+        "train/q_value",
+        "train/entropy",
+        "train/episode_return",
+    ):
         assert key in run.data.metrics, key
     for net in ("actor", "critic", "temperature"):  # each network's gradient norm, before its optimizer step
         assert run.data.metrics[f"grad/norm/{net}"] > 0 and run.data.metrics[f"grad/nonfinite/{net}"] == 0, net
@@ -288,8 +297,10 @@ class RecordStart(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if not RecordStart.seen:
             RecordStart.seen = {
-                "env_steps": int(pl_module.env_steps), "updates": int(pl_module.updates),
-                "buffer": len(pl_module.buffer), "rng": torch.get_rng_state(),
+                "env_steps": int(pl_module.env_steps),
+                "updates": int(pl_module.updates),
+                "buffer": len(pl_module.buffer),
+                "rng": torch.get_rng_state(),
                 "log_alpha": pl_module.log_alpha.detach().clone(),
                 "target": pl_module.critic_target.qs[0][0].weight.detach().clone(),
             }
@@ -301,8 +312,15 @@ def test_resume_continues_env_steps_buffer_targets_and_rng():
     saved = torch.load(last, weights_only=True)
     assert int(saved["state_dict"]["env_steps"]) == 400 and int(saved["state_dict"]["updates"]) == 2 * 60
     RecordStart.seen = {}
-    second = cli("fit", "--config", TINY, "--ckpt_path", last, "--trainer.callbacks+=test_sac.RecordStart",
-                 "--trainer.logger=false")
+    second = cli(
+        "fit",
+        "--config",
+        TINY,
+        "--ckpt_path",
+        last,
+        "--trainer.callbacks+=test_sac.RecordStart",
+        "--trainer.logger=false",
+    )
     seen = RecordStart.seen
     assert seen["env_steps"] == 400 and seen["updates"] == 120
     assert seen["buffer"] == saved["replay_buffer"]["size"] == 400 - 6  # 3 autoreset steps per env
@@ -314,15 +332,27 @@ def test_resume_continues_env_steps_buffer_targets_and_rng():
 
 def test_discrete_env_and_wrong_bounds_are_named():
     with pytest.raises(ValueError, match="Box"):
-        cli("fit", "--config", TINY, "--data.init_args.env_id=CartPole-v1", "--model.init_args.net.init_args.obs_dim=4",
-            "--trainer.logger=false")
+        cli(
+            "fit",
+            "--config",
+            TINY,
+            "--data.init_args.env_id=CartPole-v1",
+            "--model.init_args.net.init_args.obs_dim=4",
+            "--trainer.logger=false",
+        )
     with pytest.raises(ValueError, match=r"action_high=\[2.0\]"):
         cli("fit", "--config", TINY, "--model.init_args.net.init_args.action_high=1.0", "--trainer.logger=false")
 
 
 def test_pendulum_config_runs_updates():
-    c = cli("fit", "--config", PENDULUM, "--trainer.fast_dev_run=1", "--model.init_args.learning_starts=0",
-            "--model.init_args.steps_per_batch=300")
+    c = cli(
+        "fit",
+        "--config",
+        PENDULUM,
+        "--trainer.fast_dev_run=1",
+        "--model.init_args.learning_starts=0",
+        "--model.init_args.steps_per_batch=300",
+    )
     assert int(c.model.env_steps) == 300
     # an update after each step from the one that fills the first minibatch of 256 on; step 201 was Pendulum's
     # autoreset step, which is not stored, so that is step 257
@@ -334,9 +364,18 @@ def test_pendulum_learns_far_above_random():
     # Random and untrained policies score about -1200 to -1700 on Pendulum-v1. The full config (256 x 256 nets)
     # reaches -200 in about 4000 env steps, over a minute on two busy CPU cores, so CI runs a smaller variant:
     # 64 x 64 nets, two updates per env step, 2500 env steps (about 20 s); it reached -124 to -243 on seeds 0-2.
-    c = cli("fit", "--config", PENDULUM, "--model.init_args.net.init_args.hidden_sizes=[64, 64]",
-            "--model.init_args.total_env_steps=2500", "--model.init_args.learning_starts=300",
-            "--model.init_args.batch_size=128", "--model.init_args.gradient_steps=2", "--trainer.val_check_interval=5",
-            "--trainer.logger=false", "--trainer.enable_progress_bar=false")
+    c = cli(
+        "fit",
+        "--config",
+        PENDULUM,
+        "--model.init_args.net.init_args.hidden_sizes=[64, 64]",
+        "--model.init_args.total_env_steps=2500",
+        "--model.init_args.learning_starts=300",
+        "--model.init_args.batch_size=128",
+        "--model.init_args.gradient_steps=2",
+        "--trainer.val_check_interval=5",
+        "--trainer.logger=false",
+        "--trainer.enable_progress_bar=false",
+    )
     assert int(c.model.env_steps) == 2500
     assert c.trainer.checkpoint_callback.best_model_score.item() >= -500

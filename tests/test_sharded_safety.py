@@ -34,8 +34,10 @@ class Payload:
 def _save(folder: Path, extra: dict | None = None) -> dict:
     state = {
         "state_dict": {"net.w": torch.randn(3, 4), "net.b": torch.zeros(2, dtype=torch.bfloat16)},
-        "optimizer_0": {"state": {0: {"step": torch.tensor(3.0)}},
-                        "param_groups": [{"lr": 0.1, "betas": (0.9, 0.95), "params": [0], "fused": None}]},
+        "optimizer_0": {
+            "state": {0: {"step": torch.tensor(3.0)}},
+            "param_groups": [{"lr": 0.1, "betas": (0.9, 0.95), "params": [0], "fused": None}],
+        },
         **(extra or {}),
     }
     with warnings.catch_warnings():
@@ -59,12 +61,15 @@ def _crafted_metadata(folder: Path, marker: Path) -> Path:
     return folder / ".metadata"
 
 
-@pytest.mark.parametrize("read", [read_sharded_metadata, check_sharded_checkpoint,
-                                  lambda d: consolidate(d, d.parent / "out.ckpt")])
+@pytest.mark.parametrize(
+    "read", [read_sharded_metadata, check_sharded_checkpoint, lambda d: consolidate(d, d.parent / "out.ckpt")]
+)
 def test_crafted_metadata_is_refused_naming_the_file_and_runs_nothing(tmp_path, read):
     marker = tmp_path / "marker"
     file = _crafted_metadata(tmp_path / "ckpt", marker)
-    with pytest.raises(UnsafeCheckpointError, match=rf"refused to read '{file}'.*open is not a checkpoint metadata class"):
+    with pytest.raises(
+        UnsafeCheckpointError, match=rf"refused to read '{file}'.*open is not a checkpoint metadata class"
+    ):
         read(tmp_path / "ckpt")
     assert not marker.exists()
 
@@ -84,12 +89,26 @@ def test_resume_validate_and_predict_refuse_a_crafted_folder_before_lightning_re
     file = _crafted_metadata(tmp_path / "ckpt", marker)
     for sub in ("fit", "validate", "predict"):
         with pytest.raises(UnsafeCheckpointError, match=str(file)):
-            main([sub, "--config", str(CONFIGS / "cnn" / "convnet_digits.yaml"), "--trainer.logger=false",
-                  "--ckpt_path", str(tmp_path / "ckpt")])
+            main(
+                [
+                    sub,
+                    "--config",
+                    str(CONFIGS / "cnn" / "convnet_digits.yaml"),
+                    "--trainer.logger=false",
+                    "--ckpt_path",
+                    str(tmp_path / "ckpt"),
+                ]
+            )
         assert not marker.exists()
     # At the terminal: one line naming the file, no traceback.
-    proc = run_cli("test", "--config", str(CONFIGS / "cnn" / "convnet_digits.yaml"), "--ckpt_path",
-                   str(tmp_path / "ckpt"), timeout=120)
+    proc = run_cli(
+        "test",
+        "--config",
+        str(CONFIGS / "cnn" / "convnet_digits.yaml"),
+        "--ckpt_path",
+        str(tmp_path / "ckpt"),
+        timeout=120,
+    )
     assert proc.returncode == 1 and f"error: refused to read '{file}'" in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and not marker.exists()
 
@@ -107,15 +126,22 @@ def _retarget(folder: Path, entry: str, **changes) -> Path:
     return folder / ".metadata"
 
 
-@pytest.mark.parametrize("changes, says", [
-    ({"relative_path": "../outside.distcp"}, r"places 'state_dict.net.w' in '../outside.distcp', not a data file of"),
-    ({"relative_path": "/etc/hostname"}, r"not a data file of"),
-    ({"relative_path": "missing.distcp"}, r"not a data file of"),
-    ({"offset": 2**62}, r"at bytes 4611686018427387904\+\d+, outside its \d+ bytes"),
-    ({"length": 2**62}, r"at bytes \d+\+4611686018427387904, outside its"),
-    ({"offset": -1}, r"at bytes -1\+"),
-    ({"transform_descriptors": ["stream.zstd/1"]}, r"read through \['stream.zstd/1'\]"),
-], ids=["outside", "absolute", "missing", "offset", "length", "negative", "decompressed"])
+@pytest.mark.parametrize(
+    "changes, says",
+    [
+        (
+            {"relative_path": "../outside.distcp"},
+            r"places 'state_dict.net.w' in '../outside.distcp', not a data file of",
+        ),
+        ({"relative_path": "/etc/hostname"}, r"not a data file of"),
+        ({"relative_path": "missing.distcp"}, r"not a data file of"),
+        ({"offset": 2**62}, r"at bytes 4611686018427387904\+\d+, outside its \d+ bytes"),
+        ({"length": 2**62}, r"at bytes \d+\+4611686018427387904, outside its"),
+        ({"offset": -1}, r"at bytes -1\+"),
+        ({"transform_descriptors": ["stream.zstd/1"]}, r"read through \['stream.zstd/1'\]"),
+    ],
+    ids=["outside", "absolute", "missing", "offset", "length", "negative", "decompressed"],
+)
 def test_metadata_that_places_an_entry_outside_the_folders_data_is_refused(tmp_path, changes, says):
     (tmp_path / "outside.distcp").write_bytes(bytes(1 << 16))  # what a path out of the folder would read
     file = _retarget(tmp_path / "ckpt", "state_dict.net.w", **changes)

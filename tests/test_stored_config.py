@@ -25,10 +25,14 @@ from zoo.layers.trust import UntrustedConfigError
 
 CNN = str(CONFIGS / "cnn" / "convnet_digits.yaml")
 PPO = str(CONFIGS / "rl" / "ppo_tiny.yaml")
-FAST = ("--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
-        "--trainer.logger=false")
+FAST = (
+    "--trainer.max_epochs=1",
+    "--trainer.limit_train_batches=2",
+    "--trainer.limit_val_batches=1",
+    "--trainer.logger=false",
+)
 
-EVIL = '''
+EVIL = """
 import pathlib
 MARK = pathlib.Path({marker!r})
 MARK.with_name(MARK.name + ".imported").touch()  # its top-level code ran
@@ -69,7 +73,7 @@ class EvilWrapper(gym.Wrapper):
 class EvilEnv(gym.Env):
     def __init__(self, *args, **kwargs):
         MARK.touch()
-'''
+"""
 
 
 class Attacker:
@@ -82,8 +86,11 @@ class Attacker:
         monkeypatch.syspath_prepend(str(root))
 
     def ran(self) -> bool:
-        return (self.marker.exists() or self.marker.with_name(self.marker.name + ".imported").exists()
-                or self.name in sys.modules)
+        return (
+            self.marker.exists()
+            or self.marker.with_name(self.marker.name + ".imported").exists()
+            or self.name in sys.modules
+        )
 
 
 @pytest.fixture
@@ -128,15 +135,30 @@ TAMPERED = [
     ("cnn", "hyper_parameters", "net.init_args.channels", '{"class_path": "{m}.EvilNet"}'),  # YAML in a string
     ("ppo", "datamodule_hyper_parameters", "wrappers", ["{m}.EvilWrapper"]),
     ("ppo", "datamodule_hyper_parameters", "wrappers", ["gymnasium.wrappers.ClipAction", {"class_path": "{m}.evil"}]),
-    ("ppo", "datamodule_hyper_parameters", "wrappers", [{"class_path": "gymnasium.wrappers.TransformObservation",
-                                                         "init_args": {"func": "{m}.evil"}}]),
-    ("ppo", "datamodule_hyper_parameters", "wrappers", [{"class_path": "gymnasium.wrappers.FrameStackObservation",
-                                                         "init_args": {"stack_size": {"class_path": "{m}.evil"}}}]),
+    (
+        "ppo",
+        "datamodule_hyper_parameters",
+        "wrappers",
+        [{"class_path": "gymnasium.wrappers.TransformObservation", "init_args": {"func": "{m}.evil"}}],
+    ),
+    (
+        "ppo",
+        "datamodule_hyper_parameters",
+        "wrappers",
+        [
+            {
+                "class_path": "gymnasium.wrappers.FrameStackObservation",
+                "init_args": {"stack_size": {"class_path": "{m}.evil"}},
+            }
+        ],
+    ),
     ("ppo", "datamodule_hyper_parameters", "env_id", "{m}:EvilEnv"),
     ("ppo", "hyper_parameters", "net.class_path", "os.system"),
 ]
-IDS = [f"{ckpt}-{'data' if section.startswith('data') else 'model'}.{key}-{i}"
-       for i, (ckpt, section, key, _) in enumerate(TAMPERED)]
+IDS = [
+    f"{ckpt}-{'data' if section.startswith('data') else 'model'}.{key}-{i}"
+    for i, (ckpt, section, key, _) in enumerate(TAMPERED)
+]
 
 
 def _fill(value, module: str):
@@ -178,8 +200,9 @@ def shown_key(section: str, key: str) -> str:
 
 @pytest.mark.parametrize(("ckpt", "section", "key", "value"), TAMPERED, ids=IDS)
 @pytest.mark.parametrize("subcommand", ["validate", "predict"])
-def test_a_tampered_checkpoint_is_refused_through_ckpt_path(checkpoints, attacker, tmp_path, subcommand, ckpt,
-                                                            section, key, value):
+def test_a_tampered_checkpoint_is_refused_through_ckpt_path(
+    checkpoints, attacker, tmp_path, subcommand, ckpt, section, key, value
+):
     if subcommand == "predict" and section.startswith("data") and ckpt == "cnn":
         pytest.skip("predict takes the module's own DataModule for new inputs, not the stored training data")
     path = tamper(checkpoints[ckpt], tmp_path / "evil.ckpt", section, key, _fill(value, attacker.name))
@@ -189,15 +212,22 @@ def test_a_tampered_checkpoint_is_refused_through_ckpt_path(checkpoints, attacke
     assert not attacker.ran()
 
 
-def test_the_refusal_is_one_line_and_the_users_own_config_overrides_nothing(checkpoints, attacker, tmp_path,
-                                                                            monkeypatch, capsys):
+def test_the_refusal_is_one_line_and_the_users_own_config_overrides_nothing(
+    checkpoints, attacker, tmp_path, monkeypatch, capsys
+):
     """The user's own trusted --config does not set the tampered key, so the stored one would be used: refused."""
     from cli import run
 
-    path = tamper(checkpoints["ppo"], tmp_path / "evil.ckpt", "datamodule_hyper_parameters", "wrappers",
-                  [f"{attacker.name}.EvilWrapper"])
-    monkeypatch.setattr(sys, "argv", ["cli.py", "validate", "--config", PPO, f"--ckpt_path={path}",
-                                      "--trainer.logger=false"])
+    path = tamper(
+        checkpoints["ppo"],
+        tmp_path / "evil.ckpt",
+        "datamodule_hyper_parameters",
+        "wrappers",
+        [f"{attacker.name}.EvilWrapper"],
+    )
+    monkeypatch.setattr(
+        sys, "argv", ["cli.py", "validate", "--config", PPO, f"--ckpt_path={path}", "--trainer.logger=false"]
+    )
     with pytest.raises(SystemExit) as exit_info:
         run()
     err = capsys.readouterr().err
@@ -218,11 +248,14 @@ def test_a_tampered_checkpoint_at_a_url_is_refused(checkpoints, attacker, tmp_pa
     assert not attacker.ran()
 
 
-@pytest.mark.parametrize(("ckpt", "section", "key", "value"),
-                         [t for t in TAMPERED if t[1] == "hyper_parameters"],
-                         ids=[i for i, t in zip(IDS, TAMPERED) if t[1] == "hyper_parameters"])
-def test_load_from_checkpoint_and_load_model_refuse_a_tampered_model(checkpoints, attacker, tmp_path, ckpt, section,
-                                                                     key, value):
+@pytest.mark.parametrize(
+    ("ckpt", "section", "key", "value"),
+    [t for t in TAMPERED if t[1] == "hyper_parameters"],
+    ids=[i for i, t in zip(IDS, TAMPERED) if t[1] == "hyper_parameters"],
+)
+def test_load_from_checkpoint_and_load_model_refuse_a_tampered_model(
+    checkpoints, attacker, tmp_path, ckpt, section, key, value
+):
     from zoo.cnn import ClassifierModule
     from zoo.rl import PPOModule
     from zoo.tracking import load_model
@@ -242,15 +275,17 @@ def test_load_from_checkpoint_and_load_model_refuse_a_tampered_model(checkpoints
 def test_a_stored_data_config_is_never_used_by_load_from_checkpoint(checkpoints, attacker, tmp_path):
     from zoo.rl import PPOModule
 
-    path = tamper(checkpoints["ppo"], tmp_path / "evil.ckpt", "datamodule_hyper_parameters", "env_id",
-                  f"{attacker.name}:EvilEnv")
+    path = tamper(
+        checkpoints["ppo"], tmp_path / "evil.ckpt", "datamodule_hyper_parameters", "env_id", f"{attacker.name}:EvilEnv"
+    )
     PPOModule.load_from_checkpoint(path)
     assert not attacker.ran()
 
 
 def test_init_weights_read_only_the_weights_of_a_tampered_checkpoint(checkpoints, attacker, tmp_path):
-    path = tamper(checkpoints["cnn"], tmp_path / "evil.ckpt", "hyper_parameters", "net.class_path",
-                  f"{attacker.name}.EvilNet")
+    path = tamper(
+        checkpoints["cnn"], tmp_path / "evil.ckpt", "hyper_parameters", "net.class_path", f"{attacker.name}.EvilNet"
+    )
     c = cli("validate", "--config", CNN, f"--model.init_args.init_weights={path}", *FAST)
     trained = torch.load(checkpoints["cnn"], weights_only=True)["state_dict"]
     for k, v in c.model.state_dict().items():
@@ -286,10 +321,16 @@ def registered_tampered(checkpoints, tmp_path):
     return register
 
 
-@pytest.mark.parametrize("where", [
-    ("class_path",), ("init_args", "net", "class_path"), ("init_args", "net", "init_args", "nested"),
-    ("data", "class_path"), ("data", "init_args", "root"),
-])
+@pytest.mark.parametrize(
+    "where",
+    [
+        ("class_path",),
+        ("init_args", "net", "class_path"),
+        ("init_args", "net", "init_args", "nested"),
+        ("data", "class_path"),
+        ("data", "init_args", "root"),
+    ],
+)
 def test_a_tampered_registered_model_is_refused(registered_tampered, attacker, where):
     from zoo.tracking import load_model
 
@@ -342,8 +383,12 @@ def test_a_class_or_env_the_users_own_config_names_is_theirs_to_vouch_for(attack
     data = {"env_id": f"{attacker.name}:EvilEnv", "wrappers": [f"{attacker.name}.EvilWrapper"]}
     with pytest.raises(UntrustedConfigError):
         trust.check_stored_data("datamodules.GymDataModule", data, "x.ckpt", allow)
-    trust.check_stored_data("datamodules.GymDataModule", data, "x.ckpt",
-                            allow.with_trusted(trust.trusted_class_paths({"data": copy.deepcopy(data)})))
+    trust.check_stored_data(
+        "datamodules.GymDataModule",
+        data,
+        "x.ckpt",
+        allow.with_trusted(trust.trusted_class_paths({"data": copy.deepcopy(data)})),
+    )
     assert not attacker.ran()  # vouched for, but nothing was imported by the check
 
 
@@ -351,8 +396,9 @@ def test_a_stored_output_folder_is_dropped():
     from zoo.tracking.stored_config import stored_config_allowlist
 
     allow = stored_config_allowlist()
-    args = trust.check_stored_data("datamodules.GymDataModule", {"env_id": "CartPole-v1", "video_dir": "/etc"},
-                                   "x.ckpt", allow)
+    args = trust.check_stored_data(
+        "datamodules.GymDataModule", {"env_id": "CartPole-v1", "video_dir": "/etc"}, "x.ckpt", allow
+    )
     assert args == {"env_id": "CartPole-v1"}
     stored = {"root": "data", "download": True, "output_dir": "/home"}
     assert trust.check_stored_data("datamodules.DiffusionDataModule", stored, "x.ckpt", allow) == {"root": "data"}
@@ -381,6 +427,16 @@ def test_which_annotations_jsonargparse_may_resolve_a_string_for_by_import():
     admits = trust._admits_class
     for hint in (nn.Module, nn.Module | None, type[nn.Module] | None, Callable[[int], nn.Module], type):
         assert admits(hint), hint
-    for hint in (str, str | None, int, float | None, bool, Literal["a", "b"], list[nn.Module], dict[str, nn.Module],
-                 Path, None):
+    for hint in (
+        str,
+        str | None,
+        int,
+        float | None,
+        bool,
+        Literal["a", "b"],
+        list[nn.Module],
+        dict[str, nn.Module],
+        Path,
+        None,
+    ):
         assert not admits(hint), hint

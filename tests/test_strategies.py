@@ -26,9 +26,22 @@ DEADLINE_S = 240  # per fit; then every rank prints its stack and exits (fit_and
 def _run(*args: str, config: str = TINY, command: str = "fit") -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "FIT_DEADLINE_S": str(DEADLINE_S)}
     # The trainer pieces use every device (auto); a CPU counts as one, so the tests ask for 2 processes.
-    proc = subprocess.run([sys.executable, SCRIPT, command, "--config", config, *args, "--trainer.accelerator=cpu",
-                           "--trainer.devices=2"],
-                          capture_output=True, text=True, env=env, timeout=DEADLINE_S + 60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            SCRIPT,
+            command,
+            "--config",
+            config,
+            *args,
+            "--trainer.accelerator=cpu",
+            "--trainer.devices=2",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=DEADLINE_S + 60,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-8000:]
 
 
@@ -81,12 +94,19 @@ def test_fsdp2_two_processes_train_checkpoint_consolidate_reload(tmp_path, embed
     assert _artifacts(best.stem) == [best.name] and _artifacts(last.stem) == [last.name]
     client, run = _the_run()
     logged = torch.load(client.download_artifacts(run.info.run_id, f"{last.stem}/{last.name}"), weights_only=True)
-    torch.testing.assert_close(logged["state_dict"], torch.load(single, weights_only=True)["state_dict"], rtol=0, atol=0)
+    torch.testing.assert_close(
+        logged["state_dict"], torch.load(single, weights_only=True)["state_dict"], rtol=0, atol=0
+    )
     module = ClassifierModule.load_from_checkpoint(single).eval()
     assert module.state_dict().keys() == r0["state"].keys()
     # The checkpoint's replicated BatchNorm buffers are one rank's copy: it must reproduce that rank.
-    holder = next(r for r in (r0, r1) if torch.equal(module.state_dict()["net.features.0.1.running_mean"],
-                                                     r["state"]["net.features.0.1.running_mean"]))
+    holder = next(
+        r
+        for r in (r0, r1)
+        if torch.equal(
+            module.state_dict()["net.features.0.1.running_mean"], r["state"]["net.features.0.1.running_mean"]
+        )
+    )
     for k, v in holder["state"].items():
         torch.testing.assert_close(module.state_dict()[k], v, rtol=0, atol=0, msg=k)
     with torch.no_grad():
@@ -96,9 +116,14 @@ def test_fsdp2_two_processes_train_checkpoint_consolidate_reload(tmp_path, embed
 def test_fsdp2_gpt_shards_per_block_and_reloads_with_its_tokenizer(tmp_path, embedded_store):
     # Through two validations with the default LogTextSamples: generating on rank 0 alone deadlocked in the
     # first one (rank 0 in the sharded forward's all-gather, rank 1 in the next collective).
-    _run("--config", str(CONFIGS / "trainer" / "fsdp.yaml"), "--trainer.max_steps=6", "--trainer.val_check_interval=3",
-         "--trainer.limit_val_batches=2",
-         config=str(CONFIGS / "gpt" / "gpt_tiny.yaml"))
+    _run(
+        "--config",
+        str(CONFIGS / "trainer" / "fsdp.yaml"),
+        "--trainer.max_steps=6",
+        "--trainer.val_check_interval=3",
+        "--trainer.limit_val_batches=2",
+        config=str(CONFIGS / "gpt" / "gpt_tiny.yaml"),
+    )
     assert _artifacts("samples") == ["step_0000003.txt", "step_0000006.txt"]
     r0, r1 = torch.load("rank0.pt"), torch.load("rank1.pt")
     assert r0["mesh"] == (2, 1)
@@ -114,8 +139,16 @@ def test_fsdp2_gpt_shards_per_block_and_reloads_with_its_tokenizer(tmp_path, emb
     assert "MLmodel" in _artifacts("model")
     # Resuming from the sharded folder reads its metadata through the zoo's allowlist first: Lightning's
     # real checkpoint (weights, optimizer state) passes it.
-    _run("--config", str(CONFIGS / "trainer" / "fsdp.yaml"), "--trainer.max_steps=9", "--trainer.val_check_interval=3",
-         "--trainer.limit_val_batches=2", "--ckpt_path", r0["last"], config=str(CONFIGS / "gpt" / "gpt_tiny.yaml"))
+    _run(
+        "--config",
+        str(CONFIGS / "trainer" / "fsdp.yaml"),
+        "--trainer.max_steps=9",
+        "--trainer.val_check_interval=3",
+        "--trainer.limit_val_batches=2",
+        "--ckpt_path",
+        r0["last"],
+        config=str(CONFIGS / "gpt" / "gpt_tiny.yaml"),
+    )
     assert Path(torch.load("rank0.pt")["last"]).is_dir()
 
 
@@ -127,15 +160,35 @@ def test_fsdp2_diffusion_shards_consolidates_and_reloads(tmp_path, embedded_stor
     # the sharded net (rank 0 alone would wait in the first all-gather for ever); EMA off (the DiT test has it).
     from conftest import cli
 
-    clf = cli("fit", "--config", str(CONFIGS / "cnn" / "convnet_shapes.yaml"), "--data.init_args.image_size=8",
-              "--trainer.max_steps=2", "--trainer.limit_val_batches=1", "--test_after_fit=false",
-              "--trainer.logger=false", "--trainer.enable_progress_bar=false")
-    fd = ["--trainer.callbacks+=callbacks.FrechetDistance", "--trainer.callbacks.num_samples=8",
-          f"--trainer.callbacks.classifier={clf.trainer.checkpoint_callback.last_model_path}",
-          "--trainer.callbacks.batch_size=4", "--trainer.callbacks.sampler=zoo.diffusion.DDIMSampler",
-           "--trainer.callbacks.sampler.init_args.steps=2"]
-    _run("--config", str(CONFIGS / "trainer" / "fsdp.yaml"), "--trainer.max_steps=4", "--trainer.val_check_interval=2",
-         "--trainer.limit_val_batches=1", "--model.init_args.ema_decay=null", *fd, config=DIFFUSION_TINY)
+    clf = cli(
+        "fit",
+        "--config",
+        str(CONFIGS / "cnn" / "convnet_shapes.yaml"),
+        "--data.init_args.image_size=8",
+        "--trainer.max_steps=2",
+        "--trainer.limit_val_batches=1",
+        "--test_after_fit=false",
+        "--trainer.logger=false",
+        "--trainer.enable_progress_bar=false",
+    )
+    fd = [
+        "--trainer.callbacks+=callbacks.FrechetDistance",
+        "--trainer.callbacks.num_samples=8",
+        f"--trainer.callbacks.classifier={clf.trainer.checkpoint_callback.last_model_path}",
+        "--trainer.callbacks.batch_size=4",
+        "--trainer.callbacks.sampler=zoo.diffusion.DDIMSampler",
+        "--trainer.callbacks.sampler.init_args.steps=2",
+    ]
+    _run(
+        "--config",
+        str(CONFIGS / "trainer" / "fsdp.yaml"),
+        "--trainer.max_steps=4",
+        "--trainer.val_check_interval=2",
+        "--trainer.limit_val_batches=1",
+        "--model.init_args.ema_decay=null",
+        *fd,
+        config=DIFFUSION_TINY,
+    )
     assert _artifacts("samples") == ["step_0000002.png", "step_0000004.png"]
     client, run = _the_run()
     assert len(client.get_metric_history(run.info.run_id, "val/fd_classifier")) == 2
@@ -143,9 +196,9 @@ def test_fsdp2_diffusion_shards_consolidates_and_reloads(tmp_path, embedded_stor
     module = DiffusionModule.load_from_checkpoint(consolidate(Path(r0["last"]), tmp_path / "one.ckpt")).eval()
     with torch.no_grad():
         y = torch.zeros(len(r0["x"]), dtype=torch.long)
-        torch.testing.assert_close(module.denoise(r0["x"], torch.full((len(y),), 10), y), r0["out"],
-                                   rtol=1e-5, atol=1e-5)
-
+        torch.testing.assert_close(
+            module.denoise(r0["x"], torch.full((len(y),), 10), y), r0["out"], rtol=1e-5, atol=1e-5
+        )
 
 
 def test_num_nodes_comes_from_torchrun_or_srun_and_a_flag_wins():

@@ -22,8 +22,14 @@ from zoo.layers.parallel import consolidate
 
 
 def test_ddp_diffusion_with_ema_samples_at_two_validations(embedded_store):
-    _run("--config", str(CONFIGS / "trainer" / "ddp.yaml"), "--trainer.max_steps=4", "--trainer.val_check_interval=2",
-         "--trainer.limit_val_batches=1", config=DIFFUSION_TINY)
+    _run(
+        "--config",
+        str(CONFIGS / "trainer" / "ddp.yaml"),
+        "--trainer.max_steps=4",
+        "--trainer.val_check_interval=2",
+        "--trainer.limit_val_batches=1",
+        config=DIFFUSION_TINY,
+    )
     assert _artifacts("samples") == ["step_0000002.png", "step_0000004.png"]
     r0, r1 = torch.load("rank0.pt"), torch.load("rank1.pt")
     for k, v in r0["state"].items():  # the EMA weights too: every rank averages the same synchronised weights
@@ -31,8 +37,14 @@ def test_ddp_diffusion_with_ema_samples_at_two_validations(embedded_store):
 
 
 def test_fsdp2_clip_evaluates_retrieval_and_zero_shot_at_two_validations(tmp_path, embedded_store):
-    _run("--config", str(CONFIGS / "trainer" / "fsdp.yaml"), "--trainer.max_steps=4", "--trainer.val_check_interval=2",
-         "--trainer.limit_val_batches=2", config=str(CONFIGS / "clip" / "tiny.yaml"))
+    _run(
+        "--config",
+        str(CONFIGS / "trainer" / "fsdp.yaml"),
+        "--trainer.max_steps=4",
+        "--trainer.val_check_interval=2",
+        "--trainer.limit_val_batches=2",
+        config=str(CONFIGS / "clip" / "tiny.yaml"),
+    )
     client, run = _the_run()
     for key in ("val/recall_1", "val/zeroshot_acc"):  # gathered over both ranks, logged once per validation
         assert len(client.get_metric_history(run.info.run_id, key)) == 2, key
@@ -51,17 +63,48 @@ def test_two_nodes_under_torchrun_train_one_model_into_one_run(mlflow_server):
     from conftest import free_port
 
     experiment = f"torchrun-{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "FIT_DEADLINE_S": str(DEADLINE_S), "OMP_NUM_THREADS": "1",
-           "MLFLOW_TRACKING_URI": mlflow_server}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "FIT_DEADLINE_S": str(DEADLINE_S),
+        "OMP_NUM_THREADS": "1",
+        "MLFLOW_TRACKING_URI": mlflow_server,
+    }
     port = free_port()
     nodes = [
-        subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-                          "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", str(port),
-                          SCRIPT, "fit", "--config", TINY, "--config", str(CONFIGS / "trainer" / "ddp.yaml"),
-                          "--trainer.accelerator=cpu", "--trainer.devices=1",  # num_nodes: 2, from torchrun's env
-                          "--trainer.max_steps=4", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
-                          f"--trainer.logger.init_args.experiment_name={experiment}"],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--node-rank",
+                str(rank),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                SCRIPT,
+                "fit",
+                "--config",
+                TINY,
+                "--config",
+                str(CONFIGS / "trainer" / "ddp.yaml"),
+                "--trainer.accelerator=cpu",
+                "--trainer.devices=1",  # num_nodes: 2, from torchrun's env
+                "--trainer.max_steps=4",
+                "--trainer.val_check_interval=2",
+                "--trainer.limit_val_batches=1",
+                f"--trainer.logger.init_args.experiment_name={experiment}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
         for rank in (0, 1)
     ]
     outs = [p.communicate(timeout=DEADLINE_S + 60)[0] for p in nodes]
@@ -75,16 +118,26 @@ def test_two_nodes_under_torchrun_train_one_model_into_one_run(mlflow_server):
     assert len(client.search_runs([client.get_experiment_by_name(experiment).experiment_id])) == 1
 
 
-TINY_DIT = ('{"class_path": "zoo.diffusion.DiT", "init_args": {"image_size": 8, "in_channels": 3, "num_classes": 6, '
-            '"depth": 2, "hidden_size": 32, "num_heads": 2, "patch_size": 2}}')
+TINY_DIT = (
+    '{"class_path": "zoo.diffusion.DiT", "init_args": {"image_size": 8, "in_channels": 3, "num_classes": 6, '
+    '"depth": 2, "hidden_size": 32, "num_heads": 2, "patch_size": 2}}'
+)
 
 
 def _dit_ema_fsdp2(*args: str) -> None:
     # 4-step epochs, validations (and sample grids) at steps 2 and 4: a resume from step 4 starts a fresh epoch,
     # so it draws the same batches as an unbroken run. The EMA starts at step 1 (0-based), before the save.
-    _run("--config", str(CONFIGS / "trainer" / "fsdp.yaml"), f"--model.init_args.net={TINY_DIT}",
-         "--model.init_args.ema_start_step=1", "--trainer.limit_train_batches=4", "--trainer.val_check_interval=2",
-         "--trainer.limit_val_batches=1", *args, config=DIFFUSION_TINY)
+    _run(
+        "--config",
+        str(CONFIGS / "trainer" / "fsdp.yaml"),
+        f"--model.init_args.net={TINY_DIT}",
+        "--model.init_args.ema_start_step=1",
+        "--trainer.limit_train_batches=4",
+        "--trainer.val_check_interval=2",
+        "--trainer.limit_val_batches=1",
+        *args,
+        config=DIFFUSION_TINY,
+    )
 
 
 def test_fsdp2_dit_with_ema_validates_resumes_and_consolidates_both_weights(tmp_path, monkeypatch, embedded_store):
@@ -107,8 +160,9 @@ def test_fsdp2_dit_with_ema_validates_resumes_and_consolidates_both_weights(tmp_
     module = DiffusionModule.load_from_checkpoint(tmp_path / "first.ckpt").eval()
     with torch.no_grad():
         y = torch.zeros(len(r0["x"]), dtype=torch.long)
-        torch.testing.assert_close(module.denoise(r0["x"], torch.full((len(y),), 10), y), r0["out"],
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            module.denoise(r0["x"], torch.full((len(y),), 10), y), r0["out"], rtol=1e-5, atol=1e-5
+        )
 
     monkeypatch.chdir(runs["resumed"])
     _dit_ema_fsdp2("--trainer.max_steps=8", "--ckpt_path", str(first), "--trainer.logger=false")
@@ -117,8 +171,10 @@ def test_fsdp2_dit_with_ema_validates_resumes_and_consolidates_both_weights(tmp_
     ends = {}
     for name in ("resumed", "unbroken"):
         r = torch.load(runs[name] / "rank0.pt")
-        ends[name] = (r["state"], torch.load(consolidate(runs[name] / r["last"], tmp_path / f"{name}.ckpt"),
-                                             weights_only=True))
+        ends[name] = (
+            r["state"],
+            torch.load(consolidate(runs[name] / r["last"], tmp_path / f"{name}.ckpt"), weights_only=True),
+        )
     (state, ckpt), (want_state, want) = ends["resumed"], ends["unbroken"]
     assert ckpt["global_step"] == want["global_step"] == 8
     for k, v in want_state.items():
@@ -132,8 +188,13 @@ def test_cnn_validates_twice_resumes_and_reloads(strategy, tmp_path, monkeypatch
     """The CNN (BatchNorm: per-rank buffers) through two validations, a resume from its checkpoint (a sharded
     folder under FSDP2) and a reload, under each strategy."""
     trainer = str(CONFIGS / "trainer" / f"{strategy}.yaml")
-    common = ("--config", trainer, "--trainer.limit_train_batches=4", "--trainer.val_check_interval=2",
-              "--trainer.limit_val_batches=1")
+    common = (
+        "--config",
+        trainer,
+        "--trainer.limit_train_batches=4",
+        "--trainer.val_check_interval=2",
+        "--trainer.limit_val_batches=1",
+    )
     _run(*common, "--trainer.max_steps=4")
     client, run = _the_run()
     assert len(client.get_metric_history(run.info.run_id, "val/loss")) == 2  # after steps 2 and 4
@@ -157,8 +218,14 @@ def test_cnn_validates_twice_resumes_and_reloads(strategy, tmp_path, monkeypatch
 def test_ddp_gpt_and_clip_validate_twice_and_reload_with_the_ranks_outputs(config, embedded_store):
     """Through two validations with the family's default callbacks (text samples, retrieval and zero-shot), the
     ranks end with the same weights, and the checkpoint reloaded in one process gives their outputs."""
-    _run("--config", str(CONFIGS / "trainer" / "ddp.yaml"), "--trainer.max_steps=4", "--trainer.val_check_interval=2",
-         "--trainer.limit_val_batches=1", config=str(CONFIGS / config))
+    _run(
+        "--config",
+        str(CONFIGS / "trainer" / "ddp.yaml"),
+        "--trainer.max_steps=4",
+        "--trainer.val_check_interval=2",
+        "--trainer.limit_val_batches=1",
+        config=str(CONFIGS / config),
+    )
     client, run = _the_run()
     assert len(client.get_metric_history(run.info.run_id, "val/loss")) == 2
     r0, r1 = _equal_ranks()

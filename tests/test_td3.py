@@ -60,8 +60,19 @@ def polyak_update(params, target_params, tau: float) -> None:
             torch.add(target_param.data, param.data, alpha=tau, out=target_param.data)
 
 
-def sb3_train(nets: dict, actor_opt, critic_opt, buffer: ReplayBuffer, n_updates: int, batch_size: int,
-              gamma: float, tau: float, policy_delay: int, target_policy_noise: float, target_noise_clip: float) -> int:
+def sb3_train(
+    nets: dict,
+    actor_opt,
+    critic_opt,
+    buffer: ReplayBuffer,
+    n_updates: int,
+    batch_size: int,
+    gamma: float,
+    tau: float,
+    policy_delay: int,
+    target_policy_noise: float,
+    target_noise_clip: float,
+) -> int:
     """One gradient step of SB3's ``TD3.train`` (stable_baselines3/td3/td3.py), its lines kept, actions in [-1, 1]."""
     actor, actor_target = nets["actor"], nets["actor_target"]
     critic, critic_target = nets["critic"], nets["critic_target"]
@@ -103,8 +114,12 @@ def test_updates_equal_sb3_train_with_delayed_actor_and_targets():
     obs = torch.randn(64, 3)
     buffer.add(obs, obs + 0.1 * torch.randn(64, 3), torch.rand(64, 2) * 2 - 1, torch.randn(64), torch.rand(64) < 0.2)
     module.buffer = buffer
-    nets = {"actor": module.net.actor, "actor_target": module.actor_target, "critic": module.net.critic,
-            "critic_target": module.critic_target}
+    nets = {
+        "actor": module.net.actor,
+        "actor_target": module.actor_target,
+        "critic": module.net.critic,
+        "critic_target": module.critic_target,
+    }
     ref = copy.deepcopy(nets)
     actor_opt, critic_opt = module.configure_optimizers()
     ref_actor_opt = torch.optim.Adam(ref["actor"].parameters(), lr=1e-2)
@@ -135,7 +150,7 @@ def test_exploration_adds_clipped_gaussian_noise_scaled_to_the_box():
     torch.testing.assert_close(mu, net.actor(obs).detach())
     noisy = module.act(obs, deterministic=False)
     assert (noisy[:, 0].abs() <= 2).all() and ((noisy[:, 1] >= 0) & (noisy[:, 1] <= 1)).all()
-    inside = (mu[:, 0].abs() < 1.0)  # far from the bounds on dimension 0: the noise is unclipped there
+    inside = mu[:, 0].abs() < 1.0  # far from the bounds on dimension 0: the noise is unclipped there
     std = (noisy - mu)[inside, 0].std()
     assert abs(std - 0.1 * 2) < 0.02  # action_noise x the half-range 2
 
@@ -151,15 +166,26 @@ def test_tiny_fits_predicts_and_reloads():
     assert trainer.global_step == 320 + 320 // 2  # a critic step per update, an actor step every other one
     run = MlflowClient(trainer.logger._tracking_uri).get_run(trainer.logger.run_id)
     assert run.data.tags["zoo.family"] == "rl"
-    for key in ("val/return", "train/critic_loss", "train/actor_loss", "train/qf1_loss", "train/q_value",
-                "train/episode_return", "train/buffer_size", "grad/norm/critic", "grad/norm/actor"):
+    for key in (
+        "val/return",
+        "train/critic_loss",
+        "train/actor_loss",
+        "train/qf1_loss",
+        "train/q_value",
+        "train/episode_return",
+        "train/buffer_size",
+        "grad/norm/critic",
+        "grad/norm/actor",
+    ):
         assert key in run.data.metrics, key
     last = trainer.checkpoint_callback.last_model_path
     saved = torch.load(last, weights_only=True)
     assert saved["replay_buffer"]["size"] == 500
     state = saved["state_dict"]
-    for target, net in (("actor_target.mlp.0.weight", "net.actor.mlp.0.weight"),
-                        ("critic_target.qs.0.0.weight", "net.critic.qs.0.0.weight")):
+    for target, net in (
+        ("actor_target.mlp.0.weight", "net.actor.mlp.0.weight"),
+        ("critic_target.qs.0.0.weight", "net.critic.qs.0.0.weight"),
+    ):
         assert not torch.equal(state[target], state[net])
 
     cli("predict", "--config", TINY, "--ckpt_path", last)
@@ -178,9 +204,18 @@ def test_pendulum_learns_far_above_random():
     # Random and untrained policies score about -1200 to -1700 on Pendulum-v1. As SAC's test (64 x 64 nets, two
     # updates per env step), with 3000 env steps rather than 2500: TD3 reached -162 / -147 / -426 on seeds 0-2
     # there (-301 / -277 / -445 at 2500), in about 70 s on two busy cores, SAC's test 100-150 s in the same runs.
-    c = cli("fit", "--config", PENDULUM, "--model.init_args.net.init_args.hidden_sizes=[64, 64]",
-            "--model.init_args.total_env_steps=3000", "--model.init_args.learning_starts=300",
-            "--model.init_args.batch_size=128", "--model.init_args.gradient_steps=2", "--trainer.val_check_interval=5",
-            "--trainer.logger=false", "--trainer.enable_progress_bar=false")
+    c = cli(
+        "fit",
+        "--config",
+        PENDULUM,
+        "--model.init_args.net.init_args.hidden_sizes=[64, 64]",
+        "--model.init_args.total_env_steps=3000",
+        "--model.init_args.learning_starts=300",
+        "--model.init_args.batch_size=128",
+        "--model.init_args.gradient_steps=2",
+        "--trainer.val_check_interval=5",
+        "--trainer.logger=false",
+        "--trainer.enable_progress_bar=false",
+    )
     assert int(c.model.env_steps) == 3000
     assert c.trainer.checkpoint_callback.best_model_score.item() >= -500

@@ -13,8 +13,7 @@ import torch.nn.functional as F
 from lightning.pytorch import LightningModule, Trainer
 from torch import nn
 
-from datamodules import TextDataModule
-from datamodules import text_corpus
+from datamodules import TextDataModule, text_corpus
 from datamodules.shakespeare import extract_texts
 from zoo.layers.tokenizers import (
     BPETokenizer,
@@ -256,8 +255,14 @@ class TinyLM(LightningModule):
 
 def _trainer(tmp_path) -> Trainer:
     return Trainer(
-        accelerator="cpu", max_steps=2, limit_val_batches=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+        accelerator="cpu",
+        max_steps=2,
+        limit_val_batches=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
     )
 
 
@@ -273,13 +278,19 @@ def test_checkpoint_carries_the_tokenizer_to_predict(tmp_path):
 
     # A predict config with another tokenizer still encodes prompts with the checkpoint's.
     prompts = ["First", "", "All:\nSpeak"]
-    other = TextDataModule(path=str(src), root=str(tmp_path / "cache"), tokenizer="bytes", prompts=prompts, batch_size=2)
+    other = TextDataModule(
+        path=str(src), root=str(tmp_path / "cache"), tokenizer="bytes", prompts=prompts, batch_size=2
+    )
     batches = _trainer(tmp_path).predict(model, datamodule=other, ckpt_path=ckpt)
     assert other.tokenizer.to_dict() == dm.tokenizer.to_dict()
     assert [b["text"] for b in batches] == [prompts[:2], prompts[2:]]
     ids = [t for b in batches for t in b["prompt_ids"]]
     assert all(t.dtype == torch.int64 and t.ndim == 1 for t in ids)
-    assert [t.tolist() for t in ids] == [dm.tokenizer.encode("First"), [dm.tokenizer.eos_id], dm.tokenizer.encode(prompts[2])]
+    assert [t.tolist() for t in ids] == [
+        dm.tokenizer.encode("First"),
+        [dm.tokenizer.eos_id],
+        dm.tokenizer.encode(prompts[2]),
+    ]
 
     # Resuming training with a different tokenizer would silently change the data: refused.
     bytes_dm = _dm(tmp_path, src, tokenizer="bytes")

@@ -15,8 +15,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from zoo.clip import CLIP, TextTransformer, VisionTransformer  # noqa: E402
-from zoo.clip.losses import infonce_loss, siglip_loss  # noqa: E402
+from zoo.clip import CLIP, TextTransformer, VisionTransformer
+from zoo.clip.losses import infonce_loss, siglip_loss
 
 WORLD, LOCAL_BATCH = 2, 4
 

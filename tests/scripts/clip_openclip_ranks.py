@@ -19,9 +19,9 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from open_clip.loss import ClipLoss, SigLipLoss  # noqa: E402
+from open_clip.loss import ClipLoss, SigLipLoss
 
-from zoo.clip.losses import infonce_loss, siglip_loss  # noqa: E402
+from zoo.clip.losses import infonce_loss, siglip_loss
 
 WORLD, LOCAL_BATCH, DIM = 2, 3, 8
 SIGLIP_SCHEMES = ("bidir", "shift", "reduce", "gather")
@@ -42,8 +42,10 @@ def _run(fn) -> dict[str, torch.Tensor]:
     loss = fn(images, texts, scale, bias)
     loss.backward()
     names = ("images", "texts", "scale", "bias")
-    return {"loss": loss.detach(), **{n: x.grad.clone() if x.grad is not None else torch.zeros_like(x)
-                                      for n, x in zip(names, inputs)}}
+    return {
+        "loss": loss.detach(),
+        **{n: x.grad.clone() if x.grad is not None else torch.zeros_like(x) for n, x in zip(names, inputs)},
+    }
 
 
 def _worker(rank: int, port: int, out: str) -> None:
@@ -57,7 +59,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     }
     for scheme in SIGLIP_SCHEMES:
         sig = SigLipLoss(rank=rank, world_size=WORLD, dist_impl=scheme)
-        result[f"open_clip/siglip/{scheme}"] = _run(lambda i, t, s, b: sig(i, t, s, b))
+        result[f"open_clip/siglip/{scheme}"] = _run(lambda i, t, s, b, sig=sig: sig(i, t, s, b))
     torch.save(result, Path(out) / f"rank{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from cli import main  # noqa: E402
+from cli import main
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -43,8 +43,15 @@ if __name__ == "__main__":
     ckpt = c.trainer.checkpoint_callback
     mesh = getattr(c.trainer.strategy, "device_mesh", None)  # FSDP2: (data parallel, tensor parallel) sizes
     torch.save(
-        {"state": state, "x": x, "out": out, "last": str(ckpt.last_model_path), "best": str(ckpt.best_model_path),
-         "mesh": tuple(mesh.shape) if mesh is not None else None, "num_nodes": c.trainer.num_nodes},
+        {
+            "state": state,
+            "x": x,
+            "out": out,
+            "last": str(ckpt.last_model_path),
+            "best": str(ckpt.best_model_path),
+            "mesh": tuple(mesh.shape) if mesh is not None else None,
+            "num_nodes": c.trainer.num_nodes,
+        },
         f"rank{rank}.pt",
     )
     # Shut the process group down before the interpreter exits: left to exit-time destructors, gloo's

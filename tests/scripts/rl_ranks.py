@@ -1,7 +1,8 @@
 """Fit an agent through ``cli.py`` (under DDP, on 2 processes), then save what each rank collected and counted.
 
 Usage: python rl_ranks.py <cli.py fit arguments>. Each rank writes ``rank<k>.pt``: the first training step's data
-(a rollout's raw observations, the replay rows, or IMPALA's first unrolls), the env-step counter and the logged ``train/env_steps``.
+(a rollout's raw observations, the replay rows, or IMPALA's first unrolls), the env-step counter and the logged
+``train/env_steps``.
 Launched as a subprocess by tests/test_rl_ddp.py: DDP re-runs this script for rank 1, which would re-run pytest
 if the fit happened inside the pytest process. A deadlock (a collective only one rank calls) ends the process
 with every thread's stack on stderr instead of hanging the test.
@@ -15,7 +16,7 @@ import torch
 from lightning.pytorch import Callback
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from cli import main  # noqa: E402
+from cli import main
 
 
 class RecordRanks(Callback):
@@ -45,14 +46,19 @@ class RecordRanks(Callback):
                 RecordRanks.first = pl_module.buffer.storage[: len(pl_module.buffer)].clone()
 
     def on_train_end(self, trainer, pl_module) -> None:
-        torch.save({
-            "first": RecordRanks.first, "env_steps": int(pl_module.env_steps),
-            "logged": float(trainer.logged_metrics["train/env_steps"]),
-            "val_return": float(trainer.callback_metrics["val/return"]),
-            "val_env_steps": float(trainer.callback_metrics["val/env_steps"]),
-            "obs_mean": pl_module.obs_rms.mean.clone() if hasattr(pl_module, "obs_rms") else None,
-            "world_size": trainer.world_size, "global_step": trainer.global_step,
-        }, f"rank{trainer.global_rank}.pt")
+        torch.save(
+            {
+                "first": RecordRanks.first,
+                "env_steps": int(pl_module.env_steps),
+                "logged": float(trainer.logged_metrics["train/env_steps"]),
+                "val_return": float(trainer.callback_metrics["val/return"]),
+                "val_env_steps": float(trainer.callback_metrics["val/env_steps"]),
+                "obs_mean": pl_module.obs_rms.mean.clone() if hasattr(pl_module, "obs_rms") else None,
+                "world_size": trainer.world_size,
+                "global_step": trainer.global_step,
+            },
+            f"rank{trainer.global_rank}.pt",
+        )
 
 
 if __name__ == "__main__":

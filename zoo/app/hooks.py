@@ -20,8 +20,16 @@ from zoo.app.parser import EXCEPTION_DIR
 from zoo.layers.checkpoint import WeightsOnlyCheckpointIO, WeightsOnlyLoading, reconcile
 from zoo.layers.errors import InputError
 from zoo.layers.weights import is_remote
-from zoo.tracking import (default_run_name, is_mlflow_uri, local_weights, mlflow_loggers, nest_under_training_run,
-                          new_run_dir, resolve_checkpoint, training_run)
+from zoo.tracking import (
+    default_run_name,
+    is_mlflow_uri,
+    local_weights,
+    mlflow_loggers,
+    nest_under_training_run,
+    new_run_dir,
+    resolve_checkpoint,
+    training_run,
+)
 from zoo.tracking.stored_config import SUBCOMMANDS_WITH_A_MODEL
 
 
@@ -40,8 +48,10 @@ def refuse_training_nothing(cfg: Any) -> None:
     # Lightning accepts these and exits 0 having trained nothing: refused before any run or data.
     for key in ("max_steps", "max_epochs", "limit_train_batches"):
         if cfg.trainer.get(key) == 0:
-            raise InputError(f"trainer.{key}=0 trains nothing: pass --trainer.{key}=<1 or more> (-1 or unset: "
-                             f"no limit), or run validate/test/predict to use a model without training it")
+            raise InputError(
+                f"trainer.{key}=0 trains nothing: pass --trainer.{key}=<1 or more> (-1 or unset: "
+                f"no limit), or run validate/test/predict to use a model without training it"
+            )
 
 
 def zoo_logger(cfg: Any) -> Any:
@@ -67,8 +77,10 @@ def prepare_checkpoint(cfg: Any, subcommand: str | None) -> None:
         from zoo.layers.parallel import check_sharded_checkpoint
 
         if not (path / ".metadata").is_file():  # what torch.distributed.checkpoint writes first
-            raise InputError(f"--ckpt_path {cfg.ckpt_path} is a folder but not a sharded checkpoint (it has no "
-                             f".metadata): pass a checkpoint file (runs/<experiment>/<run>/checkpoints/last.ckpt)")
+            raise InputError(
+                f"--ckpt_path {cfg.ckpt_path} is a folder but not a sharded checkpoint (it has no "
+                f".metadata): pass a checkpoint file (runs/<experiment>/<run>/checkpoints/last.ckpt)"
+            )
         check_sharded_checkpoint(cfg.ckpt_path)  # torch unpickles a sharded folder unrestricted: check it first
     if path.is_file():  # the config wins, but never over weight shapes
         for line in reconcile(cfg.ckpt_path, cfg.model.as_dict()):
@@ -188,8 +200,11 @@ def fit_report(trainer: Trainer) -> list[str]:
         ]
     if ckpt is not None and (ckpt.best_model_path or ckpt.last_model_path):
         # The MLflow model: the best weights (those the run reports), pickle-free, registered if asked.
-        lines += [f"MLflow model: {lg.log_trained_model(ckpt.best_model_path or ckpt.last_model_path)}"
-                  for lg in mlflow_loggers(trainer) if getattr(lg, "logs_model", False)]
+        lines += [
+            f"MLflow model: {lg.log_trained_model(ckpt.best_model_path or ckpt.last_model_path)}"
+            for lg in mlflow_loggers(trainer)
+            if getattr(lg, "logs_model", False)
+        ]
     if ckpt is not None:
         lines += [f"Best checkpoint: {ckpt.best_model_path or '-'}", f"Last checkpoint: {ckpt.last_model_path or '-'}"]
     return lines

@@ -37,7 +37,9 @@ TRAINER_DEFAULTS = {
 def add_zoo_arguments(parser: LightningArgumentParser) -> None:
     """``--test_after_fit``, the default callbacks, and the node count under torchrun or srun."""
     parser.add_argument(
-        "--test_after_fit", type=bool, default=False,
+        "--test_after_fit",
+        type=bool,
+        default=False,
         help="After fit, test the best checkpoint on the test split, logging into the same run.",
     )
     # A parser default rather than LightningCLI's persistent trainer_defaults callbacks, so that a
@@ -50,8 +52,13 @@ def add_zoo_arguments(parser: LightningArgumentParser) -> None:
 _PARSER_KEY = re.compile(r'Parser key "([^"]+)":\s*(.*)')
 _CLASS_PATH = re.compile(r"Problem with given class_path '([^']+)':\s*(.*)")
 _UNKNOWN_OPTION = re.compile(r"Option '([^']+)' is not accepted|Group '([^']+)' does not accept option '([^']+)'")
-_UNION_NOISE = ("Does not validate against any of the Union subtypes", "Subtypes:", "Errors:", "Given value",
-                "Expected a <class 'NoneType'>")
+_UNION_NOISE = (
+    "Does not validate against any of the Union subtypes",
+    "Subtypes:",
+    "Errors:",
+    "Given value",
+    "Expected a <class 'NoneType'>",
+)
 
 
 def _leaves(message: str):
@@ -94,7 +101,7 @@ def parser_error_line(message: str) -> str:
 
 
 def close_names(class_path: str | None, name: str) -> str:
-    """"; did you mean 'width'?" from the init arguments of ``class_path``, which the parser has already imported
+    """ "; did you mean 'width'?" from the init arguments of ``class_path``, which the parser has already imported
     (nothing is imported here)."""
     module, _, attr = (class_path or "").rpartition(".")
     cls = getattr(sys.modules.get(module), attr, None)
@@ -122,6 +129,5 @@ class ZooArgumentParser(LightningArgumentParser):
             flags = [f for f in message.split(":", 1)[1].split() if f.startswith("--")]
             near = [difflib.get_close_matches(f.split("=")[0], compat.option_flags(parser), n=1) for f in flags]
             line += "".join(f"; did you mean {n[0]}?" for n in near if n)
-        sys.stderr.write(f"error: {line}\n"
-                         f"(the options: {prog} --help; the whole message: rerun with --verbose)\n")
+        sys.stderr.write(f"error: {line}\n(the options: {prog} --help; the whole message: rerun with --verbose)\n")
         sys.exit(2)

@@ -25,8 +25,9 @@ def quiet_uninformative_messages() -> None:
     warnings.filterwarnings("ignore", message=r".*\.fit\(ckpt_path=None\)` was called without a model")
     warnings.filterwarnings("ignore", message=r".*\.fit\(ckpt_path=\"last\"\) is set, but there is no last checkpoint")
     # Lightning 2.6's own _pytree helper builds the LeafSpec that torch 2.14 deprecates.
-    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-                            category=FutureWarning)
+    warnings.filterwarnings(
+        "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
+    )
     noise = (
         "💡 Tip: For seamless cloud logging",  # an advertisement for Lightning's hosted logger
         "Loading `train_dataloader` to estimate number of stepping batches",  # the schedules' horizon
@@ -37,7 +38,8 @@ def quiet_uninformative_messages() -> None:
     # Said when OnExceptionCheckpoint saves a full checkpoint (optimizer state included); reads as if a file
     # were being loaded unsafely.
     logging.getLogger("lightning.pytorch.trainer.connectors.checkpoint_connector").addFilter(
-        lambda record: not str(record.msg).startswith("`weights_only` was not set, defaulting to `False`"))
+        lambda record: not str(record.msg).startswith("`weights_only` was not set, defaulting to `False`")
+    )
 
 
 def bad_input(err: BaseException) -> BaseException | None:
@@ -51,8 +53,18 @@ def bad_input(err: BaseException) -> BaseException | None:
 
     while err is not None:
         # MisconfigurationException: Lightning's own one-line refusal of a Trainer setting (max_epochs=-5, devices=0)
-        if isinstance(err, (FileNotFoundError, NotADirectoryError, CheckpointError, InputError, DependencyNotInstalled,
-                            TrackingServerUnreachable, MisconfigurationException)):
+        if isinstance(
+            err,
+            (
+                FileNotFoundError,
+                NotADirectoryError,
+                CheckpointError,
+                InputError,
+                DependencyNotInstalled,
+                TrackingServerUnreachable,
+                MisconfigurationException,
+            ),
+        ):
             return err
         # models:/<name>@<alias> or a version that the registry does not have: the message names it
         if getattr(err, "error_code", None) == "RESOURCE_DOES_NOT_EXIST":
@@ -95,6 +107,9 @@ def run(main: Callable[[], object]) -> None:
         cause = bad_input(err)
         if cause is None or os.environ.get(VERBOSE_ENV):
             raise
-        print(f"error: {one_line(cause)}{install_hint(cause)}\n(the full traceback: rerun with --verbose or "
-              f"{VERBOSE_ENV}=1)", file=sys.stderr)
+        print(
+            f"error: {one_line(cause)}{install_hint(cause)}\n(the full traceback: rerun with --verbose or "
+            f"{VERBOSE_ENV}=1)",
+            file=sys.stderr,
+        )
         sys.exit(1)

@@ -31,32 +31,53 @@ from zoo.layers.weights import classifier_head, extract_state_dict, load_file, l
 
 # Per block: (ours, Hugging Face, OpenAI); the q/k/v triple is handled apart.
 _BLOCK_KEYS = [
-    ("ln_1.weight", "layer_norm1.weight", "ln_1.weight"), ("ln_1.bias", "layer_norm1.bias", "ln_1.bias"),
+    ("ln_1.weight", "layer_norm1.weight", "ln_1.weight"),
+    ("ln_1.bias", "layer_norm1.bias", "ln_1.bias"),
     ("attn.proj.weight", "self_attn.out_proj.weight", "attn.out_proj.weight"),
     ("attn.proj.bias", "self_attn.out_proj.bias", "attn.out_proj.bias"),
-    ("ln_2.weight", "layer_norm2.weight", "ln_2.weight"), ("ln_2.bias", "layer_norm2.bias", "ln_2.bias"),
-    ("mlp.fc.weight", "mlp.fc1.weight", "mlp.c_fc.weight"), ("mlp.fc.bias", "mlp.fc1.bias", "mlp.c_fc.bias"),
-    ("mlp.proj.weight", "mlp.fc2.weight", "mlp.c_proj.weight"), ("mlp.proj.bias", "mlp.fc2.bias", "mlp.c_proj.bias"),
+    ("ln_2.weight", "layer_norm2.weight", "ln_2.weight"),
+    ("ln_2.bias", "layer_norm2.bias", "ln_2.bias"),
+    ("mlp.fc.weight", "mlp.fc1.weight", "mlp.c_fc.weight"),
+    ("mlp.fc.bias", "mlp.fc1.bias", "mlp.c_fc.bias"),
+    ("mlp.proj.weight", "mlp.fc2.weight", "mlp.c_proj.weight"),
+    ("mlp.proj.bias", "mlp.fc2.bias", "mlp.c_proj.bias"),
 ]
 # Whole-model keys: (ours, Hugging Face, OpenAI, OpenAI stores it transposed).
 _TOP_KEYS = [
     ("image_encoder.conv1.weight", "vision_model.embeddings.patch_embedding.weight", "visual.conv1.weight", False),
     ("image_encoder.class_embedding", "vision_model.embeddings.class_embedding", "visual.class_embedding", False),
-    ("image_encoder.positional_embedding", "vision_model.embeddings.position_embedding.weight", "visual.positional_embedding", False),
+    (
+        "image_encoder.positional_embedding",
+        "vision_model.embeddings.position_embedding.weight",
+        "visual.positional_embedding",
+        False,
+    ),
     ("image_encoder.ln_pre.weight", "vision_model.pre_layrnorm.weight", "visual.ln_pre.weight", False),
     ("image_encoder.ln_pre.bias", "vision_model.pre_layrnorm.bias", "visual.ln_pre.bias", False),
     ("image_encoder.ln_post.weight", "vision_model.post_layernorm.weight", "visual.ln_post.weight", False),
     ("image_encoder.ln_post.bias", "vision_model.post_layernorm.bias", "visual.ln_post.bias", False),
     ("image_encoder.proj.weight", "visual_projection.weight", "visual.proj", True),
-    ("text_encoder.token_embedding.weight", "text_model.embeddings.token_embedding.weight", "token_embedding.weight", False),
-    ("text_encoder.positional_embedding", "text_model.embeddings.position_embedding.weight", "positional_embedding", False),
+    (
+        "text_encoder.token_embedding.weight",
+        "text_model.embeddings.token_embedding.weight",
+        "token_embedding.weight",
+        False,
+    ),
+    (
+        "text_encoder.positional_embedding",
+        "text_model.embeddings.position_embedding.weight",
+        "positional_embedding",
+        False,
+    ),
     ("text_encoder.ln_final.weight", "text_model.final_layer_norm.weight", "ln_final.weight", False),
     ("text_encoder.ln_final.bias", "text_model.final_layer_norm.bias", "ln_final.bias", False),
     ("text_encoder.proj.weight", "text_projection.weight", "text_projection", True),
     ("logit_scale", "logit_scale", "logit_scale", False),
 ]
-_TOWERS = {"image_encoder": ("vision_model.encoder.layers", "visual.transformer.resblocks"),
-           "text_encoder": ("text_model.encoder.layers", "transformer.resblocks")}
+_TOWERS = {
+    "image_encoder": ("vision_model.encoder.layers", "visual.transformer.resblocks"),
+    "text_encoder": ("text_model.encoder.layers", "transformer.resblocks"),
+}
 
 
 def _layers(sd: dict[str, Tensor], prefix: str) -> int:
@@ -117,15 +138,29 @@ def hf_clip_kwargs(config: dict) -> dict:
     eot = t.get("eos_token_id", 49407)
     eot = t["vocab_size"] - 1 if eot == 2 else eot
     vision = dict(
-        image_size=v["image_size"], patch_size=v["patch_size"], in_channels=v.get("num_channels", 3),
-        width=v["hidden_size"], layers=v["num_hidden_layers"], heads=v["num_attention_heads"],
-        mlp_ratio=v["intermediate_size"] / v["hidden_size"], embed_dim=embed, pool="cls",
-        act=v.get("hidden_act", "quick_gelu"), norm_eps=v.get("layer_norm_eps", 1e-5),
+        image_size=v["image_size"],
+        patch_size=v["patch_size"],
+        in_channels=v.get("num_channels", 3),
+        width=v["hidden_size"],
+        layers=v["num_hidden_layers"],
+        heads=v["num_attention_heads"],
+        mlp_ratio=v["intermediate_size"] / v["hidden_size"],
+        embed_dim=embed,
+        pool="cls",
+        act=v.get("hidden_act", "quick_gelu"),
+        norm_eps=v.get("layer_norm_eps", 1e-5),
     )
     text = dict(
-        vocab_size=t["vocab_size"], context_length=t.get("max_position_embeddings", 77), width=t["hidden_size"],
-        layers=t["num_hidden_layers"], heads=t["num_attention_heads"], mlp_ratio=t["intermediate_size"] / t["hidden_size"],
-        embed_dim=embed, eot_id=eot, act=t.get("hidden_act", "quick_gelu"), norm_eps=t.get("layer_norm_eps", 1e-5),
+        vocab_size=t["vocab_size"],
+        context_length=t.get("max_position_embeddings", 77),
+        width=t["hidden_size"],
+        layers=t["num_hidden_layers"],
+        heads=t["num_attention_heads"],
+        mlp_ratio=t["intermediate_size"] / t["hidden_size"],
+        embed_dim=embed,
+        eot_id=eot,
+        act=t.get("hidden_act", "quick_gelu"),
+        norm_eps=t.get("layer_norm_eps", 1e-5),
     )
     return {"vision": vision, "text": text, "init_logit_scale": config.get("logit_scale_init_value", 2.6592)}
 
@@ -134,8 +169,10 @@ def _weights_file(folder: Path) -> Path:
     for name in ("model.safetensors", "pytorch_model.bin"):
         if (folder / name).is_file():
             return folder / name
-    raise FileNotFoundError(f"No model.safetensors or pytorch_model.bin in {str(folder)!r}: point at a Hugging Face "
-                            "CLIP folder (config.json and weights), e.g. one written by CLIPModel.save_pretrained")
+    raise FileNotFoundError(
+        f"No model.safetensors or pytorch_model.bin in {str(folder)!r}: point at a Hugging Face "
+        "CLIP folder (config.json and weights), e.g. one written by CLIPModel.save_pretrained"
+    )
 
 
 def _read_config(folder: Path) -> dict:
@@ -173,10 +210,14 @@ def load_hf_clip_into(net: CLIP, path: str | Path) -> CLIP:
 def zoo_yaml(folder: str | Path) -> str:
     """The ``model.init_args.net`` YAML block matching a Hugging Face folder, for a config file."""
     k = hf_clip_kwargs(_read_config(Path(folder)))
-    block = {"class_path": "zoo.clip.CLIP", "init_args": {
-        "image_encoder": {"class_path": "zoo.clip.VisionTransformer", "init_args": k["vision"]},
-        "text_encoder": {"class_path": "zoo.clip.TextTransformer", "init_args": k["text"]},
-        "init_logit_scale": k["init_logit_scale"]}}
+    block = {
+        "class_path": "zoo.clip.CLIP",
+        "init_args": {
+            "image_encoder": {"class_path": "zoo.clip.VisionTransformer", "init_args": k["vision"]},
+            "text_encoder": {"class_path": "zoo.clip.TextTransformer", "init_args": k["text"]},
+            "init_logit_scale": k["init_logit_scale"],
+        },
+    }
     return yaml.safe_dump({"net": block}, sort_keys=False)
 
 

@@ -50,7 +50,9 @@ def _gather_pair(image_features: Tensor, text_features: Tensor, gather: bool) ->
     return all_images, all_texts, offset
 
 
-def infonce_loss(image_features: Tensor, text_features: Tensor, logit_scale: Tensor, gather: bool = True) -> dict[str, Tensor]:
+def infonce_loss(
+    image_features: Tensor, text_features: Tensor, logit_scale: Tensor, gather: bool = True
+) -> dict[str, Tensor]:
     """Symmetric InfoNCE of this rank's rows against all ranks' pairs; features (b, E) normalised.
 
     Returns ``loss`` (the mean of the two directions), ``loss_i2t`` and ``loss_t2i``.

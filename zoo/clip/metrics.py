@@ -24,8 +24,12 @@ RECALL_AT = (1, 5, 10)
 
 
 def recall_at_k(
-    similarity: Tensor, query_groups: Tensor, item_groups: Tensor, relevant: Tensor | None = None,
-    ks=RECALL_AT, chunk: int = 1024,
+    similarity: Tensor,
+    query_groups: Tensor,
+    item_groups: Tensor,
+    relevant: Tensor | None = None,
+    ks=RECALL_AT,
+    chunk: int = 1024,
 ) -> dict[int, Tensor]:
     """Share of queries (rows of the (Q, N) similarity) with a relevant item among their k most similar.
 

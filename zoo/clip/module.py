@@ -35,7 +35,6 @@ from zoo.layers.weights import check_compatible, extract_state_dict, readable
 class ContrastiveModule(WeightsOnlyLoading, LightningModule):
     """Trains ``net`` (a ``CLIP``) with InfoNCE or the sigmoid loss across all ranks' pairs."""
 
-
     def __init__(
         self,
         net: CLIP,
@@ -100,8 +99,11 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
 
     def _locked_towers(self) -> list[nn.Module]:
         h = self.hparams
-        return [t for t, lock in ((self.net.image_encoder, h.get("lock_image")), (self.net.text_encoder, h.get("lock_text")))
-                if lock]
+        return [
+            t
+            for t, lock in ((self.net.image_encoder, h.get("lock_image")), (self.net.text_encoder, h.get("lock_text")))
+            if lock
+        ]
 
     def on_train_epoch_start(self) -> None:
         for tower in self._locked_towers():  # Lightning puts the whole module in train mode before each epoch
@@ -113,11 +115,15 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
         ctx = getattr(tower, "context_length", None)
         tok = self.tokenizer
         if n_vocab is not None and tok.vocab_size > n_vocab:
-            raise ValueError(f"the tokenizer has {tok.vocab_size} ids but the text tower's vocab_size is {n_vocab}: "
-                             f"set --model.init_args.net.init_args.text_encoder.init_args.vocab_size={tok.vocab_size}")
+            raise ValueError(
+                f"the tokenizer has {tok.vocab_size} ids but the text tower's vocab_size is {n_vocab}: "
+                f"set --model.init_args.net.init_args.text_encoder.init_args.vocab_size={tok.vocab_size}"
+            )
         if eot is not None and eot != tok.eos_id:
-            raise ValueError(f"the text tower reads eot_id={eot} but the tokenizer ends texts with {tok.eos_id}: "
-                             f"set --model.init_args.net.init_args.text_encoder.init_args.eot_id={tok.eos_id}")
+            raise ValueError(
+                f"the text tower reads eot_id={eot} but the tokenizer ends texts with {tok.eos_id}: "
+                f"set --model.init_args.net.init_args.text_encoder.init_args.eot_id={tok.eos_id}"
+            )
         if ctx is not None and self.context_length > ctx:
             raise ValueError(f"the data's context_length {self.context_length} exceeds the text tower's {ctx}")
 
@@ -152,8 +158,14 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         out = self(batch["image"], batch["text"])
         self.log("val/loss", self._loss(out)["loss"], prog_bar=True, sync_dist=True, batch_size=len(batch["text"]))
-        fields = {"image": out["image_features"], "text": out["text_features"], "label": batch["label"],
-                  "image_id": batch["image_id"], "caption_id": batch["caption_id"], "index": batch["index"]}
+        fields = {
+            "image": out["image_features"],
+            "text": out["text_features"],
+            "label": batch["label"],
+            "image_id": batch["image_id"],
+            "caption_id": batch["caption_id"],
+            "index": batch["index"],
+        }
         for k, v in fields.items():
             self._val.setdefault(k, []).append(v)
 
@@ -237,8 +249,10 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
         dm = self.trainer.datamodule
         tok = getattr(dm, "tokenizer", None)
         if tok is not None and self.tokenizer is not None and tok.to_dict() != self.tokenizer.to_dict():
-            raise ValueError("the data's tokenizer differs from the one this checkpoint was trained with: "
-                             "predict with the data settings (tokenizer, path) of the training run")
+            raise ValueError(
+                "the data's tokenizer differs from the one this checkpoint was trained with: "
+                "predict with the data settings (tokenizer, path) of the training run"
+            )
 
     # -- checkpoints ---------------------------------------------------------------------------------------
 

@@ -198,7 +198,12 @@ class TextTransformer(nn.Module):
             norm_eps: LayerNorm epsilon.
         """
         super().__init__()
-        self.vocab_size, self.context_length, self.embed_dim, self.eot_id = vocab_size, context_length, embed_dim, eot_id
+        self.vocab_size, self.context_length, self.embed_dim, self.eot_id = (
+            vocab_size,
+            context_length,
+            embed_dim,
+            eot_id,
+        )
         self.token_embedding = nn.Embedding(vocab_size, width)
         self.positional_embedding = nn.Parameter(0.01 * torch.randn(context_length, width))
         self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio, act, True, norm_eps) for _ in range(layers))

@@ -20,8 +20,15 @@ from zoo.layers.logging import lightning_writes
 from zoo.layers.new_inputs import image_inputs, top_k_columns
 from zoo.layers.optim import AdamWCosine
 from zoo.layers.parallel import shard
-from zoo.layers.weights import (check_compatible, classifier_head, extract_state_dict, load_file, load_with_new_head,
-                                readable, replace_head)
+from zoo.layers.weights import (
+    check_compatible,
+    classifier_head,
+    extract_state_dict,
+    load_file,
+    load_with_new_head,
+    readable,
+    replace_head,
+)
 
 
 def classification_loss(logits: Tensor, target: Tensor, label_smoothing: float = 0.0) -> dict[str, Tensor]:
@@ -90,8 +97,10 @@ class ClassifierModule(WeightsOnlyLoading, LightningModule):
         """num_classes from the data unless the net states one; a stated one that disagrees is an error."""
         if k is None:
             if self.net.num_classes is None:
-                raise ValueError("the net's num_classes is not set and the data does not say how many classes it has: "
-                                 "set model.init_args.net.init_args.num_classes")
+                raise ValueError(
+                    "the net's num_classes is not set and the data does not say how many classes it has: "
+                    "set model.init_args.net.init_args.num_classes"
+                )
             return
         if self.net.num_classes is None:
             replace_head(self.net, k)
@@ -100,8 +109,10 @@ class ClassifierModule(WeightsOnlyLoading, LightningModule):
                 self.hparams["net"]["init_args"]["num_classes"] = k
         elif self.net.num_classes != k:
             shown = f" ({', '.join(map(str, names[:6]))}{', ...' if len(names) > 6 else ''})" if names else ""
-            raise ValueError(f"the net has num_classes={self.net.num_classes} but the data has {k} classes{shown}: "
-                             f"drop num_classes from the net's config to take the data's, or set it to {k}")
+            raise ValueError(
+                f"the net has num_classes={self.net.num_classes} but the data has {k} classes{shown}: "
+                f"drop num_classes from the net's config to take the data's, or set it to {k}"
+            )
 
     def _load_init_weights(self, path: str) -> None:
         state_dict = extract_state_dict(load_file(readable(path)), "net.")

@@ -125,8 +125,11 @@ def dit_args(state: Mapping[str, Tensor]) -> dict[str, int | bool]:
 def diffusers_weights_file(folder: Path) -> Path:
     """The weights of a diffusers ``save_pretrained`` folder (the transformer's, or a pipeline's ``transformer/``)."""
     for sub in (folder, folder / "transformer"):
-        for name in ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.safetensors.index.json",
-                     "diffusion_pytorch_model.bin"):
+        for name in (
+            "diffusion_pytorch_model.safetensors",
+            "diffusion_pytorch_model.safetensors.index.json",
+            "diffusion_pytorch_model.bin",
+        ):
             if (sub / name).is_file():
                 return sub / name
     raise FileNotFoundError(
@@ -173,8 +176,10 @@ def load_dit_weights(net: nn.Module, path: str | Path) -> nn.Module:
         if "x_embedder.proj.weight" not in state or "final_layer.linear.weight" not in state:
             raise
         args = " ".join(f"--model.init_args.net.init_args.{k}={v}" for k, v in dit_args(state).items())
-        raise ValueError(f"{err}\nThese weights are a DiT with: {args} (and the heads they were trained with: "
-                         f"6, 12, 16, 16 in the S, B, L, XL presets)") from None
+        raise ValueError(
+            f"{err}\nThese weights are a DiT with: {args} (and the heads they were trained with: "
+            f"6, 12, 16, 16 in the S, B, L, XL presets)"
+        ) from None
     net.load_state_dict(state)
     return net
 

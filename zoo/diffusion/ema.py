@@ -77,8 +77,9 @@ class EMA(WeightAveraging):
         if stage == "fit":
             self._average = None  # made at the first update, from the (by then sharded) weights
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         step_idx = trainer.global_step - 1  # 0-based index of the optimizer step just taken
         if trainer.global_step <= self._latest_update_step or not self.should_update(step_idx):
             return  # no optimizer step since the last update (gradient accumulation), or not started

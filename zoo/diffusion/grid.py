@@ -17,4 +17,3 @@ def image_grid(images: Tensor, nrow: int | None = None, padding: int = 2):
     grid = make_grid(images.detach().float().cpu().clamp(-1, 1) * 0.5 + 0.5, nrow=nrow, padding=padding)  # (3, H', W')
     array = (grid * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
     return Image.fromarray(array[..., 0] if array.shape[-1] == 1 else array)
-

@@ -38,12 +38,14 @@ def discretized_gaussian_log_likelihood(x: Tensor, mean: Tensor, log_scale: Tens
     upper, lower = inv_std * (x - mean + 1 / 255), inv_std * (x - mean - 1 / 255)  # bin edges, standardised
     # Difference of CDFs from the nearer tail: two CDFs close to 1 would cancel to 0 in float32.
     mass = torch.where(
-        lower > 0, torch.special.ndtr(-lower) - torch.special.ndtr(-upper),
+        lower > 0,
+        torch.special.ndtr(-lower) - torch.special.ndtr(-upper),
         torch.special.ndtr(upper) - torch.special.ndtr(lower),
     )
     log_mid = mass.clamp(min=1e-12).log()
     return torch.where(
-        x < -0.999, torch.special.log_ndtr(upper),  # P(X < upper): the lowest bin extends to -inf
+        x < -0.999,
+        torch.special.log_ndtr(upper),  # P(X < upper): the lowest bin extends to -inf
         torch.where(x > 0.999, torch.special.log_ndtr(-lower), log_mid),  # P(X > lower): the highest, to +inf
     )
 

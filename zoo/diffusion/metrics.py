@@ -3,7 +3,8 @@
 FID takes the features from an ImageNet Inception-v3, which needs its weights file. Always available
 offline instead: the features of a classifier the zoo trained on the same data (the input of its last
 linear layer), through ``ClassifierFeatures``, which torchmetrics' ``FrechetInceptionDistance`` takes as its
-feature extractor (``callbacks.FrechetDistance``, which loads the classifier: this family knows no other). Its numbers are not FID's and compare only between runs
+feature extractor (``callbacks.FrechetDistance``, which loads the classifier: this family knows no other). Its
+numbers are not FID's and compare only between runs
 that use the same classifier checkpoint, but they fall as samples approach the data just the same.
 
 Notation: B images, F feature width.

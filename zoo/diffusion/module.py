@@ -75,7 +75,8 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
             prediction: what the net outputs: "eps" (noise), "v" (Salimans & Ho 2022) or "x0" (clean image).
             min_snr_gamma: weight the loss by min(SNR, gamma) in x0 units (Hang et al. 2023; 5 there); None: unweighted.
             label_dropout: fraction of training labels replaced by the null class, for classifier-free guidance.
-            clip_denoised: clamp the predicted x0 to [-c, c] at every sampling step (1 for images in [-1, 1]); None: never.
+            clip_denoised: clamp the predicted x0 to [-c, c] at every sampling step (1 for images in [-1, 1]); None:
+            never.
             ema_decay: decay of the weights' exponential moving average (0.9999 in DiT); None: no EMA.
             ema_start_step: 0-based optimizer step of the first EMA update (the average starts as a copy of the weights
                 then; before it, validation and checkpoints use the weights themselves).
@@ -113,8 +114,11 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
 
     def configure_model(self) -> None:
         self._load_init_weights()  # before sharding (and before the EMA copies the weights at its first update)
-        if self.device_mesh is not None and (averaging := [  # the zoo's EMA stays sharded; others keep a whole copy
-                c for c in self.trainer.callbacks if isinstance(c, WeightAveraging) and not isinstance(c, EMA)]):
+        if self.device_mesh is not None and (
+            averaging := [  # the zoo's EMA stays sharded; others keep a whole copy
+                c for c in self.trainer.callbacks if isinstance(c, WeightAveraging) and not isinstance(c, EMA)
+            ]
+        ):
             raise ValueError(
                 f"{type(averaging[0]).__name__} keeps an unsharded copy of the model and cannot follow FSDP sharding: "
                 "use the module's own EMA (model.init_args.ema_decay) or no weight averaging to shard"
@@ -139,7 +143,7 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
     # -- the denoiser ------------------------------------------------------------------------------------
 
     def denoise(self, x: Tensor, t: Tensor, y: Tensor | None) -> Tensor:
-        """The net as the samplers' callable: (x_t, t, y) -> prediction shaped like x_t (then v, if it learns variances)."""
+        """The net as the samplers' callable: (x_t, t, y) -> a prediction shaped like x_t (then v if learnt)."""
         net = self.net
         if self.hparams.compile and self.training:
             if self._compiled is None:
@@ -188,7 +192,11 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
 
     @torch.no_grad()
     def sample(
-        self, n: int, sampler: SamplerClass | None = None, guidance_scale: float | None = None, seed: int = 0,
+        self,
+        n: int,
+        sampler: SamplerClass | None = None,
+        guidance_scale: float | None = None,
+        seed: int = 0,
         labels: Tensor | list[int] | None = None,
     ) -> Tensor:
         """``n`` images (n, C, H, W) in [-1, 1] drawn with ``sampler`` (default: the module's own); the same seed
@@ -223,8 +231,13 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         label = labels if self.num_classes else torch.full_like(labels, -1)
         # "images" in [0, 1]: WritePredictions writes each as a PNG (enlarged when tiny) and all of them as one grid,
         # in the run's folder ("images_dir" a name inside it), and adds each row's PNG path; zoo/ writes no file.
-        return {"index": batch["index"], "label": label, "seed": [seed] * len(labels), "images": images * 0.5 + 0.5,
-                "images_dir": batch.get("images_dir")}
+        return {
+            "index": batch["index"],
+            "label": label,
+            "seed": [seed] * len(labels),
+            "images": images * 0.5 + 0.5,
+            "images_dir": batch.get("images_dir"),
+        }
 
     # -- checkpoints -------------------------------------------------------------------------------------
 

@@ -148,7 +148,12 @@ class DDPMSampler(Sampler):
             variance: sigma_t^2 = beta-tilde_t (optimal for a point mass x_0) or beta_t (optimal for x_0 ~ N(0, I));
                 unused when the denoiser returns its own (learned) variance.
         """
-        self.schedule, self.prediction, self.variance, self.clip_denoised = schedule, prediction, variance, clip_denoised
+        self.schedule, self.prediction, self.variance, self.clip_denoised = (
+            schedule,
+            prediction,
+            variance,
+            clip_denoised,
+        )
         self._abar = schedule.alphas_cumprod.double().tolist()
         self._beta = schedule.betas.double().tolist()
         self._log_beta = schedule.log_betas.double().tolist()

@@ -16,7 +16,8 @@ Indexing: the T steps are 0..T-1 here; index i is the paper's t = i + 1, so ``al
 the paper's abar_{i+1}. Tensors are computed in float64 and kept in float32, on the device given to
 ``to()`` (they are not an ``nn.Module``'s buffers, so no EMA or checkpoint ever sees them).
 
-Notation: B batch; t (B,) int64 step indices (or one int for the whole batch); x (B, ...) any shape with the batch first.
+Notation: B batch; t (B,) int64 step indices (or one int for the whole batch); x (B, ...) any shape with the batch
+first.
 """
 
 from __future__ import annotations

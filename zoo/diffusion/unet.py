@@ -59,8 +59,11 @@ def upgrade_state_dict(state_dict: dict[str, Tensor], prefix: str = "") -> dict[
     """Rename, in place, the attention weights of checkpoints written before ``AttentionBlock`` used the shared
     ``SelfAttention``: its 1x1 convolutions ``qkv``/``proj`` (C_out, C, 1, 1) become ``attn.qkv``/``attn.proj``
     linears (C_out, C), the same numbers. Only keys under ``prefix`` with a 4-D ``qkv.weight`` are touched."""
-    blocks = [k[: -len("qkv.weight")] for k, v in state_dict.items()
-              if k.startswith(prefix) and k.endswith("qkv.weight") and v.ndim == 4]
+    blocks = [
+        k[: -len("qkv.weight")]
+        for k, v in state_dict.items()
+        if k.startswith(prefix) and k.endswith("qkv.weight") and v.ndim == 4
+    ]
     for block in blocks:
         for name in ("qkv", "proj"):
             for kind in ("weight", "bias"):
@@ -117,8 +120,9 @@ class Upsample(nn.Module):
 class Level(nn.Module):
     """The residual (+ attention) blocks of one resolution, on one side of the U."""
 
-    def __init__(self, c_ins: list[int], c_out: int, emb_dim: int, dropout: float, attention: bool,
-                 num_heads: int, groups: int) -> None:
+    def __init__(
+        self, c_ins: list[int], c_out: int, emb_dim: int, dropout: float, attention: bool, num_heads: int, groups: int
+    ) -> None:
         super().__init__()
         self.res = nn.ModuleList(ResBlock(c, c_out, emb_dim, dropout, groups) for c in c_ins)
         self.attn = nn.ModuleList(

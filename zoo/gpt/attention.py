@@ -81,7 +81,12 @@ class MHA(nn.Module):
     """Multi-head attention with G key-value heads: MHA when G == H, GQA when 1 < G < H, MQA when G == 1."""
 
     def __init__(
-        self, dim: int, n_head: int, bias: bool = True, dropout: float = 0.0, rope: bool = False,
+        self,
+        dim: int,
+        n_head: int,
+        bias: bool = True,
+        dropout: float = 0.0,
+        rope: bool = False,
         n_kv_head: int | None = None,
     ) -> None:
         """
@@ -96,8 +101,10 @@ class MHA(nn.Module):
         super().__init__()
         n_kv_head = n_kv_head or n_head
         if dim % n_head or n_head % n_kv_head:
-            raise InputError(f"Need n_embd % n_head == 0 and n_head % n_kv_head == 0; got n_embd={dim}, "
-                             f"n_head={n_head}, n_kv_head={n_kv_head}: choose heads that divide them")
+            raise InputError(
+                f"Need n_embd % n_head == 0 and n_head % n_kv_head == 0; got n_embd={dim}, "
+                f"n_head={n_head}, n_kv_head={n_kv_head}: choose heads that divide them"
+            )
         self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, dim // n_head
         self.rope, self.dropout = rope, dropout
         self.rope_dim = self.head_dim  # the GPT builds its tables for this width (used when ``rope``)
@@ -113,8 +120,15 @@ class MHA(nn.Module):
         """Training FLOPs per token of QK^T and AV over ``seq_len`` keys (forward and backward, no causal halving)."""
         return 6 * seq_len * 2 * self.n_head * self.head_dim
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache | None = None, start: int = 0,
-                mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        cache: LayerCache | None = None,
+        start: int = 0,
+        mask: Tensor | None = None,
+    ) -> Tensor:
         b, t, _ = x.shape
         hd, h, g = self.head_dim, self.n_head, self.n_kv_head
         q, k, v = self.qkv(x).split([h * hd, g * hd, g * hd], dim=-1)
@@ -140,9 +154,18 @@ class MLA(nn.Module):
     """
 
     def __init__(
-        self, dim: int, n_head: int, bias: bool = True, dropout: float = 0.0, rope: bool = True,
-        kv_lora_rank: int = 128, q_lora_rank: int | None = None, qk_nope_head_dim: int = 64,
-        qk_rope_head_dim: int = 32, v_head_dim: int = 64, norm_eps: float = 1e-5,
+        self,
+        dim: int,
+        n_head: int,
+        bias: bool = True,
+        dropout: float = 0.0,
+        rope: bool = True,
+        kv_lora_rank: int = 128,
+        q_lora_rank: int | None = None,
+        qk_nope_head_dim: int = 64,
+        qk_rope_head_dim: int = 32,
+        v_head_dim: int = 64,
+        norm_eps: float = 1e-5,
     ) -> None:
         """
         Args:
@@ -196,8 +219,15 @@ class MLA(nn.Module):
         c_kv, k_rope = self.kv_down(x).split([self.r, self.dp], dim=-1)
         return self.kv_norm(c_kv), apply_rope(k_rope.unsqueeze(1), cos, sin)  # (B, T, r), (B, 1, T, p)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache | None = None, start: int = 0,
-                mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        cache: LayerCache | None = None,
+        start: int = 0,
+        mask: Tensor | None = None,
+    ) -> Tensor:
         q_nope, q_rope = self.queries(x, cos, sin)
         c_kv, k_rope = self.latents(x, cos, sin)
         if cache is not None:

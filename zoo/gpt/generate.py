@@ -82,7 +82,10 @@ def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None 
 
 
 def sample_next(
-    logits: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+    logits: Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """Next ids (B,) from last-position logits (B, V); temperature 0 is greedy."""
@@ -133,16 +136,22 @@ class Generation:
 
     def __post_init__(self) -> None:
         # Checked when the config is read, before any run or data.
-        bad = [(name, rule) for name, ok, rule in (
-            ("max_new_tokens", self.max_new_tokens >= 1, "1 or more"),
-            ("temperature", self.temperature >= 0, "0 or more (0: greedy)"),
-            ("top_k", self.top_k is None or self.top_k >= 1, "1 or more, or null (all tokens)"),
-            ("top_p", self.top_p is None or 0 < self.top_p <= 1, "in (0, 1], or null (all tokens)"),
-        ) if not ok]
+        bad = [
+            (name, rule)
+            for name, ok, rule in (
+                ("max_new_tokens", self.max_new_tokens >= 1, "1 or more"),
+                ("temperature", self.temperature >= 0, "0 or more (0: greedy)"),
+                ("top_k", self.top_k is None or self.top_k >= 1, "1 or more, or null (all tokens)"),
+                ("top_p", self.top_p is None or 0 < self.top_p <= 1, "in (0, 1], or null (all tokens)"),
+            )
+            if not ok
+        ]
         if bad:
             name, rule = bad[0]
-            raise InputError(f"model.init_args.generation.{name}={getattr(self, name)} must be {rule}: pass "
-                             f"--model.init_args.generation.{name}=<such a value>")
+            raise InputError(
+                f"model.init_args.generation.{name}={getattr(self, name)} must be {rule}: pass "
+                f"--model.init_args.generation.{name}=<such a value>"
+            )
 
     @classmethod
     def of(cls, value: Generation | dict) -> Generation:
@@ -176,12 +185,16 @@ def generate(
         raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     longest, bs = max(p.numel() for p in prompts), net.block_size
     if longest >= bs:
-        raise InputError(f"A prompt of {longest} tokens leaves no room in the model's block_size {bs}: shorten it to "
-                         f"at most {bs - 1} tokens")
+        raise InputError(
+            f"A prompt of {longest} tokens leaves no room in the model's block_size {bs}: shorten it to "
+            f"at most {bs - 1} tokens"
+        )
     if past_block_size == "error" and longest + max_new_tokens > bs:
-        raise InputError(f"{longest} prompt tokens + max_new_tokens={max_new_tokens} exceed the model's block_size "
-                         f"{bs} (past_block_size='error'): ask for at most {bs - longest} new tokens, or pass "
-                         f"past_block_size='slide'")
+        raise InputError(
+            f"{longest} prompt tokens + max_new_tokens={max_new_tokens} exceed the model's block_size "
+            f"{bs} (past_block_size='error'): ask for at most {bs - longest} new tokens, or pass "
+            f"past_block_size='slide'"
+        )
     n = longest + max_new_tokens
     tokens, pad = left_padded(prompts, net.tok_emb.weight.device, n)  # (B, N), (B,)
     b = len(prompts)
@@ -204,8 +217,8 @@ def generate(
         slide = pos + 1 - first > bs  # the window is full: drop its oldest token and re-prefill
         first = pos + 1 - bs if slide else first
         if use_cache and not slide:
-            logits = net(tokens[:, pos:pos + 1], cache, pos - first, window_pad(pad, first))[:, -1]
+            logits = net(tokens[:, pos : pos + 1], cache, pos - first, window_pad(pad, first))[:, -1]
         else:
-            logits = net(tokens[:, first:pos + 1], cache, 0, window_pad(pad, first))[:, -1]
+            logits = net(tokens[:, first : pos + 1], cache, 0, window_pad(pad, first))[:, -1]
     net.train(was_training)
-    return [tokens[i, longest:int(ended[i])].clone() for i in range(b)]
+    return [tokens[i, longest : int(ended[i])].clone() for i in range(b)]

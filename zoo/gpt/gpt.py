@@ -36,8 +36,15 @@ class Block(nn.Module):
         self.norm2, self.mlp = norm(dim, eps=eps), mlp
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache | None = None, start: int = 0,
-                mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        cache: LayerCache | None = None,
+        start: int = 0,
+        mask: Tensor | None = None,
+    ) -> Tensor:
         x = x + self.drop(self.attn(self.norm1(x), cos, sin, cache, start, mask))
         return x + self.mlp(self.norm2(x))
 
@@ -119,8 +126,14 @@ class GPT(nn.Module):
             self.pos_emb = nn.Embedding(block_size, n_embd)
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
-            Block(attention(n_embd, n_head, bias, dropout, position == "rope"),
-                  mlp(n_embd, mlp_hidden, bias, dropout), norm_cls, n_embd, norm_eps, dropout)
+            Block(
+                attention(n_embd, n_head, bias, dropout, position == "rope"),
+                mlp(n_embd, mlp_hidden, bias, dropout),
+                norm_cls,
+                n_embd,
+                norm_eps,
+                dropout,
+            )
             for _ in range(n_layer)
         )
         self.norm_f = norm_cls(n_embd, eps=norm_eps)
@@ -168,8 +181,9 @@ class GPT(nn.Module):
             names.add("pos_emb.weight")
         return names
 
-    def forward(self, idx: Tensor, cache: list[LayerCache] | None = None, start: int = 0,
-                pad: Tensor | None = None) -> Tensor:
+    def forward(
+        self, idx: Tensor, cache: list[LayerCache] | None = None, start: int = 0, pad: Tensor | None = None
+    ) -> Tensor:
         """Logits (B, T, V) for ids (B, T) in slots start..start+T-1; ``cache`` holds the earlier slots.
 
         ``pad`` (B,) left-pads rows of unequal prompts in one batch: row b's first pad[b] slots are
@@ -178,15 +192,17 @@ class GPT(nn.Module):
         """
         t = idx.shape[1]
         if self.vocab_size is None:
-            raise RuntimeError("the net has no vocabulary yet: pass vocab_size, or let CausalLMModule set it from the tokenizer")
+            raise RuntimeError(
+                "the net has no vocabulary yet: pass vocab_size, or let CausalLMModule set it from the tokenizer"
+            )
         if start + t > self.block_size:
             raise ValueError(f"Sequence of {start + t} tokens exceeds block_size {self.block_size}")
         x = self.tok_emb(idx)  # (B, T, D)
         learned = self.position == "learned"
         if pad is None:  # every row at the same positions: slices, and SDPA's own causal mask
             mask = None
-            cos, sin = self.rope_cos[start:start + t], self.rope_sin[start:start + t]  # (T, rope_dim/2)
-            x = x + self.pos_emb.weight[start:start + t] if learned else x
+            cos, sin = self.rope_cos[start : start + t], self.rope_sin[start : start + t]  # (T, rope_dim/2)
+            x = x + self.pos_emb.weight[start : start + t] if learned else x
         else:
             pos, mask = padded_positions(pad, start, t)  # (B, T), (B, 1, T, S)
             cos, sin = self.rope_cos[pos].unsqueeze(1), self.rope_sin[pos].unsqueeze(1)  # (B, 1, T, rope_dim/2)
@@ -209,8 +225,11 @@ class GPT(nn.Module):
         """
         seq_len = seq_len or self.block_size
         in_mlps = {id(p) for block in self.blocks for p in block.mlp.parameters()}
-        n = sum(p.numel() for name, p in self.named_parameters()
-                if p.dim() >= 2 and "emb" not in name and id(p) not in in_mlps)
+        n = sum(
+            p.numel()
+            for name, p in self.named_parameters()
+            if p.dim() >= 2 and "emb" not in name and id(p) not in in_mlps
+        )
         if self.lm_head.weight is self.tok_emb.weight:
             n += self.lm_head.weight.numel()  # the tied head is a matmul too
         return 6 * n + sum(block.mlp.flops_per_token() + block.attn.flops_per_token(seq_len) for block in self.blocks)

@@ -24,23 +24,39 @@ from zoo.layers.weights import check_compatible, extract_state_dict, load_file
 
 # (ours, theirs) per block; "T" marks Conv1D weights that are stored transposed.
 _BLOCK_KEYS = [
-    ("norm1.weight", "ln_1.weight", ""), ("norm1.bias", "ln_1.bias", ""),
-    ("attn.qkv.weight", "attn.c_attn.weight", "T"), ("attn.qkv.bias", "attn.c_attn.bias", ""),
-    ("attn.proj.weight", "attn.c_proj.weight", "T"), ("attn.proj.bias", "attn.c_proj.bias", ""),
-    ("norm2.weight", "ln_2.weight", ""), ("norm2.bias", "ln_2.bias", ""),
+    ("norm1.weight", "ln_1.weight", ""),
+    ("norm1.bias", "ln_1.bias", ""),
+    ("attn.qkv.weight", "attn.c_attn.weight", "T"),
+    ("attn.qkv.bias", "attn.c_attn.bias", ""),
+    ("attn.proj.weight", "attn.c_proj.weight", "T"),
+    ("attn.proj.bias", "attn.c_proj.bias", ""),
+    ("norm2.weight", "ln_2.weight", ""),
+    ("norm2.bias", "ln_2.bias", ""),
 ]  # the MLP's keys are its class's (``to_hf``, ``from_hf``)
-_TOP_KEYS = [("tok_emb.weight", "wte.weight"), ("pos_emb.weight", "wpe.weight"),
-             ("norm_f.weight", "ln_f.weight"), ("norm_f.bias", "ln_f.bias")]
+_TOP_KEYS = [
+    ("tok_emb.weight", "wte.weight"),
+    ("pos_emb.weight", "wpe.weight"),
+    ("norm_f.weight", "ln_f.weight"),
+    ("norm_f.bias", "ln_f.bias"),
+]
 
 
 def gpt2_net_kwargs(config: dict) -> dict:
     """``GPT`` arguments for a Hugging Face ``GPT2Config`` dict."""
     return dict(
-        vocab_size=config["vocab_size"], block_size=config.get("n_positions", config.get("n_ctx", 1024)),
-        n_layer=config["n_layer"], n_embd=config["n_embd"], n_head=config["n_head"],
-        mlp_hidden=config.get("n_inner") or 4 * config["n_embd"], norm_eps=config.get("layer_norm_epsilon", 1e-5),
+        vocab_size=config["vocab_size"],
+        block_size=config.get("n_positions", config.get("n_ctx", 1024)),
+        n_layer=config["n_layer"],
+        n_embd=config["n_embd"],
+        n_head=config["n_head"],
+        mlp_hidden=config.get("n_inner") or 4 * config["n_embd"],
+        norm_eps=config.get("layer_norm_epsilon", 1e-5),
         tie_embeddings=config.get("tie_word_embeddings", True),
-        attention=MHA, norm=LayerNorm, mlp=GeluMLP.from_hf_config(config), position="learned", bias=True,
+        attention=MHA,
+        norm=LayerNorm,
+        mlp=GeluMLP.from_hf_config(config),
+        position="learned",
+        bias=True,
     )
 
 
@@ -120,11 +136,20 @@ def export_gpt2(net: GPT, folder: str | Path, eos_id: int | None = None) -> Path
         del sd["lm_head.weight"]  # transformers re-ties it from wte
     save_file({k: v.contiguous() for k, v in sd.items()}, folder / "model.safetensors", metadata={"format": "pt"})
     config = {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", **mlp.hf_config(),
-        "vocab_size": net.vocab_size, "n_positions": net.block_size, "n_ctx": net.block_size,
-        "n_embd": net.tok_emb.weight.shape[1], "n_layer": net.n_layer, "n_head": attn.n_head,
-        **net.norm_f.hf_config(), "tie_word_embeddings": tied,
-        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        **mlp.hf_config(),
+        "vocab_size": net.vocab_size,
+        "n_positions": net.block_size,
+        "n_ctx": net.block_size,
+        "n_embd": net.tok_emb.weight.shape[1],
+        "n_layer": net.n_layer,
+        "n_head": attn.n_head,
+        **net.norm_f.hf_config(),
+        "tie_word_embeddings": tied,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
     }
     if eos_id is None and net.vocab_size > 50256:
         eos_id = 50256
@@ -175,8 +200,12 @@ def _main() -> None:
     exp = sub.add_parser("export", help="Lightning checkpoint -> Hugging Face folder")
     exp.add_argument("checkpoint")
     exp.add_argument("folder")
-    exp.add_argument("--format", choices=["gpt2", "llama"], default="gpt2",
-                     help="gpt2: GPT2LMHeadModel; llama: LlamaForCausalLM for MHA/GQA, DeepseekV3ForCausalLM for MLA")
+    exp.add_argument(
+        "--format",
+        choices=["gpt2", "llama"],
+        default="gpt2",
+        help="gpt2: GPT2LMHeadModel; llama: LlamaForCausalLM for MHA/GQA, DeepseekV3ForCausalLM for MLA",
+    )
     args = parser.parse_args()
     from zoo.gpt.llama import export_hf
     from zoo.gpt.module import CausalLMModule

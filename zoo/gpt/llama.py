@@ -35,11 +35,19 @@ from zoo.layers.weights import check_compatible, extract_state_dict, load_file
 # (ours, theirs) inside block i / model.layers.i, shared by both families.
 _NORM_KEYS = [("norm1.weight", "input_layernorm.weight"), ("norm2.weight", "post_attention_layernorm.weight")]
 # (ours, theirs) for DeepSeek's MLA projections; q_down/q_norm/q_up exist with a q_lora_rank, q_proj without.
-_MLA_KEYS = [("q_down.weight", "q_a_proj.weight"), ("q_down.bias", "q_a_proj.bias"),
-             ("q_norm.weight", "q_a_layernorm.weight"), ("q_up.weight", "q_b_proj.weight"),
-             ("q_proj.weight", "q_proj.weight"), ("kv_down.weight", "kv_a_proj_with_mqa.weight"),
-             ("kv_down.bias", "kv_a_proj_with_mqa.bias"), ("kv_norm.weight", "kv_a_layernorm.weight"),
-             ("kv_up.weight", "kv_b_proj.weight"), ("proj.weight", "o_proj.weight"), ("proj.bias", "o_proj.bias")]
+_MLA_KEYS = [
+    ("q_down.weight", "q_a_proj.weight"),
+    ("q_down.bias", "q_a_proj.bias"),
+    ("q_norm.weight", "q_a_layernorm.weight"),
+    ("q_up.weight", "q_b_proj.weight"),
+    ("q_proj.weight", "q_proj.weight"),
+    ("kv_down.weight", "kv_a_proj_with_mqa.weight"),
+    ("kv_down.bias", "kv_a_proj_with_mqa.bias"),
+    ("kv_norm.weight", "kv_a_layernorm.weight"),
+    ("kv_up.weight", "kv_b_proj.weight"),
+    ("proj.weight", "o_proj.weight"),
+    ("proj.bias", "o_proj.bias"),
+]
 
 
 def _rope_theta(config: dict) -> float:
@@ -52,10 +60,17 @@ def _rope_theta(config: dict) -> float:
 
 def _common_kwargs(config: dict) -> dict:
     return dict(
-        vocab_size=config["vocab_size"], block_size=config.get("max_position_embeddings", 2048),
-        n_layer=config["num_hidden_layers"], n_embd=config["hidden_size"], n_head=config["num_attention_heads"],
-        norm=RMSNorm, norm_eps=config.get("rms_norm_eps", 1e-6), mlp=SwiGLU.from_hf_config(config),
-        mlp_hidden=config["intermediate_size"], position="rope", rope_base=_rope_theta(config),
+        vocab_size=config["vocab_size"],
+        block_size=config.get("max_position_embeddings", 2048),
+        n_layer=config["num_hidden_layers"],
+        n_embd=config["hidden_size"],
+        n_head=config["num_attention_heads"],
+        norm=RMSNorm,
+        norm_eps=config.get("rms_norm_eps", 1e-6),
+        mlp=SwiGLU.from_hf_config(config),
+        mlp_hidden=config["intermediate_size"],
+        position="rope",
+        rope_base=_rope_theta(config),
         tie_embeddings=config.get("tie_word_embeddings", False),
     )
 
@@ -68,18 +83,26 @@ def llama_net_kwargs(config: dict) -> dict:
     if bool(config.get("attention_bias", False)) != bool(config.get("mlp_bias", False)):
         raise ValueError("attention_bias and mlp_bias differ; the zoo's GPT has one bias switch")
     kv = config.get("num_key_value_heads") or h
-    return dict(_common_kwargs(config), bias=bool(config.get("attention_bias", False)),
-                attention=partial(MHA, n_kv_head=kv))
+    return dict(
+        _common_kwargs(config), bias=bool(config.get("attention_bias", False)), attention=partial(MHA, n_kv_head=kv)
+    )
 
 
 def deepseek_net_kwargs(config: dict) -> dict:
     """``GPT`` arguments for a Hugging Face ``DeepseekV3Config`` dict whose layers are all dense."""
     if config.get("first_k_dense_replace", 3) < config["num_hidden_layers"]:
-        raise ValueError("The config has MoE layers (first_k_dense_replace < num_hidden_layers): the zoo's GPT "
-                         "has dense MLPs only")
-    mla = partial(MLA, kv_lora_rank=config["kv_lora_rank"], q_lora_rank=config.get("q_lora_rank"),
-                  qk_nope_head_dim=config["qk_nope_head_dim"], qk_rope_head_dim=config["qk_rope_head_dim"],
-                  v_head_dim=config["v_head_dim"], norm_eps=1e-6)  # transformers' latent norms keep eps=1e-6
+        raise ValueError(
+            "The config has MoE layers (first_k_dense_replace < num_hidden_layers): the zoo's GPT has dense MLPs only"
+        )
+    mla = partial(
+        MLA,
+        kv_lora_rank=config["kv_lora_rank"],
+        q_lora_rank=config.get("q_lora_rank"),
+        qk_nope_head_dim=config["qk_nope_head_dim"],
+        qk_rope_head_dim=config["qk_rope_head_dim"],
+        v_head_dim=config["v_head_dim"],
+        norm_eps=1e-6,
+    )  # transformers' latent norms keep eps=1e-6
     return dict(_common_kwargs(config), bias=bool(config.get("attention_bias", False)), attention=mla)
 
 
@@ -104,11 +127,16 @@ def _attn_to_zoo(sd: dict, pre: str, net: GPT, interleave: bool) -> dict[str, Te
             out["attn.qkv.bias"] = torch.cat([sd[f"{pre}self_attn.{n}_proj.bias"] for n in "qkv"])
             out["attn.proj.bias"] = sd[f"{pre}self_attn.o_proj.bias"]
         return out
-    out = {f"attn.{ours}": sd[f"{pre}self_attn.{theirs}"] for ours, theirs in _MLA_KEYS
-           if f"{pre}self_attn.{theirs}" in sd}
+    out = {
+        f"attn.{ours}": sd[f"{pre}self_attn.{theirs}"] for ours, theirs in _MLA_KEYS if f"{pre}self_attn.{theirs}" in sd
+    }
     if interleave:
-        for key, per_head in (("attn.q_up.weight", True), ("attn.q_proj.weight", True),
-                              ("attn.kv_down.weight", False), ("attn.kv_down.bias", False)):
+        for key, per_head in (
+            ("attn.q_up.weight", True),
+            ("attn.q_proj.weight", True),
+            ("attn.kv_down.weight", False),
+            ("attn.kv_down.bias", False),
+        ):
             if key in out:
                 out[key] = _mla_rope_rows(out[key], attn.n_head, attn.dn, attn.dp, per_head, inverse=False)
     return out
@@ -130,8 +158,11 @@ def hf_to_zoo(sd: dict[str, Tensor], net: GPT, interleave: bool = False) -> dict
 
 def zoo_to_hf(sd: dict[str, Tensor], net: GPT) -> dict[str, Tensor]:
     """The inverse of ``hf_to_zoo`` (written without interleaving)."""
-    out = {"model.embed_tokens.weight": sd["tok_emb.weight"], "model.norm.weight": sd["norm_f.weight"],
-           "lm_head.weight": sd["lm_head.weight"]}
+    out = {
+        "model.embed_tokens.weight": sd["tok_emb.weight"],
+        "model.norm.weight": sd["norm_f.weight"],
+        "lm_head.weight": sd["lm_head.weight"],
+    }
     for i, block in enumerate(net.blocks):
         ours, pre = f"blocks.{i}.", f"model.layers.{i}."
         out.update({pre + theirs: sd[ours + o] for o, theirs in _NORM_KEYS})
@@ -146,8 +177,9 @@ def zoo_to_hf(sd: dict[str, Tensor], net: GPT) -> dict[str, Tensor]:
                         out[pre + f"self_attn.{n}_proj.{kind}"] = w
                     out[pre + f"self_attn.o_proj.{kind}"] = sd[ours + f"attn.proj.{kind}"]
         else:
-            out.update({pre + f"self_attn.{t}": sd[ours + f"attn.{o}"] for o, t in _MLA_KEYS
-                        if ours + f"attn.{o}" in sd})
+            out.update(
+                {pre + f"self_attn.{t}": sd[ours + f"attn.{o}"] for o, t in _MLA_KEYS if ours + f"attn.{o}" in sd}
+            )
     return out
 
 
@@ -197,20 +229,45 @@ def hf_config(net: GPT) -> dict:
     if net.position != "rope" or not block.mlp.hf_layout == net.norm_f.hf_layout == "llama":
         raise ValueError("Only a Llama-shaped net (RoPE, RMSNorm, SwiGLU) exports as Llama or DeepSeek-V3")
     config = dict(
-        vocab_size=net.vocab_size, max_position_embeddings=net.block_size, num_hidden_layers=net.n_layer,
-        hidden_size=net.tok_emb.weight.shape[1], num_attention_heads=attn.n_head,
-        **block.mlp.hf_config(), **net.norm_f.hf_config(),
-        tie_word_embeddings=net.lm_head.weight is net.tok_emb.weight, attention_bias=block.mlp.proj.bias is not None,
-        rope_parameters={"rope_type": "default", "rope_theta": net.rope_base}, attention_dropout=0.0,
+        vocab_size=net.vocab_size,
+        max_position_embeddings=net.block_size,
+        num_hidden_layers=net.n_layer,
+        hidden_size=net.tok_emb.weight.shape[1],
+        num_attention_heads=attn.n_head,
+        **block.mlp.hf_config(),
+        **net.norm_f.hf_config(),
+        tie_word_embeddings=net.lm_head.weight is net.tok_emb.weight,
+        attention_bias=block.mlp.proj.bias is not None,
+        rope_parameters={"rope_type": "default", "rope_theta": net.rope_base},
+        attention_dropout=0.0,
     )
     if isinstance(attn, MHA):
-        return dict(config, model_type="llama", architectures=["LlamaForCausalLM"], num_key_value_heads=attn.n_kv_head,
-                    head_dim=attn.head_dim)
+        return dict(
+            config,
+            model_type="llama",
+            architectures=["LlamaForCausalLM"],
+            num_key_value_heads=attn.n_kv_head,
+            head_dim=attn.head_dim,
+        )
     q_lora = attn.q_up.in_features if hasattr(attn, "q_up") else None
-    return dict(config, model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"], rope_interleave=False,
-                num_key_value_heads=attn.n_head, kv_lora_rank=attn.r, q_lora_rank=q_lora, qk_nope_head_dim=attn.dn,
-                qk_rope_head_dim=attn.dp, v_head_dim=attn.dv, first_k_dense_replace=net.n_layer,
-                n_routed_experts=1, num_experts_per_tok=1, n_group=1, topk_group=1, num_mtp_layers=0)
+    return dict(
+        config,
+        model_type="deepseek_v3",
+        architectures=["DeepseekV3ForCausalLM"],
+        rope_interleave=False,
+        num_key_value_heads=attn.n_head,
+        kv_lora_rank=attn.r,
+        q_lora_rank=q_lora,
+        qk_nope_head_dim=attn.dn,
+        qk_rope_head_dim=attn.dp,
+        v_head_dim=attn.dv,
+        first_k_dense_replace=net.n_layer,
+        n_routed_experts=1,
+        num_experts_per_tok=1,
+        n_group=1,
+        topk_group=1,
+        num_mtp_layers=0,
+    )
 
 
 def export_hf(net: GPT, folder: str | Path) -> Path:

@@ -41,8 +41,14 @@ class GeluMLP(nn.Module):
 
     hf_layout = "gpt2"  # the Hugging Face architecture whose MLP this is (GPT2LMHeadModel)
 
-    def __init__(self, dim: int, hidden: int | None = None, bias: bool = True, dropout: float = 0.0,
-                 approximate: Literal["exact", "tanh"] = "tanh") -> None:
+    def __init__(
+        self,
+        dim: int,
+        hidden: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        approximate: Literal["exact", "tanh"] = "tanh",
+    ) -> None:
         """
         Args:
             dim: model width D (given by the GPT).
@@ -80,8 +86,10 @@ class GeluMLP(nn.Module):
         return partial(cls, approximate=_GELU[act])
 
     def hf_config(self) -> dict:
-        return {"activation_function": "gelu_new" if self.approximate == "tanh" else "gelu",
-                "n_inner": self.proj.in_features}
+        return {
+            "activation_function": "gelu_new" if self.approximate == "tanh" else "gelu",
+            "n_inner": self.proj.in_features,
+        }
 
     def to_hf(self, sd: dict[str, Tensor]) -> dict[str, Tensor]:
         """Our keys (``fc.weight``, ...) -> GPT-2's inside a layer; its ``Conv1D`` stores weights as (in, out)."""
@@ -89,8 +97,11 @@ class GeluMLP(nn.Module):
 
     def from_hf(self, sd: dict[str, Tensor]) -> dict[str, Tensor]:
         """The inverse of ``to_hf``: a GPT-2 layer's keys (``mlp.c_fc.weight``, ...) -> ours."""
-        return {k.removeprefix("mlp.c_"): (v.t().contiguous() if k.endswith("weight") else v)
-                for k, v in sd.items() if k.startswith("mlp.")}
+        return {
+            k.removeprefix("mlp.c_"): (v.t().contiguous() if k.endswith("weight") else v)
+            for k, v in sd.items()
+            if k.startswith("mlp.")
+        }
 
 
 class SwiGLU(nn.Module):
@@ -132,8 +143,11 @@ class SwiGLU(nn.Module):
         return cls
 
     def hf_config(self) -> dict:
-        return {"hidden_act": "silu", "intermediate_size": self.proj.in_features,
-                "mlp_bias": self.proj.bias is not None}
+        return {
+            "hidden_act": "silu",
+            "intermediate_size": self.proj.in_features,
+            "mlp_bias": self.proj.bias is not None,
+        }
 
     def to_hf(self, sd: dict[str, Tensor]) -> dict[str, Tensor]:
         """Our keys -> Llama's inside a layer: ``fc`` splits into gate_proj and up_proj, ``proj`` is down_proj."""
@@ -162,8 +176,10 @@ MLPClass = Callable[[int, "int | None", bool, float], GeluMLP | SwiGLU]
 def mlp_of_old_config(mlp: MLPClass | Literal["gelu", "swiglu"], gelu: Literal["exact", "tanh"] | None) -> MLPClass:
     """The class an older config's strings (``mlp: gelu``, ``gelu: exact``, ``mlp: swiglu``) mean; a class as given."""
     if gelu is not None and not isinstance(mlp, str):
-        raise InputError(f"gelu={gelu!r} is a setting of the GELU MLP now: pass mlp: {{class_path: zoo.gpt.GeluMLP, "
-                         f"init_args: {{approximate: {gelu}}}}} instead of gelu")
+        raise InputError(
+            f"gelu={gelu!r} is a setting of the GELU MLP now: pass mlp: {{class_path: zoo.gpt.GeluMLP, "
+            f"init_args: {{approximate: {gelu}}}}} instead of gelu"
+        )
     if mlp == "gelu":
         return partial(GeluMLP, approximate=gelu or "tanh")
     return SwiGLU if mlp == "swiglu" else mlp

@@ -48,7 +48,8 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
             optimizer: AdamW with warmup and cosine decay (``zoo.layers.optim.AdamWCosine``); GPT-2/3 use betas
                 (0.9, 0.95) and weight decay 0.1.
             compile: run the net through ``torch.compile`` for training (weights and checkpoint keys unchanged).
-            init_weights: weights to start from: a Hugging Face GPT-2, Llama or DeepSeek-V3 folder (config.json + weights,
+            init_weights: weights to start from: a Hugging Face GPT-2, Llama or DeepSeek-V3 folder (config.json +
+            weights,
                 see zoo.gpt.llama), a safetensors file of this net or a zoo MLflow model (models:/name/version,
                 models:/name@alias, runs:/id/model); loaded weights-only, before any
                 checkpoint given by --ckpt_path is restored over them.
@@ -170,15 +171,22 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
     # -- generation --------------------------------------------------------------------------------------
 
     def generate(
-        self, prompts: list[str] | list[Tensor], max_new_tokens: int = 200, temperature: float = 1.0,
-        top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+        self,
+        prompts: list[str] | list[Tensor],
+        max_new_tokens: int = 200,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
     ) -> list[str] | list[Tensor]:
         """Continue each prompt (text, or 1-D id tensors); returns the continuations in the same form."""
         as_text = bool(prompts) and isinstance(prompts[0], str)
         if as_text and self.tokenizer is None:
             raise RuntimeError("No tokenizer: fit or load from a checkpoint made with a text datamodule, or pass ids")
         # An empty text starts a new document, from EOS, as the predict loader does.
-        ids = [torch.tensor(self.tokenizer.encode(p) or [self.tokenizer.eos_id]) for p in prompts] if as_text else prompts
+        ids = (
+            [torch.tensor(self.tokenizer.encode(p) or [self.tokenizer.eos_id]) for p in prompts] if as_text else prompts
+        )
         gen = None
         if seed is not None:
             gen = torch.Generator(self.device).manual_seed(seed)
@@ -192,8 +200,14 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
             self.tokenizer = getattr(self.trainer.datamodule, "tokenizer", None)
         g = Generation.of(self.hparams.generation)  # a dict in hparams, as checkpoints carry it
         out = generate(
-            self.net, batch["prompt_ids"], g.max_new_tokens, g.temperature, g.top_k, g.top_p,
-            eos_id=self.tokenizer.eos_id, generator=torch.Generator(self.device).manual_seed(g.seed + batch_idx),
+            self.net,
+            batch["prompt_ids"],
+            g.max_new_tokens,
+            g.temperature,
+            g.top_k,
+            g.top_p,
+            eos_id=self.tokenizer.eos_id,
+            generator=torch.Generator(self.device).manual_seed(g.seed + batch_idx),
             past_block_size=g.past_block_size,
         )
         return {"prompt": list(batch["text"]), "completion": [self.tokenizer.decode(o.tolist()) for o in out]}
@@ -212,4 +226,3 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
             check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
         if "tokenizer" in checkpoint:
             self.tokenizer = tokenizer_from_dict(checkpoint["tokenizer"])
-

@@ -28,8 +28,13 @@ class WeightsOnlyLoading:
 
     @classmethod
     def load_from_checkpoint(
-        cls, checkpoint_path: str | Path, map_location: Any = "cpu", hparams_file: str | Path | None = None,
-        strict: bool | None = None, weights_only: bool | None = None, **kwargs: Any,
+        cls,
+        checkpoint_path: str | Path,
+        map_location: Any = "cpu",
+        hparams_file: str | Path | None = None,
+        strict: bool | None = None,
+        weights_only: bool | None = None,
+        **kwargs: Any,
     ) -> LightningModule:
         """The module a checkpoint (a path, or an fsspec URL such as ``https://...``) holds, rebuilt from its
         hyperparameters (``kwargs`` override them) and loaded on ``map_location``; a file that would run code when
@@ -97,12 +102,16 @@ def reconcile(ckpt_path: str | Path, model: dict) -> list[str]:
     if model["class_path"] != class_path:
         raise CheckpointError(
             f"{ckpt_path} holds a {class_path} checkpoint; this run's model is {model['class_path']}; drop --config "
-            f"(the checkpoint brings its own model config) or pass a {model['class_path']} checkpoint")
+            f"(the checkpoint brings its own model config) or pass a {model['class_path']} checkpoint"
+        )
     was, given = _flat(old), _flat(_plain(model.get("init_args") or {}))
     # None asks the module to derive a size (num_classes, vocab_size from the data): the checkpoint holds the one
     # it derived, which is no difference.
-    diffs = [k for k in sorted(was.keys() | given.keys())
-             if was.get(k, MISSING) != given.get(k, MISSING) and given.get(k, MISSING) is not None]
+    diffs = [
+        k
+        for k in sorted(was.keys() | given.keys())
+        if was.get(k, MISSING) != given.get(k, MISSING) and given.get(k, MISSING) is not None
+    ]
     if not diffs:
         return []
     wanted = old
@@ -110,13 +119,19 @@ def reconcile(ckpt_path: str | Path, model: dict) -> list[str]:
         wanted = _with(wanted, k, given.get(k, MISSING))
     if _shapes(class_path, wanted) != (trained := _shapes(class_path, old)):
         shaping = [k for k in diffs if _shapes(class_path, _with(old, k, given.get(k, MISSING))) != trained]
-        named = "; ".join(f"model.init_args.{k}={given.get(k, MISSING)} (trained with {was.get(k, MISSING)})"
-                          for k in shaping or diffs)
+        named = "; ".join(
+            f"model.init_args.{k}={given.get(k, MISSING)} (trained with {was.get(k, MISSING)})"
+            for k in shaping or diffs
+        )
         raise CheckpointError(
             f"{ckpt_path}: {named} changes the shape of the checkpoint's weights: drop it (the checkpoint brings "
-            "its own value) or pass a checkpoint trained with it")
-    return [f"model.init_args.{k}: {given.get(k, MISSING)} (this run's config) wins over the checkpoint's "
-            f"{was.get(k, MISSING)}" for k in diffs]
+            "its own value) or pass a checkpoint trained with it"
+        )
+    return [
+        f"model.init_args.{k}: {given.get(k, MISSING)} (this run's config) wins over the checkpoint's "
+        f"{was.get(k, MISSING)}"
+        for k in diffs
+    ]
 
 
 def _plain(value: Any) -> Any:
@@ -154,6 +169,6 @@ def _shapes(class_path: str, init_args: dict) -> dict[str, tuple] | None:
             with torch.device(device):
                 module = instantiate_module(LightningModule, {"_class_path": class_path, **init_args})
             return {k: tuple(v.shape) for k, v in module.state_dict().items()}
-        except Exception:  # noqa: BLE001 - a net that cannot be built on meta tensors is built on the CPU
+        except Exception:
             continue
     return None

@@ -146,8 +146,9 @@ def load_sharded(storage_reader, keys: set[str] | None = None) -> dict[str, Any]
     return state
 
 
-def module_from_checkpoint(cls: type[pl.LightningModule], checkpoint: dict[str, Any], strict: bool | None = None,
-                           **kwargs: Any) -> pl.LightningModule:
+def module_from_checkpoint(
+    cls: type[pl.LightningModule], checkpoint: dict[str, Any], strict: bool | None = None, **kwargs: Any
+) -> pl.LightningModule:
     """``cls.load_from_checkpoint`` on a checkpoint already read (weights-only, by ``zoo.layers.weights.load_file``).
 
     The public method reads the file itself, forcing ``weights_only=False`` for a remote path (http...) and

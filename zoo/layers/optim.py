@@ -11,16 +11,25 @@ import math
 from dataclasses import dataclass
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from torch.distributed.tensor import DTensor
-from lightning.pytorch.utilities import rank_zero_warn
 from torch.optim.lr_scheduler import LambdaLR
 
 from zoo.layers.errors import InputError
 
 _NORMS = (  # the lazy and sync variants subclass these
-    nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.InstanceNorm1d, nn.InstanceNorm2d,
-    nn.InstanceNorm3d, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm, nn.RMSNorm,
+    nn.BatchNorm1d,
+    nn.BatchNorm2d,
+    nn.BatchNorm3d,
+    nn.SyncBatchNorm,
+    nn.InstanceNorm1d,
+    nn.InstanceNorm2d,
+    nn.InstanceNorm3d,
+    nn.GroupNorm,
+    nn.LayerNorm,
+    nn.LocalResponseNorm,
+    nn.RMSNorm,
 )
 
 
@@ -73,7 +82,9 @@ class WarmupCosine(LambdaLR):
     first part decayed over the longer horizon.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.1):
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.1
+    ):
         self.warmup_steps = max(0, int(warmup_steps))
         self.total_steps = max(int(total_steps), self.warmup_steps + 1)
         self.min_lr_ratio = float(min_lr_ratio)
@@ -87,8 +98,12 @@ class WarmupCosine(LambdaLR):
         return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     def _settings(self) -> dict:
-        return {"total_steps": self.total_steps, "warmup_steps": self.warmup_steps,
-                "min_lr_ratio": self.min_lr_ratio, "base_lrs": list(self.base_lrs)}
+        return {
+            "total_steps": self.total_steps,
+            "warmup_steps": self.warmup_steps,
+            "min_lr_ratio": self.min_lr_ratio,
+            "base_lrs": list(self.base_lrs),
+        }
 
     def load_state_dict(self, state_dict: dict) -> None:
         planned = self._settings()  # this run's, from its config and trainer
@@ -125,8 +140,9 @@ def adamw_warmup_cosine(
 
     Returns the ``configure_optimizers`` dict, with the scheduler stepped every optimizer step.
     """
-    opt = torch.optim.AdamW(param_groups(net, weight_decay), lr=lr, betas=tuple(betas),
-                            fused=use_fused(list(net.parameters())) or None)
+    opt = torch.optim.AdamW(
+        param_groups(net, weight_decay), lr=lr, betas=tuple(betas), fused=use_fused(list(net.parameters())) or None
+    )
     total = trainer.estimated_stepping_batches if trainer is not None else warmup_steps + 1
     sched = WarmupCosine(opt, warmup_steps, int(total), min_lr_ratio)
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "name": "lr"}}
@@ -156,16 +172,22 @@ class AdamWCosine:
 
     def __post_init__(self) -> None:
         # Checked when the config is read, not at the first step (torch's "Invalid learning rate" traceback).
-        bad = [(name, rule) for name, ok, rule in (
-            ("lr", self.lr > 0, "above 0"), ("weight_decay", self.weight_decay >= 0, "0 or more"),
-            ("betas", all(0 <= b < 1 for b in self.betas), "each in [0, 1)"),
-            ("warmup_steps", self.warmup_steps >= 0, "0 or more"),
-            ("min_lr_ratio", 0 <= self.min_lr_ratio <= 1, "in [0, 1]"),
-        ) if not ok]
+        bad = [
+            (name, rule)
+            for name, ok, rule in (
+                ("lr", self.lr > 0, "above 0"),
+                ("weight_decay", self.weight_decay >= 0, "0 or more"),
+                ("betas", all(0 <= b < 1 for b in self.betas), "each in [0, 1)"),
+                ("warmup_steps", self.warmup_steps >= 0, "0 or more"),
+                ("min_lr_ratio", 0 <= self.min_lr_ratio <= 1, "in [0, 1]"),
+            )
+            if not ok
+        ]
         if bad:
             name, rule = bad[0]
-            raise InputError(f"optimizer {name}={getattr(self, name)} must be {rule}: set "
-                             f"model.init_args.optimizer.{name}")
+            raise InputError(
+                f"optimizer {name}={getattr(self, name)} must be {rule}: set model.init_args.optimizer.{name}"
+            )
 
     @classmethod
     def of(cls, value: AdamWCosine | dict) -> AdamWCosine:
@@ -174,5 +196,6 @@ class AdamWCosine:
 
     def configure(self, net: nn.Module, trainer) -> dict:
         """The ``configure_optimizers`` dict for ``net`` over the trainer's total optimizer steps."""
-        return adamw_warmup_cosine(net, trainer, self.lr, self.weight_decay, tuple(self.betas), self.warmup_steps,
-                                   self.min_lr_ratio)
+        return adamw_warmup_cosine(
+            net, trainer, self.lr, self.weight_decay, tuple(self.betas), self.warmup_steps, self.min_lr_ratio
+        )

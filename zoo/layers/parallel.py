@@ -57,7 +57,11 @@ def shard(net: nn.Module, device_mesh, blocks: Iterable[nn.Module] | None = None
         return net
     mesh = device_mesh["data_parallel"] if device_mesh.mesh_dim_names else device_mesh
     on_cuda = mesh.device_type == "cuda"
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if on_cuda else MixedPrecisionPolicy()
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if on_cuda
+        else MixedPrecisionPolicy()
+    )
     if blocks is None:
         blocks = [m for m in net.children() if any(True for _ in m.parameters())]
     for block in blocks:

@@ -53,14 +53,41 @@ LIGHTNING_INSTANTIATOR = "lightning.pytorch.cli.instantiate_module"
 # gymnasium's wrappers that take only plain values. Left out on review: Transform{Observation,Action,Reward} take a
 # callable, RecordVideo writes where it is told, HumanRendering opens a window, the array conversions pick devices
 # and array libraries.
-REVIEWED_WRAPPERS = frozenset(f"gymnasium.wrappers.{name}" for name in (
-    "AddRenderObservation", "AddWhiteNoise", "AtariPreprocessing", "Autoreset", "ClipAction", "ClipReward",
-    "DelayObservation", "DiscretizeAction", "DiscretizeObservation", "DtypeObservation", "FilterObservation",
-    "FlattenObservation", "FrameStackObservation", "GrayscaleObservation", "MaxAndSkipObservation",
-    "NormalizeObservation", "NormalizeReward", "ObstructView", "OrderEnforcing", "PassiveEnvChecker",
-    "RecordEpisodeStatistics", "RenderCollection", "RepeatAction", "RescaleAction", "RescaleObservation",
-    "ReshapeObservation", "ResizeObservation", "StickyAction", "TimeAwareObservation", "TimeLimit",
-))
+REVIEWED_WRAPPERS = frozenset(
+    f"gymnasium.wrappers.{name}"
+    for name in (
+        "AddRenderObservation",
+        "AddWhiteNoise",
+        "AtariPreprocessing",
+        "Autoreset",
+        "ClipAction",
+        "ClipReward",
+        "DelayObservation",
+        "DiscretizeAction",
+        "DiscretizeObservation",
+        "DtypeObservation",
+        "FilterObservation",
+        "FlattenObservation",
+        "FrameStackObservation",
+        "GrayscaleObservation",
+        "MaxAndSkipObservation",
+        "NormalizeObservation",
+        "NormalizeReward",
+        "ObstructView",
+        "OrderEnforcing",
+        "PassiveEnvChecker",
+        "RecordEpisodeStatistics",
+        "RenderCollection",
+        "RepeatAction",
+        "RescaleAction",
+        "RescaleObservation",
+        "ReshapeObservation",
+        "ResizeObservation",
+        "StickyAction",
+        "TimeAwareObservation",
+        "TimeLimit",
+    )
+)
 IMPORT_LIST_ARGS = ("wrappers",)  # init arguments whose entries are import paths called by their owner
 ENV_ID_ARGS = ("env_id",)  # init arguments that gymnasium.make resolves (``module:Env`` imports ``module``)
 # Chosen by the current run (its defaults, or the user's flags), never by a file, so dropped from stored configs:
@@ -179,8 +206,14 @@ def _check_value(value: Any, hint: Any, where: str, source: str, allow: Allowlis
     if isinstance(value, Mapping):
         if "class_path" in value:
             # a part of a net, or a DataModule inside another (DiffusionDataModule's images)
-            cls = _allowed(value["class_path"], {**allow.parts, **allow.data}, allow, source, f"{where}.class_path",
-                           "a class the zoo ships")
+            cls = _allowed(
+                value["class_path"],
+                {**allow.parts, **allow.data},
+                allow,
+                source,
+                f"{where}.class_path",
+                "a class the zoo ships",
+            )
             for sub in ("init_args", "dict_kwargs"):
                 if isinstance(value.get(sub), Mapping):
                     _checked_args(cls, value[sub], f"{where}.{sub}", source, allow)
@@ -231,7 +264,8 @@ def _refusal(source: str, key: str, value: Any, expected: str) -> UntrustedConfi
     return UntrustedConfigError(
         f"refused {source}: its {key} is {value!r}, which is not {expected}; nothing it names was imported. "
         "A stored config may not choose code to run: if you trust the file, give that setting yourself "
-        "(--config <your YAML>, or the flag)")
+        "(--config <your YAML>, or the flag)"
+    )
 
 
 def _init_hints(cls: type) -> dict[str, Any]:
@@ -243,7 +277,7 @@ def _init_hints(cls: type) -> dict[str, Any]:
             continue
         try:
             hints.update(typing.get_type_hints(init))
-        except Exception:  # noqa: BLE001 - an annotation that does not resolve: assume it may take a class
+        except Exception:
             hints.update({name: type for name in inspect.signature(init).parameters})
     return hints
 

@@ -55,8 +55,10 @@ def readable(path: str | Path, key: str = "init_weights") -> str | Path:
     """``path`` as it is when a module can read it itself (a local path or a URL); an ``InputError`` naming ``key``
     for an MLflow URI, which only the application resolves."""
     if isinstance(path, str) and path.startswith(REGISTRY_URIS):
-        raise InputError(f"{key}={path!r} is an MLflow URI, which a module does not resolve: cli.py resolves it for "
-                         f"you; from Python, pass the local file zoo.tracking.local_weights({path!r}) returns")
+        raise InputError(
+            f"{key}={path!r} is an MLflow URI, which a module does not resolve: cli.py resolves it for "
+            f"you; from Python, pass the local file zoo.tracking.local_weights({path!r}) returns"
+        )
     return path
 
 
@@ -82,7 +84,8 @@ def _read(source: Path | io.BytesIO, name: str, size: int, map_location, mmap: b
     device = map_location if isinstance(map_location, str) else "cpu"
     try:
         if name.endswith(".safetensors"):
-            from safetensors.torch import load, load_file as load_path
+            from safetensors.torch import load
+            from safetensors.torch import load_file as load_path
 
             if isinstance(source, Path):
                 return load_path(str(source), device=device)
@@ -157,8 +160,9 @@ def _zip_past_its_end(z: zipfile.ZipFile, size: int) -> str | None:
     """A record the zip's directory places past the end of the file (``size`` bytes), or None: read before any
     record is, so an absurd declared size is never allocated."""
     for info in z.infolist():
-        if info.header_offset + info.compress_size > size or (info.compress_type == zipfile.ZIP_STORED
-                                                              and info.file_size != info.compress_size):
+        if info.header_offset + info.compress_size > size or (
+            info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size
+        ):
             return f"its record {info.filename} declares {info.file_size} bytes at offset {info.header_offset}"
     return None
 
@@ -167,8 +171,24 @@ SAFETENSORS_MAX_HEADER = 100_000_000  # safetensors' own limit on the JSON heade
 
 
 # Bytes per element of safetensors' dtypes (the sub-byte and other rare ones are left to safetensors' own check).
-SAFETENSORS_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
-                        "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "C64": 8, "F64": 8, "I64": 8, "U64": 8}
+SAFETENSORS_ITEMSIZE = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "C64": 8,
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+}
 
 
 def _safetensors_verdict(f: BinaryIO, name: str, size: int) -> CheckpointError:
@@ -179,14 +199,19 @@ def _safetensors_verdict(f: BinaryIO, name: str, size: int) -> CheckpointError:
 
     header = int.from_bytes(f.read(8), "little")
     if header > SAFETENSORS_MAX_HEADER:
-        return _corrupt(name, size, f"its first 8 bytes declare a {header}-byte header, past safetensors' limit of "
-                                    f"{SAFETENSORS_MAX_HEADER}")
+        return _corrupt(
+            name,
+            size,
+            f"its first 8 bytes declare a {header}-byte header, past safetensors' limit of {SAFETENSORS_MAX_HEADER}",
+        )
     if 8 + header > size:
         return _truncated(name, size)
     try:
         tensors = {k: e for k, e in json.loads(f.read(header)).items() if k != "__metadata__"}
-        spans = {k: (*e["data_offsets"], math.prod(e["shape"]) * SAFETENSORS_ITEMSIZE.get(e["dtype"], 0))
-                 for k, e in tensors.items()}
+        spans = {
+            k: (*e["data_offsets"], math.prod(e["shape"]) * SAFETENSORS_ITEMSIZE.get(e["dtype"], 0))
+            for k, e in tensors.items()
+        }
         bad = [k for k, (begin, end, _) in spans.items() if not (type(begin) is type(end) is int and 0 <= begin <= end)]
         if bad:
             raise ValueError(f"tensor {bad[0]!r} has data_offsets {tensors[bad[0]]['data_offsets']}")
@@ -197,24 +222,34 @@ def _safetensors_verdict(f: BinaryIO, name: str, size: int) -> CheckpointError:
     for k, (begin, end, nbytes) in spans.items():
         if nbytes and nbytes != end - begin:
             e = tensors[k]
-            return _corrupt(name, size, f"its tensor {k!r} ({e['dtype']}, shape {e['shape']}) needs {nbytes} bytes, "
-                                        f"its data_offsets give {end - begin}")
+            return _corrupt(
+                name,
+                size,
+                f"its tensor {k!r} ({e['dtype']}, shape {e['shape']}) needs {nbytes} bytes, "
+                f"its data_offsets give {end - begin}",
+            )
     return _corrupt(name, size, "safetensors does not read it, though its header is whole")
 
 
 def _truncated(name: str, size: int) -> CheckpointError:
-    return TruncatedCheckpointError(f"{name} is truncated ({size} bytes): its end is missing, as a copy, download or "
-                                    "save cut short leaves it. Copy or save the checkpoint again.")
+    return TruncatedCheckpointError(
+        f"{name} is truncated ({size} bytes): its end is missing, as a copy, download or "
+        "save cut short leaves it. Copy or save the checkpoint again."
+    )
 
 
 def _corrupt(name: str, size: int, why: str) -> CheckpointError:
-    return CheckpointError(f"{name} is corrupt ({size} bytes): {why}. Copy or save the checkpoint again; only load "
-                           "files you created or trust")
+    return CheckpointError(
+        f"{name} is corrupt ({size} bytes): {why}. Copy or save the checkpoint again; only load "
+        "files you created or trust"
+    )
 
 
 def _not_a_checkpoint(name: str, size: int, head: bytes) -> CheckpointError:
-    return CheckpointError(f"{name} is not a PyTorch checkpoint ({size} bytes, starting {head[:8]!r}): pass a .ckpt, "
-                           ".pt, .pth or .safetensors file written by torch.save, Lightning or safetensors")
+    return CheckpointError(
+        f"{name} is not a PyTorch checkpoint ({size} bytes, starting {head[:8]!r}): pass a .ckpt, "
+        ".pt, .pth or .safetensors file written by torch.save, Lightning or safetensors"
+    )
 
 
 def _unsafe(f: BinaryIO, name: str) -> UnsafeCheckpointError | None:
@@ -253,7 +288,7 @@ def extract_state_dict(obj: Mapping, prefix: str = "") -> dict[str, Tensor]:
             obj = obj[key]
             break
     if prefix and any(k.startswith(prefix) for k in obj):
-        return {k[len(prefix):]: v for k, v in obj.items() if k.startswith(prefix)}
+        return {k[len(prefix) :]: v for k, v in obj.items() if k.startswith(prefix)}
     return dict(obj)
 
 
@@ -295,8 +330,14 @@ def load_weights(net: nn.Module, path: str | Path, prefix: str = "") -> nn.Modul
 # ``__reduce__`` naming os.system, is refused before it is looked up, so nothing in the file executes.
 DCP_METADATA_CLASSES = {
     "torch.distributed.checkpoint.metadata": {
-        "Metadata", "TensorStorageMetadata", "TensorProperties", "ChunkStorageMetadata", "BytesStorageMetadata",
-        "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING",
+        "Metadata",
+        "TensorStorageMetadata",
+        "TensorProperties",
+        "ChunkStorageMetadata",
+        "BytesStorageMetadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "_MEM_FORMAT_ENCODING",
     },
     "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
     "torch.serialization": {"_get_layout"},  # a layout by its name
@@ -334,7 +375,9 @@ def read_sharded_metadata(path: str | Path):
             f"checkpoints you created or trust. Detail: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
         ) from err
     if not isinstance(metadata, Metadata):
-        raise UnsafeCheckpointError(f"refused to read {str(file)!r}: it holds a {type(metadata).__name__}, not Metadata")
+        raise UnsafeCheckpointError(
+            f"refused to read {str(file)!r}: it holds a {type(metadata).__name__}, not Metadata"
+        )
     _check_storage(metadata, file)
     return metadata
 
@@ -346,11 +389,17 @@ def _check_storage(metadata, file: Path) -> None:
     for index, info in (metadata.storage_data or {}).items():
         where = f"{getattr(index, 'fqn', index)!r} in {getattr(info, 'relative_path', info)!r}"
         data = file.parent / str(getattr(info, "relative_path", ""))
-        if not (isinstance(info, storage_info) and isinstance(info.relative_path, str)
-                and Path(info.relative_path).name == info.relative_path and data.is_file()):
+        if not (
+            isinstance(info, storage_info)
+            and isinstance(info.relative_path, str)
+            and Path(info.relative_path).name == info.relative_path
+            and data.is_file()
+        ):
             why = f"places {where}, not a data file of {str(file.parent)!r}"
-        elif not (type(info.offset) is type(info.length) is int and 0 <= info.offset <= info.offset + info.length
-                  <= data.stat().st_size):
+        elif not (
+            type(info.offset) is type(info.length) is int
+            and 0 <= info.offset <= info.offset + info.length <= data.stat().st_size
+        ):
             why = f"places {where} at bytes {info.offset}+{info.length}, outside its {data.stat().st_size} bytes"
         elif info.transform_descriptors:  # the zoo writes no compressed shards; a decompressor could inflate any size
             why = f"asks for {where} to be read through {list(info.transform_descriptors)}"
@@ -369,7 +418,7 @@ def classifier_head(net: nn.Module) -> str:
 
 
 def replace_head(net: nn.Module, num_classes: int) -> str:
-    """Give ``net`` a freshly initialised head of ``num_classes`` outputs (``net.num_classes`` follows); one line saying so."""
+    """Give ``net`` a fresh head of ``num_classes`` outputs (``net.num_classes`` follows); one line saying so."""
     name = classifier_head(net)
     old = net.get_submodule(name)
     parent, _, attr = name.rpartition(".")
@@ -387,8 +436,11 @@ def load_with_new_head(
     weights, (5, 512) here"), empty when all loaded."""
     prefixes = tuple(f"{h}." for h in (heads or [classifier_head(net)]))
     own = net.state_dict()
-    skipped = [k for k, v in state_dict.items()
-               if k.startswith(prefixes) and k in own and tuple(v.shape) != tuple(own[k].shape)]
+    skipped = [
+        k
+        for k, v in state_dict.items()
+        if k.startswith(prefixes) and k in own and tuple(v.shape) != tuple(own[k].shape)
+    ]
     kept = {k: v for k, v in state_dict.items() if k not in skipped}
     check_compatible(net, {**kept, **{k: own[k] for k in skipped}}, source)
     net.load_state_dict(kept, strict=False)

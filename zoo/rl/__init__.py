@@ -14,7 +14,23 @@ from zoo.rl.td3 import DeterministicActorCritic, TD3Module
 from zoo.rl.vtrace import impala_loss, vtrace
 
 __all__ = [
-    "A2CModule", "ActorCritic", "DeterministicActorCritic", "Evaluator", "IMPALAModule", "PPOModule", "ReplayBuffer",
-    "Rollout", "RolloutCollector", "RunningMeanStd", "SACModule", "SoftActorCritic", "TD3Module", "TransitionCollector",
-    "a2c_loss", "gae", "impala_loss", "ppo_loss", "vtrace",
+    "A2CModule",
+    "ActorCritic",
+    "DeterministicActorCritic",
+    "Evaluator",
+    "IMPALAModule",
+    "PPOModule",
+    "ReplayBuffer",
+    "Rollout",
+    "RolloutCollector",
+    "RunningMeanStd",
+    "SACModule",
+    "SoftActorCritic",
+    "TD3Module",
+    "TransitionCollector",
+    "a2c_loss",
+    "gae",
+    "impala_loss",
+    "ppo_loss",
+    "vtrace",
 ]

@@ -26,9 +26,23 @@ from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
 from zoo.rl.collector import RolloutCollector
 from zoo.rl.common import (
-    Budget, EpisodeLog, Evaluation, Policy, RNGState, StopCollectingOnException, Threads, check_net_state,
-    datamodule_of, env_sized, linear_annealing, refuse_sharding, require_datamodule, rmsprop_or_adam, train_metrics,
-    train_seed, world_size,
+    Budget,
+    EpisodeLog,
+    Evaluation,
+    Policy,
+    RNGState,
+    StopCollectingOnException,
+    Threads,
+    check_net_state,
+    datamodule_of,
+    env_sized,
+    linear_annealing,
+    refuse_sharding,
+    require_datamodule,
+    rmsprop_or_adam,
+    train_metrics,
+    train_seed,
+    world_size,
 )
 from zoo.rl.losses import a2c_loss, explained_variance, gae, normalize
 from zoo.rl.nets import ActorCritic
@@ -122,16 +136,23 @@ class A2CModule(WeightsOnlyLoading, LightningModule):
             self.trainer.should_stop = True  # a resumed run whose budget is already spent: no envs opened
         elif self.collector is None:
             seed = train_seed(dm.seed, int(self.env_steps), self.global_rank, dm.num_envs)
-            self.collector = RolloutCollector(dm.make_envs(), h.num_steps, self.device,
-                                              self.obs_rms if h.norm_obs else None,
-                                              self.return_rms if h.norm_reward else None, h.gamma, seed=seed)
+            self.collector = RolloutCollector(
+                dm.make_envs(),
+                h.num_steps,
+                self.device,
+                self.obs_rms if h.norm_obs else None,
+                self.return_rms if h.norm_reward else None,
+                h.gamma,
+                seed=seed,
+            )
 
     def training_step(self, batch: int, batch_idx: int) -> None:
         """One short rollout of T x N env steps, its n-step (GAE) advantages, one gradient step on all of it."""
         h, write = self.hparams, lightning_writes(self.trainer)
         rollout = self.collector.collect(self.net)  # the running statistics take its observations and returns
-        advantages, returns = gae(rollout.rewards, rollout.values, rollout.terminated, rollout.truncated,
-                                  h.gamma, h.gae_lambda)  # (T, N)
+        advantages, returns = gae(
+            rollout.rewards, rollout.values, rollout.terminated, rollout.truncated, h.gamma, h.gae_lambda
+        )  # (T, N)
         keep = rollout.valid.flatten()  # autoreset steps are not transitions
         obs, actions = rollout.obs.flatten(0, 1)[keep], rollout.actions.flatten(0, 1)[keep]
         adv, ret = advantages.flatten()[keep], returns.flatten()[keep]
@@ -150,8 +171,7 @@ class A2CModule(WeightsOnlyLoading, LightningModule):
         self.lr_schedulers().step()  # the rate for the next rollout's step (a function of env steps)
         if write:
             stats["explained_variance"] = explained_variance(rollout.values[:-1][rollout.valid], returns[rollout.valid])
-            self.log_dict(train_metrics({**stats, **self.episodes.pop()}, self.env_steps), on_step=True,
-                          on_epoch=False)
+            self.log_dict(train_metrics({**stats, **self.episodes.pop()}, self.env_steps), on_step=True, on_epoch=False)
         if not self.budget.fits(self.env_steps):
             self.trainer.should_stop = True
 

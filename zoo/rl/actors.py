@@ -115,17 +115,23 @@ class SharedSlots:
     meta: Tensor  # (K, 3) int64: actor, that actor's unroll number, policy version it acted with
 
     @classmethod
-    def allocate(cls, num_slots: int, unroll_length: int, num_envs: int, obs_space: gym.Space,
-                 action_space: gym.Space) -> SharedSlots:
+    def allocate(
+        cls, num_slots: int, unroll_length: int, num_envs: int, obs_space: gym.Space, action_space: gym.Space
+    ) -> SharedSlots:
         k, t, n = num_slots, unroll_length, num_envs
         # (K, T, N) indices of a Discrete action, (K, T, N, K') of a MultiDiscrete one, (K, T, N, A) of a Box one.
         dtype = torch.float32 if isinstance(action_space, gym.spaces.Box) else torch.int64
         actions = torch.zeros((k, t, n, *action_space.shape), dtype=dtype)
         slots = cls(
-            obs=torch.zeros((k, t + 1, n, *obs_space.shape)), actions=actions, logprobs=torch.zeros((k, t, n)),
-            rewards=torch.zeros((k, t, n)), terminated=torch.zeros((k, t, n), dtype=torch.bool),
-            truncated=torch.zeros((k, t, n), dtype=torch.bool), valid=torch.zeros((k, t, n), dtype=torch.bool),
-            episodes=torch.zeros((k, 3), dtype=torch.float64), meta=torch.zeros((k, 3), dtype=torch.int64),
+            obs=torch.zeros((k, t + 1, n, *obs_space.shape)),
+            actions=actions,
+            logprobs=torch.zeros((k, t, n)),
+            rewards=torch.zeros((k, t, n)),
+            terminated=torch.zeros((k, t, n), dtype=torch.bool),
+            truncated=torch.zeros((k, t, n), dtype=torch.bool),
+            valid=torch.zeros((k, t, n), dtype=torch.bool),
+            episodes=torch.zeros((k, 3), dtype=torch.float64),
+            meta=torch.zeros((k, 3), dtype=torch.int64),
         )
         for f in fields(slots):
             getattr(slots, f.name).share_memory_()
@@ -136,8 +142,15 @@ class SharedSlots:
         idx = torch.tensor(indices)
         take = lambda x: _time_major(x[idx]).to(device)  # noqa: E731  x[idx] copies out of shared memory
         return Trajectories(
-            take(self.obs), take(self.actions), take(self.logprobs), take(self.rewards), take(self.terminated),
-            take(self.truncated), take(self.valid), self.episodes[idx].sum(0), self.meta[idx, 2].clone(),
+            take(self.obs),
+            take(self.actions),
+            take(self.logprobs),
+            take(self.rewards),
+            take(self.terminated),
+            take(self.truncated),
+            take(self.valid),
+            self.episodes[idx].sum(0),
+            self.meta[idx, 2].clone(),
         )
 
 
@@ -202,8 +215,20 @@ def actor_seed(seed: int, rank: int) -> int:
     return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
 
 
-def run_actor(rank: int, env: EnvSpec, num_envs: int, shared: nn.Module, version: Tensor, lock, slots: SharedSlots,
-              free, full, errors, stop, seed: int) -> None:
+def run_actor(
+    rank: int,
+    env: EnvSpec,
+    num_envs: int,
+    shared: nn.Module,
+    version: Tensor,
+    lock,
+    slots: SharedSlots,
+    free,
+    full,
+    errors,
+    stop,
+    seed: int,
+) -> None:
     """An actor process's body: fill free slots until told to stop, or the learner's process is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited from ActorPool's start too; the learner stops us
     torch.set_num_threads(1)  # an (N, O) forward gains nothing from more, and the actors share the cores
@@ -220,7 +245,7 @@ def run_actor(rank: int, env: EnvSpec, num_envs: int, shared: nn.Module, version
             actor.refresh(shared, version, lock)
             actor.fill(k)
             full.put(k)
-    except Exception:  # noqa: BLE001  the learner re-raises the text
+    except Exception:
         errors.put((rank, traceback.format_exc()))
     finally:
         full.cancel_join_thread()  # exiting must not wait on a queue nobody reads any more
@@ -236,8 +261,17 @@ class ActorPool:
     """``num_actors`` processes filling ``num_slots`` shared slots; the learner ``take``s batches and ``publish``es
     weights. ``close`` (also on garbage collection and at exit) stops and joins every process."""
 
-    def __init__(self, env: EnvSpec, policy: nn.Module, num_actors: int, envs_per_actor: int, unroll_length: int,
-                 num_slots: int, seed: int, start_method: Literal["forkserver", "spawn"] = "forkserver") -> None:
+    def __init__(
+        self,
+        env: EnvSpec,
+        policy: nn.Module,
+        num_actors: int,
+        envs_per_actor: int,
+        unroll_length: int,
+        num_slots: int,
+        seed: int,
+        start_method: Literal["forkserver", "spawn"] = "forkserver",
+    ) -> None:
         """
         Args:
             env: builds each actor's ``envs_per_actor`` envs in its own process.
@@ -254,8 +288,9 @@ class ActorPool:
         ctx = mp.get_context(start_method)
         if start_method == "forkserver":
             start_fork_server(ctx, ["__main__", __name__, env.datamodule.__module__])
-        self.slots = SharedSlots.allocate(num_slots, unroll_length, envs_per_actor, env.observation_space,
-                                          env.action_space)
+        self.slots = SharedSlots.allocate(
+            num_slots, unroll_length, envs_per_actor, env.observation_space, env.action_space
+        )
         self.shared = copy.deepcopy(policy).cpu().requires_grad_(False).share_memory()
         self.version = torch.zeros((), dtype=torch.int64).share_memory_()
         self.lock = ctx.Lock()
@@ -263,9 +298,25 @@ class ActorPool:
         for k in range(num_slots):
             self.free.put(k)
         self.processes = [
-            ctx.Process(target=run_actor, name=f"impala-actor-{r}", daemon=True, args=(
-                r, env, envs_per_actor, self.shared, self.version, self.lock, self.slots, self.free, self.full,
-                self.errors, self.stop, seed))
+            ctx.Process(
+                target=run_actor,
+                name=f"impala-actor-{r}",
+                daemon=True,
+                args=(
+                    r,
+                    env,
+                    envs_per_actor,
+                    self.shared,
+                    self.version,
+                    self.lock,
+                    self.slots,
+                    self.free,
+                    self.full,
+                    self.errors,
+                    self.stop,
+                    seed,
+                ),
+            )
             for r in range(num_actors)
         ]
         self._close = weakref.finalize(self, _shutdown, self.stop, self.processes, (self.free, self.full))

@@ -114,8 +114,9 @@ class RolloutCollector:
         self.raw_obs = torch.zeros((t, n, *obs_shape), **f32)
         self.obs = torch.zeros((t, n, *obs_shape), **f32)
         # (T, N) indices of a Discrete action, (T, N, K) of a MultiDiscrete one, (T, N, A) floats of a Box one.
-        self.actions = torch.zeros((t, n, *act_space.shape), dtype=torch.float32 if continuous else torch.int64,
-                                   device=self.device)
+        self.actions = torch.zeros(
+            (t, n, *act_space.shape), dtype=torch.float32 if continuous else torch.int64, device=self.device
+        )
         self.logprobs = torch.zeros((t, n), **f32)
         self.values = torch.zeros((t + 1, n), **f32)
         # What the envs return stays in NumPy until the rollout ends: one host-to-device copy, not T.
@@ -166,8 +167,14 @@ class RolloutCollector:
             self.obs_norm.update(self.raw_obs.flatten(0, 1))
         to = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
         return Rollout(
-            self.obs, self.actions, self.logprobs, self.values, to(rewards), to(self.terminated),
-            to(self.truncated), to(self.valid),
+            self.obs,
+            self.actions,
+            self.logprobs,
+            self.values,
+            to(rewards),
+            to(self.terminated),
+            to(self.truncated),
+            to(self.valid),
             torch.from_numpy(np.concatenate(returns) if returns else np.zeros(0)).float(),
             torch.from_numpy(np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)).long(),
         )
@@ -193,8 +200,9 @@ class RolloutCollector:
 class Evaluator:
     """Plays a fixed number of whole episodes with a policy (an agent's most likely actions, usually)."""
 
-    def __init__(self, envs: VectorEnv, num_episodes: int, seed: int | None = None,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, envs: VectorEnv, num_episodes: int, seed: int | None = None, device: torch.device | str = "cpu"
+    ) -> None:
         """
         Args:
             envs: a vector env with next-step autoreset, kept apart from the training envs.

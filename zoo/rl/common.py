@@ -50,8 +50,9 @@ def datamodule_of(module: LightningModule):
 def require_datamodule(module: LightningModule):
     dm = datamodule_of(module)
     if dm is None:
-        raise RuntimeError(f"{type(module).__name__} runs with a datamodule that builds its envs "
-                           "(datamodules.GymDataModule)")
+        raise RuntimeError(
+            f"{type(module).__name__} runs with a datamodule that builds its envs (datamodules.GymDataModule)"
+        )
     return dm
 
 
@@ -66,8 +67,10 @@ def net_shape_for(obs_space: gym.Space, action_space: gym.Space) -> dict[str, in
     action's ``action_nvec``). Observations must be a Box: gymnasium's ``FlattenObservation`` makes one of a Dict,
     Tuple or Discrete space."""
     if not isinstance(obs_space, gym.spaces.Box):
-        raise ValueError(f"the agents observe Box spaces, not {obs_space}: add {{class_path: "
-                         "gymnasium.wrappers.FlattenObservation}} to the DataModule's wrappers")
+        raise ValueError(
+            f"the agents observe Box spaces, not {obs_space}: add {{class_path: "
+            "gymnasium.wrappers.FlattenObservation}} to the DataModule's wrappers"
+        )
     want = {"obs_dim": int(np.prod(obs_space.shape)), "continuous": isinstance(action_space, gym.spaces.Box)}
     if isinstance(action_space, gym.spaces.Box):
         return {**want, "action_dim": int(np.prod(action_space.shape))}
@@ -81,8 +84,10 @@ def net_shape_for(obs_space: gym.Space, action_space: gym.Space) -> dict[str, in
 
 def refuse_sharding(module: LightningModule) -> None:
     if isinstance(getattr(trainer_of(module), "strategy", None), ModelParallelStrategy):
-        raise ValueError("RL agents are not sharded (FSDP2): their nets are small and each rank collects its own "
-                         "rollouts; train them data-parallel with --config configs/trainer/ddp.yaml instead")
+        raise ValueError(
+            "RL agents are not sharded (FSDP2): their nets are small and each rank collects its own "
+            "rollouts; train them data-parallel with --config configs/trainer/ddp.yaml instead"
+        )
 
 
 def env_sized(net: nn.Module, hparams: dict, dm) -> nn.Module:
@@ -122,15 +127,16 @@ def check_action_bounds(actor: nn.Module, env_id: str, space: gym.spaces.Box) ->
     low = (actor.action_bias - actor.action_scale).cpu().numpy()
     high = (actor.action_bias + actor.action_scale).cpu().numpy()
     if low.shape != space.low.shape or not (np.allclose(low, space.low) and np.allclose(high, space.high)):
-        fix = (f"--model.init_args.net.init_args.action_low={space.low.tolist()} "
-               f"--model.init_args.net.init_args.action_high={space.high.tolist()}")
+        fix = (
+            f"--model.init_args.net.init_args.action_low={space.low.tolist()} "
+            f"--model.init_args.net.init_args.action_high={space.high.tolist()}"
+        )
         raise ValueError(f"{env_id} acts in [{space.low}, {space.high}], the actor in [{low}, {high}]: pass {fix}")
 
 
 def check_net_state(net: nn.Module, checkpoint: dict) -> None:
     """A checkpoint's net fits ``net`` (mismatches named) before Lightning loads it."""
-    check_compatible(net, {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")},
-                     "checkpoint")
+    check_compatible(net, {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}, "checkpoint")
 
 
 # -- budget, seeds, RNG, threads -------------------------------------------------------------------------------
@@ -253,8 +259,10 @@ class EpisodeLog:
 
 def train_metrics(stats: dict[str, Tensor], env_steps: Tensor) -> dict[str, Tensor]:
     """A training step's figures under ``train/`` (gradient norms keep their ``grad/``), with the env steps."""
-    return {**{k if k.startswith("grad/") else f"train/{k}": v for k, v in stats.items()},
-            "train/env_steps": env_steps.float()}
+    return {
+        **{k if k.startswith("grad/") else f"train/{k}": v for k, v in stats.items()},
+        "train/env_steps": env_steps.float(),
+    }
 
 
 def linear_annealing(opt: torch.optim.Optimizer, progress: Callable[[], float], anneal: bool) -> dict:
@@ -265,8 +273,9 @@ def linear_annealing(opt: torch.optim.Optimizer, progress: Callable[[], float], 
     return {"optimizer": opt, "lr_scheduler": {"scheduler": LambdaLR(opt, factor), "name": "lr"}}
 
 
-def rmsprop_or_adam(params: list[nn.Parameter], optimizer: str, lr: float, rms_alpha: float, eps: float
-                    ) -> torch.optim.Optimizer:
+def rmsprop_or_adam(
+    params: list[nn.Parameter], optimizer: str, lr: float, rms_alpha: float, eps: float
+) -> torch.optim.Optimizer:
     """A2C's and IMPALA's optimizer: RMSprop (their papers') or Adam."""
     if optimizer == "rmsprop":
         # torch adds eps outside the square root, TF (Baselines, the IMPALA paper) inside; SB3 and monobeast
@@ -301,8 +310,12 @@ class Policy(nn.Module):
 
 def evaluation_metrics(returns: Tensor, lengths: Tensor, env_steps: Tensor) -> dict[str, Tensor]:
     """What validation logs: mean and std return of the evaluation episodes, their length, the env steps."""
-    return {"val/return": returns.mean(), "val/return_std": returns.std(unbiased=False),
-            "val/episode_length": lengths.float().mean(), "val/env_steps": env_steps.float()}
+    return {
+        "val/return": returns.mean(),
+        "val/return_std": returns.std(unbiased=False),
+        "val/episode_length": lengths.float().mean(),
+        "val/env_steps": env_steps.float(),
+    }
 
 
 def episode_rows(returns: Tensor, lengths: Tensor, first: int = 0) -> dict[str, Tensor]:
@@ -331,8 +344,9 @@ class Evaluation:
         if not mine.num_envs:
             return torch.zeros(0), torch.zeros(0, dtype=torch.int64), shares
         if stage not in self.evaluators:
-            self.evaluators[stage] = Evaluator(dm.make_envs(mine.num_envs), mine.num_episodes,
-                                               seed=dm.eval_seed + mine.first_env, device=module.device)
+            self.evaluators[stage] = Evaluator(
+                dm.make_envs(mine.num_envs), mine.num_episodes, seed=dm.eval_seed + mine.first_env, device=module.device
+            )
         return *self.evaluators[stage].run(module.act), shares
 
     def validate(self, module: LightningModule, dm, env_steps: Tensor) -> dict[str, Tensor]:
@@ -367,8 +381,13 @@ class Evaluation:
             rank_zero_warn(f"No video: {dm.env_id} cannot render here ({err}). Predict goes on without it.")
             return None
         rank_zero_info(f"Recorded one episode: return {total:.2f}, {len(frames)} frames")
-        return {"frames": frames, "fps": dm.video_fps, "name": f"{dm.env_id.rsplit(':', 1)[-1]}_episode",
-                "dir": dm.video_dir, "format": getattr(dm, "video_format", "gif")}
+        return {
+            "frames": frames,
+            "fps": dm.video_fps,
+            "name": f"{dm.env_id.rsplit(':', 1)[-1]}_episode",
+            "dir": dm.video_dir,
+            "format": getattr(dm, "video_format", "gif"),
+        }
 
     def close(self) -> None:
         for evaluator in self.evaluators.values():

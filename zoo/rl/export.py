@@ -55,9 +55,14 @@ def export_policy(agent: LightningModule, path: str | Path) -> Path:
     policy = agent.policy()
     net = policy.net
     meta = {
-        "agent": type(agent).__name__, "net": type(net).__name__, "obs_shape": list(policy.obs_shape),
-        "obs_dtype": "float32", "continuous": bool(net.continuous), "action_dim": int(net.action_dim),
-        "normalized_obs": policy.obs_rms is not None, "env_steps": int(agent.env_steps),
+        "agent": type(agent).__name__,
+        "net": type(net).__name__,
+        "obs_shape": list(policy.obs_shape),
+        "obs_dtype": "float32",
+        "continuous": bool(net.continuous),
+        "action_dim": int(net.action_dim),
+        "normalized_obs": policy.obs_rms is not None,
+        "env_steps": int(agent.env_steps),
     }
     torch.export.save(policy_program(agent), str(path), extra_files={METADATA: json.dumps(meta)})
     return path
@@ -71,8 +76,14 @@ def agents() -> list[type[LightningModule]]:
     found = []
     for info in pkgutil.iter_modules(zoo.rl.__path__, "zoo.rl."):
         module = importlib.import_module(info.name)
-        found += [cls for cls in vars(module).values() if inspect.isclass(cls) and cls.__module__ == module.__name__
-                  and issubclass(cls, LightningModule) and callable(getattr(cls, "policy", None))]
+        found += [
+            cls
+            for cls in vars(module).values()
+            if inspect.isclass(cls)
+            and cls.__module__ == module.__name__
+            and issubclass(cls, LightningModule)
+            and callable(getattr(cls, "policy", None))
+        ]
     return found
 
 

@@ -34,9 +34,23 @@ from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
 from zoo.rl.actors import ActorPool, EnvSpec
 from zoo.rl.common import (
-    Budget, EpisodeLog, Evaluation, Policy, RNGState, StopCollectingOnException, Threads, check_net_state,
-    datamodule_of, env_sized, linear_annealing, refuse_sharding, require_datamodule, rmsprop_or_adam, train_metrics,
-    train_seed, world_size,
+    Budget,
+    EpisodeLog,
+    Evaluation,
+    Policy,
+    RNGState,
+    StopCollectingOnException,
+    Threads,
+    check_net_state,
+    datamodule_of,
+    env_sized,
+    linear_annealing,
+    refuse_sharding,
+    require_datamodule,
+    rmsprop_or_adam,
+    train_metrics,
+    train_seed,
+    world_size,
 )
 from zoo.rl.nets import ActorCritic
 from zoo.rl.vtrace import impala_loss, masked_mean, vtrace
@@ -140,9 +154,16 @@ class IMPALAModule(WeightsOnlyLoading, LightningModule):
         elif self.collector is None:
             # Rank r's actors take the env seeds after rank r - 1's num_actors x envs_per_actor.
             seed = train_seed(dm.seed, int(self.env_steps), self.global_rank, h.num_actors * h.envs_per_actor)
-            self.collector = ActorPool(EnvSpec.of(dm), self.net, h.num_actors, h.envs_per_actor, h.unroll_length,
-                                       h.num_slots or max(2 * h.num_actors, h.batch_size), seed=seed,
-                                       start_method=h.start_method)
+            self.collector = ActorPool(
+                EnvSpec.of(dm),
+                self.net,
+                h.num_actors,
+                h.envs_per_actor,
+                h.unroll_length,
+                h.num_slots or max(2 * h.num_actors, h.batch_size),
+                seed=seed,
+                start_method=h.start_method,
+            )
 
     def training_step(self, batch: int, batch_idx: int) -> None:
         """B unrolls from the actors, one V-trace actor-critic step on them, the new weights published."""
@@ -158,8 +179,17 @@ class IMPALAModule(WeightsOnlyLoading, LightningModule):
         logprob, entropy, value = logprob.view(t + 1, m)[:-1], entropy.view(t + 1, m)[:-1], value.view(t + 1, m)
         log_rhos = logprob.detach() - traj.logprobs  # (T, M) log pi/mu for the actions the actors took
         discounts = h.gamma * (~traj.terminated).to(value.dtype)
-        targets = vtrace(log_rhos, discounts, traj.rewards, value.detach(), traj.truncated, h.clip_rho_threshold,
-                         h.clip_pg_rho_threshold, h.clip_c_threshold, h.vtrace_lambda)
+        targets = vtrace(
+            log_rhos,
+            discounts,
+            traj.rewards,
+            value.detach(),
+            traj.truncated,
+            h.clip_rho_threshold,
+            h.clip_pg_rho_threshold,
+            h.clip_c_threshold,
+            h.vtrace_lambda,
+        )
         stats = impala_loss(logprob, entropy, value[:-1], targets, traj.valid, h.vf_coef, h.ent_coef)
         opt = self.optimizers()
         opt.zero_grad()
@@ -179,8 +209,7 @@ class IMPALAModule(WeightsOnlyLoading, LightningModule):
             # Policy lag: learner updates between the weights an unroll was acted with and the ones it trains.
             stats["policy_lag"] = (version - 1 - traj.versions).float().mean()
             stats["learner_wait_ms"] = torch.tensor(waited * 1e3)
-            self.log_dict(train_metrics({**stats, **self.episodes.pop()}, self.env_steps), on_step=True,
-                          on_epoch=False)
+            self.log_dict(train_metrics({**stats, **self.episodes.pop()}, self.env_steps), on_step=True, on_epoch=False)
         if not self.budget.fits(self.env_steps):
             self.trainer.should_stop = True
 

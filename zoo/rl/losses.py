@@ -74,8 +74,14 @@ def ppo_loss(
         approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1).abs() > clip_coef).float().mean()
     loss = pg_loss - ent_coef * entropy + vf_coef * v_loss
-    return {"loss": loss, "pg_loss": pg_loss, "v_loss": v_loss, "entropy": entropy, "approx_kl": approx_kl,
-            "clipfrac": clipfrac}
+    return {
+        "loss": loss,
+        "pg_loss": pg_loss,
+        "v_loss": v_loss,
+        "entropy": entropy,
+        "approx_kl": approx_kl,
+        "clipfrac": clipfrac,
+    }
 
 
 def a2c_loss(

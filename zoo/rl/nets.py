@@ -59,8 +59,9 @@ def categorical(logits: Tensor, action: Tensor | None, deterministic: bool) -> t
     return action, logp.gather(-1, action.unsqueeze(-1)).squeeze(-1), entropy
 
 
-def multi_categorical(logits: Tensor, valid: Tensor, action: Tensor | None, deterministic: bool
-                      ) -> tuple[Tensor, Tensor, Tensor]:
+def multi_categorical(
+    logits: Tensor, valid: Tensor, action: Tensor | None, deterministic: bool
+) -> tuple[Tensor, Tensor, Tensor]:
     """K independent categoricals, the logits of component k in the k-th run of ``valid`` (K, M) True slots:
     action (B, K) int64, log-probability (B,) and entropy (B,) summed over the components."""
     padded = logits.new_full((logits.shape[0], *valid.shape), float("-inf"))  # (B, K, M): one row per component
@@ -83,9 +84,13 @@ class NatureCNN(nn.Module):
         super().__init__()
         channels = obs_shape[0] if len(obs_shape) == 3 else 1
         self.convs = nn.Sequential(
-            layer_init(nn.Conv2d(channels, 32, 8, stride=4)), nn.ReLU(),
-            layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-            layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten(),
+            layer_init(nn.Conv2d(channels, 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
         )
         with torch.no_grad():
             flat = self.convs(torch.zeros(1, channels, *obs_shape[-2:])).shape[1]
@@ -148,7 +153,12 @@ class ActorCritic(nn.Module):
         self.obs_shape = tuple(obs_shape) if obs_shape else None
         self.unsized = (obs_dim is None and obs_shape is None) or action_dim is None
         if self.unsized:  # no layers until for_env: a placeholder the agent module replaces at setup
-            self.obs_dim, self.action_dim, self.continuous, self.action_nvec = obs_dim, action_dim, continuous, action_nvec
+            self.obs_dim, self.action_dim, self.continuous, self.action_nvec = (
+                obs_dim,
+                action_dim,
+                continuous,
+                action_nvec,
+            )
             return
         continuous = bool(continuous)
         self.obs_dim = obs_dim if obs_dim is not None else math.prod(obs_shape)

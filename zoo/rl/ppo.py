@@ -31,8 +31,21 @@ from zoo.layers.logging import lightning_writes
 from zoo.layers.optim import param_groups
 from zoo.rl.collector import Rollout, RolloutCollector
 from zoo.rl.common import (
-    Budget, EpisodeLog, Evaluation, Policy, RNGState, StopCollectingOnException, Threads, check_net_state,
-    datamodule_of, env_sized, linear_annealing, refuse_sharding, require_datamodule, train_metrics, train_seed,
+    Budget,
+    EpisodeLog,
+    Evaluation,
+    Policy,
+    RNGState,
+    StopCollectingOnException,
+    Threads,
+    check_net_state,
+    datamodule_of,
+    env_sized,
+    linear_annealing,
+    refuse_sharding,
+    require_datamodule,
+    train_metrics,
+    train_seed,
     world_size,
 )
 from zoo.rl.distributed import sum_over_ranks
@@ -142,16 +155,23 @@ class PPOModule(WeightsOnlyLoading, LightningModule):
             self.trainer.should_stop = True  # a resumed run whose budget is already spent: no envs opened
         elif self.collector is None:
             seed = train_seed(dm.seed, int(self.env_steps), self.global_rank, dm.num_envs)
-            self.collector = RolloutCollector(dm.make_envs(), h.num_steps, self.device,
-                                              self.obs_rms if h.norm_obs else None,
-                                              self.return_rms if h.norm_reward else None, h.gamma, seed=seed)
+            self.collector = RolloutCollector(
+                dm.make_envs(),
+                h.num_steps,
+                self.device,
+                self.obs_rms if h.norm_obs else None,
+                self.return_rms if h.norm_reward else None,
+                h.gamma,
+                seed=seed,
+            )
 
     def training_step(self, batch: int, batch_idx: int) -> None:
         """One rollout of T x N env steps, its GAE advantages, then every PPO epoch and minibatch on it."""
         h, write = self.hparams, lightning_writes(self.trainer)
         rollout = self.collector.collect(self.net)  # the running statistics take its observations and returns
-        advantages, returns = gae(rollout.rewards, rollout.values, rollout.terminated, rollout.truncated,
-                                  h.gamma, h.gae_lambda)  # (T, N)
+        advantages, returns = gae(
+            rollout.rewards, rollout.values, rollout.terminated, rollout.truncated, h.gamma, h.gae_lambda
+        )  # (T, N)
         clip = h.clip_coef * (1.0 - self.budget.progress(self.env_steps)) if h.anneal_clip else h.clip_coef
         stats = self._update(rollout, advantages, returns, clip)
         self.budget.spend(self.env_steps, rollout.env_steps)
@@ -160,8 +180,7 @@ class PPOModule(WeightsOnlyLoading, LightningModule):
         if write:
             keep = rollout.valid
             stats["explained_variance"] = explained_variance(rollout.values[:-1][keep], returns[keep])
-            self.log_dict(train_metrics({**stats, **self.episodes.pop()}, self.env_steps), on_step=True,
-                          on_epoch=False)
+            self.log_dict(train_metrics({**stats, **self.episodes.pop()}, self.env_steps), on_step=True, on_epoch=False)
         if not self.budget.fits(self.env_steps):
             self.trainer.should_stop = True
 
@@ -180,8 +199,19 @@ class PPOModule(WeightsOnlyLoading, LightningModule):
             for mb in torch.randperm(len(keep), device=self.device).tensor_split(h.num_minibatches):
                 _, logprob, entropy, value = self.net.get_action_and_value(obs[mb], actions[mb])
                 adv = normalize(advantages[mb]) if h.norm_adv else advantages[mb]
-                out = ppo_loss(logprob, old_logprobs[mb], adv, value, old_values[mb], returns[mb], entropy,
-                               clip, h.vf_coef, h.ent_coef, h.clip_vloss)
+                out = ppo_loss(
+                    logprob,
+                    old_logprobs[mb],
+                    adv,
+                    value,
+                    old_values[mb],
+                    returns[mb],
+                    entropy,
+                    clip,
+                    h.vf_coef,
+                    h.ent_coef,
+                    h.clip_vloss,
+                )
                 # SB3: stop before the overshoot, on every rank together (the KL averaged over them).
                 if h.target_kl is not None and self._mean_over_ranks(out["approx_kl"]) > 1.5 * h.target_kl:
                     return {**out, **grads, "updates": torch.tensor(float(updates))}

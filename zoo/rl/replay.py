@@ -47,8 +47,14 @@ class Transitions:
 class ReplayBuffer:
     """Fixed-capacity circular store of transitions, sampled uniformly."""
 
-    def __init__(self, capacity: int, obs_dim: int, action_dim: int | None = None, device: torch.device | str = "cpu",
-                 action_space: gym.Space | None = None) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        obs_dim: int,
+        action_dim: int | None = None,
+        device: torch.device | str = "cpu",
+        action_space: gym.Space | None = None,
+    ) -> None:
         """
         Args:
             capacity: C, transitions kept; the oldest are overwritten first once it is full.
@@ -100,11 +106,11 @@ class ReplayBuffer:
 
     def _split(self, rows: Tensor) -> Transitions:
         o, a = self.obs_dim, self.action_dim
-        actions = rows[:, 2 * o:2 * o + a]
+        actions = rows[:, 2 * o : 2 * o + a]
         if self.action_dtype != actions.dtype:
             actions = actions.round().to(self.action_dtype)
         actions = actions.reshape(len(rows), *self.action_shape)  # a view for a Box's (B, A)
-        return Transitions(rows[:, :o], rows[:, o:2 * o], actions, rows[:, -2], rows[:, -1])
+        return Transitions(rows[:, :o], rows[:, o : 2 * o], actions, rows[:, -2], rows[:, -1])
 
     def state_dict(self) -> dict:
         """The rows written, the write position and the count: tensors and ints (weights-only loadable)."""
@@ -115,13 +121,15 @@ class ReplayBuffer:
     def load_state_dict(self, state: dict) -> None:
         rows = state["storage"]
         if rows.shape[1] != self.storage.shape[1] or state["size"] > self.capacity:
-            raise ValueError(f"a replay buffer of {state['size']} rows x {rows.shape[1]} columns does not fit this "
-                             f"one ({self.capacity} x {self.storage.shape[1]})")
+            raise ValueError(
+                f"a replay buffer of {state['size']} rows x {rows.shape[1]} columns does not fit this "
+                f"one ({self.capacity} x {self.storage.shape[1]})"
+            )
         if state["size"] == self.capacity or state["pos"] == state["size"]:
             self.storage[: state["size"]] = rows
             self.pos, self.size = state["pos"] % self.capacity, state["size"]
         else:  # a full buffer of a larger capacity: keep its rows in order of writing
-            order = torch.cat([rows[state["pos"]:], rows[: state["pos"]]])
+            order = torch.cat([rows[state["pos"] :], rows[: state["pos"]]])
             self.storage[: len(order)] = order
             self.pos, self.size = len(order) % self.capacity, len(order)
 
@@ -129,8 +137,14 @@ class ReplayBuffer:
 class TransitionCollector:
     """Steps ``envs`` one vector step at a time and writes the real transitions into a ``ReplayBuffer``."""
 
-    def __init__(self, envs: VectorEnv, buffer: ReplayBuffer, device: torch.device | str = "cpu",
-                 seed: int | None = None, keep_observations: bool = False) -> None:
+    def __init__(
+        self,
+        envs: VectorEnv,
+        buffer: ReplayBuffer,
+        device: torch.device | str = "cpu",
+        seed: int | None = None,
+        keep_observations: bool = False,
+    ) -> None:
         """
         Args:
             envs: a gymnasium vector env with next-step autoreset (gymnasium's default); its action space is a
@@ -151,11 +165,13 @@ class TransitionCollector:
             self.high = torch.as_tensor(space.high, dtype=torch.float32, device=self.device)  # (A,)
         elif isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
             self.low = torch.as_tensor(space.start, device=self.device)  # () or (K,) first index
-            self.high = self.low + torch.as_tensor(space.nvec if hasattr(space, "nvec") else space.n,
-                                                   device=self.device)  # one past the last index
+            self.high = self.low + torch.as_tensor(
+                space.nvec if hasattr(space, "nvec") else space.n, device=self.device
+            )  # one past the last index
         else:
-            raise ValueError(f"the collector needs a bounded Box, a Discrete or a MultiDiscrete action space, "
-                             f"not {space}")
+            raise ValueError(
+                f"the collector needs a bounded Box, a Discrete or a MultiDiscrete action space, not {space}"
+            )
         self._obs: Tensor | None = None  # (N, O); reset lazily, on the first step
         self._valid = np.ones(self.num_envs, dtype=bool)  # False: the next step is an autoreset step
         self.keep_observations = keep_observations

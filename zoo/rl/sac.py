@@ -42,9 +42,23 @@ from zoo.layers.gradnorm import grad_norm
 from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
 from zoo.rl.common import (
-    Budget, EpisodeLog, Evaluation, Policy, RNGState, StopCollectingOnException, Threads, check_action_bounds,
-    check_box, check_net_state, datamodule_of, env_sized, refuse_sharding, require_datamodule, train_metrics,
-    train_seed, world_size,
+    Budget,
+    EpisodeLog,
+    Evaluation,
+    Policy,
+    RNGState,
+    StopCollectingOnException,
+    Threads,
+    check_action_bounds,
+    check_box,
+    check_net_state,
+    datamodule_of,
+    env_sized,
+    refuse_sharding,
+    require_datamodule,
+    train_metrics,
+    train_seed,
+    world_size,
 )
 from zoo.rl.distributed import sum_over_ranks
 from zoo.rl.losses import sac_actor_loss, sac_critic_loss, sac_temperature_loss, soft_q_target
@@ -164,8 +178,10 @@ class SACModule(WeightsOnlyLoading, LightningModule):
         # DDP averages the gradients of each backward, and SAC's three backwards (temperature, critics, actor)
         # each reach one part of the module: DDP allows that only when it looks for the unused parameters.
         if world_size(self) > 1 and not getattr(self.trainer.model, "find_unused_parameters", True):
-            raise ValueError("SAC under DDP makes backwards that reach one net each: pass "
-                             "--trainer.strategy=ddp_find_unused_parameters_true")
+            raise ValueError(
+                "SAC under DDP makes backwards that reach one net each: pass "
+                "--trainer.strategy=ddp_find_unused_parameters_true"
+            )
         # Here rather than in setup: the device is final and a resumed checkpoint (env steps, RNG, buffer) is loaded.
         h, dm = self.hparams, require_datamodule(self)
         self.rng.resume(self.global_rank)
@@ -174,8 +190,9 @@ class SACModule(WeightsOnlyLoading, LightningModule):
             self.trainer.should_stop = True  # a resumed run whose budget is already spent: no envs opened
         elif self.collector is None:  # the replay buffer (a checkpoint's, when fit resumes with one) and its collector
             if self.buffer is None:
-                self.buffer = ReplayBuffer(h.buffer_size, self.net.obs_dim, device=self.device,
-                                           action_space=dm.spaces[1])
+                self.buffer = ReplayBuffer(
+                    h.buffer_size, self.net.obs_dim, device=self.device, action_space=dm.spaces[1]
+                )
             self.buffer.to(self.device)  # one kept from an earlier fit on another device
             if self._buffer_to_restore is not None:
                 self.buffer.load_state_dict(self._buffer_to_restore)
@@ -199,8 +216,7 @@ class SACModule(WeightsOnlyLoading, LightningModule):
             collector.step(self._explore if env_steps >= h.learning_starts else None)  # uniform before learning_starts
             env_steps += stride
             # SB3's rule: train every train_freq vector steps once past learning_starts, given a full minibatch.
-            if (env_steps > h.learning_starts and (env_steps // stride) % h.train_freq == 0
-                    and self._buffer_ready()):
+            if env_steps > h.learning_starts and (env_steps // stride) % h.train_freq == 0 and self._buffer_ready():
                 for _ in range(h.gradient_steps):
                     updates += 1
                     stats = self._update(*optimizers, polyak=updates % h.target_update_interval == 0, measure=write)
@@ -211,8 +227,7 @@ class SACModule(WeightsOnlyLoading, LightningModule):
         self.episodes.add(*collector.pop_episodes())
         if write:
             stats["buffer_size"] = torch.tensor(float(len(self.buffer)))
-            self.log_dict(train_metrics({**stats, **self.episodes.pop()}, self.env_steps), on_step=True,
-                          on_epoch=False)
+            self.log_dict(train_metrics({**stats, **self.episodes.pop()}, self.env_steps), on_step=True, on_epoch=False)
         if not self.budget.fits(self.env_steps):
             self.trainer.should_stop = True
 
@@ -224,8 +239,9 @@ class SACModule(WeightsOnlyLoading, LightningModule):
             self._ready = int(sum_over_ranks(enough)) == world_size(self)
         return self._ready
 
-    def _update(self, actor_opt, critic_opt, alpha_opt, polyak: bool = True, measure: bool = False
-                ) -> dict[str, Tensor]:
+    def _update(
+        self, actor_opt, critic_opt, alpha_opt, polyak: bool = True, measure: bool = False
+    ) -> dict[str, Tensor]:
         """One gradient update of temperature, critics and actor on a replay minibatch, then the targets'
         Polyak step when ``polyak``; the update's terms, with each network's gradient norm when ``measure``."""
         h = self.hparams
@@ -252,8 +268,15 @@ class SACModule(WeightsOnlyLoading, LightningModule):
         if polyak:
             with torch.no_grad():
                 foreach_lerp_(list(self.critic_target.parameters()), list(self.net.critic.parameters()), h.tau)
-        return {"critic_loss": critic.pop("loss"), "actor_loss": actor.pop("loss"),
-                "alpha_loss": temperature.pop("loss"), **critic, **actor, **temperature, **(grads or {})}
+        return {
+            "critic_loss": critic.pop("loss"),
+            "actor_loss": actor.pop("loss"),
+            "alpha_loss": temperature.pop("loss"),
+            **critic,
+            **actor,
+            **temperature,
+            **(grads or {}),
+        }
 
     def _step(self, opt, loss: Tensor, params, name: str, grads: dict[str, Tensor] | None) -> None:
         """One optimizer step on ``loss``; the gradient norm of ``params`` (``grad/norm/<name>``) goes into

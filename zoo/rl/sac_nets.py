@@ -108,8 +108,9 @@ class SquashedGaussianActor(nn.Module):
 class TwinQ(nn.Module):
     """K soft Q functions Q_k(s, a) in one module (K = 2 for clipped double Q)."""
 
-    def __init__(self, obs_dim: int, action_dim: int, hidden_sizes: Sequence[int] = (256, 256),
-                 num_critics: int = 2) -> None:
+    def __init__(
+        self, obs_dim: int, action_dim: int, hidden_sizes: Sequence[int] = (256, 256), num_critics: int = 2
+    ) -> None:
         super().__init__()
         self.qs = nn.ModuleList(relu_mlp(obs_dim + action_dim, hidden_sizes, 1) for _ in range(num_critics))
 
@@ -170,8 +171,9 @@ class SoftActorCritic(nn.Module):
             return
         action_low = -1.0 if action_low is None else action_low
         action_high = 1.0 if action_high is None else action_high
-        self.actor = SquashedGaussianActor(obs_dim, action_dim, hidden_sizes, action_low, action_high,
-                                           log_std_min, log_std_max)
+        self.actor = SquashedGaussianActor(
+            obs_dim, action_dim, hidden_sizes, action_low, action_high, log_std_min, log_std_max
+        )
         self.critic = TwinQ(obs_dim, action_dim, hidden_sizes, num_critics)
 
     def for_env(self, shape: dict) -> SoftActorCritic:

@@ -37,9 +37,23 @@ from zoo.layers.gradnorm import grad_norm
 from zoo.layers.hparams import save_hparams
 from zoo.layers.logging import lightning_writes
 from zoo.rl.common import (
-    Budget, EpisodeLog, Evaluation, Policy, RNGState, StopCollectingOnException, Threads, check_action_bounds,
-    check_box, check_net_state, datamodule_of, env_sized, refuse_sharding, require_datamodule, train_metrics,
-    train_seed, world_size,
+    Budget,
+    EpisodeLog,
+    Evaluation,
+    Policy,
+    RNGState,
+    StopCollectingOnException,
+    Threads,
+    check_action_bounds,
+    check_box,
+    check_net_state,
+    datamodule_of,
+    env_sized,
+    refuse_sharding,
+    require_datamodule,
+    train_metrics,
+    train_seed,
+    world_size,
 )
 from zoo.rl.distributed import sum_over_ranks
 from zoo.rl.normalization import RunningMeanStd
@@ -52,8 +66,14 @@ from zoo.rl.sac_nets import TwinQ, as_vector, detached_forward, relu_mlp
 class DeterministicActor(nn.Module):
     """mu(s) = bias + scale * tanh(MLP(s)): one action per observation, inside the Box."""
 
-    def __init__(self, obs_dim: int, action_dim: int, hidden_sizes: Sequence[int], action_low: float | Sequence[float],
-                 action_high: float | Sequence[float]) -> None:
+    def __init__(
+        self,
+        obs_dim: int,
+        action_dim: int,
+        hidden_sizes: Sequence[int],
+        action_low: float | Sequence[float],
+        action_high: float | Sequence[float],
+    ) -> None:
         super().__init__()
         self.mlp = relu_mlp(obs_dim, hidden_sizes, action_dim)
         low, high = as_vector(action_low, action_dim), as_vector(action_high, action_dim)
@@ -121,8 +141,9 @@ class DeterministicActorCritic(nn.Module):
 # -- the objective, as SB3's TD3.train writes it -----------------------------------------------------------------
 
 
-def smoothed_target_action(next_action: Tensor, noise: Tensor, noise_clip: float, action_scale: Tensor,
-                           low: Tensor, high: Tensor) -> Tensor:
+def smoothed_target_action(
+    next_action: Tensor, noise: Tensor, noise_clip: float, action_scale: Tensor, low: Tensor, high: Tensor
+) -> Tensor:
     """Target policy smoothing: clip(mu_targ(s') + clip(noise, -c, c) * scale, low, high); ``noise`` ~ N(0, sigma)
     in [-1, 1] action units (SB3's), rescaled to the Box (CleanRL's ``clipped_noise * action_scale``)."""
     return (next_action + noise.clamp(-noise_clip, noise_clip) * action_scale).clamp(low, high)  # (B, A)
@@ -136,8 +157,12 @@ def td3_target(rewards: Tensor, terminated: Tensor, next_q: Tensor, gamma: float
 def td3_critic_loss(q: Tensor, target: Tensor) -> dict[str, Tensor]:
     """sum_k mean((Q_k(s, a) - y)^2), SB3's and CleanRL's sum (SAC's halves it); ``q`` (K, B)."""
     per_critic = (q - target).square().mean(1)  # (K,)
-    return {"loss": per_critic.sum(), "qf1_loss": per_critic[0].detach(), "qf2_loss": per_critic[-1].detach(),
-            "q_value": q.detach().mean()}
+    return {
+        "loss": per_critic.sum(),
+        "qf1_loss": per_critic[0].detach(),
+        "qf2_loss": per_critic[-1].detach(),
+        "q_value": q.detach().mean(),
+    }
 
 
 def td3_actor_loss(q1_pi: Tensor) -> dict[str, Tensor]:
@@ -258,8 +283,10 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
     def on_train_start(self) -> None:
         # The actor's backward reaches the actor alone, the critics' the critics: DDP needs to look for unused ones.
         if world_size(self) > 1 and not getattr(self.trainer.model, "find_unused_parameters", True):
-            raise ValueError("TD3 under DDP makes backwards that reach one net each: pass "
-                             "--trainer.strategy=ddp_find_unused_parameters_true")
+            raise ValueError(
+                "TD3 under DDP makes backwards that reach one net each: pass "
+                "--trainer.strategy=ddp_find_unused_parameters_true"
+            )
         # Here rather than in setup: the device is final and a resumed checkpoint (env steps, RNG, buffer) is loaded.
         h, dm = self.hparams, require_datamodule(self)
         self.rng.resume(self.global_rank)
@@ -268,8 +295,9 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
             self.trainer.should_stop = True  # a resumed run whose budget is already spent: no envs opened
         elif self.collector is None:  # the replay buffer (a checkpoint's, when fit resumes with one) and its collector
             if self.buffer is None:
-                self.buffer = ReplayBuffer(h.buffer_size, self.net.obs_dim, device=self.device,
-                                           action_space=dm.spaces[1])
+                self.buffer = ReplayBuffer(
+                    h.buffer_size, self.net.obs_dim, device=self.device, action_space=dm.spaces[1]
+                )
             self.buffer.to(self.device)
             if self._buffer_to_restore is not None:
                 self.buffer.load_state_dict(self._buffer_to_restore)
@@ -289,8 +317,7 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
         for _ in range(h.steps_per_batch):
             collector.step(self._explore if env_steps >= h.learning_starts else None)  # uniform before learning_starts
             env_steps += stride
-            if (env_steps > h.learning_starts and (env_steps // stride) % h.train_freq == 0
-                    and self._buffer_ready()):
+            if env_steps > h.learning_starts and (env_steps // stride) % h.train_freq == 0 and self._buffer_ready():
                 for _ in range(h.gradient_steps):
                     updates += 1
                     stats |= self._update(actor_opt, critic_opt, updates, measure=write)
@@ -301,8 +328,7 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
         self.episodes.add(*collector.pop_episodes())
         if write:
             stats["buffer_size"] = torch.tensor(float(len(self.buffer)))
-            self.log_dict(train_metrics({**stats, **self.episodes.pop()}, self.env_steps), on_step=True,
-                          on_epoch=False)
+            self.log_dict(train_metrics({**stats, **self.episodes.pop()}, self.env_steps), on_step=True, on_epoch=False)
         if not self.budget.fits(self.env_steps):
             self.trainer.should_stop = True
 
@@ -323,9 +349,14 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
         # 1-2. The smoothed target action and the clipped double-Q target.
         with torch.no_grad():
             noise = torch.randn_like(data.actions) * h.target_policy_noise  # (B, A)
-            next_action = smoothed_target_action(self.actor_target(next_obs), noise, h.target_noise_clip,
-                                                 actor.action_scale, actor.action_bias - actor.action_scale,
-                                                 actor.action_bias + actor.action_scale)
+            next_action = smoothed_target_action(
+                self.actor_target(next_obs),
+                noise,
+                h.target_noise_clip,
+                actor.action_scale,
+                actor.action_bias - actor.action_scale,
+                actor.action_bias + actor.action_scale,
+            )
             target = td3_target(data.rewards, data.terminated, self.critic_target(next_obs, next_action), h.gamma)
         # 3. The critics towards it.
         critic = td3_critic_loss(self.net.get_q_values(obs, data.actions), target)
@@ -336,8 +367,11 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
             actor_loss = td3_actor_loss(self.net.get_q1(obs, actor(obs)))["loss"]
             self._step(actor_opt, actor_loss, actor.parameters(), "actor", grads)
             with torch.no_grad():  # theta' <- theta' + tau (theta - theta'), one fused op over every target tensor
-                foreach_lerp_([*self.actor_target.parameters(), *self.critic_target.parameters()],
-                              [*actor.parameters(), *self.net.critic.parameters()], h.tau)
+                foreach_lerp_(
+                    [*self.actor_target.parameters(), *self.critic_target.parameters()],
+                    [*actor.parameters(), *self.net.critic.parameters()],
+                    h.tau,
+                )
             out["actor_loss"] = actor_loss.detach()
         return {**out, **(grads or {})}
 

@@ -18,8 +18,13 @@ from zoo.rl.collector import env_actions
 
 
 @torch.no_grad()
-def record_episode(env: gym.Env, policy: Callable[[Tensor], Tensor], seed: int | None = None,
-                   max_frames: int = 1000, device: torch.device | str = "cpu") -> tuple[list[np.ndarray], float]:
+def record_episode(
+    env: gym.Env,
+    policy: Callable[[Tensor], Tensor],
+    seed: int | None = None,
+    max_frames: int = 1000,
+    device: torch.device | str = "cpu",
+) -> tuple[list[np.ndarray], float]:
     """(frames (H, W, 3) uint8, return) of one episode of ``policy`` on ``env`` (render_mode "rgb_array")."""
     obs, _ = env.reset(seed=seed)
     frames, total = [env.render()], 0.0

@@ -10,19 +10,68 @@
 ``python -m zoo.tracking log-model <ckpt>`` logs a checkpoint as an MLflow model (``__main__``).
 """
 
-from zoo.tracking.logger import (HOST_TAG, PID_TAG, LogConfigToMLflow, TrackingServerUnreachable, ZooMLFlowLogger,
-                                 end_open_runs, mark_dead_runs_killed, nest_under_training_run, process_host, store_uri,
-                                 wait_for_server)
-from zoo.tracking.models import (build_module, is_mlflow_uri, load_model, local_weights, log_checkpoint_model,
-                                 resolve_checkpoint, training_run)
-from zoo.tracking.runs import (check_output_name, default_run_name, in_run_dir, log_figure, log_file, log_json_artifact,
-                               mlflow_loggers, new_run_dir, run_dir)
+from zoo.tracking.logger import (
+    HOST_TAG,
+    PID_TAG,
+    LogConfigToMLflow,
+    TrackingServerUnreachable,
+    ZooMLFlowLogger,
+    end_open_runs,
+    mark_dead_runs_killed,
+    nest_under_training_run,
+    process_host,
+    store_uri,
+    wait_for_server,
+)
+from zoo.tracking.models import (
+    build_module,
+    is_mlflow_uri,
+    load_model,
+    local_weights,
+    log_checkpoint_model,
+    resolve_checkpoint,
+    training_run,
+)
+from zoo.tracking.runs import (
+    check_output_name,
+    default_run_name,
+    in_run_dir,
+    log_figure,
+    log_file,
+    log_json_artifact,
+    mlflow_loggers,
+    new_run_dir,
+    run_dir,
+)
 from zoo.tracking.store import store_lock
 
 __all__ = [
-    "HOST_TAG", "PID_TAG", "LogConfigToMLflow", "TrackingServerUnreachable", "ZooMLFlowLogger", "build_module",
-    "check_output_name", "default_run_name", "end_open_runs", "in_run_dir", "is_mlflow_uri", "load_model",
-    "local_weights", "log_checkpoint_model", "log_figure", "log_file", "log_json_artifact", "mark_dead_runs_killed",
-    "mlflow_loggers", "nest_under_training_run", "new_run_dir", "process_host", "resolve_checkpoint", "run_dir",
-    "store_lock", "store_uri", "training_run", "wait_for_server",
+    "HOST_TAG",
+    "PID_TAG",
+    "LogConfigToMLflow",
+    "TrackingServerUnreachable",
+    "ZooMLFlowLogger",
+    "build_module",
+    "check_output_name",
+    "default_run_name",
+    "end_open_runs",
+    "in_run_dir",
+    "is_mlflow_uri",
+    "load_model",
+    "local_weights",
+    "log_checkpoint_model",
+    "log_figure",
+    "log_file",
+    "log_json_artifact",
+    "mark_dead_runs_killed",
+    "mlflow_loggers",
+    "nest_under_training_run",
+    "new_run_dir",
+    "process_host",
+    "resolve_checkpoint",
+    "run_dir",
+    "store_lock",
+    "store_uri",
+    "training_run",
+    "wait_for_server",
 ]

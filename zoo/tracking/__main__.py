@@ -32,7 +32,9 @@ def main(argv: list[str] | None = None) -> None:
         exp_id = experiment.experiment_id if experiment else client.create_experiment(args.experiment_name)
         run_id = client.create_run(exp_id, run_name=f"log-model-{Path(args.ckpt).stem}").info.run_id
         client.set_terminated(run_id)
-    print(f"MLflow model: {log_checkpoint_model(args.ckpt, client, run_id, args.registered_model_name, args.class_path)}")
+    print(
+        f"MLflow model: {log_checkpoint_model(args.ckpt, client, run_id, args.registered_model_name, args.class_path)}"
+    )
 
 
 if __name__ == "__main__":

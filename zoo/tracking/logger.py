@@ -220,7 +220,6 @@ def _end_open_runs_at_exit() -> None:
     atexit.register(lambda: end_open_runs(getattr(sys, "last_value", None)) if _open_runs else None)
 
 
-
 PID_TAG, HOST_TAG = "zoo.pid", "zoo.host"
 
 
@@ -294,7 +293,11 @@ def nest_under_training_run(logger_args: Any, parent_run_id: str | None, stage: 
     except MlflowException:  # the checkpoint's run lives in another store
         return False
     logger_args.experiment_name = client.get_experiment(parent.info.experiment_id).name
-    logger_args.tags = {**(logger_args.get("tags") or {}), "mlflow.parentRunId": parent_run_id, "zoo.checkpoint": source}
+    logger_args.tags = {
+        **(logger_args.get("tags") or {}),
+        "mlflow.parentRunId": parent_run_id,
+        "zoo.checkpoint": source,
+    }
     if not logger_args.get("run_name"):
         logger_args.run_name = f"{parent.info.run_name}-{stage}-{time.strftime('%H%M%S')}"
     return True
@@ -306,8 +309,15 @@ class LogConfigToMLflow(SaveConfigCallback):
     The stock saver writes into ``trainer.log_dir``, which ``MLFlowLogger`` does not have.
     """
 
-    def __init__(self, parser, config, config_filename: str = "config.yaml", overwrite: bool = False,
-                 multifile: bool = False, save_to_log_dir: bool = False) -> None:
+    def __init__(
+        self,
+        parser,
+        config,
+        config_filename: str = "config.yaml",
+        overwrite: bool = False,
+        multifile: bool = False,
+        save_to_log_dir: bool = False,
+    ) -> None:
         super().__init__(parser, config, config_filename, overwrite, multifile, save_to_log_dir=False)
 
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:

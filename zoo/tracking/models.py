@@ -5,7 +5,8 @@ An MLflow model of a zoo module is a pyfunc logged as code (``zoo/tracking/pyfun
 RL's observation normaliser) and ``module.json`` (its class path and ``save_hyperparameters`` arguments, with
 the tokenizer and class names it carries). Safetensors and JSON rather than ``mlflow.pytorch``'s pickled
 module: loading reads tensors and plain values and never runs code from the file; every class its config names
-passes ``zoo.layers.trust``'s allowlist before anything is imported. ``mlflow.pytorch``'s ``pt2`` format would also be pickle-free, but needs an export per
+passes ``zoo.layers.trust``'s allowlist before anything is imported. ``mlflow.pytorch``'s ``pt2`` format would also
+be pickle-free, but needs an export per
 family (GPT's generate, RL's act are not ``forward``) and loses ``load_from_checkpoint``-style rebuilding.
 
 ``models:/<name>/<version>``, ``models:/<name>@<alias>`` and ``runs:/<id>/<path>`` are read by
@@ -63,8 +64,9 @@ def build_module(spec: dict, source: str = "the model") -> LightningModule:
     (``zoo.layers.trust``: the zoo's own classes only, checked before anything is imported)."""
     from lightning.pytorch.cli import instantiate_module
 
-    init_args = check_stored_model({"_class_path": spec.get("class_path"), **(spec.get("init_args") or {})},
-                                   source, zoo_allowlist())
+    init_args = check_stored_model(
+        {"_class_path": spec.get("class_path"), **(spec.get("init_args") or {})}, source, zoo_allowlist()
+    )
     return instantiate_module(LightningModule, {"_class_path": spec["class_path"], **init_args})
 
 
@@ -102,15 +104,25 @@ def _save(path: Path, zoo_dir: Path, work: Path) -> None:
     # The package's sources only: compiled caches are the saving interpreter's, not the model's.
     code = shutil.copytree(zoo_dir, work / "code" / "zoo", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     mlflow.pyfunc.save_model(
-        path=str(path), python_model=str(Path(__file__).with_name("pyfunc.py")),
-        artifacts={"weights": str(work / WEIGHTS), "module": str(work / SPEC)}, code_paths=[str(code)],
-        pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"lightning=={lightning.__version__}",
-                          f"mlflow=={mlflow.__version__}", f"safetensors=={safetensors.__version__}", "jsonargparse"],
+        path=str(path),
+        python_model=str(Path(__file__).with_name("pyfunc.py")),
+        artifacts={"weights": str(work / WEIGHTS), "module": str(work / SPEC)},
+        code_paths=[str(code)],
+        pip_requirements=[
+            f"torch=={torch.__version__.split('+')[0]}",
+            f"lightning=={lightning.__version__}",
+            f"mlflow=={mlflow.__version__}",
+            f"safetensors=={safetensors.__version__}",
+            "jsonargparse",
+        ],
     )
 
 
 def log_checkpoint_model(
-    ckpt_path: str | Path, client, run_id: str, registered_model_name: str | None = None,
+    ckpt_path: str | Path,
+    client,
+    run_id: str,
+    registered_model_name: str | None = None,
     class_path: str | None = None,
 ) -> str:
     """Log a checkpoint's module as ``runs:/<run_id>/model`` (``model-<ckpt>-<hex>`` if the run has one: a
@@ -135,7 +147,9 @@ def log_checkpoint_model(
         pass
     run = client.get_run(run_id)
     version = client.create_model_version(
-        registered_model_name, source=f"{run.info.artifact_uri}/{path}", run_id=run_id,
+        registered_model_name,
+        source=f"{run.info.artifact_uri}/{path}",
+        run_id=run_id,
         tags={"zoo.class_path": spec["class_path"], "zoo.checkpoint": Path(ckpt_path).name},
     )
     for key, value in run.data.metrics.items():
@@ -208,8 +222,9 @@ def _read_model_dir(local: Path) -> tuple[dict, dict]:
     """The spec and state dict of a downloaded model folder: JSON and safetensors only, nothing else is read."""
     spec_file, weights = next(local.rglob(SPEC), None), next(local.rglob(WEIGHTS), None)
     if spec_file is None or weights is None:
-        raise FileNotFoundError(f"{local} holds no zoo model ({SPEC} + {WEIGHTS}): log one with "
-                                f"python -m zoo.tracking log-model")
+        raise FileNotFoundError(
+            f"{local} holds no zoo model ({SPEC} + {WEIGHTS}): log one with python -m zoo.tracking log-model"
+        )
     return json.loads(spec_file.read_text()), load_file(weights)
 
 
@@ -240,8 +255,12 @@ def resolve_checkpoint(uri: str, tracking_uri: str | None = None) -> str:
     if dst.is_file():
         return str(dst)
     spec, state_dict = _read_model_dir(local)
-    ckpt = {"state_dict": state_dict, "pytorch-lightning_version": lightning.__version__,
-            "hyper_parameters": {"_class_path": spec["class_path"], **spec["init_args"]}, **spec.get("checkpoint", {})}
+    ckpt = {
+        "state_dict": state_dict,
+        "pytorch-lightning_version": lightning.__version__,
+        "hyper_parameters": {"_class_path": spec["class_path"], **spec["init_args"]},
+        **spec.get("checkpoint", {}),
+    }
     if "data" in spec:
         ckpt["datamodule_hyper_parameters"] = {"_class_path": spec["data"]["class_path"], **spec["data"]["init_args"]}
     dst.parent.mkdir(exist_ok=True)

@@ -40,7 +40,7 @@ def log_json_artifact(trainer: Trainer, obj: dict, artifact_file: str) -> None:
 
 
 def log_figure(trainer: Trainer, figure, artifact_file: str) -> None:
-    """Log a matplotlib figure as an image artifact to every MLflow logger of the trainer (rank 0 only), then close it."""
+    """Log a matplotlib figure as an image artifact to every MLflow logger of the trainer (rank 0), then close it."""
     import matplotlib.pyplot as plt
 
     if trainer.is_global_zero:

@@ -30,9 +30,11 @@ def check_store_folder(tracking_uri: str) -> None:
     and MLflow would otherwise fail deep inside, as a FileExistsError or an SQLAlchemy error)."""
     path = _sqlite_path(tracking_uri)
     if path and Path(path).is_dir():
-        raise InputError(f"MLflow store {tracking_uri} is a folder, not a database file: name one inside it "
-                         f"(sqlite:///{Path(path).resolve() / 'mlflow.db'}) in MLFLOW_TRACKING_URI or "
-                         f"trainer.logger.init_args.tracking_uri")
+        raise InputError(
+            f"MLflow store {tracking_uri} is a folder, not a database file: name one inside it "
+            f"(sqlite:///{Path(path).resolve() / 'mlflow.db'}) in MLFLOW_TRACKING_URI or "
+            f"trainer.logger.init_args.tracking_uri"
+        )
     for folder in Path(path).parents if path else ():
         if folder.exists() and not folder.is_dir():
             raise InputError(

@@ -27,8 +27,9 @@ def stored_config_allowlist() -> Allowlist:
     return zoo_allowlist(data, env_modules=["datamodules.gym_envs"])
 
 
-def checkpoint_config(uri: str, subcommand: str, allow: Allowlist | None = None,
-                      tracking_uri_: str | None = None) -> dict[str, dict]:
+def checkpoint_config(
+    uri: str, subcommand: str, allow: Allowlist | None = None, tracking_uri_: str | None = None
+) -> dict[str, dict]:
     """``model`` and ``data`` configs (class path + init args) for ``cli.py <subcommand> --ckpt_path <uri>``.
 
     The model is the checkpoint's own. The data is, for predict, the family's ``predict_data`` (its DataModule
@@ -55,8 +56,10 @@ def checkpoint_config(uri: str, subcommand: str, allow: Allowlist | None = None,
         out["data"] = {"class_path": predict_data}
     elif "data" in spec:
         data = spec["data"]
-        out["data"] = {"class_path": data.get("class_path"),
-                       "init_args": check_stored_data(data.get("class_path"), data.get("init_args") or {}, uri, allow)}
+        out["data"] = {
+            "class_path": data.get("class_path"),
+            "init_args": check_stored_data(data.get("class_path"), data.get("init_args") or {}, uri, allow),
+        }
     return out
 
 
@@ -80,22 +83,28 @@ def with_checkpoint_config(argv: list[str], allow: Allowlist | None = None) -> l
     at = next((i for i, a in enumerate(argv) if a in SUBCOMMANDS_WITH_A_MODEL), None)
     if at is None or any(a in ("-h", "--help") for a in argv):
         return argv
-    sub, rest = argv[at], argv[at + 1:]
+    sub, rest = argv[at], argv[at + 1 :]
     given = lambda flag: any(a == flag or a.startswith((f"{flag}=", f"{flag}.")) for a in rest)  # noqa: E731
     ckpt = _flag(rest, "--ckpt_path")
     if ckpt is None:
         if not given("--config") and not given("--model"):
-            sys.exit(f"error: `cli.py {sub}` needs a model: pass --ckpt_path <{CKPT_SOURCES}> (the model's config "
-                     f"comes with it), or --config <the training YAML> with --ckpt_path")
+            sys.exit(
+                f"error: `cli.py {sub}` needs a model: pass --ckpt_path <{CKPT_SOURCES}> (the model's config "
+                f"comes with it), or --config <the training YAML> with --ckpt_path"
+            )
         return argv
     config = checkpoint_config(ckpt, sub, (allow or stored_config_allowlist()).with_trusted(_named_by_user(rest)))
     if "model" not in config and not given("--config") and not given("--model"):
-        sys.exit(f"error: {ckpt} names no model class (it was not written through cli.py): pass --config <the "
-                 f"training YAML> as well")
+        sys.exit(
+            f"error: {ckpt} names no model class (it was not written through cli.py): pass --config <the "
+            f"training YAML> as well"
+        )
     if "data" not in config and not given("--config") and not given("--data"):
-        sys.exit(f"error: `cli.py {sub}` needs data and {ckpt} records none: pass --data <a DataModule class path> "
-                 f"with its --data.init_args.*, or --config <a YAML with a data: section>")
-    return argv[:at + 1] + [f"--{key}={json.dumps(value)}" for key, value in config.items()] + rest
+        sys.exit(
+            f"error: `cli.py {sub}` needs data and {ckpt} records none: pass --data <a DataModule class path> "
+            f"with its --data.init_args.*, or --config <a YAML with a data: section>"
+        )
+    return argv[: at + 1] + [f"--{key}={json.dumps(value)}" for key, value in config.items()] + rest
 
 
 def _named_by_user(args: list[str]) -> set[str]:
