@@ -20,7 +20,7 @@ git checkout --quiet "$ref"
 # The README's first code block: two commands, comments and blank lines aside.
 mapfile -t commands < <(sed -n '/^```bash$/,/^```$/p' README.md | sed '1d;$d' | grep -v '^#' | grep -v '^$' | head -2)
 setup="${commands[0]} --trainer.max_epochs=1 --trainer.limit_train_batches=30 --trainer.limit_val_batches=5 --trainer.limit_test_batches=5"
-tests="${commands[1]} -n 0 tests/test_readme.py tests/test_monitors.py"
+tests="${commands[1]} -n 0 tests/test_readme.py tests/callbacks/test_monitors.py"
 
 # Both commands in one shell, as the README says: the first activates the venv the second installs into.
 echo "+ $setup"

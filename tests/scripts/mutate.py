@@ -39,10 +39,10 @@ CM, CN, RN, TV = "zoo/cnn/module.py", "zoo/cnn/convnet.py", "zoo/cnn/resnet.py",
 FAMILIES: dict[str, dict] = {
     "gpt": {
         "tests": [
-            "tests/test_gpt_llama.py",
-            "tests/test_gpt_behaviour.py",
-            "tests/test_gpt.py",
-            "tests/test_gpt_hf.py",
+            "tests/gpt/test_gpt_llama.py",
+            "tests/gpt/test_gpt_behaviour.py",
+            "tests/gpt/test_gpt.py",
+            "tests/gpt/test_gpt_hf.py",
         ],
         "mutants": [
             (
@@ -114,7 +114,7 @@ FAMILIES: dict[str, dict] = {
         ],
     },
     "diffusion": {
-        "tests": ["tests/test_diffusion_refs.py", "tests/test_diffusion_behaviour.py", "tests/test_diffusion.py"],
+        "tests": ["tests/diffusion/test_diffusion_refs.py", "tests/diffusion/test_diffusion_behaviour.py", "tests/diffusion/test_diffusion.py"],
         "mutants": [
             (
                 SCH,
@@ -213,12 +213,12 @@ FAMILIES: dict[str, dict] = {
     },
     "rl": {
         "tests": [
-            "tests/test_rl_refs.py",
-            "tests/test_rl_behaviour.py",
-            "tests/test_rl.py",
-            "tests/test_td3.py",
-            "tests/test_sac.py",
-            "tests/test_impala.py",
+            "tests/rl/test_rl_refs.py",
+            "tests/rl/test_rl_behaviour.py",
+            "tests/rl/test_rl.py",
+            "tests/rl/test_td3.py",
+            "tests/rl/test_sac.py",
+            "tests/rl/test_impala.py",
         ],
         "mutants": [
             (
@@ -316,9 +316,9 @@ FAMILIES: dict[str, dict] = {
         # Only the fast files: the shapes fit through cli.py (~1 min) and the README's 20-minute MNIST job (slow)
         # would dominate every mutant's run; the references and the Trainer-level behaviour tests stand in for them.
         "tests": [
-            "tests/test_cnn_refs.py",
-            "tests/test_cnn_behaviour.py",
-            "tests/test_cnn.py",
+            "tests/cnn/test_cnn_refs.py",
+            "tests/cnn/test_cnn_behaviour.py",
+            "tests/cnn/test_cnn.py",
             "-m",
             "not slow",
             "-k",
@@ -365,7 +365,7 @@ FAMILIES: dict[str, dict] = {
         ],
     },
     "clip": {
-        "tests": ["tests/test_clip_refs.py", "tests/test_clip.py"],
+        "tests": ["tests/clip/test_clip_refs.py", "tests/clip/test_clip.py"],
         "mutants": [
             (
                 CL,
@@ -415,7 +415,7 @@ FAMILIES: dict[str, dict] = {
     },
     # A stored config checked before anything it names is imported (issue 24).
     "trust": {
-        "tests": ["tests/test_stored_config.py"],
+        "tests": ["tests/layers/test_stored_config.py"],
         "mutants": [
             (TR, "        if key in IMPORT_LIST_ARGS and value is not None:", "        if False:"),
             (TR, '(":" not in value and value in gym.registry)', 'value in gym.registry or ":" in value'),

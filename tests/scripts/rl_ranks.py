@@ -3,7 +3,7 @@
 Usage: python rl_ranks.py <cli.py fit arguments>. Each rank writes ``rank<k>.pt``: the first training step's data
 (a rollout's raw observations, the replay rows, or IMPALA's first unrolls), the env-step counter and the logged
 ``train/env_steps``.
-Launched as a subprocess by tests/test_rl_ddp.py: DDP re-runs this script for rank 1, which would re-run pytest
+Launched as a subprocess by tests/rl/test_rl_ddp.py: DDP re-runs this script for rank 1, which would re-run pytest
 if the fit happened inside the pytest process. A deadlock (a collective only one rank calls) ends the process
 with every thread's stack on stderr instead of hanging the test.
 """

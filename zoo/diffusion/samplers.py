@@ -22,7 +22,7 @@ the sampling callbacks and ``predict`` take it from YAML:
 and is called with what belongs to the model, ``(schedule, prediction, clip_denoised)``, like diffusers'
 schedulers, whose ``set_timesteps`` and ``step`` are ``timesteps()`` and ``step()`` here. Guidance is not a
 sampler's option: it wraps the denoiser (``ClassifierFreeGuidance``). A new sampler is one ``Sampler``
-subclass, whose first three parameters are those (tests/test_diffusion.py's ``OneStepSampler`` is one).
+subclass, whose first three parameters are those (tests/diffusion/test_diffusion.py's ``OneStepSampler`` is one).
 
 A denoiser with learned variance returns 2C channels: the prediction, then v in [-1, 1] per pixel
 (Nichol & Dhariwal 2021, "Improved DDPM", eq. 15). Both samplers then draw their noise with the

@@ -5,7 +5,7 @@ q, k and v come from one fused matmul laid out [q heads | k heads | v heads]: th
 reach ``scaled_dot_product_attention`` as (B, h, T, d) views with unit stride along d, which is what
 PyTorch's fused kernels (flash, memory-efficient) require: heads strided along d (the UNet's, taken from
 a (B, 3C, HW) convolution output) send SDPA to its math kernel, which materialises every T x T score
-matrix (64% of the UNet's forward before this layer; tests/test_attention_kernels.py guards the layout).
+matrix (64% of the UNet's forward before this layer; tests/gpt/test_attention_kernels.py guards the layout).
 
 Notation: B batch, T tokens, D width, h heads, d = D / h head size.
 """

@@ -1,4 +1,4 @@
-"""Every private Lightning/torch name the zoo relies on, in one place, each with a test (tests/test_compat.py).
+"""Every private Lightning/torch name the zoo relies on, in one place, each with a test (tests/layers/test_compat.py).
 
 Each entry says why no public API serves. A Lightning or torch upgrade that breaks one breaks its test here,
 not a training run. Entries whose public replacement appears should move to it and leave this file.

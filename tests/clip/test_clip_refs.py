@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from zoo.clip.losses import infonce_loss, siglip_loss
 
 open_clip_loss = pytest.importorskip("open_clip.loss")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def features(n: int = 5, dim: int = 8):
