@@ -16,7 +16,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from zoo.app import hooks, terminal
 from zoo.app.parser import DEFAULT_CALLBACKS, TRAINER_DEFAULTS, ZooArgumentParser, add_zoo_arguments
-from zoo.layers.compat import CheckpointHyperparametersLeftToCaller
+from zoo.compat import CheckpointHyperparametersLeftToCaller
 from zoo.tracking import LogConfigToMLflow
 from zoo.tracking.stored_config import stored_config_allowlist, with_checkpoint_config
 

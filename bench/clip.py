@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from bench._common import median, now, print_header, resolve_device, set_threads, spread, table
 from zoo.clip.losses import gather_with_grad, infonce_loss
-from zoo.layers.optim import adamw_warmup_cosine
+from zoo.train.optim import adamw_warmup_cosine
 
 ROOT = Path(__file__).resolve().parents[1]
 

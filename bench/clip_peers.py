@@ -24,7 +24,7 @@ import torch
 from bench._common import RATIO_HEADERS, add_clock_arg, alternate, missing, peer_header, ratio_row, table
 from zoo.clip import CLIP, TextTransformer, VisionTransformer
 from zoo.clip.losses import infonce_loss
-from zoo.layers.optim import AdamWCosine
+from zoo.train.optim import AdamWCosine
 
 try:
     import open_clip

@@ -1,7 +1,7 @@
 """ResNet-18 training throughput in images/s at 32x32: eager, channels_last, torch.compile, bf16 autocast.
 
 The net is ``zoo.cnn.ResNet(18)`` with the CIFAR stem and 10 classes, the optimizer AdamW on the
-zoo's parameter groups (``zoo.layers.optim.AdamWCosine``, fused on CUDA as in the zoo). A
+zoo's parameter groups (``zoo.train.optim.AdamWCosine``, fused on CUDA as in the zoo). A
 step is a full training step: inputs to channels_last where the variant says so (per step, as
 ``ClassifierModule.forward`` does), forward and cross-entropy (under autocast for bf16), zero_grad,
 backward, AdamW step. Batches are random tensors already on the device: this measures compute, not

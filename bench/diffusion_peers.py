@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from bench._common import RATIO_HEADERS, add_clock_arg, alternate, missing, peer_header, ratio_row, table
 from zoo.diffusion import DDIMSampler, DiffusionModule, DiT, UNet
-from zoo.layers.optim import AdamWCosine
+from zoo.train.optim import AdamWCosine
 
 try:
     import diffusers

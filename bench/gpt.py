@@ -36,7 +36,7 @@ from bench import nanogpt_ref
 from bench._common import RATIO_HEADERS, add_clock_arg, alternate, missing, peer_header, ratio_row, table
 from zoo.gpt import GPT, MLA, GeluMLP
 from zoo.gpt.generate import make_cache
-from zoo.layers.optim import AdamWCosine
+from zoo.train.optim import AdamWCosine
 
 V, L, D, H, T = 257, 4, 256, 4, 256
 MLA_ARGS = dict(q_lora_rank=128, kv_lora_rank=256, qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64)

@@ -4,7 +4,7 @@ Three variants train the same net, from the same initial weights, on the same ba
 over an in-memory TensorDataset, num_workers=0, no shuffle, no validation), for the same steps:
 
   plain      a hand-written loop: AdamW on the zoo's parameter groups with its warmup-cosine LambdaLR
-             stepped every step (both built by ``zoo.layers.optim.AdamWCosine`` from
+             stepped every step (both built by ``zoo.train.optim.AdamWCosine`` from
              ``ClassifierModule``'s default hyperparameters); forward, cross-entropy,
              zero_grad(set_to_none=True), backward, optimizer step, scheduler step. That is Lightning's
              order (zero_grad sits in its closure between training_step and backward). Zeroing first

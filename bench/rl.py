@@ -99,9 +99,9 @@ def bench_collect(rollouts: int = 8) -> None:
 def bench_learner(updates: int = 400) -> None:
     import torch
 
-    from zoo.layers.optim import param_groups
     from zoo.rl import ActorCritic, ppo_loss
     from zoo.rl.losses import normalize
+    from zoo.train.optim import param_groups
 
     torch.manual_seed(0)
     net = ActorCritic(4, 2)

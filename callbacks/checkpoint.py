@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.utilities import rank_zero_warn
 
 from zoo.app.families import family_of
-from zoo.layers.compat import refresh_last_checkpoint
+from zoo.compat import refresh_last_checkpoint
 
 
 class MonitoredCheckpoint(ModelCheckpoint):

@@ -83,7 +83,7 @@ class FrechetInceptionDistance(Callback):
         """torchmetrics' FID on the Inception-v3 of ``weights``, checked to hold only tensors first."""
         from torchmetrics.image.fid import FrechetInceptionDistance as FID
 
-        from zoo.layers.weights import load_file
+        from zoo.io.weights import load_file
 
         # torch-fidelity reads the file with torch.load(weights_only=False); reading it weights-only first
         # refuses a file that would run pickled code.

@@ -17,10 +17,10 @@ from lightning.pytorch import Callback
 from lightning.pytorch.plugins.precision import FSDPPrecision, MixedPrecision
 from torch import Tensor
 
-from zoo.layers.compat import grad_scale
-from zoo.layers.errors import InputError
-from zoo.layers.gradnorm import grad_norm_keys, grad_norms_per_tensor, total_norm
-from zoo.layers.logging import lightning_writes
+from zoo.compat import grad_scale
+from zoo.errors import InputError
+from zoo.train.gradnorm import grad_norm_keys, grad_norms_per_tensor, total_norm
+from zoo.train.logging import lightning_writes
 
 
 class NonFiniteLossError(RuntimeError):
@@ -66,7 +66,7 @@ class GradNormMonitor(Callback):
         # true, unscaled, unclipped gradients. Under 16-mixed an occasional inf is normal: GradScaler then
         # skips the step (see PrecisionMonitor's precision/skipped_steps).
         if not pl_module.automatic_optimization:
-            return  # its own training_step logs these, from zoo.layers.gradnorm, between backward and step
+            return  # its own training_step logs these, from zoo.train.gradnorm, between backward and step
         step = trainer.global_step + 1  # this step, 1-based, as Lightning's logger connector counts it
         log_total = step % self.log_every_n_steps == 0 and lightning_writes(trainer, step)
         log_layers = (

@@ -22,8 +22,8 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 
-from zoo.layers.compat import batches_trained_in_epoch
-from zoo.layers.errors import InputError
+from zoo.compat import batches_trained_in_epoch
+from zoo.errors import InputError
 
 
 def check_settings(at_least: int | None = None, fraction: bool = False, **settings: float | None) -> None:

@@ -51,8 +51,8 @@ from datamodules.base import (
 from datamodules.image_files import OnUnreadable, open_image, readable_images
 from datamodules.shapes import COLOURS, POSITIONS, SIZES, ShapesDataset
 from datamodules.text_corpus import read_utf8
-from zoo.layers.errors import InputError
-from zoo.layers.tokenizers import BPETokenizer, ByteTokenizer, Tokenizer, tokenize
+from zoo.errors import InputError
+from zoo.io.tokenizers import BPETokenizer, ByteTokenizer, Tokenizer, tokenize
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # OpenAI CLIP's pixel statistics
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)

@@ -16,7 +16,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
 from datamodules.base import ImageDataModule, check_settings
-from zoo.layers.hparams import save_hparams
+from zoo.io.hparams import save_hparams
 from zoo.tracking import check_output_name
 
 

@@ -1,7 +1,7 @@
 """New image files to predict on with a trained model: a folder, a file, or a list of them.
 
 The files are read as the model's training data was: channels, side, mean and std come from the model's
-``inputs`` (recorded at fit and carried by its checkpoint and MLflow model, ``zoo.layers.new_inputs``)
+``inputs`` (recorded at fit and carried by its checkpoint and MLflow model, ``zoo.io.new_inputs``)
 unless given here, so ``predict --ckpt_path models:/<name>@<alias> --data.init_args.paths=<folder>`` needs
 no training config. They are read in ``predict_dataloader``, which Lightning calls after restoring the
 checkpoint. Batches are dicts: ``image`` (B, C, H, W) and ``path`` (B,) strings.
@@ -20,7 +20,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from datamodules.base import check_settings, not_found_message
-from zoo.layers.errors import InputError
+from zoo.errors import InputError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 

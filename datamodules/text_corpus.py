@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from zoo.layers.errors import InputError
-from zoo.layers.tokenizers import Tokenizer, tokenizer_from_dict
+from zoo.errors import InputError
+from zoo.io.tokenizers import Tokenizer, tokenizer_from_dict
 
 log = logging.getLogger(__name__)
 

@@ -157,7 +157,7 @@ CASES = {
     "max_epochs-negative-lightning": (["fit", "--config", CNN, "--trainer.max_epochs=-5"], ["max_epochs", "-5"]),
     "sharded-folder-to-one-file-strategy": (
         ["validate", "--config", CNN, "--ckpt_path={sharded}"],
-        ["sharded checkpoint folder", "fsdp.yaml", "zoo.layers.parallel"],
+        ["sharded checkpoint folder", "fsdp.yaml", "zoo.train.parallel"],
     ),
 }
 

@@ -76,9 +76,9 @@ def test_consolidation_command_documented_in_the_configs_runs(tmp_path):
     from conftest import ROOT
 
     for yaml in (CONFIGS / "trainer" / "fsdp.yaml", CONFIGS / "gpt" / "gpt2_124m_fsdp.yaml"):
-        assert "python -m zoo.layers.parallel <" in yaml.read_text(), yaml
+        assert "python -m zoo.train.parallel <" in yaml.read_text(), yaml
     proc = subprocess.run(
-        [sys.executable, "-m", "zoo.layers.parallel", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120
+        [sys.executable, "-m", "zoo.train.parallel", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120
     )
     assert proc.returncode == 0 and "checkpoint_dir" in proc.stdout and "output_file" in proc.stdout, proc.stderr
 

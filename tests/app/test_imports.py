@@ -1,5 +1,6 @@
 """Dependencies run one way: the application (cli.py, callbacks/, datamodules/, zoo.tracking, zoo.app) -> the five
-families, side by side -> the shared parts (zoo.layers). No family names the application or another family."""
+families, side by side -> the shared parts (zoo.nn, zoo.io, zoo.train, zoo.compat, zoo.errors).
+No family names the application or another family."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from conftest import CONFIGS, ROOT, cli
 
 FAMILIES = ("zoo.gpt", "zoo.clip", "zoo.cnn", "zoo.diffusion", "zoo.rl")
-SHARED = ("zoo.layers",)
+SHARED = ("zoo.nn", "zoo.io", "zoo.train", "zoo.compat", "zoo.errors")
 # The application: the packages no family and no shared part may name, at any depth, by import or class-path string.
 APPLICATION = ("callbacks", "datamodules", "cli", "zoo.tracking", "zoo.app")
 DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")  # a whole string that reads as a module or class path
@@ -63,11 +64,17 @@ def reaches(source: str, package: str) -> list[str]:
     ]
 
 
+def files_of(package: str) -> list:
+    """The .py files of a package, or the one file of a module (``zoo.compat``)."""
+    base = ROOT / package.replace(".", "/")
+    return sorted(base.rglob("*.py")) if base.is_dir() else [base.with_suffix(".py")]
+
+
 def graph() -> dict[str, dict[str, list[tuple[str, bool]]]]:
     """package -> {package it names -> [("file:line name", whether by import), ...]}, for families and shared parts."""
     edges: dict[str, dict[str, list[tuple[str, bool]]]] = {p: {} for p in (*FAMILIES, *SHARED)}
     for package in edges:
-        for path in sorted((ROOT / package.replace(".", "/")).rglob("*.py")):
+        for path in files_of(package):
             source = path.read_text("utf-8")
             imported = {n.lineno for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.Import, ast.ImportFrom))}
             for line, name in references(source):
@@ -94,15 +101,15 @@ def test_the_checker_sees_imports_inside_functions_and_class_path_strings():
         "7: zoo.tracking",
         "8: zoo.cnn",
     ]
-    assert reaches("from zoo.layers import tokenizers\nimport callbacks_extra\nx = 'zoo.gpt.GPT'\n", "zoo.gpt") == []
-    assert reaches("x = 'zoo.gpt.GPT'\n", "zoo.layers") == []  # a shared part may name the families' classes
+    assert reaches("from zoo.io import tokenizers\nimport callbacks_extra\nx = 'zoo.gpt.GPT'\n", "zoo.gpt") == []
+    assert reaches("x = 'zoo.gpt.GPT'\n", "zoo.io") == []  # a shared part may name the families' classes
 
 
 def test_no_family_or_shared_part_reaches_into_the_application_or_another_family():
     bad = {
         str(path.relative_to(ROOT)): hits
         for package in (*FAMILIES, *SHARED)
-        for path in sorted((ROOT / package.replace(".", "/")).rglob("*.py"))
+        for path in files_of(package)
         if (hits := reaches(path.read_text("utf-8"), package))
     }
     assert not bad, f"library code names the application or another family (pass it in from the application): {bad}"
@@ -122,11 +129,13 @@ def test_the_import_graph_has_the_five_families_side_by_side_and_no_cycle():
     print(f"\nthe application ({', '.join(APPLICATION)}) -> any of:\n" + "\n".join(lines))
     for family in FAMILIES:
         assert set(edges[family]) <= set(SHARED), (family, edges[family])
-    assert "application" not in edges["zoo.layers"]
     # No cycle: the shared parts import no family. trust.py alone names them (its allowlist: a stored config may name
     # any family's class; it imports that fixed list of packages to hold their classes).
-    assert targets("zoo.layers", True) == [], edges["zoo.layers"]
-    assert {ref.split(":")[0] for refs in edges["zoo.layers"].values() for ref, _ in refs} <= {"zoo/layers/trust.py"}
+    for shared in SHARED:
+        assert "application" not in edges[shared], (shared, edges[shared])
+        assert not set(targets(shared, True)) & set(FAMILIES), edges[shared]
+        families = {ref.split(":")[0] for to, refs in edges[shared].items() if to in FAMILIES for ref, _ in refs}
+        assert families <= {"zoo/io/trust.py"}, families
 
 
 def test_a_users_own_callbacks_and_datamodules_do_not_break_gpt_checkpoint_loading(tmp_path):

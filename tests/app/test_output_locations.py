@@ -19,8 +19,8 @@ from lightning.pytorch import Trainer
 
 import datamodules.gym_envs  # noqa: F401  registers NumpyCartPole-v1, which renders without pygame
 from datamodules import ShapesDataModule
-from zoo.layers.errors import InputError
-from zoo.layers.trust import OUTPUT_ARGS
+from zoo.errors import InputError
+from zoo.io.trust import OUTPUT_ARGS
 from zoo.tracking import check_output_name, new_run_dir, run_dir
 
 PPO_TINY = str(CONFIGS / "rl" / "ppo_tiny.yaml")

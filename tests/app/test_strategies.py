@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 from zoo.cnn import ClassifierModule
 from zoo.diffusion import DiffusionModule
 from zoo.gpt import CausalLMModule
-from zoo.layers.parallel import consolidate
+from zoo.train.parallel import consolidate
 
 TINY = str(CONFIGS / "cnn" / "convnet_digits.yaml")
 SCRIPT = str(ROOT / "tests" / "scripts" / "fit_and_dump.py")
@@ -202,7 +202,7 @@ def test_fsdp2_diffusion_shards_consolidates_and_reloads(tmp_path, embedded_stor
 
 
 def test_num_nodes_comes_from_torchrun_or_srun_and_a_flag_wins():
-    from zoo.layers.parallel import num_nodes_from_env
+    from zoo.train.parallel import num_nodes_from_env
 
     assert num_nodes_from_env({}) is None
     assert num_nodes_from_env({"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8", "RANK": "9"}) == 2  # torchrun

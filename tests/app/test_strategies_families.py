@@ -18,7 +18,7 @@ from zoo.clip import ContrastiveModule
 from zoo.cnn import ClassifierModule
 from zoo.diffusion import DiffusionModule
 from zoo.gpt import CausalLMModule
-from zoo.layers.parallel import consolidate
+from zoo.train.parallel import consolidate
 
 
 def test_ddp_diffusion_with_ema_samples_at_two_validations(embedded_store):

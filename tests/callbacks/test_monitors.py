@@ -18,8 +18,8 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks.monitors import GradNormMonitor, NonFiniteLossError, PrecisionMonitor, grad_norms_per_tensor
-from zoo.layers.gradnorm import clip_grad_norm, grad_norm
-from zoo.layers.logging import lightning_writes
+from zoo.train.gradnorm import clip_grad_norm, grad_norm
+from zoo.train.logging import lightning_writes
 
 LR, BATCH, STEPS = 0.1, 8, 4
 
@@ -168,7 +168,7 @@ def test_grad_norm_inf_norm_and_fp16_grads():
 
 
 class Manual(Tiny):
-    """Tiny under manual optimisation; with `clip`, it clips and logs zoo.layers.gradnorm's norms itself."""
+    """Tiny under manual optimisation; with `clip`, it clips and logs zoo.train.gradnorm's norms itself."""
 
     def __init__(self, clip: float | None = None):
         super().__init__()
@@ -191,7 +191,7 @@ def test_grad_norm_logs_nothing_under_manual_optimization():
     assert not [k for _, m in logger.metrics for k in m if k.startswith("grad/")]
 
 
-# --- zoo.layers.gradnorm: the same numbers, logged by manually optimised modules themselves ----------
+# --- zoo.train.gradnorm: the same numbers, logged by manually optimised modules themselves ----------
 
 
 def test_clip_grad_norm_returns_torchs_norm_and_clips_the_same():

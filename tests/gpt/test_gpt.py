@@ -11,7 +11,7 @@ import torch
 from zoo.gpt import GPT, MHA, MLA, GeluMLP, SwiGLU, generate
 from zoo.gpt.generate import filter_logits, make_cache, sample_next
 from zoo.gpt.losses import IGNORE_INDEX, causal_lm_loss
-from zoo.layers.optim import param_groups
+from zoo.train.optim import param_groups
 
 V = 97
 MLA_ARGS = dict(kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
@@ -236,7 +236,7 @@ def test_flops_and_init_are_what_each_mlp_class_states(mlp):
 def test_older_mlp_strings_name_the_classes_and_gelu_beside_a_class_is_one_line():
     import yaml
 
-    from zoo.layers.errors import InputError
+    from zoo.errors import InputError
 
     def mlp_of(**kw):
         return GPT(vocab_size=V, block_size=8, n_layer=1, n_embd=64, n_head=4, **kw).blocks[0].mlp
@@ -247,7 +247,7 @@ def test_older_mlp_strings_name_the_classes_and_gelu_beside_a_class_is_one_line(
     with pytest.raises(InputError, match=r"^gelu='exact' is a setting of the GELU MLP now: pass mlp: .*GeluMLP"):
         mlp_of(gelu="exact")
     # An older checkpoint's stored config (mlp and gelu as strings) passes the stored-config check.
-    from zoo.layers.trust import check_stored_model, zoo_allowlist
+    from zoo.io.trust import check_stored_model, zoo_allowlist
 
     stored = yaml.safe_load("""
         _class_path: zoo.gpt.CausalLMModule

@@ -9,8 +9,8 @@ import pytest
 import torch
 from gymnasium.wrappers import TimeLimit
 
-from zoo.layers.optim import param_groups
 from zoo.rl import ActorCritic, Evaluator, RolloutCollector, RunningMeanStd, a2c_loss, gae, ppo_loss
+from zoo.train.optim import param_groups
 
 # -- GAE -------------------------------------------------------------------------------------------------
 

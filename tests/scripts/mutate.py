@@ -32,7 +32,7 @@ SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/di
 RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/sac_nets.py", "zoo/rl/td3.py"
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
 CL, CC, CMT = "zoo/clip/losses.py", "zoo/clip/clip.py", "zoo/clip/metrics.py"
-TR, CK = "zoo/layers/trust.py", "zoo/layers/checkpoint.py"
+TR, CK = "zoo/io/trust.py", "zoo/io/checkpoint.py"
 RG, SC = "zoo/tracking/models.py", "zoo/tracking/stored_config.py"
 CM, CN, RN, TV = "zoo/cnn/module.py", "zoo/cnn/convnet.py", "zoo/cnn/resnet.py", "zoo/cnn/torchvision_net.py"
 
@@ -114,7 +114,11 @@ FAMILIES: dict[str, dict] = {
         ],
     },
     "diffusion": {
-        "tests": ["tests/diffusion/test_diffusion_refs.py", "tests/diffusion/test_diffusion_behaviour.py", "tests/diffusion/test_diffusion.py"],
+        "tests": [
+            "tests/diffusion/test_diffusion_refs.py",
+            "tests/diffusion/test_diffusion_behaviour.py",
+            "tests/diffusion/test_diffusion.py",
+        ],
         "mutants": [
             (
                 SCH,
@@ -415,7 +419,7 @@ FAMILIES: dict[str, dict] = {
     },
     # A stored config checked before anything it names is imported (issue 24).
     "trust": {
-        "tests": ["tests/layers/test_stored_config.py"],
+        "tests": ["tests/shared/test_stored_config.py"],
         "mutants": [
             (TR, "        if key in IMPORT_LIST_ARGS and value is not None:", "        if False:"),
             (TR, '(":" not in value and value in gym.registry)', 'value in gym.registry or ":" in value'),

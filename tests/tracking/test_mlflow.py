@@ -20,7 +20,7 @@ from lightning.pytorch import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from mlflow.tracking import MlflowClient
 
-from zoo.layers.errors import InputError
+from zoo.errors import InputError
 from zoo.tracking import store_uri
 
 TINY = str(CONFIGS / "cnn" / "convnet_digits.yaml")

@@ -14,8 +14,8 @@ from conftest import CONFIGS, ROOT, cli
 from mlflow.tracking import MlflowClient
 
 from zoo.cnn import ClassifierModule
-from zoo.layers.trust import UntrustedConfigError
-from zoo.layers.weights import UnsafeCheckpointError
+from zoo.io.trust import UntrustedConfigError
+from zoo.io.weights import UnsafeCheckpointError
 from zoo.tracking import build_module, load_model
 
 TINY = str(CONFIGS / "cnn" / "convnet_digits.yaml")
@@ -137,8 +137,8 @@ def test_crafted_pickle_in_a_registered_model_is_refused(registered, tmp_path, m
 
 def test_init_weights_take_a_registered_model(tmp_path, monkeypatch):
     """A GPT (tied head) logged and registered from a checkpoint starts another module's training by name."""
+    from zoo.errors import InputError
     from zoo.gpt import GPT, CausalLMModule
-    from zoo.layers.errors import InputError
     from zoo.tracking import local_weights, log_checkpoint_model
 
     def net():

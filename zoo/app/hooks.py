@@ -17,9 +17,9 @@ from lightning.pytorch.utilities import rank_zero_info
 from callbacks import TrainsSomething
 from zoo.app.families import family_of
 from zoo.app.parser import EXCEPTION_DIR
-from zoo.layers.checkpoint import WeightsOnlyCheckpointIO, WeightsOnlyLoading, reconcile
-from zoo.layers.errors import InputError
-from zoo.layers.weights import is_remote
+from zoo.errors import InputError
+from zoo.io.checkpoint import WeightsOnlyCheckpointIO, WeightsOnlyLoading, reconcile
+from zoo.io.weights import is_remote
 from zoo.tracking import (
     default_run_name,
     is_mlflow_uri,
@@ -74,7 +74,7 @@ def prepare_checkpoint(cfg: Any, subcommand: str | None) -> None:
         cfg.ckpt_path = resolve_checkpoint(cfg.ckpt_path)
     path = Path(cfg.ckpt_path)
     if path.is_dir():
-        from zoo.layers.parallel import check_sharded_checkpoint
+        from zoo.train.parallel import check_sharded_checkpoint
 
         if not (path / ".metadata").is_file():  # what torch.distributed.checkpoint writes first
             raise InputError(

@@ -10,8 +10,8 @@ import sys
 
 from lightning.pytorch.cli import LightningArgumentParser
 
-from zoo.layers import compat
-from zoo.layers.parallel import num_nodes_from_env
+from zoo import compat
+from zoo.train.parallel import num_nodes_from_env
 
 VERBOSE_ENV = "ZOO_VERBOSE"  # set (or pass --verbose) to see the full traceback of a bad-input error
 EXCEPTION_DIR = "runs/on_exception"  # moved into the run's own folder at fit start (evaluations write none)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from zoo.app.parser import VERBOSE_ENV
-from zoo.layers.errors import InputError
+from zoo.errors import InputError
 from zoo.tracking import end_open_runs
 
 
@@ -48,7 +48,7 @@ def bad_input(err: BaseException) -> BaseException | None:
     from gymnasium.error import DependencyNotInstalled
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-    from zoo.layers.weights import CheckpointError
+    from zoo.io.weights import CheckpointError
     from zoo.tracking import TrackingServerUnreachable
 
     while err is not None:
@@ -78,7 +78,7 @@ def one_line(err: BaseException) -> str:
     its message, the original message only."""
     text = str(err)
     if "Original Traceback" in text:
-        text = text.rstrip().splitlines()[-1].split(": ", 1)[-1]  # "zoo.layers.errors.InputError: <message>"
+        text = text.rstrip().splitlines()[-1].split(": ", 1)[-1]  # "zoo.errors.InputError: <message>"
     return " ".join(text.split()) if "\n" in text else text
 
 

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from zoo.clip.clip import CLIP
 from zoo.clip.towers import TextTransformer, VisionTransformer
-from zoo.layers.weights import classifier_head, extract_state_dict, load_file, load_with_new_head
+from zoo.io.weights import classifier_head, extract_state_dict, load_file, load_with_new_head
 
 # Per block: (ours, Hugging Face, OpenAI); the q/k/v triple is handled apart.
 _BLOCK_KEYS = [

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from zoo.layers.compat import all_gather_with_grad
+from zoo.compat import all_gather_with_grad
 
 
 def _fp32(x: Tensor) -> Tensor:

@@ -21,15 +21,15 @@ from torch import Tensor, nn
 from zoo.clip.clip import CLIP
 from zoo.clip.losses import infonce_loss, siglip_loss
 from zoo.clip.metrics import first_rows, retrieval_recall, zeroshot_accuracy, zeroshot_weights
-from zoo.layers.checkpoint import WeightsOnlyLoading
-from zoo.layers.compat import trainer_of
-from zoo.layers.hparams import save_hparams
-from zoo.layers.logging import lightning_writes
-from zoo.layers.new_inputs import image_inputs, top_k_columns
-from zoo.layers.optim import AdamWCosine
-from zoo.layers.parallel import shard
-from zoo.layers.tokenizers import tokenize, tokenizer_from_dict
-from zoo.layers.weights import check_compatible, extract_state_dict, readable
+from zoo.compat import trainer_of
+from zoo.io.checkpoint import WeightsOnlyLoading
+from zoo.io.hparams import save_hparams
+from zoo.io.new_inputs import image_inputs, top_k_columns
+from zoo.io.tokenizers import tokenize, tokenizer_from_dict
+from zoo.io.weights import check_compatible, extract_state_dict, readable
+from zoo.train.logging import lightning_writes
+from zoo.train.optim import AdamWCosine
+from zoo.train.parallel import shard
 
 
 class ContrastiveModule(WeightsOnlyLoading, LightningModule):
@@ -51,7 +51,7 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
         Args:
             net: the two-tower model (``zoo.clip.CLIP``); the sigmoid loss needs its ``init_logit_bias``.
             loss: infonce (CLIP's symmetric cross-entropy) or siglip (pairwise sigmoid, Zhai et al. 2023).
-            optimizer: AdamW with warmup and cosine decay (``zoo.layers.optim.AdamWCosine``); CLIP uses beta2 = 0.98
+            optimizer: AdamW with warmup and cosine decay (``zoo.train.optim.AdamWCosine``); CLIP uses beta2 = 0.98
                 for stability with large batches; positions, the logit scale and bias take no weight decay.
             init_weights: a local Hugging Face CLIP folder (config.json + weights), a weights file, or
                 models:/<name>@<alias>, to start from, loaded weights-only before any checkpoint given by

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zoo.layers.attention import SelfAttention
+from zoo.nn.attention import SelfAttention
 
 Activation = Literal["quick_gelu", "gelu"]
 

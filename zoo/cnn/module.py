@@ -13,14 +13,11 @@ from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
-from zoo.layers.checkpoint import WeightsOnlyLoading
-from zoo.layers.compat import trainer_of
-from zoo.layers.hparams import save_hparams
-from zoo.layers.logging import lightning_writes
-from zoo.layers.new_inputs import image_inputs, top_k_columns
-from zoo.layers.optim import AdamWCosine
-from zoo.layers.parallel import shard
-from zoo.layers.weights import (
+from zoo.compat import trainer_of
+from zoo.io.checkpoint import WeightsOnlyLoading
+from zoo.io.hparams import save_hparams
+from zoo.io.new_inputs import image_inputs, top_k_columns
+from zoo.io.weights import (
     check_compatible,
     classifier_head,
     extract_state_dict,
@@ -29,6 +26,9 @@ from zoo.layers.weights import (
     readable,
     replace_head,
 )
+from zoo.train.logging import lightning_writes
+from zoo.train.optim import AdamWCosine
+from zoo.train.parallel import shard
 
 
 def classification_loss(logits: Tensor, target: Tensor, label_smoothing: float = 0.0) -> dict[str, Tensor]:
@@ -54,7 +54,7 @@ class ClassifierModule(WeightsOnlyLoading, LightningModule):
             net: a classifier ``nn.Module`` mapping (B, C, H, W) images to (B, K) logits, with ``num_classes``
                 (None: the data's, set at setup).
             label_smoothing: cross-entropy label smoothing in [0, 1).
-            optimizer: AdamW with warmup and cosine decay (``zoo.layers.optim.AdamWCosine``).
+            optimizer: AdamW with warmup and cosine decay (``zoo.train.optim.AdamWCosine``).
             channels_last: store weights and inputs NHWC (faster convolutions on GPUs and bf16 CPUs).
             compile: run the net through ``torch.compile`` (weights and checkpoint keys unchanged).
             init_weights: pretrained weights to start from (a checkpoint, .pth or .safetensors of the net, or
@@ -67,7 +67,7 @@ class ClassifierModule(WeightsOnlyLoading, LightningModule):
         self.net = net
         if net.num_classes is not None:
             self._build_metrics(net.num_classes)
-        self.inputs: dict | None = None  # what new images must look like, and the class names (zoo.layers.new_inputs)
+        self.inputs: dict | None = None  # what new images must look like, and the class names (zoo.io.new_inputs)
         self.confusion_matrix: dict | None = None  # the last test's, set at its end
         self._init_loaded = False
         self._compiled = None  # set by configure_model; kept off the module tree (no "_orig_mod." keys)

@@ -1,7 +1,7 @@
 """Any torchvision classification model by name, with weights from a local file.
 
 torchvision's own ``weights=`` downloads from a hub; here weights come only from a path, loaded
-weights-only (see ``zoo.layers.weights``).
+weights-only (see ``zoo.io.weights``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchvision import models
 
-from zoo.layers.weights import extract_state_dict, load_file, load_with_new_head
+from zoo.io.weights import extract_state_dict, load_file, load_with_new_head
 
 _NO_DECAY = {"class_token", "pos_embedding", "cls_token", "relative_position_bias_table", "position_embedding"}
 

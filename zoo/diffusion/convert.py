@@ -4,7 +4,7 @@ The zoo's ``DiT`` keeps the reference implementation's parameter names, so a pub
 loads as it is (its ``pos_embed`` is a fixed table the net rebuilds, so that key is dropped). diffusers'
 ``DiTTransformer2DModel`` stores the same numbers under other names: q, k and v as three matrices, and a
 copy of the step and label embedders in every block (identical after diffusers' own conversion script;
-block 0's is used). ``from_diffusers`` maps them back. Loading is weights-only (``zoo.layers.weights``).
+block 0's is used). ``from_diffusers`` maps them back. Loading is weights-only (``zoo.io.weights``).
 
 diffusers computes the step features with ``downscale_freq_shift=1``, not the reference's 0: build the
 net with ``time_freq_shift=1`` to reproduce a diffusers model's outputs, 0 (default) for DiT's own.
@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from zoo.diffusion.dit import DiT
 from zoo.diffusion.unet import upgrade_state_dict
-from zoo.layers.weights import check_compatible, extract_state_dict, load_file
+from zoo.io.weights import check_compatible, extract_state_dict, load_file
 
 
 def from_diffusers(state: Mapping[str, Tensor]) -> dict[str, Tensor]:

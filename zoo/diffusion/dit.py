@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.diffusion.embeddings import LabelEmbedder, TimestepEmbedder
-from zoo.layers.attention import SelfAttention
+from zoo.nn.attention import SelfAttention
 
 SIZES: dict[str, tuple[int, int, int]] = {  # name: (depth, hidden_size, num_heads)
     "S": (12, 384, 6),

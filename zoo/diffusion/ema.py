@@ -17,7 +17,7 @@ As Lightning's weight averaging does: the average is swapped in for validation (
 samples callbacks log the EMA's), a checkpoint's ``state_dict`` holds the average and ``current_model_state``
 the training weights, resuming restores both, and the module holds the average when fit ends. A sharded
 (FSDP2) checkpoint keeps the average sharded in its folder and gathers the training weights only while
-saving, into the folder's ``meta.pt``; consolidating it (``python -m zoo.layers.parallel``) yields both.
+saving, into the folder's ``meta.pt``; consolidating it (``python -m zoo.train.parallel``) yields both.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import WeightAveraging
 from torch import Tensor
 
-from zoo.layers import compat
+from zoo import compat
 
 
 def _local(t: Tensor) -> Tensor:

@@ -27,12 +27,12 @@ from zoo.diffusion.losses import denoising_loss
 from zoo.diffusion.samplers import ClassifierFreeGuidance, DDIMSampler, SamplerClass
 from zoo.diffusion.schedule import NoiseSchedule
 from zoo.diffusion.unet import upgrade_state_dict
-from zoo.layers.checkpoint import WeightsOnlyLoading
-from zoo.layers.hparams import save_hparams
-from zoo.layers.logging import lightning_writes
-from zoo.layers.optim import AdamWCosine
-from zoo.layers.parallel import shard
-from zoo.layers.weights import check_compatible, extract_state_dict, readable
+from zoo.io.checkpoint import WeightsOnlyLoading
+from zoo.io.hparams import save_hparams
+from zoo.io.weights import check_compatible, extract_state_dict, readable
+from zoo.train.logging import lightning_writes
+from zoo.train.optim import AdamWCosine
+from zoo.train.parallel import shard
 
 # Both are expected here: the EMA callback is attached at every stage so a checkpoint's callback state
 # always finds its owner, and outside fit the EMA weights are already the checkpoint's state_dict.
@@ -80,7 +80,7 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
             ema_decay: decay of the weights' exponential moving average (0.9999 in DiT); None: no EMA.
             ema_start_step: 0-based optimizer step of the first EMA update (the average starts as a copy of the weights
                 then; before it, validation and checkpoints use the weights themselves).
-            optimizer: AdamW with warmup and cosine decay (``zoo.layers.optim.AdamWCosine``): lr 1e-4 in DiT, 2e-4
+            optimizer: AdamW with warmup and cosine decay (``zoo.train.optim.AdamWCosine``): lr 1e-4 in DiT, 2e-4
                 in DDPM on CIFAR-10 after 5000 warmup steps; no weight decay and a constant rate in both.
             compile: run the net through ``torch.compile`` for training (weights and checkpoint keys unchanged).
             vlb_weight: lambda of the hybrid loss L_simple + lambda L_vlb that trains a learned variance (nets with

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.diffusion.embeddings import LabelEmbedder, TimestepEmbedder
-from zoo.layers.attention import SelfAttention
+from zoo.nn.attention import SelfAttention
 
 
 def group_norm(channels: int, groups: int = 32) -> nn.GroupNorm:

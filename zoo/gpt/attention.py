@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zoo.layers.errors import InputError
+from zoo.errors import InputError
 
 
 class LayerCache(Protocol):

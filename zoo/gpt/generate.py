@@ -27,8 +27,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from zoo.errors import InputError
 from zoo.gpt.gpt import GPT
-from zoo.layers.errors import InputError
 
 
 class LayerCache:

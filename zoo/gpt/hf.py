@@ -20,7 +20,7 @@ from zoo.gpt.attention import MHA
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import GeluMLP
 from zoo.gpt.norms import LayerNorm
-from zoo.layers.weights import check_compatible, extract_state_dict, load_file
+from zoo.io.weights import check_compatible, extract_state_dict, load_file
 
 # (ours, theirs) per block; "T" marks Conv1D weights that are stored transposed.
 _BLOCK_KEYS = [

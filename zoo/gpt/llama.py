@@ -30,7 +30,7 @@ from zoo.gpt.attention import MHA, MLA
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import SwiGLU
 from zoo.gpt.norms import RMSNorm
-from zoo.layers.weights import check_compatible, extract_state_dict, load_file
+from zoo.io.weights import check_compatible, extract_state_dict, load_file
 
 # (ours, theirs) inside block i / model.layers.i, shared by both families.
 _NORM_KEYS = [("norm1.weight", "input_layernorm.weight"), ("norm2.weight", "post_attention_layernorm.weight")]

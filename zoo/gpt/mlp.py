@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zoo.layers.errors import InputError
+from zoo.errors import InputError
 
 # transformers' GPT-2 activation names -> GeluMLP(approximate=...): GPT-2's own weights use the tanh form.
 _GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "exact"}

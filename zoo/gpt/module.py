@@ -8,17 +8,17 @@ from lightning.pytorch.callbacks import ThroughputMonitor
 from torch import Tensor
 from torchmetrics import MeanMetric
 
+from zoo.compat import trainer_of
 from zoo.gpt.generate import Generation, generate
 from zoo.gpt.gpt import GPT
 from zoo.gpt.losses import causal_lm_loss
-from zoo.layers.checkpoint import WeightsOnlyLoading
-from zoo.layers.compat import trainer_of
-from zoo.layers.hparams import save_hparams
-from zoo.layers.logging import lightning_writes
-from zoo.layers.optim import AdamWCosine
-from zoo.layers.parallel import shard
-from zoo.layers.tokenizers import tokenizer_from_dict
-from zoo.layers.weights import check_compatible, extract_state_dict, readable
+from zoo.io.checkpoint import WeightsOnlyLoading
+from zoo.io.hparams import save_hparams
+from zoo.io.tokenizers import tokenizer_from_dict
+from zoo.io.weights import check_compatible, extract_state_dict, readable
+from zoo.train.logging import lightning_writes
+from zoo.train.optim import AdamWCosine
+from zoo.train.parallel import shard
 
 
 def _batch_size(batch: tuple[Tensor, Tensor] | dict) -> int:
@@ -45,7 +45,7 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         """
         Args:
             net: the decoder (``zoo.gpt.GPT``), ids (B, T) -> logits (B, T, V).
-            optimizer: AdamW with warmup and cosine decay (``zoo.layers.optim.AdamWCosine``); GPT-2/3 use betas
+            optimizer: AdamW with warmup and cosine decay (``zoo.train.optim.AdamWCosine``); GPT-2/3 use betas
                 (0.9, 0.95) and weight decay 0.1.
             compile: run the net through ``torch.compile`` for training (weights and checkpoint keys unchanged).
             init_weights: weights to start from: a Hugging Face GPT-2, Llama or DeepSeek-V3 folder (config.json +

@@ -20,10 +20,8 @@ import torch
 from lightning.pytorch import Callback, LightningModule
 from torch import Tensor
 
-from zoo.layers.checkpoint import WeightsOnlyLoading
-from zoo.layers.gradnorm import clip_grad_norm
-from zoo.layers.hparams import save_hparams
-from zoo.layers.logging import lightning_writes
+from zoo.io.checkpoint import WeightsOnlyLoading
+from zoo.io.hparams import save_hparams
 from zoo.rl.collector import RolloutCollector
 from zoo.rl.common import (
     Budget,
@@ -47,6 +45,8 @@ from zoo.rl.common import (
 from zoo.rl.losses import a2c_loss, explained_variance, gae, normalize
 from zoo.rl.nets import ActorCritic
 from zoo.rl.normalization import RunningMeanStd
+from zoo.train.gradnorm import clip_grad_norm
+from zoo.train.logging import lightning_writes
 
 
 class A2CModule(WeightsOnlyLoading, LightningModule):

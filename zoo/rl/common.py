@@ -30,8 +30,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from zoo.layers.compat import trainer_of
-from zoo.layers.weights import check_compatible
+from zoo.compat import trainer_of
+from zoo.io.weights import check_compatible
 from zoo.rl.collector import Evaluator
 from zoo.rl.distributed import evaluation_share, fork_rng, gather_over_ranks, sum_over_ranks
 from zoo.rl.normalization import RunningMeanStd

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch import LightningModule
 
-from zoo.layers.weights import load_file
+from zoo.io.weights import load_file
 from zoo.rl.common import Policy
 
 METADATA = "policy.json"

@@ -28,10 +28,8 @@ import torch
 from lightning.pytorch import Callback, LightningModule
 from torch import Tensor
 
-from zoo.layers.checkpoint import WeightsOnlyLoading
-from zoo.layers.gradnorm import clip_grad_norm
-from zoo.layers.hparams import save_hparams
-from zoo.layers.logging import lightning_writes
+from zoo.io.checkpoint import WeightsOnlyLoading
+from zoo.io.hparams import save_hparams
 from zoo.rl.actors import ActorPool, EnvSpec
 from zoo.rl.common import (
     Budget,
@@ -54,6 +52,8 @@ from zoo.rl.common import (
 )
 from zoo.rl.nets import ActorCritic
 from zoo.rl.vtrace import impala_loss, masked_mean, vtrace
+from zoo.train.gradnorm import clip_grad_norm
+from zoo.train.logging import lightning_writes
 
 
 class IMPALAModule(WeightsOnlyLoading, LightningModule):

@@ -24,11 +24,8 @@ import torch
 from lightning.pytorch import Callback, LightningModule
 from torch import Tensor
 
-from zoo.layers.checkpoint import WeightsOnlyLoading
-from zoo.layers.gradnorm import clip_grad_norm
-from zoo.layers.hparams import save_hparams
-from zoo.layers.logging import lightning_writes
-from zoo.layers.optim import param_groups
+from zoo.io.checkpoint import WeightsOnlyLoading
+from zoo.io.hparams import save_hparams
 from zoo.rl.collector import Rollout, RolloutCollector
 from zoo.rl.common import (
     Budget,
@@ -52,6 +49,9 @@ from zoo.rl.distributed import sum_over_ranks
 from zoo.rl.losses import explained_variance, gae, normalize, ppo_loss
 from zoo.rl.nets import ActorCritic
 from zoo.rl.normalization import RunningMeanStd
+from zoo.train.gradnorm import clip_grad_norm
+from zoo.train.logging import lightning_writes
+from zoo.train.optim import param_groups
 
 
 class PPOModule(WeightsOnlyLoading, LightningModule):

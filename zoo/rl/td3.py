@@ -31,11 +31,9 @@ import torch
 from lightning.pytorch import Callback, LightningModule
 from torch import Tensor, nn
 
-from zoo.layers.checkpoint import WeightsOnlyLoading
-from zoo.layers.compat import foreach_lerp_
-from zoo.layers.gradnorm import grad_norm
-from zoo.layers.hparams import save_hparams
-from zoo.layers.logging import lightning_writes
+from zoo.compat import foreach_lerp_
+from zoo.io.checkpoint import WeightsOnlyLoading
+from zoo.io.hparams import save_hparams
 from zoo.rl.common import (
     Budget,
     EpisodeLog,
@@ -59,6 +57,8 @@ from zoo.rl.distributed import sum_over_ranks
 from zoo.rl.normalization import RunningMeanStd
 from zoo.rl.replay import ReplayBuffer, TransitionCollector
 from zoo.rl.sac_nets import TwinQ, as_vector, detached_forward, relu_mlp
+from zoo.train.gradnorm import grad_norm
+from zoo.train.logging import lightning_writes
 
 # -- nets ------------------------------------------------------------------------------------------------------
 

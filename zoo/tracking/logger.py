@@ -149,7 +149,7 @@ class ZooMLFlowLogger(MLFlowLogger):
         """Log the run's best and last checkpoints that are sharded folders (FSDP2), each consolidated into one file
         where Lightning logs a checkpoint file (``last/last.ckpt``): Lightning logs files only, and passes folders
         over in silence."""
-        from zoo.layers.parallel import consolidate
+        from zoo.train.parallel import consolidate
 
         for folder in dict.fromkeys(p for p in (self.saved_by.best_model_path, self.saved_by.last_model_path) if p):
             if Path(folder).is_dir():

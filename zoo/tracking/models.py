@@ -5,7 +5,7 @@ An MLflow model of a zoo module is a pyfunc logged as code (``zoo/tracking/pyfun
 RL's observation normaliser) and ``module.json`` (its class path and ``save_hyperparameters`` arguments, with
 the tokenizer and class names it carries). Safetensors and JSON rather than ``mlflow.pytorch``'s pickled
 module: loading reads tensors and plain values and never runs code from the file; every class its config names
-passes ``zoo.layers.trust``'s allowlist before anything is imported. ``mlflow.pytorch``'s ``pt2`` format would also
+passes ``zoo.io.trust``'s allowlist before anything is imported. ``mlflow.pytorch``'s ``pt2`` format would also
 be pickle-free, but needs an export per
 family (GPT's generate, RL's act are not ``forward``) and loses ``load_from_checkpoint``-style rebuilding.
 
@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule
 
-from zoo.layers.trust import check_stored_model, zoo_allowlist
-from zoo.layers.weights import extract_state_dict, load_file
+from zoo.io.trust import check_stored_model, zoo_allowlist
+from zoo.io.weights import extract_state_dict, load_file
 
 URI_SCHEMES = ("models:/", "runs:/")
 MODEL_PATH = "model"  # the model's folder in its run's artifacts
@@ -61,7 +61,7 @@ def module_spec(ckpt: dict, class_path: str | None = None) -> dict:
 
 def build_module(spec: dict, source: str = "the model") -> LightningModule:
     """The module ``spec`` describes, built as LightningCLI builds it, once its config passed the allowlist
-    (``zoo.layers.trust``: the zoo's own classes only, checked before anything is imported)."""
+    (``zoo.io.trust``: the zoo's own classes only, checked before anything is imported)."""
     from lightning.pytorch.cli import instantiate_module
 
     init_args = check_stored_model(
@@ -161,7 +161,7 @@ def load_checkpoint(ckpt_path: str | Path) -> dict:
     """A checkpoint file, weights-only; a sharded checkpoint directory through its safe consolidation."""
     if not Path(ckpt_path).is_dir():
         return load_file(ckpt_path)
-    from zoo.layers.parallel import consolidate
+    from zoo.train.parallel import consolidate
 
     with tempfile.TemporaryDirectory() as tmp:
         return load_file(consolidate(ckpt_path, Path(tmp) / "consolidated.ckpt"))

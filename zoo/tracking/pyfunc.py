@@ -17,7 +17,7 @@ from mlflow.pyfunc import PythonModel
 
 class ZooPyfunc(PythonModel):
     def load_context(self, context) -> None:
-        from zoo.layers.weights import load_file
+        from zoo.io.weights import load_file
         from zoo.tracking.models import build_module
 
         spec = json.loads(open(context.artifacts["module"]).read())

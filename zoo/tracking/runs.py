@@ -11,7 +11,7 @@ from pathlib import Path
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.loggers import MLFlowLogger
 
-from zoo.layers.errors import InputError
+from zoo.errors import InputError
 
 
 def default_run_name(model_class: str, net_class: str | None, data_class: str | None) -> str:

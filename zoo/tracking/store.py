@@ -7,7 +7,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from zoo.layers.errors import InputError
+from zoo.errors import InputError
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 

@@ -1,5 +1,5 @@
 """The model and data configs a checkpoint carries, put on ``cli.py``'s command line: ``cli.py predict --ckpt_path
-<checkpoint or models:/...>`` needs no YAML. What the file says passes ``zoo.layers.trust``'s allowlist first."""
+<checkpoint or models:/...>`` needs no YAML. What the file says passes ``zoo.io.trust``'s allowlist first."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from zoo.app.families import family_of
-from zoo.layers.trust import Allowlist, check_stored_data, check_stored_model, trusted_class_paths, zoo_allowlist
-from zoo.layers.weights import is_remote, load_file
+from zoo.io.trust import Allowlist, check_stored_data, check_stored_model, trusted_class_paths, zoo_allowlist
+from zoo.io.weights import is_remote, load_file
 from zoo.tracking.models import is_mlflow_uri, module_spec, resolve_checkpoint
 
 SUBCOMMANDS_WITH_A_MODEL = ("validate", "test", "predict")
@@ -35,7 +35,7 @@ def checkpoint_config(
     The model is the checkpoint's own. The data is, for predict, the family's ``predict_data`` (its DataModule
     for new inputs, ``zoo.app.families``) when it has one, else the
     training data the checkpoint recorded; either may be missing (a sharded folder, a checkpoint from Python).
-    Both come from a file, so both pass ``allow`` (``zoo.layers.trust``) before anything they name is imported,
+    Both come from a file, so both pass ``allow`` (``zoo.io.trust``) before anything they name is imported,
     and lose the settings a file may not choose (where outputs go).
     """
     allow = allow or stored_config_allowlist()  # with the DataModules: zoo_allowlist() alone has none

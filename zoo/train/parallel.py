@@ -6,7 +6,7 @@ gives the module a device mesh and leaves the wrapping to ``configure_model``, w
 runs on GPUs (NCCL) and CPUs (gloo) alike.
 
 Consolidate a sharded checkpoint directory into one file that ``load_from_checkpoint`` reads:
-    python -m zoo.layers.parallel <checkpoint_dir> <output.ckpt>
+    python -m zoo.train.parallel <checkpoint_dir> <output.ckpt>
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
 
-from zoo.layers import compat
-from zoo.layers.weights import load_file, read_sharded_metadata
+from zoo import compat
+from zoo.io.weights import load_file, read_sharded_metadata
 
 LIGHTNING_META = "meta.pt"  # Lightning's non-tensor part of a sharded checkpoint (lightning.fabric.utilities.load)
 

@@ -1,5 +1,5 @@
 """A file is data, never code (issue 24): whatever a checkpoint, a registered model or a URL says is checked against
-the allowlist (``zoo.layers.trust``) before anything it names is imported, called or written to.
+the allowlist (``zoo.io.trust``) before anything it names is imported, called or written to.
 
 The attacks are plain-data files: no pickled objects, tensors only, which pass ``torch.load(weights_only=True)``;
 their stored config names a module of the attacker's that writes a marker file when it is imported and when any of
@@ -20,8 +20,8 @@ import torch
 import yaml
 from conftest import CONFIGS, cli
 
-from zoo.layers import trust
-from zoo.layers.trust import UntrustedConfigError
+from zoo.io import trust
+from zoo.io.trust import UntrustedConfigError
 
 CNN = str(CONFIGS / "cnn" / "convnet_digits.yaml")
 PPO = str(CONFIGS / "rl" / "ppo_tiny.yaml")
@@ -299,7 +299,7 @@ def registered_tampered(checkpoints, tmp_path):
     with write access to a shared tracking server could; returns a function giving the models:/ and runs:/ URIs."""
     from mlflow.tracking import MlflowClient
 
-    from zoo.layers.weights import extract_state_dict
+    from zoo.io.weights import extract_state_dict
     from zoo.tracking.models import SPEC, load_checkpoint, module_spec, save_model, tracking_uri
 
     client = MlflowClient(tracking_uri(), registry_uri=tracking_uri())

@@ -17,8 +17,8 @@ import torch.distributed.checkpoint as dcp
 from conftest import CONFIGS, run_cli
 
 from cli import main
-from zoo.layers.parallel import check_sharded_checkpoint, consolidate
-from zoo.layers.weights import CheckpointError, UnsafeCheckpointError, read_sharded_metadata
+from zoo.io.weights import CheckpointError, UnsafeCheckpointError, read_sharded_metadata
+from zoo.train.parallel import check_sharded_checkpoint, consolidate
 
 
 class Payload:

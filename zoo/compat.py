@@ -1,4 +1,4 @@
-"""Every private Lightning/torch name the zoo relies on, in one place, each with a test (tests/layers/test_compat.py).
+"""Every private Lightning/torch name the zoo relies on, in one place, each with a test (tests/shared/test_compat.py).
 
 Each entry says why no public API serves. A Lightning or torch upgrade that breaks one breaks its test here,
 not a training run. Entries whose public replacement appears should move to it and leave this file.
@@ -18,7 +18,7 @@ def given_hyperparameters() -> dict[str, Any] | None:
     """The config LightningCLI is instantiating the module from (nets as ``{class_path, init_args}``), else None.
 
     Lightning passes it to ``save_hyperparameters`` through a context variable with no public accessor;
-    ``zoo.layers.hparams`` needs it to tell an injected net (keep its config) from a Python object (drop it).
+    ``zoo.io.hparams`` needs it to tell an injected net (keep its config) from a Python object (drop it).
     """
     from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
 
@@ -121,7 +121,7 @@ def load_sharded(storage_reader, keys: set[str] | None = None) -> dict[str, Any]
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    from zoo.layers.weights import UnsafeCheckpointError
+    from zoo.io.weights import UnsafeCheckpointError
 
     class WeightsOnlyPlanner(_EmptyStateDictLoadPlanner):
         def load_bytes(self, read_item, value: io.BytesIO) -> None:
@@ -149,7 +149,7 @@ def load_sharded(storage_reader, keys: set[str] | None = None) -> dict[str, Any]
 def module_from_checkpoint(
     cls: type[pl.LightningModule], checkpoint: dict[str, Any], strict: bool | None = None, **kwargs: Any
 ) -> pl.LightningModule:
-    """``cls.load_from_checkpoint`` on a checkpoint already read (weights-only, by ``zoo.layers.weights.load_file``).
+    """``cls.load_from_checkpoint`` on a checkpoint already read (weights-only, by ``zoo.io.weights.load_file``).
 
     The public method reads the file itself, forcing ``weights_only=False`` for a remote path (http...) and
     unpickling it before anything can check it; its steps after reading (migrating an older checkpoint, overriding
@@ -169,7 +169,7 @@ class CheckpointHyperparametersLeftToCaller:
     LightningCLI's private ``_parse_ckpt_path`` step reads the checkpoint a second time with an unnamed ``torch.load``
     and makes every stored hyperparameter win over the config and command line, silently (a width override is
     ignored, another family's checkpoint swaps the model class); it has no public switch. ``cli.py`` merges them
-    itself (``zoo.layers.checkpoint.reconcile``): the user's values win, and a shape change is refused.
+    itself (``zoo.io.checkpoint.reconcile``): the user's values win, and a shape change is refused.
     """
 
     def _parse_ckpt_path(self) -> None:

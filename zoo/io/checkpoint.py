@@ -1,6 +1,6 @@
 """Checkpoints read back: weights-only by every path, and a checkpoint meeting a config says where they differ.
 
-Every way in reads the file with ``zoo.layers.weights.load_file``: ``Module.load_from_checkpoint`` (local path or
+Every way in reads the file with ``zoo.io.weights.load_file``: ``Module.load_from_checkpoint`` (local path or
 URL; Lightning's own unpickles a remote file with ``weights_only=False``), the Trainer's ``--ckpt_path`` restore
 (``WeightsOnlyCheckpointIO``), ``init_weights`` and the importers. ``reconcile`` is what ``cli.py`` does with a
 ``--ckpt_path`` and a config: the config and command line win, except where a value would change the shape of
@@ -18,9 +18,10 @@ import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from zoo.layers import compat, trust
-from zoo.layers.errors import InputError
-from zoo.layers.weights import CheckpointError, is_remote, load_file
+from zoo import compat
+from zoo.errors import InputError
+from zoo.io import trust
+from zoo.io.weights import CheckpointError, is_remote, load_file
 
 
 class WeightsOnlyLoading:
@@ -68,7 +69,7 @@ class WeightsOnlyCheckpointIO(TorchCheckpointIO):
             raise InputError(
                 f"checkpoint {str(path)!r} is a sharded checkpoint folder (FSDP2), which this run's strategy does not "
                 f"read: run with the FSDP2 strategy (--config configs/trainer/fsdp.yaml), or consolidate it into one "
-                f"file (python -m zoo.layers.parallel {path} consolidated.ckpt) and pass --ckpt_path consolidated.ckpt"
+                f"file (python -m zoo.train.parallel {path} consolidated.ckpt) and pass --ckpt_path consolidated.ckpt"
             )
         if not is_remote(path) and not Path(path).is_file():
             raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
@@ -82,7 +83,7 @@ MISSING = "<absent>"
 
 def stored_model(ckpt_path: str | Path, allow: trust.Allowlist | None = None) -> tuple[str, dict] | None:
     """The module class path and init arguments a checkpoint written through cli.py records, else None; checked
-    against ``allow`` (``zoo.layers.trust``) before anything they name is imported."""
+    against ``allow`` (``zoo.io.trust``) before anything they name is imported."""
     hparams = dict(load_file(ckpt_path, mmap=True).get("hyper_parameters") or {})
     class_path = hparams.get("_class_path")
     if not class_path:

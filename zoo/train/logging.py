@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 
-from zoo.layers.compat import batches_that_stepped
+from zoo.compat import batches_that_stepped
 
 
 def lightning_writes(trainer: pl.Trainer, step: int | None = None) -> bool:

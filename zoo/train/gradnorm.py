@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
-from zoo.layers.compat import foreach_norm
+from zoo.compat import foreach_norm
 
 
 def grad_norms_per_tensor(grads: list[Tensor], norm_type: float = 2.0) -> Tensor:

@@ -23,8 +23,8 @@ from typing import BinaryIO
 import torch
 from torch import Tensor, nn
 
-from zoo.layers import compat
-from zoo.layers.errors import InputError
+from zoo import compat
+from zoo.errors import InputError
 
 
 class CheckpointError(RuntimeError):

@@ -16,7 +16,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
-from zoo.layers.errors import InputError
+from zoo.errors import InputError
 
 _NORMS = (  # the lazy and sync variants subclass these
     nn.BatchNorm1d,

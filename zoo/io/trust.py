@@ -44,10 +44,10 @@ from typing import Any
 
 import yaml
 
-from zoo.layers.weights import CheckpointError
+from zoo.io.weights import CheckpointError
 
 # The packages whose classes a stored config may name (imported here only by these fixed names: they are ours).
-FAMILY_PACKAGES = ("zoo.gpt", "zoo.diffusion", "zoo.clip", "zoo.cnn", "zoo.rl", "zoo.layers")
+FAMILY_PACKAGES = ("zoo.gpt", "zoo.diffusion", "zoo.clip", "zoo.cnn", "zoo.rl", "zoo.nn", "zoo.train", "zoo.io")
 # What LightningCLI records as a module's ``_instantiator``; Lightning imports and calls it on load_from_checkpoint.
 LIGHTNING_INSTANTIATOR = "lightning.pytorch.cli.instantiate_module"
 # gymnasium's wrappers that take only plain values. Left out on review: Transform{Observation,Action,Reward} take a

@@ -14,7 +14,7 @@ import inspect
 
 from lightning.pytorch import LightningDataModule, LightningModule
 
-from zoo.layers.compat import given_hyperparameters
+from zoo.compat import given_hyperparameters
 
 
 def save_hparams(module: LightningModule | LightningDataModule, *object_args: str) -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import CONFIGS
 
-from zoo.layers.optim import AdamWCosine, param_groups
+from zoo.train.optim import AdamWCosine, param_groups
 
 TINY = ["gpt/gpt_tiny.yaml", "clip/tiny.yaml", "diffusion/tiny.yaml", "cnn/convnet_digits.yaml"]
 
@@ -43,7 +43,7 @@ def test_a_partial_override_keeps_the_modules_other_defaults():
 
 
 def test_adamw_is_fused_on_the_cpu_and_steps_as_the_reference_adamw():
-    # The fused kernel is 4.4x faster per step on a CPU (zoo/layers/optim.py); it must take the same steps.
+    # The fused kernel is 4.4x faster per step on a CPU (zoo/train/optim.py); it must take the same steps.
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 3))
     ref = copy.deepcopy(net)

@@ -12,7 +12,7 @@ from conftest import CONFIGS, cli, output
 from lightning.pytorch import Callback
 
 from zoo.cnn import ClassifierModule
-from zoo.layers.weights import UnsafeCheckpointError, load_file
+from zoo.io.weights import UnsafeCheckpointError, load_file
 
 TINY = str(CONFIGS / "cnn" / "convnet_digits.yaml")
 
@@ -135,7 +135,7 @@ def test_external_weights_load_weights_only(tmp_path):
 
 
 def test_extract_state_dict_takes_the_nets_keys_from_a_module_checkpoint():
-    from zoo.layers.weights import extract_state_dict
+    from zoo.io.weights import extract_state_dict
 
     w, ema = torch.ones(2), torch.zeros(2)
     ckpt = {"state_dict": {"net.head.weight": w, "critic_target.weight": ema}, "epoch": 3}

@@ -16,7 +16,7 @@ import yaml
 from conftest import CONFIGS, cli
 
 from zoo.cnn import ClassifierModule
-from zoo.layers.weights import CheckpointError, UnsafeCheckpointError
+from zoo.io.weights import CheckpointError, UnsafeCheckpointError
 
 TINY = str(CONFIGS / "cnn" / "convnet_digits.yaml")
 FAST = ("--trainer.max_epochs=1", "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=2")
@@ -270,7 +270,7 @@ ABSURD = {
 def test_absurd_sizes_and_headers_are_one_error_naming_the_file(tmp_path, case, monkeypatch, capsys):
     import fsspec
 
-    from zoo.layers.weights import load_file
+    from zoo.io.weights import load_file
 
     name, data, says = ABSURD[case]
     (tmp_path / name).write_bytes(data)

@@ -1,1 +1,0 @@
-"""Parts shared by two or more families."""

@@ -1,0 +1,1 @@
+"""Building blocks of nets shared by two or more families (attention)."""

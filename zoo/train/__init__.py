@@ -1,0 +1,1 @@
+"""Training parts shared by the families: the AdamW + warmup-cosine optimizer, gradient norms, FSDP2, logging steps."""
