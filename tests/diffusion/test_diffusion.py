@@ -16,7 +16,6 @@ from functools import partial
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from zoo.diffusion import ClassifierFreeGuidance, DDIMSampler, DDPMSampler, DiffusionModule, DiT, NoiseSchedule, UNet
@@ -785,37 +784,18 @@ def _conv_attention_layout(state: dict) -> dict:
     return out
 
 
-def test_unet_checkpoints_with_conv_attention_still_load(tmp_path):
+def test_unet_checkpoints_with_the_old_conv_attention_are_refused_naming_the_keys(tmp_path):
+    """The layout from before the shared attention layer (pre-0.1) is no longer migrated: a clear refusal."""
     from zoo.diffusion.convert import load_pretrained
 
-    torch.manual_seed(0)
-    src = NETS["unet-cond"]().eval()  # no dropout
-    for p in src.parameters():
-        nn.init.normal_(p, std=0.05)
-    old = _conv_attention_layout(src.state_dict())
+    old = _conv_attention_layout(NETS["unet-cond"]().state_dict())
     assert "mid_attn.qkv.weight" in old and old["mid_attn.qkv.weight"].ndim == 4
-    x, t, y = torch.randn(2, 1, 8, 8), torch.tensor([5, 600]), torch.tensor([1, 10])
-    # The old block's forward, written out: 1x1 convs, heads (B, h, d, HW) read transposed.
-    blk, xb = src.mid_attn, torch.randn(2, 16, 2, 2)
-    qkv = F.conv2d(blk.norm(xb), old["mid_attn.qkv.weight"], old["mid_attn.qkv.bias"]).reshape(2, 3, 2, 8, 4)
-    q, k, v = qkv.transpose(-1, -2).unbind(1)
-    ref = xb + F.conv2d(
-        F.scaled_dot_product_attention(q, k, v).transpose(-1, -2).reshape(2, 16, 2, 2),
-        old["mid_attn.proj.weight"],
-        old["mid_attn.proj.bias"],
-    )
-    torch.testing.assert_close(blk(xb), ref)
-    net = NETS["unet-cond"]().eval()
-    net.load_state_dict(old)  # the blocks' load hook renames
-    torch.testing.assert_close(net(x, t, y), src(x, t, y))
-    m = DiffusionModule(NETS["unet-cond"]()).eval()
-    ckpt = {"state_dict": {f"net.{k}": v for k, v in old.items()}}
-    m.on_load_checkpoint(ckpt)  # checks every key and shape: passes only after the rename
-    m.load_state_dict(ckpt["state_dict"])
-    torch.testing.assert_close(m.net(x, t, y), src(x, t, y))
+    m = DiffusionModule(NETS["unet-cond"]())
+    with pytest.raises(ValueError, match="mid_attn.qkv.weight"):
+        m.on_load_checkpoint({"state_dict": {f"net.{k}": v for k, v in old.items()}})
     torch.save({"state_dict": {f"net.{k}": v for k, v in old.items()}}, tmp_path / "old.ckpt")
-    loaded = load_pretrained(NETS["unet-cond"]().eval(), tmp_path / "old.ckpt")
-    torch.testing.assert_close(loaded(x, t, y), src(x, t, y))
+    with pytest.raises(ValueError, match="mid_attn.qkv.weight"):
+        load_pretrained(NETS["unet-cond"](), tmp_path / "old.ckpt")
 
 
 # -- a new sampler is one class ---------------------------------------------------------------------------

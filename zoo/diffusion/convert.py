@@ -36,7 +36,6 @@ import torch
 from torch import Tensor, nn
 
 from zoo.diffusion.dit import DiT
-from zoo.diffusion.unet import upgrade_state_dict
 from zoo.io.weights import check_compatible, extract_state_dict, load_file
 
 
@@ -195,7 +194,6 @@ def load_pretrained(net: nn.Module, path: str | Path) -> nn.Module:
         config = Path(path).parent / "config.json"
         flip = json.loads(config.read_text()).get("flip_sin_to_cos", True) if config.is_file() else True
         state = unet_from_diffusers(state, flip)
-    upgrade_state_dict(state)  # a UNet's weights from before the shared attention layer
     check_compatible(net, state, f"weights file {str(path)!r}")
     net.load_state_dict(state)
     return net

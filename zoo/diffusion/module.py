@@ -26,7 +26,6 @@ from zoo.diffusion.ema import EMA
 from zoo.diffusion.losses import denoising_loss
 from zoo.diffusion.samplers import ClassifierFreeGuidance, DDIMSampler, SamplerClass
 from zoo.diffusion.schedule import NoiseSchedule
-from zoo.diffusion.unet import upgrade_state_dict
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.io.weights import check_compatible, extract_state_dict, readable
@@ -242,8 +241,6 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
     # -- checkpoints -------------------------------------------------------------------------------------
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        for key in ("state_dict", "current_model_state"):  # UNet checkpoints from before the shared attention
-            upgrade_state_dict(checkpoint.get(key, {}))
         if "state_dict" in checkpoint:  # absent in a sharded (FSDP2) resume: the shards load into the net directly
             check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
         # The checkpoint's weights are trained ones: a later configure_model (a module from load_from_checkpoint

@@ -55,29 +55,6 @@ class ResBlock(nn.Module):
         return self.skip(x) + h
 
 
-def upgrade_state_dict(state_dict: dict[str, Tensor], prefix: str = "") -> dict[str, Tensor]:
-    """Rename, in place, the attention weights of checkpoints written before ``AttentionBlock`` used the shared
-    ``SelfAttention``: its 1x1 convolutions ``qkv``/``proj`` (C_out, C, 1, 1) become ``attn.qkv``/``attn.proj``
-    linears (C_out, C), the same numbers. Only keys under ``prefix`` with a 4-D ``qkv.weight`` are touched."""
-    blocks = [
-        k[: -len("qkv.weight")]
-        for k, v in state_dict.items()
-        if k.startswith(prefix) and k.endswith("qkv.weight") and v.ndim == 4
-    ]
-    for block in blocks:
-        for name in ("qkv", "proj"):
-            for kind in ("weight", "bias"):
-                old = f"{block}{name}.{kind}"
-                if old in state_dict:
-                    value = state_dict.pop(old)
-                    state_dict[f"{block}attn.{name}.{kind}"] = value.flatten(1) if kind == "weight" else value
-    return state_dict
-
-
-def _upgrade_on_load(module: nn.Module, state_dict: dict[str, Tensor], prefix: str, *args) -> None:
-    upgrade_state_dict(state_dict, prefix)  # a module-level function, so the net still pickles (spawn, DDP)
-
-
 class AttentionBlock(nn.Module):
     """Multi-head self-attention over the H*W positions, residual."""
 
@@ -86,8 +63,6 @@ class AttentionBlock(nn.Module):
         self.norm = group_norm(channels, groups)
         self.attn = SelfAttention(channels, num_heads)  # a 1x1 conv is a linear map of each position's channels
         zero(self.attn.proj)
-        # Older checkpoints (any path: load_from_checkpoint, EMA's copies, init_weights) load after a rename.
-        self.register_load_state_dict_pre_hook(_upgrade_on_load)
 
     def forward(self, x: Tensor) -> Tensor:
         b, c, h, w = x.shape
