@@ -31,13 +31,17 @@ class Text:
 
 
 def test_gpt_vocab_size_is_the_tokenizers_unless_given_and_a_given_one_must_agree():
+    from zoo.gpt.module import vocab_size_for
+
     assert sizes.vocabulary(Text(65), {"vocab_size": None}, False) == {"vocab_size": 65}
-    assert sizes.vocabulary(Text(65), {"vocab_size": 65}, False) == {"vocab_size": 65}
-    assert sizes.vocabulary(Text(50257), {"vocab_size": 50304}, False) == {"vocab_size": 50304}  # padding
+    data = Text(65)  # a given size is not read from the data here: the module checks it at setup, by this rule
+    assert sizes.vocabulary(data, {"vocab_size": 100}, False) == {} and data.read == 0
+    assert vocab_size_for(None, 65) == 65 and vocab_size_for(65, 65) == 65
+    assert vocab_size_for(50304, 50257) == 50304  # padding to a multiple of 64
     with pytest.raises(InputError, match=r"tokenizer has 65 ids but the net's vocab_size is 100"):
-        sizes.vocabulary(Text(65), {"vocab_size": 100}, False)
+        vocab_size_for(100, 65)
     with pytest.raises(InputError, match=r"vocab_size is 64"):  # a multiple of 64, but smaller than the tokenizer's
-        sizes.vocabulary(Text(100), {"vocab_size": 64}, False)
+        vocab_size_for(64, 100)
 
 
 def test_an_evaluated_checkpoint_keeps_its_vocabulary_and_never_asks_the_data():
@@ -50,9 +54,12 @@ def test_an_evaluated_checkpoint_keeps_its_vocabulary_and_never_asks_the_data():
 def test_num_classes_is_the_datas_unless_given_and_a_given_one_must_agree():
     data = SimpleNamespace(num_classes=3, class_names=["cat", "dog", "eel"])
     assert sizes.classes(data, {"num_classes": None}, False) == {"num_classes": 3}
+    assert sizes.classes(data, {"num_classes": 5}, False) == {}  # checked at setup, by num_classes_for
+    from zoo.cnn.module import num_classes_for
+
     with pytest.raises(InputError, match=r"num_classes=5 but the data has 3 classes \(cat, dog, eel\)"):
-        sizes.classes(data, {"num_classes": 5}, False)
-    assert sizes.classes(SimpleNamespace(), {"num_classes": 4}, True) == {"num_classes": 4}  # new files: no labels
+        num_classes_for(5, 3, data.class_names)
+    assert sizes.classes(SimpleNamespace(), {"num_classes": 4}, True) == {}  # new files: no labels
     with pytest.raises(InputError, match="num_classes is not set and the data does not say"):
         sizes.classes(SimpleNamespace(), {"num_classes": None}, False)
 
@@ -86,6 +93,8 @@ def test_rl_sizes_are_the_envs_spaces():
 
 
 def test_an_rl_size_that_disagrees_with_the_env_names_both():
+    sized = {**ACTOR_CRITIC, "obs_dim": 5, "action_dim": 2, "continuous": False}
+    assert sizes.spaces(SimpleNamespace(), sized, False) == {}  # sized by hand: no env made (checked at setup)
     with pytest.raises(InputError, match=r"Test-v0 needs a net with .*'action_dim': 2.*this one has .*'action_dim': 4"):
         sizes.spaces(env(BOX, gym.spaces.Discrete(2)), {**ACTOR_CRITIC, "action_dim": 4}, False)
     with pytest.raises(InputError, match=r"'continuous': True.*'continuous': False"):

@@ -4,7 +4,9 @@ A size a net shares with its data (a GPT's ``vocab_size`` and the tokenizer's id
 and the dataset's classes, an agent's observation and action sizes and the env's spaces) is left unset in a config
 and derived here: the DataModule is built first, the family's row (``zoo.app.families``) reads what it states, the
 family's own rule fills the unset sizes and refuses a given one that disagrees (one line naming both), and only
-then is the model built, from the completed config. The module's hyperparameters (what checkpoints and MLflow models
+then is the model built, from the completed config. A config that states every size does not make the data
+read here (no tokenizer file, no env made to instantiate it): the module checks them against the data when the run
+sets up, by the same rule. The module's hyperparameters (what checkpoints and MLflow models
 rebuild it from) hold the sizes because they were passed in; no module sizes or rewrites itself.
 
 With ``--ckpt_path`` a size left unset is the checkpoint's (its stored config, written through ``cli.py``): the
@@ -32,22 +34,22 @@ NET = "model.init_args.net.init_args"  # where the sizes go, as a config or flag
 
 def vocabulary(data: Any, net: dict, evaluating_checkpoint: bool) -> dict[str, Any]:
     """GPT: ``vocab_size``, the ids of the data's tokenizer (``TextDataModule.vocab_size``)."""
-    from zoo.gpt.module import vocab_size_for
-
+    if net.get("vocab_size") is not None:
+        return {}  # checked against the tokenizer at setup (zoo.gpt.module.vocab_size_for)
     if evaluating_checkpoint or not hasattr(type(data), "vocab_size"):
-        if net.get("vocab_size") is None:
-            raise InputError(
-                f"{NET}.vocab_size is not set and neither the data's tokenizer nor a checkpoint gives it: pass "
-                f"--{NET}.vocab_size=<the tokenizer's ids>, or data with a tokenizer (datamodules.TextDataModule)"
-            )
-        return {}
-    return {"vocab_size": vocab_size_for(net.get("vocab_size"), data.vocab_size)}
+        raise InputError(
+            f"{NET}.vocab_size is not set and neither the data's tokenizer nor a checkpoint gives it: pass "
+            f"--{NET}.vocab_size=<the tokenizer's ids>, or data with a tokenizer (datamodules.TextDataModule)"
+        )
+    return {"vocab_size": data.vocab_size}
 
 
 def classes(data: Any, net: dict, evaluating_checkpoint: bool) -> dict[str, Any]:
     """Classifiers: ``num_classes``, the data's (an image DataModule's ``num_classes`` and ``class_names``)."""
     from zoo.cnn.module import num_classes_for
 
+    if net.get("num_classes") is not None:
+        return {}  # checked against the data at setup (zoo.cnn.module.num_classes_for)
     k, names = getattr(data, "num_classes", None), getattr(data, "class_names", None)
     return {"num_classes": num_classes_for(net.get("num_classes"), k, names)}
 
@@ -57,6 +59,11 @@ def spaces(data: Any, net: dict, evaluating_checkpoint: bool) -> dict[str, Any]:
     (``GymDataModule.spaces``)."""
     from zoo.rl.common import env_sizes
 
+    unset = [k for k in ("continuous", "action_low", "action_high") if k in net and net[k] is None]
+    unset += ["obs_shape"] if net.get("encoder", "flat") != "flat" and net.get("obs_shape") is None else []
+    sized = (net.get("obs_dim") is not None or net.get("obs_shape") is not None) and net.get("action_dim") is not None
+    if sized and not unset:
+        return {}  # checked against the env at setup (zoo.rl.common.check_env)
     if not hasattr(data, "spaces"):
         if (net.get("obs_dim") is None and net.get("obs_shape") is None) or net.get("action_dim") is None:
             raise InputError(
