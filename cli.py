@@ -14,9 +14,10 @@ import torch
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
 
-from zoo.app import hooks, terminal
+from zoo.app import hooks, sizes, terminal
+from zoo.app.families import family_of
 from zoo.app.parser import DEFAULT_CALLBACKS, TRAINER_DEFAULTS, ZooArgumentParser, add_zoo_arguments
-from zoo.compat import CheckpointHyperparametersLeftToCaller
+from zoo.compat import CheckpointHyperparametersLeftToCaller, dump_config_again
 from zoo.tracking import LogConfigToMLflow
 from zoo.tracking.stored_config import stored_config_allowlist, with_checkpoint_config
 
@@ -37,6 +38,19 @@ class ZooCLI(CheckpointHyperparametersLeftToCaller, LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         hooks.prepare_config(self._config(), self.subcommand)
+
+    def instantiate_classes(self) -> None:
+        # The data first, then the net's sizes from it (zoo.app.sizes), then the model: the net is built once, sized.
+        self.config_init = sizes.instantiate_data_first(
+            self.parser,
+            self.config,
+            self.subcommand,
+            lambda model_class: family_of(model_class).sizes if model_class else None,
+            lambda: dump_config_again(self),
+        )
+        cfg = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        self.datamodule, self.model = cfg.get("data"), cfg.get("model")
+        self.trainer = self.instantiate_trainer()
 
     def after_instantiate_classes(self) -> None:
         hooks.wire(self.trainer, self.model, self.subcommand, self._config().get("ckpt_path"))

@@ -176,6 +176,17 @@ class CheckpointHyperparametersLeftToCaller:
         return None
 
 
+def dump_config_again(cli) -> None:
+    """Makes a LightningCLI dump its config again before the next class it instantiates.
+
+    LightningCLI hands each module the config dumped at its first instantiation as its hyperparameters, and caches
+    that dump in ``config_dump`` (its private ``_dump_config`` makes it only when the attribute is missing). The zoo
+    builds the DataModule first and then completes the model's config with the net's sizes (``zoo.app.sizes``): the
+    model's hyperparameters must be the completed config, so the cached dump is dropped.
+    """
+    cli.__dict__.pop("config_dump", None)
+
+
 def jsonargparse_debug() -> bool:
     """Whether jsonargparse's debug mode (``JSONARGPARSE_DEBUG``) is on, read the way jsonargparse reads it (its
     boolean parsing of the variable); the reader is not exported. The zoo then leaves errors to jsonargparse."""

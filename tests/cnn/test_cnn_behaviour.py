@@ -82,8 +82,12 @@ def test_the_logged_train_loss_is_the_smoothed_cross_entropy_of_the_nets_logits(
 
 
 def test_num_classes_comes_from_the_data():
-    m = module(num_classes=None)
-    assert m.net.head.out_features == 1
+    # cli.py's rule (zoo.app.sizes), before the net is built: a net without num_classes is never built
+    from zoo.app.sizes import classes
+
+    with pytest.raises(ValueError, match="ConvNet needs num_classes"):
+        module(num_classes=None)
+    m = module(num_classes=classes(TinyImages(), {"num_classes": None}, False)["num_classes"])
     trainer(max_steps=1).fit(m, datamodule=TinyImages())
     assert m.net.head.out_features == K and m.net.num_classes == K
     assert m.val_metrics["acc"].num_classes == K and m.test_confusion.num_classes == K
@@ -170,7 +174,7 @@ def test_init_weights_from_a_zoo_checkpoint_start_from_its_net(tmp_path):
     dm, trained = TinyImages(), module()
     trainer(max_steps=2).fit(trained, datamodule=dm)
     torch.save({"state_dict": trained.state_dict(), "hyper_parameters": {}}, tmp_path / "trained.ckpt")
-    fresh = module(num_classes=None, init_weights=str(tmp_path / "trained.ckpt"))
+    fresh = module(init_weights=str(tmp_path / "trained.ckpt"))
     got = trainer().validate(fresh, datamodule=dm, verbose=False)[0]
     for key, value in trained.net.state_dict().items():
         torch.testing.assert_close(fresh.net.state_dict()[key], value, rtol=0, atol=0, msg=key)

@@ -182,7 +182,7 @@ def test_torchvision_weights_give_torchvisions_outputs_or_its_backbone_under_a_n
     save_file(ref.state_dict(), tmp_path / "resnet18.safetensors")
     x = torch.randn(2, 3, 64, 64)
     for file in ("resnet18.pth", "resnet18.safetensors"):
-        same = TorchvisionNet("resnet18", weights_path=str(tmp_path / file)).eval()
+        same = TorchvisionNet("resnet18", num_classes=1000, weights_path=str(tmp_path / file)).eval()
         torch.testing.assert_close(same(x), ref(x), rtol=1e-5, atol=1e-5)
     five = TorchvisionNet("resnet18", num_classes=5, weights_path=str(tmp_path / "resnet18.pth")).eval()
     assert five(x).shape == (2, 5) and five.num_classes == 5

@@ -28,11 +28,11 @@ def config_net(path: str) -> tuple[torch.nn.Module, dict]:
     config = yaml.safe_load((CONFIGS / path).read_text())
     parser = ArgumentParser()
     parser.add_argument("--net", type=torch.nn.Module)
-    cfg = parser.parse_object({"net": config["model"]["init_args"]["net"]})
-    net = parser.instantiate(cfg).net
-    if getattr(net, "vocab_size", 0) is None:  # a GPT config leaves it to the tokenizer (CausalLMModule sizes it)
-        net.set_vocab_size(257)
-    return net, config
+    net = config["model"]["init_args"]["net"]
+    if net["class_path"] == "zoo.gpt.GPT":  # a GPT config leaves the vocabulary to the tokenizer (cli.py sizes it)
+        net["init_args"].setdefault("vocab_size", 257)
+    cfg = parser.parse_object({"net": net})
+    return parser.instantiate(cfg).net, config
 
 
 def run_denoiser(net, config: dict) -> None:

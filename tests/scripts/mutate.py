@@ -361,7 +361,11 @@ FAMILIES: dict[str, dict] = {
             (CM, '{"confusion_matrix": matrix.tolist()', '{"confusion_matrix": matrix.T.tolist()'),
             (CM, 'MulticlassAccuracy(k, top_k=5, average="micro")', 'MulticlassAccuracy(k, top_k=4, average="micro")'),
             (CM, "        if k > 5:", "        if k >= 5:"),
-            (CM, "            self._build_metrics(k)\n", "            self._build_metrics(k - 1)\n"),
+            (
+                CM,
+                "        self._build_metrics(net.num_classes)\n",
+                "        self._build_metrics(net.num_classes - 1)\n",
+            ),
             (CM, 'probs = self(batch["image"]).float().softmax(-1)', 'probs = self(batch["image"]).float().softmax(0)'),
             (TV, '_NO_DECAY = {"class_token", "pos_embedding", ', '_NO_DECAY = {"class_token", '),
             (RN, "        elif in_channels != 3:", "        if in_channels != 3:"),

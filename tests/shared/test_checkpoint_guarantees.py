@@ -156,7 +156,7 @@ def _importers(tmp_path: Path, marker: Path):
         "llama": lambda: load_pretrained(None, folder("llama", "pytorch_model.bin", {"model_type": "llama"})),
         "clip": lambda: load_hf_clip_into(None, folder("clip", "pytorch_model.bin", {})),
         "diffusers": lambda: load_dit_weights(None, folder("dit", "diffusion_pytorch_model.bin", {})),
-        "torchvision": lambda: TorchvisionNet("resnet18", weights_path=str(_crafted(tmp_path, "tv.pth")[0])),
+        "torchvision": lambda: TorchvisionNet("resnet18", 1000, weights_path=str(_crafted(tmp_path, "tv.pth")[0])),
     }
 
 

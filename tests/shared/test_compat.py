@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import CONFIGS
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
@@ -304,3 +305,21 @@ def test_dcp_storage_info_type_is_what_the_filesystem_writer_stores(tmp_path):
     infos = list(FileSystemReader(tmp_path / "ckpt").read_metadata().storage_data.values())
     assert infos and all(type(i) is compat.dcp_storage_info_type() for i in infos)
     assert {"relative_path", "offset", "length"} <= set(vars(infos[0]))
+
+
+def test_dump_config_again_makes_the_cli_dump_the_completed_config():
+    # LightningCLI caches its dump at the first class it builds (the DataModule, which cli.py builds first); the
+    # model's hyperparameters must show what the application completed afterwards (the net's sizes).
+    from cli import main
+    from zoo.compat import dump_config_again
+
+    c = main(["--config", str(CONFIGS / "cnn" / "convnet_digits.yaml"), "--trainer.logger=false"], run=False)
+    assert (
+        c.model.hparams["net"]["init_args"]["num_classes"]
+        == 10
+        == c.config_dump["model"]["init_args"]["net"]["init_args"]["num_classes"]
+    )
+    c.config.model.init_args.net.init_args.num_classes = 3
+    dump_config_again(c)
+    c._dump_config()
+    assert c.config_dump["model"]["init_args"]["net"]["init_args"]["num_classes"] == 3

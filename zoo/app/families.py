@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from zoo.app.sizes import Sizes, classes, spaces, vocabulary
+
 
 @dataclasses.dataclass(frozen=True)
 class Family:
@@ -23,12 +25,14 @@ class Family:
     # lines otherwise (generated text); the outputs named in ``prediction_arrays`` go to .npy files, a row an example.
     predictions: Literal["csv"] | None = None
     prediction_arrays: tuple[str, ...] = ()
+    # How the net's sizes follow from the data (zoo.app.sizes), set before the net is built; None: none do.
+    sizes: Sizes | None = None
 
 
-RL = dict(name="rl", monitor="val/return", monitor_mode="max")
+RL = dict(name="rl", monitor="val/return", monitor_mode="max", sizes=spaces)
 
 FAMILIES: dict[str, Family] = {
-    "zoo.gpt.CausalLMModule": Family("gpt", "val/loss", callbacks=("callbacks.LogTextSamples",)),
+    "zoo.gpt.CausalLMModule": Family("gpt", "val/loss", callbacks=("callbacks.LogTextSamples",), sizes=vocabulary),
     "zoo.diffusion.DiffusionModule": Family("diffusion", "val/loss", callbacks=("callbacks.LogImageSamples",)),
     # recall@1: the mean of the two retrieval directions, defined for any caption data
     "zoo.clip.ContrastiveModule": Family(
@@ -46,6 +50,7 @@ FAMILIES: dict[str, Family] = {
         callbacks=("callbacks.LogConfusionMatrix",),
         predict_data="datamodules.ImageFilesDataModule",
         predictions="csv",
+        sizes=classes,
     ),
     "zoo.rl.PPOModule": Family(**RL),
     "zoo.rl.A2CModule": Family(**RL),

@@ -14,6 +14,7 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from zoo.compat import trainer_of
+from zoo.errors import InputError
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.io.new_inputs import image_inputs, top_k_columns
@@ -24,7 +25,6 @@ from zoo.io.weights import (
     load_file,
     load_with_new_head,
     readable,
-    replace_head,
 )
 from zoo.train.logging import lightning_writes
 from zoo.train.optim import AdamWCosine
@@ -34,6 +34,25 @@ from zoo.train.parallel import shard
 def classification_loss(logits: Tensor, target: Tensor, label_smoothing: float = 0.0) -> dict[str, Tensor]:
     """Cross-entropy (optionally label-smoothed, Szegedy et al. 2016) on (B, K) logits."""
     return {"loss": F.cross_entropy(logits, target, label_smoothing=label_smoothing)}
+
+
+def num_classes_for(given: int | None, k: int | None, names: list[str] | None = None) -> int:
+    """The net's ``num_classes`` for data of ``k`` classes (``names``, when known): ``given``, unless None (then
+    ``k``); a given number that disagrees with the data's is an error naming both."""
+    if k is None:
+        if given is None:
+            raise InputError(
+                "the net's num_classes is not set and the data does not say how many classes it has: "
+                "set model.init_args.net.init_args.num_classes"
+            )
+        return given
+    if given is not None and given != k:
+        shown = f" ({', '.join(map(str, names[:6]))}{', ...' if len(names) > 6 else ''})" if names else ""
+        raise InputError(
+            f"the net has num_classes={given} but the data has {k} classes{shown}: "
+            f"drop num_classes from the net's config to take the data's, or set it to {k}"
+        )
+    return k
 
 
 class ClassifierModule(WeightsOnlyLoading, LightningModule):
@@ -52,7 +71,7 @@ class ClassifierModule(WeightsOnlyLoading, LightningModule):
         """
         Args:
             net: a classifier ``nn.Module`` mapping (B, C, H, W) images to (B, K) logits, with ``num_classes``
-                (None: the data's, set at setup).
+                (a config may leave it unset: ``cli.py`` takes the data's before the net is built).
             label_smoothing: cross-entropy label smoothing in [0, 1).
             optimizer: AdamW with warmup and cosine decay (``zoo.train.optim.AdamWCosine``).
             channels_last: store weights and inputs NHWC (faster convolutions on GPUs and bf16 CPUs).
@@ -65,8 +84,7 @@ class ClassifierModule(WeightsOnlyLoading, LightningModule):
         super().__init__()
         save_hparams(self, "net")
         self.net = net
-        if net.num_classes is not None:
-            self._build_metrics(net.num_classes)
+        self._build_metrics(net.num_classes)
         self.inputs: dict | None = None  # what new images must look like, and the class names (zoo.io.new_inputs)
         self.confusion_matrix: dict | None = None  # the last test's, set at its end
         self._init_loaded = False
@@ -83,7 +101,8 @@ class ClassifierModule(WeightsOnlyLoading, LightningModule):
 
     def setup(self, stage: str) -> None:
         dm = getattr(trainer_of(self), "datamodule", None)
-        self._size_to_data(getattr(dm, "num_classes", None), getattr(dm, "class_names", None))
+        if getattr(dm, "num_classes", None) is not None:  # sized by whoever built the net; checked here
+            num_classes_for(self.net.num_classes, dm.num_classes, getattr(dm, "class_names", None))
         if stage == "fit" or self.inputs is None:  # a checkpoint's own, restored after setup, wins otherwise
             self.inputs = image_inputs(dm) or self.inputs
         if self.hparams.init_weights and not self._init_loaded:  # once: a later test() keeps the trained weights
@@ -92,27 +111,6 @@ class ClassifierModule(WeightsOnlyLoading, LightningModule):
             head = classifier_head(self.net)
             for name, p in self.net.named_parameters():
                 p.requires_grad_(name.startswith(head + "."))
-
-    def _size_to_data(self, k: int | None, names: list[str] | None) -> None:
-        """num_classes from the data unless the net states one; a stated one that disagrees is an error."""
-        if k is None:
-            if self.net.num_classes is None:
-                raise ValueError(
-                    "the net's num_classes is not set and the data does not say how many classes it has: "
-                    "set model.init_args.net.init_args.num_classes"
-                )
-            return
-        if self.net.num_classes is None:
-            replace_head(self.net, k)
-            self._build_metrics(k)
-            if isinstance(self.hparams.get("net"), dict):  # so that the checkpoint rebuilds the sized net
-                self.hparams["net"]["init_args"]["num_classes"] = k
-        elif self.net.num_classes != k:
-            shown = f" ({', '.join(map(str, names[:6]))}{', ...' if len(names) > 6 else ''})" if names else ""
-            raise ValueError(
-                f"the net has num_classes={self.net.num_classes} but the data has {k} classes{shown}: "
-                f"drop num_classes from the net's config to take the data's, or set it to {k}"
-            )
 
     def _load_init_weights(self, path: str) -> None:
         state_dict = extract_state_dict(load_file(readable(path)), "net.")

@@ -12,6 +12,8 @@ from typing import Literal
 from torch import Tensor, nn
 from torchvision.models import resnet
 
+from zoo.cnn.convnet import require_num_classes
+
 _DEPTHS = {
     18: (resnet.BasicBlock, [2, 2, 2, 2]),
     34: (resnet.BasicBlock, [3, 4, 6, 3]),
@@ -33,14 +35,14 @@ class ResNet(resnet.ResNet):
         """
         Args:
             depth: 18, 34 or 50 layers.
-            num_classes: number of output classes; None: the data's (``ClassifierModule`` sets it at setup).
+            num_classes: number of output classes; a config may leave it unset: ``cli.py`` takes the data's.
             in_channels: image channels.
             stem: "cifar" (3x3 conv, no pool) for images up to ~64px, "imagenet" (7x7/2 + pool).
             zero_init_residual: start each residual branch at zero (Goyal et al. 2017).
         """
+        require_num_classes("ResNet", num_classes)
         block, layers = _DEPTHS[depth]
-        # Without num_classes the head is a placeholder the module replaces once the data is known.
-        super().__init__(block, layers, num_classes=num_classes or 1000, zero_init_residual=zero_init_residual)
+        super().__init__(block, layers, num_classes=num_classes, zero_init_residual=zero_init_residual)
         self.num_classes = num_classes
         if stem == "cifar":
             self.conv1 = nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False)

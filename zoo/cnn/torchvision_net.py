@@ -10,6 +10,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchvision import models
 
+from zoo.cnn.convnet import require_num_classes
 from zoo.io.weights import extract_state_dict, load_file, load_with_new_head
 
 _NO_DECAY = {"class_token", "pos_embedding", "cls_token", "relative_position_bias_table", "position_embedding"}
@@ -22,15 +23,16 @@ class TorchvisionNet(nn.Module):
         """
         Args:
             name: a torchvision classification model name, e.g. "resnet50", "convnext_tiny", "vit_b_16".
-            num_classes: number of output classes; None: the data's (``ClassifierModule`` sets it at setup). A
+            num_classes: number of output classes (a config may leave it unset: ``cli.py`` takes the data's). A
                 weights file with another number keeps its backbone and gets a new head (fine-tuning).
             weights_path: a local ``.pth``/``.safetensors`` file of torchvision weights, or None.
         """
+        require_num_classes("TorchvisionNet", num_classes)
         super().__init__()
         available = models.list_models(module=models)
         if name not in available:
             raise ValueError(f"unknown torchvision model {name!r}; choose one of: {', '.join(available)}")
-        self.model = models.get_model(name, weights=None, num_classes=num_classes or 1000)
+        self.model = models.get_model(name, weights=None, num_classes=num_classes)
         self.num_classes = num_classes
         if weights_path:
             state_dict = extract_state_dict(load_file(weights_path))

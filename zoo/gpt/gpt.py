@@ -89,8 +89,8 @@ class GPT(nn.Module):
     ) -> None:
         """
         Args:
-            vocab_size: number of token ids (V); None: the tokenizer's, set by ``CausalLMModule`` at setup (see
-                ``set_vocab_size``), so it is never copied by hand.
+            vocab_size: number of token ids (V). Required; a config may leave it unset (None): ``cli.py`` then takes
+                the tokenizer's (``zoo.app.sizes``) before the net is built, so it is never copied by hand.
             block_size: longest sequence (context length); sizes learned positions and RoPE tables.
             n_layer: transformer blocks.
             n_embd: model width D.
@@ -113,6 +113,8 @@ class GPT(nn.Module):
             dropout: dropout on embeddings, attention and residual branches.
             activation_checkpointing: recompute each block's activations in backward to save memory.
         """
+        if vocab_size is None:
+            raise ValueError("GPT needs vocab_size: the tokenizer's number of ids (cli.py takes it from the data)")
         super().__init__()
         self.vocab_size, self.block_size, self.n_layer = vocab_size, block_size, n_layer
         self.n_embd, self.tie_embeddings = n_embd, tie_embeddings
@@ -120,8 +122,7 @@ class GPT(nn.Module):
         self.activation_checkpointing = activation_checkpointing
         norm_cls = norm_of_old_config(norm)
         mlp = mlp_of_old_config(mlp, gelu)
-        if vocab_size is not None:  # registered first, as always, so a seed gives the same weights as before
-            self.tok_emb = nn.Embedding(vocab_size, n_embd)
+        self.tok_emb = nn.Embedding(vocab_size, n_embd)  # registered first, so a seed gives the same weights
         if position == "learned":
             self.pos_emb = nn.Embedding(block_size, n_embd)
         self.drop = nn.Dropout(dropout)
@@ -137,30 +138,14 @@ class GPT(nn.Module):
             for _ in range(n_layer)
         )
         self.norm_f = norm_cls(n_embd, eps=norm_eps)
-        if vocab_size is not None:
-            self._add_head()
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        if tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
         cos, sin = rope_cache(block_size, self.blocks[0].attn.rope_dim, rope_base)
         # Not persistent: rebuilt from the config, so checkpoints and HF conversions carry weights only.
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.reset_parameters()
-
-    def _add_head(self) -> None:
-        self.lm_head = nn.Linear(self.n_embd, self.vocab_size, bias=False)
-        if self.tie_embeddings:
-            self.lm_head.weight = self.tok_emb.weight
-
-    def set_vocab_size(self, vocab_size: int) -> None:
-        """Create the token embedding and output head (GPT-2's N(0, 0.02)) of a net built with vocab_size=None."""
-        if self.vocab_size is not None:
-            raise RuntimeError(f"the net already has a vocabulary of {self.vocab_size} ids")
-        self.vocab_size = vocab_size
-        self.tok_emb = nn.Embedding(vocab_size, self.n_embd, device=self.norm_f.weight.device)
-        nn.init.normal_(self.tok_emb.weight, 0.0, 0.02)
-        self._add_head()
-        self.lm_head.to(self.norm_f.weight.device)
-        if not self.tie_embeddings:
-            nn.init.normal_(self.lm_head.weight, 0.0, 0.02)
 
     def reset_parameters(self) -> None:
         """GPT-2 initialisation: N(0, 0.02), zero biases, residual output projections N(0, 0.02/sqrt(2L)) (the
@@ -191,10 +176,6 @@ class GPT(nn.Module):
         would alone.
         """
         t = idx.shape[1]
-        if self.vocab_size is None:
-            raise RuntimeError(
-                "the net has no vocabulary yet: pass vocab_size, or let CausalLMModule set it from the tokenizer"
-            )
         if start + t > self.block_size:
             raise ValueError(f"Sequence of {start + t} tokens exceeds block_size {self.block_size}")
         x = self.tok_emb(idx)  # (B, T, D)

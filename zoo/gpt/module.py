@@ -9,6 +9,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from zoo.compat import trainer_of
+from zoo.errors import InputError
 from zoo.gpt.generate import Generation, generate
 from zoo.gpt.gpt import GPT
 from zoo.gpt.losses import causal_lm_loss
@@ -27,6 +28,19 @@ def _batch_size(batch: tuple[Tensor, Tensor] | dict) -> int:
 
 def _tokens(batch: tuple[Tensor, Tensor] | dict) -> int:
     return sum(p.numel() for p in batch["prompt_ids"]) if isinstance(batch, dict) else batch[0].numel()
+
+
+def vocab_size_for(given: int | None, n: int) -> int:
+    """The net's ``vocab_size`` for a tokenizer of ``n`` ids: ``given``, unless None (then ``n``); a given size must
+    agree, and a larger multiple of 64 is padding on purpose (nanoGPT's 50304 for GPT-2's 50257: faster matmuls)."""
+    if given is None:
+        return n
+    if given != n and not (given > n and given % 64 == 0):
+        raise InputError(
+            f"The tokenizer has {n} ids but the net's vocab_size is {given}: leave vocab_size unset to take "
+            f"the tokenizer's, or set --model.init_args.net.init_args.vocab_size={n} (or a larger multiple of 64)"
+        )
+    return given
 
 
 class CausalLMModule(WeightsOnlyLoading, LightningModule):
@@ -94,32 +108,7 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         if tok is None:
             return  # predict and test on a new file: the tokenizer comes with the checkpoint, restored after setup
         self.tokenizer = tok
-        self._size_vocabulary(tok.vocab_size)
-
-    def on_predict_start(self) -> None:
-        # No checkpoint sized the net (an untrained model's predict or test): the datamodule's tokenizer does.
-        dm = self.trainer.datamodule
-        if self.net.vocab_size is None and dm is not None and hasattr(type(dm), "vocab_size"):
-            self.net.set_vocab_size(dm.vocab_size)
-            self.tokenizer = dm.tokenizer
-
-    on_test_start = on_predict_start
-
-    def _size_vocabulary(self, n: int) -> None:
-        """The net's vocabulary from the tokenizer's ``n`` ids unless given; a given size must agree."""
-        given = self.net.vocab_size
-        if given is None:
-            self.net.set_vocab_size(n)
-            net_cfg = self.hparams.get("net")
-            if isinstance(net_cfg, dict) and isinstance(net_cfg.get("init_args"), dict):
-                net_cfg["init_args"]["vocab_size"] = n  # checkpoints and MLflow models rebuild the sized net
-            return
-        # A larger multiple of 64 is padding on purpose (nanoGPT's 50304 for GPT-2's 50257: faster matmuls).
-        if given != n and not (given > n and given % 64 == 0):
-            raise ValueError(
-                f"The tokenizer has {n} ids but the net's vocab_size is {given}: leave vocab_size unset to take "
-                f"the tokenizer's, or set --model.init_args.net.init_args.vocab_size={n} (or a larger multiple of 64)"
-            )
+        vocab_size_for(self.net.vocab_size, tok.vocab_size)  # sized by whoever built the net; checked here
 
     # -- steps -------------------------------------------------------------------------------------------
 
@@ -220,8 +209,6 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
             checkpoint["tokenizer"] = self.tokenizer.to_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if self.net.vocab_size is None and "net.tok_emb.weight" in checkpoint.get("state_dict", {}):
-            self.net.set_vocab_size(checkpoint["state_dict"]["net.tok_emb.weight"].shape[0])  # its own size
         if "state_dict" in checkpoint:  # absent in a sharded (FSDP2) resume: the shards load into the net directly
             check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
         if "tokenizer" in checkpoint:

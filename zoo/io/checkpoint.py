@@ -106,8 +106,8 @@ def reconcile(ckpt_path: str | Path, model: dict) -> list[str]:
             f"(the checkpoint brings its own model config) or pass a {model['class_path']} checkpoint"
         )
     was, given = _flat(old), _flat(_plain(model.get("init_args") or {}))
-    # None asks the module to derive a size (num_classes, vocab_size from the data): the checkpoint holds the one
-    # it derived, which is no difference.
+    # None asks cli.py to derive a size (num_classes, vocab_size: zoo.app.sizes): the checkpoint holds the one it
+    # was trained with, which is no difference.
     diffs = [
         k
         for k in sorted(was.keys() | given.keys())

@@ -3,7 +3,8 @@
 An agent module (``PPOModule``, ``A2CModule``, ``IMPALAModule``, ``SACModule``, ``TD3Module``) is a plain
 ``LightningModule`` whose file shows its whole update top to bottom, as CleanRL's ``ppo.py`` does. What they have in
 common is here, and each agent calls it where its own hooks need it:
-  - ``env_sized``: the net sized for the DataModule's env (when built without sizes) and checked against its spaces;
+  - ``env_sizes``: a net's sizes as the DataModule's env fills them (the application's, before the net is built),
+    and ``check_env``: a built net checked against the env;
   - ``Budget``: the env-step budget, counted over every DDP rank, and the fraction of it spent (annealing);
   - ``RNGState``: the global RNG states, saved in checkpoints and put back when fit resumes;
   - ``Threads``: the torch thread count pinned while the module runs (a small MLP runs fastest on one thread);
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -31,6 +33,7 @@ from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from zoo.compat import trainer_of
+from zoo.errors import InputError
 from zoo.io.weights import check_compatible
 from zoo.rl.collector import Evaluator
 from zoo.rl.distributed import evaluation_share, fork_rng, gather_over_ranks, sum_over_ranks
@@ -90,30 +93,30 @@ def refuse_sharding(module: LightningModule) -> None:
         )
 
 
-def env_sized(net: nn.Module, hparams: dict, dm) -> nn.Module:
-    """``net`` as ``dm``'s env needs it: a net built without its sizes (obs_dim, action_dim, ... left None) is
-    replaced by one sized for the env, the sizes written into ``hparams`` so that checkpoints and MLflow models
-    rebuild the sized net; then the sizes (``obs_dim``, ``action_dim``, ``continuous``, an image net's
-    ``obs_shape``) are checked against the env's, a mismatch naming the flags that fix it."""
-    obs_space, action_space = dm.spaces
-    if getattr(net, "unsized", False):
-        shape = {**net_shape_for(obs_space, action_space), "obs_shape": list(obs_space.shape)}
-        if isinstance(action_space, gym.spaces.Box):
-            shape |= {"action_low": action_space.low.tolist(), "action_high": action_space.high.tolist()}
-        net = net.for_env(shape)
-        net_cfg = hparams.get("net")
-        if isinstance(net_cfg, dict) and isinstance(net_cfg.get("init_args"), dict):
-            given = net_cfg["init_args"]
-            given.update({k: v for k, v in net.init_args.items() if given.get(k, v) is None})
+def env_sizes(given: dict, obs_space: gym.Space, action_space: gym.Space, env_id: str) -> dict[str, Any]:
+    """The net arguments ``given`` (a net's init arguments, None where unset) as the env's spaces fill them: each
+    size the net takes (``obs_dim``, ``action_dim``, ``continuous``, a MultiDiscrete's ``action_nvec``, an image
+    encoder's ``obs_shape``, a Box's ``action_low``/``action_high``) that is unset, the env's; a given one that
+    disagrees raises, naming both and the flags that fix it. The application calls it before the net is built."""
     want = net_shape_for(obs_space, action_space)
-    if getattr(net, "obs_shape", None) is not None:  # an image encoder: the layout matters too
+    if given.get("encoder", "flat") != "flat" or given.get("obs_shape") is not None:  # the layout matters too
         want["obs_shape"] = list(obs_space.shape)
-    have = {k: getattr(net, k, None) for k in want}
-    have = {k: list(v) if isinstance(v, tuple) else v for k, v in have.items()}
+    want = {k: v for k, v in want.items() if k in given}
+    given = {k: list(v) if isinstance(v, tuple) else v for k, v in given.items()}
+    have = {k: want[k] if given[k] is None else given[k] for k in want}
     if want != have:
         fix = " ".join(f"--model.init_args.net.init_args.{k}={v}".replace(" ", "") for k, v in want.items())
-        raise ValueError(f"{dm.env_id} needs a net with {want}, this one has {have}: pass {fix}")
-    return net
+        raise InputError(f"{env_id} needs a net with {want}, this one has {have}: pass {fix}")
+    if isinstance(action_space, gym.spaces.Box):  # the bounds are checked by the agents that take them
+        bounds = {"action_low": action_space.low.tolist(), "action_high": action_space.high.tolist()}
+        have |= {k: v for k, v in bounds.items() if k in given and given[k] is None}
+    return have
+
+
+def check_env(net: nn.Module, dm) -> None:
+    """``net`` was sized for ``dm``'s env: a net built by hand for another env is refused before fit plays it."""
+    sizes = ("obs_dim", "action_dim", "continuous", "action_nvec", "obs_shape")
+    env_sizes({k: getattr(net, k, None) for k in sizes}, *dm.spaces, dm.env_id)
 
 
 def check_box(agent: str, env_id: str, space: gym.Space) -> None:

@@ -39,9 +39,9 @@ from zoo.rl.common import (
     RNGState,
     StopCollectingOnException,
     Threads,
+    check_env,
     check_net_state,
     datamodule_of,
-    env_sized,
     linear_annealing,
     refuse_sharding,
     require_datamodule,
@@ -142,7 +142,7 @@ class IMPALAModule(WeightsOnlyLoading, LightningModule):
         refuse_sharding(self)
         self.threads.pin()
         if (dm := datamodule_of(self)) is not None:
-            self.net = env_sized(self.net, self.hparams, dm)
+            check_env(self.net, dm)  # sized by whoever built the net (cli.py: from the env); checked here
 
     def on_train_start(self) -> None:
         # Here rather than in setup: the device is final and a resumed checkpoint (env steps, RNG) is loaded.

@@ -133,12 +133,12 @@ class ActorCritic(nn.Module):
     ) -> None:
         """
         Args:
-            obs_dim: observation features O (the flattened observation space); None: the product of ``obs_shape``,
-                or, when that is None too, the env's (the agent module sizes the net at setup, see ``for_env``).
+            obs_dim: observation features O (the flattened observation space); None: the product of ``obs_shape``.
+                A config may leave the sizes unset: ``cli.py`` takes the env's (``zoo.rl.common.env_sizes``).
             action_dim: number of discrete actions, the dimensions of a continuous (Box) action, or the sum of
-                ``action_nvec``; None: the env's.
+                ``action_nvec``.
             continuous: Gaussian actions with a learned state-independent log-std instead of categorical ones;
-                None: as the env's action space says (False for a net sized by hand).
+                None: False (a config's: as the env's action space says).
             hidden_sizes: widths of the hidden layers of both the actor and the critic (after the encoder).
             activation: hidden nonlinearity; tanh is the default of PPO's MuJoCo and classic-control results.
             log_std_init: initial log standard deviation of Gaussian actions (0 gives std 1).
@@ -148,18 +148,10 @@ class ActorCritic(nn.Module):
             obs_shape: one observation's shape, channels first; needed by "nature_cnn".
             cnn_features: F, the CNN's output features (512 in the paper).
         """
-        self.init_args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        if (obs_dim is None and obs_shape is None) or action_dim is None:
+            raise ValueError("ActorCritic needs obs_dim (or obs_shape) and action_dim (cli.py takes the env's)")
         super().__init__()
         self.obs_shape = tuple(obs_shape) if obs_shape else None
-        self.unsized = (obs_dim is None and obs_shape is None) or action_dim is None
-        if self.unsized:  # no layers until for_env: a placeholder the agent module replaces at setup
-            self.obs_dim, self.action_dim, self.continuous, self.action_nvec = (
-                obs_dim,
-                action_dim,
-                continuous,
-                action_nvec,
-            )
-            return
         continuous = bool(continuous)
         self.obs_dim = obs_dim if obs_dim is not None else math.prod(obs_shape)
         self.action_dim, self.continuous, self.action_nvec = action_dim, continuous, action_nvec
@@ -179,14 +171,6 @@ class ActorCritic(nn.Module):
         self.actor = mlp(features, hidden_sizes, action_dim, out_std=0.01, activation=activation)
         if continuous:
             self.actor_logstd = nn.Parameter(torch.full((1, action_dim), float(log_std_init)))
-
-    def for_env(self, shape: dict) -> ActorCritic:
-        """This net with every size left None taken from ``shape`` (``zoo.rl.common.net_shape_for`` of the env, and
-        the env's ``obs_shape``, used by image encoders only)."""
-        fill = {k: v for k, v in shape.items() if k in self.init_args and self.init_args[k] is None}
-        if self.init_args["encoder"] == "flat":
-            fill.pop("obs_shape", None)
-        return ActorCritic(**{**self.init_args, **fill})
 
     def no_weight_decay(self) -> tuple[str, ...]:
         """The log-std is 2-D but no weight: decaying it would pull every policy towards std 1."""

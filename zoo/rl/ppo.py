@@ -35,9 +35,9 @@ from zoo.rl.common import (
     RNGState,
     StopCollectingOnException,
     Threads,
+    check_env,
     check_net_state,
     datamodule_of,
-    env_sized,
     linear_annealing,
     refuse_sharding,
     require_datamodule,
@@ -119,7 +119,7 @@ class PPOModule(WeightsOnlyLoading, LightningModule):
         # cost as much as a small MLP's update.
         self.automatic_optimization = False
         self.net = net
-        self.obs_rms = None if net.unsized else RunningMeanStd(net.obs_shape or (net.obs_dim,), clip=clip_obs)
+        self.obs_rms = RunningMeanStd(net.obs_shape or (net.obs_dim,), clip=clip_obs)
         self.return_rms = RunningMeanStd((), clip=clip_reward)
         self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))  # spent of the budget, every rank's
         self.budget, self.rng, self.threads = Budget(total_env_steps), RNGState(), Threads(num_threads)
@@ -142,9 +142,7 @@ class PPOModule(WeightsOnlyLoading, LightningModule):
         refuse_sharding(self)
         self.threads.pin()
         if (dm := datamodule_of(self)) is not None:
-            self.net = env_sized(self.net, self.hparams, dm)
-            if self.obs_rms is None:
-                self.obs_rms = RunningMeanStd(self.net.obs_shape or (self.net.obs_dim,), clip=self.hparams.clip_obs)
+            check_env(self.net, dm)  # sized by whoever built the net (cli.py: from the env); checked here
 
     def on_train_start(self) -> None:
         # Here rather than in setup: the device is final and a resumed checkpoint (env steps, RNG) is loaded.

@@ -49,9 +49,9 @@ from zoo.rl.common import (
     Threads,
     check_action_bounds,
     check_box,
+    check_env,
     check_net_state,
     datamodule_of,
-    env_sized,
     refuse_sharding,
     require_datamodule,
     train_metrics,
@@ -126,8 +126,7 @@ class SACModule(WeightsOnlyLoading, LightningModule):
         self.automatic_optimization = False  # three optimizers, stepped in SB3's order within each update
         self.net = net
         self.log_alpha = nn.Parameter(torch.tensor(math.log(init_alpha)))
-        if not net.unsized:
-            self._build_beside_net()
+        self._build_beside_net()
         self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))  # spent of the budget, every rank's
         self.register_buffer("updates", torch.zeros((), dtype=torch.int64))
         self.budget, self.rng, self.threads = Budget(total_env_steps), RNGState(), Threads(num_threads)
@@ -168,10 +167,7 @@ class SACModule(WeightsOnlyLoading, LightningModule):
         self.threads.pin()
         if (dm := datamodule_of(self)) is not None:
             check_box("SAC", dm.env_id, dm.spaces[1])
-            sizing = self.net.unsized
-            self.net = env_sized(self.net, self.hparams, dm)
-            if sizing:
-                self._build_beside_net()
+            check_env(self.net, dm)  # sized by whoever built the net (cli.py: from the env); checked here
             check_action_bounds(self.net.actor, dm.env_id, dm.spaces[1])
 
     def on_train_start(self) -> None:

@@ -136,7 +136,7 @@ def detached_forward(mlp: nn.Sequential, x: Tensor) -> Tensor:
 class SoftActorCritic(nn.Module):
     """SAC's nets: ``actor`` (squashed Gaussian) and ``critic`` (twin Q); the module keeps the target copy."""
 
-    continuous = True  # checked against the env (zoo.rl.common.env_sized): SAC acts in Box action spaces only
+    continuous = True  # checked against the env (zoo.rl.common.check_env): SAC acts in Box action spaces only
 
     def __init__(
         self,
@@ -151,35 +151,27 @@ class SoftActorCritic(nn.Module):
     ) -> None:
         """
         Args:
-            obs_dim: observation features O (the flattened observation space); None: the env's (the agent module
-                sizes the net at setup, see ``for_env``).
-            action_dim: dimensions A of the (Box) action; None: the env's.
-            action_low: the Box's lower bound, one number for every dimension or one per dimension; None: the env's
-                (-1 for a net sized by hand).
-            action_high: the Box's upper bound, likewise (None: the env's, or 1); actions are rescaled from tanh's
-                (-1, 1) to the Box.
+            obs_dim: observation features O (the flattened observation space). A config may leave the sizes and
+                bounds unset: ``cli.py`` takes the env's (``zoo.rl.common.env_sizes``).
+            action_dim: dimensions A of the (Box) action.
+            action_low: the Box's lower bound, one number for every dimension or one per dimension; None: -1.
+            action_high: the Box's upper bound, likewise (None: 1); actions are rescaled from tanh's (-1, 1) to the
+                Box.
             hidden_sizes: widths of the hidden layers of the actor and of each critic.
             num_critics: K, Q functions whose minimum forms the targets (2: clipped double Q).
             log_std_min: lower bound of the actor's log standard deviation (CleanRL -5; SB3 clamps at -20).
             log_std_max: upper bound of the actor's log standard deviation.
         """
-        self.init_args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        if obs_dim is None or action_dim is None:
+            raise ValueError("SoftActorCritic needs obs_dim and action_dim (cli.py takes the env's)")
         super().__init__()
         self.obs_dim, self.action_dim = obs_dim, action_dim
-        self.unsized = obs_dim is None or action_dim is None
-        if self.unsized:  # no layers until for_env: a placeholder the agent module replaces at setup
-            return
         action_low = -1.0 if action_low is None else action_low
         action_high = 1.0 if action_high is None else action_high
         self.actor = SquashedGaussianActor(
             obs_dim, action_dim, hidden_sizes, action_low, action_high, log_std_min, log_std_max
         )
         self.critic = TwinQ(obs_dim, action_dim, hidden_sizes, num_critics)
-
-    def for_env(self, shape: dict) -> SoftActorCritic:
-        """This net with every size and bound left None taken from ``shape`` (the env's: ``common.env_sized``)."""
-        fill = {k: v for k, v in shape.items() if k in self.init_args and self.init_args[k] is None}
-        return SoftActorCritic(**{**self.init_args, **fill})
 
     def get_action(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Sampled action (B, A) and its log-probability (B,), differentiable (reparameterised)."""

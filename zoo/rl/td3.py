@@ -44,9 +44,9 @@ from zoo.rl.common import (
     Threads,
     check_action_bounds,
     check_box,
+    check_env,
     check_net_state,
     datamodule_of,
-    env_sized,
     refuse_sharding,
     require_datamodule,
     train_metrics,
@@ -100,28 +100,22 @@ class DeterministicActorCritic(nn.Module):
     ) -> None:
         """
         Args:
-            obs_dim: observation features O (the flattened observation space); None: the env's, sized at setup.
-            action_dim: dimensions A of the (Box) action; None: the env's.
-            action_low: the Box's lower bound, one number or one per dimension; None: the env's (-1 by hand).
-            action_high: the Box's upper bound, likewise (None: the env's, or 1).
+            obs_dim: observation features O (the flattened observation space). A config may leave the sizes and
+                bounds unset: ``cli.py`` takes the env's (``zoo.rl.common.env_sizes``).
+            action_dim: dimensions A of the (Box) action.
+            action_low: the Box's lower bound, one number or one per dimension; None: -1.
+            action_high: the Box's upper bound, likewise (None: 1).
             hidden_sizes: widths of the hidden layers of the actor and of each critic (CleanRL and SB3: 256 x 256).
             num_critics: K, Q functions whose minimum forms the targets (2: clipped double Q).
         """
-        self.init_args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        if obs_dim is None or action_dim is None:
+            raise ValueError("DeterministicActorCritic needs obs_dim and action_dim (cli.py takes the env's)")
         super().__init__()
         self.obs_dim, self.action_dim = obs_dim, action_dim
-        self.unsized = obs_dim is None or action_dim is None
-        if self.unsized:  # no layers until for_env: a placeholder the module replaces at setup
-            return
         low = -1.0 if action_low is None else action_low
         high = 1.0 if action_high is None else action_high
         self.actor = DeterministicActor(obs_dim, action_dim, hidden_sizes, low, high)
         self.critic = TwinQ(obs_dim, action_dim, hidden_sizes, num_critics)
-
-    def for_env(self, shape: dict) -> DeterministicActorCritic:
-        """This net with every size and bound left None taken from ``shape`` (the env's)."""
-        fill = {k: v for k, v in shape.items() if k in self.init_args and self.init_args[k] is None}
-        return DeterministicActorCritic(**{**self.init_args, **fill})
 
     def get_q_values(self, x: Tensor, action: Tensor) -> Tensor:
         """Q_k(s, a) of every critic: (K, B)."""
@@ -228,8 +222,7 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
         save_hparams(self, "net")
         self.automatic_optimization = False  # two optimizers, the actor's stepped every policy_delay updates
         self.net = net
-        if not net.unsized:
-            self._build_beside_net()
+        self._build_beside_net()
         self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))  # spent of the budget, every rank's
         self.register_buffer("updates", torch.zeros((), dtype=torch.int64))
         self.budget, self.rng, self.threads = Budget(total_env_steps), RNGState(), Threads(num_threads)
@@ -274,10 +267,7 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
         self.threads.pin()
         if (dm := datamodule_of(self)) is not None:
             check_box("TD3", dm.env_id, dm.spaces[1])
-            sizing = self.net.unsized
-            self.net = env_sized(self.net, self.hparams, dm)
-            if sizing:
-                self._build_beside_net()
+            check_env(self.net, dm)  # sized by whoever built the net (cli.py: from the env); checked here
             check_action_bounds(self.net.actor, dm.env_id, dm.spaces[1])
 
     def on_train_start(self) -> None:

@@ -1,0 +1,188 @@
+"""The net's sizes that the data states, set by the application before the net is built (zoo.app.sizes): each
+family's rule fills an unset size from the data (a tokenizer's ids, a dataset's classes, an env's spaces) and refuses
+a given one that disagrees in one line naming both; a checkpoint's stored sizes fill what a config leaves unset; and
+no module writes its own hyperparameters."""
+
+from __future__ import annotations
+
+import ast
+from types import SimpleNamespace
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from conftest import CONFIGS, ROOT, cli
+
+from zoo.app import sizes
+from zoo.errors import InputError
+
+
+class Text:
+    """A DataModule's face as the GPT rule reads it: ``vocab_size`` a property (the tokenizer's ids)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.read = n, 0
+
+    @property
+    def vocab_size(self) -> int:
+        self.read += 1
+        return self.n
+
+
+def test_gpt_vocab_size_is_the_tokenizers_unless_given_and_a_given_one_must_agree():
+    from zoo.gpt.module import vocab_size_for
+
+    assert sizes.vocabulary(Text(65), {"vocab_size": None}, False) == {"vocab_size": 65}
+    data = Text(65)  # a given size is not read from the data here: the module checks it at setup, by this rule
+    assert sizes.vocabulary(data, {"vocab_size": 100}, False) == {} and data.read == 0
+    assert vocab_size_for(None, 65) == 65 and vocab_size_for(65, 65) == 65
+    assert vocab_size_for(50304, 50257) == 50304  # padding to a multiple of 64
+    with pytest.raises(InputError, match=r"tokenizer has 65 ids but the net's vocab_size is 100"):
+        vocab_size_for(100, 65)
+    with pytest.raises(InputError, match=r"vocab_size is 64"):  # a multiple of 64, but smaller than the tokenizer's
+        vocab_size_for(64, 100)
+
+
+def test_an_evaluated_checkpoint_keeps_its_vocabulary_and_never_asks_the_data():
+    data = Text(65)
+    assert sizes.vocabulary(data, {"vocab_size": 257}, True) == {} and data.read == 0  # its own tokenizer encodes
+    with pytest.raises(InputError, match="vocab_size is not set"):
+        sizes.vocabulary(data, {"vocab_size": None}, True)
+
+
+def test_num_classes_is_the_datas_unless_given_and_a_given_one_must_agree():
+    data = SimpleNamespace(num_classes=3, class_names=["cat", "dog", "eel"])
+    assert sizes.classes(data, {"num_classes": None}, False) == {"num_classes": 3}
+    assert sizes.classes(data, {"num_classes": 5}, False) == {}  # checked at setup, by num_classes_for
+    from zoo.cnn.module import num_classes_for
+
+    with pytest.raises(InputError, match=r"num_classes=5 but the data has 3 classes \(cat, dog, eel\)"):
+        num_classes_for(5, 3, data.class_names)
+    assert sizes.classes(SimpleNamespace(), {"num_classes": 4}, True) == {}  # new files: no labels
+    with pytest.raises(InputError, match="num_classes is not set and the data does not say"):
+        sizes.classes(SimpleNamespace(), {"num_classes": None}, False)
+
+
+def env(obs: gym.Space, action: gym.Space) -> SimpleNamespace:
+    return SimpleNamespace(spaces=(obs, action), env_id="Test-v0")
+
+
+ACTOR_CRITIC = {"obs_dim": None, "action_dim": None, "continuous": None, "action_nvec": None, "encoder": "flat"}
+ACTOR_CRITIC |= {"obs_shape": None}
+BOX = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+
+
+def test_rl_sizes_are_the_envs_spaces():
+    discrete = env(BOX, gym.spaces.Discrete(2))
+    got = sizes.spaces(discrete, ACTOR_CRITIC, False)
+    assert got == {"obs_dim": 3, "action_dim": 2, "continuous": False}  # a flat encoder takes no obs_shape
+    multi = sizes.spaces(env(BOX, gym.spaces.MultiDiscrete([3, 2])), ACTOR_CRITIC, False)
+    assert multi == {"obs_dim": 3, "action_dim": 5, "continuous": False, "action_nvec": [3, 2]}
+    image = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    cnn = sizes.spaces(env(image, gym.spaces.Discrete(6)), {**ACTOR_CRITIC, "encoder": "nature_cnn"}, False)
+    assert cnn["obs_shape"] == [4, 84, 84] and cnn["obs_dim"] == 4 * 84 * 84
+    torque = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32))
+    sac = {"obs_dim": None, "action_dim": None, "action_low": None, "action_high": None}
+    assert sizes.spaces(env(BOX, torque), sac, False) == {
+        "obs_dim": 3,
+        "action_dim": 2,
+        "action_low": [-2.0, 0.0],
+        "action_high": [2.0, 1.0],
+    }
+
+
+def test_an_rl_size_that_disagrees_with_the_env_names_both():
+    sized = {**ACTOR_CRITIC, "obs_dim": 5, "action_dim": 2, "continuous": False}
+    assert sizes.spaces(SimpleNamespace(), sized, False) == {}  # sized by hand: no env made (checked at setup)
+    with pytest.raises(InputError, match=r"Test-v0 needs a net with .*'action_dim': 2.*this one has .*'action_dim': 4"):
+        sizes.spaces(env(BOX, gym.spaces.Discrete(2)), {**ACTOR_CRITIC, "action_dim": 4}, False)
+    with pytest.raises(InputError, match=r"'continuous': True.*'continuous': False"):
+        sizes.spaces(env(BOX, BOX), {**ACTOR_CRITIC, "continuous": False}, False)
+
+
+def test_nets_are_built_sized_or_not_at_all():
+    from zoo.cnn import ConvNet, ResNet, TorchvisionNet
+    from zoo.gpt import GPT
+    from zoo.rl import ActorCritic, SoftActorCritic
+    from zoo.rl.td3 import DeterministicActorCritic
+
+    for build in (GPT, ConvNet, ResNet, TorchvisionNet, ActorCritic, SoftActorCritic, DeterministicActorCritic):
+        with pytest.raises(ValueError, match="needs"):
+            build()
+
+
+@pytest.mark.parametrize(
+    "config, want",
+    [
+        ("cnn/convnet_digits.yaml", {"num_classes": 10}),
+        ("gpt/gpt_tiny.yaml", {"vocab_size": 257}),
+        ("rl/ppo_tiny.yaml", {"obs_dim": 4, "action_dim": 2, "continuous": False}),
+        ("rl/td3_tiny.yaml", {"obs_dim": 3, "action_dim": 1, "action_low": [-2.0], "action_high": [2.0]}),
+    ],
+)
+def test_the_cli_passes_the_datas_sizes_into_the_nets_config_and_hyperparameters(config, want):
+    from cli import main
+
+    c = main(["--config", str(CONFIGS / config), "--trainer.logger=false"], run=False)
+    given = c.model.hparams["net"]["init_args"]
+    assert {k: given[k] for k in want} == want
+    assert {k: c.config.model.init_args.net.init_args[k] for k in want} == want  # the config logged to MLflow
+    assert all(getattr(c.model.net, k, 0) is not None for k in want)
+
+
+def test_a_checkpoints_stored_size_fills_what_the_config_leaves_unset(tmp_path):
+    digits = str(CONFIGS / "cnn" / "convnet_digits.yaml")
+    fit = cli("fit", "--config", digits, "--trainer.max_steps=1", "--trainer.logger=false")
+    last = fit.trainer.checkpoint_callback.last_model_path
+    model = torch.load(last, weights_only=True)["hyper_parameters"]
+    cfg_model = {"class_path": model["_class_path"], "init_args": {"net": {**model["net"]}}}
+    cfg_model["init_args"]["net"]["init_args"] = {**model["net"]["init_args"], "num_classes": None}
+    assert sizes.checkpoint_sizes(last, cfg_model)["num_classes"] == 10
+
+
+def test_a_disagreeing_size_is_one_error_line_naming_both(capsys):
+    from cli import main
+    from zoo.app import terminal
+
+    args = ["fit", "--config", str(CONFIGS / "cnn" / "convnet_digits.yaml"), "--trainer.logger=false"]
+    with pytest.raises(SystemExit) as exited:  # as at a terminal (cli.run), in this process
+        terminal.run(lambda: main([*args, "--model.init_args.net.init_args.num_classes=6"]))
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert exited.value.code == 1 and "Traceback" not in err, err
+    assert len(errors) == 1 and "num_classes=6" in errors[0] and "10 classes" in errors[0], err
+
+
+def _writes_to_hparams(tree: ast.AST) -> list[int]:
+    """Lines that assign into ``...hparams...`` (an item, an attribute, ``update``/``setdefault``/``pop`` on it)."""
+
+    def through_hparams(node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Attribute) and n.attr == "hparams" for n in ast.walk(node))
+
+    lines = []
+    for n in ast.walk(tree):
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AugAssign) else []
+        if any(isinstance(t, (ast.Subscript, ast.Attribute)) and through_hparams(t.value) for t in targets):
+            lines.append(n.lineno)
+        if (
+            isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and n.func.attr in ("update", "setdefault", "pop", "__setitem__")
+            and through_hparams(n.func.value)
+        ):
+            lines.append(n.lineno)
+    return lines
+
+
+def test_no_family_module_writes_its_own_hyperparameters():
+    found = {
+        str(p.relative_to(ROOT)): lines
+        for family in ("gpt", "cnn", "clip", "diffusion", "rl")
+        for p in sorted((ROOT / "zoo" / family).rglob("*.py"))
+        if (lines := _writes_to_hparams(ast.parse(p.read_text())))
+    }
+    assert found == {}
+    # the check itself sees the write the modules used to make
+    assert _writes_to_hparams(ast.parse('self.hparams["net"]["init_args"]["num_classes"] = k')) == [1]
+    assert _writes_to_hparams(ast.parse("self.hparams.get('net')['init_args'].update(x)")) == [1]
