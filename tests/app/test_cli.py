@@ -69,6 +69,7 @@ def test_fsdp_configs_shard_over_every_process_of_every_node(nodes, devices):
         assert c.trainer.strategy.mesh_shape() == (nodes * devices, 1)
 
 
+@pytest.mark.slow
 def test_consolidation_command_documented_in_the_configs_runs(tmp_path):
     import subprocess
     import sys
@@ -176,6 +177,7 @@ NOISE = (
 )
 
 
+@pytest.mark.slow
 def test_plain_fit_and_evaluation_print_nothing_a_user_cannot_act_on():
     proc = run_cli("fit", "--config", str(TINY), "--trainer.max_epochs=1", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

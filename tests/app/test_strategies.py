@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import CONFIGS, ROOT, run_cli
 from mlflow.tracking import MlflowClient
@@ -155,6 +156,7 @@ def test_fsdp2_gpt_shards_per_block_and_reloads_with_its_tokenizer(tmp_path, emb
 DIFFUSION_TINY = str(CONFIGS / "diffusion" / "tiny.yaml")
 
 
+@pytest.mark.slow
 def test_fsdp2_diffusion_shards_consolidates_and_reloads(tmp_path, embedded_store):
     # Two validations, each sampling a grid (LogImageSamples) and the Frechet distance's images on every rank of
     # the sharded net (rank 0 alone would wait in the first all-gather for ever); EMA off (the DiT test has it).

@@ -20,6 +20,9 @@ from zoo.diffusion import DiffusionModule
 from zoo.gpt import CausalLMModule
 from zoo.train.parallel import consolidate
 
+# Each test starts 2 processes (or two torchrun nodes) per family: out of the default suite (python -m pytest -m slow).
+pytestmark = pytest.mark.slow
+
 
 def test_ddp_diffusion_with_ema_samples_at_two_validations(embedded_store):
     _run(

@@ -204,6 +204,7 @@ def test_gpt2_config_starts_from_hf_weights_and_tokenizer_files(gpt2_folder):
     assert torch.isfinite(c.trainer.callback_metrics["val/loss"])
 
 
+@pytest.mark.slow
 def test_char_config_learns_well_below_the_unigram_entropy():
     # The README's figure is the full 500-step run (val loss 1.98 nats against an entropy of 3.33);
     # 80 steps already clear the unigram bound by a wide margin (2.6 measured at step 100).

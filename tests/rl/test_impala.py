@@ -405,6 +405,7 @@ def test_ctrl_c_in_a_terminal_ends_the_run_and_every_actor():
     assert marked_processes(marker) == []
 
 
+@pytest.mark.slow
 def test_cartpole_learns_far_above_random():
     # A random policy averages ~22 on CartPole-v1 and the untrained deterministic one ~9. The first 61440 env
     # steps of the config's run, 12 evaluations, ~4 s here once the fork server runs (its learning rate barely

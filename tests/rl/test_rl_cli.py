@@ -243,6 +243,7 @@ def test_a2c_tiny_fits_predicts_reloads_and_resumes():
     assert not RecordFirstBatch.seen and int(spent.model.env_steps) == 512 and spent.trainer.global_step == 16
 
 
+@pytest.mark.slow
 def test_a2c_cartpole_learns_far_above_random():
     # A random policy averages ~22; rl-zoo's A2C reaches 475 by 10-20k env steps here (bench/rl.py). 30k steps take
     # about 10 s; the best evaluation reached 434 / 283 / 489 / 500 / 494 on seeds 0-4.

@@ -360,6 +360,7 @@ def test_pendulum_config_runs_updates():
     assert c.trainer.callback_metrics["val/return"].item() < 0
 
 
+@pytest.mark.slow
 def test_pendulum_learns_far_above_random():
     # Random and untrained policies score about -1200 to -1700 on Pendulum-v1. The full config (256 x 256 nets)
     # reaches -200 in about 4000 env steps, over a minute on two busy CPU cores, so CI runs a smaller variant:

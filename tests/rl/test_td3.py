@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import csv
 
+import pytest
 import torch
 import torch.nn.functional as F
 from conftest import CONFIGS, cli, output
@@ -200,6 +201,7 @@ def test_tiny_fits_predicts_and_reloads():
     assert (loaded.act(obs * 100, deterministic=False).abs() <= 2).all()
 
 
+@pytest.mark.slow
 def test_pendulum_learns_far_above_random():
     # Random and untrained policies score about -1200 to -1700 on Pendulum-v1. As SAC's test (64 x 64 nets, two
     # updates per env step), with 3000 env steps rather than 2500: TD3 reached -162 / -147 / -426 on seeds 0-2

@@ -131,6 +131,7 @@ def test_unreachable_server_fails_fast_naming_the_uri():
     assert elapsed < 30, elapsed
 
 
+@pytest.mark.slow
 def test_server_dying_mid_run_keeps_local_checkpoints(tmp_path):
     server, uri = start_mlflow_server(tmp_path)
     try:
@@ -179,6 +180,7 @@ def _start_fit(*args: str) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_runs_started_together_on_a_fresh_store_all_succeed(embedded_store):
     # MLflow creates a sqlite schema without a lock: 2 of 3 such runs crashed ("table experiments already exists").
     fits = [_start_fit("--trainer.max_steps=1", "--trainer.limit_val_batches=1") for _ in range(3)]
