@@ -118,7 +118,7 @@ def test_kill_9_mid_epoch_then_resume_from_last_ckpt_equals_the_run_never_killed
         {"class_path": "callbacks.MonitoredCheckpoint", "init_args": {"every_n_train_steps": saved_at}},
         {"class_path": "test_resume.HangAt", "init_args": {"step": saved_at + 3}},
     ]
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}{os.pathsep}{Path(__file__).parent}"}
     args = ["fit", "--config", TINY, "--trainer.max_epochs=2", f"--trainer.callbacks={json.dumps(callbacks)}"]
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "cli.py"), *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

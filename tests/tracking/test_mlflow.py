@@ -318,7 +318,8 @@ def test_a_failed_run_ends_failed_whatever_the_callbacks_do_on_the_way_out(tmp_p
 def test_a_run_left_open_by_an_uncaught_exception_ends_failed_at_exit(embedded_store):
     # Outside cli.run (a script calling cli.main, a notebook's trainer): the logger's exit hook ends the run.
     code = (
-        f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]; from cli import main; "
+        f"import sys; sys.path[:0] = {[str(ROOT), str(ROOT / 'tests'), str(Path(__file__).parent)]!r}; "
+        "from cli import main; "
         f"main(['fit', '--config', {TINY!r}, '--trainer.callbacks+=test_mlflow.FailAfterAStep', "
         "'--trainer.callbacks+=test_mlflow.RaiseOnException'])"
     )
