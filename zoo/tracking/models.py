@@ -112,9 +112,9 @@ def save_model(state_dict: dict, spec: dict, path: Path) -> Path:
     code = shutil.copytree(zoo_dir, work / "code" / "zoo", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     requirements = model_requirements(code, zoo_dir.parent)
     lock = zoo_dir.parent / "constraints.txt"
-    if lock.is_file():  # the lock's other pins, as constraints on what the requirements pull in
-        pinned = {canonical(r.split("[")[0].split("=")[0]) for r in requirements}
-        kept = [line for line in lock.read_text().splitlines() if _lock_name(line) not in pinned | {None}]
+    if lock.is_file():  # the lock's pins of what the requirements pull in, as constraints
+        pulled = dependencies(requirements)
+        kept = [line for line in lock.read_text().splitlines() if _lock_name(line) in pulled]
         (work / "constraints.txt").write_text("\n".join(kept) + "\n")
         requirements.append(f"-c {work / 'constraints.txt'}")
     import mlflow
@@ -140,6 +140,25 @@ def canonical(name: str) -> str:
 def _lock_name(line: str) -> str | None:
     line = line.split("#")[0].strip()
     return canonical(re.split(r"[\[=<>!~; ]", line)[0]) if line and not line.startswith("-") else None
+
+
+def dependencies(requirements: list[str]) -> set[str]:
+    """The installed distributions ``requirements`` pull in, their extras' too, transitively (not themselves)."""
+    from packaging.requirements import Requirement
+
+    seen, todo = set(), [Requirement(r) for r in requirements]
+    while todo:
+        req = todo.pop()
+        try:
+            declared = importlib.metadata.requires(req.name) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for dep in map(Requirement, declared):
+            wanted = dep.marker is None or any(dep.marker.evaluate({"extra": e}) for e in [*req.extras, ""])
+            if wanted and canonical(dep.name) not in seen:
+                seen.add(canonical(dep.name))
+                todo.append(dep)
+    return seen - {canonical(Requirement(r).name) for r in requirements}
 
 
 def imported_modules(code: Path) -> set[str]:
@@ -180,10 +199,10 @@ def model_requirements(code: Path, project: Path) -> list[str]:
     extras = declared_extras(project)
     requirements = {}
     for module in sorted(imported_modules(code)):
+        if (project / module).is_dir() or (project / f"{module}.py").is_file():
+            continue
         dists = providers.get(module)
         if not dists:
-            if (project / module).is_dir() or (project / f"{module}.py").is_file():
-                continue
             raise ModuleNotFoundError(f"the model's code imports {module!r}, which no installed distribution provides")
         # One of several (mlflow, mlflow-skinny): the one the zoo declares, else the first.
         dist = next((d for d in dists if canonical(d) in extras or canonical(d) == canonical(module)), dists[0])

@@ -280,7 +280,7 @@ class Embedder(_Images):
     def example(self) -> pd.DataFrame:
         spec = self._inputs()
         names, templates = spec.get("class_names") or [""], spec.get("templates") or ["{}"]
-        return pd.DataFrame({"image": [self._example_png(), None], "text": [None, templates[0].format(names[0])]})
+        return pd.DataFrame({"image": [self._example_png()], "text": [templates[0].format(names[0])]})
 
     def answer(self, model_input: Any, params: dict) -> pd.DataFrame:
         cols = columns(model_input, self.inputs)
