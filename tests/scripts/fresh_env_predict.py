@@ -81,6 +81,7 @@ def main() -> int:
     argv = sys.argv[1:]
     pip_args = argv[argv.index("--") + 1 :] if "--" in argv else []
     opts = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     work = opts.keep or Path(tempfile.mkdtemp(prefix="fresh-env-"))
     work.mkdir(parents=True, exist_ok=True)
     failed = False
