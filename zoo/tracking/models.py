@@ -24,6 +24,7 @@ checkpoint by ``resolve_checkpoint`` (``--ckpt_path``), or into the local weight
 
 from __future__ import annotations
 
+import argparse
 import ast
 import hashlib
 import importlib.metadata
@@ -34,6 +35,7 @@ import shutil
 import sys
 import tempfile
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +108,11 @@ def save_model(state_dict: dict, spec: dict, path: Path) -> Path:
     # load_state_dict copies the same values into the one tied parameter.
     save_file({k: v.detach().clone().contiguous() for k, v in state_dict.items()}, str(work / WEIGHTS))
     (work / SPEC).write_text(json.dumps(spec, indent=1))
-    interface = interface_for(module_from(spec, state_dict))
+    try:
+        interface = interface_for(module_from(spec, state_dict))
+    except (ValueError, TypeError, argparse.ArgumentError) as err:  # a checkpoint saved by hand, without its config
+        warnings.warn(f"logged without a signature: its hyperparameters build no module ({err})", stacklevel=2)
+        interface = None
     zoo_dir = Path(__file__).resolve().parents[1]
     # The package's sources only: compiled caches are the saving interpreter's, not the model's.
     code = shutil.copytree(zoo_dir, work / "code" / "zoo", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -125,8 +131,8 @@ def save_model(state_dict: dict, spec: dict, path: Path) -> Path:
         artifacts={"weights": str(work / WEIGHTS), "module": str(work / SPEC)},
         code_paths=[str(code)],
         pip_requirements=requirements,
-        signature=interface.signature(),
-        input_example=interface.example(),
+        signature=interface.signature() if interface else None,
+        input_example=interface.example() if interface else None,
     )
     shutil.rmtree(work, ignore_errors=True)
     return path
