@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
-import torch
 from PIL import Image
 from torch import Tensor
+
+from zoo.io.new_inputs import to_uint8
 
 IMAGES, IMAGES_DIR, VIDEO = "images", "images_dir", "video"
 MIN_SIDE = 128  # pixels: smaller images are enlarged to at least this
@@ -64,7 +65,7 @@ def _save_png(image: Image.Image, path: Path) -> Path:
 
 def to_pil(image: Tensor) -> Image.Image:
     """(C, H, W) in [0, 1] -> an 8-bit image, enlarged by an integer factor when smaller than ``MIN_SIDE``."""
-    array = (image.detach().float().cpu().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+    array = to_uint8(image).numpy()  # (H, W, C): the pixels an MLflow model's PNGs hold too
     pil = Image.fromarray(array[..., 0] if array.shape[-1] == 1 else array)
     factor = math.ceil(MIN_SIDE / min(pil.size))
     return pil.resize((pil.width * factor, pil.height * factor), Image.NEAREST) if factor > 1 else pil

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from datamodules.base import check_settings, not_found_message
 from zoo.errors import InputError
+from zoo.io.new_inputs import DEFAULT_TEMPLATES, image_transform
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 
@@ -147,19 +148,10 @@ class ImageFilesDataModule(LightningDataModule):
 
     def transform(self):
         """Resize, centre-crop, to tensor, normalise: the settings given here, else the model's ``inputs``."""
-        from torchvision import transforms as T
-
-        h, spec = self.hparams, self._model_inputs()
-        shape = spec.get("image_shape")
-        side, channels = h.image_size or (shape and shape[-1]), h.get("channels") or (shape and shape[0])
-        mean, std = h.mean or spec.get("mean"), h.std or spec.get("std")
-        if not side or not channels or mean is None or std is None:
-            raise ValueError(
-                "the model records no input format (a checkpoint from before the zoo recorded one, or "
-                "a model built in Python): pass --data.init_args.image_size, channels, mean and std"
-            )
-        self.image_mode = "L" if channels == 1 else "RGB"
-        return T.Compose([T.Resize(side), T.CenterCrop(side), T.ToTensor(), T.Normalize(mean, std)])
+        h = self.hparams
+        mode, transform = image_transform(self._model_inputs(), h.image_size, h.get("channels"), h.mean, h.std)
+        self.image_mode = mode
+        return transform
 
     def _images(self) -> Dataset:
         if self.hparams.paths is None:
@@ -253,7 +245,7 @@ class ZeroShotDataModule(ImageFilesDataModule):
                 "zero-shot prediction needs classes: pass --data.init_args.class_names='[cat, dog]' or a "
                 "file of names, one a line"
             )
-        templates = h.templates or spec.get("templates") or ["a photo of a {}.", "a picture of a {}.", "{}"]
+        templates = h.templates or spec.get("templates") or DEFAULT_TEMPLATES
         return {"class_names": list(names), "templates": list(templates)}
 
     def predict_dataloader(self) -> DataLoader:

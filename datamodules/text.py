@@ -48,6 +48,7 @@ from zoo.io.tokenizers import (
     CharTokenizer,
     GPT2Tokenizer,
     Tokenizer,
+    prompt_ids,
     tokenizer_from_dict,
 )
 
@@ -389,9 +390,7 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
         return self._loader(windows, "test", None)
 
     def predict_dataloader(self) -> DataLoader:
-        tokenizer = self._ensure_tokenizer()
-        # An empty prompt starts a new document, the way GPT-2 samples unconditionally from <|endoftext|>.
-        items = [(torch.tensor(tokenizer.encode(p) or [tokenizer.eos_id], dtype=torch.long), p) for p in self.prompts]
+        items = list(zip(prompt_ids(self._ensure_tokenizer(), self.prompts), self.prompts))
         return DataLoader(items, batch_size=self.batch_size, shuffle=False, collate_fn=_collate_prompts)
 
     def unigram_entropy(self) -> float:

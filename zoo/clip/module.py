@@ -238,7 +238,7 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
                 ids = self._tokens([t.format(c) for c in names for t in batch["templates"]])
             self._classifier = (names, zeroshot_weights(self.net, ids, len(names)))
         probs = (self.net.scale() * images @ self._classifier[1].T).float().softmax(-1)  # (B, K)
-        rows = ident | top_k_columns(probs, list(names))
+        rows = ident | top_k_columns(probs, list(names), batch.get("top_k", 5))
         if "label" in batch and (batch["label"] >= 0).any():
             rows["label"] = [names[k] if 0 <= k < len(names) else "" for k in batch["label"].tolist()]
         return rows

@@ -183,11 +183,13 @@ class ClassifierModule(WeightsOnlyLoading, LightningModule):
             self.inputs = dict(checkpoint["inputs"])
 
     def predict_step(self, batch: Tensor | tuple[Tensor, ...] | dict, batch_idx: int) -> dict:
-        """New files (a dict batch of ``image`` and ``path``): path, class name, confidence and the top 5;
+        """New files (a dict batch of ``image`` and ``path``): path, class name, confidence and the top 5 (or the
+        batch's ``top_k``);
         a labelled split: the predicted index, its probability and the target."""
         if isinstance(batch, dict):
             probs = self(batch["image"]).float().softmax(-1)  # (B, K)
-            return {"path": list(batch["path"])} | top_k_columns(probs, (self.inputs or {}).get("class_names"))
+            names = (self.inputs or {}).get("class_names")
+            return {"path": list(batch["path"])} | top_k_columns(probs, names, batch.get("top_k", 5))
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         probs = self(x).float().softmax(-1)
         conf, pred = probs.max(-1)

@@ -223,10 +223,10 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         return x.clamp(-1, 1)
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
-        """Sample the datamodule's requests (labels, seed) with this module's sampler and guidance; the rows and
-        images go to WritePredictions."""
+        """Sample the datamodule's requests (labels, seed) with the batch's sampler and guidance (a served request's)
+        else this module's; the rows and images go to WritePredictions."""
         seed, labels = batch["seed"] + batch_idx, batch["labels"]
-        images = self.sample(len(labels), seed=seed, labels=labels)
+        images = self.sample(len(labels), batch.get("sampler"), batch.get("guidance_scale"), seed, labels)
         label = labels if self.num_classes else torch.full_like(labels, -1)
         # "images" in [0, 1]: WritePredictions writes each as a PNG (enlarged when tiny) and all of them as one grid,
         # in the run's folder ("images_dir" a name inside it), and adds each row's PNG path; zoo/ writes no file.

@@ -15,7 +15,7 @@ from zoo.gpt.gpt import GPT
 from zoo.gpt.losses import causal_lm_loss
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
-from zoo.io.tokenizers import tokenizer_from_dict
+from zoo.io.tokenizers import prompt_ids, tokenizer_from_dict
 from zoo.io.weights import check_compatible, extract_state_dict, readable
 from zoo.train.logging import lightning_writes
 from zoo.train.optim import AdamWCosine
@@ -172,10 +172,7 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         as_text = bool(prompts) and isinstance(prompts[0], str)
         if as_text and self.tokenizer is None:
             raise RuntimeError("No tokenizer: fit or load from a checkpoint made with a text datamodule, or pass ids")
-        # An empty text starts a new document, from EOS, as the predict loader does.
-        ids = (
-            [torch.tensor(self.tokenizer.encode(p) or [self.tokenizer.eos_id]) for p in prompts] if as_text else prompts
-        )
+        ids = prompt_ids(self.tokenizer, prompts) if as_text else prompts
         gen = None
         if seed is not None:
             gen = torch.Generator(self.device).manual_seed(seed)
@@ -184,10 +181,11 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         return [self.tokenizer.decode(o.tolist()) for o in out] if as_text else out
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict[str, list[str]]:
-        """Continue the datamodule's prompts as ``generation`` says; rows go to WritePredictions."""
+        """Continue the batch's prompts as ``generation`` says (the batch's own, a served request's, else the
+        model's); rows go to WritePredictions."""
         if self.tokenizer is None:  # predict without a checkpoint: the datamodule's (which encoded the prompts)
             self.tokenizer = getattr(self.trainer.datamodule, "tokenizer", None)
-        g = Generation.of(self.hparams.generation)  # a dict in hparams, as checkpoints carry it
+        g = Generation.of(batch.get("generation") or self.hparams.generation)  # hparams: a dict, as checkpoints have
         out = generate(
             self.net,
             batch["prompt_ids"],

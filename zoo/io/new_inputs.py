@@ -4,16 +4,28 @@ A net trained on normalised images predicts well on a new file only if the file 
 data was: the same channels and side, the same per-channel mean and std. The module records these, with
 the class names (and CLIP's prompt templates), from its DataModule at fit (``image_inputs``) and keeps them
 in its checkpoint and MLflow model as ``inputs``, so ``datamodules.ImageFilesDataModule`` can read new
-files without the training config.
+files without the training config. ``image_transform`` and ``read_image`` are that reading, for the CLI's
+files and for the bytes an MLflow model is sent alike; ``to_uint8`` is how generated images become 8-bit pixels.
 
-Notation: B batch, K classes.
+Notation: B batch, C channels, H/W height/width, K classes.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import io
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+import torch
 from torch import Tensor
+
+from zoo.errors import InputError
+
+# CLIP's zero-shot prompts when neither the request nor the training data gives any.
+DEFAULT_TEMPLATES = ("a photo of a {}.", "a picture of a {}.", "{}")
 
 
 def image_inputs(datamodule: Any) -> dict | None:
@@ -44,3 +56,77 @@ def top_k_columns(probs: Tensor, class_names: list[str] | None, k: int = 5) -> d
         out[f"class{suffix}"] = [names[j] for j in idx[:, i].tolist()]
         out[f"confidence{suffix}"] = conf[:, i]
     return out
+
+
+def image_transform(
+    inputs: dict | None,
+    image_size: int | None = None,
+    channels: int | None = None,
+    mean: tuple[float, ...] | None = None,
+    std: tuple[float, ...] | None = None,
+) -> tuple[str, Callable]:
+    """The PIL mode and transform (resize the shorter side, centre-crop, to a tensor, normalise) that read a new
+    image as the training data was: the settings given, else the model's ``inputs``."""
+    from torchvision import transforms as T
+
+    spec = inputs or {}
+    shape = spec.get("image_shape")
+    side, channels = image_size or (shape and shape[-1]), channels or (shape and shape[0])
+    mean, std = mean or spec.get("mean"), std or spec.get("std")
+    if not side or not channels or mean is None or std is None:
+        raise ValueError(
+            "the model records no input format (a checkpoint from before the zoo recorded one, or "
+            "a model built in Python): pass --data.init_args.image_size, channels, mean and std"
+        )
+    mode = "L" if channels == 1 else "RGB"
+    return mode, T.Compose([T.Resize(side), T.CenterCrop(side), T.ToTensor(), T.Normalize(mean, std)])
+
+
+def read_image(image: bytes | np.ndarray, mode: str, transform: Callable, name: str = "image") -> Tensor:
+    """(C, H, W) ``transform`` of one image: encoded bytes (PNG, JPEG, ... or base64 text of them, as JSON
+    carries bytes) or a uint8 array (H, W) or (H, W, C)."""
+    from PIL import Image
+
+    if isinstance(image, np.ndarray) and image.dtype != object:
+        if image.dtype != np.uint8 or image.ndim not in (2, 3):
+            raise InputError(f"{name}: an image array is uint8 (H, W) or (H, W, C), not {image.dtype} {image.shape}")
+        pil = Image.fromarray(image[..., 0] if image.ndim == 3 and image.shape[-1] == 1 else image)
+        return transform(pil.convert(mode))
+    if isinstance(image, str):
+        image = image.encode()
+    if not isinstance(image, (bytes, bytearray)):
+        raise InputError(f"{name}: expected the bytes of an image file (base64 in JSON), got {type(image).__name__}")
+    raw = bytes(image)
+    try:
+        return _open(raw, mode, transform)
+    except InputError:
+        pass
+    try:  # not an image as it is: base64 text of one (MLflow's "inputs" and "instances" pass that on as it came)
+        return _open(base64.b64decode(b"".join(raw.split()), validate=True), mode, transform)
+    except (binascii.Error, InputError) as err:
+        raise InputError(f"{name} is not an image PIL can read: send PNG, JPEG, ... bytes (base64 in JSON)") from err
+
+
+def _open(data: bytes, mode: str, transform: Callable) -> Tensor:
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            return transform(im.convert(mode))
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        raise InputError(str(err)) from err
+
+
+def to_uint8(images: Tensor) -> Tensor:
+    """(B, C, H, W) or (C, H, W) in [0, 1] -> uint8 channels-last: the 8-bit pixels a PNG of them holds."""
+    return (images.detach().float().cpu().clamp(0, 1) * 255).round().to(torch.uint8).movedim(-3, -1)
+
+
+def png_bytes(pixels: Tensor | np.ndarray) -> bytes:
+    """A PNG of (H, W, C) uint8 pixels (C 1 or 3)."""
+    from PIL import Image
+
+    array = np.asarray(pixels)
+    buf = io.BytesIO()
+    Image.fromarray(array[..., 0] if array.shape[-1] == 1 else array).save(buf, format="PNG")
+    return buf.getvalue()

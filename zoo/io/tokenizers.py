@@ -222,6 +222,11 @@ def tokenizer_from_dict(d: dict) -> Tokenizer:
     raise ValueError(f"unknown tokenizer kind {kind!r} in {json.dumps(d)[:200]}")
 
 
+def prompt_ids(tokenizer: Tokenizer, texts: Sequence[str]) -> list[Tensor]:
+    """Each prompt's 1-D int64 ids; an empty one is EOS alone, a new document, as GPT-2 samples unconditionally."""
+    return [torch.tensor(tokenizer.encode(t) or [tokenizer.eos_id], dtype=torch.long) for t in texts]
+
+
 def tokenize(tokenizer: Tokenizer, texts: Sequence[str], context_length: int) -> Tensor:
     """(N, T) int64 ids: each text's ids cut to T - 1, then end-of-text, padded with end-of-text (CLIP's layout)."""
     eos = tokenizer.eos_id

@@ -4,6 +4,7 @@
 - ``store``: the lock on a sqlite run store;
 - ``runs``: this run's folder, names inside it, its default name, artifacts;
 - ``models``: zoo modules as MLflow models (packaging, registry, ``models:/``/``runs:/`` resolution, downloads);
+- ``serving``: the prediction interface of each family (raw inputs in, answers out), its signature and input example;
 - ``pyfunc``: the MLflow pyfunc a logged model loads with;
 - ``stored_config``: the model and data configs a ``--ckpt_path`` carries, onto the command line.
 
@@ -26,6 +27,7 @@ from zoo.tracking.logger import (
 from zoo.tracking.models import (
     build_module,
     is_mlflow_uri,
+    load,
     load_model,
     local_weights,
     log_checkpoint_model,
@@ -57,6 +59,7 @@ __all__ = [
     "end_open_runs",
     "in_run_dir",
     "is_mlflow_uri",
+    "load",
     "load_model",
     "local_weights",
     "log_checkpoint_model",

@@ -9,20 +9,33 @@ passes ``zoo.io.trust``'s allowlist before anything is imported. ``mlflow.pytorc
 be pickle-free, but needs an export per
 family (GPT's generate, RL's act are not ``forward``) and loses ``load_from_checkpoint``-style rebuilding.
 
+It answers raw inputs through its family's prediction interface (``zoo.tracking.serving``), whose signature (input
+columns or tensor, params) and input example are logged with it. Its ``requirements.txt`` names every distribution the
+logged code imports, with the extras the zoo declares, pinned at the installed versions, and the rest of the lock
+(``constraints.txt``) as constraints: a fresh environment built from it alone (``mlflow models serve --env-manager
+virtualenv``) loads and predicts (``tests/scripts/fresh_env_predict.py``).
+
 ``models:/<name>/<version>``, ``models:/<name>@<alias>`` and ``runs:/<id>/<path>`` are read by
-``load_model`` and turned into a weights-only local checkpoint by ``resolve_checkpoint`` (``--ckpt_path``), or into
-the local weights file a module starts from by ``local_weights`` (``init_weights``).
+``load_model`` (the module) and ``load`` (its prediction interface, as ``mlflow.pyfunc.load_model`` gives it, but
+built from this zoo's code after the allowlist, never from the model's), and turned into a weights-only local
+checkpoint by ``resolve_checkpoint`` (``--ckpt_path``), or into the local weights file a module starts from by
+``local_weights`` (``init_weights``).
 """
 
 from __future__ import annotations
 
+import argparse
+import ast
 import hashlib
+import importlib.metadata
 import json
-import logging
 import os
+import re
 import shutil
+import sys
 import tempfile
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -70,52 +83,139 @@ def build_module(spec: dict, source: str = "the model") -> LightningModule:
     return instantiate_module(LightningModule, {"_class_path": spec["class_path"], **init_args})
 
 
+def module_from(spec: dict, state_dict: dict, source: str = "the model") -> LightningModule:
+    """The module ``spec`` describes (``build_module``), its model state and weights loaded, in eval mode."""
+    module = build_module(spec, source)
+    module.on_load_checkpoint({"state_dict": state_dict, **spec.get("checkpoint", {})})  # checks keys, tokenizer
+    module.load_state_dict(state_dict)
+    return module.eval()
+
+
+def read_module(spec_file: str | Path, weights: str | Path) -> LightningModule:
+    """The module of a model folder's ``module.json`` and ``weights.safetensors``: JSON and tensors only."""
+    return module_from(json.loads(Path(spec_file).read_text()), load_file(weights), str(spec_file))
+
+
 def save_model(state_dict: dict, spec: dict, path: Path) -> Path:
-    """Write the MLflow model folder (MLmodel, the pyfunc code, the zoo sources, pip requirements)."""
+    """Write the MLflow model folder (MLmodel with its signature, an input example, the pyfunc code, the zoo
+    sources, pinned pip requirements and the lock as constraints)."""
     from safetensors.torch import save_file
+
+    from zoo.tracking.serving import interface_for
 
     work = Path(tempfile.mkdtemp())
     # A tied pair (GPT's lm_head and tok_emb) is written twice: safetensors refuses shared storage, and
     # load_state_dict copies the same values into the one tied parameter.
     save_file({k: v.detach().clone().contiguous() for k, v in state_dict.items()}, str(work / WEIGHTS))
     (work / SPEC).write_text(json.dumps(spec, indent=1))
-    _save_pyfunc(path, Path(__file__).resolve().parents[1], work)
-    return path
-
-
-def _save_pyfunc(path: Path, zoo_dir: Path, work: Path) -> None:
-    # No input example or signature: predict takes ids, images or observations, whichever the family's
-    # forward does (np.ndarray: a type hint from which MLflow infers no schema); MLflow's log line saying
-    # it inferred none would follow every fit, so that one logger is quiet while it saves.
-    log = logging.getLogger("mlflow.pyfunc")
-    level = log.level
-    log.setLevel(logging.ERROR)
     try:
-        _save(path, zoo_dir, work)
-    finally:
-        log.setLevel(level)
-
-
-def _save(path: Path, zoo_dir: Path, work: Path) -> None:
-    import lightning
-    import mlflow
-    import safetensors
-
+        interface = interface_for(module_from(spec, state_dict))
+    except (ValueError, TypeError, argparse.ArgumentError) as err:  # a checkpoint saved by hand, without its config
+        warnings.warn(f"logged without a signature: its hyperparameters build no module ({err})", stacklevel=2)
+        interface = None
+    zoo_dir = Path(__file__).resolve().parents[1]
     # The package's sources only: compiled caches are the saving interpreter's, not the model's.
     code = shutil.copytree(zoo_dir, work / "code" / "zoo", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    requirements = model_requirements(code, zoo_dir.parent)
+    lock = zoo_dir.parent / "constraints.txt"
+    if lock.is_file():  # the lock's pins of what the requirements pull in, as constraints
+        pulled = dependencies(requirements)
+        kept = [line for line in lock.read_text().splitlines() if _lock_name(line) in pulled]
+        (work / "constraints.txt").write_text("\n".join(kept) + "\n")
+        requirements.append(f"-c {work / 'constraints.txt'}")
+    import mlflow
+
     mlflow.pyfunc.save_model(
         path=str(path),
         python_model=str(Path(__file__).with_name("pyfunc.py")),
         artifacts={"weights": str(work / WEIGHTS), "module": str(work / SPEC)},
         code_paths=[str(code)],
-        pip_requirements=[
-            f"torch=={torch.__version__.split('+')[0]}",
-            f"lightning=={lightning.__version__}",
-            f"mlflow=={mlflow.__version__}",
-            f"safetensors=={safetensors.__version__}",
-            "jsonargparse",
-        ],
+        pip_requirements=requirements,
+        signature=interface.signature() if interface else None,
+        input_example=interface.example() if interface else None,
     )
+    shutil.rmtree(work, ignore_errors=True)
+    return path
+
+
+def canonical(name: str) -> str:
+    """A distribution's name as PEP 503 compares them."""
+    return re.sub(r"[-_.]+", "-", name).strip().lower()
+
+
+def _lock_name(line: str) -> str | None:
+    line = line.split("#")[0].strip()
+    return canonical(re.split(r"[\[=<>!~; ]", line)[0]) if line and not line.startswith("-") else None
+
+
+def dependencies(requirements: list[str]) -> set[str]:
+    """The installed distributions ``requirements`` pull in, their extras' too, transitively (not themselves)."""
+    from packaging.requirements import Requirement
+
+    seen, todo = set(), [Requirement(r) for r in requirements]
+    while todo:
+        req = todo.pop()
+        try:
+            declared = importlib.metadata.requires(req.name) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for dep in map(Requirement, declared):
+            wanted = dep.marker is None or any(dep.marker.evaluate({"extra": e}) for e in [*req.extras, ""])
+            if wanted and canonical(dep.name) not in seen:
+                seen.add(canonical(dep.name))
+                todo.append(dep)
+    return seen - {canonical(Requirement(r).name) for r in requirements}
+
+
+def imported_modules(code: Path) -> set[str]:
+    """The top-level names every .py file under ``code`` imports (at module level or inside functions), less the
+    standard library and the package's own."""
+    names = set()
+    for path in code.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return {n for n in names if n not in sys.stdlib_module_names and n != code.name}
+
+
+def declared_extras(project: Path) -> dict[str, list[str]]:
+    """The extras the zoo asks of each of its dependencies (``jsonargparse[signatures]``): from ``pyproject.toml``
+    beside the code, else from the installed zoo's metadata."""
+    from packaging.requirements import Requirement
+
+    pyproject = project / "pyproject.toml"
+    if pyproject.is_file():
+        import tomllib
+
+        declared = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    else:
+        try:
+            declared = [r for r in importlib.metadata.requires("zoo") or [] if "extra ==" not in r]
+        except importlib.metadata.PackageNotFoundError:
+            declared = []
+    return {canonical(r.name): sorted(r.extras) for r in map(Requirement, declared) if r.extras}
+
+
+def model_requirements(code: Path, project: Path) -> list[str]:
+    """``name[extras]==version`` of every installed distribution the code under ``code`` imports; names the project
+    holds itself (``callbacks``, ``datamodules``: the application, which the model never imports) are left out."""
+    providers = importlib.metadata.packages_distributions()
+    extras = declared_extras(project)
+    requirements = {}
+    for module in sorted(imported_modules(code)):
+        if (project / module).is_dir() or (project / f"{module}.py").is_file():
+            continue
+        dists = providers.get(module)
+        if not dists:
+            raise ModuleNotFoundError(f"the model's code imports {module!r}, which no installed distribution provides")
+        # One of several (mlflow, mlflow-skinny): the one the zoo declares, else the first.
+        dist = next((d for d in dists if canonical(d) in extras or canonical(d) == canonical(module)), dists[0])
+        name = canonical(dist)
+        wanted = f"[{','.join(extras[name])}]" if name in extras else ""
+        requirements[name] = f"{name}{wanted}=={importlib.metadata.version(dist)}"
+    return list(requirements.values())
 
 
 def log_checkpoint_model(
@@ -237,10 +337,33 @@ def load_model(uri: str, tracking_uri: str | None = None) -> LightningModule:
     else:
         ckpt = load_file(local)
         spec, state_dict = module_spec(ckpt), extract_state_dict(ckpt)
-    module = build_module(spec, uri)
-    module.on_load_checkpoint({"state_dict": state_dict, **spec.get("checkpoint", {})})  # checks keys, tokenizer
-    module.load_state_dict(state_dict)
-    return module.eval()
+    return module_from(spec, state_dict, uri)
+
+
+def load(uri: str, tracking_uri: str | None = None):
+    """The model at ``uri`` as an ``mlflow.pyfunc.PyFuncModel``: ``load(uri).predict(model_input, params)`` answers
+    as ``mlflow.pyfunc.load_model`` and ``mlflow models serve`` do (same interface, signature checks and casts), with
+    the module rebuilt by this zoo's code after the allowlist check (the model's own code is never run). A local
+    checkpoint takes the signature its family's interface states."""
+    from mlflow.models import Model
+    from mlflow.pyfunc import PyFuncModel
+
+    from zoo.tracking.serving import ZooPyfunc
+
+    local = _download(uri, tracking_uri) if is_mlflow_uri(uri) else Path(uri)
+    pyfunc = ZooPyfunc(load_model(str(local)))
+    meta = Model.load(str(local)) if (local / "MLmodel").is_file() else Model(signature=pyfunc.interface.signature())
+    return PyFuncModel(meta, _Predict(pyfunc))
+
+
+class _Predict:
+    """What ``PyFuncModel`` calls: ``predict(data, params)`` of the pyfunc."""
+
+    def __init__(self, pyfunc) -> None:
+        self.python_model = pyfunc
+
+    def predict(self, data, params=None):
+        return self.python_model.predict(None, data, params)
 
 
 def resolve_checkpoint(uri: str, tracking_uri: str | None = None) -> str:
