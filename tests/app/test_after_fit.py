@@ -303,7 +303,9 @@ def test_image_samples_are_enlarged_and_logged_per_step(tmp_path):
     from zoo.tracking import ZooMLFlowLogger
 
     logger = ZooMLFlowLogger(experiment_name="samples")
-    module = SimpleNamespace(sample=lambda n, sampling, seed: torch.linspace(-1, 1, n * 3 * 16 * 16).view(n, 3, 16, 16))
+    module = SimpleNamespace(
+        sample=lambda n, sampler, guidance, seed: torch.linspace(-1, 1, n * 3 * 16 * 16).view(n, 3, 16, 16)
+    )
     for step in (5, 10):
         trainer = SimpleNamespace(
             sanity_checking=False, current_epoch=0, is_global_zero=True, global_step=step, loggers=[logger]
