@@ -361,7 +361,11 @@ def test_ctrl_c_in_a_terminal_ends_the_run_and_every_actor():
     # the actors. The learner's handler must stop the actors, and the interpreter then exit, neither hanging
     # on a queue nor leaving a process behind.
     marker = f"ZOO_IMPALA_TEST_{os.getpid()}_{time.time_ns()}"
-    env = {**os.environ, marker: "1", "PYTHONPATH": os.pathsep.join([str(CONFIGS.parent), str(Path(__file__).parent)])}
+    env = {
+        **os.environ,
+        marker: "1",
+        "PYTHONPATH": os.pathsep.join([str(CONFIGS.parent), str(CONFIGS.parent / "tests"), str(Path(__file__).parent)]),
+    }
     args = [
         "fit",
         "--config",

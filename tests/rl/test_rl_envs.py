@@ -131,17 +131,14 @@ def test_dict_observations_without_the_flattening_wrapper_name_it():
         cli("fit", "--config", TINY, *QUIET, *DICT_GOAL, "--trainer.fast_dev_run=1")
 
 
-def test_multidiscrete_env_needs_the_nvec():
-    with pytest.raises(ValueError, match=r"action_nvec=\[3,2\]"):
-        cli(
-            "fit",
-            "--config",
-            TINY,
-            *QUIET,
-            *DICT_GOAL[:-2],
-            "--trainer.fast_dev_run=1",
-            "--data.init_args.wrappers=[gymnasium.wrappers.FlattenObservation]",
-        )
+def test_multidiscrete_env_fills_an_unset_nvec_and_refuses_a_wrong_one():
+    # Sizes come from the env when the config leaves them unset (zoo.app.sizes), and a given one must agree.
+    args = ("fit", "--config", TINY, *QUIET, *DICT_GOAL[:-2], "--trainer.fast_dev_run=1")
+    flat = "--data.init_args.wrappers=[gymnasium.wrappers.FlattenObservation]"
+    c = cli(*args, flat)
+    assert list(c.model.net.action_nvec) == [3, 2]
+    with pytest.raises(ValueError, match=r"\[3, ?2\]"):
+        cli(*args, flat, "--model.init_args.net.init_args.action_nvec=[2,3]")
 
 
 def test_actor_critic_rejects_an_nvec_that_does_not_sum_to_action_dim():
