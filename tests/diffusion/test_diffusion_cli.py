@@ -114,6 +114,7 @@ def test_shapes_configs_run_a_few_steps(name):
     assert torch.isfinite(c.trainer.callback_metrics["val/loss"])
 
 
+@pytest.mark.slow
 def test_a_short_fit_lowers_the_frechet_distance_of_its_samples():
     # The metric's feature space: a ConvNet the zoo trains on the same 8x8 shapes in a few seconds.
     clf = cli(

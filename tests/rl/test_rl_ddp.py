@@ -61,6 +61,7 @@ def test_ppo_on_two_ranks_collects_twice_the_data_and_counts_it():
     assert r0["val_return"] == r1["val_return"]
 
 
+@pytest.mark.slow
 def test_sac_on_two_ranks_collects_twice_the_data_and_counts_it():
     r0, r1 = _fit_on_two_ranks("sac_tiny.yaml", "--trainer.strategy=ddp_find_unused_parameters_true")
     # The first training step's replay rows: 40 steps of 2 envs on each rank, from different seeds and actions.
@@ -70,6 +71,7 @@ def test_sac_on_two_ranks_collects_twice_the_data_and_counts_it():
         assert r["env_steps"] == 800 and r["logged"] == 800
 
 
+@pytest.mark.slow
 def test_impala_on_two_ranks_collects_twice_the_data_and_counts_it():
     # Each rank's learner runs 2 actor processes of its own (6 processes in all): their envs are seeded after the
     # other rank's (train_seed), so the first unrolls differ and no env starts where one of the other rank's does.

@@ -192,7 +192,8 @@ def test_runs_started_together_on_a_fresh_store_all_succeed(embedded_store):
     assert sorted(r.info.status for r in runs) == ["FINISHED"] * 3
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+# SIGINT is the Ctrl-C path other tests cover too: SIGTERM alone in the default suite.
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
 def test_run_stopped_by_a_signal_ends_killed(embedded_store, sig):
     fit = _start_fit("--trainer.max_epochs=1000")
     deadline = time.monotonic() + 300

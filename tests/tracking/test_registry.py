@@ -180,6 +180,7 @@ def test_every_family_logs_a_model_that_rebuilds_its_module(config):
         torch.testing.assert_close(loaded.state_dict()[k], v, rtol=0, atol=0, msg=k)
 
 
+@pytest.mark.slow
 def test_registered_on_a_tracking_server_and_loaded_by_name(mlflow_server, monkeypatch, tmp_path_factory):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
     c = cli(
