@@ -123,17 +123,26 @@ def save_model(state_dict: dict, spec: dict, path: Path) -> Path:
         kept = [line for line in lock.read_text().splitlines() if _lock_name(line) in pulled]
         (work / "constraints.txt").write_text("\n".join(kept) + "\n")
         requirements.append(f"-c {work / 'constraints.txt'}")
+    import logging
+
     import mlflow
 
-    mlflow.pyfunc.save_model(
-        path=str(path),
-        python_model=str(Path(__file__).with_name("pyfunc.py")),
-        artifacts={"weights": str(work / WEIGHTS), "module": str(work / SPEC)},
-        code_paths=[str(code)],
-        pip_requirements=requirements,
-        signature=interface.signature() if interface else None,
-        input_example=interface.example() if interface else None,
-    )
+    # The signature is given: MLflow's note that it checks the example against it is nothing a user acts on.
+    pyfunc_log = logging.getLogger("mlflow.pyfunc")
+    level = pyfunc_log.level
+    pyfunc_log.setLevel(logging.WARNING)
+    try:
+        mlflow.pyfunc.save_model(
+            path=str(path),
+            python_model=str(Path(__file__).with_name("pyfunc.py")),
+            artifacts={"weights": str(work / WEIGHTS), "module": str(work / SPEC)},
+            code_paths=[str(code)],
+            pip_requirements=requirements,
+            signature=interface.signature() if interface else None,
+            input_example=interface.example() if interface else None,
+        )
+    finally:
+        pyfunc_log.setLevel(level)
     shutil.rmtree(work, ignore_errors=True)
     return path
 
