@@ -38,15 +38,28 @@ def registered(tmp_path_factory):
         os.chdir(cwd)
 
 
-def test_fit_registers_a_version_tagged_with_the_runs_metrics(registered):
+def test_fit_registers_a_logged_model_with_the_runs_evaluation_metrics(registered):
+    """An MLflow 3 logged model: on the run's outputs, its version carries its id, and the metrics a model is chosen
+    by are linked to it, the monitored one first, with no gradient norms, learning rates or epoch counters."""
     c, client, version, _ = registered
     run = client.get_run(c.trainer.logger.run_id)
-    assert version.run_id == run.info.run_id
-    assert float(version.tags["val/acc"]) == pytest.approx(run.data.metrics["val/acc"])
-    files = {f.path for f in client.list_artifacts(run.info.run_id, "model")}
-    assert {"model/MLmodel", "model/artifacts"} <= files and not any(f.endswith(".pkl") for f in files), files
-    code = {f.path for f in client.list_artifacts(run.info.run_id, "model/code/zoo")}
-    assert "model/code/zoo/tracking" in code and not any("__pycache__" in f for f in code), code
+    # The SQL registry keeps the link as the version's source (models:/<model_id>), which the UI follows.
+    assert version.run_id == run.info.run_id and version.source.startswith("models:/m-"), version.source
+    model_id = version.source.removeprefix("models:/")
+    assert [o.model_id for o in run.outputs.model_outputs] == [model_id]
+    model = client.get_logged_model(model_id)
+    assert model.name == "model" and model.source_run_id == run.info.run_id and str(model.status) == "READY"
+    keys = [m.key for m in model.metrics]
+    assert keys[0] == "val/acc" and {"val/loss", "train/loss"} <= set(keys), keys
+    assert not [k for k in keys if k.startswith(("grad", "lr")) or k == "epoch"], keys
+    linked = {m.key: m.value for m in model.metrics}
+    assert linked["val/acc"] == pytest.approx(run.data.metrics["val/acc"])
+    assert float(version.tags["val/acc"]) == linked["val/acc"] and not any(k.startswith("grad") for k in version.tags)
+    files = {f.path for f in client.list_logged_model_artifacts(model.model_id)}
+    assert {"MLmodel", "artifacts"} <= files and not any(f.endswith(".pkl") for f in files), files
+    code = {f.path for f in client.list_logged_model_artifacts(model.model_id, "code/zoo")}
+    assert "code/zoo/tracking" in code and not any("__pycache__" in f for f in code), code
+    assert run.data.tags["zoo.stage"] == "fit"
 
 
 @pytest.mark.parametrize("uri", ["models:/digits/{v}", "models:/digits@champion", "runs:/{run}/model"])
@@ -111,11 +124,14 @@ class _Exploit:
 def test_crafted_pickle_in_a_registered_model_is_refused(registered, tmp_path, monkeypatch):
     c, client, version, _ = registered
     monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
-    evil = tmp_path / "evil"
-    evil.mkdir()
+    import mlflow
+
+    evil = tmp_path / "evil"  # the registered model's files, as an attacker would copy them to change them
+    model = client.get_logged_model(version.source.removeprefix("models:/"))
+    mlflow.artifacts.download_artifacts(artifact_uri=model.artifact_location, dst_path=str(evil))
     for name in ("python_model.pkl", "evil.ckpt"):  # MLflow's pickled-model file name; a checkpoint by name
-        (evil / name).write_bytes(pickle.dumps({"state_dict": {"w": _Exploit()}}))
-    client.log_artifacts(version.run_id, str(evil), "model/artifacts")  # beside the real weights
+        (evil / "artifacts" / name).write_bytes(pickle.dumps({"state_dict": {"w": _Exploit()}}))
+    client.log_artifacts(version.run_id, str(evil), "model")  # beside the real weights
     v = client.create_model_version(
         "digits", f"{client.get_run(version.run_id).info.artifact_uri}/model", version.run_id
     )

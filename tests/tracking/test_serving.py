@@ -238,3 +238,17 @@ def test_rl_answers_observations_with_the_deterministic_actions_of_the_normalise
     assert model.metadata.signature.inputs.inputs[0].type == np.dtype(np.float32)
     with pytest.raises(MlflowException, match="shape"):
         model.predict(np.zeros((2, 5), dtype=np.float32))
+
+
+def test_defining_the_pyfunc_prints_no_warning():
+    """MLflow checks a PythonModel's ``predict`` hints when the class is defined, i.e. on every fit that logs a
+    model; without a hint it prints an "add type hints" UserWarning that no user can act on."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import warnings; warnings.simplefilter('always', UserWarning); import zoo.tracking.serving"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Warning" not in proc.stderr, proc.stderr[-2000:]

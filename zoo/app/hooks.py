@@ -201,7 +201,7 @@ def fit_report(trainer: Trainer) -> list[str]:
     if ckpt is not None and (ckpt.best_model_path or ckpt.last_model_path):
         # The MLflow model: the best weights (those the run reports), pickle-free, registered if asked.
         lines += [
-            f"MLflow model: {lg.log_trained_model(ckpt.best_model_path or ckpt.last_model_path)}"
+            f"MLflow model: {lg.log_trained_model(ckpt.best_model_path or ckpt.last_model_path, ckpt.monitor)}"
             for lg in mlflow_loggers(trainer)
             if getattr(lg, "logs_model", False)
         ]

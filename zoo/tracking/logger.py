@@ -119,12 +119,14 @@ class ZooMLFlowLogger(MLFlowLogger):
         self.opened = False  # whether the run (and its experiment, if new) was created, under the store's lock
         self.saved_by = None  # the checkpoint callback whose checkpoints the run logs
 
-    def log_trained_model(self, ckpt_path: str) -> str:
-        """Log ``ckpt_path``'s module as this run's MLflow model (``zoo.tracking.models``), registered if asked; says
-        where."""
+    def log_trained_model(self, ckpt_path: str, monitor: str | None = None) -> str:
+        """Log ``ckpt_path``'s module as this run's MLflow model (``zoo.tracking.models``) with the run's metrics
+        (``monitor`` first), registered if asked; says where."""
         from zoo.tracking.models import log_checkpoint_model
 
-        return log_checkpoint_model(ckpt_path, self.experiment, self.run_id, self.registered_model_name)
+        return log_checkpoint_model(
+            ckpt_path, self.experiment, self.run_id, self.registered_model_name, monitor=monitor
+        )
 
     @property
     @rank_zero_experiment
@@ -326,7 +328,7 @@ class LogConfigToMLflow(SaveConfigCallback):
             "zoo.family": family_of(pl_module).name,
             "zoo.module": type(pl_module).__qualname__,
             "zoo.model": net_class_name(pl_module),
-            "zoo.stage": stage,
+            "zoo.stage": getattr(stage, "value", stage),  # "fit", not "TrainerFn.FITTING"
         }
         for lg in mlflow_loggers(trainer):
             client, run_id = lg.experiment, lg.run_id

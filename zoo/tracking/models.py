@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -96,9 +97,10 @@ def read_module(spec_file: str | Path, weights: str | Path) -> LightningModule:
     return module_from(json.loads(Path(spec_file).read_text()), load_file(weights), str(spec_file))
 
 
-def save_model(state_dict: dict, spec: dict, path: Path) -> Path:
+def save_model(state_dict: dict, spec: dict, path: Path, mlflow_model=None) -> Path:
     """Write the MLflow model folder (MLmodel with its signature, an input example, the pyfunc code, the zoo
-    sources, pinned pip requirements and the lock as constraints)."""
+    sources, pinned pip requirements and the lock as constraints); ``mlflow_model``: the ``mlflow.models.Model``
+    its MLmodel starts from (the logged model's id and run)."""
     from safetensors.torch import save_file
 
     from zoo.tracking.serving import interface_for
@@ -140,6 +142,7 @@ def save_model(state_dict: dict, spec: dict, path: Path) -> Path:
             pip_requirements=requirements,
             signature=interface.signature() if interface else None,
             input_example=interface.example() if interface else None,
+            mlflow_model=mlflow_model,
         )
     finally:
         pyfunc_log.setLevel(level)
@@ -233,19 +236,42 @@ def log_checkpoint_model(
     run_id: str,
     registered_model_name: str | None = None,
     class_path: str | None = None,
+    monitor: str | None = None,
 ) -> str:
-    """Log a checkpoint's module as ``runs:/<run_id>/model`` (``model-<ckpt>-<hex>`` if the run has one: a
-    registered version points at its folder, which must not change); register a version (tagged with the run's
-    final metrics) when ``registered_model_name`` is given. Returns ``runs:/...`` and ``= models:/<name>/<v>``.
-    A sharded (FSDP2) checkpoint directory is consolidated first."""
+    """Log a checkpoint's module as an MLflow logged model of run ``run_id`` (``runs:/<run_id>/model``, or
+    ``model-<ckpt>-<hex>`` if the run has one: a registered version points at its model, which must not change),
+    with the run's final evaluation metrics linked to it (``monitor`` first); register a version when
+    ``registered_model_name`` is given. Returns ``runs:/...`` and ``= models:/<name>/<v>``. A sharded (FSDP2)
+    checkpoint directory is consolidated first."""
+    from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+    from mlflow.models import Model
+
     ckpt = load_checkpoint(ckpt_path)
     spec = module_spec(ckpt, class_path)
-    path = MODEL_PATH
-    if client.list_artifacts(run_id, MODEL_PATH):
-        path = f"{MODEL_PATH}-{Path(ckpt_path).stem}-{uuid.uuid4().hex[:6]}"
-    with tempfile.TemporaryDirectory() as tmp:
-        client.log_artifacts(run_id, str(save_model(extract_state_dict(ckpt), spec, Path(tmp) / MODEL_PATH)), path)
-    where = f"runs:/{run_id}/{path}"
+    run = client.get_run(run_id)
+    taken = {m.name for m in client.search_logged_models([run.info.experiment_id], f"source_run_id = '{run_id}'")}
+    name = MODEL_PATH
+    if MODEL_PATH in taken or client.list_artifacts(run_id, MODEL_PATH):
+        name = f"{MODEL_PATH}-{Path(ckpt_path).stem}-{uuid.uuid4().hex[:6]}"
+    tags = {"zoo.class_path": spec["class_path"], "zoo.checkpoint": Path(ckpt_path).name}
+    model = client.create_logged_model(run.info.experiment_id, name, run_id, tags, model_type="zoo")
+    try:
+        mlmodel = Model(
+            artifact_path=model.artifact_location, model_uuid=model.model_id, run_id=run_id, model_id=model.model_id
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = save_model(extract_state_dict(ckpt), spec, Path(tmp) / MODEL_PATH, mlmodel)
+            client.log_model_artifacts(model.model_id, str(folder))
+        # Linked by logging them again with the model's id (as mlflow.<flavor>.log_model does): the model's page,
+        # its registered versions and the runs table show these, in this order.
+        metrics = model_metrics(client, run, monitor, model.model_id)
+        client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=max((m.step for m in metrics), default=0))])
+        client.log_batch(run_id, metrics=metrics)
+    except BaseException:
+        client.finalize_logged_model(model.model_id, LoggedModelStatus.FAILED)
+        raise
+    client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
+    where = f"runs:/{run_id}/{name}"
     if not registered_model_name:
         return where
     from mlflow.exceptions import MlflowException
@@ -254,16 +280,47 @@ def log_checkpoint_model(
         client.create_registered_model(registered_model_name)
     except MlflowException:  # it exists: this is a new version of it
         pass
-    run = client.get_run(run_id)
-    version = client.create_model_version(
-        registered_model_name,
-        source=f"{run.info.artifact_uri}/{path}",
-        run_id=run_id,
-        tags={"zoo.class_path": spec["class_path"], "zoo.checkpoint": Path(ckpt_path).name},
-    )
-    for key, value in run.data.metrics.items():
-        client.set_model_version_tag(registered_model_name, version.version, key, str(value))
+    # The source names the logged model (models:/<model_id>), which is how the registry and its UI link a version to
+    # its model and metrics.
+    # Its tags: the metrics as linked (readable through the registry API alone).
+    tags = {**tags, **{m.key: str(m.value) for m in metrics}}
+    with process_tracking_uri(client.tracking_uri):
+        version = client.create_model_version(
+            registered_model_name, f"models:/{model.model_id}", run_id, tags, model_id=model.model_id
+        )
     return f"{where} = models:/{registered_model_name}/{version.version}"
+
+
+@contextlib.contextmanager
+def process_tracking_uri(uri: str):
+    """MLflow's process-wide tracking URI set to ``uri`` for the block, then put back as it was (the variable
+    $MLFLOW_TRACKING_URI included). MLflow's SQL registry looks a ``models:/<model_id>`` source up with a client of
+    the process-wide URI, not the registering client's (a TODO in its ``create_model_version``)."""
+    import mlflow
+
+    env, was_set = os.environ.get("MLFLOW_TRACKING_URI"), mlflow.is_tracking_uri_set()
+    before = mlflow.get_tracking_uri() if was_set else None
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(before)
+        if env is not None:
+            os.environ["MLFLOW_TRACKING_URI"] = env
+
+
+def model_metrics(client, run, monitor: str | None = None, model_id: str | None = None) -> list:
+    """The run's last values of the metrics a model is chosen by: ``monitor``, then evaluation metrics (``val/``,
+    ``test/``), then the training loss; not gradient norms, learning rates or counters."""
+    from mlflow.entities import Metric
+
+    keys = [k for k in run.data.metrics if k.startswith(("val/", "test/")) or k in ("train/loss", "loss")]
+    keys.sort(key=lambda k: (k != monitor, not k.startswith(("val/", "test/")), k))
+    out = []
+    for key in keys:
+        last = max(client.get_metric_history(run.info.run_id, key), key=lambda m: (m.step, m.timestamp))
+        out.append(Metric(key, last.value, last.timestamp, last.step, model_id=model_id, run_id=run.info.run_id))
+    return out
 
 
 def load_checkpoint(ckpt_path: str | Path) -> dict:
@@ -312,19 +369,32 @@ def _download(uri: str, tracking_uri_: str | None) -> Path:
     if uri.startswith("models:/"):
         mv = _model_version(uri, store)
         key, artifact_uri = f"{mv.run_id}:{mv.source}", mv.source
+        if mv.model_id:  # a logged model (MLflow 3): its own artifact location, found in the given store
+            from mlflow.tracking import MlflowClient
+
+            key, artifact_uri = mv.model_id, MlflowClient(store).get_logged_model(mv.model_id).artifact_location
     dst = cache_dir() / hashlib.sha256(key.encode()).hexdigest()[:20]
     if not dst.is_dir():
         dst.parent.mkdir(parents=True, exist_ok=True)
         partial = Path(tempfile.mkdtemp(dir=dst.parent, prefix=".partial-"))
         try:
-            mlflow.artifacts.download_artifacts(artifact_uri=artifact_uri, tracking_uri=store, dst_path=str(partial))
+            # A run's logged model (runs:/<id>/model) is looked up through the process-wide URI (MLflow's
+            # ModelsArtifactRepository), whatever the tracking_uri given.
+            with process_tracking_uri(store):
+                got = mlflow.artifacts.download_artifacts(artifact_uri, tracking_uri=store, dst_path=str(partial))
+            # What was asked for (a file, a folder, or a logged model's files), beside which MLflow may leave
+            # folders of its own (it looks for a run's logged model of the path's first name too).
+            (partial / ".downloaded").write_text(Path(got).resolve().relative_to(partial.resolve()).as_posix())
             partial.rename(dst)  # atomic: a concurrent download of the same key finds it whole or not at all
         except OSError:
             if not dst.is_dir():
                 raise
         finally:
             shutil.rmtree(partial, ignore_errors=True)
-    return next(p for p in dst.iterdir() if not p.name.startswith("."))  # the one file or folder downloaded
+    marker = dst / ".downloaded"
+    if marker.is_file():
+        return dst / marker.read_text()
+    return next(p for p in dst.iterdir() if not p.name.startswith("."))  # cached before the marker: its one entry
 
 
 def _read_model_dir(local: Path) -> tuple[dict, dict]:

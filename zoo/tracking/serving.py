@@ -369,7 +369,9 @@ class ZooPyfunc(PythonModel):
 
         self.interface = interface_for(read_module(context.artifacts["module"], context.artifacts["weights"]))
 
-    def predict(self, context, model_input, params=None):  # no type hints: the logged signature is the schema
+    # The hint is one MLflow infers no schema from (the logged signature is the schema, so no hint-based
+    # check and no "add type hints" warning at every import); the agents' tensor schema gives an ndarray.
+    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None):
         try:
             return self.interface.predict(model_input, params)
         except InputError as err:
