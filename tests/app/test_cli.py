@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -211,11 +212,18 @@ def test_bad_config_exits_nonzero_naming_the_key(override, named, capsys):
     assert named in err.split("error:", 1)[-1], err[-2000:]
 
 
-def test_main_job_prints_where_run_and_checkpoint_are(embedded_store):
-    proc = run_cli("fit", "--config", str(TINY), "--trainer.max_epochs=1", timeout=300)
+def test_main_job_prints_its_final_metrics_and_where_run_and_checkpoint_are(embedded_store):
+    """With the progress bar off too: a table of the final metrics (the monitored one first), the run's page."""
+    proc = run_cli("fit", "--config", str(TINY), "--trainer.max_epochs=1", "--trainer.enable_progress_bar=false")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    table = lines[lines.index("Final metrics:") + 1 :]
+    assert table[0].split()[0] == "val/acc" and 0 <= float(table[0].split()[1]) <= 1, proc.stdout
+    assert {"val/loss", "train/loss"} <= {line.split()[0] for line in table[:4]}, proc.stdout
+    assert not any(line.split()[0].startswith(("grad", "lr")) for line in table if line.startswith("  ")), proc.stdout
     assert "MLflow run:" in proc.stdout
     assert f"mlflow ui --backend-store-uri sqlite:///{Path.cwd().resolve() / 'mlflow.db'}" in proc.stdout
+    assert re.search(r"http://127\.0\.0\.1:5000/#/experiments/\d+/runs/\w+", proc.stdout), proc.stdout
     best = next(line for line in proc.stdout.splitlines() if line.startswith("Best checkpoint:")).split(": ", 1)[1]
     assert Path(best).is_file()
 
@@ -262,3 +270,14 @@ def test_summary_after_test_after_fit_names_the_checkpoints_written(capsys):
     last = c.trainer.checkpoint_callback.last_model_path
     assert last and Path(last).is_file()
     assert f"Last checkpoint: {last}" in capsys.readouterr().out
+
+
+def test_the_final_metrics_table_puts_the_monitored_metric_first_and_leaves_out_gradients_and_rates():
+    from zoo.app.hooks import metrics_table
+
+    metrics = {"grad/norm": 1.0, "lr-AdamW": 0.1, "epoch": 3, "train/loss": 0.5, "val/acc": 0.9, "val/loss": 0.4}
+    table = metrics_table({k: torch.tensor(v) for k, v in metrics.items()}, monitor="val/loss")
+    assert table[0] == "Final metrics:"
+    assert [line.split()[0] for line in table[1:]] == ["val/loss", "val/acc", "train/loss"], table
+    assert float(table[1].split()[1]) == pytest.approx(0.4)
+    assert metrics_table({"grad/norm": torch.tensor(1.0)}) == []

@@ -179,13 +179,25 @@ def fit_folders(trainer: Trainer) -> None:
 def after_fit(trainer: Trainer, model: LightningModule, datamodule: LightningDataModule | None, test: bool) -> None:
     """``--test_after_fit``, then (rank 0) where the run, its MLflow model and its checkpoints are."""
     ckpt = trainer.checkpoint_callback
+    table = metrics_table(trainer.callback_metrics, getattr(ckpt, "monitor", None))  # fit's, before a test adds its own
     if test:
         paths = (ckpt.best_model_path, ckpt.last_model_path) if ckpt is not None else None
         trainer.test(model, datamodule=datamodule, ckpt_path="best" if paths and paths[0] else None)
         if paths:  # restoring the best checkpoint restores the callback's state as it was then (no last.ckpt yet)
             ckpt.best_model_path, ckpt.last_model_path = paths
     if trainer.is_global_zero:
-        print("\n".join(fit_report(trainer)))
+        print("\n".join(table + fit_report(trainer)))
+
+
+def metrics_table(metrics: dict[str, Any], monitor: str | None = None) -> list[str]:
+    """The last logged values a run is judged by, in a short table: ``monitor`` first, then the evaluation metrics,
+    then the training loss (not gradient norms or learning rates), printed whatever the progress bar setting."""
+    keys = [k for k in metrics if k.startswith(("val/", "test/")) or k in ("train/loss", "loss")]
+    keys.sort(key=lambda k: (k != monitor, not k.startswith(("val/", "test/")), k))
+    if not keys:
+        return []
+    width = max(map(len, keys))
+    return ["Final metrics:"] + [f"  {k:<{width}}  {float(metrics[k]):.6g}" for k in keys]
 
 
 def fit_report(trainer: Trainer) -> list[str]:
@@ -194,7 +206,9 @@ def fit_report(trainer: Trainer) -> list[str]:
         uri, experiment = lg.experiment.tracking_uri, lg.experiment.get_experiment(lg.experiment_id).name
         lines += [
             f"MLflow run:  {lg.run_id} (experiment {experiment!r}) at {uri}",
-            f"  open it:   mlflow ui --backend-store-uri {uri}"
+            # The run's own page: MLflow's home opens on its GenAI view, not on training runs.
+            f"  open it:   mlflow ui --backend-store-uri {uri}, then "
+            f"http://127.0.0.1:5000/#/experiments/{lg.experiment_id}/runs/{lg.run_id}"
             if uri.startswith("sqlite")
             else f"  open it:   {uri}/#/experiments/{lg.experiment_id}/runs/{lg.run_id}",
         ]
