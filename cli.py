@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import sys
 
+if __name__ == "__main__" and sys.argv[1:] in (["-h"], ["--help"]):  # before torch and Lightning load
+    from zoo.app.usage import USAGE
+
+    sys.exit(print(USAGE, end=""))
+
 import torch
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
@@ -17,6 +22,7 @@ from lightning.pytorch.cli import LightningCLI
 from zoo.app import hooks, sizes, terminal
 from zoo.app.families import family_of
 from zoo.app.parser import DEFAULT_CALLBACKS, TRAINER_DEFAULTS, ZooArgumentParser, add_zoo_arguments
+from zoo.app.usage import EPILOG
 from zoo.compat import CheckpointHyperparametersLeftToCaller, dump_config_again
 from zoo.tracking import LogConfigToMLflow
 from zoo.tracking.stored_config import stored_config_allowlist, with_checkpoint_config
@@ -76,6 +82,7 @@ def main(args: list[str] | None = None, run: bool = True) -> ZooCLI:
         LightningModule,
         LightningDataModule,
         parser_class=ZooArgumentParser,
+        parser_kwargs={sub: {"epilog": EPILOG} for sub in ("fit", "validate", "test", "predict")},
         subclass_mode_model=True,
         subclass_mode_data=True,
         save_config_callback=LogConfigToMLflow,

@@ -191,6 +191,7 @@ def test_verbose_keeps_jsonargparse_message_and_help_still_prints(monkeypatch, c
     assert status == 2 and "Does not validate against any of the Union subtypes" in err, err[-3000:]
     status, out = run_in_process(monkeypatch, capsys, "fit", "--help", stream="out")
     assert status == 0 and "--trainer.max_steps" in out
+    assert "models:/<name>@<alias>" in out and "--verbose" in out.split("--trainer.max_steps")[-1], out[-1000:]
 
 
 def test_an_unreadable_image_is_skipped_naming_it_or_fails_naming_it(tmp_path, monkeypatch, capsys, one_thread):

@@ -281,3 +281,19 @@ def test_the_final_metrics_table_puts_the_monitored_metric_first_and_leaves_out_
     assert [line.split()[0] for line in table[1:]] == ["val/loss", "val/acc", "train/loss"], table
     assert float(table[1].split()[1]) == pytest.approx(0.4)
     assert metrics_table({"grad/norm": torch.tensor(1.0)}) == []
+
+
+def test_help_is_answered_before_torch_loads_and_names_mlflow_models_and_verbose():
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", str(ROOT / "cli.py"), "--help"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if "|" in line}
+    assert not imported & {"torch", "lightning", "mlflow", "jsonargparse"}, sorted(imported)
+    for named in ("fit", "predict", "models:/<name>/<version>", "runs:/<run_id>/model", "--verbose", "--help"):
+        assert named in proc.stdout, (named, proc.stdout)
