@@ -12,7 +12,8 @@ The batch dimension is dynamic. Discrete policies return int64 action indices; c
 squashed mean and TD3's mu(s) inside the bounds; PPO's and A2C's Gaussian mean, which the env clips to its Box as
 the collector does). What the policy expects is written next to the program (``policy.json`` in its extra files).
 Any agent of ``zoo.rl`` exports this way: a LightningModule there that declares ``policy()``; no list of them.
-From a checkpoint: ``python -m zoo.rl.export runs/<run>/checkpoints/last.ckpt policy.pt2``.
+From a checkpoint: ``python -m zoo.rl.export runs/<run>/checkpoints/last.ckpt policy.pt2``; from a checkpoint or a
+model in MLflow: ``python -m zoo.tracking export-policy models:/<name>/<version> policy.pt2``.
 """
 
 from __future__ import annotations
@@ -114,6 +115,10 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("checkpoint", help="a checkpoint of any zoo.rl agent (PPOModule, SACModule, TD3Module, ...)")
     p.add_argument("out", help="the .pt2 file to write")
     args = p.parse_args(argv)
+    if args.checkpoint.startswith(("models:/", "runs:/")):  # the registry is the application's, not a family's
+        p.error(
+            f"{args.checkpoint} is a model in MLflow: python -m zoo.tracking export-policy {args.checkpoint} {args.out}"
+        )
     path = export_policy(load_agent(args.checkpoint), args.out)
     print(f"Exported the policy of {args.checkpoint} to {path.resolve()}")
     return path

@@ -1,28 +1,21 @@
-"""``python -m zoo.tracking log-model <ckpt> [--registered_model_name NAME]``."""
+"""``python -m zoo.tracking log-model <ckpt> [--registered_model_name NAME]`` and
+``python -m zoo.tracking export-policy <ckpt | models:/... | runs:/...> <out.pt2>``."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
-from zoo.tracking.models import log_checkpoint_model, tracking_uri
+from zoo.tracking.models import load_model, log_checkpoint_model, tracking_uri
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m zoo.tracking log-model <ckpt> [--registered_model_name NAME]``: a checkpoint as an MLflow
-    model, into its own training run when the checkpoint lies in ``<root>/<experiment>/<run>/checkpoints``."""
-    import argparse
-
+def log_model(args) -> None:
+    """A checkpoint as an MLflow model, into its own training run when the checkpoint lies in
+    ``<root>/<experiment>/<run>/checkpoints``."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    parser = argparse.ArgumentParser(prog="python -m zoo.tracking")
-    sub = parser.add_subparsers(dest="command", required=True).add_parser("log-model", help=main.__doc__)
-    sub.add_argument("ckpt")
-    sub.add_argument("--registered_model_name")
-    sub.add_argument("--run_id", help="the run to log into (default: the checkpoint's own run, else a new one)")
-    sub.add_argument("--class_path", help="the module's class, for a checkpoint not written through cli.py")
-    sub.add_argument("--experiment_name", default="zoo")
-    args = parser.parse_args(argv)
     client = MlflowClient(tracking_uri())
     run_id = args.run_id or Path(args.ckpt).resolve().parent.parent.name
     try:
@@ -35,6 +28,48 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"MLflow model: {log_checkpoint_model(args.ckpt, client, run_id, args.registered_model_name, args.class_path)}"
     )
+
+
+def export_policy(args) -> None:
+    """An RL agent's deterministic policy as one ``torch.export`` program (``zoo.rl.export``), from a checkpoint or
+    a model in MLflow (rebuilt weights-only, its classes checked against the allowlist)."""
+    from zoo.errors import InputError
+    from zoo.rl.export import export_policy as export
+
+    agent = load_model(args.model)
+    if not callable(getattr(agent, "policy", None)):
+        raise InputError(f"{args.model} is a {type(agent).__qualname__}, not an RL agent: only agents have a policy")
+    print(f"Exported the policy of {args.model} to {export(agent, args.out).resolve()}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    verbose = "--verbose" in argv or bool(os.environ.get("ZOO_VERBOSE"))
+    argv = [a for a in argv if a != "--verbose"]
+    parser = argparse.ArgumentParser(prog="python -m zoo.tracking", epilog="--verbose: the full traceback of an error")
+    commands = parser.add_subparsers(dest="command", required=True)
+    sub = commands.add_parser("log-model", help=log_model.__doc__)
+    sub.add_argument("ckpt")
+    sub.add_argument("--registered_model_name")
+    sub.add_argument("--run_id", help="the run to log into (default: the checkpoint's own run, else a new one)")
+    sub.add_argument("--class_path", help="the module's class, for a checkpoint not written through cli.py")
+    sub.add_argument("--experiment_name", default="zoo")
+    sub.set_defaults(run=log_model)
+    sub = commands.add_parser("export-policy", help=export_policy.__doc__)
+    sub.add_argument("model", help="a checkpoint file, models:/<name>/<version>, models:/<name>@<alias> or runs:/...")
+    sub.add_argument("out", help="the .pt2 file to write")
+    sub.set_defaults(run=export_policy)
+    args = parser.parse_args(argv)
+    try:
+        args.run(args)
+    except Exception as err:  # bad input at a terminal: one line naming it; the traceback behind --verbose
+        if verbose:
+            raise
+        from zoo.app.terminal import one_line
+
+        sys.exit(f"error: {one_line(err)}\n(the full traceback: rerun with --verbose)")
 
 
 if __name__ == "__main__":
