@@ -54,15 +54,23 @@ def test_untied_head_imports(tmp_path):
         torch.testing.assert_close(net(x), model(x).logits, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("gelu", ["tanh", "exact"])
-def test_exported_folder_loads_in_transformers_with_the_same_logits(tmp_path, gelu):
+# An epsilon far above the activations' variance (~1e-3 at init), so that a norm built or exported with another shows.
+@pytest.mark.parametrize(("gelu", "eps"), [("tanh", 1e-5), ("exact", 1e-2)])
+def test_exported_folder_loads_in_transformers_with_the_same_logits(tmp_path, gelu, eps):
     torch.manual_seed(1)
     net = GPT(
-        vocab_size=150, block_size=32, n_layer=2, n_embd=32, n_head=4, mlp=partial(GeluMLP, approximate=gelu)
+        vocab_size=150,
+        block_size=32,
+        n_layer=2,
+        n_embd=32,
+        n_head=4,
+        mlp=partial(GeluMLP, approximate=gelu),
+        norm_eps=eps,
     ).eval()
     export_gpt2(net, tmp_path / "hf")
     model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
     assert model.config.activation_function == {"tanh": "gelu_new", "exact": "gelu"}[gelu]
+    assert model.config.layer_norm_epsilon == eps
     assert load_gpt2(tmp_path / "hf").blocks[0].mlp.approximate == net.blocks[0].mlp.approximate
     x = torch.randint(0, 150, (2, 32))
     with torch.no_grad():
