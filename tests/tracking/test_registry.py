@@ -60,6 +60,7 @@ def test_fit_registers_a_logged_model_with_the_runs_evaluation_metrics(registere
     code = {f.path for f in client.list_logged_model_artifacts(model.model_id, "code/zoo")}
     assert "code/zoo/tracking" in code and not any("__pycache__" in f for f in code), code
     assert run.data.tags["zoo.stage"] == "fit"
+    assert client.get_experiment(run.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
 
 
 @pytest.mark.parametrize("uri", ["models:/digits/{v}", "models:/digits@champion", "runs:/{run}/model"])

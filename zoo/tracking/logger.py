@@ -138,7 +138,10 @@ class ZooMLFlowLogger(MLFlowLogger):
         mark_dead_runs_killed(MlflowClient(self.tracking_uri))
         with store_lock(self.tracking_uri):  # two runs that both find no experiment would both create it
             client = super().experiment
-        self.opened = True
+        self.opened = True  # before experiment_id, which reads this property
+        if EXPERIMENT_KIND not in client.get_experiment(self.experiment_id).tags:
+            # MLflow's UI opens an experiment of no kind on its GenAI (traces) view; these are training runs.
+            client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND, "custom_model_development")
         _open_runs.add(self)
         _end_open_runs_at_exit()
         return client
@@ -223,6 +226,7 @@ def _end_open_runs_at_exit() -> None:
 
 
 PID_TAG, HOST_TAG = "zoo.pid", "zoo.host"
+EXPERIMENT_KIND = "mlflow.experimentKind"  # the UI's view of an experiment: "custom_model_development" is training
 
 
 def mark_dead_runs_killed(client: MlflowClient) -> list[str]:

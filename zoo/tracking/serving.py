@@ -59,8 +59,10 @@ def columns(model_input: Any, names: tuple[str, ...]) -> dict[str, list]:
     else:
         data = {names[0]: [model_input]}
     unknown = set(data) - set(names)
-    if unknown or not set(data) & set(names):
+    if unknown:
         raise InputError(f"unknown input column(s) {sorted(unknown)}: this model takes {', '.join(names)}")
+    if not set(data) & set(names):  # MLflow's server drops the columns its signature does not name
+        raise InputError(f"no input column this model takes: it takes {', '.join(names)}")
     return {c: [None if _missing(v) else v for v in data[c]] for c in names if c in data}
 
 
