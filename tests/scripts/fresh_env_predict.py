@@ -55,6 +55,8 @@ def log_model(family: str, work: Path) -> Path:
     import mlflow
 
     dst = work / f"{family}-model"
+    # A run's logged model is found through the process-wide store (MLflow's ModelsArtifactRepository).
+    os.environ["MLFLOW_TRACKING_URI"] = env["MLFLOW_TRACKING_URI"]
     mlflow.artifacts.download_artifacts(found.group(1), tracking_uri=env["MLFLOW_TRACKING_URI"], dst_path=str(dst))
     return next(p for p in dst.iterdir() if (p / "MLmodel").is_file()) if not (dst / "MLmodel").is_file() else dst
 
