@@ -230,5 +230,10 @@ def test_channels_last_sampling_gives_the_default_layouts_images_and_training_ke
     with torch.no_grad():
         fast, want = net(x, t, y), plain(x, t, y)
     assert fast.is_contiguous() and torch.allclose(fast, want, atol=1e-5), (fast - want).abs().max()
+    layouts = []  # what the first convolution is given: channels-last only where no gradient is taken
+    net.conv_in.register_forward_hook(lambda m, args, out: layouts.append(args[0].is_contiguous()))
+    with torch.no_grad():
+        net(x, t, y)
     net(x, t, y).square().mean().backward()  # training: every weight gradient has its weight's strides
+    assert layouts == [False, True], layouts
     assert all(p.grad.stride() == p.stride() for p in net.parameters() if p.grad is not None)
