@@ -137,7 +137,9 @@ def test_fsdp2_gpt_shards_per_block_and_reloads_with_its_tokenizer(tmp_path, emb
         torch.testing.assert_close(module(r0["x"]), r0["out"], rtol=1e-5, atol=1e-5)
     assert isinstance(module.generate(["To be"], max_new_tokens=5, temperature=0)[0], str)
     # The run's MLflow model was logged from the sharded best checkpoint, consolidated on the way.
-    assert "MLmodel" in _artifacts("model")
+    client, run = _the_run()  # the trained model: a logged model of the run (MLflow 3)
+    (model,) = client.search_logged_models([run.info.experiment_id], f"source_run_id = '{run.info.run_id}'")
+    assert "MLmodel" in [a.path for a in client.list_logged_model_artifacts(model.model_id)]
     # Resuming from the sharded folder reads its metadata through the zoo's allowlist first: Lightning's
     # real checkpoint (weights, optimizer state) passes it.
     _run(

@@ -128,7 +128,8 @@ def test_unreachable_server_fails_fast_naming_the_uri():
     assert len(errors) == 1 and uri in errors[0] and "unreachable" in errors[0], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "Epoch" not in proc.stdout + proc.stderr  # failed before training started
-    assert elapsed < 30, elapsed
+    # MLflow's own retries would take minutes; the bound leaves room for a loaded machine's imports (~30 s seen).
+    assert elapsed < 60, elapsed
 
 
 @pytest.mark.slow

@@ -237,3 +237,26 @@ def test_registered_on_a_tracking_server_and_loaded_by_name(mlflow_server, monke
         for p in (by_name, by_file)
     ]
     assert csvs[0] == csvs[1] and len(csvs[0].splitlines()) == 4
+
+
+def test_the_process_wide_tracking_uri_is_put_back_as_it_was(monkeypatch, tmp_path):
+    """Registering and downloading set MLflow's process-wide URI for the call (MLflow looks logged models up there);
+    afterwards it and $MLFLOW_TRACKING_URI are as before, set or not, or later runs would go to another store."""
+    import mlflow
+
+    from zoo.tracking.models import process_tracking_uri
+
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    for env, global_uri in ((None, None), ("sqlite:///env.db", None), (None, "sqlite:///global.db")):
+        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        if env:
+            monkeypatch.setenv("MLFLOW_TRACKING_URI", env)
+        mlflow.set_tracking_uri(global_uri)  # which sets the variable too (for subprocesses)
+        variable = os.environ.get("MLFLOW_TRACKING_URI")
+        with process_tracking_uri(other):
+            assert mlflow.get_tracking_uri() == other
+        assert os.environ.get("MLFLOW_TRACKING_URI") == variable
+        assert mlflow.get_tracking_uri() == (global_uri or env or mlflow.get_tracking_uri())
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///later.db")  # a later change of the variable counts
+        assert mlflow.get_tracking_uri() == (global_uri or "sqlite:///later.db")
+    mlflow.set_tracking_uri(None)

@@ -298,14 +298,17 @@ def process_tracking_uri(uri: str):
     the process-wide URI, not the registering client's (a TODO in its ``create_model_version``)."""
     import mlflow
 
-    env, was_set = os.environ.get("MLFLOW_TRACKING_URI"), mlflow.is_tracking_uri_set()
-    before = mlflow.get_tracking_uri() if was_set else None
+    env = os.environ.pop("MLFLOW_TRACKING_URI", None)
+    # Set by mlflow.set_tracking_uri, not by the variable (which is_tracking_uri_set also reads): the one to restore.
+    before = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None
     mlflow.set_tracking_uri(uri)
     try:
         yield
     finally:
-        mlflow.set_tracking_uri(before)
-        if env is not None:
+        mlflow.set_tracking_uri(before)  # which sets or unsets $MLFLOW_TRACKING_URI: put back as it was
+        if env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
             os.environ["MLFLOW_TRACKING_URI"] = env
 
 
