@@ -127,7 +127,7 @@ def test_dispatch_equals_a_per_token_loop(routing):
         torch.testing.assert_close(moe(x), naive(moe, x), atol=1e-5, rtol=1e-5)
 
 
-def test_bias_updates_balance_a_skewed_router_without_gradient():
+def test_bias_updates_balance_a_skewed_router_without_gradient(one_thread):
     torch.manual_seed(0)
     moe = MoE(D, FW, n_routed_experts=E, num_experts_per_tok=2, bias_update_rate=0.01).train()
     with torch.no_grad():
@@ -142,13 +142,15 @@ def test_bias_updates_balance_a_skewed_router_without_gradient():
         return moe.stats()["load_max_over_mean"].item()
 
     before = imbalance()
+    moe(x).sum().backward()
+    assert moe.expert_bias.grad is None and not moe.expert_bias.requires_grad
+    assert moe.router.weight.grad is not None
     for _ in range(100):
-        moe(x).sum().backward()
+        with torch.no_grad():
+            moe(x)
         moe.update_bias()
     after = imbalance()
     assert before > 2.5 and after < 0.6 * before, (before, after)
-    assert moe.expert_bias.grad is None and not moe.expert_bias.requires_grad
-    assert moe.router.weight.grad is not None
     # the favoured experts were pushed down, the others up
     assert moe.expert_bias[:2].max() < moe.expert_bias[2:].min()
 
@@ -228,7 +230,7 @@ def test_bias_misconfigurations_are_named():
         MoE(D, FW, n_routed_experts=8, num_experts_per_tok=4, n_group=4, topk_group=1)
 
 
-def test_tiny_moe_fits_resumes_with_its_bias_and_generates():
+def test_tiny_moe_fits_and_reloads_with_its_bias_then_generates(one_thread):
     config = str(CONFIGS / "gpt" / "moe_tiny.yaml")
     steps = ["--data.init_args.samples_per_epoch=48", "--trainer.limit_val_batches=1"]  # 6 steps an epoch
     c = cli("fit", "--config", config, *steps)
@@ -238,12 +240,9 @@ def test_tiny_moe_fits_resumes_with_its_bias_and_generates():
     assert bias.abs().sum() > 0 and metrics["val/moe_bias_max"] == bias.max()  # 6 steps moved it
     last = c.trainer.checkpoint_callback.last_model_path
 
-    module = CausalLMModule.load_from_checkpoint(last).eval()
+    module = CausalLMModule.load_from_checkpoint(last).eval()  # MoE rebuilt from the checkpoint alone
     torch.testing.assert_close(module.net.blocks[1].mlp.expert_bias, bias)
+    ids = torch.randint(0, 257, (1, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(module(ids), c.model.eval()(ids))
     assert len(module.generate(["ROMEO:"], max_new_tokens=8, temperature=0)[0]) > 0
-
-    # resumed, training goes on from the saved bias (6 more steps of +-rate each at most)
-    c2 = cli("fit", "--config", config, *steps, "--trainer.max_epochs=2", "--ckpt_path", last)
-    assert c2.trainer.global_step == 12
-    moved = (c2.model.net.blocks[1].mlp.expert_bias - bias).abs().max()
-    assert 0 < moved <= 6 * 0.01 + 1e-6
