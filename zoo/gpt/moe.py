@@ -180,7 +180,8 @@ class MoE(nn.Module):
     def update_bias(self) -> None:
         """b_i += rate * sign(mean load - load_i) over the loads since the last reset (summed over ranks, so every
         rank keeps the same bias), then reset. Called once per optimizer step by ``CausalLMModule``: outside
-        forward, so activation checkpointing's recompute and gradient accumulation never step it twice."""
+        forward, so gradient accumulation and activation checkpointing's recompute never step it twice (a recompute
+        counts every load twice, which leaves the signs as they are)."""
         if self.routing == "sigmoid_bias":
             load = self.load.float()
             if dist.is_available() and dist.is_initialized():
