@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 A, S, G = "zoo/gpt/attention.py", "zoo/gpt/generate.py", "zoo/gpt/gpt.py"
-MLP, NRM = "zoo/gpt/mlp.py", "zoo/gpt/norms.py"
+MLP, NRM, MOE = "zoo/gpt/mlp.py", "zoo/gpt/norms.py", "zoo/gpt/moe.py"
 SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/diffusion/losses.py"
 RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/sac_nets.py", "zoo/rl/td3.py"
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
@@ -63,6 +63,7 @@ FAMILIES: dict[str, dict] = {
             "tests/gpt/test_gpt_behaviour.py",
             "tests/gpt/test_gpt.py",
             "tests/gpt/test_gpt_hf.py",
+            "tests/gpt/test_moe.py",  # last: with -x, mutants elsewhere are caught before its CLI fit runs
         ],
         "mutants": [
             (
@@ -131,6 +132,18 @@ FAMILIES: dict[str, dict] = {
                 "perm = torch.cat((torch.arange(0, dp, 2), torch.arange(1, dp, 2)))",
                 "perm = torch.arange(dp)",
             ),
+            # the mixture of experts: routing weights, bias, balancing, dispatch, aux loss, groups
+            (
+                MOE,
+                "w = w / (w.sum(-1, keepdim=True) + 1e-20) * self.routed_scaling_factor",
+                "w = w * self.routed_scaling_factor",
+            ),
+            (MOE, "w = scores.gather(1, idx)", "w = choice.gather(1, idx)"),
+            (MOE, "torch.sign(load.mean() - load)", "torch.sign(load - load.mean())"),
+            (MOE, "y = torch.cat(out) * w.flatten()[order, None]", "y = torch.cat(out) * w.flatten()[:, None]"),
+            (MOE, "return e * (f * probs.mean(0)).sum()", "return e * (f * probs.max(0).values).sum()"),
+            ("zoo/gpt/module.py", 'out["loss"] = out["loss"] + out["aux_loss"]', 'out["loss"] = out["loss"]'),
+            (MOE, "group_score = grouped.topk(2, dim=-1).values.sum(-1)", "group_score = grouped.max(-1).values"),
         ],
     },
     "diffusion": {

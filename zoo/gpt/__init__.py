@@ -5,6 +5,19 @@ from zoo.gpt.generate import Generation, generate
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import GeluMLP, SwiGLU
 from zoo.gpt.module import CausalLMModule
+from zoo.gpt.moe import MoE
 from zoo.gpt.norms import LayerNorm, RMSNorm
 
-__all__ = ["GPT", "MHA", "MLA", "CausalLMModule", "GeluMLP", "Generation", "LayerNorm", "RMSNorm", "SwiGLU", "generate"]
+__all__ = [
+    "GPT",
+    "MHA",
+    "MLA",
+    "CausalLMModule",
+    "GeluMLP",
+    "Generation",
+    "LayerNorm",
+    "MoE",
+    "RMSNorm",
+    "SwiGLU",
+    "generate",
+]

@@ -16,6 +16,7 @@ Notation: B batch, T tokens in this call, D model width, V vocabulary.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -23,8 +24,13 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from zoo.gpt.attention import MHA, AttentionClass, LayerCache, rope_cache
-from zoo.gpt.mlp import GeluMLP, MLPClass, mlp_of_old_config
+from zoo.gpt.mlp import GeluMLP, SwiGLU, mlp_of_old_config
+from zoo.gpt.moe import MoE
 from zoo.gpt.norms import LayerNorm, NormClass, norm_of_old_config
+
+# What GPT(mlp=...) takes: a class (or partial) called as cls(dim, hidden, bias, dropout); in YAML a class_path with
+# the class's own init_args; the union is what the CLI accepts as class_path.
+MLPClass = Callable[[int, "int | None", bool, float], GeluMLP | SwiGLU | MoE]
 
 
 class Block(nn.Module):
@@ -79,6 +85,8 @@ class GPT(nn.Module):
         norm_eps: float = 1e-5,
         mlp: Literal["gelu", "swiglu"] | MLPClass = GeluMLP,
         mlp_hidden: int | None = None,
+        first_k_dense: int = 0,
+        dense_hidden: int | None = None,
         gelu: Literal["exact", "tanh"] | None = None,
         position: Literal["learned", "rope"] = "learned",
         rope_base: float = 10000.0,
@@ -104,7 +112,11 @@ class GPT(nn.Module):
             mlp: the MLP class of every block, with its own settings (``zoo.gpt.mlp``): ``GeluMLP`` (GPT-2;
                 ``approximate`` exact or tanh) or ``SwiGLU``; called as (D, mlp_hidden, bias, dropout). The strings
                 "gelu" and "swiglu" of older configs name them.
-            mlp_hidden: MLP hidden width; None: the class's own (4D for GeluMLP, 8D/3 rounded up to 64 for SwiGLU).
+            mlp_hidden: MLP hidden width; None: the class's own (4D for GeluMLP, 8D/3 rounded up to 64 for SwiGLU;
+                for ``MoE`` each routed expert's width).
+            first_k_dense: the first blocks that take a dense ``SwiGLU`` instead of ``mlp`` (DeepSeek-V3's
+                ``first_k_dense_replace``: 3 dense layers before its mixture-of-experts layers).
+            dense_hidden: those dense SwiGLUs' hidden width; None: SwiGLU's own (8D/3 rounded up to 64).
             gelu: only with the older ``mlp: gelu``: its activation (now ``GeluMLP``'s ``approximate``).
             position: learned absolute positions (GPT-2) or RoPE (MLA always uses RoPE on its p channels).
             rope_base: RoPE's base wavelength.
@@ -129,13 +141,15 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(
             Block(
                 attention(n_embd, n_head, bias, dropout, position == "rope"),
-                mlp(n_embd, mlp_hidden, bias, dropout),
+                SwiGLU(n_embd, dense_hidden, bias, dropout)
+                if i < first_k_dense
+                else mlp(n_embd, mlp_hidden, bias, dropout),
                 norm_cls,
                 n_embd,
                 norm_eps,
                 dropout,
             )
-            for _ in range(n_layer)
+            for i in range(n_layer)
         )
         self.norm_f = norm_cls(n_embd, eps=norm_eps)
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)

@@ -123,6 +123,8 @@ def export_gpt2(net: GPT, folder: str | Path, eos_id: int | None = None) -> Path
     """
     from safetensors.torch import save_file
 
+    for block in net.blocks:
+        block.mlp.hf_config()  # an MLP with no Hugging Face form (a mixture of experts) refuses here, naming itself
     attn, mlp = net.blocks[0].attn, net.blocks[0].mlp
     gpt2_shaped = isinstance(attn, MHA) and attn.n_kv_head == attn.n_head
     gpt2_shaped = gpt2_shaped and mlp.hf_layout == net.norm_f.hf_layout == "gpt2"  # as each class states

@@ -225,6 +225,8 @@ def load_hf(folder: str | Path) -> GPT:
 
 def hf_config(net: GPT) -> dict:
     """The ``config.json`` of ``net`` as a Llama (MHA) or DeepSeek-V3 (MLA) model."""
+    for block in net.blocks:
+        block.mlp.hf_config()  # an MLP with no Hugging Face form (a mixture of experts) refuses here, naming itself
     block, attn = net.blocks[0], net.blocks[0].attn
     if net.position != "rope" or not block.mlp.hf_layout == net.norm_f.hf_layout == "llama":
         raise ValueError("Only a Llama-shaped net (RoPE, RMSNorm, SwiGLU) exports as Llama or DeepSeek-V3")

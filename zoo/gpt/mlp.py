@@ -9,8 +9,8 @@ The GPT builds every MLP as ``mlp(dim, hidden, bias, dropout)`` (``hidden`` None
 itself to the rest of the zoo instead of being recognised by type: ``flops_per_token()`` is an MLP's share of
 ``GPT.flops_per_token``, ``residual_projections()`` the weights GPT-2 initialises scaled by depth, and
 ``hf_layout``, ``hf_config()``/``from_hf_config()``, ``to_hf()``/``from_hf()`` its names in Hugging Face's GPT-2
-or Llama layout (``hf.py``, ``llama.py``). A new MLP (a mixture of experts: its ``flops_per_token`` counts the
-experts a token visits) is one class here, added to ``MLPClass``.
+or Llama layout (``hf.py``, ``llama.py``). A new MLP is one class, added to ``gpt.MLPClass``; the mixture of
+experts (``moe.py``, whose ``flops_per_token`` counts the experts a token visits) is one.
 
 References:
   GPT-2: Radford et al. 2019 (GELU MLP 4D wide, LayerNorm). SwiGLU: Shazeer 2020, "GLU Variants Improve
@@ -168,9 +168,8 @@ class SwiGLU(nn.Module):
         return out
 
 
-# What GPT(mlp=...) takes: a class (or partial) called as cls(dim, hidden, bias, dropout); in YAML a class_path with
-# the class's own init_args; the union is what the CLI accepts as class_path.
-MLPClass = Callable[[int, "int | None", bool, float], GeluMLP | SwiGLU]
+# What GPT(mlp=...) takes (``gpt.MLPClass`` names every class the CLI accepts, ``moe.MoE`` too).
+MLPClass = Callable[[int, "int | None", bool, float], nn.Module]
 
 
 def mlp_of_old_config(mlp: MLPClass | Literal["gelu", "swiglu"], gelu: Literal["exact", "tanh"] | None) -> MLPClass:

@@ -13,6 +13,7 @@ from zoo.errors import InputError
 from zoo.gpt.generate import Generation, generate
 from zoo.gpt.gpt import GPT
 from zoo.gpt.losses import causal_lm_loss
+from zoo.gpt.moe import routers
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.io.tokenizers import prompt_ids, tokenizer_from_dict
@@ -80,6 +81,7 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         self._flops_per_token: dict[int, int] = {}
         self._init_loaded = False
         self.tokenizer = None  # set from the datamodule or the checkpoint; needed to generate from text
+        self.routers = routers(net)  # mixture-of-experts MLPs (zoo.gpt.moe), none in a dense net
 
     # -- setup -------------------------------------------------------------------------------------------
 
@@ -124,13 +126,27 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
         out = causal_lm_loss(self(x), y)
+        if any(r.aux_loss is not None for r in self.routers):  # softmax routers' balance loss (Switch eq. 4)
+            out["aux_loss"] = sum(r.aux_loss_coef * r.aux_loss for r in self.routers if r.aux_loss is not None)
+            out["loss"] = out["loss"] + out["aux_loss"]
         t = x.shape[1]
         if t not in self._flops_per_token:
             self._flops_per_token[t] = self.net.flops_per_token(t)
         self._last_flops = self._flops_per_token[t] * x.numel()
         if lightning_writes(self.trainer):  # values logged at other steps are dropped anyway
             self.log("train/loss", out["loss"], prog_bar=True)
+            if "aux_loss" in out:
+                self.log("train/aux_loss", out["aux_loss"])
         return out["loss"]
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        # Once per optimizer step (not per accumulated micro-batch): DeepSeek-V3's bias update from the step's loads.
+        for r in self.routers:
+            r.update_bias()
+
+    def on_validation_epoch_start(self) -> None:
+        for r in self.routers:
+            r.reset_stats()
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         x, y = batch
@@ -141,6 +157,18 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         loss = self.val_loss.compute()  # synced across ranks
         self.val_loss.reset()
         self.log_dict({"val/loss": loss, "val/ppl": loss.exp()}, prog_bar=True)
+        if self.routers:  # the worst layer's load imbalance, the mean balance loss, the biases' range
+            stats = [r.stats() for r in self.routers]
+            moe = {
+                "val/moe_load_max_over_mean": max(s["load_max_over_mean"] for s in stats),
+                "val/moe_balance_loss": sum(s["balance_loss"] for s in stats) / len(stats),
+            }
+            if "bias_min" in stats[0]:
+                moe["val/moe_bias_min"] = min(s["bias_min"] for s in stats)
+                moe["val/moe_bias_max"] = max(s["bias_max"] for s in stats)
+            self.log_dict(moe, sync_dist=True)
+            for r in self.routers:
+                r.reset_stats()  # the next training step's loads start from zero
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         x, y = batch

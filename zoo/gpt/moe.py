@@ -1,0 +1,224 @@
+"""A fine-grained mixture of experts as the GPT's MLP, chosen by config like any other MLP class:
+
+    mlp:
+      class_path: zoo.gpt.MoE
+      init_args: {n_routed_experts: 8, num_experts_per_tok: 2, n_shared_experts: 1, routing: sigmoid_bias}
+
+Each token goes through ``n_shared_experts`` always-on experts (one SwiGLU of their summed width, as DeepSeek
+builds them) and the ``num_experts_per_tok`` routed experts its router picks, weighted by the router. Experts
+are SwiGLUs stored as stacked tensors; dispatch sorts the (token, choice) slots by expert and runs one matmul
+per expert on its contiguous slice, so the Python loop is over experts, never over tokens.
+
+Two routers:
+  "sigmoid_bias" (DeepSeek-V3, sec. 2.1.2): sigmoid affinities s; the top k of s + b are chosen (optionally
+    only inside the ``topk_group`` groups whose two best biased scores sum highest); the weights are the chosen
+    s (without b) normalised to sum 1, times ``routed_scaling_factor``. The bias b has no gradient: after each
+    training step b_i += bias_update_rate * sign(mean load - load_i) (auxiliary-loss-free balancing).
+  "softmax" (Switch Transformer, Mixtral): softmax over experts, top k renormalised to sum 1, and the
+    load-balancing loss N * sum_i f_i P_i (Switch eq. 4; f_i counts all k choices, as Mixtral's
+    ``load_balancing_loss_func``, so a balanced router scores k), which ``CausalLMModule`` adds times
+    ``aux_loss_coef``.
+
+References:
+  Shazeer et al. 2017 (sparsely-gated MoE); Fedus et al. 2021, "Switch Transformers" (eq. 4);
+  Jiang et al. 2024, "Mixtral of Experts"; Dai et al. 2024, "DeepSeekMoE" (fine-grained and shared experts);
+  Wang et al. 2024, "Auxiliary-Loss-Free Load Balancing"; DeepSeek-AI 2024, "DeepSeek-V3" (sec. 2.1.2).
+
+Notation: B batch, T tokens, N = B*T, D model width, F expert width, E routed experts, k experts per token.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from zoo.errors import InputError
+from zoo.gpt.mlp import SwiGLU
+
+
+class MoE(nn.Module):
+    """Shared SwiGLU experts plus ``num_experts_per_tok`` of ``n_routed_experts`` routed SwiGLU experts."""
+
+    hf_layout = "moe"  # no Hugging Face export yet: the exporters refuse it (``hf_config`` says why)
+
+    def __init__(
+        self,
+        dim: int,
+        hidden: int | None = None,
+        bias: bool = False,
+        dropout: float = 0.0,
+        n_routed_experts: int = 8,
+        num_experts_per_tok: int = 2,
+        n_shared_experts: int = 1,
+        routing: Literal["sigmoid_bias", "softmax"] = "sigmoid_bias",
+        routed_scaling_factor: float = 1.0,
+        n_group: int = 1,
+        topk_group: int = 1,
+        bias_update_rate: float = 1e-3,
+        aux_loss_coef: float = 0.01,
+    ) -> None:
+        """
+        Args:
+            dim: model width D (given by the GPT).
+            hidden: width F of each routed expert (given by the GPT's ``mlp_hidden``); None: the width at which the
+                k routed and the shared experts a token visits hold a dense SwiGLU's 8D/3 (rounded up to 8).
+            bias: must be False (given by the GPT's ``bias``): experts and router have no biases, as DeepSeek's.
+            dropout: dropout on the output (given by the GPT).
+            n_routed_experts: routed experts E.
+            num_experts_per_tok: routed experts k each token visits.
+            n_shared_experts: always-on experts, built as one SwiGLU of width n_shared_experts * F (0: none).
+            routing: "sigmoid_bias" (DeepSeek-V3, auxiliary-loss-free balancing) or "softmax" (Switch/Mixtral,
+                with the auxiliary balance loss).
+            routed_scaling_factor: scale of the routed experts' weights (DeepSeek-V3 uses 2.5; sigmoid_bias only).
+            n_group: expert groups for group-limited routing (DeepSeek-V3: 8; sigmoid_bias only); 1: none.
+            topk_group: groups a token's experts may come from (DeepSeek-V3: 4).
+            bias_update_rate: step of the balancing bias per training step (DeepSeek-V3's gamma, 0.001).
+            aux_loss_coef: weight of the balance loss in the training loss (softmax only; Switch uses 0.01).
+        """
+        super().__init__()
+        if bias:
+            raise InputError("MoE experts have no biases (as DeepSeek-V3's): set the GPT's bias: false")
+        if not 0 < num_experts_per_tok <= n_routed_experts or n_routed_experts % n_group:
+            raise InputError(
+                f"MoE needs 0 < num_experts_per_tok <= n_routed_experts and n_group dividing n_routed_experts, "
+                f"got num_experts_per_tok={num_experts_per_tok}, n_routed_experts={n_routed_experts}, n_group={n_group}"
+            )
+        if not 0 < topk_group <= n_group or topk_group * (n_routed_experts // n_group) < num_experts_per_tok:
+            raise InputError(
+                f"MoE's topk_group={topk_group} groups of {n_routed_experts // n_group} experts cannot hold "
+                f"num_experts_per_tok={num_experts_per_tok}: raise topk_group (at most n_group={n_group})"
+            )
+        k, e = num_experts_per_tok, n_routed_experts
+        hidden = hidden or 8 * math.ceil(8 * dim / 3 / (k + n_shared_experts) / 8)
+        self.k, self.n_group, self.topk_group = k, n_group, topk_group
+        self.routing, self.routed_scaling_factor = routing, routed_scaling_factor
+        self.bias_update_rate, self.aux_loss_coef = bias_update_rate, aux_loss_coef
+        self.router = nn.Linear(dim, e, bias=False)
+        self.experts_fc = nn.Parameter(torch.empty(e, 2 * hidden, dim))  # [gate | up] per expert, as SwiGLU.fc
+        self.experts_proj = nn.Parameter(torch.empty(e, dim, hidden))
+        self.shared = SwiGLU(dim, n_shared_experts * hidden, bias=False) if n_shared_experts else None
+        self.drop = nn.Dropout(dropout)
+        # A buffer, so checkpoints save and resume it; float32 whatever the weights' precision.
+        self.register_buffer("expert_bias", torch.zeros(e, dtype=torch.float32))
+        # Routing statistics since the last reset (not saved): picks per expert, summed probabilities, tokens.
+        # Counts are integers, so a net cast to bf16 keeps them exact.
+        self.register_buffer("load", torch.zeros(e, dtype=torch.long), persistent=False)
+        self.register_buffer("prob", torch.zeros(e), persistent=False)
+        self.register_buffer("tokens", torch.zeros((), dtype=torch.long), persistent=False)
+        self.aux_loss: Tensor | None = None  # the last training forward's balance loss (softmax routing)
+        for w in (self.experts_fc, self.experts_proj):
+            nn.init.normal_(w, 0.0, 0.02)  # the GPT re-initialises; this keeps a lone MoE finite
+
+    def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Tokens (N, D) -> chosen experts (N, k), their weights (N, k), each expert's probability (N, E)."""
+        logits = F.linear(x.float(), self.router.weight.float())  # (N, E) in float32, as DeepSeek routes
+        if self.routing == "softmax":
+            probs = logits.softmax(-1)
+            w, idx = probs.topk(self.k, dim=-1)  # (N, k)
+            return idx, w / w.sum(-1, keepdim=True), probs
+        scores = logits.sigmoid()  # (N, E) affinities s
+        choice = scores + self.expert_bias  # the bias only decides who is chosen
+        if self.n_group > 1:
+            grouped = choice.view(len(x), self.n_group, -1)  # (N, G, E/G)
+            group_score = grouped.topk(2, dim=-1).values.sum(-1)  # (N, G)
+            keep = torch.zeros_like(group_score, dtype=torch.bool)
+            keep.scatter_(1, group_score.topk(self.topk_group, dim=-1).indices, True)
+            choice = grouped.masked_fill(~keep[..., None], float("-inf")).view_as(choice)
+        idx = choice.topk(self.k, dim=-1).indices  # (N, k)
+        w = scores.gather(1, idx)
+        w = w / (w.sum(-1, keepdim=True) + 1e-20) * self.routed_scaling_factor
+        return idx, w, scores / scores.sum(-1, keepdim=True)
+
+    def experts(self, x: Tensor, idx: Tensor, w: Tensor) -> Tensor:
+        """sum_j w[n, j] * expert_{idx[n, j]}(x[n]) for tokens (N, D): slots sorted by expert, one matmul each."""
+        order = idx.flatten().argsort(stable=True)  # (N*k,) slots grouped by expert
+        token = order // self.k  # the token of each sorted slot
+        counts = torch.bincount(idx.flatten(), minlength=len(self.experts_fc)).tolist()
+        out = []
+        for e, xe in enumerate(x[token].split(counts)):  # xe (n_e, D): the tokens routed to expert e
+            gate, up = F.linear(xe, self.experts_fc[e]).chunk(2, dim=-1)  # (n_e, F) each
+            out.append(F.linear(F.silu(gate) * up, self.experts_proj[e]))  # (n_e, D)
+        y = torch.cat(out) * w.flatten()[order, None].to(x.dtype)  # (N*k, D)
+        return torch.zeros_like(x).index_add_(0, token, y)  # (N, D)
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])  # (N, D)
+        idx, w, probs = self.route(x)
+        y = self.experts(x, idx, w)
+        if self.shared is not None:
+            y = y + self.shared(x)
+        with torch.no_grad():
+            self.load += torch.bincount(idx.flatten(), minlength=len(self.load))
+            self.prob += probs.sum(0).to(self.prob.dtype)
+            self.tokens += len(x)
+        if self.training and self.routing == "softmax":
+            self.aux_loss = balance_loss(idx, probs)
+        return self.drop(y).view(shape)  # (B, T, D)
+
+    # -- balancing ---------------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Tensor]:
+        """Routing since the last ``reset_stats``: max/mean expert load, the balance loss, the bias range."""
+        load, n = self.load.float(), self.tokens.clamp_min(1).float()
+        f, p = load / n, self.prob.float() / n  # (E,) picks per token, mean probability
+        out = {"load_max_over_mean": load.max() / load.mean().clamp_min(1e-9), "balance_loss": len(f) * (f * p).sum()}
+        if self.routing == "sigmoid_bias":
+            out |= {"bias_min": self.expert_bias.min(), "bias_max": self.expert_bias.max()}
+        return {k: v.float() for k, v in out.items()}
+
+    def reset_stats(self) -> None:
+        for t in (self.load, self.prob, self.tokens):
+            t.zero_()
+
+    @torch.no_grad()
+    def update_bias(self) -> None:
+        """b_i += rate * sign(mean load - load_i) over the loads since the last reset (summed over ranks, so every
+        rank keeps the same bias), then reset. Called once per optimizer step by ``CausalLMModule``: outside
+        forward, so gradient accumulation and activation checkpointing's recompute never step it twice (a recompute
+        counts every load twice, which leaves the signs as they are)."""
+        if self.routing == "sigmoid_bias":
+            load = self.load.float()
+            if dist.is_available() and dist.is_initialized():
+                dist.all_reduce(load)
+            self.expert_bias += self.bias_update_rate * torch.sign(load.mean() - load).float()
+        self.reset_stats()
+
+    # -- the MLP protocol --------------------------------------------------------------------------------
+
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token: the router and the experts a token visits (k routed and the shared)."""
+        per_expert = self.experts_fc[0].numel() + self.experts_proj[0].numel()
+        shared = 0 if self.shared is None else self.shared.flops_per_token()
+        return 6 * (self.router.weight.numel() + self.k * per_expert) + shared
+
+    def residual_projections(self) -> list[Tensor]:
+        """The weights writing into the residual stream (every expert's down projection)."""
+        return [self.experts_proj] + ([] if self.shared is None else self.shared.residual_projections())
+
+    def hf_config(self) -> dict:
+        raise InputError("A GPT with a mixture-of-experts MLP (zoo.gpt.MoE) does not export to Hugging Face yet")
+
+    def to_hf(self, sd: dict[str, Tensor]) -> dict[str, Tensor]:
+        raise InputError("A GPT with a mixture-of-experts MLP (zoo.gpt.MoE) does not export to Hugging Face yet")
+
+    def from_hf(self, sd: dict[str, Tensor]) -> dict[str, Tensor]:
+        raise InputError("Hugging Face mixture-of-experts weights do not load into zoo.gpt.MoE yet")
+
+
+def balance_loss(idx: Tensor, probs: Tensor) -> Tensor:
+    """Switch Transformer's eq. 4, N * sum_i f_i P_i: f_i the share of tokens routing a choice to expert i (no
+    gradient), P_i the mean router probability of expert i; chosen indices (N, k), probabilities (N, E)."""
+    n, e = probs.shape
+    f = torch.bincount(idx.flatten(), minlength=e).to(probs.dtype) / n  # (E,)
+    return e * (f * probs.mean(0)).sum()
+
+
+def routers(net: nn.Module) -> list[MoE]:
+    """The mixture-of-experts MLPs of ``net``, in order (none for a dense net)."""
+    return [m for m in net.modules() if isinstance(m, MoE)]
