@@ -260,3 +260,26 @@ def test_the_process_wide_tracking_uri_is_put_back_as_it_was(monkeypatch, tmp_pa
         monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///later.db")  # a later change of the variable counts
         assert mlflow.get_tracking_uri() == (global_uri or "sqlite:///later.db")
     mlflow.set_tracking_uri(None)
+
+
+def test_two_registered_models_resolve_to_their_own_checkpoints(tmp_path, monkeypatch):
+    """``--ckpt_path models:/...`` converts each downloaded model to a checkpoint of its own (a shared one gave the
+    second model the first's class and weights)."""
+    from zoo.gpt import GPT, CausalLMModule
+    from zoo.tracking import log_checkpoint_model
+    from zoo.tracking.models import resolve_checkpoint
+
+    uri = f"sqlite:///{tmp_path / 'two.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("two")).info.run_id
+    for name, vocab in (("first", 11), ("second", 13)):
+        module = CausalLMModule(GPT(vocab_size=vocab, block_size=8, n_layer=1, n_embd=16, n_head=2))
+        ckpt = tmp_path / f"{name}.ckpt"
+        torch.save(
+            {"state_dict": module.state_dict(), "hyper_parameters": {"_class_path": "zoo.gpt.CausalLMModule"}}, ckpt
+        )
+        log_checkpoint_model(ckpt, client, run_id, name)
+    for name, vocab in (("first", 11), ("second", 13)):
+        state = torch.load(resolve_checkpoint(f"models:/{name}/1", uri), weights_only=True)["state_dict"]
+        assert state["net.tok_emb.weight"].shape[0] == vocab, name

@@ -456,7 +456,7 @@ def resolve_checkpoint(uri: str, tracking_uri: str | None = None) -> str:
     local = _download(uri, tracking_uri)
     if local.is_file():
         return str(local)
-    dst = local.parent / ".checkpoint" / "model.ckpt"
+    dst = local / ".checkpoint" / "model.ckpt"  # inside this model's own cached folder (a logged model's is the entry)
     if dst.is_file():
         return str(dst)
     spec, state_dict = _read_model_dir(local)
