@@ -30,6 +30,7 @@ from zoo.tracking import (
     resolve_checkpoint,
     training_run,
 )
+from zoo.tracking.models import ranked_metrics
 from zoo.tracking.stored_config import SUBCOMMANDS_WITH_A_MODEL
 
 
@@ -192,8 +193,7 @@ def after_fit(trainer: Trainer, model: LightningModule, datamodule: LightningDat
 def metrics_table(metrics: dict[str, Any], monitor: str | None = None) -> list[str]:
     """The last logged values a run is judged by, in a short table: ``monitor`` first, then the evaluation metrics,
     then the training loss (not gradient norms or learning rates), printed whatever the progress bar setting."""
-    keys = [k for k in metrics if k.startswith(("val/", "test/")) or k in ("train/loss", "loss")]
-    keys.sort(key=lambda k: (k != monitor, not k.startswith(("val/", "test/")), k))
+    keys = ranked_metrics(metrics, monitor)
     if not keys:
         return []
     width = max(map(len, keys))

@@ -312,15 +312,19 @@ def process_tracking_uri(uri: str):
             os.environ["MLFLOW_TRACKING_URI"] = env
 
 
-def model_metrics(client, run, monitor: str | None = None, model_id: str | None = None) -> list:
-    """The run's last values of the metrics a model is chosen by: ``monitor``, then evaluation metrics (``val/``,
+def ranked_metrics(keys, monitor: str | None = None) -> list[str]:
+    """The metrics a run is judged by, in the order to show them: ``monitor``, the evaluation metrics (``val/``,
     ``test/``), then the training loss; not gradient norms, learning rates or counters."""
+    chosen = [k for k in keys if k.startswith(("val/", "test/")) or k in ("train/loss", "loss")]
+    return sorted(chosen, key=lambda k: (k != monitor, not k.startswith(("val/", "test/")), k))
+
+
+def model_metrics(client, run, monitor: str | None = None, model_id: str | None = None) -> list:
+    """The run's last values of ``ranked_metrics``, as MLflow metrics linked to ``model_id``."""
     from mlflow.entities import Metric
 
-    keys = [k for k in run.data.metrics if k.startswith(("val/", "test/")) or k in ("train/loss", "loss")]
-    keys.sort(key=lambda k: (k != monitor, not k.startswith(("val/", "test/")), k))
     out = []
-    for key in keys:
+    for key in ranked_metrics(run.data.metrics, monitor):
         last = max(client.get_metric_history(run.info.run_id, key), key=lambda m: (m.step, m.timestamp))
         out.append(Metric(key, last.value, last.timestamp, last.step, model_id=model_id, run_id=run.info.run_id))
     return out
@@ -372,10 +376,6 @@ def _download(uri: str, tracking_uri_: str | None) -> Path:
     if uri.startswith("models:/"):
         mv = _model_version(uri, store)
         key, artifact_uri = f"{mv.run_id}:{mv.source}", mv.source
-        if mv.model_id:  # a logged model (MLflow 3): its own artifact location, found in the given store
-            from mlflow.tracking import MlflowClient
-
-            key, artifact_uri = mv.model_id, MlflowClient(store).get_logged_model(mv.model_id).artifact_location
     dst = cache_dir() / hashlib.sha256(key.encode()).hexdigest()[:20]
     if not dst.is_dir():
         dst.parent.mkdir(parents=True, exist_ok=True)
