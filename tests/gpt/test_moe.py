@@ -118,13 +118,27 @@ def naive(moe: MoE, x):
     return out.view_as(x)
 
 
+@pytest.mark.parametrize("grouped", [True, False], ids=["grouped_mm", "per_expert"])
 @pytest.mark.parametrize("routing", ["sigmoid_bias", "softmax"])
-def test_dispatch_equals_a_per_token_loop(routing):
+def test_dispatch_equals_a_per_token_loop(routing, grouped, monkeypatch):
+    monkeypatch.setattr("zoo.gpt.moe.grouped_mm_fits", lambda w: grouped)  # both kernels the dispatch may take
     torch.manual_seed(1)
     moe = perturbed(MoE(D, FW, n_routed_experts=E, num_experts_per_tok=3, routing=routing, n_group=2, topk_group=1))
-    x = torch.randn(2, 7, D)
+    x = torch.randn(2, 7, D, requires_grad=True)
+    moe(x).square().sum().backward()
+    grads = [x.grad, moe.experts_fc.grad, moe.experts_proj.grad]
+    for t in (x, moe.experts_fc, moe.experts_proj):
+        t.grad = None
+    naive(moe, x).square().sum().backward()
+    for a, b in zip(grads, [x.grad, moe.experts_fc.grad, moe.experts_proj.grad]):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     with torch.no_grad():
         torch.testing.assert_close(moe(x), naive(moe, x), atol=1e-5, rtol=1e-5)
+        moe.router.weight[1:] = -10.0 * moe.router.weight[:1].abs().sum()  # expert 0 wins everywhere...
+        moe.router.weight[0] = moe.router.weight[0].abs()
+        x1 = x.abs()  # ...so some experts get no token: empty slices
+        assert (torch.bincount(moe.route(x1.view(-1, D))[0].flatten(), minlength=E) == 0).any()
+        torch.testing.assert_close(moe(x1), naive(moe, x1), atol=1e-5, rtol=1e-5)
 
 
 def test_bias_updates_balance_a_skewed_router_without_gradient(one_thread):

@@ -6,8 +6,9 @@
 
 Each token goes through ``n_shared_experts`` always-on experts (one SwiGLU of their summed width, as DeepSeek
 builds them) and the ``num_experts_per_tok`` routed experts its router picks, weighted by the router. Experts
-are SwiGLUs stored as stacked tensors; dispatch sorts the (token, choice) slots by expert and runs one matmul
-per expert on its contiguous slice, so the Python loop is over experts, never over tokens.
+are SwiGLUs stored as stacked tensors; dispatch sorts the (token, choice) slots by expert and runs one grouped
+matmul (``F.grouped_mm``) over the experts' contiguous slices, or where that kernel does not run (fp32 on a GPU)
+one matmul per expert: a Python loop over experts, never over tokens.
 
 Two routers:
   "sigmoid_bias" (DeepSeek-V3, sec. 2.1.2): sigmoid affinities s; the top k of s + b are chosen (optionally
@@ -135,15 +136,24 @@ class MoE(nn.Module):
         return idx, w, scores / scores.sum(-1, keepdim=True)
 
     def experts(self, x: Tensor, idx: Tensor, w: Tensor) -> Tensor:
-        """sum_j w[n, j] * expert_{idx[n, j]}(x[n]) for tokens (N, D): slots sorted by expert, one matmul each."""
+        """sum_j w[n, j] * expert_{idx[n, j]}(x[n]) for tokens (N, D): slots sorted by expert, each expert's slice one
+        matmul (one grouped matmul for all of them where the kernel exists)."""
         order = idx.flatten().argsort(stable=True)  # (N*k,) slots grouped by expert
         token = order // self.k  # the token of each sorted slot
-        counts = torch.bincount(idx.flatten(), minlength=len(self.experts_fc)).tolist()
-        out = []
-        for e, xe in enumerate(x[token].split(counts)):  # xe (n_e, D): the tokens routed to expert e
-            gate, up = F.linear(xe, self.experts_fc[e]).chunk(2, dim=-1)  # (n_e, F) each
-            out.append(F.linear(F.silu(gate) * up, self.experts_proj[e]))  # (n_e, D)
-        y = torch.cat(out) * w.flatten()[order, None].to(x.dtype)  # (N*k, D)
+        counts = torch.bincount(idx.flatten(), minlength=len(self.experts_fc))  # (E,)
+        xs = x[token]  # (N*k, D)
+        if grouped_mm_fits(self.experts_fc):
+            # One kernel over the jagged slices, and no host sync for the counts (offsets stay on the device).
+            offs = counts.cumsum(0).to(torch.int32)
+            gate, up = F.grouped_mm(xs.to(self.experts_fc.dtype), self.experts_fc.mT, offs=offs).chunk(2, dim=-1)
+            y = F.grouped_mm(F.silu(gate) * up, self.experts_proj.mT, offs=offs).to(x.dtype)  # (N*k, D)
+        else:
+            out = []
+            for e, xe in enumerate(xs.split(counts.tolist())):  # xe (n_e, D): the tokens routed to expert e
+                gate, up = F.linear(xe, self.experts_fc[e]).chunk(2, dim=-1)  # (n_e, F) each
+                out.append(F.linear(F.silu(gate) * up, self.experts_proj[e]))  # (n_e, D)
+            y = torch.cat(out)
+        y = y * w.flatten()[order, None].to(x.dtype)  # (N*k, D)
         return torch.zeros_like(x).index_add_(0, token, y)  # (N, D)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -209,6 +219,17 @@ class MoE(nn.Module):
 
     def from_hf(self, sd: dict[str, Tensor]) -> dict[str, Tensor]:
         raise InputError("Hugging Face mixture-of-experts weights do not load into zoo.gpt.MoE yet")
+
+
+def grouped_mm_fits(w: Tensor) -> bool:
+    """Whether ``F.grouped_mm`` runs these expert weights: any dtype on a CPU, bf16 on CUDA GPUs of compute
+    capability 8.0 or more (its documented range); elsewhere the experts run one matmul each."""
+    if not hasattr(F, "grouped_mm"):
+        return False
+    if w.device.type == "cpu":
+        return True
+    on_cuda = w.device.type == "cuda" and w.dtype == torch.bfloat16
+    return on_cuda and torch.cuda.get_device_capability(w.device) >= (8, 0)
 
 
 def balance_loss(idx: Tensor, probs: Tensor) -> Tensor:
