@@ -71,7 +71,10 @@ def test_vocab_too_small_for_the_tokenizer_is_named():
         cli("fit", "--config", str(TINY), "--trainer.fast_dev_run=1", "--model.init_args.net.init_args.vocab_size=100")
 
 
-@pytest.mark.parametrize("name", ["gpt_char_shakespeare.yaml", "gpt_bpe_shakespeare.yaml", "mla_shakespeare.yaml"])
+@pytest.mark.parametrize(
+    "name",
+    ["gpt_char_shakespeare.yaml", "gpt_bpe_shakespeare.yaml", "mla_shakespeare.yaml", "deepseek_shakespeare.yaml"],
+)
 def test_shakespeare_configs_run_a_few_steps(name):
     c = cli(
         "fit",
