@@ -218,10 +218,18 @@ def test_exported_moe_net_loads_in_transformers_and_back_unchanged(tmp_path, var
         torch.testing.assert_close(theirs[k], ours[k], atol=0, rtol=0, msg=k)
 
 
-def test_moe_configs_the_gpt_cannot_hold_are_refused_by_name():
+def test_moe_configs_the_gpt_cannot_hold_are_refused_by_name(tmp_path):
+    from safetensors.torch import save_file
+
+    from zoo.gpt.hf import load_pretrained
+
     base = dict(vocab_size=10, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2)
     with pytest.raises(InputError, match="shared_expert_gate"):
         net_kwargs(dict(base, model_type="qwen2_moe"))
+    (tmp_path / "config.json").write_text(json.dumps(dict(base, model_type="qwen2_moe")))
+    save_file({"model.norm.weight": torch.ones(16)}, tmp_path / "model.safetensors")
+    with pytest.raises(InputError, match="shared_expert_gate"):  # init_weights into a net built from YAML too
+        load_pretrained(GPT(vocab_size=10, n_layer=2, n_embd=16, n_head=2), tmp_path)
     with pytest.raises(InputError, match="q_norm"):
         net_kwargs(dict(base, model_type="qwen3_moe"))
     with pytest.raises(InputError, match="sliding_window 8"):

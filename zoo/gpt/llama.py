@@ -249,6 +249,7 @@ def load_hf_into(net: GPT, folder: str | Path) -> GPT:
     """Copy a local Llama, Mixtral or DeepSeek-V3 folder's weights into ``net``, after checking every shape."""
     folder = Path(folder)
     config, sd = _read_folder(folder)
+    net_kwargs(config)  # refuses what no GPT holds (Qwen-MoE, RoPE scaling, ...), whatever net it goes into
     interleave = config.get("model_type") == "deepseek_v3" and config.get("rope_interleave", True)
     sd = hf_to_zoo(sd, net, interleave)
     check_compatible(net, sd, f"Hugging Face folder {str(folder)!r}")
