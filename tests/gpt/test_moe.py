@@ -1,5 +1,6 @@
 """The mixture-of-experts MLP: parity with transformers' DeepSeek-V3 and Mixtral blocks, dispatch against a
-per-token loop, auxiliary-loss-free balancing, checkpoints, export refused, and a tiny MoE GPT through cli.py."""
+per-token loop, auxiliary-loss-free balancing, checkpoints, float32 bias under casts, export refused where Hugging
+Face has no such net (the exports are in test_moe_hf.py), and a tiny MoE GPT through cli.py."""
 
 from __future__ import annotations
 
