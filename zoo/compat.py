@@ -207,3 +207,17 @@ def dcp_storage_info_type() -> type:
     from torch.distributed.checkpoint.filesystem import _StorageInfo
 
     return _StorageInfo
+
+
+def apply_keeping_float32(module: torch.nn.Module, fn, recurse: bool, names: tuple[str, ...]) -> torch.nn.Module:
+    """``nn.Module._apply`` (what ``.to``, ``.half``, ``.cuda`` and Lightning's ``*-true`` precisions go through),
+    except that the named float32 buffers of ``module`` follow the device but keep float32 and their exact values.
+    For a module to call from its own ``_apply``: no public hook pins a buffer's dtype (torchmetrics' ``Metric``
+    overrides ``_apply`` for the same reason)."""
+    kept = {name: getattr(module, name) for name in names}
+    torch.nn.Module._apply(module, fn, recurse)
+    for name, old in kept.items():
+        new = getattr(module, name)
+        if new.dtype != old.dtype:
+            setattr(module, name, old.to(new.device))  # the float32 original, never the rounded cast
+    return module

@@ -1,5 +1,6 @@
 """The mixture-of-experts MLP: parity with transformers' DeepSeek-V3 and Mixtral blocks, dispatch against a
-per-token loop, auxiliary-loss-free balancing, checkpoints, export refused, and a tiny MoE GPT through cli.py."""
+per-token loop, auxiliary-loss-free balancing, checkpoints, float32 bias under casts, export refused where Hugging
+Face has no such net (the exports are in test_moe_hf.py), and a tiny MoE GPT through cli.py."""
 
 from __future__ import annotations
 
@@ -215,8 +216,20 @@ def test_bias_is_saved_and_restored_with_the_state_dict():
     torch.testing.assert_close(other.blocks[2].mlp.expert_bias, torch.linspace(-1, 1, E))
 
 
-def test_export_of_a_moe_net_is_refused_naming_moe(tmp_path):
-    net = tiny_gpt()
+def test_export_of_a_moe_net_without_a_hugging_face_form_is_refused_naming_moe(tmp_path):
+    """MHA with DeepSeek's sigmoid routing is neither Mixtral nor DeepSeek-V3 (which export: test_moe_hf.py)."""
+    moe = partial(MoE, n_routed_experts=E, num_experts_per_tok=2)
+    net = GPT(
+        vocab_size=50,
+        block_size=16,
+        n_layer=2,
+        n_embd=D,
+        n_head=4,
+        norm="rmsnorm",
+        position="rope",
+        bias=False,
+        mlp=moe,
+    )
     with pytest.raises(InputError, match="mixture-of-experts"):
         export_hf(net, tmp_path / "ds")
     with pytest.raises(InputError, match="mixture-of-experts"):
@@ -260,3 +273,26 @@ def test_tiny_moe_fits_and_reloads_with_its_bias_then_generates(one_thread):
     with torch.no_grad():
         torch.testing.assert_close(module(ids), c.model.eval()(ids))
     assert len(module.generate(["ROMEO:"], max_new_tokens=8, temperature=0)[0]) > 0
+
+
+def test_expert_bias_stays_float32_when_the_net_is_cast_to_bf16_or_half():
+    """Lightning's ``bf16-true`` casts the whole module: the bias keeps float32, so 1e-3 steps do not round away."""
+    from lightning.pytorch.plugins import HalfPrecision
+
+    net = tiny_gpt()
+    moe = net.blocks[1].mlp
+    moe.expert_bias.copy_(torch.linspace(-0.5, 0.5, E) + 1e-4)  # not representable in bf16
+    exact = moe.expert_bias.clone()
+    HalfPrecision("bf16-true").convert_module(net)
+    assert moe.experts_fc.dtype == torch.bfloat16 and moe.expert_bias.dtype == torch.float32
+    assert torch.equal(moe.expert_bias, exact)
+    for cast in (lambda m: m.half(), lambda m: m.to("cpu", torch.float16), lambda m: m.to(torch.bfloat16)):
+        cast(net)
+        assert moe.expert_bias.dtype == torch.float32 and torch.equal(moe.expert_bias, exact)
+    assert moe.router.weight.dtype == torch.bfloat16
+    moe.load.copy_(torch.arange(E))  # the first half below the mean load, the rest above
+    moe.update_bias()
+    torch.testing.assert_close(moe.expert_bias - exact, torch.tensor([1e-3] * 4 + [-1e-3] * 4), rtol=0, atol=1e-7)
+    with torch.no_grad():
+        logits = net.eval()(torch.randint(0, 50, (2, 16)))  # routing runs on bf16 activations and the fp32 bias
+    assert logits.dtype == torch.bfloat16 and logits.isfinite().all() and moe.load.sum() == 2 * 16 * 2

@@ -63,6 +63,7 @@ FAMILIES: dict[str, dict] = {
             "tests/gpt/test_gpt_behaviour.py",
             "tests/gpt/test_gpt.py",
             "tests/gpt/test_gpt_hf.py",
+            "tests/gpt/test_moe_hf.py",
             "tests/gpt/test_moe.py",  # last: with -x, mutants elsewhere are caught before its CLI fit runs
         ],
         "mutants": [
@@ -145,6 +146,20 @@ FAMILIES: dict[str, dict] = {
             (MOE, "return e * (f * probs.mean(0)).sum()", "return e * (f * probs.max(0).values).sum()"),
             ("zoo/gpt/module.py", 'out["loss"] = out["loss"] + out["aux_loss"]', 'out["loss"] = out["loss"]'),
             (MOE, "group_score = grouped.topk(2, dim=-1).values.sum(-1)", "group_score = grouped.max(-1).values"),
+            # MoE weights in and out of Hugging Face folders (DeepSeek-V3, Mixtral)
+            (
+                MOE,
+                "torch.cat((gate, up), dim=1), down  # (E, 2F, D)",
+                "torch.cat((up, gate), dim=1), down  # (E, 2F, D)",
+            ),
+            (
+                MOE,
+                'out["expert_bias"] = sd.get("mlp.gate.e_score_correction_bias", torch.zeros(e))',
+                'out["expert_bias"] = torch.zeros(e)',
+            ),
+            (MOE, 'routed_scaling_factor=config.get("routed_scaling_factor", 2.5),', "routed_scaling_factor=1.0,"),
+            ("zoo/gpt/llama.py", "first_k_dense=first_dense,", "first_k_dense=first_dense + 1,"),
+            (MOE, 'out[f"{pre}gate.e_score_correction_bias"] = sd["expert_bias"]', "pass"),
         ],
     },
     "diffusion": {

@@ -323,3 +323,27 @@ def test_dump_config_again_makes_the_cli_dump_the_completed_config():
     dump_config_again(c)
     c._dump_config()
     assert c.config_dump["model"]["init_args"]["net"]["init_args"]["num_classes"] == 3
+
+
+def test_apply_keeping_float32_moves_but_never_casts_the_named_buffers():
+    from torch import nn
+
+    from zoo.compat import apply_keeping_float32
+
+    class Held(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+            self.register_buffer("kept", torch.tensor([0.1 + 1e-4]))
+            self.register_buffer("other", torch.zeros(1))
+
+        def _apply(self, fn, recurse=True):
+            return apply_keeping_float32(self, fn, recurse, ("kept",))
+
+    outer = nn.Sequential(Held())  # cast through a parent, as Lightning casts the whole module
+    exact = outer[0].kept.clone()
+    outer.to(torch.bfloat16)
+    assert outer[0].lin.weight.dtype == outer[0].other.dtype == torch.bfloat16
+    assert outer[0].kept.dtype == torch.float32 and torch.equal(outer[0].kept, exact)
+    outer.to("meta")
+    assert outer[0].kept.device.type == "meta" and outer[0].kept.dtype == torch.float32

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from torch import Tensor
 
+from zoo.errors import InputError
 from zoo.gpt.attention import MHA
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import GeluMLP
@@ -123,13 +124,14 @@ def export_gpt2(net: GPT, folder: str | Path, eos_id: int | None = None) -> Path
     """
     from safetensors.torch import save_file
 
-    for block in net.blocks:
-        block.mlp.hf_config()  # an MLP with no Hugging Face form (a mixture of experts) refuses here, naming itself
     attn, mlp = net.blocks[0].attn, net.blocks[0].mlp
-    gpt2_shaped = isinstance(attn, MHA) and attn.n_kv_head == attn.n_head
-    gpt2_shaped = gpt2_shaped and mlp.hf_layout == net.norm_f.hf_layout == "gpt2"  # as each class states
-    if not gpt2_shaped or net.position != "learned":
-        raise ValueError("Only a GPT-2-shaped net (MHA, learned positions, LayerNorm, GELU) exports as GPT-2")
+    gpt2_shaped = isinstance(attn, MHA) and attn.n_kv_head == attn.n_head and net.norm_f.hf_layout == "gpt2"
+    layouts = {block.mlp.hf_layout for block in net.blocks}  # as each class states ("deepseek_v3" for an MoE)
+    if not gpt2_shaped or layouts != {"gpt2"} or net.position != "learned":
+        raise InputError(
+            f"Only a GPT-2-shaped net (MHA, learned positions, LayerNorm, GELU MLPs) exports as GPT-2, not one with "
+            f"{sorted(layouts)} MLPs (a mixture-of-experts net exports with --format llama)"
+        )
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     sd = zoo_to_hf({k: v.detach().cpu() for k, v in net.state_dict().items()}, net)
@@ -183,13 +185,14 @@ def load_safetensors(net: GPT, path: str | Path) -> GPT:
 
 
 def load_pretrained(net: GPT, path: str | Path) -> GPT:
-    """A Hugging Face GPT-2, Llama or DeepSeek-V3 folder, or a safetensors/checkpoint file of this net, into ``net``."""
+    """A Hugging Face GPT-2, Llama, Mixtral or DeepSeek-V3 folder, or a safetensors/checkpoint file of this net, into
+    ``net``."""
     path = Path(path)
     if path.is_dir():
         config = path / "config.json"
         kind = json.loads(config.read_text()).get("model_type", "gpt2") if config.is_file() else "gpt2"
         if kind != "gpt2":
-            from zoo.gpt.llama import load_hf_into  # Llama and DeepSeek-V3 layouts
+            from zoo.gpt.llama import load_hf_into  # Llama, Mixtral and DeepSeek-V3 layouts
 
             return load_hf_into(net, path)
         return load_gpt2_into(net, path)
@@ -206,7 +209,8 @@ def _main() -> None:
         "--format",
         choices=["gpt2", "llama"],
         default="gpt2",
-        help="gpt2: GPT2LMHeadModel; llama: LlamaForCausalLM for MHA/GQA, DeepseekV3ForCausalLM for MLA",
+        help="gpt2: GPT2LMHeadModel; llama: LlamaForCausalLM for MHA/GQA (MixtralForCausalLM with a softmax MoE), "
+        "DeepseekV3ForCausalLM for MLA (dense or sigmoid_bias MoE)",
     )
     args = parser.parse_args()
     from zoo.gpt.llama import export_hf

@@ -1,20 +1,26 @@
-"""Llama and DeepSeek-V3 weights in and out of the zoo's ``GPT``, from and to Hugging Face folders on disk.
+"""Llama, Mixtral and DeepSeek-V3 weights in and out of the zoo's ``GPT``, from and to Hugging Face folders on disk.
 
 The zoo's GPT with ``norm=RMSNorm, mlp=SwiGLU, position="rope", bias=False`` and ``MHA(n_kv_head=G)`` is
-transformers' ``LlamaForCausalLM`` (Touvron et al. 2023); with ``MLA`` it is ``DeepseekV3ForCausalLM`` with
-every layer dense (DeepSeek-AI 2024, "DeepSeek-V3", MLA as in DeepSeek-V2 section 2.1). Only the layout differs:
+transformers' ``LlamaForCausalLM`` (Touvron et al. 2023); with ``MLA`` it is ``DeepseekV3ForCausalLM``
+(DeepSeek-AI 2024, "DeepSeek-V3", MLA as in DeepSeek-V2 section 2.1): dense, or with ``mlp=MoE`` (sigmoid_bias
+routing) past ``first_k_dense`` dense layers (its ``first_k_dense_replace``). MHA with a softmax-routed ``MoE``
+and no shared experts is ``MixtralForCausalLM`` (Jiang et al. 2024). Only the layout differs:
 
-- our ``MHA.qkv`` is Llama's q_proj, k_proj, v_proj stacked by rows; our SwiGLU ``fc`` is [gate | up].
+- our ``MHA.qkv`` is Llama's q_proj, k_proj, v_proj stacked by rows; our SwiGLU ``fc`` is [gate | up]; the
+  MoE's names are its class's (``moe.py``: per expert in files, stacked in ours).
 - RoPE pairs channels (i, i + d/2) in both Llama and ours ("rotate half"). DeepSeek's released weights
   pair (2i, 2i + 1) instead (``rope_interleave``, default True), so the RoPE rows of ``q_b_proj`` and
   ``kv_a_proj_with_mqa`` are reordered to [even | odd] on import; q.k is unchanged by the same reordering
   of q and k, and after it the interleaved rotation is ours. Exports write ``rope_interleave: false``.
 
-Not representable, and refused with a message: MoE layers (DeepSeek-V3 past ``first_k_dense_replace``),
-RoPE scaling (Llama 3's ``rope_type: llama3``, YaRN), a Llama ``head_dim`` other than hidden/heads, and
-attention and MLP biases that differ. Nothing is downloaded: point at a folder.
+Not representable, and refused with a message: RoPE scaling (Llama 3's ``rope_type: llama3``, YaRN), a Llama
+``head_dim`` other than hidden/heads, attention and MLP biases that differ, a sliding window shorter than the
+context (Mistral, Mixtral), DeepSeek MoE other than V3's (softmax scoring, ``moe_layer_freq`` > 1), and Qwen-MoE
+(q/k/v-only biases and a gated shared expert in Qwen2-MoE, q/k norms in Qwen3-MoE). Multi-token-prediction
+layers (``model.layers.{num_hidden_layers}``) are ignored. Nothing is downloaded: point at a folder.
 
-    python -m zoo.gpt.hf export <lightning.ckpt> <out_folder> --format llama   # MHA -> Llama, MLA -> DeepSeek-V3
+    python -m zoo.gpt.hf export <lightning.ckpt> <out_folder> --format llama   # MHA: Llama or Mixtral (MoE);
+                                                                              # MLA: DeepSeek-V3 (dense or MoE)
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from zoo.errors import InputError
 from zoo.gpt.attention import MHA, MLA
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import SwiGLU
+from zoo.gpt.moe import MoE
 from zoo.gpt.norms import RMSNorm
 from zoo.io.weights import check_compatible, extract_state_dict, load_file
 
@@ -82,17 +90,37 @@ def llama_net_kwargs(config: dict) -> dict:
         raise ValueError(f"head_dim {config['head_dim']} != hidden_size/num_attention_heads {d // h}: unsupported")
     if bool(config.get("attention_bias", False)) != bool(config.get("mlp_bias", False)):
         raise ValueError("attention_bias and mlp_bias differ; the zoo's GPT has one bias switch")
+    window = config.get("sliding_window")
+    if window and window < config.get("max_position_embeddings", 2048):
+        raise InputError(
+            f"sliding_window {window} is shorter than max_position_embeddings: the zoo's attention sees the whole "
+            f"context; set sliding_window to null (or >= the context) in config.json to load it anyway"
+        )
     kv = config.get("num_key_value_heads") or h
     return dict(
         _common_kwargs(config), bias=bool(config.get("attention_bias", False)), attention=partial(MHA, n_kv_head=kv)
     )
 
 
+def mixtral_net_kwargs(config: dict) -> dict:
+    """``GPT`` arguments for a Hugging Face ``MixtralConfig`` dict (GQA and softmax top-k MoE in every layer)."""
+    return dict(
+        llama_net_kwargs(config),
+        mlp=MoE.from_hf_config(dict(config, model_type="mixtral")),
+        mlp_hidden=config["intermediate_size"],  # Mixtral's intermediate_size is each expert's width
+    )
+
+
 def deepseek_net_kwargs(config: dict) -> dict:
-    """``GPT`` arguments for a Hugging Face ``DeepseekV3Config`` dict whose layers are all dense."""
-    if config.get("first_k_dense_replace", 3) < config["num_hidden_layers"]:
-        raise ValueError(
-            "The config has MoE layers (first_k_dense_replace < num_hidden_layers): the zoo's GPT has dense MLPs only"
+    """``GPT`` arguments for a Hugging Face ``DeepseekV3Config`` dict: dense layers, then MoE layers."""
+    first_dense = config.get("first_k_dense_replace", 3)
+    moe = {}
+    if first_dense < config["num_hidden_layers"]:
+        moe = dict(
+            mlp=MoE.from_hf_config(dict(config, model_type="deepseek_v3")),
+            mlp_hidden=config.get("moe_intermediate_size", 2048),
+            first_k_dense=first_dense,
+            dense_hidden=config["intermediate_size"],
         )
     mla = partial(
         MLA,
@@ -103,7 +131,7 @@ def deepseek_net_kwargs(config: dict) -> dict:
         v_head_dim=config["v_head_dim"],
         norm_eps=1e-6,
     )  # transformers' latent norms keep eps=1e-6
-    return dict(_common_kwargs(config), bias=bool(config.get("attention_bias", False)), attention=mla)
+    return dict(_common_kwargs(config), bias=bool(config.get("attention_bias", False)), attention=mla, **moe)
 
 
 def _mla_rope_rows(w: Tensor, n_head: int, dn: int, dp: int, per_head: bool, inverse: bool) -> Tensor:
@@ -148,7 +176,7 @@ def hf_to_zoo(sd: dict[str, Tensor], net: GPT, interleave: bool = False) -> dict
     for i in range(net.n_layer):
         pre = f"model.layers.{i}."
         block = {ours: sd[pre + theirs] for ours, theirs in _NORM_KEYS}
-        layer = {k.removeprefix(pre): v for k, v in sd.items() if k.startswith(pre + "mlp.")}
+        layer = {k.removeprefix(pre): v for k, v in sd.items() if k.startswith(pre)}  # the MLP picks its own keys
         block.update({f"mlp.{k}": v for k, v in net.blocks[i].mlp.from_hf(layer).items()})
         block.update(_attn_to_zoo(sd, pre, net, interleave))
         out.update({f"blocks.{i}.{k}": v for k, v in block.items()})
@@ -196,20 +224,32 @@ def _read_folder(folder: Path) -> tuple[dict, dict[str, Tensor]]:
     return json.loads((folder / "config.json").read_text()), sd
 
 
+# What the zoo's GPT has not, for the MoE families it does not load.
+_REFUSED = {
+    "qwen2_moe": "Qwen2-MoE has q/k/v-only attention biases and a sigmoid-gated shared expert (shared_expert_gate)",
+    "qwen3_moe": "Qwen3-MoE normalises queries and keys per head (q_norm, k_norm)",
+}
+
+
 def net_kwargs(config: dict) -> dict:
-    """``GPT`` arguments for a Llama-family or DeepSeek-V3 ``config.json`` dict."""
+    """``GPT`` arguments for a Llama-family, Mixtral or DeepSeek-V3 ``config.json`` dict."""
     kind = config.get("model_type", "llama")
     if kind in ("llama", "mistral"):
         return llama_net_kwargs(config)
+    if kind == "mixtral":
+        return mixtral_net_kwargs(config)
     if kind == "deepseek_v3":
         return deepseek_net_kwargs(config)
-    raise ValueError(f"model_type {kind!r} is not a Llama or DeepSeek-V3 config")
+    if kind in _REFUSED:
+        raise InputError(f"{_REFUSED[kind]}, which the zoo's GPT has not: model_type {kind!r} does not load")
+    raise ValueError(f"model_type {kind!r} is not a Llama, Mixtral or DeepSeek-V3 config")
 
 
 def load_hf_into(net: GPT, folder: str | Path) -> GPT:
-    """Copy a local Llama or DeepSeek-V3 folder's weights into ``net``, after checking every shape."""
+    """Copy a local Llama, Mixtral or DeepSeek-V3 folder's weights into ``net``, after checking every shape."""
     folder = Path(folder)
     config, sd = _read_folder(folder)
+    net_kwargs(config)  # refuses what no GPT holds (Qwen-MoE, RoPE scaling, ...), whatever net it goes into
     interleave = config.get("model_type") == "deepseek_v3" and config.get("rope_interleave", True)
     sd = hf_to_zoo(sd, net, interleave)
     check_compatible(net, sd, f"Hugging Face folder {str(folder)!r}")
@@ -218,42 +258,70 @@ def load_hf_into(net: GPT, folder: str | Path) -> GPT:
 
 
 def load_hf(folder: str | Path) -> GPT:
-    """A ``GPT`` holding the weights of a local Llama or (dense) DeepSeek-V3 Hugging Face folder."""
+    """A ``GPT`` holding the weights of a local Llama, Mixtral or DeepSeek-V3 Hugging Face folder."""
     config, _ = _read_folder(Path(folder))
     return load_hf_into(GPT(**net_kwargs(config)), folder)
 
 
 def hf_config(net: GPT) -> dict:
-    """The ``config.json`` of ``net`` as a Llama (MHA) or DeepSeek-V3 (MLA) model."""
-    for block in net.blocks:
-        block.mlp.hf_config()  # an MLP with no Hugging Face form (a mixture of experts) refuses here, naming itself
-    block, attn = net.blocks[0], net.blocks[0].attn
-    if net.position != "rope" or not block.mlp.hf_layout == net.norm_f.hf_layout == "llama":
-        raise ValueError("Only a Llama-shaped net (RoPE, RMSNorm, SwiGLU) exports as Llama or DeepSeek-V3")
+    """The ``config.json`` of ``net`` as a Llama or Mixtral (MHA) or DeepSeek-V3 (MLA) model."""
+    layouts = [block.mlp.hf_layout for block in net.blocks]  # as each MLP class states its Hugging Face form
+    first_dense = next((i for i, layout in enumerate(layouts) if layout != "llama"), net.n_layer)
+    if net.position != "rope" or net.norm_f.hf_layout != "llama" or set(layouts) - {"llama", "deepseek_v3", "mixtral"}:
+        raise ValueError("Only a Llama-shaped net (RoPE, RMSNorm, SwiGLU or MoE MLPs) exports as Llama or DeepSeek-V3")
+    attn, moe = net.blocks[0].attn, net.blocks[-1].mlp
+    kind = ("mla" if isinstance(attn, MLA) else "mha", moe.hf_layout if first_dense < net.n_layer else "dense")
+    wanted = {("mha", "dense"), ("mla", "dense"), ("mha", "mixtral"), ("mla", "deepseek_v3")}
+    if kind not in wanted or "llama" in layouts[first_dense:] or (kind[1] == "mixtral" and first_dense):
+        raise InputError(
+            f"A GPT with {kind[0].upper()} attention and MLPs {layouts} has no Hugging Face form: the mixture-of-"
+            "experts layers export as DeepSeek-V3 (MLA, routing sigmoid_bias, after first_k_dense dense layers) or as "
+            "Mixtral (MHA, routing softmax, no dense layers and no shared experts)"
+        )
     config = dict(
         vocab_size=net.vocab_size,
         max_position_embeddings=net.block_size,
         num_hidden_layers=net.n_layer,
         hidden_size=net.tok_emb.weight.shape[1],
         num_attention_heads=attn.n_head,
-        **block.mlp.hf_config(),
         **net.norm_f.hf_config(),
         tie_word_embeddings=net.lm_head.weight is net.tok_emb.weight,
-        attention_bias=block.mlp.proj.bias is not None,
+        attention_bias=attn.proj.bias is not None,
         rope_parameters={"rope_type": "default", "rope_theta": net.rope_base},
         attention_dropout=0.0,
     )
-    if isinstance(attn, MHA):
-        return dict(
-            config,
-            model_type="llama",
-            architectures=["LlamaForCausalLM"],
-            num_key_value_heads=attn.n_kv_head,
-            head_dim=attn.head_dim,
+    if kind == ("mha", "mixtral"):
+        return (
+            config
+            | moe.hf_config()
+            | dict(
+                model_type="mixtral",
+                architectures=["MixtralForCausalLM"],
+                num_key_value_heads=attn.n_kv_head,
+                head_dim=attn.head_dim,
+                sliding_window=None,
+            )
         )
+    if kind[0] == "mha":
+        return (
+            config
+            | net.blocks[0].mlp.hf_config()
+            | dict(
+                model_type="llama",
+                architectures=["LlamaForCausalLM"],
+                num_key_value_heads=attn.n_kv_head,
+                head_dim=attn.head_dim,
+            )
+        )
+    if kind[1] == "deepseek_v3":  # DeepSeek-V3 states intermediate_size (the dense layers') even with none
+        moe_config = moe.hf_config()
+        config |= {"intermediate_size": moe_config["moe_intermediate_size"]} | moe_config
+    else:  # routing settings the dense layers never use, valid for DeepseekV3Config
+        config |= dict(n_routed_experts=1, num_experts_per_tok=1, n_group=1, topk_group=1)
+    if first_dense:
+        config |= net.blocks[0].mlp.hf_config()
     q_lora = attn.q_up.in_features if hasattr(attn, "q_up") else None
-    return dict(
-        config,
+    return config | dict(
         model_type="deepseek_v3",
         architectures=["DeepseekV3ForCausalLM"],
         rope_interleave=False,
@@ -263,17 +331,14 @@ def hf_config(net: GPT) -> dict:
         qk_nope_head_dim=attn.dn,
         qk_rope_head_dim=attn.dp,
         v_head_dim=attn.dv,
-        first_k_dense_replace=net.n_layer,
-        n_routed_experts=1,
-        num_experts_per_tok=1,
-        n_group=1,
-        topk_group=1,
+        first_k_dense_replace=first_dense,
         num_mtp_layers=0,
     )
 
 
 def export_hf(net: GPT, folder: str | Path) -> Path:
-    """Write ``net`` as a Hugging Face Llama (MHA/GQA) or DeepSeek-V3 (MLA) folder that transformers loads."""
+    """Write ``net`` as a Hugging Face Llama or Mixtral (MHA/GQA) or DeepSeek-V3 (MLA) folder that transformers
+    loads."""
     from safetensors.torch import save_file
 
     config = hf_config(net)

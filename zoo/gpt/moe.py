@@ -19,6 +19,14 @@ Two routers:
     load-balancing loss N * sum_i f_i P_i (Switch eq. 4; f_i counts all k choices, as Mixtral's
     ``load_balancing_loss_func``, so a balanced router scores k), which ``CausalLMModule`` adds times
     ``aux_loss_coef``.
+``norm_topk_prob: false`` keeps the chosen weights as the router gave them (Qwen-MoE's default).
+
+Hugging Face layouts (``hf_layout`` follows the routing): "sigmoid_bias" is DeepSeek-V3's MoE layer
+(``mlp.gate.weight``, ``mlp.gate.e_score_correction_bias``, ``mlp.experts.{j}.{gate,up,down}_proj.weight``,
+``mlp.shared_experts.*``), "softmax" without shared experts is Mixtral's (``block_sparse_moe.gate.weight``,
+``block_sparse_moe.experts.{j}.w1/w3/w2.weight`` = gate/up/down). Both are read and written per expert, as
+released and as transformers 5's ``save_pretrained`` writes them; transformers 5's in-memory fused tensors
+(``mlp.experts.gate_up_proj`` (E, 2F, D) = [gate | up], ``mlp.experts.down_proj``) are read too.
 
 References:
   Shazeer et al. 2017 (sparsely-gated MoE); Fedus et al. 2021, "Switch Transformers" (eq. 4);
@@ -31,6 +39,8 @@ Notation: B batch, T tokens, N = B*T, D model width, F expert width, E routed ex
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import partial
 from typing import Literal
 
 import torch
@@ -38,14 +48,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from zoo.compat import apply_keeping_float32
 from zoo.errors import InputError
 from zoo.gpt.mlp import SwiGLU
+
+# Per-expert weight names inside a layer's MoE: (gate, up, down) in DeepSeek-V3/Qwen and in Mixtral files.
+_EXPERT_NAMES = {"deepseek_v3": ("gate_proj", "up_proj", "down_proj"), "mixtral": ("w1", "w3", "w2")}
 
 
 class MoE(nn.Module):
     """Shared SwiGLU experts plus ``num_experts_per_tok`` of ``n_routed_experts`` routed SwiGLU experts."""
-
-    hf_layout = "moe"  # no Hugging Face export yet: the exporters refuse it (``hf_config`` says why)
 
     def __init__(
         self,
@@ -62,6 +74,7 @@ class MoE(nn.Module):
         topk_group: int = 1,
         bias_update_rate: float = 1e-3,
         aux_loss_coef: float = 0.01,
+        norm_topk_prob: bool = True,
     ) -> None:
         """
         Args:
@@ -80,6 +93,8 @@ class MoE(nn.Module):
             topk_group: groups a token's experts may come from (DeepSeek-V3: 4).
             bias_update_rate: step of the balancing bias per training step (DeepSeek-V3's gamma, 0.001).
             aux_loss_coef: weight of the balance loss in the training loss (softmax only; Switch uses 0.01).
+            norm_topk_prob: normalise the k chosen weights to sum 1 (DeepSeek-V3, Mixtral); False: the router's own
+                (sigmoid affinities or softmax probabilities, as Qwen-MoE's), times ``routed_scaling_factor``.
         """
         super().__init__()
         if bias:
@@ -99,6 +114,8 @@ class MoE(nn.Module):
         self.k, self.n_group, self.topk_group = k, n_group, topk_group
         self.routing, self.routed_scaling_factor = routing, routed_scaling_factor
         self.bias_update_rate, self.aux_loss_coef = bias_update_rate, aux_loss_coef
+        self.norm_topk_prob, self.n_shared_experts = norm_topk_prob, n_shared_experts
+        self.hf_layout = "deepseek_v3" if routing == "sigmoid_bias" else "mixtral"  # its Hugging Face MoE layer
         self.router = nn.Linear(dim, e, bias=False)
         self.experts_fc = nn.Parameter(torch.empty(e, 2 * hidden, dim))  # [gate | up] per expert, as SwiGLU.fc
         self.experts_proj = nn.Parameter(torch.empty(e, dim, hidden))
@@ -121,7 +138,7 @@ class MoE(nn.Module):
         if self.routing == "softmax":
             probs = logits.softmax(-1)
             w, idx = probs.topk(self.k, dim=-1)  # (N, k)
-            return idx, w / w.sum(-1, keepdim=True), probs
+            return idx, w / w.sum(-1, keepdim=True) if self.norm_topk_prob else w, probs
         scores = logits.sigmoid()  # (N, E) affinities s
         choice = scores + self.expert_bias  # the bias only decides who is chosen
         if self.n_group > 1:
@@ -132,7 +149,10 @@ class MoE(nn.Module):
             choice = grouped.masked_fill(~keep[..., None], float("-inf")).view_as(choice)
         idx = choice.topk(self.k, dim=-1).indices  # (N, k)
         w = scores.gather(1, idx)
-        w = w / (w.sum(-1, keepdim=True) + 1e-20) * self.routed_scaling_factor
+        if self.norm_topk_prob:
+            w = w / (w.sum(-1, keepdim=True) + 1e-20) * self.routed_scaling_factor
+        else:
+            w = w * self.routed_scaling_factor
         return idx, w, scores / scores.sum(-1, keepdim=True)
 
     def experts(self, x: Tensor, idx: Tensor, w: Tensor) -> Tensor:
@@ -211,14 +231,121 @@ class MoE(nn.Module):
         """The weights writing into the residual stream (every expert's down projection)."""
         return [self.experts_proj] + ([] if self.shared is None else self.shared.residual_projections())
 
+    # -- precision ---------------------------------------------------------------------------------------
+
+    def _apply(self, fn, recurse=True):
+        """Casts (``.to(torch.bfloat16)``, ``.half()``, Lightning's ``bf16-true``) move ``expert_bias`` but keep it
+        float32: in bf16 its 1e-3 steps round away beside a bias of order 0.1."""
+        return apply_keeping_float32(self, fn, recurse, ("expert_bias",))
+
+    # -- Hugging Face ------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_hf_config(cls, config: dict) -> Callable[..., MoE]:
+        """This class with the MoE settings of a Hugging Face DeepSeek-V3 or Mixtral config dict."""
+        SwiGLU.from_hf_config(config)  # experts are SwiGLUs: refuses another hidden_act
+        kind = config.get("model_type")
+        if kind == "mixtral":
+            return partial(
+                cls,
+                n_routed_experts=config["num_local_experts"],
+                num_experts_per_tok=config["num_experts_per_tok"],
+                n_shared_experts=0,
+                routing="softmax",
+                aux_loss_coef=config.get("router_aux_loss_coef", 0.001),
+            )
+        if kind != "deepseek_v3":
+            raise InputError(f"zoo.gpt.MoE reads DeepSeek-V3 and Mixtral configs, not model_type {kind!r}")
+        method = (config.get("scoring_func", "sigmoid"), config.get("topk_method", "noaux_tc"))
+        if method != ("sigmoid", "noaux_tc") or config.get("moe_layer_freq", 1) != 1:
+            raise InputError(
+                f"DeepSeek MoE with scoring_func/topk_method {method} and moe_layer_freq "
+                f"{config.get('moe_layer_freq', 1)} is not DeepSeek-V3's (sigmoid, noaux_tc, 1): not supported"
+            )
+        return partial(  # the defaults are transformers' DeepseekV3Config's
+            cls,
+            n_routed_experts=config.get("n_routed_experts", 256),
+            num_experts_per_tok=config.get("num_experts_per_tok", 8),
+            n_shared_experts=config.get("n_shared_experts", 1) or 0,
+            routing="sigmoid_bias",
+            routed_scaling_factor=config.get("routed_scaling_factor", 2.5),
+            n_group=config.get("n_group") or 1,
+            topk_group=config.get("topk_group") or 1,
+            norm_topk_prob=config.get("norm_topk_prob", True),
+        )
+
     def hf_config(self) -> dict:
-        raise InputError("A GPT with a mixture-of-experts MLP (zoo.gpt.MoE) does not export to Hugging Face yet")
+        """The config.json keys of this MoE in its ``hf_layout`` (DeepSeek-V3's or Mixtral's), or a refusal."""
+        e, width = self.experts_proj.shape[0], self.experts_proj.shape[-1]
+        if self.hf_layout == "mixtral":
+            if self.shared is not None or not self.norm_topk_prob:
+                raise InputError(
+                    "A softmax-routed zoo.gpt.MoE exports as Mixtral, which has no shared experts and renormalises "
+                    "its top-k weights: set n_shared_experts: 0 and norm_topk_prob: true"
+                )
+            return dict(
+                hidden_act="silu",
+                intermediate_size=width,
+                num_local_experts=e,
+                num_experts_per_tok=self.k,
+                router_aux_loss_coef=self.aux_loss_coef,
+                router_jitter_noise=0.0,
+            )
+        return dict(
+            hidden_act="silu",
+            moe_intermediate_size=width,
+            n_routed_experts=e,
+            num_experts_per_tok=self.k,
+            n_shared_experts=self.n_shared_experts,
+            routed_scaling_factor=self.routed_scaling_factor,
+            n_group=self.n_group,
+            topk_group=self.topk_group,
+            norm_topk_prob=self.norm_topk_prob,
+            scoring_func="sigmoid",
+            topk_method="noaux_tc",
+        )
 
     def to_hf(self, sd: dict[str, Tensor]) -> dict[str, Tensor]:
-        raise InputError("A GPT with a mixture-of-experts MLP (zoo.gpt.MoE) does not export to Hugging Face yet")
+        """Our keys -> the released per-expert layout of ``hf_layout`` inside a layer (transformers reads it)."""
+        pre = "mlp." if self.hf_layout == "deepseek_v3" else "block_sparse_moe."
+        out = {f"{pre}gate.weight": sd["router.weight"]}
+        if self.hf_layout == "deepseek_v3":
+            out[f"{pre}gate.e_score_correction_bias"] = sd["expert_bias"]
+        gate, up = sd["experts_fc"].chunk(2, dim=1)  # (E, F, D) each
+        names = _EXPERT_NAMES[self.hf_layout]
+        for j, tensors in enumerate(zip(gate, up, sd["experts_proj"])):
+            out.update({f"{pre}experts.{j}.{n}.weight": w for n, w in zip(names, tensors)})
+        if self.shared is not None:
+            shared = {k.removeprefix("shared."): v for k, v in sd.items() if k.startswith("shared.")}
+            out.update({k.replace("mlp.", "mlp.shared_experts.", 1): v for k, v in self.shared.to_hf(shared).items()})
+        elif self.hf_layout == "deepseek_v3":  # transformers builds shared experts of width 0: give it their weights
+            d = sd["router.weight"].shape[1]
+            empty = {"gate_proj": (0, d), "up_proj": (0, d), "down_proj": (d, 0)}
+            out.update({f"mlp.shared_experts.{n}.weight": sd["router.weight"].new_empty(s) for n, s in empty.items()})
+        return out
 
     def from_hf(self, sd: dict[str, Tensor]) -> dict[str, Tensor]:
-        raise InputError("Hugging Face mixture-of-experts weights do not load into zoo.gpt.MoE yet")
+        """A layer's DeepSeek-V3 or Mixtral MoE keys (per expert, or transformers 5's fused tensors) -> ours."""
+        sd = {
+            ("mlp." + k.removeprefix("block_sparse_moe.")): v
+            for k, v in sd.items()
+            if k.startswith("block_sparse_moe.")
+        } | sd
+        e = len(self.experts_fc)
+        out = {"router.weight": sd["mlp.gate.weight"]}
+        out["expert_bias"] = sd.get("mlp.gate.e_score_correction_bias", torch.zeros(e))  # Mixtral's router has none
+        if "mlp.experts.gate_up_proj" in sd:
+            out["experts_fc"], out["experts_proj"] = sd["mlp.experts.gate_up_proj"], sd["mlp.experts.down_proj"]
+        else:
+            names = next((n for n in _EXPERT_NAMES.values() if f"mlp.experts.0.{n[0]}.weight" in sd), None)
+            if names is None:
+                raise InputError(f"No expert weights (mlp.experts.0.gate_proj.weight or w1) among {sorted(sd)}")
+            gate, up, down = (torch.stack([sd[f"mlp.experts.{j}.{n}.weight"] for j in range(e)]) for n in names)
+            out["experts_fc"], out["experts_proj"] = torch.cat((gate, up), dim=1), down  # (E, 2F, D), (E, D, F)
+        if self.shared is not None:
+            shared = {k.replace("mlp.shared_experts.", "mlp.", 1): v for k, v in sd.items() if "shared_experts." in k}
+            out.update({f"shared.{k}": v for k, v in self.shared.from_hf(shared).items()})
+        return out
 
 
 def grouped_mm_fits(w: Tensor) -> bool:
