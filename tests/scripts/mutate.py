@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 A, S, G = "zoo/gpt/attention.py", "zoo/gpt/generate.py", "zoo/gpt/gpt.py"
+SP = "zoo/gpt/speculative.py"
 MLP, NRM, MOE = "zoo/gpt/mlp.py", "zoo/gpt/norms.py", "zoo/gpt/moe.py"
 SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/diffusion/losses.py"
 RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/sac_nets.py", "zoo/rl/td3.py"
@@ -59,6 +60,7 @@ OPT, GN, ATT, WT, TOK = (
 FAMILIES: dict[str, dict] = {
     "gpt": {
         "tests": [
+            "tests/gpt/test_speculative.py",  # first: seconds, and it decodes through most of generate.py
             "tests/gpt/test_gpt_llama.py",
             "tests/gpt/test_gpt_behaviour.py",
             "tests/gpt/test_gpt.py",
@@ -115,7 +117,7 @@ FAMILIES: dict[str, dict] = {
                 "filter_logits(logits.float() / temperature, top_k, top_p)",
                 "filter_logits(logits.float(), top_k, top_p)",
             ),
-            (S, "probs.cumsum(dim=-1) - probs >= top_p", "probs.cumsum(dim=-1) >= top_p"),
+            (S, "before = probs.cumsum(dim=-1) - probs", "before = probs.cumsum(dim=-1)"),
             (
                 S,
                 'logits = logits.masked_fill(logits < kth, float("-inf"))',
@@ -144,6 +146,16 @@ FAMILIES: dict[str, dict] = {
             (MOE, "return e * (f * probs.mean(0)).sum()", "return e * (f * probs.max(0).values).sum()"),
             ("zoo/gpt/module.py", 'out["loss"] = out["loss"] + out["aux_loss"]', 'out["loss"] = out["loss"]'),
             (MOE, "group_score = grouped.topk(2, dim=-1).values.sum(-1)", "group_score = grouped.max(-1).values"),
+            # speculative decoding: acceptance rule, residual, cache rollback, bonus token, batch acceptance
+            (SP, "n = (u * q_d < p_d)", "n = (u * p_d < q_d)"),
+            (SP, "residual = (p_n - q_n).clamp_min(0)", "residual = (q_n - p_n).clamp_min(0)"),
+            (SP, "self.filled = pos + a  #", "self.filled = pos + a + 1  #"),
+            (
+                SP,
+                "new = torch.cat((drafts[:, :a], last[:, None]), dim=1)",
+                "new = torch.cat((drafts[:, :a], last[:, None]), dim=1)[:, : min(a + 1, k) or 1]",
+            ),
+            (SP, "a = int(n[~self.done].min())", "a = int(n[~self.done].max())"),
         ],
     },
     "diffusion": {
