@@ -165,3 +165,16 @@ def test_each_row_emits_the_target_distribution_position_by_position():
         bound = 5 * (p[i] * (1 - p[i]) / reached.sum()).sqrt() + 1e-3
         assert ((freq - p[i]).abs() <= bound).all(), f"position {i}: {freq.tolist()} vs {p[i].tolist()}"
     assert 0 < (n == k).sum() < b and (n == 0).sum() > 0  # both rejections and full acceptance happened
+
+
+def test_a_draft_module_with_another_tokenizer_is_refused_in_one_line(tmp_path):
+    from zoo.gpt import CausalLMModule
+    from zoo.io.tokenizers import ByteTokenizer, CharTokenizer
+
+    target, draft = CausalLMModule(net(0, vocab=257)), CausalLMModule(net(1, vocab=257))
+    target.tokenizer, draft.tokenizer = ByteTokenizer(), CharTokenizer([chr(i) for i in range(256)])
+    with pytest.raises(InputError, match="another tokenizer than the model's"):
+        target.generate(["ab"], 3, temperature=0, draft=draft)
+    draft.tokenizer = ByteTokenizer()
+    assert target.generate(["ab"], 5, temperature=0, draft=draft) == target.generate(["ab"], 5, temperature=0)
+    assert target.last_speculation.proposed > 0
