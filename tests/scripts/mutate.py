@@ -61,6 +61,7 @@ FAMILIES: dict[str, dict] = {
     "gpt": {
         "tests": [
             "tests/gpt/test_speculative.py",  # first: seconds, and it decodes through most of generate.py
+            "tests/gpt/test_sampling.py",
             "tests/gpt/test_gpt_llama.py",
             "tests/gpt/test_gpt_behaviour.py",
             "tests/gpt/test_gpt.py",
