@@ -91,6 +91,14 @@ class WritePredictions(BasePredictionWriter):
             log_file(trainer, path, ARTIFACT_DIR)
         print("\n".join(f"Wrote {path.resolve()}" for path in written))
 
+    def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # What the module measured beyond its outputs (a GPT decoding speculatively: acceptance rate, tokens per
+        # target forward), into the run's metrics.
+        metrics = getattr(pl_module, "predict_metrics", None)
+        if metrics:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics)
+
     def _media_dir(self, trainer: Trainer, name: str, given: str | None = None, key: str = "") -> Path:
         """The folder ``given`` (setting ``key``), else ``name`` beside the predictions file, in the run's folder."""
         if given:

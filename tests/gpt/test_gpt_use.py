@@ -145,7 +145,23 @@ def test_the_logged_model_scores_and_continues_new_text_with_its_own_characters(
         "--data.init_args.prompts_file=prompts.txt",
         "--model.init_args.generation.max_new_tokens=8",
         "--model.init_args.generation.temperature=0",
+        f"--model.init_args.generation.draft={model}",  # resolved as --ckpt_path is; exact, so the same output
     )
     rows = [json.loads(line) for line in output("predictions.jsonl").read_text().splitlines()]
     assert [r["prompt"] for r in rows] == ["ROMEO:", "JULIET:"]
     assert [r["completion"] for r in rows] == c.model.eval().generate(["ROMEO:", "JULIET:"], 8, temperature=0)
+
+
+def test_predict_decodes_speculatively_with_a_draft_checkpoint_and_logs_its_acceptance(capsys):
+    last = fit_tiny()
+    Path("prompts.txt").write_text("ROMEO:\nTo be, or not\n")
+    args = ["predict", "--config", str(TINY), "--ckpt_path", last, "--data.init_args.prompts_file=prompts.txt"]
+    args += ["--model.init_args.generation.max_new_tokens=12", "--model.init_args.generation.temperature=0"]
+    c = cli(*args, f"--model.init_args.generation.draft={last}", "--model.init_args.generation.num_draft_tokens=3")
+    rows = [json.loads(line) for line in output("predictions.jsonl").read_text().splitlines()]
+    # the model drafting for itself: plain greedy output, every proposal accepted, one line printed for the predict
+    module = CausalLMModule.load_from_checkpoint(last).eval()
+    assert [r["completion"] for r in rows] == module.generate(["ROMEO:", "To be, or not"], 12, temperature=0)
+    assert capsys.readouterr().out.count("Speculative decoding: ") == 1
+    run = c.trainer.logger.experiment.get_run(c.trainer.logger.run_id)
+    assert run.data.metrics["predict/acceptance_rate"] == 1.0 and run.data.metrics["predict/tokens_per_forward"] > 1

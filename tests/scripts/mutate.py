@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 A, S, G = "zoo/gpt/attention.py", "zoo/gpt/generate.py", "zoo/gpt/gpt.py"
 MLP, NRM, MOE = "zoo/gpt/mlp.py", "zoo/gpt/norms.py", "zoo/gpt/moe.py"
+SP = "zoo/gpt/speculative.py"
 SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/diffusion/losses.py"
 RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/sac_nets.py", "zoo/rl/td3.py"
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
@@ -59,6 +60,8 @@ OPT, GN, ATT, WT, TOK = (
 FAMILIES: dict[str, dict] = {
     "gpt": {
         "tests": [
+            "tests/gpt/test_speculative.py",  # first: seconds, and it decodes through most of generate.py
+            "tests/gpt/test_sampling.py",
             "tests/gpt/test_gpt_llama.py",
             "tests/gpt/test_gpt_behaviour.py",
             "tests/gpt/test_gpt.py",
@@ -116,7 +119,7 @@ FAMILIES: dict[str, dict] = {
                 "filter_logits(logits.float() / temperature, top_k, top_p)",
                 "filter_logits(logits.float(), top_k, top_p)",
             ),
-            (S, "probs.cumsum(dim=-1) - probs >= top_p", "probs.cumsum(dim=-1) >= top_p"),
+            (S, "before = probs.cumsum(dim=-1) - probs", "before = probs.cumsum(dim=-1)"),
             (
                 S,
                 'logits = logits.masked_fill(logits < kth, float("-inf"))',
@@ -160,6 +163,16 @@ FAMILIES: dict[str, dict] = {
             (MOE, 'routed_scaling_factor=config.get("routed_scaling_factor", 2.5),', "routed_scaling_factor=1.0,"),
             ("zoo/gpt/llama.py", "first_k_dense=first_dense,", "first_k_dense=first_dense + 1,"),
             (MOE, 'out[f"{pre}gate.e_score_correction_bias"] = sd["expert_bias"]', "pass"),
+            # speculative decoding: acceptance rule, residual, cache rollback, bonus token, batch acceptance
+            (SP, "n = (u * q_d < p_d)", "n = (u * p_d < q_d)"),
+            (SP, "residual = (p_n - q_n).clamp_min(0)", "residual = (q_n - p_n).clamp_min(0)"),
+            (SP, "self.filled = pos + a  #", "self.filled = pos + a + 1  #"),
+            (
+                SP,
+                "new = torch.cat((drafts[:, :a], last[:, None]), dim=1)",
+                "new = torch.cat((drafts[:, :a], last[:, None]), dim=1)[:, : min(a + 1, k) or 1]",
+            ),
+            (SP, "a = int(n[~self.done].min())", "a = int(n[~self.done].max())"),
         ],
     },
     "diffusion": {

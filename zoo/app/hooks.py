@@ -40,6 +40,7 @@ def prepare_config(cfg: Any, subcommand: str | None) -> None:
         refuse_training_nothing(cfg)
     prepare_checkpoint(cfg, subcommand)
     resolve_init_weights(cfg)
+    resolve_draft(cfg)
     drop_unusable_callbacks(cfg)
     name_the_run(cfg)
     bf16_on_cpu(cfg)
@@ -95,6 +96,16 @@ def resolve_init_weights(cfg: Any) -> None:
     weights = init_args.get("init_weights") if init_args else None
     if is_mlflow_uri(weights) and not cfg.get("ckpt_path"):
         init_args.init_weights = local_weights(weights)
+
+
+def resolve_draft(cfg: Any) -> None:
+    """``model.init_args.generation.draft`` (speculative decoding's draft model) naming an MLflow model: a local
+    checkpoint, as ``--ckpt_path`` gets one; the module reads it weights-only and checks what it names."""
+    init_args = cfg.model.get("init_args") if cfg.get("model") else None
+    generation = init_args.get("generation") if init_args else None
+    draft = generation.get("draft") if hasattr(generation, "get") else None
+    if is_mlflow_uri(draft):
+        generation.draft = resolve_checkpoint(draft)
 
 
 def drop_unusable_callbacks(cfg: Any) -> None:

@@ -48,6 +48,17 @@ class LayerCache:
         self.b[:, :, start:end] = b
         return self.a[:, :, :end], self.b[:, :, :end]
 
+    def truncate(self, length: int, end: int | None = None) -> None:
+        """Forget slots ``length``..``end`` (all later slots when None): zeroed, as a cache that never held them.
+
+        Speculative decoding's rollback: rejected draft tokens were written there. Attention reads only the
+        slots before a forward's own end, so rewinding the write position alone would do; zeroing makes the
+        rollback visible, and tested: after it the cache equals one that decoded only the kept tokens.
+        """
+        self.a[:, :, length:end] = 0
+        if self.b is not None:
+            self.b[:, :, length:end] = 0
+
     def numbers_per_token(self) -> int:
         """Cached numbers per token in this layer, over all heads (batch and length divided out)."""
         return self.a[0, :, 0].numel() + (0 if self.b is None else self.b[0, :, 0].numel())
@@ -67,18 +78,34 @@ def make_cache(net: GPT, batch: int, max_len: int, dtype: torch.dtype | None = N
 
 
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
-    """Set to -inf every logit (B, V) outside the top-k and outside the nucleus of mass top_p (Holtzman 2019)."""
+    """Set to -inf every logit (..., V) outside the top-k and outside the nucleus of mass top_p (Holtzman 2019).
+
+    Applied in transformers' order (its ``TopKLogitsWarper`` then ``TopPLogitsWarper``, after the temperature), with
+    the same rules: top-k keeps every id tied with the k-th, and top-p drops an id when the mass of the ids ranked
+    before it already reaches top_p (the most likely one always stays). Ties at the nucleus' edge stay or go together
+    here, where transformers keeps whichever its unstable sort put first (tested against it).
+    """
     if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         probs = sorted_logits.softmax(dim=-1)
-        # Drop a token when the mass before it already reaches top_p; the most likely one always stays.
-        drop_sorted = probs.cumsum(dim=-1) - probs >= top_p
+        before = probs.cumsum(dim=-1) - probs  # mass ranked before each sorted id
+        # An id tied with the one before it is ranked with the first of its ties (the smallest mass before).
+        idx = torch.arange(logits.shape[-1], device=logits.device).expand_as(before)
+        new = torch.ones_like(before, dtype=torch.bool)
+        new[..., 1:] = sorted_logits[..., 1:] != sorted_logits[..., :-1]
+        first = torch.where(new, idx, 0).cummax(dim=-1).values
+        drop_sorted = before.gather(-1, first) >= top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
+
+
+def probabilities(logits: Tensor, temperature: float, top_k: int | None = None, top_p: float | None = None) -> Tensor:
+    """The distribution (..., V) ``sample_next`` draws from: softmax of the filtered logits / temperature (> 0)."""
+    return filter_logits(logits.float() / temperature, top_k, top_p).softmax(dim=-1)
 
 
 def sample_next(
@@ -91,7 +118,7 @@ def sample_next(
     """Next ids (B,) from last-position logits (B, V); temperature 0 is greedy."""
     if temperature <= 0:
         return logits.argmax(dim=-1)
-    probs = filter_logits(logits.float() / temperature, top_k, top_p).softmax(dim=-1)
+    probs = probabilities(logits, temperature, top_k, top_p)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
@@ -125,6 +152,11 @@ class Generation:
         seed: seed of the sampling of predict batch 0 (batch i: seed + i), so a prediction run repeats exactly.
         past_block_size: past the net's block_size, slide the context over the last block_size tokens, or refuse
             (error) a prompt and max_new_tokens that do not fit in it.
+        draft: decode speculatively (``zoo.gpt.speculative``) with this smaller model proposing tokens: a zoo
+            checkpoint of a ``CausalLMModule`` with the same tokenizer, or an MLflow model (models:/name/version,
+            runs:/id/model) the application resolves; None: plain decoding. The output is the same either way
+            (greedy: token for token; sampled: in distribution).
+        num_draft_tokens: tokens the draft proposes per target forward (k).
     """
 
     max_new_tokens: int = 200
@@ -133,6 +165,8 @@ class Generation:
     top_p: float | None = None
     seed: int = 0
     past_block_size: Literal["slide", "error"] = "slide"
+    draft: str | None = None
+    num_draft_tokens: int = 4
 
     def __post_init__(self) -> None:
         # Checked when the config is read, before any run or data.
@@ -143,6 +177,7 @@ class Generation:
                 ("temperature", self.temperature >= 0, "0 or more (0: greedy)"),
                 ("top_k", self.top_k is None or self.top_k >= 1, "1 or more, or null (all tokens)"),
                 ("top_p", self.top_p is None or 0 < self.top_p <= 1, "in (0, 1], or null (all tokens)"),
+                ("num_draft_tokens", self.num_draft_tokens >= 1, "1 or more"),
             )
             if not ok
         ]
@@ -157,6 +192,28 @@ class Generation:
     def of(cls, value: Generation | dict) -> Generation:
         """From itself or from its fields as a dict (how checkpoints' hyperparameters carry it)."""
         return value if isinstance(value, cls) else cls(**value)
+
+
+def checked_request(net: GPT, prompts: list[Tensor], max_new_tokens: int, past_block_size: str) -> int:
+    """The longest prompt's length, once prompts and ``max_new_tokens`` are known to fit the net (else one error)."""
+    if not prompts or any(p.ndim != 1 or p.numel() == 0 for p in prompts):
+        raise ValueError("prompts must be a non-empty list of non-empty 1-D id tensors")
+    # What a user asks for (prompts, max_new_tokens) that cannot work: InputError, one line naming it and the fix.
+    if max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    longest, bs = max(p.numel() for p in prompts), net.block_size
+    if longest >= bs:
+        raise InputError(
+            f"A prompt of {longest} tokens leaves no room in the model's block_size {bs}: shorten it to "
+            f"at most {bs - 1} tokens"
+        )
+    if past_block_size == "error" and longest + max_new_tokens > bs:
+        raise InputError(
+            f"{longest} prompt tokens + max_new_tokens={max_new_tokens} exceed the model's block_size "
+            f"{bs} (past_block_size='error'): ask for at most {bs - longest} new tokens, or pass "
+            f"past_block_size='slide'"
+        )
+    return longest
 
 
 @torch.inference_mode()
@@ -178,23 +235,7 @@ def generate(
     ``block_size`` (``"slide"``), or the call is refused up front (``"error"``). A prompt must leave room for
     one token in ``block_size``.
     """
-    if not prompts or any(p.ndim != 1 or p.numel() == 0 for p in prompts):
-        raise ValueError("prompts must be a non-empty list of non-empty 1-D id tensors")
-    # What a user asks for (prompts, max_new_tokens) that cannot work: InputError, one line naming it and the fix.
-    if max_new_tokens < 1:
-        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    longest, bs = max(p.numel() for p in prompts), net.block_size
-    if longest >= bs:
-        raise InputError(
-            f"A prompt of {longest} tokens leaves no room in the model's block_size {bs}: shorten it to "
-            f"at most {bs - 1} tokens"
-        )
-    if past_block_size == "error" and longest + max_new_tokens > bs:
-        raise InputError(
-            f"{longest} prompt tokens + max_new_tokens={max_new_tokens} exceed the model's block_size "
-            f"{bs} (past_block_size='error'): ask for at most {bs - longest} new tokens, or pass "
-            f"past_block_size='slide'"
-        )
+    longest, bs = checked_request(net, prompts, max_new_tokens, past_block_size), net.block_size
     n = longest + max_new_tokens
     tokens, pad = left_padded(prompts, net.tok_emb.weight.device, n)  # (B, N), (B,)
     b = len(prompts)

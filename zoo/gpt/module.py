@@ -14,6 +14,7 @@ from zoo.gpt.generate import Generation, generate
 from zoo.gpt.gpt import GPT
 from zoo.gpt.losses import causal_lm_loss
 from zoo.gpt.moe import routers
+from zoo.gpt.speculative import SpeculationStats, speculative_generate
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.io.tokenizers import prompt_ids, tokenizer_from_dict
@@ -82,6 +83,8 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         self._init_loaded = False
         self.tokenizer = None  # set from the datamodule or the checkpoint; needed to generate from text
         self.routers = routers(net)  # mixture-of-experts MLPs (zoo.gpt.moe), none in a dense net
+        self._drafts: dict[str, GPT] = {}  # speculative decoding's drafts by path, loaded once (not submodules)
+        self._speculation: SpeculationStats | None = None  # this predict's counts, when it decodes speculatively
 
     # -- setup -------------------------------------------------------------------------------------------
 
@@ -195,8 +198,16 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         top_k: int | None = None,
         top_p: float | None = None,
         seed: int | None = None,
+        draft: str | GPT | CausalLMModule | None = None,
+        num_draft_tokens: int = 4,
     ) -> list[str] | list[Tensor]:
-        """Continue each prompt (text, or 1-D id tensors); returns the continuations in the same form."""
+        """Continue each prompt (text, or 1-D id tensors); returns the continuations in the same form.
+
+        ``draft`` (a checkpoint path, a ``CausalLMModule`` or a ``GPT`` sharing this model's tokenizer) decodes
+        speculatively, ``num_draft_tokens`` proposed per forward (``zoo.gpt.speculative``): the same continuations
+        greedily, the same distribution sampled; its counts (acceptance rate, tokens per forward) are then in
+        ``last_speculation``.
+        """
         as_text = bool(prompts) and isinstance(prompts[0], str)
         if as_text and self.tokenizer is None:
             raise RuntimeError("No tokenizer: fit or load from a checkpoint made with a text datamodule, or pass ids")
@@ -205,8 +216,47 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         if seed is not None:
             gen = torch.Generator(self.device).manual_seed(seed)
         eos = self.tokenizer.eos_id if self.tokenizer is not None else None
-        out = generate(self.net, ids, max_new_tokens, temperature, top_k, top_p, eos_id=eos, generator=gen)
+        if draft is None:
+            out = generate(self.net, ids, max_new_tokens, temperature, top_k, top_p, eos_id=eos, generator=gen)
+        else:
+            out, stats = speculative_generate(
+                self.net,
+                self.draft_net(draft),
+                ids,
+                max_new_tokens,
+                num_draft_tokens,
+                temperature,
+                top_k,
+                top_p,
+                eos_id=eos,
+                generator=gen,
+            )
+            self.last_speculation = stats
         return [self.tokenizer.decode(o.tolist()) for o in out] if as_text else out
+
+    def draft_net(self, draft: str | GPT | CausalLMModule) -> GPT:
+        """The draft's net: a checkpoint (read weights-only, once) or module whose tokenizer is this model's."""
+        if isinstance(draft, GPT):
+            return draft
+        if isinstance(draft, str):
+            if draft not in self._drafts:
+                module = CausalLMModule.load_from_checkpoint(readable(draft, "generation.draft"), self.device)
+                self._check_draft_tokenizer(module, draft)
+                self._drafts[draft] = module.net
+            return self._drafts[draft]
+        self._check_draft_tokenizer(draft, "the draft")
+        return draft.net
+
+    def _check_draft_tokenizer(self, draft: CausalLMModule, name: str) -> None:
+        theirs, ours = draft.tokenizer, self.tokenizer
+        if theirs is not None and ours is not None and theirs.to_dict() != ours.to_dict():
+            raise InputError(
+                f"generation.draft {name} has another tokenizer than the model's: a draft must propose the "
+                f"model's own ids; pass a draft trained on the same tokenizer"
+            )
+
+    def on_predict_epoch_start(self) -> None:
+        self._speculation = None
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict[str, list[str]]:
         """Continue the batch's prompts as ``generation`` says (the batch's own, a served request's, else the
@@ -214,18 +264,41 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         if self.tokenizer is None:  # predict without a checkpoint: the datamodule's (which encoded the prompts)
             self.tokenizer = getattr(self.trainer.datamodule, "tokenizer", None)
         g = Generation.of(batch.get("generation") or self.hparams.generation)  # hparams: a dict, as checkpoints have
-        out = generate(
-            self.net,
-            batch["prompt_ids"],
-            g.max_new_tokens,
-            g.temperature,
-            g.top_k,
-            g.top_p,
+        common = dict(
+            temperature=g.temperature,
+            top_k=g.top_k,
+            top_p=g.top_p,
             eos_id=self.tokenizer.eos_id,
             generator=torch.Generator(self.device).manual_seed(g.seed + batch_idx),
             past_block_size=g.past_block_size,
         )
+        if g.draft is None:
+            out = generate(self.net, batch["prompt_ids"], g.max_new_tokens, **common)
+        else:
+            draft = self.draft_net(g.draft)
+            out, stats = speculative_generate(
+                self.net, draft, batch["prompt_ids"], g.max_new_tokens, g.num_draft_tokens, **common
+            )
+            self._speculation = self._speculation or SpeculationStats()
+            self._speculation.add(stats)
         return {"prompt": list(batch["text"]), "completion": [self.tokenizer.decode(o.tolist()) for o in out]}
+
+    @property
+    def predict_metrics(self) -> dict[str, float]:
+        """What this predict measured beyond its outputs, for the application to log: speculative decoding's
+        acceptance rate and tokens per target forward (none when it decoded plainly)."""
+        s = self._speculation
+        if s is None:
+            return {}
+        return {"predict/acceptance_rate": s.acceptance_rate, "predict/tokens_per_forward": s.tokens_per_forward}
+
+    def on_predict_epoch_end(self) -> None:
+        s = self._speculation
+        if s is not None and self.trainer.is_global_zero:  # one line for the whole predict, not one per batch
+            print(
+                f"Speculative decoding: {s.accepted}/{s.proposed} draft tokens accepted "
+                f"({s.acceptance_rate:.1%}), {s.tokens_per_forward:.2f} tokens per target forward"
+            )
 
     # -- checkpoints -------------------------------------------------------------------------------------
 

@@ -49,6 +49,8 @@ class WeightsOnlyLoading:
             stored = dict(checkpoint[key])
             checked = trust.check_stored_model(stored, str(checkpoint_path), trust.zoo_allowlist(), cls=cls)
             checkpoint[key] = {**{k: stored[k] for k in ("_class_path", "_instantiator") if k in stored}, **checked}
+            if "_class_path" in stored:  # one converted from an MLflow model records no instantiator: LightningCLI's
+                checkpoint[key].setdefault("_instantiator", trust.LIGHTNING_INSTANTIATOR)  # builds its nested classes
         module = compat.module_from_checkpoint(cls, checkpoint, strict=strict, **kwargs)
         module.skip_init_weights()  # the checkpoint's weights are the trained ones
         tensor = next((t for t in checkpoint.get("state_dict", {}).values() if isinstance(t, torch.Tensor)), None)
