@@ -13,6 +13,7 @@ from conftest import CONFIGS, cli, output
 
 import datamodules.text
 from zoo.gpt import CausalLMModule
+from zoo.gpt.generate import Generation
 from zoo.gpt.losses import causal_lm_loss
 
 TINY = CONFIGS / "gpt" / "gpt_tiny.yaml"
@@ -165,3 +166,20 @@ def test_predict_decodes_speculatively_with_a_draft_checkpoint_and_logs_its_acce
     assert capsys.readouterr().out.count("Speculative decoding: ") == 1
     run = c.trainer.logger.experiment.get_run(c.trainer.logger.run_id)
     assert run.data.metrics["predict/acceptance_rate"] == 1.0 and run.data.metrics["predict/tokens_per_forward"] > 1
+
+
+def test_a_draft_named_in_a_checkpoint_is_not_read():
+    # A file does not choose which other file is read: the stored generation's draft is dropped on every load path.
+    ckpt = torch.load(fit_tiny(), weights_only=True)
+    ckpt["hyper_parameters"]["generation"]["draft"] = "/elsewhere/not-yours.ckpt"
+    torch.save(ckpt, "planted.ckpt")
+    module = CausalLMModule.load_from_checkpoint("planted.ckpt")
+    assert Generation.of(module.hparams.generation).draft is None
+    assert module.generate(["ROMEO:"], 4, temperature=0)  # plain decoding, nothing else read
+    from zoo.tracking.stored_config import checkpoint_config
+
+    stored = checkpoint_config("planted.ckpt", "predict")["model"]["init_args"]["generation"]
+    assert (
+        stored["draft"] is None
+        and stored["max_new_tokens"] == Generation.of(ckpt["hyper_parameters"]["generation"]).max_new_tokens
+    )

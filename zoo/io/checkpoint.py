@@ -48,6 +48,7 @@ class WeightsOnlyLoading:
         if checkpoint.get(key):  # what the file names is checked before Lightning imports any of it
             stored = dict(checkpoint[key])
             checked = trust.check_stored_model(stored, str(checkpoint_path), trust.zoo_allowlist(), cls=cls)
+            checked = cls.stored_hparams(checked)
             checkpoint[key] = {**{k: stored[k] for k in ("_class_path", "_instantiator") if k in stored}, **checked}
             if "_class_path" in stored:  # one converted from an MLflow model records no instantiator: LightningCLI's
                 checkpoint[key].setdefault("_instantiator", trust.LIGHTNING_INSTANTIATOR)  # builds its nested classes
@@ -55,6 +56,12 @@ class WeightsOnlyLoading:
         module.skip_init_weights()  # the checkpoint's weights are the trained ones
         tensor = next((t for t in checkpoint.get("state_dict", {}).values() if isinstance(t, torch.Tensor)), None)
         return module if tensor is None else module.to(tensor.device)  # where map_location put the weights
+
+    @classmethod
+    def stored_hparams(cls, hparams: dict) -> dict:
+        """A checkpoint's (checked) hyperparameters as this class builds from them: a family drops what a file may
+        not choose (the GPT: a speculative draft to read)."""
+        return hparams
 
     def skip_init_weights(self) -> None:
         """Weights come from a checkpoint: ``init_weights`` (the pretrained start) is not read again, so a

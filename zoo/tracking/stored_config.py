@@ -49,8 +49,10 @@ def checkpoint_config(
     except ValueError:  # no class path: a checkpoint saved from Python, not through cli.py
         return {}
     init_args = check_stored_model({"_class_path": spec["class_path"], **spec["init_args"]}, uri, allow)
-    out = {"model": {"class_path": spec["class_path"], "init_args": init_args}}
     module = allow.modules.get(spec["class_path"])  # None: a class the user's own config vouched for
+    if hasattr(module, "stored_hparams"):
+        init_args = module.stored_hparams(init_args)  # less what a file may not choose (zoo.io.checkpoint)
+    out = {"model": {"class_path": spec["class_path"], "init_args": init_args}}
     predict_data = family_of(module).predict_data if module is not None else None
     if subcommand == "predict" and predict_data:
         out["data"] = {"class_path": predict_data}
