@@ -29,6 +29,7 @@ from torch import Tensor
 from zoo.gpt.attention import MHA, MLA
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import SwiGLU
+from zoo.gpt.mtp import mtp_to_hf, mtp_to_zoo
 from zoo.gpt.norms import RMSNorm
 from zoo.io.weights import check_compatible, extract_state_dict, load_file
 
@@ -153,7 +154,7 @@ def hf_to_zoo(sd: dict[str, Tensor], net: GPT, interleave: bool = False) -> dict
         block.update(_attn_to_zoo(sd, pre, net, interleave))
         out.update({f"blocks.{i}.{k}": v for k, v in block.items()})
     out["lm_head.weight"] = sd.get("lm_head.weight", out["tok_emb.weight"])
-    return out
+    return out | mtp_to_zoo(sd, net, interleave, hf_to_zoo)  # the MTP modules the net has (zoo.gpt.mtp)
 
 
 def zoo_to_hf(sd: dict[str, Tensor], net: GPT) -> dict[str, Tensor]:
@@ -180,7 +181,7 @@ def zoo_to_hf(sd: dict[str, Tensor], net: GPT) -> dict[str, Tensor]:
             out.update(
                 {pre + f"self_attn.{t}": sd[ours + f"attn.{o}"] for o, t in _MLA_KEYS if ours + f"attn.{o}" in sd}
             )
-    return out
+    return out | mtp_to_hf(sd, net, zoo_to_hf)
 
 
 def _read_folder(folder: Path) -> tuple[dict, dict[str, Tensor]]:
@@ -250,6 +251,7 @@ def hf_config(net: GPT) -> dict:
             architectures=["LlamaForCausalLM"],
             num_key_value_heads=attn.n_kv_head,
             head_dim=attn.head_dim,
+            **({"num_nextn_predict_layers": len(net.mtp)} if net.mtp else {}),  # DeepSeek-V3's layout (zoo.gpt.mtp)
         )
     q_lora = attn.q_up.in_features if hasattr(attn, "q_up") else None
     return dict(
@@ -268,7 +270,7 @@ def hf_config(net: GPT) -> dict:
         num_experts_per_tok=1,
         n_group=1,
         topk_group=1,
-        num_mtp_layers=0,
+        num_nextn_predict_layers=len(net.mtp),
     )
 
 
