@@ -21,9 +21,11 @@ Two choices follow DeepSeek's released weights and the code that runs them rathe
     output (its final layernorm applied) to the first MTP layer and each layer's normed output to the next, and
     transformers' ``MTPCandidateGenerator`` feeds ``hidden_states[-1]``, the last hidden state after ``model.norm``.
 
-Hugging Face layout (DeepSeek-V3 folders): module k is ``model.layers.{L + k - 1}.*`` for L main layers, holding
-the decoder layer's usual keys plus ``enorm``, ``hnorm``, ``eh_proj``, ``shared_head.norm`` (norm_k) and copies of
-the shared ``embed_tokens`` and ``shared_head.head``; ``config.json`` counts them in ``num_nextn_predict_layers``.
+Hugging Face layout (DeepSeek-V3 folders, as DeepSeek's ``README_WEIGHTS.md`` describes it): module k is
+``model.layers.{L + k - 1}.*`` for L main layers, holding the decoder layer's usual keys plus ``enorm``, ``hnorm``,
+``eh_proj``, ``shared_head.norm`` (norm_k) and copies of the shared ``embed_tokens`` and ``shared_head.head``;
+``config.json`` counts them in ``num_nextn_predict_layers``. The zoo's module k is its block like the GPT's last (in
+transformers' ``MtpModel`` a DeepSeek-V3 MTP block is always a mixture of experts).
 
 Notation: B batch, T tokens, D model width, V vocabulary, k depth.
 """
