@@ -247,3 +247,22 @@ def test_a_corpus_too_small_for_a_validation_window_fails_before_training_naming
     assert proc.returncode == 1 and len(errors) == 1, proc.stderr[-3000:]
     assert str(corpus) in errors[0] and short in errors[0] and "val_fraction" in errors[0], errors[0]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_tiny_deepseek_fits_logs_each_depth_and_reloads_from_its_checkpoint(one_thread):
+    config = str(CONFIGS / "gpt" / "deepseek_tiny.yaml")
+    steps = ["--data.init_args.samples_per_epoch=24", "--trainer.limit_val_batches=1", "--trainer.log_every_n_steps=1"]
+    c = cli("fit", "--config", config, *steps)  # 3 steps
+    metrics = c.trainer.callback_metrics
+    assert {"train/mtp_loss", "train/mtp_loss_1", "val/mtp_loss_1", "val/loss", "val/moe_bias_min"} <= set(metrics)
+    assert metrics["val/mtp_loss_1"] < math.log(257) and "val/mtp_loss_2" not in metrics
+    assert len(c.model.routers) == 2  # the MTP block is a mixture of experts like the last block
+    last = c.trainer.checkpoint_callback.last_model_path
+
+    module = CausalLMModule.load_from_checkpoint(last).eval()  # MTP rebuilt from the checkpoint alone
+    assert module.hparams.mtp_weight == 0.3 and len(module.net.mtp) == 1
+    ids = torch.randint(0, 257, (1, 16))
+    with torch.no_grad():
+        for a, b in zip(module.net(ids, mtp=True)[1], c.model.net.eval()(ids, mtp=True)[1], strict=True):
+            torch.testing.assert_close(a, b)
+    assert len(module.generate(["ROMEO:"], max_new_tokens=8, temperature=0)[0]) > 0  # the main model alone

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 A, S, G = "zoo/gpt/attention.py", "zoo/gpt/generate.py", "zoo/gpt/gpt.py"
 MLP, NRM, MOE = "zoo/gpt/mlp.py", "zoo/gpt/norms.py", "zoo/gpt/moe.py"
 SP = "zoo/gpt/speculative.py"
+MTP, LOSS = "zoo/gpt/mtp.py", "zoo/gpt/losses.py"
 SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/diffusion/losses.py"
 RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/sac_nets.py", "zoo/rl/td3.py"
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
@@ -62,6 +63,7 @@ FAMILIES: dict[str, dict] = {
         "tests": [
             "tests/gpt/test_speculative.py",  # first: seconds, and it decodes through most of generate.py
             "tests/gpt/test_sampling.py",
+            "tests/gpt/test_mtp.py",  # first: seconds, and its transformers references catch attention mutants too
             "tests/gpt/test_gpt_llama.py",
             "tests/gpt/test_gpt_behaviour.py",
             "tests/gpt/test_gpt.py",
@@ -173,6 +175,24 @@ FAMILIES: dict[str, dict] = {
                 "new = torch.cat((drafts[:, :a], last[:, None]), dim=1)[:, : min(a + 1, k) or 1]",
             ),
             (SP, "a = int(n[~self.done].min())", "a = int(n[~self.done].max())"),
+            # multi-token prediction: inputs and targets one token off, concatenation order, scaling, h^0's norm
+            (G, "self.mtp_forward(h[:, :-1], idx[:, k:], k)", "self.mtp_forward(h[:, :-1], idx[:, k - 1 : -1], k)"),
+            (
+                LOSS,
+                "depth = causal_lm_loss(logits, targets[:, k:])",
+                "depth = causal_lm_loss(logits, targets[:, k - 1 : -1])",
+            ),
+            (
+                MTP,
+                "torch.cat((self.enorm(emb), self.hnorm(h)), dim=-1)",
+                "torch.cat((self.hnorm(h), self.enorm(emb)), dim=-1)",
+            ),
+            (
+                LOSS,
+                "for k in range(1, len(mtp_logits) + 1)) / len(mtp_logits)",
+                "for k in range(1, len(mtp_logits) + 1))",
+            ),
+            (G, "return logits, self._mtp_logits(h, idx)", "return logits, self._mtp_logits(x, idx)"),
         ],
     },
     "diffusion": {

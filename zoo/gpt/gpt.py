@@ -8,7 +8,9 @@ References:
 
 The net only predicts logits; the loss is in ``losses.py`` and decoding (its caches, sampling) in
 ``generate.py``. ``forward`` takes an optional per-layer cache and the position of the first token, which
-is all a decoder needs from the net.
+is all a decoder needs from the net. With ``mtp_depth`` D > 0 the net also holds DeepSeek-V3's multi-token
+prediction modules (``mtp.py``), run only when asked (``forward(..., mtp=True)`` in training, ``mtp_forward`` to
+draft).
 
 Notation: B batch, T tokens in this call, D model width, V vocabulary.
 """
@@ -26,6 +28,7 @@ from torch.utils.checkpoint import checkpoint
 from zoo.gpt.attention import MHA, AttentionClass, LayerCache, rope_cache
 from zoo.gpt.mlp import GeluMLP, SwiGLU, mlp_of_old_config
 from zoo.gpt.moe import MoE
+from zoo.gpt.mtp import MTPModule
 from zoo.gpt.norms import LayerNorm, NormClass, norm_of_old_config
 
 # What GPT(mlp=...) takes: a class (or partial) called as cls(dim, hidden, bias, dropout); in YAML a class_path with
@@ -94,6 +97,7 @@ class GPT(nn.Module):
         tie_embeddings: bool = True,
         dropout: float = 0.0,
         activation_checkpointing: bool = False,
+        mtp_depth: int = 0,
     ) -> None:
         """
         Args:
@@ -124,6 +128,9 @@ class GPT(nn.Module):
             tie_embeddings: share the token embedding with the output head (GPT-2 does).
             dropout: dropout on embeddings, attention and residual branches.
             activation_checkpointing: recompute each block's activations in backward to save memory.
+            mtp_depth: multi-token prediction modules D (DeepSeek-V3 section 2.2, ``zoo.gpt.mtp``; DeepSeek-V3: 1),
+                each a block built as the last one plus two norms and a 2D -> D projection, sharing the embedding
+                and the head; 0: none (the net and its checkpoints as without the option).
         """
         if vocab_size is None:
             raise ValueError("GPT needs vocab_size: the tokenizer's number of ids (cli.py takes it from the data)")
@@ -138,8 +145,9 @@ class GPT(nn.Module):
         if position == "learned":
             self.pos_emb = nn.Embedding(block_size, n_embd)
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(
-            Block(
+
+        def block(i: int) -> Block:
+            return Block(
                 attention(n_embd, n_head, bias, dropout, position == "rope"),
                 SwiGLU(n_embd, dense_hidden, bias, dropout)
                 if i < first_k_dense
@@ -149,12 +157,18 @@ class GPT(nn.Module):
                 norm_eps,
                 dropout,
             )
-            for i in range(n_layer)
-        )
+
+        self.blocks = nn.ModuleList(block(i) for i in range(n_layer))
         self.norm_f = norm_cls(n_embd, eps=norm_eps)
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
         if tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
+        # Registered last and built without drawing from the global generator, so a seed gives the main model the
+        # weights it gives without MTP (reset_parameters draws them first): runs with and without MTP start alike.
+        with torch.random.fork_rng(devices=[]):
+            self.mtp = nn.ModuleList(
+                MTPModule(block(n_layer - 1), norm_cls, n_embd, norm_eps) for _ in range(mtp_depth)
+            )
         cos, sin = rope_cache(block_size, self.blocks[0].attn.rope_dim, rope_base)
         # Not persistent: rebuilt from the config, so checkpoints and HF conversions carry weights only.
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -164,7 +178,9 @@ class GPT(nn.Module):
     def reset_parameters(self) -> None:
         """GPT-2 initialisation: N(0, 0.02), zero biases, residual output projections N(0, 0.02/sqrt(2L)) (the
         attention's ``proj`` and what each MLP names)."""
-        residual = {id(p) for block in self.blocks for p in (block.attn.proj.weight, *block.mlp.residual_projections())}
+        residual = {
+            id(p) for block in self.all_blocks() for p in (block.attn.proj.weight, *block.mlp.residual_projections())
+        }
         for name, p in self.named_parameters():  # in order, so a seed gives the weights it always gave
             if name.endswith("bias"):
                 nn.init.zeros_(p)
@@ -172,6 +188,10 @@ class GPT(nn.Module):
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * self.n_layer) if id(p) in residual else 0.02)
             else:
                 nn.init.ones_(p)  # norm weights
+
+    def all_blocks(self) -> list[Block]:
+        """The main blocks, then each multi-token prediction module's block (the FSDP2 units)."""
+        return [*self.blocks, *(m.block for m in self.mtp)]
 
     def no_weight_decay(self) -> set[str]:
         """Embedding tables (the tied head included) take no weight decay."""
@@ -181,35 +201,83 @@ class GPT(nn.Module):
         return names
 
     def forward(
-        self, idx: Tensor, cache: list[LayerCache] | None = None, start: int = 0, pad: Tensor | None = None
-    ) -> Tensor:
+        self,
+        idx: Tensor,
+        cache: list[LayerCache] | None = None,
+        start: int = 0,
+        pad: Tensor | None = None,
+        mtp: bool = False,
+        return_hidden: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor] | tuple[Tensor, list[Tensor]]:
         """Logits (B, T, V) for ids (B, T) in slots start..start+T-1; ``cache`` holds the earlier slots.
 
         ``pad`` (B,) left-pads rows of unequal prompts in one batch: row b's first pad[b] slots are
         padding, never attended to, and its tokens' positions are slot - pad[b], so each row computes what it
         would alone.
+
+        ``return_hidden``: also the hidden state (B, T, D) the head read (after the final norm), h^0 of ``mtp_forward``.
+        ``mtp`` (training, no cache): also every depth's logits, ``mtp[k-1]`` (B, T-k, V) at position i predicting
+        token t_{i+k+1}, i.e. ``targets[:, k:]`` (``losses.mtp_loss``). Computed here rather than by a second method so
+        that FSDP2, which gathers the shared embedding and head around ``forward``, sees one call.
         """
         t = idx.shape[1]
         if start + t > self.block_size:
             raise ValueError(f"Sequence of {start + t} tokens exceeds block_size {self.block_size}")
         x = self.tok_emb(idx)  # (B, T, D)
-        learned = self.position == "learned"
-        if pad is None:  # every row at the same positions: slices, and SDPA's own causal mask
-            mask = None
-            cos, sin = self.rope_cos[start : start + t], self.rope_sin[start : start + t]  # (T, rope_dim/2)
-            x = x + self.pos_emb.weight[start : start + t] if learned else x
-        else:
-            pos, mask = padded_positions(pad, start, t)  # (B, T), (B, 1, T, S)
-            cos, sin = self.rope_cos[pos].unsqueeze(1), self.rope_sin[pos].unsqueeze(1)  # (B, 1, T, rope_dim/2)
-            x = x + self.pos_emb(pos) if learned else x
+        cos, sin, mask, pos = self._positions(start, t, pad)
+        if self.position == "learned":
+            x = x + self.pos_emb.weight[start : start + t] if pos is None else x + self.pos_emb(pos)
         x = self.drop(x)
         for i, block in enumerate(self.blocks):
-            layer_cache = None if cache is None else cache[i]
-            if self.activation_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(block, x, cos, sin, layer_cache, start, mask, use_reentrant=False)
-            else:
-                x = block(x, cos, sin, layer_cache, start, mask)
-        return self.lm_head(self.norm_f(x))  # (B, T, V)
+            x = self._block(block, x, cos, sin, None if cache is None else cache[i], start, mask)
+        h = self.norm_f(x)  # (B, T, D)
+        logits = self.lm_head(h)  # (B, T, V)
+        if mtp:
+            return logits, self._mtp_logits(h, idx)
+        return (logits, h) if return_hidden else logits
+
+    def _positions(self, start: int, t: int, pad: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """RoPE tables, attention mask and (with ``pad``) positions (B, T) of slots start..start+T-1."""
+        if pad is None:  # every row at the same positions: slices, and SDPA's own causal mask
+            return self.rope_cos[start : start + t], self.rope_sin[start : start + t], None, None  # (T, rope_dim/2)
+        pos, mask = padded_positions(pad, start, t)  # (B, T), (B, 1, T, S)
+        return self.rope_cos[pos].unsqueeze(1), self.rope_sin[pos].unsqueeze(1), mask, pos  # (B, 1, T, rope_dim/2)
+
+    def _block(self, block: nn.Module, x: Tensor, cos, sin, cache: LayerCache | None, start: int, mask) -> Tensor:
+        if self.activation_checkpointing and self.training and torch.is_grad_enabled():
+            return checkpoint(block, x, cos, sin, cache, start, mask, use_reentrant=False)
+        return block(x, cos, sin, cache, start, mask)
+
+    def _mtp_logits(self, h: Tensor, idx: Tensor) -> list[Tensor]:
+        """Every depth's logits in training: depth k over positions 0..T-k-1 reads h^{k-1} there and t_{i+k}."""
+        out = []
+        for k in range(1, min(len(self.mtp), idx.shape[1] - 1) + 1):
+            logits, h = self.mtp_forward(h[:, :-1], idx[:, k:], k)  # (B, T-k, V), (B, T-k, D)
+            out.append(logits)
+        return out
+
+    def mtp_forward(
+        self,
+        h: Tensor,
+        next_ids: Tensor,
+        depth: int,
+        cache: LayerCache | None = None,
+        start: int = 0,
+        pad: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Multi-token prediction module ``depth`` (1..D) at slots start..start+T-1: h^{depth-1} (B, T, D) there and
+        the ids (B, T) of the tokens one slot later -> (logits (B, T, V) of the tokens two slots later, h^{depth}).
+
+        To draft: h^0 from ``forward(..., return_hidden=True)`` at the last slot s and the token sampled for s+1 give
+        depth 1's guess for s+2; its h^1 and that guess give depth 2's for s+3, and so on. ``cache`` is this module's
+        own ``LayerCache`` (``generate.make_cache`` layout of the block, indexed by the slot of h), filled like a main
+        layer's; ``pad`` as in ``forward``.
+        """
+        module = self.mtp[depth - 1]
+        cos, sin, mask, _ = self._positions(start, h.shape[1], pad)
+        x = module.combine(h, self.tok_emb(next_ids))  # (B, T, D)
+        h = module.norm(self._block(module.block, x, cos, sin, cache, start, mask))  # h^depth
+        return self.lm_head(h), h
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
         """Training FLOPs per token, forward and backward: 6 * matmul weights outside the MLPs, each MLP's own count
@@ -219,7 +287,8 @@ class GPT(nn.Module):
         nanoGPT and PaLM (App. B) do, without halving for the causal mask, so MFU figures compare with theirs.
         """
         seq_len = seq_len or self.block_size
-        in_mlps = {id(p) for block in self.blocks for p in block.mlp.parameters()}
+        blocks = self.all_blocks()
+        in_mlps = {id(p) for block in blocks for p in block.mlp.parameters()}
         n = sum(
             p.numel()
             for name, p in self.named_parameters()
@@ -227,4 +296,5 @@ class GPT(nn.Module):
         )
         if self.lm_head.weight is self.tok_emb.weight:
             n += self.lm_head.weight.numel()  # the tied head is a matmul too
-        return 6 * n + sum(block.mlp.flops_per_token() + block.attn.flops_per_token(seq_len) for block in self.blocks)
+        n += len(self.mtp) * self.lm_head.weight.numel()  # each MTP depth runs the shared head again
+        return 6 * n + sum(block.mlp.flops_per_token() + block.attn.flops_per_token(seq_len) for block in blocks)

@@ -37,6 +37,7 @@ from zoo.gpt.attention import MHA, MLA
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import SwiGLU
 from zoo.gpt.moe import MoE
+from zoo.gpt.mtp import mtp_to_hf, mtp_to_zoo
 from zoo.gpt.norms import RMSNorm
 from zoo.io.weights import check_compatible, extract_state_dict, load_file
 
@@ -181,7 +182,7 @@ def hf_to_zoo(sd: dict[str, Tensor], net: GPT, interleave: bool = False) -> dict
         block.update(_attn_to_zoo(sd, pre, net, interleave))
         out.update({f"blocks.{i}.{k}": v for k, v in block.items()})
     out["lm_head.weight"] = sd.get("lm_head.weight", out["tok_emb.weight"])
-    return out
+    return out | mtp_to_zoo(sd, net, interleave, hf_to_zoo)  # the MTP modules the net has (zoo.gpt.mtp)
 
 
 def zoo_to_hf(sd: dict[str, Tensor], net: GPT) -> dict[str, Tensor]:
@@ -208,7 +209,7 @@ def zoo_to_hf(sd: dict[str, Tensor], net: GPT) -> dict[str, Tensor]:
             out.update(
                 {pre + f"self_attn.{t}": sd[ours + f"attn.{o}"] for o, t in _MLA_KEYS if ours + f"attn.{o}" in sd}
             )
-    return out
+    return out | mtp_to_hf(sd, net, zoo_to_hf)
 
 
 def _read_folder(folder: Path) -> tuple[dict, dict[str, Tensor]]:
@@ -290,6 +291,7 @@ def hf_config(net: GPT) -> dict:
         rope_parameters={"rope_type": "default", "rope_theta": net.rope_base},
         attention_dropout=0.0,
     )
+    mtp = {"num_nextn_predict_layers": len(net.mtp)} if net.mtp else {}  # DeepSeek-V3's layout (zoo.gpt.mtp)
     if kind == ("mha", "mixtral"):
         return (
             config
@@ -301,6 +303,7 @@ def hf_config(net: GPT) -> dict:
                 head_dim=attn.head_dim,
                 sliding_window=None,
             )
+            | mtp
         )
     if kind[0] == "mha":
         return (
@@ -312,6 +315,7 @@ def hf_config(net: GPT) -> dict:
                 num_key_value_heads=attn.n_kv_head,
                 head_dim=attn.head_dim,
             )
+            | mtp
         )
     if kind[1] == "deepseek_v3":  # DeepSeek-V3 states intermediate_size (the dense layers') even with none
         moe_config = moe.hf_config()
@@ -332,7 +336,7 @@ def hf_config(net: GPT) -> dict:
         qk_rope_head_dim=attn.dp,
         v_head_dim=attn.dv,
         first_k_dense_replace=first_dense,
-        num_mtp_layers=0,
+        num_nextn_predict_layers=len(net.mtp),
     )
 
 

@@ -18,3 +18,18 @@ def causal_lm_loss(logits: Tensor, targets: Tensor) -> dict[str, Tensor]:
     flat_targets = targets.reshape(-1)
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), flat_targets, ignore_index=IGNORE_INDEX)
     return {"loss": loss, "tokens": (flat_targets != IGNORE_INDEX).sum()}
+
+
+def mtp_loss(mtp_logits: list[Tensor], targets: Tensor) -> dict[str, Tensor]:
+    """Multi-token prediction's losses (DeepSeek-V3 eq. 24-25): L_k for each depth k and their mean (1/D sum_k L_k).
+
+    ``mtp_logits[k-1]`` (B, T-k, V) at position i predicts token t_{i+k+1}, which is ``targets[:, i+k]`` of the
+    next-token targets (B, T) (targets[:, t] is the token after input t). ``tokens_{k}`` counts each depth's
+    positions, to weight means over batches as ``causal_lm_loss`` does.
+    """
+    out = {}
+    for k, logits in enumerate(mtp_logits, 1):
+        depth = causal_lm_loss(logits, targets[:, k:])
+        out[f"loss_{k}"], out[f"tokens_{k}"] = depth["loss"], depth["tokens"]
+    out["loss"] = sum(out[f"loss_{k}"] for k in range(1, len(mtp_logits) + 1)) / len(mtp_logits)
+    return out

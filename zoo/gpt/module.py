@@ -12,7 +12,7 @@ from zoo.compat import trainer_of
 from zoo.errors import InputError
 from zoo.gpt.generate import Generation, generate
 from zoo.gpt.gpt import GPT
-from zoo.gpt.losses import causal_lm_loss
+from zoo.gpt.losses import causal_lm_loss, mtp_loss
 from zoo.gpt.moe import routers
 from zoo.gpt.speculative import SpeculationStats, speculative_generate
 from zoo.io.checkpoint import WeightsOnlyLoading
@@ -57,6 +57,7 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         compile: bool = False,
         init_weights: str | None = None,
         generation: Generation = Generation(),
+        mtp_weight: float = 0.3,
     ) -> None:
         """
         Args:
@@ -72,11 +73,16 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
             generation: how predict continues the prompts (``zoo.gpt.generate.Generation``: max_new_tokens,
                 temperature, top_k, top_p, seed, past_block_size); not a weight, so ``predict --ckpt_path`` takes it
                 from the command line (``--model.init_args.generation.temperature=0``) over the checkpoint's.
+            mtp_weight: lambda, the weight of the multi-token prediction loss when the net has ``mtp_depth`` D > 0: the
+                training loss is the next-token loss + lambda / D * sum_k L_k (DeepSeek-V3: 0.3, then 0.1 for the last
+                tokens of its run); unused without MTP.
         """
         super().__init__()
         save_hparams(self, "net")
         self.net = net
         self.val_loss = MeanMetric()  # token-weighted over the whole validation set
+        # Each MTP depth's loss, token-weighted like val_loss; val/loss itself stays the next-token loss alone.
+        self.val_mtp_loss = torch.nn.ModuleList(MeanMetric() for _ in net.mtp)
         self.test_loss = MeanMetric()
         self._compiled = None  # set by configure_model; kept off the module tree (no "_orig_mod." keys)
         self._flops_per_token: dict[int, int] = {}
@@ -89,7 +95,7 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
     # -- setup -------------------------------------------------------------------------------------------
 
     def configure_model(self) -> None:
-        shard(self.net, self.device_mesh, blocks=self.net.blocks)  # FSDP2 units: one per block
+        shard(self.net, self.device_mesh, blocks=self.net.all_blocks())  # FSDP2 units: one per block, MTP's too
         if self.hparams.compile and self._compiled is None:
             object.__setattr__(self, "_compiled", torch.compile(self.net))
 
@@ -126,9 +132,9 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
 
     # -- steps -------------------------------------------------------------------------------------------
 
-    def forward(self, idx: Tensor) -> Tensor:
+    def forward(self, idx: Tensor, mtp: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
         net = self.net if self._compiled is None or not self.training else self._compiled
-        return net(idx)  # (B, T, V)
+        return net(idx, mtp=True) if mtp else net(idx)  # (B, T, V) [and each MTP depth's logits]
 
     @property
     def flops_per_batch(self) -> int | None:
@@ -137,7 +143,12 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
-        out = causal_lm_loss(self(x), y)
+        if self.net.mtp:  # DeepSeek-V3 eq. 25: L = L_main + lambda / D * sum_k L_k
+            logits, mtp_logits = self(x, mtp=True)
+            out, mtp = causal_lm_loss(logits, y), mtp_loss(mtp_logits, y)
+            out["loss"] = out["loss"] + self.hparams.mtp_weight * mtp["loss"]
+        else:
+            out, mtp = causal_lm_loss(self(x), y), {}
         if any(r.aux_loss is not None for r in self.routers):  # softmax routers' balance loss (Switch eq. 4)
             out["aux_loss"] = sum(r.aux_loss_coef * r.aux_loss for r in self.routers if r.aux_loss is not None)
             out["loss"] = out["loss"] + out["aux_loss"]
@@ -149,6 +160,9 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
             self.log("train/loss", out["loss"], prog_bar=True)
             if "aux_loss" in out:
                 self.log("train/aux_loss", out["aux_loss"])
+            if mtp:
+                self.log("train/mtp_loss", mtp["loss"])
+                self.log_dict({f"train/mtp_loss_{k}": mtp[f"loss_{k}"] for k in range(1, len(mtp_logits) + 1)})
         return out["loss"]
 
     def on_before_optimizer_step(self, optimizer) -> None:
@@ -162,13 +176,24 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         x, y = batch
-        out = causal_lm_loss(self(x), y)
+        if self.net.mtp:
+            logits, mtp_logits = self(x, mtp=True)
+            mtp = mtp_loss(mtp_logits, y)
+            for k, metric in enumerate(self.val_mtp_loss[: len(mtp_logits)], 1):
+                metric.update(mtp[f"loss_{k}"], weight=mtp[f"tokens_{k}"])
+        else:
+            logits = self(x)
+        out = causal_lm_loss(logits, y)
         self.val_loss.update(out["loss"], weight=out["tokens"])
 
     def on_validation_epoch_end(self) -> None:
         loss = self.val_loss.compute()  # synced across ranks
         self.val_loss.reset()
         self.log_dict({"val/loss": loss, "val/ppl": loss.exp()}, prog_bar=True)
+        if self.val_mtp_loss:
+            self.log_dict({f"val/mtp_loss_{k}": m.compute() for k, m in enumerate(self.val_mtp_loss, 1)})
+            for m in self.val_mtp_loss:
+                m.reset()
         if self.routers:  # the worst layer's load imbalance, the mean balance loss, the biases' range
             stats = [r.stats() for r in self.routers]
             moe = {
