@@ -12,9 +12,10 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from zoo.errors import InputError
 from zoo.gpt import GPT, MLA, generate
-from zoo.gpt.generate import make_cache
+from zoo.gpt.generate import LayerCache, make_cache, window_pad
 from zoo.gpt.speculative import (
     GPTDraft,
+    MTPDraft,
     Picker,
     Speculation,
     accepted_sampled,
@@ -178,3 +179,85 @@ def test_a_draft_module_with_another_tokenizer_is_refused_in_one_line(tmp_path):
     draft.tokenizer = ByteTokenizer()
     assert target.generate(["ab"], 5, temperature=0, draft=draft) == target.generate(["ab"], 5, temperature=0)
     assert target.last_speculation.proposed > 0
+
+
+# -- the target's own multi-token-prediction module as the draft ---------------------------------------------------
+
+
+def mtp_target(kind: str, **kw) -> GPT:
+    t = net(0, mtp_depth=1, **{**TARGETS[kind], **kw})
+    with torch.no_grad():  # the module's block is initialised near the identity: spread it, so its guesses vary
+        for p in t.mtp.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return t
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_mtp_self_speculation_is_plain_greedy_and_drafts_what_the_module_predicts(target):
+    t = mtp_target(target)
+    prompts = prompts_of(3, 9, 5)
+    plain = generate(t, prompts, 25, temperature=0)
+    draft = MTPDraft(t)
+    proposals = []
+    propose = draft.propose
+
+    def recorded(tokens, pos, k, pick):
+        # d_1 as the module predicts it from scratch: the target's h^0 over every committed slot, no caches
+        with torch.no_grad():
+            _, h = t(tokens[:, : pos - 1], pad=window_pad(run.pad, 0), return_hidden=True)
+            logits, _ = t.mtp_forward(h, tokens[:, 1:pos], 1, pad=window_pad(run.pad, 0))
+        out = propose(tokens, pos, k, pick)
+        proposals.append((out[0][:, 0], logits[:, -1].argmax(-1)))
+        return out
+
+    draft.propose = recorded
+    run = Speculation(t, draft, prompts, 25, 4, Picker(0.0, None, None, None))
+    while not run.finished:
+        run.step()
+        if run.pos <= t.block_size:  # the module's cache holds the true entries of the verified slots
+            fresh = LayerCache(3, draft.cache.a.shape[2], t.mtp[0].block.attn.cache_layout(), "cpu", torch.float64)
+            with torch.no_grad():
+                _, h = t(run.tokens[:, : draft.filled], pad=window_pad(run.pad, 0), return_hidden=True)
+                t.mtp_forward(h, run.tokens[:, 1 : draft.filled + 1], 1, fresh, 0, window_pad(run.pad, 0))
+            torch.testing.assert_close(draft.cache.a[:, :, : draft.filled], fresh.a[:, :, : draft.filled])
+    assert [o.tolist() for o in run.outputs()] == [p.tolist() for p in plain]
+    assert len(proposals) > 3 and all(torch.equal(a, b) for a, b in proposals)
+    assert run.stats.proposed > 0
+    out, stats = speculative_generate(t, MTPDraft(t), prompts_of(4, 11), 40, 3, temperature=0)  # past block_size
+    assert [o.tolist() for o in out] == [p.tolist() for p in generate(t, prompts_of(4, 11), 40, temperature=0)]
+
+
+def test_a_module_that_guesses_right_gets_every_proposal_accepted():
+    # Blocks whose residual branches write nothing: the target predicts from the last token alone, norm(emb(t)), and
+    # a module that passes the next token's embedding through (eh_proj = [I | 0]) predicts the same from it.
+    t = net(0, mtp_depth=1, position="rope", norm="rmsnorm")
+    with torch.no_grad():
+        for block in t.all_blocks():
+            for p in (block.attn.proj.weight, *block.mlp.residual_projections()):
+                p.zero_()
+        d = t.n_embd
+        t.mtp[0].eh_proj.weight.copy_(torch.cat((torch.eye(d), torch.zeros(d, d)), 1))
+    prompts = prompts_of(3, 9, 5)
+    out, stats = speculative_generate(t, MTPDraft(t), prompts, 25, 4, temperature=0)
+    assert [o.tolist() for o in out] == [p.tolist() for p in generate(t, prompts, 25, temperature=0)]
+    # the prefill proposes nothing; then the module's recursion (its own state for the target's) is right k times
+    assert stats.acceptance_rate == 1.0 and stats.forwards == 1 + 24 // 5 + 1 and stats.proposed > 0
+
+
+def test_mtp_self_speculation_sampled_pairs_follow_the_target_distribution():
+    t = spread(0, 2.0, mtp_depth=1)
+    prompt = torch.tensor([3, 1, 4, 1, 5])
+    exact = exact_pairs(t, prompt).flatten()
+    g = torch.Generator().manual_seed(0)
+    # 3 new tokens: the first round is the prefill (nothing to draft from yet), the second drafts with the module.
+    out, stats = speculative_generate(t, MTPDraft(t), [prompt] * 4000, 3, 2, **FILTERS, generator=g)
+    pairs = torch.stack(out)[:, :2]
+    freq = torch.bincount(pairs[:, 0] * SMALL_V + pairs[:, 1], minlength=SMALL_V**2).double() / 4000
+    bound = 5 * (exact * (1 - exact) / 4000).sqrt() + 2e-3
+    assert ((freq - exact).abs() <= bound).all(), f"worst cell off by {(freq - exact).abs().max():.4f}"
+    assert stats.proposed > 0
+
+
+def test_mtp_draft_needs_mtp_modules():
+    with pytest.raises(InputError, match="mtp_depth"):
+        MTPDraft(net(0))

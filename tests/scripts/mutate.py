@@ -175,6 +175,14 @@ FAMILIES: dict[str, dict] = {
                 "new = torch.cat((drafts[:, :a], last[:, None]), dim=1)[:, : min(a + 1, k) or 1]",
             ),
             (SP, "a = int(n[~self.done].min())", "a = int(n[~self.done].max())"),
+            # self-speculation with the target's MTP module: its inputs one slot off, its cache's true entries, h^0
+            (
+                SP,
+                "tokens[:, start + 1 : pos], 1, self.cache, start",
+                "tokens[:, start : pos - 1], 1, self.cache, start",
+            ),
+            (SP, "self.filled, self.hidden = verified.start, verified.hidden", "self.hidden = verified.hidden"),
+            (SP, "lambda m, args, out: hidden.append(out)", "lambda m, args, out: hidden.append(args[0])"),
             # multi-token prediction: inputs and targets one token off, concatenation order, scaling, h^0's norm
             (G, "self.mtp_forward(h[:, :-1], idx[:, k:], k)", "self.mtp_forward(h[:, :-1], idx[:, k - 1 : -1], k)"),
             (

@@ -70,11 +70,16 @@ def make_cache(net: GPT, batch: int, max_len: int, dtype: torch.dtype | None = N
     ``dtype`` defaults to the autocast dtype when autocast is on (what the keys are computed in), else
     the parameters' dtype.
     """
+    device, default = cache_placement(net)
+    return [LayerCache(batch, max_len, block.attn.cache_layout(), device, dtype or default) for block in net.blocks]
+
+
+def cache_placement(net: GPT) -> tuple[torch.device, torch.dtype]:
+    """Where a cache of ``net`` lives and its dtype: the autocast dtype when autocast is on (what the keys are
+    computed in), else the parameters'."""
     p = net.tok_emb.weight
-    if dtype is None:
-        on = torch.is_autocast_enabled(p.device.type)
-        dtype = torch.get_autocast_dtype(p.device.type) if on else p.dtype
-    return [LayerCache(batch, max_len, block.attn.cache_layout(), p.device, dtype) for block in net.blocks]
+    on = torch.is_autocast_enabled(p.device.type)
+    return p.device, torch.get_autocast_dtype(p.device.type) if on else p.dtype
 
 
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
@@ -154,7 +159,8 @@ class Generation:
             (error) a prompt and max_new_tokens that do not fit in it.
         draft: decode speculatively (``zoo.gpt.speculative``) with this smaller model proposing tokens: a zoo
             checkpoint of a ``CausalLMModule`` with the same tokenizer, or an MLflow model (models:/name/version,
-            runs:/id/model) the application resolves; None: plain decoding. The output is the same either way
+            runs:/id/model) the application resolves; "mtp": the model's own multi-token-prediction module
+            (``mtp_depth`` >= 1, self-speculation); None: plain decoding. The output is the same either way
             (greedy: token for token; sampled: in distribution).
         num_draft_tokens: tokens the draft proposes per target forward (k).
     """

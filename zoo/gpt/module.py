@@ -14,7 +14,7 @@ from zoo.gpt.generate import Generation, generate
 from zoo.gpt.gpt import GPT
 from zoo.gpt.losses import causal_lm_loss, mtp_loss
 from zoo.gpt.moe import routers
-from zoo.gpt.speculative import SpeculationStats, speculative_generate
+from zoo.gpt.speculative import MTPDraft, SpeculationStats, speculative_generate
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.io.tokenizers import prompt_ids, tokenizer_from_dict
@@ -268,10 +268,13 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
             self.last_speculation = stats
         return [self.tokenizer.decode(o.tolist()) for o in out] if as_text else out
 
-    def draft_net(self, draft: str | GPT | CausalLMModule) -> GPT:
-        """The draft's net: a checkpoint (read weights-only, once) or module whose tokenizer is this model's."""
+    def draft_net(self, draft: str | GPT | CausalLMModule) -> GPT | MTPDraft:
+        """The draft's net: a checkpoint (read weights-only, once) or module whose tokenizer is this model's; "mtp":
+        this net's own multi-token-prediction module (self-speculation)."""
         if isinstance(draft, GPT):
             return draft
+        if draft == "mtp":
+            return MTPDraft(self.net)
         if isinstance(draft, str):
             if draft not in self._drafts:
                 module = CausalLMModule.load_from_checkpoint(readable(draft, "generation.draft"), self.device)

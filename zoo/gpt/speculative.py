@@ -26,8 +26,9 @@ Past ``block_size`` the target slides its window as ``generate`` does (one plain
 k + 1 more slots do not fit, a round proposes fewer tokens, down to none (a plain cached step).
 
 Drafts are objects with ``start``/``room``/``propose``/``rollback`` (``Draft``); ``GPTDraft`` is a smaller zoo GPT
-with its own cache. A draft that says ``needs_hidden`` is handed the target's last hidden states (before the final
-norm) at the committed positions, which the target's own multi-token-prediction modules need to draft.
+with its own cache. A draft that says ``needs_hidden`` is handed the target's last hidden states (after the final
+norm) at the committed positions: ``MTPDraft``, the target's own multi-token-prediction module drafting
+(self-speculation).
 
 Notation: B prompts, N slots, k draft tokens per round, V vocabulary, D target width.
 """
@@ -41,15 +42,23 @@ import torch
 from torch import Tensor
 
 from zoo.errors import InputError
-from zoo.gpt.generate import LayerCache, checked_request, left_padded, make_cache, probabilities, window_pad
+from zoo.gpt.generate import (
+    LayerCache,
+    cache_placement,
+    checked_request,
+    left_padded,
+    make_cache,
+    probabilities,
+    window_pad,
+)
 from zoo.gpt.gpt import GPT
 
 
 @dataclass(frozen=True)
 class Verified:
     """What a round leaves for the draft: ``tokens[:, :length]`` are committed. ``hidden`` (B, length - 1 - start,
-    D): the target's states before its final norm at slots start..length-2 (the committed slots it read this
-    round), given to a draft whose ``needs_hidden`` is true, else None."""
+    D): the target's states after its final norm (what its head reads) at slots start..length-2 (the committed
+    slots it read this round), given to a draft whose ``needs_hidden`` is true, else None."""
 
     tokens: Tensor
     length: int
@@ -139,6 +148,67 @@ class GPTDraft:
         kept = min(self.filled, verified.length - 1)
         rollback(self.cache, kept, self.filled)
         self.filled = kept
+
+
+class MTPDraft:
+    """The target's own multi-token-prediction module 1 (``GPT(mtp_depth >= 1)``, DeepSeek-V3 sec. 2.2) as the draft.
+
+    Module 1 at slot s reads the target's h^0_s and the token at s+1 and predicts the token at s+2, so after the
+    committed x[:pos] (the target has read x[:pos-1]) it proposes d_1 from slot pos-2. For d_2 it would need
+    h^0_{pos-1}, which the target computes only when it verifies; module 1's own output state at pos-2 predicts the
+    same token x[pos] and stands in for it, and so on for d_3..d_k: feature-level recursion (EAGLE, Li et al. 2024;
+    vLLM reuses its MTP layers the same way past their depth). The module keeps its own cache: slots the target
+    has verified hold entries from the true h^0, and the recursion's slots past them are overwritten next round.
+    The first round has no h^0 yet, so it proposes nothing: the target's prefill is a plain step.
+    """
+
+    needs_hidden = True
+
+    def __init__(self, net: GPT) -> None:
+        if not len(net.mtp):
+            raise InputError(
+                "generation.draft=mtp needs a net with multi-token-prediction modules: set "
+                "--model.init_args.net.init_args.mtp_depth (1 or more) when training, or pass a draft checkpoint"
+            )
+        self.net = net
+
+    def start(self, tokens: Tensor, pad: Tensor) -> None:
+        self.pad = window_pad(pad, 0)  # None when no row is padded (no mask)
+        self.filled = 0  # module 1's cache holds true entries for slots [0, filled)
+        self.hidden: Tensor | None = None  # the target's h^0 at slots [filled, filled + hidden.shape[1])
+        size = (tokens.shape[0], min(tokens.shape[1], self.net.block_size))
+        self.cache = LayerCache(*size, self.net.mtp[0].block.attn.cache_layout(), *cache_placement(self.net))
+
+    def room(self, pos: int) -> int:
+        if self.hidden is None or self.filled + self.hidden.shape[1] < pos - 1:
+            return 0  # the target has not read x[:pos-1] yet: nothing to draft from
+        return self.net.block_size + 1 - pos  # it writes up to slot pos + k - 3
+
+    def propose(self, tokens: Tensor, pos: int, k: int, pick: Picker) -> tuple[Tensor, Tensor | None]:
+        # The verified slots [filled, pos-1) with their true h^0 and the tokens one slot later: d_1 from the last.
+        h, start = self.hidden, self.filled
+        logits, h = self.net.mtp_forward(h, tokens[:, start + 1 : pos], 1, self.cache, start, self.pad)
+        self.filled, self.hidden = pos - 1, None
+        out, qs = [], []
+        logits, h, slot = logits[:, -1], h[:, -1:], pos - 1
+        for i in range(k):
+            nxt, q = pick(logits)
+            out.append(nxt)
+            qs.append(q)
+            if i + 1 < k:  # h stands in for the target's state at the next slot
+                logits, h = self.net.mtp_forward(h, nxt[:, None], 1, self.cache, slot, self.pad)
+                logits, slot = logits[:, -1], slot + 1
+        return torch.stack(out, 1), None if pick.greedy else torch.stack(qs, 1)
+
+    def rollback(self, verified: Verified) -> None:
+        # Entries past the verified slots came from stand-in states: the next propose rewrites them from true ones.
+        if verified.hidden is None or not verified.hidden.shape[1]:
+            return
+        if self.hidden is not None:  # states of a round that proposed nothing, not consumed yet
+            self.hidden = torch.cat((self.hidden, verified.hidden), dim=1)
+        else:
+            self.filled, self.hidden = verified.start, verified.hidden
+        rollback([self.cache], self.filled)
 
 
 @dataclass
@@ -233,8 +303,8 @@ class Speculation:
         drafts, q = self.draft.propose(self.tokens, pos, k, self.pick) if k else (self.tokens[:, :0], None)
         hidden: list[Tensor] = []
         hook = None
-        if self.draft.needs_hidden:  # the final norm's input: the target's last hidden states
-            hook = self.net.norm_f.register_forward_hook(lambda m, args, out: hidden.append(args[0]))
+        if self.draft.needs_hidden:  # the final norm's output: the states the head reads (MTP's h^0)
+            hook = self.net.norm_f.register_forward_hook(lambda m, args, out: hidden.append(out))
         try:
             ids = torch.cat((self.tokens[:, self.filled : pos], drafts), dim=1)
             logits = self.net(ids, self.cache, self.filled, window_pad(self.pad, 0))[:, -(k + 1) :]  # (B, k + 1, V)
