@@ -7,6 +7,7 @@ are; without them a demonstration pair is built (a 6-layer width-384 target draf
 accepted, but a draft as costly as the target, so the row measures the machinery's overhead, not a speedup).
 
     python bench/speculative.py --target runs/.../last.ckpt --draft runs/.../last.ckpt --clock cpu
+    python bench/speculative.py --target <deepseek_shakespeare last.ckpt> --draft mtp --clock cpu  # self-speculation
     python bench/speculative.py --new-tokens 32 --rounds 1      # a smoke run of seconds
 """
 
@@ -22,23 +23,43 @@ import torch
 
 from bench._common import RATIO_HEADERS, add_clock_arg, alternate, peer_header, ratio_row, table
 from zoo.gpt import GPT, CausalLMModule, generate
-from zoo.gpt.speculative import speculative_generate
+from zoo.gpt.speculative import MTPDraft, speculative_generate
+from zoo.io.tokenizers import prompt_ids
 
 
-def nets(args) -> tuple[GPT, GPT, str]:
+def nets(args) -> tuple[GPT, GPT | MTPDraft, str, list[torch.Tensor]]:
+    """Target, draft, a label, and the prompts: ``--prompt`` in the target's tokenizer (random ids without one)."""
     if args.target:
-        target = CausalLMModule.load_from_checkpoint(args.target).net.eval()
-        draft = CausalLMModule.load_from_checkpoint(args.draft).net.eval() if args.draft else target
-        return target, draft, f"{Path(args.target).name} drafted by {Path(args.draft or args.target).name}"
+        module = CausalLMModule.load_from_checkpoint(args.target)
+        target = module.net.eval()
+        if args.draft == "mtp":
+            draft, name = MTPDraft(target), "its own MTP module"
+        else:
+            draft = CausalLMModule.load_from_checkpoint(args.draft).net.eval() if args.draft else target
+            name = Path(args.draft or args.target).name
+        if module.tokenizer is not None:
+            prompts = prompt_ids(module.tokenizer, [args.prompt] * args.batch)
+        else:
+            prompts = random_prompts(target, args.batch)
+        return target, draft, f"{Path(args.target).name} drafted by {name}", prompts
     torch.manual_seed(0)
     target = GPT(vocab_size=257, block_size=512, n_layer=6, n_embd=384, n_head=6).eval()
-    return target, target, "demo 6L/384 target drafting for itself (overhead check)"
+    return target, target, "demo 6L/384 target drafting for itself (overhead check)", random_prompts(target, args.batch)
+
+
+def random_prompts(target: GPT, batch: int) -> list[torch.Tensor]:
+    return [
+        torch.randint(0, target.vocab_size, (16,), generator=torch.Generator().manual_seed(i)) for i in range(batch)
+    ]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", help="a CausalLMModule checkpoint; none: the demonstration pair")
-    ap.add_argument("--draft", help="the draft's checkpoint (same tokenizer); none: the target itself")
+    ap.add_argument(
+        "--draft", help="the draft's checkpoint (same tokenizer), or mtp: the target's own MTP module; none: the target"
+    )
+    ap.add_argument("--prompt", default="ROMEO:", help="text every row continues (with the target's tokenizer)")
     ap.add_argument("--k", type=int, default=4, help="draft tokens per target forward")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, default=1)
@@ -47,9 +68,7 @@ def main() -> None:
     add_clock_arg(ap)
     args = ap.parse_args()
     peer_header("GPT decoding: speculative vs plain, greedy", args.threads, args.clock)
-    target, draft, label = nets(args)
-    prompts = [torch.randint(0, target.vocab_size, (16,), generator=torch.Generator().manual_seed(i))
-               for i in range(args.batch)]  # fmt: skip
+    target, draft, label, prompts = nets(args)
     plain = generate(target, prompts, args.new_tokens, temperature=0)
     fast, stats = speculative_generate(target, draft, prompts, args.new_tokens, args.k, temperature=0)
     assert all(torch.equal(a, b) for a, b in zip(plain, fast)), "speculative greedy output differs from plain"
