@@ -202,12 +202,18 @@ def test_mtp_self_speculation_is_plain_greedy_and_drafts_what_the_module_predict
     propose = draft.propose
 
     def recorded(tokens, pos, k, pick):
-        # d_1 as the module predicts it from scratch: the target's h^0 over every committed slot, no caches
+        # The proposals as the module makes them from scratch, no caches: d_1 from the target's h^0 over every
+        # verified slot; then its own output state standing in for the target's at the next slot, and so on.
+        pad = window_pad(run.pad, 0)
         with torch.no_grad():
-            _, h = t(tokens[:, : pos - 1], pad=window_pad(run.pad, 0), return_hidden=True)
-            logits, _ = t.mtp_forward(h, tokens[:, 1:pos], 1, pad=window_pad(run.pad, 0))
+            _, hs = t(tokens[:, : pos - 1], pad=pad, return_hidden=True)
+            ids, expected = tokens[:, 1:pos], []
+            for _ in range(k):
+                logits, h = t.mtp_forward(hs, ids, 1, pad=pad)
+                expected.append(logits[:, -1].argmax(-1))
+                hs, ids = torch.cat((hs, h[:, -1:]), 1), torch.cat((ids, expected[-1][:, None]), 1)
         out = propose(tokens, pos, k, pick)
-        proposals.append((out[0][:, 0], logits[:, -1].argmax(-1)))
+        proposals.append((out[0], torch.stack(expected, 1)))
         return out
 
     draft.propose = recorded

@@ -181,7 +181,11 @@ FAMILIES: dict[str, dict] = {
                 "tokens[:, start + 1 : pos], 1, self.cache, start",
                 "tokens[:, start : pos - 1], 1, self.cache, start",
             ),
-            (SP, "self.filled, self.hidden = verified.start, verified.hidden", "self.hidden = verified.hidden"),
+            (
+                SP,
+                "logits, h, slot = logits[:, -1], h[:, -1:], pos - 1",
+                "logits, h, slot = logits[:, -1], h[:, -1:], pos",
+            ),
             (SP, "lambda m, args, out: hidden.append(out)", "lambda m, args, out: hidden.append(args[0])"),
             # multi-token prediction: inputs and targets one token off, concatenation order, scaling, h^0's norm
             (G, "self.mtp_forward(h[:, :-1], idx[:, k:], k)", "self.mtp_forward(h[:, :-1], idx[:, k - 1 : -1], k)"),
