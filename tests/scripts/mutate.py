@@ -31,6 +31,7 @@ MLP, NRM, MOE = "zoo/gpt/mlp.py", "zoo/gpt/norms.py", "zoo/gpt/moe.py"
 SP = "zoo/gpt/speculative.py"
 MTP, LOSS = "zoo/gpt/mtp.py", "zoo/gpt/losses.py"
 SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/diffusion/losses.py"
+FL = "zoo/diffusion/flow.py"
 RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/sac_nets.py", "zoo/rl/td3.py"
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
 CL, CC, CMT = "zoo/clip/losses.py", "zoo/clip/clip.py", "zoo/clip/metrics.py"
@@ -209,6 +210,8 @@ FAMILIES: dict[str, dict] = {
     },
     "diffusion": {
         "tests": [
+            # first: its flow and solver parity tests catch their mutants in seconds (its one CLI fit runs last)
+            "tests/diffusion/test_flow.py",
             "tests/diffusion/test_diffusion_refs.py",
             "tests/diffusion/test_diffusion_behaviour.py",
             "tests/diffusion/test_diffusion.py",
@@ -307,6 +310,16 @@ FAMILIES: dict[str, dict] = {
                 "        pass\n\n    def on_validation_epoch_end",
             ),
             (DL, 'out["loss"] = out["loss"] + vlb_weight * out["vlb"]', 'out["loss"] = out["loss"] + out["vlb"]'),
+            # Flow matching and the new solvers (issue 28): path, target sign, time sampling, shift, Heun, DPM++.
+            (FL, "return (1 - t) * x0 + t * noise", "return t * x0 + (1 - t) * noise"),
+            (FL, "return noise - x0", "return x0 - noise"),
+            (FL, "self.logit_mean + self.logit_std * torch.randn(", "self.logit_mean + torch.randn("),
+            (FL, "return 1 - u - scale * (torch.cos(", "return 1 - u + scale * (torch.cos("),
+            (FL, "return shift * t / (1 + (shift - 1) * t)", "return shift * t / (1 + shift * t)"),
+            (FL, "return x_s + (t - s) * (0.5 * (d_s + d))", "return x_s + (t - s) * d"),
+            (FL, "return t * self.time_scale", "return t"),
+            (SMP, "d = x0 + (x0 - last[1]) / (2 * r)", "d = x0 + (x0 - last[1]) / r"),
+            (SMP, "- (self._alpha[s] * math.expm1(-h)) * d", "- (self._alpha[t] * math.expm1(-h)) * d"),
         ],
     },
     "rl": {

@@ -1,10 +1,18 @@
-"""Diffusion: noise schedules, samplers (one class each), classifier-free guidance, UNet and DiT."""
+"""Diffusion: noise schedules and flow matching, samplers (one class each), classifier-free guidance, UNet and DiT."""
 
 from zoo.diffusion.convert import load_dit_weights
 from zoo.diffusion.dit import DiT
+from zoo.diffusion.flow import FlowEulerSampler, FlowHeunSampler, FlowMatching, Objective
 from zoo.diffusion.losses import denoising_loss
 from zoo.diffusion.module import DiffusionModule
-from zoo.diffusion.samplers import ClassifierFreeGuidance, DDIMSampler, DDPMSampler, Sampler, SamplerClass
+from zoo.diffusion.samplers import (
+    ClassifierFreeGuidance,
+    DDIMSampler,
+    DDPMSampler,
+    DPMSolverPlusPlus2M,
+    Sampler,
+    SamplerClass,
+)
 from zoo.diffusion.schedule import NoiseSchedule
 from zoo.diffusion.unet import UNet
 
@@ -13,8 +21,13 @@ __all__ = [
     "DDIMSampler",
     "DDPMSampler",
     "DiT",
+    "DPMSolverPlusPlus2M",
     "DiffusionModule",
+    "FlowEulerSampler",
+    "FlowHeunSampler",
+    "FlowMatching",
     "NoiseSchedule",
+    "Objective",
     "Sampler",
     "SamplerClass",
     "UNet",

@@ -23,9 +23,11 @@ from lightning.pytorch.callbacks import WeightAveraging
 from torch import Tensor, nn
 
 from zoo.diffusion.ema import EMA
+from zoo.diffusion.flow import Objective
 from zoo.diffusion.losses import denoising_loss
 from zoo.diffusion.samplers import ClassifierFreeGuidance, DDIMSampler, SamplerClass
 from zoo.diffusion.schedule import NoiseSchedule
+from zoo.errors import InputError
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.io.weights import check_compatible, extract_state_dict, readable
@@ -63,6 +65,7 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         init_weights: str | None = None,
         sampler: SamplerClass = DDIMSampler,
         guidance_scale: float = 1.0,
+        objective: Objective | None = None,
     ) -> None:
         """
         Args:
@@ -95,17 +98,33 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
                 checkpoint's.
             guidance_scale: classifier-free guidance scale s of ``sample`` and predict for class-conditional nets
                 (1: the conditional net alone; Ho & Salimans 2021); an unconditional net ignores it.
+            objective: what the net is trained on in place of the noise schedule, a class with its own settings
+                (``zoo.diffusion.FlowMatching``: the net predicts the velocity of the linear path from data to noise);
+                it then samples with its own samplers (``FlowEulerSampler``, ``FlowHeunSampler``), and
+                num_timesteps, beta_*, prediction and min_snr_gamma are not used. None: the noise schedule's
+                denoising objective.
         """
         super().__init__()
-        save_hparams(self, "net", "sampler")
+        save_hparams(self, "net", "sampler", "objective")
         self.net = net
         self.schedule = NoiseSchedule(num_timesteps, beta_schedule, beta_start, beta_end)
         self.num_classes = getattr(net, "num_classes", 0) or 0
-        self.sampler, self.guidance_scale = sampler, guidance_scale
+        self.sampler, self.guidance_scale, self.objective = sampler, guidance_scale, objective
+        if objective is not None and (prediction != "eps" or min_snr_gamma is not None):
+            raise InputError(
+                "prediction and min_snr_gamma belong to the noise schedule: a model with an objective "
+                f"({objective!r}) predicts what it says; leave them out"
+            )
+        sampler(self._sampling_schedule, prediction, clip_denoised)  # a sampler of the wrong kind says so now
         self._compiled = None  # built at the first training step; kept off the module tree (no "_orig_mod." keys)
         self._init_loaded = False
 
     # -- setup -------------------------------------------------------------------------------------------
+
+    @property
+    def _sampling_schedule(self) -> NoiseSchedule | Objective:
+        """What the samplers are built on: the objective when there is one, else the noise schedule."""
+        return self.schedule if self.objective is None else self.objective
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -148,12 +167,16 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
             if self._compiled is None:
                 object.__setattr__(self, "_compiled", torch.compile(self.net))
             net = self._compiled
+        if self.objective is not None:  # continuous times in [0, 1] -> what the net sees (e.g. 1000 t)
+            t = self.objective.net_time(t)
         return net(x, t, y if self.num_classes else None)
 
     def _loss(self, batch: tuple[Tensor, Tensor], **fixed: Tensor) -> dict[str, Tensor]:
         x0, y = batch
         self.schedule.to(x0.device)
         h = self.hparams
+        if self.objective is not None:
+            return self.objective.loss(self.denoise, x0, y, **fixed)
         return denoising_loss(
             self.denoise, self.schedule, x0, y, h.prediction, h.min_snr_gamma, vlb_weight=h.vlb_weight, **fixed
         )
@@ -164,7 +187,7 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         # RNG, which a resumed run does not restore: so a resumed run draws what an unbroken one would.
         key = hash((torch.initial_seed(), self.current_epoch, batch_idx, self.global_rank)) % 2**63
         g = torch.Generator(x0.device).manual_seed(key)
-        t = torch.randint(0, self.schedule.num_timesteps, (x0.shape[0],), generator=g, device=x0.device)
+        t = self._training_times(x0.shape[0], g, x0.device)
         noise = torch.randn(x0.shape, generator=g, device=x0.device, dtype=x0.dtype)
         if self.num_classes and self.hparams.label_dropout > 0:  # the unconditional model, for guidance
             drop = torch.rand(y.shape, generator=g, device=y.device) < self.hparams.label_dropout
@@ -174,12 +197,18 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
             self.log_dict({f"train/{k}": v for k, v in out.items()}, prog_bar=True)
         return out["loss"]
 
+    def _training_times(self, n: int, generator: torch.Generator, device: torch.device) -> Tensor:
+        """(n,) step indices U{0..T-1} on the schedule, or the objective's times."""
+        if self.objective is not None:
+            return self.objective.sample_time(n, generator, device)
+        return torch.randint(0, self.schedule.num_timesteps, (n,), generator=generator, device=device)
+
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         # The same steps and noise for batch i at every validation (and on any device: drawn on the CPU),
         # so val/loss changes only with the weights.
         x0 = batch[0]
         g = torch.Generator().manual_seed(batch_idx)
-        t = torch.randint(0, self.schedule.num_timesteps, (x0.shape[0],), generator=g).to(x0.device)
+        t = self._training_times(x0.shape[0], g, torch.device("cpu")).to(x0.device)
         noise = torch.randn(x0.shape, generator=g).to(x0.device, x0.dtype)
         out = self._loss(batch, t=t, noise=noise)
         self.log_dict({f"val/{k}": v for k, v in out.items()}, prog_bar=True, sync_dist=True)
@@ -205,7 +234,8 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         ``guidance_scale`` s > 1 (default: the module's) applies classifier-free guidance; both are ignored by
         an unconditional net.
         """
-        sampler = (sampler or self.sampler)(self.schedule, self.hparams.prediction, self.hparams.clip_denoised)
+        h = self.hparams
+        sampler = (sampler or self.sampler)(self._sampling_schedule, h.prediction, h.clip_denoised)
         gen = torch.Generator(self.device).manual_seed(seed)
         noise = torch.randn((n, *self.image_shape), generator=gen, device=self.device)  # x_T
         y, model = None, self.denoise

@@ -46,6 +46,7 @@ import torch
 from torch import Tensor
 
 from zoo.diffusion.schedule import NoiseSchedule, Prediction, interpolate_log_variance
+from zoo.errors import InputError
 
 Denoiser = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
 Spacing = Literal["leading", "trailing", "linspace"]
@@ -84,6 +85,15 @@ class ClassifierFreeGuidance:
         return torch.cat([guided, cond[:, c:]], dim=1)
 
 
+def require_noise_schedule(sampler: object, schedule: object) -> None:
+    """A sampler of eps/v/x0 nets refuses a model trained otherwise (flow matching), in one line."""
+    if not isinstance(schedule, NoiseSchedule):
+        raise InputError(
+            f"{type(sampler).__name__} samples a noise-schedule (eps, v, x0) model, not one trained with {schedule!r}: "
+            "use zoo.diffusion.FlowEulerSampler or FlowHeunSampler"
+        )
+
+
 def _noise_like(x: Tensor, generator: torch.Generator | None) -> Tensor:
     return torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
 
@@ -118,8 +128,9 @@ class Sampler:
         """Denoise ``noise`` (x_T, (B, ...)) into samples (B, ...), conditioned on labels ``y`` (B,) or None."""
         self.schedule.to(noise.device)
         x = noise
-        for t in self.timesteps():
-            tt = torch.full((x.shape[0],), t, device=x.device, dtype=torch.long)
+        for t in self.timesteps():  # step indices (int) on a noise schedule, times in [0, 1] (float) on a flow
+            dtype = torch.long if isinstance(t, int) else torch.float32
+            tt = torch.full((x.shape[0],), t, device=x.device, dtype=dtype)
             x = self.step(model(x, tt, y), t, x, generator)
         return x
 
@@ -148,6 +159,7 @@ class DDPMSampler(Sampler):
             variance: sigma_t^2 = beta-tilde_t (optimal for a point mass x_0) or beta_t (optimal for x_0 ~ N(0, I));
                 unused when the denoiser returns its own (learned) variance.
         """
+        require_noise_schedule(self, schedule)
         self.schedule, self.prediction, self.variance, self.clip_denoised = (
             schedule,
             prediction,
@@ -223,6 +235,7 @@ class DDIMSampler(Sampler):
             spacing: which S of the T steps to visit (see ``ddim_timesteps``; trailing starts at the noisiest, better
                 at few steps).
         """
+        require_noise_schedule(self, schedule)
         if not 0.0 <= eta <= 1.0:
             raise ValueError(f"eta must be in [0, 1], got {eta}")
         self.schedule, self.prediction, self.eta, self.clip_denoised = schedule, prediction, eta, clip_denoised
@@ -262,6 +275,89 @@ class DDIMSampler(Sampler):
         beta = 1 - abar / abar_prev
         log_var = interpolate_log_variance(v, math.log(beta), math.log(beta * (1 - abar_prev) / (1 - abar)))
         return self.eta * (0.5 * log_var).exp().to(v.dtype)
+
+
+def dpm_timesteps(num_timesteps: int, steps: int, spacing: Literal["linspace", "trailing"]) -> list[int]:
+    """S step indices in decreasing order, as diffusers' DPMSolverMultistepScheduler spaces them.
+
+    linspace (its default): round(linspace(0, T-1, S+1)) without its 0, so the last step (to the data) starts
+    at about T/S; trailing: T-1, T-1-T/S, ... (``ddim_timesteps``'s).
+    """
+    if not 1 <= steps < num_timesteps:
+        raise ValueError(f"steps must be in [1, {num_timesteps - 1}], got {steps}")
+    if spacing == "linspace":
+        ts = torch.linspace(0, num_timesteps - 1, steps + 1, dtype=torch.float64).round().long()[1:]
+        return sorted({int(t) for t in ts}, reverse=True)
+    if spacing == "trailing":
+        return ddim_timesteps(num_timesteps, steps, "trailing")
+    raise ValueError(f"spacing must be 'linspace' or 'trailing', got {spacing!r}")
+
+
+class DPMSolverPlusPlus2M(Sampler):
+    """DPM-Solver++(2M) (Lu et al. 2022, "DPM-Solver++", Algorithm 2): the diffusion ODE solved in the data
+    prediction x0-hat, exact in its linear part, second order by reusing the previous step's x0-hat.
+
+    With lambda = log(alpha / sigma) (alpha = sqrt(abar), sigma = sqrt(1 - abar)), h = lambda_{t'} - lambda_t,
+    from t to the next t':
+        x_{t'} = (sigma_{t'} / sigma_t) x_t - alpha_{t'} (e^{-h} - 1) D,
+        D = x0-hat_t + (x0-hat_t - x0-hat_prev) / (2 r),  r = (lambda_t - lambda_prev) / h,
+    with D = x0-hat_t at the first step (first order: DDIM) and at the last step, to the data (sigma = 0,
+    x_0 = x0-hat_t), as diffusers' ``DPMSolverMultistepScheduler`` with its defaults (solver_order 2, midpoint,
+    final_sigmas_type "zero", lower_order_final). Deterministic; a learned variance is not used.
+    """
+
+    # (t, x0-hat_t) of the previous step, the multistep memory; used only by the step right after it.
+    _last: tuple[int, Tensor] | None = None
+
+    def __init__(
+        self,
+        schedule: NoiseSchedule,
+        prediction: Prediction = "eps",
+        clip_denoised: float | None = None,
+        *,
+        steps: int = 20,
+        spacing: Literal["linspace", "trailing"] = "linspace",
+    ) -> None:
+        """
+        Args:
+            schedule: the training schedule (given by the module).
+            prediction: what the denoiser outputs, eps, v or x0 (given by the module).
+            clip_denoised: clamp x0-hat to [-c, c] at every step (the solver's data prediction); None: never (given
+                by the module).
+            steps: S, denoiser calls per sample (10-20 suffice: Lu et al. 2022).
+            spacing: which S of the T steps to visit (``dpm_timesteps``; linspace is diffusers' default).
+        """
+        require_noise_schedule(self, schedule)
+        self.schedule, self.prediction, self.clip_denoised = schedule, prediction, clip_denoised
+        self._abar = schedule.alphas_cumprod.double().tolist()
+        self._timesteps = dpm_timesteps(schedule.num_timesteps, steps, spacing)
+        self._prev = dict(zip(self._timesteps, self._timesteps[1:] + [-1]))
+        self._alpha = {t: self._abar[t] ** 0.5 for t in self._timesteps}
+        self._sigma = {t: (1 - self._abar[t]) ** 0.5 for t in self._timesteps}
+        self._lambda = {t: math.log(self._alpha[t] / self._sigma[t]) for t in self._timesteps}
+
+    def timesteps(self) -> list[int]:
+        return self._timesteps
+
+    def step(self, output: Tensor, t: int, x_t: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        x0, _ = self._x0_eps(split_variance(output, x_t)[0], t, x_t)
+        last, self._last = self._last, (t, x0)
+        s = self._prev[t]
+        if s < 0:  # to sigma = 0: the data prediction itself (the first-order step's limit)
+            return x0
+        h = self._lambda[s] - self._lambda[t]
+        d = x0
+        if last is not None and self._prev[last[0]] == t:  # second order from the previous step's x0-hat
+            r = (self._lambda[t] - self._lambda[last[0]]) / h
+            d = x0 + (x0 - last[1]) / (2 * r)
+        return (self._sigma[s] / self._sigma[t]) * x_t - (self._alpha[s] * math.expm1(-h)) * d
+
+    def sample(self, model, noise, y=None, generator=None):
+        self._last = None
+        try:
+            return super().sample(model, noise, y, generator)
+        finally:
+            self._last = None  # no tensor kept past the loop
 
 
 # What DiffusionModule(sampler=...) and the sampling callbacks take: a sampler class (or partial) called as

@@ -138,14 +138,16 @@ def zoo_allowlist(data: Mapping[str, type] | Iterable[type] = (), env_modules: I
     from lightning.pytorch import LightningModule
 
     classes = zoo_classes()
-    samplers = [c for p, c in classes.items() if p == "zoo.diffusion.samplers.Sampler"]  # found, not imported here
+    # found, not imported here: the samplers and training objectives a diffusion module holds
+    bases = ("zoo.diffusion.samplers.Sampler", "zoo.diffusion.flow.Objective")
+    samplers = [c for p, c in classes.items() if p in bases]
     if not isinstance(data, Mapping):
         data = {path: cls for cls in data for path in paths_of(cls)}
     return Allowlist(
         modules={p: c for p, c in classes.items() if issubclass(c, LightningModule)},
         data=dict(data),
         # Settings dataclasses are stored as plain dicts, never by class path: only nets and their parts are named,
-        # and the samplers (objects without parameters, so not nn.Modules) a diffusion module holds.
+        # and the samplers and objectives (objects without parameters, so not nn.Modules) a diffusion module holds.
         parts={p: c for p, c in classes.items() if issubclass(c, (torch.nn.Module, *samplers))},
         env_modules=frozenset(env_modules),
     )
