@@ -12,6 +12,7 @@ from functools import partial
 
 import pytest
 import torch
+from test_moe_hf import REFERENCES as MOE_REFERENCES
 
 from zoo.gpt import GPT, MHA, MLA
 from zoo.gpt.generate import make_cache
@@ -83,6 +84,7 @@ REFERENCES = {
     "deepseek-qlora": lambda: deepseek(24),
     "deepseek-direct-q": lambda: deepseek(None),
     "deepseek-halfrope": lambda: deepseek(24, interleave=False),
+    **MOE_REFERENCES,  # DeepSeek-V3 with MoE layers, Mixtral (test_moe_hf.py)
 }
 
 
