@@ -96,7 +96,8 @@ class PPOModule(WeightsOnlyLoading, LightningModule):
             clip_coef: PPO's epsilon, the clip range of the probability ratio.
             clip_vloss: also clip the value update to within ``clip_coef`` of the old value (Baselines' PPO2).
             ent_coef: weight of the entropy bonus.
-            vf_coef: weight of the value loss.
+            vf_coef: weight of the value loss 0.5 * mean((V - R)^2) (CleanRL's); SB3 and rl-zoo weigh the plain
+                mean squared error, so their ``vf_coef`` is half of the same setting here.
             max_grad_norm: global gradient-norm clip.
             target_kl: stop this rollout's updates before a minibatch whose approximate KL to the collecting
                 policy exceeds 1.5 x target_kl (SB3); None never stops early.
