@@ -281,3 +281,16 @@ def test_mtp_forward_in_chunks_with_a_cache_equals_one_pass(attention):
             net.mtp_forward(h[:, a:b], x[:, a + 1 : b + 1], 1, cache, a)[0] for a, b in ((0, 9), (9, 12), (12, 13))
         ]
     torch.testing.assert_close(torch.cat(parts, dim=1), whole, atol=1e-5, rtol=1e-5)
+
+
+def test_sequences_no_longer_than_the_depth_give_a_finite_loss_over_the_depths_that_have_targets():
+    net = net_of("mha", depth=2)
+    x2, y2 = torch.randint(0, V, (3, 2)), torch.randint(0, V, (3, 2))
+    logits = net(x2, mtp=True)[1]  # T = 2: depth 1 has one position, depth 2 none
+    out = mtp_loss([*logits, logits[0][:, :0]] if len(logits) == 1 else logits, y2)
+    assert out["tokens_1"] == 3 and out["tokens_2"] == 0
+    torch.testing.assert_close(out["loss"], out["loss_1"])  # the mean over the depth that has targets
+    out["loss"].backward()
+    x1 = torch.randint(0, V, (3, 1))  # T = 1: no depth has a target
+    out = mtp_loss(net(x1, mtp=True)[1], torch.randint(0, V, (3, 1)))
+    assert out["loss"] == 0

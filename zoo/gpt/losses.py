@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -27,9 +28,14 @@ def mtp_loss(mtp_logits: list[Tensor], targets: Tensor) -> dict[str, Tensor]:
     next-token targets (B, T) (targets[:, t] is the token after input t). ``tokens_{k}`` counts each depth's
     positions, to weight means over batches as ``causal_lm_loss`` does.
     """
-    out = {}
+    out, present = {}, []
     for k, logits in enumerate(mtp_logits, 1):
+        if logits.shape[1] == 0:  # T <= k: no position of this depth has a target (cross-entropy's mean is 0/0)
+            out[f"loss_{k}"], out[f"tokens_{k}"] = logits.sum(), targets.new_zeros(())
+            continue
         depth = causal_lm_loss(logits, targets[:, k:])
         out[f"loss_{k}"], out[f"tokens_{k}"] = depth["loss"], depth["tokens"]
-    out["loss"] = sum(out[f"loss_{k}"] for k in range(1, len(mtp_logits) + 1)) / len(mtp_logits)
+        present.append(out[f"loss_{k}"])
+    # 1/D over the depths that had positions (the net leaves out a depth k >= T); none at all (T = 1) adds nothing
+    out["loss"] = sum(present) / len(present) if present else targets.new_zeros((), dtype=torch.float32)
     return out
