@@ -70,6 +70,9 @@ def test_every_familys_net_gives_muon_its_hidden_matrices_and_adamw_the_rest_eac
         net, settings = module.net, AdamWCosine.of(module.hparams.optimizer)
     else:
         net = _gqa_gpt() if source == "gqa" else _resnet()
+        net.get_submodule("model.layer1.0.conv2" if source != "gqa" else "blocks.0.attn.proj").weight.requires_grad_(
+            False
+        )
         settings = AdamWCosine(weight_decay=0.3, muon=MuonSettings())
     opt = settings.configure(net, SimpleNamespace(estimated_stepping_batches=10))["optimizer"]
     assert isinstance(opt, MuonAdamW)
