@@ -268,6 +268,7 @@ def test_fsdp_sharded_parameters_are_refused(tmp_path):
 
 
 def test_a_tiny_gpt_fits_with_muon_from_the_command_line_and_its_checkpoint_keeps_the_setting():
+    # bf16 autocast, accumulation and clipping go through Lightning's usual paths: MuonAdamW is one optimizer.
     from zoo.gpt import CausalLMModule
 
     c = cli(
@@ -275,7 +276,10 @@ def test_a_tiny_gpt_fits_with_muon_from_the_command_line_and_its_checkpoint_keep
         "--config",
         str(CONFIGS / "gpt" / "gpt_tiny.yaml"),
         "--model.init_args.optimizer.muon.lr=0.03",
-        "--data.init_args.samples_per_epoch=32",  # 4 steps
+        "--data.init_args.samples_per_epoch=64",  # 8 batches, 4 steps: accumulation, clipping and autocast too
+        "--trainer.accumulate_grad_batches=2",
+        "--trainer.gradient_clip_val=0.5",
+        "--trainer.precision=bf16-mixed",
         "--trainer.limit_val_batches=1",
         "--trainer.log_every_n_steps=1",
         "--trainer.logger=false",
