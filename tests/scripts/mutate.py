@@ -669,14 +669,13 @@ FAMILIES: dict[str, dict] = {
             (OPT, "((decay, weight_decay), (no_decay, 0.0))", "((decay, 0.0), (no_decay, 0.0))"),
             (
                 OPT,
-                "compat.muon_(params, grads, bufs, **{k: group[k] for k in _MUON_KEYS})",
-                'compat.muon_(params, grads, bufs, **{k: group["initial_lr" if k == "lr" else k] for k in _MUON_KEYS})',
+                "(params, grads, bufs, **{k: group[k] for k in _MUON_KEYS})",
+                '(params, grads, bufs, **{k: group["initial_lr" if k == "lr" else k] for k in _MUON_KEYS})',
             ),
-            (
-                OPT,
-                "compat.muon_(params, grads, bufs, **{k: group[k] for k in _MUON_KEYS})",
-                'compat.muon_(params, grads, bufs, **{k: group[k] for k in _MUON_KEYS if k != "adjust_lr_fn"})',
-            ),
+            (OPT, "return lr * ratio.get(adjust_lr_fn, math.sqrt(max(1.0, out / inp)))", "return lr"),
+            (OPT, "torch.addmm(gram, gram, gram, beta=b, alpha=c)", "torch.addmm(gram, gram, gram, beta=c, alpha=b)"),
+            (OPT, 'update = g.lerp(buf, momentum) if group["nesterov"] else buf', "update = buf"),
+            (OPT, '(dtype == "auto" and params[0].device.type == "cpu")', "False"),
             (
                 OPT,
                 "        return [t.view(t.shape[0], -1)]\n",

@@ -129,7 +129,9 @@ def test_muon_steps_as_torch_muon_and_adamw_as_torch_adamw_both_under_the_one_sc
     torch.manual_seed(0)
     net = Mixed()
     ref = copy.deepcopy(net)
-    muon = MuonSettings(lr=0.05, momentum=0.9, nesterov=nesterov, weight_decay=0.1, adjust_lr_fn=adjust_lr_fn)
+    muon = MuonSettings(
+        lr=0.05, momentum=0.9, nesterov=nesterov, weight_decay=0.1, adjust_lr_fn=adjust_lr_fn, ns_dtype="bfloat16"
+    )
     settings = AdamWCosine(lr=0.01, weight_decay=0.2, betas=(0.8, 0.95), warmup_steps=2, min_lr_ratio=0.1, muon=muon)
     out = settings.configure(net, SimpleNamespace(estimated_stepping_batches=4))
     opt, sched = out["optimizer"], out["lr_scheduler"]["scheduler"]
@@ -178,6 +180,35 @@ def test_muon_steps_as_torch_muon_and_adamw_as_torch_adamw_both_under_the_one_sc
             ref.conv.weight.copy_(mats["conv"][0].view_as(ref.conv.weight))
         for (name, p), r in zip(net.named_parameters(), ref.parameters()):
             torch.testing.assert_close(p, r, rtol=0, atol=0, msg=f"{name} after step {step}")
+
+
+@pytest.mark.parametrize("adjust_lr_fn", ["original", "match_rms_adamw"])
+def test_on_a_cpu_muon_orthogonalises_in_float32_and_steps_as_torch_muon_up_to_its_bfloat16(adjust_lr_fn):
+    torch.manual_seed(0)
+    layer = nn.Linear(8, 24, bias=False)  # tall: the shape scaling matters
+    layer.io_layers = tuple
+    ref = nn.Parameter(layer.weight.detach().clone())
+    muon = MuonSettings(lr=0.05, weight_decay=0.1, adjust_lr_fn=adjust_lr_fn)  # ns_dtype auto: float32 here
+    opt = AdamWCosine(muon=muon).configure(layer, None)["optimizer"]
+    ref_opt = torch.optim.Muon([ref], lr=0.05, weight_decay=0.1, adjust_lr_fn=adjust_lr_fn)
+    start = ref.detach().clone()
+    for _ in range(3):
+        grad = torch.randn(24, 8)
+        layer.weight.grad, ref.grad = grad.clone(), grad.clone()
+        opt.step()
+        ref_opt.step()
+    moved, ref_moved = layer.weight - start, ref - start
+    assert 0 < (moved - ref_moved).norm() < 0.02 * ref_moved.norm()  # not bfloat16's steps, within its precision
+
+    from zoo.train.optim import newton_schulz
+
+    g = torch.randn(24, 8)
+    u, _, vh = torch.linalg.svd(g.double(), full_matrices=False)
+    o = newton_schulz(g, (3.4445, -4.775, 2.0315), 5, 1e-7)
+    assert o.dtype == torch.float32 and o.shape == g.shape
+    d = u.T @ o.double() @ vh.T  # (8, 8): g's singular vectors diagonalise O = U p(S) V^T
+    torch.testing.assert_close(d - torch.diag(d.diagonal()), torch.zeros_like(d), atol=1e-5, rtol=0)
+    assert 0.6 < d.diagonal().min() and d.diagonal().max() < 1.25  # Jordan's coefficients: near 1, not exactly
 
 
 def test_the_schedule_moves_the_muon_and_the_adamw_learning_rates_together():
