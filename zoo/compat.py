@@ -221,3 +221,15 @@ def apply_keeping_float32(module: torch.nn.Module, fn, recurse: bool, names: tup
         if new.dtype != old.dtype:
             setattr(module, name, old.to(new.device))  # the float32 original, never the rounded cast
     return module
+
+
+def muon_(params: list[Tensor], grads: list[Tensor], momentum_buffers: list[Tensor], **group: Any) -> None:
+    """``torch.optim.Muon``'s update of 2-D tensors in place, through its functional form (``torch.optim._muon``).
+
+    ``torch.optim.Muon`` refuses any parameter that is not 2-D at construction, so it cannot take a conv filter
+    bank or a stack of MoE expert matrices; ``zoo.train.optim.MuonAdamW`` hands this function 2-D views of them
+    (``group``: Muon's param-group settings, lr to adjust_lr_fn).
+    """
+    from torch.optim._muon import muon
+
+    muon(params, grads, momentum_buffers, has_complex=False, **group)

@@ -69,23 +69,29 @@ def _lr_history(c) -> dict[int, float]:
     return {m.step: m.value for m in client.get_metric_history(c.trainer.logger.run_id, "lr/pg1")}
 
 
+MUON = ["--model.init_args.optimizer.muon={}"]  # Muon's momentum buffers, AdamW's moments, one schedule
+
+
 @pytest.mark.parametrize(
-    ("config", "where"),
+    ("config", "where", "extra"),
     [
-        (TINY, "batch_end"),
-        (TINY, "batch_start"),
-        (TINY, "backward"),
-        (CLIP_TINY, "batch_start"),  # CaptionDataModule, its last partial batch dropped
+        (TINY, "batch_end", []),
+        (TINY, "batch_start", []),
+        (TINY, "backward", []),
+        (CLIP_TINY, "batch_start", []),  # CaptionDataModule, its last partial batch dropped
+        (TINY, "batch_end", MUON),
     ],
-    ids=["cnn-batch_end", "cnn-batch_start", "cnn-backward", "clip-batch_start"],
+    ids=["cnn-batch_end", "cnn-batch_start", "cnn-backward", "clip-batch_start", "cnn-muon-batch_end"],
 )
-def test_ctrl_c_mid_epoch_then_resume_equals_the_run_never_interrupted(config, where):
-    straight = cli("fit", "--config", config, "--trainer.max_epochs=2", "--trainer.default_root_dir=straight")
+def test_ctrl_c_mid_epoch_then_resume_equals_the_run_never_interrupted(config, where, extra):
+    config = [config, *extra]
+    straight = cli("fit", "--config", *config, "--trainer.max_epochs=2", "--trainer.default_root_dir=straight")
+    assert (type(straight.trainer.optimizers[0]).__name__ == "MuonAdamW") == bool(extra)
     per_epoch = straight.trainer.num_training_batches
     step = per_epoch + per_epoch // 2  # the middle of the second epoch
     interrupt = {"class_path": "test_resume.InterruptAt", "init_args": {"step": step, "where": where}}
     with pytest.raises(SystemExit):  # Lightning's graceful shutdown on KeyboardInterrupt
-        cli("fit", "--config", config, "--trainer.max_epochs=2", f"--trainer.callbacks+={json.dumps(interrupt)}")
+        cli("fit", "--config", *config, "--trainer.max_epochs=2", f"--trainer.callbacks+={json.dumps(interrupt)}")
     saved = output("on_exception.ckpt")
     assert torch.load(saved, weights_only=True)["global_step"] == step
     with warnings.catch_warnings(record=True) as caught:
@@ -93,7 +99,7 @@ def test_ctrl_c_mid_epoch_then_resume_equals_the_run_never_interrupted(config, w
         resumed = cli(
             "fit",
             "--config",
-            config,
+            *config,
             "--trainer.max_epochs=2",
             "--trainer.default_root_dir=resumed",
             f"--ckpt_path={saved}",

@@ -655,6 +655,45 @@ FAMILIES: dict[str, dict] = {
             ),
         ],
     },
+    # Muon in the shared optimizer (issue 29 item 1): the parameter split, the step, the schedule, saved state.
+    "muon": {
+        "tests": ["tests/shared/test_muon.py"],
+        "mutants": [
+            (OPT, "        if name in skip:  # every tensor under 2-D is here too\n", "        if p.ndim < 2:\n"),
+            (OPT, "        elif _under(name, io):\n", "        elif False:\n"),
+            (
+                OPT,
+                "        if not p.requires_grad:\n            continue\n        if name in skip:",
+                "        if name in skip:",
+            ),
+            (OPT, "((decay, weight_decay), (no_decay, 0.0))", "((decay, 0.0), (no_decay, 0.0))"),
+            (
+                OPT,
+                "(params, grads, bufs, **{k: group[k] for k in _MUON_KEYS})",
+                '(params, grads, bufs, **{k: group["initial_lr" if k == "lr" else k] for k in _MUON_KEYS})',
+            ),
+            (OPT, "return lr * ratio.get(adjust_lr_fn, math.sqrt(max(1.0, out / inp)))", "return lr"),
+            (OPT, "torch.addmm(gram, gram, gram, beta=b, alpha=c)", "torch.addmm(gram, gram, gram, beta=c, alpha=b)"),
+            (OPT, 'update = g.lerp(buf, momentum) if group["nesterov"] else buf', "update = buf"),
+            (OPT, '(dtype == "auto" and params[0].device.type == "cpu")', "False"),
+            (
+                OPT,
+                "        return [t.view(t.shape[0], -1)]\n",
+                "        return list(t.view(-1, *t.shape[-2:]).unbind())\n",
+            ),
+            (OPT, "    return list(t.view(-1, *t.shape[-2:]).unbind())\n", "    return [t.view(t.shape[0], -1)]\n"),
+            (OPT, "share them again\n        self._share_with_adamw()\n", "share them again\n"),
+            (OPT, "            self._adamw.state = self.state\n", "            pass\n"),
+            (OPT, "            p.copy_(w)\n", ""),
+            (OPT, 'if any(isinstance(p, DTensor) for g in muon_groups for p in g["params"]):', "if False:"),
+            (
+                OPT,
+                '        groups = [{**defaults, **muon, **g, "muon": True} for g in muon_groups]',
+                '        groups = [{**defaults, **g, "muon": True} for g in muon_groups]',
+            ),
+            (OPT, 'object.__setattr__(self, "muon", MuonSettings(**self.muon))', "pass"),
+        ],
+    },
     # The shared parts (issue 25 item 6): the warmup-cosine schedule and parameter groups, gradient norms, weight
     # checks, caption tokenisation, shared attention.
     "shared": {

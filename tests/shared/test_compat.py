@@ -347,3 +347,21 @@ def test_apply_keeping_float32_moves_but_never_casts_the_named_buffers():
     assert outer[0].kept.dtype == torch.float32 and torch.equal(outer[0].kept, exact)
     outer.to("meta")
     assert outer[0].kept.device.type == "meta" and outer[0].kept.dtype == torch.float32
+
+
+def test_muon_is_torch_muons_update_of_a_matrix():
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(6, 4))
+    ref = torch.nn.Parameter(w.detach().clone())
+    opt = torch.optim.Muon([ref], lr=0.1, weight_decay=0.01, adjust_lr_fn="match_rms_adamw")
+    buf = torch.zeros_like(w)
+    settings = {k: opt.param_groups[0][k] for k in ("lr", "weight_decay", "momentum", "nesterov", "ns_coefficients")}
+    settings.update(eps=opt.param_groups[0]["eps"], ns_steps=5, adjust_lr_fn="match_rms_adamw")
+    for _ in range(2):
+        g = torch.randn(6, 4)
+        ref.grad = g.clone()
+        opt.step()
+        with torch.no_grad():
+            compat.muon_([w], [g], [buf], **settings)
+    torch.testing.assert_close(w, ref, rtol=0, atol=0)
+    torch.testing.assert_close(buf, opt.state[ref]["momentum_buffer"], rtol=0, atol=0)

@@ -60,6 +60,14 @@ class CLIP(nn.Module):
             names += [f"{prefix}.{n}" for n in getattr(enc, "no_weight_decay", tuple)()]
         return tuple(names)
 
+    def io_layers(self) -> tuple[str, ...]:
+        """Each tower's input and output layers; a tower that names none stays with AdamW whole."""
+        names = []
+        for prefix, enc in (("image_encoder", self.image_encoder), ("text_encoder", self.text_encoder)):
+            io_layers = getattr(enc, "io_layers", None)
+            names += [f"{prefix}.{n}" for n in io_layers()] if io_layers else [prefix]
+        return tuple(names)
+
     def encode_image(self, images: Tensor, normalize: bool = True) -> Tensor:
         features = self.image_encoder(images)  # (B, E)
         return F.normalize(features, dim=-1) if normalize else features

@@ -156,6 +156,10 @@ class VisionTransformer(nn.Module):
     def no_weight_decay(self) -> tuple[str, ...]:
         return ("class_embedding", "positional_embedding", "attn_pool.query")
 
+    def io_layers(self) -> tuple[str, ...]:
+        """The patch embedding (or conv stem) and the projection to the joint space: not hidden, so not Muon's."""
+        return ("conv1", "proj")
+
     def forward(self, images: Tensor) -> Tensor:
         x = self.conv1(images).flatten(2).transpose(1, 2)  # (B, N, D)
         if self.pool == "cls":
@@ -215,6 +219,10 @@ class TextTransformer(nn.Module):
 
     def no_weight_decay(self) -> tuple[str, ...]:
         return ("positional_embedding",)
+
+    def io_layers(self) -> tuple[str, ...]:
+        """The token embedding and the projection to the joint space: not hidden, so not Muon's."""
+        return ("token_embedding", "proj")
 
     def eot_positions(self, ids: Tensor) -> Tensor:
         """(B,) index of each row's first end-of-text token, or its last position when there is none."""

@@ -54,6 +54,10 @@ class ConvNet(nn.Module):
         self.features = nn.Sequential(*(_stage(a, b, dropout) for a, b in zip(chans[:-1], chans[1:])))
         self.head = nn.Linear(chans[-1], num_classes)
 
+    def io_layers(self) -> tuple[str, ...]:
+        """The first convolution, on the pixels, and the classifier: Muon takes the hidden filters only."""
+        return ("features.0.0", "head")
+
     def forward(self, x: Tensor) -> Tensor:
         x = self.features(x)  # (B, C, H / 2^depth, W / 2^depth)
         return self.head(x.mean(dim=(2, 3)))  # (B, K)

@@ -51,5 +51,9 @@ class ResNet(resnet.ResNet):
             self.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
         nn.init.kaiming_normal_(self.conv1.weight, mode="fan_out", nonlinearity="relu")
 
+    def io_layers(self) -> tuple[str, ...]:
+        """The stem convolution and the classifier: Muon takes the hidden filters only."""
+        return ("conv1", "fc")
+
     def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, K)
         return super().forward(x)

@@ -43,5 +43,11 @@ class TorchvisionNet(nn.Module):
         """Position embeddings, class tokens and relative-position tables (ViT, Swin) do not decay."""
         return [n for n, _ in self.named_parameters() if n.rsplit(".", 1)[-1] in _NO_DECAY]
 
+    def io_layers(self) -> tuple[str, ...]:
+        """The first and the last convolution or linear layer in torchvision's registration order (the stem and
+        the classifier of its ResNets, ConvNeXts, EfficientNets, ViTs): Muon takes the layers between."""
+        layers = [n for n, m in self.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+        return (layers[0], layers[-1]) if layers else ()
+
     def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, K)
         return self.model(x)

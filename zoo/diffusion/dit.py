@@ -184,6 +184,10 @@ class DiT(nn.Module):
             nn.init.zeros_(mod.weight)  # adaLN-Zero: every block is the identity at init
             nn.init.zeros_(mod.bias)
 
+    def io_layers(self) -> tuple[str, ...]:
+        """The patch embedding and the output projection: Muon takes the hidden matrices (adaLN included)."""
+        return ("x_embedder", "final_layer.linear")
+
     def condition(self, t: Tensor, y: Tensor | None) -> Tensor:
         """c = embed(t) + embed(y), (B, D); a conditional net given no label uses the null class."""
         c = self.t_embedder(t)

@@ -180,6 +180,10 @@ class UNet(nn.Module):
         self.norm_out = group_norm(c, norm_groups)
         self.conv_out = zero(nn.Conv2d(c, self.out_channels, 3, padding=1))
 
+    def io_layers(self) -> tuple[str, ...]:
+        """The convolutions on the image in and out: Muon takes the hidden filters and matrices only."""
+        return ("conv_in", "conv_out")
+
     @property
     def blocks(self) -> list[nn.Module]:
         """The residual and attention blocks in order: the units FSDP gathers one at a time."""

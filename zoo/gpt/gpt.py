@@ -193,6 +193,10 @@ class GPT(nn.Module):
         """The main blocks, then each multi-token prediction module's block (the FSDP2 units)."""
         return [*self.blocks, *(m.block for m in self.mtp)]
 
+    def io_layers(self) -> tuple[str, ...]:
+        """The embeddings and the output head (tied or not): Muon takes the hidden matrices only."""
+        return ("tok_emb", "pos_emb", "lm_head")
+
     def no_weight_decay(self) -> set[str]:
         """Embedding tables (the tied head included) take no weight decay."""
         names = {"tok_emb.weight"}

@@ -1,14 +1,24 @@
-"""Shared optimisation: AdamW parameter groups and a warmup-cosine schedule, injected as one ``AdamWCosine``.
+"""Shared optimisation: AdamW parameter groups, optionally Muon for the hidden matrices, and a warmup-cosine
+schedule over both, injected as one ``AdamWCosine``.
 
 Decay rule (GPT-2 / nanoGPT, open_clip): tensors of two or more dimensions decay;
 biases, norm weights and embeddings do not. Embeddings are 2-D, so the net names them
 through an optional ``no_weight_decay()`` method returning parameter-name prefixes.
+
+Muon rule (Jordan et al. 2024, "Muon: An optimizer for hidden layers in neural networks"): the weight matrices
+of hidden layers go to Muon; embeddings, the layers that read the input and write the output, norms, biases
+and scalars stay with AdamW. The net names its input and output layers through ``io_layers()`` (parameter-name
+prefixes), as it names its embeddings through ``no_weight_decay()``. Conv filters (out, in, k, k) are
+orthogonalised as (out, in*k*k) matrices, as Jordan's reference and airbench do; a stack of matrices such as
+the MoE's expert weights (E, out, in) as E separate matrices, one per expert (each is its own linear map).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
@@ -16,6 +26,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
+from zoo import compat
 from zoo.errors import InputError
 
 _NORMS = (  # the lazy and sync variants subclass these
@@ -31,6 +42,7 @@ _NORMS = (  # the lazy and sync variants subclass these
     nn.LocalResponseNorm,
     nn.RMSNorm,
 )
+_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 
 
 def _no_decay_names(net: nn.Module) -> set[str]:
@@ -58,6 +70,50 @@ def param_groups(net: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
+def _io_prefixes(net: nn.Module) -> tuple[str, ...]:
+    io_layers = getattr(net, "io_layers", None)
+    if io_layers is None:
+        raise InputError(
+            f"optimizer.muon needs the net to name the layers that read its input and write its output, which Muon "
+            f"must not take: {type(net).__name__} has no io_layers() method. Remove model.init_args.optimizer.muon "
+            "to train it with AdamW alone"
+        )
+    return tuple(io_layers())
+
+
+def _under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def muon_param_groups(net: nn.Module, weight_decay: float) -> tuple[list[dict], list[dict]]:
+    """(Muon groups, AdamW groups) of the trainable parameters, each parameter in exactly one group.
+
+    Muon: the >=2-D weights of hidden layers, as ``{"params": matrices, "flatten": False}`` (2-D, or stacks of
+    matrices over their leading dimensions) and ``{"params": conv filters, "flatten": True}``. AdamW: the rest,
+    split as ``param_groups`` splits (the input and output layers' weights decay by ``weight_decay``;
+    embeddings, norms, biases and what ``no_weight_decay()`` names do not). Empty groups are left out.
+    """
+    skip, io = _no_decay_names(net), _io_prefixes(net)
+    filters = {
+        f"{mod_name}.weight" if mod_name else "weight"
+        for mod_name, mod in net.named_modules()
+        if isinstance(mod, _CONVS) and isinstance(mod.weight, nn.Parameter)
+    }
+    matrices, convs, decay, no_decay = [], [], [], []
+    for name, p in net.named_parameters():
+        if not p.requires_grad:
+            continue
+        if name in skip:  # every tensor under 2-D is here too
+            no_decay.append(p)
+        elif _under(name, io):
+            decay.append(p)
+        else:
+            (convs if name in filters else matrices).append(p)
+    muon = [{"params": ps, "flatten": flat} for ps, flat in ((matrices, False), (convs, True)) if ps]
+    adamw = [{"params": ps, "weight_decay": wd} for ps, wd in ((decay, weight_decay), (no_decay, 0.0)) if ps]
+    return muon, adamw
+
+
 def use_fused(params: list[torch.Tensor]) -> bool:
     """Whether AdamW's fused kernel serves these parameters: all on CUDA, or all plain tensors on the CPU.
 
@@ -69,6 +125,131 @@ def use_fused(params: list[torch.Tensor]) -> bool:
     if devices == {"cuda"}:
         return True
     return devices == {"cpu"} and not any(isinstance(p, DTensor) for p in params)
+
+
+# The settings a Muon group carries, as torch.optim.Muon names them.
+_MUON_KEYS = ("lr", "weight_decay", "momentum", "nesterov", "ns_coefficients", "eps", "ns_steps", "adjust_lr_fn")
+
+
+def newton_schulz(g: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float) -> torch.Tensor:
+    """Jordan's quintic Newton-Schulz iteration from ``g`` = U S V^T towards U V^T (singular values end in about
+    [0.7, 1.2]), in float32: torch's Muon runs it in bfloat16, which CPUs without bf16 matmul units emulate (20x
+    slower, measured on a 2-core AMD EPYC). Otherwise the recipe of torch.optim.Muon's iteration."""
+    a, b, c = coefficients
+    x = g.float()
+    tall = x.shape[0] > x.shape[1]
+    x = x.T if tall else x  # (m, n), m <= n: the Gram matrix is the small side
+    x = x / x.norm().clamp(min=eps)  # spectral norm <= Frobenius norm <= 1
+    for _ in range(steps):
+        gram = x @ x.T  # (m, m)
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)  # a X + (b A + c A^2) X
+    return x.T if tall else x
+
+
+def _adjusted_lr(lr: float, adjust_lr_fn: str | None, shape: torch.Size) -> float:
+    out, inp = shape[:2]  # as torch.optim.Muon: original (Jordan), match_rms_adamw (Moonshot), spectral_unclamped
+    ratio = {"match_rms_adamw": 0.2 * math.sqrt(max(out, inp)), "spectral_unclamped": math.sqrt(out / inp)}
+    return lr * ratio.get(adjust_lr_fn, math.sqrt(max(1.0, out / inp)))
+
+
+def muon_float32_(params, grads, bufs, **group) -> None:
+    """torch.optim.Muon's update of 2-D tensors in place, with the Newton-Schulz iteration in float32."""
+    lr, decay, momentum = group["lr"], group["weight_decay"], group["momentum"]
+    for p, g, buf in zip(params, grads, bufs):
+        buf.lerp_(g, 1 - momentum)
+        update = g.lerp(buf, momentum) if group["nesterov"] else buf
+        update = newton_schulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
+        p.mul_(1 - lr * decay)
+        p.add_(update.to(p.dtype), alpha=-_adjusted_lr(lr, group["adjust_lr_fn"], p.shape))
+
+
+def _matrices(t: torch.Tensor, flatten: bool) -> list[torch.Tensor]:
+    """2-D views of a contiguous ``t``: itself, its filters as (out, in*k*k), or each matrix of a stack."""
+    if t.ndim == 2:
+        return [t]
+    if flatten:
+        return [t.view(t.shape[0], -1)]
+    return list(t.view(-1, *t.shape[-2:]).unbind())
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """Muon (``torch.optim.Muon``'s update) on the groups marked ``muon``, AdamW (``torch.optim.AdamW``) on the rest.
+
+    One optimizer rather than two, as Jordan's ``MuonWithAuxAdam``: Lightning's automatic optimisation, gradient
+    clipping, accumulation and precision plugins, the LR monitor and one ``WarmupCosine`` all see every group,
+    and its ``state_dict`` is torch's usual one (resume is exact). The AdamW groups are stepped by a real
+    ``torch.optim.AdamW`` (fused where ``use_fused`` says) sharing this optimizer's group dicts and state.
+    Conv filters and stacked matrices, which ``torch.optim.Muon`` refuses, reach Muon's update as 2-D views.
+    Sharded (FSDP2 DTensor) parameters are refused: Muon orthogonalises each whole matrix, which a shard is not.
+    """
+
+    def __init__(
+        self,
+        muon_groups: list[dict],
+        adamw_groups: list[dict],
+        *,
+        muon: dict,
+        lr: float,
+        betas: tuple[float, float],
+        fused: bool | None = None,
+    ) -> None:
+        if any(isinstance(p, DTensor) for g in muon_groups for p in g["params"]):
+            raise InputError(
+                "optimizer.muon cannot step FSDP-sharded parameters: Muon orthogonalises each whole weight matrix, "
+                "which a shard is not. Train with the ddp strategy, or remove model.init_args.optimizer.muon"
+            )
+        defaults = {k: v.default for k, v in inspect.signature(torch.optim.Muon).parameters.items() if k != "params"}
+        groups = [{**defaults, **muon, **g, "muon": True} for g in muon_groups]
+        self._adamw = torch.optim.AdamW(adamw_groups, lr=lr, betas=betas, fused=fused) if adamw_groups else None
+        for g in self._adamw.param_groups if self._adamw else ():
+            g["muon"] = False
+        super().__init__([*groups, *(self._adamw.param_groups if self._adamw else ())], {})
+        self._share_with_adamw()
+
+    def _share_with_adamw(self) -> None:
+        if self._adamw is not None:  # the same group dicts and state: what the scheduler sets, AdamW reads
+            self._adamw.param_groups = [g for g in self.param_groups if not g["muon"]]
+            self._adamw.state = self.state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)  # new group dicts and state: share them again
+        self._share_with_adamw()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            if group["muon"]:
+                self._muon_step(group)
+        if self._adamw is not None:
+            self._adamw.step()
+        return loss
+
+    def _muon_step(self, group: dict) -> None:
+        params, grads, bufs, staged = [], [], [], []
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            w, buf = p, state["momentum_buffer"]
+            if not (w.is_contiguous() and buf.is_contiguous()):  # channels-last filters: step copies, write back
+                w, buf = w.contiguous(), buf.contiguous()
+                staged.append((p, w, state["momentum_buffer"], buf))
+            params += _matrices(w, group["flatten"])
+            grads += _matrices(p.grad.contiguous(), group["flatten"])
+            bufs += _matrices(buf, group["flatten"])
+        if params:
+            dtype = group.get("ns_dtype", "auto")
+            float32 = dtype == "float32" or (dtype == "auto" and params[0].device.type == "cpu")
+            (muon_float32_ if float32 else compat.muon_)(params, grads, bufs, **{k: group[k] for k in _MUON_KEYS})
+        for p, w, buf, staged_buf in staged:
+            p.copy_(w)
+            buf.copy_(staged_buf)
 
 
 class WarmupCosine(LambdaLR):
@@ -127,6 +308,12 @@ class WarmupCosine(LambdaLR):
         )
 
 
+def _with_schedule(opt: torch.optim.Optimizer, trainer, warmup_steps: int, min_lr_ratio: float) -> dict:
+    total = trainer.estimated_stepping_batches if trainer is not None else warmup_steps + 1
+    sched = WarmupCosine(opt, warmup_steps, int(total), min_lr_ratio)
+    return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "name": "lr"}}
+
+
 def adamw_warmup_cosine(
     net: nn.Module,
     trainer,
@@ -143,25 +330,78 @@ def adamw_warmup_cosine(
     opt = torch.optim.AdamW(
         param_groups(net, weight_decay), lr=lr, betas=tuple(betas), fused=use_fused(list(net.parameters())) or None
     )
-    total = trainer.estimated_stepping_batches if trainer is not None else warmup_steps + 1
-    sched = WarmupCosine(opt, warmup_steps, int(total), min_lr_ratio)
-    return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "name": "lr"}}
+    return _with_schedule(opt, trainer, warmup_steps, min_lr_ratio)
+
+
+def _check(settings, rules, key: str) -> None:
+    # Checked when the config is read, not at the first step (torch's "Invalid learning rate" traceback).
+    bad = [(name, rule) for name, ok, rule in rules if not ok]
+    if bad:
+        name, rule = bad[0]
+        raise InputError(f"optimizer {name}={getattr(settings, name)} must be {rule}: set {key}.{name}")
+
+
+@dataclass(frozen=True)
+class MuonSettings:
+    """Muon (Jordan et al. 2024) for the hidden weight matrices: momentum, then Newton-Schulz orthogonalisation.
+
+    Defaults are Jordan's reference and nanochat's (lr 0.02, momentum 0.95, Nesterov, 5 Newton-Schulz steps, no
+    weight decay, the "original" shape scaling max(1, out/in)**0.5). ``adjust_lr_fn="match_rms_adamw"`` scales
+    each update to AdamW's RMS instead (Liu et al. 2025, "Muon is Scalable for LLM Training", Moonshot AI), so that
+    AdamW's learning rate and weight decay carry over: then set ``lr`` and ``weight_decay`` to AdamW's.
+
+    Args:
+        lr: peak learning rate of the Muon matrices, reached after the shared warmup.
+        momentum: momentum of the gradient average.
+        nesterov: apply Nesterov momentum.
+        weight_decay: decoupled weight decay of the Muon matrices (torch's Muon: w -= lr * weight_decay * w).
+        ns_steps: Newton-Schulz iterations.
+        adjust_lr_fn: the update's scaling by the matrix shape, as ``torch.optim.Muon`` names it.
+        ns_dtype: the Newton-Schulz iteration's dtype: bfloat16 is torch's Muon (and Jordan's); float32 runs 20x
+            faster on CPUs without bf16 matmul units; auto: float32 on a CPU, bfloat16 elsewhere.
+    """
+
+    lr: float = 0.02
+    momentum: float = 0.95
+    nesterov: bool = True
+    weight_decay: float = 0.0
+    ns_steps: int = 5
+    adjust_lr_fn: Literal["original", "match_rms_adamw", "spectral_unclamped"] = "original"
+    ns_dtype: Literal["auto", "bfloat16", "float32"] = "auto"
+
+    def __post_init__(self) -> None:
+        rules = (
+            ("lr", self.lr > 0, "above 0"),
+            ("momentum", 0 <= self.momentum < 1, "in [0, 1)"),
+            ("weight_decay", self.weight_decay >= 0, "0 or more"),
+            ("ns_steps", 1 <= self.ns_steps < 100, "in [1, 99]"),
+            ("ns_dtype", self.ns_dtype in ("auto", "bfloat16", "float32"), "auto, bfloat16 or float32"),
+            (
+                "adjust_lr_fn",
+                self.adjust_lr_fn in ("original", "match_rms_adamw", "spectral_unclamped"),
+                "original, match_rms_adamw or spectral_unclamped",
+            ),
+        )
+        _check(self, rules, "model.init_args.optimizer.muon")
 
 
 @dataclass(frozen=True)
 class AdamWCosine:
-    """AdamW (Loshchilov & Hutter 2019) on ``param_groups``, linear warmup then cosine decay per optimizer step.
+    """AdamW (Loshchilov & Hutter 2019) on ``param_groups``, linear warmup then cosine decay per optimizer step;
+    with ``muon`` set, Muon for the hidden weight matrices and AdamW for the rest, under the same schedule.
 
     Every module's ``optimizer`` argument: ``model.init_args.optimizer.lr`` and so on in a config; a field left
-    out keeps the module's default.
+    out keeps the module's default. ``optimizer: {muon: {}}`` turns Muon on with its defaults.
 
     Args:
-        lr: peak learning rate, reached after warmup.
+        lr: peak learning rate, reached after warmup (with ``muon``: of the AdamW groups, i.e. embeddings,
+            input and output layers, norms, biases).
         weight_decay: decoupled weight decay on >=2-D weights (not on norms, biases, embeddings, or what the
             net's ``no_weight_decay()`` names).
         betas: (beta1, beta2) of the moment averages.
         warmup_steps: optimizer steps of linear warmup before the cosine decay.
         min_lr_ratio: final learning rate as a fraction of ``lr`` at the end of the cosine; 1.0 keeps it constant.
+        muon: Muon for the hidden weight matrices (``MuonSettings``); None: AdamW for every parameter.
     """
 
     lr: float = 1e-3
@@ -169,25 +409,19 @@ class AdamWCosine:
     betas: tuple[float, float] = (0.9, 0.999)
     warmup_steps: int = 0
     min_lr_ratio: float = 1.0
+    muon: MuonSettings | None = None
 
     def __post_init__(self) -> None:
-        # Checked when the config is read, not at the first step (torch's "Invalid learning rate" traceback).
-        bad = [
-            (name, rule)
-            for name, ok, rule in (
-                ("lr", self.lr > 0, "above 0"),
-                ("weight_decay", self.weight_decay >= 0, "0 or more"),
-                ("betas", all(0 <= b < 1 for b in self.betas), "each in [0, 1)"),
-                ("warmup_steps", self.warmup_steps >= 0, "0 or more"),
-                ("min_lr_ratio", 0 <= self.min_lr_ratio <= 1, "in [0, 1]"),
-            )
-            if not ok
-        ]
-        if bad:
-            name, rule = bad[0]
-            raise InputError(
-                f"optimizer {name}={getattr(self, name)} must be {rule}: set model.init_args.optimizer.{name}"
-            )
+        if isinstance(self.muon, dict):  # from a checkpoint's hyperparameters
+            object.__setattr__(self, "muon", MuonSettings(**self.muon))
+        rules = (
+            ("lr", self.lr > 0, "above 0"),
+            ("weight_decay", self.weight_decay >= 0, "0 or more"),
+            ("betas", all(0 <= b < 1 for b in self.betas), "each in [0, 1)"),
+            ("warmup_steps", self.warmup_steps >= 0, "0 or more"),
+            ("min_lr_ratio", 0 <= self.min_lr_ratio <= 1, "in [0, 1]"),
+        )
+        _check(self, rules, "model.init_args.optimizer")
 
     @classmethod
     def of(cls, value: AdamWCosine | dict) -> AdamWCosine:
@@ -196,6 +430,17 @@ class AdamWCosine:
 
     def configure(self, net: nn.Module, trainer) -> dict:
         """The ``configure_optimizers`` dict for ``net`` over the trainer's total optimizer steps."""
-        return adamw_warmup_cosine(
-            net, trainer, self.lr, self.weight_decay, tuple(self.betas), self.warmup_steps, self.min_lr_ratio
+        if self.muon is None:
+            return adamw_warmup_cosine(
+                net, trainer, self.lr, self.weight_decay, tuple(self.betas), self.warmup_steps, self.min_lr_ratio
+            )
+        muon_groups, adamw_groups = muon_param_groups(net, self.weight_decay)
+        opt = MuonAdamW(
+            muon_groups,
+            adamw_groups,
+            muon=dict(vars(self.muon)),
+            lr=self.lr,
+            betas=tuple(self.betas),
+            fused=use_fused([p for g in adamw_groups for p in g["params"]]) or None,
         )
+        return _with_schedule(opt, trainer, self.warmup_steps, self.min_lr_ratio)
