@@ -19,7 +19,7 @@ NFE is net evaluations per image (Heun: 2 S - 1; guidance doubles the batch, not
 time of sampling the N images (the first seed), on --threads threads. A metric at N = 256 is noisy: the later
 --sample-seeds repeat the --repeat rows with other noise, which shows how far apart two seeds put one row.
 
-    python bench/diffusion_quality.py                                  # ~35 CPU-minutes at 800 steps, 1 thread
+    python bench/diffusion_quality.py          # 800 steps, 1 thread: ~1 h on a busy 2-core CPU (24 min training)
     python bench/diffusion_quality.py --classifier c.ckpt --eps e.ckpt --flow f.ckpt   # given checkpoints
     python bench/diffusion_quality.py --train-steps 2 --num-samples 8 --rows eps:ddim:5,flow:euler:4   # a smoke run
 """
