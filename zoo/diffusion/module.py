@@ -14,7 +14,6 @@ Notation: B batch, C channels, H/W height/width, K classes (label K is the null 
 
 from __future__ import annotations
 
-import functools
 import warnings
 from typing import Literal
 
@@ -24,9 +23,9 @@ from lightning.pytorch.callbacks import WeightAveraging
 from torch import Tensor, nn
 
 from zoo.diffusion.ema import EMA
-from zoo.diffusion.flow import FlowSampler, Objective
+from zoo.diffusion.flow import Objective
 from zoo.diffusion.losses import denoising_loss
-from zoo.diffusion.samplers import ClassifierFreeGuidance, DDIMSampler, SamplerClass
+from zoo.diffusion.samplers import ClassifierFreeGuidance, DDIMSampler, SamplerClass, check_sampler_kind
 from zoo.diffusion.schedule import NoiseSchedule
 from zoo.errors import InputError
 from zoo.io.checkpoint import WeightsOnlyLoading
@@ -116,7 +115,8 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
                 "prediction and min_snr_gamma belong to the noise schedule: a model with an objective "
                 f"({objective!r}) predicts what it says; leave them out"
             )
-        check_sampler_kind(sampler, objective)  # a sampler of the wrong kind says so now, not at the first sample
+        # A sampler of the wrong kind says so now, not at the first sample.
+        check_sampler_kind(sampler, self._sampling_schedule)
         self._compiled = None  # built at the first training step; kept off the module tree (no "_orig_mod." keys)
         self._init_loaded = False
 
@@ -277,21 +277,3 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         # The checkpoint's weights are trained ones: a later configure_model (a module from load_from_checkpoint
         # handed to a Trainer) must not overwrite them with init_weights.
         self._init_loaded = True
-
-
-def check_sampler_kind(sampler: SamplerClass, objective: Objective | None) -> None:
-    """A flow sampler for a flow-matching model, a noise-schedule one otherwise: one error line naming both. Checked
-    by class, so building the sampler (whose steps may exceed a short schedule a later sampler replaces) waits."""
-    cls = sampler.func if isinstance(sampler, functools.partial) else sampler
-    if not isinstance(cls, type):
-        return  # a plain callable: it checks the schedule itself when built
-    if issubclass(cls, FlowSampler) and objective is None:
-        raise InputError(
-            f"{cls.__name__} samples a flow-matching model, not one trained on the noise schedule: use "
-            "zoo.diffusion.DDIMSampler, DDPMSampler or DPMSolverPlusPlus2M"
-        )
-    if not issubclass(cls, FlowSampler) and objective is not None:
-        raise InputError(
-            f"{cls.__name__} samples a noise-schedule (eps, v, x0) model, not one trained with {objective!r}: use "
-            "zoo.diffusion.FlowEulerSampler or FlowHeunSampler"
-        )
