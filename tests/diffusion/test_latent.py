@@ -15,7 +15,7 @@ from conftest import CONFIGS, cli, output
 from lightning.pytorch import Callback, Trainer
 from torch.utils.data import DataLoader, TensorDataset
 
-from zoo.diffusion import DiffusionModule, DiT, FlowEulerSampler, FlowMatching
+from zoo.diffusion import AutoencoderModule, DiffusionModule, DiT, FlowEulerSampler, FlowMatching
 from zoo.diffusion.latent import AUTOENCODERS, load_autoencoder
 from zoo.errors import InputError
 from zoo.io import trust
@@ -25,6 +25,7 @@ from zoo.train.optim import AdamWCosine
 diffusers = pytest.importorskip("diffusers")
 
 LATENT = str(CONFIGS / "diffusion" / "latent_flow_dit_shapes.yaml")
+TRAIN_AE = str(CONFIGS / "diffusion" / "autoencoder_shapes.yaml")
 TINY = str(CONFIGS / "diffusion" / "latent_tiny.yaml")
 AE = {
     "down_block_types": ["DownEncoderBlock2D"] * 2,
@@ -104,11 +105,12 @@ def test_the_validation_loss_is_the_objective_on_scaled_posterior_samples_by_han
 
 class _Losses(Callback):
     def __init__(self):
-        self.losses, self.batches = [], []
+        self.losses, self.batches, self.modes = [], [], []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.losses.append(outputs["loss"].item())
         self.batches.append(batch[0])
+        self.modes.append((pl_module.net.training, pl_module.autoencoder.training))
 
 
 def test_training_estimates_the_scale_on_the_first_batch_and_leaves_the_autoencoder_untouched():
@@ -131,7 +133,8 @@ def test_training_estimates_the_scale_on_the_first_batch_and_leaves_the_autoenco
         z = vae.encode(seen.batches[0]).latent_dist.sample(generator=torch.Generator().manual_seed(key))
     assert m.latent_scale.item() == pytest.approx(1 / z.std().item(), rel=1e-5)
     # Frozen: no gradient, eval mode through fit, not in the optimizer, weights unchanged, not averaged by the EMA.
-    assert not any(p.requires_grad for p in m.autoencoder.parameters()) and not m.autoencoder.training
+    assert not any(p.requires_grad for p in m.autoencoder.parameters())
+    assert seen.modes == [(True, False)] * 2  # while training: the net in train mode, the autoencoder in eval
     optimized = {id(p) for group in trainer.optimizers[0].param_groups for p in group["params"]}
     assert optimized == {id(p) for p in m.net.parameters()}
     for k, v in m.autoencoder.state_dict().items():
@@ -224,16 +227,40 @@ def test_autoencoder_weights_are_read_weights_only(tmp_path):
 # -- through cli.py -----------------------------------------------------------------------------------------------
 
 
-def test_the_latent_config_fits_predicts_and_reloads_from_its_checkpoint_alone(tmp_path):
-    """latent_flow_dit_shapes.yaml at a few steps: its random autoencoder's weights and estimated scale travel in the
-    checkpoint, so predict and load_from_checkpoint decode as the trained module does; a tampered class is refused."""
+def test_the_autoencoders_loss_is_reconstruction_plus_weighted_kl_and_training_lowers_it():
+    m = AutoencoderModule(_vae(), kl_weight=0.1, reconstruction="l2")
+    x = _images(4)
+    out = m._loss(x, torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        posterior = m.autoencoder.encode(x).latent_dist
+        recon = m.autoencoder.decode(posterior.sample(generator=torch.Generator().manual_seed(2))).sample
+        kl = posterior.kl().mean() / (4 * 8 * 8)  # diffusers' KL: summed over each image's latent elements
+    torch.testing.assert_close(out["rec"], (recon - x).pow(2).mean())
+    torch.testing.assert_close(out["kl"], kl)
+    torch.testing.assert_close(out["loss"], out["rec"] + 0.1 * kl)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    for _ in range(15):
+        opt.zero_grad()
+        m._loss(x, torch.Generator().manual_seed(2))["loss"].backward()
+        opt.step()
+    assert m._loss(x, torch.Generator().manual_seed(2))["loss"] < 0.5 * out["loss"]
+
+
+def test_the_latent_config_fits_on_a_trained_autoencoder_predicts_and_reloads_from_its_checkpoint(tmp_path):
+    """autoencoder_shapes.yaml then latent_flow_dit_shapes.yaml reading its checkpoint, a few steps each: the
+    autoencoder's weights and the estimated scale travel in the checkpoint, so predict and load_from_checkpoint
+    decode as the trained module does; a tampered class is refused."""
+    tiny_ae = f"--model.init_args.autoencoder={json.dumps(TINY_F4)}"
+    data = ["--data.init_args.images.init_args.num_train=32", "--data.init_args.images.init_args.num_val=16"]
+    a = cli("fit", "--config", TRAIN_AE, tiny_ae, *data, "--trainer.max_steps=2", "--trainer.logger=false")
+    trained = a.model.autoencoder.state_dict()
     small = [
         "--trainer.max_steps=2", "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0",
         "--model.init_args.net.init_args.depth=1", "--model.init_args.net.init_args.hidden_size=32",
         "--model.init_args.net.init_args.num_heads=2", "--data.init_args.images.init_args.num_train=32",
         "--data.init_args.images.init_args.num_val=16", "--data.init_args.images.init_args.batch_size=16",
         "--trainer.callbacks.num_samples=2", "--model.init_args.sampler.init_args.steps=2", "--trainer.logger=false",
-        f"--model.init_args.autoencoder={json.dumps(TINY_F4)}",
+        tiny_ae, f"--model.init_args.autoencoder_weights={a.trainer.checkpoint_callback.last_model_path}",
     ]  # fmt: skip
     c = cli("fit", "--config", LATENT, *small)
     last = c.trainer.checkpoint_callback.last_model_path
@@ -241,8 +268,8 @@ def test_the_latent_config_fits_predicts_and_reloads_from_its_checkpoint_alone(t
     assert ckpt["hyper_parameters"]["autoencoder"]["class_path"] == "diffusers.AutoencoderKL"
     scale = ckpt["state_dict"]["latent_scale"]
     assert torch.isfinite(scale) and scale.item() == pytest.approx(c.model.latent_scale.item())
-    for k, v in c.model.autoencoder.state_dict().items():
-        torch.testing.assert_close(ckpt["state_dict"][f"autoencoder.{k}"], v, rtol=0, atol=0)
+    for k, v in trained.items():  # the trained autoencoder, unchanged by fit, in the checkpoint
+        torch.testing.assert_close(ckpt["state_dict"][f"autoencoder.{k}"], v, rtol=0, atol=0, msg=k)
 
     cli("predict", f"--ckpt_path={last}", "--trainer.logger=false", "--data.init_args.num_samples=2")
     rows = [json.loads(line) for line in output("predictions.jsonl").read_text().splitlines()]

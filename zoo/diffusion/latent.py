@@ -101,9 +101,13 @@ def shift_of(autoencoder: nn.Module) -> float:
 
 
 def sample_latents(autoencoder: nn.Module, images: Tensor, generator: torch.Generator | None = None) -> Tensor:
-    """E(x): a sample of the posterior N(mean, std^2) of ``images`` (B, C, H, W) in [-1, 1], (B, Z, h, w), unscaled.
-    The noise is drawn on ``generator``'s device (the CPU for validation's fixed draws) and moved."""
-    posterior = autoencoder.encode(images).latent_dist
+    """E(x): a sample of the posterior of ``images`` (B, C, H, W) in [-1, 1], (B, Z, h, w), unscaled."""
+    return posterior_sample(autoencoder.encode(images).latent_dist, generator)
+
+
+def posterior_sample(posterior, generator: torch.Generator | None = None) -> Tensor:
+    """z = mean + std eps of a diagonal Gaussian (diffusers' ``DiagonalGaussianDistribution``), eps drawn on
+    ``generator``'s device (the CPU for validation's fixed draws) and moved."""
     mean, std = posterior.mean, posterior.std
     device = generator.device if generator is not None else mean.device
     eps = torch.randn(mean.shape, generator=generator, device=device, dtype=mean.dtype).to(mean.device)
@@ -148,5 +152,5 @@ def weights_file(path: str | Path) -> str | Path:
 def load_autoencoder(autoencoder: nn.Module, path: str | Path) -> None:
     """``path``'s weights into ``autoencoder``, weights-only, every key and shape checked: a diffusers folder or
     file, or a zoo checkpoint (its ``autoencoder.`` keys: a latent diffusion model's, or an autoencoder trained by
-    ``zoo.diffusion.AutoencoderModule``)."""
+    ``zoo.diffusion.AutoencoderModule``, configs/diffusion/autoencoder_shapes.yaml)."""
     load_weights(autoencoder, weights_file(path), prefix="autoencoder.")
