@@ -315,3 +315,21 @@ def test_flow_dit_config_fits_samples_and_reloads(tmp_path):
     assert images.std() > 0
     with pytest.raises(InputError, match="noise-schedule"):
         module.sample(2, DDIMSampler)
+
+
+def test_a_sampler_of_the_wrong_kind_gets_the_same_line_however_it_is_met():
+    """Built directly, checked by the module at construction, or handed to sample(): one check, one message."""
+    flow, schedule = FlowMatching(), NoiseSchedule(10)
+    messages = []
+    for attempt in (
+        lambda: DDIMSampler(flow),
+        lambda: DiffusionModule(_net(), objective=flow, sampler=partial(DDIMSampler, steps=3)),
+        lambda: DiffusionModule(_net(), objective=flow, sampler=FlowEulerSampler).sample(1, DDIMSampler),
+        lambda: FlowEulerSampler(schedule),
+        lambda: DiffusionModule(_net(), sampler=FlowEulerSampler),
+    ):
+        with pytest.raises(InputError) as err:
+            attempt()
+        messages.append(str(err.value))
+    assert len(set(messages[:3])) == 1 and "DDIMSampler samples a noise-schedule" in messages[0]
+    assert messages[3] == messages[4] and "FlowEulerSampler samples a flow-matching model" in messages[3]

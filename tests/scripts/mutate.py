@@ -31,7 +31,7 @@ MLP, NRM, MOE = "zoo/gpt/mlp.py", "zoo/gpt/norms.py", "zoo/gpt/moe.py"
 SP = "zoo/gpt/speculative.py"
 MTP, LOSS = "zoo/gpt/mtp.py", "zoo/gpt/losses.py"
 SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/diffusion/losses.py"
-FL = "zoo/diffusion/flow.py"
+FL, LT, EM = "zoo/diffusion/flow.py", "zoo/diffusion/latent.py", "zoo/diffusion/ema.py"
 RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/sac_nets.py", "zoo/rl/td3.py"
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
 CL, CC, CMT = "zoo/clip/losses.py", "zoo/clip/clip.py", "zoo/clip/metrics.py"
@@ -212,6 +212,8 @@ FAMILIES: dict[str, dict] = {
         "tests": [
             # first: its flow and solver parity tests catch their mutants in seconds (its one CLI fit runs last)
             "tests/diffusion/test_flow.py",
+            # second: the latent stage's mutants fail in seconds here; the others pass it in ~30 s (two CLI fits)
+            "tests/diffusion/test_latent.py",
             "tests/diffusion/test_diffusion_refs.py",
             "tests/diffusion/test_diffusion_behaviour.py",
             "tests/diffusion/test_diffusion.py",
@@ -320,6 +322,38 @@ FAMILIES: dict[str, dict] = {
             (FL, "return t * self.time_scale", "return t"),
             (SMP, "d = x0 + (x0 - last[1]) / (2 * r)", "d = x0 + (x0 - last[1]) / r"),
             (SMP, "- (self._alpha[s] * math.expm1(-h)) * d", "- (self._alpha[t] * math.expm1(-h)) * d"),
+            # Latent diffusion (issue 28 item 3): the scale, the shift, the posterior sample, decoding, a frozen
+            # autoencoder kept out of training, the optimizer and the EMA, its weights read.
+            (DM, "        return latents * self.latent_scale", "        return latents"),
+            (
+                LT,
+                "return autoencoder.decode(latents / scale + shift).sample",
+                "return autoencoder.decode(latents * scale + shift).sample",
+            ),
+            (
+                DM,
+                "latents = sample_latents(self.autoencoder, images, generator) - shift_of(",
+                "latents = sample_latents(self.autoencoder, images, generator) + shift_of(",
+            ),
+            (LT, "    return mean + std * eps", "    return mean"),
+            (LT, "    return (1 / var.sqrt()).float()", "    return var.sqrt().float()"),
+            (DM, "x = self.decode(sampler.sample(model, noise, y, gen))", "x = sampler.sample(model, noise, y, gen)"),
+            (DM, "return autoencoder.eval().requires_grad_(False)", "return autoencoder.eval()"),
+            (
+                DM,
+                "            self.autoencoder.eval()\n        return self",
+                "            self.autoencoder.train(mode)\n        return self",
+            ),
+            (
+                EM,
+                "trained = (p for p in pl_module.parameters() if p.requires_grad)",
+                "trained = pl_module.parameters()",
+            ),
+            (
+                DM,
+                "            load_autoencoder(self.autoencoder, self.hparams.autoencoder_weights)",
+                "            pass",
+            ),
         ],
     },
     "rl": {

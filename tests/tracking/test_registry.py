@@ -6,6 +6,7 @@ import os
 import pickle
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from conftest import CONFIGS, ROOT, cli
 from mlflow.tracking import MlflowClient
 
 from zoo.cnn import ClassifierModule
+from zoo.diffusion import FlowEulerSampler
 from zoo.io.trust import UntrustedConfigError
 from zoo.io.weights import UnsafeCheckpointError
 from zoo.tracking import build_module, load_model
@@ -283,3 +285,27 @@ def test_two_registered_models_resolve_to_their_own_checkpoints(tmp_path, monkey
     for name, vocab in (("first", 11), ("second", 13)):
         state = torch.load(resolve_checkpoint(f"models:/{name}/1", uri), weights_only=True)["state_dict"]
         assert state["net.tok_emb.weight"].shape[0] == vocab, name
+
+
+def test_a_latent_diffusion_model_requires_diffusers_and_answers_with_decoded_images():
+    """Its autoencoder is built from a class path, which no import of the logged code names: its requirements list
+    diffusers all the same, and its pyfunc answers with the decoded 16-pixel RGB images, not the 8x8 latents."""
+    import io
+
+    import pandas as pd
+    from PIL import Image
+
+    from zoo.tracking import load
+    from zoo.tracking.models import _download
+
+    latent = str(CONFIGS / "diffusion" / "latent_tiny.yaml")
+    c = cli("fit", "--config", latent, "--trainer.max_steps=1", "--trainer.limit_val_batches=1")
+    uri, store = f"runs:/{c.trainer.logger.run_id}/model", c.trainer.logger.tracking_uri
+    requirements = (_download(uri, store) / "requirements.txt").read_text().splitlines()
+    assert any(r.startswith("diffusers==") for r in requirements), requirements
+    answer = load(uri, store).predict(pd.DataFrame({"label": [1, 2], "seed": [0, 0]}), params={"steps": 2})
+    images = [Image.open(io.BytesIO(png)) for png in answer["image"]]
+    assert [(im.size, im.mode) for im in images] == [((16, 16), "RGB")] * 2
+    want = c.model.eval().sample(2, partial(FlowEulerSampler, steps=2), seed=0, labels=[1, 2]) * 0.5 + 0.5
+    got = torch.stack([torch.tensor(list(im.getdata())).T.reshape(3, 16, 16) for im in images]) / 255
+    torch.testing.assert_close(got, want, atol=1 / 255 + 1e-6, rtol=0)

@@ -34,6 +34,8 @@ RL = dict(name="rl", monitor="val/return", monitor_mode="max", sizes=spaces)
 FAMILIES: dict[str, Family] = {
     "zoo.gpt.CausalLMModule": Family("gpt", "val/loss", callbacks=("callbacks.LogTextSamples",), sizes=vocabulary),
     "zoo.diffusion.DiffusionModule": Family("diffusion", "val/loss", callbacks=("callbacks.LogImageSamples",)),
+    # latent diffusion's autoencoder, trained for DiffusionModule(autoencoder_weights=<its checkpoint>)
+    "zoo.diffusion.AutoencoderModule": Family("autoencoder", "val/loss"),
     # recall@1: the mean of the two retrieval directions, defined for any caption data
     "zoo.clip.ContrastiveModule": Family(
         "clip",

@@ -1,5 +1,7 @@
-"""Diffusion: noise schedules and flow matching, samplers (one class each), classifier-free guidance, UNet and DiT."""
+"""Diffusion: noise schedules and flow matching, samplers (one class each), classifier-free guidance, UNet and DiT,
+and latent diffusion's autoencoder stage."""
 
+from zoo.diffusion.autoencoder import AutoencoderModule
 from zoo.diffusion.convert import load_dit_weights
 from zoo.diffusion.dit import DiT
 from zoo.diffusion.flow import FlowEulerSampler, FlowHeunSampler, FlowMatching, Objective
@@ -17,6 +19,7 @@ from zoo.diffusion.schedule import NoiseSchedule
 from zoo.diffusion.unet import UNet
 
 __all__ = [
+    "AutoencoderModule",
     "ClassifierFreeGuidance",
     "DDIMSampler",
     "DDPMSampler",

@@ -1,8 +1,9 @@
 """EMA of the weights, kept sharded like the weights under FSDP2, that starts late without showing the initial
 weights meanwhile.
 
-The average is one tensor per parameter and buffer of the module: under FSDP2 each rank's local shard, so
-it costs what the weights cost on that rank and every update and swap is local (no collective). From the
+The average is one tensor per trained parameter (``requires_grad``) and buffer of the module: under FSDP2 each
+rank's local shard, so it costs what the weights cost on that rank and every update and swap is local (no
+collective). From the
 0-based optimizer step ``start_step`` on (DiT: 0, d = 0.9999):
 
     ema <- w                         at step start_step (a copy)
@@ -69,7 +70,10 @@ class EMA(WeightAveraging):
         for m in pl_module.modules():  # FSDP2 leaves the root gathered after a forward without backward
             if isinstance(m, FSDPModule):
                 m.reshard()
-        return [_local(t) for t in itertools.chain(pl_module.parameters(), pl_module.buffers())]
+        # What no optimizer trains does not move (a latent model's frozen autoencoder): averaging it would only cost a
+        # copy of it. Buffers (BatchNorm's statistics, the latents' scale) are averaged: they change without gradients.
+        trained = (p for p in pl_module.parameters() if p.requires_grad)
+        return [_local(t) for t in itertools.chain(trained, pl_module.buffers())]
 
     # -- averaging -------------------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from zoo.diffusion.samplers import Denoiser, Sampler, split_variance
+from zoo.diffusion.samplers import Denoiser, Sampler, check_sampler_kind, split_variance
 from zoo.errors import InputError
 
 TimeSampling = Literal["uniform", "logit_normal", "mode"]
@@ -163,6 +163,8 @@ def flow_times(steps: int, shift: float, last_time: float) -> list[float]:
 class FlowSampler(Sampler):
     """Integrates dx/dt = v_theta(x, t, y) from t = 1 to 0 over ``flow_times``; the denoiser returns v."""
 
+    samples_flow = True
+
     def __init__(
         self,
         schedule: Objective,
@@ -185,11 +187,7 @@ class FlowSampler(Sampler):
                 SD3 samples with 3).
             last_time: the smallest non-zero time of the grid (see ``flow_times``; 1e-3 as diffusers).
         """
-        if not isinstance(schedule, FlowMatching):
-            raise InputError(
-                f"{type(self).__name__} samples a flow-matching model, not one trained on {schedule!r}: use "
-                "zoo.diffusion.DDIMSampler, DDPMSampler or DPMSolverPlusPlus2M"
-            )
+        check_sampler_kind(self, schedule)
         self.schedule, self.prediction, self.clip_denoised = schedule, prediction, clip_denoised
         self._times = flow_times(steps, shift, last_time)
         self._next = dict(zip(self._times, self._times[1:] + [0.0]))

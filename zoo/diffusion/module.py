@@ -9,24 +9,41 @@ So ``load_from_checkpoint`` and ``predict --ckpt_path`` sample from the EMA weig
 A net with twice the input channels of output (``learn_sigma``) also learns the variance of each reverse
 step, with the hybrid loss of Nichol & Dhariwal 2021, and the samplers use it.
 
+With an ``autoencoder`` (``diffusers.AutoencoderKL`` by class path; ``zoo.diffusion.latent``) the net is trained on
+the autoencoder's scaled latents, encoded on the fly under no_grad, as DiT and latent diffusion train, and ``sample``
+decodes what the sampler draws: images in [-1, 1] wherever samples go (predict, the logged grids, Frechet distances,
+the registered model). The autoencoder is frozen (eval mode, no gradient, not in the optimizer nor the EMA) and its
+weights, read once from ``autoencoder_weights``, travel in every checkpoint and MLflow model with the latents' scale.
+
 Notation: B batch, C channels, H/W height/width, K classes (label K is the null class), T steps.
 """
 
 from __future__ import annotations
 
-import functools
 import warnings
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.callbacks import WeightAveraging
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from zoo.diffusion.ema import EMA
-from zoo.diffusion.flow import FlowSampler, Objective
+from zoo.diffusion.flow import Objective
+from zoo.diffusion.latent import (
+    autoencoder_sizes,
+    build_autoencoder,
+    configured_scale,
+    decode_latents,
+    load_autoencoder,
+    sample_latents,
+    shift_of,
+    std_scale,
+)
 from zoo.diffusion.losses import denoising_loss
-from zoo.diffusion.samplers import ClassifierFreeGuidance, DDIMSampler, SamplerClass
+from zoo.diffusion.samplers import ClassifierFreeGuidance, DDIMSampler, SamplerClass, check_sampler_kind
 from zoo.diffusion.schedule import NoiseSchedule
 from zoo.errors import InputError
 from zoo.io.checkpoint import WeightsOnlyLoading
@@ -42,6 +59,8 @@ warnings.filterwarnings("ignore", message=r".*WeightAveraging callback, but load
 # A trainer's own WeightAveraging (e.g. SWA) calls configure_model early; it only shards (refused below for
 # such a callback) and compiles lazily, so that is harmless.
 warnings.filterwarnings("ignore", message=r".*WeightAveraging callback with a model that overrides the configure_model")
+# A latent model's autoencoder is frozen in eval mode on purpose (DiffusionModule.train keeps it there).
+warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
 
 
 class DiffusionModule(WeightsOnlyLoading, LightningModule):
@@ -67,6 +86,9 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         sampler: SamplerClass = DDIMSampler,
         guidance_scale: float = 1.0,
         objective: Objective | None = None,
+        autoencoder: dict[str, Any] | None = None,
+        autoencoder_weights: str | None = None,
+        latent_scale: float | Literal["config", "estimate"] = "config",
     ) -> None:
         """
         Args:
@@ -104,10 +126,25 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
                 it then samples with its own samplers (``FlowEulerSampler``, ``FlowHeunSampler``), and
                 num_timesteps, beta_*, prediction and min_snr_gamma are not used. None: the noise schedule's
                 denoising objective.
+            autoencoder: train on latents (latent diffusion): a frozen ``{class_path: diffusers.AutoencoderKL,
+                init_args: {...}}`` (``zoo.diffusion.latent``; ``pip install zoo[latent]``), or from Python the
+                module itself; the net's in_channels are its latent_channels and its image_size
+                the images' side / 2^(len(block_out_channels) - 1). Needs clip_denoised: null (latents are not in
+                [-1, 1]). None: the net sees pixels.
+            autoencoder_weights: the autoencoder's weights: a diffusers folder (``save_pretrained``, or a pipeline
+                such as Stable Diffusion's, whose ``vae/`` is read), a .safetensors/.pt file of its keys, or a zoo
+                checkpoint holding one; read weights-only when the run sets up, never again from a checkpoint (which
+                holds them). None: the autoencoder's initial (random) weights.
+            latent_scale: s of the latents z = s (E(x) - b): "config" (the autoencoder's scaling_factor, 0.18215 for
+                Stable Diffusion's VAE, and its shift_factor b), a number, or "estimate" (1 / std of the first
+                batch's latents, as latent diffusion does for a new autoencoder); stored in checkpoints.
         """
         super().__init__()
-        save_hparams(self, "net", "sampler", "objective")
+        save_hparams(self, "net", "sampler", "objective", "autoencoder")
         self.net = net
+        if isinstance(autoencoder, Mapping):  # a config: built here (see zoo.diffusion.latent for why)
+            autoencoder = build_autoencoder(autoencoder)
+        self.autoencoder = self._frozen_autoencoder(autoencoder, latent_scale, clip_denoised)
         self.schedule = NoiseSchedule(num_timesteps, beta_schedule, beta_start, beta_end)
         self.num_classes = getattr(net, "num_classes", 0) or 0
         self.sampler, self.guidance_scale, self.objective = sampler, guidance_scale, objective
@@ -116,9 +153,39 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
                 "prediction and min_snr_gamma belong to the noise schedule: a model with an objective "
                 f"({objective!r}) predicts what it says; leave them out"
             )
-        check_sampler_kind(sampler, objective)  # a sampler of the wrong kind says so now, not at the first sample
+        # A sampler of the wrong kind says so now, not at the first sample.
+        check_sampler_kind(sampler, self._sampling_schedule)
         self._compiled = None  # built at the first training step; kept off the module tree (no "_orig_mod." keys)
-        self._init_loaded = False
+        self._init_loaded = self._autoencoder_loaded = False
+
+    def _frozen_autoencoder(
+        self, autoencoder: nn.Module | None, latent_scale: float | str, clip_denoised: float | None
+    ) -> nn.Module | None:
+        """The autoencoder frozen, its sizes checked against the net's, and the latents' scale as a buffer (NaN until
+        estimated), so that checkpoints carry it."""
+        if autoencoder is None:
+            if latent_scale != "config":
+                raise InputError(
+                    f"latent_scale={latent_scale!r} scales an autoencoder's latents: give model.init_args.autoencoder"
+                )
+            return None
+        _, z, f = autoencoder_sizes(autoencoder)
+        if self.net.in_channels != z:
+            raise InputError(
+                f"the net takes {self.net.in_channels} input channels but the autoencoder's latents have {z}: set "
+                f"net.init_args.in_channels={z} (image_size: the images' side / {f})"
+            )
+        if clip_denoised is not None:
+            raise InputError(
+                f"clip_denoised={clip_denoised} clamps the predicted x0 to the pixels' range, and latents are not in "
+                "it: set model.init_args.clip_denoised=null for a model with an autoencoder"
+            )
+        if latent_scale == "config":
+            latent_scale = configured_scale(autoencoder)
+        elif latent_scale == "estimate":
+            latent_scale = float("nan")
+        self.register_buffer("latent_scale", torch.tensor(float(latent_scale)))
+        return autoencoder.eval().requires_grad_(False)
 
     # -- setup -------------------------------------------------------------------------------------------
 
@@ -128,8 +195,23 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         return self.schedule if self.objective is None else self.objective
 
     @property
-    def image_shape(self) -> tuple[int, int, int]:
+    def latent_shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of what the net denoises: the images, or the autoencoder's latents."""
         return (self.net.in_channels, self.net.image_size, self.net.image_size)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of the images ``sample`` returns."""
+        if self.autoencoder is None:
+            return self.latent_shape
+        c, _, f = autoencoder_sizes(self.autoencoder)
+        return (c, self.net.image_size * f, self.net.image_size * f)
+
+    def train(self, mode: bool = True) -> DiffusionModule:
+        super().train(mode)
+        if self.autoencoder is not None:  # frozen: Lightning's train() at fit start must not switch it
+            self.autoencoder.eval()
+        return self
 
     def configure_model(self) -> None:
         self._load_init_weights()  # before sharding (and before the EMA copies the weights at its first update)
@@ -152,6 +234,17 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
 
             load_pretrained(self.net, readable(self.hparams.init_weights))
             self._init_loaded = True
+        self._load_autoencoder()
+
+    def _load_autoencoder(self) -> None:
+        # Once, at set-up or at the first encode or decode from Python; never after a checkpoint (which holds them).
+        if self.autoencoder is not None and self.hparams.autoencoder_weights and not self._autoencoder_loaded:
+            load_autoencoder(self.autoencoder, self.hparams.autoencoder_weights)
+        self._autoencoder_loaded = True
+
+    def skip_init_weights(self) -> None:
+        super().skip_init_weights()
+        self._autoencoder_loaded = True
 
     def configure_callbacks(self):
         # EMA weights, unless the trainer has a weight averaging (EMA, SWA) of its own, which replaces ours.
@@ -173,6 +266,7 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         return net(x, t, y if self.num_classes else None)
 
     def _loss(self, batch: tuple[Tensor, Tensor], **fixed: Tensor) -> dict[str, Tensor]:
+        """The objective on (x0, y): x0 what the net denoises (images, or latents already encoded)."""
         x0, y = batch
         self.schedule.to(x0.device)
         h = self.hparams
@@ -183,11 +277,13 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         )
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        x0, y = batch
-        # Steps, noise and label drops are keyed by (seed, epoch, batch, rank), not drawn from the global
-        # RNG, which a resumed run does not restore: so a resumed run draws what an unbroken one would.
+        images, y = batch
+        # Steps, noise and label drops (and the latents' posterior samples) are keyed by (seed, epoch, batch, rank),
+        # not drawn from the global RNG, which a resumed run does not restore: so a resumed run draws what an unbroken
+        # one would.
         key = hash((torch.initial_seed(), self.current_epoch, batch_idx, self.global_rank)) % 2**63
-        g = torch.Generator(x0.device).manual_seed(key)
+        g = torch.Generator(images.device).manual_seed(key)
+        x0 = self.encode(images, g)
         t = self._training_times(x0.shape[0], g, x0.device)
         noise = torch.randn(x0.shape, generator=g, device=x0.device, dtype=x0.dtype)
         if self.num_classes and self.hparams.label_dropout > 0:  # the unconditional model, for guidance
@@ -207,15 +303,61 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         # The same steps and noise for batch i at every validation (and on any device: drawn on the CPU),
         # so val/loss changes only with the weights.
-        x0 = batch[0]
         g = torch.Generator().manual_seed(batch_idx)
+        x0 = self.encode(batch[0], g)
         t = self._training_times(x0.shape[0], g, torch.device("cpu")).to(x0.device)
         noise = torch.randn(x0.shape, generator=g).to(x0.device, x0.dtype)
-        out = self._loss(batch, t=t, noise=noise)
+        out = self._loss((x0, batch[1]), t=t, noise=noise)
         self.log_dict({f"val/{k}": v for k, v in out.items()}, prog_bar=True, sync_dist=True)
 
     def configure_optimizers(self):
-        return AdamWCosine.of(self.hparams.optimizer).configure(self.net, self.trainer)
+        return AdamWCosine.of(self.hparams.optimizer).configure(self.net, self.trainer)  # the net's: never the AE's
+
+    # -- the latent space --------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def encode(self, images: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """What the net denoises: ``images`` (B, C, H, W) in [-1, 1] themselves, or their scaled latents
+        s (E(x) - b) (B, Z, H / f, W / f), a posterior sample drawn on ``generator``."""
+        if self.autoencoder is None:
+            return images
+        self._load_autoencoder()
+        c, _, f = autoencoder_sizes(self.autoencoder)
+        if images.shape[1] != c or images.shape[-1] != self.net.image_size * f:
+            raise InputError(
+                f"the data's images are {tuple(images.shape[1:])}; this autoencoder and net take "
+                f"{self.image_shape}: set net.init_args.image_size to the images' side / {f} "
+                f"({images.shape[-1] // f}), or data of {self.image_shape[-1]}-pixel {c}-channel images"
+            )
+        latents = sample_latents(self.autoencoder, images, generator) - shift_of(self.autoencoder)
+        if torch.isnan(self.latent_scale):
+            self._estimate_scale(latents)
+        return latents * self.latent_scale
+
+    @torch.no_grad()
+    def decode(self, latents: Tensor) -> Tensor:
+        """Images (B, C, H, W), about [-1, 1], of what the net denoises (latents decoded; images returned as they
+        are)."""
+        if self.autoencoder is None:
+            return latents
+        self._load_autoencoder()
+        if torch.isnan(self.latent_scale):
+            raise InputError(
+                "latent_scale 'estimate' is estimated on the first batch of fit, and this model was not trained: fit "
+                "it first, or give model.init_args.latent_scale a number"
+            )
+        return decode_latents(self.autoencoder, latents, self.latent_scale, shift_of(self.autoencoder))
+
+    def _estimate_scale(self, latents: Tensor) -> None:
+        trainer = self._trainer  # None outside a Trainer (a test's own loop): this batch alone
+        if trainer is None or trainer.state.fn != "fit":
+            raise InputError(
+                "latent_scale 'estimate' is estimated on the first batch of fit: fit the model, or give "
+                "model.init_args.latent_scale a number"
+            )
+        reduce = None if trainer.world_size == 1 else lambda m: trainer.strategy.reduce(m, reduce_op="sum")
+        self.latent_scale.copy_(std_scale(latents, reduce))
+        rank_zero_info(f"latent_scale: 1 / std of the first batch's latents = {self.latent_scale.item():.5f}")
 
     # -- sampling ----------------------------------------------------------------------------------------
 
@@ -238,7 +380,7 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         h = self.hparams
         sampler = (sampler or self.sampler)(self._sampling_schedule, h.prediction, h.clip_denoised)
         gen = torch.Generator(self.device).manual_seed(seed)
-        noise = torch.randn((n, *self.image_shape), generator=gen, device=self.device)  # x_T
+        noise = torch.randn((n, *self.latent_shape), generator=gen, device=self.device)  # x_T (or z_T)
         y, model = None, self.denoise
         if self.num_classes:
             y = torch.arange(n) % self.num_classes if labels is None else torch.as_tensor(labels)
@@ -248,7 +390,7 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         was_training = self.training
         self.eval()  # dropout off
         try:
-            x = sampler.sample(model, noise, y, gen)
+            x = self.decode(sampler.sample(model, noise, y, gen))
         finally:
             self.train(was_training)
         return x.clamp(-1, 1)
@@ -274,24 +416,15 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "state_dict" in checkpoint:  # absent in a sharded (FSDP2) resume: the shards load into the net directly
             check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
+            weights = checkpoint["state_dict"]
+            if (self.autoencoder is None) != ("latent_scale" not in weights):
+                has = "has" if "latent_scale" in weights else "has no"
+                raise InputError(
+                    f"the checkpoint {has} an autoencoder (latent diffusion) and this model's config "
+                    f"{'has' if self.autoencoder is not None else 'has no'}: use the config it was trained with"
+                )
+            if self.autoencoder is not None:
+                check_compatible(self.autoencoder, extract_state_dict(checkpoint, "autoencoder."), "checkpoint")
         # The checkpoint's weights are trained ones: a later configure_model (a module from load_from_checkpoint
         # handed to a Trainer) must not overwrite them with init_weights.
         self._init_loaded = True
-
-
-def check_sampler_kind(sampler: SamplerClass, objective: Objective | None) -> None:
-    """A flow sampler for a flow-matching model, a noise-schedule one otherwise: one error line naming both. Checked
-    by class, so building the sampler (whose steps may exceed a short schedule a later sampler replaces) waits."""
-    cls = sampler.func if isinstance(sampler, functools.partial) else sampler
-    if not isinstance(cls, type):
-        return  # a plain callable: it checks the schedule itself when built
-    if issubclass(cls, FlowSampler) and objective is None:
-        raise InputError(
-            f"{cls.__name__} samples a flow-matching model, not one trained on the noise schedule: use "
-            "zoo.diffusion.DDIMSampler, DDPMSampler or DPMSolverPlusPlus2M"
-        )
-    if not issubclass(cls, FlowSampler) and objective is not None:
-        raise InputError(
-            f"{cls.__name__} samples a noise-schedule (eps, v, x0) model, not one trained with {objective!r}: use "
-            "zoo.diffusion.FlowEulerSampler or FlowHeunSampler"
-        )

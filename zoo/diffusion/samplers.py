@@ -38,6 +38,7 @@ index -1, before the first step, is 1).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Literal
@@ -85,12 +86,24 @@ class ClassifierFreeGuidance:
         return torch.cat([guided, cond[:, c:]], dim=1)
 
 
-def require_noise_schedule(sampler: object, schedule: object) -> None:
-    """A sampler of eps/v/x0 nets refuses a model trained otherwise (flow matching), in one line."""
-    if not isinstance(schedule, NoiseSchedule):
+def check_sampler_kind(sampler: object, schedule: object) -> None:
+    """A flow sampler for a model trained with an objective (flow matching), a noise-schedule one for a model trained
+    on the ``NoiseSchedule``: else one error line naming both. ``sampler``: a sampler, its class or a
+    ``functools.partial`` of it (checked by class, before it is built; a plain callable checks nothing here)."""
+    cls = sampler.func if isinstance(sampler, functools.partial) else sampler
+    cls = cls if isinstance(cls, type) else type(cls)
+    if not issubclass(cls, Sampler):
+        return  # a plain callable: it checks the schedule itself when built
+    on_schedule = isinstance(schedule, NoiseSchedule)
+    if cls.samples_flow and on_schedule:
         raise InputError(
-            f"{type(sampler).__name__} samples a noise-schedule (eps, v, x0) model, not one trained with {schedule!r}: "
-            "use zoo.diffusion.FlowEulerSampler or FlowHeunSampler"
+            f"{cls.__name__} samples a flow-matching model, not one trained on the noise schedule: use "
+            "zoo.diffusion.DDIMSampler, DDPMSampler or DPMSolverPlusPlus2M"
+        )
+    if not cls.samples_flow and not on_schedule:
+        raise InputError(
+            f"{cls.__name__} samples a noise-schedule (eps, v, x0) model, not one trained with {schedule!r}: use "
+            "zoo.diffusion.FlowEulerSampler or FlowHeunSampler"
         )
 
 
@@ -102,6 +115,7 @@ class Sampler:
     """The loop every sampler shares; subclasses give ``__init__(schedule, prediction, clip_denoised, *, own
     scalars)``, ``timesteps`` and ``step``. Not an ``nn.Module``: no parameters, nothing in a state dict."""
 
+    samples_flow = False  # a velocity field's ODE (zoo.diffusion.flow) rather than a noise schedule's chain
     schedule: NoiseSchedule
     prediction: Prediction
     clip_denoised: float | None
@@ -159,7 +173,7 @@ class DDPMSampler(Sampler):
             variance: sigma_t^2 = beta-tilde_t (optimal for a point mass x_0) or beta_t (optimal for x_0 ~ N(0, I));
                 unused when the denoiser returns its own (learned) variance.
         """
-        require_noise_schedule(self, schedule)
+        check_sampler_kind(self, schedule)
         self.schedule, self.prediction, self.variance, self.clip_denoised = (
             schedule,
             prediction,
@@ -235,7 +249,7 @@ class DDIMSampler(Sampler):
             spacing: which S of the T steps to visit (see ``ddim_timesteps``; trailing starts at the noisiest, better
                 at few steps).
         """
-        require_noise_schedule(self, schedule)
+        check_sampler_kind(self, schedule)
         if not 0.0 <= eta <= 1.0:
             raise ValueError(f"eta must be in [0, 1], got {eta}")
         self.schedule, self.prediction, self.eta, self.clip_denoised = schedule, prediction, eta, clip_denoised
@@ -327,7 +341,7 @@ class DPMSolverPlusPlus2M(Sampler):
             steps: S, denoiser calls per sample (10-20 suffice: Lu et al. 2022).
             spacing: which S of the T steps to visit (``dpm_timesteps``; linspace is diffusers' default).
         """
-        require_noise_schedule(self, schedule)
+        check_sampler_kind(self, schedule)
         self.schedule, self.prediction, self.clip_denoised = schedule, prediction, clip_denoised
         self._abar = schedule.alphas_cumprod.double().tolist()
         self._timesteps = dpm_timesteps(schedule.num_timesteps, steps, spacing)

@@ -14,6 +14,8 @@ So a stored config is walked first, as plain JSON, against an explicit allowlist
     DataModules the application passes in), never a prefix;
   - every nested class path (nets, attention, towers; any ``{class_path}`` dict anywhere; a string given to an
     argument whose type is a class, ``type[...]`` or a callable): a class the zoo's family packages define;
+  - one class from outside the zoo, by each of its paths (``EXTERNAL_PARTS``): diffusers' ``AutoencoderKL``, a
+    latent diffusion model's autoencoder, which ``zoo.diffusion.latent`` builds (no other class of diffusers);
   - ``wrappers``: a reviewed set of ``gymnasium.wrappers`` classes that take plain values (none that take a
     callable, write files or open windows);
   - ``env_id``: an id gymnasium has registered, never ``module:Env``;
@@ -88,6 +90,16 @@ REVIEWED_WRAPPERS = frozenset(
         "TimeLimit",
     )
 )
+# Classes outside the zoo that a stored config may name, by every path of each, never imported here: diffusers'
+# AutoencoderKL, whose init arguments are plain values (tests/shared/test_stored_config.py keeps this list equal to
+# zoo.diffusion.latent.AUTOENCODERS, what the diffusion module builds).
+EXTERNAL_PARTS = frozenset(
+    {
+        "diffusers.AutoencoderKL",
+        "diffusers.models.AutoencoderKL",
+        "diffusers.models.autoencoders.autoencoder_kl.AutoencoderKL",
+    }
+)
 IMPORT_LIST_ARGS = ("wrappers",)  # init arguments whose entries are import paths called by their owner
 ENV_ID_ARGS = ("env_id",)  # init arguments that gymnasium.make resolves (``module:Env`` imports ``module``)
 # Chosen by the current run (its defaults, or the user's flags), never by a file, so dropped from stored configs:
@@ -106,7 +118,7 @@ class Allowlist:
 
     modules: Mapping[str, type]  # LightningModules
     data: Mapping[str, type]  # LightningDataModules
-    parts: Mapping[str, type]  # nested: nets, attention, towers, ...
+    parts: Mapping[str, type | None]  # nested: nets, attention, towers, ...; None: an external class (not imported)
     env_modules: frozenset[str] = frozenset()  # modules of the application's own envs (``env_id: module:Env``)
     trusted: frozenset[str] = frozenset()  # named by the user's own config or flags: theirs to vouch for
 
@@ -148,7 +160,10 @@ def zoo_allowlist(data: Mapping[str, type] | Iterable[type] = (), env_modules: I
         data=dict(data),
         # Settings dataclasses are stored as plain dicts, never by class path: only nets and their parts are named,
         # and the samplers and objectives (objects without parameters, so not nn.Modules) a diffusion module holds.
-        parts={p: c for p, c in classes.items() if issubclass(c, (torch.nn.Module, *samplers))},
+        parts={
+            **{p: c for p, c in classes.items() if issubclass(c, (torch.nn.Module, *samplers))},
+            **dict.fromkeys(EXTERNAL_PARTS),  # their arguments are checked as plain data, without their annotations
+        },
         env_modules=frozenset(env_modules),
     )
 

@@ -119,6 +119,7 @@ def save_model(state_dict: dict, spec: dict, path: Path, mlflow_model=None) -> P
     # The package's sources only: compiled caches are the saving interpreter's, not the model's.
     code = shutil.copytree(zoo_dir, work / "code" / "zoo", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     requirements = model_requirements(code, zoo_dir.parent)
+    requirements += [r for r in config_requirements(spec, zoo_dir.parent) if r not in requirements]
     lock = zoo_dir.parent / "constraints.txt"
     if lock.is_file():  # the lock's pins of what the requirements pull in, as constraints
         pulled = dependencies(requirements)
@@ -228,6 +229,35 @@ def model_requirements(code: Path, project: Path) -> list[str]:
         wanted = f"[{','.join(extras[name])}]" if name in extras else ""
         requirements[name] = f"{name}{wanted}=={importlib.metadata.version(dist)}"
     return list(requirements.values())
+
+
+def config_requirements(spec: dict, project: Path) -> list[str]:
+    """``name==version`` of the installed distributions that provide the classes from outside the zoo which ``spec``
+    names by class path (a latent diffusion model's ``diffusers.AutoencoderKL``, ``zoo.io.trust.EXTERNAL_PARTS``):
+    the family builds them from that path, so no import in the logged code names their distribution."""
+    paths: set[str] = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            if isinstance(value.get("class_path"), str):
+                paths.add(value["class_path"])
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(spec.get("init_args") or {})
+    providers = importlib.metadata.packages_distributions()
+    out = []
+    for top in sorted({p.split(".")[0] for p in paths} - {"zoo"}):
+        if (project / top).is_dir() or (project / f"{top}.py").is_file():
+            continue
+        if not providers.get(top):
+            raise ModuleNotFoundError(f"the model's config names {top!r}, which no installed distribution provides")
+        dist = providers[top][0]
+        out.append(f"{canonical(dist)}=={importlib.metadata.version(dist)}")
+    return out
 
 
 def log_checkpoint_model(
