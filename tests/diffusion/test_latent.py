@@ -155,6 +155,38 @@ def test_samples_are_decoded_images_in_range():
     torch.testing.assert_close(images, want)
 
 
+def test_a_unet_trains_on_latents_and_samples_decoded_images():
+    from zoo.diffusion import UNet
+
+    net = UNet(in_channels=4, image_size=8, base_channels=16, channel_mults=(1, 2), num_res_blocks=1,
+               attention_resolutions=(), norm_groups=8, dropout=0.0)  # fmt: skip
+    args = dict(objective=FlowMatching(), sampler=partial(FlowEulerSampler, steps=2), clip_denoised=None)
+    m = DiffusionModule(
+        net,
+        autoencoder=_vae(),
+        latent_scale=0.5,
+        ema_decay=None,
+        optimizer=AdamWCosine(lr=1e-2, warmup_steps=0),
+        **args,
+    )
+    vae_before = {k: v.clone() for k, v in m.autoencoder.state_dict().items()}
+    net_before = {k: v.clone() for k, v in net.state_dict().items()}
+    trainer = Trainer(
+        max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False, num_sanity_val_steps=0,
+        limit_val_batches=0, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(m, DataLoader(TensorDataset(_images(8), torch.zeros(8, dtype=torch.long)), batch_size=4))
+    assert all(torch.equal(v, m.autoencoder.state_dict()[k]) for k, v in vae_before.items())  # frozen
+    assert not all(torch.equal(v, net.state_dict()[k]) for k, v in net_before.items())  # the UNet learned
+    images = m.sample(2, seed=3)
+    assert images.shape == (2, 3, 16, 16) and images.min() >= -1 and images.max() <= 1
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(3)
+        noise = torch.randn((2, 4, 8, 8), generator=gen)
+        latents = FlowEulerSampler(FlowMatching(), steps=2).sample(m.denoise, noise, None, gen)
+        torch.testing.assert_close(images, m.autoencoder.decode(latents / 0.5).sample.clamp(-1, 1))
+
+
 # -- configuration errors -------------------------------------------------------------------------------------
 
 
