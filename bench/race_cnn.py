@@ -35,7 +35,7 @@ Protocol, both arms alike:
 The zoo's arm runs ``configs/cnn/convnet_mnist_race.yaml`` through ``cli.py``'s parser (the preset users get),
 with the race's data root and seed, no logger, checkpoints or validation split.
 
-    python bench/race_cnn.py                          # 3 seeds, ~25-35 CPU min on 2 cores
+    python bench/race_cnn.py --jobs 3                 # 3 seeds: ~25 CPU min in all, 37 min on 2 busy cores
     python bench/race_cnn.py --seeds 0 --arms zoo     # one zoo run
     python bench/race_cnn.py --seeds 0 --arms zoo --zoo-args --model.init_args.net.init_args.width=16
 """
