@@ -99,3 +99,18 @@ def test_zoo_arm_runs_the_race_preset_through_cli_and_stops_at_the_target(tiny_m
     r = race_cnn.zoo_run(0, tiny_mnist, every=100, target=0.0)
     _stopped_at_the_first_evaluation(r, 128, 100)
     assert r["what"] == "convnet_mnist_race.yaml" and r["flops"] > 0
+
+
+def test_race_hits_at_exactly_the_target_and_only_on_the_grid():
+    """99.0% is reached by 99.00%: an evaluation equal to the target is the hit (both arms' seeds land there)."""
+
+    class Half(torch.nn.Module):  # right on the first half of the test set, wrong on the second
+        def forward(self, x):
+            return F.one_hot((x[:, 0, 0, 0] > 0).long(), 10).float()
+
+    test_set = type("Split", (), {"images": torch.zeros(10, 1, 1, 1), "labels": torch.tensor([1] * 5 + [2] * 5)})
+    test_set.images[:5] = 1.0
+    race = race_cnn.Race(test_set, every=100, target=0.5)
+    race.clock.start()
+    assert not race.step(64, Half()) and race.evals == []  # 64 seen: not yet on the grid
+    assert race.step(64, Half()) and race.evals == [(128, 0.5)] and race.hit["examples"] == 128
