@@ -30,6 +30,7 @@ from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
+from zoo.compat import trainer_of
 from zoo.diffusion.ema import EMA
 from zoo.diffusion.flow import Objective
 from zoo.diffusion.latent import (
@@ -349,7 +350,7 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         return decode_latents(self.autoencoder, latents, self.latent_scale, shift_of(self.autoencoder))
 
     def _estimate_scale(self, latents: Tensor) -> None:
-        trainer = self._trainer  # None outside a Trainer (a test's own loop): this batch alone
+        trainer = trainer_of(self)  # None outside a Trainer (a test's own loop)
         if trainer is None or trainer.state.fn != "fit":
             raise InputError(
                 "latent_scale 'estimate' is estimated on the first batch of fit: fit the model, or give "
