@@ -242,7 +242,7 @@ def main() -> None:
     jobs = [(arm, args.task, seed, budget) for seed in args.seeds for arm in args.arms]
     results: dict[str, list[dict]] = {arm: [] for arm in args.arms}
     with mp.get_context("spawn").Pool(args.jobs, maxtasksperchild=1) as pool:
-        for arm, seed, r in pool.imap(_one, jobs):
+        for arm, seed, r in pool.imap_unordered(_one, jobs):  # each row as soon as its run ends
             results[arm].append(r)
             h = r["hit"]
             at = (
