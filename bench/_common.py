@@ -173,3 +173,45 @@ RATIO_HEADERS = [
 
 def missing(peer: str, how: str) -> None:
     print(f"-- {peer} is not installed: its rows are skipped ({how})")
+
+
+# The races' pieces (bench/race_*.py): CPU time less evaluations, the matmul peak, median [min, max] with misses.
+
+
+class Clock:
+    """CPU and wall time of this process since ``start``, less what ``pause``/``resume`` bracketed."""
+
+    def __init__(self) -> None:
+        self.cpu0 = self.wall0 = self.cpu_out = self.wall_out = self.c = self.w = 0.0
+
+    def start(self) -> None:
+        self.cpu0, self.wall0 = time.process_time(), time.perf_counter()
+
+    def pause(self) -> None:
+        self.c, self.w = time.process_time(), time.perf_counter()
+
+    def resume(self) -> None:
+        self.cpu_out += time.process_time() - self.c
+        self.wall_out += time.perf_counter() - self.w
+
+    def now(self) -> tuple[float, float]:
+        return time.process_time() - self.cpu0 - self.cpu_out, time.perf_counter() - self.wall0 - self.wall_out
+
+
+def matmul_peak(n: int = 2048, repeats: int = 5) -> float:
+    """fp32 FLOPs per CPU second of the best of ``repeats`` (n x n) @ (n x n) products."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.process_time()
+        torch.mm(a, b)
+        best = min(best, time.process_time() - t)
+    return 2 * n**3 / best
+
+
+def race_spread(values: list[float | None], fmt: str) -> str:
+    """median [min, max]; a run that missed (None) ranks above every number and shows as "never"."""
+    ranked = sorted(float("inf") if v is None else v for v in values)
+    show = lambda v: "never" if v == float("inf") else format(v, fmt)  # noqa: E731
+    return f"{show(statistics.median_low(ranked))} [{show(ranked[0])}, {show(ranked[-1])}]"

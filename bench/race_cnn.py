@@ -47,7 +47,6 @@ import multiprocessing as mp
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -55,6 +54,9 @@ import torch.nn.functional as F
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # bench/ and the zoo's packages, run as a script or loaded by path
+from bench._common import Clock, matmul_peak, race_spread  # noqa: E402
+
 TARGET = 0.99
 EVAL_EVERY = 15_000  # examples: a quarter of the 60k training set
 ZOO_CONFIG = "configs/cnn/convnet_mnist_race.yaml"
@@ -102,26 +104,6 @@ class Grid:
             return False
         self.next = (seen // self.every + 1) * self.every
         return True
-
-
-class Clock:
-    """CPU and wall time of this process since ``start``, less what ``pause``/``resume`` bracketed."""
-
-    def __init__(self) -> None:
-        self.cpu0 = self.wall0 = self.cpu_out = self.wall_out = self.c = self.w = 0.0
-
-    def start(self) -> None:
-        self.cpu0, self.wall0 = time.process_time(), time.perf_counter()
-
-    def pause(self) -> None:
-        self.c, self.w = time.process_time(), time.perf_counter()
-
-    def resume(self) -> None:
-        self.cpu_out += time.process_time() - self.c
-        self.wall_out += time.perf_counter() - self.w
-
-    def now(self) -> tuple[float, float]:
-        return time.process_time() - self.cpu0 - self.cpu_out, time.perf_counter() - self.wall0 - self.wall_out
 
 
 class Race:
@@ -277,25 +259,6 @@ def _one(job: tuple) -> tuple[str, int, dict]:
     return arm, seed, r
 
 
-def matmul_peak(n: int = 2048, repeats: int = 5) -> float:
-    """fp32 FLOPs per CPU second of the best of ``repeats`` (n x n) @ (n x n) products."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.process_time()
-        torch.mm(a, b)
-        best = min(best, time.process_time() - t)
-    return 2 * n**3 / best
-
-
-def spread(values: list[float | None], fmt: str) -> str:
-    """median [min, max]; a run that missed (None) ranks above every number and shows as "never"."""
-    ranked = sorted(float("inf") if v is None else v for v in values)
-    show = lambda v: "never" if v == float("inf") else format(v, fmt)  # noqa: E731
-    return f"{show(statistics.median_low(ranked))} [{show(ranked[0])}, {show(ranked[-1])}]"
-
-
 def mfu(rs: list[dict], peak: float) -> str:
     """Median over the runs that hit of training FLOPs to the hit / CPU s to the hit, as a fraction of ``peak``."""
     rates = [r["flops"] * r["hit"]["examples"] / r["hit"]["cpu_s"] / peak for r in rs if r["hit"]]
@@ -350,9 +313,10 @@ def main() -> None:
     for arm, rs in results.items():
         hits = [r["hit"] for r in rs]
         print(
-            f"| {arm} | {rs[0]['what']} | {len(rs)} | {spread([h and h['cpu_s'] for h in hits], '.0f')} | "
-            f"{spread([h and h['wall_s'] for h in hits], '.0f')} | "
-            f"{spread([h and h['examples'] for h in hits], '.0f')} | {rs[0]['flops'] / 1e6:.0f} | {mfu(rs, peak)} |"
+            f"| {arm} | {rs[0]['what']} | {len(rs)} | {race_spread([h and h['cpu_s'] for h in hits], '.0f')} | "
+            f"{race_spread([h and h['wall_s'] for h in hits], '.0f')} | "
+            f"{race_spread([h and h['examples'] for h in hits], '.0f')} | {rs[0]['flops'] / 1e6:.0f} | "
+            f"{mfu(rs, peak)} |"
         )
     if len(results) == 2 and all(r["hit"] for rs in results.values() for r in rs):
         med = {arm: statistics.median(r["hit"]["cpu_s"] for r in rs) for arm, rs in results.items()}

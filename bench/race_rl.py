@@ -28,13 +28,14 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import statistics
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # bench/ and the zoo's packages, run as a script or loaded by path
+from bench._common import Clock, race_spread  # noqa: E402
+
 EVAL_SEED, FINAL_SEED, FINAL_EPISODES = 10_000, 20_000, 100
 
 
@@ -82,26 +83,6 @@ def final_return(act, env_id: str, episodes: int = FINAL_EPISODES) -> tuple[floa
         returns.append(total)
     env.close()
     return float(np.mean(returns)), float(np.std(returns))
-
-
-class Clock:
-    """CPU and wall time of this process since ``start``, less what ``pause``/``resume`` bracketed."""
-
-    def __init__(self) -> None:
-        self.cpu0 = self.wall0 = self.cpu_out = self.wall_out = self.c = self.w = 0.0
-
-    def start(self) -> None:
-        self.cpu0, self.wall0 = time.process_time(), time.perf_counter()
-
-    def pause(self) -> None:
-        self.c, self.w = time.process_time(), time.perf_counter()
-
-    def resume(self) -> None:
-        self.cpu_out += time.process_time() - self.c
-        self.wall_out += time.perf_counter() - self.w
-
-    def now(self) -> tuple[float, float]:
-        return time.process_time() - self.cpu0 - self.cpu_out, time.perf_counter() - self.wall0 - self.wall_out
 
 
 def zoo_run(task: Task, seed: int, budget: int) -> dict:
@@ -212,13 +193,6 @@ def _one(job: tuple[str, str, int, int]) -> tuple[str, int, dict]:
     return arm, seed, run(TASKS[task_name], seed, budget)
 
 
-def spread(values: list[float | None], fmt: str) -> str:
-    """median [min, max]; a seed that missed (None) ranks above every number and shows as "never"."""
-    ranked = sorted(float("inf") if v is None else v for v in values)
-    show = lambda v: "never" if v == float("inf") else format(v, fmt)  # noqa: E731
-    return f"{show(statistics.median_low(ranked))} [{show(ranked[0])}, {show(ranked[-1])}]"
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--task", choices=sorted(TASKS), default="lunarlander")
@@ -262,9 +236,10 @@ def main() -> None:
     for arm, rs in results.items():
         hits = [r["hit"] for r in rs]
         print(
-            f"| {arm} | {len(rs)} | {spread([h and h['env_steps'] for h in hits], '.0f')} | "
-            f"{spread([h and h['cpu_s'] for h in hits], '.0f')} | {spread([r['final'][0] for r in rs], '.0f')} | "
-            f"{spread([r['cpu_s'] for r in rs], '.0f')} |"
+            f"| {arm} | {len(rs)} | {race_spread([h and h['env_steps'] for h in hits], '.0f')} | "
+            f"{race_spread([h and h['cpu_s'] for h in hits], '.0f')} | "
+            f"{race_spread([r['final'][0] for r in rs], '.0f')} | "
+            f"{race_spread([r['cpu_s'] for r in rs], '.0f')} |"
         )
     print("median [min, max] over the seeds; a seed that never reached the threshold counts as never")
 

@@ -64,8 +64,8 @@ def test_accuracy_counts_correct_top1_across_uneven_batches():
 
 
 def test_spread_ranks_a_miss_above_every_time():
-    assert race_cnn.spread([3.0, None, 1.0], ".0f") == "3 [1, never]"
-    assert race_cnn.spread([5.0, 2.0, 9.0], ".1f") == "5.0 [2.0, 9.0]"
+    assert race_cnn.race_spread([3.0, None, 1.0], ".0f") == "3 [1, never]"
+    assert race_cnn.race_spread([5.0, 2.0, 9.0], ".1f") == "5.0 [2.0, 9.0]"
 
 
 @pytest.fixture
