@@ -155,6 +155,20 @@ def test_samples_are_decoded_images_in_range():
     torch.testing.assert_close(images, want)
 
 
+def test_loaded_weights_bring_their_scale_whether_known_or_still_to_estimate():
+    # The module keeps on the host whether the scale is known (no device read per step); a load must re-read it.
+    known = _module(latent_scale=0.5)
+    untrained = _module(latent_scale="estimate")
+    target = _module(latent_scale=0.25)
+    target.load_state_dict(untrained.state_dict())
+    with pytest.raises(InputError, match="estimated on the first batch of fit"):
+        target.sample(1)
+    target.load_state_dict(known.state_dict())
+    torch.testing.assert_close(target.sample(2, seed=3), known.sample(2, seed=3))
+    untrained.load_state_dict(known.state_dict())
+    assert untrained.encode(_images(2)).isfinite().all()  # a known scale: no estimate asked of a test's own loop
+
+
 def test_a_unet_trains_on_latents_and_samples_decoded_images():
     from zoo.diffusion import UNet
 

@@ -354,6 +354,11 @@ FAMILIES: dict[str, dict] = {
                 "            load_autoencoder(self.autoencoder, self.hparams.autoencoder_weights)",
                 "            pass",
             ),
+            (
+                DM,
+                "        self.register_load_state_dict_post_hook(DiffusionModule._reread_scale)",
+                "        pass  # loaded weights' scale never re-read",
+            ),
         ],
     },
     "rl": {

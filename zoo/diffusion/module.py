@@ -20,6 +20,7 @@ Notation: B batch, C channels, H/W height/width, K classes (label K is the null 
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -186,7 +187,15 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         elif latent_scale == "estimate":
             latent_scale = float("nan")
         self.register_buffer("latent_scale", torch.tensor(float(latent_scale)))
+        # Whether the scale is known, kept on the host: reading the buffer each step would wait for the device.
+        # Loaded weights bring their own scale (an untrained "estimate" checkpoint brings NaN), so a load re-reads it.
+        self._scale_known = not math.isnan(float(latent_scale))
+        self.register_load_state_dict_post_hook(DiffusionModule._reread_scale)
         return autoencoder.eval().requires_grad_(False)
+
+    @staticmethod
+    def _reread_scale(module: DiffusionModule, incompatible_keys) -> None:
+        module._scale_known = not torch.isnan(module.latent_scale).item()
 
     # -- setup -------------------------------------------------------------------------------------------
 
@@ -331,7 +340,7 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
                 f"({images.shape[-1] // f}), or data of {self.image_shape[-1]}-pixel {c}-channel images"
             )
         latents = sample_latents(self.autoencoder, images, generator) - shift_of(self.autoencoder)
-        if torch.isnan(self.latent_scale):
+        if not self._scale_known:
             self._estimate_scale(latents)
         return latents * self.latent_scale
 
@@ -342,7 +351,7 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         if self.autoencoder is None:
             return latents
         self._load_autoencoder()
-        if torch.isnan(self.latent_scale):
+        if not self._scale_known:
             raise InputError(
                 "latent_scale 'estimate' is estimated on the first batch of fit, and this model was not trained: fit "
                 "it first, or give model.init_args.latent_scale a number"
@@ -358,6 +367,7 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
             )
         reduce = None if trainer.world_size == 1 else lambda m: trainer.strategy.reduce(m, reduce_op="sum")
         self.latent_scale.copy_(std_scale(latents, reduce))
+        self._scale_known = True
         rank_zero_info(f"latent_scale: 1 / std of the first batch's latents = {self.latent_scale.item():.5f}")
 
     # -- sampling ----------------------------------------------------------------------------------------
