@@ -3,9 +3,9 @@ env, seeds, budget and evaluation, reporting env steps and CPU time to a return 
 end of the budget, median and spread over the seeds.
 
 Protocol, both arms alike:
-- training: the zoo through ``cli.py``'s parser with the task's config (no logger, no checkpoints); SB3's PPO
-  with rl-zoo's hyperparameters for the task (``hyperparams/ppo.yml``; each listed in TASKS with its source),
-  the rest SB3's defaults; one intra-op thread each, envs stepped in the training process.
+- training: the zoo through ``cli.py``'s parser with the task's config (no logger, no checkpoints); SB3's PPO or
+  SAC with rl-zoo's hyperparameters for the task (``hyperparams/ppo.yml``, ``sac.yml``; each listed in TASKS with
+  its source), the rest SB3's defaults; one intra-op thread each, envs stepped in the training process.
 - evaluations during training: every ``eval_every`` env steps, after that rollout's update, the mean return of 10
   deterministic episodes from the same start states (env i of 10 reset with seed 10_000 + i: the zoo's
   ``GymDataModule.eval_seed``); the first one at or above the threshold is "hit".
@@ -18,6 +18,7 @@ arms of a seed run side by side, so drift in the machine's load falls on both.
 
     python bench/race_rl.py --task lunarlander --seeds 0 1 2 3 4 --jobs 2     # ~45 min on 2 cores
     python bench/race_rl.py --task lunarlander --seeds 0 --budget 200000      # a quick look
+    python bench/race_rl.py --task pendulum --seeds 0 1 2 3 4 --jobs 2        # SAC: ~25 min on 2 cores
 
 rl-zoo's PPO weighs its value loss as ``vf_coef * mean((V - R)^2)``; the zoo's PPO, as CleanRL, as ``vf_coef * 0.5 *
 mean((V - R)^2)``: the zoo's configs that take rl-zoo's hyperparameters double its ``vf_coef``.
@@ -63,6 +64,16 @@ TASKS = {
         sb3_kwargs=dict(n_steps=1024, batch_size=64, gae_lambda=0.98, gamma=0.999, n_epochs=4, ent_coef=0.01),
         n_envs=16,
         source="rl-baselines3-zoo hyperparams/ppo.yml, LunarLander-v2 (n_timesteps 1e6, policy MlpPolicy)",
+    ),
+    "pendulum": Task(
+        env_id="Pendulum-v1",
+        target=-200.0,  # the zoo's SAC test threshold; rl-zoo's published SAC: about -150 at 20k
+        budget=20_000,
+        eval_every=1_000,  # 10 of the zoo's steps of 100 env steps; SB3 collects one env step per rollout
+        zoo_config="configs/rl/sac_pendulum.yaml",
+        sb3_algo="SAC",
+        sb3_kwargs=dict(learning_rate=1e-3),
+        source="rl-baselines3-zoo hyperparams/sac.yml, Pendulum-v1 (n_timesteps 20000, policy MlpPolicy)",
     ),
 }
 
