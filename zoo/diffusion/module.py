@@ -61,8 +61,6 @@ warnings.filterwarnings("ignore", message=r".*WeightAveraging callback, but load
 # A trainer's own WeightAveraging (e.g. SWA) calls configure_model early; it only shards (refused below for
 # such a callback) and compiles lazily, so that is harmless.
 warnings.filterwarnings("ignore", message=r".*WeightAveraging callback with a model that overrides the configure_model")
-# A latent model's autoencoder is frozen in eval mode on purpose (DiffusionModule.train keeps it there).
-warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
 
 
 class DiffusionModule(WeightsOnlyLoading, LightningModule):
@@ -187,6 +185,9 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         elif latent_scale == "estimate":
             latent_scale = float("nan")
         self.register_buffer("latent_scale", torch.tensor(float(latent_scale)))
+        # Frozen in eval mode on purpose (train() keeps it there): Lightning's warning about eval-mode modules at the
+        # start of fit would fire on every latent run. Filtered once a latent model exists, not on import.
+        warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
         # Whether the scale is known, kept on the host: reading the buffer each step would wait for the device.
         # Loaded weights bring their own scale (an untrained "estimate" checkpoint brings NaN), so a load re-reads it.
         self._scale_known = not math.isnan(float(latent_scale))
