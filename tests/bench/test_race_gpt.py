@@ -28,6 +28,7 @@ def test_peer_lr_is_train_pys_get_lr_at_hand_computed_iterations():
         100: lr,  # decay_ratio 0: the peak
         1050: min_lr + 0.5 * (lr - min_lr),  # decay_ratio 1/2: cos(pi/2) = 0
         1525: min_lr + 0.5 * (1 + math.cos(math.pi * 0.75)) * (lr - min_lr),
+        1999: min_lr + 0.5 * (1 + math.cos(math.pi * 1899 / 1900)) * (lr - min_lr),  # not yet the floor
         2000: min_lr,
         2001: min_lr,
     }
