@@ -56,7 +56,7 @@ Protocol, both arms alike:
 The zoo's arm runs ``configs/gpt/gpt_char_shakespeare_race.yaml`` through ``cli.py``'s parser (the preset users
 get), with the race's data root and seed, no logger, checkpoints or Lightning validation.
 
-    python bench/race_gpt.py --jobs 2                 # 3 seeds of each arm
+    python bench/race_gpt.py --jobs 2                 # 3 seeds: ~8 CPU min in all, 15 min on 2 busy cores
     python bench/race_gpt.py --seeds 0 --arms zoo     # one zoo run
     python bench/race_gpt.py --seeds 0 --arms zoo --zoo-args --model.init_args.optimizer.lr=0.004
 """
