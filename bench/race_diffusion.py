@@ -45,9 +45,10 @@ Protocol, both arms alike:
   peer's EMA UNet wrapped as a zoo denoiser (``PeerDenoiser``) in a module whose noise schedule is built from the
   peer's ``DDPMScheduler`` config (the same betas; clip at its clip_sample_range 1.0). An eps model samples with
   the zoo's ``DDIMSampler`` (--eval-steps steps, eta 0, trailing spacing), which equals diffusers' DDIM step on the
-  same schedule; a flow-matching model with ``FlowEulerSampler`` at the same number of net calls. The distance is
-  ``bench.diffusion_quality.Frechet``: torchmetrics' FID over a 32 px shapes classifier's features (the input of
-  its last linear layer), against the first N validation images (``bench.latent_quality.real_sets``).
+  same schedule (tests/diffusion/test_diffusion_refs.py); a flow-matching model with ``FlowEulerSampler`` at the
+  same number of net calls. The distance is ``bench.diffusion_quality.Frechet``: torchmetrics' FID over a 32 px
+  shapes classifier's features (the input of its last linear layer), against the first N validation images
+  (``bench.latent_quality.real_sets``).
 - grid and stop: an evaluation at the first optimizer step at or past every --eval-every images (10,240: a
   multiple of batches 16 to 512, so each arm's points fall on it exactly); the first evaluation at or under the
   target is the hit, and the run stops there, or at --max-images.
