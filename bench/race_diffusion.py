@@ -289,7 +289,7 @@ class Race:
     def __init__(self, every: int, target: float, max_images: int) -> None:
         self.target, self.max_images = target, max_images
         self.grid, self.clock, self.seen = Grid(every), Clock(), 0
-        self.evals: list[tuple[int, float]] = []
+        self.evals: list[tuple[int, float, float]] = []  # (images, FD, CPU s of training so far)
         self.hit: dict | None = None
 
     def step(self, batch_size: int, evaluate: Callable[[], float]) -> bool:
@@ -298,9 +298,9 @@ class Race:
         if self.grid.due(self.seen):
             self.clock.pause()
             fd = evaluate()
-            self.evals.append((self.seen, fd))
+            cpu_s, wall_s = self.clock.now()
+            self.evals.append((self.seen, fd, cpu_s))
             if fd <= self.target and self.hit is None:
-                cpu_s, wall_s = self.clock.now()
                 self.hit = {"images": self.seen, "cpu_s": cpu_s, "wall_s": wall_s, "fd": fd}
             self.clock.resume()
         return self.hit is not None or self.seen >= self.max_images
@@ -537,10 +537,10 @@ def main(argv: list[str] | None = None) -> None:
                 results[arm].append(r)
                 h = r["hit"]
                 at = f"{h['images']:7d} {h['cpu_s']:7.1f} {h['wall_s']:7.1f}" if h else f"{'never':>7s} {'-':>7s} -"
-                evals = ", ".join(f"{n / 1000:g}k {fd:.1f}" for n, fd in r["evals"])
+                evals = ", ".join(f"{n / 1000:g}k {fd:.1f} ({s:.0f} s)" for n, fd, s in r["evals"])
                 print(
                     f"  {arm:4s} seed {seed}: hit at {at} (images, CPU s, wall s); {r['flops'] / 1e6:.0f} MFLOP/image "
-                    f"trained; {r['threads']} thread(s); FD {evals}",
+                    f"trained; {r['threads']} thread(s); FD at images (CPU s) {evals}",
                     flush=True,
                 )
     t = f"FD <= {args.target:g}"

@@ -182,14 +182,16 @@ def test_race_hits_at_or_under_the_target_on_the_grid_and_stops_at_the_budget():
     race = rd.Race(every=100, target=40.0, max_images=1000)
     race.clock.start()
     assert not race.step(64, lambda: next(fds)) and race.evals == []  # 64 seen: not on the grid yet
-    assert not race.step(64, lambda: next(fds)) and race.evals == [(128, 50.0)]
+    assert not race.step(64, lambda: next(fds)) and [e[:2] for e in race.evals] == [(128, 50.0)]
     assert race.step(128, lambda: next(fds)) and race.hit["images"] == 256 and race.hit["fd"] == 40.0
+    assert race.evals[-1] == (256, 40.0, race.hit["cpu_s"]) and race.evals[0][2] <= race.hit["cpu_s"]
     spent = rd.Race(every=100, target=0.0, max_images=200)
     assert not spent.step(100, lambda: 1.0) and spent.step(100, lambda: 1.0) and spent.hit is None
 
 
 def _stopped_at_the_first_evaluation(r: dict, batch: int) -> None:
-    assert r["evals"] == [(batch, r["hit"]["fd"])] and r["hit"]["images"] == batch and r["hit"]["cpu_s"] > 0
+    assert r["evals"] == [(batch, r["hit"]["fd"], r["hit"]["cpu_s"])] and r["hit"]["images"] == batch
+    assert r["hit"]["cpu_s"] > 0
     assert r["flops"] > 0
 
 
@@ -205,5 +207,5 @@ def test_zoo_arm_runs_the_race_preset_through_cli_and_stops_at_the_budget(one_th
     seen = []
     evaluation = rd.Evaluation(lambda images: seen.append(images) or 99.0, num_samples=4, steps=2, batch=4)
     r = rd.zoo_run(0, evaluation, every=32, target=1.0, max_images=32, num_train=64)
-    assert r["hit"] is None and r["evals"] == [(32, 99.0)] and r["flops"] > 0
+    assert r["hit"] is None and [e[:2] for e in r["evals"]] == [(32, 99.0)] and r["flops"] > 0
     assert r["what"] == "flow_unet_shapes_race.yaml" and seen[0].shape == (4, 3, 32, 32)
