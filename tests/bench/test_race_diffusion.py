@@ -208,4 +208,4 @@ def test_zoo_arm_runs_the_race_preset_through_cli_and_stops_at_the_budget(one_th
     evaluation = rd.Evaluation(lambda images: seen.append(images) or 99.0, num_samples=4, steps=2, batch=4)
     r = rd.zoo_run(0, evaluation, every=32, target=1.0, max_images=32, num_train=64)
     assert r["hit"] is None and [e[:2] for e in r["evals"]] == [(32, 99.0)] and r["flops"] > 0
-    assert r["what"] == "flow_unet_shapes_race.yaml" and seen[0].shape == (4, 3, 32, 32)
+    assert r["what"] == "flow_dit_shapes_race.yaml" and seen[0].shape == (4, 3, 32, 32)
