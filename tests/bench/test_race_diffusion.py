@@ -209,3 +209,18 @@ def test_zoo_arm_runs_the_race_preset_through_cli_and_stops_at_the_budget(one_th
     r = rd.zoo_run(0, evaluation, every=32, target=1.0, max_images=32, num_train=64)
     assert r["hit"] is None and [e[:2] for e in r["evals"]] == [(32, 99.0)] and r["flops"] > 0
     assert r["what"] == "flow_dit_shapes_race.yaml" and seen[0].shape == (4, 3, 32, 32)
+
+
+def test_zoo_arm_evaluates_the_ema_weights_of_the_step_just_taken(one_thread):
+    class Spy(rd.Evaluation):  # records what it would sample: the module's weights at the evaluation
+        def __call__(self, module) -> float:
+            self.module, self.seen = module, [p.detach().clone() for p in module.net.parameters()]
+            return 99.0
+
+    spy = Spy(lambda images: 99.0, num_samples=2, steps=1)
+    extra = ("--model.init_args.ema_start_step=0",)  # an average from the first step on
+    rd.zoo_run(0, spy, every=64, target=1.0, max_images=64, num_train=64, extra=extra)  # 2 steps, one evaluation
+    # Fit ends holding the average of both steps: the evaluation saw it, not the training weights (which differ by
+    # 0.995 (w2 - w1)) nor the average before the second step's update.
+    final = [p.detach() for p in spy.module.net.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(final, spy.seen))
