@@ -9,9 +9,10 @@ parser, and measures classifier Fréchet distances at N = --num-samples against 
   latent       configs/diffusion/latent_flow_dit_shapes.yaml on that autoencoder's weights (flow-matching DiT on
                the scaled latents, encoded on the fly; samples decoded)
 Rows: the floor (validation against test images: two real sets of N), the autoencoder's reconstructions of the N
-validation images (posterior mean, decoded: no latent model can beat its decoder by much), and the trained latent
-DiT sampled with Euler at --steps, classes in turn (the Fréchet callback's draw), the first row at every sampling
-seed.
+validation images (posterior mean, decoded: no latent model can beat its decoder by much), the trained latent DiT
+and its pixel-space twin (``PIXEL``: the same config and DiT body on the 32x32 images in 4x4 patches, no
+autoencoder), each sampled with Euler at --steps, classes in turn (the Fréchet callback's draw), the first row at
+every sampling seed.
 
     python bench/latent_quality.py                                # trains all three: ~30 CPU-min on 1 thread
     python bench/latent_quality.py --classifier c.ckpt --autoencoder a.ckpt --latent l.ckpt
@@ -23,6 +24,7 @@ import argparse
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cli.py, callbacks/, datamodules/ live at the root
@@ -38,7 +40,18 @@ CONFIGS = {
     "classifier": "configs/cnn/convnet_shapes.yaml",
     "autoencoder": "configs/diffusion/autoencoder_shapes.yaml",
     "latent": "configs/diffusion/latent_flow_dit_shapes.yaml",
+    "pixel": "configs/diffusion/latent_flow_dit_shapes.yaml",  # with PIXEL: the same DiT on the images themselves
 }
+# The latent config's DiT body, objective, optimizer, EMA and steps on the 32x32 pixels: 4x4 patches (64 tokens
+# against the latents' 16), 3 channels, no autoencoder, the pixel models' clip of the predicted image.
+PIXEL = [
+    "--model.init_args.autoencoder=null",
+    "--model.init_args.latent_scale=config",
+    "--model.init_args.clip_denoised=1.0",
+    "--model.init_args.net.init_args.image_size=32",
+    "--model.init_args.net.init_args.in_channels=3",
+    "--model.init_args.net.init_args.patch_size=4",
+]
 IMAGE_SIZE, NUM_VAL = 32, 512
 
 
@@ -88,8 +101,6 @@ def reconstructions(module: DiffusionModule, images: torch.Tensor, batch: int = 
 
 def sample(module: DiffusionModule, n: int, batch: int, steps: int, seed: int) -> tuple[torch.Tensor, float]:
     """n images as the Fréchet callback draws them (batch i: seed + i, classes in turn); (images, seconds)."""
-    from functools import partial
-
     from callbacks.frechet import generated_images
 
     t0 = time.perf_counter()
@@ -103,6 +114,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--classifier", help="a ClassifierModule checkpoint on the 32 px shapes (else trained)")
     ap.add_argument("--autoencoder", help="an AutoencoderModule checkpoint of autoencoder_shapes (else trained)")
     ap.add_argument("--latent", help="a DiffusionModule checkpoint of latent_flow_dit_shapes (else trained)")
+    ap.add_argument("--pixel", help="a DiffusionModule checkpoint of the pixel-space twin (else trained)")
+    ap.add_argument("--no-pixel", action="store_true", help="leave out the pixel-space twin")
     ap.add_argument("--out", help="folder of the trained checkpoints (default: a temporary folder)")
     ap.add_argument("--seed", type=int, default=0, help="training seed of every stage")
     ap.add_argument("--steps", default="16,8,32", help="Euler steps per row; the first is sampled at every seed")
@@ -122,28 +135,33 @@ def main(argv: list[str] | None = None) -> None:
         out = Path(args.out or tmp)
         out.mkdir(parents=True, exist_ok=True)
         paths = {}
-        for name in ("classifier", "autoencoder", "latent"):
+        stages = ("classifier", "autoencoder", "latent") + (() if args.no_pixel else ("pixel",))
+        for name in stages:
             given = getattr(args, name)
             if given:
                 paths[name] = Path(given)
                 continue
-            extra = [f"--model.init_args.autoencoder_weights={paths['autoencoder']}"] if name == "latent" else []
-            paths[name], seconds = train(name, args.seed, out, extra)
+            extra = {"latent": [f"--model.init_args.autoencoder_weights={paths['autoencoder']}"], "pixel": PIXEL}
+            paths[name], seconds = train(name, args.seed, out, extra.get(name, []))
             print(f"trained {name}: {seconds / 60:.1f} min -> {paths[name]}", flush=True)
 
         real, other = real_sets(args.num_samples)
         frechet = Frechet(str(paths["classifier"]), real)
-        latent = DiffusionModule.load_from_checkpoint(paths["latent"], map_location="cpu", weights_only=True).eval()
+        load = partial(DiffusionModule.load_from_checkpoint, map_location="cpu", weights_only=True)
+        latent = load(paths["latent"]).eval()
         rows = [["real: validation vs test images (floor)", "", f"{frechet(other):.1f}", ""]]
         recon = frechet(reconstructions(latent, real))
         rows.append(["autoencoder: reconstructed validation images", "", f"{recon:.1f}", ""])
-        for k, n in enumerate(steps):
-            fds = []
-            for seed in seeds if k == 0 else seeds[:1]:
-                images, s = sample(latent, args.num_samples, args.sample_batch, n, seed)
-                fds.append(f"{frechet(images):.1f}")
-                print(f"  Euler-{n}, seed {seed}: FD {fds[-1]} ({s:.0f} s)", flush=True)
-            rows.append([f"latent DiT, trained, Euler-{n}", n, " / ".join(fds), f"{s:.0f}"])
+        models = {"latent DiT": latent} | ({} if args.no_pixel else {"pixel DiT": load(paths["pixel"]).eval()})
+        for what, module in models.items():
+            for k, n in enumerate(steps):
+                fds, seconds = [], []
+                for seed in seeds if k == 0 else seeds[:1]:
+                    images, s = sample(module, args.num_samples, args.sample_batch, n, seed)
+                    fds.append(f"{frechet(images):.1f}")
+                    seconds.append(s)
+                    print(f"  {what}, Euler-{n}, seed {seed}: FD {fds[-1]} ({s:.0f} s)", flush=True)
+                rows.append([f"{what}, Euler-{n}", n, " / ".join(fds), f"{seconds[0]:.0f}"])  # the first seed's
     print(table(["row", "NFE", f"FD (N = {args.num_samples}; sample seeds {args.sample_seeds})", "sampling s"], rows))
 
 
