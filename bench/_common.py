@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import multiprocessing as mp
 import os
 import platform
 import statistics
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -175,7 +178,8 @@ def missing(peer: str, how: str) -> None:
     print(f"-- {peer} is not installed: its rows are skipped ({how})")
 
 
-# The races' pieces (bench/race_*.py): CPU time less evaluations, the matmul peak, median [min, max] with misses.
+# The races' pieces (bench/race_*.py): runs in fresh processes, CPU time less evaluations, the matmul peak, median
+# [min, max] with misses, the summary table.
 
 
 class Clock:
@@ -215,3 +219,54 @@ def race_spread(values: list[float | None], fmt: str) -> str:
     ranked = sorted(float("inf") if v is None else v for v in values)
     show = lambda v: "never" if v == float("inf") else format(v, fmt)  # noqa: E731
     return f"{show(statistics.median_low(ranked))} [{show(ranked[0])}, {show(ranked[-1])}]"
+
+
+# cli.py arguments that make a race's zoo run bare: nothing but training and the race's own evaluation callback.
+QUIET_FIT = (
+    "--trainer.limit_val_batches=0",
+    "--trainer.logger=false",
+    "--trainer.enable_checkpointing=false",
+    "--trainer.callbacks=[]",
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_model_summary=false",
+)
+
+
+def race_process(threads: int) -> None:
+    """A race run's own process: CPU only, ``threads`` intra-op threads, Lightning's and the libraries' messages off
+    (each run's one line is the race's output)."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    torch.set_num_threads(threads)
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+
+
+def race_runs(worker: Callable, jobs: Iterable, processes: int) -> Iterator:
+    """``worker(job)`` for every job, each in a fresh spawned process (no state, threads or caches carried over),
+    ``processes`` at a time in the jobs' order, yielded as they end."""
+    with mp.get_context("spawn").Pool(processes, maxtasksperchild=1) as pool:
+        yield from pool.imap_unordered(worker, jobs)
+
+
+def race_summary(results: dict[str, list[dict]], unit: str, target: str, peak: float, flops_fmt: str = ".0f") -> str:
+    """The race's table: per arm its recipe, CPU and wall seconds and ``unit``s (examples, tokens, images) to the
+    target, training MFLOP per ``unit`` and the fraction of the matmul ``peak`` it ran at (median over the runs
+    that hit); then how many times sooner the zoo was, where every run of both arms hit."""
+    lines = [
+        f"| arm | recipe | seeds | CPU s to {target} | wall s | {unit}s to {target} | MFLOP/{unit} | matmul peak |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for arm, rs in results.items():
+        hits = [r["hit"] for r in rs]
+        rates = [r["flops"] * r["hit"][f"{unit}s"] / r["hit"]["cpu_s"] / peak for r in rs if r["hit"]]
+        lines.append(
+            f"| {arm} | {rs[0]['what']} | {len(rs)} | {race_spread([h and h['cpu_s'] for h in hits], '.0f')} | "
+            f"{race_spread([h and h['wall_s'] for h in hits], '.0f')} | "
+            f"{race_spread([h and h[f'{unit}s'] for h in hits], '.0f')} | {format(rs[0]['flops'] / 1e6, flops_fmt)} | "
+            f"{f'{statistics.median(rates):.1%}' if rates else '-'} |"
+        )
+    if len(results) == 2 and all(r["hit"] for rs in results.values() for r in rs):
+        med = {arm: statistics.median(r["hit"]["cpu_s"] for r in rs) for arm, rs in results.items()}
+        lines.append(f"\nzoo {med['peer'] / med['zoo']:.2f}x sooner than the peer (median CPU s); goal 1.5x")
+    return "\n".join(lines)

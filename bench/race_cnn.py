@@ -43,9 +43,7 @@ with the race's data root and seed, no logger, checkpoints or validation split.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -55,7 +53,7 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # bench/ and the zoo's packages, run as a script or loaded by path
-from bench._common import Clock, matmul_peak, race_spread  # noqa: E402
+from bench._common import QUIET_FIT, Clock, matmul_peak, race_process, race_runs, race_summary  # noqa: E402
 
 TARGET = 0.99
 EVAL_EVERY = 15_000  # examples: a quarter of the 60k training set
@@ -229,12 +227,7 @@ def zoo_run(
         f"--data.init_args.seed={seed}",
         f"--data.init_args.root={root}",
         "--data.init_args.val_fraction=0",
-        "--trainer.limit_val_batches=0",
-        "--trainer.logger=false",
-        "--trainer.enable_checkpointing=false",
-        "--trainer.callbacks=[]",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
+        *QUIET_FIT,
         *extra,
     ]
     cli = main(args, run=False)
@@ -246,23 +239,11 @@ def zoo_run(
 
 def _one(job: tuple) -> tuple[str, int, dict]:
     arm, seed, root, every, target, threads, config, extra = job
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    import logging
-    import warnings
-
-    torch.set_num_threads(threads)
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore")
+    race_process(threads)
     sys.path.insert(0, str(ROOT))
     r = peer_run(seed, root, every, target) if arm == "peer" else zoo_run(seed, root, every, target, config, extra)
     r["threads"] = torch.get_num_threads()  # what training ran with, read after it (Lightning may not change it)
     return arm, seed, r
-
-
-def mfu(rs: list[dict], peak: float) -> str:
-    """Median over the runs that hit of training FLOPs to the hit / CPU s to the hit, as a fraction of ``peak``."""
-    rates = [r["flops"] * r["hit"]["examples"] / r["hit"]["cpu_s"] / peak for r in rs if r["hit"]]
-    return f"{statistics.median(rates):.1%}" if rates else "-"
 
 
 def main() -> None:
@@ -295,32 +276,17 @@ def main() -> None:
         for arm in args.arms
     ]
     results: dict[str, list[dict]] = {arm: [] for arm in args.arms}
-    with mp.get_context("spawn").Pool(args.jobs, maxtasksperchild=1) as pool:
-        for arm, seed, r in pool.imap_unordered(_one, jobs):
-            results[arm].append(r)
-            h = r["hit"]
-            at = f"{h['examples']:7d} {h['cpu_s']:7.1f} {h['wall_s']:7.1f}" if h else f"{'never':>7s} {'-':>7s} -"
-            evals = ", ".join(f"{n // 1000}k {a:.2%}" for n, a in r["evals"])
-            print(
-                f"  {arm:4s} seed {seed}: hit at {at} (examples, CPU s, wall s); {r['flops'] / 1e6:.0f} MFLOP/example"
-                f" trained; {r['threads']} thread(s); test accuracy {evals}",
-                flush=True,
-            )
-    print(
-        f"\n| arm | recipe | seeds | CPU s to {t} | wall s | examples to {t} | MFLOP/example | matmul peak |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- |"
-    )
-    for arm, rs in results.items():
-        hits = [r["hit"] for r in rs]
+    for arm, seed, r in race_runs(_one, jobs, args.jobs):
+        results[arm].append(r)
+        h = r["hit"]
+        at = f"{h['examples']:7d} {h['cpu_s']:7.1f} {h['wall_s']:7.1f}" if h else f"{'never':>7s} {'-':>7s} -"
+        evals = ", ".join(f"{n // 1000}k {a:.2%}" for n, a in r["evals"])
         print(
-            f"| {arm} | {rs[0]['what']} | {len(rs)} | {race_spread([h and h['cpu_s'] for h in hits], '.0f')} | "
-            f"{race_spread([h and h['wall_s'] for h in hits], '.0f')} | "
-            f"{race_spread([h and h['examples'] for h in hits], '.0f')} | {rs[0]['flops'] / 1e6:.0f} | "
-            f"{mfu(rs, peak)} |"
+            f"  {arm:4s} seed {seed}: hit at {at} (examples, CPU s, wall s); {r['flops'] / 1e6:.0f} MFLOP/example"
+            f" trained; {r['threads']} thread(s); test accuracy {evals}",
+            flush=True,
         )
-    if len(results) == 2 and all(r["hit"] for rs in results.values() for r in rs):
-        med = {arm: statistics.median(r["hit"]["cpu_s"] for r in rs) for arm, rs in results.items()}
-        print(f"\nzoo {med['peer'] / med['zoo']:.2f}x sooner than the peer (median CPU s); goal 1.5x")
+    print("\n" + race_summary(results, "example", t, peak, ".0f"))
     print(f"median [min, max] over the seeds; {cpu}, {args.threads} thread(s)")
 
 

@@ -74,9 +74,7 @@ from __future__ import annotations
 import argparse
 import copy
 import math
-import multiprocessing as mp
 import os
-import statistics
 import sys
 import tempfile
 from collections.abc import Callable
@@ -89,7 +87,7 @@ from torch import Tensor, nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # bench/ and the zoo's packages, run as a script or loaded by path
-from bench._common import Clock, matmul_peak, race_spread  # noqa: E402
+from bench._common import QUIET_FIT, Clock, matmul_peak, race_process, race_runs, race_summary  # noqa: E402
 from bench.race_cnn import Grid  # noqa: E402
 
 TARGET = 40.0  # provisional: ddpm_unet_shapes reaches 44 at 16 px (README); set after a first run
@@ -414,12 +412,7 @@ def zoo_run(
         f"{images}.image_size={IMAGE_SIZE}",
         f"{images}.num_train={num_train}",
         f"{images}.seed=0",  # the same images as the peer's (the seed renders them)
-        "--trainer.limit_val_batches=0",
-        "--trainer.logger=false",
-        "--trainer.enable_checkpointing=false",
-        "--trainer.callbacks=[]",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
+        *QUIET_FIT,
         *extra,
     ]
     argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI would read this script's own arguments too
@@ -442,14 +435,7 @@ def zoo_run(
 
 def _one(job: tuple) -> tuple[str, int, dict]:
     arm, seed, s = job
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    import logging
-    import warnings
-
-    torch.set_num_threads(s["threads"])
-    for name in ("lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore")
+    race_process(s["threads"])
     sys.path.insert(0, str(ROOT))
     evaluation = Evaluation(frechet_to_shapes(s["classifier"], s["num_samples"]), s["num_samples"], s["eval_steps"])
     race = dict(every=s["every"], target=s["target"], max_images=s["max_images"], num_train=s["num_train"])
@@ -459,12 +445,6 @@ def _one(job: tuple) -> tuple[str, int, dict]:
         r = zoo_run(seed, evaluation, config=s["config"], extra=s["extra"], **race)
     r["threads"] = torch.get_num_threads()  # what training ran with, read after it
     return arm, seed, r
-
-
-def mfu(rs: list[dict], peak: float) -> str:
-    """Median over the runs that hit of training FLOPs to the hit / CPU s to the hit, as a fraction of ``peak``."""
-    rates = [r["flops"] * r["hit"]["images"] / r["hit"]["cpu_s"] / peak for r in rs if r["hit"]]
-    return f"{statistics.median(rates):.1%}" if rates else "-"
 
 
 def classifier_checkpoint(given: str | None, out: Path) -> str:
@@ -533,33 +513,18 @@ def main(argv: list[str] | None = None) -> None:
         }
         jobs = [(arm, seed, settings) for seed in args.seeds for arm in args.arms]
         results: dict[str, list[dict]] = {arm: [] for arm in args.arms}
-        with mp.get_context("spawn").Pool(args.jobs, maxtasksperchild=1) as pool:
-            for arm, seed, r in pool.imap_unordered(_one, jobs):
-                results[arm].append(r)
-                h = r["hit"]
-                at = f"{h['images']:7d} {h['cpu_s']:7.1f} {h['wall_s']:7.1f}" if h else f"{'never':>7s} {'-':>7s} -"
-                evals = ", ".join(f"{n / 1000:g}k {fd:.1f} ({s:.0f} s)" for n, fd, s in r["evals"])
-                print(
-                    f"  {arm:4s} seed {seed}: hit at {at} (images, CPU s, wall s); {r['flops'] / 1e6:.0f} MFLOP/image "
-                    f"trained; {r['threads']} thread(s); FD at images (CPU s) {evals}",
-                    flush=True,
-                )
+        for arm, seed, r in race_runs(_one, jobs, args.jobs):
+            results[arm].append(r)
+            h = r["hit"]
+            at = f"{h['images']:7d} {h['cpu_s']:7.1f} {h['wall_s']:7.1f}" if h else f"{'never':>7s} {'-':>7s} -"
+            evals = ", ".join(f"{n / 1000:g}k {fd:.1f} ({s:.0f} s)" for n, fd, s in r["evals"])
+            print(
+                f"  {arm:4s} seed {seed}: hit at {at} (images, CPU s, wall s); {r['flops'] / 1e6:.0f} MFLOP/image "
+                f"trained; {r['threads']} thread(s); FD at images (CPU s) {evals}",
+                flush=True,
+            )
     t = f"FD <= {args.target:g}"
-    print(
-        f"\n| arm | recipe | seeds | CPU s to {t} | wall s | images to {t} | MFLOP/image | matmul peak |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- |"
-    )
-    for arm, rs in results.items():
-        hits = [r["hit"] for r in rs]
-        print(
-            f"| {arm} | {rs[0]['what']} | {len(rs)} | {race_spread([h and h['cpu_s'] for h in hits], '.0f')} | "
-            f"{race_spread([h and h['wall_s'] for h in hits], '.0f')} | "
-            f"{race_spread([h and h['images'] for h in hits], '.0f')} | {rs[0]['flops'] / 1e6:.0f} | "
-            f"{mfu(rs, peak)} |"
-        )
-    if len(results) == 2 and all(r["hit"] for rs in results.values() for r in rs):
-        med = {arm: statistics.median(r["hit"]["cpu_s"] for r in rs) for arm, rs in results.items()}
-        print(f"\nzoo {med['peer'] / med['zoo']:.2f}x sooner than the peer (median CPU s)")
+    print("\n" + race_summary(results, "image", t, peak, ".0f"))
     print(f"median [min, max] over the seeds; {cpu}, {args.threads} thread(s)")
 
 

@@ -63,11 +63,6 @@ def test_accuracy_counts_correct_top1_across_uneven_batches():
     assert race_cnn.test_accuracy(forward, images, labels, batch=7) == pytest.approx(20 / 25)
 
 
-def test_spread_ranks_a_miss_above_every_time():
-    assert race_cnn.race_spread([3.0, None, 1.0], ".0f") == "3 [1, never]"
-    assert race_cnn.race_spread([5.0, 2.0, 9.0], ".1f") == "5.0 [2.0, 9.0]"
-
-
 @pytest.fixture
 def tiny_mnist(tmp_path):
     """A 256-image MNIST cache: digit d is a bright row at height 2 + 2d, so one step can already learn a little."""
