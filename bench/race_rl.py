@@ -27,7 +27,6 @@ mean((V - R)^2)``: the zoo's configs that take rl-zoo's hyperparameters double i
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import sys
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # bench/ and the zoo's packages, run as a script or loaded by path
-from bench._common import Clock, race_spread  # noqa: E402
+from bench._common import Clock, race_process, race_runs, race_spread  # noqa: E402
 
 EVAL_SEED, FINAL_SEED, FINAL_EPISODES = 10_000, 20_000, 100
 
@@ -191,15 +190,7 @@ def sb3_run(task: Task, seed: int, budget: int) -> dict:
 
 def _one(job: tuple[str, str, int, int]) -> tuple[str, int, dict]:
     arm, task_name, seed, budget = job
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a CPU race; see bench/rl.py on NVML probes
-    import logging
-    import warnings
-
-    import torch
-
-    torch.set_num_threads(1)
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore")
+    race_process(1)  # a CPU race (see bench/rl.py on NVML probes), one thread
     run = zoo_run if arm == "zoo" else sb3_run
     return arm, seed, run(TASKS[task_name], seed, budget)
 
@@ -226,21 +217,16 @@ def main() -> None:
     print(f"SB3 {task.sb3_algo} {task.sb3_kwargs} x {task.n_envs} envs ({task.source}); zoo {task.zoo_config}")
     jobs = [(arm, args.task, seed, budget) for seed in args.seeds for arm in args.arms]
     results: dict[str, list[dict]] = {arm: [] for arm in args.arms}
-    with mp.get_context("spawn").Pool(args.jobs, maxtasksperchild=1) as pool:
-        for arm, seed, r in pool.imap_unordered(_one, jobs):  # each row as soon as its run ends
-            results[arm].append(r)
-            h = r["hit"]
-            at = (
-                f"{h['env_steps']:8d} {h['cpu_s']:8.1f} {h['wall_s']:8.1f}"
-                if h
-                else f"{'never':>8s} {'-':>8s} {'-':>8s}"
-            )
-            m, s = r["final"]
-            print(
-                f"  {arm:4s} seed {seed}: hit at {at} (env steps, CPU s, wall s); at the budget {m:7.1f} +- {s:5.1f}"
-                f" over {FINAL_EPISODES} episodes; {r['cpu_s']:.0f} CPU s in all; evaluations {r['evals']}",
-                flush=True,
-            )
+    for arm, seed, r in race_runs(_one, jobs, args.jobs):  # each row as soon as its run ends
+        results[arm].append(r)
+        h = r["hit"]
+        at = f"{h['env_steps']:8d} {h['cpu_s']:8.1f} {h['wall_s']:8.1f}" if h else f"{'never':>8s} {'-':>8s} {'-':>8s}"
+        m, s = r["final"]
+        print(
+            f"  {arm:4s} seed {seed}: hit at {at} (env steps, CPU s, wall s); at the budget {m:7.1f} +- {s:5.1f}"
+            f" over {FINAL_EPISODES} episodes; {r['cpu_s']:.0f} CPU s in all; evaluations {r['evals']}",
+            flush=True,
+        )
     t = f"{task.target:g}"
     print(f"\n| arm | seeds | env steps to {t} | CPU s to {t} | return at {budget} | CPU s in all |")
     print("| --- | --- | --- | --- | --- | --- |")
