@@ -114,22 +114,28 @@ def parse_seeds(text: str) -> list[int]:
 def train(name: str, steps: int, batch: int, seed: int, out: Path) -> tuple[Path, float]:
     """Fits ``name``'s config through cli.py's parser for ``steps`` optimizer steps (one epoch of steps x batch
     images, so the config's warmup and cosine run over them); returns the checkpoint (EMA weights) and seconds."""
-    from cli import main
-
     args = ["--config", str(ROOT / CONFIGS[name]), f"--seed_everything={seed}", "--trainer.max_epochs=1"]
     if name == "classifier":  # the config's own length (2 epochs of 10k), at 16 px
         args = args[:2] + [f"--seed_everything={seed}", f"--data.init_args.image_size={IMAGE_SIZE}"]
     else:
         data = "--data.init_args.images.init_args"
         args += [f"{data}.num_train={steps * batch}", f"{data}.batch_size={batch}"]
-    args += [
+    return fit(args + ["--trainer.limit_val_batches=0"], out / f"{name}.ckpt")
+
+
+def fit(args: list[str], path: Path) -> tuple[Path, float]:
+    """cli.py's ``fit`` with ``args`` and nothing else (no logger, callbacks, checkpoints, bars), the model saved to
+    ``path``; returns it and the seconds of fit."""
+    from cli import main
+
+    args = [
+        *args,
         "--trainer.logger=false",
         "--trainer.callbacks=[]",
-        "--trainer.limit_val_batches=0",
         "--trainer.enable_checkpointing=false",
         "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false",
-        f"--trainer.default_root_dir={out}",
+        f"--trainer.default_root_dir={path.parent}",
     ]
     argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI would read this script's own arguments too
     try:
@@ -139,7 +145,6 @@ def train(name: str, steps: int, batch: int, seed: int, out: Path) -> tuple[Path
     t0 = time.perf_counter()
     cli.trainer.fit(cli.model, cli.datamodule)
     seconds = time.perf_counter() - t0
-    path = out / f"{name}.ckpt"
     cli.trainer.save_checkpoint(path)  # fit ended holding the EMA: the checkpoint's state_dict is the average
     return path, seconds
 

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cli.py, callback
 import torch
 
 from bench._common import cpu_model, table
-from bench.diffusion_quality import Frechet
+from bench.diffusion_quality import Frechet, fit
 from zoo.diffusion import DiffusionModule, FlowEulerSampler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,28 +58,7 @@ IMAGE_SIZE, NUM_VAL = 32, 512
 def train(name: str, seed: int, out: Path, extra: list[str] = ()) -> tuple[Path, float]:
     """Fits ``name``'s config as it is (its own length) through cli.py's parser; returns the checkpoint (EMA weights
     for the latent model) and the seconds of fit."""
-    from cli import main
-
-    args = ["--config", str(ROOT / CONFIGS[name]), f"--seed_everything={seed}", *extra]
-    args += [
-        "--trainer.logger=false",
-        "--trainer.callbacks=[]",
-        "--trainer.enable_checkpointing=false",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
-        f"--trainer.default_root_dir={out}",
-    ]
-    argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI would read this script's own arguments too
-    try:
-        cli = main(args, run=False)
-    finally:
-        sys.argv = argv
-    t0 = time.perf_counter()
-    cli.trainer.fit(cli.model, cli.datamodule)
-    seconds = time.perf_counter() - t0
-    path = out / f"{name}.ckpt"
-    cli.trainer.save_checkpoint(path)
-    return path, seconds
+    return fit(["--config", str(ROOT / CONFIGS[name]), f"--seed_everything={seed}", *extra], out / f"{name}.ckpt")
 
 
 def real_sets(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
