@@ -503,18 +503,15 @@ def throughput_run(config: str, budget: int, seed: int = 0) -> dict:
         def on_train_end(self, trainer, pl_module) -> None:
             self.t2, self.s2 = time.perf_counter(), int(pl_module.env_steps)
 
+    from bench._common import QUIET_FIT
+
     rate = Rate()
     args = [
         "--config",
         str(ROOT / config),
         f"--seed_everything={seed}",
         f"--model.init_args.total_env_steps={budget}",
-        "--trainer.limit_val_batches=0",
-        "--trainer.logger=false",
-        "--trainer.enable_checkpointing=false",
-        "--trainer.callbacks=[]",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
+        *QUIET_FIT,
     ]
     cli = main(args, run=False)
     cli.trainer.callbacks.append(rate)
