@@ -184,13 +184,18 @@ def test_race_hits_at_or_under_the_target_on_the_grid_and_stops_at_the_budget():
     assert not race.step(64, lambda: next(fds)) and race.evals == []  # 64 seen: not on the grid yet
     assert not race.step(64, lambda: next(fds)) and [e[:2] for e in race.evals] == [(128, 50.0)]
     assert race.step(128, lambda: next(fds)) and race.hit["images"] == 256 and race.hit["fd"] == 40.0
-    assert race.evals[-1] == (256, 40.0, race.hit["cpu_s"]) and race.evals[0][2] <= race.hit["cpu_s"]
+    assert (
+        race.evals[-1] == (256, 40.0, race.hit["cpu_s"], race.hit["wall_s"]) and race.evals[0][2] <= race.hit["cpu_s"]
+    )
+    assert rd.hit_at(race.evals, 50.0)["images"] == 128 and rd.hit_at(race.evals, 39.0) is None  # looser, stricter
     spent = rd.Race(every=100, target=0.0, max_images=200)
     assert not spent.step(100, lambda: 1.0) and spent.step(100, lambda: 1.0) and spent.hit is None
 
 
 def _stopped_at_the_first_evaluation(r: dict, batch: int) -> None:
-    assert r["evals"] == [(batch, r["hit"]["fd"], r["hit"]["cpu_s"])] and r["hit"]["images"] == batch
+    assert (
+        r["evals"] == [(batch, r["hit"]["fd"], r["hit"]["cpu_s"], r["hit"]["wall_s"])] and r["hit"]["images"] == batch
+    )
     assert r["hit"]["cpu_s"] > 0
     assert r["flops"] > 0
 
