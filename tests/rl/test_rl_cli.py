@@ -17,6 +17,7 @@ from PIL import Image
 from rl_baselines import BaselineReturns
 
 from zoo.rl import A2CModule, PPOModule
+from zoo.train.optim import MuonAdamW, MuonSettings
 
 TINY = str(CONFIGS / "rl" / "ppo_tiny.yaml")
 CARTPOLE = str(CONFIGS / "rl" / "ppo_cartpole.yaml")
@@ -47,6 +48,9 @@ class RecordFirstBatch(Callback):
                 "obs_count": float(pl_module.obs_rms.count),
                 "rng": torch.get_rng_state(),
                 "global_step": trainer.global_step,
+                "momentum": [
+                    s["momentum_buffer"].clone() for s in trainer.optimizers[0].state.values() if "momentum_buffer" in s
+                ],
             }
 
 
@@ -124,20 +128,30 @@ class StopAfterFourRollouts(Callback):
             trainer.should_stop = True
 
 
-def test_resume_continues_env_steps_statistics_and_rng():
+def test_resume_continues_env_steps_statistics_rng_and_muon_momentum():
     # (Resuming through cli.py takes the module's hyperparameters from the checkpoint, over the config and
     # the command line, so a budget cannot be extended this way: the first run is interrupted instead.)
-    first = cli("fit", "--config", TINY, "--trainer.callbacks+=test_rl_cli.StopAfterFourRollouts")
+    # With Muon on the hidden matrices: its momentum is optimizer state that Adam's path would not show.
+    muon = "--model.init_args.muon.lr=0.01"
+    first = cli("fit", "--config", TINY, muon, "--trainer.callbacks+=test_rl_cli.StopAfterFourRollouts")
+    (opt,) = first.trainer.optimizers
+    assert isinstance(opt, MuonAdamW) and opt.param_groups[0]["muon"] and opt.param_groups[0]["initial_lr"] == 0.01
     last = first.trainer.checkpoint_callback.last_model_path
     saved = torch.load(last, weights_only=True)
     assert int(saved["state_dict"]["env_steps"]) == 512
+    momentum = [s["momentum_buffer"] for s in saved["optimizer_states"][0]["state"].values() if "momentum_buffer" in s]
+    assert len(momentum) == 2 and all(m.abs().sum() > 0 for m in momentum)  # actor.2 and critic.2
     RecordFirstBatch.seen = {}
-    second = cli("fit", "--config", TINY, "--ckpt_path", last, "--trainer.callbacks+=test_rl_cli.RecordFirstBatch")
+    second = cli(
+        "fit", "--config", TINY, muon, "--ckpt_path", last, "--trainer.callbacks+=test_rl_cli.RecordFirstBatch"
+    )
     seen = RecordFirstBatch.seen
     assert seen["env_steps"] == 512 and seen["global_step"] == 16
     assert seen["obs_count"] == float(saved["state_dict"]["obs_rms.count"])
     assert torch.equal(seen["rng"], saved["rng"]["torch"])
+    assert all(torch.equal(a, b) for a, b in zip(seen["momentum"], momentum, strict=True))
     assert int(second.model.env_steps) == 1024 and second.trainer.global_step == 32
+    assert PPOModule.load_from_checkpoint(last).hparams.muon == vars(MuonSettings(lr=0.01))
 
 
 def test_net_that_does_not_fit_the_env_is_named():

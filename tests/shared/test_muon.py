@@ -321,3 +321,43 @@ def test_a_tiny_gpt_fits_with_muon_from_the_command_line_and_its_checkpoint_keep
     assert c.trainer.global_step == 4 and c.trainer.callback_metrics["val/loss"] < math.log(257)
     loaded = CausalLMModule.load_from_checkpoint(c.trainer.checkpoint_callback.last_model_path)
     assert AdamWCosine.of(loaded.hparams.optimizer).muon == MuonSettings(lr=0.03)
+
+
+# The actor-critic's >=2-D parameters kept with Adam, by hand: the layers that read the observation, both heads and
+# the Gaussian log-std. The MLPs are Linear, Tanh, Linear, Tanh, Linear: 0 reads, 2 is hidden, 4 writes.
+ACTOR_CRITIC_NOT_HIDDEN = {
+    "flat": {"actor.0.weight", "critic.0.weight", "actor.4.weight", "critic.4.weight", "actor_logstd"},
+    "nature_cnn": {"encoder.convs.0.weight", "actor.4.weight", "critic.4.weight"},  # the MLPs read CNN features
+}
+
+
+@pytest.mark.parametrize("encoder", list(ACTOR_CRITIC_NOT_HIDDEN))
+def test_ppo_gives_muon_the_actor_critics_hidden_matrices_and_adam_the_rest_under_one_annealing(encoder):
+    from zoo.rl import ActorCritic, PPOModule
+
+    cnn = encoder == "nature_cnn"
+    net = ActorCritic(3, 2, continuous=not cnn, encoder=encoder, obs_shape=[4, 36, 36] if cnn else None)
+    module = PPOModule(net, total_env_steps=1000, lr=3e-4, adam_eps=1e-5, weight_decay=0.1, muon={"lr": 0.01})
+    out = module.configure_optimizers()
+    opt, sched = out["optimizer"], out["lr_scheduler"]["scheduler"]
+    assert isinstance(opt, MuonAdamW) and module.hparams.muon == vars(MuonSettings(lr=0.01))
+    names = {id(p): n for n, p in net.named_parameters()}
+    seen = [id(p) for g in opt.param_groups for p in g["params"]]
+    assert len(seen) == len(set(seen)) and set(seen) == set(names)
+    params = dict(net.named_parameters())
+    muon = {names[id(p)]: g["flatten"] for g in opt.param_groups if g["muon"] for p in g["params"]}
+    adamw = {names[id(p)] for g in opt.param_groups if not g["muon"] for p in g["params"]}
+    assert {n for n in adamw if params[n].ndim >= 2} == ACTOR_CRITIC_NOT_HIDDEN[encoder]
+    assert {"actor.2.weight", "critic.2.weight"} <= muon.keys() and all(params[n].ndim >= 2 for n in muon)
+    assert {n for n, flat in muon.items() if flat} == (
+        {"encoder.convs.2.weight", "encoder.convs.4.weight"} if cnn else set()
+    )
+    for g in opt.param_groups:
+        assert g["initial_lr"] == (0.01 if g["muon"] else 3e-4)
+        if not g["muon"]:
+            assert g["eps"] == 1e-5  # PPO's Adam epsilon (Baselines'), not torch's 1e-8
+    module.env_steps.fill_(250)  # a quarter of the budget: both rates annealed to 3/4
+    sched.step()
+    assert [g["lr"] / g["initial_lr"] for g in opt.param_groups] == pytest.approx([0.75] * len(opt.param_groups))
+    with pytest.raises(InputError, match="momentum=1.0"):  # a checkpoint's settings are checked as the config's
+        PPOModule(net, muon={"momentum": 1.0})

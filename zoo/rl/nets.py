@@ -176,6 +176,13 @@ class ActorCritic(nn.Module):
         """The log-std is 2-D but no weight: decaying it would pull every policy towards std 1."""
         return ("actor_logstd",)
 
+    def io_layers(self) -> tuple[str, ...]:
+        """The layers that read the observation and write the outputs, which Muon must not take
+        (``zoo.train.optim``): the CNN's first convolution, or each MLP's first layer on flat observations, and
+        both heads. The CNN's other layers and the MLPs' hidden layers are hidden matrices."""
+        reads = ("encoder.convs.0",) if isinstance(self.encoder, NatureCNN) else ("actor.0", "critic.0")
+        return (*reads, f"actor.{len(self.actor) - 1}", f"critic.{len(self.critic) - 1}")
+
     def get_value(self, x: Tensor) -> Tensor:
         """V(s) for observations (B, *obs_shape): (B,)."""
         return self.critic(self.encoder(x)).squeeze(-1)

@@ -51,7 +51,7 @@ from zoo.rl.nets import ActorCritic
 from zoo.rl.normalization import RunningMeanStd
 from zoo.train.gradnorm import clip_grad_norm
 from zoo.train.logging import lightning_writes
-from zoo.train.optim import param_groups
+from zoo.train.optim import MuonAdamW, MuonSettings, muon_param_groups, param_groups
 
 
 class PPOModule(WeightsOnlyLoading, LightningModule):
@@ -78,6 +78,7 @@ class PPOModule(WeightsOnlyLoading, LightningModule):
         anneal_clip: bool = False,
         adam_eps: float = 1e-5,
         weight_decay: float = 0.0,
+        muon: MuonSettings | None = None,
         norm_obs: bool = False,
         norm_reward: bool = False,
         clip_obs: float = 10.0,
@@ -107,6 +108,9 @@ class PPOModule(WeightsOnlyLoading, LightningModule):
             anneal_clip: decay ``clip_coef`` linearly to 0 over ``total_env_steps`` too (rl-zoo's ``lin_0.2``).
             adam_eps: Adam's epsilon; 1e-5 as Baselines' PPO2 (PyTorch's 1e-8 differs).
             weight_decay: AdamW decoupled weight decay on >=2-D weights; RL agents normally use none.
+            muon: Muon (Jordan et al. 2024) for the net's hidden matrices (``zoo.train.optim.MuonSettings``; ``muon:
+                {}`` for its defaults), Adam on the observation-reading layers, the heads, biases and the log-std
+                (``ActorCritic.io_layers``); the annealing scales both rates. None: Adam for every parameter.
             norm_obs: feed the net observations normalised by running statistics kept in this module.
             norm_reward: divide rewards by the running std of the discounted return, kept in this module.
             clip_obs: clip normalised observations to [-clip_obs, clip_obs].
@@ -114,6 +118,8 @@ class PPOModule(WeightsOnlyLoading, LightningModule):
             num_threads: PyTorch CPU threads while this module runs (restored after); a small MLP runs
                 fastest on one, as intra-op threads cost more to synchronise than they save. None: unchanged.
         """
+        if isinstance(muon, dict):  # a checkpoint's hyperparameters: checked as the config's are
+            muon = MuonSettings(**muon)
         super().__init__()
         save_hparams(self, "net")
         # One training step holds many optimizer steps (minibatches): Lightning's per-step overhead would otherwise
@@ -230,7 +236,15 @@ class PPOModule(WeightsOnlyLoading, LightningModule):
         # The fused kernel (CPU and CUDA) is one op per tensor instead of about ten: PPO makes thousands of
         # small steps, each costing little more than its per-op overhead.
         fused = all(p.device.type in ("cpu", "cuda") for p in self.net.parameters())
-        opt = torch.optim.AdamW(param_groups(self.net, h.weight_decay), lr=h.lr, eps=h.adam_eps, fused=fused or None)
+        if h.muon is None:
+            opt = torch.optim.AdamW(
+                param_groups(self.net, h.weight_decay), lr=h.lr, eps=h.adam_eps, fused=fused or None
+            )
+        else:
+            muon, adamw = muon_param_groups(self.net, h.weight_decay)
+            opt = MuonAdamW(
+                muon, adamw, muon=dict(h.muon), lr=h.lr, betas=(0.9, 0.999), eps=h.adam_eps, fused=fused or None
+            )
         return linear_annealing(opt, lambda: self.budget.progress(self.env_steps), h.anneal_lr)
 
     # -- evaluation, predict, checkpoints, the end of fit -----------------------------------------------------------

@@ -191,6 +191,7 @@ class MuonAdamW(torch.optim.Optimizer):
         muon: dict,
         lr: float,
         betas: tuple[float, float],
+        eps: float = 1e-8,
         fused: bool | None = None,
     ) -> None:
         if any(isinstance(p, DTensor) for g in muon_groups for p in g["params"]):
@@ -200,7 +201,9 @@ class MuonAdamW(torch.optim.Optimizer):
             )
         defaults = {k: v.default for k, v in inspect.signature(torch.optim.Muon).parameters.items() if k != "params"}
         groups = [{**defaults, **muon, **g, "muon": True} for g in muon_groups]
-        self._adamw = torch.optim.AdamW(adamw_groups, lr=lr, betas=betas, fused=fused) if adamw_groups else None
+        self._adamw = (
+            torch.optim.AdamW(adamw_groups, lr=lr, betas=betas, eps=eps, fused=fused) if adamw_groups else None
+        )
         for g in self._adamw.param_groups if self._adamw else ():
             g["muon"] = False
         super().__init__([*groups, *(self._adamw.param_groups if self._adamw else ())], {})
