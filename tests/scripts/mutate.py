@@ -731,6 +731,17 @@ FAMILIES: dict[str, dict] = {
                 '        groups = [{**defaults, **g, "muon": True} for g in muon_groups]',
             ),
             (OPT, 'object.__setattr__(self, "muon", MuonSettings(**self.muon))', "pass"),
+            # PPO's Muon (issue 29 item 1): its io layers, Adam's epsilon, the settings from a checkpoint.
+            (
+                "zoo/rl/nets.py",
+                'return (*reads, f"actor.{len(self.actor) - 1}", f"critic.{len(self.critic) - 1}")',
+                "return reads",
+            ),
+            ("zoo/rl/nets.py", 'reads = ("encoder.convs.0",) if', 'reads = ("encoder.convs.0", "actor.0") if'),
+            (OPT, "betas=betas, eps=eps, fused=fused", "betas=betas, fused=fused"),
+            ("zoo/rl/ppo.py", "            muon = MuonSettings(**muon)\n", "            pass\n"),
+            ("zoo/rl/ppo.py", "betas=(0.9, 0.999), eps=h.adam_eps,", "betas=(0.9, 0.999),"),
+            ("zoo/rl/ppo.py", "muon, adamw, muon=dict(h.muon), lr=h.lr", "muon, adamw, muon={}, lr=h.lr"),
         ],
     },
     # The shared parts (issue 25 item 6): the warmup-cosine schedule and parameter groups, gradient norms, weight
