@@ -5,7 +5,13 @@ from callbacks.confusion import LogConfusionMatrix
 from callbacks.fid import FrechetInceptionDistance
 from callbacks.frechet import FrechetDistance
 from callbacks.image_samples import LogImageSamples
-from callbacks.monitors import GradNormMonitor, NonFiniteLossError, PrecisionMonitor, TrainsSomething
+from callbacks.monitors import (
+    GradNormMonitor,
+    NonFiniteLossError,
+    PrecisionMonitor,
+    ResumesItsOptimizer,
+    TrainsSomething,
+)
 from callbacks.predictions import WritePredictions
 from callbacks.progress import ProgressBar
 from callbacks.summary import ModelSummary
@@ -24,6 +30,7 @@ __all__ = [
     "NonFiniteLossError",
     "PrecisionMonitor",
     "ProgressBar",
+    "ResumesItsOptimizer",
     "TrainsSomething",
     "WritePredictions",
 ]

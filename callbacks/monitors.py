@@ -211,3 +211,40 @@ class TrainsSomething(Callback):
                 "fit has no training batches: the training split is empty or smaller than one batch (some DataModules "
                 "drop the last partial batch). Give more data, or a smaller --data.init_args.batch_size"
             )
+
+
+class ResumesItsOptimizer(Callback):
+    """Fails a resumed fit whose optimizer groups its parameters otherwise than the checkpoint's (Muon turned on or
+    off, another optimizer) with one line that names the fix, before torch's ``load_state_dict`` raises "loaded state
+    dict has a different number of parameter groups" from deep inside Lightning. The checkpoint's own settings do
+    not build the module: this run's config and command line do (``zoo.io.checkpoint.reconcile``)."""
+
+    def __init__(self) -> None:
+        self.saved: list[list[int]] | None = None
+        self.path: str | None = None
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        states = checkpoint.get("optimizer_states")
+        if trainer.state.fn != "fit" or not isinstance(states, list):
+            return
+        try:  # torch's layout: each group lists its parameters' indices
+            self.saved = [[len(g["params"]) for g in s["param_groups"]] for s in states]
+        except (KeyError, TypeError):  # another layout (a sharded checkpoint's): the strategy checks its own
+            return
+        self.path = str(trainer.ckpt_path)
+        if trainer.optimizers:  # strategies that restore after setup have built the optimizers by now
+            self._check(trainer)
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        if self.saved is not None:
+            self._check(trainer)
+
+    def _check(self, trainer) -> None:
+        given = [[len(g["params"]) for g in opt.param_groups] for opt in trainer.optimizers]
+        saved, self.saved = self.saved, None
+        if given != saved:
+            raise InputError(
+                f"--ckpt_path {self.path}: its optimizer state groups the parameters as {saved}, this run's "
+                f"optimizer as {given}: this run's optimizer settings are not the ones it was trained with (Muon on "
+                "or off: model.init_args.optimizer.muon, PPO's model.init_args.muon). Resume with those settings"
+            )

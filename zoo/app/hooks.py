@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, OnException
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info
 
-from callbacks import TrainsSomething
+from callbacks import ResumesItsOptimizer, TrainsSomething
 from zoo.app.families import family_of
 from zoo.app.parser import EXCEPTION_DIR
 from zoo.errors import InputError
@@ -150,7 +150,7 @@ def wire(trainer: Trainer, model: LightningModule, subcommand: str | None, ckpt_
     if ckpt_path and (is_remote(ckpt_path) or Path(ckpt_path).exists()) and isinstance(model, WeightsOnlyLoading):
         model.skip_init_weights()  # restored after setup: the checkpoint holds the fine-tuned weights
     if subcommand == "fit":
-        trainer.callbacks.append(TrainsSomething())
+        trainer.callbacks += [TrainsSomething(), ResumesItsOptimizer()]
     add_family_callbacks(trainer.callbacks, family_of(model).callbacks)
 
 
