@@ -17,7 +17,13 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.plugins.precision import MixedPrecision
 from torch.utils.data import DataLoader, TensorDataset
 
-from callbacks.monitors import GradNormMonitor, NonFiniteLossError, PrecisionMonitor, grad_norms_per_tensor
+from callbacks.monitors import (
+    GradNormMonitor,
+    NonFiniteLossError,
+    PrecisionMonitor,
+    ResumesItsOptimizer,
+    grad_norms_per_tensor,
+)
 from zoo.train.gradnorm import clip_grad_norm, grad_norm
 from zoo.train.logging import lightning_writes
 
@@ -394,3 +400,34 @@ def test_precision_monitor_state_round_trip():
     monitor = PrecisionMonitor()
     monitor.load_state_dict({"skipped_steps": 5})
     assert monitor.state_dict() == {"skipped_steps": 5}
+
+
+def test_a_resume_whose_optimizer_groups_differ_from_the_checkpoints_is_refused_before_torch_loads_it():
+    from types import SimpleNamespace
+
+    from zoo.errors import InputError
+
+    net = torch.nn.Linear(3, 2)
+    two = torch.optim.AdamW([{"params": [net.weight]}, {"params": [net.bias]}])
+    one = torch.optim.AdamW(net.parameters())
+    checkpoint = {"optimizer_states": [two.state_dict()]}
+
+    def trainer(fn: str, optimizers: list) -> SimpleNamespace:
+        return SimpleNamespace(state=SimpleNamespace(fn=fn), optimizers=optimizers, ckpt_path="last.ckpt")
+
+    same = ResumesItsOptimizer()  # the optimizers are built after the checkpoint is read (most strategies)
+    same.on_load_checkpoint(trainer("fit", []), None, checkpoint)
+    same.on_fit_start(trainer("fit", [torch.optim.AdamW([{"params": [net.weight]}, {"params": [net.bias]}])]), None)
+    other = ResumesItsOptimizer()
+    other.on_load_checkpoint(trainer("fit", []), None, checkpoint)
+    with pytest.raises(
+        InputError,
+        match=r"last.ckpt:.* groups the parameters as \[\[1, 1\]\], this run's optimizer as \[\[2\]\]",
+    ):
+        other.on_fit_start(trainer("fit", [one]), None)
+    with pytest.raises(InputError, match="Resume with those settings"):  # strategies that restore after setup
+        ResumesItsOptimizer().on_load_checkpoint(trainer("fit", [one]), None, checkpoint)
+    for fn, ckpt in (("validate", checkpoint), ("fit", {"optimizer_states": [{"sharded": True}]}), ("fit", {})):
+        skip = ResumesItsOptimizer()  # not a resumed fit, or a layout that is not torch's: the strategy's to check
+        skip.on_load_checkpoint(trainer(fn, [one]), None, ckpt)
+        skip.on_fit_start(trainer(fn, [one]), None)

@@ -794,6 +794,14 @@ FAMILIES: dict[str, dict] = {
                 "if k in own and tuple(v.shape) != tuple(own[k].shape)",
             ),
             (TOK, "ids = ids[: context_length - 1]", "ids = ids[:context_length]"),
+            # A resume with another optimizer grouping (issue 29: Muon on or off).
+            ("callbacks/monitors.py", "        if given != saved:\n", "        if False:\n"),
+            (
+                "callbacks/monitors.py",
+                "        if trainer.optimizers:  # strategies that",
+                "        if False:  # strategies that",
+            ),
+            ("callbacks/monitors.py", 'if trainer.state.fn != "fit" or not', "if not"),
         ],
     },
 }
