@@ -52,7 +52,9 @@ Protocol, both arms alike:
   (``bench.latent_quality.real_sets``).
 - grid and stop: an evaluation at the first optimizer step at or past every --eval-every images (10,240: a
   multiple of batches 16 to 512, so each arm's points fall on it exactly); the first evaluation at or under the
-  target is the hit, and the run stops there, or at --max-images.
+  target is the hit, and the run stops there, or at --max-images. ``--target`` takes several distances: runs go on
+  to the strictest, and a table is printed for each, read off the same curves. Each evaluation is printed as it
+  happens (a peer run is an hour or more).
 - time: CPU seconds of the run's process (``time.process_time``) from its first training step, evaluations taken
   out, wall seconds beside; one intra-op thread (``--threads``), each run in a fresh spawned process, runs
   alternating peer seed 0, zoo seed 0, peer seed 1, ... over --jobs workers.
