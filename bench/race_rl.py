@@ -18,7 +18,7 @@ arms of a seed run side by side, so drift in the machine's load falls on both.
 
     python bench/race_rl.py --task lunarlander --seeds 0 1 2 3 4 --jobs 2     # ~45 min on 2 cores
     python bench/race_rl.py --task lunarlander --seeds 0 --budget 200000      # a quick look
-    python bench/race_rl.py --task pendulum --seeds 0 1 2 3 4 --jobs 2        # SAC: ~25 min on 2 cores
+    python bench/race_rl.py --task pendulum --seeds 0 1 2 3 4 --jobs 2        # SAC: ~35 min on 2 cores
 
 rl-zoo's PPO weighs its value loss as ``vf_coef * mean((V - R)^2)``; the zoo's PPO, as CleanRL, as ``vf_coef * 0.5 *
 mean((V - R)^2)``: the zoo's configs that take rl-zoo's hyperparameters double its ``vf_coef``.
