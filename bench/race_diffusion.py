@@ -295,7 +295,10 @@ class Race:
         self.target, self.max_images, self.label = target, max_images, label
         self.grid, self.clock, self.seen = Grid(every), Clock(), 0
         self.evals: list[tuple[int, float, float, float]] = []  # (images, FD, CPU s and wall s of training so far)
-        self.hit: dict | None = None
+
+    @property
+    def hit(self) -> dict | None:
+        return hit_at(self.evals, self.target)
 
     def step(self, batch_size: int, evaluate: Callable[[], float]) -> bool:
         """Count a finished optimizer step; evaluate when due; True once the run is over (hit or budget spent)."""
@@ -307,8 +310,6 @@ class Race:
             self.evals.append((self.seen, fd, cpu_s, wall_s))
             if self.label:  # a peer run is an hour or more: its curve as it goes, not only at its end
                 print(f"  ({self.label}: FD {fd:.1f} after {self.seen} images, {cpu_s:.0f} CPU s)", flush=True)
-            if self.hit is None:
-                self.hit = hit_at(self.evals, self.target)
             self.clock.resume()
         return self.hit is not None or self.seen >= self.max_images
 
