@@ -9,6 +9,7 @@ family's own callbacks (``zoo.app.families``). What each hook does is in ``zoo.a
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 if __name__ == "__main__" and sys.argv[1:] in (["-h"], ["--help"]):  # before torch and Lightning load
     from zoo.app.usage import USAGE
@@ -25,19 +26,15 @@ from zoo.app.parser import DEFAULT_CALLBACKS, TRAINER_DEFAULTS, ZooArgumentParse
 from zoo.app.usage import EPILOG
 from zoo.compat import CheckpointHyperparametersLeftToCaller, dump_config_again
 from zoo.tracking import LogConfigToMLflow
-from zoo.tracking.stored_config import stored_config_allowlist, with_checkpoint_config
+from zoo.tracking.stored_config import from_checkpoint, stored_config_allowlist
 
 __all__ = ["DEFAULT_CALLBACKS", "TRAINER_DEFAULTS", "ZooCLI", "main", "run"]
 
 
 class ZooCLI(CheckpointHyperparametersLeftToCaller, LightningCLI):
-    def parse_arguments(self, parser, args) -> None:
-        # validate/test/predict --ckpt_path: the checkpoint's own model and data configs, checked, come first
-        if args is None:  # changed in place: the ranks Lightning launches re-run this command line
-            sys.argv[1:] = with_checkpoint_config(sys.argv[1:], stored_config_allowlist())
-        elif isinstance(args, list):
-            args = with_checkpoint_config(args, stored_config_allowlist())
-        super().parse_arguments(parser, args)
+    def __init__(self, *args, stored_data: Callable[[], LightningDataModule] | None = None, **kwargs) -> None:
+        self.stored_data = stored_data  # the DataModule a --ckpt_path carries (zoo.tracking.stored_config)
+        super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
         add_zoo_arguments(parser)
@@ -53,6 +50,7 @@ class ZooCLI(CheckpointHyperparametersLeftToCaller, LightningCLI):
             self.subcommand,
             lambda model_class: family_of(model_class).sizes if model_class else None,
             lambda: dump_config_again(self),
+            self.stored_data,
         )
         cfg = self.config_init[self.subcommand] if self.subcommand else self.config_init
         self.datamodule, self.model = cfg.get("data"), cfg.get("model")
@@ -78,18 +76,22 @@ class ZooCLI(CheckpointHyperparametersLeftToCaller, LightningCLI):
 
 def main(args: list[str] | None = None, run: bool = True) -> ZooCLI:
     terminal.quiet_uninformative_messages()
+    # validate/test/predict --ckpt_path: the checkpoint's own model and data, built by the zoo's rules, never parsed.
+    # sys.argv stays as typed: the ranks Lightning launches re-run it, and split it the same way.
+    stored = from_checkpoint(sys.argv[1:] if args is None else list(args), stored_config_allowlist())
     return ZooCLI(
-        LightningModule,
-        LightningDataModule,
+        stored.model or LightningModule,
+        None if stored.data else LightningDataModule,  # None: the data is optional to the parser (the stored one)
         parser_class=ZooArgumentParser,
         parser_kwargs={sub: {"epilog": EPILOG} for sub in ("fit", "validate", "test", "predict")},
-        subclass_mode_model=True,
+        subclass_mode_model=stored.model is None,
         subclass_mode_data=True,
+        stored_data=stored.data,
         save_config_callback=LogConfigToMLflow,
         trainer_defaults=TRAINER_DEFAULTS,
         seed_everything_default=0,
         auto_configure_optimizers=False,
-        args=args,
+        args=None if args is None and stored.argv == sys.argv[1:] else stored.argv,
         run=run,
     )
 

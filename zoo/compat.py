@@ -6,6 +6,8 @@ not a training run. Entries whose public replacement appears should move to it a
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import lightning.pytorch as pl
@@ -23,6 +25,17 @@ def given_hyperparameters() -> dict[str, Any] | None:
     from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
 
     return _given_hyperparameters.get()
+
+
+@contextlib.contextmanager
+def given_hyperparameters_context(hparams: dict[str, Any], instantiator: str) -> Iterator[None]:
+    """Construct a module as LightningCLI does: ``save_hyperparameters`` records ``hparams`` (the config, nets as
+    ``{class_path, init_args}``) and ``instantiator``, not the objects the constructor receives. ``zoo.io.build``
+    builds stored configs itself, and its modules must record the same hyperparameters as a CLI-built one."""
+    from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters_context
+
+    with _given_hyperparameters_context(dict(hparams), instantiator):
+        yield
 
 
 def batches_that_stepped(trainer: pl.Trainer) -> int:
@@ -146,21 +159,14 @@ def load_sharded(storage_reader, keys: set[str] | None = None) -> dict[str, Any]
     return state
 
 
-def module_from_checkpoint(
-    cls: type[pl.LightningModule], checkpoint: dict[str, Any], strict: bool | None = None, **kwargs: Any
-) -> pl.LightningModule:
-    """``cls.load_from_checkpoint`` on a checkpoint already read (weights-only, by ``zoo.io.weights.load_file``).
-
-    The public method reads the file itself, forcing ``weights_only=False`` for a remote path (http...) and
-    unpickling it before anything can check it; its steps after reading (migrating an older checkpoint, overriding
-    hyperparameters with ``kwargs``, rebuilding and loading the module) are private.
-    """
-    from lightning.pytorch.core.saving import _load_state
+def migrate_checkpoint(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint already read (weights-only, by ``zoo.io.weights.load_file``) upgraded as Lightning's
+    ``load_from_checkpoint`` upgrades one from an older Lightning. The public method reads the file itself (forcing
+    ``weights_only=False`` for a remote path) and rebuilds the module with the instantiator the file names; the
+    upgrade step alone is private."""
     from lightning.pytorch.utilities.migration.utils import _pl_migrate_checkpoint
 
-    checkpoint = _pl_migrate_checkpoint(checkpoint)
-    checkpoint.setdefault(cls.CHECKPOINT_HYPER_PARAMS_KEY, {}).update(kwargs)
-    return _load_state(cls, checkpoint, strict=strict, **kwargs)
+    return _pl_migrate_checkpoint(checkpoint)
 
 
 class CheckpointHyperparametersLeftToCaller:

@@ -20,7 +20,7 @@ from lightning.pytorch import Trainer
 import datamodules.gym_envs  # noqa: F401  registers NumpyCartPole-v1, which renders without pygame
 from datamodules import ShapesDataModule
 from zoo.errors import InputError
-from zoo.io.trust import OUTPUT_ARGS
+from zoo.io.build import drops_location
 from zoo.tracking import check_output_name, new_run_dir, run_dir
 
 PPO_TINY = str(CONFIGS / "rl" / "ppo_tiny.yaml")
@@ -169,8 +169,10 @@ def test_every_dropped_key_is_an_argument_of_a_datamodule():
     import datamodules
 
     classes = [getattr(datamodules, name) for name in datamodules.__all__]
-    for key in OUTPUT_ARGS:
-        assert any(key in inspect.signature(cls).parameters for cls in classes), key
+    for key in ("video_dir", "output_dir", "download", "root", "path", "paths", "gpt2_dir", "prompts_file"):
+        assert drops_location(key) and any(key in inspect.signature(cls).parameters for cls in classes), key
+    for key in ("batch_size", "env_id", "image_size", "tokenizer", "num_envs", "seed"):
+        assert not drops_location(key), key
 
 
 def test_two_runs_started_in_the_same_second_get_their_own_folders(tmp_path, monkeypatch):

@@ -246,14 +246,17 @@ def test_older_mlp_strings_name_the_classes_and_gelu_beside_a_class_is_one_line(
     assert mlp_of(mlp="gelu").approximate == "tanh"  # a checkpoint from before gelu existed rebuilds as trained
     with pytest.raises(InputError, match=r"^gelu='exact' is a setting of the GELU MLP now: pass mlp: .*GeluMLP"):
         mlp_of(gelu="exact")
-    # An older checkpoint's stored config (mlp and gelu as strings) passes the stored-config check.
-    from zoo.io.trust import check_stored_model, zoo_allowlist
+    # An older checkpoint's stored config (mlp and gelu as strings) builds by the stored-config rules.
+    from zoo.io.build import resolve_model
+    from zoo.io.trust import zoo_allowlist
 
     stored = yaml.safe_load("""
         _class_path: zoo.gpt.CausalLMModule
         net: {class_path: zoo.gpt.GPT, init_args: {mlp: swiglu, gelu: tanh, norm: rmsnorm}}
     """)
-    assert check_stored_model(stored, "old.ckpt", zoo_allowlist())["net"]["init_args"]["mlp"] == "swiglu"
+    assert (
+        resolve_model(stored, "old.ckpt", zoo_allowlist()).plain()["init_args"]["net"]["init_args"]["mlp"] == "swiglu"
+    )
 
 
 def test_gelu_is_chosen_by_config_exact_for_new_models_tanh_for_gpt2_weights():

@@ -264,17 +264,23 @@ def test_checkpoint_hyperparameters_left_to_caller_keeps_the_command_lines_value
     assert parsed.value.args[0] == width
 
 
-def test_module_from_checkpoint_is_load_from_checkpoint_on_a_dict_already_read(tmp_path):
+def test_migrate_checkpoint_upgrades_a_dict_already_read_as_load_from_checkpoint_does(tmp_path):
     trainer = _trainer(max_steps=1, limit_val_batches=0, default_root_dir=tmp_path)
     trainer.fit(Wide(width=4))
     trainer.save_checkpoint(tmp_path / "w.ckpt")
     ckpt = torch.load(tmp_path / "w.ckpt", weights_only=True)
-    ref = Wide.load_from_checkpoint(tmp_path / "w.ckpt", weights_only=True)
-    got = compat.module_from_checkpoint(Wide, ckpt)
-    assert got.hparams.width == ref.hparams.width == 4
-    torch.testing.assert_close(got.state_dict(), ref.state_dict(), rtol=0, atol=0)
-    again = torch.load(tmp_path / "w.ckpt", weights_only=True)
-    assert compat.module_from_checkpoint(Wide, again, width=7).hparams.width == 7  # kwargs override, as in Lightning
+    old = {k: v for k, v in ckpt.items() if k != "pytorch-lightning_version"}
+    old["pytorch-lightning_version"] = "1.9.0"  # an older Lightning's checkpoint: the step the upgrade adds
+    got = compat.migrate_checkpoint(old)
+    assert got["pytorch-lightning_version"] == ckpt["pytorch-lightning_version"]
+    torch.testing.assert_close(got["state_dict"], ckpt["state_dict"], rtol=0, atol=0)
+
+
+def test_given_hyperparameters_context_is_what_save_hyperparameters_records():
+    with compat.given_hyperparameters_context({"width": 9}, "some.instantiator"):
+        module = Wide(width=4)
+    assert dict(module.hparams) == {"width": 9, "_instantiator": "some.instantiator"}
+    assert Wide(width=4).hparams.width == 4  # outside it, the frame's arguments
 
 
 def test_jsonargparse_debug_follows_its_environment_variable(monkeypatch):

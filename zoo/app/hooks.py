@@ -84,9 +84,14 @@ def prepare_checkpoint(cfg: Any, subcommand: str | None) -> None:
                 f".metadata): pass a checkpoint file (runs/<experiment>/<run>/checkpoints/last.ckpt)"
             )
         check_sharded_checkpoint(cfg.ckpt_path)  # torch unpickles a sharded folder unrestricted: check it first
-    if path.is_file():  # the config wins, but never over weight shapes
+    if path.is_file() and _model_class_path(cfg):  # the config wins, but never over weight shapes
         for line in reconcile(cfg.ckpt_path, cfg.model.as_dict()):
             rank_zero_info(line)
+
+
+def _model_class_path(cfg: Any) -> str | None:
+    """The model class the config names; None for the checkpoint's own (``zoo.tracking.stored_config``)."""
+    return (cfg.get("model") or {}).get("class_path")
 
 
 def resolve_init_weights(cfg: Any) -> None:
@@ -125,6 +130,8 @@ def drop_unusable_callbacks(cfg: Any) -> None:
 
 
 def name_the_run(cfg: Any) -> None:
+    if not _model_class_path(cfg):  # the checkpoint's own model (zoo.tracking.stored_config): the logger names it
+        return
     if (logger := zoo_logger(cfg)) and not logger.init_args.get("run_name"):
         net = cfg.model.init_args.get("net")
         logger.init_args.run_name = default_run_name(

@@ -106,7 +106,15 @@ def checkpoint_sizes(ckpt_path: str | None, model: dict) -> dict[str, Any]:
     net = (stored or ("", {}))[1].get("net")
     if not isinstance(net, dict) or net.get("class_path") != model["init_args"]["net"]["class_path"]:
         return {}
-    return dict(net.get("init_args") or {})
+    # Sizes only: numbers, booleans and lists of them. These go into the parsed config that jsonargparse builds, which
+    # would build a {class_path} found in a stored dict or string (zoo.io.build).
+    return {k: v for k, v in (net.get("init_args") or {}).items() if _is_size(v)}
+
+
+def _is_size(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(type(v) in (int, float, bool) for v in value)
+    return type(value) in (int, float, bool)
 
 
 def model_class(cfg: Namespace) -> type | None:
@@ -118,14 +126,17 @@ def model_class(cfg: Namespace) -> type | None:
     return getattr(importlib.import_module(module), name, None)
 
 
-def instantiate_data_first(parser, config: Namespace, subcommand: str | None, sizes_of: Callable, redump) -> Namespace:
+def instantiate_data_first(
+    parser, config: Namespace, subcommand: str | None, sizes_of: Callable, redump, build_data: Callable | None = None
+) -> Namespace:
     """``parser.instantiate(config)`` with the DataModule built first and the net sized from it in between:
     ``sizes_of(model_class)`` is the family's rule, ``redump()`` makes LightningCLI dump the completed config again
-    (it hands that dump to the model as its hyperparameters)."""
+    (it hands that dump to the model as its hyperparameters); ``build_data``: builds the DataModule instead of the
+    parser (a checkpoint's stored one, ``zoo.tracking.stored_config``)."""
     prefix = f"{subcommand}." if subcommand else ""
     cfg = config[subcommand] if subcommand else config
-    data = None
-    if cfg.get("data") is not None:
+    data = build_data() if build_data is not None and cfg.get("data") is None else None
+    if data is None and cfg.get("data") is not None:
         only_data = Namespace(data=cfg.data)
         if subcommand:
             only_data = Namespace(subcommand=subcommand, **{subcommand: only_data})

@@ -28,6 +28,8 @@ def quiet_uninformative_messages() -> None:
     warnings.filterwarnings(
         "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
     )
+    # cli.py hands LightningCLI the command line with the checkpoint's parts taken out (zoo.tracking.stored_config).
+    warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended to run from within Python")
     noise = (
         "💡 Tip: For seamless cloud logging",  # an advertisement for Lightning's hosted logger
         "Loading `train_dataloader` to estimate number of stepping batches",  # the schedules' horizon

@@ -121,15 +121,6 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         self.tokenizer = tok
         vocab_size_for(self.net.vocab_size, tok.vocab_size)  # sized by whoever built the net; checked here
 
-    @classmethod
-    def stored_hparams(cls, hparams: dict) -> dict:
-        """A checkpoint's hyperparameters without the draft its ``generation`` names: a file does not choose which
-        other file is read; the user names a draft (``--model.init_args.generation.draft``, ``generate(draft=)``)."""
-        g = hparams.get("generation")
-        if isinstance(g, dict) and g.get("draft") is not None:
-            return {**hparams, "generation": {**g, "draft": None}}
-        return hparams
-
     # -- steps -------------------------------------------------------------------------------------------
 
     def forward(self, idx: Tensor, mtp: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:

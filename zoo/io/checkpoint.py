@@ -20,7 +20,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from zoo import compat
 from zoo.errors import InputError
-from zoo.io import trust
+from zoo.io import build, tripwire, trust
 from zoo.io.weights import CheckpointError, is_remote, load_file
 
 
@@ -43,25 +43,14 @@ class WeightsOnlyLoading:
         ``weights_only`` is always true here."""
         if hparams_file is not None:
             raise ValueError("hparams_file is not supported: a zoo checkpoint carries its hyperparameters")
-        checkpoint = load_file(checkpoint_path, map_location=map_location)
-        key = cls.CHECKPOINT_HYPER_PARAMS_KEY
-        if checkpoint.get(key):  # what the file names is checked before Lightning imports any of it
-            stored = dict(checkpoint[key])
-            checked = trust.check_stored_model(stored, str(checkpoint_path), trust.zoo_allowlist(), cls=cls)
-            checked = cls.stored_hparams(checked)
-            checkpoint[key] = {**{k: stored[k] for k in ("_class_path", "_instantiator") if k in stored}, **checked}
-            if "_class_path" in stored:  # one converted from an MLflow model records no instantiator: LightningCLI's
-                checkpoint[key].setdefault("_instantiator", trust.LIGHTNING_INSTANTIATOR)  # builds its nested classes
-        module = compat.module_from_checkpoint(cls, checkpoint, strict=strict, **kwargs)
+        checkpoint = compat.migrate_checkpoint(load_file(checkpoint_path, map_location=map_location))
+        module = build_stored(cls, checkpoint, str(checkpoint_path), kwargs)
+        with tripwire.guard():
+            module.on_load_checkpoint(checkpoint)
+            module.load_state_dict(checkpoint["state_dict"], strict=module.strict_loading if strict is None else strict)
         module.skip_init_weights()  # the checkpoint's weights are the trained ones
         tensor = next((t for t in checkpoint.get("state_dict", {}).values() if isinstance(t, torch.Tensor)), None)
         return module if tensor is None else module.to(tensor.device)  # where map_location put the weights
-
-    @classmethod
-    def stored_hparams(cls, hparams: dict) -> dict:
-        """A checkpoint's (checked) hyperparameters as this class builds from them: a family drops what a file may
-        not choose (the GPT: a speculative draft to read)."""
-        return hparams
 
     def skip_init_weights(self) -> None:
         """Weights come from a checkpoint: ``init_weights`` (the pretrained start) is not read again, so a
@@ -90,22 +79,32 @@ class WeightsOnlyCheckpointIO(TorchCheckpointIO):
 MISSING = "<absent>"
 
 
+def build_stored(cls: type[LightningModule], checkpoint: dict, source: str, given: dict[str, Any]) -> LightningModule:
+    """The module a checkpoint's hyperparameters describe, built by ``zoo.io.build`` (never by the instantiator the
+    file names); ``given``: the caller's own arguments, objects or values, which replace the stored ones."""
+    stored = {k: v for k, v in (checkpoint.get(cls.CHECKPOINT_HYPER_PARAMS_KEY) or {}).items() if k not in given}
+    part = build.resolve_model(stored, source, trust.zoo_allowlist(), cls=cls, given=tuple(given))
+    return build.build(part, record=True, **given)
+
+
 def stored_model(ckpt_path: str | Path, allow: trust.Allowlist | None = None) -> tuple[str, dict] | None:
-    """The module class path and init arguments a checkpoint written through cli.py records, else None; checked
-    against ``allow`` (``zoo.io.trust``) before anything they name is imported."""
+    """The module class path and init arguments a checkpoint written through cli.py records, else None; built by
+    ``zoo.io.build``'s rules (``allow``: ``zoo.io.trust``) as plain data, nothing constructed."""
     hparams = dict(load_file(ckpt_path, mmap=True).get("hyper_parameters") or {})
     class_path = hparams.get("_class_path")
     if not class_path:
         return None
-    return class_path, _plain(trust.check_stored_model(hparams, str(ckpt_path), allow or trust.zoo_allowlist()))
+    part = build.resolve_model(hparams, str(ckpt_path), allow or trust.zoo_allowlist())
+    return class_path, part.plain()["init_args"]
 
 
-def reconcile(ckpt_path: str | Path, model: dict) -> list[str]:
+def reconcile(ckpt_path: str | Path, model: dict, allow: trust.Allowlist | None = None) -> list[str]:
     """How the model config ``model`` (``class_path``, ``init_args``: what the config and command line give) meets
     the checkpoint's own: a line per differing value, the given one winning; raises ``CheckpointError`` (one line)
     for another module class, or for values that would change the shape of the checkpoint's weights."""
     # The classes this run's own config names are the user's to vouch for (a checkpoint of their own custom net).
-    stored = stored_model(ckpt_path, trust.zoo_allowlist().with_trusted(trust.trusted_class_paths(model)))
+    allow = allow or trust.zoo_allowlist().with_trusted(trust.trusted_class_paths(model))
+    stored = stored_model(ckpt_path, allow)
     if stored is None:  # saved from Python, not through cli.py: nothing to compare with
         return []
     class_path, old = stored
@@ -127,8 +126,8 @@ def reconcile(ckpt_path: str | Path, model: dict) -> list[str]:
     wanted = old
     for k in diffs:  # the checkpoint's values with this run's on top (a None left as the checkpoint derived it)
         wanted = _with(wanted, k, given.get(k, MISSING))
-    if _shapes(class_path, wanted) != (trained := _shapes(class_path, old)):
-        shaping = [k for k in diffs if _shapes(class_path, _with(old, k, given.get(k, MISSING))) != trained]
+    if _shapes(class_path, wanted, allow) != (trained := _shapes(class_path, old, allow)):
+        shaping = [k for k in diffs if _shapes(class_path, _with(old, k, given.get(k, MISSING)), allow) != trained]
         named = "; ".join(
             f"model.init_args.{k}={given.get(k, MISSING)} (trained with {was.get(k, MISSING)})"
             for k in shaping or diffs
@@ -169,15 +168,14 @@ def _with(d: dict, dotted: str, value: Any) -> dict:
     return d
 
 
-def _shapes(class_path: str, init_args: dict) -> dict[str, tuple] | None:
-    """The shapes of the module's state dict as ``init_args`` build it (on the meta device: no memory, no init
-    cost); None when it does not build (the real instantiation then reports why)."""
-    from lightning.pytorch.cli import instantiate_module
-
+def _shapes(class_path: str, init_args: dict, allow: trust.Allowlist) -> dict[str, tuple] | None:
+    """The shapes of the module's state dict as ``init_args`` build it, by ``zoo.io.build``'s rules (on the meta
+    device: no memory, no init cost); None when it does not build (the real instantiation then reports why)."""
     for device in ("meta", "cpu"):
         try:
+            part = build.resolve_model({"_class_path": class_path, **init_args}, "the checkpoint", allow)
             with torch.device(device):
-                module = instantiate_module(LightningModule, {"_class_path": class_path, **init_args})
+                module = build.build(part)
             return {k: tuple(v.shape) for k, v in module.state_dict().items()}
         except Exception:
             continue

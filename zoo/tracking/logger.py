@@ -328,6 +328,7 @@ class LogConfigToMLflow(SaveConfigCallback):
 
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         text = self.parser.dump(self.config, skip_none=False)
+        text = _with_stored_parts(text, pl_module, trainer.datamodule)
         tags = {
             "zoo.family": family_of(pl_module).name,
             "zoo.module": type(pl_module).__qualname__,
@@ -341,6 +342,19 @@ class LogConfigToMLflow(SaveConfigCallback):
                 client.set_tag(run_id, k, v)
             flat = _flatten(yaml.safe_load(text))
             lg.log_hyperparams({k: v for k, v in flat.items() if not k.startswith("trainer.callbacks")})
+
+
+def _with_stored_parts(text: str, module: LightningModule, datamodule: Any) -> str:
+    """The config with the model and data a ``--ckpt_path`` carried (built by ``zoo.io.build``, so not in the parsed
+    config) filled in from what they record, as a parsed config would show them."""
+    config = yaml.safe_load(text) or {}
+    filled = False
+    for key, part in (("model", module), ("data", datamodule)):
+        hparams = dict(getattr(part, "hparams", None) or {})
+        if not (config.get(key) or {}).get("class_path") and hparams.get("_class_path"):
+            hparams.pop("_instantiator", None)
+            config[key], filled = {"class_path": hparams.pop("_class_path"), "init_args": hparams}, True
+    return yaml.safe_dump(config, sort_keys=False) if filled else text
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:

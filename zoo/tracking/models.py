@@ -43,7 +43,9 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule
 
-from zoo.io.trust import check_stored_model, zoo_allowlist
+from zoo.io import tripwire
+from zoo.io.build import build, resolve_model
+from zoo.io.trust import UntrustedConfigError, zoo_allowlist
 from zoo.io.weights import extract_state_dict, load_file
 
 URI_SCHEMES = ("models:/", "runs:/")
@@ -74,21 +76,23 @@ def module_spec(ckpt: dict, class_path: str | None = None) -> dict:
 
 
 def build_module(spec: dict, source: str = "the model") -> LightningModule:
-    """The module ``spec`` describes, built as LightningCLI builds it, once its config passed the allowlist
-    (``zoo.io.trust``: the zoo's own classes only, checked before anything is imported)."""
-    from lightning.pytorch.cli import instantiate_module
-
-    init_args = check_stored_model(
+    """The module ``spec`` describes, built by the zoo's own rules (``zoo.io.build``: the allowlist's classes only,
+    every key a parameter, every value converted by its annotation), recording the hyperparameters a CLI-built one
+    records."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("init_args") or {}, dict):
+        raise UntrustedConfigError(f"refused {source}: its {SPEC} is not a mapping with class_path and init_args")
+    part = resolve_model(
         {"_class_path": spec.get("class_path"), **(spec.get("init_args") or {})}, source, zoo_allowlist()
     )
-    return instantiate_module(LightningModule, {"_class_path": spec["class_path"], **init_args})
+    return build(part, record=True)
 
 
 def module_from(spec: dict, state_dict: dict, source: str = "the model") -> LightningModule:
     """The module ``spec`` describes (``build_module``), its model state and weights loaded, in eval mode."""
     module = build_module(spec, source)
-    module.on_load_checkpoint({"state_dict": state_dict, **spec.get("checkpoint", {})})  # checks keys, tokenizer
-    module.load_state_dict(state_dict)
+    with tripwire.guard():
+        module.on_load_checkpoint({"state_dict": state_dict, **spec.get("checkpoint", {})})  # checks keys, tokenizer
+        module.load_state_dict(state_dict)
     return module.eval()
 
 
@@ -233,7 +237,7 @@ def model_requirements(code: Path, project: Path) -> list[str]:
 
 def config_requirements(spec: dict, project: Path) -> list[str]:
     """``name==version`` of the installed distributions that provide the classes from outside the zoo which ``spec``
-    names by class path (a latent diffusion model's ``diffusers.AutoencoderKL``, ``zoo.io.trust.EXTERNAL_PARTS``):
+    names by class path (a latent diffusion model's ``diffusers.AutoencoderKL``, ``zoo.diffusion.latent.AUTOENCODERS``):
     the family builds them from that path, so no import in the logged code names their distribution."""
     paths: set[str] = set()
 

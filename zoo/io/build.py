@@ -1,0 +1,479 @@
+"""Stored configs built by the zoo's own rules: what a checkpoint, a registered model or a URL says is turned into
+objects here, and is never handed to a richer interpreter (jsonargparse, Lightning's instantiator) afterwards.
+
+A check followed by jsonargparse failed open wherever the two read the same data differently (issue 37: jsonargparse
+instantiates a ``{class_path}`` found at any depth of an ``Any`` argument, and YAML-parses strings there). So nothing
+here is a check: the value built is the value used. The rules are total, and each is one branch of ``convert``:
+
+- a class is one the allowlist (``zoo.io.trust``) names exactly, or one the user's own config names;
+- every key at every depth is a parameter of the class being built: an unknown key is refused, not skipped;
+- every value is converted by its parameter's annotation: numbers, strings, Literals, enums, lists, tuples, dicts of
+  those; a settings dataclass from a dict of its fields; a nested class (``{class_path, init_args}``) only where the
+  annotation is a class, a ``Callable`` returning one (built as ``functools.partial``, as jsonargparse injects it) or
+  ``type[...]`` naming it;
+- an ``Any``, ``dict`` or unannotated position holds plain JSON data (None, bools, numbers, strings, lists, dicts
+  with string keys; at most ``MAX_DEPTH`` deep), copied, never instantiated, never parsed;
+- settings that say where data is read from or written to, or whether to download (``drops_location``), are dropped
+  at every depth: the current run decides them;
+- ``wrappers`` and ``env_id`` (which ``GymDataModule`` and gymnasium import) pass ``zoo.io.trust``'s reviewed lists.
+
+Building happens in two steps: ``resolve`` (everything above; no code of any class runs) gives a tree of ``Part``s,
+and ``instantiate`` calls the constructors under ``zoo.io.tripwire``'s guard, so that a bug in these rules becomes a
+refusal, not a process, an import, a connection or a write.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import enum
+import functools
+import importlib
+import inspect
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path, PurePath
+from typing import Any
+
+from zoo.io import tripwire, trust
+from zoo.io.trust import Allowlist, UntrustedConfigError
+
+MAX_DEPTH = 32  # nesting of a stored config: the zoo's deepest is 5; deeper is a recursion bomb, not a config
+# Where data is read from or written to, or whether to download: dropped from a stored config (the run decides).
+LOCATION_NAMES = frozenset({"root", "path", "paths", "download", "draft", "init_weights", "autoencoder_weights"})
+LOCATION_SUFFIXES = ("_path", "_paths", "_dir", "_file", "_weights")
+LOCATION_PREFIXES = ("pretrained_",)
+NONE = type(None)
+
+
+def drops_location(name: str) -> bool:
+    """Whether a stored setting ``name`` names a place to read or write, or a download: the run decides it."""
+    return name in LOCATION_NAMES or name.endswith(LOCATION_SUFFIXES) or name.startswith(LOCATION_PREFIXES)
+
+
+@dataclasses.dataclass
+class Part:
+    """A class and its converted arguments, not yet built: ``kind`` "class" builds ``cls(**args)``, "callable" a
+    ``functools.partial`` (jsonargparse's injected callables), "settings" a dataclass, "type" the class itself."""
+
+    cls: type
+    path: str
+    args: dict[str, Any]
+    kind: str = "class"
+    dropped: tuple[str, ...] = ()  # dotted keys of the location settings left out, for the run to say so
+    missing: tuple[str, ...] = ()  # dotted keys of required parameters the config does not give
+
+    def plain(self) -> Any:
+        """As a config stores it: ``{class_path, init_args}`` (a dict of fields for settings, the path for a type)."""
+        if self.kind == "type":
+            return self.path
+        args = {k: plain(v) for k, v in self.args.items()}
+        return args if self.kind == "settings" else {"class_path": self.path, "init_args": args}
+
+    def all_dropped(self) -> list[str]:
+        return [*self.dropped, *(d for v in _parts(self.args) for d in v.all_dropped())]
+
+    def all_missing(self) -> list[str]:
+        return [*self.missing, *(d for v in _parts(self.args) for d in v.all_missing())]
+
+
+def plain(value: Any) -> Any:
+    if isinstance(value, Part):
+        return value.plain()
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
+def _parts(value: Any):
+    if isinstance(value, Part):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _parts(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _parts(v)
+
+
+def instantiate(value: Any) -> Any:
+    """The objects ``value`` (from ``resolve``) describes, inner parts first."""
+    if isinstance(value, Part):
+        args = {k: instantiate(v) for k, v in value.args.items()}
+        if value.kind == "type":
+            return value.cls
+        return functools.partial(value.cls, **args) if value.kind == "callable" else value.cls(**args)
+    if isinstance(value, list):
+        return [instantiate(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(instantiate(v) for v in value)
+    if isinstance(value, dict):
+        return {k: instantiate(v) for k, v in value.items()}
+    return value
+
+
+class Refused(Exception):
+    """One rule refused a value: where, what it is and what was expected (``Resolver.refuse`` words it)."""
+
+    def __init__(self, where: str, value: Any, expected: str) -> None:
+        super().__init__(where, value, expected)
+        self.where, self.value, self.expected = where, value, expected
+
+
+class Resolver:
+    """The rules above for one stored config from ``source``, against ``allow``."""
+
+    def __init__(self, allow: Allowlist, source: str, keep_locations: bool = False) -> None:
+        self.allow, self.source, self.keep_locations = allow, source, keep_locations
+
+    def error(self, err: Refused) -> UntrustedConfigError:
+        return trust.refusal(self.source, err.where, err.value, err.expected)
+
+    def complete(self, part: Part) -> Part:
+        """``part``, if it gives every required parameter at every depth."""
+        if missing := part.all_missing():
+            where = missing[0]
+            raise UntrustedConfigError(
+                f"{where} is required and {self.source} does not give it (a stored config does not choose where data "
+                f"is read from): pass --{where}=<...> (or --config <your YAML>, or {where.rsplit('.', 1)[-1]}= in "
+                "Python)"
+            )
+        return part
+
+    # -- classes -------------------------------------------------------------------------------------------------
+
+    def allowed(self, path: Any, among: Mapping[str, type], where: str, what: str) -> type:
+        """The class ``path`` names if the allowlist (or the user) admits it."""
+        if isinstance(path, str) and isinstance(among.get(path), type):
+            return among[path]
+        if isinstance(path, str) and path in self.allow.trusted:
+            return _import_trusted(path, where, what)
+        raise Refused(where, path, what)
+
+    def part(
+        self, cls: type, path: str, init_args: Any, where: str, kind: str = "class", given: tuple[str, ...] = ()
+    ) -> Part:
+        """``cls`` with ``init_args`` converted by its parameters' annotations; ``given``: arguments the caller
+        passes itself (not required of the config)."""
+        if init_args is None:
+            init_args = {}
+        if not isinstance(init_args, Mapping):
+            raise Refused(f"{where}.init_args", init_args, f"a mapping of {path}'s parameters")
+        params = parameters(cls)
+        args, dropped = {}, []
+        for key, value in init_args.items():
+            here = f"{where}.init_args.{key}"
+            if not isinstance(key, str) or key not in params:
+                raise Refused(here, value, f"a parameter of {path}")
+            if drops_location(key) and not self.keep_locations:
+                dropped += [here] if value not in (None, False) else []  # a setting, not its default, is news
+                continue
+            if key in trust.IMPORT_LIST_ARGS:
+                args[key] = self.wrappers(value, here)
+            elif key in trust.ENV_ID_ARGS:
+                args[key] = self.env_id(value, here)
+            else:
+                args[key] = self.convert(value, params[key].annotation, here)
+        missing = [n for n, p in params.items() if p.default is p.empty and n not in args and n not in given]
+        missing = [f"{where}.init_args.{n}" for n in missing] if kind == "class" else []
+        return Part(cls, path, args, kind, tuple(dropped), tuple(missing))
+
+    def nested(self, value: Any, bases: tuple[type, ...], where: str, kind: str) -> Part:
+        """``{class_path, init_args}`` (or the bare class path) of an allowed class, a subclass of one of ``bases``."""
+        if isinstance(value, str):
+            value = {"class_path": value}
+        if not isinstance(value, Mapping) or "class_path" not in value or set(value) - {"class_path", "init_args"}:
+            raise Refused(where, value, "{class_path: <a class the zoo ships>, init_args: {...}}")
+        among = {**self.allow.parts, **self.allow.data}
+        cls = self.allowed(value["class_path"], among, f"{where}.class_path", "a class the zoo ships")
+        if not issubclass(cls, bases):
+            raise Refused(f"{where}.class_path", value["class_path"], f"a {' or '.join(b.__name__ for b in bases)}")
+        return self.part(cls, value["class_path"], value.get("init_args"), where, kind)
+
+    # -- values --------------------------------------------------------------------------------------------------
+
+    def convert(self, value: Any, hint: Any, where: str, depth: int = 0) -> Any:
+        if depth > MAX_DEPTH:
+            raise Refused(where, "<nested too deep>", f"at most {MAX_DEPTH} levels")
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+        if hint in (Any, object, inspect.Parameter.empty, None, dict, list) or isinstance(hint, typing.TypeVar):
+            return plain_json(value, where, depth)
+        if origin is typing.Annotated:
+            return self.convert(value, args[0], where, depth)
+        if origin in (typing.Union, types.UnionType):
+            if value is None and NONE in args:
+                return None
+            expected = []
+            for alt in (a for a in args if a is not NONE):
+                try:
+                    return self.convert(value, alt, where, depth)
+                except Refused as err:
+                    if err.where != where:  # inside the value: that alternative was the one meant
+                        raise
+                    expected.append(err.expected)
+            raise Refused(where, value, " or ".join(expected))
+        if origin is typing.Literal:
+            if any(value == a and type(value) is type(a) for a in args):
+                return value
+            raise Refused(where, value, f"one of {list(args)}")
+        if hint is NONE:
+            return _exact(value, NONE, where, "null")
+        if hint is bool:
+            return _exact(value, bool, where, "true or false")
+        if hint is int:
+            return _exact(value, int, where, "an integer")
+        if hint is float:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+            raise Refused(where, value, "a number")
+        if hint is str:
+            return _exact(value, str, where, "a string")
+        if hint in (Path, PurePath):
+            return Path(_exact(value, str, where, "a path"))
+        if origin in (list, set, collections.abc.Sequence, collections.abc.Iterable):
+            items = self.sequence(value, where)
+            return [self.convert(v, args[0] if args else Any, f"{where}[{i}]", depth + 1) for i, v in enumerate(items)]
+        if origin is tuple or hint is tuple:
+            items = self.sequence(value, where)
+            if not args:
+                return tuple(plain_json(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(items))
+            if len(args) == 2 and args[1] is Ellipsis:
+                args = (args[0],) * len(items)
+            if len(args) != len(items):
+                raise Refused(where, value, f"{len(args)} items")
+            return tuple(self.convert(v, a, f"{where}[{i}]", depth + 1) for i, (v, a) in enumerate(zip(items, args)))
+        if origin in (dict, collections.abc.Mapping):
+            if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+                raise Refused(where, value, "a mapping with string keys")
+            item = args[1] if len(args) == 2 else Any
+            return {k: self.convert(v, item, f"{where}.{k}", depth + 1) for k, v in value.items()}
+        if origin is type:
+            return self.type_of(value, args, where)
+        if origin is collections.abc.Callable or hint is collections.abc.Callable:
+            returns = _classes(args[-1]) if args else ()
+            if not returns:
+                raise Refused(where, value, "nothing: a callable of this kind is not built from a stored config")
+            return self.nested(value, returns, where, "callable")
+        if isinstance(hint, type) and issubclass(hint, enum.Enum):
+            try:
+                return hint(value)
+            except ValueError:
+                raise Refused(where, value, f"one of {[m.value for m in hint]}") from None
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            return self.settings(value, hint, where, depth)
+        if isinstance(hint, type):
+            return self.nested(value, (hint,), where, "class")
+        raise Refused(where, value, f"a value of a kind the zoo builds (not {hint!r})")
+
+    def sequence(self, value: Any, where: str) -> list:
+        if not isinstance(value, (list, tuple)):
+            raise Refused(where, value, "a list")
+        return list(value)
+
+    def settings(self, value: Any, cls: type, where: str, depth: int) -> Part:
+        """A settings dataclass (``AdamWCosine``, ``Generation``) from a dict of its fields."""
+        if not isinstance(value, Mapping):
+            raise Refused(where, value, f"a mapping of {cls.__name__}'s fields")
+        fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+        hints = typing.get_type_hints(cls)
+        args, dropped = {}, []
+        for key, item in value.items():
+            here = f"{where}.{key}"
+            if key not in fields:
+                raise Refused(here, item, f"a field of {cls.__name__}")
+            if drops_location(key) and not self.keep_locations:
+                dropped += [here] if item not in (None, False) else []
+                continue
+            args[key] = self.convert(item, hints.get(key, Any), here, depth + 1)
+        return Part(cls, f"{cls.__module__}.{cls.__qualname__}", args, "settings", tuple(dropped))
+
+    def type_of(self, value: Any, args: tuple, where: str) -> Part:
+        """``type[A | B]``: a class path naming A or B themselves (the annotation names the classes it admits)."""
+        admitted = {p: c for c in _classes(args[0] if args else Any) for p in trust.paths_of(c)}
+        if isinstance(value, str) and value in admitted:
+            return Part(admitted[value], value, {}, "type")
+        raise Refused(where, value, f"one of {sorted(admitted)}")
+
+    def wrappers(self, value: Any, where: str) -> list | None:
+        """gymnasium wrappers, which ``GymDataModule`` imports and calls: reviewed classes, plain arguments."""
+        if value is None:
+            return None
+        out = []
+        for i, wrapper in enumerate(self.sequence(value, where)):
+            here = f"{where}[{i}]"
+            path = wrapper.get("class_path") if isinstance(wrapper, Mapping) else wrapper
+            if not (isinstance(path, str) and (path in trust.REVIEWED_WRAPPERS or path in self.allow.trusted)):
+                raise Refused(here, path, "one of the reviewed gymnasium.wrappers classes")
+            if isinstance(wrapper, Mapping):
+                if set(wrapper) - {"class_path", "init_args"}:
+                    raise Refused(here, wrapper, "{class_path, init_args} of a reviewed wrapper")
+                args = wrapper.get("init_args") or {}
+                if not isinstance(args, Mapping) or any(isinstance(v, (Mapping, list)) for v in args.values()):
+                    raise Refused(f"{here}.init_args", args, "plain values (numbers, strings, booleans)")
+                wrapper = {"class_path": path, "init_args": plain_json(args, f"{here}.init_args", 1)}
+            out.append(wrapper)
+        return out
+
+    def env_id(self, value: Any, where: str) -> str:
+        try:
+            trust.check_env_id(value, where, self.source, self.allow)
+        except UntrustedConfigError:
+            raise Refused(where, value, trust.ENV_ID_EXPECTED) from None
+        return value
+
+
+def _exact(value: Any, kind: type, where: str, what: str) -> Any:
+    if type(value) is kind:  # bool is not an int here, nor an int a bool
+        return value
+    raise Refused(where, value, what)
+
+
+def plain_json(value: Any, where: str, depth: int = 0) -> Any:
+    """``value`` if it is plain JSON data, copied (lists for tuples); refused otherwise. Never parsed nor built."""
+    if depth > MAX_DEPTH:
+        raise Refused(where, "<nested too deep>", f"at most {MAX_DEPTH} levels")
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [plain_json(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
+    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        return {k: plain_json(v, f"{where}.{k}", depth + 1) for k, v in value.items()}
+    raise Refused(where, value, "plain data (null, booleans, numbers, strings, lists, mappings)")
+
+
+def _classes(hint: Any) -> tuple[type, ...]:
+    """The classes a return or ``type[...]`` annotation names (each member of a union)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return tuple(c for a in typing.get_args(hint) for c in _classes(a))
+    return (hint,) if isinstance(hint, type) and hint is not NONE else ()
+
+
+def _import_trusted(path: str, where: str, what: str) -> type:
+    """A class the user's own config named: theirs to vouch for, so imported by its path."""
+    module, _, name = path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        raise Refused(where, path, f"{what} (it names no importable class)") from None
+    if not isinstance(cls, type):
+        raise Refused(where, path, what)
+    return cls
+
+
+@functools.cache
+def parameters(cls: type) -> dict[str, inspect.Parameter]:
+    """``cls.__init__``'s named parameters, annotations resolved, and those of the base its ``**kwargs`` reach."""
+    out: dict[str, inspect.Parameter] = {}
+    for base in cls.__mro__:
+        init = vars(base).get("__init__")
+        if init is None:
+            continue
+        if base.__module__.split(".")[0] in ("builtins", "torch", "lightning"):
+            break  # nn.Module's and Lightning's own __init__ take nothing a config gives
+        try:
+            hints = typing.get_type_hints(init)
+        except Exception:
+            hints = {}
+        params = list(inspect.signature(init).parameters.values())[1:]  # not self
+        for p in params:
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in out:
+                out[p.name] = p.replace(annotation=hints.get(p.name, Any))
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return out
+
+
+# -- the ways in ------------------------------------------------------------------------------------------------
+
+
+def resolve_model(
+    hparams: Mapping[str, Any],
+    source: str,
+    allow: Allowlist,
+    cls: type | None = None,
+    given: tuple[str, ...] = (),
+    keep_locations: bool = False,
+    complete: bool = True,
+) -> Part:
+    """The module part of a stored config (``_class_path`` plus init arguments, as a checkpoint's
+    ``hyper_parameters``); ``cls``: the class a caller already holds (``Module.load_from_checkpoint``), for a
+    checkpoint that names none; ``given``: the arguments the caller passes itself; ``keep_locations``: for a config
+    the user completed (what they give is theirs); ``complete``: refuse a config that leaves a required parameter
+    out (not yet: the user's flags come next)."""
+    hparams = dict(hparams)
+    class_path = hparams.pop("_class_path", None)
+    if (instantiator := hparams.pop("_instantiator", None)) not in (None, trust.LIGHTNING_INSTANTIATOR):
+        raise trust.refusal(source, "_instantiator", instantiator, "the instantiator LightningCLI records")
+    resolver = Resolver(allow, source, keep_locations)
+    try:
+        if class_path is not None and not (cls is not None and class_path in trust.paths_of(cls)):
+            cls = resolver.allowed(class_path, allow.modules, "model class_path", trust.MODULE_EXPECTED)
+        if cls is None:
+            raise Refused("model class_path", class_path, trust.MODULE_EXPECTED)
+        part = resolver.part(cls, class_path or trust.paths_of(cls)[0], hparams, "model", given=given)
+    except Refused as err:
+        raise resolver.error(err) from None
+    return resolver.complete(part) if complete else part
+
+
+def resolve_data(
+    class_path: Any,
+    init_args: Mapping[str, Any],
+    source: str,
+    allow: Allowlist,
+    keep_locations: bool = False,
+    complete: bool = True,
+) -> Part:
+    """The DataModule part of a stored config."""
+    resolver = Resolver(allow, source, keep_locations)
+    try:
+        cls = resolver.allowed(class_path, allow.data, "data class_path", trust.DATA_EXPECTED)
+        part = resolver.part(cls, class_path, init_args, "data")
+    except Refused as err:
+        raise resolver.error(err) from None
+    return resolver.complete(part) if complete else part
+
+
+def build(part: Part, record: bool = False, **given: Any) -> Any:
+    """``part`` built under the tripwire; ``given``: the caller's own arguments (objects from Python, or the user's
+    overrides), which replace the stored ones; ``record``: a module's ``save_hyperparameters`` records the config
+    (nets as ``{class_path, init_args}``, as LightningCLI hands it the parsed one), so its checkpoints rebuild it."""
+    from zoo.compat import given_hyperparameters_context
+
+    with tripwire.guard(imports=_trusted_tops(part)):
+        args = {k: instantiate(v) for k, v in part.args.items() if k not in given}
+        args.update(given)
+        if not record:
+            return part.cls(**args)
+        defaults = {n: p.default for n, p in parameters(part.cls).items() if p.default is not p.empty}
+        hparams = {"_class_path": part.path, **_plain_only(defaults), **part.plain()["init_args"], **_plain_only(given)}
+        with given_hyperparameters_context(hparams, trust.LIGHTNING_INSTANTIATOR):
+            return part.cls(**args)
+
+
+def _plain_only(given: dict[str, Any]) -> dict[str, Any]:
+    """The arguments a config can record, as LightningCLI dumps them (an nn.Module passed in is not: it is passed
+    again to load)."""
+    out = {}
+    for key, value in given.items():
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = dataclasses.asdict(value)
+        try:
+            out[key] = plain_json(value, key)
+        except Refused:
+            continue
+    return out
+
+
+def _trusted_tops(part: Part) -> set[str]:
+    """The top-level packages of the user's own classes in ``part``: their imports are theirs."""
+    return {p.cls.__module__.split(".")[0] for p in [part, *_all_parts(part)]}
+
+
+def _all_parts(part: Part):
+    for p in _parts(part.args):
+        yield p
+        yield from _all_parts(p)
