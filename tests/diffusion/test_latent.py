@@ -228,6 +228,7 @@ def test_a_stored_autoencoder_is_plain_data_the_module_builds_from_its_own_list(
     names); the module builds only the classes of ``AUTOENCODERS``."""
     from zoo.io import build
 
+    assert trust.EXTERNAL_PARTS == set(AUTOENCODERS)
     allow = trust.zoo_allowlist()
     stored = {"_class_path": "zoo.diffusion.DiffusionModule", "net": {"class_path": "zoo.diffusion.DiT"}}
     for path in AUTOENCODERS:
@@ -236,8 +237,11 @@ def test_a_stored_autoencoder_is_plain_data_the_module_builds_from_its_own_list(
     for path in ("diffusers.UNet2DModel", "diffusers.models.AutoencoderTiny", "os.system"):
         with pytest.raises(InputError, match="not one this module builds"):
             _module({"class_path": path})
-    with pytest.raises(trust.UntrustedConfigError, match=r"autoencoder\.init_args"):
-        build.resolve_model({**stored, "autoencoder": {"class_path": path, "init_args": {"x": object()}}}, "x", allow)
+        with pytest.raises(trust.UntrustedConfigError, match=r"autoencoder\.class_path"):
+            build.resolve_model({**stored, "autoencoder": {"class_path": path}}, "x.ckpt", allow)
+    with pytest.raises(trust.UntrustedConfigError, match=r"autoencoder\.init_args\.x"):
+        ae = {"class_path": "diffusers.AutoencoderKL", "init_args": {"x": object()}}
+        build.resolve_model({**stored, "autoencoder": ae}, "x", allow)
 
 
 # -- weights ----------------------------------------------------------------------------------------------------
@@ -336,8 +340,8 @@ def test_the_latent_config_fits_on_a_trained_autoencoder_predicts_and_reloads_fr
     tampered = tmp_path / "tampered.ckpt"
     ckpt["hyper_parameters"]["autoencoder"]["class_path"] = "diffusers.UNet2DModel"
     torch.save(ckpt, tampered)
-    with pytest.raises(InputError, match="'diffusers.UNet2DModel' is not one this module builds"):
-        DiffusionModule.load_from_checkpoint(tampered)  # plain data to the builder: the module builds its own list
+    with pytest.raises(trust.UntrustedConfigError, match="autoencoder.class_path is 'diffusers.UNet2DModel'"):
+        DiffusionModule.load_from_checkpoint(tampered)
 
 
 def test_the_tiny_latent_config_trains_on_weights_from_a_path_given_on_the_command_line(tmp_path):

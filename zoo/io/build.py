@@ -12,7 +12,8 @@ here is a check: the value built is the value used. The rules are total, and eac
   annotation is a class, a ``Callable`` returning one (built as ``functools.partial``, as jsonargparse injects it) or
   ``type[...]`` naming it;
 - an ``Any``, ``dict`` or unannotated position holds plain JSON data (None, bools, numbers, strings, lists, dicts
-  with string keys; at most ``MAX_DEPTH`` deep), copied, never instantiated, never parsed;
+  with string keys; at most ``MAX_DEPTH`` deep), copied, never instantiated, never parsed; a mapping there with a
+  ``class_path`` is refused unless it names a class its owner builds itself (``zoo.io.trust.EXTERNAL_PARTS``);
 - settings that say where data is read from or written to, or whether to download (``drops_location``), are dropped
   at every depth: the current run decides them;
 - ``wrappers`` and ``env_id`` (which ``GymDataModule`` and gymnasium import) pass ``zoo.io.trust``'s reviewed lists.
@@ -154,7 +155,14 @@ class Resolver:
         raise Refused(where, path, what)
 
     def part(
-        self, cls: type, path: str, init_args: Any, where: str, kind: str = "class", given: tuple[str, ...] = ()
+        self,
+        cls: type,
+        path: str,
+        init_args: Any,
+        where: str,
+        kind: str = "class",
+        given: tuple[str, ...] = (),
+        depth: int = 0,
     ) -> Part:
         """``cls`` with ``init_args`` converted by its parameters' annotations; ``given``: arguments the caller
         passes itself (not required of the config)."""
@@ -176,12 +184,12 @@ class Resolver:
             elif key in trust.ENV_ID_ARGS:
                 args[key] = self.env_id(value, here)
             else:
-                args[key] = self.convert(value, params[key].annotation, here)
+                args[key] = self.convert(value, params[key].annotation, here, depth + 1)
         missing = [n for n, p in params.items() if p.default is p.empty and n not in args and n not in given]
         missing = [f"{where}.init_args.{n}" for n in missing] if kind == "class" else []
         return Part(cls, path, args, kind, tuple(dropped), tuple(missing))
 
-    def nested(self, value: Any, bases: tuple[type, ...], where: str, kind: str) -> Part:
+    def nested(self, value: Any, bases: tuple[type, ...], where: str, kind: str, depth: int) -> Part:
         """``{class_path, init_args}`` (or the bare class path) of an allowed class, a subclass of one of ``bases``."""
         if isinstance(value, str):
             value = {"class_path": value}
@@ -191,7 +199,7 @@ class Resolver:
         cls = self.allowed(value["class_path"], among, f"{where}.class_path", "a class the zoo ships")
         if not issubclass(cls, bases):
             raise Refused(f"{where}.class_path", value["class_path"], f"a {' or '.join(b.__name__ for b in bases)}")
-        return self.part(cls, value["class_path"], value.get("init_args"), where, kind)
+        return self.part(cls, value["class_path"], value.get("init_args"), where, kind, depth=depth + 1)
 
     # -- values --------------------------------------------------------------------------------------------------
 
@@ -248,6 +256,7 @@ class Resolver:
         if origin in (dict, collections.abc.Mapping):
             if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
                 raise Refused(where, value, "a mapping with string keys")
+            _no_decoy(value, where)
             item = args[1] if len(args) == 2 else Any
             return {k: self.convert(v, item, f"{where}.{k}", depth + 1) for k, v in value.items()}
         if origin is type:
@@ -256,7 +265,7 @@ class Resolver:
             returns = _classes(args[-1]) if args else ()
             if not returns:
                 raise Refused(where, value, "nothing: a callable of this kind is not built from a stored config")
-            return self.nested(value, returns, where, "callable")
+            return self.nested(value, returns, where, "callable", depth)
         if isinstance(hint, type) and issubclass(hint, enum.Enum):
             try:
                 return hint(value)
@@ -265,7 +274,7 @@ class Resolver:
         if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             return self.settings(value, hint, where, depth)
         if isinstance(hint, type):
-            return self.nested(value, (hint,), where, "class")
+            return self.nested(value, (hint,), where, "class", depth)
         raise Refused(where, value, f"a value of a kind the zoo builds (not {hint!r})")
 
     def sequence(self, value: Any, where: str) -> list:
@@ -340,8 +349,16 @@ def plain_json(value: Any, where: str, depth: int = 0) -> Any:
     if isinstance(value, (list, tuple)):
         return [plain_json(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
     if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        _no_decoy(value, where)
         return {k: plain_json(v, f"{where}.{k}", depth + 1) for k, v in value.items()}
     raise Refused(where, value, "plain data (null, booleans, numbers, strings, lists, mappings)")
+
+
+def _no_decoy(value: Mapping, where: str) -> None:
+    """Data is built by nobody here, but a class path in it is a decoy for whatever reads it next: refused, unless
+    its owner builds that class from data itself (``zoo.io.trust.EXTERNAL_PARTS``)."""
+    if "class_path" in value and value["class_path"] not in trust.EXTERNAL_PARTS:
+        raise Refused(f"{where}.class_path", value["class_path"], "a class its owner builds from data")
 
 
 def _classes(hint: Any) -> tuple[type, ...]:

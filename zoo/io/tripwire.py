@@ -1,13 +1,14 @@
 """A tripwire behind the stored-config builder: while something a file described is being built, this thread may not
-start a process, import a module from outside the zoo's own dependencies, open a connection, start a thread or
-write a file outside the folders the caller names.
+start a process, import a module from outside the zoo's own dependencies (an ``import`` event, or a code file
+opened), open a connection or write a file outside the folders the caller names.
 
 ``zoo.io.build`` admits only classes the allowlist names, so nothing here should ever fire; it is the second line, so
 that a bug in those rules becomes a refusal rather than code execution. It is a ``sys.addaudithook`` hook (PEP 578),
 installed once per process and active only inside ``guard()`` on the thread that entered it: the MLflow logger's and
 the DataLoaders' threads are not watched. An audit hook cannot stop what a C extension does without raising an event,
-nor code that was already running; it stops what a payload reaches through Python's own process, import, socket,
-thread and file APIs, which is what a class path in a config can name.
+nor code that was already running, nor a thread started (Python 3.11 raises no event for it; the thread would also
+need a callable, which the builder cannot make from data); it stops what a payload reaches through Python's own
+process, import, socket and file APIs, which is what a class path in a config can name.
 """
 
 from __future__ import annotations
@@ -111,6 +112,10 @@ def _check(event: str, args: tuple, folders: tuple[str, ...], tops: frozenset[st
         writes = any(c in mode for c in "wax+") if isinstance(mode, str) else bool((flags or 0) & WRITE_FLAGS)
         if writes and not _inside(path, folders):
             _refuse(f"a write to {path}")
+        # importlib.import_module raises no "import" event: the module's code file is opened, which is one
+        if not writes and isinstance(path, (str, bytes)) and (top := code_file_module(os.fsdecode(path))):
+            if not allowed_import(top, tops):
+                _refuse(f"import {top} (from {os.fsdecode(path)})")
     elif event in WRITE_EVENTS and args and not _inside(args[0], folders):
         _refuse(f"{event} {args[0]}")
 
@@ -132,6 +137,28 @@ def _inside(path, folders: tuple[str, ...]) -> bool:
         return True  # an already open descriptor: its own open was checked
     real = os.path.realpath(os.fsdecode(path))
     return any(real == f or real.startswith(f + os.sep) for f in folders)
+
+
+CODE_SUFFIXES = (".py", ".pyc", ".so", ".pyd")
+
+
+def code_file_module(path: str) -> str | None:
+    """The top-level module a Python code file belongs to, by the ``sys.path`` entry it lies under; None for a file
+    that is not code or lies under no entry."""
+    if not path.endswith(CODE_SUFFIXES):
+        return None
+    real = os.path.realpath(path)
+    roots = [r for r in map(_real_entry, sys.path) if r and real.startswith(r + os.sep)]
+    if not roots:
+        return None
+    parts = real[len(max(roots, key=len)) + 1 :].split(os.sep)
+    first = parts[1] if parts[0] == "__pycache__" and len(parts) > 1 else parts[0]
+    return first.split(".")[0]
+
+
+@functools.lru_cache(maxsize=256)
+def _real_entry(entry: str) -> str:
+    return os.path.realpath(entry or os.curdir)
 
 
 def allowed_import(name: str, extra: frozenset[str] = frozenset()) -> bool:

@@ -73,6 +73,15 @@ REVIEWED_WRAPPERS = frozenset(
         "TimeLimit",
     )
 )
+# Classes outside the zoo that a stored config's plain data may name, because their owner builds them from its own list
+# (DiffusionModule's autoencoder: zoo.diffusion.latent.AUTOENCODERS, kept equal by tests/diffusion/test_latent.py).
+EXTERNAL_PARTS = frozenset(
+    {
+        "diffusers.AutoencoderKL",
+        "diffusers.models.AutoencoderKL",
+        "diffusers.models.autoencoders.autoencoder_kl.AutoencoderKL",
+    }
+)
 IMPORT_LIST_ARGS = ("wrappers",)  # init arguments whose entries are import paths called by their owner
 ENV_ID_ARGS = ("env_id",)  # init arguments that gymnasium.make resolves (``module:Env`` imports ``module``)
 
