@@ -38,6 +38,7 @@ class ZooCLI(CheckpointHyperparametersLeftToCaller, LightningCLI):
         elif isinstance(args, list):
             args = with_checkpoint_config(args, stored_config_allowlist())
         super().parse_arguments(parser, args)
+        hooks.check_seed(self.config[self.config.subcommand] if self.config.get("subcommand") else self.config)
 
     def add_arguments_to_parser(self, parser) -> None:
         add_zoo_arguments(parser)
@@ -56,7 +57,7 @@ class ZooCLI(CheckpointHyperparametersLeftToCaller, LightningCLI):
         )
         cfg = self.config_init[self.subcommand] if self.subcommand else self.config_init
         self.datamodule, self.model = cfg.get("data"), cfg.get("model")
-        self.trainer = self.instantiate_trainer()
+        self.trainer = hooks.build_trainer(self.instantiate_trainer, cfg.trainer)
 
     def after_instantiate_classes(self) -> None:
         hooks.wire(self.trainer, self.model, self.subcommand, self._config().get("ckpt_path"))
