@@ -47,6 +47,7 @@ from typing import Any
 import yaml
 
 from zoo.io.weights import CheckpointError
+from zoo.io.yaml_text import safe_load
 
 # The packages whose classes a stored config may name (imported here only by these fixed names: they are ours).
 FAMILY_PACKAGES = ("zoo.gpt", "zoo.diffusion", "zoo.clip", "zoo.cnn", "zoo.rl", "zoo.nn", "zoo.train", "zoo.io")
@@ -247,7 +248,7 @@ def _check_value(value: Any, hint: Any, where: str, source: str, allow: Allowlis
     elif isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
         # jsonargparse loads a string given to a non-string argument as YAML: a class path may hide inside
         try:
-            loaded = yaml.safe_load(value)
+            loaded = safe_load(value, f"{source}: {where}")  # an alias bomb: refused, not walked
         except yaml.YAMLError:
             return
         if isinstance(loaded, (Mapping, list)):

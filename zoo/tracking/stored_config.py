@@ -113,6 +113,8 @@ def _named_by_user(args: list[str]) -> set[str]:
     """The class paths, wrappers and env ids in the user's own flags and ``--config`` files: theirs to vouch for."""
     import yaml
 
+    from zoo.io.yaml_text import safe_load
+
     named: set[str] = set()
     for i, arg in enumerate(args):
         flag, eq, value = arg.partition("=")
@@ -122,7 +124,7 @@ def _named_by_user(args: list[str]) -> set[str]:
             continue
         try:
             text = Path(value).read_text() if flag == "--config" else value
-            named |= trusted_class_paths({flag.lstrip("-").rsplit(".", 1)[-1]: yaml.safe_load(text)})
+            named |= trusted_class_paths({flag.lstrip("-").rsplit(".", 1)[-1]: safe_load(text, flag)})
         except (OSError, ValueError, yaml.YAMLError):  # the parser reports a bad config or flag itself
             named |= trusted_class_paths(value)
     return named
