@@ -36,6 +36,10 @@ class ZooCLI(CheckpointHyperparametersLeftToCaller, LightningCLI):
         self.stored_data = stored_data  # the DataModule a --ckpt_path carries (zoo.tracking.stored_config)
         super().__init__(*args, **kwargs)
 
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        hooks.check_seed(self.config[self.config.subcommand] if self.config.get("subcommand") else self.config)
+
     def add_arguments_to_parser(self, parser) -> None:
         add_zoo_arguments(parser)
 
@@ -54,7 +58,7 @@ class ZooCLI(CheckpointHyperparametersLeftToCaller, LightningCLI):
         )
         cfg = self.config_init[self.subcommand] if self.subcommand else self.config_init
         self.datamodule, self.model = cfg.get("data"), cfg.get("model")
-        self.trainer = self.instantiate_trainer()
+        self.trainer = hooks.build_trainer(self.instantiate_trainer, cfg.trainer)
 
     def after_instantiate_classes(self) -> None:
         hooks.wire(self.trainer, self.model, self.subcommand, self._config().get("ckpt_path"))

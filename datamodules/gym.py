@@ -16,6 +16,7 @@ The module asks for envs through ``make_envs`` and owns them from then on (colle
 from __future__ import annotations
 
 import importlib
+import inspect
 import itertools
 import os
 from typing import Any, Literal
@@ -25,6 +26,8 @@ from gymnasium.vector import VectorEnv
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, IterableDataset
 
+from datamodules.base import check_settings
+from zoo.errors import InputError
 from zoo.tracking import check_output_name
 
 
@@ -36,6 +39,17 @@ class Ticks(IterableDataset):
 
     def __iter__(self):
         return iter(range(self.count)) if self.count is not None else itertools.count()
+
+
+def accepted_arguments(env_id: str) -> str:
+    """ "; it takes: a, b" from the signature of the env's entry point ("" where it cannot be read)."""
+    try:
+        creator = gym.spec(env_id).entry_point
+        creator = _import(creator.replace(":", ".")) if isinstance(creator, str) else creator
+        names = [p for p in inspect.signature(creator).parameters if p not in ("self", "args", "kwargs")]
+    except (gym.error.Error, ImportError, AttributeError, TypeError, ValueError):
+        return ""
+    return f"; it takes: {', '.join(names)}" if names else "; it takes none"
 
 
 def _import(path: str) -> Any:
@@ -94,6 +108,7 @@ class GymDataModule(LightningDataModule):
         super().__init__()
         # Recorded in checkpoints, so that `predict --ckpt_path <model>` without a config plays in the same env.
         self.save_hyperparameters()
+        check_settings(at_least=1, num_envs=num_envs)
         self.env_id, self.num_envs, self.vectorization_mode = env_id, num_envs, vectorization_mode
         self._seed = seed
         self.env_kwargs, self.max_episode_steps = dict(env_kwargs or {}), max_episode_steps
@@ -114,11 +129,30 @@ class GymDataModule(LightningDataModule):
     def make_env(self, render_mode: str | None = None) -> gym.Env:
         """One env with the configured time limit and wrappers (``render_mode="rgb_array"`` for recording)."""
         kwargs = {**self.env_kwargs, **({"render_mode": render_mode} if render_mode else {})}
-        env = gym.make(self.env_id, max_episode_steps=self.max_episode_steps, **kwargs)
+        try:
+            env = gym.make(self.env_id, max_episode_steps=self.max_episode_steps, **kwargs)
+        except gym.error.Error as err:  # an id gymnasium does not know (NameNotFound, VersionNotFound, ...)
+            if isinstance(err, gym.error.DependencyNotInstalled):  # the CLI names the package to install
+                raise
+            raise InputError(f"data.init_args.env_id={self.env_id!r}: {err}") from err
+        except TypeError as err:  # gymnasium passes the env's own refusal of a keyword on, as a TypeError
+            if not self.env_kwargs:
+                raise
+            raise InputError(
+                f"data.init_args.env_kwargs={self.env_kwargs}: {self.env_id} refused them "
+                f"({str(err).split(' was raised')[0]}){accepted_arguments(self.env_id)}: "
+                f"fix or drop data.init_args.env_kwargs"
+            ) from err
         for wrapper in self.wrappers:
             if isinstance(wrapper, str):
                 wrapper = {"class_path": wrapper}
-            env = _import(wrapper["class_path"])(env, **wrapper.get("init_args", {}))
+            try:
+                cls = _import(wrapper["class_path"])
+            except (ImportError, AttributeError, ValueError) as err:
+                raise InputError(
+                    f"data.init_args.wrappers: {wrapper['class_path']!r} cannot be imported ({err})"
+                ) from err
+            env = cls(env, **wrapper.get("init_args", {}))
         return env
 
     def make_envs(self, num_envs: int | None = None, mode: Literal["sync", "async"] | None = None) -> VectorEnv:

@@ -9,17 +9,24 @@ Most cases run ``cli.run()`` in this process (what ``python cli.py`` runs, witho
 from __future__ import annotations
 
 import csv
+import os
+import subprocess
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, cli, run_cli
+from conftest import CONFIGS, ROOT, cli, run_cli
 
 CNN = str(CONFIGS / "cnn" / "convnet_digits.yaml")
 GPT = str(CONFIGS / "gpt" / "gpt_tiny.yaml")
 CLIP = str(CONFIGS / "clip" / "tiny.yaml")
+RL = str(CONFIGS / "rl" / "ppo_tiny.yaml")
+# "Billion laughs": 9 levels of 9 aliases, a few hundred bytes that a tree walk expands to 9**9 values.
+ALIAS_BOMB = 'a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]\n' + "".join(
+    f"{b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi", strict=True)
+)
 ONE_STEP = ["--trainer.max_steps=1", "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0"]
 
 
@@ -48,6 +55,8 @@ def _files(folder: Path) -> dict[str, str]:
     (folder / "binary.txt").write_bytes(bytes(range(256)) * 4)
     (folder / "long_prompt.txt").write_text("x" * 100 + "\n")
     (folder / "afile").write_text("a file, not a folder")
+    (folder / "bomb.yaml").write_text(ALIAS_BOMB)
+    (folder / "recursive.yaml").write_text("trainer: &t {callbacks: [*t]}\n")
     (folder / "pics").mkdir(exist_ok=True)
     rows = ["image,caption"]
     for i in range(6):
@@ -72,6 +81,8 @@ def _files(folder: Path) -> dict[str, str]:
             "no_caption_column.csv",
             "sharded",
             "pics",
+            "bomb.yaml",
+            "recursive.yaml",
         )
     }
 
@@ -155,6 +166,46 @@ CASES = {
         ["lr=-1.0", "model.init_args.optimizer.lr"],
     ),
     "max_epochs-negative-lightning": (["fit", "--config", CNN, "--trainer.max_epochs=-5"], ["max_epochs", "-5"]),
+    "devices-not-a-number": (
+        ["fit", "--config", CNN, "--trainer.devices=abc"],
+        ["trainer.devices='abc'", "should be an int > 0", "Pass another --trainer.devices"],
+    ),
+    "accelerator-unknown": (
+        ["fit", "--config", CNN, "--trainer.accelerator=foo"],
+        ["trainer.accelerator='foo'", "Available names are"],
+    ),
+    "num_nodes-0": (["fit", "--config", CNN, "--trainer.num_nodes=0"], ["trainer.num_nodes=0", "positive integer"]),
+    "accumulate_grad_batches-0": (
+        ["fit", "--config", CNN, "--trainer.accumulate_grad_batches=0", *ONE_STEP],
+        ["trainer.accumulate_grad_batches=0", "1 or more"],
+    ),
+    "seed-negative": (["fit", "--config", CNN, "--seed_everything=-5"], ["seed_everything=-5", "0 to 4294967295"]),
+    "seed-past-numpy": (
+        ["validate", "--config", CNN, "--seed_everything=99999999999"],
+        ["seed_everything=99999999999", "true for a random one"],
+    ),
+    "max_new_tokens-10**12": (
+        ["predict", "--config", GPT, "--model.init_args.generation.max_new_tokens=1000000000000"],
+        ["model.init_args.generation.max_new_tokens=1,000,000,000,000", "GiB", "ask for fewer"],
+    ),
+    "gym-unknown-env_kwargs-key": (
+        ["fit", "--config", RL, "--data.init_args.env_kwargs={foo: 1}"],
+        ["data.init_args.env_kwargs", "'foo'", "it takes: sutton_barto_reward"],
+    ),
+    "gym-unknown-env_id": (
+        ["fit", "--config", RL, "--data.init_args.env_id=NoSuch-v1"],
+        ["data.init_args.env_id='NoSuch-v1'", "doesn't exist"],
+    ),
+    "gym-num_envs-0": (["fit", "--config", RL, "--data.init_args.num_envs=0"], ["data.init_args.num_envs=0"]),
+    "gym-wrapper-not-importable": (
+        ["fit", "--config", RL, "--data.init_args.wrappers=[no.such.Wrapper]"],
+        ["data.init_args.wrappers", "'no.such.Wrapper' cannot be imported"],
+    ),
+    "tracking-uri-unknown-scheme": (
+        ["fit", "--config", CNN, "--trainer.logger.init_args.tracking_uri=foo://bar"],
+        ["MLflow has no store for foo://bar", "sqlite://", "MLFLOW_TRACKING_URI"],
+    ),
+    "yaml-recursive-alias": (["fit", "--config", CNN, "--config", "{recursive.yaml}"], ["recursive YAML alias"]),
     "sharded-folder-to-one-file-strategy": (
         ["validate", "--config", CNN, "--ckpt_path={sharded}"],
         ["sharded checkpoint folder", "fsdp.yaml", "zoo.train.parallel"],
@@ -183,6 +234,48 @@ def test_a_parser_error_is_one_line_through_a_subprocess(tmp_path):
     assert proc.returncode == 2 and len(error_lines(proc.stderr)) == 1, proc.stderr[-3000:]
     assert "model.init_args.net.init_args.widht" in proc.stderr and "did you mean 'width'" in proc.stderr, proc.stderr
     assert "usage:" not in proc.stderr and len(proc.stderr.splitlines()) <= 2, proc.stderr
+
+
+def test_an_unknown_tracking_scheme_in_the_environment_is_one_line_through_a_subprocess(tmp_path):
+    """``MLFLOW_TRACKING_URI=foo://bar``: three tracebacks (102 lines) before, one line now."""
+    proc = run_cli("fit", "--config", CNN, env={"MLFLOW_TRACKING_URI": "foo://bar"}, timeout=300)
+    lines = error_lines(proc.stderr)
+    assert proc.returncode == 1 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "foo://bar" in lines[0] and "MLFLOW_TRACKING_URI" in lines[0], lines
+
+
+def test_a_yaml_alias_bomb_is_one_line_in_bounded_memory(tmp_path):
+    """A "billion laughs" --config: one line. In a subprocess whose address space is capped, so that a regression
+    fails as a MemoryError traceback rather than taking the machine's memory."""
+    import resource
+
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(ALIAS_BOMB)
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (8 * 2**30, 8 * 2**30))
+
+    cmd = [sys.executable, str(ROOT / "cli.py"), "fit", "--config", CNN, "--config", str(bomb)]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=cap, timeout=300
+    )
+    lines = error_lines(proc.stderr)
+    assert proc.returncode != 0 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "alias bomb" in lines[0] and "1,000,000 values" in lines[0], lines
+
+
+def test_a_refused_generation_ends_its_run_failed(tmp_path, monkeypatch, capsys, one_thread):
+    """The max_new_tokens refusal comes after predict opened its MLflow run: the run ends FAILED, not RUNNING."""
+    from mlflow.tracking import MlflowClient
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    args = ["predict", "--config", GPT, "--model.init_args.generation.max_new_tokens=1000000000000"]
+    status, err = run_in_process(monkeypatch, capsys, *args)
+    assert status == 1 and len(error_lines(err)) == 1, err[-3000:]
+    client = MlflowClient(store)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert runs and {r.info.status for r in runs} == {"FAILED"}, [(r.info.run_name, r.info.status) for r in runs]
 
 
 def test_verbose_keeps_jsonargparse_message_and_help_still_prints(monkeypatch, capsys):

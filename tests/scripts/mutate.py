@@ -804,6 +804,39 @@ FAMILIES: dict[str, dict] = {
             ("callbacks/monitors.py", 'if trainer.state.fn != "fit" or not', "if not"),
         ],
     },
+    # Issue 37 item 7: every bad input is one error line; MLflow telemetry is off by default.
+    "badinput": {
+        "tests": ["tests/tracking/test_telemetry.py", "tests/app/test_bad_input.py"],
+        "mutants": [
+            (
+                "zoo/app/hooks.py",
+                "    except (TypeError, ValueError) as err:\n",
+                "    except ZeroDivisionError as err:\n",
+            ),
+            (
+                "zoo/app/hooks.py",
+                "isinstance(seed, int) and not 0 <= seed <= SEED_MAX",
+                "isinstance(seed, int) and seed > SEED_MAX",
+            ),
+            ("zoo/app/hooks.py", "if value is not None and value < 1:", "if value is not None and value < 0:"),
+            (
+                "zoo/tracking/store.py",
+                "except UnsupportedModelRegistryStoreURIException as err:",
+                "except KeyError as err:",
+            ),
+            ("zoo/io/yaml_text.py", "MAX_EXPANDED_NODES = 1_000_000 ", "MAX_EXPANDED_NODES = 1_000_000_000 "),
+            ("zoo/io/yaml_text.py", "            open_.add(id(node))\n", "            sizes[id(node)] = 1\n"),
+            (
+                "zoo/gpt/generate.py",
+                "if total is not None and need > total:",
+                "if total is not None and need > total * 2**20:",
+            ),
+            (DGY, "        except TypeError as err:  # gymnasium", "        except KeyError as err:  # gymnasium"),
+            (DGY, "        except gym.error.Error as err:", "        except KeyError as err:"),
+            ("zoo/tracking/telemetry.py", 'os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")', "pass"),
+            ("zoo/tracking/telemetry.py", "        set_telemetry_client()  # re-reads", "        pass  # re-reads"),
+        ],
+    },
 }
 
 

@@ -4,7 +4,10 @@ built, the trainer wired once it is, each run's own folder, and what fit reports
 from __future__ import annotations
 
 import importlib
+import inspect
+import re
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +37,25 @@ from zoo.tracking.models import ranked_metrics
 from zoo.tracking.stored_config import SUBCOMMANDS_WITH_A_MODEL
 
 
+def check_seed(cfg: Any) -> None:
+    """``seed_everything``: true, false or a seed numpy takes (Lightning seeds numpy with it, and raises a bare
+    ValueError, after the parse, for one outside 0 to 2**32 - 1)."""
+    seed = cfg.get("seed_everything")
+    if not isinstance(seed, bool) and isinstance(seed, int) and not 0 <= seed <= SEED_MAX:
+        raise InputError(
+            f"seed_everything={seed} is not a seed numpy takes: pass --seed_everything=<a whole number from 0 to "
+            f"{SEED_MAX}>, true for a random one, or false for none"
+        )
+
+
+SEED_MAX = 2**32 - 1
+
+
 def prepare_config(cfg: Any, subcommand: str | None) -> None:
     """The parsed config (``cfg``, the subcommand's), checked and completed before any class is built."""
     if subcommand == "fit":
         refuse_training_nothing(cfg)
+    refuse_counts_below_one(cfg)
     prepare_checkpoint(cfg, subcommand)
     resolve_init_weights(cfg)
     resolve_draft(cfg)
@@ -54,6 +72,37 @@ def refuse_training_nothing(cfg: Any) -> None:
                 f"trainer.{key}=0 trains nothing: pass --trainer.{key}=<1 or more> (-1 or unset: "
                 f"no limit), or run validate/test/predict to use a model without training it"
             )
+
+
+def refuse_counts_below_one(cfg: Any) -> None:
+    # Lightning accepts these at 0 and fails mid-fit dividing by them (a ZeroDivisionError naming no setting).
+    for key in ("accumulate_grad_batches", "check_val_every_n_epoch"):
+        value = cfg.trainer.get(key)
+        if value is not None and value < 1:
+            raise InputError(f"trainer.{key}={value} must be 1 or more: pass --trainer.{key}=<a whole number >= 1>")
+
+
+def build_trainer(instantiate: Callable[[], Trainer], trainer_cfg: Any) -> Trainer:
+    """``instantiate()``, the Trainer, with its constructor's refusal of a setting (``devices='abc'``,
+    ``accelerator='foo'``, ``num_nodes=0``: a bare TypeError or ValueError) as one line naming the setting."""
+    try:
+        return instantiate()
+    except (TypeError, ValueError) as err:
+        raise InputError(trainer_refusal(err, trainer_cfg)) from err
+
+
+def trainer_refusal(err: BaseException, trainer_cfg: Any) -> str:
+    """``err``'s message after the first Trainer setting it names (its key and the value given), and the fix."""
+    message = " ".join(str(err).split())
+    settings = inspect.signature(Trainer.__init__).parameters
+    named = [w for w in re.findall(r"\w+", message) if w in settings and w != "self"]
+    if not named:
+        return f"the Trainer refused its settings: {message} (the trainer.* values in the config or flags)"
+    key = named[0]
+    return (
+        f"trainer.{key}={trainer_cfg.get(key)!r}: {message} Pass another --trainer.{key} "
+        f"(python cli.py fit --help lists the trainer's options)"
+    )
 
 
 def zoo_logger(cfg: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import os
 import re
@@ -11,6 +12,7 @@ import sys
 from lightning.pytorch.cli import LightningArgumentParser
 
 from zoo import compat
+from zoo.io.yaml_text import check_alias_expansion
 from zoo.train.parallel import num_nodes_from_env
 
 VERBOSE_ENV = "ZOO_VERBOSE"  # set (or pass --verbose) to see the full traceback of a bad-input error
@@ -115,9 +117,30 @@ def close_names(class_path: str | None, name: str) -> str:
     return f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
 
 
+@functools.cache  # once a process: jsonargparse's loaders are global
+def yaml_aliases_bounded() -> None:
+    """jsonargparse's YAML loader (``--config`` files and every flag's value), behind the bound on what aliases
+    expand to (``zoo.io.yaml_text``): an alias bomb is one line, not a MemoryError out of jsonargparse's copy."""
+    import yaml
+    from jsonargparse import get_loader, set_loader
+
+    load = get_loader("yaml")
+
+    def bounded(stream: str):
+        check_alias_expansion(stream, "a --config file or a flag's value")
+        return load(stream)
+
+    set_loader("yaml", bounded, exceptions=(yaml.YAMLError,))
+
+
 class ZooArgumentParser(LightningArgumentParser):
     """Lightning's parser whose errors are one ``error:`` line and a hint, instead of the full usage (60 lines of
-    options) before jsonargparse's nested message; ``--verbose`` keeps jsonargparse's own output."""
+    options) before jsonargparse's nested message; ``--verbose`` keeps jsonargparse's own output. YAML aliases
+    are bounded (``yaml_aliases_bounded``)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        yaml_aliases_bounded()
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error or compat.jsonargparse_debug() or os.environ.get(VERBOSE_ENV):

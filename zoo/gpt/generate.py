@@ -21,6 +21,7 @@ Notation: B prompts, P longest prompt, N slots (P + max_new_tokens), W window (a
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -213,6 +214,7 @@ def checked_request(net: GPT, prompts: list[Tensor], max_new_tokens: int, past_b
             f"A prompt of {longest} tokens leaves no room in the model's block_size {bs}: shorten it to "
             f"at most {bs - 1} tokens"
         )
+    check_token_memory(len(prompts), longest, max_new_tokens, net.tok_emb.weight.device)
     if past_block_size == "error" and longest + max_new_tokens > bs:
         raise InputError(
             f"{longest} prompt tokens + max_new_tokens={max_new_tokens} exceed the model's block_size "
@@ -220,6 +222,30 @@ def checked_request(net: GPT, prompts: list[Tensor], max_new_tokens: int, past_b
             f"past_block_size='slide'"
         )
     return longest
+
+
+def check_token_memory(batch: int, longest: int, max_new_tokens: int, device: torch.device) -> None:
+    """Refuse, before allocating it, a token buffer (B, longest prompt + max_new_tokens) of int64 ids larger than all
+    of ``device``'s memory. Past block_size the context slides, so nothing else bounds max_new_tokens; the rule is
+    the one a user expects of a typo (10**12 tokens: 8 TB): what the device could never hold is named, what might
+    fit is tried."""
+    need, total = batch * (longest + max_new_tokens) * 8, device_memory(device)
+    if total is not None and need > total:
+        raise InputError(
+            f"model.init_args.generation.max_new_tokens={max_new_tokens:,} for {batch} prompt(s) of up to {longest} "
+            f"tokens needs {need / 2**30:,.1f} GiB for the ids alone, more than the {total / 2**30:,.1f} GiB of "
+            f"{device}: ask for fewer new tokens"
+        )
+
+
+def device_memory(device: torch.device) -> int | None:
+    """Bytes of memory on ``device`` (a CUDA GPU's, else the host's RAM); None where it cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not POSIX
+        return None
 
 
 @torch.inference_mode()

@@ -8,7 +8,8 @@
 - ``pyfunc``: the MLflow pyfunc a logged model loads with;
 - ``stored_config``: the model and data configs a ``--ckpt_path`` carries, onto the command line.
 
-``python -m zoo.tracking log-model <ckpt>`` logs a checkpoint as an MLflow model (``__main__``).
+``python -m zoo.tracking log-model <ckpt>`` logs a checkpoint as an MLflow model (``__main__``). MLflow's usage
+telemetry is off in every process that imports this package, unless ``ZOO_MLFLOW_TELEMETRY=1`` (``telemetry``).
 """
 
 from zoo.tracking.logger import (
@@ -46,8 +47,13 @@ from zoo.tracking.runs import (
     run_dir,
 )
 from zoo.tracking.store import store_lock
+from zoo.tracking.telemetry import TELEMETRY_ENV, mlflow_telemetry_off_unless_asked
+
+# Here, not in each module that imports MLflow (in its functions): every zoo process imports this package first.
+mlflow_telemetry_off_unless_asked()
 
 __all__ = [
+    "TELEMETRY_ENV",
     "HOST_TAG",
     "PID_TAG",
     "LogConfigToMLflow",

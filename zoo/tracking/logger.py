@@ -29,7 +29,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from zoo.app.families import family_of
 from zoo.tracking.runs import mlflow_loggers, net_class_name
-from zoo.tracking.store import DEFAULT_TRACKING_URI, check_store_folder, store_lock
+from zoo.tracking.store import DEFAULT_TRACKING_URI, check_store_folder, known_store, store_lock
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -100,7 +100,8 @@ class ZooMLFlowLogger(MLFlowLogger):
         check_store_folder(tracking_uri)
         if check_server:
             check_reachable(tracking_uri)
-        with store_lock(tracking_uri):  # MLflow's client opens the store, creating or migrating its schema, right here
+        # MLflow's client opens the store, creating or migrating its schema, right here
+        with store_lock(tracking_uri), known_store(tracking_uri):
             super().__init__(
                 experiment_name=experiment_name,
                 run_name=run_name,
@@ -293,7 +294,9 @@ def nest_under_training_run(logger_args: Any, parent_run_id: str | None, stage: 
 
     if parent_run_id is None or logger_args.get("run_id"):
         return False
-    client = MlflowClient(store_uri(logger_args.get("tracking_uri")))
+    uri = store_uri(logger_args.get("tracking_uri"))
+    with known_store(uri):
+        client = MlflowClient(uri)
     try:
         parent = client.get_run(parent_run_id)
     except MlflowException:  # the checkpoint's run lives in another store

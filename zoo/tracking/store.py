@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from filelock import FileLock
@@ -42,6 +43,23 @@ def check_store_folder(tracking_uri: str) -> None:
                 f"trainer.logger.init_args.tracking_uri (sqlite:///<a folder>/mlflow.db), or unset them to log to "
                 f"{DEFAULT_TRACKING_URI}."
             )
+
+
+@contextlib.contextmanager
+def known_store(tracking_uri: str) -> Iterator[None]:
+    """Within it, MLflow's refusal of a URI it has no store for (``foo://bar``: a KeyError, then its exception, then
+    jsonargparse's around both) is one line naming the URI, the schemes MLflow takes and where the URI came from."""
+    from mlflow.tracking.registry import UnsupportedModelRegistryStoreURIException
+
+    try:
+        yield
+    except UnsupportedModelRegistryStoreURIException as err:
+        schemes = ", ".join(f"{s}://" for s in err.supported_uri_schemes if s)
+        raise InputError(
+            f"MLflow has no store for {tracking_uri} (it takes {schemes} URIs): fix "
+            f"MLFLOW_TRACKING_URI or trainer.logger.init_args.tracking_uri, or unset them to log to "
+            f"{DEFAULT_TRACKING_URI}"
+        ) from err
 
 
 def _sqlite_path(tracking_uri: str) -> str | None:

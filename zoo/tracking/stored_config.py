@@ -29,6 +29,7 @@ from zoo.io import build
 from zoo.io.checkpoint import reconcile
 from zoo.io.trust import Allowlist, trusted_class_paths, zoo_allowlist
 from zoo.io.weights import is_remote, load_file
+from zoo.io.yaml_text import safe_load
 from zoo.tracking.models import is_mlflow_uri, module_spec, resolve_checkpoint
 
 SUBCOMMANDS_WITH_A_MODEL = ("validate", "test", "predict")
@@ -176,7 +177,7 @@ def _take_flags(args: list[str], key: str) -> tuple[list[str], list[tuple[list[s
             name, eq, value = arg.partition("=")
             if not eq and i + 1 < len(args):
                 value, i = args[i + 1], i + 1
-            taken.append((name.split(".")[1:], yaml.safe_load(value)))
+            taken.append((name.split(".")[1:], safe_load(value, name)))
         else:
             kept.append(arg)
         i += 1
@@ -203,7 +204,7 @@ def _user_configs(args: list[str]) -> list[Any]:
         value = arg.split("=", 1)[1] if arg.startswith("--config=") else args[i + 1] if arg == "--config" else None
         if value is not None:
             try:
-                configs.append(yaml.safe_load(Path(value).read_text()))
+                configs.append(safe_load(Path(value).read_text(), value))
             except (OSError, yaml.YAMLError):  # the parser reports a bad config file itself
                 continue
     return configs
@@ -224,7 +225,7 @@ def _named_by_user(args: list[str]) -> set[str]:
             continue
         try:
             text = Path(value).read_text() if flag == "--config" else value
-            named |= trusted_class_paths({flag.lstrip("-").rsplit(".", 1)[-1]: yaml.safe_load(text)})
+            named |= trusted_class_paths({flag.lstrip("-").rsplit(".", 1)[-1]: safe_load(text, flag)})
         except (OSError, ValueError, yaml.YAMLError):  # the parser reports a bad config or flag itself
             named |= trusted_class_paths(value)
     return named
