@@ -9,6 +9,7 @@ stored config comes in, and checks that the marker never appears and that the re
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import json
@@ -436,3 +437,153 @@ def test_every_allowed_class_has_resolvable_annotations():
             init = vars(base).get("__init__")
             if init is not None and base.__module__.split(".")[0] in ("zoo", "datamodules"):
                 typing.get_type_hints(init)  # raises, naming the annotation, if it cannot be resolved
+
+
+# -- fuzz: random stored configs through every way in ------------------------------------------------------------
+
+# A payload, in every shape a reader might take for code: a class path as a string, a mapping (with extra keys beside
+# it), YAML (block and flow) and JSON text, in lists, tuples and dicts, a process to start, a module to import.
+PAYLOADS = [
+    "{m}.EvilNet",
+    "{m}.evil",
+    "{m}:EvilEnv",
+    {"class_path": "{m}.EvilNet"},
+    {"class_path": "{m}.evil", "init_args": {"x": 1}},
+    {"class_path": "subprocess.Popen", "init_args": {"args": "touch {marker}", "shell": True}},
+    {"class_path": "os.system", "init_args": {"command": "touch {marker}"}},
+    {"class_path": "zoo.cnn.ConvNet", "init_args": {}, "extra": {"class_path": "{m}.EvilNet"}},
+    {"class_path": "gymnasium.wrappers.ClipAction", "dict_kwargs": {"f": {"class_path": "{m}.evil"}}},
+    "class_path: {m}.EvilNet\ninit_args: {{}}",
+    "{{class_path: {m}.EvilNet}}",
+    '{{"class_path": "subprocess.Popen", "init_args": {{"args": "touch {marker}", "shell": true}}}}',
+    "- &a {{class_path: {m}.evil}}\n- *a",
+    ["{m}.EvilNet", {"class_path": "{m}.EvilNet"}],
+    ("{m}.evil",),
+    {"k": {"class_path": "{m}.EvilNet"}, "j": "{m}.evil"},
+]
+
+
+def _fill_payload(value, module: str, marker: Path):
+    if isinstance(value, str):
+        return value.replace("{m}", module).replace("{marker}", str(marker)).replace("{{", "{").replace("}}", "}")
+    if isinstance(value, (list, tuple)):
+        return type(value)(_fill_payload(v, module, marker) for v in value)
+    if isinstance(value, dict):
+        return {k: _fill_payload(v, module, marker) for k, v in value.items()}
+    return value
+
+
+def _positions(config, prefix=()) -> list[tuple]:
+    """Every key path of a stored config, at every depth (lists by index)."""
+    out = []
+    items = config.items() if isinstance(config, dict) else enumerate(config) if isinstance(config, list) else ()
+    for k, v in items:
+        out.append((*prefix, k))
+        out += _positions(v, (*prefix, k))
+    return out
+
+
+def fuzzed(ckpt: dict, rng, module: str, marker: Path) -> dict:
+    """``ckpt`` with 1-3 payloads put at random places of its stored configs: replacing a value at any depth, or
+    beside one under a new key."""
+    ckpt = copy.deepcopy(ckpt)
+    for _ in range(rng.randint(1, 3)):
+        section = rng.choice([s for s in ("hyper_parameters", "datamodule_hyper_parameters") if ckpt.get(s)])
+        at = ckpt[section] = dict(ckpt[section])
+        path = list(rng.choice(_positions(at)))
+        for k in path[:-1]:
+            at = at[k]
+        payload = _fill_payload(copy.deepcopy(rng.choice(PAYLOADS)), module, marker)
+        if rng.random() < 0.25 and isinstance(at.get(path[-1]) if isinstance(at, dict) else None, dict):
+            at[path[-1]][f"extra_{rng.randint(0, 9)}"] = payload  # a new key beside the ones it has
+        else:
+            at[path[-1]] = payload
+    return ckpt
+
+
+def _harmless(load, *args) -> str:
+    """Runs a load; any refusal is fine here (the one-line tests are above): only code running is not."""
+    try:
+        load(*args)
+    except SystemExit as err:
+        return f"exit {err.code}"
+    except Exception as err:
+        return type(err).__name__
+    return "loaded"
+
+
+@pytest.mark.parametrize("family", ["cnn", "ppo"])
+def test_fuzzed_stored_configs_never_run_code_in_process(checkpoints, attacker, tmp_path, family):
+    """Many random tamperings through the builder, load_from_checkpoint and load_model; the attacker's marker (its
+    module imported, a class built, a process run) never appears."""
+    import random
+
+    from zoo.cnn import ClassifierModule
+    from zoo.io.checkpoint import build_stored
+    from zoo.rl import PPOModule
+    from zoo.tracking import load_model
+
+    cls = {"cnn": ClassifierModule, "ppo": PPOModule}[family]
+    clean = torch.load(checkpoints[family], weights_only=True)
+    outcomes = collections.Counter()
+    rng = random.Random(f"fuzz-{family}")
+    for i in range(60):
+        ckpt = fuzzed(clean, rng, attacker.name, attacker.marker)
+        outcomes[_harmless(build_stored, cls, ckpt, "fuzzed", {})] += 1
+        if i % 6 == 0:  # the file ways in, on every sixth
+            path = tmp_path / f"fuzz{i}.ckpt"
+            torch.save(ckpt, path)
+            for load in (cls.load_from_checkpoint, load_model):
+                outcomes[_harmless(load, str(path))] += 1
+        assert not attacker.ran(), (i, outcomes)
+    assert outcomes["UntrustedConfigError"] > 40, outcomes  # the payloads are refused, not merely survived
+
+
+def test_fuzzed_stored_configs_never_run_code_through_the_command_line(checkpoints, attacker, tmp_path, served):
+    """The same through ``cli.py validate|predict --ckpt_path``: a local file and a URL."""
+    import random
+
+    rng = random.Random("fuzz-cli")
+    for i in range(8):
+        family = rng.choice(["cnn", "ppo"])
+        path = tmp_path / f"fuzz{i}.ckpt"
+        torch.save(
+            fuzzed(torch.load(checkpoints[family], weights_only=True), rng, attacker.name, attacker.marker), path
+        )
+        where = str(path) if i % 2 else f"{served}/{path.name}"
+        for sub in ("validate", "predict"):
+            _harmless(cli, sub, f"--ckpt_path={where}", "--trainer.logger=false", "--trainer.limit_val_batches=1")
+        assert not attacker.ran(), i
+
+
+def test_fuzzed_registered_models_never_run_code(registered_tampered, attacker, tmp_path):
+    """A registered model's module.json tampered at random, through models:/ and runs:/ on the command line,
+    zoo.tracking.load and load_model, and MLflow's own pyfunc loader (which runs the model's bundled zoo code: that
+    code's builder refuses the same)."""
+    import random
+
+    import mlflow
+
+    from zoo.tracking import load, load_model
+
+    rng = random.Random("fuzz-registry")
+    outcomes = collections.Counter()
+    for i in range(3):
+
+        def edit(spec, rng=rng):
+            hparams = {"hyper_parameters": spec["init_args"], "datamodule_hyper_parameters": spec["data"]["init_args"]}
+            tampered = fuzzed(hparams, rng, attacker.name, attacker.marker)
+            spec["init_args"], spec["data"]["init_args"] = (
+                tampered["hyper_parameters"],
+                tampered["datamodule_hyper_parameters"],
+            )
+
+        models_uri, runs_uri = registered_tampered(edit)
+        for uri in (models_uri, runs_uri):
+            args = (f"--ckpt_path={uri}", "--trainer.logger=false", "--trainer.limit_val_batches=1")
+            outcomes[_harmless(cli, "validate", *args)] += 1
+            outcomes[_harmless(load_model, uri)] += 1
+            outcomes[_harmless(load, uri)] += 1
+        outcomes[_harmless(mlflow.pyfunc.load_model, models_uri)] += 1
+        assert not attacker.ran(), i
+    assert outcomes["UntrustedConfigError"] >= 9, outcomes
