@@ -36,6 +36,7 @@ RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/sac_nets.py", "
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
 CL, CC, CMT = "zoo/clip/losses.py", "zoo/clip/clip.py", "zoo/clip/metrics.py"
 TR, CK = "zoo/io/trust.py", "zoo/io/checkpoint.py"
+BL, TW = "zoo/io/build.py", "zoo/io/tripwire.py"
 RG, SC = "zoo/tracking/models.py", "zoo/tracking/stored_config.py"
 CM, CN, RN, TV = "zoo/cnn/module.py", "zoo/cnn/convnet.py", "zoo/cnn/resnet.py", "zoo/cnn/torchvision_net.py"
 DB, DTV, DMH, DDG = (
@@ -568,56 +569,81 @@ FAMILIES: dict[str, dict] = {
         ],
     },
     # A stored config checked before anything it names is imported (issue 24).
+    # The stored-config builder and the tripwire behind it (issue 37).
     "trust": {
-        "tests": ["tests/shared/test_stored_config.py"],
+        "tests": ["tests/shared/test_build.py", "tests/shared/test_tripwire.py", "tests/shared/test_stored_config.py"],
         "mutants": [
-            (TR, "        if key in IMPORT_LIST_ARGS and value is not None:", "        if False:"),
+            (BL, '                raise Refused(here, value, f"a parameter of {path}")', "                continue"),
+            (
+                BL,
+                "            if drops_location(key) and not self.keep_locations:\n                dropped += [here] if value",
+                "            if False:\n                dropped += [here] if value",
+            ),
+            (BL, '    if "class_path" in value and value["class_path"] not in trust.EXTERNAL_PARTS:', "    if False:"),
+            (BL, "        if not issubclass(cls, bases):", "        if False:"),
+            (
+                BL,
+                "        if isinstance(path, str) and path in self.allow.trusted:",
+                "        if isinstance(path, str):",
+            ),
+            (
+                BL,
+                '    if depth > MAX_DEPTH:\n        raise Refused(where, "<nested too deep>"',
+                '    if depth > 10**6:\n        raise Refused(where, "<nested too deep>"',
+            ),
+            (BL, "    if type(value) is kind:", "    if isinstance(value, kind):"),
+            (BL, '                if set(wrapper) - {"class_path", "init_args"}:', "                if False:"),
+            (BL, "any(isinstance(v, (Mapping, list)) for v in args.values())", "False"),
+            (BL, '**_plain_only(defaults), **part.plain()["init_args"]', "**_plain_only(defaults)"),
+            (BL, "            if any(value == a and type(value) is type(a) for a in args):", "            if True:"),
+            (
+                TW,
+                '    if event in REFUSED_EVENTS or event.startswith(("os.exec", "os.spawn")):',
+                '    if event.startswith(("os.exec", "os.spawn")):',
+            ),
+            (TW, "        if writes and not _inside(path, folders):", "        if writes and _inside(path, folders):"),
+            (
+                TW,
+                '            if not allowed_import(top, tops):\n                _refuse(f"import {top} (from',
+                '            if False:\n                _refuse(f"import {top} (from',
+            ),
+            (
+                TW,
+                "    return top in sys.stdlib_module_names or",
+                "    return True or top in sys.stdlib_module_names or",
+            ),
+            (TW, "    return any(real == f or real.startswith(f + os.sep) for f in folders)", "    return True"),
+            (
+                TW,
+                "        _state.rules = rules  # still armed after a refusal",
+                "        _state.rules = None  # still armed after a refusal",
+            ),
             (TR, '(":" not in value and value in gym.registry)', 'value in gym.registry or ":" in value'),
-            (TR, "        return any(_admits_class(a) for a in typing.get_args(hint))", "        return False"),
-            (
-                TR,
-                "        for key, item in value.items():  # a dict argument",
-                "        for key, item in {}.items():  # a dict argument",
-            ),
-            (
-                TR,
-                '    if (instantiator := hparams.pop("_instantiator", None)) not in (None, LIGHTNING_INSTANTIATOR):',
-                '    if (instantiator := hparams.pop("_instantiator", None)) is None:',
-            ),
-            (
-                TR,
-                '            _check_value(wrapper.get("init_args") or {}',
-                '            None and _check_value(wrapper.get("init_args") or {}',
-            ),
-            (
-                TR,
-                "        if key in OUTPUT_ARGS:\n            continue",
-                "        if key in OUTPUT_ARGS:\n            pass",
-            ),
             (
                 TR,
                 "return Allowlist(\n        modules={p: c for p, c in classes.items() if issubclass(c, LightningModule)},",
                 "return Allowlist(\n        modules={p: c for p, c in classes.items() if issubclass(c, object)},",
             ),
+            # The ways in, each trusting what the file names (the bug a reader of "the user vouches" would write).
             (
                 CK,
-                "checked = trust.check_stored_model(stored, str(checkpoint_path), trust.zoo_allowlist(), cls=cls)",
-                'checked = {k: v for k, v in stored.items() if not k.startswith("_")}',
-            ),
-            (
-                SC,
-                '    init_args = check_stored_model({"_class_path": spec["class_path"], **spec["init_args"]}, uri, allow)',
-                '    init_args = spec["init_args"]',
-            ),
-            (
-                SC,
-                '"init_args": check_stored_data(data.get("class_path"), data.get("init_args") or {}, uri, allow),',
-                '"init_args": data.get("init_args") or {},',
+                "cls=cls, given=tuple(given))",
+                'cls=cls, given=tuple(given)).__class__(**{**vars(build.resolve_model(stored, source, trust.zoo_allowlist().with_trusted(str(stored).split("\'")), cls=cls, given=tuple(given)))})',
             ),
             (
                 RG,
-                '    init_args = check_stored_model(\n        {"_class_path": spec.get("class_path"), **(spec.get("init_args") or {})}, source, zoo_allowlist()\n    )',
-                '    init_args = spec.get("init_args") or {}',
+                "source, zoo_allowlist()\n    )\n    return build(part, record=True)",
+                '    part = resolve_model(stored, source, zoo_allowlist().with_trusted(str(stored).split("\'")))',
+            ),
+            (
+                SC,
+                "        part = build.resolve_model(stored, ckpt, allow, complete=False)",
+                '        part = build.resolve_model(stored, ckpt, allow.with_trusted(str(stored).split("\'")), complete=False)',
+            ),
+            (
+                SC,
+                "        part = build.resolve_model(stored, ckpt, allow, complete=False)",
+                "        part = build.resolve_model(stored, ckpt, allow, keep_locations=True, complete=False)",
             ),
         ],
     },

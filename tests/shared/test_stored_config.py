@@ -156,6 +156,17 @@ TAMPERED = [
     ),
     ("ppo", "datamodule_hyper_parameters", "env_id", "{m}:EvilEnv"),
     ("ppo", "hyper_parameters", "net.class_path", "os.system"),
+    # Issue 37's bypasses of the allowlist walk, which jsonargparse then read its own way: an allowed wrapper with an
+    # extra key, a decoy class path or YAML text in env_kwargs (a dict[str, Any]).
+    (
+        "ppo",
+        "datamodule_hyper_parameters",
+        "wrappers",
+        [{"class_path": "gymnasium.wrappers.ClipAction", "x": {"class_path": "subprocess.Popen"}}],
+    ),
+    ("ppo", "datamodule_hyper_parameters", "env_kwargs", {"k": {"class_path": "{m}.evil", "init_args": {}}}),
+    ("ppo", "datamodule_hyper_parameters", "env_kwargs", "class_path: {m}.evil\ninit_args: {}"),
+    ("ppo", "datamodule_hyper_parameters", "env_kwargs", {"class_path": "gymnasium.wrappers.ClipAction"}),
 ]
 IDS = [
     f"{ckpt}-{'data' if section.startswith('data') else 'model'}.{key}-{i}"
@@ -587,3 +598,16 @@ def test_fuzzed_registered_models_never_run_code(registered_tampered, attacker, 
         outcomes[_harmless(mlflow.pyfunc.load_model, models_uri)] += 1
         assert not attacker.ran(), i
     assert outcomes["UntrustedConfigError"] >= 9, outcomes
+
+
+def test_a_stored_location_is_dropped_through_the_command_line_and_the_run_says_so(checkpoints, tmp_path, capsys):
+    elsewhere = tmp_path / "elsewhere" / "videos"
+    path = tamper(
+        checkpoints["ppo"], tmp_path / "moved.ckpt", "datamodule_hyper_parameters", "video_dir", str(elsewhere)
+    )
+    c = cli("validate", f"--ckpt_path={path}", "--trainer.logger=false", "--data.init_args.eval_episodes=1")
+    assert c.datamodule.hparams.video_dir is None and not elsewhere.parent.exists()
+    assert "replace its data.init_args.video_dir" in capsys.readouterr().err
+    # the user's own flag is theirs
+    c = cli("validate", f"--ckpt_path={path}", "--trainer.logger=false", "--data.init_args.video_dir=mine")
+    assert c.datamodule.hparams.video_dir == "mine"
