@@ -176,10 +176,9 @@ def test_a_draft_named_in_a_checkpoint_is_not_read():
     module = CausalLMModule.load_from_checkpoint("planted.ckpt")
     assert Generation.of(module.hparams.generation).draft is None
     assert module.generate(["ROMEO:"], 4, temperature=0)  # plain decoding, nothing else read
-    from zoo.tracking.stored_config import checkpoint_config
+    from zoo.io import build, trust
 
-    stored = checkpoint_config("planted.ckpt", "predict")["model"]["init_args"]["generation"]
-    assert (
-        stored["draft"] is None
-        and stored["max_new_tokens"] == Generation.of(ckpt["hyper_parameters"]["generation"]).max_new_tokens
-    )
+    part = build.resolve_model(ckpt["hyper_parameters"], "planted.ckpt", trust.zoo_allowlist())
+    stored = part.plain()["init_args"]["generation"]
+    assert "draft" not in stored and "model.init_args.generation.draft" in part.all_dropped()
+    assert stored["max_new_tokens"] == Generation.of(ckpt["hyper_parameters"]["generation"]).max_new_tokens
