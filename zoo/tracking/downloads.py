@@ -14,6 +14,7 @@ is one ``DownloadRefused`` line naming the URI and what to do, and leaves nothin
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -242,18 +243,26 @@ def _cache_key(uri: str, store: str) -> str:
     return uri
 
 
+@contextlib.contextmanager
+def refusals(uri: str):
+    """MLflow's refusals (a missing run or version, a path it will not read) as one ``DownloadRefused`` line: its
+    message is the reason; the URI and the fix are ours."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        yield
+    except MlflowException as err:
+        raise DownloadRefused(f"{uri}: {err.message.splitlines()[0]}: check the name, version or run id") from err
+
+
 def download(uri: str, store: str) -> Path:
     """A local copy of what ``uri`` names in ``store``, downloaded once into ``cache_dir()``: a model folder (its
     ``MODEL_FILES``) or one file. MLflow's own refusals (a missing run, a path it will not read) are
     ``DownloadRefused`` too."""
-    from mlflow.exceptions import MlflowException
-
-    try:
+    with refusals(uri):
         dst = cache_dir() / hashlib.sha256(_cache_key(uri, store).encode()).hexdigest()[:20]
         if not dst.is_dir():
             _download_into(dst, uri, store)
-    except MlflowException as err:  # its message is the reason; the URI and the fix are ours
-        raise DownloadRefused(f"{uri}: {err.message.splitlines()[0]}: check the name, version or run id") from err
     marker = dst / ".downloaded"
     if marker.is_file():
         return dst / marker.read_text()

@@ -45,6 +45,7 @@ from lightning.pytorch import LightningModule
 
 from zoo.io.trust import check_stored_model, zoo_allowlist
 from zoo.io.weights import extract_state_dict, load_file
+from zoo.tracking.code import CODE_KEY, CODE_TAG, PYFUNC, bundle_code, code_sha256
 from zoo.tracking.downloads import SPEC, WEIGHTS, cache_dir, download, model_version
 
 URI_SCHEMES = ("models:/", "runs:/")
@@ -116,8 +117,9 @@ def save_model(state_dict: dict, spec: dict, path: Path, mlflow_model=None) -> P
         warnings.warn(f"logged without a signature: its hyperparameters build no module ({err})", stacklevel=2)
         interface = None
     zoo_dir = Path(__file__).resolve().parents[1]
-    # The package's sources only: compiled caches are the saving interpreter's, not the model's.
-    code = shutil.copytree(zoo_dir, work / "code" / "zoo", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    code = bundle_code(work / "code") / "zoo"
+    # What serving it would run, for `python -m zoo.tracking verify` (zoo.tracking.code).
+    digest = code_sha256(code.parent, Path(__file__).with_name(PYFUNC))
     requirements = model_requirements(code, zoo_dir.parent)
     requirements += [r for r in config_requirements(spec, zoo_dir.parent) if r not in requirements]
     lock = zoo_dir.parent / "constraints.txt"
@@ -137,13 +139,14 @@ def save_model(state_dict: dict, spec: dict, path: Path, mlflow_model=None) -> P
     try:
         mlflow.pyfunc.save_model(
             path=str(path),
-            python_model=str(Path(__file__).with_name("pyfunc.py")),
+            python_model=str(Path(__file__).with_name(PYFUNC)),
             artifacts={"weights": str(work / WEIGHTS), "module": str(work / SPEC)},
             code_paths=[str(code)],
             pip_requirements=requirements,
             signature=interface.signature() if interface else None,
             input_example=interface.example() if interface else None,
             mlflow_model=mlflow_model,
+            metadata={CODE_KEY: digest},
         )
     finally:
         pyfunc_log.setLevel(level)
@@ -292,6 +295,8 @@ def log_checkpoint_model(
         with tempfile.TemporaryDirectory() as tmp:
             folder = save_model(extract_state_dict(ckpt), spec, Path(tmp) / MODEL_PATH, mlmodel)
             client.log_model_artifacts(model.model_id, str(folder))
+            tags[CODE_TAG] = Model.load(str(folder)).metadata[CODE_KEY]
+            client.set_logged_model_tags(model.model_id, {CODE_TAG: tags[CODE_TAG]})
         # Linked by logging them again with the model's id (as mlflow.<flavor>.log_model does): the model's page,
         # its registered versions and the runs table show these, in this order.
         metrics = model_metrics(client, run, monitor, model.model_id)
