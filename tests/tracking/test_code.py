@@ -14,7 +14,7 @@ import torch
 from conftest import ROOT
 from mlflow.tracking import MlflowClient
 
-from zoo.tracking.code import CODE_TAG, installed_code_sha256
+from zoo.tracking.code import CODE_TAG, code_sha256, installed_code_sha256
 
 NET = {"vocab_size": 17, "block_size": 8, "n_layer": 1, "n_embd": 16, "n_head": 2}
 
@@ -46,7 +46,40 @@ def registered(tmp_path_factory):
             f.write(planted)
     client.log_artifacts(run_id, str(edited), "edited")
     client.create_model_version("tiny", f"{client.get_run(run_id).info.artifact_uri}/edited", run_id)
+    for name, edit in TAMPERED.items():  # versions 3, 4, ...
+        folder = tmp / name
+        shutil.copytree(urlparse(model.artifact_location).path, folder)
+        edit(folder)
+        client.log_artifacts(run_id, str(folder), name)
+        client.create_model_version("tiny", f"{client.get_run(run_id).info.artifact_uri}/{name}", run_id)
     return client, marker
+
+
+def _flip(path: Path, old: str, new: str) -> None:
+    """One same-length change: a hash of names and sizes alone would not see it."""
+    text = path.read_text()
+    assert len(old) == len(new) and text.count(old) >= 1
+    path.write_text(text.replace(old, new, 1))
+
+
+def _rehash(folder: Path) -> None:
+    """Code changed and the recorded hash rewritten to match it, as a careful attacker would."""
+    _flip(folder / "code" / "zoo" / "errors.py", "class", "klass")
+    mlmodel = folder / "MLmodel"
+    recorded = mlmodel.read_text().split("zoo_code_sha256: ")[1].split()[0]
+    mlmodel.write_text(mlmodel.read_text().replace(recorded, code_sha256(folder / "code", folder / "pyfunc.py")))
+
+
+# Stored models whose code is not the installed zoo's, each in another way.
+TAMPERED = {
+    "flipped-code": lambda f: _flip(f / "code" / "zoo" / "errors.py", "class", "klass"),
+    "flipped-pyfunc": lambda f: _flip(f / "pyfunc.py", "import", "IMPORT"),
+    "added-pyc": lambda f: (f / "code" / "zoo" / "sitecustomize.pyc").write_bytes(b"\0" * 16),
+    "rehashed": _rehash,
+    "other-loader": lambda f: _flip(
+        f / "MLmodel", "mlflow.pyfunc.loaders.code_model", "mlflow.pyfunc.loaders.code_mode1"
+    ),
+}
 
 
 def verify(uri: str, store: str) -> subprocess.CompletedProcess:
@@ -91,6 +124,16 @@ def test_verify_passes_the_code_as_logged_and_fails_an_edited_file(registered):
         # its recorded hash is the registration's: only the stored code tells the edit
         assert f"recorded at registration: {installed_code_sha256()}" in proc.stdout
     assert not marker.exists()  # verify reads the code as bytes
+
+
+@pytest.mark.parametrize("name", sorted(TAMPERED))
+def test_verify_fails_every_other_code(registered, name):
+    client, _ = registered
+    version = 3 + list(TAMPERED).index(name)
+    run_id = client.get_model_version("tiny", str(version)).run_id
+    for uri in (f"models:/tiny/{version}", f"runs:/{run_id}/{name}"):
+        proc = verify(uri, client.tracking_uri)
+        assert proc.returncode == 1 and "differ" in proc.stdout, proc.stdout + proc.stderr[-2000:]
 
 
 def test_verify_of_a_missing_model_is_one_error_line(registered):

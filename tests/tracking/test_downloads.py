@@ -129,7 +129,9 @@ def test_a_version_whose_source_is_a_folder_of_this_machine_is_refused(store, ca
         v = client.create_model_version(name, source, run_id)
         with pytest.raises(DownloadRefused) as refused:
             load_model(f"models:/{name}/{v.version}")
-        assert str(refused.value).startswith(f"models:/{name}/{v.version}: ") and "\n" not in str(refused.value)
+        message = str(refused.value)
+        assert message.startswith(f"models:/{name}/{v.version}: its source ") and "\n" not in message, message
+        assert "not in the artifacts of its run" in message or "a model of another run" in message, message
     assert not cached_files(cache) and not list(cache.rglob(".partial-*"))
 
 
@@ -179,3 +181,17 @@ def test_a_model_its_loader_refuses_is_removed_from_the_cache(store, cache, tmp_
     with pytest.raises(Exception, match="safetensors|header|not a"):
         load_model(f"runs:/{version.run_id}/broken")
     assert not cached_files(cache)
+
+
+def test_a_tracking_server_names_no_folder_of_this_machine():
+    """A server chooses its runs' artifact locations: one on this machine's disk is refused, its artifact store's
+    (mlflow-artifacts:/, s3://) is what it serves."""
+    from zoo.tracking.downloads import served
+
+    uri = "models:/m/1"
+    for local in ("/home/me/.ssh", "file:///home/me", "C:\\Users\\me"):
+        with pytest.raises(DownloadRefused, match=rf"^{uri}: the tracking server .* folder of this machine"):
+            served([("mlflow-artifacts:/1/models/m-1/artifacts", ""), (local, "model")], "https://mlflow.example", uri)
+        assert served([(local, "model")], "sqlite:///mlflow.db", uri) == [(local, "model")]  # a store of your own
+    found = [("mlflow-artifacts:/1/models/m-1/artifacts", ""), ("s3://bucket/1/abc/artifacts", "model")]
+    assert served(found, "http://127.0.0.1:5000", uri) == found

@@ -139,8 +139,7 @@ def version_locations(client, mv, uri: str) -> list[tuple[str, str]]:
 
 
 def locations(uri: str, store: str) -> list[tuple[str, str]]:
-    """The (artifact root, path inside it) pairs where ``uri`` may lie in ``store``, most likely first. A store reached
-    over the network may name no folder of this machine: what it serves comes through its artifact store."""
+    """The (artifact root, path inside it) pairs where ``uri`` may lie in ``store``, most likely first (``served``)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(store, registry_uri=store)
@@ -149,9 +148,15 @@ def locations(uri: str, store: str) -> list[tuple[str, str]]:
     else:
         run_id, _, path = uri.removeprefix("runs:/").partition("/")
         found = run_locations(client, run_id, path, uri)
-    if urlparse(store).scheme in REMOTE_STORES and any(_is_local(root) for root, _ in found):
+    return served(found, store, uri)
+
+
+def served(found: list[tuple[str, str]], store: str, uri: str) -> list[tuple[str, str]]:
+    """``found``, unless a store reached over the network names a folder of this machine for it."""
+    local = [root for root, _ in found if _is_local(root)]
+    if urlparse(store).scheme in REMOTE_STORES and local:
         raise DownloadRefused(
-            f"{uri}: the tracking server {store} places it in a folder of this machine ({found[0][0]}): have the "
+            f"{uri}: the tracking server {store} places it in a folder of this machine ({local[0]}): have the "
             "server serve its artifacts (mlflow server --serve-artifacts, its default)"
         )
     return found
