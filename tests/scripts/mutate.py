@@ -38,6 +38,7 @@ CL, CC, CMT = "zoo/clip/losses.py", "zoo/clip/clip.py", "zoo/clip/metrics.py"
 TR, CK = "zoo/io/trust.py", "zoo/io/checkpoint.py"
 BL, TW = "zoo/io/build.py", "zoo/io/tripwire.py"
 RG, SC = "zoo/tracking/models.py", "zoo/tracking/stored_config.py"
+DLS, CODE = "zoo/tracking/downloads.py", "zoo/tracking/code.py"
 CM, CN, RN, TV = "zoo/cnn/module.py", "zoo/cnn/convnet.py", "zoo/cnn/resnet.py", "zoo/cnn/torchvision_net.py"
 DB, DTV, DMH, DDG = (
     "datamodules/base.py",
@@ -645,6 +646,48 @@ FAMILIES: dict[str, dict] = {
                 "        part = build.resolve_model(stored, ckpt, allow, complete=False)",
                 "        part = build.resolve_model(stored, ckpt, allow, keep_locations=True, complete=False)",
             ),
+        ],
+    },
+    # Downloads from a tracking store, bounded, and the code a registered model carries (issue 37 items 5, 6).
+    "downloads": {
+        "tests": ["tests/tracking/test_downloads.py", "tests/tracking/test_code.py"],
+        "mutants": [
+            (DLS, "    if total > limit:\n", "    if False:\n"),
+            (DLS, "if size != f.file_size or total > limit:", "if total > limit:"),
+            (DLS, "            check_sizes(files, uri)\n            fetch(", "            fetch("),
+            (
+                DLS,
+                '    if not source.startswith(root + "/"):\n        return None',
+                "    if False:\n        return None",
+            ),
+            (DLS, "if mv.run_id and model.source_run_id != mv.run_id:", "if False:"),
+            (DLS, "        if run_id == mv.run_id:", "        if True:"),
+            (DLS, "if urlparse(store).scheme in REMOTE_STORES and local:", "if False:"),
+            (DLS, 'any(p in ("..", ".") for p in parts)', "False"),
+            (DLS, 'if not inside or "/" in name or name in ("", ".", ".."):', "if False:"),
+            (
+                DLS,
+                "files = [e for e in entries if e.path in wanted and not e.is_dir]",
+                "files = [e for e in entries if not e.is_dir]",
+            ),
+            (DLS, "        shutil.rmtree(partial, ignore_errors=True)", "        pass"),
+            (
+                DLS,
+                '        raise DownloadRefused(f"{uri}: {err.message.splitlines()[0]}',
+                '        raise ValueError(f"{err.message}',
+            ),
+            (RG, "            shutil.rmtree(entry, ignore_errors=True)", "            pass"),
+            (CODE, "        digest.update(data)\n", ""),
+            (CODE, "    files[PYFUNC] = pyfunc\n", ""),
+            (CODE, "    if stored == installed and not odd:", "    if stored == recorded and not odd:"),
+            (CODE, "            if pyfunc.get(key) != want", "            if False"),
+            (
+                CODE,
+                'for p in sorted(code.rglob("*")) if p.is_file()',
+                'for p in sorted(code.rglob("*.py")) if p.is_file()',
+            ),
+            (RG, "            client.set_logged_model_tags(model.model_id, {CODE_TAG: tags[CODE_TAG]})\n", ""),
+            (RG, "            metadata={CODE_KEY: digest},\n", ""),
         ],
     },
     # The DataModules (issue 25 item 6): normalisation constants, augmentation fills, splits, seeds, resume positions,

@@ -129,9 +129,9 @@ def test_crafted_pickle_in_a_registered_model_is_refused(registered, tmp_path, m
     monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
     import mlflow
 
-    evil = tmp_path / "evil"  # the registered model's files, as an attacker would copy them to change them
     model = client.get_logged_model(version.source.removeprefix("models:/"))
-    mlflow.artifacts.download_artifacts(artifact_uri=model.artifact_location, dst_path=str(evil))
+    # The registered model's folder (MLmodel, artifacts/), as an attacker would copy it to change it.
+    evil = Path(mlflow.artifacts.download_artifacts(artifact_uri=model.artifact_location, dst_path=str(tmp_path)))
     for name in ("python_model.pkl", "evil.ckpt"):  # MLflow's pickled-model file name; a checkpoint by name
         (evil / "artifacts" / name).write_bytes(pickle.dumps({"state_dict": {"w": _Exploit()}}))
     client.log_artifacts(version.run_id, str(evil), "model")  # beside the real weights
@@ -292,16 +292,20 @@ def test_a_latent_diffusion_model_requires_diffusers_and_answers_with_decoded_im
     diffusers all the same, and its pyfunc answers with the decoded 16-pixel RGB images, not the 8x8 latents."""
     import io
 
+    import mlflow
     import pandas as pd
     from PIL import Image
 
     from zoo.tracking import load
-    from zoo.tracking.models import _download
+    from zoo.tracking.models import process_tracking_uri
 
     latent = str(CONFIGS / "diffusion" / "latent_tiny.yaml")
     c = cli("fit", "--config", latent, "--trainer.max_steps=1", "--trainer.limit_val_batches=1")
     uri, store = f"runs:/{c.trainer.logger.run_id}/model", c.trainer.logger.tracking_uri
-    requirements = (_download(uri, store) / "requirements.txt").read_text().splitlines()
+    # Read as MLflow reads it (the zoo's own downloads fetch only what its loaders read).
+    with process_tracking_uri(store):
+        got = mlflow.artifacts.download_artifacts(f"{uri}/requirements.txt", tracking_uri=store)
+    requirements = Path(got).read_text().splitlines()
     assert any(r.startswith("diffusers==") for r in requirements), requirements
     answer = load(uri, store).predict(pd.DataFrame({"label": [1, 2], "seed": [0, 0]}), params={"steps": 2})
     images = [Image.open(io.BytesIO(png)) for png in answer["image"]]

@@ -3,7 +3,8 @@
 - ``logger``: ``ZooMLFlowLogger`` (the default logger), the config saver, ending the runs a failure left open;
 - ``store``: the lock on a sqlite run store;
 - ``runs``: this run's folder, names inside it, its default name, artifacts;
-- ``models``: zoo modules as MLflow models (packaging, registry, ``models:/``/``runs:/`` resolution, downloads);
+- ``models``: zoo modules as MLflow models (packaging, registry, ``models:/``/``runs:/`` resolution);
+- ``downloads``: what a ``models:/``/``runs:/`` URI names, fetched into the model cache, bounded and checked;
 - ``serving``: the prediction interface of each family (raw inputs in, answers out), its signature and input example;
 - ``pyfunc``: the MLflow pyfunc a logged model loads with;
 - ``stored_config``: the model and data configs a ``--ckpt_path`` carries, onto the command line.

@@ -1,5 +1,7 @@
 """``python -m zoo.tracking log-model <ckpt> [--registered_model_name NAME]`` and
-``python -m zoo.tracking export-policy <ckpt | models:/... | runs:/...> <out.pt2>``."""
+``python -m zoo.tracking export-policy <ckpt | models:/... | runs:/...> <out.pt2>`` and
+``python -m zoo.tracking verify <models:/... | runs:/...>`` (exit status 0 when its code is the installed zoo's).
+"""
 
 from __future__ import annotations
 
@@ -42,6 +44,15 @@ def export_policy(args) -> None:
     print(f"Exported the policy of {args.model} to {export(agent, args.out).resolve()}")
 
 
+def verify(args) -> None:
+    """Whether the code a logged model carries (what mlflow.pyfunc.load_model and mlflow models serve run) is the
+    installed zoo's: its sha256 against the installed zoo's, exit status 0 when they match, else 1."""
+    from zoo.tracking.code import verify as check
+
+    if not check(args.model, tracking_uri()):
+        sys.exit(1)
+
+
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
@@ -61,6 +72,9 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_argument("model", help="a checkpoint file, models:/<name>/<version>, models:/<name>@<alias> or runs:/...")
     sub.add_argument("out", help="the .pt2 file to write")
     sub.set_defaults(run=export_policy)
+    sub = commands.add_parser("verify", help=verify.__doc__)
+    sub.add_argument("model", help="models:/<name>/<version>, models:/<name>@<alias> or runs:/<id>/<path>")
+    sub.set_defaults(run=verify)
     args = parser.parse_args(argv)
     try:
         args.run(args)

@@ -19,7 +19,8 @@ virtualenv``) loads and predicts (``tests/scripts/fresh_env_predict.py``).
 ``load_model`` (the module) and ``load`` (its prediction interface, as ``mlflow.pyfunc.load_model`` gives it, but
 built from this zoo's code after the allowlist, never from the model's), and turned into a weights-only local
 checkpoint by ``resolve_checkpoint`` (``--ckpt_path``), or into the local weights file a module starts from by
-``local_weights`` (``init_weights``).
+``local_weights`` (``init_weights``). Downloads are bounded and fetch only the model's weights, spec and MLmodel
+(``zoo.tracking.downloads``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -47,10 +47,11 @@ from zoo.io import tripwire
 from zoo.io.build import build, resolve_model
 from zoo.io.trust import UntrustedConfigError, zoo_allowlist
 from zoo.io.weights import extract_state_dict, load_file
+from zoo.tracking.code import CODE_KEY, CODE_TAG, PYFUNC, bundle_code, code_sha256
+from zoo.tracking.downloads import SPEC, WEIGHTS, cache_dir, download, model_version
 
 URI_SCHEMES = ("models:/", "runs:/")
 MODEL_PATH = "model"  # the model's folder in its run's artifacts
-WEIGHTS, SPEC = "weights.safetensors", "module.json"
 # What modules add to a checkpoint beyond weights and hparams that a trained model needs (GPT's and CLIP's
 # tokenizer, what new images must look like and the class names: ``inputs``), as plain JSON; the rest (RNG
 # states, replay buffers) is training state and stays in the .ckpt.
@@ -120,8 +121,9 @@ def save_model(state_dict: dict, spec: dict, path: Path, mlflow_model=None) -> P
         warnings.warn(f"logged without a signature: its hyperparameters build no module ({err})", stacklevel=2)
         interface = None
     zoo_dir = Path(__file__).resolve().parents[1]
-    # The package's sources only: compiled caches are the saving interpreter's, not the model's.
-    code = shutil.copytree(zoo_dir, work / "code" / "zoo", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    code = bundle_code(work / "code") / "zoo"
+    # What serving it would run, for `python -m zoo.tracking verify` (zoo.tracking.code).
+    digest = code_sha256(code.parent, Path(__file__).with_name(PYFUNC))
     requirements = model_requirements(code, zoo_dir.parent)
     requirements += [r for r in config_requirements(spec, zoo_dir.parent) if r not in requirements]
     lock = zoo_dir.parent / "constraints.txt"
@@ -141,13 +143,14 @@ def save_model(state_dict: dict, spec: dict, path: Path, mlflow_model=None) -> P
     try:
         mlflow.pyfunc.save_model(
             path=str(path),
-            python_model=str(Path(__file__).with_name("pyfunc.py")),
+            python_model=str(Path(__file__).with_name(PYFUNC)),
             artifacts={"weights": str(work / WEIGHTS), "module": str(work / SPEC)},
             code_paths=[str(code)],
             pip_requirements=requirements,
             signature=interface.signature() if interface else None,
             input_example=interface.example() if interface else None,
             mlflow_model=mlflow_model,
+            metadata={CODE_KEY: digest},
         )
     finally:
         pyfunc_log.setLevel(level)
@@ -296,6 +299,8 @@ def log_checkpoint_model(
         with tempfile.TemporaryDirectory() as tmp:
             folder = save_model(extract_state_dict(ckpt), spec, Path(tmp) / MODEL_PATH, mlmodel)
             client.log_model_artifacts(model.model_id, str(folder))
+            tags[CODE_TAG] = Model.load(str(folder)).metadata[CODE_KEY]
+            client.set_logged_model_tags(model.model_id, {CODE_TAG: tags[CODE_TAG]})
         # Linked by logging them again with the model's id (as mlflow.<flavor>.log_model does): the model's page,
         # its registered versions and the runs table show these, in this order.
         metrics = model_metrics(client, run, monitor, model.model_id)
@@ -379,59 +384,29 @@ def tracking_uri() -> str:
     return os.getenv("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('mlflow.db').resolve()}"
 
 
-def cache_dir() -> Path:
-    """Where downloaded models are kept: $ZOO_CACHE_DIR/models, else ~/.cache/zoo/models."""
-    return Path(os.getenv("ZOO_CACHE_DIR") or Path.home() / ".cache" / "zoo") / "models"
-
-
-def _model_version(uri: str, store: str):
-    """The registered version ``models:/<name>/<version>`` or ``models:/<name>@<alias>`` names."""
-    from mlflow.tracking import MlflowClient
-
-    # Resolved here: MLflow resolves models:/ against its process-wide registry URI, not the one passed.
-    name, _, version = uri.removeprefix("models:/").rstrip("/").partition("/")
-    client = MlflowClient(store, registry_uri=store)
-    if "@" in name:
-        return client.get_model_version_by_alias(*name.split("@", 1))
-    return client.get_model_version(name, version)
-
-
 def _download(uri: str, tracking_uri_: str | None) -> Path:
-    """A local copy of ``uri``, downloaded once: kept under ``cache_dir()`` by the run and path it comes from.
+    """A local copy of what ``uri`` names, downloaded once and bounded (``zoo.tracking.downloads``)."""
+    return download(uri, tracking_uri_ or tracking_uri())
 
-    A model version's source and a run's artifacts do not change after they are logged (``log_checkpoint_model``
-    never writes into a folder a version points at), and run ids are unique across stores, so a cached copy is
-    never stale; an alias moving to another version resolves to another key.
-    """
-    import mlflow
 
-    store = tracking_uri_ or tracking_uri()
-    key, artifact_uri = uri, uri
-    if uri.startswith("models:/"):
-        mv = _model_version(uri, store)
-        key, artifact_uri = f"{mv.run_id}:{mv.source}", mv.source
-    dst = cache_dir() / hashlib.sha256(key.encode()).hexdigest()[:20]
-    if not dst.is_dir():
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        partial = Path(tempfile.mkdtemp(dir=dst.parent, prefix=".partial-"))
-        try:
-            # A run's logged model (runs:/<id>/model) is looked up through the process-wide URI (MLflow's
-            # ModelsArtifactRepository), whatever the tracking_uri given.
-            with process_tracking_uri(store):
-                got = mlflow.artifacts.download_artifacts(artifact_uri, tracking_uri=store, dst_path=str(partial))
-            # What was asked for (a file, a folder, or a logged model's files), beside which MLflow may leave
-            # folders of its own (it looks for a run's logged model of the path's first name too).
-            (partial / ".downloaded").write_text(Path(got).resolve().relative_to(partial.resolve()).as_posix())
-            partial.rename(dst)  # atomic: a concurrent download of the same key finds it whole or not at all
-        except OSError:
-            if not dst.is_dir():
-                raise
-        finally:
-            shutil.rmtree(partial, ignore_errors=True)
-    marker = dst / ".downloaded"
-    if marker.is_file():
-        return dst / marker.read_text()
-    return next(p for p in dst.iterdir() if not p.name.startswith("."))  # cached before the marker: its one entry
+@contextlib.contextmanager
+def _evicted_if_refused(local: Path):
+    """A downloaded model that its loader refuses (an unsafe file, a class outside the allowlist) is removed from the
+    cache: what is kept there is what loaded."""
+    try:
+        yield
+    except Exception:
+        entry = _cache_entry(local)
+        if entry is not None:
+            shutil.rmtree(entry, ignore_errors=True)
+        raise
+
+
+def _cache_entry(local: Path) -> Path | None:
+    """The cache folder holding ``local``, if it lies in the cache."""
+    root = cache_dir().resolve()
+    local = local.resolve()
+    return root / local.relative_to(root).parts[0] if local.is_relative_to(root) and local != root else None
 
 
 def _read_model_dir(local: Path) -> tuple[dict, dict]:
@@ -448,12 +423,13 @@ def load_model(uri: str, tracking_uri: str | None = None) -> LightningModule:
     """The module at ``models:/<name>/<version>``, ``models:/<name>@<alias>``, ``runs:/<id>/model`` or a local
     checkpoint, rebuilt from its own hyperparameters and loaded weights-only, in eval mode."""
     local = _download(uri, tracking_uri) if is_mlflow_uri(uri) else Path(uri)
-    if local.is_dir():
-        spec, state_dict = _read_model_dir(local)
-    else:
-        ckpt = load_file(local)
-        spec, state_dict = module_spec(ckpt), extract_state_dict(ckpt)
-    return module_from(spec, state_dict, uri)
+    with _evicted_if_refused(local):
+        if local.is_dir():
+            spec, state_dict = _read_model_dir(local)
+        else:
+            ckpt = load_file(local)
+            spec, state_dict = module_spec(ckpt), extract_state_dict(ckpt)
+        return module_from(spec, state_dict, uri)
 
 
 def load(uri: str, tracking_uri: str | None = None):
@@ -493,7 +469,8 @@ def resolve_checkpoint(uri: str, tracking_uri: str | None = None) -> str:
     dst = local / ".checkpoint" / "model.ckpt"  # inside this model's own cached folder (a logged model's is the entry)
     if dst.is_file():
         return str(dst)
-    spec, state_dict = _read_model_dir(local)
+    with _evicted_if_refused(local):
+        spec, state_dict = _read_model_dir(local)
     ckpt = {
         "state_dict": state_dict,
         "pytorch-lightning_version": lightning.__version__,
@@ -513,7 +490,7 @@ def training_run(uri: str, tracking_uri_: str | None = None) -> str | None:
     """The id of the run that trained the checkpoint or model ``uri``: a model version's run, ``runs:/<id>/``, or
     ``<id>`` in a local ``<root>/<experiment>/<id>/checkpoints/<file>``; None when it cannot tell."""
     if uri.startswith("models:/"):
-        return _model_version(uri, tracking_uri_ or tracking_uri()).run_id
+        return model_version(uri, tracking_uri_ or tracking_uri()).run_id
     if uri.startswith("runs:/"):
         return uri.removeprefix("runs:/").split("/", 1)[0]
     path = Path(uri).resolve()
