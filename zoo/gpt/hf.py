@@ -21,6 +21,7 @@ from zoo.gpt.attention import MHA
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import GeluMLP
 from zoo.gpt.norms import LayerNorm
+from zoo.io.files import read_json
 from zoo.io.weights import check_compatible, extract_state_dict, load_file
 
 # (ours, theirs) per block; "T" marks Conv1D weights that are stored transposed.
@@ -103,7 +104,7 @@ def load_gpt2(folder: str | Path) -> GPT:
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"No config.json in {str(folder)!r}: point at a Hugging Face GPT-2 folder")
-    net = GPT(**gpt2_net_kwargs(json.loads((folder / "config.json").read_text())))
+    net = GPT(**gpt2_net_kwargs(read_json(folder / "config.json")))
     load_gpt2_into(net, folder)
     return net
 
@@ -190,7 +191,7 @@ def load_pretrained(net: GPT, path: str | Path) -> GPT:
     path = Path(path)
     if path.is_dir():
         config = path / "config.json"
-        kind = json.loads(config.read_text()).get("model_type", "gpt2") if config.is_file() else "gpt2"
+        kind = read_json(config).get("model_type", "gpt2") if config.is_file() else "gpt2"
         if kind != "gpt2":
             from zoo.gpt.llama import load_hf_into  # Llama, Mixtral and DeepSeek-V3 layouts
 

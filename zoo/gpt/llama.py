@@ -39,6 +39,7 @@ from zoo.gpt.mlp import SwiGLU
 from zoo.gpt.moe import MoE
 from zoo.gpt.mtp import mtp_to_hf, mtp_to_zoo
 from zoo.gpt.norms import RMSNorm
+from zoo.io.files import read_json
 from zoo.io.weights import check_compatible, extract_state_dict, load_file
 
 # (ours, theirs) inside block i / model.layers.i, shared by both families.
@@ -222,7 +223,7 @@ def _read_folder(folder: Path) -> tuple[dict, dict[str, Tensor]]:
     sd: dict[str, Tensor] = {}
     for shard in shards:
         sd.update(extract_state_dict(load_file(shard)))
-    return json.loads((folder / "config.json").read_text()), sd
+    return read_json(folder / "config.json"), sd
 
 
 # What the zoo's GPT has not, for the MoE families it does not load.
