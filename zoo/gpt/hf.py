@@ -21,7 +21,7 @@ from zoo.gpt.attention import MHA
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import GeluMLP
 from zoo.gpt.norms import LayerNorm
-from zoo.io.files import read_json
+from zoo.io.files import read_json, replacing
 from zoo.io.weights import check_compatible, extract_state_dict, load_file
 
 # (ours, theirs) per block; "T" marks Conv1D weights that are stored transposed.
@@ -139,6 +139,7 @@ def export_gpt2(net: GPT, folder: str | Path, eos_id: int | None = None) -> Path
     tied = net.lm_head.weight is net.tok_emb.weight
     if tied:
         del sd["lm_head.weight"]  # transformers re-ties it from wte
+    # safetensors writes a file beside it and renames it over: a link planted at the name is replaced, as here.
     save_file({k: v.contiguous() for k, v in sd.items()}, folder / "model.safetensors", metadata={"format": "pt"})
     config = {
         "architectures": ["GPT2LMHeadModel"],
@@ -159,7 +160,8 @@ def export_gpt2(net: GPT, folder: str | Path, eos_id: int | None = None) -> Path
     if eos_id is None and net.vocab_size > 50256:
         eos_id = 50256
     config["bos_token_id"] = config["eos_token_id"] = eos_id
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    with replacing(folder / "config.json") as tmp:  # a link planted in the folder is replaced, not followed
+        tmp.write_text(json.dumps(config, indent=2))
     return folder
 
 

@@ -76,7 +76,7 @@ def replacing(path: str | Path) -> Iterator[Path]:
     planted at it first. Its mode follows the umask, as a plain ``open`` would.
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    tmp = path.with_name(f".{path.stem}.{secrets.token_hex(8)}.tmp{path.suffix}")  # the suffix a writer may want
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
     try:
         yield tmp

@@ -16,7 +16,6 @@ no merge crosses a word/space/punctuation boundary.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -28,7 +27,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 from torch import Tensor
 
 from zoo.errors import InputError
-from zoo.io.files import read_bytes, read_json
+from zoo.io.files import read_bytes, read_json, replacing
 
 EOS_TOKEN = "<|endoftext|>"
 
@@ -175,9 +174,8 @@ class BPETokenizer(_HFTokenizer):
         """Write ``<directory>/tokenizer.json`` (HF's format) and return its path."""
         path = Path(directory) / "tokenizer.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        self.hf.save(str(tmp))
-        tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+        with replacing(path) as tmp:  # atomic: a concurrent reader never sees half a file, nor a link's target
+            self.hf.save(str(tmp))
         return path
 
     @classmethod

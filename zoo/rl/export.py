@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch import LightningModule
 
+from zoo.io.files import replacing
 from zoo.io.weights import load_file
 from zoo.rl.common import Policy
 
@@ -65,7 +66,9 @@ def export_policy(agent: LightningModule, path: str | Path) -> Path:
         "normalized_obs": policy.obs_rms is not None,
         "env_steps": int(agent.env_steps),
     }
-    torch.export.save(policy_program(agent), str(path), extra_files={METADATA: json.dumps(meta)})
+    program = policy_program(agent)
+    with replacing(path) as tmp:  # never written through a link planted at ``path``
+        torch.export.save(program, str(tmp), extra_files={METADATA: json.dumps(meta)})
     return path
 
 
