@@ -206,7 +206,7 @@ def test_a_link_planted_at_an_output_is_replaced_never_written_through(tmp_path,
     write(path)
     assert victim.read_text() == "precious"
     assert output == "predictions" or (path.is_file() and not path.is_symlink())
-    assert not list(path.parent.glob(".*.tmp*")), "a stand-in was left behind"
+    assert not list(path.parent.glob(f".{path.name}.*")), "a stand-in was left behind"
 
 
 def test_a_cache_writer_leaves_no_guessable_name_to_plant_a_link_at(tmp_path):
@@ -259,3 +259,13 @@ def test_a_consolidated_checkpoint_replaces_a_planted_link(tmp_path):
     consolidate(tmp_path / "ckpt", tmp_path / "one.ckpt")
     assert victim.read_text() == "precious"
     assert torch.load(tmp_path / "one.ckpt", weights_only=True)["state_dict"]["net.w"].tolist() == [1.0] * 3
+
+
+def test_an_output_that_fails_halfway_leaves_the_old_file_and_no_stand_in(tmp_path):
+    from zoo.io.files import replacing
+
+    (tmp_path / "out.json").write_text("old")
+    with pytest.raises(OSError), replacing(tmp_path / "out.json") as tmp:
+        tmp.write_text("half")
+        raise OSError("disk full")
+    assert (tmp_path / "out.json").read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["out.json"]

@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -67,21 +68,19 @@ def file_in(folder: Path, name: Any, source: str) -> Path:
 
 @contextlib.contextmanager
 def replacing(path: str | Path) -> Iterator[Path]:
-    """A fresh, empty file beside ``path`` to write instead (by name or opened), renamed over ``path`` once the
-    block ends without an error, removed if it raises: readers see the old file or the whole new one.
+    """A stand-in for ``path`` to write instead (by name: it does not exist yet), renamed over ``path`` once the block
+    ends without an error, removed if it raises: readers see the old file or the whole new one.
 
     A link planted at ``path`` (pointing at someone's ``~/.bashrc``) is replaced, never followed: rename(2) swaps
     the name itself. Refusing links instead would need a check before the write, which a link planted between the
-    two defeats; the stand-in's name is random and created exclusively (``O_EXCL | O_NOFOLLOW``), so nothing can be
-    planted at it first. Its mode follows the umask, as a plain ``open`` would.
+    two defeats. The stand-in has ``path``'s own name (writers record it: ``torch.export.save`` names its archive
+    after it) inside a fresh folder beside it that only this user can enter (``mkdtemp``: a random name, mode
+    0700), so nothing can be planted at it or swapped for it.
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.stem}.{secrets.token_hex(8)}.tmp{path.suffix}")  # the suffix a writer may want
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
+    folder = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
     try:
-        yield tmp
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
+        yield folder / path.name
+        os.replace(folder / path.name, path)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
