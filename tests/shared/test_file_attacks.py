@@ -264,8 +264,10 @@ def test_a_consolidated_checkpoint_replaces_a_planted_link(tmp_path):
 def test_an_output_that_fails_halfway_leaves_the_old_file_and_no_stand_in(tmp_path):
     from zoo.io.files import replacing
 
-    (tmp_path / "out.json").write_text("old")
-    with pytest.raises(OSError), replacing(tmp_path / "out.json") as tmp:
+    out = tmp_path / "out" / "out.json"
+    out.parent.mkdir()
+    out.write_text("old")
+    with pytest.raises(OSError), replacing(out) as tmp:
         tmp.write_text("half")
         raise OSError("disk full")
-    assert (tmp_path / "out.json").read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["out.json"]
+    assert out.read_text() == "old" and list(out.parent.iterdir()) == [out]
