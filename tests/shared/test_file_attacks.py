@@ -40,6 +40,85 @@ def _plant_custom_code(folder: Path) -> None:
         (folder / name).write_text(PLANTED_CODE)
 
 
+# -- 1. exported programs -------------------------------------------------------------------------------------
+
+
+class _Marker:
+    """Unpickles as ``open(marker, "w")``: the marker appears if the pickle is ever run."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def _hostile_program(tmp_path: Path, where: str) -> tuple[Path, Path]:
+    """A real exported policy whose sample inputs (which torch.export.load unpickles, falling back to
+    weights_only=False) are a pickle that writes the marker; with ``where="data.pkl"`` also a torch.save archive's
+    pickle, so that a checkpoint reader takes it for one."""
+    import io
+    import zipfile
+
+    from zoo.rl import ActorCritic, PPOModule
+    from zoo.rl.export import export_policy
+
+    marker = tmp_path / "MARKER"
+    payload = io.BytesIO()
+    torch.save(_Marker(marker), payload)
+    program = export_policy(PPOModule(ActorCritic(4, 3, hidden_sizes=(8,))), tmp_path / "policy.pt2")
+    hostile = tmp_path / "hostile.pt2"
+    with zipfile.ZipFile(program) as src, zipfile.ZipFile(hostile, "w") as out:
+        for info in src.infolist():
+            out.writestr(
+                info.filename,
+                payload.getvalue() if info.filename.endswith("sample_inputs/model.pt") else src.read(info),
+            )
+        if where == "data.pkl":
+            with zipfile.ZipFile(payload) as inner:
+                out.writestr("policy/data.pkl", inner.read(next(n for n in inner.namelist() if n.endswith("data.pkl"))))
+    return hostile, marker
+
+
+def test_the_hostile_program_is_live_torch_export_load_runs_it(tmp_path):
+    # What the README warns of, and why the zoo never loads a .pt2: a fresh interpreter with torch alone runs it.
+    import subprocess
+    import sys
+
+    hostile, marker = _hostile_program(tmp_path, "sample inputs")
+    subprocess.run([sys.executable, "-c", f"import torch; torch.export.load({str(hostile)!r})"], capture_output=True)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("entry", "where"),
+    [
+        ("load_file", "sample inputs"),
+        ("load_file", "data.pkl"),
+        ("zoo.rl.export", "data.pkl"),
+        ("zoo.tracking export-policy", "sample inputs"),
+    ],
+)
+def test_a_hostile_program_given_where_a_checkpoint_belongs_is_refused_in_one_line(tmp_path, entry, where):
+    import subprocess
+    import sys
+
+    from zoo.io.weights import CheckpointError, load_file
+
+    hostile, marker = _hostile_program(tmp_path, where)
+    out = tmp_path / "out.pt2"
+    if entry == "load_file":
+        with pytest.raises(CheckpointError):
+            load_file(hostile)
+    else:
+        command = [sys.executable, "-m", *entry.split(), str(hostile), str(out)]
+        proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode != 0 and lines[0].startswith("error:") and str(hostile) in lines[0], proc.stderr
+        assert len([line for line in lines if not line.startswith("(the full traceback")]) == 1, proc.stderr
+    assert not marker.exists() and not out.exists()
+
+
 # -- 4. pretrained folders ------------------------------------------------------------------------------------
 
 
