@@ -70,9 +70,10 @@ def _jsonl_documents(path: Path, field: str) -> Iterator[str]:
                 continue
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError as e:
+            except (json.JSONDecodeError, RecursionError) as e:  # a line [[[[...]]]] nested past the limit
                 raise InputError(
-                    f"{path}:{n} is not a JSON line ({e.msg}): fix the line, or pass a .txt file"
+                    f"{path}:{n} is not a JSON line ({getattr(e, 'msg', 'nested deeper than Python parses')}): fix "
+                    f"the line, or pass a .txt file"
                 ) from None
             text = record.get(field) if isinstance(record, dict) else None
             if not isinstance(text, str):

