@@ -344,6 +344,53 @@ def test_a_link_planted_at_an_output_is_replaced_never_written_through(tmp_path,
     assert not list(path.parent.glob(f".{path.name}.*")), "a stand-in was left behind"
 
 
+@pytest.mark.parametrize("name", ["CIFAR10", "MNIST"])
+def test_a_dataset_download_never_writes_through_a_link_planted_in_its_root(tmp_path, monkeypatch, name):
+    # torchvision writes its archive by name into root (following a link planted there) before checking its md5.
+    import torchvision.datasets.utils as tv
+
+    from datamodules.torchvision_images import TorchvisionDataModule
+
+    def fake_download(url, filename, *args, **kwargs):  # what any server could send: not the dataset
+        Path(filename).write_bytes(b"not the dataset")
+
+    monkeypatch.setattr(tv, "_urlretrieve", fake_download)
+    monkeypatch.setattr(tv, "_get_redirect_url", lambda url, max_hops=3: url)
+    root = tmp_path / "shared-data"
+    names = ["cifar-10-python.tar.gz"] if name == "CIFAR10" else ["MNIST/raw/train-images-idx3-ubyte.gz"]
+    victims = [_plant_link(root / n, tmp_path) for n in names]
+    with pytest.raises(FileNotFoundError, match="download failed"):
+        TorchvisionDataModule(name, root=str(root), download=True).prepare_data()
+    assert [v.read_text() for v in victims] == ["precious"]
+    assert not [p for p in root.iterdir() if p.name.startswith(".")], "a private download folder was left behind"
+
+
+def test_a_dataset_downloaded_privately_lands_in_its_root(tmp_path, monkeypatch):
+    import gzip
+    import struct
+
+    import torchvision.datasets.utils as tv
+
+    from datamodules.torchvision_images import TorchvisionDataModule
+
+    def idx(name: str) -> bytes:  # MNIST's own format: 12 images of 28x28 and their labels
+        if "labels" in name:
+            return struct.pack(">II", 2049, 12) + bytes(range(10)) + bytes(2)
+        return struct.pack(">IIII", 2051, 12, 28, 28) + bytes(12 * 28 * 28)
+
+    def fake_download(url, filename, *args, **kwargs):
+        Path(filename).write_bytes(gzip.compress(idx(Path(filename).name)))
+
+    monkeypatch.setattr(tv, "_urlretrieve", fake_download)
+    monkeypatch.setattr(tv, "_get_redirect_url", lambda url, max_hops=3: url)
+    monkeypatch.setattr(tv, "check_integrity", lambda path, md5=None: Path(path).is_file())  # no real MD5s here
+    root = tmp_path / "shared-data"
+    dm = TorchvisionDataModule("MNIST", root=str(root), download=True, val_fraction=0.25)
+    dm.prepare_data()
+    dm.setup()
+    assert sorted(p.name for p in root.iterdir()) == ["MNIST"] and len(dm.train_set) + len(dm.val_set) == 12
+
+
 def test_a_cache_writer_leaves_no_guessable_name_to_plant_a_link_at(tmp_path):
     # The caches were written to <name>.tmp<pid> then renamed: a link planted at that name took the bytes.
     import os
