@@ -119,121 +119,6 @@ def test_a_hostile_program_given_where_a_checkpoint_belongs_is_refused_in_one_li
     assert not marker.exists() and not out.exists()
 
 
-# -- 4. pretrained folders ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("layout", ["gpt2", "llama"])
-def test_a_pretrained_folders_custom_code_is_never_imported(tmp_path, layout):
-    folder = tmp_path / "hf"
-    if layout == "gpt2":
-        export_gpt2(_tiny_gpt(), folder)
-    else:
-        export_hf(_tiny_gpt(position="rope", norm=RMSNorm, mlp=SwiGLU, bias=False), folder)
-    _plant_custom_code(folder)
-    net = load_gpt2(folder) if layout == "gpt2" else load_hf(folder)
-    load_pretrained(net, folder)
-    assert not (folder / "MARKER").exists()
-
-
-def _calls(tree: ast.AST):
-    return [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
-
-
-def test_no_code_of_the_zoo_loads_remote_code_or_an_exported_program():
-    # transformers' trust_remote_code imports a folder's modeling_*.py; torch.export.load (and load_pt2 under it)
-    # unpickles with weights_only=False and evaluates the graph's sympy strings: a .pt2 is code, not data.
-    found = []
-    for path in [ROOT / "cli.py", *(p for d in ("zoo", "callbacks", "datamodules") for p in (ROOT / d).rglob("*.py"))]:
-        for call in _calls(ast.parse(path.read_text())):
-            name = ast.unparse(call.func)
-            remote = [k for k in call.keywords if k.arg == "trust_remote_code"]
-            if remote or name.endswith(("export.load", "load_pt2", "from_pretrained", "pickle.loads")):
-                found.append(f"{path.relative_to(ROOT)}:{call.lineno} {name}")
-    assert not found
-
-
-def _diffusers_folder(tmp_path: Path, shard: str) -> Path:
-    """A sharded diffusers folder whose index places a tensor in ``shard``, and a real weights file outside it."""
-    from safetensors.torch import save_file
-
-    outside = tmp_path / "outside.safetensors"
-    save_file({"x_embedder.proj.weight": torch.zeros(1)}, outside)
-    folder = tmp_path / "a" / "b" / "dit"
-    folder.mkdir(parents=True)
-    index = {"metadata": {}, "weight_map": {"x_embedder.proj.weight": shard.replace("OUTSIDE", str(outside))}}
-    (folder / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(index))
-    return folder
-
-
-@pytest.mark.parametrize("shard", ["../../../outside.safetensors", "OUTSIDE", "sub/../../../../outside.safetensors"])
-def test_a_shard_index_naming_a_file_outside_its_folder_is_refused(tmp_path, shard):
-    from zoo.diffusion.convert import load_dit_weights
-    from zoo.diffusion.dit import DiT
-
-    net = DiT("S", 4, image_size=16, in_channels=3, num_classes=0, depth=2, hidden_size=32, num_heads=2)
-    with pytest.raises(InputError, match="not a file of its own folder"):
-        load_dit_weights(net, _diffusers_folder(tmp_path, shard))
-
-
-def test_a_shard_index_naming_its_own_files_loads(tmp_path):
-    from safetensors.torch import save_file
-
-    from zoo.diffusion.convert import load_dit_weights
-    from zoo.diffusion.dit import DiT
-
-    def dit():
-        return DiT("S", 4, image_size=16, in_channels=3, num_classes=0, depth=1, hidden_size=32, num_heads=2)
-
-    state, weight_map = dit().state_dict(), {}
-    for i, keys in enumerate((list(state)[::2], list(state)[1::2])):
-        save_file({k: state[k].contiguous() for k in keys}, tmp_path / f"shard-{i}.safetensors")
-        weight_map |= {k: f"shard-{i}.safetensors" for k in keys}
-    (tmp_path / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    net = load_dit_weights(dit(), tmp_path)
-    assert all(torch.equal(v, state[k]) for k, v in net.state_dict().items() if k != "pos_embed")
-
-
-def _deep(depth: int) -> str:
-    return "[" * depth + "]" * depth
-
-
-@pytest.mark.parametrize("reader", ["gpt2", "llama", "clip", "pretrained", "bpe", "index"])
-@pytest.mark.parametrize("attack", ["deep", "huge", "not json"])
-def test_json_too_deep_too_large_or_broken_is_refused_in_one_line(tmp_path, reader, attack):
-    from zoo.clip.hf import load_hf_clip
-    from zoo.diffusion.convert import load_dit_weights
-    from zoo.diffusion.dit import DiT
-    from zoo.io.tokenizers import BPETokenizer
-
-    folder = tmp_path / "hf"
-    export_gpt2(_tiny_gpt(), folder)
-    name = {"bpe": "tokenizer.json", "index": "diffusion_pytorch_model.safetensors.index.json"}.get(reader)
-    target = folder / (name or "config.json")
-    if attack == "huge":  # sparse: the bytes are never on disk, only read (at most the limit and one more)
-        with target.open("wb") as f:
-            f.truncate(MAX_JSON_BYTES + 1)
-    else:
-        target.write_text(_deep(100_000) if attack == "deep" else '{"model_type": "gpt2",')
-    load = {
-        "gpt2": lambda: load_gpt2(folder),
-        "llama": lambda: load_hf(folder),
-        "clip": lambda: load_hf_clip(folder),
-        "pretrained": lambda: load_pretrained(_tiny_gpt(), folder),
-        "bpe": lambda: BPETokenizer.load(folder),
-        "index": lambda: load_dit_weights(DiT("S", 4, image_size=16, in_channels=3, num_classes=0, depth=1), folder),
-    }[reader]
-    why = {"deep": "nests its JSON deeper", "huge": "larger than", "not json": "is not JSON"}[attack]
-    with pytest.raises(InputError, match=why):
-        load()
-
-
-def test_read_json_reads_no_more_than_its_limit(tmp_path):
-    with pytest.raises(InputError, match="larger than 100 bytes"):
-        read_json("/dev/zero", max_bytes=100)  # a file that never ends, as a link in a folder may name
-    (tmp_path / "ok.json").write_text(json.dumps({"a": [1, 2]}) + " " * 80)
-    assert read_json(tmp_path / "ok.json", max_bytes=100) == {"a": [1, 2]}
-
-
 # -- 2. archives whose members leave their folder ---------------------------------------------------------------
 
 
@@ -453,3 +338,118 @@ def test_an_output_that_fails_halfway_leaves_the_old_file_and_no_stand_in(tmp_pa
         tmp.write_text("half")
         raise OSError("disk full")
     assert out.read_text() == "old" and list(out.parent.iterdir()) == [out]
+
+
+# -- 4. pretrained folders ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["gpt2", "llama"])
+def test_a_pretrained_folders_custom_code_is_never_imported(tmp_path, layout):
+    folder = tmp_path / "hf"
+    if layout == "gpt2":
+        export_gpt2(_tiny_gpt(), folder)
+    else:
+        export_hf(_tiny_gpt(position="rope", norm=RMSNorm, mlp=SwiGLU, bias=False), folder)
+    _plant_custom_code(folder)
+    net = load_gpt2(folder) if layout == "gpt2" else load_hf(folder)
+    load_pretrained(net, folder)
+    assert not (folder / "MARKER").exists()
+
+
+def _calls(tree: ast.AST):
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+
+
+def test_no_code_of_the_zoo_loads_remote_code_or_an_exported_program():
+    # transformers' trust_remote_code imports a folder's modeling_*.py; torch.export.load (and load_pt2 under it)
+    # unpickles with weights_only=False and evaluates the graph's sympy strings: a .pt2 is code, not data.
+    found = []
+    for path in [ROOT / "cli.py", *(p for d in ("zoo", "callbacks", "datamodules") for p in (ROOT / d).rglob("*.py"))]:
+        for call in _calls(ast.parse(path.read_text())):
+            name = ast.unparse(call.func)
+            remote = [k for k in call.keywords if k.arg == "trust_remote_code"]
+            if remote or name.endswith(("export.load", "load_pt2", "from_pretrained", "pickle.loads")):
+                found.append(f"{path.relative_to(ROOT)}:{call.lineno} {name}")
+    assert not found
+
+
+def _diffusers_folder(tmp_path: Path, shard: str) -> Path:
+    """A sharded diffusers folder whose index places a tensor in ``shard``, and a real weights file outside it."""
+    from safetensors.torch import save_file
+
+    outside = tmp_path / "outside.safetensors"
+    save_file({"x_embedder.proj.weight": torch.zeros(1)}, outside)
+    folder = tmp_path / "a" / "b" / "dit"
+    folder.mkdir(parents=True)
+    index = {"metadata": {}, "weight_map": {"x_embedder.proj.weight": shard.replace("OUTSIDE", str(outside))}}
+    (folder / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(index))
+    return folder
+
+
+@pytest.mark.parametrize("shard", ["../../../outside.safetensors", "OUTSIDE", "sub/../../../../outside.safetensors"])
+def test_a_shard_index_naming_a_file_outside_its_folder_is_refused(tmp_path, shard):
+    from zoo.diffusion.convert import load_dit_weights
+    from zoo.diffusion.dit import DiT
+
+    net = DiT("S", 4, image_size=16, in_channels=3, num_classes=0, depth=2, hidden_size=32, num_heads=2)
+    with pytest.raises(InputError, match="not a file of its own folder"):
+        load_dit_weights(net, _diffusers_folder(tmp_path, shard))
+
+
+def test_a_shard_index_naming_its_own_files_loads(tmp_path):
+    from safetensors.torch import save_file
+
+    from zoo.diffusion.convert import load_dit_weights
+    from zoo.diffusion.dit import DiT
+
+    def dit():
+        return DiT("S", 4, image_size=16, in_channels=3, num_classes=0, depth=1, hidden_size=32, num_heads=2)
+
+    state, weight_map = dit().state_dict(), {}
+    for i, keys in enumerate((list(state)[::2], list(state)[1::2])):
+        save_file({k: state[k].contiguous() for k in keys}, tmp_path / f"shard-{i}.safetensors")
+        weight_map |= {k: f"shard-{i}.safetensors" for k in keys}
+    (tmp_path / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    net = load_dit_weights(dit(), tmp_path)
+    assert all(torch.equal(v, state[k]) for k, v in net.state_dict().items() if k != "pos_embed")
+
+
+def _deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("reader", ["gpt2", "llama", "clip", "pretrained", "bpe", "index"])
+@pytest.mark.parametrize("attack", ["deep", "huge", "not json"])
+def test_json_too_deep_too_large_or_broken_is_refused_in_one_line(tmp_path, reader, attack):
+    from zoo.clip.hf import load_hf_clip
+    from zoo.diffusion.convert import load_dit_weights
+    from zoo.diffusion.dit import DiT
+    from zoo.io.tokenizers import BPETokenizer
+
+    folder = tmp_path / "hf"
+    export_gpt2(_tiny_gpt(), folder)
+    name = {"bpe": "tokenizer.json", "index": "diffusion_pytorch_model.safetensors.index.json"}.get(reader)
+    target = folder / (name or "config.json")
+    if attack == "huge":  # sparse: the bytes are never on disk, only read (at most the limit and one more)
+        with target.open("wb") as f:
+            f.truncate(MAX_JSON_BYTES + 1)
+    else:
+        target.write_text(_deep(100_000) if attack == "deep" else '{"model_type": "gpt2",')
+    load = {
+        "gpt2": lambda: load_gpt2(folder),
+        "llama": lambda: load_hf(folder),
+        "clip": lambda: load_hf_clip(folder),
+        "pretrained": lambda: load_pretrained(_tiny_gpt(), folder),
+        "bpe": lambda: BPETokenizer.load(folder),
+        "index": lambda: load_dit_weights(DiT("S", 4, image_size=16, in_channels=3, num_classes=0, depth=1), folder),
+    }[reader]
+    why = {"deep": "nests its JSON deeper", "huge": "larger than", "not json": "is not JSON"}[attack]
+    with pytest.raises(InputError, match=why):
+        load()
+
+
+def test_read_json_reads_no_more_than_its_limit(tmp_path):
+    with pytest.raises(InputError, match="larger than 100 bytes"):
+        read_json("/dev/zero", max_bytes=100)  # a file that never ends, as a link in a folder may name
+    (tmp_path / "ok.json").write_text(json.dumps({"a": [1, 2]}) + " " * 80)
+    assert read_json(tmp_path / "ok.json", max_bytes=100) == {"a": [1, 2]}
