@@ -74,8 +74,9 @@ def read_pairs(path: Path, image_column: str, caption_column: str, label_column:
         for n, line in enumerate(text.splitlines(), 1):
             try:
                 rows += [json.loads(line)] if line.strip() else []
-            except json.JSONDecodeError as e:
-                raise InputError(f"{path}:{n} is not a JSON line ({e.msg}): fix the line") from None
+            except (json.JSONDecodeError, RecursionError) as e:  # a line [[[[...]]]] nested past the limit
+                why = getattr(e, "msg", "nested deeper than Python parses")
+                raise InputError(f"{path}:{n} is not a JSON line ({why}): fix the line") from None
     elif path.suffix.lower() in (".csv", ".tsv"):
         delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
         rows = list(csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter))

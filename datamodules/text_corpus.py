@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from zoo.errors import InputError
+from zoo.io.files import replacing
 from zoo.io.tokenizers import Tokenizer, tokenizer_from_dict
 
 log = logging.getLogger(__name__)
@@ -69,9 +70,10 @@ def _jsonl_documents(path: Path, field: str) -> Iterator[str]:
                 continue
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError as e:
+            except (json.JSONDecodeError, RecursionError) as e:  # a line [[[[...]]]] nested past the limit
                 raise InputError(
-                    f"{path}:{n} is not a JSON line ({e.msg}): fix the line, or pass a .txt file"
+                    f"{path}:{n} is not a JSON line ({getattr(e, 'msg', 'nested deeper than Python parses')}): fix "
+                    f"the line, or pass a .txt file"
                 ) from None
             text = record.get(field) if isinstance(record, dict) else None
             if not isinstance(text, str):
@@ -173,13 +175,11 @@ def auto_workers(files: list[Path], requested: int) -> int:
 
 
 def _write_tokens(results: Iterable[np.ndarray], path: Path) -> int:
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
     n = 0
-    with open(tmp, "wb") as f:
+    with replacing(path) as tmp, open(tmp, "wb") as f:  # atomic: a crash never leaves half a token file
         for arr in results:
             f.write(arr.tobytes())
             n += len(arr)
-    tmp.replace(path)  # atomic: a crash leaves a stray .tmp, never half a token file
     return n
 
 
@@ -199,9 +199,8 @@ def tokenize_to_file(files: list[Path], jsonl_field: str, tokenizer: Tokenizer, 
 
 
 def write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj))
-    tmp.replace(path)
+    with replacing(path) as tmp:
+        tmp.write_text(json.dumps(obj))
 
 
 def _digest(obj) -> str:

@@ -5,6 +5,8 @@ Both fail at ``prepare_data``/``setup`` with what to pass when the data is not t
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 from typing import Literal
 
@@ -74,10 +76,10 @@ class TorchvisionDataModule(ImageDataModule):
         self.train_transform = T.Compose((aug if augment else []) + normalise)
         self.eval_transform = T.Compose(normalise)
 
-    def _dataset(self, train: bool, download: bool):
+    def _dataset(self, train: bool, download: bool, root: str | None = None):
         cls = _DATASETS[self.name][0]
         try:
-            return cls(self.root, train=train, download=download)
+            return cls(root or self.root, train=train, download=download)
         except Exception as err:  # torchvision raises RuntimeError (missing) or URLError (no internet)
             hint = (
                 "the download failed (no internet?): put the dataset there yourself"
@@ -89,8 +91,31 @@ class TorchvisionDataModule(ImageDataModule):
             ) from err
 
     def prepare_data(self) -> None:
-        for train in (True, False):
-            self._dataset(train, self.download)
+        try:
+            for train in (True, False):
+                self._dataset(train, False)
+        except FileNotFoundError:
+            if not self.download:
+                raise
+            self._fetch()
+
+    def _fetch(self) -> None:
+        """The dataset downloaded into a fresh folder inside ``root`` that only this user can enter, then moved into
+        place. torchvision writes its files by name into the folder it is given, before checking their MD5: in a
+        shared ``root``, through a link another user planted at one of those names."""
+        cls = _DATASETS[self.name][0]
+        folder = getattr(cls, "base_folder", cls.__name__)  # CIFAR's cifar-10-batches-py, MNIST's MNIST/
+        Path(self.root).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=self.root, prefix=".download-") as private:
+            for train in (True, False):
+                self._dataset(train, True, private)
+            try:
+                os.rename(Path(private, folder), Path(self.root, folder))  # never over what is there
+            except OSError as err:
+                raise FileNotFoundError(
+                    not_found_message(self.name, self.root, f"move or remove {folder} there, which is in the way")
+                    + f" ({err})"
+                ) from err
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:

@@ -53,6 +53,7 @@ DTX, DTC, DCP, DDF = (
     "datamodules/diffusion.py",
 )
 DTS, DGY = "datamodules/tensor_dataset.py", "datamodules/gym.py"
+FI, CV, EX = "zoo/io/files.py", "zoo/diffusion/convert.py", "zoo/rl/export.py"
 OPT, GN, ATT, WT, TOK = (
     "zoo/train/optim.py",
     "zoo/train/gradnorm.py",
@@ -904,6 +905,62 @@ FAMILIES: dict[str, dict] = {
             (DGY, "        except gym.error.Error as err:", "        except KeyError as err:"),
             ("zoo/tracking/telemetry.py", 'os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")', "pass"),
             ("zoo/tracking/telemetry.py", "        set_telemetry_client()  # re-reads", "        pass  # re-reads"),
+        ],
+    },
+    "files": {  # files an outsider wrote: pretrained folders, archives, exported programs, planted links
+        "tests": ["tests/shared/test_file_attacks.py"],
+        "mutants": [
+            (FI, "    if len(data) > max_bytes:\n", "    if len(data) > max_bytes + 1:\n"),
+            (FI, "    except RecursionError:\n", "    except MemoryError:\n"),
+            (FI, 'and not set(name) & {"/", "\\\\", "\\0"}', "and True"),
+            (
+                FI,
+                "        os.replace(folder / path.name, path)\n",
+                "        shutil.copyfile(folder / path.name, path)\n",
+            ),
+            (FI, "        shutil.rmtree(folder, ignore_errors=True)\n", "        pass\n"),
+            (
+                CV,
+                'file_in(index.parent, shard, f"the shard index {str(index)!r}")',
+                "index.parent / shard",
+            ),
+            (
+                TOK,
+                'cls.from_json(json.dumps(read_json(path / "tokenizer.json" if path.is_dir() else path)))',
+                'cls.from_json((path / "tokenizer.json" if path.is_dir() else path).read_text("utf-8"))',
+            ),
+            (
+                "zoo/gpt/hf.py",
+                'GPT(**gpt2_net_kwargs(read_json(folder / "config.json")))',
+                'GPT(**gpt2_net_kwargs(json.loads((folder / "config.json").read_text())))',
+            ),
+            (
+                EX,
+                "    except (CheckpointError, FileNotFoundError, ValueError) as err:",
+                "    except (FileNotFoundError, ValueError) as err:",
+            ),
+            (
+                DTC,
+                "            except (json.JSONDecodeError, RecursionError) as e:",
+                "            except json.JSONDecodeError as e:",
+            ),
+            (
+                DCP,
+                "            except (json.JSONDecodeError, RecursionError) as e:",
+                "            except json.JSONDecodeError as e:",
+            ),
+            (DTV, "self._dataset(train, True, private)", "self._dataset(train, True)"),
+            (DTV, "                os.rename(Path(private, folder), Path(self.root, folder))", "                pass"),
+            (
+                "datamodules/shakespeare.py",
+                "if member.isfile() and _is_modern_text(member.name):",
+                "if _is_modern_text(member.name):",
+            ),
+            (
+                DTC,
+                "    with replacing(path) as tmp:\n        tmp.write_text(json.dumps(obj))",
+                '    tmp = path.with_suffix(f".tmp{os.getpid()}")\n    tmp.write_text(json.dumps(obj))\n    tmp.replace(path)',
+            ),
         ],
     },
 }

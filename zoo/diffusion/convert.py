@@ -27,7 +27,6 @@ frequencies); its ``flip_sin_to_cos=False`` (sin-first features) is undone by pe
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,6 +35,8 @@ import torch
 from torch import Tensor, nn
 
 from zoo.diffusion.dit import DiT
+from zoo.errors import InputError
+from zoo.io.files import file_in, read_json
 from zoo.io.weights import check_compatible, extract_state_dict, load_file
 
 
@@ -140,14 +141,17 @@ def diffusers_weights_file(folder: Path) -> Path:
 
 def _load_sharded(index: Path) -> dict[str, Tensor]:
     """A sharded safetensors checkpoint: the union of the shards its index names."""
-    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    return {k: v for shard in shards for k, v in load_file(index.parent / shard).items()}
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise InputError(f"{str(index)!r} has no weight_map of tensor names to shard files")
+    shards = sorted({file_in(index.parent, shard, f"the shard index {str(index)!r}") for shard in weight_map.values()})
+    return {k: v for shard in shards for k, v in load_file(shard).items()}
 
 
 def _check_heads(net: nn.Module, weights: Path) -> None:
     # The heads do not show in any shape, so a wrong count loads silently and computes something else.
     config = weights.parent / "config.json"
-    heads = json.loads(config.read_text()).get("num_attention_heads") if config.is_file() else None
+    heads = read_json(config).get("num_attention_heads") if config.is_file() else None
     if heads is not None and heads != net.blocks[0].attn.num_heads:
         raise ValueError(
             f"{str(config)!r} has num_attention_heads={heads} but the net has {net.blocks[0].attn.num_heads}: "
@@ -192,7 +196,7 @@ def load_pretrained(net: nn.Module, path: str | Path) -> nn.Module:
     state = extract_state_dict(load_file(path), "net.")
     if any(k.startswith("down_blocks.") for k in state):
         config = Path(path).parent / "config.json"
-        flip = json.loads(config.read_text()).get("flip_sin_to_cos", True) if config.is_file() else True
+        flip = read_json(config).get("flip_sin_to_cos", True) if config.is_file() else True
         state = unet_from_diffusers(state, flip)
     check_compatible(net, state, f"weights file {str(path)!r}")
     net.load_state_dict(state)

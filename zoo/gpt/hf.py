@@ -21,6 +21,7 @@ from zoo.gpt.attention import MHA
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import GeluMLP
 from zoo.gpt.norms import LayerNorm
+from zoo.io.files import read_json, replacing
 from zoo.io.weights import check_compatible, extract_state_dict, load_file
 
 # (ours, theirs) per block; "T" marks Conv1D weights that are stored transposed.
@@ -103,7 +104,7 @@ def load_gpt2(folder: str | Path) -> GPT:
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"No config.json in {str(folder)!r}: point at a Hugging Face GPT-2 folder")
-    net = GPT(**gpt2_net_kwargs(json.loads((folder / "config.json").read_text())))
+    net = GPT(**gpt2_net_kwargs(read_json(folder / "config.json")))
     load_gpt2_into(net, folder)
     return net
 
@@ -138,6 +139,7 @@ def export_gpt2(net: GPT, folder: str | Path, eos_id: int | None = None) -> Path
     tied = net.lm_head.weight is net.tok_emb.weight
     if tied:
         del sd["lm_head.weight"]  # transformers re-ties it from wte
+    # safetensors writes a file beside it and renames it over: a link planted at the name is replaced, as here.
     save_file({k: v.contiguous() for k, v in sd.items()}, folder / "model.safetensors", metadata={"format": "pt"})
     config = {
         "architectures": ["GPT2LMHeadModel"],
@@ -158,7 +160,8 @@ def export_gpt2(net: GPT, folder: str | Path, eos_id: int | None = None) -> Path
     if eos_id is None and net.vocab_size > 50256:
         eos_id = 50256
     config["bos_token_id"] = config["eos_token_id"] = eos_id
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    with replacing(folder / "config.json") as tmp:  # a link planted in the folder is replaced, not followed
+        tmp.write_text(json.dumps(config, indent=2))
     return folder
 
 
@@ -190,7 +193,7 @@ def load_pretrained(net: GPT, path: str | Path) -> GPT:
     path = Path(path)
     if path.is_dir():
         config = path / "config.json"
-        kind = json.loads(config.read_text()).get("model_type", "gpt2") if config.is_file() else "gpt2"
+        kind = read_json(config).get("model_type", "gpt2") if config.is_file() else "gpt2"
         if kind != "gpt2":
             from zoo.gpt.llama import load_hf_into  # Llama, Mixtral and DeepSeek-V3 layouts
 

@@ -39,6 +39,7 @@ from zoo.gpt.mlp import SwiGLU
 from zoo.gpt.moe import MoE
 from zoo.gpt.mtp import mtp_to_hf, mtp_to_zoo
 from zoo.gpt.norms import RMSNorm
+from zoo.io.files import read_json, replacing
 from zoo.io.weights import check_compatible, extract_state_dict, load_file
 
 # (ours, theirs) inside block i / model.layers.i, shared by both families.
@@ -222,7 +223,7 @@ def _read_folder(folder: Path) -> tuple[dict, dict[str, Tensor]]:
     sd: dict[str, Tensor] = {}
     for shard in shards:
         sd.update(extract_state_dict(load_file(shard)))
-    return json.loads((folder / "config.json").read_text()), sd
+    return read_json(folder / "config.json"), sd
 
 
 # What the zoo's GPT has not, for the MoE families it does not load.
@@ -351,6 +352,8 @@ def export_hf(net: GPT, folder: str | Path) -> Path:
     sd = zoo_to_hf({k: v.detach().cpu() for k, v in net.state_dict().items()}, net)
     if config["tie_word_embeddings"]:
         del sd["lm_head.weight"]  # transformers re-ties it from embed_tokens
+    # safetensors writes a file beside it and renames it over: a link planted at the name is replaced, as here.
     save_file({k: v.contiguous() for k, v in sd.items()}, folder / "model.safetensors", metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    with replacing(folder / "config.json") as tmp:  # a link planted in the folder is replaced, not followed
+        tmp.write_text(json.dumps(config, indent=2))
     return folder

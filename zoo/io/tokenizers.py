@@ -16,7 +16,6 @@ no merge crosses a word/space/punctuation boundary.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -26,6 +25,9 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 from torch import Tensor
+
+from zoo.errors import InputError
+from zoo.io.files import read_bytes, read_json, replacing
 
 EOS_TOKEN = "<|endoftext|>"
 
@@ -172,16 +174,16 @@ class BPETokenizer(_HFTokenizer):
         """Write ``<directory>/tokenizer.json`` (HF's format) and return its path."""
         path = Path(directory) / "tokenizer.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        self.hf.save(str(tmp))
-        tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+        with replacing(path) as tmp:  # atomic: a concurrent reader never sees half a file, nor a link's target
+            self.hf.save(str(tmp))
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> BPETokenizer:
         """From a ``tokenizer.json`` or a folder holding one."""
         path = Path(path)
-        return cls.from_json((path / "tokenizer.json" if path.is_dir() else path).read_text("utf-8"))
+        # Read within bounds by the zoo, then handed over whole: tokenizers' own parser has neither limit.
+        return cls.from_json(json.dumps(read_json(path / "tokenizer.json" if path.is_dir() else path)))
 
 
 class GPT2Tokenizer(_HFTokenizer):
@@ -202,7 +204,14 @@ class GPT2Tokenizer(_HFTokenizer):
                     f"GPT-2 tokenizer file {name} not found in {str(directory)!r}: pass gpt2_dir=<folder with "
                     "GPT-2's vocab.json and merges.txt>; nothing is downloaded (no tiktoken, no hub)"
                 )
-        hf = _byte_level(models.BPE.from_file(str(directory / "vocab.json"), str(directory / "merges.txt")))
+        # Read by the zoo within bounds and handed over as data (tokenizers' from_file reads any size, any depth).
+        # merges.txt is "a b" per line after a "#version" header, as BPE.from_file parses it.
+        vocab = read_json(directory / "vocab.json")
+        lines = read_bytes(directory / "merges.txt").decode("utf-8").splitlines()
+        merges = [tuple(line.split(" ")) for line in lines if line and not line.startswith("#version")]
+        if not isinstance(vocab, dict) or any(len(m) != 2 for m in merges):
+            raise InputError(f"{str(directory)!r} does not hold GPT-2's vocab.json (an object) and merges.txt (pairs)")
+        hf = _byte_level(models.BPE(vocab, merges))
         # Special, as in GPT-2's own tokenizer: the literal text "<|endoftext|>" encodes to the EOS id.
         hf.add_special_tokens([EOS_TOKEN])
         return cls(hf)

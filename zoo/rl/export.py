@@ -8,6 +8,10 @@ package nor Lightning to run::
     policy = torch.export.load("policy.pt2").module()
     actions = policy(torch.as_tensor(obs, dtype=torch.float32))  # (B, *obs_shape) raw observations -> (B,) | (B, A)
 
+Only a program you exported or trust: ``torch.export.load`` unpickles what an archive holds (falling back to
+``weights_only=False``) and evaluates its graph's shape expressions (``sympy.sympify``), so a ``.pt2`` someone else
+wrote runs their code. The zoo writes programs and never loads one; given one where a checkpoint belongs, it refuses.
+
 The batch dimension is dynamic. Discrete policies return int64 action indices; continuous ones the action (SAC's
 squashed mean and TD3's mu(s) inside the bounds; PPO's and A2C's Gaussian mean, which the env clips to its Box as
 the collector does). What the policy expects is written next to the program (``policy.json`` in its extra files).
@@ -24,12 +28,14 @@ import importlib
 import inspect
 import json
 import pkgutil
+import sys
 from pathlib import Path
 
 import torch
 from lightning.pytorch import LightningModule
 
-from zoo.io.weights import load_file
+from zoo.io.files import replacing
+from zoo.io.weights import CheckpointError, load_file
 from zoo.rl.common import Policy
 
 METADATA = "policy.json"
@@ -65,7 +71,9 @@ def export_policy(agent: LightningModule, path: str | Path) -> Path:
         "normalized_obs": policy.obs_rms is not None,
         "env_steps": int(agent.env_steps),
     }
-    torch.export.save(policy_program(agent), str(path), extra_files={METADATA: json.dumps(meta)})
+    program = policy_program(agent)
+    with replacing(path) as tmp:  # never written through a link planted at ``path``
+        torch.export.save(program, str(tmp), extra_files={METADATA: json.dumps(meta)})
     return path
 
 
@@ -119,7 +127,10 @@ def main(argv: list[str] | None = None) -> Path:
         p.error(
             f"{args.checkpoint} is a model in MLflow: python -m zoo.tracking export-policy {args.checkpoint} {args.out}"
         )
-    path = export_policy(load_agent(args.checkpoint), args.out)
+    try:
+        path = export_policy(load_agent(args.checkpoint), args.out)
+    except (CheckpointError, FileNotFoundError, ValueError) as err:  # InputError too: one line naming the input
+        sys.exit(f"error: {' '.join(str(err).split())}")
     print(f"Exported the policy of {args.checkpoint} to {path.resolve()}")
     return path
 

@@ -24,6 +24,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
 
 from zoo import compat
+from zoo.io.files import replacing
 from zoo.io.weights import load_file, read_sharded_metadata
 
 LIGHTNING_META = "meta.pt"  # Lightning's non-tensor part of a sharded checkpoint (lightning.fabric.utilities.load)
@@ -144,7 +145,8 @@ def consolidate(checkpoint_dir: str | Path, output_file: str | Path) -> Path:
     ckpt.update(load_file(meta) if meta.is_file() else {})
     opt_keys = sorted((k for k in ckpt if re.fullmatch(r"optimizer_\d+", k)), key=lambda k: int(k.split("_")[1]))
     ckpt["optimizer_states"] = [ckpt.pop(k) for k in opt_keys]
-    torch.save(ckpt, output_file)
+    with replacing(output_file) as tmp:  # a link planted at the output's name is replaced, not written through
+        torch.save(ckpt, tmp)
     return output_file
 
 
