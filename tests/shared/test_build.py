@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from zoo.errors import InputError
 from zoo.io import build, trust
 from zoo.io.trust import UntrustedConfigError
 
@@ -129,7 +130,7 @@ def test_a_required_location_left_out_asks_the_user_for_it(allow):
     images = {"class_path": "datamodules.ImageFolderDataModule", "init_args": {"root": "/secret"}}
     part = build.resolve_data("datamodules.DiffusionDataModule", {"images": images}, "x.ckpt", allow, complete=False)
     assert part.all_missing() == ["data.init_args.images.init_args.root"]
-    with pytest.raises(UntrustedConfigError, match=r"pass --data\.init_args\.images\.init_args\.root=<\.\.\.>"):
+    with pytest.raises(InputError, match=r"pass --data\.init_args\.images\.init_args\.root=<\.\.\.>"):
         build.resolve_data("datamodules.DiffusionDataModule", {"images": images}, "x.ckpt", allow)
 
 

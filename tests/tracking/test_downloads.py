@@ -19,7 +19,7 @@ from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
 from mlflow.tracking import MlflowClient
 
 from zoo.tracking.downloads import MAX_DOWNLOAD_ENV, DownloadRefused
-from zoo.tracking.models import load_model, local_weights, resolve_checkpoint, tracking_uri
+from zoo.tracking.models import load_model, local_weights, process_tracking_uri, resolve_checkpoint, tracking_uri
 
 NET = {"vocab_size": 17, "block_size": 8, "n_layer": 1, "n_embd": 16, "n_head": 2}
 
@@ -126,7 +126,8 @@ def test_a_version_whose_source_is_a_folder_of_this_machine_is_refused(store, ca
         (f"runs:/{other_run}/model", version.run_id),
     ]
     for source, run_id in hostile:
-        v = client.create_model_version(name, source, run_id)
+        with process_tracking_uri(client.tracking_uri):  # MLflow looks a models:/ source up in the process's store
+            v = client.create_model_version(name, source, run_id)
         with pytest.raises(DownloadRefused) as refused:
             load_model(f"models:/{name}/{v.version}")
         message = str(refused.value)

@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from pathlib import Path, PurePath
 from typing import Any
 
+from zoo.errors import InputError
 from zoo.io import tripwire, trust
 from zoo.io.trust import Allowlist, UntrustedConfigError
 
@@ -64,10 +65,11 @@ class Part:
     kind: str = "class"
     dropped: tuple[str, ...] = ()  # dotted keys of the location settings left out, for the run to say so
     missing: tuple[str, ...] = ()  # dotted keys of required parameters the config does not give
+    bare: bool = False  # given as its class path alone (as jsonargparse dumps a class with no arguments)
 
     def plain(self) -> Any:
         """As a config stores it: ``{class_path, init_args}`` (a dict of fields for settings, the path for a type)."""
-        if self.kind == "type":
+        if self.kind == "type" or (self.bare and not self.args):
             return self.path
         args = {k: plain(v) for k, v in self.args.items()}
         return args if self.kind == "settings" else {"class_path": self.path, "init_args": args}
@@ -137,7 +139,7 @@ class Resolver:
         """``part``, if it gives every required parameter at every depth."""
         if missing := part.all_missing():
             where = missing[0]
-            raise UntrustedConfigError(
+            raise InputError(
                 f"{where} is required and {self.source} does not give it (a stored config does not choose where data "
                 f"is read from): pass --{where}=<...> (or --config <your YAML>, or {where.rsplit('.', 1)[-1]}= in "
                 "Python)"
@@ -192,7 +194,7 @@ class Resolver:
     def nested(self, value: Any, bases: tuple[type, ...], where: str, kind: str, depth: int) -> Part:
         """``{class_path, init_args}`` (or the bare class path) of an allowed class, a subclass of one of ``bases``."""
         if isinstance(value, str):
-            value = {"class_path": value}
+            return dataclasses.replace(self.nested({"class_path": value}, bases, where, kind, depth), bare=True)
         if not isinstance(value, Mapping) or "class_path" not in value or set(value) - {"class_path", "init_args"}:
             raise Refused(where, value, "{class_path: <a class the zoo ships>, init_args: {...}}")
         among = {**self.allow.parts, **self.allow.data}

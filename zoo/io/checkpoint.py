@@ -145,7 +145,13 @@ def reconcile(ckpt_path: str | Path, model: dict, allow: trust.Allowlist | None 
 
 def _plain(value: Any) -> Any:
     """Plain JSON values, so that a tuple and a list, or a dataclass and its dict, compare equal."""
-    return json.loads(json.dumps(value, default=lambda o: getattr(o, "__dict__", str(o))))
+    return json.loads(json.dumps(value, default=_plain_object))
+
+
+def _plain_object(o: Any) -> Any:
+    if isinstance(o, type):  # a class default (GPT's norm): as a config names it, by its package's export
+        return trust.paths_of(o)[1]
+    return getattr(o, "__dict__", str(o))
 
 
 def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
