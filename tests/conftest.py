@@ -169,3 +169,26 @@ def served(tmp_path):
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
     server.server_close()
+
+
+TINY_GPT = {"vocab_size": 17, "block_size": 8, "n_layer": 1, "n_embd": 16, "n_head": 2}
+
+
+def register_tiny_gpt(folder: Path, name: str = "tiny"):
+    """A tiny GPT logged and registered as ``name`` version 1 in a store of its own under ``folder``: the client."""
+    from mlflow.tracking import MlflowClient
+
+    from zoo.gpt import GPT, CausalLMModule
+    from zoo.tracking import log_checkpoint_model
+
+    uri = f"sqlite:///{folder / 'store.db'}"
+    ckpt = folder / "gpt.ckpt"
+    hparams = {"_class_path": "zoo.gpt.CausalLMModule", "net": {"class_path": "zoo.gpt.GPT", "init_args": TINY_GPT}}
+    torch.save({"state_dict": CausalLMModule(GPT(**TINY_GPT)).state_dict(), "hyper_parameters": hparams}, ckpt)
+    client = MlflowClient(uri, registry_uri=uri)
+    experiment = client.create_experiment(folder.name, artifact_location=(folder / "artifacts").as_uri())
+    run_id = client.create_run(experiment).info.run_id
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", uri)
+        log_checkpoint_model(ckpt, client, run_id, name)
+    return client

@@ -10,33 +10,18 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-import torch
-from conftest import ROOT
-from mlflow.tracking import MlflowClient
+from conftest import ROOT, register_tiny_gpt
 
 from zoo.tracking.code import CODE_TAG, code_sha256, installed_code_sha256
-
-NET = {"vocab_size": 17, "block_size": 8, "n_layer": 1, "n_embd": 16, "n_head": 2}
 
 
 @pytest.fixture(scope="module")
 def registered(tmp_path_factory):
     """A tiny GPT registered twice in a store of its own: as logged (version 1) and with a bundled file edited after
     registration to write a marker when imported (version 2). Returns (client, marker)."""
-    from zoo.gpt import GPT, CausalLMModule
-    from zoo.tracking import log_checkpoint_model
-
     tmp = tmp_path_factory.mktemp("code")
-    uri = f"sqlite:///{tmp / 'store.db'}"
-    ckpt = tmp / "gpt.ckpt"
-    hparams = {"_class_path": "zoo.gpt.CausalLMModule", "net": {"class_path": "zoo.gpt.GPT", "init_args": NET}}
-    torch.save({"state_dict": CausalLMModule(GPT(**NET)).state_dict(), "hyper_parameters": hparams}, ckpt)
-    client = MlflowClient(uri, registry_uri=uri)
-    experiment = client.create_experiment("code", artifact_location=(tmp / "artifacts").as_uri())
-    run_id = client.create_run(experiment).info.run_id
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", uri)
-        log_checkpoint_model(ckpt, client, run_id, "tiny")
+    client = register_tiny_gpt(tmp)
+    run_id = client.get_model_version("tiny", "1").run_id
     model = client.get_logged_model(client.get_model_version("tiny", "1").source.removeprefix("models:/"))
     edited, marker = tmp / "edited", tmp / "imported"
     shutil.copytree(urlparse(model.artifact_location).path, edited)

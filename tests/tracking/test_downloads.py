@@ -13,15 +13,12 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-import torch
+from conftest import register_tiny_gpt
 from mlflow.entities import FileInfo
 from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
-from mlflow.tracking import MlflowClient
 
 from zoo.tracking.downloads import MAX_DOWNLOAD_ENV, DownloadRefused
 from zoo.tracking.models import load_model, local_weights, process_tracking_uri, resolve_checkpoint, tracking_uri
-
-NET = {"vocab_size": 17, "block_size": 8, "n_layer": 1, "n_embd": 16, "n_head": 2}
 
 
 @pytest.fixture
@@ -38,20 +35,8 @@ def cached_files(cache: Path) -> list[Path]:
 @pytest.fixture(scope="module")
 def registered(tmp_path_factory):
     """A tiny GPT logged and registered in a store of its own: (client, version, name)."""
-    from zoo.gpt import GPT, CausalLMModule
-    from zoo.tracking import log_checkpoint_model
-
     tmp = tmp_path_factory.mktemp("downloads")
-    uri = f"sqlite:///{tmp / 'store.db'}"
-    ckpt = tmp / "gpt.ckpt"
-    hparams = {"_class_path": "zoo.gpt.CausalLMModule", "net": {"class_path": "zoo.gpt.GPT", "init_args": NET}}
-    torch.save({"state_dict": CausalLMModule(GPT(**NET)).state_dict(), "hyper_parameters": hparams}, ckpt)
-    client = MlflowClient(uri, registry_uri=uri)
-    experiment = client.create_experiment("downloads", artifact_location=(tmp / "artifacts").as_uri())
-    run_id = client.create_run(experiment).info.run_id
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", uri)
-        log_checkpoint_model(ckpt, client, run_id, "tiny")
+    client = register_tiny_gpt(tmp)
     return client, client.get_model_version("tiny", "1"), "tiny"
 
 
