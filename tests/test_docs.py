@@ -1,0 +1,211 @@
+"""The manual (docs/): it builds with warnings as errors, its first page runs as written (on the tiny config), and
+every command in it is run by a named test or says what it needs that a test machine has not got."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+from conftest import CONFIGS, ROOT, cli, output
+
+DOCS = ROOT / "docs"
+TESTS = ROOT / "tests"
+
+# Each command of the manual (a regular expression over the line, continuations joined) and either the test that
+# runs it (the same command, or its family's tiny config through the same path) or what it needs.
+NEEDS = ("a template", "data you give", "minutes of CPU", "a GPU", "several machines", "a running server")
+COVERED: list[tuple[str, str]] = [
+    (r"^python cli\.py (fit|validate|test|predict) +--config configs/<family>", "a template"),
+    (r"--print_config", "tests/test_docs.py::test_print_config_prints_every_option_resolved"),
+    (r"configs/clip/vit_shapes\.yaml$", "minutes of CPU"),
+    (
+        r"configs/clip/vit_shapes\.yaml --ckpt_path",
+        "tests/clip/test_clip_cli.py::test_tiny_fits_into_mlflow_then_predicts_from_its_checkpoint",
+    ),
+    (
+        r"finetune_csv\.yaml",
+        "tests/clip/test_clip_cli.py::test_finetune_preset_starts_from_hf_weights_and_tokenizer_on_a_csv",
+    ),
+    (
+        r"clip/tiny\.yaml --trainer\.logger",
+        "tests/app/test_after_fit.py::test_clip_registered_model_zero_shot_and_embeddings_without_the_config",
+    ),
+    (
+        r"models:/clip/1",
+        "tests/app/test_after_fit.py::test_clip_registered_model_zero_shot_and_embeddings_without_the_config",
+    ),
+    (
+        r"registered_model_name=digits$",
+        "tests/tracking/test_registry.py::test_fit_registers_a_logged_model_with_the_runs_evaluation_metrics",
+    ),
+    (
+        r"set_registered_model_alias\('digits'",
+        "tests/app/test_after_fit.py::test_cnn_registered_model_predicts_new_files_without_the_config",
+    ),
+    (
+        r"models:/digits@champion --data",
+        "tests/app/test_after_fit.py::test_cnn_registered_model_predicts_new_files_without_the_config",
+    ),
+    (
+        r"test --ckpt_path models:/digits@champion",
+        "tests/app/test_after_fit.py::test_validate_and_test_take_the_checkpoints_own_data_and_log_a_confusion_figure",
+    ),
+    (
+        r"validate --ckpt_path models:/digits/1",
+        "tests/tracking/test_registry.py::test_validate_from_a_registered_model_equals_the_checkpoint",
+    ),
+    (
+        r"zoo\.tracking log-model",
+        "tests/tracking/test_registry.py::test_log_model_from_a_checkpoint_adds_a_version_and_keeps_the_first",
+    ),
+    (r"autoencoder_shapes\.yaml", "minutes of CPU"),
+    (
+        r"latent_flow_dit_shapes\.yaml",
+        "tests/diffusion/test_latent.py::test_the_tiny_latent_config_trains_on_weights_from_a_path_given_on_the_command_line",
+    ),
+    (
+        r"^python cli\.py predict --ckpt_path <last\.ckpt>",
+        "tests/diffusion/test_diffusion_use.py::test_predict_writes_a_readable_png_per_sample_and_a_grid",
+    ),
+    (r"bench/(latent|diffusion)_quality\.py", "minutes of CPU"),
+    (r"ddpm_unet_shapes\.yaml$", "minutes of CPU"),
+    (
+        r"registered_model_name=shapes-ddpm",
+        "tests/tracking/test_registry.py::test_every_family_logs_a_model_that_rebuilds_its_module",
+    ),
+    (
+        r"models:/shapes-ddpm/1",
+        "tests/tracking/test_scoring_server.py::test_every_family_is_served_as_it_answers_in_process",
+    ),
+    (r"^python cli\.py fit --config configs/gpt/gpt_char_shakespeare\.yaml$", "minutes of CPU"),
+    (
+        r"predict --config configs/gpt/gpt_char_shakespeare\.yaml --ckpt_path",
+        "tests/gpt/test_gpt_use.py::test_predict_from_a_prompts_file_without_the_corpus",
+    ),
+    (
+        r"registered_model_name=shakespeare-char",
+        "tests/gpt/test_gpt_use.py::test_the_logged_model_scores_and_continues_new_text_with_its_own_characters",
+    ),
+    (
+        r"models:/shakespeare-char/1",
+        "tests/gpt/test_gpt_use.py::test_the_logged_model_scores_and_continues_new_text_with_its_own_characters",
+    ),
+    (
+        r"data\.init_args\.path=my_book\.txt",
+        "tests/test_docs.py::test_the_first_page_trains_and_prompts_a_gpt_on_a_text_file",
+    ),
+    (
+        r"--ckpt_path runs/<experiment>/<run>/checkpoints/last\.ckpt",
+        "tests/test_docs.py::test_the_first_page_trains_and_prompts_a_gpt_on_a_text_file",
+    ),
+    (
+        r"^mlflow models serve",
+        "tests/tracking/test_scoring_server.py::test_every_family_is_served_as_it_answers_in_process",
+    ),
+    (
+        r"^curl -s localhost:5001/invocations",
+        "tests/tracking/test_scoring_server.py::test_every_family_is_served_as_it_answers_in_process",
+    ),
+    (r"^mlflow server --host", "a running server"),
+    (r"^MLFLOW_TRACKING_URI=http", "tests/tracking/test_mlflow.py::test_tracking_server_from_env"),
+    (
+        r"registered_model_name=cartpole-ppo",
+        "tests/tracking/test_export_policy.py::test_a_registered_agent_exports_by_name_and_acts_as_trained",
+    ),
+    (r"models:/cartpole-ppo/1 --data", "tests/rl/test_rl_use.py::test_play_writes_every_episode_and_a_video_of_one"),
+    (
+        r"zoo\.rl\.export runs/",
+        "tests/rl/test_rl_export.py::test_checkpoint_exports_through_the_entry_point_and_plays_with_torch_alone",
+    ),
+    (
+        r"zoo\.tracking export-policy",
+        "tests/tracking/test_export_policy.py::test_a_registered_agent_exports_by_name_and_acts_as_trained",
+    ),
+    (
+        r"torch\.export\.load\('policy\.pt2'\)",
+        "tests/rl/test_rl_export.py::test_checkpoint_exports_through_the_entry_point_and_plays_with_torch_alone",
+    ),
+    (r"configs/trainer/(ddp|fsdp)\.yaml", "a GPU"),
+    (
+        r"zoo\.train\.parallel runs/",
+        "tests/app/test_strategies.py::test_fsdp2_two_processes_train_checkpoint_consolidate_reload",
+    ),
+    (r"^(torchrun|srun) ", "several machines"),
+]
+
+
+def manual_commands() -> list[tuple[str, str]]:
+    """(page, command) for every command line in the manual's bash blocks, continuations joined."""
+    found = []
+    for page in sorted(DOCS.glob("*.md")):
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S):
+            for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+                line = " ".join(line.split("  #")[0].split())  # a trailing comment is prose
+                if line and not line.startswith("#"):
+                    found.append((page.name, line))
+    return found
+
+
+def test_the_manual_builds_with_warnings_as_errors(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "site" / "index.html").is_file()
+
+
+def test_every_command_in_the_manual_is_run_by_a_test_or_says_what_it_needs():
+    used = set()
+    for page, command in manual_commands():
+        rules = [(i, how) for i, (pattern, how) in enumerate(COVERED) if re.search(pattern, command)]
+        assert len(rules) == 1, f"docs/{page}: {command!r} matches {len(rules)} rules of tests/test_docs.py's COVERED"
+        used.add(rules[0][0])
+    assert used == set(range(len(COVERED))), [COVERED[i][0] for i in set(range(len(COVERED))) - used]
+    for _, how in COVERED:
+        if how in NEEDS:
+            continue
+        file, _, name = how.partition("::")
+        assert f"def {name}(" in (ROOT / file).read_text(), f"{how} names no test"
+
+
+def test_the_first_page_trains_and_prompts_a_gpt_on_a_text_file(tmp_path):
+    """docs/index.md as written, on the tiny config: fit on a text file of one's own, prompt the checkpoint with no
+    YAML, score another file, and load it in Python."""
+    from zoo.gpt import CausalLMModule
+
+    text = "It was the best of times, it was the worst of times, it was the age of wisdom.\n" * 40
+    (tmp_path / "my_book.txt").write_text(text)
+    (tmp_path / "other.txt").write_text(text[:900])
+    tiny = str(CONFIGS / "gpt" / "gpt_tiny.yaml")
+    fit = cli("fit", "--config", tiny, f"--data.init_args.path={tmp_path / 'my_book.txt'}", "--trainer.max_steps=4")
+    last = fit.trainer.checkpoint_callback.last_model_path
+    cli(
+        "predict",
+        f"--ckpt_path={last}",
+        '--data.init_args.prompts=["Once upon a time"]',
+        "--model.init_args.generation.max_new_tokens=5",
+    )
+    rows = output("predictions.jsonl").read_text().splitlines()
+    assert len(rows) == 1 and '"prompt": "Once upon a time"' in rows[0]
+    scored = cli("test", f"--ckpt_path={last}", f"--data.init_args.test_path={tmp_path / 'other.txt'}")
+    assert float(scored.trainer.callback_metrics["test/loss"]) > 0
+    model = CausalLMModule.load_from_checkpoint(last)
+    assert isinstance(model.generate(["Once upon a time"], max_new_tokens=5)[0], str)
+
+
+def test_print_config_prints_every_option_resolved(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli("fit", "--config", str(CONFIGS / "cnn" / "convnet_digits.yaml"), "--print_config")
+    printed = capsys.readouterr().out
+    assert done.value.code in (0, None) and "class_path: zoo.cnn.ClassifierModule" in printed
+    assert "class_path: datamodules.DigitsDataModule" in printed and "batch_size:" in printed
+
+
+@pytest.mark.parametrize("page", sorted(p.name for p in DOCS.glob("*.md")))
+def test_every_page_is_in_the_menu(page):
+    assert f": {page}" in (ROOT / "mkdocs.yml").read_text()
