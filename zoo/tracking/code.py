@@ -79,7 +79,7 @@ def stored_code(uri: str, store: str) -> tuple[str, str | None, list[str]]:
     from mlflow.models import Model
 
     from zoo.tracking.downloads import check_sizes, fetch, find, refusals
-    from zoo.tracking.models import process_tracking_uri
+    from zoo.tracking.store import process_tracking_uri
 
     with tempfile.TemporaryDirectory() as tmp, process_tracking_uri(store), refusals(uri):
         repo, path, files = find(uri, store, code_files)

@@ -275,7 +275,7 @@ def download(uri: str, store: str) -> Path:
 
 
 def _download_into(dst: Path, uri: str, store: str) -> None:
-    from zoo.tracking.models import process_tracking_uri
+    from zoo.tracking.store import process_tracking_uri
 
     dst.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(dir=dst.parent, prefix=".partial-"))

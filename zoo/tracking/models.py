@@ -30,7 +30,6 @@ import ast
 import contextlib
 import importlib.metadata
 import json
-import os
 import re
 import shutil
 import sys
@@ -49,6 +48,7 @@ from zoo.io.trust import UntrustedConfigError, zoo_allowlist
 from zoo.io.weights import extract_state_dict, load_file
 from zoo.tracking.code import CODE_KEY, CODE_TAG, PYFUNC, bundle_code, code_sha256
 from zoo.tracking.downloads import SPEC, WEIGHTS, cache_dir, download, model_version
+from zoo.tracking.store import process_tracking_uri, tracking_uri
 
 URI_SCHEMES = ("models:/", "runs:/")
 MODEL_PATH = "model"  # the model's folder in its run's artifacts
@@ -330,27 +330,6 @@ def log_checkpoint_model(
     return f"{where} = models:/{registered_model_name}/{version.version}"
 
 
-@contextlib.contextmanager
-def process_tracking_uri(uri: str):
-    """MLflow's process-wide tracking URI set to ``uri`` for the block, then put back as it was (the variable
-    $MLFLOW_TRACKING_URI included). MLflow's SQL registry looks a ``models:/<model_id>`` source up with a client of
-    the process-wide URI, not the registering client's (a TODO in its ``create_model_version``)."""
-    import mlflow
-
-    env = os.environ.pop("MLFLOW_TRACKING_URI", None)
-    # Set by mlflow.set_tracking_uri, not by the variable (which is_tracking_uri_set also reads): the one to restore.
-    before = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None
-    mlflow.set_tracking_uri(uri)
-    try:
-        yield
-    finally:
-        mlflow.set_tracking_uri(before)  # which sets or unsets $MLFLOW_TRACKING_URI: put back as it was
-        if env is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = env
-
-
 def ranked_metrics(keys, monitor: str | None = None) -> list[str]:
     """The metrics a run is judged by, in the order to show them: ``monitor``, the evaluation metrics (``val/``,
     ``test/``), then the training loss; not gradient norms, learning rates or counters."""
@@ -377,11 +356,6 @@ def load_checkpoint(ckpt_path: str | Path) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         return load_file(consolidate(ckpt_path, Path(tmp) / "consolidated.ckpt"))
-
-
-def tracking_uri() -> str:
-    """Where ``ZooMLFlowLogger`` logs by default: $MLFLOW_TRACKING_URI, else ./mlflow.db."""
-    return os.getenv("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('mlflow.db').resolve()}"
 
 
 def _download(uri: str, tracking_uri_: str | None) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,3 +67,29 @@ def _sqlite_path(tracking_uri: str) -> str | None:
     """The database file of a ``sqlite:///<path>`` URI (None for other stores and in-memory databases)."""
     path = tracking_uri.removeprefix("sqlite:///") if tracking_uri.startswith("sqlite:///") else None
     return path if path and not path.startswith(":memory:") else None
+
+
+def tracking_uri() -> str:
+    """Where ``ZooMLFlowLogger`` logs by default: $MLFLOW_TRACKING_URI, else ./mlflow.db."""
+    return os.getenv("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('mlflow.db').resolve()}"
+
+
+@contextlib.contextmanager
+def process_tracking_uri(uri: str):
+    """MLflow's process-wide tracking URI set to ``uri`` for the block, then put back as it was (the variable
+    $MLFLOW_TRACKING_URI included). MLflow's SQL registry looks a ``models:/<model_id>`` source up with a client of
+    the process-wide URI, not the registering client's (a TODO in its ``create_model_version``)."""
+    import mlflow
+
+    env = os.environ.pop("MLFLOW_TRACKING_URI", None)
+    # Set by mlflow.set_tracking_uri, not by the variable (which is_tracking_uri_set also reads): the one to restore.
+    before = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(before)  # which sets or unsets $MLFLOW_TRACKING_URI: put back as it was
+        if env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = env
