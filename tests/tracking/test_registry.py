@@ -313,3 +313,23 @@ def test_a_latent_diffusion_model_requires_diffusers_and_answers_with_decoded_im
     want = c.model.eval().sample(2, partial(FlowEulerSampler, steps=2), seed=0, labels=[1, 2]) * 0.5 + 0.5
     got = torch.stack([torch.tensor(list(im.getdata())).T.reshape(3, 16, 16) for im in images]) / 255
     torch.testing.assert_close(got, want, atol=1 / 255 + 1e-6, rtol=0)
+
+
+def test_a_registered_version_shows_on_its_logged_model_as_mlflows_register_model_shows_it(registered):
+    """The logged model's page reads the ``mlflow.modelVersions`` tag to say "Registered" and link the version;
+    the zoo's registration leaves the same tag that ``mlflow.register_model`` leaves on a model it registers."""
+    import json
+
+    import mlflow
+    from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
+
+    from zoo.tracking.models import process_tracking_uri
+
+    _, client, version, _ = registered
+    model_id = version.source.removeprefix("models:/")
+    zoo_tag = json.loads(client.get_logged_model(model_id).tags[MLFLOW_MODEL_VERSIONS])
+    assert {"name": version.name, "version": int(version.version)} in zoo_tag
+    with process_tracking_uri(client.tracking_uri):  # MLflow's own, on the same logged model, under another name
+        theirs = mlflow.register_model(f"models:/{model_id}", f"{version.name}-by-mlflow")
+    after = json.loads(client.get_logged_model(model_id).tags[MLFLOW_MODEL_VERSIONS])
+    assert after == [*zoo_tag, {"name": theirs.name, "version": theirs.version}]  # the same shape, appended

@@ -327,7 +327,20 @@ def log_checkpoint_model(
         version = client.create_model_version(
             registered_model_name, f"models:/{model.model_id}", run_id, tags, model_id=model.model_id
         )
+    link_version(client, model.model_id, registered_model_name, version.version)
     return f"{where} = models:/{registered_model_name}/{version.version}"
+
+
+def link_version(client, model_id: str, name: str, version: str) -> None:
+    """Record the version on its logged model as ``mlflow.register_model`` does (the ``mlflow.modelVersions`` tag,
+    a JSON list of ``{name, version}``): the logged model's page reads it to show "Registered" and the version,
+    where a version created alone leaves "Not registered" and a "Register model" button that invites a duplicate."""
+    from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
+
+    linked = json.loads(client.get_logged_model(model_id).tags.get(MLFLOW_MODEL_VERSIONS) or "[]")
+    entry = {"name": name, "version": int(version)}  # a number, as register_model writes it
+    if entry not in linked:
+        client.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps([*linked, entry])})
 
 
 def ranked_metrics(keys, monitor: str | None = None) -> list[str]:
