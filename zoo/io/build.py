@@ -214,53 +214,17 @@ class Resolver:
         if origin is typing.Annotated:
             return self.convert(value, args[0], where, depth)
         if origin in (typing.Union, types.UnionType):
-            if value is None and NONE in args:
-                return None
-            expected = []
-            for alt in (a for a in args if a is not NONE):
-                try:
-                    return self.convert(value, alt, where, depth)
-                except Refused as err:
-                    if err.where != where:  # inside the value: that alternative was the one meant
-                        raise
-                    expected.append(err.expected)
-            raise Refused(where, value, " or ".join(expected))
+            return self.union(value, args, where, depth)
         if origin is typing.Literal:
             if any(value == a and type(value) is type(a) for a in args):
                 return value
             raise Refused(where, value, f"one of {list(args)}")
-        if hint is NONE:
-            return _exact(value, NONE, where, "null")
-        if hint is bool:
-            return _exact(value, bool, where, "true or false")
-        if hint is int:
-            return _exact(value, int, where, "an integer")
-        if hint is float:
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return float(value)
-            raise Refused(where, value, "a number")
-        if hint is str:
-            return _exact(value, str, where, "a string")
-        if hint in (Path, PurePath):
-            return Path(_exact(value, str, where, "a path"))
-        if origin in (list, set, collections.abc.Sequence, collections.abc.Iterable):
-            items = self.sequence(value, where)
-            return [self.convert(v, args[0] if args else Any, f"{where}[{i}]", depth + 1) for i, v in enumerate(items)]
-        if origin is tuple or hint is tuple:
-            items = self.sequence(value, where)
-            if not args:
-                return tuple(plain_json(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(items))
-            if len(args) == 2 and args[1] is Ellipsis:
-                args = (args[0],) * len(items)
-            if len(args) != len(items):
-                raise Refused(where, value, f"{len(args)} items")
-            return tuple(self.convert(v, a, f"{where}[{i}]", depth + 1) for i, (v, a) in enumerate(zip(items, args)))
-        if origin in (dict, collections.abc.Mapping):
-            if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-                raise Refused(where, value, "a mapping with string keys")
-            _no_decoy(value, where)
-            item = args[1] if len(args) == 2 else Any
-            return {k: self.convert(v, item, f"{where}.{k}", depth + 1) for k, v in value.items()}
+        if hint in SCALARS:
+            return SCALARS[hint](value, where)
+        if origin in (list, set, tuple, dict, collections.abc.Sequence, collections.abc.Iterable, Mapping):
+            return self.container(value, origin, args, where, depth)
+        if hint in (tuple, Mapping):
+            return self.container(value, hint, (), where, depth)
         if origin is type:
             return self.type_of(value, args, where)
         if origin is collections.abc.Callable or hint is collections.abc.Callable:
@@ -278,6 +242,39 @@ class Resolver:
         if isinstance(hint, type):
             return self.nested(value, (hint,), where, "class", depth)
         raise Refused(where, value, f"a value of a kind the zoo builds (not {hint!r})")
+
+    def union(self, value: Any, args: tuple, where: str, depth: int) -> Any:
+        """The first alternative that takes ``value``; a refusal inside it (deeper than ``where``) is final."""
+        if value is None and NONE in args:
+            return None
+        expected = []
+        for alt in (a for a in args if a is not NONE):
+            try:
+                return self.convert(value, alt, where, depth)
+            except Refused as err:
+                if err.where != where:  # inside the value: that alternative was the one meant
+                    raise
+                expected.append(err.expected)
+        raise Refused(where, value, " or ".join(expected))
+
+    def container(self, value: Any, origin: Any, args: tuple, where: str, depth: int) -> Any:
+        """Lists, tuples (fixed or ``...``) and mappings with string keys, item by item."""
+        if origin in (dict, Mapping):
+            if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+                raise Refused(where, value, "a mapping with string keys")
+            _no_decoy(value, where)
+            item = args[1] if len(args) == 2 else Any
+            return {k: self.convert(v, item, f"{where}.{k}", depth + 1) for k, v in value.items()}
+        items = self.sequence(value, where)
+        if origin is not tuple:
+            return [self.convert(v, args[0] if args else Any, f"{where}[{i}]", depth + 1) for i, v in enumerate(items)]
+        if not args:
+            return tuple(plain_json(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(items))
+        if len(args) == 2 and args[1] is Ellipsis:
+            args = (args[0],) * len(items)
+        if len(args) != len(items):
+            raise Refused(where, value, f"{len(args)} items")
+        return tuple(self.convert(v, a, f"{where}[{i}]", depth + 1) for i, (v, a) in enumerate(zip(items, args)))
 
     def sequence(self, value: Any, where: str) -> list:
         if not isinstance(value, (list, tuple)):
@@ -340,6 +337,24 @@ def _exact(value: Any, kind: type, where: str, what: str) -> Any:
     if type(value) is kind:  # bool is not an int here, nor an int a bool
         return value
     raise Refused(where, value, what)
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    raise Refused(where, value, "a number")
+
+
+# The scalar annotations and how each converts (an int is not a bool here, nor a bool an int).
+SCALARS = {
+    NONE: lambda v, where: _exact(v, NONE, where, "null"),
+    bool: lambda v, where: _exact(v, bool, where, "true or false"),
+    int: lambda v, where: _exact(v, int, where, "an integer"),
+    float: _number,
+    str: lambda v, where: _exact(v, str, where, "a string"),
+    Path: lambda v, where: Path(_exact(v, str, where, "a path")),
+    PurePath: lambda v, where: Path(_exact(v, str, where, "a path")),
+}
 
 
 def plain_json(value: Any, where: str, depth: int = 0) -> Any:
