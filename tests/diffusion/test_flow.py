@@ -333,3 +333,32 @@ def test_a_sampler_of_the_wrong_kind_gets_the_same_line_however_it_is_met():
         messages.append(str(err.value))
     assert len(set(messages[:3])) == 1 and "DDIMSampler samples a noise-schedule" in messages[0]
     assert messages[3] == messages[4] and "FlowEulerSampler samples a flow-matching model" in messages[3]
+
+
+def test_a_cli_built_sampler_of_the_wrong_kind_is_refused_when_the_model_is_built():
+    """jsonargparse hands the module its own wrapper of the class, not the class: the module builds it once, so the
+    check fires before any training or sampling, as one line naming the sampler."""
+    from zoo.app.parser import parser_error_line
+
+    with pytest.raises(ValueError) as err:
+        cli(
+            "fit",
+            "--config",
+            str(CONFIGS / "diffusion" / "tiny.yaml"),
+            "--model.init_args.sampler=zoo.diffusion.FlowEulerSampler",
+            "--trainer.max_steps=1",
+        )
+    line = parser_error_line(str(err.value))
+    assert line == (
+        "FlowEulerSampler samples a flow-matching model, not one trained on the noise schedule: use "
+        "zoo.diffusion.DDIMSampler, DDPMSampler or DPMSolverPlusPlus2M"
+    )
+
+
+def test_each_sampler_states_its_own_settings_as_built():
+    schedule = NoiseSchedule(1000)
+    assert DDIMSampler(schedule, steps=3, eta=0.5).settings() == {"steps": 3, "eta": 0.5, "spacing": "trailing"}
+    assert DPMSolverPlusPlus2M(schedule, steps=4).settings() == {"steps": 4, "spacing": "linspace"}
+    assert FlowEulerSampler(FlowMatching(), steps=2).settings() == {"steps": 2, "shift": 1.0, "last_time": 1e-3}
+    module = DiffusionModule(_net(), sampler=partial(DDIMSampler, steps=7))  # the module's, built once
+    assert module.default_sampler.settings()["steps"] == 7

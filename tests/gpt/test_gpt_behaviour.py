@@ -12,7 +12,7 @@ from functools import partial
 import pytest
 import torch
 
-from zoo.gpt import GPT, MHA, generate
+from zoo.gpt import GPT, MHA, RMSNorm, SwiGLU, generate
 
 V, N = 8, 6000
 
@@ -25,8 +25,8 @@ def tiny_net(**kw) -> GPT:
         n_layer=2,
         n_embd=32,
         n_head=4,
-        norm="rmsnorm",
-        mlp="swiglu",
+        norm=RMSNorm,
+        mlp=SwiGLU,
         position="rope",
         attention=partial(MHA, n_kv_head=2),
         **kw,

@@ -14,7 +14,7 @@ import pytest
 import torch
 from test_moe_hf import REFERENCES as MOE_REFERENCES
 
-from zoo.gpt import GPT, MHA, MLA
+from zoo.gpt import GPT, MHA, MLA, RMSNorm, SwiGLU
 from zoo.gpt.generate import make_cache
 from zoo.gpt.llama import export_hf, load_hf
 
@@ -145,8 +145,8 @@ def test_exported_net_loads_in_transformers_with_the_same_logits(tmp_path, varia
         n_layer=2,
         n_embd=64,
         n_head=4,
-        norm="rmsnorm",
-        mlp="swiglu",
+        norm=RMSNorm,
+        mlp=SwiGLU,
         position="rope",
         rope_base=700.0,
         bias=False,

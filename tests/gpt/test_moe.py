@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from conftest import CONFIGS, cli
 
 from zoo.errors import InputError
-from zoo.gpt import GPT, CausalLMModule, MoE
+from zoo.gpt import GPT, CausalLMModule, MoE, RMSNorm
 from zoo.gpt.hf import export_gpt2
 from zoo.gpt.llama import export_hf
 from zoo.gpt.moe import balance_loss
@@ -64,7 +64,7 @@ def test_sigmoid_routing_equals_transformers_deepseek_v3_moe(n_group, topk_group
     ref, ours = deepseek_moe(n_group, topk_group)
     x = torch.randn(3, 10, D)
     with torch.no_grad():
-        torch.testing.assert_close(ours(x), ref(x), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ours(x)[0], ref(x), atol=1e-5, rtol=1e-5)
         _, w_ref, idx_ref = ref.gate(x)
         idx, w, _ = ours.route(x.view(-1, D))
     # same experts with the same weights (order within a token's k may differ)
@@ -96,12 +96,13 @@ def test_softmax_routing_and_balance_loss_equal_transformers_mixtral():
     )
     x = torch.randn(3, 10, D)
     with torch.no_grad():
-        torch.testing.assert_close(ours.eval()(x), ref(x), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ours.eval()(x)[0], ref(x), atol=1e-5, rtol=1e-5)
+        assert ours(x)[1] is None  # no balance term outside training
         logits = ref.gate(x)[0]
-    ours.train()(x)
+    _, balance = ours.train()(x)  # the router returns its term, times aux_loss_coef
     expected = load_balancing_loss_func((logits,), num_experts=E, top_k=2)
-    torch.testing.assert_close(ours.aux_loss, expected)
-    assert ours.aux_loss.requires_grad  # it trains the router
+    torch.testing.assert_close(balance, ours.aux_loss_coef * expected)
+    assert balance.requires_grad  # it trains the router
 
 
 def naive(moe: MoE, x):
@@ -115,7 +116,7 @@ def naive(moe: MoE, x):
             gate, up = (moe.experts_fc[e] @ flat[n]).chunk(2)
             out[n] += w[n, j] * (moe.experts_proj[e] @ (F.silu(gate) * up))
         if moe.shared is not None:
-            out[n] += moe.shared(flat[n])
+            out[n] += moe.shared(flat[n])[0]
     return out.view_as(x)
 
 
@@ -126,7 +127,7 @@ def test_dispatch_equals_a_per_token_loop(routing, grouped, monkeypatch):
     torch.manual_seed(1)
     moe = perturbed(MoE(D, FW, n_routed_experts=E, num_experts_per_tok=3, routing=routing, n_group=2, topk_group=1))
     x = torch.randn(2, 7, D, requires_grad=True)
-    moe(x).square().sum().backward()
+    moe(x)[0].square().sum().backward()
     grads = [x.grad, moe.experts_fc.grad, moe.experts_proj.grad]
     for t in (x, moe.experts_fc, moe.experts_proj):
         t.grad = None
@@ -134,12 +135,12 @@ def test_dispatch_equals_a_per_token_loop(routing, grouped, monkeypatch):
     for a, b in zip(grads, [x.grad, moe.experts_fc.grad, moe.experts_proj.grad]):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     with torch.no_grad():
-        torch.testing.assert_close(moe(x), naive(moe, x), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(moe(x)[0], naive(moe, x), atol=1e-5, rtol=1e-5)
         moe.router.weight[1:] = -10.0 * moe.router.weight[:1].abs().sum()  # expert 0 wins everywhere...
         moe.router.weight[0] = moe.router.weight[0].abs()
         x1 = x.abs()  # ...so some experts get no token: empty slices
         assert (torch.bincount(moe.route(x1.view(-1, D))[0].flatten(), minlength=E) == 0).any()
-        torch.testing.assert_close(moe(x1), naive(moe, x1), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(moe(x1)[0], naive(moe, x1), atol=1e-5, rtol=1e-5)
 
 
 def test_bias_updates_balance_a_skewed_router_without_gradient(one_thread):
@@ -157,7 +158,7 @@ def test_bias_updates_balance_a_skewed_router_without_gradient(one_thread):
         return moe.stats()["load_max_over_mean"].item()
 
     before = imbalance()
-    moe(x).sum().backward()
+    moe(x)[0].sum().backward()
     assert moe.expert_bias.grad is None and not moe.expert_bias.requires_grad
     assert moe.router.weight.grad is not None
     for _ in range(100):
@@ -225,7 +226,7 @@ def test_export_of_a_moe_net_without_a_hugging_face_form_is_refused_naming_moe(t
         n_layer=2,
         n_embd=D,
         n_head=4,
-        norm="rmsnorm",
+        norm=RMSNorm,
         position="rope",
         bias=False,
         mlp=moe,
@@ -243,8 +244,12 @@ def test_softmax_aux_loss_joins_the_training_loss(monkeypatch):
     monkeypatch.setattr("zoo.gpt.module.lightning_writes", lambda trainer: False)
     monkeypatch.setattr(CausalLMModule, "trainer", None)
     x = torch.randint(0, 50, (2, 16))
+    seen = []  # each router's input, to score its routing here
+    for r in module.routers:
+        r.register_forward_hook(lambda m, args, out: seen.append((m, args[0].reshape(-1, args[0].shape[-1]))))
     loss = module.training_step((x, x), 0)
-    aux = sum(r.aux_loss for r in module.routers)
+    assert len(seen) == 2
+    aux = sum(balance_loss(*m.route(inp)[::2]) for m, inp in seen)  # Switch eq. 4 from each router's own choice
     plain = F.cross_entropy(module.net(x).flatten(0, 1), x.flatten())
     torch.testing.assert_close(loss, plain + 0.5 * aux)
     assert len(module.routers) == 2

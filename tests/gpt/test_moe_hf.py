@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from zoo.errors import InputError
-from zoo.gpt import GPT, MHA, MLA, MoE
+from zoo.gpt import GPT, MHA, MLA, MoE, RMSNorm
 from zoo.gpt.llama import export_hf, load_hf, net_kwargs
 
 transformers = pytest.importorskip("transformers")
@@ -152,7 +152,7 @@ def zoo_net(variant: str) -> GPT:
         n_layer=3,
         n_embd=64,
         n_head=4,
-        norm="rmsnorm",
+        norm=RMSNorm,
         position="rope",
         rope_base=700.0,
         bias=False,
@@ -213,13 +213,13 @@ def test_moe_configs_the_gpt_cannot_hold_are_refused_by_name(tmp_path):
 def test_export_of_a_moe_net_without_a_hugging_face_form_is_refused(tmp_path):
     for attention, routing in ((MHA, "sigmoid_bias"), (partial(MLA, kv_lora_rank=8), "softmax")):
         net = GPT(
-            vocab_size=VOCAB, block_size=8, n_layer=2, n_embd=16, n_head=2, norm="rmsnorm", position="rope",
+            vocab_size=VOCAB, block_size=8, n_layer=2, n_embd=16, n_head=2, norm=RMSNorm, position="rope",
             bias=False, attention=attention, mlp=partial(MoE, n_routed_experts=4, routing=routing, n_shared_experts=0),
         )  # fmt: skip
         with pytest.raises(InputError, match="mixture-of-experts layers export as DeepSeek-V3"):
             export_hf(net, tmp_path / "out")
     net = GPT(
-        vocab_size=VOCAB, block_size=8, n_layer=1, n_embd=16, n_head=2, norm="rmsnorm", position="rope", bias=False,
+        vocab_size=VOCAB, block_size=8, n_layer=1, n_embd=16, n_head=2, norm=RMSNorm, position="rope", bias=False,
         mlp=partial(MoE, n_routed_experts=4, routing="softmax", n_shared_experts=1),
     )  # fmt: skip
     with pytest.raises(InputError, match="n_shared_experts: 0"):

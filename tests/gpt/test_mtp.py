@@ -57,7 +57,7 @@ def reference_mtp_losses(net, tokens):
             emb = net.tok_emb(tokens[:, k : i + k + 1])  # Emb(t_{j+k}), j = 0..i
             h_in = torch.cat((module.enorm(emb), module.hnorm(h[:, : i + 1])), dim=-1)  # [embedding ; hidden]
             cos, sin = net.rope_cos[: i + 1], net.rope_sin[: i + 1]
-            hk = module.norm(module.block(module.eh_proj(h_in), cos, sin))[:, -1]  # h^k_i (B, D)
+            hk = module.norm(module.block(module.eh_proj(h_in), cos, sin)[0])[:, -1]  # h^k_i (B, D)
             rows.append(hk)
             logp = F.log_softmax(net.lm_head(hk), dim=-1)
             nll.append(-logp.gather(1, tokens[:, i + k + 1, None]).squeeze(1))  # target t_{i+k+1}
@@ -159,7 +159,7 @@ def test_no_mtp_is_the_plain_net_and_mtp_leaves_the_main_model_as_a_seed_gives_i
     with torch.no_grad():
         h = plain.tok_emb(x)
         for block in plain.blocks:
-            h = block(h, plain.rope_cos[:9], plain.rope_sin[:9])
+            h, _ = block(h, plain.rope_cos[:9], plain.rope_sin[:9])
         torch.testing.assert_close(plain(x), plain.lm_head(plain.norm_f(h)), atol=0, rtol=0)
         torch.testing.assert_close(deep(x), plain(x), atol=0, rtol=0)
     mtp_params = sum(p.numel() for p in deep.mtp.parameters())

@@ -11,7 +11,7 @@ import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from zoo.errors import InputError
-from zoo.gpt import GPT, MLA, generate
+from zoo.gpt import GPT, MLA, RMSNorm, generate
 from zoo.gpt.generate import LayerCache, make_cache, window_pad
 from zoo.gpt.speculative import (
     GPTDraft,
@@ -24,7 +24,7 @@ from zoo.gpt.speculative import (
 
 V = 97
 TARGETS = {"mha": dict(), "mla": dict(attention=partial(MLA, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4,
-                                                          v_head_dim=8), position="rope", norm="rmsnorm")}  # fmt: skip
+                                                          v_head_dim=8), position="rope", norm=RMSNorm)}  # fmt: skip
 
 
 def net(seed: int, vocab: int = V, **kw) -> GPT:
@@ -236,7 +236,7 @@ def test_mtp_self_speculation_is_plain_greedy_and_drafts_what_the_module_predict
 def test_a_module_that_guesses_right_gets_every_proposal_accepted():
     # Blocks whose residual branches write nothing: the target predicts from the last token alone, norm(emb(t)), and
     # a module that passes the next token's embedding through (eh_proj = [I | 0]) predicts the same from it.
-    t = net(0, mtp_depth=1, position="rope", norm="rmsnorm")
+    t = net(0, mtp_depth=1, position="rope", norm=RMSNorm)
     with torch.no_grad():
         for block in t.all_blocks():
             for p in (block.attn.proj.weight, *block.mlp.residual_projections()):

@@ -116,10 +116,10 @@ FAMILIES: dict[str, dict] = {
                 "sum(block.attn.flops_per_token(seq_len)",
             ),
             (NRM, 'return {"layer_norm_epsilon": self.eps}', 'return {"layer_norm_epsilon": 1e-5}'),
-            (G, "return x + self.mlp(self.norm2(x))", "return x + self.mlp(self.norm1(x))"),
+            (G, "y, aux = self.mlp(self.norm2(x))", "y, aux = self.mlp(self.norm1(x))"),
             (G, "x = x + self.pos_emb.weight[start : start + t]", "x = x + self.pos_emb.weight[:t]"),
             (G, "if self.activation_checkpointing and self.training", "if False and self.activation_checkpointing"),
-            (G, "self.norm_f = norm_cls(n_embd, eps=norm_eps)", "self.norm_f = norm_cls(n_embd)"),
+            (G, "self.norm_f = norm(n_embd, eps=norm_eps)", "self.norm_f = norm(n_embd)"),
             (
                 S,
                 "filter_logits(logits.float() / temperature, top_k, top_p)",
@@ -153,7 +153,7 @@ FAMILIES: dict[str, dict] = {
             (MOE, "y = y * w.flatten()[order, None]", "y = y * w.flatten()[:, None]"),
             (MOE, "offs = counts.cumsum(0).to(torch.int32)", "offs = counts.cumsum(0).roll(1).to(torch.int32)"),
             (MOE, "return e * (f * probs.mean(0)).sum()", "return e * (f * probs.max(0).values).sum()"),
-            ("zoo/gpt/module.py", 'out["loss"] = out["loss"] + out["aux_loss"]', 'out["loss"] = out["loss"]'),
+            (LOSS, 'out["loss"] = out["loss"] + out["aux_loss"]', 'out["loss"] = out["loss"]'),
             (MOE, "group_score = grouped.topk(2, dim=-1).values.sum(-1)", "group_score = grouped.max(-1).values"),
             # MoE weights in and out of Hugging Face folders (DeepSeek-V3, Mixtral)
             (
@@ -192,7 +192,7 @@ FAMILIES: dict[str, dict] = {
             ),
             (SP, "lambda m, args, out: hidden.append(out)", "lambda m, args, out: hidden.append(args[0])"),
             # multi-token prediction: inputs and targets one token off, concatenation order, scaling, h^0's norm
-            (G, "self.mtp_forward(h[:, :-1], idx[:, k:], k)", "self.mtp_forward(h[:, :-1], idx[:, k - 1 : -1], k)"),
+            (G, "self._mtp_step(h[:, :-1], idx[:, k:], k)", "self._mtp_step(h[:, :-1], idx[:, k - 1 : -1], k)"),
             (
                 LOSS,
                 "depth = causal_lm_loss(logits, targets[:, k:])",
@@ -203,12 +203,8 @@ FAMILIES: dict[str, dict] = {
                 "torch.cat((self.enorm(emb), self.hnorm(h)), dim=-1)",
                 "torch.cat((self.hnorm(h), self.enorm(emb)), dim=-1)",
             ),
-            (
-                LOSS,
-                "for k in range(1, len(mtp_logits) + 1)) / len(mtp_logits)",
-                "for k in range(1, len(mtp_logits) + 1))",
-            ),
-            (G, "return logits, self._mtp_logits(h, idx)", "return logits, self._mtp_logits(x, idx)"),
+            (LOSS, "sum(present) / len(present)", "sum(present)"),
+            (G, "mtp_logits = self._mtp_logits(h, idx, aux_terms)", "mtp_logits = self._mtp_logits(x, idx, aux_terms)"),
         ],
     },
     "diffusion": {

@@ -190,6 +190,7 @@ class FlowSampler(Sampler):
         check_sampler_kind(self, schedule)
         self.schedule, self.prediction, self.clip_denoised = schedule, prediction, clip_denoised
         self._times = flow_times(steps, shift, last_time)
+        self._settings = {"steps": steps, "shift": shift, "last_time": last_time}
         self._next = dict(zip(self._times, self._times[1:] + [0.0]))
 
     def _velocity(self, output: Tensor, t: float, x_t: Tensor) -> Tensor:

@@ -45,7 +45,7 @@ from zoo.diffusion.latent import (
     std_scale,
 )
 from zoo.diffusion.losses import denoising_loss
-from zoo.diffusion.samplers import ClassifierFreeGuidance, DDIMSampler, SamplerClass, check_sampler_kind
+from zoo.diffusion.samplers import ClassifierFreeGuidance, DDIMSampler, SamplerClass
 from zoo.diffusion.schedule import NoiseSchedule
 from zoo.errors import InputError
 from zoo.io.checkpoint import WeightsOnlyLoading
@@ -153,8 +153,9 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
                 "prediction and min_snr_gamma belong to the noise schedule: a model with an objective "
                 f"({objective!r}) predicts what it says; leave them out"
             )
-        # A sampler of the wrong kind says so now, not at the first sample.
-        check_sampler_kind(sampler, self._sampling_schedule)
+        # Built once here, however it was given (a class, a partial, the CLI's): a sampler of the wrong kind or with
+        # settings the schedule refuses says so now, not at the first sample; its settings are what serving offers.
+        self.default_sampler = sampler(self._sampling_schedule, prediction, clip_denoised)
         self._compiled = None  # built at the first training step; kept off the module tree (no "_orig_mod." keys)
         self._init_loaded = self._autoencoder_loaded = False
 

@@ -38,7 +38,6 @@ index -1, before the first step, is 1).
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from typing import Literal
@@ -86,14 +85,11 @@ class ClassifierFreeGuidance:
         return torch.cat([guided, cond[:, c:]], dim=1)
 
 
-def check_sampler_kind(sampler: object, schedule: object) -> None:
+def check_sampler_kind(sampler: Sampler, schedule: object) -> None:
     """A flow sampler for a model trained with an objective (flow matching), a noise-schedule one for a model trained
-    on the ``NoiseSchedule``: else one error line naming both. ``sampler``: a sampler, its class or a
-    ``functools.partial`` of it (checked by class, before it is built; a plain callable checks nothing here)."""
-    cls = sampler.func if isinstance(sampler, functools.partial) else sampler
-    cls = cls if isinstance(cls, type) else type(cls)
-    if not issubclass(cls, Sampler):
-        return  # a plain callable: it checks the schedule itself when built
+    on the ``NoiseSchedule``: else one error line naming both. Every sampler calls it first thing in ``__init__``, by
+    the kind its class states (``samples_flow``), so building one on a model's schedule is the check."""
+    cls = type(sampler)
     on_schedule = isinstance(schedule, NoiseSchedule)
     if cls.samples_flow and on_schedule:
         raise InputError(
@@ -121,9 +117,15 @@ class Sampler:
     clip_denoised: float | None
     # Per-step scalars as Python floats on the host: no device sync and no kernel launch per step.
     _abar: list[float]
+    _settings: dict[str, object] = {}  # the keyword-only settings it was built with (``settings``)
 
     def timesteps(self) -> list[int]:
         raise NotImplementedError
+
+    def settings(self) -> dict[str, object]:
+        """The sampler's own settings (its keyword-only parameters) with their values, as it was built: what a served
+        model offers to change per request. Each sampler records them in ``__init__`` (none: a sampler without)."""
+        return dict(self._settings)
 
     def step(self, output: Tensor, t: int, x_t: Tensor, generator: torch.Generator | None = None) -> Tensor:
         raise NotImplementedError
@@ -184,6 +186,7 @@ class DDPMSampler(Sampler):
         self._beta = schedule.betas.double().tolist()
         self._log_beta = schedule.log_betas.double().tolist()
         self._log_beta_tilde = schedule.posterior_log_variance_clipped.double().tolist()
+        self._settings = {"variance": variance}
 
     def timesteps(self) -> list[int]:
         return list(range(self.schedule.num_timesteps - 1, -1, -1))
@@ -255,6 +258,7 @@ class DDIMSampler(Sampler):
         self.schedule, self.prediction, self.eta, self.clip_denoised = schedule, prediction, eta, clip_denoised
         self._abar = schedule.alphas_cumprod.double().tolist()
         self._timesteps = ddim_timesteps(schedule.num_timesteps, steps, spacing)
+        self._settings = {"steps": steps, "eta": eta, "spacing": spacing}
         # The step after each one: the next visited index, and -1 (abar = 1, clean data) after the last.
         self._prev = dict(zip(self._timesteps, self._timesteps[1:] + [-1]))
 
@@ -345,6 +349,7 @@ class DPMSolverPlusPlus2M(Sampler):
         self.schedule, self.prediction, self.clip_denoised = schedule, prediction, clip_denoised
         self._abar = schedule.alphas_cumprod.double().tolist()
         self._timesteps = dpm_timesteps(schedule.num_timesteps, steps, spacing)
+        self._settings = {"steps": steps, "spacing": spacing}
         self._prev = dict(zip(self._timesteps, self._timesteps[1:] + [-1]))
         self._alpha = {t: self._abar[t] ** 0.5 for t in self._timesteps}
         self._sigma = {t: (1 - self._abar[t]) ** 0.5 for t in self._timesteps}

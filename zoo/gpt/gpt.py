@@ -26,18 +26,20 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from zoo.gpt.attention import MHA, AttentionClass, LayerCache, rope_cache
-from zoo.gpt.mlp import GeluMLP, SwiGLU, mlp_of_old_config
+from zoo.gpt.mlp import GeluMLP, SwiGLU
 from zoo.gpt.moe import MoE
 from zoo.gpt.mtp import MTPModule
-from zoo.gpt.norms import LayerNorm, NormClass, norm_of_old_config
+from zoo.gpt.norms import LayerNorm, NormClass
 
-# What GPT(mlp=...) takes: a class (or partial) called as cls(dim, hidden, bias, dropout); in YAML a class_path with
-# the class's own init_args; the union is what the CLI accepts as class_path.
+# What GPT(mlp=...) takes: a class (or partial) called as cls(dim, hidden, bias, dropout), whose forward returns
+# (output, auxiliary loss or None); in YAML a class_path with the class's own init_args; the union is what the CLI
+# accepts as class_path.
 MLPClass = Callable[[int, "int | None", bool, float], GeluMLP | SwiGLU | MoE]
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)); also the MLP's auxiliary loss term
+    (a mixture of experts' balance term in training; None for a dense MLP)."""
 
     def __init__(self, attn: nn.Module, mlp: nn.Module, norm: NormClass, dim: int, eps: float, dropout: float) -> None:
         super().__init__()
@@ -53,9 +55,10 @@ class Block(nn.Module):
         cache: LayerCache | None = None,
         start: int = 0,
         mask: Tensor | None = None,
-    ) -> Tensor:
+    ) -> tuple[Tensor, Tensor | None]:
         x = x + self.drop(self.attn(self.norm1(x), cos, sin, cache, start, mask))
-        return x + self.mlp(self.norm2(x))
+        y, aux = self.mlp(self.norm2(x))
+        return x + y, aux
 
 
 def padded_positions(pad: Tensor, start: int, t: int) -> tuple[Tensor, Tensor]:
@@ -84,13 +87,12 @@ class GPT(nn.Module):
         n_embd: int = 256,
         n_head: int = 4,
         attention: AttentionClass = MHA,
-        norm: Literal["layernorm", "rmsnorm"] | NormClass = LayerNorm,
+        norm: NormClass = LayerNorm,
         norm_eps: float = 1e-5,
-        mlp: Literal["gelu", "swiglu"] | MLPClass = GeluMLP,
+        mlp: MLPClass = GeluMLP,
         mlp_hidden: int | None = None,
         first_k_dense: int = 0,
         dense_hidden: int | None = None,
-        gelu: Literal["exact", "tanh"] | None = None,
         position: Literal["learned", "rope"] = "learned",
         rope_base: float = 10000.0,
         bias: bool = True,
@@ -110,18 +112,15 @@ class GPT(nn.Module):
             attention: the attention class of every block, with its own settings (``zoo.gpt.attention``):
                 ``MHA`` (``n_kv_head`` for GQA/MQA) or ``MLA`` (DeepSeek-V2 latent attention); in Python a
                 class or ``functools.partial(MLA, kv_lora_rank=...)``, called as (D, H, bias, dropout, rope).
-            norm: the norm class (``zoo.gpt.norms``): ``LayerNorm`` (GPT-2) or ``RMSNorm``, called as (D, norm_eps); the
-                strings "layernorm" and "rmsnorm" of older configs name them.
+            norm: the norm class (``zoo.gpt.norms``): ``LayerNorm`` (GPT-2) or ``RMSNorm``, called as (D, norm_eps).
             norm_eps: epsilon of every norm.
             mlp: the MLP class of every block, with its own settings (``zoo.gpt.mlp``): ``GeluMLP`` (GPT-2;
-                ``approximate`` exact or tanh) or ``SwiGLU``; called as (D, mlp_hidden, bias, dropout). The strings
-                "gelu" and "swiglu" of older configs name them.
+                ``approximate`` exact or tanh), ``SwiGLU`` or ``MoE``; called as (D, mlp_hidden, bias, dropout).
             mlp_hidden: MLP hidden width; None: the class's own (4D for GeluMLP, 8D/3 rounded up to 64 for SwiGLU;
                 for ``MoE`` each routed expert's width).
             first_k_dense: the first blocks that take a dense ``SwiGLU`` instead of ``mlp`` (DeepSeek-V3's
                 ``first_k_dense_replace``: 3 dense layers before its mixture-of-experts layers).
             dense_hidden: those dense SwiGLUs' hidden width; None: SwiGLU's own (8D/3 rounded up to 64).
-            gelu: only with the older ``mlp: gelu``: its activation (now ``GeluMLP``'s ``approximate``).
             position: learned absolute positions (GPT-2) or RoPE (MLA always uses RoPE on its p channels).
             rope_base: RoPE's base wavelength.
             bias: biases in linear layers (GPT-2 has them).
@@ -139,8 +138,6 @@ class GPT(nn.Module):
         self.n_embd, self.tie_embeddings = n_embd, tie_embeddings
         self.position, self.rope_base = position, rope_base
         self.activation_checkpointing = activation_checkpointing
-        norm_cls = norm_of_old_config(norm)
-        mlp = mlp_of_old_config(mlp, gelu)
         self.tok_emb = nn.Embedding(vocab_size, n_embd)  # registered first, so a seed gives the same weights
         if position == "learned":
             self.pos_emb = nn.Embedding(block_size, n_embd)
@@ -152,23 +149,21 @@ class GPT(nn.Module):
                 SwiGLU(n_embd, dense_hidden, bias, dropout)
                 if i < first_k_dense
                 else mlp(n_embd, mlp_hidden, bias, dropout),
-                norm_cls,
+                norm,
                 n_embd,
                 norm_eps,
                 dropout,
             )
 
         self.blocks = nn.ModuleList(block(i) for i in range(n_layer))
-        self.norm_f = norm_cls(n_embd, eps=norm_eps)
+        self.norm_f = norm(n_embd, eps=norm_eps)
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
         if tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         # Registered last and built without drawing from the global generator, so a seed gives the main model the
         # weights it gives without MTP (reset_parameters draws them first): runs with and without MTP start alike.
         with torch.random.fork_rng(devices=[]):
-            self.mtp = nn.ModuleList(
-                MTPModule(block(n_layer - 1), norm_cls, n_embd, norm_eps) for _ in range(mtp_depth)
-            )
+            self.mtp = nn.ModuleList(MTPModule(block(n_layer - 1), norm, n_embd, norm_eps) for _ in range(mtp_depth))
         cos, sin = rope_cache(block_size, self.blocks[0].attn.rope_dim, rope_base)
         # Not persistent: rebuilt from the config, so checkpoints and HF conversions carry weights only.
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -212,7 +207,8 @@ class GPT(nn.Module):
         pad: Tensor | None = None,
         mtp: bool = False,
         return_hidden: bool = False,
-    ) -> Tensor | tuple[Tensor, Tensor] | tuple[Tensor, list[Tensor]]:
+        aux: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor] | tuple[Tensor, list[Tensor]] | tuple[Tensor, list[Tensor], list[Tensor]]:
         """Logits (B, T, V) for ids (B, T) in slots start..start+T-1; ``cache`` holds the earlier slots.
 
         ``pad`` (B,) left-pads rows of unequal prompts in one batch: row b's first pad[b] slots are
@@ -223,6 +219,8 @@ class GPT(nn.Module):
         ``mtp`` (training, no cache): also every depth's logits, ``mtp[k-1]`` (B, T-k, V) at position i predicting
         token t_{i+k+1}, i.e. ``targets[:, k:]`` (``losses.mtp_loss``). Computed here rather than by a second method so
         that FSDP2, which gathers the shared embedding and head around ``forward``, sees one call.
+        ``aux`` (training): also the MLPs' auxiliary loss terms, last: scalars from every block that ran, MTP's
+        included (a mixture of experts' balance term; ``losses.causal_lm_objective`` adds them); [] for a dense net.
         """
         t = idx.shape[1]
         if start + t > self.block_size:
@@ -232,13 +230,18 @@ class GPT(nn.Module):
         if self.position == "learned":
             x = x + self.pos_emb.weight[start : start + t] if pos is None else x + self.pos_emb(pos)
         x = self.drop(x)
+        aux_terms: list[Tensor] = []
         for i, block in enumerate(self.blocks):
-            x = self._block(block, x, cos, sin, None if cache is None else cache[i], start, mask)
+            x, a = self._block(block, x, cos, sin, None if cache is None else cache[i], start, mask)
+            aux_terms += [] if a is None else [a]
         h = self.norm_f(x)  # (B, T, D)
         logits = self.lm_head(h)  # (B, T, V)
         if mtp:
-            return logits, self._mtp_logits(h, idx)
-        return (logits, h) if return_hidden else logits
+            mtp_logits = self._mtp_logits(h, idx, aux_terms)
+            return (logits, mtp_logits, aux_terms) if aux else (logits, mtp_logits)
+        if return_hidden:
+            return logits, h
+        return (logits, aux_terms) if aux else logits
 
     def _positions(self, start: int, t: int, pad: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
         """RoPE tables, attention mask and (with ``pad``) positions (B, T) of slots start..start+T-1."""
@@ -247,17 +250,21 @@ class GPT(nn.Module):
         pos, mask = padded_positions(pad, start, t)  # (B, T), (B, 1, T, S)
         return self.rope_cos[pos].unsqueeze(1), self.rope_sin[pos].unsqueeze(1), mask, pos  # (B, 1, T, rope_dim/2)
 
-    def _block(self, block: nn.Module, x: Tensor, cos, sin, cache: LayerCache | None, start: int, mask) -> Tensor:
+    def _block(
+        self, block: nn.Module, x: Tensor, cos, sin, cache: LayerCache | None, start: int, mask
+    ) -> tuple[Tensor, Tensor | None]:
         if self.activation_checkpointing and self.training and torch.is_grad_enabled():
             return checkpoint(block, x, cos, sin, cache, start, mask, use_reentrant=False)
         return block(x, cos, sin, cache, start, mask)
 
-    def _mtp_logits(self, h: Tensor, idx: Tensor) -> list[Tensor]:
-        """Every depth's logits in training: depth k over positions 0..T-k-1 reads h^{k-1} there and t_{i+k}."""
+    def _mtp_logits(self, h: Tensor, idx: Tensor, aux_terms: list[Tensor]) -> list[Tensor]:
+        """Every depth's logits in training: depth k over positions 0..T-k-1 reads h^{k-1} there and t_{i+k}; each
+        depth's auxiliary loss term goes to ``aux_terms``."""
         out = []
         for k in range(1, min(len(self.mtp), idx.shape[1] - 1) + 1):
-            logits, h = self.mtp_forward(h[:, :-1], idx[:, k:], k)  # (B, T-k, V), (B, T-k, D)
+            logits, h, a = self._mtp_step(h[:, :-1], idx[:, k:], k)  # (B, T-k, V), (B, T-k, D)
             out.append(logits)
+            aux_terms += [] if a is None else [a]
         return out
 
     def mtp_forward(
@@ -277,11 +284,19 @@ class GPT(nn.Module):
         own ``LayerCache`` (``generate.make_cache`` layout of the block, indexed by the slot of h), filled like a main
         layer's; ``pad`` as in ``forward``.
         """
+        logits, h, _ = self._mtp_step(h, next_ids, depth, cache, start, pad)
+        return logits, h
+
+    def _mtp_step(
+        self, h: Tensor, next_ids: Tensor, depth: int, cache: LayerCache | None = None, start: int = 0, pad=None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """``mtp_forward`` and the module's auxiliary loss term."""
         module = self.mtp[depth - 1]
         cos, sin, mask, _ = self._positions(start, h.shape[1], pad)
         x = module.combine(h, self.tok_emb(next_ids))  # (B, T, D)
-        h = module.norm(self._block(module.block, x, cos, sin, cache, start, mask))  # h^depth
-        return self.lm_head(h), h
+        x, aux = self._block(module.block, x, cos, sin, cache, start, mask)
+        h = module.norm(x)  # h^depth
+        return self.lm_head(h), h, aux
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
         """Training FLOPs per token, forward and backward: 6 * matmul weights outside the MLPs, each MLP's own count

@@ -39,3 +39,29 @@ def mtp_loss(mtp_logits: list[Tensor], targets: Tensor) -> dict[str, Tensor]:
     # 1/D over the depths that had positions (the net leaves out a depth k >= T); none at all (T = 1) adds nothing
     out["loss"] = sum(present) / len(present) if present else targets.new_zeros((), dtype=torch.float32)
     return out
+
+
+def causal_lm_objective(
+    logits: Tensor,
+    targets: Tensor,
+    mtp_logits: list[Tensor] | None = None,
+    aux_terms: list[Tensor] = (),
+    mtp_weight: float = 0.3,
+) -> dict[str, Tensor]:
+    """The training loss and its named terms: L = L_main + lambda * (1/D sum_k L_k) + sum of the MLPs' auxiliary terms.
+
+    DeepSeek-V3 eq. 25 adds the multi-token prediction losses (``mtp_logits``, each depth's as in ``mtp_loss``;
+    None for a net without MTP) weighted by ``mtp_weight`` lambda; ``aux_terms`` are what the MLPs returned beside
+    their outputs (a softmax-routed mixture of experts' balance term, Switch eq. 4, already times its coefficient).
+    Returns "loss" and, where present, "mtp_loss", "mtp_loss_{k}" per depth and "aux_loss" (their sum).
+    """
+    out = {"loss": causal_lm_loss(logits, targets)["loss"]}
+    if mtp_logits is not None:
+        mtp = mtp_loss(mtp_logits, targets)
+        out["loss"] = out["loss"] + mtp_weight * mtp["loss"]
+        out["mtp_loss"] = mtp["loss"]
+        out |= {f"mtp_loss_{k}": mtp[f"loss_{k}"] for k in range(1, len(mtp_logits) + 1)}
+    if aux_terms:
+        out["aux_loss"] = sum(aux_terms)
+        out["loss"] = out["loss"] + out["aux_loss"]
+    return out

@@ -5,7 +5,9 @@
       init_args: {approximate: exact}
 
 The GPT builds every MLP as ``mlp(dim, hidden, bias, dropout)`` (``hidden`` None: the class's own default width);
-``init_args`` hold only the class's own settings. Each class describes
+``init_args`` hold only the class's own settings. Every MLP's ``forward`` returns (output (B, T, D), its auxiliary
+loss term or None): the mixture of experts' router returns its balance term there, which ``losses.causal_lm_objective``
+adds to the training loss (a dense MLP has none). Each class describes
 itself to the rest of the zoo instead of being recognised by type: ``flops_per_token()`` is an MLP's share of
 ``GPT.flops_per_token``, ``residual_projections()`` the weights GPT-2 initialises scaled by depth, and
 ``hf_layout``, ``hf_config()``/``from_hf_config()``, ``to_hf()``/``from_hf()`` its names in Hugging Face's GPT-2
@@ -29,8 +31,6 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-from zoo.errors import InputError
 
 # transformers' GPT-2 activation names -> GeluMLP(approximate=...): GPT-2's own weights use the tanh form.
 _GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "exact"}
@@ -66,8 +66,8 @@ class GeluMLP(nn.Module):
         self.proj = nn.Linear(hidden, dim, bias=bias)
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.drop(self.proj(F.gelu(self.fc(x), approximate=self.approximate)))  # (B, T, D)
+    def forward(self, x: Tensor) -> tuple[Tensor, None]:
+        return self.drop(self.proj(F.gelu(self.fc(x), approximate=self.approximate))), None  # (B, T, D), no aux loss
 
     def flops_per_token(self) -> int:
         """Training FLOPs per token of its two matmuls, forward and backward (6 per weight)."""
@@ -123,9 +123,9 @@ class SwiGLU(nn.Module):
         self.proj = nn.Linear(hidden, dim, bias=bias)
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor) -> tuple[Tensor, None]:
         gate, up = self.fc(x).chunk(2, dim=-1)  # (B, T, F) each
-        return self.drop(self.proj(F.silu(gate) * up))  # (B, T, D)
+        return self.drop(self.proj(F.silu(gate) * up)), None  # (B, T, D), no aux loss
 
     def flops_per_token(self) -> int:
         """Training FLOPs per token of its matmuls (gate, up, down), forward and backward."""
@@ -170,15 +170,3 @@ class SwiGLU(nn.Module):
 
 # What GPT(mlp=...) takes (``gpt.MLPClass`` names every class the CLI accepts, ``moe.MoE`` too).
 MLPClass = Callable[[int, "int | None", bool, float], nn.Module]
-
-
-def mlp_of_old_config(mlp: MLPClass | Literal["gelu", "swiglu"], gelu: Literal["exact", "tanh"] | None) -> MLPClass:
-    """The class an older config's strings (``mlp: gelu``, ``gelu: exact``, ``mlp: swiglu``) mean; a class as given."""
-    if gelu is not None and not isinstance(mlp, str):
-        raise InputError(
-            f"gelu={gelu!r} is a setting of the GELU MLP now: pass mlp: {{class_path: zoo.gpt.GeluMLP, "
-            f"init_args: {{approximate: {gelu}}}}} instead of gelu"
-        )
-    if mlp == "gelu":
-        return partial(GeluMLP, approximate=gelu or "tanh")
-    return SwiGLU if mlp == "swiglu" else mlp

@@ -12,7 +12,7 @@ from zoo.compat import trainer_of
 from zoo.errors import InputError
 from zoo.gpt.generate import Generation, generate
 from zoo.gpt.gpt import GPT
-from zoo.gpt.losses import causal_lm_loss, mtp_loss
+from zoo.gpt.losses import causal_lm_loss, causal_lm_objective, mtp_loss
 from zoo.gpt.moe import routers
 from zoo.gpt.speculative import MTPDraft, SpeculationStats, speculative_generate
 from zoo.io.checkpoint import WeightsOnlyLoading
@@ -123,9 +123,9 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
 
     # -- steps -------------------------------------------------------------------------------------------
 
-    def forward(self, idx: Tensor, mtp: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+    def forward(self, idx: Tensor, mtp: bool = False, aux: bool = False) -> Tensor | tuple:
         net = self.net if self._compiled is None or not self.training else self._compiled
-        return net(idx, mtp=True) if mtp else net(idx)  # (B, T, V) [and each MTP depth's logits]
+        return net(idx, mtp=mtp, aux=aux)  # (B, T, V) [and each MTP depth's logits] [and the MLPs' auxiliary terms]
 
     @property
     def flops_per_batch(self) -> int | None:
@@ -134,26 +134,15 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
-        if self.net.mtp:  # DeepSeek-V3 eq. 25: L = L_main + lambda / D * sum_k L_k
-            logits, mtp_logits = self(x, mtp=True)
-            out, mtp = causal_lm_loss(logits, y), mtp_loss(mtp_logits, y)
-            out["loss"] = out["loss"] + self.hparams.mtp_weight * mtp["loss"]
-        else:
-            out, mtp = causal_lm_loss(self(x), y), {}
-        if any(r.aux_loss is not None for r in self.routers):  # softmax routers' balance loss (Switch eq. 4)
-            out["aux_loss"] = sum(r.aux_loss_coef * r.aux_loss for r in self.routers if r.aux_loss is not None)
-            out["loss"] = out["loss"] + out["aux_loss"]
+        logits, mtp_logits, aux = self(x, mtp=True, aux=True)
+        out = causal_lm_objective(logits, y, mtp_logits if self.net.mtp else None, aux, self.hparams.mtp_weight)
         t = x.shape[1]
         if t not in self._flops_per_token:
             self._flops_per_token[t] = self.net.flops_per_token(t)
         self._last_flops = self._flops_per_token[t] * x.numel()
         if lightning_writes(self.trainer):  # values logged at other steps are dropped anyway
             self.log("train/loss", out["loss"], prog_bar=True)
-            if "aux_loss" in out:
-                self.log("train/aux_loss", out["aux_loss"])
-            if mtp:
-                self.log("train/mtp_loss", mtp["loss"])
-                self.log_dict({f"train/mtp_loss_{k}": mtp[f"loss_{k}"] for k in range(1, len(mtp_logits) + 1)})
+            self.log_dict({f"train/{name}": v for name, v in out.items() if name != "loss"})
         return out["loss"]
 
     def on_before_optimizer_step(self, optimizer) -> None:

@@ -17,8 +17,8 @@ Two routers:
     training step b_i += bias_update_rate * sign(mean load - load_i) (auxiliary-loss-free balancing).
   "softmax" (Switch Transformer, Mixtral): softmax over experts, top k renormalised to sum 1, and the
     load-balancing loss N * sum_i f_i P_i (Switch eq. 4; f_i counts all k choices, as Mixtral's
-    ``load_balancing_loss_func``, so a balanced router scores k), which ``CausalLMModule`` adds times
-    ``aux_loss_coef``.
+    ``load_balancing_loss_func``, so a balanced router scores k): in training ``forward`` returns it times
+    ``aux_loss_coef`` beside its output, and ``losses.causal_lm_objective`` adds it to the loss.
 ``norm_topk_prob: false`` keeps the chosen weights as the router gave them (Qwen-MoE's default).
 
 Hugging Face layouts (``hf_layout`` follows the routing): "sigmoid_bias" is DeepSeek-V3's MoE layer
@@ -128,7 +128,6 @@ class MoE(nn.Module):
         self.register_buffer("load", torch.zeros(e, dtype=torch.long), persistent=False)
         self.register_buffer("prob", torch.zeros(e), persistent=False)
         self.register_buffer("tokens", torch.zeros((), dtype=torch.long), persistent=False)
-        self.aux_loss: Tensor | None = None  # the last training forward's balance loss (softmax routing)
         for w in (self.experts_fc, self.experts_proj):
             nn.init.normal_(w, 0.0, 0.02)  # the GPT re-initialises; this keeps a lone MoE finite
 
@@ -176,20 +175,22 @@ class MoE(nn.Module):
         y = y * w.flatten()[order, None].to(x.dtype)  # (N*k, D)
         return torch.zeros_like(x).index_add_(0, token, y)  # (N, D)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Output (B, T, D) and, training with softmax routing, the balance term aux_loss_coef * Switch eq. 4."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])  # (N, D)
         idx, w, probs = self.route(x)
         y = self.experts(x, idx, w)
         if self.shared is not None:
-            y = y + self.shared(x)
+            y = y + self.shared(x)[0]
         with torch.no_grad():
             self.load += torch.bincount(idx.flatten(), minlength=len(self.load))
             self.prob += probs.sum(0).to(self.prob.dtype)
             self.tokens += len(x)
+        balance = None
         if self.training and self.routing == "softmax":
-            self.aux_loss = balance_loss(idx, probs)
-        return self.drop(y).view(shape)  # (B, T, D)
+            balance = self.aux_loss_coef * balance_loss(idx, probs)
+        return self.drop(y).view(shape), balance  # (B, T, D), scalar or None
 
     # -- balancing ---------------------------------------------------------------------------------------
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 from typing import Any
 
 import numpy as np
@@ -221,15 +220,9 @@ class ImageGenerator(Interface):
         return Schema([ColSpec(DataType.long, n) for n in self.inputs] + [ColSpec(DataType.binary, "image")])
 
     def _sampler_settings(self) -> dict[str, Any]:
-        """The module's sampler's own settings (DDIM's steps, eta, spacing, ...) with their values: the keywords
-        of the configured sampler, then its class's defaults beyond (schedule, prediction, clip_denoised)."""
-        sampler = self.module.sampler
-        settings = dict(sampler.keywords) if isinstance(sampler, functools.partial) else {}
-        cls = sampler.args[-1] if isinstance(sampler, functools.partial) and sampler.args else sampler
-        if isinstance(cls, type):
-            for name, p in list(inspect.signature(cls).parameters.items())[3:]:
-                if p.default is not inspect.Parameter.empty:
-                    settings.setdefault(name, p.default)
+        """The module's sampler's own settings (DDIM's steps, eta, spacing, ...) with their values, as the sampler
+        states them (``Sampler.settings``)."""
+        settings = self.module.default_sampler.settings()
         return {k: v for k, v in settings.items() if _param_type(v)}
 
     def params(self) -> list[ParamSpec]:
