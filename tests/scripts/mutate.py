@@ -179,6 +179,7 @@ FAMILIES: dict[str, dict] = {
                 "new = torch.cat((drafts[:, :a], last[:, None]), dim=1)[:, : min(a + 1, k) or 1]",
             ),
             (SP, "a = int(n[~self.done].min())", "a = int(n[~self.done].max())"),
+            (SP, "best.gather(1, n[:, None])", "best.gather(1, (n - 1).clamp_min(0)[:, None])"),  # bonus token one back
             # self-speculation with the target's MTP module: its inputs one slot off, its cache's true entries, h^0
             (
                 SP,
