@@ -52,7 +52,7 @@ DTX, DTC, DCP, DDF = (
     "datamodules/captions.py",
     "datamodules/diffusion.py",
 )
-DTS, DGY = "datamodules/tensor_dataset.py", "datamodules/gym.py"
+DTS, DGY, DSH = "datamodules/tensor_dataset.py", "datamodules/gym.py", "datamodules/shapes.py"
 FI, CV, EX = "zoo/io/files.py", "zoo/diffusion/convert.py", "zoo/rl/export.py"
 OPT, GN, ATT, WT, TOK = (
     "zoo/train/optim.py",
@@ -757,6 +757,19 @@ FAMILIES: dict[str, dict] = {
             ),
             (DTS, "dx = torch.randint(0, 2 * p + 1, (b, 1, 1))", "dx = torch.randint(0, 2 * p, (b, 1, 1))"),
             (DTS, "images.flip(-1), images)", "images.flip(-2), images)"),
+            # The shapes captions' size and position words, read against the drawn pixels (issue 38 item 8).
+            (DSH, "self.positions = cell[:, 1] * 3 + cell[:, 0]", "self.positions = cell[:, 0] * 3 + cell[:, 1]"),
+            (DSH, "self.sizes = (size_u * len(SIZES))", "self.sizes = ((1 - size_u) * len(SIZES))"),
+            (
+                DSH,
+                '    "on the left", "in the center", "on the right",',
+                '    "on the right", "in the center", "on the left",',
+            ),
+            (
+                DCP,
+                "splits[name] = (self._normalise(d.images), d.captions, d.labels)",
+                "splits[name] = (self._normalise(d.images), d.captions[1:] + d.captions[:1], d.labels)",
+            ),
             (DGY, 'return int(os.environ.get("PL_GLOBAL_SEED", 0))', "return 0"),
             (
                 DGY,
