@@ -180,6 +180,10 @@ FAMILIES: dict[str, dict] = {
             ),
             (SP, "a = int(n[~self.done].min())", "a = int(n[~self.done].max())"),
             (SP, "best.gather(1, n[:, None])", "best.gather(1, (n - 1).clamp_min(0)[:, None])"),  # bonus token one back
+            # decoding in eval mode whatever mode the net is in, and leaving it so (issue 38 item 8)
+            (S, "    with evaluating(net):\n", "    with evaluating():\n"),
+            (S, "            net.train(mode)\n", "            net.train()\n"),
+            (SP, 'nets = [m for m in (net, getattr(draft, "net", None)) if m is not None]', "nets = [net]"),
             # self-speculation with the target's MTP module: its inputs one slot off, its cache's true entries, h^0
             (
                 SP,
@@ -769,6 +773,27 @@ FAMILIES: dict[str, dict] = {
                 DCP,
                 "splits[name] = (self._normalise(d.images), d.captions, d.labels)",
                 "splits[name] = (self._normalise(d.images), d.captions[1:] + d.captions[:1], d.labels)",
+            ),
+            # augment=False hands out the images as they are, augment=True moves them (issue 38 item 8)
+            (DSH, "max_shift=shift, hflip=self.augment", "max_shift=shift, hflip=True"),
+            (DDG, "max_shift=int(self.augment), fill=fill)", "max_shift=0, fill=fill)"),
+            (DMH, "shift = 2 if self.augment else 0", "shift = 2"),
+            (
+                DTV,
+                "self.train_transform = T.Compose((aug if augment else []) + normalise)",
+                "self.train_transform = T.Compose(normalise)",
+            ),
+            (DTS, "if self.max_shift > 0:", "if self.max_shift > 1:"),
+            # splits of different seeds never share images
+            (
+                DSH,
+                "ShapesDataset(n, self.image_size, seed=3 * self.seed + k)",
+                "ShapesDataset(n, self.image_size, seed=self.seed + k)",
+            ),
+            (
+                DCP,
+                "d = ShapesDataset(n, self.image_shape[-1], seed=3 * self.seed + k)",
+                "d = ShapesDataset(n, self.image_shape[-1], seed=self.seed + k)",
             ),
             (DGY, 'return int(os.environ.get("PL_GLOBAL_SEED", 0))', "return 0"),
             (
