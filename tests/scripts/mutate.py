@@ -554,6 +554,7 @@ FAMILIES: dict[str, dict] = {
                 "features = self.text_encoder(ids)  # (B, E)\n        return features",
             ),
             (CC, "return s.clamp(max=self.max_logit_scale).exp()", "return s.clamp(max=self.max_logit_scale)"),
+            (CC, "return s.clamp(max=self.max_logit_scale).exp()", "return s.exp()"),  # the forward's clamp dropped
             # The retrieval and zero-shot bugs issue 17 names: rank k only, each caption row its own image,
             # text->image relevance on the wrong axis, no renormalisation, a trivial top-5.
             (CMT, "hits[k] += int(match[:, :k].any(dim=1).sum())", "hits[k] += int(match[:, k - 1].sum())"),
