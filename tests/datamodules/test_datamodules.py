@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from datamodules import (
+    CaptionDataModule,
     DigitsDataModule,
     ImageFolderDataModule,
     MNISTHubDataModule,
@@ -76,6 +77,58 @@ def test_shapes_captions_describe_what_is_drawn():
             pixel = d.images[i, :, cy, cx]
             nearest = int(((palette - pixel) ** 2).sum(1).argmin())
             assert nearest == int(d.colours[i]), (d.caption(i), pixel)
+
+
+def drawn(image: torch.Tensor, colour: torch.Tensor) -> tuple[float, float, float] | None:
+    """(x, y) centroid and sqrt(area) in pixels of the pixels of ``colour`` (3,) in ``image`` (3, S, S) in [0, 1]:
+    those nearer the colour than the background (the image's median) along the line between them. None where the
+    two are too close to tell apart under the noise."""
+    background = image.flatten(1).median(1).values  # the shape covers under a third of the image
+    towards = colour - background
+    if towards.norm() < 0.4:
+        return None
+    t = ((image - background[:, None, None]) * towards[:, None, None]).sum(0) / towards.norm() ** 2  # (S, S)
+    ys, xs = torch.nonzero(t > 0.5, as_tuple=True)
+    return float(xs.float().mean()) + 0.5, float(ys.float().mean()) + 0.5, len(xs) ** 0.5
+
+
+def captioned_pairs(source: str) -> tuple[torch.Tensor, list[str]]:
+    """Images (N, 3, S, S) in [0, 1] and their captions: the shapes themselves, or CLIP's caption pairs of them."""
+    if source == "shapes":
+        d = ShapesDataset(300, image_size=32, seed=3)
+        return d.images, [d.caption(i) for i in range(len(d))]
+    dm = CaptionDataModule(image_size=32, num_train=300, num_val=1, seed=1)
+    dm.setup("fit")
+    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in dm.normalization)
+    return dm.train_set.images * std + mean, dm.train_set.captions
+
+
+@pytest.mark.parametrize("source", ["shapes", "clip captions"])
+def test_shapes_caption_size_and_position_words_say_where_the_shape_is_drawn(source):
+    images, captions = captioned_pairs(source)
+    s = images.shape[-1]
+    measured: dict[str, list[tuple[int, float]]] = {}  # shape -> (size word's rank, sqrt(area))
+    checked = 0
+    for image, caption in zip(images, captions):
+        words = caption.split()
+        found = drawn(image, torch.tensor(COLOURS[words[2]]))
+        if found is None:
+            continue
+        x, y, extent = found
+        # The position words read as a 3x3 grid: top/bottom name the row, left/right the column, else the middle.
+        row = 0 if "top" in words else 2 if "bottom" in words else 1
+        col = 0 if "left" in words else 2 if "right" in words else 1
+        assert col * s / 3 - 0.5 <= x <= (col + 1) * s / 3 + 0.5, (caption, x)
+        assert row * s / 3 - 0.5 <= y <= (row + 1) * s / 3 + 0.5, (caption, y)
+        measured.setdefault(words[3], []).append((["small", "medium", "large"].index(words[1]), extent))
+        checked += 1
+    assert checked > 0.8 * len(captions)
+    for shape, sizes in measured.items():
+        # A bigger size word never comes with a clearly smaller shape of the same kind (the words split the radius
+        # range in thirds, so neighbours meet at the boundary, up to the pixel grid).
+        for rank, extent in sizes:
+            assert all(extent < e * 1.12 for r, e in sizes if r > rank), (shape, rank, extent, sizes)
+        assert {r for r, _ in sizes} == {0, 1, 2}, f"{shape}: every size word is used"
 
 
 def test_epoch_shuffle_depends_only_on_seed_and_epoch():

@@ -1,4 +1,5 @@
-"""GPT behaviour that only shows through use: what generate samples, and what checkpointing saves.
+"""GPT behaviour that only shows through use: what generate samples, that it decodes in eval mode whatever mode the
+net is in, and what checkpointing saves.
 
 Sampling is checked through ``generate`` itself (one new token for many copies of one prompt), against
 a distribution computed here by hand from the net's logits: softmax(logits / T), renormalised over the
@@ -12,7 +13,7 @@ from functools import partial
 import pytest
 import torch
 
-from zoo.gpt import GPT, MHA, RMSNorm, SwiGLU, generate
+from zoo.gpt import GPT, MHA, CausalLMModule, RMSNorm, SwiGLU, generate
 
 V, N = 8, 6000
 
@@ -73,6 +74,33 @@ def test_generated_token_frequencies_follow_the_specified_distribution(temperatu
     bound = 5 * (p * (1 - p) / N).sqrt() + 1e-3
     assert ((freq - p).abs() <= bound).all(), f"freq {freq.tolist()} vs p {p.tolist()}"
     assert (freq[p == 0] == 0).all()
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_decoding_a_net_in_train_mode_with_dropout_is_deterministic_and_leaves_its_mode_as_found(speculative):
+    torch.manual_seed(0)
+    module = CausalLMModule(tiny_net(dropout=0.5))
+    draft = tiny_net(dropout=0.5, tie_embeddings=False) if speculative else None  # another head: it disagrees
+    nets = [module, draft] if speculative else [module]
+    prompts = [torch.tensor([1, 2, 3]), torch.tensor([4, 5])]
+
+    def decoded() -> tuple[list[list[int]], list[list[int]]]:
+        greedy = module.generate(prompts, 12, temperature=0, draft=draft, num_draft_tokens=2)
+        sampled = module.generate(prompts, 12, seed=0, draft=draft, num_draft_tokens=2)
+        return [g.tolist() for g in greedy], [s.tolist() for s in sampled]
+
+    for m in nets:
+        m.eval()
+    expected = decoded()  # dropout off
+    for mode in (True, False, True):
+        for m in nets:
+            m.train(mode)
+        assert decoded() == expected, f"decoding a net in {'train' if mode else 'eval'} mode"
+        assert all(sub.training == mode for m in nets for sub in m.modules()), "every submodule's mode kept"
+    net = module.net
+    with pytest.raises(IndexError):  # a token past the vocabulary fails in the first forward, after the switch
+        generate(net, [torch.tensor([V + 1])], 3, temperature=0)
+    assert all(sub.training for sub in net.modules()), "a decode that fails leaves the mode as found too"
 
 
 def saved_bytes(net: GPT, x: torch.Tensor) -> int:

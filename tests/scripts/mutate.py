@@ -52,7 +52,7 @@ DTX, DTC, DCP, DDF = (
     "datamodules/captions.py",
     "datamodules/diffusion.py",
 )
-DTS, DGY = "datamodules/tensor_dataset.py", "datamodules/gym.py"
+DTS, DGY, DSH = "datamodules/tensor_dataset.py", "datamodules/gym.py", "datamodules/shapes.py"
 FI, CV, EX = "zoo/io/files.py", "zoo/diffusion/convert.py", "zoo/rl/export.py"
 OPT, GN, ATT, WT, TOK = (
     "zoo/train/optim.py",
@@ -179,6 +179,11 @@ FAMILIES: dict[str, dict] = {
                 "new = torch.cat((drafts[:, :a], last[:, None]), dim=1)[:, : min(a + 1, k) or 1]",
             ),
             (SP, "a = int(n[~self.done].min())", "a = int(n[~self.done].max())"),
+            (SP, "best.gather(1, n[:, None])", "best.gather(1, (n - 1).clamp_min(0)[:, None])"),  # bonus token one back
+            # decoding in eval mode whatever mode the net is in, and leaving it so (issue 38 item 8)
+            (S, "    with evaluating(net):\n", "    with evaluating():\n"),
+            (S, "            net.train(mode)\n", "            net.train()\n"),
+            (SP, 'nets = [m for m in (net, getattr(draft, "net", None)) if m is not None]', "nets = [net]"),
             # self-speculation with the target's MTP module: its inputs one slot off, its cache's true entries, h^0
             (
                 SP,
@@ -545,6 +550,7 @@ FAMILIES: dict[str, dict] = {
                 "features = self.text_encoder(ids)  # (B, E)\n        return features",
             ),
             (CC, "return s.clamp(max=self.max_logit_scale).exp()", "return s.clamp(max=self.max_logit_scale)"),
+            (CC, "return s.clamp(max=self.max_logit_scale).exp()", "return s.exp()"),  # the forward's clamp dropped
             # The retrieval and zero-shot bugs issue 17 names: rank k only, each caption row its own image,
             # text->image relevance on the wrong axis, no renormalisation, a trivial top-5.
             (CMT, "hits[k] += int(match[:, :k].any(dim=1).sum())", "hits[k] += int(match[:, k - 1].sum())"),
@@ -752,6 +758,40 @@ FAMILIES: dict[str, dict] = {
             ),
             (DTS, "dx = torch.randint(0, 2 * p + 1, (b, 1, 1))", "dx = torch.randint(0, 2 * p, (b, 1, 1))"),
             (DTS, "images.flip(-1), images)", "images.flip(-2), images)"),
+            # The shapes captions' size and position words, read against the drawn pixels (issue 38 item 8).
+            (DSH, "self.positions = cell[:, 1] * 3 + cell[:, 0]", "self.positions = cell[:, 0] * 3 + cell[:, 1]"),
+            (DSH, "self.sizes = (size_u * len(SIZES))", "self.sizes = ((1 - size_u) * len(SIZES))"),
+            (
+                DSH,
+                '    "on the left", "in the center", "on the right",',
+                '    "on the right", "in the center", "on the left",',
+            ),
+            (
+                DCP,
+                "splits[name] = (self._normalise(d.images), d.captions, d.labels)",
+                "splits[name] = (self._normalise(d.images), d.captions[1:] + d.captions[:1], d.labels)",
+            ),
+            # augment=False hands out the images as they are, augment=True moves them (issue 38 item 8)
+            (DSH, "max_shift=shift, hflip=self.augment", "max_shift=shift, hflip=True"),
+            (DDG, "max_shift=int(self.augment), fill=fill)", "max_shift=0, fill=fill)"),
+            (DMH, "shift = 2 if self.augment else 0", "shift = 2"),
+            (
+                DTV,
+                "self.train_transform = T.Compose((aug if augment else []) + normalise)",
+                "self.train_transform = T.Compose(normalise)",
+            ),
+            (DTS, "if self.max_shift > 0:", "if self.max_shift > 1:"),
+            # splits of different seeds never share images
+            (
+                DSH,
+                "ShapesDataset(n, self.image_size, seed=3 * self.seed + k)",
+                "ShapesDataset(n, self.image_size, seed=self.seed + k)",
+            ),
+            (
+                DCP,
+                "d = ShapesDataset(n, self.image_shape[-1], seed=3 * self.seed + k)",
+                "d = ShapesDataset(n, self.image_shape[-1], seed=self.seed + k)",
+            ),
             (DGY, 'return int(os.environ.get("PL_GLOBAL_SEED", 0))', "return 0"),
             (
                 DGY,

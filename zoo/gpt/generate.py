@@ -22,11 +22,13 @@ Notation: B prompts, P longest prompt, N slots (P + max_new_tokens), W window (a
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from zoo.errors import InputError
 from zoo.gpt.gpt import GPT
@@ -248,6 +250,19 @@ def device_memory(device: torch.device) -> int | None:
         return None
 
 
+@contextmanager
+def evaluating(*nets: nn.Module) -> Iterator[None]:
+    """The nets in eval mode (no dropout) inside the block, then each back in the mode it was in, on an error too."""
+    modes = [net.training for net in nets]
+    for net in nets:
+        net.eval()
+    try:
+        yield
+    finally:
+        for net, mode in zip(nets, modes):
+            net.train(mode)
+
+
 @torch.inference_mode()
 def generate(
     net: GPT,
@@ -274,24 +289,22 @@ def generate(
     done = torch.zeros(b, dtype=torch.bool, device=tokens.device)
     ended = torch.full((b,), n, device=tokens.device)  # the slot where each row's continuation stops
 
-    was_training = net.training
-    net.eval()
-    cache = make_cache(net, b, min(n, bs)) if use_cache else None
-    first = 0  # the window's first slot: the context is tokens[:, first:pos + 1]
-    logits = net(tokens[:, :longest], cache, 0, window_pad(pad, 0))[:, -1]  # (B, V): every prompt in one pass
-    for pos in range(longest, n):
-        nxt = sample_next(logits, temperature, top_k, top_p, generator)
-        hit_eos = ~done & (nxt == eos_id) if eos_id is not None else torch.zeros_like(done)
-        ended = torch.where(hit_eos, pos, ended)
-        done |= hit_eos
-        tokens[:, pos] = nxt
-        if bool(done.all()) or pos + 1 == n:
-            break
-        slide = pos + 1 - first > bs  # the window is full: drop its oldest token and re-prefill
-        first = pos + 1 - bs if slide else first
-        if use_cache and not slide:
-            logits = net(tokens[:, pos : pos + 1], cache, pos - first, window_pad(pad, first))[:, -1]
-        else:
-            logits = net(tokens[:, first : pos + 1], cache, 0, window_pad(pad, first))[:, -1]
-    net.train(was_training)
+    with evaluating(net):
+        cache = make_cache(net, b, min(n, bs)) if use_cache else None
+        first = 0  # the window's first slot: the context is tokens[:, first:pos + 1]
+        logits = net(tokens[:, :longest], cache, 0, window_pad(pad, 0))[:, -1]  # (B, V): every prompt in one pass
+        for pos in range(longest, n):
+            nxt = sample_next(logits, temperature, top_k, top_p, generator)
+            hit_eos = ~done & (nxt == eos_id) if eos_id is not None else torch.zeros_like(done)
+            ended = torch.where(hit_eos, pos, ended)
+            done |= hit_eos
+            tokens[:, pos] = nxt
+            if bool(done.all()) or pos + 1 == n:
+                break
+            slide = pos + 1 - first > bs  # the window is full: drop its oldest token and re-prefill
+            first = pos + 1 - bs if slide else first
+            if use_cache and not slide:
+                logits = net(tokens[:, pos : pos + 1], cache, pos - first, window_pad(pad, first))[:, -1]
+            else:
+                logits = net(tokens[:, first : pos + 1], cache, 0, window_pad(pad, first))[:, -1]
     return [tokens[i, longest : int(ended[i])].clone() for i in range(b)]

@@ -46,6 +46,7 @@ from zoo.gpt.generate import (
     LayerCache,
     cache_placement,
     checked_request,
+    evaluating,
     left_padded,
     make_cache,
     probabilities,
@@ -376,15 +377,9 @@ def speculative_generate(
         raise InputError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
     draft = draft_of(draft, net)
     nets = [m for m in (net, getattr(draft, "net", None)) if m is not None]
-    modes = [m.training for m in nets]
-    for m in nets:
-        m.eval()
-    try:
+    with evaluating(*nets):
         pick = Picker(temperature, top_k, top_p, generator)
         run = Speculation(net, draft, prompts, max_new_tokens, num_draft_tokens, pick, eos_id, past_block_size)
         while not run.finished:
             run.step()
-    finally:
-        for m, mode in zip(nets, modes):
-            m.train(mode)
     return run.outputs(), run.stats
