@@ -93,6 +93,12 @@ class A2CModule(WeightsOnlyLoading, LightningModule):
         self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))  # spent of the budget, every rank's
         self.lifecycle = Lifecycle(total_env_steps, num_threads)
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self.lifecycle.save(checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.lifecycle.load(self, checkpoint)
+
     @torch.no_grad()
     def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
         """Actions for raw observations (B, O): the policy's mode, or a sample of it."""
@@ -103,7 +109,13 @@ class A2CModule(WeightsOnlyLoading, LightningModule):
         """The deterministic policy on raw observations, normaliser included (what ``zoo.rl.export`` traces)."""
         return Policy(self.net, self.obs_rms if self.hparams.norm_obs else None)
 
-    # -- fit: the envs, then one short rollout and one gradient step per training step ----------------------------
+    def validation_step(self, batch: int, batch_idx: int) -> None:
+        self.lifecycle.validate(self)
+
+    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
+        return self.lifecycle.predict(self)
+
+    # -- fit: the envs, then one short rollout and one gradient step per training step ---------------------------------
 
     def setup(self, stage: str) -> None:
         self.lifecycle.setup(self)
@@ -152,19 +164,7 @@ class A2CModule(WeightsOnlyLoading, LightningModule):
         opt = rmsprop_or_adam(list(self.net.parameters()), h.optimizer, h.lr, h.rms_alpha, h.optim_eps)
         return linear_annealing(opt, lambda: self.lifecycle.progress(self), h.anneal_lr)
 
-    # -- evaluation, predict, checkpoints, the end of fit: the lifecycle's ---------------------------------------------
-
-    def validation_step(self, batch: int, batch_idx: int) -> None:
-        self.lifecycle.validate(self)
-
-    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
-        return self.lifecycle.predict(self)
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        self.lifecycle.save(checkpoint)
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.lifecycle.load(self, checkpoint)
+    # -- the end of fit, or of a failed one: the lifecycle's -----------------------------------------------------------
 
     def configure_callbacks(self) -> list[Callback]:
         return self.lifecycle.callbacks()

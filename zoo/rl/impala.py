@@ -113,6 +113,12 @@ class IMPALAModule(WeightsOnlyLoading, LightningModule):
         """The actor processes: this agent's collector, while fit runs."""
         return self.lifecycle.collector
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self.lifecycle.save(checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.lifecycle.load(self, checkpoint)
+
     @torch.no_grad()
     def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
         """Actions for raw observations (B, O): the policy's mode, or a sample of it."""
@@ -122,7 +128,13 @@ class IMPALAModule(WeightsOnlyLoading, LightningModule):
         """The deterministic policy on raw observations (what ``zoo.rl.export`` traces)."""
         return Policy(self.net)
 
-    # -- fit: the actor processes, then one V-trace step on B unrolls per training step ---------------------------
+    def validation_step(self, batch: int, batch_idx: int) -> None:
+        self.lifecycle.validate(self)
+
+    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
+        return self.lifecycle.predict(self)
+
+    # -- fit: the actor processes, then one V-trace step on B unrolls per training step --------------------------------
 
     def setup(self, stage: str) -> None:
         self.lifecycle.setup(self)
@@ -193,19 +205,7 @@ class IMPALAModule(WeightsOnlyLoading, LightningModule):
         opt = rmsprop_or_adam(list(self.net.parameters()), h.optimizer, h.lr, h.rms_alpha, h.optim_eps)
         return linear_annealing(opt, lambda: self.lifecycle.progress(self), h.anneal_lr)
 
-    # -- evaluation, predict, checkpoints, the end of fit: the lifecycle's ---------------------------------------------
-
-    def validation_step(self, batch: int, batch_idx: int) -> None:
-        self.lifecycle.validate(self)
-
-    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
-        return self.lifecycle.predict(self)
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        self.lifecycle.save(checkpoint)
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.lifecycle.load(self, checkpoint)
+    # -- the end of fit, or of a failed one: the lifecycle's -----------------------------------------------------------
 
     def configure_callbacks(self) -> list[Callback]:
         return self.lifecycle.callbacks()

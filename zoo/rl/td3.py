@@ -221,6 +221,12 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
         self.critic_target = copy.deepcopy(self.net.critic).requires_grad_(False)
         self.obs_rms = RunningMeanStd((self.net.obs_dim,), clip=self.hparams.clip_obs)
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self.lifecycle.save(checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.lifecycle.load(self, checkpoint)
+
     def observe(self, x: Tensor) -> Tensor:
         """Raw observations (B, O) as the nets see them: normalised by the running statistics with ``norm_obs``."""
         return self.obs_rms.normalize(x) if self.hparams.norm_obs else x
@@ -242,7 +248,13 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
     def _explore(self, obs: Tensor) -> Tensor:
         return self.act(obs, deterministic=False)
 
-    # -- fit: the envs and the buffer, then steps_per_batch env steps and their updates per training step ---------
+    def validation_step(self, batch: int, batch_idx: int) -> None:
+        self.lifecycle.validate(self)
+
+    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
+        return self.lifecycle.predict(self)
+
+    # -- fit: the envs and the buffer, then steps_per_batch env steps and their updates per training step --------------
 
     def setup(self, stage: str) -> None:
         self.lifecycle.setup(self, box="TD3")
@@ -333,19 +345,7 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
             torch.optim.Adam(self.net.critic.parameters(), lr=h.critic_lr, fused=fused),
         ]
 
-    # -- evaluation, predict, checkpoints, the end of fit: the lifecycle's ---------------------------------------------
-
-    def validation_step(self, batch: int, batch_idx: int) -> None:
-        self.lifecycle.validate(self)
-
-    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
-        return self.lifecycle.predict(self)
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        self.lifecycle.save(checkpoint)
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.lifecycle.load(self, checkpoint)
+    # -- the end of fit, or of a failed one: the lifecycle's -----------------------------------------------------------
 
     def configure_callbacks(self) -> list[Callback]:
         return self.lifecycle.callbacks()
