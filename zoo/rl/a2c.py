@@ -4,7 +4,7 @@ the synchronous form of OpenAI Baselines' ``a2c`` and SB3's ``A2C``) on gymnasiu
 One Lightning training step is one short rollout (``num_steps`` x N env steps, 5 x 8 by default) and one
 gradient step on all of it, with manual optimisation. The rollout collector, GAE (with ``gae_lambda`` 1 it
 is the n-step return), the running statistics, evaluation and checkpoints are the same as PPO's
-(``zoo.rl.collector``, ``zoo.rl.common``); what differs is the objective (``zoo.rl.losses.a2c_loss``: no
+(``zoo.rl.collector``, ``zoo.rl.lifecycle``); what differs is the objective (``zoo.rl.losses.a2c_loss``: no
 ratio, no clipping, one pass over fresh data) and the optimizer (RMSprop, as Baselines and SB3).
 
 Checkpoints carry the net, the running statistics, the env-step counter, the optimizer and the RNG states;

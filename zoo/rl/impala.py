@@ -10,7 +10,7 @@ the actors keep producing while the learner updates, evaluates or checkpoints (u
 Checkpoints carry the net, the optimizer, the env-step counter (a buffer; it counts the env steps the
 learner has trained on, not those the actors produced and nobody read) and the RNG states; a resumed run
 spawns fresh actors on envs seeded from (seed, env_steps). Evaluation and predict run in this process on
-envs of their own, as for every agent here (``zoo.rl.common.Evaluation``). ``total_env_steps`` is the budget;
+envs of their own, as for every agent here (``zoo.rl.lifecycle``). ``total_env_steps`` is the budget;
 ``val_check_interval`` counts learner steps.
 
 The defaults of the objective and optimizer are torchbeast monobeast's (``--unroll_length`` 80,

@@ -1,26 +1,19 @@
 """The lifecycle every RL agent shares, as one object the agent holds and calls from its hooks (``Lifecycle``).
 
-An agent module (``PPOModule``, ``A2CModule``, ``IMPALAModule``, ``SACModule``, ``TD3Module``) is a plain
-``LightningModule`` whose file shows its hyperparameters, its step, its update and its optimizers, as CleanRL's agent
-files do. What happens around them is the same for every agent and lives here, behind a few calls:
-  - ``setup``: no sharding, the thread count pinned, the net checked against the DataModule's env;
-  - ``start`` (at train start): the RNG states of a resumed checkpoint put back, the env-step budget sized, and the
-    seed to open the training collector with (None when the budget is spent or the collector is open);
-  - ``replay``: an off-policy agent's replay buffer, a checkpoint's when fit resumes with one (``save_buffer``);
-  - ``end_step`` (after each training step's update): the env steps spent, the step's figures logged, fit stopped
-    before a step would exceed the budget;
-  - ``validate``/``predict``: evaluation episodes on envs of their own (``zoo.rl.common.Evaluation``);
-  - ``save``/``load``: the checkpoint state beside the module's own (RNG states, the replay buffer);
-  - ``teardown`` (and ``StopCollectingOnException`` when fit fails): the envs and actor processes closed.
-The module keeps what its state dict carries (the ``env_steps`` buffer, nets, normalisers); this object keeps what
-lives only while fit runs (the collector, the buffer, the budget's step, the RNG state to put back).
-Under DDP each rank collects its own data (``zoo.rl.distributed``): seeds offset by rank, RNG forked, the env-step
-counter and the budget global (a sum over ranks after each training step).
+An agent's file (``ppo.py``, ``a2c.py``, ``impala.py``, ``sac.py``, ``td3.py``) shows its hyperparameters, its step,
+its update and its optimizers, as CleanRL's do; what happens around them is the same for every agent and is here: the
+env-step budget, the RNG states saved and resumed, the training collector (and an off-policy agent's replay buffer)
+opened and closed, the episode log, evaluation, the checkpoint state beside the state dict and the thread count. The
+module keeps what its state dict carries (the ``env_steps`` buffer, nets, normalisers); the lifecycle what lives only
+while fit runs. Under DDP each rank collects its own data (``zoo.rl.distributed``): seeds offset by rank, RNG forked,
+the env-step counter and the budget global (a sum over ranks after each training step).
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -39,7 +32,9 @@ from zoo.rl.common import (
     world_size,
 )
 from zoo.rl.distributed import fork_rng, sum_over_ranks
-from zoo.rl.replay import ReplayBuffer
+
+if TYPE_CHECKING:
+    from zoo.rl.replay import ReplayBuffer
 
 # -- the parts: budget, seeds, RNG, threads, episodes -----------------------------------------------------------
 
@@ -218,11 +213,10 @@ class Lifecycle:
             return None
         return train_seed(dm.seed, int(module.env_steps), module.global_rank, envs_per_rank or dm.num_envs)
 
-    def replay(self, module: LightningModule, capacity: int) -> ReplayBuffer:
-        """The replay buffer on the module's device: this fit's, an earlier fit's, or a resumed checkpoint's rows."""
+    def replay(self, module: LightningModule, new: Callable[[], ReplayBuffer]) -> ReplayBuffer:
+        """The replay buffer on the module's device: an earlier fit's or ``new()``, a checkpoint's rows put in."""
         if self.buffer is None:
-            dm = require_datamodule(module)
-            self.buffer = ReplayBuffer(capacity, module.net.obs_dim, device=module.device, action_space=dm.spaces[1])
+            self.buffer = new()
         self.buffer.to(module.device)  # one kept from an earlier fit on another device
         if self._buffer_to_restore is not None:
             self.buffer.load_state_dict(self._buffer_to_restore)

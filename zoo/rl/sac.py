@@ -4,9 +4,9 @@ One Lightning training step is ``steps_per_batch`` env steps, each followed by i
 manual optimisation (actor, critics and temperature have an optimizer each). An update costs a few
 milliseconds on a CPU and Lightning's per-step overhead ~0.4-1 ms, so a Lightning step per env step would
 cost SAC a tenth of its speed; here that overhead is paid once per ``steps_per_batch`` env steps. The
-training loader only paces the steps (``datamodules.gym``); the module holds a ``TransitionCollector`` over the
-DataModule's training envs, a ``ReplayBuffer``, and the shared parts of ``zoo.rl.common`` (evaluation, budget, RNG
-state, thread count), each called below where it acts.
+training loader only paces the steps (``datamodules.gym``); the module opens a ``TransitionCollector`` over the
+DataModule's training envs into a ``ReplayBuffer``, and holds a ``Lifecycle`` (``zoo.rl.lifecycle``: budget, RNG
+state, collector and buffer, evaluation, checkpoint state, thread count), called from its hooks.
 
 One update, in SB3's order (``SAC.train``; CleanRL's ``sac_continuous_action.py`` differs only in where the
 temperature step falls):
@@ -48,7 +48,7 @@ from zoo.rl.common import (
 from zoo.rl.lifecycle import Lifecycle
 from zoo.rl.losses import sac_actor_loss, sac_critic_loss, sac_temperature_loss, soft_q_target
 from zoo.rl.normalization import RunningMeanStd
-from zoo.rl.replay import TransitionCollector
+from zoo.rl.replay import ReplayBuffer, TransitionCollector
 from zoo.rl.sac_nets import SoftActorCritic
 from zoo.train.gradnorm import grad_norm
 from zoo.train.logging import lightning_writes
@@ -163,7 +163,10 @@ class SACModule(WeightsOnlyLoading, LightningModule):
         separate_backwards(self, "SAC")
         h, dm = self.hparams, require_datamodule(self)
         if (seed := self.lifecycle.start(self, h.steps_per_batch * dm.num_envs)) is not None:
-            buffer = self.lifecycle.replay(self, h.buffer_size)  # a checkpoint's, when fit resumes with one
+            buffer = self.lifecycle.replay(  # with a checkpoint's rows, when fit resumes with them
+                self,
+                lambda: ReplayBuffer(h.buffer_size, self.net.obs_dim, device=self.device, action_space=dm.spaces[1]),
+            )
             self.lifecycle.collector = TransitionCollector(dm.make_envs(), buffer, self.device, seed, h.norm_obs)
 
     def training_step(self, batch: int, batch_idx: int) -> None:

@@ -15,7 +15,7 @@ One update, in SB3's order (``TD3.train``), on a replay minibatch (s, a, r, s', 
      critics move towards theirs by Polyak averaging, theta' <- (1 - tau) theta' + tau theta.
 Exploration adds N(0, (action_noise * scale)^2) to mu(s) and clips to the Box (SB3's ``NormalActionNoise`` in its
 [-1, 1] action units; CleanRL's ``exploration_noise``); before ``learning_starts`` env steps the actions are uniform.
-Collection, replay, evaluation and checkpoints are SAC's (``zoo.rl.replay``, ``zoo.rl.common``).
+Collection, replay, evaluation and checkpoints are SAC's (``zoo.rl.replay``, ``zoo.rl.lifecycle``).
 
 Checkpoints carry the nets and both targets, the running observation statistics, the env-step and update counters
 (buffers), the two optimizers, the RNG states and, with ``save_buffer``, the replay buffer.
@@ -42,7 +42,7 @@ from zoo.rl.common import (
 )
 from zoo.rl.lifecycle import Lifecycle
 from zoo.rl.normalization import RunningMeanStd
-from zoo.rl.replay import TransitionCollector
+from zoo.rl.replay import ReplayBuffer, TransitionCollector
 from zoo.rl.sac_nets import TwinQ, as_vector, detached_forward, relu_mlp
 from zoo.train.gradnorm import grad_norm
 from zoo.train.logging import lightning_writes
@@ -263,7 +263,10 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
         separate_backwards(self, "TD3")
         h, dm = self.hparams, require_datamodule(self)
         if (seed := self.lifecycle.start(self, h.steps_per_batch * dm.num_envs)) is not None:
-            buffer = self.lifecycle.replay(self, h.buffer_size)  # a checkpoint's, when fit resumes with one
+            buffer = self.lifecycle.replay(  # with a checkpoint's rows, when fit resumes with them
+                self,
+                lambda: ReplayBuffer(h.buffer_size, self.net.obs_dim, device=self.device, action_space=dm.spaces[1]),
+            )
             self.lifecycle.collector = TransitionCollector(dm.make_envs(), buffer, self.device, seed, h.norm_obs)
 
     def training_step(self, batch: int, batch_idx: int) -> None:
