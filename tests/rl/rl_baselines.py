@@ -22,7 +22,7 @@ class BaselineReturns(Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         dm = require_datamodule(pl_module)
-        untrained = pl_module.evaluation.validate(pl_module, dm, pl_module.env_steps)
+        untrained = pl_module.lifecycle.evaluation.validate(pl_module, dm, pl_module.env_steps)
         BaselineReturns.untrained = untrained["val/return"].item()
         envs = dm.make_envs(min(dm.eval_envs, dm.eval_episodes))  # as one process's evaluation (evaluation_share)
         n, g = int(envs.single_action_space.n), torch.Generator().manual_seed(0)  # Discrete actions (CartPole)

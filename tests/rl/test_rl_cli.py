@@ -248,7 +248,7 @@ def test_a2c_tiny_fits_predicts_reloads_and_resumes():
     torch.testing.assert_close(loaded.act(obs), resumed.model.act(obs))
     torch.testing.assert_close(loaded.obs_rms.mean, resumed.model.obs_rms.mean)
 
-    # Resumed with its budget spent: the agent stops before the first training step (zoo.rl.common.Budget).
+    # Resumed with its budget spent: the agent stops before the first training step (zoo.rl.lifecycle.Budget).
     RecordFirstBatch.seen = {}
     spent = cli(
         "fit",

@@ -299,7 +299,7 @@ class RecordStart(Callback):
             RecordStart.seen = {
                 "env_steps": int(pl_module.env_steps),
                 "updates": int(pl_module.updates),
-                "buffer": len(pl_module.buffer),
+                "buffer": len(pl_module.lifecycle.buffer),
                 "rng": torch.get_rng_state(),
                 "log_alpha": pl_module.log_alpha.detach().clone(),
                 "target": pl_module.critic_target.qs[0][0].weight.detach().clone(),

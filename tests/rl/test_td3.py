@@ -114,7 +114,7 @@ def test_updates_equal_sb3_train_with_delayed_actor_and_targets():
     buffer = ReplayBuffer(64, obs_dim=3, action_dim=2)
     obs = torch.randn(64, 3)
     buffer.add(obs, obs + 0.1 * torch.randn(64, 3), torch.rand(64, 2) * 2 - 1, torch.randn(64), torch.rand(64) < 0.2)
-    module.buffer = buffer
+    module.lifecycle.buffer = buffer
     nets = {
         "actor": module.net.actor,
         "actor_target": module.actor_target,

@@ -631,8 +631,8 @@ FAMILIES: dict[str, dict] = {
             # The ways in, each trusting what the file names (the bug a reader of "the user vouches" would write).
             (
                 CK,
-                "cls=cls, given=tuple(given))",
-                'cls=cls, given=tuple(given)).__class__(**{**vars(build.resolve_model(stored, source, trust.zoo_allowlist().with_trusted(str(stored).split("\'")), cls=cls, given=tuple(given)))})',
+                "trust.zoo_allowlist(), cls=cls, given=tuple(given))",
+                'trust.zoo_allowlist().with_trusted(str(stored).split("\'")), cls=cls, given=tuple(given))',
             ),
             (
                 RG,

@@ -25,7 +25,7 @@ class RecordRanks(Callback):
     first: torch.Tensor | None = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        pool = pl_module.collector
+        pool = pl_module.lifecycle.collector
         if batch_idx == 0 and hasattr(pool, "take"):  # IMPALA: the observations of the first unrolls the learner takes
             take = pool.take
 
@@ -39,11 +39,11 @@ class RecordRanks(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if batch_idx == 0 and RecordRanks.first is None:
-            collector = pl_module.collector
+            collector = pl_module.lifecycle.collector
             if hasattr(collector, "raw_obs"):  # on-policy: the rollout's observations (T, N, O)
                 RecordRanks.first = collector.raw_obs.clone()
             else:  # off-policy: the replay rows written so far
-                RecordRanks.first = pl_module.buffer.storage[: len(pl_module.buffer)].clone()
+                RecordRanks.first = pl_module.lifecycle.buffer.storage[: len(pl_module.lifecycle.buffer)].clone()
 
     def on_train_end(self, trainer, pl_module) -> None:
         torch.save(

@@ -4,7 +4,7 @@ the synchronous form of OpenAI Baselines' ``a2c`` and SB3's ``A2C``) on gymnasiu
 One Lightning training step is one short rollout (``num_steps`` x N env steps, 5 x 8 by default) and one
 gradient step on all of it, with manual optimisation. The rollout collector, GAE (with ``gae_lambda`` 1 it
 is the n-step return), the running statistics, evaluation and checkpoints are the same as PPO's
-(``zoo.rl.collector``, ``zoo.rl.common``); what differs is the objective (``zoo.rl.losses.a2c_loss``: no
+(``zoo.rl.collector``, ``zoo.rl.lifecycle``); what differs is the objective (``zoo.rl.losses.a2c_loss``: no
 ratio, no clipping, one pass over fresh data) and the optimizer (RMSprop, as Baselines and SB3).
 
 Checkpoints carry the net, the running statistics, the env-step counter, the optimizer and the RNG states;
@@ -24,24 +24,12 @@ from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.rl.collector import RolloutCollector
 from zoo.rl.common import (
-    Budget,
-    EpisodeLog,
-    Evaluation,
     Policy,
-    RNGState,
-    StopCollectingOnException,
-    Threads,
-    check_env,
-    check_net_state,
-    datamodule_of,
     linear_annealing,
-    refuse_sharding,
     require_datamodule,
     rmsprop_or_adam,
-    train_metrics,
-    train_seed,
-    world_size,
 )
+from zoo.rl.lifecycle import Lifecycle
 from zoo.rl.losses import a2c_loss, explained_variance, gae, normalize
 from zoo.rl.nets import ActorCritic
 from zoo.rl.normalization import RunningMeanStd
@@ -103,9 +91,13 @@ class A2CModule(WeightsOnlyLoading, LightningModule):
         self.obs_rms = RunningMeanStd(net.obs_shape or (net.obs_dim,), clip=clip_obs)
         self.return_rms = RunningMeanStd((), clip=clip_reward)
         self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))  # spent of the budget, every rank's
-        self.budget, self.rng, self.threads = Budget(total_env_steps), RNGState(), Threads(num_threads)
-        self.evaluation, self.episodes = Evaluation(), EpisodeLog()
-        self.collector: RolloutCollector | None = None  # while fit runs
+        self.lifecycle = Lifecycle(total_env_steps, num_threads)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self.lifecycle.save(checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.lifecycle.load(self, checkpoint)
 
     @torch.no_grad()
     def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
@@ -117,24 +109,21 @@ class A2CModule(WeightsOnlyLoading, LightningModule):
         """The deterministic policy on raw observations, normaliser included (what ``zoo.rl.export`` traces)."""
         return Policy(self.net, self.obs_rms if self.hparams.norm_obs else None)
 
-    # -- fit: the envs, then one short rollout and one gradient step per training step ----------------------------
+    def validation_step(self, batch: int, batch_idx: int) -> None:
+        self.lifecycle.validate(self)
+
+    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
+        return self.lifecycle.predict(self)
+
+    # -- fit: the envs, then one short rollout and one gradient step per training step ---------------------------------
 
     def setup(self, stage: str) -> None:
-        refuse_sharding(self)
-        self.threads.pin()
-        if (dm := datamodule_of(self)) is not None:
-            check_env(self.net, dm)  # sized by whoever built the net (cli.py: from the env); checked here
+        self.lifecycle.setup(self)
 
     def on_train_start(self) -> None:
-        # Here rather than in setup: the device is final and a resumed checkpoint (env steps, RNG) is loaded.
         h, dm = self.hparams, require_datamodule(self)
-        self.rng.resume(self.global_rank)
-        self.budget.step = h.num_steps * dm.num_envs * world_size(self)  # T x N env steps per rollout, every rank's
-        if not self.budget.fits(self.env_steps):
-            self.trainer.should_stop = True  # a resumed run whose budget is already spent: no envs opened
-        elif self.collector is None:
-            seed = train_seed(dm.seed, int(self.env_steps), self.global_rank, dm.num_envs)
-            self.collector = RolloutCollector(
+        if (seed := self.lifecycle.start(self, h.num_steps * dm.num_envs)) is not None:  # T x N env steps per rollout
+            self.lifecycle.collector = RolloutCollector(
                 dm.make_envs(),
                 h.num_steps,
                 self.device,
@@ -147,7 +136,7 @@ class A2CModule(WeightsOnlyLoading, LightningModule):
     def training_step(self, batch: int, batch_idx: int) -> None:
         """One short rollout of T x N env steps, its n-step (GAE) advantages, one gradient step on all of it."""
         h, write = self.hparams, lightning_writes(self.trainer)
-        rollout = self.collector.collect(self.net)  # the running statistics take its observations and returns
+        rollout = self.lifecycle.collector.collect(self.net)  # the running statistics take its observations, returns
         advantages, returns = gae(
             rollout.rewards, rollout.values, rollout.terminated, rollout.truncated, h.gamma, h.gae_lambda
         )  # (T, N)
@@ -164,47 +153,21 @@ class A2CModule(WeightsOnlyLoading, LightningModule):
         stats |= clip_grad_norm(self.net.parameters(), h.max_grad_norm)  # grad/norm before clipping
         opt.step()
 
-        self.budget.spend(self.env_steps, rollout.env_steps)
-        self.episodes.add(rollout.episode_returns, rollout.episode_lengths)
-        self.lr_schedulers().step()  # the rate for the next rollout's step (a function of env steps)
+        self.lifecycle.episodes.add(rollout.episode_returns, rollout.episode_lengths)
         if write:
             stats["explained_variance"] = explained_variance(rollout.values[:-1][rollout.valid], returns[rollout.valid])
-            self.log_dict(train_metrics({**stats, **self.episodes.pop()}, self.env_steps), on_step=True, on_epoch=False)
-        if not self.budget.fits(self.env_steps):
-            self.trainer.should_stop = True
+        self.lifecycle.end_step(self, rollout.env_steps, stats, write)
+        self.lr_schedulers().step()  # the rate for the next rollout's step (a function of the env steps spent)
 
     def configure_optimizers(self):
         h = self.hparams
         opt = rmsprop_or_adam(list(self.net.parameters()), h.optimizer, h.lr, h.rms_alpha, h.optim_eps)
-        return linear_annealing(opt, lambda: self.budget.progress(self.env_steps), h.anneal_lr)
+        return linear_annealing(opt, lambda: self.lifecycle.progress(self), h.anneal_lr)
 
-    # -- evaluation, predict, checkpoints, the end of fit -----------------------------------------------------------
-
-    def validation_step(self, batch: int, batch_idx: int) -> None:
-        # Every rank holds the same figures (gathered episodes, global env steps): sync_dist averages equal values.
-        metrics = self.evaluation.validate(self, require_datamodule(self), self.env_steps)
-        self.log_dict(metrics, batch_size=1, prog_bar=True, sync_dist=True)
-
-    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
-        return self.evaluation.predict(self, require_datamodule(self))
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        self.rng.save(checkpoint)
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        check_net_state(self.net, checkpoint)
-        self.rng.load(checkpoint)
+    # -- the end of fit, or of a failed one: the lifecycle's -----------------------------------------------------------
 
     def configure_callbacks(self) -> list[Callback]:
-        return [StopCollectingOnException()]
-
-    def stop_collecting(self) -> None:
-        if self.collector is not None:
-            self.collector.close()
-            self.collector = None
+        return self.lifecycle.callbacks()
 
     def teardown(self, stage: str) -> None:
-        if stage == "fit":
-            self.stop_collecting()
-        self.evaluation.close()
-        self.threads.restore()
+        self.lifecycle.teardown(stage)

@@ -1,32 +1,24 @@
-"""What the agents share, as functions and small objects each agent holds and calls by name.
+"""What the agents share besides their lifecycle (``zoo.rl.lifecycle``): functions and small objects called by name.
 
-An agent module (``PPOModule``, ``A2CModule``, ``IMPALAModule``, ``SACModule``, ``TD3Module``) is a plain
-``LightningModule`` whose file shows its whole update top to bottom, as CleanRL's ``ppo.py`` does. What they have in
-common is here, and each agent calls it where its own hooks need it:
-  - ``env_sizes``: a net's sizes as the DataModule's env fills them (the application's, before the net is built),
-    and ``check_env``: a built net checked against the env;
-  - ``Budget``: the env-step budget, counted over every DDP rank, and the fraction of it spent (annealing);
-  - ``RNGState``: the global RNG states, saved in checkpoints and put back when fit resumes;
-  - ``Threads``: the torch thread count pinned while the module runs (a small MLP runs fastest on one thread);
-  - ``EpisodeLog``: the training episodes that ended since the last log;
-  - ``Evaluation``: validation and predict episodes on envs of their own, split over the ranks under DDP, and
-    predict's recording of one episode;
-  - ``Policy``: raw observations to the most likely actions, normaliser folded in: what ``zoo.rl.export`` traces;
-  - ``StopCollectingOnException``: closes an agent's envs (actor processes) when fit fails.
-Under DDP each rank collects its own data (``zoo.rl.distributed``): seeds offset by rank, RNG forked, the env-step
-counter and the budget global (a sum over ranks after each training step).
+- ``env_sizes``: a net's sizes as the DataModule's env fills them (the application's, before the net is built),
+  and ``check_env``, ``check_box``, ``check_action_bounds``: a built net checked against the env;
+- ``check_net_state``: a checkpoint's net checked against the module's before Lightning loads it;
+- ``linear_annealing``, ``rmsprop_or_adam``: the on-policy agents' learning-rate schedule and optimizer;
+- ``separate_backwards``: the DDP setting an agent of several backwards (SAC, TD3) needs;
+- ``Evaluation``: validation and predict episodes on envs of their own, split over the ranks under DDP, and
+  predict's recording of one episode;
+- ``Policy``: raw observations to the most likely actions, normaliser folded in: what ``zoo.rl.export`` traces.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
-from lightning.pytorch import Callback, LightningModule
+from lightning.pytorch import LightningModule
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
@@ -36,7 +28,7 @@ from zoo.compat import trainer_of
 from zoo.errors import InputError
 from zoo.io.weights import check_compatible
 from zoo.rl.collector import Evaluator
-from zoo.rl.distributed import evaluation_share, fork_rng, gather_over_ranks, sum_over_ranks
+from zoo.rl.distributed import evaluation_share, gather_over_ranks
 from zoo.rl.normalization import RunningMeanStd
 from zoo.rl.video import record_episode
 
@@ -142,130 +134,14 @@ def check_net_state(net: nn.Module, checkpoint: dict) -> None:
     check_compatible(net, {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}, "checkpoint")
 
 
-# -- budget, seeds, RNG, threads -------------------------------------------------------------------------------
-
-
-class Budget:
-    """The env-step budget ``total_env_steps``: fit stops before a training step would exceed it. The spent count is
-    the module's ``env_steps`` buffer (so checkpoints carry it), the same global count on every rank."""
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.step = 0  # env steps of one training step, every rank's together; set once the envs are known
-
-    def progress(self, env_steps: Tensor) -> float:
-        """Fraction spent, for the linear annealings of learning rate and clipping."""
-        return min(1.0, int(env_steps) / self.total)
-
-    def fits(self, env_steps: Tensor) -> bool:
-        """Whether one more training step fits: every rank takes the same decision, as it holds the same count."""
-        return int(env_steps) + self.step <= self.total
-
-    def spend(self, env_steps: Tensor, mine: int) -> None:
-        """Adds every rank's ``mine`` (this process's env steps) to ``env_steps``: a collective under DDP."""
-        env_steps += sum_over_ranks(torch.tensor(mine, dtype=env_steps.dtype, device=env_steps.device))
-
-
-def train_seed(seed: int, env_steps: int, rank: int = 0, envs_per_rank: int = 0) -> int:
-    """``seed`` for a fresh run; a resumed run's new episodes get a seed drawn from (seed, env steps). Rank r of a DDP
-    run adds r x ``envs_per_rank``: its envs take the seeds that follow rank r - 1's."""
-    base = seed if env_steps == 0 else int(np.random.SeedSequence([seed, env_steps]).generate_state(1)[0])
-    return base + rank * envs_per_rank
-
-
-def rng_state() -> dict:
-    """The global RNG states, in types a weights-only checkpoint load accepts."""
-    np_state = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
-        "python": random.getstate(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    name, keys, *rest = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
-    random.setstate(tuple(tuple(s) if isinstance(s, list) else s for s in state["python"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-class RNGState:
-    """The global RNGs of a run: saved in each checkpoint, put back when fit resumes from one, forked per rank."""
-
-    def __init__(self) -> None:
-        self._to_restore: dict | None = None
-
-    def save(self, checkpoint: dict) -> None:
-        checkpoint["rng"] = rng_state()
-
-    def load(self, checkpoint: dict) -> None:
-        """Keeps a checkpoint's state for ``resume``: applied only when fit resumes, never by a plain load."""
-        self._to_restore = checkpoint.get("rng")
-
-    def resume(self, rank: int) -> None:
-        """At train start (the device final, a resumed checkpoint loaded): rank 0's saved state back, then rank r > 0
-        forks its own stream from it."""
-        if self._to_restore is not None:
-            set_rng_state(self._to_restore)
-            self._to_restore = None
-        fork_rng(rank)
-
-
-class Threads:
-    """torch's CPU thread count pinned while a module runs, restored after; None leaves it alone."""
-
-    def __init__(self, num_threads: int | None) -> None:
-        self.num_threads, self._before = num_threads, None
-
-    def pin(self) -> None:
-        if self.num_threads and self._before is None:
-            self._before = torch.get_num_threads()
-            torch.set_num_threads(self.num_threads)
-
-    def restore(self) -> None:
-        if self._before is not None:
-            torch.set_num_threads(self._before)
-            self._before = None
-
-
-# -- logging ---------------------------------------------------------------------------------------------------
-
-
-class EpisodeLog:
-    """Undiscounted returns and lengths of the training episodes that ended since the last log (float64 sums)."""
-
-    def __init__(self) -> None:
-        self.sums = torch.zeros(3, dtype=torch.float64)  # count, return sum, length sum
-
-    def add(self, returns: Tensor, lengths: Tensor) -> None:
-        count = torch.tensor(float(len(returns)), dtype=torch.float64)
-        self.sums += torch.stack([count, returns.double().sum(), lengths.double().sum()])
-
-    def add_sums(self, sums: Tensor) -> None:
-        """Episodes already summed elsewhere (an actor process): (count, return sum, length sum)."""
-        self.sums += sums
-
-    def pop(self) -> dict[str, Tensor]:
-        """``episode_return`` and ``episode_length`` means, or nothing when no episode ended; then starts afresh."""
-        count, returns, lengths = self.sums.tolist()
-        self.sums.zero_()
-        if not count:
-            return {}
-        return {"episode_return": torch.tensor(returns / count), "episode_length": torch.tensor(lengths / count)}
-
-
-def train_metrics(stats: dict[str, Tensor], env_steps: Tensor) -> dict[str, Tensor]:
-    """A training step's figures under ``train/`` (gradient norms keep their ``grad/``), with the env steps."""
-    return {
-        **{k if k.startswith("grad/") else f"train/{k}": v for k, v in stats.items()},
-        "train/env_steps": env_steps.float(),
-    }
+def separate_backwards(module: LightningModule, agent: str) -> None:
+    """An agent whose backwards each reach one part of the module (SAC's temperature, critics and actor; TD3's critics
+    and actor) runs under DDP only where DDP looks for the unused parameters, which it otherwise refuses."""
+    if world_size(module) > 1 and not getattr(module.trainer.model, "find_unused_parameters", True):
+        raise ValueError(
+            f"{agent} under DDP makes backwards that reach one net each: pass "
+            "--trainer.strategy=ddp_find_unused_parameters_true"
+        )
 
 
 def linear_annealing(opt: torch.optim.Optimizer, progress: Callable[[], float], anneal: bool) -> dict:
@@ -396,11 +272,3 @@ class Evaluation:
         for evaluator in self.evaluators.values():
             evaluator.close()
         self.evaluators.clear()
-
-
-class StopCollectingOnException(Callback):
-    """Closes an agent's collector (envs, actor processes) through its ``stop_collecting`` when fit fails or is
-    interrupted: Lightning then skips the module's ``teardown`` hook, which closes it on a normal exit."""
-
-    def on_exception(self, trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        pl_module.stop_collecting()

@@ -10,7 +10,7 @@ the actors keep producing while the learner updates, evaluates or checkpoints (u
 Checkpoints carry the net, the optimizer, the env-step counter (a buffer; it counts the env steps the
 learner has trained on, not those the actors produced and nobody read) and the RNG states; a resumed run
 spawns fresh actors on envs seeded from (seed, env_steps). Evaluation and predict run in this process on
-envs of their own, as for every agent here (``zoo.rl.common.Evaluation``). ``total_env_steps`` is the budget;
+envs of their own, as for every agent here (``zoo.rl.lifecycle``). ``total_env_steps`` is the budget;
 ``val_check_interval`` counts learner steps.
 
 The defaults of the objective and optimizer are torchbeast monobeast's (``--unroll_length`` 80,
@@ -32,24 +32,12 @@ from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.rl.actors import ActorPool, EnvSpec
 from zoo.rl.common import (
-    Budget,
-    EpisodeLog,
-    Evaluation,
     Policy,
-    RNGState,
-    StopCollectingOnException,
-    Threads,
-    check_env,
-    check_net_state,
-    datamodule_of,
     linear_annealing,
-    refuse_sharding,
     require_datamodule,
     rmsprop_or_adam,
-    train_metrics,
-    train_seed,
-    world_size,
 )
+from zoo.rl.lifecycle import Lifecycle
 from zoo.rl.nets import ActorCritic
 from zoo.rl.vtrace import impala_loss, masked_mean, vtrace
 from zoo.train.gradnorm import clip_grad_norm
@@ -118,14 +106,18 @@ class IMPALAModule(WeightsOnlyLoading, LightningModule):
         self.automatic_optimization = False  # one optimizer step per batch of unrolls, then the weights published
         self.net = net
         self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))  # trained on, every rank's
-        self.budget, self.rng, self.threads = Budget(total_env_steps), RNGState(), Threads(num_threads)
-        self.evaluation, self.episodes = Evaluation(), EpisodeLog()
-        self.collector: ActorPool | None = None  # the actor processes, while fit runs
+        self.lifecycle = Lifecycle(total_env_steps, num_threads)
 
     @property
     def actors(self) -> ActorPool | None:
         """The actor processes: this agent's collector, while fit runs."""
-        return self.collector
+        return self.lifecycle.collector
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self.lifecycle.save(checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.lifecycle.load(self, checkpoint)
 
     @torch.no_grad()
     def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
@@ -136,25 +128,23 @@ class IMPALAModule(WeightsOnlyLoading, LightningModule):
         """The deterministic policy on raw observations (what ``zoo.rl.export`` traces)."""
         return Policy(self.net)
 
-    # -- fit: the actor processes, then one V-trace step on B unrolls per training step ---------------------------
+    def validation_step(self, batch: int, batch_idx: int) -> None:
+        self.lifecycle.validate(self)
+
+    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
+        return self.lifecycle.predict(self)
+
+    # -- fit: the actor processes, then one V-trace step on B unrolls per training step --------------------------------
 
     def setup(self, stage: str) -> None:
-        refuse_sharding(self)
-        self.threads.pin()
-        if (dm := datamodule_of(self)) is not None:
-            check_env(self.net, dm)  # sized by whoever built the net (cli.py: from the env); checked here
+        self.lifecycle.setup(self)
 
     def on_train_start(self) -> None:
-        # Here rather than in setup: the device is final and a resumed checkpoint (env steps, RNG) is loaded.
         h, dm = self.hparams, require_datamodule(self)
-        self.rng.resume(self.global_rank)
-        self.budget.step = h.batch_size * h.unroll_length * h.envs_per_actor * world_size(self)
-        if not self.budget.fits(self.env_steps):
-            self.trainer.should_stop = True  # a resumed run whose budget is already spent: no actors started
-        elif self.collector is None:
-            # Rank r's actors take the env seeds after rank r - 1's num_actors x envs_per_actor.
-            seed = train_seed(dm.seed, int(self.env_steps), self.global_rank, h.num_actors * h.envs_per_actor)
-            self.collector = ActorPool(
+        # B unrolls of T steps of N envs per learner step; rank r's actors take the env seeds after rank r - 1's.
+        step, envs = h.batch_size * h.unroll_length * h.envs_per_actor, h.num_actors * h.envs_per_actor
+        if (seed := self.lifecycle.start(self, step, envs)) is not None:
+            self.lifecycle.collector = ActorPool(
                 EnvSpec.of(dm),
                 self.net,
                 h.num_actors,
@@ -198,9 +188,7 @@ class IMPALAModule(WeightsOnlyLoading, LightningModule):
         opt.step()
         version = self.actors.publish(self.net)
 
-        self.budget.spend(self.env_steps, traj.env_steps)
-        self.episodes.add_sums(traj.episodes)
-        self.lr_schedulers().step()  # the rate for the next step (a function of env steps)
+        self.lifecycle.episodes.add_sums(traj.episodes)
         if write:
             with torch.no_grad():
                 rhos = log_rhos.exp()
@@ -209,42 +197,18 @@ class IMPALAModule(WeightsOnlyLoading, LightningModule):
             # Policy lag: learner updates between the weights an unroll was acted with and the ones it trains.
             stats["policy_lag"] = (version - 1 - traj.versions).float().mean()
             stats["learner_wait_ms"] = torch.tensor(waited * 1e3)
-            self.log_dict(train_metrics({**stats, **self.episodes.pop()}, self.env_steps), on_step=True, on_epoch=False)
-        if not self.budget.fits(self.env_steps):
-            self.trainer.should_stop = True
+        self.lifecycle.end_step(self, traj.env_steps, stats, write)
+        self.lr_schedulers().step()  # the rate for the next step (a function of the env steps spent)
 
     def configure_optimizers(self):
         h = self.hparams
         opt = rmsprop_or_adam(list(self.net.parameters()), h.optimizer, h.lr, h.rms_alpha, h.optim_eps)
-        return linear_annealing(opt, lambda: self.budget.progress(self.env_steps), h.anneal_lr)
+        return linear_annealing(opt, lambda: self.lifecycle.progress(self), h.anneal_lr)
 
-    # -- evaluation, predict, checkpoints, the end of fit -----------------------------------------------------------
-
-    def validation_step(self, batch: int, batch_idx: int) -> None:
-        # Every rank holds the same figures (gathered episodes, global env steps): sync_dist averages equal values.
-        metrics = self.evaluation.validate(self, require_datamodule(self), self.env_steps)
-        self.log_dict(metrics, batch_size=1, prog_bar=True, sync_dist=True)
-
-    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
-        return self.evaluation.predict(self, require_datamodule(self))
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        self.rng.save(checkpoint)
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        check_net_state(self.net, checkpoint)
-        self.rng.load(checkpoint)
+    # -- the end of fit, or of a failed one: the lifecycle's -----------------------------------------------------------
 
     def configure_callbacks(self) -> list[Callback]:
-        return [StopCollectingOnException()]
-
-    def stop_collecting(self) -> None:
-        if self.collector is not None:
-            self.collector.close()
-            self.collector = None
+        return self.lifecycle.callbacks()
 
     def teardown(self, stage: str) -> None:
-        if stage == "fit":
-            self.stop_collecting()
-        self.evaluation.close()
-        self.threads.restore()
+        self.lifecycle.teardown(stage)

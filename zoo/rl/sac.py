@@ -4,9 +4,9 @@ One Lightning training step is ``steps_per_batch`` env steps, each followed by i
 manual optimisation (actor, critics and temperature have an optimizer each). An update costs a few
 milliseconds on a CPU and Lightning's per-step overhead ~0.4-1 ms, so a Lightning step per env step would
 cost SAC a tenth of its speed; here that overhead is paid once per ``steps_per_batch`` env steps. The
-training loader only paces the steps (``datamodules.gym``); the module holds a ``TransitionCollector`` over the
-DataModule's training envs, a ``ReplayBuffer``, and the shared parts of ``zoo.rl.common`` (evaluation, budget, RNG
-state, thread count), each called below where it acts.
+training loader only paces the steps (``datamodules.gym``); the module opens a ``TransitionCollector`` over the
+DataModule's training envs into a ``ReplayBuffer``, and holds a ``Lifecycle`` (``zoo.rl.lifecycle``: budget, RNG
+state, collector and buffer, evaluation, checkpoint state, thread count), called from its hooks.
 
 One update, in SB3's order (``SAC.train``; CleanRL's ``sac_continuous_action.py`` differs only in where the
 temperature step falls):
@@ -40,25 +40,12 @@ from zoo.compat import foreach_lerp_
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.rl.common import (
-    Budget,
-    EpisodeLog,
-    Evaluation,
     Policy,
-    RNGState,
-    StopCollectingOnException,
-    Threads,
-    check_action_bounds,
-    check_box,
-    check_env,
-    check_net_state,
-    datamodule_of,
-    refuse_sharding,
     require_datamodule,
-    train_metrics,
-    train_seed,
+    separate_backwards,
     world_size,
 )
-from zoo.rl.distributed import sum_over_ranks
+from zoo.rl.lifecycle import Lifecycle
 from zoo.rl.losses import sac_actor_loss, sac_critic_loss, sac_temperature_loss, soft_q_target
 from zoo.rl.normalization import RunningMeanStd
 from zoo.rl.replay import ReplayBuffer, TransitionCollector
@@ -129,12 +116,7 @@ class SACModule(WeightsOnlyLoading, LightningModule):
         self._build_beside_net()
         self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))  # spent of the budget, every rank's
         self.register_buffer("updates", torch.zeros((), dtype=torch.int64))
-        self.budget, self.rng, self.threads = Budget(total_env_steps), RNGState(), Threads(num_threads)
-        self.evaluation, self.episodes = Evaluation(), EpisodeLog()
-        self.collector: TransitionCollector | None = None  # while fit runs
-        self.buffer: ReplayBuffer | None = None
-        self._ready = False  # the replay buffers hold a minibatch (see _buffer_ready)
-        self._buffer_to_restore: dict | None = None  # set by on_load_checkpoint, applied when fit starts
+        self.lifecycle = Lifecycle(total_env_steps, num_threads, save_buffer)  # the replay buffer is its too
 
     def _build_beside_net(self) -> None:
         """What the module sizes from the net: the target critics, the entropy target, the observation statistics."""
@@ -143,6 +125,12 @@ class SACModule(WeightsOnlyLoading, LightningModule):
         self.critic_target = copy.deepcopy(self.net.critic).requires_grad_(False)
         self.target_entropy = float(-self.net.action_dim if h.target_entropy is None else h.target_entropy)
         self.obs_rms = RunningMeanStd((self.net.obs_dim,), clip=h.clip_obs)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self.lifecycle.save(checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.lifecycle.load(self, checkpoint)
 
     def observe(self, x: Tensor) -> Tensor:
         """Raw observations (B, O) as the nets see them: normalised by the running statistics with ``norm_obs``."""
@@ -160,47 +148,31 @@ class SACModule(WeightsOnlyLoading, LightningModule):
     def _explore(self, obs: Tensor) -> Tensor:
         return self.act(obs, deterministic=False)
 
-    # -- fit: the envs and the buffer, then steps_per_batch env steps and their updates per training step ---------
+    def validation_step(self, batch: int, batch_idx: int) -> None:
+        self.lifecycle.validate(self)
+
+    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
+        return self.lifecycle.predict(self)
+
+    # -- fit: the envs and the buffer, then steps_per_batch env steps and their updates per training step --------------
 
     def setup(self, stage: str) -> None:
-        refuse_sharding(self)
-        self.threads.pin()
-        if (dm := datamodule_of(self)) is not None:
-            check_box("SAC", dm.env_id, dm.spaces[1])
-            check_env(self.net, dm)  # sized by whoever built the net (cli.py: from the env); checked here
-            check_action_bounds(self.net.actor, dm.env_id, dm.spaces[1])
+        self.lifecycle.setup(self, box="SAC")
 
     def on_train_start(self) -> None:
-        # DDP averages the gradients of each backward, and SAC's three backwards (temperature, critics, actor)
-        # each reach one part of the module: DDP allows that only when it looks for the unused parameters.
-        if world_size(self) > 1 and not getattr(self.trainer.model, "find_unused_parameters", True):
-            raise ValueError(
-                "SAC under DDP makes backwards that reach one net each: pass "
-                "--trainer.strategy=ddp_find_unused_parameters_true"
-            )
-        # Here rather than in setup: the device is final and a resumed checkpoint (env steps, RNG, buffer) is loaded.
+        separate_backwards(self, "SAC")
         h, dm = self.hparams, require_datamodule(self)
-        self.rng.resume(self.global_rank)
-        self.budget.step = h.steps_per_batch * dm.num_envs * world_size(self)
-        if not self.budget.fits(self.env_steps):
-            self.trainer.should_stop = True  # a resumed run whose budget is already spent: no envs opened
-        elif self.collector is None:  # the replay buffer (a checkpoint's, when fit resumes with one) and its collector
-            if self.buffer is None:
-                self.buffer = ReplayBuffer(
-                    h.buffer_size, self.net.obs_dim, device=self.device, action_space=dm.spaces[1]
-                )
-            self.buffer.to(self.device)  # one kept from an earlier fit on another device
-            if self._buffer_to_restore is not None:
-                self.buffer.load_state_dict(self._buffer_to_restore)
-                self._buffer_to_restore = None
-            self._ready = False
-            seed = train_seed(dm.seed, int(self.env_steps), self.global_rank, dm.num_envs)
-            self.collector = TransitionCollector(dm.make_envs(), self.buffer, self.device, seed, h.norm_obs)
+        if (seed := self.lifecycle.start(self, h.steps_per_batch * dm.num_envs)) is not None:
+            buffer = self.lifecycle.replay(  # with a checkpoint's rows, when fit resumes with them
+                self,
+                lambda: ReplayBuffer(h.buffer_size, self.net.obs_dim, device=self.device, action_space=dm.spaces[1]),
+            )
+            self.lifecycle.collector = TransitionCollector(dm.make_envs(), buffer, self.device, seed, h.norm_obs)
 
     def training_step(self, batch: int, batch_idx: int) -> None:
         """``steps_per_batch`` vector-env steps, each followed by its updates (gradient norms measured when
         Lightning writes this step's logs, the only steps whose values it keeps)."""
-        h, collector, write = self.hparams, self.collector, lightning_writes(self.trainer)
+        h, collector, write = self.hparams, self.lifecycle.collector, lightning_writes(self.trainer)
         optimizers = self.optimizers()
         # Python counters inside the loop, written back once: no tensor op (or device sync) per env step.
         # env_steps counts every rank's steps (each rank steps its n envs at once), as the budget does, so that
@@ -212,28 +184,21 @@ class SACModule(WeightsOnlyLoading, LightningModule):
             collector.step(self._explore if env_steps >= h.learning_starts else None)  # uniform before learning_starts
             env_steps += stride
             # SB3's rule: train every train_freq vector steps once past learning_starts, given a full minibatch.
-            if env_steps > h.learning_starts and (env_steps // stride) % h.train_freq == 0 and self._buffer_ready():
+            if (
+                env_steps > h.learning_starts
+                and (env_steps // stride) % h.train_freq == 0
+                and self.lifecycle.replay_ready(self, h.batch_size)
+            ):
                 for _ in range(h.gradient_steps):
                     updates += 1
                     stats = self._update(*optimizers, polyak=updates % h.target_update_interval == 0, measure=write)
-        self.budget.spend(self.env_steps, n * h.steps_per_batch)
         self.updates.fill_(updates)
         if h.norm_obs:
             self.obs_rms.update(collector.pop_observations())
-        self.episodes.add(*collector.pop_episodes())
+        self.lifecycle.episodes.add(*collector.pop_episodes())
         if write:
-            stats["buffer_size"] = torch.tensor(float(len(self.buffer)))
-            self.log_dict(train_metrics({**stats, **self.episodes.pop()}, self.env_steps), on_step=True, on_epoch=False)
-        if not self.budget.fits(self.env_steps):
-            self.trainer.should_stop = True
-
-    def _buffer_ready(self) -> bool:
-        """Whether every rank's buffer holds a minibatch (autoreset steps are not stored, so the ranks' sizes can
-        differ); a collective under DDP until it first holds, which it then does for good."""
-        if not self._ready:
-            enough = torch.tensor(int(len(self.buffer) >= self.hparams.batch_size), device=self.device)
-            self._ready = int(sum_over_ranks(enough)) == world_size(self)
-        return self._ready
+            stats["buffer_size"] = torch.tensor(float(len(collector.buffer)))
+        self.lifecycle.end_step(self, n * h.steps_per_batch, stats, write)
 
     def _update(
         self, actor_opt, critic_opt, alpha_opt, polyak: bool = True, measure: bool = False
@@ -242,7 +207,7 @@ class SACModule(WeightsOnlyLoading, LightningModule):
         Polyak step when ``polyak``; the update's terms, with each network's gradient norm when ``measure``."""
         h = self.hparams
         grads: dict[str, Tensor] | None = {} if measure else None
-        data = self.buffer.sample(h.batch_size)
+        data = self.lifecycle.buffer.sample(h.batch_size)
         obs, next_obs = self.observe(data.obs), self.observe(data.next_obs)  # (B, O)
         # 1. The actions the actor loss will score, and the temperature step on their log-probabilities.
         pi, logprob = self.net.get_action(obs)  # (B, A), (B,)
@@ -294,36 +259,10 @@ class SACModule(WeightsOnlyLoading, LightningModule):
             torch.optim.Adam([self.log_alpha], lr=h.alpha_lr, fused=fused),
         ]
 
-    # -- evaluation, predict, checkpoints (the replay buffer with save_buffer), the end of fit ---------------------
-
-    def validation_step(self, batch: int, batch_idx: int) -> None:
-        # Every rank holds the same figures (gathered episodes, global env steps): sync_dist averages equal values.
-        metrics = self.evaluation.validate(self, require_datamodule(self), self.env_steps)
-        self.log_dict(metrics, batch_size=1, prog_bar=True, sync_dist=True)
-
-    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
-        return self.evaluation.predict(self, require_datamodule(self))
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        self.rng.save(checkpoint)
-        if self.hparams.save_buffer and self.buffer is not None:
-            checkpoint["replay_buffer"] = self.buffer.state_dict()
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        check_net_state(self.net, checkpoint)
-        self.rng.load(checkpoint)
-        self._buffer_to_restore = checkpoint.get("replay_buffer")  # applied when fit resumes
+    # -- the end of fit, or of a failed one: the lifecycle's -----------------------------------------------------------
 
     def configure_callbacks(self) -> list[Callback]:
-        return [StopCollectingOnException()]
-
-    def stop_collecting(self) -> None:
-        if self.collector is not None:
-            self.collector.close()
-            self.collector = None
+        return self.lifecycle.callbacks()
 
     def teardown(self, stage: str) -> None:
-        if stage == "fit":
-            self.stop_collecting()
-        self.evaluation.close()
-        self.threads.restore()
+        self.lifecycle.teardown(stage)

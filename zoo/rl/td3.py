@@ -15,7 +15,7 @@ One update, in SB3's order (``TD3.train``), on a replay minibatch (s, a, r, s', 
      critics move towards theirs by Polyak averaging, theta' <- (1 - tau) theta' + tau theta.
 Exploration adds N(0, (action_noise * scale)^2) to mu(s) and clips to the Box (SB3's ``NormalActionNoise`` in its
 [-1, 1] action units; CleanRL's ``exploration_noise``); before ``learning_starts`` env steps the actions are uniform.
-Collection, replay, evaluation and checkpoints are SAC's (``zoo.rl.replay``, ``zoo.rl.common``).
+Collection, replay, evaluation and checkpoints are SAC's (``zoo.rl.replay``, ``zoo.rl.lifecycle``).
 
 Checkpoints carry the nets and both targets, the running observation statistics, the env-step and update counters
 (buffers), the two optimizers, the RNG states and, with ``save_buffer``, the replay buffer.
@@ -35,25 +35,12 @@ from zoo.compat import foreach_lerp_
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.rl.common import (
-    Budget,
-    EpisodeLog,
-    Evaluation,
     Policy,
-    RNGState,
-    StopCollectingOnException,
-    Threads,
-    check_action_bounds,
-    check_box,
-    check_env,
-    check_net_state,
-    datamodule_of,
-    refuse_sharding,
     require_datamodule,
-    train_metrics,
-    train_seed,
+    separate_backwards,
     world_size,
 )
-from zoo.rl.distributed import sum_over_ranks
+from zoo.rl.lifecycle import Lifecycle
 from zoo.rl.normalization import RunningMeanStd
 from zoo.rl.replay import ReplayBuffer, TransitionCollector
 from zoo.rl.sac_nets import TwinQ, as_vector, detached_forward, relu_mlp
@@ -225,12 +212,7 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
         self._build_beside_net()
         self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))  # spent of the budget, every rank's
         self.register_buffer("updates", torch.zeros((), dtype=torch.int64))
-        self.budget, self.rng, self.threads = Budget(total_env_steps), RNGState(), Threads(num_threads)
-        self.evaluation, self.episodes = Evaluation(), EpisodeLog()
-        self.collector: TransitionCollector | None = None  # while fit runs
-        self.buffer: ReplayBuffer | None = None
-        self._ready = False  # every rank's replay buffer holds a minibatch
-        self._buffer_to_restore: dict | None = None  # set by on_load_checkpoint, applied when fit starts
+        self.lifecycle = Lifecycle(total_env_steps, num_threads, save_buffer)  # the replay buffer is its too
 
     def _build_beside_net(self) -> None:
         """What the module sizes from the net: the target actor and critics (submodules that only Polyak averaging
@@ -238,6 +220,12 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
         self.actor_target = copy.deepcopy(self.net.actor).requires_grad_(False)
         self.critic_target = copy.deepcopy(self.net.critic).requires_grad_(False)
         self.obs_rms = RunningMeanStd((self.net.obs_dim,), clip=self.hparams.clip_obs)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self.lifecycle.save(checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.lifecycle.load(self, checkpoint)
 
     def observe(self, x: Tensor) -> Tensor:
         """Raw observations (B, O) as the nets see them: normalised by the running statistics with ``norm_obs``."""
@@ -260,45 +248,30 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
     def _explore(self, obs: Tensor) -> Tensor:
         return self.act(obs, deterministic=False)
 
-    # -- fit: the envs and the buffer, then steps_per_batch env steps and their updates per training step ---------
+    def validation_step(self, batch: int, batch_idx: int) -> None:
+        self.lifecycle.validate(self)
+
+    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
+        return self.lifecycle.predict(self)
+
+    # -- fit: the envs and the buffer, then steps_per_batch env steps and their updates per training step --------------
 
     def setup(self, stage: str) -> None:
-        refuse_sharding(self)
-        self.threads.pin()
-        if (dm := datamodule_of(self)) is not None:
-            check_box("TD3", dm.env_id, dm.spaces[1])
-            check_env(self.net, dm)  # sized by whoever built the net (cli.py: from the env); checked here
-            check_action_bounds(self.net.actor, dm.env_id, dm.spaces[1])
+        self.lifecycle.setup(self, box="TD3")
 
     def on_train_start(self) -> None:
-        # The actor's backward reaches the actor alone, the critics' the critics: DDP needs to look for unused ones.
-        if world_size(self) > 1 and not getattr(self.trainer.model, "find_unused_parameters", True):
-            raise ValueError(
-                "TD3 under DDP makes backwards that reach one net each: pass "
-                "--trainer.strategy=ddp_find_unused_parameters_true"
-            )
-        # Here rather than in setup: the device is final and a resumed checkpoint (env steps, RNG, buffer) is loaded.
+        separate_backwards(self, "TD3")
         h, dm = self.hparams, require_datamodule(self)
-        self.rng.resume(self.global_rank)
-        self.budget.step = h.steps_per_batch * dm.num_envs * world_size(self)
-        if not self.budget.fits(self.env_steps):
-            self.trainer.should_stop = True  # a resumed run whose budget is already spent: no envs opened
-        elif self.collector is None:  # the replay buffer (a checkpoint's, when fit resumes with one) and its collector
-            if self.buffer is None:
-                self.buffer = ReplayBuffer(
-                    h.buffer_size, self.net.obs_dim, device=self.device, action_space=dm.spaces[1]
-                )
-            self.buffer.to(self.device)
-            if self._buffer_to_restore is not None:
-                self.buffer.load_state_dict(self._buffer_to_restore)
-                self._buffer_to_restore = None
-            self._ready = False
-            seed = train_seed(dm.seed, int(self.env_steps), self.global_rank, dm.num_envs)
-            self.collector = TransitionCollector(dm.make_envs(), self.buffer, self.device, seed, h.norm_obs)
+        if (seed := self.lifecycle.start(self, h.steps_per_batch * dm.num_envs)) is not None:
+            buffer = self.lifecycle.replay(  # with a checkpoint's rows, when fit resumes with them
+                self,
+                lambda: ReplayBuffer(h.buffer_size, self.net.obs_dim, device=self.device, action_space=dm.spaces[1]),
+            )
+            self.lifecycle.collector = TransitionCollector(dm.make_envs(), buffer, self.device, seed, h.norm_obs)
 
     def training_step(self, batch: int, batch_idx: int) -> None:
         """``steps_per_batch`` vector-env steps, each followed by its updates (SB3's schedule, as SAC's)."""
-        h, collector, write = self.hparams, self.collector, lightning_writes(self.trainer)
+        h, collector, write = self.hparams, self.lifecycle.collector, lightning_writes(self.trainer)
         actor_opt, critic_opt = self.optimizers()
         # Python counters in the loop, written back once; env_steps counts every rank's steps, as the budget does.
         env_steps, updates, n = int(self.env_steps), int(self.updates), collector.num_envs
@@ -307,34 +280,28 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
         for _ in range(h.steps_per_batch):
             collector.step(self._explore if env_steps >= h.learning_starts else None)  # uniform before learning_starts
             env_steps += stride
-            if env_steps > h.learning_starts and (env_steps // stride) % h.train_freq == 0 and self._buffer_ready():
+            if (
+                env_steps > h.learning_starts
+                and (env_steps // stride) % h.train_freq == 0
+                and self.lifecycle.replay_ready(self, h.batch_size)
+            ):
                 for _ in range(h.gradient_steps):
                     updates += 1
                     stats |= self._update(actor_opt, critic_opt, updates, measure=write)
-        self.budget.spend(self.env_steps, n * h.steps_per_batch)
         self.updates.fill_(updates)
         if h.norm_obs:
             self.obs_rms.update(collector.pop_observations())
-        self.episodes.add(*collector.pop_episodes())
+        self.lifecycle.episodes.add(*collector.pop_episodes())
         if write:
-            stats["buffer_size"] = torch.tensor(float(len(self.buffer)))
-            self.log_dict(train_metrics({**stats, **self.episodes.pop()}, self.env_steps), on_step=True, on_epoch=False)
-        if not self.budget.fits(self.env_steps):
-            self.trainer.should_stop = True
-
-    def _buffer_ready(self) -> bool:
-        """Whether every rank's buffer holds a minibatch; a collective under DDP until it first holds."""
-        if not self._ready:
-            enough = torch.tensor(int(len(self.buffer) >= self.hparams.batch_size), device=self.device)
-            self._ready = int(sum_over_ranks(enough)) == world_size(self)
-        return self._ready
+            stats["buffer_size"] = torch.tensor(float(len(collector.buffer)))
+        self.lifecycle.end_step(self, n * h.steps_per_batch, stats, write)
 
     def _update(self, actor_opt, critic_opt, update: int, measure: bool = False) -> dict[str, Tensor]:
         """Update number ``update`` (from 1): the critics' step on a replay minibatch; on every ``policy_delay``-th,
         the actor's step and the targets' Polyak step. Its terms, with gradient norms when ``measure``."""
         h, actor = self.hparams, self.net.actor
         grads: dict[str, Tensor] | None = {} if measure else None
-        data = self.buffer.sample(h.batch_size)
+        data = self.lifecycle.buffer.sample(h.batch_size)
         obs, next_obs = self.observe(data.obs), self.observe(data.next_obs)  # (B, O)
         # 1-2. The smoothed target action and the clipped double-Q target.
         with torch.no_grad():
@@ -381,36 +348,10 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
             torch.optim.Adam(self.net.critic.parameters(), lr=h.critic_lr, fused=fused),
         ]
 
-    # -- evaluation, predict, checkpoints (the replay buffer with save_buffer), the end of fit ---------------------
-
-    def validation_step(self, batch: int, batch_idx: int) -> None:
-        # Every rank holds the same figures (gathered episodes, global env steps): sync_dist averages equal values.
-        metrics = self.evaluation.validate(self, require_datamodule(self), self.env_steps)
-        self.log_dict(metrics, batch_size=1, prog_bar=True, sync_dist=True)
-
-    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
-        return self.evaluation.predict(self, require_datamodule(self))
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        self.rng.save(checkpoint)
-        if self.hparams.save_buffer and self.buffer is not None:
-            checkpoint["replay_buffer"] = self.buffer.state_dict()
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        check_net_state(self.net, checkpoint)
-        self.rng.load(checkpoint)
-        self._buffer_to_restore = checkpoint.get("replay_buffer")  # applied when fit resumes
+    # -- the end of fit, or of a failed one: the lifecycle's -----------------------------------------------------------
 
     def configure_callbacks(self) -> list[Callback]:
-        return [StopCollectingOnException()]
-
-    def stop_collecting(self) -> None:
-        if self.collector is not None:
-            self.collector.close()
-            self.collector = None
+        return self.lifecycle.callbacks()
 
     def teardown(self, stage: str) -> None:
-        if stage == "fit":
-            self.stop_collecting()
-        self.evaluation.close()
-        self.threads.restore()
+        self.lifecycle.teardown(stage)
