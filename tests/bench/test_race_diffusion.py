@@ -185,7 +185,10 @@ def test_race_hits_at_or_under_the_target_on_the_grid_and_stops_at_the_budget():
     assert not race.step(64, lambda: next(fds)) and [e[:2] for e in race.evals] == [(128, 50.0)]
     assert race.step(128, lambda: next(fds)) and race.hit["images"] == 256 and race.hit["fd"] == 40.0
     assert (
-        race.evals[-1] == (256, 40.0, race.hit["cpu_s"], race.hit["wall_s"]) and race.evals[0][2] <= race.hit["cpu_s"]
+        race.evals[-1] == (256, 40.0, race.hit["cpu_s"], race.hit["wall_s"])
+        # process_time counts every thread: another thread of this test process (an MLflow logger left by an earlier
+        # test) running while an evaluation is taken out can make a later reading a few microseconds lower
+        and race.evals[0][2] <= race.hit["cpu_s"] + 0.01
     )
     assert rd.hit_at(race.evals, 50.0)["images"] == 128 and rd.hit_at(race.evals, 39.0) is None  # looser, stricter
     spent = rd.Race(every=100, target=0.0, max_images=200)
