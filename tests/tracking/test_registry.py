@@ -23,21 +23,10 @@ from zoo.tracking import build_module, load_model
 TINY = str(CONFIGS / "cnn" / "convnet_digits.yaml")
 
 
-@pytest.fixture(scope="module")
-def registered(tmp_path_factory):
-    cwd = os.getcwd()
-    os.chdir(tmp_path_factory.mktemp("registered"))
-    try:
-        c = cli(
-            "fit", "--config", TINY, "--trainer.max_epochs=1", "--trainer.logger.init_args.registered_model_name=digits"
-        )
-        client = MlflowClient(c.trainer.logger.tracking_uri)
-        version = client.search_model_versions("name='digits'")[0]
-        client.set_registered_model_alias("digits", "champion", version.version)
-        c.last = Path(c.trainer.checkpoint_callback.last_model_path).resolve()
-        return c, client, version, Path(c.trainer.checkpoint_callback.best_model_path).resolve()
-    finally:
-        os.chdir(cwd)
+@pytest.fixture
+def registered(digits_fit):
+    """The shared one-epoch digits fit (conftest), registered as ``digits`` version 1 with alias ``champion``."""
+    return digits_fit.cli, digits_fit.client, digits_fit.version, digits_fit.best
 
 
 def test_fit_registers_a_logged_model_with_the_runs_evaluation_metrics(registered):
@@ -95,9 +84,9 @@ def test_init_weights_named_by_the_registry_are_downloaded_before_the_module_is_
     assert float(by_name.trainer.callback_metrics["val/acc"]) == float(by_path.trainer.callback_metrics["val/acc"])
 
 
-def test_log_model_from_a_checkpoint_adds_a_version_and_keeps_the_first(registered):
+def test_log_model_from_a_checkpoint_adds_a_version_and_keeps_the_first(registered, digits_fit):
     c, client, version, best = registered
-    last = c.last
+    last = digits_fit.last
     proc = subprocess.run(
         [sys.executable, "-m", "zoo.tracking", "log-model", str(last), "--registered_model_name=digits"],
         capture_output=True,
