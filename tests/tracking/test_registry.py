@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import os
 import pickle
-import subprocess
-import sys
 from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, ROOT, cli
+from conftest import CONFIGS, cli
 from mlflow.tracking import MlflowClient
 
 from zoo.cnn import ClassifierModule
@@ -84,19 +82,17 @@ def test_init_weights_named_by_the_registry_are_downloaded_before_the_module_is_
     assert float(by_name.trainer.callback_metrics["val/acc"]) == float(by_path.trainer.callback_metrics["val/acc"])
 
 
-def test_log_model_from_a_checkpoint_adds_a_version_and_keeps_the_first(registered, digits_fit):
+def test_log_model_from_a_checkpoint_adds_a_version_and_keeps_the_first(registered, digits_fit, monkeypatch, capsys):
+    from zoo.tracking.__main__ import main as tracking  # ``python -m zoo.tracking``, in this process
+
     c, client, version, best = registered
     last = digits_fit.last
-    proc = subprocess.run(
-        [sys.executable, "-m", "zoo.tracking", "log-model", str(last), "--registered_model_name=digits"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "MLFLOW_TRACKING_URI": client.tracking_uri, "PYTHONPATH": str(ROOT)},
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert f"runs:/{version.run_id}/model-last-" in proc.stdout and "models:/digits/" in proc.stdout, proc.stdout
-    new = proc.stdout.strip().rsplit("/", 1)[-1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
+    capsys.readouterr()
+    tracking(["log-model", str(last), "--registered_model_name=digits"])
+    out = capsys.readouterr().out
+    assert f"runs:/{version.run_id}/model-last-" in out and "models:/digits/" in out, out
+    new = out.strip().rsplit("/", 1)[-1]
     x = torch.randn(4, 1, 8, 8)
     torch.testing.assert_close(
         load_model(f"models:/digits/{new}", client.tracking_uri)(x),
