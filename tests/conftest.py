@@ -135,6 +135,87 @@ def cli(*args: str):
     return main(list(args))
 
 
+def terminal(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """``python cli.py <args>`` as a terminal runs it (``cli.run``: bad input is one ``error:`` line), in this
+    process: its exit status, stdout and stderr. What a terminal would see as a traceback (--verbose) propagates
+    as the exception. A subprocess costs the imports again (tens of seconds on a loaded
+    machine); keep one only where the process itself is what a test is about."""
+    import cli as cli_module
+
+    monkeypatch.setattr(sys, "argv", ["cli.py", *args])
+    monkeypatch.setenv("ZOO_VERBOSE", "")  # what --verbose sets for the process is undone after the test
+    try:
+        cli_module.run()
+        status = 0
+    except SystemExit as exit_info:
+        status = exit_info.code if isinstance(exit_info.code, int) else 1
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+class Fitted:
+    """A shared fit: the LightningCLI, its best and last checkpoints (resolved), and its MLflow store."""
+
+    def __init__(self, c) -> None:
+        ck = c.trainer.checkpoint_callback
+        self.cli, self.trainer, self.model = c, c.trainer, c.model
+        self.best = Path(ck.best_model_path or ck.last_model_path).resolve()
+        self.last = Path(ck.last_model_path).resolve()
+        self.tracking_uri = c.trainer.logger.tracking_uri if c.trainer.logger else None
+
+
+def fit_in_folder(folder: Path, *args: str, tracking_uri: str | None = None) -> Fitted:
+    """``cli("fit", *args)`` run in ``folder`` into an MLflow store of its own there (unless ``tracking_uri``):
+    the runs the fixtures below share, fitted once and read by many tests."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(folder)
+        mp.setenv("MLFLOW_TRACKING_URI", tracking_uri or f"sqlite:///{folder / 'mlflow.db'}")
+        return Fitted(cli("fit", *args))  # paths resolved here, in the run's folder
+
+
+DIGITS = str(CONFIGS / "cnn" / "convnet_digits.yaml")
+
+
+@pytest.fixture(scope="session")
+def digits_fit(tmp_path_factory) -> Fitted:
+    """One epoch of the tiny CNN config (convnet_digits.yaml) through cli.py, its model registered as ``digits``
+    (version 1, alias ``champion``) in a store of its own. Tests read it; one that changes the store (a new
+    version) leaves version 1 and the alias as they are."""
+    from mlflow.tracking import MlflowClient
+
+    folder = tmp_path_factory.mktemp("digits_fit")
+    fitted = fit_in_folder(
+        folder, "--config", DIGITS, "--trainer.max_epochs=1", "--trainer.logger.init_args.registered_model_name=digits"
+    )
+    fitted.client = MlflowClient(fitted.tracking_uri)
+    fitted.version = fitted.client.search_model_versions("name='digits'")[0]
+    fitted.client.set_registered_model_alias("digits", "champion", fitted.version.version)
+    return fitted
+
+
+@pytest.fixture(scope="session")
+def digits_two_epochs(tmp_path_factory) -> Fitted:
+    """The tiny CNN config's two epochs, never interrupted, every step's metrics logged: what a resumed run must
+    equal. Read only: tests compare their own runs' weights, steps and learning rates to it."""
+    folder = tmp_path_factory.mktemp("digits_two_epochs")
+    return fit_in_folder(folder, "--config", DIGITS, "--trainer.max_epochs=2", "--trainer.log_every_n_steps=1")
+
+
+@pytest.fixture(scope="session")
+def ppo_fit(tmp_path_factory, _shared_tracking_uri) -> Fitted:
+    """The tiny PPO config (rl/ppo_tiny.yaml) fitted once through cli.py, one intra-op thread: read by the tests of
+    stored configs and output locations."""
+    folder = tmp_path_factory.mktemp("ppo_fit")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return fit_in_folder(
+            folder, "--config", str(CONFIGS / "rl" / "ppo_tiny.yaml"), tracking_uri=_shared_tracking_uri
+        )
+    finally:
+        torch.set_num_threads(threads)
+
+
 class StopAfterEpochs(Callback):
     """Stands in for an interruption: stops fit gracefully once ``epochs`` epochs are done."""
 

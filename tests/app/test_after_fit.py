@@ -58,16 +58,14 @@ def digits_files(tmp_path_factory) -> Path:
     return folder
 
 
-def test_cnn_registered_model_predicts_new_files_without_the_config(tmp_path, digits_files):
-    fit = cli(
-        "fit", "--config", CNN, "--trainer.max_epochs=1", "--trainer.logger.init_args.registered_model_name=digits13"
-    )
+def test_cnn_registered_model_predicts_new_files_without_the_config(tmp_path, digits_files, digits_fit, monkeypatch):
+    # The suite's one-epoch CNN fit (conftest), registered as digits@champion; predictions go to its store.
+    fit, client, best = digits_fit.cli, digits_fit.client, str(digits_fit.best)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", digits_fit.tracking_uri)
     assert fit.model.net.num_classes == 10  # from the data: the config states none
-    client = _register(fit, "digits13")
-    best = fit.trainer.checkpoint_callback.best_model_path
     before = _files_outside_run_folders(tmp_path)
 
-    by_name = cli("predict", "--ckpt_path", "models:/digits13@champion", f"--data.init_args.paths={digits_files}")
+    by_name = cli("predict", "--ckpt_path", "models:/digits@champion", f"--data.init_args.paths={digits_files}")
     by_file = cli("predict", "--ckpt_path", best, f"--data.init_args.paths={digits_files}")
     rows = _rows(by_name)
     assert [Path(r["path"]).name for r in rows] == sorted(p.name for p in digits_files.iterdir())
@@ -103,9 +101,8 @@ def test_cnn_registered_model_predicts_new_files_without_the_config(tmp_path, di
     assert _files_outside_run_folders(tmp_path) == before  # nothing written to the working directory
 
 
-def test_validate_and_test_take_the_checkpoints_own_data_and_log_a_confusion_figure():
-    fit = cli("fit", "--config", CNN, "--trainer.max_epochs=1")
-    best = fit.trainer.checkpoint_callback.best_model_path
+def test_validate_and_test_take_the_checkpoints_own_data_and_log_a_confusion_figure(digits_fit):
+    fit, best = digits_fit.cli, str(digits_fit.best)  # the suite's one-epoch fit of the CNN config (conftest)
     alone = cli("test", "--ckpt_path", best)
     with_config = cli("test", "--config", CNN, "--ckpt_path", best)
     assert float(alone.trainer.callback_metrics["test/acc"]) == float(with_config.trainer.callback_metrics["test/acc"])

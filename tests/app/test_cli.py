@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
+import traceback
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, cli, run_cli
+from conftest import CONFIGS, cli, run_cli, terminal
 
 FAMILY_CONFIGS = sorted(p for p in CONFIGS.glob("*/*.yaml") if p.parent.name not in ("trainer", "logger"))
 STACKED = sorted(CONFIGS.glob("trainer/*.yaml"))
@@ -85,9 +86,12 @@ def test_consolidation_command_documented_in_the_configs_runs(tmp_path):
     assert proc.returncode == 0 and "checkpoint_dir" in proc.stdout and "output_file" in proc.stdout, proc.stderr
 
 
-def test_logger_piece_stacks(mlflow_server):
+def test_logger_piece_stacks(served, tmp_path):
     from cli import main
 
+    # Only the stacking is tested: a stand-in answering the logger's health check, not an MLflow server (seconds).
+    (tmp_path / "health").write_text("OK")
+    mlflow_server = served
     c = main(
         [
             "--config",
@@ -140,30 +144,30 @@ def test_missing_dataset_fails_fast_with_what_to_pass():
         )
 
 
-def test_missing_image_folder_fails_at_once_in_one_line():
-    proc = run_cli("fit", "--config", str(CONFIGS / "cnn" / "torchvision_imagefolder.yaml"), timeout=120)
-    assert proc.returncode != 0 and "data.init_args.root" in proc.stderr, proc.stderr[-2000:]
+def test_missing_image_folder_fails_at_once_in_one_line(monkeypatch, capsys):
+    imagefolder = str(CONFIGS / "cnn" / "torchvision_imagefolder.yaml")
+    status, _, err = terminal(monkeypatch, capsys, "fit", "--config", imagefolder)
+    assert status != 0 and "data.init_args.root" in err, err[-2000:]
     # One line naming the folder and the key to set, one pointing at the traceback; no traceback itself.
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "path/to/image_folder" in errors[0], proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr and "--verbose" in proc.stderr, proc.stderr[-2000:]
-    verbose = run_cli(
-        "fit", "--config", str(CONFIGS / "cnn" / "torchvision_imagefolder.yaml"), "--verbose", timeout=120
-    )
-    assert verbose.returncode != 0 and "Traceback" in verbose.stderr and "FileNotFoundError" in verbose.stderr
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "path/to/image_folder" in errors[0], err[-2000:]
+    assert "Traceback" not in err and "--verbose" in err, err[-2000:]
+    with pytest.raises(Exception) as verbose:  # with --verbose, the exception itself: Python prints its traceback
+        terminal(monkeypatch, capsys, "fit", "--config", imagefolder, "--verbose")
+    assert "FileNotFoundError" in "".join(traceback.format_exception(verbose.value))
 
 
-def test_missing_environment_package_is_one_line_naming_the_install():
+def test_missing_environment_package_is_one_line_naming_the_install(monkeypatch, capsys):
     import importlib.util
 
     if importlib.util.find_spec("Box2D") is not None:
         pytest.skip("Box2D is installed here")
-    proc = run_cli("fit", "--config", str(CONFIGS / "rl" / "ppo_lunarlander.yaml"), timeout=180)
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 1 and len(errors) == 1 and "box2d" in errors[0].lower(), proc.stderr[-2000:]
+    status, out, err = terminal(monkeypatch, capsys, "fit", "--config", str(CONFIGS / "rl" / "ppo_lunarlander.yaml"))
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert status == 1 and len(errors) == 1 and "box2d" in errors[0].lower(), err[-2000:]
     assert '".[rl]"' in errors[0], errors[0]  # the zoo's extra, whose wheels need no swig
     # Nor does the exception checkpoint's save announce a "weights_only" default that reads like a load.
-    assert "Traceback" not in proc.stderr and "weights_only" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in err and "weights_only" not in out + err, err[-2000:]
 
 
 # What Lightning and torch print on every run that no user can act on (zoo.app.terminal.quiet_uninformative_messages).
@@ -212,19 +216,27 @@ def test_bad_config_exits_nonzero_naming_the_key(override, named, capsys):
     assert named in err.split("error:", 1)[-1], err[-2000:]
 
 
-def test_main_job_prints_its_final_metrics_and_where_run_and_checkpoint_are(embedded_store):
+def test_main_job_prints_its_final_metrics_and_where_run_and_checkpoint_are(embedded_store, monkeypatch, capsys):
     """With the progress bar off too: a table of the final metrics (the monitored one first), the run's page."""
-    proc = run_cli("fit", "--config", str(TINY), "--trainer.max_epochs=1", "--trainer.enable_progress_bar=false")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = proc.stdout.splitlines()
+    status, out, err = terminal(
+        monkeypatch,
+        capsys,
+        "fit",
+        "--config",
+        str(TINY),
+        "--trainer.max_epochs=1",
+        "--trainer.enable_progress_bar=false",
+    )
+    assert status == 0, err[-3000:]
+    lines = out.splitlines()
     table = lines[lines.index("Final metrics:") + 1 :]
-    assert table[0].split()[0] == "val/acc" and 0 <= float(table[0].split()[1]) <= 1, proc.stdout
-    assert {"val/loss", "train/loss"} <= {line.split()[0] for line in table[:4]}, proc.stdout
-    assert not any(line.split()[0].startswith(("grad", "lr")) for line in table if line.startswith("  ")), proc.stdout
-    assert "MLflow run:" in proc.stdout
-    assert f"mlflow ui --backend-store-uri sqlite:///{Path.cwd().resolve() / 'mlflow.db'}" in proc.stdout
-    assert re.search(r"http://127\.0\.0\.1:5000/#/experiments/\d+/runs/\w+", proc.stdout), proc.stdout
-    best = next(line for line in proc.stdout.splitlines() if line.startswith("Best checkpoint:")).split(": ", 1)[1]
+    assert table[0].split()[0] == "val/acc" and 0 <= float(table[0].split()[1]) <= 1, out
+    assert {"val/loss", "train/loss"} <= {line.split()[0] for line in table[:4]}, out
+    assert not any(line.split()[0].startswith(("grad", "lr")) for line in table if line.startswith("  ")), out
+    assert "MLflow run:" in out
+    assert f"mlflow ui --backend-store-uri sqlite:///{Path.cwd().resolve() / 'mlflow.db'}" in out
+    assert re.search(r"http://127\.0\.0\.1:5000/#/experiments/\d+/runs/\w+", out), out
+    best = next(line for line in lines if line.startswith("Best checkpoint:")).split(": ", 1)[1]
     assert Path(best).is_file()
 
 

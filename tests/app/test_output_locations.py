@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, cli, run_cli
+from conftest import CONFIGS, cli, terminal
 from lightning.pytorch import Trainer
 
 import datamodules.gym_envs  # noqa: F401  registers NumpyCartPole-v1, which renders without pygame
@@ -23,7 +23,6 @@ from zoo.errors import InputError
 from zoo.io.build import drops_location
 from zoo.tracking import check_output_name, new_run_dir, run_dir
 
-PPO_TINY = str(CONFIGS / "rl" / "ppo_tiny.yaml")
 DIFFUSION_TINY = str(CONFIGS / "diffusion" / "tiny.yaml")
 USERS_FILE = b"a user's file, not the zoo's"
 
@@ -43,9 +42,9 @@ def _fit_once(tmp_path_factory, tracking_uri: str, *args: str) -> Path:
             torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module")
-def ppo_checkpoint(tmp_path_factory, _shared_tracking_uri) -> Path:
-    return _fit_once(tmp_path_factory, _shared_tracking_uri, "--config", PPO_TINY)
+@pytest.fixture
+def ppo_checkpoint(ppo_fit) -> Path:
+    return ppo_fit.last  # the tiny PPO config fitted once for the suite (conftest)
 
 
 @pytest.fixture(scope="module")
@@ -155,12 +154,14 @@ def test_an_output_name_inside_the_run_folder_is_kept(name):
     assert check_output_name("data.init_args.video_dir", name) == name
 
 
-def test_a_users_folder_outside_the_run_is_one_error_line(ppo_checkpoint):
-    proc = run_cli("predict", "--ckpt_path", str(ppo_checkpoint), "--data.init_args.video_dir=/tmp/elsewhere")
-    assert proc.returncode != 0
-    lines = [line for line in proc.stdout.splitlines() + proc.stderr.splitlines() if line.startswith("error:")]
+def test_a_users_folder_outside_the_run_is_one_error_line(ppo_checkpoint, monkeypatch, capsys):
+    status, out, err = terminal(
+        monkeypatch, capsys, "predict", "--ckpt_path", str(ppo_checkpoint), "--data.init_args.video_dir=/tmp/elsewhere"
+    )
+    assert status != 0
+    lines = [line for line in out.splitlines() + err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "data.init_args.video_dir='/tmp/elsewhere' is outside the run's folder" in lines[0]
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in err
 
 
 def test_every_dropped_key_is_an_argument_of_a_datamodule():

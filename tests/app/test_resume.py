@@ -83,9 +83,12 @@ MUON = ["--model.init_args.optimizer.muon={}"]  # Muon's momentum buffers, AdamW
     ],
     ids=["cnn-batch_end", "cnn-batch_start", "cnn-backward", "clip-batch_start", "cnn-muon-batch_end"],
 )
-def test_ctrl_c_mid_epoch_then_resume_equals_the_run_never_interrupted(config, where, extra):
+def test_ctrl_c_mid_epoch_then_resume_equals_the_run_never_interrupted(config, where, extra, request):
     config = [config, *extra]
-    straight = cli("fit", "--config", *config, "--trainer.max_epochs=2", "--trainer.default_root_dir=straight")
+    if config == [TINY]:  # the tiny CNN's two epochs, fitted once for the suite (conftest)
+        straight = request.getfixturevalue("digits_two_epochs")
+    else:
+        straight = cli("fit", "--config", *config, "--trainer.max_epochs=2", "--trainer.default_root_dir=straight")
     assert (type(straight.trainer.optimizers[0]).__name__ == "MuonAdamW") == bool(extra)
     per_epoch = straight.trainer.num_training_batches
     step = per_epoch + per_epoch // 2  # the middle of the second epoch
@@ -117,6 +120,7 @@ def test_ctrl_c_mid_epoch_then_resume_equals_the_run_never_interrupted(config, w
 
 
 def test_kill_9_mid_epoch_then_resume_from_last_ckpt_equals_the_run_never_killed():
+    # Its own uninterrupted run, not the suite's shared one: compared with it, exactly, this resume differed once.
     straight = cli("fit", "--config", TINY, "--trainer.max_epochs=2", "--trainer.default_root_dir=straight")
     per_epoch = straight.trainer.num_training_batches
     saved_at = per_epoch + 5  # last.ckpt written mid-epoch, then a few more steps before the kill
@@ -147,9 +151,9 @@ def test_kill_9_mid_epoch_then_resume_from_last_ckpt_equals_the_run_never_killed
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
 
 
-def test_extending_max_epochs_on_resume_rebuilds_the_schedule_and_warns():
+def test_extending_max_epochs_on_resume_rebuilds_the_schedule_and_warns(digits_two_epochs):
     log = "--trainer.log_every_n_steps=1"
-    straight = cli("fit", "--config", TINY, "--trainer.max_epochs=2", log, "--trainer.default_root_dir=straight")
+    straight = digits_two_epochs  # logged every step too
     first = cli("fit", "--config", TINY, "--trainer.max_epochs=1", log, "--trainer.default_root_dir=first")
     steps = first.trainer.global_step
     with pytest.warns(UserWarning, match=rf"total_steps {steps} -> {2 * steps}.*at step {steps}.*will not equal"):

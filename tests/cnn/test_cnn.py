@@ -75,7 +75,7 @@ def test_warmup_cosine_matches_closed_form():
     assert seen[-1] == pytest.approx(0.2)
 
 
-def test_channels_last_and_compile_switches_match_eager():
+def _switches_match_eager() -> None:
     torch.manual_seed(0)
     net = ConvNet(num_classes=10, in_channels=3, width=8, depth=2).eval()
     x = torch.randn(4, 3, 16, 16)
@@ -83,8 +83,26 @@ def test_channels_last_and_compile_switches_match_eager():
     for kwargs in ({"channels_last": True}, {"compile": True}):
         module = ClassifierModule(net, **kwargs).eval()
         module.configure_model()
+        assert (module._compiled is not None) == ("compile" in kwargs)
         torch.testing.assert_close(module(x), ref, rtol=1e-4, atol=1e-4)
         assert not any(k.startswith("_compiled") for k in module.state_dict())
+
+
+def test_channels_last_and_compile_switches_match_eager(monkeypatch):
+    """The switches' wiring, with torch.compile tracing through Dynamo and AOTAutograd but generating no kernels:
+    inductor's C++ build takes a minute or more on a loaded CPU (the slow test below runs it)."""
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: compile_(model, **{**kw, "backend": "aot_eager"}))
+    _switches_match_eager()
+
+
+@pytest.mark.slow
+def test_channels_last_and_compile_switches_match_eager_with_inductor():
+    try:
+        torch.compile(lambda x: x * 2 + 1)(torch.ones(3))
+    except Exception as e:
+        pytest.skip(f"torch.compile cannot build kernels on this machine: {e}")
+    _switches_match_eager()
 
 
 def test_shapes_accuracy_far_above_chance():

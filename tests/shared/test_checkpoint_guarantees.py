@@ -43,15 +43,10 @@ def _crafted(tmp_path: Path, name: str = "evil.ckpt", zip_format: bool = True) -
     return path, marker
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    cwd = os.getcwd()
-    os.chdir(tmp_path_factory.mktemp("trained"))
-    try:
-        c = cli("fit", "--config", TINY, *FAST)
-        return Path(c.trainer.checkpoint_callback.best_model_path).resolve()
-    finally:
-        os.chdir(cwd)
+@pytest.fixture
+def trained(digits_fit) -> Path:
+    """The best checkpoint of the shared one-epoch digits fit (conftest)."""
+    return digits_fit.best
 
 
 def cli_error(monkeypatch, capsys, *args: str) -> str:

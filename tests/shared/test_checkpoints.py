@@ -17,15 +17,10 @@ from zoo.io.weights import UnsafeCheckpointError, load_file
 TINY = str(CONFIGS / "cnn" / "convnet_digits.yaml")
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    cwd = os.getcwd()
-    os.chdir(tmp_path_factory.mktemp("trained"))
-    try:
-        c = cli("fit", "--config", TINY, "--trainer.max_epochs=1")
-        return c, Path(c.trainer.checkpoint_callback.best_model_path).resolve()
-    finally:
-        os.chdir(cwd)
+@pytest.fixture
+def trained(digits_fit):
+    """The shared one-epoch digits fit (conftest): its LightningCLI and best checkpoint."""
+    return digits_fit.cli, digits_fit.best
 
 
 def _params(module) -> dict[str, torch.Tensor]:
@@ -57,8 +52,8 @@ def test_load_from_checkpoint_alone_rebuilds_the_same_net(trained):
     torch.testing.assert_close(loaded.state_dict()["net.head.weight"], state["state_dict"]["net.head.weight"])
 
 
-def test_resume_to_2n_equals_uninterrupted_2n():
-    straight = cli("fit", "--config", TINY, "--trainer.max_epochs=2", "--trainer.default_root_dir=straight")
+def test_resume_to_2n_equals_uninterrupted_2n(digits_two_epochs):
+    straight = digits_two_epochs  # the same config's two epochs, fitted once for the suite (conftest)
     # The same 2-epoch run, interrupted after its first epoch (the schedule spans both epochs).
     first = cli(
         "fit",

@@ -102,22 +102,11 @@ def attacker(tmp_path, monkeypatch) -> Attacker:
     return Attacker(folder, monkeypatch)
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory) -> dict[str, Path]:
-    """Real checkpoints of two families, trained for a step through cli.py: a classifier and a PPO agent."""
-    import os
-
-    cwd = os.getcwd()
-    os.chdir(tmp_path_factory.mktemp("checkpoints"))
-    try:
-        out = {}
-        ppo = ("--model.init_args.total_env_steps=256", "--trainer.val_check_interval=2", "--trainer.logger=false")
-        for name, config, args in (("cnn", CNN, FAST), ("ppo", PPO, ppo)):
-            c = cli("fit", "--config", config, *args)
-            out[name] = Path(c.trainer.checkpoint_callback.last_model_path).resolve()
-        return out
-    finally:
-        os.chdir(cwd)
+@pytest.fixture
+def checkpoints(digits_fit, ppo_fit) -> dict[str, Path]:
+    """Real checkpoints of two families, trained through cli.py and shared by the suite (conftest): the last of a
+    classifier and of a PPO agent."""
+    return {"cnn": digits_fit.last, "ppo": ppo_fit.last}
 
 
 # Where a tampered config puts the attacker's name: (checkpoint, section, dotted key, value with {m} for the module).

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import os
 import pickle
-import subprocess
-import sys
 from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, ROOT, cli
+from conftest import CONFIGS, cli
 from mlflow.tracking import MlflowClient
 
 from zoo.cnn import ClassifierModule
@@ -23,21 +21,10 @@ from zoo.tracking import build_module, load_model
 TINY = str(CONFIGS / "cnn" / "convnet_digits.yaml")
 
 
-@pytest.fixture(scope="module")
-def registered(tmp_path_factory):
-    cwd = os.getcwd()
-    os.chdir(tmp_path_factory.mktemp("registered"))
-    try:
-        c = cli(
-            "fit", "--config", TINY, "--trainer.max_epochs=1", "--trainer.logger.init_args.registered_model_name=digits"
-        )
-        client = MlflowClient(c.trainer.logger.tracking_uri)
-        version = client.search_model_versions("name='digits'")[0]
-        client.set_registered_model_alias("digits", "champion", version.version)
-        c.last = Path(c.trainer.checkpoint_callback.last_model_path).resolve()
-        return c, client, version, Path(c.trainer.checkpoint_callback.best_model_path).resolve()
-    finally:
-        os.chdir(cwd)
+@pytest.fixture
+def registered(digits_fit):
+    """The shared one-epoch digits fit (conftest), registered as ``digits`` version 1 with alias ``champion``."""
+    return digits_fit.cli, digits_fit.client, digits_fit.version, digits_fit.best
 
 
 def test_fit_registers_a_logged_model_with_the_runs_evaluation_metrics(registered):
@@ -95,19 +82,17 @@ def test_init_weights_named_by_the_registry_are_downloaded_before_the_module_is_
     assert float(by_name.trainer.callback_metrics["val/acc"]) == float(by_path.trainer.callback_metrics["val/acc"])
 
 
-def test_log_model_from_a_checkpoint_adds_a_version_and_keeps_the_first(registered):
+def test_log_model_from_a_checkpoint_adds_a_version_and_keeps_the_first(registered, digits_fit, monkeypatch, capsys):
+    from zoo.tracking.__main__ import main as tracking  # ``python -m zoo.tracking``, in this process
+
     c, client, version, best = registered
-    last = c.last
-    proc = subprocess.run(
-        [sys.executable, "-m", "zoo.tracking", "log-model", str(last), "--registered_model_name=digits"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "MLFLOW_TRACKING_URI": client.tracking_uri, "PYTHONPATH": str(ROOT)},
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert f"runs:/{version.run_id}/model-last-" in proc.stdout and "models:/digits/" in proc.stdout, proc.stdout
-    new = proc.stdout.strip().rsplit("/", 1)[-1]
+    last = digits_fit.last
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
+    capsys.readouterr()
+    tracking(["log-model", str(last), "--registered_model_name=digits"])
+    out = capsys.readouterr().out
+    assert f"runs:/{version.run_id}/model-last-" in out and "models:/digits/" in out, out
+    new = out.strip().rsplit("/", 1)[-1]
     x = torch.randn(4, 1, 8, 8)
     torch.testing.assert_close(
         load_model(f"models:/digits/{new}", client.tracking_uri)(x),

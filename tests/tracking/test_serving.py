@@ -80,8 +80,9 @@ def test_requirements_name_every_distribution_the_logged_code_imports_pinned_at_
 
 
 @pytest.fixture(scope="module")
-def cnn(tmp_path_factory):
-    c, uri, last = _fit("cnn/convnet_digits.yaml")
+def cnn(tmp_path_factory, digits_fit):
+    # The suite's one-epoch CNN fit (conftest), by its registered version: its logged model, which no test changes.
+    c, uri, last = digits_fit.cli, f"models:/digits/{digits_fit.version.version}", str(digits_fit.last)
     files = tmp_path_factory.mktemp("digits")
     g = torch.Generator().manual_seed(0)
     for i in range(3):
