@@ -600,3 +600,13 @@ def test_a_stored_location_is_dropped_through_the_command_line_and_the_run_says_
     # the user's own flag is theirs
     c = cli("validate", f"--ckpt_path={path}", "--trainer.logger=false", "--data.init_args.video_dir=mine")
     assert c.datamodule.hparams.video_dir == "mine"
+
+
+def test_a_stored_model_location_is_dropped_through_the_command_line(checkpoints, tmp_path, capsys):
+    """The model's own locations too: a stored init_weights names a file the run would otherwise be said to start
+    from (and a fine-tune would read)."""
+    elsewhere = tmp_path / "not-yours.ckpt"
+    path = tamper(checkpoints["cnn"], tmp_path / "moved.ckpt", "hyper_parameters", "init_weights", str(elsewhere))
+    c = cli("validate", f"--ckpt_path={path}", "--trainer.logger=false", "--trainer.limit_val_batches=1")
+    assert c.model.hparams.init_weights is None
+    assert "replace its model.init_args.init_weights" in capsys.readouterr().err
