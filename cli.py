@@ -3,7 +3,7 @@
 Any family is chosen by ``class_path`` in YAML (subclass mode for model and data). Every run gets,
 unless its config replaces them: the MLflow logger, checkpoints (last + best on the family's
 metric), learning-rate, grad-norm and precision monitors, a checkpoint on exception, a seed, and the
-family's own callbacks (``zoo.app.families``). What each hook does is in ``zoo.app.hooks``.
+family's own callbacks (``zoo.tracking.families``). What each hook does is in ``zoo.app.hooks``.
 """
 
 from __future__ import annotations
@@ -21,19 +21,19 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
 
 from zoo.app import hooks, sizes, terminal
-from zoo.app.families import family_of
 from zoo.app.parser import DEFAULT_CALLBACKS, TRAINER_DEFAULTS, ZooArgumentParser, add_zoo_arguments
+from zoo.app.stored_config import from_checkpoint, stored_config_allowlist
 from zoo.app.usage import EPILOG
 from zoo.compat import CheckpointHyperparametersLeftToCaller, dump_config_again
 from zoo.tracking import LogConfigToMLflow
-from zoo.tracking.stored_config import from_checkpoint, stored_config_allowlist
+from zoo.tracking.families import family_of
 
 __all__ = ["DEFAULT_CALLBACKS", "TRAINER_DEFAULTS", "ZooCLI", "main", "run"]
 
 
 class ZooCLI(CheckpointHyperparametersLeftToCaller, LightningCLI):
     def __init__(self, *args, stored_data: Callable[[], LightningDataModule] | None = None, **kwargs) -> None:
-        self.stored_data = stored_data  # the DataModule a --ckpt_path carries (zoo.tracking.stored_config)
+        self.stored_data = stored_data  # the DataModule a --ckpt_path carries (zoo.app.stored_config)
         super().__init__(*args, **kwargs)
 
     def parse_arguments(self, parser, args) -> None:
@@ -52,7 +52,7 @@ class ZooCLI(CheckpointHyperparametersLeftToCaller, LightningCLI):
             self.parser,
             self.config,
             self.subcommand,
-            lambda model_class: family_of(model_class).sizes if model_class else None,
+            lambda model_class: sizes.RULES.get(family_of(model_class).sizes) if model_class else None,
             lambda: dump_config_again(self),
             self.stored_data,
         )

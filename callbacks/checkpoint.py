@@ -1,7 +1,7 @@
 """ModelCheckpoint that keeps the last checkpoint and the best on the module's own metric, and a checkpoint on
 exception that holds only what the failed fit trained.
 
-Each family's metric and mode ("val/acc", "max") are in the application's table (``zoo.app.families``); the CLI's
+Each family's metric and mode ("val/acc", "max") are in the application's table (``zoo.tracking.families``); the CLI's
 default checkpoint callback cannot know the family before the module exists, so it reads them at setup.
 Lightning 2.6 refreshes ``last.ckpt`` only when a best checkpoint is saved in the same step, so a
 run whose metric stops improving would resume from stale weights: here ``last`` follows every save.
@@ -17,12 +17,13 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.utilities import rank_zero_warn
 
-from zoo.app.families import family_of
 from zoo.compat import refresh_last_checkpoint
+from zoo.tracking.families import family_of
 
 
 class MonitoredCheckpoint(ModelCheckpoint):
-    """``ModelCheckpoint(save_last=True)`` whose monitor defaults to the module's family's (``zoo.app.families``)."""
+    """``ModelCheckpoint(save_last=True)`` whose monitor defaults to the module's family's
+    (``zoo.tracking.families``)."""
 
     def __init__(
         self,
@@ -39,7 +40,7 @@ class MonitoredCheckpoint(ModelCheckpoint):
         Args:
             dirpath: where checkpoints go; None puts them under the run's folder in default_root_dir.
             filename: best-checkpoint file name pattern.
-            monitor: metric to rank checkpoints by; None takes the module's family's (``zoo.app.families``).
+            monitor: metric to rank checkpoints by; None takes the module's family's (``zoo.tracking.families``).
             mode: "min" or "max"; None takes the family's.
             save_last: also keep ``last.ckpt`` for resuming.
             save_top_k: how many best checkpoints to keep.

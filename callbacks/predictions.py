@@ -24,8 +24,9 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from callbacks.media import new_file, split_media, write_images, write_video
-from zoo.app.families import family_of
-from zoo.tracking import check_output_name, in_run_dir, log_file, run_dir
+from zoo.io.files import check_output_name
+from zoo.tracking import in_run_dir, log_file, run_dir
+from zoo.tracking.families import family_of
 
 __all__ = ["WritePredictions", "log_file", "output_path", "run_dir"]
 
@@ -50,7 +51,7 @@ def _format(value: Any) -> Any:
 class WritePredictions(BasePredictionWriter):
     """Collects per-example values from ``predict_step`` dicts and writes them at epoch end.
 
-    A family whose ``predictions`` is "csv" (``zoo.app.families``) gets a CSV of tensors and strings; otherwise
+    A family whose ``predictions`` is "csv" (``zoo.tracking.families``) gets a CSV of tensors and strings; otherwise
     tensors alone make a CSV and dicts carrying other lists (generated text) make JSON lines (``.jsonl``). Keys its
     row names in ``prediction_arrays`` (embeddings) go to ``<stem>.<key>.npy`` instead, one row per example.
     """

@@ -16,8 +16,8 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
 from datamodules.base import ImageDataModule, check_settings
+from zoo.io.files import check_output_name
 from zoo.io.hparams import save_hparams
-from zoo.tracking import check_output_name
 
 
 class _CollateRequests:

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from datamodules.base import check_settings
 from zoo.errors import InputError
-from zoo.tracking import check_output_name
+from zoo.io.files import check_output_name
 
 
 class Ticks(IterableDataset):

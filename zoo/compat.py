@@ -134,7 +134,7 @@ def load_sharded(storage_reader, keys: set[str] | None = None) -> dict[str, Any]
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    from zoo.io.weights import UnsafeCheckpointError
+    from zoo.errors import UnsafeCheckpointError
 
     class WeightsOnlyPlanner(_EmptyStateDictLoadPlanner):
         def load_bytes(self, read_item, value: io.BytesIO) -> None:

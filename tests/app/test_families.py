@@ -1,4 +1,4 @@
-"""The application's table of the families (zoo.app.families): a row for every module the families export, and
+"""The application's table of the families (zoo.tracking.families): a row for every module the families export, and
 every class path in it names the application's own class of the right kind."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import inspect
 import pytest
 from lightning.pytorch import Callback, LightningDataModule, LightningModule
 
-from zoo.app.families import FAMILIES, UNLISTED, family_of
+from zoo.tracking.families import FAMILIES, UNLISTED, family_of
 
 PACKAGES = ("zoo.gpt", "zoo.clip", "zoo.cnn", "zoo.diffusion", "zoo.rl")
 
@@ -29,7 +29,7 @@ def exported_modules() -> list[type]:
 @pytest.mark.parametrize("cls", exported_modules(), ids=lambda c: c.__name__)
 def test_every_module_a_family_exports_has_a_row(cls):
     row = family_of(cls)
-    assert row is not UNLISTED, f"add {cls.__module__}.{cls.__name__} to zoo.app.families.FAMILIES"
+    assert row is not UNLISTED, f"add {cls.__module__}.{cls.__name__} to zoo.tracking.families.FAMILIES"
     assert row.monitor and row.monitor.startswith("val/") and row.monitor_mode in ("min", "max")
 
 

@@ -197,3 +197,90 @@ def test_a_callback_the_config_lists_replaces_the_declared_default():
     )
     mine = [cb for cb in c.trainer.callbacks if type(cb).__name__ == "LogTextSamples"]
     assert len(mine) == 1 and mine[0].every_n_epochs == 3
+
+
+# The application wing, top floor first: each may import the floors below it, never one above, and the two
+# packages of one floor not each other. The families table (zoo.tracking.families) is at the bottom, so serving,
+# the logger, the callbacks and the command line all read the one table.
+WING = (("cli",), ("zoo.app",), ("callbacks", "datamodules"), ("zoo.tracking",))
+
+
+def imported(source: str) -> list[tuple[int, str]]:
+    """``(line, module)`` for every import statement of ``source``, inside functions too (not strings)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            found.append((node.lineno, node.module or ""))
+    return found
+
+
+def floor_of(name: str) -> tuple[int, str] | None:
+    for floor, packages in enumerate(WING):
+        for package in packages:
+            if name == package or name.startswith(package + "."):
+                return floor, package
+    return None
+
+
+def wing_breaches(source: str, package: str) -> list[str]:
+    """``line: name`` for each import of ``source`` (a file of ``package``) into a floor above it or a peer."""
+    floor = floor_of(package)[0]
+    return [
+        f"{line}: {name}"
+        for line, name in sorted(imported(source))
+        if (to := floor_of(name)) is not None and to[1] != package and to[0] <= floor
+    ]
+
+
+def test_the_wing_checker_sees_imports_up_and_across():
+    src = "def f():\n    from zoo.app.hooks import x\n    import datamodules\nfrom zoo.tracking import y\nimport cli\n"
+    assert wing_breaches(src, "callbacks") == ["2: zoo.app.hooks", "3: datamodules", "5: cli"]
+    assert wing_breaches(src, "zoo.app") == ["5: cli"]
+    assert wing_breaches("x = 'callbacks.LogTextSamples'\nimport zoo.tracking.runs\n", "zoo.tracking") == []
+
+
+def test_the_application_wing_imports_one_way():
+    bad = {
+        str(path.relative_to(ROOT)): hits
+        for packages in WING
+        for package in packages
+        for path in files_of(package)
+        if (hits := wing_breaches(path.read_text("utf-8"), package))
+    }
+    assert not bad, f"the application wing imports upward or across (pass the value down instead): {bad}"
+
+
+def module_name(path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_two_files_import_each_other_round_a_circle():
+    """Files of the zoo and its application, imports inside functions included: no circle, so each file can be read
+    (and tested) after the ones it imports."""
+    files = [p for packages in WING for package in packages for p in files_of(package)]
+    files += [p for p in sorted((ROOT / "zoo").rglob("*.py")) if p not in files]
+    names = {module_name(p): p for p in files}
+    edges = {
+        name: {
+            m for _, m in imported(path.read_text("utf-8")) if m in names and m != name and not m.endswith("__main__")
+        }
+        for name, path in names.items()
+    }  # a package stands for its __init__, which imports its files: importing it is importing those
+    state, circles = {}, []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == "open":
+                circles.append(path[path.index(nxt) :] + [nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = "done"
+
+    for name in sorted(edges):
+        if name not in state:
+            visit(name, [name])
+    assert not circles, f"files that import each other round a circle: {circles}"

@@ -21,7 +21,8 @@ import datamodules.gym_envs  # noqa: F401  registers NumpyCartPole-v1, which ren
 from datamodules import ShapesDataModule
 from zoo.errors import InputError
 from zoo.io.build import drops_location
-from zoo.tracking import check_output_name, new_run_dir, run_dir
+from zoo.io.files import check_output_name
+from zoo.tracking import new_run_dir, run_dir
 
 DIFFUSION_TINY = str(CONFIGS / "diffusion" / "tiny.yaml")
 USERS_FILE = b"a user's file, not the zoo's"

@@ -51,7 +51,7 @@ def test_tiny_fits_then_predicts_from_its_checkpoint_and_reloads_alone():
 
     # the checkpoint exports as a Hugging Face GPT-2 folder that transformers runs to the same logits
     proc = subprocess.run(
-        [sys.executable, "-m", "zoo.gpt.hf", "export", last, "hf"],
+        [sys.executable, "-m", "zoo.gpt", "export", last, "hf"],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -135,7 +135,7 @@ def test_mla_checkpoint_reloads_its_attention_alone():
         [
             sys.executable,
             "-m",
-            "zoo.gpt.hf",
+            "zoo.gpt",
             "export",
             c.trainer.checkpoint_callback.last_model_path,
             "ds",

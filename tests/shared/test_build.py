@@ -21,7 +21,7 @@ CNN = {
 
 @pytest.fixture(scope="module")
 def allow():
-    from zoo.tracking.stored_config import stored_config_allowlist
+    from zoo.app.stored_config import stored_config_allowlist
 
     return stored_config_allowlist()
 

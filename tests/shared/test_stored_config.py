@@ -370,7 +370,7 @@ def _sections(config: dict) -> list[tuple[str, dict]]:
 def test_every_shipped_config_builds_as_a_stored_config(path):
     """Every config the zoo ships resolves by the builder's rules (a kind of annotation it cannot read would fail
     here), and its plain form resolves to the same again."""
-    from zoo.tracking.stored_config import stored_config_allowlist
+    from zoo.app.stored_config import stored_config_allowlist
 
     allow = stored_config_allowlist()
     for section, cfg in _sections(yaml.safe_load(path.read_text())):
@@ -388,7 +388,7 @@ def test_every_shipped_config_builds_as_a_stored_config(path):
 
 
 def test_a_class_or_env_the_users_own_config_names_is_theirs_to_vouch_for(attacker):
-    from zoo.tracking.stored_config import stored_config_allowlist
+    from zoo.app.stored_config import stored_config_allowlist
 
     allow = stored_config_allowlist()
     stored = {"_class_path": "zoo.cnn.ClassifierModule", "net": {"class_path": "zoo.cnn.ConvNet"}}
@@ -405,7 +405,7 @@ def test_a_class_or_env_the_users_own_config_names_is_theirs_to_vouch_for(attack
 
 
 def test_a_stored_location_is_dropped_at_every_depth():
-    from zoo.tracking.stored_config import stored_config_allowlist
+    from zoo.app.stored_config import stored_config_allowlist
 
     allow = stored_config_allowlist()
     part = build.resolve_data(
@@ -429,7 +429,7 @@ def test_every_allowed_class_has_resolvable_annotations():
     """An annotation that did not resolve would be read as ``Any`` (plain data), refusing nets given there."""
     import typing
 
-    from zoo.tracking.stored_config import stored_config_allowlist
+    from zoo.app.stored_config import stored_config_allowlist
 
     allow = stored_config_allowlist()
     for cls in {**allow.modules, **allow.data, **allow.parts}.values():

@@ -18,8 +18,8 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info
 
 from callbacks import ResumesItsOptimizer, TrainsSomething
-from zoo.app.families import family_of
 from zoo.app.parser import EXCEPTION_DIR
+from zoo.app.stored_config import SUBCOMMANDS_WITH_A_MODEL
 from zoo.errors import InputError
 from zoo.io.checkpoint import WeightsOnlyCheckpointIO, WeightsOnlyLoading, reconcile
 from zoo.io.weights import is_remote
@@ -33,8 +33,8 @@ from zoo.tracking import (
     resolve_checkpoint,
     training_run,
 )
+from zoo.tracking.families import family_of
 from zoo.tracking.models import ranked_metrics
-from zoo.tracking.stored_config import SUBCOMMANDS_WITH_A_MODEL
 
 
 def check_seed(cfg: Any) -> None:
@@ -139,7 +139,7 @@ def prepare_checkpoint(cfg: Any, subcommand: str | None) -> None:
 
 
 def _model_class_path(cfg: Any) -> str | None:
-    """The model class the config names; None for the checkpoint's own (``zoo.tracking.stored_config``)."""
+    """The model class the config names; None for the checkpoint's own (``zoo.app.stored_config``)."""
     return (cfg.get("model") or {}).get("class_path")
 
 
@@ -179,7 +179,7 @@ def drop_unusable_callbacks(cfg: Any) -> None:
 
 
 def name_the_run(cfg: Any) -> None:
-    if not _model_class_path(cfg):  # the checkpoint's own model (zoo.tracking.stored_config): the logger names it
+    if not _model_class_path(cfg):  # the checkpoint's own model (zoo.app.stored_config): the logger names it
         return
     if (logger := zoo_logger(cfg)) and not logger.init_args.get("run_name"):
         net = cfg.model.init_args.get("net")
@@ -199,7 +199,7 @@ def bf16_on_cpu(cfg: Any) -> None:
 
 def wire(trainer: Trainer, model: LightningModule, subcommand: str | None, ckpt_path: str | None) -> None:
     """Once built: checkpoints read weights-only, a checkpoint's weights not loaded over by ``init_weights``, a fit
-    that trains nothing refused, and the family's own callbacks (``zoo.app.families``)."""
+    that trains nothing refused, and the family's own callbacks (``zoo.tracking.families``)."""
     strategy = trainer.strategy
     if type(strategy.checkpoint_io) is TorchCheckpointIO:  # --ckpt_path and "best" read weights-only, by load_file
         strategy.checkpoint_io = WeightsOnlyCheckpointIO()

@@ -2,7 +2,7 @@
 
 A size a net shares with its data (a GPT's ``vocab_size`` and the tokenizer's ids, a classifier's ``num_classes``
 and the dataset's classes, an agent's observation and action sizes and the env's spaces) is left unset in a config
-and derived here: the DataModule is built first, the family's row (``zoo.app.families``) reads what it states, the
+and derived here: the DataModule is built first, the family's row (``zoo.tracking.families``) reads what it states, the
 family's own rule fills the unset sizes and refuses a given one that disagrees (one line naming both), and only
 then is the model built, from the completed config. A config that states every size does not make the data
 read here (no tokenizer file, no env made to instantiate it): the module checks them against the data when the run
@@ -76,6 +76,11 @@ def spaces(data: Any, net: dict, evaluating_checkpoint: bool) -> dict[str, Any]:
 
 
 Sizes = Callable[[Any, dict, bool], dict[str, Any]]
+RULES: dict[str, Sizes] = {
+    "vocabulary": vocabulary,
+    "classes": classes,
+    "spaces": spaces,
+}  # by the families table's name
 
 
 def size_the_net(cfg: Namespace, data: Any, subcommand: str | None, sizes: Sizes | None) -> None:
@@ -132,7 +137,7 @@ def instantiate_data_first(
     """``parser.instantiate(config)`` with the DataModule built first and the net sized from it in between:
     ``sizes_of(model_class)`` is the family's rule, ``redump()`` makes LightningCLI dump the completed config again
     (it hands that dump to the model as its hyperparameters); ``build_data``: builds the DataModule instead of the
-    parser (a checkpoint's stored one, ``zoo.tracking.stored_config``)."""
+    parser (a checkpoint's stored one, ``zoo.app.stored_config``)."""
     prefix = f"{subcommand}." if subcommand else ""
     cfg = config[subcommand] if subcommand else config
     data = build_data() if build_data is not None and cfg.get("data") is None else None

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from zoo.app.parser import VERBOSE_ENV
-from zoo.errors import InputError
+from zoo.errors import InputError, one_line
 from zoo.tracking import end_open_runs
 
 
@@ -28,7 +28,7 @@ def quiet_uninformative_messages() -> None:
     warnings.filterwarnings(
         "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
     )
-    # cli.py hands LightningCLI the command line with the checkpoint's parts taken out (zoo.tracking.stored_config).
+    # cli.py hands LightningCLI the command line with the checkpoint's parts taken out (zoo.app.stored_config).
     warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended to run from within Python")
     noise = (
         "💡 Tip: For seamless cloud logging",  # an advertisement for Lightning's hosted logger
@@ -73,15 +73,6 @@ def bad_input(err: BaseException) -> BaseException | None:
             return err
         err = err.__cause__ or err.__context__
     return None
-
-
-def one_line(err: BaseException) -> str:
-    """``err``'s message; for one raised in a DataLoader worker, which torch re-raises with the worker's traceback as
-    its message, the original message only."""
-    text = str(err)
-    if "Original Traceback" in text:
-        text = text.rstrip().splitlines()[-1].split(": ", 1)[-1]  # "zoo.errors.InputError: <message>"
-    return " ".join(text.split()) if "\n" in text else text
 
 
 def install_hint(err: BaseException) -> str:

@@ -5,12 +5,11 @@ Its linear layers are ``Conv1D`` modules that store weights as (in, out), the tr
 ``nn.Linear``; its ``c_attn`` packs [q | k | v] in the order our ``MHA.qkv`` does. Nothing is
 downloaded: point at a folder (``save_pretrained`` output, or a hub snapshot copied by hand).
 
-    python -m zoo.gpt.hf export <lightning.ckpt> <out_folder>     # our checkpoint -> HF GPT-2 folder
+    python -m zoo.gpt export <lightning.ckpt> <out_folder>        # our checkpoint -> HF GPT-2 folder
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -200,32 +199,3 @@ def load_pretrained(net: GPT, path: str | Path) -> GPT:
             return load_hf_into(net, path)
         return load_gpt2_into(net, path)
     return load_safetensors(net, path)
-
-
-def _main() -> None:
-    parser = argparse.ArgumentParser(description="Export a zoo GPT checkpoint as a Hugging Face model folder.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    exp = sub.add_parser("export", help="Lightning checkpoint -> Hugging Face folder")
-    exp.add_argument("checkpoint")
-    exp.add_argument("folder")
-    exp.add_argument(
-        "--format",
-        choices=["gpt2", "llama"],
-        default="gpt2",
-        help="gpt2: GPT2LMHeadModel; llama: LlamaForCausalLM for MHA/GQA (MixtralForCausalLM with a softmax MoE), "
-        "DeepseekV3ForCausalLM for MLA (dense or sigmoid_bias MoE)",
-    )
-    args = parser.parse_args()
-    from zoo.gpt.llama import export_hf
-    from zoo.gpt.module import CausalLMModule
-
-    module = CausalLMModule.load_from_checkpoint(args.checkpoint, map_location="cpu", weights_only=True)
-    if args.format == "llama":
-        print(f"Wrote {export_hf(module.net, args.folder)}")
-        return
-    eos = module.tokenizer.eos_id if module.tokenizer is not None else None
-    print(f"Wrote {export_gpt2(module.net, args.folder, eos)}")
-
-
-if __name__ == "__main__":
-    _main()

@@ -19,7 +19,7 @@ context (Mistral, Mixtral), DeepSeek MoE other than V3's (softmax scoring, ``moe
 (q/k/v-only biases and a gated shared expert in Qwen2-MoE, q/k norms in Qwen3-MoE). Multi-token-prediction
 layers (``model.layers.{num_hidden_layers}``) are ignored. Nothing is downloaded: point at a folder.
 
-    python -m zoo.gpt.hf export <lightning.ckpt> <out_folder> --format llama   # MHA: Llama or Mixtral (MoE);
+    python -m zoo.gpt export <lightning.ckpt> <out_folder> --format llama   # MHA: Llama or Mixtral (MoE);
                                                                               # MLA: DeepSeek-V3 (dense or MoE)
 """
 

@@ -186,3 +186,31 @@ def _shapes(class_path: str, init_args: dict, allow: trust.Allowlist) -> dict[st
         except Exception:
             continue
     return None
+
+
+def build_module(spec: dict, source: str = "the model") -> LightningModule:
+    """The module ``spec`` describes, built by the zoo's own rules (``zoo.io.build``: the allowlist's classes only,
+    every key a parameter, every value converted by its annotation), recording the hyperparameters a CLI-built one
+    records."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("init_args") or {}, dict):
+        raise trust.UntrustedConfigError(
+            f"refused {source}: its module.json is not a mapping with class_path and init_args"
+        )
+    part = build.resolve_model(
+        {"_class_path": spec.get("class_path"), **(spec.get("init_args") or {})}, source, trust.zoo_allowlist()
+    )
+    return build.build(part, record=True)
+
+
+def module_from(spec: dict, state_dict: dict, source: str = "the model") -> LightningModule:
+    """The module ``spec`` describes (``build_module``), its model state and weights loaded, in eval mode."""
+    module = build_module(spec, source)
+    with tripwire.guard():
+        module.on_load_checkpoint({"state_dict": state_dict, **spec.get("checkpoint", {})})  # checks keys, tokenizer
+        module.load_state_dict(state_dict)
+    return module.eval()
+
+
+def read_module(spec_file: str | Path, weights: str | Path) -> LightningModule:
+    """The module of a model folder's ``module.json`` and ``weights.safetensors``: JSON and tensors only."""
+    return module_from(json.loads(Path(spec_file).read_text()), load_file(weights), str(spec_file))

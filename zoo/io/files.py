@@ -84,3 +84,15 @@ def replacing(path: str | Path) -> Iterator[Path]:
         os.replace(folder / path.name, path)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def check_output_name(key: str, name: str | None) -> str | None:
+    """``name`` unchanged when it is a folder or file name inside a run's folder: relative, and no ``..`` that
+    leaves it; otherwise an InputError naming ``key``, checked before the run does any work."""
+    if name is not None and (Path(name).is_absolute() or os.path.normpath(name).split(os.sep)[0] == os.pardir):
+        raise InputError(
+            f"{key}={name!r} is outside the run's folder: every output goes under the run's folder "
+            f"(<default_root_dir>/<experiment id>/<run id>/), so give a name inside it (a relative path without "
+            f"'..'), and copy the files elsewhere after the run"
+        )
+    return name

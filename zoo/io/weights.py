@@ -24,20 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo import compat
-from zoo.errors import InputError
-
-
-class CheckpointError(RuntimeError):
-    """A file that is not a loadable checkpoint (truncated, another format); the message names it and says why."""
-
-
-class TruncatedCheckpointError(CheckpointError):
-    """A checkpoint whose end is missing (an interrupted copy, download or save)."""
-
-
-class UnsafeCheckpointError(CheckpointError):
-    """A checkpoint asked to unpickle something other than tensors and plain containers."""
-
+from zoo.errors import CheckpointError, InputError, TruncatedCheckpointError, UnsafeCheckpointError
 
 REMOTE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # an fsspec URL: http(s)://, s3://, memory://, ...
 

@@ -13,6 +13,7 @@
 telemetry is off in every process that imports this package, unless ``ZOO_MLFLOW_TELEMETRY=1`` (``telemetry``).
 """
 
+from zoo.io.checkpoint import build_module
 from zoo.tracking.logger import (
     HOST_TAG,
     PID_TAG,
@@ -27,7 +28,6 @@ from zoo.tracking.logger import (
     wait_for_server,
 )
 from zoo.tracking.models import (
-    build_module,
     is_mlflow_uri,
     load,
     load_model,
@@ -37,7 +37,6 @@ from zoo.tracking.models import (
     training_run,
 )
 from zoo.tracking.runs import (
-    check_output_name,
     default_run_name,
     in_run_dir,
     log_figure,
@@ -61,7 +60,6 @@ __all__ = [
     "TrackingServerUnreachable",
     "ZooMLFlowLogger",
     "build_module",
-    "check_output_name",
     "default_run_name",
     "end_open_runs",
     "in_run_dir",

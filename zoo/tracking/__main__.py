@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as err:  # bad input at a terminal: one line naming it; the traceback behind --verbose
         if verbose:
             raise
-        from zoo.app.terminal import one_line
+        from zoo.errors import one_line
 
         sys.exit(f"error: {one_line(err)}\n(the full traceback: rerun with --verbose)")
 

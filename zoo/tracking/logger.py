@@ -27,7 +27,7 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from zoo.app.families import family_of
+from zoo.tracking.families import family_of
 from zoo.tracking.runs import mlflow_loggers, net_class_name
 from zoo.tracking.store import DEFAULT_TRACKING_URI, check_store_folder, known_store, store_lock
 

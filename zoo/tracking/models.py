@@ -42,9 +42,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule
 
-from zoo.io import tripwire
-from zoo.io.build import build, resolve_model
-from zoo.io.trust import UntrustedConfigError, zoo_allowlist
+from zoo.io.checkpoint import module_from
 from zoo.io.weights import extract_state_dict, load_file
 from zoo.tracking.code import CODE_KEY, CODE_TAG, PYFUNC, bundle_code, code_sha256
 from zoo.tracking.downloads import SPEC, WEIGHTS, cache_dir, download, model_version
@@ -74,32 +72,6 @@ def module_spec(ckpt: dict, class_path: str | None = None) -> dict:
     if "_class_path" in data:  # the training data's config, for validate/test without a config
         spec["data"] = {"class_path": data.pop("_class_path"), "init_args": data}
     return json.loads(json.dumps(spec, default=str))
-
-
-def build_module(spec: dict, source: str = "the model") -> LightningModule:
-    """The module ``spec`` describes, built by the zoo's own rules (``zoo.io.build``: the allowlist's classes only,
-    every key a parameter, every value converted by its annotation), recording the hyperparameters a CLI-built one
-    records."""
-    if not isinstance(spec, dict) or not isinstance(spec.get("init_args") or {}, dict):
-        raise UntrustedConfigError(f"refused {source}: its {SPEC} is not a mapping with class_path and init_args")
-    part = resolve_model(
-        {"_class_path": spec.get("class_path"), **(spec.get("init_args") or {})}, source, zoo_allowlist()
-    )
-    return build(part, record=True)
-
-
-def module_from(spec: dict, state_dict: dict, source: str = "the model") -> LightningModule:
-    """The module ``spec`` describes (``build_module``), its model state and weights loaded, in eval mode."""
-    module = build_module(spec, source)
-    with tripwire.guard():
-        module.on_load_checkpoint({"state_dict": state_dict, **spec.get("checkpoint", {})})  # checks keys, tokenizer
-        module.load_state_dict(state_dict)
-    return module.eval()
-
-
-def read_module(spec_file: str | Path, weights: str | Path) -> LightningModule:
-    """The module of a model folder's ``module.json`` and ``weights.safetensors``: JSON and tensors only."""
-    return module_from(json.loads(Path(spec_file).read_text()), load_file(weights), str(spec_file))
 
 
 def save_model(state_dict: dict, spec: dict, path: Path, mlflow_model=None) -> Path:

@@ -11,7 +11,7 @@ from pathlib import Path
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.loggers import MLFlowLogger
 
-from zoo.errors import InputError
+from zoo.io.files import check_output_name
 
 
 def default_run_name(model_class: str, net_class: str | None, data_class: str | None) -> str:
@@ -59,18 +59,6 @@ def run_dir(trainer: Trainer) -> Path:
     if loggers and trainer.is_global_zero:
         return Path(trainer.default_root_dir, loggers[0].experiment_id, loggers[0].run_id)
     return Path(os.environ.get(RUN_DIR_ENV) or Path(trainer.default_root_dir, "run-unnamed"))
-
-
-def check_output_name(key: str, name: str | None) -> str | None:
-    """``name`` unchanged when it is a folder or file name inside a run's folder: relative, and no ``..`` that
-    leaves it; otherwise an InputError naming ``key``, checked before the run does any work."""
-    if name is not None and (Path(name).is_absolute() or os.path.normpath(name).split(os.sep)[0] == os.pardir):
-        raise InputError(
-            f"{key}={name!r} is outside the run's folder: every output goes under the run's folder "
-            f"(<default_root_dir>/<experiment id>/<run id>/), so give a name inside it (a relative path without "
-            f"'..'), and copy the files elsewhere after the run"
-        )
-    return name
 
 
 def in_run_dir(trainer: Trainer, name: str | Path, key: str) -> Path:

@@ -36,10 +36,11 @@ from mlflow.protos.databricks_pb2 import BAD_REQUEST
 from mlflow.pyfunc import PythonModel
 from mlflow.types import ColSpec, DataType, ParamSchema, ParamSpec, Schema, TensorSpec
 
-from zoo.app.families import family_of
 from zoo.errors import InputError
+from zoo.io.checkpoint import read_module
 from zoo.io.new_inputs import DEFAULT_TEMPLATES, image_transform, png_bytes, read_image, to_uint8
 from zoo.io.tokenizers import prompt_ids
+from zoo.tracking.families import FAMILIES, family_of
 
 SEQUENCES = (list, tuple, np.ndarray, pd.Series)
 TOP_K = 5  # classes answered per image unless the request's top_k says otherwise (as the CLI's CSV)
@@ -336,20 +337,17 @@ def _at_least_1(params: dict, name: str) -> int:
 
 
 INTERFACES: dict[str, type[Interface]] = {
-    "cnn": ImageClassifier,
-    "gpt": TextGenerator,
-    "diffusion": ImageGenerator,
-    "clip": Embedder,
-    "rl": Policy,
+    c.__name__: c for c in (ImageClassifier, TextGenerator, ImageGenerator, Embedder, Policy)
 }
 
 
 def interface_for(module: LightningModule) -> Interface:
-    """The prediction interface of ``module``'s family (``zoo.app.families``)."""
-    name = family_of(module).name
-    if name not in INTERFACES:
-        raise ValueError(f"{type(module).__name__} is in no family with a prediction interface ({sorted(INTERFACES)})")
-    return INTERFACES[name](module)
+    """The prediction interface its row of the families table (``zoo.tracking.families``) names for ``module``."""
+    row = family_of(module)
+    if row.interface not in INTERFACES:
+        served = sorted(f.name for f in FAMILIES.values() if f.interface)
+        raise ValueError(f"{type(module).__name__} is in no family with a prediction interface ({served})")
+    return INTERFACES[row.interface](module)
 
 
 class ZooPyfunc(PythonModel):
@@ -360,8 +358,6 @@ class ZooPyfunc(PythonModel):
         self.interface = interface_for(module) if module is not None else None
 
     def load_context(self, context) -> None:
-        from zoo.tracking.models import read_module
-
         self.interface = interface_for(read_module(context.artifacts["module"], context.artifacts["weights"]))
 
     # The hint is one MLflow infers no schema from (the logged signature is the schema, so no hint-based

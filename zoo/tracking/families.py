@@ -11,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from zoo.app.sizes import Sizes, classes, spaces, vocabulary
-
 
 @dataclasses.dataclass(frozen=True)
 class Family:
@@ -25,15 +23,22 @@ class Family:
     # lines otherwise (generated text); the outputs named in ``prediction_arrays`` go to .npy files, a row an example.
     predictions: Literal["csv"] | None = None
     prediction_arrays: tuple[str, ...] = ()
-    # How the net's sizes follow from the data (zoo.app.sizes), set before the net is built; None: none do.
-    sizes: Sizes | None = None
+    # The rule the net's sizes follow from the data by (``zoo.app.sizes.RULES``), set before the net is built;
+    # None: none do.
+    sizes: Literal["vocabulary", "classes", "spaces"] | None = None
+    # The class of ``zoo.tracking.serving`` a logged model answers raw inputs through; None: it is not served.
+    interface: str | None = None
 
 
-RL = dict(name="rl", monitor="val/return", monitor_mode="max", sizes=spaces)
+RL = dict(name="rl", monitor="val/return", monitor_mode="max", sizes="spaces", interface="Policy")
 
 FAMILIES: dict[str, Family] = {
-    "zoo.gpt.CausalLMModule": Family("gpt", "val/loss", callbacks=("callbacks.LogTextSamples",), sizes=vocabulary),
-    "zoo.diffusion.DiffusionModule": Family("diffusion", "val/loss", callbacks=("callbacks.LogImageSamples",)),
+    "zoo.gpt.CausalLMModule": Family(
+        "gpt", "val/loss", callbacks=("callbacks.LogTextSamples",), sizes="vocabulary", interface="TextGenerator"
+    ),
+    "zoo.diffusion.DiffusionModule": Family(
+        "diffusion", "val/loss", callbacks=("callbacks.LogImageSamples",), interface="ImageGenerator"
+    ),
     # latent diffusion's autoencoder, trained for DiffusionModule(autoencoder_weights=<its checkpoint>)
     "zoo.diffusion.AutoencoderModule": Family("autoencoder", "val/loss"),
     # recall@1: the mean of the two retrieval directions, defined for any caption data
@@ -44,6 +49,7 @@ FAMILIES: dict[str, Family] = {
         predict_data="datamodules.ZeroShotDataModule",
         predictions="csv",
         prediction_arrays=("embedding",),
+        interface="Embedder",
     ),
     "zoo.cnn.ClassifierModule": Family(
         "cnn",
@@ -52,7 +58,8 @@ FAMILIES: dict[str, Family] = {
         callbacks=("callbacks.LogConfusionMatrix",),
         predict_data="datamodules.ImageFilesDataModule",
         predictions="csv",
-        sizes=classes,
+        sizes="classes",
+        interface="ImageClassifier",
     ),
     "zoo.rl.PPOModule": Family(**RL),
     "zoo.rl.A2CModule": Family(**RL),

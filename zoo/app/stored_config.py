@@ -24,12 +24,12 @@ import yaml
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.utilities import rank_zero_info
 
-from zoo.app.families import family_of
 from zoo.io import build
 from zoo.io.checkpoint import reconcile
 from zoo.io.trust import Allowlist, trusted_class_paths, zoo_allowlist
 from zoo.io.weights import is_remote, load_file
 from zoo.io.yaml_text import safe_load
+from zoo.tracking.families import family_of
 from zoo.tracking.models import is_mlflow_uri, module_spec, resolve_checkpoint
 
 SUBCOMMANDS_WITH_A_MODEL = ("validate", "test", "predict")
