@@ -253,3 +253,46 @@ def test_defining_the_pyfunc_prints_no_warning():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Warning" not in proc.stderr, proc.stderr[-2000:]
+
+
+def _logged_byte_gpt(folder: Path) -> tuple[str, str, object]:
+    """A tiny byte-level GPT logged to a store of its own: (tracking URI, MLflow's ``models:/<model id>``, module)."""
+    from mlflow.tracking import MlflowClient
+
+    from zoo.gpt import GPT, CausalLMModule
+    from zoo.io.tokenizers import ByteTokenizer
+    from zoo.tracking import log_checkpoint_model
+
+    net = {"vocab_size": 257, "block_size": 16, "n_layer": 1, "n_embd": 16, "n_head": 2}
+    torch.manual_seed(0)
+    module = CausalLMModule(GPT(**net))
+    module.tokenizer = ByteTokenizer()
+    hparams = {"_class_path": "zoo.gpt.CausalLMModule", "net": {"class_path": "zoo.gpt.GPT", "init_args": net}}
+    ckpt = {"state_dict": module.state_dict(), "hyper_parameters": hparams}
+    module.on_save_checkpoint(ckpt)
+    torch.save(ckpt, folder / "gpt.ckpt")
+    uri = f"sqlite:///{folder / 'store.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("bytes", artifact_location=(folder / "artifacts").as_uri())
+    run_id = client.create_run(experiment).info.run_id
+    mlflow.set_tracking_uri(uri)
+    log_checkpoint_model(folder / "gpt.ckpt", client, run_id)
+    (model,) = mlflow.search_logged_models(experiment_ids=[experiment], output_format="list")
+    return uri, model.model_uri, module.eval()
+
+
+def test_gpt_answers_a_plain_list_of_prompts_in_python_as_http_does_by_mlflows_own_model_uri(tmp_path):
+    uri, model_uri, module = _logged_byte_gpt(tmp_path)
+    assert re.fullmatch(r"models:/m-[0-9a-f]+", model_uri)  # as MLflow prints a logged model
+    greedy = {"temperature": 0.0, "max_new_tokens": 4}
+    want = module.generate(["ab", "the "], max_new_tokens=4, temperature=0)
+    model = load(model_uri, uri)
+    assert list(model.predict(["ab", "the "], params=greedy)["completion"]) == want  # {"inputs": [...]} over HTTP
+    assert list(model.predict("ab", params=greedy)["completion"]) == want[:1]
+    assert list(model.predict(pd.DataFrame({"prompt": ["ab", "the "]}), params=greedy)["completion"]) == want
+    # MLflow's own pyfunc turns a dict of lists of strings into one row of lists: answered row by row all the same
+    mlflow_model = mlflow.pyfunc.load_model(model_uri)
+    out = mlflow_model.predict({"prompt": ["ab", "the "]}, params=greedy)
+    assert list(out["prompt"]) == ["ab", "the "] and list(out["completion"]) == want
+    with pytest.raises(Exception, match="not found|does not exist|No Model|m-0+"):
+        load("models:/m-00000000000000000000000000000000", uri)

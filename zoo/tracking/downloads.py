@@ -1,8 +1,9 @@
 """Models and files downloaded from a tracking store, bounded: a store's listing is data, never an instruction.
 
-``download(uri, store)`` fetches what ``models:/<name>/<version>``, ``models:/<name>@<alias>`` or ``runs:/<id>/<path>``
-names into the model cache (``cache_dir()``), once, and only what the zoo's loaders read (``MODEL_FILES``, or the one
-file a ``runs:/`` path names); never the model's code. Before anything is fetched:
+``download(uri, store)`` fetches what ``models:/<name>/<version>``, ``models:/<name>@<alias>``, ``models:/<model id>``
+(a logged model, as MLflow prints it) or ``runs:/<id>/<path>`` names into the model cache (``cache_dir()``), once,
+and only what the zoo's loaders read (``MODEL_FILES``, or the one file a ``runs:/`` path names); never the model's
+code. Before anything is fetched:
 
 - a version's source must be an artifact location of that store's own run or logged model (``locations``);
 - every path the store lists must stay inside the folder asked for (no ``..``, no absolute path);
@@ -55,6 +56,13 @@ def max_download_bytes() -> int:
     if not value.isdigit() or int(value) <= 0:
         raise DownloadRefused(f"${MAX_DOWNLOAD_ENV}={value!r} is not a positive number of bytes: set it to one")
     return int(value)
+
+
+def logged_model_id(uri: str) -> str | None:
+    """The logged model ``models:/<model_id>`` names (MLflow's own URI of a logged model, ``m-<hex>``), else None: a
+    registered version is always ``<name>/<version>`` or ``<name>@<alias>``."""
+    rest = uri.removeprefix("models:/").rstrip("/")
+    return rest if uri.startswith("models:/") and rest and "/" not in rest and "@" not in rest else None
 
 
 def model_version(uri: str, store: str):
@@ -143,7 +151,9 @@ def locations(uri: str, store: str) -> list[tuple[str, str]]:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(store, registry_uri=store)
-    if uri.startswith("models:/"):
+    if (model_id := logged_model_id(uri)) is not None:
+        found = [(client.get_logged_model(safe_path(model_id, uri)).artifact_location, "")]
+    elif uri.startswith("models:/"):
         found = version_locations(client, model_version(uri, store), uri)
     else:
         run_id, _, path = uri.removeprefix("runs:/").partition("/")
@@ -242,7 +252,7 @@ def _cache_key(uri: str, store: str) -> str:
     """A version's run and source, or the URI itself: neither changes after it is logged (``log_checkpoint_model``
     never writes into a folder a version points at), and run ids are unique across stores, so a cached copy is
     never stale; an alias moving to another version resolves to another key."""
-    if uri.startswith("models:/"):
+    if uri.startswith("models:/") and logged_model_id(uri) is None:
         mv = model_version(uri, store)
         return f"{mv.run_id}:{mv.source}"
     return uri

@@ -45,7 +45,7 @@ from lightning.pytorch import LightningModule
 from zoo.io.checkpoint import module_from
 from zoo.io.weights import extract_state_dict, load_file
 from zoo.tracking.code import CODE_KEY, CODE_TAG, PYFUNC, bundle_code, code_sha256
-from zoo.tracking.downloads import SPEC, WEIGHTS, cache_dir, download, model_version
+from zoo.tracking.downloads import SPEC, WEIGHTS, cache_dir, download, logged_model_id, model_version
 from zoo.tracking.store import process_tracking_uri, tracking_uri
 
 URI_SCHEMES = ("models:/", "runs:/")
@@ -395,16 +395,21 @@ def load(uri: str, tracking_uri: str | None = None):
     """The model at ``uri`` as an ``mlflow.pyfunc.PyFuncModel``: ``load(uri).predict(model_input, params)`` answers
     as ``mlflow.pyfunc.load_model`` and ``mlflow models serve`` do (same interface, signature checks and casts), with
     the module rebuilt by this zoo's code after the allowlist check (the model's own code is never run). A local
-    checkpoint takes the signature its family's interface states."""
+    checkpoint takes the signature its family's interface states. A bare value or list fills a model's one input
+    column, as the scoring server reads ``{"inputs": [...]}`` (``load(uri).predict(["a prompt", "another"])``)."""
     from mlflow.models import Model
     from mlflow.pyfunc import PyFuncModel
 
-    from zoo.tracking.serving import ZooPyfunc
+    from zoo.tracking.serving import ZooPyfunc, as_the_server_reads
+
+    class ZooModel(PyFuncModel):
+        def predict(self, data, params=None):
+            return super().predict(as_the_server_reads(data, self.metadata.get_input_schema()), params)
 
     local = _download(uri, tracking_uri) if is_mlflow_uri(uri) else Path(uri)
     pyfunc = ZooPyfunc(load_model(str(local)))
     meta = Model.load(str(local)) if (local / "MLmodel").is_file() else Model(signature=pyfunc.interface.signature())
-    return PyFuncModel(meta, _Predict(pyfunc))
+    return ZooModel(meta, _Predict(pyfunc))
 
 
 class _Predict:
@@ -448,6 +453,11 @@ def resolve_checkpoint(uri: str, tracking_uri: str | None = None) -> str:
 def training_run(uri: str, tracking_uri_: str | None = None) -> str | None:
     """The id of the run that trained the checkpoint or model ``uri``: a model version's run, ``runs:/<id>/``, or
     ``<id>`` in a local ``<root>/<experiment>/<id>/checkpoints/<file>``; None when it cannot tell."""
+    if (model_id := logged_model_id(uri)) is not None:
+        from mlflow.tracking import MlflowClient
+
+        store = tracking_uri_ or tracking_uri()
+        return MlflowClient(store, registry_uri=store).get_logged_model(model_id).source_run_id
     if uri.startswith("models:/"):
         return model_version(uri, tracking_uri_ or tracking_uri()).run_id
     if uri.startswith("runs:/"):

@@ -46,10 +46,31 @@ SEQUENCES = (list, tuple, np.ndarray, pd.Series)
 TOP_K = 5  # classes answered per image unless the request's top_k says otherwise (as the CLI's CSV)
 
 
+def as_the_server_reads(data: Any, schema: Schema | None) -> Any:
+    """``data`` as MLflow's scoring server reads ``{"inputs": data}`` for a model of one named input column: a bare
+    value or a list of values is that column (a Python ``predict(["a", "b"])`` as HTTP's), the rest unchanged."""
+    if schema is None or schema.is_tensor_spec() or len(schema.input_names()) != 1:
+        return data
+    if isinstance(data, (str, bytes)):
+        data = [data]
+    if isinstance(data, (list, tuple)) and not any(isinstance(v, dict) for v in data):
+        return pd.DataFrame({schema.input_names()[0]: list(data)})
+    return data
+
+
+def _one_row_of_lists(frame: pd.DataFrame) -> bool:
+    """MLflow's own cast of a dict of lists of strings (``predict({"prompt": ["a", "b"]})``): one row whose every
+    cell is the list."""
+    cells = frame.iloc[0].tolist() if len(frame) == 1 else []
+    return bool(cells) and all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in cells)
+
+
 def columns(model_input: Any, names: tuple[str, ...]) -> dict[str, list]:
     """``model_input`` (a DataFrame, a dict of columns, a list of rows or of values of the first column) as
     ``{name: values}`` for the ``names`` it has; missing values (NaN, None) stay None."""
-    if isinstance(model_input, pd.DataFrame):
+    if isinstance(model_input, pd.DataFrame) and _one_row_of_lists(model_input):
+        data = {c: model_input[c].iloc[0] for c in model_input.columns}
+    elif isinstance(model_input, pd.DataFrame):
         data = {c: model_input[c].tolist() for c in model_input.columns}
     elif isinstance(model_input, dict):
         data = {c: list(v) if isinstance(v, SEQUENCES) else [v] for c, v in model_input.items()}
