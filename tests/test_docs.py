@@ -19,6 +19,10 @@ NEEDS = ("a template", "data you give", "minutes of CPU", "a GPU", "several mach
 COVERED: list[tuple[str, str]] = [
     (r"^python cli\.py (fit|validate|test|predict) +--config configs/<family>", "a template"),
     (r"--print_config", "tests/test_docs.py::test_print_config_prints_every_option_resolved"),
+    (
+        r"gpt_tiny\.yaml --help",
+        "tests/app/test_bad_input.py::test_help_with_a_config_lists_its_models_and_datas_options",
+    ),
     (r"configs/clip/vit_shapes\.yaml$", "minutes of CPU"),
     (
         r"configs/clip/vit_shapes\.yaml --ckpt_path",

@@ -285,6 +285,17 @@ def test_verbose_keeps_jsonargparse_message_and_help_still_prints(monkeypatch, c
     status, out = run_in_process(monkeypatch, capsys, "fit", "--help", stream="out")
     assert status == 0 and "--trainer.max_steps" in out
     assert "models:/<name>@<alias>" in out and "--verbose" in out.split("--trainer.max_steps")[-1], out[-1000:]
+    assert "This config's" not in out  # no config: no classes to show
+
+
+def test_help_with_a_config_lists_its_models_and_datas_options(monkeypatch, capsys):
+    status, out = run_in_process(monkeypatch, capsys, "fit", "--config", GPT, "--help", stream="out")
+    assert status == 0 and "--trainer.max_steps" in out
+    model, data = out.split("This config's model: zoo.gpt.CausalLMModule")[-1].split("This config's data: ")
+    assert "--model.init_args.optimizer.lr" in model and "--model.init_args.net" in model
+    assert data.startswith("datamodules.TextDataModule")
+    assert "--data.init_args.tokenizer {bytes,chars,bpe,gpt2}" in data and "--data.init_args.block_size" in data
+    assert "usage:" not in model + data  # one usage, the command's
 
 
 def test_an_unreadable_image_is_skipped_naming_it_or_fails_naming_it(tmp_path, monkeypatch, capsys, one_thread):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import functools
 import inspect
@@ -133,6 +134,29 @@ def yaml_aliases_bounded() -> None:
     set_loader("yaml", bounded, exceptions=(yaml.YAMLError,))
 
 
+class HelpWithTheConfigsClasses(argparse.Action):
+    """``--help``: the parser's help, then, after a ``--config`` naming them (the user's own file), the options of
+    the model and data classes it names, as ``--model.help <class>`` and ``--data.help <class>`` would print them."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None) -> None:
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        parser.print_help()
+        for key in ("model", "data"):
+            part = namespace.get(key) if hasattr(namespace, "get") else None
+            class_path = part.get("class_path") if hasattr(part, "get") else None
+            module, _, name = (class_path or "").rpartition(".")
+            cls = getattr(sys.modules.get(module), name, None)  # imported by the parser while it read the config
+            if isinstance(cls, type):
+                sub = type(parser)(
+                    description=f"This config's {key}: {class_path}", usage=argparse.SUPPRESS, add_help=False
+                )
+                sub.add_class_arguments(cls, f"{key}.init_args", fail_untyped=False, sub_configs=True)
+                sub.print_help()
+        parser.exit()
+
+
 class ZooArgumentParser(LightningArgumentParser):
     """Lightning's parser whose errors are one ``error:`` line and a hint, instead of the full usage (60 lines of
     options) before jsonargparse's nested message; ``--verbose`` keeps jsonargparse's own output. YAML aliases
@@ -141,6 +165,12 @@ class ZooArgumentParser(LightningArgumentParser):
     def __init__(self, *args, **kwargs) -> None:
         yaml_aliases_bounded()
         super().__init__(*args, **kwargs)
+
+    def register(self, registry_name, value, object) -> None:
+        # argparse registers its -h action by name before it adds -h: ours prints the config's classes' options too
+        super().register(
+            registry_name, value, HelpWithTheConfigsClasses if (registry_name, value) == ("action", "help") else object
+        )
 
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error or compat.jsonargparse_debug() or os.environ.get(VERBOSE_ENV):
