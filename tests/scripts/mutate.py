@@ -39,6 +39,7 @@ TR, CK = "zoo/io/trust.py", "zoo/io/checkpoint.py"
 BL, TW = "zoo/io/build.py", "zoo/io/tripwire.py"
 RG, SC = "zoo/tracking/models.py", "zoo/app/stored_config.py"
 DLS, CODE = "zoo/tracking/downloads.py", "zoo/tracking/code.py"
+SV = "zoo/tracking/serving.py"
 CM, CN, RN, TV = "zoo/cnn/module.py", "zoo/cnn/convnet.py", "zoo/cnn/resnet.py", "zoo/cnn/torchvision_net.py"
 DB, DTV, DMH, DDG = (
     "datamodules/base.py",
@@ -941,6 +942,24 @@ FAMILIES: dict[str, dict] = {
             (DGY, "        except gym.error.Error as err:", "        except KeyError as err:"),
             ("zoo/tracking/telemetry.py", 'os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")', "pass"),
             ("zoo/tracking/telemetry.py", "        set_telemetry_client()  # re-reads", "        pass  # re-reads"),
+        ],
+    },
+    # The application wing (issue 38): one-way imports, the families table read by serving, a plain list of prompts,
+    # MLflow's own logged-model URIs, --help with a config.
+    "wing": {
+        "tests": ["tests/app/test_imports.py", "tests/tracking/test_serving.py", "tests/app/test_bad_input.py"],
+        "mutants": [
+            (SV, "from zoo.io.checkpoint import read_module", "from zoo.tracking.models import read_module"),
+            (SV, "    if isinstance(data, (list, tuple)) and not any(", "    if False and not any("),
+            (SV, "    if isinstance(model_input, pd.DataFrame) and _one_row_of_lists(model_input):", "    if False:"),
+            (SV, "all(isinstance(x, str) for x in v) for v in cells)", "True for v in cells)"),
+            (
+                DLS,
+                '    return rest if uri.startswith("models:/") and rest',
+                '    return None if uri.startswith("models:/") and rest',
+            ),
+            ("zoo/app/parser.py", "                sub.print_help()\n", "                pass\n"),
+            ("zoo/app/parser.py", 'for key in ("model", "data"):', 'for key in ("model",):'),
         ],
     },
     "files": {  # files an outsider wrote: pretrained folders, archives, exported programs, planted links
