@@ -437,7 +437,9 @@ def resolve_model(
     checkpoint that names none; ``given``: the arguments the caller passes itself; ``keep_locations``: for a config
     the user completed (what they give is theirs); ``complete``: refuse a config that leaves a required parameter
     out (not yet: the user's flags come next)."""
-    hparams = dict(hparams)
+    from zoo.compat import migrate_hparams
+
+    hparams = migrate_hparams(dict(hparams))  # classes and settings that have moved since it was stored
     class_path = hparams.pop("_class_path", None)
     if (instantiator := hparams.pop("_instantiator", None)) not in (None, trust.LIGHTNING_INSTANTIATOR):
         raise trust.refusal(source, "_instantiator", instantiator, "the instantiator LightningCLI records")
