@@ -346,8 +346,10 @@ def _check(settings, rules, key: str) -> None:
         raise InputError(f"optimizer {name}={getattr(settings, name)} must be {rule}: set {key}.{name}")
 
 
+@dataclass(frozen=True)
 class OptimizerSettings:
-    """What every module's ``optimizer`` setting is: a frozen dataclass whose ``build(params)`` makes the torch
+    """What every module's ``optimizer`` setting is: a frozen dataclass (a dataclass base too, so jsonargparse and
+    ``zoo.io.build`` take its fields, not a class path) whose ``build(params)`` makes the torch
     optimizer (``params``: a net, whose parameters it groups by the decay and Muon rules above, or the tensors of
     one group), and ``of`` rebuilds it from the dict of fields a checkpoint's hyperparameters carry."""
 
