@@ -186,6 +186,7 @@ class Resolver:
             elif key in trust.ENV_ID_ARGS:
                 args[key] = self.env_id(value, here)
             else:
+                value = _completed(value, params[key].default)
                 args[key] = self.convert(value, params[key].annotation, here, depth + 1)
         missing = [n for n, p in params.items() if p.default is p.empty and n not in args and n not in given]
         missing = [f"{where}.init_args.{n}" for n in missing] if kind == "class" else []
@@ -331,6 +332,14 @@ class Resolver:
         except UntrustedConfigError:
             raise Refused(where, value, trust.ENV_ID_EXPECTED) from None
         return value
+
+
+def _completed(value: Any, default: Any) -> Any:
+    """A settings dict over the fields of its parameter's default settings object (A2C's RMSprop, CLIP's betas), as
+    jsonargparse completes one: a field the dict leaves out keeps the module's default, not the class's."""
+    if isinstance(value, Mapping) and dataclasses.is_dataclass(default) and not isinstance(default, type):
+        return {**dataclasses.asdict(default), **value}
+    return value
 
 
 def _exact(value: Any, kind: type, where: str, what: str) -> Any:
