@@ -32,7 +32,7 @@ SP = "zoo/gpt/speculative.py"
 MTP, LOSS = "zoo/gpt/mtp.py", "zoo/gpt/losses.py"
 SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/diffusion/losses.py"
 FL, LT, EM = "zoo/diffusion/flow.py", "zoo/diffusion/latent.py", "zoo/diffusion/ema.py"
-RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/sac_nets.py", "zoo/rl/td3.py"
+RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/q_nets.py", "zoo/rl/td3.py"
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
 CL, CC, CMT = "zoo/clip/losses.py", "zoo/clip/clip.py", "zoo/clip/metrics.py"
 TR, CK = "zoo/io/trust.py", "zoo/io/checkpoint.py"
@@ -464,6 +464,14 @@ FAMILIES: dict[str, dict] = {
                 "(next_action + noise * action_scale)",
             ),
             (T3, "if update % h.policy_delay == 0:", "if True:"),
+            # The off-policy nets in one file, the optimizers as settings objects, old checkpoints migrated.
+            (SN, "qs = self.qs[:1] if first else self.qs", "qs = self.qs[-1:] if first else self.qs"),
+            (
+                OPT,
+                "return torch.optim.RMSprop(params, lr=self.lr, alpha=self.alpha, eps=self.eps)",
+                "return torch.optim.RMSprop(params, lr=self.lr, alpha=self.alpha)",
+            ),
+            ("zoo/compat.py", '"rms_alpha": ("optimizer", "alpha"),', '"rms_alpha": ("optimizer", "eps"),'),
         ],
     },
     "cnn": {
