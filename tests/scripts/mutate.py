@@ -844,7 +844,11 @@ FAMILIES: dict[str, dict] = {
                 '        groups = [{**defaults, **muon, **g, "muon": True} for g in muon_groups]',
                 '        groups = [{**defaults, **g, "muon": True} for g in muon_groups]',
             ),
-            (OPT, 'object.__setattr__(self, "muon", MuonSettings(**self.muon))', "pass"),
+            (
+                OPT,
+                'object.__setattr__(self, "muon", MuonSettings(**self.muon))\n        rules = (\n            ("lr", self.lr > 0',
+                'pass\n        rules = (\n            ("lr", self.lr > 0',
+            ),
             # PPO's Muon (issue 29 item 1): its io layers, Adam's epsilon, the settings from a checkpoint.
             (
                 "zoo/rl/nets.py",
@@ -853,9 +857,13 @@ FAMILIES: dict[str, dict] = {
             ),
             ("zoo/rl/nets.py", 'reads = ("encoder.convs.0",) if', 'reads = ("encoder.convs.0", "actor.0") if'),
             (OPT, "betas=betas, eps=eps, fused=fused", "betas=betas, fused=fused"),
-            ("zoo/rl/ppo.py", "            muon = MuonSettings(**muon)\n", "            pass\n"),
-            ("zoo/rl/ppo.py", "betas=(0.9, 0.999), eps=h.adam_eps,", "betas=(0.9, 0.999),"),
-            ("zoo/rl/ppo.py", "muon, adamw, muon=dict(h.muon), lr=h.lr", "muon, adamw, muon={}, lr=h.lr"),
+            ("zoo/rl/ppo.py", "        AdamOrRMSprop.of(optimizer)  # a checkpoint's", "        # a checkpoint's"),
+            (
+                OPT,
+                "betas=tuple(betas),\n        eps=eps,\n        fused=use_fused(",
+                "betas=tuple(betas),\n        fused=use_fused(",
+            ),
+            (OPT, "muon=dict(vars(muon)),", "muon={},"),
         ],
     },
     # The shared parts (issue 25 item 6): the warmup-cosine schedule and parameter groups, gradient norms, weight
