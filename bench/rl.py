@@ -101,11 +101,11 @@ def bench_learner(updates: int = 400) -> None:
 
     from zoo.rl import ActorCritic, ppo_loss
     from zoo.rl.losses import normalize
-    from zoo.train.optim import param_groups
+    from zoo.train.optim import AdamOrRMSprop
 
     torch.manual_seed(0)
     net = ActorCritic(4, 2)
-    opt = torch.optim.AdamW(param_groups(net, 0.0), lr=1e-4, eps=1e-5, fused=True)
+    opt = AdamOrRMSprop(lr=1e-4, eps=1e-5).build(net)  # PPOModule's: AdamW on the decay groups, fused on a CPU
     obs, act = torch.randn(256, 4), torch.randint(0, 2, (256,))
     adv, ret, old_lp, old_v = torch.randn(256), torch.randn(256), torch.randn(256) - 1, torch.randn(256)
 

@@ -246,5 +246,5 @@ class ResumesItsOptimizer(Callback):
             raise InputError(
                 f"--ckpt_path {self.path}: its optimizer state groups the parameters as {saved}, this run's "
                 f"optimizer as {given}: this run's optimizer settings are not the ones it was trained with (Muon on "
-                "or off: model.init_args.optimizer.muon, PPO's model.init_args.muon). Resume with those settings"
+                "or off: model.init_args.optimizer.muon). Resume with those settings"
             )

@@ -292,3 +292,74 @@ def test_sync_and_async_envs_give_the_same_rollout():
         collector.close()
     for k in rollouts[0]:
         torch.testing.assert_close(rollouts[0][k], rollouts[1][k])
+
+
+# -- optimizers and checkpoints from before the settings objects -------------------------------------------
+
+
+def test_each_agents_optimizer_is_the_one_its_reference_uses():
+    from zoo.rl import A2CModule, IMPALAModule, PPOModule, SACModule, SoftActorCritic
+
+    def settings(opt: torch.optim.Optimizer, *keys: str) -> tuple:
+        return (type(opt).__name__, *(opt.param_groups[0][k] for k in keys))
+
+    net = ActorCritic(3, 2)
+    ppo = PPOModule(net).configure_optimizers()["optimizer"]  # CleanRL's and Baselines' PPO
+    assert settings(ppo, "lr", "eps", "weight_decay") == ("AdamW", 2.5e-4, 1e-5, 0.0)
+    a2c = A2CModule(net).configure_optimizers()["optimizer"]  # SB3's A2C
+    assert settings(a2c, "lr", "alpha", "eps") == ("RMSprop", 7e-4, 0.99, 1e-5)
+    impala = IMPALAModule(net).configure_optimizers()["optimizer"]  # monobeast's
+    assert settings(impala, "lr", "alpha", "eps") == ("RMSprop", 4.8e-4, 0.99, 0.01)
+    for opt in SACModule(SoftActorCritic(3, 1)).configure_optimizers():  # actor, critics, temperature
+        assert settings(opt, "lr", "eps", "betas", "weight_decay") == ("AdamW", 3e-4, 1e-8, (0.9, 0.999), 0.0)
+    assert all(len(o.param_groups) == 1 for o in (a2c, impala))  # one group, as their checkpoints hold it
+
+
+OLD_HPARAMS = {  # as checkpoints stored them before the optimizer settings objects and the off-policy nets' file
+    "PPOModule": ({"lr": 1e-3, "adam_eps": 1e-6, "weight_decay": 0.1, "muon": {"lr": 0.01}}, "ActorCritic"),
+    "A2CModule": ({"optimizer": "adam", "lr": 2e-3, "rms_alpha": 0.9, "optim_eps": 1e-4}, "ActorCritic"),
+    "IMPALAModule": ({"optimizer": "rmsprop", "lr": 3e-3, "rms_alpha": 0.95, "optim_eps": 0.1}, "ActorCritic"),
+    "SACModule": ({"actor_lr": 1e-3, "critic_lr": 2e-3, "alpha_lr": 4e-3}, "sac_nets.SoftActorCritic"),
+    "TD3Module": ({"actor_lr": 1e-3, "critic_lr": 2e-3}, "td3.DeterministicActorCritic"),
+}
+NEW_OPTIMIZERS = {
+    "PPOModule": {"optimizer": {"lr": 1e-3, "eps": 1e-6, "weight_decay": 0.1, "muon": {"lr": 0.01}}},
+    "A2CModule": {"optimizer": {"algorithm": "adam", "lr": 2e-3, "alpha": 0.9, "eps": 1e-4}},
+    "IMPALAModule": {"optimizer": {"algorithm": "rmsprop", "lr": 3e-3, "alpha": 0.95, "eps": 0.1}},
+    "SACModule": {"actor_optimizer": {"lr": 1e-3}, "critic_optimizer": {"lr": 2e-3}, "alpha_optimizer": {"lr": 4e-3}},
+    "TD3Module": {"actor_optimizer": {"lr": 1e-3}, "critic_optimizer": {"lr": 2e-3}},
+}
+
+
+@pytest.mark.parametrize("agent", list(OLD_HPARAMS))
+def test_an_old_checkpoint_with_flat_optimizer_settings_and_old_net_paths_loads(agent, tmp_path):
+    import lightning
+
+    import zoo.rl
+    from zoo import compat
+    from zoo.train.optim import AdamOrRMSprop
+
+    flat, net_path = OLD_HPARAMS[agent]
+    cls = getattr(zoo.rl, agent)
+    sizes = {"obs_dim": 3, "action_dim": 1 if agent in ("SACModule", "TD3Module") else 2, "hidden_sizes": [8, 8]}
+    old = {"_class_path": f"zoo.rl.{agent}", "net": {"class_path": f"zoo.rl.{net_path}", "init_args": sizes}, **flat}
+    new = compat.migrate_hparams(old)
+    assert new["net"]["class_path"] == f"zoo.rl.{'q_nets.' if '.' in net_path else ''}{net_path.split('.')[-1]}"
+    assert {k: v for k, v in new.items() if k not in ("_class_path", "net")} == NEW_OPTIMIZERS[agent]
+
+    net_cls = getattr(zoo.rl, net_path.split(".")[-1])
+    state = cls(net_cls(**sizes)).state_dict()
+    torch.save(
+        {"state_dict": state, "hyper_parameters": old, "pytorch-lightning_version": lightning.__version__},
+        tmp_path / "old.ckpt",
+    )
+    loaded = cls.load_from_checkpoint(tmp_path / "old.ckpt")
+    assert type(loaded.net) is net_cls
+    for name, fields in NEW_OPTIMIZERS[agent].items():
+        settings = AdamOrRMSprop.of(loaded.hparams[name])
+        assert {k: getattr(settings, k) for k in fields} == {
+            k: v if k != "muon" else settings.muon.__class__(**v) for k, v in fields.items()
+        }
+    opts = loaded.configure_optimizers()
+    opts = [opts["optimizer"]] if isinstance(opts, dict) else opts
+    assert [g["lr"] for o in opts for g in o.param_groups][-1] == list(NEW_OPTIMIZERS[agent].values())[-1]["lr"]

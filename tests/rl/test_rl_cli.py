@@ -133,7 +133,7 @@ def test_resume_continues_env_steps_statistics_rng_and_muon_momentum():
     # (Resuming through cli.py takes the module's hyperparameters from the checkpoint, over the config and
     # the command line, so a budget cannot be extended this way: the first run is interrupted instead.)
     # With Muon on the hidden matrices: its momentum is optimizer state that Adam's path would not show.
-    muon = "--model.init_args.muon.lr=0.01"
+    muon = "--model.init_args.optimizer.muon.lr=0.01"
     first = cli("fit", "--config", TINY, muon, "--trainer.callbacks+=test_rl_cli.StopAfterFourRollouts")
     (opt,) = first.trainer.optimizers
     assert isinstance(opt, MuonAdamW) and opt.param_groups[0]["muon"] and opt.param_groups[0]["initial_lr"] == 0.01
@@ -152,7 +152,7 @@ def test_resume_continues_env_steps_statistics_rng_and_muon_momentum():
     assert torch.equal(seen["rng"], saved["rng"]["torch"])
     assert all(torch.equal(a, b) for a, b in zip(seen["momentum"], momentum, strict=True))
     assert int(second.model.env_steps) == 1024 and second.trainer.global_step == 32
-    assert PPOModule.load_from_checkpoint(last).hparams.muon == vars(MuonSettings(lr=0.01))
+    assert PPOModule.load_from_checkpoint(last).hparams.optimizer["muon"] == vars(MuonSettings(lr=0.01))
     with pytest.raises(
         InputError, match=r"groups the parameters as \[\[2, 4, 6\]\], this run's optimizer as \[\[6, 6\]\]"
     ):

@@ -19,7 +19,7 @@ from torch.distributions import AffineTransform, Normal, TanhTransform, Transfor
 
 from zoo.rl import ReplayBuffer, SACModule, SoftActorCritic, TransitionCollector
 from zoo.rl.losses import sac_actor_loss, sac_critic_loss, sac_temperature_loss, soft_q_target
-from zoo.rl.sac_nets import log_det_tanh
+from zoo.rl.q_nets import log_det_tanh
 
 TINY = str(CONFIGS / "rl" / "sac_tiny.yaml")
 PENDULUM = str(CONFIGS / "rl" / "sac_pendulum.yaml")

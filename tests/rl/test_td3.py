@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from zoo.rl import DeterministicActorCritic, ReplayBuffer, TD3Module
 from zoo.rl.td3 import smoothed_target_action, td3_actor_loss, td3_critic_loss, td3_target
+from zoo.train.optim import AdamOrRMSprop
 
 TINY = str(CONFIGS / "rl" / "td3_tiny.yaml")
 PENDULUM = str(CONFIGS / "rl" / "td3_pendulum.yaml")
@@ -109,7 +110,8 @@ def flat(module: torch.nn.Module) -> torch.Tensor:
 def test_updates_equal_sb3_train_with_delayed_actor_and_targets():
     torch.manual_seed(0)
     h = dict(batch_size=16, gamma=0.9, tau=0.1, policy_delay=2, target_policy_noise=0.2, target_noise_clip=0.5)
-    module = TD3Module(DeterministicActorCritic(3, 2, hidden_sizes=(16, 16)), actor_lr=1e-2, critic_lr=1e-2, **h)
+    adam = dict(actor_optimizer=AdamOrRMSprop(lr=1e-2), critic_optimizer=AdamOrRMSprop(lr=1e-2))
+    module = TD3Module(DeterministicActorCritic(3, 2, hidden_sizes=(16, 16)), **adam, **h)
     module.manual_backward = lambda loss: loss.backward()  # no Trainer here
     buffer = ReplayBuffer(64, obs_dim=3, action_dim=2)
     obs = torch.randn(64, 3)

@@ -32,7 +32,7 @@ SP = "zoo/gpt/speculative.py"
 MTP, LOSS = "zoo/gpt/mtp.py", "zoo/gpt/losses.py"
 SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/diffusion/losses.py"
 FL, LT, EM = "zoo/diffusion/flow.py", "zoo/diffusion/latent.py", "zoo/diffusion/ema.py"
-RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/sac_nets.py", "zoo/rl/td3.py"
+RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/q_nets.py", "zoo/rl/td3.py"
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
 CL, CC, CMT = "zoo/clip/losses.py", "zoo/clip/clip.py", "zoo/clip/metrics.py"
 TR, CK = "zoo/io/trust.py", "zoo/io/checkpoint.py"
@@ -465,6 +465,14 @@ FAMILIES: dict[str, dict] = {
                 "(next_action + noise * action_scale)",
             ),
             (T3, "if update % h.policy_delay == 0:", "if True:"),
+            # The off-policy nets in one file, the optimizers as settings objects, old checkpoints migrated.
+            (SN, "qs = self.qs[:1] if first else self.qs", "qs = self.qs[-1:] if first else self.qs"),
+            (
+                OPT,
+                "return torch.optim.RMSprop(params, lr=self.lr, alpha=self.alpha, eps=self.eps)",
+                "return torch.optim.RMSprop(params, lr=self.lr, alpha=self.alpha)",
+            ),
+            ("zoo/compat.py", '"rms_alpha": ("optimizer", "alpha"),', '"rms_alpha": ("optimizer", "eps"),'),
         ],
     },
     "cnn": {
@@ -837,7 +845,11 @@ FAMILIES: dict[str, dict] = {
                 '        groups = [{**defaults, **muon, **g, "muon": True} for g in muon_groups]',
                 '        groups = [{**defaults, **g, "muon": True} for g in muon_groups]',
             ),
-            (OPT, 'object.__setattr__(self, "muon", MuonSettings(**self.muon))', "pass"),
+            (
+                OPT,
+                'object.__setattr__(self, "muon", MuonSettings(**self.muon))\n        rules = (\n            ("lr", self.lr > 0',
+                'pass\n        rules = (\n            ("lr", self.lr > 0',
+            ),
             # PPO's Muon (issue 29 item 1): its io layers, Adam's epsilon, the settings from a checkpoint.
             (
                 "zoo/rl/nets.py",
@@ -846,9 +858,13 @@ FAMILIES: dict[str, dict] = {
             ),
             ("zoo/rl/nets.py", 'reads = ("encoder.convs.0",) if', 'reads = ("encoder.convs.0", "actor.0") if'),
             (OPT, "betas=betas, eps=eps, fused=fused", "betas=betas, fused=fused"),
-            ("zoo/rl/ppo.py", "            muon = MuonSettings(**muon)\n", "            pass\n"),
-            ("zoo/rl/ppo.py", "betas=(0.9, 0.999), eps=h.adam_eps,", "betas=(0.9, 0.999),"),
-            ("zoo/rl/ppo.py", "muon, adamw, muon=dict(h.muon), lr=h.lr", "muon, adamw, muon={}, lr=h.lr"),
+            ("zoo/rl/ppo.py", "        AdamOrRMSprop.of(optimizer)  # a checkpoint's", "        # a checkpoint's"),
+            (
+                OPT,
+                "betas=tuple(betas),\n        eps=eps,\n        fused=use_fused(",
+                "betas=tuple(betas),\n        fused=use_fused(",
+            ),
+            (OPT, "muon=dict(vars(muon)),", "muon={},"),
         ],
     },
     # The shared parts (issue 25 item 6): the warmup-cosine schedule and parameter groups, gradient norms, weight

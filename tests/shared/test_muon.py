@@ -14,7 +14,7 @@ from conftest import CONFIGS, cli
 from torch import nn
 
 from zoo.errors import InputError
-from zoo.train.optim import AdamWCosine, MuonAdamW, MuonSettings
+from zoo.train.optim import AdamOrRMSprop, AdamWCosine, MuonAdamW, MuonSettings
 
 
 def _module(config: str, *args: str):
@@ -337,10 +337,11 @@ def test_ppo_gives_muon_the_actor_critics_hidden_matrices_and_adam_the_rest_unde
 
     cnn = encoder == "nature_cnn"
     net = ActorCritic(3, 2, continuous=not cnn, encoder=encoder, obs_shape=[4, 36, 36] if cnn else None)
-    module = PPOModule(net, total_env_steps=1000, lr=3e-4, adam_eps=1e-5, weight_decay=0.1, muon={"lr": 0.01})
+    optimizer = AdamOrRMSprop(lr=3e-4, eps=1e-5, weight_decay=0.1, muon=MuonSettings(lr=0.01))
+    module = PPOModule(net, total_env_steps=1000, optimizer=optimizer)
     out = module.configure_optimizers()
     opt, sched = out["optimizer"], out["lr_scheduler"]["scheduler"]
-    assert isinstance(opt, MuonAdamW) and module.hparams.muon == vars(MuonSettings(lr=0.01))
+    assert isinstance(opt, MuonAdamW) and module.hparams.optimizer["muon"] == vars(MuonSettings(lr=0.01))
     names = {id(p): n for n, p in net.named_parameters()}
     seen = [id(p) for g in opt.param_groups for p in g["params"]]
     assert len(seen) == len(set(seen)) and set(seen) == set(names)
@@ -360,4 +361,4 @@ def test_ppo_gives_muon_the_actor_critics_hidden_matrices_and_adam_the_rest_unde
     sched.step()
     assert [g["lr"] / g["initial_lr"] for g in opt.param_groups] == pytest.approx([0.75] * len(opt.param_groups))
     with pytest.raises(InputError, match="momentum=1.0"):  # a checkpoint's settings are checked as the config's
-        PPOModule(net, muon={"momentum": 1.0})
+        PPOModule(net, optimizer={"muon": {"momentum": 1.0}})

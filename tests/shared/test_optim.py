@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import CONFIGS
 
-from zoo.train.optim import AdamWCosine, param_groups
+from zoo.errors import InputError
+from zoo.train.optim import AdamOrRMSprop, AdamWCosine, MuonSettings, param_groups
 
 TINY = ["gpt/gpt_tiny.yaml", "clip/tiny.yaml", "diffusion/tiny.yaml", "cnn/convnet_digits.yaml"]
 
@@ -58,3 +60,53 @@ def test_adamw_is_fused_on_the_cpu_and_steps_as_the_reference_adamw():
             o.step()
     for p, r in zip(net.parameters(), ref.parameters()):
         torch.testing.assert_close(p, r, rtol=1e-5, atol=1e-6)
+
+
+# -- the RL agents' AdamOrRMSprop ------------------------------------------------------------------------------
+
+
+def _steps(opt: torch.optim.Optimizer, net: torch.nn.Module, x: torch.Tensor) -> None:
+    for _ in range(3):
+        opt.zero_grad()
+        net(x).square().mean().backward()
+        opt.step()
+
+
+@pytest.mark.parametrize(
+    ("settings", "reference"),
+    [
+        (AdamOrRMSprop("rmsprop", lr=0.01, alpha=0.9, eps=0.01), (torch.optim.RMSprop, {"alpha": 0.9, "eps": 0.01})),
+        (AdamOrRMSprop(lr=0.01, betas=(0.8, 0.9), eps=1e-5), (torch.optim.Adam, {"betas": (0.8, 0.9), "eps": 1e-5})),
+    ],
+)
+def test_adam_or_rmsprop_steps_a_list_of_tensors_as_torchs_own_optimizer(settings, reference):
+    torch.manual_seed(0)
+    net, x = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)), torch.randn(8, 3)
+    ref, start = copy.deepcopy(net), copy.deepcopy(net)
+    opt = settings.build(list(net.parameters()))
+    assert len(opt.param_groups) == 1  # one group: the agents' checkpoints hold their optimizer state so
+    cls, kwargs = reference
+    _steps(opt, net, x)
+    _steps(cls(ref.parameters(), lr=0.01, **kwargs), ref, x)
+    for p, q in zip(net.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q)
+    assert not torch.equal(net[0].weight, start[0].weight)  # the steps moved the weights
+
+
+@pytest.mark.parametrize("algorithm", ["adam", "rmsprop"])
+def test_adam_or_rmsprop_splits_a_net_by_the_decay_rule_and_a_list_takes_no_decay(algorithm):
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 2))
+    opt = AdamOrRMSprop(algorithm, weight_decay=0.1).build(net)
+    decay = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
+    assert decay == {id(p): 0.1 if p.ndim >= 2 else 0.0 for p in net.parameters()}
+    with pytest.raises(InputError, match="weight_decay and optimizer.muon need a net"):
+        AdamOrRMSprop(algorithm, weight_decay=0.1).build(list(net.parameters()))
+
+
+def test_adam_or_rmsprop_settings_are_checked_when_read_and_rebuilt_from_a_checkpoints_dict():
+    with pytest.raises(InputError, match=r"muon=.* must be null with rmsprop"):
+        AdamOrRMSprop("rmsprop", muon=MuonSettings())
+    with pytest.raises(InputError, match=r"optimizer alpha=1.0 must be in \[0, 1\): set model.init_args.optimizer"):
+        AdamOrRMSprop("rmsprop", alpha=1.0)
+    stored = dataclasses.asdict(AdamOrRMSprop(lr=0.1, muon=MuonSettings(lr=0.03)))  # as save_hparams keeps it
+    assert AdamOrRMSprop.of(stored) == AdamOrRMSprop(lr=0.1, muon=MuonSettings(lr=0.03))

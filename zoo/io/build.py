@@ -186,6 +186,7 @@ class Resolver:
             elif key in trust.ENV_ID_ARGS:
                 args[key] = self.env_id(value, here)
             else:
+                value = _completed(value, params[key].default)
                 args[key] = self.convert(value, params[key].annotation, here, depth + 1)
         missing = [n for n, p in params.items() if p.default is p.empty and n not in args and n not in given]
         missing = [f"{where}.init_args.{n}" for n in missing] if kind == "class" else []
@@ -333,6 +334,14 @@ class Resolver:
         return value
 
 
+def _completed(value: Any, default: Any) -> Any:
+    """A settings dict over the fields of its parameter's default settings object (A2C's RMSprop, CLIP's betas), as
+    jsonargparse completes one: a field the dict leaves out keeps the module's default, not the class's."""
+    if isinstance(value, Mapping) and dataclasses.is_dataclass(default) and not isinstance(default, type):
+        return {**dataclasses.asdict(default), **value}
+    return value
+
+
 def _exact(value: Any, kind: type, where: str, what: str) -> Any:
     if type(value) is kind:  # bool is not an int here, nor an int a bool
         return value
@@ -437,7 +446,9 @@ def resolve_model(
     checkpoint that names none; ``given``: the arguments the caller passes itself; ``keep_locations``: for a config
     the user completed (what they give is theirs); ``complete``: refuse a config that leaves a required parameter
     out (not yet: the user's flags come next)."""
-    hparams = dict(hparams)
+    from zoo.compat import migrate_hparams
+
+    hparams = migrate_hparams(dict(hparams))  # classes and settings that have moved since it was stored
     class_path = hparams.pop("_class_path", None)
     if (instantiator := hparams.pop("_instantiator", None)) not in (None, trust.LIGHTNING_INSTANTIATOR):
         raise trust.refusal(source, "_instantiator", instantiator, "the instantiator LightningCLI records")

@@ -14,8 +14,6 @@ Notation: T steps per rollout, N envs.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from lightning.pytorch import Callback, LightningModule
 from torch import Tensor
@@ -23,18 +21,14 @@ from torch import Tensor
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.rl.collector import RolloutCollector
-from zoo.rl.common import (
-    Policy,
-    linear_annealing,
-    require_datamodule,
-    rmsprop_or_adam,
-)
+from zoo.rl.common import Policy, linear_annealing, require_datamodule
 from zoo.rl.lifecycle import Lifecycle
 from zoo.rl.losses import a2c_loss, explained_variance, gae, normalize
 from zoo.rl.nets import ActorCritic
 from zoo.rl.normalization import RunningMeanStd
 from zoo.train.gradnorm import clip_grad_norm
 from zoo.train.logging import lightning_writes
+from zoo.train.optim import AdamOrRMSprop
 
 
 class A2CModule(WeightsOnlyLoading, LightningModule):
@@ -51,11 +45,8 @@ class A2CModule(WeightsOnlyLoading, LightningModule):
         vf_coef: float = 0.5,
         max_grad_norm: float = 0.5,
         norm_adv: bool = False,
-        lr: float = 7e-4,
         anneal_lr: bool = False,
-        optimizer: Literal["rmsprop", "adam"] = "rmsprop",
-        rms_alpha: float = 0.99,
-        optim_eps: float = 1e-5,
+        optimizer: AdamOrRMSprop = AdamOrRMSprop("rmsprop", lr=7e-4, eps=1e-5),
         norm_obs: bool = False,
         norm_reward: bool = False,
         clip_obs: float = 10.0,
@@ -73,17 +64,16 @@ class A2CModule(WeightsOnlyLoading, LightningModule):
             vf_coef: weight of the value loss, a plain mean squared error here (Baselines, SB3).
             max_grad_norm: global gradient-norm clip.
             norm_adv: normalise the rollout's advantages (SB3's ``normalize_advantage``, off by default).
-            lr: learning rate (at the start, when annealed).
             anneal_lr: decay the learning rate linearly to 0 over ``total_env_steps``.
-            optimizer: "rmsprop" (A2C's and SB3's default) or "adam".
-            rms_alpha: RMSprop's smoothing constant (0.99, SB3).
-            optim_eps: the optimizer's epsilon (1e-5, SB3).
+            optimizer: the net's optimizer (``zoo.train.optim.AdamOrRMSprop``): RMSprop, A2C's and SB3's, with SB3's lr
+                7e-4, alpha 0.99 and eps 1e-5; ``algorithm: adam`` for Adam.
             norm_obs: feed the net observations normalised by running statistics kept in this module.
             norm_reward: divide rewards by the running std of the discounted return, kept in this module.
             clip_obs: clip normalised observations to [-clip_obs, clip_obs].
             clip_reward: clip scaled rewards to [-clip_reward, clip_reward].
             num_threads: PyTorch CPU threads while this module runs (restored after); None: unchanged.
         """
+        AdamOrRMSprop.of(optimizer)  # a checkpoint's hyperparameters (a dict): checked as the config's are
         super().__init__()
         save_hparams(self, "net")
         self.automatic_optimization = False  # an optimizer step per rollout, after the collector's forwards
@@ -161,7 +151,7 @@ class A2CModule(WeightsOnlyLoading, LightningModule):
 
     def configure_optimizers(self):
         h = self.hparams
-        opt = rmsprop_or_adam(list(self.net.parameters()), h.optimizer, h.lr, h.rms_alpha, h.optim_eps)
+        opt = AdamOrRMSprop.of(h.optimizer).build(list(self.net.parameters()))  # one group, as checkpoints hold it
         return linear_annealing(opt, lambda: self.lifecycle.progress(self), h.anneal_lr)
 
     # -- the end of fit, or of a failed one: the lifecycle's -----------------------------------------------------------

@@ -3,7 +3,7 @@
 - ``env_sizes``: a net's sizes as the DataModule's env fills them (the application's, before the net is built),
   and ``check_env``, ``check_box``, ``check_action_bounds``: a built net checked against the env;
 - ``check_net_state``: a checkpoint's net checked against the module's before Lightning loads it;
-- ``linear_annealing``, ``rmsprop_or_adam``: the on-policy agents' learning-rate schedule and optimizer;
+- ``linear_annealing``: the on-policy agents' learning-rate schedule (their optimizers: ``zoo.train.optim``);
 - ``separate_backwards``: the DDP setting an agent of several backwards (SAC, TD3) needs;
 - ``Evaluation``: validation and predict episodes on envs of their own, split over the ranks under DDP, and
   predict's recording of one episode;
@@ -150,18 +150,6 @@ def linear_annealing(opt: torch.optim.Optimizer, progress: Callable[[], float], 
     (CleanRL's ``frac = 1 - (iteration - 1) / num_iterations``)."""
     factor = (lambda _: 1.0 - progress()) if anneal else (lambda _: 1.0)
     return {"optimizer": opt, "lr_scheduler": {"scheduler": LambdaLR(opt, factor), "name": "lr"}}
-
-
-def rmsprop_or_adam(
-    params: list[nn.Parameter], optimizer: str, lr: float, rms_alpha: float, eps: float
-) -> torch.optim.Optimizer:
-    """A2C's and IMPALA's optimizer: RMSprop (their papers') or Adam."""
-    if optimizer == "rmsprop":
-        # torch adds eps outside the square root, TF (Baselines, the IMPALA paper) inside; SB3 and monobeast
-        # use torch's, as here.
-        return torch.optim.RMSprop(params, lr=lr, alpha=rms_alpha, eps=eps)
-    fused = all(p.device.type in ("cpu", "cuda") for p in params)
-    return torch.optim.Adam(params, lr=lr, eps=eps, fused=fused or None)
 
 
 # -- acting, evaluation and prediction ------------------------------------------------------------------------

@@ -31,17 +31,13 @@ from torch import Tensor
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.rl.actors import ActorPool, EnvSpec
-from zoo.rl.common import (
-    Policy,
-    linear_annealing,
-    require_datamodule,
-    rmsprop_or_adam,
-)
+from zoo.rl.common import Policy, linear_annealing, require_datamodule
 from zoo.rl.lifecycle import Lifecycle
 from zoo.rl.nets import ActorCritic
 from zoo.rl.vtrace import impala_loss, masked_mean, vtrace
 from zoo.train.gradnorm import clip_grad_norm
 from zoo.train.logging import lightning_writes
+from zoo.train.optim import AdamOrRMSprop
 
 
 class IMPALAModule(WeightsOnlyLoading, LightningModule):
@@ -65,11 +61,8 @@ class IMPALAModule(WeightsOnlyLoading, LightningModule):
         vf_coef: float = 0.5,
         ent_coef: float = 0.0006,
         max_grad_norm: float = 40.0,
-        lr: float = 4.8e-4,
         anneal_lr: bool = True,
-        optimizer: Literal["rmsprop", "adam"] = "rmsprop",
-        rms_alpha: float = 0.99,
-        optim_eps: float = 0.01,
+        optimizer: AdamOrRMSprop = AdamOrRMSprop("rmsprop", lr=4.8e-4, eps=0.01),
         num_threads: int | None = 1,
     ) -> None:
         """
@@ -93,14 +86,13 @@ class IMPALAModule(WeightsOnlyLoading, LightningModule):
             vf_coef: weight of the value (baseline) loss.
             ent_coef: weight of the entropy bonus.
             max_grad_norm: global gradient-norm clip.
-            lr: learning rate (at the start, when annealed).
             anneal_lr: decay the learning rate linearly to 0 over ``total_env_steps`` (monobeast).
-            optimizer: "rmsprop" (the paper's and monobeast's) or "adam".
-            rms_alpha: RMSprop's smoothing constant (0.99, the paper's decay).
-            optim_eps: the optimizer's epsilon (0.01 for RMSprop in the paper and monobeast).
+            optimizer: the net's optimizer (``zoo.train.optim.AdamOrRMSprop``): RMSprop, the paper's and monobeast's,
+                with monobeast's lr 4.8e-4, the paper's decay alpha 0.99 and eps 0.01; ``algorithm: adam`` for Adam.
             num_threads: PyTorch CPU threads of the learner while this module runs (restored after); the
                 actors use one each. None: unchanged.
         """
+        AdamOrRMSprop.of(optimizer)  # a checkpoint's hyperparameters (a dict): checked as the config's are
         super().__init__()
         save_hparams(self, "net")
         self.automatic_optimization = False  # one optimizer step per batch of unrolls, then the weights published
@@ -202,7 +194,7 @@ class IMPALAModule(WeightsOnlyLoading, LightningModule):
 
     def configure_optimizers(self):
         h = self.hparams
-        opt = rmsprop_or_adam(list(self.net.parameters()), h.optimizer, h.lr, h.rms_alpha, h.optim_eps)
+        opt = AdamOrRMSprop.of(h.optimizer).build(list(self.net.parameters()))  # one group, as checkpoints hold it
         return linear_annealing(opt, lambda: self.lifecycle.progress(self), h.anneal_lr)
 
     # -- the end of fit, or of a failed one: the lifecycle's -----------------------------------------------------------

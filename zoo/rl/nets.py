@@ -1,4 +1,5 @@
-"""Actor-critic nets for on-policy agents (PPO, A2C): an actor MLP and a critic MLP side by side.
+"""Actor-critic nets for on-policy agents (PPO, A2C, IMPALA): an actor MLP and a critic MLP side by side, and the
+trunks every agent's nets are built from (``mlp``, ``NatureCNN``; the off-policy nets are ``zoo.rl.q_nets``).
 
 The layout and method names follow CleanRL's ``Agent`` (``ppo.py``, ``ppo_continuous_action.py``):
 separate actor and critic trunks, orthogonal initialisation with gain sqrt(2) on hidden layers, 0.01 on
@@ -39,13 +40,19 @@ def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias: float = 0.0) -
     return layer
 
 
-def mlp(in_dim: int, hidden: Sequence[int], out_dim: int, out_std: float, activation: str) -> nn.Sequential:
-    """Linear-activation stack ending in a linear head initialised with gain ``out_std``."""
+def mlp(
+    in_dim: int, hidden: Sequence[int], out_dim: int | None, activation: str = "relu", out_std: float | None = None
+) -> nn.Sequential:
+    """Linear-activation stack, then a linear head unless ``out_dim`` is None. With ``out_std``: orthogonal
+    weights, gain sqrt(2) on the hidden layers and ``out_std`` on the head (the on-policy nets, CleanRL's ``ppo.py``);
+    without: PyTorch's default init (the off-policy nets, CleanRL's and SB3's SAC and TD3)."""
+    init = layer_init if out_std is not None else lambda layer, std=None: layer
     layers: list[nn.Module] = []
     for width in hidden:
-        layers += [layer_init(nn.Linear(in_dim, width)), _ACTIVATIONS[activation]()]
+        layers += [init(nn.Linear(in_dim, width)), _ACTIVATIONS[activation]()]
         in_dim = width
-    layers.append(layer_init(nn.Linear(in_dim, out_dim), std=out_std))
+    if out_dim is not None:
+        layers.append(init(nn.Linear(in_dim, out_dim), std=out_std))
     return nn.Sequential(*layers)
 
 

@@ -35,7 +35,7 @@ from zoo.rl.nets import ActorCritic
 from zoo.rl.normalization import RunningMeanStd
 from zoo.train.gradnorm import clip_grad_norm
 from zoo.train.logging import lightning_writes
-from zoo.train.optim import MuonAdamW, MuonSettings, muon_param_groups, param_groups
+from zoo.train.optim import AdamOrRMSprop
 
 
 class PPOModule(WeightsOnlyLoading, LightningModule):
@@ -57,12 +57,9 @@ class PPOModule(WeightsOnlyLoading, LightningModule):
         max_grad_norm: float = 0.5,
         target_kl: float | None = None,
         norm_adv: bool = True,
-        lr: float = 2.5e-4,
+        optimizer: AdamOrRMSprop = AdamOrRMSprop(lr=2.5e-4, eps=1e-5),
         anneal_lr: bool = True,
         anneal_clip: bool = False,
-        adam_eps: float = 1e-5,
-        weight_decay: float = 0.0,
-        muon: MuonSettings | None = None,
         norm_obs: bool = False,
         norm_reward: bool = False,
         clip_obs: float = 10.0,
@@ -87,14 +84,12 @@ class PPOModule(WeightsOnlyLoading, LightningModule):
             target_kl: stop this rollout's updates before a minibatch whose approximate KL to the collecting
                 policy exceeds 1.5 x target_kl (SB3); None never stops early.
             norm_adv: normalise advantages per minibatch.
-            lr: Adam learning rate (at the start, when annealed).
-            anneal_lr: decay the learning rate linearly to 0 over ``total_env_steps``.
+            optimizer: the net's optimizer (``zoo.train.optim.AdamOrRMSprop``): Adam, lr 2.5e-4 and eps 1e-5 as
+                CleanRL's and Baselines' PPO2 (PyTorch's eps 1e-8 differs); ``weight_decay`` decays >=2-D weights (RL
+                agents normally use none); ``muon: {}`` gives the net's hidden matrices to Muon (Jordan et al. 2024)
+                and the observation-reading layers, heads, biases and log-std (``ActorCritic.io_layers``) to Adam.
+            anneal_lr: decay the learning rate (Muon's too) linearly to 0 over ``total_env_steps``.
             anneal_clip: decay ``clip_coef`` linearly to 0 over ``total_env_steps`` too (rl-zoo's ``lin_0.2``).
-            adam_eps: Adam's epsilon; 1e-5 as Baselines' PPO2 (PyTorch's 1e-8 differs).
-            weight_decay: AdamW decoupled weight decay on >=2-D weights; RL agents normally use none.
-            muon: Muon (Jordan et al. 2024) for the net's hidden matrices (``zoo.train.optim.MuonSettings``; ``muon:
-                {}`` for its defaults), Adam on the observation-reading layers, the heads, biases and the log-std
-                (``ActorCritic.io_layers``); the annealing scales both rates. None: Adam for every parameter.
             norm_obs: feed the net observations normalised by running statistics kept in this module.
             norm_reward: divide rewards by the running std of the discounted return, kept in this module.
             clip_obs: clip normalised observations to [-clip_obs, clip_obs].
@@ -102,8 +97,7 @@ class PPOModule(WeightsOnlyLoading, LightningModule):
             num_threads: PyTorch CPU threads while this module runs (restored after); a small MLP runs
                 fastest on one, as intra-op threads cost more to synchronise than they save. None: unchanged.
         """
-        if isinstance(muon, dict):  # a checkpoint's hyperparameters: checked as the config's are
-            muon = MuonSettings(**muon)
+        AdamOrRMSprop.of(optimizer)  # a checkpoint's hyperparameters (a dict): checked as the config's are
         super().__init__()
         save_hparams(self, "net")
         # One training step holds many optimizer steps (minibatches): Lightning's per-step overhead would otherwise
@@ -215,18 +209,9 @@ class PPOModule(WeightsOnlyLoading, LightningModule):
 
     def configure_optimizers(self):
         h = self.hparams
-        # The fused kernel (CPU and CUDA) is one op per tensor instead of about ten: PPO makes thousands of
-        # small steps, each costing little more than its per-op overhead.
-        fused = all(p.device.type in ("cpu", "cuda") for p in self.net.parameters())
-        if h.muon is None:
-            opt = torch.optim.AdamW(
-                param_groups(self.net, h.weight_decay), lr=h.lr, eps=h.adam_eps, fused=fused or None
-            )
-        else:
-            muon, adamw = muon_param_groups(self.net, h.weight_decay)
-            opt = MuonAdamW(
-                muon, adamw, muon=dict(h.muon), lr=h.lr, betas=(0.9, 0.999), eps=h.adam_eps, fused=fused or None
-            )
+        # Adam's fused kernel (CPU and CUDA) where it serves: one op per tensor instead of about ten, and PPO makes
+        # thousands of small steps, each costing little more than its per-op overhead.
+        opt = AdamOrRMSprop.of(h.optimizer).build(self.net)
         return linear_annealing(opt, lambda: self.lifecycle.progress(self), h.anneal_lr)
 
     # -- the end of fit, or of a failed one: the lifecycle's -----------------------------------------------------------

@@ -48,10 +48,11 @@ from zoo.rl.common import (
 from zoo.rl.lifecycle import Lifecycle
 from zoo.rl.losses import sac_actor_loss, sac_critic_loss, sac_temperature_loss, soft_q_target
 from zoo.rl.normalization import RunningMeanStd
+from zoo.rl.q_nets import SoftActorCritic
 from zoo.rl.replay import ReplayBuffer, TransitionCollector
-from zoo.rl.sac_nets import SoftActorCritic
 from zoo.train.gradnorm import grad_norm
 from zoo.train.logging import lightning_writes
+from zoo.train.optim import AdamOrRMSprop
 
 
 class SACModule(WeightsOnlyLoading, LightningModule):
@@ -70,9 +71,9 @@ class SACModule(WeightsOnlyLoading, LightningModule):
         train_freq: int = 1,
         gradient_steps: int = 1,
         target_update_interval: int = 1,
-        actor_lr: float = 3e-4,
-        critic_lr: float = 3e-4,
-        alpha_lr: float = 3e-4,
+        actor_optimizer: AdamOrRMSprop = AdamOrRMSprop(lr=3e-4),
+        critic_optimizer: AdamOrRMSprop = AdamOrRMSprop(lr=3e-4),
+        alpha_optimizer: AdamOrRMSprop = AdamOrRMSprop(lr=3e-4),
         init_alpha: float = 1.0,
         autotune: bool = True,
         target_entropy: float | None = None,
@@ -94,9 +95,9 @@ class SACModule(WeightsOnlyLoading, LightningModule):
             train_freq: vector-env steps between two rounds of updates (SB3's ``train_freq``).
             gradient_steps: updates per round (SB3's ``gradient_steps``); 1 with train_freq 1 is one per step.
             target_update_interval: updates between two Polyak steps of the target critics.
-            actor_lr: Adam learning rate of the actor.
-            critic_lr: Adam learning rate of the critics (CleanRL: 1e-3 for critics and alpha, 3e-4 for the actor).
-            alpha_lr: Adam learning rate of log alpha.
+            actor_optimizer: the actor's optimizer (``zoo.train.optim.AdamOrRMSprop``): Adam, lr 3e-4.
+            critic_optimizer: the critics' (CleanRL: lr 1e-3 for critics and alpha, 3e-4 for the actor).
+            alpha_optimizer: log alpha's.
             init_alpha: the temperature alpha at the start (SB3's "auto" and CleanRL start at 1).
             autotune: learn alpha to hold the policy's entropy at ``target_entropy``; False keeps ``init_alpha``.
             target_entropy: the entropy alpha aims for; None takes -A, the heuristic of Haarnoja et al. 2018.
@@ -108,6 +109,8 @@ class SACModule(WeightsOnlyLoading, LightningModule):
                 runs these 256-wide MLPs fastest, as threads that wait on each other cost more than they share.
                 None: unchanged.
         """
+        for settings in (actor_optimizer, critic_optimizer, alpha_optimizer):
+            AdamOrRMSprop.of(settings)  # a checkpoint's hyperparameters (dicts): checked as the config's are
         super().__init__()
         save_hparams(self, "net")
         self.automatic_optimization = False  # three optimizers, stepped in SB3's order within each update
@@ -250,13 +253,12 @@ class SACModule(WeightsOnlyLoading, LightningModule):
 
     def configure_optimizers(self):
         h = self.hparams
-        # The fused kernel (CPU and CUDA) is one op per tensor instead of about ten per parameter: SAC makes one
-        # small step per env step and per optimizer, each costing little more than its per-op overhead.
-        fused = all(p.device.type in ("cpu", "cuda") for p in self.parameters()) or None
+        # Adam's fused kernel where it serves (CPU and CUDA): one op per tensor instead of about ten per parameter, and
+        # SAC makes one small step per env step and per optimizer. One group each, as checkpoints hold them.
         return [
-            torch.optim.Adam(self.net.actor.parameters(), lr=h.actor_lr, fused=fused),
-            torch.optim.Adam(self.net.critic.parameters(), lr=h.critic_lr, fused=fused),
-            torch.optim.Adam([self.log_alpha], lr=h.alpha_lr, fused=fused),
+            AdamOrRMSprop.of(h.actor_optimizer).build(list(self.net.actor.parameters())),
+            AdamOrRMSprop.of(h.critic_optimizer).build(list(self.net.critic.parameters())),
+            AdamOrRMSprop.of(h.alpha_optimizer).build([self.log_alpha]),
         ]
 
     # -- the end of fit, or of a failed one: the lifecycle's -----------------------------------------------------------

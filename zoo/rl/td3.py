@@ -5,7 +5,7 @@ DDPG's deterministic actor mu(s) and critic, with the paper's three fixes agains
 twin critics whose minimum forms the target (clipped double Q), noise on the target action (target policy
 smoothing) and an actor and targets that move once every ``policy_delay`` critic steps (delayed updates). The
 nets follow CleanRL's ``td3_continuous_action.py`` and SB3's ``TD3`` (ReLU MLPs, PyTorch's default init, a tanh
-actor rescaled to the Box); the twin critics are SAC's (``zoo.rl.sac_nets.TwinQ``).
+actor rescaled to the Box); the nets are ``zoo.rl.q_nets``' (twin critics shared with SAC).
 
 One update, in SB3's order (``TD3.train``), on a replay minibatch (s, a, r, s', terminated):
   1. a' = clip(mu_targ(s') + clip(eps, -c, c) * scale, low, high), eps ~ N(0, sigma): the smoothed target action;
@@ -25,11 +25,10 @@ Notation: B minibatch rows, N envs, O observation features, A action dims, K cri
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
 
 import torch
 from lightning.pytorch import Callback, LightningModule
-from torch import Tensor, nn
+from torch import Tensor
 
 from zoo.compat import foreach_lerp_
 from zoo.io.checkpoint import WeightsOnlyLoading
@@ -42,82 +41,11 @@ from zoo.rl.common import (
 )
 from zoo.rl.lifecycle import Lifecycle
 from zoo.rl.normalization import RunningMeanStd
+from zoo.rl.q_nets import DeterministicActorCritic
 from zoo.rl.replay import ReplayBuffer, TransitionCollector
-from zoo.rl.sac_nets import TwinQ, as_vector, detached_forward, relu_mlp
 from zoo.train.gradnorm import grad_norm
 from zoo.train.logging import lightning_writes
-
-# -- nets ------------------------------------------------------------------------------------------------------
-
-
-class DeterministicActor(nn.Module):
-    """mu(s) = bias + scale * tanh(MLP(s)): one action per observation, inside the Box."""
-
-    def __init__(
-        self,
-        obs_dim: int,
-        action_dim: int,
-        hidden_sizes: Sequence[int],
-        action_low: float | Sequence[float],
-        action_high: float | Sequence[float],
-    ) -> None:
-        super().__init__()
-        self.mlp = relu_mlp(obs_dim, hidden_sizes, action_dim)
-        low, high = as_vector(action_low, action_dim), as_vector(action_high, action_dim)
-        self.register_buffer("action_scale", (high - low) / 2)  # (A,)
-        self.register_buffer("action_bias", (high + low) / 2)  # (A,)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.action_bias + self.action_scale * torch.tanh(self.mlp(x))  # (B, A)
-
-
-class DeterministicActorCritic(nn.Module):
-    """TD3's nets: ``actor`` (deterministic, tanh-bounded) and ``critic`` (twin Q); the module keeps the targets."""
-
-    continuous = True  # checked against the env: TD3 acts in Box action spaces only
-
-    def __init__(
-        self,
-        obs_dim: int | None = None,
-        action_dim: int | None = None,
-        action_low: float | list[float] | None = None,
-        action_high: float | list[float] | None = None,
-        hidden_sizes: tuple[int, ...] = (256, 256),
-        num_critics: int = 2,
-    ) -> None:
-        """
-        Args:
-            obs_dim: observation features O (the flattened observation space). A config may leave the sizes and
-                bounds unset: ``cli.py`` takes the env's (``zoo.rl.common.env_sizes``).
-            action_dim: dimensions A of the (Box) action.
-            action_low: the Box's lower bound, one number or one per dimension; None: -1.
-            action_high: the Box's upper bound, likewise (None: 1).
-            hidden_sizes: widths of the hidden layers of the actor and of each critic (CleanRL and SB3: 256 x 256).
-            num_critics: K, Q functions whose minimum forms the targets (2: clipped double Q).
-        """
-        if obs_dim is None or action_dim is None:
-            raise ValueError("DeterministicActorCritic needs obs_dim and action_dim (cli.py takes the env's)")
-        super().__init__()
-        self.obs_dim, self.action_dim = obs_dim, action_dim
-        low = -1.0 if action_low is None else action_low
-        high = 1.0 if action_high is None else action_high
-        self.actor = DeterministicActor(obs_dim, action_dim, hidden_sizes, low, high)
-        self.critic = TwinQ(obs_dim, action_dim, hidden_sizes, num_critics)
-
-    def get_q_values(self, x: Tensor, action: Tensor) -> Tensor:
-        """Q_k(s, a) of every critic: (K, B)."""
-        return self.critic(x, action)
-
-    def get_q1(self, x: Tensor, action: Tensor) -> Tensor:
-        """Q_1(s, a) (B,) with the critic's parameters detached: the actor's loss differentiates only through the
-        action (SB3's ``q1_forward``; the detached weights save their gradients' computation)."""
-        return detached_forward(self.critic.qs[0], torch.cat([x, action], -1)).squeeze(-1)
-
-    @torch.no_grad()
-    def act(self, x: Tensor, deterministic: bool = True) -> Tensor:
-        """mu(s) (B, A); exploration noise is the module's (``TD3Module.act``)."""
-        return self.actor(x)
-
+from zoo.train.optim import AdamOrRMSprop
 
 # -- the objective, as SB3's TD3.train writes it -----------------------------------------------------------------
 
@@ -173,8 +101,8 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
         target_policy_noise: float = 0.2,
         target_noise_clip: float = 0.5,
         action_noise: float = 0.1,
-        actor_lr: float = 3e-4,
-        critic_lr: float = 3e-4,
+        actor_optimizer: AdamOrRMSprop = AdamOrRMSprop(lr=3e-4),
+        critic_optimizer: AdamOrRMSprop = AdamOrRMSprop(lr=3e-4),
         norm_obs: bool = False,
         clip_obs: float = 10.0,
         save_buffer: bool = False,
@@ -197,14 +125,16 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
             target_policy_noise: sigma of the target action's Gaussian noise, in [-1, 1] action units (0.2).
             target_noise_clip: c, the clip of that noise (0.5).
             action_noise: std of the exploration noise added to mu(s), in [-1, 1] action units (0.1).
-            actor_lr: Adam learning rate of the actor.
-            critic_lr: Adam learning rate of the critics.
+            actor_optimizer: the actor's optimizer (``zoo.train.optim.AdamOrRMSprop``): Adam, lr 3e-4.
+            critic_optimizer: the critics'.
             norm_obs: feed the nets observations normalised by running statistics kept in this module; the buffer
                 stores raw observations, normalised when sampled.
             clip_obs: clip normalised observations to [-clip_obs, clip_obs].
             save_buffer: put the replay buffer in checkpoints, so that a resumed run continues with it.
             num_threads: PyTorch CPU threads while this module runs (restored after). None: unchanged.
         """
+        for settings in (actor_optimizer, critic_optimizer):
+            AdamOrRMSprop.of(settings)  # a checkpoint's hyperparameters (dicts): checked as the config's are
         super().__init__()
         save_hparams(self, "net")
         self.automatic_optimization = False  # two optimizers, the actor's stepped every policy_delay updates
@@ -341,11 +271,10 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
         opt.step()
 
     def configure_optimizers(self):
-        h = self.hparams
-        fused = all(p.device.type in ("cpu", "cuda") for p in self.parameters()) or None  # one op per tensor
+        h = self.hparams  # one group each, as checkpoints hold them
         return [
-            torch.optim.Adam(self.net.actor.parameters(), lr=h.actor_lr, fused=fused),
-            torch.optim.Adam(self.net.critic.parameters(), lr=h.critic_lr, fused=fused),
+            AdamOrRMSprop.of(h.actor_optimizer).build(list(self.net.actor.parameters())),
+            AdamOrRMSprop.of(h.critic_optimizer).build(list(self.net.critic.parameters())),
         ]
 
     # -- the end of fit, or of a failed one: the lifecycle's -----------------------------------------------------------

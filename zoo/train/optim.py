@@ -1,5 +1,9 @@
 """Shared optimisation: AdamW parameter groups, optionally Muon for the hidden matrices, and a warmup-cosine
-schedule over both, injected as one ``AdamWCosine``.
+schedule over both, injected as one ``AdamWCosine``; the RL agents' constant-rate Adam or RMSprop, ``AdamOrRMSprop``.
+
+Every module's ``optimizer`` setting is an ``OptimizerSettings``: a frozen dataclass of plain fields (a config's
+``model.init_args.optimizer``, a checkpoint's hyperparameters as a dict), rebuilt by ``of`` and turned into the torch
+optimizer by ``build``.
 
 Decay rule (GPT-2 / nanoGPT, open_clip): tensors of two or more dimensions decay;
 biases, norm weights and embeddings do not. Embeddings are 2-D, so the net names them
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -330,10 +335,7 @@ def adamw_warmup_cosine(
 
     Returns the ``configure_optimizers`` dict, with the scheduler stepped every optimizer step.
     """
-    opt = torch.optim.AdamW(
-        param_groups(net, weight_decay), lr=lr, betas=tuple(betas), fused=use_fused(list(net.parameters())) or None
-    )
-    return _with_schedule(opt, trainer, warmup_steps, min_lr_ratio)
+    return _with_schedule(adamw_or_muon(net, lr, betas, 1e-8, weight_decay, None), trainer, warmup_steps, min_lr_ratio)
 
 
 def _check(settings, rules, key: str) -> None:
@@ -342,6 +344,19 @@ def _check(settings, rules, key: str) -> None:
     if bad:
         name, rule = bad[0]
         raise InputError(f"optimizer {name}={getattr(settings, name)} must be {rule}: set {key}.{name}")
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """What every module's ``optimizer`` setting is: a frozen dataclass (a dataclass base too, so jsonargparse and
+    ``zoo.io.build`` take its fields, not a class path) whose ``build(params)`` makes the torch
+    optimizer (``params``: a net, whose parameters it groups by the decay and Muon rules above, or the tensors of
+    one group), and ``of`` rebuilds it from the dict of fields a checkpoint's hyperparameters carry."""
+
+    @classmethod
+    def of(cls, value):
+        """From itself or from its fields as a dict (how checkpoints' hyperparameters carry it)."""
+        return value if isinstance(value, cls) else cls(**value)
 
 
 @dataclass(frozen=True)
@@ -389,7 +404,7 @@ class MuonSettings:
 
 
 @dataclass(frozen=True)
-class AdamWCosine:
+class AdamWCosine(OptimizerSettings):
     """AdamW (Loshchilov & Hutter 2019) on ``param_groups``, linear warmup then cosine decay per optimizer step;
     with ``muon`` set, Muon for the hidden weight matrices and AdamW for the rest, under the same schedule.
 
@@ -426,24 +441,101 @@ class AdamWCosine:
         )
         _check(self, rules, "model.init_args.optimizer")
 
-    @classmethod
-    def of(cls, value: AdamWCosine | dict) -> AdamWCosine:
-        """From itself or from its fields as a dict (how checkpoints' hyperparameters carry it)."""
-        return value if isinstance(value, cls) else cls(**value)
-
     def configure(self, net: nn.Module, trainer) -> dict:
         """The ``configure_optimizers`` dict for ``net`` over the trainer's total optimizer steps."""
-        if self.muon is None:
-            return adamw_warmup_cosine(
-                net, trainer, self.lr, self.weight_decay, tuple(self.betas), self.warmup_steps, self.min_lr_ratio
-            )
-        muon_groups, adamw_groups = muon_param_groups(net, self.weight_decay)
-        opt = MuonAdamW(
-            muon_groups,
-            adamw_groups,
-            muon=dict(vars(self.muon)),
-            lr=self.lr,
-            betas=tuple(self.betas),
-            fused=use_fused([p for g in adamw_groups for p in g["params"]]) or None,
+        return _with_schedule(self.build(net), trainer, self.warmup_steps, self.min_lr_ratio)
+
+    def build(self, net: nn.Module) -> torch.optim.Optimizer:
+        """AdamW on ``net``'s decay groups, or ``MuonAdamW`` on its Muon and AdamW groups with ``muon``."""
+        return adamw_or_muon(net, self.lr, self.betas, 1e-8, self.weight_decay, self.muon)
+
+
+def adamw_or_muon(
+    net: nn.Module,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+    muon: MuonSettings | None,
+) -> torch.optim.Optimizer:
+    """AdamW on ``param_groups(net)``, or Muon for the hidden matrices and AdamW for the rest (``muon_param_groups``),
+    fused where ``use_fused`` says."""
+    if muon is None:
+        groups = param_groups(net, weight_decay)
+        fused = use_fused([p for g in groups for p in g["params"]]) or None
+        return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
+    muon_groups, adamw_groups = muon_param_groups(net, weight_decay)
+    return MuonAdamW(
+        muon_groups,
+        adamw_groups,
+        muon=dict(vars(muon)),
+        lr=lr,
+        betas=tuple(betas),
+        eps=eps,
+        fused=use_fused([p for g in adamw_groups for p in g["params"]]) or None,
+    )
+
+
+@dataclass(frozen=True)
+class AdamOrRMSprop(OptimizerSettings):
+    """Adam (Kingma & Ba 2015, with AdamW's decoupled weight decay) or RMSprop (Tieleman & Hinton 2012) at the rate
+    ``lr``: the RL agents' ``optimizer`` settings. Their schedule is the agent's (``anneal_lr``: a linear decay to 0
+    over the env-step budget, ``zoo.rl.common.linear_annealing``), as their steps are counted in env steps.
+
+    Args:
+        algorithm: "adam" or "rmsprop".
+        lr: learning rate (at the start, when the agent anneals it); 0 trains nothing (a control run).
+        eps: added to the denominator. torch's RMSprop adds it outside the square root, TensorFlow's (Baselines,
+            the IMPALA paper) inside; SB3 and monobeast use torch's, as here.
+        betas: Adam's (beta1, beta2), the decay rates of its moment averages.
+        alpha: RMSprop's smoothing constant of its average of squared gradients.
+        weight_decay: on >=2-D weights of a net (see ``param_groups``), on every tensor of a plain list; Adam's is
+            decoupled (AdamW), RMSprop's an L2 term added to the gradient (torch's).
+        muon: Muon (``MuonSettings``) for a net's hidden matrices, Adam for the rest; "adam" and a net only. None:
+            no Muon.
+    """
+
+    algorithm: Literal["adam", "rmsprop"] = "adam"
+    lr: float = 3e-4
+    eps: float = 1e-8
+    betas: tuple[float, float] = (0.9, 0.999)
+    alpha: float = 0.99
+    weight_decay: float = 0.0
+    muon: MuonSettings | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.muon, dict):  # from a checkpoint's hyperparameters
+            object.__setattr__(self, "muon", MuonSettings(**self.muon))
+        rules = (
+            ("algorithm", self.algorithm in ("adam", "rmsprop"), "adam or rmsprop"),
+            ("lr", self.lr >= 0, "0 or more"),
+            ("eps", self.eps > 0, "above 0"),
+            ("betas", all(0 <= b < 1 for b in self.betas), "each in [0, 1)"),
+            ("alpha", 0 <= self.alpha < 1, "in [0, 1)"),
+            ("weight_decay", self.weight_decay >= 0, "0 or more"),
+            ("muon", self.muon is None or self.algorithm == "adam", "null with rmsprop (Muon pairs with Adam)"),
         )
-        return _with_schedule(opt, trainer, self.warmup_steps, self.min_lr_ratio)
+        _check(self, rules, "model.init_args.optimizer")
+
+    def build(self, params: nn.Module | Iterable[torch.Tensor]) -> torch.optim.Optimizer:
+        """The optimizer of a net (its decay groups; Muon's and Adam's with ``muon``) or of a list of tensors (one
+        group, as torch takes it, which no rule splits into weights and biases: no weight decay, no Muon)."""
+        if isinstance(params, nn.Module):
+            if self.algorithm == "adam":
+                return adamw_or_muon(params, self.lr, self.betas, self.eps, self.weight_decay, self.muon)
+            return self._rmsprop(param_groups(params, self.weight_decay))
+        if self.weight_decay or self.muon is not None:
+            raise InputError(
+                "optimizer.weight_decay and optimizer.muon need a net, to tell its weights from its biases; this agent "
+                "gives the optimizer a list of tensors: set them to 0 and null"
+            )
+        params = list(params)
+        if self.algorithm == "rmsprop":
+            return self._rmsprop(params)
+        fused = use_fused(params) or None
+        return torch.optim.AdamW(
+            params, lr=self.lr, betas=tuple(self.betas), eps=self.eps, weight_decay=0.0, fused=fused
+        )
+
+    def _rmsprop(self, params: list) -> torch.optim.RMSprop:
+        return torch.optim.RMSprop(params, lr=self.lr, alpha=self.alpha, eps=self.eps)

@@ -1,10 +1,12 @@
-"""Nets for soft actor-critic (Haarnoja et al. 2018): a tanh-squashed Gaussian actor and twin Q critics.
+"""Nets for the off-policy agents: twin Q critics with a tanh-squashed Gaussian actor (soft actor-critic, Haarnoja
+et al. 2018) or a deterministic tanh actor (TD3, Fujimoto et al. 2018).
 
-The choices follow CleanRL's ``sac_continuous_action.py`` and SB3's ``SAC`` (both after the authors'
-``softlearning``): ReLU MLPs of 256 x 256 with PyTorch's default initialisation, a state-dependent log-std
-squashed smoothly into [log_std_min, log_std_max] (CleanRL's bound, from SpinningUp and Denis Yarats'
-``pytorch_sac``), actions a = bias + scale * tanh(u) with u ~ N(mu(s), sigma(s)) rescaled to the Box bounds,
-and two critics whose minimum is the target (clipped double Q, Fujimoto et al. 2018, TD3).
+The choices follow CleanRL's ``sac_continuous_action.py`` and ``td3_continuous_action.py`` and SB3's ``SAC`` and
+``TD3`` (SAC's after the authors' ``softlearning``): ReLU MLPs of 256 x 256 with PyTorch's default initialisation,
+actions rescaled from tanh's (-1, 1) to the Box bounds, and two critics whose minimum is the target (clipped double
+Q). SAC's actor has a state-dependent log-std squashed smoothly into [log_std_min, log_std_max] (CleanRL's bound,
+from SpinningUp and Denis Yarats' ``pytorch_sac``) and acts a = bias + scale * tanh(u), u ~ N(mu(s), sigma(s));
+TD3's acts mu(s) = bias + scale * tanh(MLP(s)).
 
 Log-probability of the squashed action, by the change of variables (Haarnoja et al. 2018, appendix C):
     log pi(a|s) = log N(u; mu, sigma) - sum_i log(scale_i * (1 - tanh(u_i)^2))
@@ -27,30 +29,36 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from zoo.rl.nets import mlp
+
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 _LOG_2 = math.log(2.0)
-
-
-def relu_mlp(in_dim: int, hidden: Sequence[int], out_dim: int | None) -> nn.Sequential:
-    """Linear-ReLU stack, then a linear head unless ``out_dim`` is None; PyTorch's default init (as CleanRL's
-    and SB3's SAC nets)."""
-    layers: list[nn.Module] = []
-    for width in hidden:
-        layers += [nn.Linear(in_dim, width), nn.ReLU()]
-        in_dim = width
-    if out_dim is not None:
-        layers.append(nn.Linear(in_dim, out_dim))
-    return nn.Sequential(*layers)
-
-
-def as_vector(x: float | Sequence[float], dim: int) -> Tensor:
-    t = torch.as_tensor(x, dtype=torch.float32)
-    return t.expand(dim).clone() if t.ndim == 0 else t.reshape(dim).clone()
 
 
 def log_det_tanh(u: Tensor) -> Tensor:
     """log(1 - tanh(u)^2) elementwise, written so that it stays finite where tanh(u) rounds to +-1."""
     return 2.0 * (_LOG_2 - u - F.softplus(-2.0 * u))
+
+
+def register_action_bounds(
+    actor: nn.Module, action_dim: int, low: float | Sequence[float] | None, high: float | Sequence[float] | None
+) -> None:
+    """``actor.action_scale`` and ``actor.action_bias`` (A,), buffers mapping tanh's (-1, 1) onto [low, high]: one
+    number for every dimension or one per dimension; None: -1 and 1."""
+    low = _as_vector(-1.0 if low is None else low, action_dim)
+    high = _as_vector(1.0 if high is None else high, action_dim)
+    actor.register_buffer("action_scale", (high - low) / 2)  # (A,)
+    actor.register_buffer("action_bias", (high + low) / 2)  # (A,)
+
+
+def _as_vector(x: float | Sequence[float], dim: int) -> Tensor:
+    t = torch.as_tensor(x, dtype=torch.float32)
+    return t.expand(dim).clone() if t.ndim == 0 else t.reshape(dim).clone()
+
+
+def _check_sizes(net: str, obs_dim: int | None, action_dim: int | None) -> None:
+    if obs_dim is None or action_dim is None:
+        raise ValueError(f"{net} needs obs_dim and action_dim (cli.py takes the env's)")
 
 
 class SquashedGaussianActor(nn.Module):
@@ -61,18 +69,16 @@ class SquashedGaussianActor(nn.Module):
         obs_dim: int,
         action_dim: int,
         hidden_sizes: Sequence[int] = (256, 256),
-        action_low: float | Sequence[float] = -1.0,
-        action_high: float | Sequence[float] = 1.0,
+        action_low: float | Sequence[float] | None = None,
+        action_high: float | Sequence[float] | None = None,
         log_std_min: float = -5.0,
         log_std_max: float = 2.0,
     ) -> None:
         super().__init__()
-        self.trunk = relu_mlp(obs_dim, hidden_sizes, None)
+        self.trunk = mlp(obs_dim, hidden_sizes, None)
         self.head = nn.Linear(hidden_sizes[-1], 2 * action_dim)  # mean and log-std in one matmul
         self.log_std_min, self.log_std_max = log_std_min, log_std_max
-        low, high = as_vector(action_low, action_dim), as_vector(action_high, action_dim)
-        self.register_buffer("action_scale", (high - low) / 2)  # (A,)
-        self.register_buffer("action_bias", (high + low) / 2)  # (A,)
+        register_action_bounds(self, action_dim, action_low, action_high)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(mean (B, A), log-std (B, A)) of the Gaussian before squashing."""
@@ -105,29 +111,47 @@ class SquashedGaussianActor(nn.Module):
         return self.action_bias + self.action_scale * torch.tanh(self(x)[0])
 
 
+class DeterministicActor(nn.Module):
+    """mu(s) = bias + scale * tanh(MLP(s)): one action per observation, inside the Box."""
+
+    def __init__(
+        self,
+        obs_dim: int,
+        action_dim: int,
+        hidden_sizes: Sequence[int] = (256, 256),
+        action_low: float | Sequence[float] | None = None,
+        action_high: float | Sequence[float] | None = None,
+    ) -> None:
+        super().__init__()
+        self.mlp = mlp(obs_dim, hidden_sizes, action_dim)
+        register_action_bounds(self, action_dim, action_low, action_high)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.action_bias + self.action_scale * torch.tanh(self.mlp(x))  # (B, A)
+
+
 class TwinQ(nn.Module):
-    """K soft Q functions Q_k(s, a) in one module (K = 2 for clipped double Q)."""
+    """K Q functions Q_k(s, a) in one module (K = 2 for clipped double Q)."""
 
     def __init__(
         self, obs_dim: int, action_dim: int, hidden_sizes: Sequence[int] = (256, 256), num_critics: int = 2
     ) -> None:
         super().__init__()
-        self.qs = nn.ModuleList(relu_mlp(obs_dim + action_dim, hidden_sizes, 1) for _ in range(num_critics))
+        self.qs = nn.ModuleList(mlp(obs_dim + action_dim, hidden_sizes, 1) for _ in range(num_critics))
 
-    def forward(self, x: Tensor, action: Tensor, detach_params: bool = False) -> Tensor:
-        """Q_k(s, a) for every critic: (K, B).
+    def forward(self, x: Tensor, action: Tensor, detach_params: bool = False, first: bool = False) -> Tensor:
+        """Q_k(s, a) for every critic: (K, B); with ``first``, Q_1(s, a) alone: (1, B).
 
-        ``detach_params`` evaluates the critics with their parameters detached: the actor's loss needs
+        ``detach_params`` evaluates the critics with their parameters detached: an actor's loss needs
         gradients only through the action, and skipping the critics' weight gradients saves about a third
         of that backward pass (CleanRL and SB3 compute them and discard them at the critic's next zero_grad).
         """
         xa = torch.cat([x, action], -1)  # (B, O + A)
-        if not detach_params:
-            return torch.stack([q(xa) for q in self.qs]).squeeze(-1)
-        return torch.stack([detached_forward(q, xa) for q in self.qs]).squeeze(-1)
+        qs = self.qs[:1] if first else self.qs
+        return torch.stack([_detached_forward(q, xa) if detach_params else q(xa) for q in qs]).squeeze(-1)
 
 
-def detached_forward(mlp: nn.Sequential, x: Tensor) -> Tensor:
+def _detached_forward(mlp: nn.Sequential, x: Tensor) -> Tensor:
     for layer in mlp:
         x = F.linear(x, layer.weight.detach(), layer.bias.detach()) if isinstance(layer, nn.Linear) else layer(x)
     return x
@@ -162,12 +186,9 @@ class SoftActorCritic(nn.Module):
             log_std_min: lower bound of the actor's log standard deviation (CleanRL -5; SB3 clamps at -20).
             log_std_max: upper bound of the actor's log standard deviation.
         """
-        if obs_dim is None or action_dim is None:
-            raise ValueError("SoftActorCritic needs obs_dim and action_dim (cli.py takes the env's)")
+        _check_sizes("SoftActorCritic", obs_dim, action_dim)
         super().__init__()
         self.obs_dim, self.action_dim = obs_dim, action_dim
-        action_low = -1.0 if action_low is None else action_low
-        action_high = 1.0 if action_high is None else action_high
         self.actor = SquashedGaussianActor(
             obs_dim, action_dim, hidden_sizes, action_low, action_high, log_std_min, log_std_max
         )
@@ -185,3 +206,47 @@ class SoftActorCritic(nn.Module):
     def act(self, x: Tensor, deterministic: bool = True) -> Tensor:
         """Actions (B, A) for observations (B, O), inside the action bounds."""
         return self.actor.act(x, deterministic)
+
+
+class DeterministicActorCritic(nn.Module):
+    """TD3's nets: ``actor`` (deterministic, tanh-bounded) and ``critic`` (twin Q); the module keeps the targets."""
+
+    continuous = True  # checked against the env: TD3 acts in Box action spaces only
+
+    def __init__(
+        self,
+        obs_dim: int | None = None,
+        action_dim: int | None = None,
+        action_low: float | list[float] | None = None,
+        action_high: float | list[float] | None = None,
+        hidden_sizes: tuple[int, ...] = (256, 256),
+        num_critics: int = 2,
+    ) -> None:
+        """
+        Args:
+            obs_dim: observation features O, as ``SoftActorCritic``'s (``cli.py`` takes the env's when unset).
+            action_dim: dimensions A of the (Box) action.
+            action_low: the Box's lower bound, one number or one per dimension; None: -1.
+            action_high: the Box's upper bound, likewise (None: 1).
+            hidden_sizes: widths of the hidden layers of the actor and of each critic (CleanRL and SB3: 256 x 256).
+            num_critics: K, Q functions whose minimum forms the targets (2: clipped double Q).
+        """
+        _check_sizes("DeterministicActorCritic", obs_dim, action_dim)
+        super().__init__()
+        self.obs_dim, self.action_dim = obs_dim, action_dim
+        self.actor = DeterministicActor(obs_dim, action_dim, hidden_sizes, action_low, action_high)
+        self.critic = TwinQ(obs_dim, action_dim, hidden_sizes, num_critics)
+
+    def get_q_values(self, x: Tensor, action: Tensor) -> Tensor:
+        """Q_k(s, a) of every critic: (K, B)."""
+        return self.critic(x, action)
+
+    def get_q1(self, x: Tensor, action: Tensor) -> Tensor:
+        """Q_1(s, a) (B,) with the critic's parameters detached: the actor's loss differentiates only through the
+        action (SB3's ``q1_forward``; the detached weights save their gradients' computation)."""
+        return self.critic(x, action, detach_params=True, first=True).squeeze(0)
+
+    @torch.no_grad()
+    def act(self, x: Tensor, deterministic: bool = True) -> Tensor:
+        """mu(s) (B, A); exploration noise is the module's (``TD3Module.act``)."""
+        return self.actor(x)
