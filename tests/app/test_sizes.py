@@ -105,7 +105,7 @@ def test_nets_are_built_sized_or_not_at_all():
     from zoo.cnn import ConvNet, ResNet, TorchvisionNet
     from zoo.gpt import GPT
     from zoo.rl import ActorCritic, SoftActorCritic
-    from zoo.rl.td3 import DeterministicActorCritic
+    from zoo.rl import DeterministicActorCritic
 
     for build in (GPT, ConvNet, ResNet, TorchvisionNet, ActorCritic, SoftActorCritic, DeterministicActorCritic):
         with pytest.raises(ValueError, match="needs"):
