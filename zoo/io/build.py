@@ -447,6 +447,8 @@ def resolve_model(
             cls = resolver.allowed(class_path, allow.modules, "model class_path", trust.MODULE_EXPECTED)
         if cls is None:
             raise Refused("model class_path", class_path, trust.MODULE_EXPECTED)
+        if upgrade := getattr(cls, "upgrade_hparams", None):  # a module's hyperparameters of an older shape
+            hparams = upgrade(hparams)
         part = resolver.part(cls, class_path or trust.paths_of(cls)[0], hparams, "model", given=given)
     except Refused as err:
         raise resolver.error(err) from None
