@@ -276,8 +276,6 @@ def test_a_flow_model_refuses_schedule_samplers_and_the_other_way_round():
         flow.sample(2, DPMSolverPlusPlus2M)
     with pytest.raises(InputError, match="FlowHeunSampler samples a flow-matching model"):
         DiffusionModule(_net(), sampler=FlowHeunSampler)
-    with pytest.raises(InputError, match="prediction"):
-        DiffusionModule(_net(), prediction="v", objective=FlowMatching(), sampler=FlowEulerSampler)
 
 
 def test_the_flow_module_gives_the_net_1000_t_in_training_and_sampling():
