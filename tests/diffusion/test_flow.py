@@ -351,6 +351,17 @@ def test_a_cli_built_sampler_of_the_wrong_kind_is_refused_when_the_model_is_buil
         "FlowEulerSampler samples a flow-matching model, not one trained on the noise schedule: use "
         "zoo.diffusion.DDIMSampler, DDPMSampler or DPMSolverPlusPlus2M"
     )
+    with pytest.raises(ValueError) as err:  # and the other way round: a flow objective's config, a DDIM sampler
+        cli(
+            "fit",
+            "--config",
+            str(CONFIGS / "diffusion" / "flow_unet_shapes.yaml"),
+            "--model.init_args.sampler=zoo.diffusion.DDIMSampler",
+            "--trainer.max_steps=1",
+        )
+    assert parser_error_line(str(err.value)).startswith(
+        "DDIMSampler samples a noise-schedule (eps, v, x0) model, not one trained with FlowMatching("
+    )
 
 
 def test_each_sampler_states_its_own_settings_as_built():

@@ -20,9 +20,11 @@ the sampling callbacks and ``predict`` take it from YAML:
       init_args: {steps: 50, eta: 0.0}
 
 and is called with what belongs to the model, ``(schedule, prediction, clip_denoised)``, like diffusers'
-schedulers, whose ``set_timesteps`` and ``step`` are ``timesteps()`` and ``step()`` here. Guidance is not a
-sampler's option: it wraps the denoiser (``ClassifierFreeGuidance``). A new sampler is one ``Sampler``
-subclass, whose first three parameters are those (tests/diffusion/test_diffusion.py's ``OneStepSampler`` is one).
+schedulers, whose ``set_timesteps`` and ``step`` are ``timesteps()`` and ``step()`` here: the model's objective
+builds it (``Objective.sampler``; ``zoo.diffusion.objective``), and the sampler states the kinds of schedule it
+samples (``Sampler.kinds``), checked as it is built. Guidance is not a sampler's option: it wraps the denoiser
+(``ClassifierFreeGuidance``). A new sampler is one ``Sampler`` subclass, whose first three parameters are those
+(tests/diffusion/test_diffusion.py's ``OneStepSampler`` is one).
 
 A denoiser with learned variance returns 2C channels: the prediction, then v in [-1, 1] per pixel
 (Nichol & Dhariwal 2021, "Improved DDPM", eq. 15). Both samplers then draw their noise with the
@@ -383,6 +385,6 @@ class DPMSolverPlusPlus2M(Sampler):
             self._last = None  # no tensor kept past the loop
 
 
-# What DiffusionModule(sampler=...) and the sampling callbacks take: a sampler class (or partial) called as
-# cls(schedule, prediction, clip_denoised); in YAML a class_path with the sampler's own init_args (steps, eta, ...).
+# What DiffusionModule(sampler=...) and the sampling callbacks take: a sampler class (or partial) the objective calls
+# as cls(schedule, prediction, clip_denoised); in YAML a class_path with the sampler's own init_args (steps, eta, ...).
 SamplerClass = Callable[[NoiseSchedule, Prediction, "float | None"], Sampler]

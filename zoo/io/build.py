@@ -436,7 +436,8 @@ def resolve_model(
     ``hyper_parameters``); ``cls``: the class a caller already holds (``Module.load_from_checkpoint``), for a
     checkpoint that names none; ``given``: the arguments the caller passes itself; ``keep_locations``: for a config
     the user completed (what they give is theirs); ``complete``: refuse a config that leaves a required parameter
-    out (not yet: the user's flags come next)."""
+    out (not yet: the user's flags come next). A module class may rewrite hyperparameters of an older shape into
+    today's first (``upgrade_hparams``: the class states its own old shapes, so none is listed here)."""
     hparams = dict(hparams)
     class_path = hparams.pop("_class_path", None)
     if (instantiator := hparams.pop("_instantiator", None)) not in (None, trust.LIGHTNING_INSTANTIATOR):
