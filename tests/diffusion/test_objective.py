@@ -83,6 +83,20 @@ def test_the_hybrid_loss_weighs_the_bound_by_the_objective_s_vlb_weight():
     torch.testing.assert_close(got["loss"], got["mse"] + 0.5 * got["vlb"])
 
 
+def test_a_module_built_in_python_records_its_objective_and_reloads_it(tmp_path):
+    module = DiffusionModule(UNet(**UNET), GaussianDiffusion(50, "cosine", prediction="x0"), ema_decay=None)
+    path, version = tmp_path / "python.ckpt", lightning.__version__
+    state = {"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)}
+    torch.save({**state, "pytorch-lightning_version": version}, path)
+    loaded = DiffusionModule.load_from_checkpoint(path, net=UNet(**UNET)).objective  # the net: an object, passed again
+    assert loaded.prediction == "x0" and loaded.schedule.beta_schedule == "cosine"
+    assert loaded.schedule.num_timesteps == 50
+    flow = DiffusionModule(UNet(**UNET), FlowMatching("mode", shift=2.0), sampler=FlowEulerSampler)
+    config = flow.hparams["objective"]
+    assert config["class_path"] == "zoo.diffusion.flow.FlowMatching"
+    assert config["init_args"] == {**FlowMatching()._settings, "time_sampling": "mode", "shift": 2.0}
+
+
 def test_modules_built_without_an_objective_do_not_share_the_default():
     a, b = DiffusionModule(UNet(**UNET)), DiffusionModule(UNet(**UNET))
     assert isinstance(a.objective, GaussianDiffusion) and a.objective is not b.objective

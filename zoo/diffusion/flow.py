@@ -83,6 +83,10 @@ class FlowMatching(Objective):
             raise InputError(f"shift and logit_std must be > 0, got {shift} and {logit_std}")
         self.time_sampling, self.logit_mean, self.logit_std = time_sampling, logit_mean, logit_std
         self.mode_scale, self.shift, self.time_scale = mode_scale, shift, time_scale
+        self._settings = {
+            "time_sampling": time_sampling, "logit_mean": logit_mean, "logit_std": logit_std,
+            "mode_scale": mode_scale, "shift": shift, "time_scale": time_scale,
+        }  # fmt: skip
 
     def sample_time(self, n: int, generator: torch.Generator | None = None, device=None) -> Tensor:
         """(n,) training times in [0, 1], float32."""

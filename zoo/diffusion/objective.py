@@ -55,6 +55,12 @@ class Objective:
         """Samplers move what they are built on to the noise's device; an objective of scalars has nothing to move."""
         return self
 
+    _settings: dict[str, object] = {}  # the arguments it was built with, recorded by each ``__init__``
+
+    def config(self) -> dict[str, object]:
+        """``{class_path, init_args}`` that rebuild it: what a module built in Python records in its checkpoints."""
+        return {"class_path": f"{type(self).__module__}.{type(self).__qualname__}", "init_args": dict(self._settings)}
+
 
 class GaussianDiffusion(Objective):
     """The noise schedule's denoising objective (Ho et al. 2020): x_t = sqrt(abar_t) x_0 + sqrt(1 - abar_t) eps at
@@ -87,6 +93,10 @@ class GaussianDiffusion(Objective):
             raise ValueError(f"min_snr_gamma must be > 0 (or None: unweighted), got {min_snr_gamma}")
         self.schedule = NoiseSchedule(num_timesteps, beta_schedule, beta_start, beta_end)
         self.prediction, self.min_snr_gamma, self.vlb_weight = prediction, min_snr_gamma, vlb_weight
+        self._settings = {
+            "num_timesteps": num_timesteps, "beta_schedule": beta_schedule, "beta_start": beta_start,
+            "beta_end": beta_end, "prediction": prediction, "min_snr_gamma": min_snr_gamma, "vlb_weight": vlb_weight,
+        }  # fmt: skip
 
     def sample_time(self, n: int, generator: torch.Generator | None = None, device=None) -> Tensor:
         """(n,) step indices U{0..T-1}, int64."""
