@@ -36,7 +36,7 @@ import torch
 import yaml
 
 from bench._common import median, now, print_header, resolve_device, set_threads, spread, table
-from zoo.diffusion import DDIMSampler, DDPMSampler, DiffusionModule, DiT, UNet
+from zoo.diffusion import DDIMSampler, DDPMSampler, DiffusionModule, DiT, GaussianDiffusion, UNet
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "diffusion"
 NETS = {"unet": ("ddpm_unet_shapes.yaml", UNet), "dit-s/2": ("dit_s_shapes.yaml", DiT)}
@@ -49,8 +49,10 @@ def build(name: str) -> DiffusionModule:
     config, cls = NETS[name]
     model = yaml.safe_load((CONFIGS / config).read_text())["model"]["init_args"]
     net = cls(**model.pop("net")["init_args"])
+    objective = GaussianDiffusion(**model.pop("objective")["init_args"])
+    del model["sampler"]  # the sampling runs give theirs
     model.update(ema_decay=None)
-    return DiffusionModule(net, **model)
+    return DiffusionModule(net, objective, **model)
 
 
 def train_round(module, opt, batch, steps: int, device, autocast) -> float:
@@ -116,7 +118,7 @@ def bench_sample(args, device, autocast) -> None:
             with autocast():
                 module.sample(args.sample_batch, runs[name], seed=r)
             times[name].append(now(device) - t0)
-    calls = {"ddim-50": 50, "ddpm-1000": module.schedule.num_timesteps}
+    calls = {"ddim-50": 50, "ddpm-1000": module.objective.schedule.num_timesteps}
     rows = [
         [n, calls[n], f"{median(ts):.2f}", spread(ts, 2), f"{median(ts) / calls[n] * 1e3:.1f}"]
         for n, ts in times.items()

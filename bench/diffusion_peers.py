@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from bench._common import RATIO_HEADERS, add_clock_arg, alternate, missing, peer_header, ratio_row, table
-from zoo.diffusion import DDIMSampler, DiffusionModule, DiT, FlowEulerSampler, FlowMatching, UNet
+from zoo.diffusion import DDIMSampler, DiffusionModule, DiT, FlowEulerSampler, FlowMatching, GaussianDiffusion, UNet
 from zoo.diffusion.convert import from_diffusers
 from zoo.train.optim import AdamWCosine
 
@@ -126,7 +126,7 @@ def pair_rows(label, zoo, peer, zoo_call, peer_call, shape, classes, batch, roun
 
 def ddim_row(args) -> list:
     torch.manual_seed(0)
-    zoo = DiffusionModule(UNet(**UNET), num_timesteps=1000, ema_decay=None).eval()
+    zoo = DiffusionModule(UNet(**UNET), GaussianDiffusion(1000), ema_decay=None).eval()
     peer = diffusers_unet().eval()
     sched = diffusers.DDIMScheduler(num_train_timesteps=1000, beta_schedule="linear", clip_sample=True)
     n = args.sample_batch

@@ -183,9 +183,7 @@ class Frechet:
 
 
 def num_calls(module: DiffusionModule, row: Row) -> int:
-    schedule = module.objective if module.objective is not None else module.schedule
-    h = module.hparams
-    return row.sampler_class()(schedule, h.prediction, h.clip_denoised).num_calls()
+    return module.objective.sampler(row.sampler_class(), module.hparams.clip_denoised).num_calls()
 
 
 def sample(module: DiffusionModule, row: Row, n: int, batch: int, seed: int) -> tuple[torch.Tensor, float]:

@@ -230,16 +230,18 @@ class Peer:
 
     def module(self):
         """The model as a zoo ``DiffusionModule`` on the peer's own noise schedule, for ``Evaluation``."""
-        from zoo.diffusion import DiffusionModule
+        from zoo.diffusion import DiffusionModule, GaussianDiffusion
 
         cfg = self.noise_scheduler.config
         return DiffusionModule(
             PeerDenoiser(self.model),
-            num_timesteps=cfg.num_train_timesteps,
-            beta_schedule=cfg.beta_schedule,
-            beta_start=cfg.beta_start,
-            beta_end=cfg.beta_end,
-            prediction={"epsilon": "eps", "v_prediction": "v", "sample": "x0"}[cfg.prediction_type],
+            GaussianDiffusion(
+                num_timesteps=cfg.num_train_timesteps,
+                beta_schedule=cfg.beta_schedule,
+                beta_start=cfg.beta_start,
+                beta_end=cfg.beta_end,
+                prediction={"epsilon": "eps", "v_prediction": "v", "sample": "x0"}[cfg.prediction_type],
+            ),
             clip_denoised=cfg.clip_sample_range if cfg.clip_sample else None,
             ema_decay=None,
         )
@@ -266,9 +268,10 @@ class Evaluation:
         self.frechet, self.num_samples, self.steps, self.batch = frechet, num_samples, steps, batch
 
     def sampler(self, module):
-        from zoo.diffusion import DDIMSampler, FlowEulerSampler
+        from zoo.diffusion import DDIMSampler, FlowEulerSampler, FlowMatching
 
-        return partial(DDIMSampler if module.objective is None else FlowEulerSampler, steps=self.steps)
+        flow = isinstance(module.objective, FlowMatching)
+        return partial(FlowEulerSampler if flow else DDIMSampler, steps=self.steps)
 
     def images(self, module) -> Tensor:
         from callbacks.frechet import generated_images

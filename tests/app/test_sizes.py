@@ -104,8 +104,7 @@ def test_an_rl_size_that_disagrees_with_the_env_names_both():
 def test_nets_are_built_sized_or_not_at_all():
     from zoo.cnn import ConvNet, ResNet, TorchvisionNet
     from zoo.gpt import GPT
-    from zoo.rl import ActorCritic, SoftActorCritic
-    from zoo.rl import DeterministicActorCritic
+    from zoo.rl import ActorCritic, DeterministicActorCritic, SoftActorCritic
 
     for build in (GPT, ConvNet, ResNet, TorchvisionNet, ActorCritic, SoftActorCritic, DeterministicActorCritic):
         with pytest.raises(ValueError, match="needs"):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import ROOT
 
-from zoo.diffusion import DiffusionModule, DiT, FlowMatching
+from zoo.diffusion import DiffusionModule, DiT, FlowMatching, GaussianDiffusion
 
 spec = importlib.util.spec_from_file_location("diffusion_quality", ROOT / "bench" / "diffusion_quality.py")
 dq = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclass looks itself up there
@@ -71,6 +71,7 @@ def tiny(objective=None) -> DiffusionModule:
     sizes = dict(image_size=4, in_channels=3, num_classes=6, depth=1, hidden_size=16, num_heads=2)
     net = DiT("S", 2, **sizes, learn_sigma=objective is None)
     sampler = dq.FlowEulerSampler if objective is not None else dq.DDIMSampler
+    objective = objective or GaussianDiffusion()
     return DiffusionModule(net, objective=objective, sampler=sampler, guidance_scale=2.0).eval()
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import CONFIGS, ROOT
 
-from zoo.diffusion import DDIMSampler, DiffusionModule, FlowEulerSampler, FlowMatching, UNet
+from zoo.diffusion import DDIMSampler, DiffusionModule, FlowEulerSampler, FlowMatching, GaussianDiffusion, UNet
 
 spec = importlib.util.spec_from_file_location("race_diffusion", ROOT / "bench" / "race_diffusion.py")
 rd = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
@@ -114,19 +114,18 @@ def test_peer_module_samples_on_the_peers_own_noise_schedule():
     peer = rd.Peer(seed=0, width=0.25, total_steps=10)
     module = peer.module()
     torch.testing.assert_close(
-        module.schedule.alphas_cumprod.float(), peer.noise_scheduler.alphas_cumprod, rtol=1e-6, atol=1e-7
+        module.objective.schedule.alphas_cumprod.float(), peer.noise_scheduler.alphas_cumprod, rtol=1e-6, atol=1e-7
     )
-    assert module.hparams.prediction == "eps" and module.hparams.clip_denoised == 1.0  # diffusers' clip_sample
+    assert module.objective.prediction == "eps" and module.hparams.clip_denoised == 1.0  # diffusers' clip_sample
 
 
 def test_evaluation_samples_eps_with_ddim_and_flow_with_euler_at_the_same_net_calls():
     ev = rd.Evaluation(lambda images: 0.0, num_samples=2, steps=7)
     unet = dict(image_size=8, base_channels=8, channel_mults=(1,), attention_resolutions=(), norm_groups=8)
-    for objective, kind in ((None, DDIMSampler), (FlowMatching(), FlowEulerSampler)):
+    for objective, kind in ((GaussianDiffusion(), DDIMSampler), (FlowMatching(), FlowEulerSampler)):
         module = DiffusionModule(UNet(**unet), objective=objective, sampler=kind, ema_decay=None)
         sampler = ev.sampler(module)
-        schedule = module.schedule if objective is None else objective
-        assert sampler.func is kind and sampler(schedule, "eps", 1.0).num_calls() == 7
+        assert sampler.func is kind and module.objective.sampler(sampler, 1.0).num_calls() == 7
 
 
 @pytest.fixture(scope="module")

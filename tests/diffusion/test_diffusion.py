@@ -18,7 +18,16 @@ import pytest
 import torch
 from torch import nn
 
-from zoo.diffusion import ClassifierFreeGuidance, DDIMSampler, DDPMSampler, DiffusionModule, DiT, NoiseSchedule, UNet
+from zoo.diffusion import (
+    ClassifierFreeGuidance,
+    DDIMSampler,
+    DDPMSampler,
+    DiffusionModule,
+    DiT,
+    GaussianDiffusion,
+    NoiseSchedule,
+    UNet,
+)
 from zoo.diffusion.dit import SIZES
 from zoo.diffusion.samplers import Sampler, ddim_timesteps, split_variance
 from zoo.train.optim import param_groups
@@ -399,7 +408,7 @@ def test_dit_sincos_position_embedding_is_mae_s():
 
 def _module(**kwargs) -> DiffusionModule:
     torch.manual_seed(0)
-    return DiffusionModule(NETS["dit-cond"](), num_timesteps=50, **kwargs)
+    return DiffusionModule(NETS["dit-cond"](), GaussianDiffusion(50), **kwargs)
 
 
 def test_sample_is_seeded_and_in_range():
@@ -426,7 +435,7 @@ def test_training_steps_lower_the_loss(prediction, min_snr_gamma):
         num_classes=6,
         norm_groups=8,
     )
-    m = DiffusionModule(net, num_timesteps=50, prediction=prediction, min_snr_gamma=min_snr_gamma)
+    m = DiffusionModule(net, GaussianDiffusion(50, prediction=prediction, min_snr_gamma=min_snr_gamma))
     opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
     y = torch.arange(16) % 6
     x0 = (torch.rand(6, 3, 8, 8, generator=torch.Generator().manual_seed(1)).round() * 2 - 1)[y]  # an image per class
@@ -712,7 +721,7 @@ def test_a_short_fit_with_learned_variance_lowers_the_vlb():
     from zoo.diffusion.losses import vlb_terms
 
     torch.manual_seed(0)
-    m = DiffusionModule(NETS["unet-learn-sigma"](), num_timesteps=100, vlb_weight=0.001)
+    m = DiffusionModule(NETS["unet-learn-sigma"](), GaussianDiffusion(100, vlb_weight=0.001))
     opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
     y = torch.arange(16) % 2
     x0 = (torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(1)).round() * 2 - 1)[y]  # an image per class
@@ -726,10 +735,11 @@ def test_a_short_fit_with_learned_variance_lowers_the_vlb():
     after = m._loss((x0, y), **fixed)
     # The same trained mean with the variance at its initial v = 0 (the zero-init output): the learned one is better,
     # if only by a little: beta_t and beta-tilde_t differ much only at the first steps (Nichol & Dhariwal fig. 1).
-    x_t = m.schedule.add_noise(x0, fixed["noise"], fixed["t"])
+    x_t = m.objective.schedule.add_noise(x0, fixed["noise"], fixed["t"])
     with torch.no_grad():
         pred = m.denoise(x_t, fixed["t"], y)[:, :3]
-        untrained_v = 100 * vlb_terms(m.schedule, x0, x_t, fixed["t"], pred, torch.zeros_like(pred), "eps").mean()
+        terms = vlb_terms(m.objective.schedule, x0, x_t, fixed["t"], pred, torch.zeros_like(pred), "eps")
+        untrained_v = 100 * terms.mean()
     print(f"vlb {before['vlb'].item():.2f} -> {after['vlb'].item():.2f} bits/dim ({untrained_v.item():.2f} at v = 0)")
     assert after["vlb"] < 0.85 * before["vlb"]  # measured: 19.0 -> 14.4
     assert after["vlb"] < 0.985 * untrained_v  # measured: 14.4 against 14.8
@@ -826,9 +836,10 @@ def test_a_new_sampler_class_samples_through_the_module():
     assert OneStepSampler.calls == 1
     # By hand: the same noise, one guided call at T - 1, x0 from eps, clamped as the module clamps.
     noise = torch.randn((3, 3, 8, 8), generator=torch.Generator().manual_seed(4))
-    t, y = torch.full((3,), m.schedule.num_timesteps - 1), torch.tensor([0, 1, 2])
+    schedule = m.objective.schedule
+    t, y = torch.full((3,), schedule.num_timesteps - 1), torch.tensor([0, 1, 2])
     eps = ClassifierFreeGuidance(m.denoise, 2.0, null_label=m.num_classes)(noise, t, y)
-    x0, _ = m.schedule.to_x0_eps(eps, noise, m.schedule.num_timesteps - 1, "eps")
+    x0, _ = schedule.to_x0_eps(eps, noise, schedule.num_timesteps - 1, "eps")
     torch.testing.assert_close(got, x0.clamp(-1, 1))
 
 

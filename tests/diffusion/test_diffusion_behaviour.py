@@ -16,7 +16,7 @@ from lightning.pytorch import Callback
 from torch.nn.utils import parameters_to_vector
 from torch.utils.data import DataLoader, TensorDataset
 
-from zoo.diffusion import DiffusionModule, UNet
+from zoo.diffusion import DiffusionModule, GaussianDiffusion, UNet
 from zoo.diffusion.samplers import DDIMSampler
 from zoo.train.optim import AdamWCosine
 
@@ -67,7 +67,7 @@ def fit(tmp_path, seen: Seen, **module_args):
     )
     few_steps = partial(DDIMSampler, steps=5)  # of T = 20: the module builds its sampler, and 50 steps would not fit
     module_args = {"sampler": few_steps, **module_args}
-    module = DiffusionModule(net, num_timesteps=20, optimizer=AdamWCosine(lr=3e-2, warmup_steps=0), **module_args)
+    module = DiffusionModule(net, GaussianDiffusion(20), optimizer=AdamWCosine(lr=3e-2, warmup_steps=0), **module_args)
     trainer = L.Trainer(
         max_steps=4,
         val_check_interval=2,
@@ -184,7 +184,7 @@ def test_label_dropout_replaces_labels_by_the_null_class(tmp_path):
     ):
         net = Spy()
         module = DiffusionModule(
-            net, num_timesteps=20, label_dropout=p, ema_decay=None, sampler=partial(DDIMSampler, steps=5)
+            net, GaussianDiffusion(20), label_dropout=p, ema_decay=None, sampler=partial(DDIMSampler, steps=5)
         )
         L.Trainer(
             max_steps=1,
@@ -201,7 +201,7 @@ def test_sampling_runs_the_net_in_eval_mode_and_restores_the_mode():
     """Dropout off while sampling (the same seed then gives the same images), and the module's mode kept."""
     torch.manual_seed(0)
     net = Spy(dropout=0.5)
-    module = DiffusionModule(net, num_timesteps=20, ema_decay=None, sampler=partial(DDIMSampler, steps=5)).train()
+    module = DiffusionModule(net, GaussianDiffusion(20), ema_decay=None, sampler=partial(DDIMSampler, steps=5)).train()
     with torch.no_grad():  # a non-zero output path, so that dropout would show
         for p in net.parameters():
             p.add_(0.1 * torch.randn_like(p))

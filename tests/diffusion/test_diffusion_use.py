@@ -70,7 +70,7 @@ def test_a_checkpoint_alone_samples_with_the_data_it_was_trained_on():
     rows = [json.loads(line) for line in output("predictions.jsonl").read_text().splitlines()]
     name = fit.datamodule.class_names[2]
     assert [Path(r["image"]).name for r in rows] == [f"{i:04d}_{name}.png" for i in range(3)]
-    assert len(p.model.sampler(p.model.schedule, "eps", None).timesteps()) == 2  # the checkpoint's sampler
+    assert len(p.model.objective.sampler(p.model.sampler, None).timesteps()) == 2  # the checkpoint's sampler
     # A sampling setting on the command line wins over the checkpoint's: it is no weight.
     p = cli(
         "predict",
@@ -79,7 +79,7 @@ def test_a_checkpoint_alone_samples_with_the_data_it_was_trained_on():
         "--model.init_args.sampler.init_args.steps=3",
         "--model.init_args.guidance_scale=2",
     )
-    assert len(p.model.sampler(p.model.schedule, "eps", None).timesteps()) == 3 and p.model.guidance_scale == 2
+    assert len(p.model.objective.sampler(p.model.sampler, None).timesteps()) == 3 and p.model.guidance_scale == 2
 
 
 def test_a_datamodule_built_in_python_records_no_objects():

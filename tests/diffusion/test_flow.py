@@ -276,8 +276,6 @@ def test_a_flow_model_refuses_schedule_samplers_and_the_other_way_round():
         flow.sample(2, DPMSolverPlusPlus2M)
     with pytest.raises(InputError, match="FlowHeunSampler samples a flow-matching model"):
         DiffusionModule(_net(), sampler=FlowHeunSampler)
-    with pytest.raises(InputError, match="prediction"):
-        DiffusionModule(_net(), prediction="v", objective=FlowMatching(), sampler=FlowEulerSampler)
 
 
 def test_the_flow_module_gives_the_net_1000_t_in_training_and_sampling():
@@ -352,6 +350,17 @@ def test_a_cli_built_sampler_of_the_wrong_kind_is_refused_when_the_model_is_buil
     assert line == (
         "FlowEulerSampler samples a flow-matching model, not one trained on the noise schedule: use "
         "zoo.diffusion.DDIMSampler, DDPMSampler or DPMSolverPlusPlus2M"
+    )
+    with pytest.raises(ValueError) as err:  # and the other way round: a flow objective's config, a DDIM sampler
+        cli(
+            "fit",
+            "--config",
+            str(CONFIGS / "diffusion" / "flow_unet_shapes.yaml"),
+            "--model.init_args.sampler=zoo.diffusion.DDIMSampler",
+            "--trainer.max_steps=1",
+        )
+    assert parser_error_line(str(err.value)).startswith(
+        "DDIMSampler samples a noise-schedule (eps, v, x0) model, not one trained with FlowMatching("
     )
 
 

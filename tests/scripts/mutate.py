@@ -34,6 +34,7 @@ SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/di
 FL, LT, EM = "zoo/diffusion/flow.py", "zoo/diffusion/latent.py", "zoo/diffusion/ema.py"
 RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/q_nets.py", "zoo/rl/td3.py"
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
+OB = "zoo/diffusion/objective.py"
 CL, CC, CMT = "zoo/clip/losses.py", "zoo/clip/clip.py", "zoo/clip/metrics.py"
 TR, CK = "zoo/io/trust.py", "zoo/io/checkpoint.py"
 BL, TW = "zoo/io/build.py", "zoo/io/tripwire.py"
@@ -215,7 +216,9 @@ FAMILIES: dict[str, dict] = {
     },
     "diffusion": {
         "tests": [
-            # first: its flow and solver parity tests catch their mutants in seconds (its one CLI fit runs last)
+            # first: seconds, the objectives' protocol and the old checkpoints' upgrade
+            "tests/diffusion/test_objective.py",
+            # then: its flow and solver parity tests catch their mutants in seconds (its one CLI fit runs last)
             "tests/diffusion/test_flow.py",
             # second: the latent stage's mutants fail in seconds here; the others pass it in ~30 s (two CLI fits)
             "tests/diffusion/test_latent.py",
@@ -305,7 +308,7 @@ FAMILIES: dict[str, dict] = {
                 "scale = self.guidance_scale if guidance_scale is None else guidance_scale",
                 "scale = self.guidance_scale",
             ),
-            (DM, "sampler = (sampler or self.sampler)(", "sampler = self.sampler("),
+            (DM, "self.objective.sampler(sampler or self.sampler,", "self.objective.sampler(self.sampler,"),
             (
                 "zoo/diffusion/ema.py",
                 "[c for _, c in floats], 1.0 - self.decay)",
@@ -318,8 +321,8 @@ FAMILIES: dict[str, dict] = {
             ),
             (DL, 'out["loss"] = out["loss"] + vlb_weight * out["vlb"]', 'out["loss"] = out["loss"] + out["vlb"]'),
             # Flow matching and the new solvers (issue 28): path, target sign, time sampling, shift, Heun, DPM++.
-            (FL, "return (1 - t) * x0 + t * noise", "return t * x0 + (1 - t) * noise"),
-            (FL, "return noise - x0", "return x0 - noise"),
+            (DL, "return (1 - t) * x0 + t * noise", "return t * x0 + (1 - t) * noise"),
+            (DL, "return noise - x0", "return x0 - noise"),
             (FL, "self.logit_mean + self.logit_std * torch.randn(", "self.logit_mean + torch.randn("),
             (FL, "return 1 - u - scale * (torch.cos(", "return 1 - u + scale * (torch.cos("),
             (FL, "return shift * t / (1 + (shift - 1) * t)", "return shift * t / (1 + shift * t)"),
@@ -363,6 +366,24 @@ FAMILIES: dict[str, dict] = {
                 DM,
                 "        self.register_load_state_dict_post_hook(DiffusionModule._reread_scale)",
                 "        pass  # loaded weights' scale never re-read",
+            ),
+            # One objective per family (issue 38 item 4): the noise schedule's objective wires its settings into
+            # the samplers and the loss, draws every step, and old checkpoints' settings become its own.
+            (
+                OB,
+                "return cls(self.schedule, self.prediction, clip_denoised)",
+                'return cls(self.schedule, "eps", clip_denoised)',
+            ),
+            (
+                OB,
+                "return torch.randint(0, self.schedule.num_timesteps, (n,)",
+                "return torch.randint(1, self.schedule.num_timesteps, (n,)",
+            ),
+            (OB, "noise=noise, vlb_weight=self.vlb_weight", "noise=noise"),
+            (
+                DM,
+                'new["objective"] = {"class_path": "zoo.diffusion.GaussianDiffusion", "init_args": old}',
+                'new["objective"] = {"class_path": "zoo.diffusion.GaussianDiffusion", "init_args": {}}',
             ),
         ],
     },

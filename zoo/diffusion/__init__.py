@@ -1,12 +1,13 @@
-"""Diffusion: noise schedules and flow matching, samplers (one class each), classifier-free guidance, UNet and DiT,
-and latent diffusion's autoencoder stage."""
+"""Diffusion: objectives (the noise schedule's, flow matching), samplers (one class each), classifier-free guidance,
+UNet and DiT, and latent diffusion's autoencoder stage."""
 
 from zoo.diffusion.autoencoder import AutoencoderModule
 from zoo.diffusion.convert import load_dit_weights
 from zoo.diffusion.dit import DiT
-from zoo.diffusion.flow import FlowEulerSampler, FlowHeunSampler, FlowMatching, Objective
-from zoo.diffusion.losses import denoising_loss
+from zoo.diffusion.flow import FlowEulerSampler, FlowHeunSampler, FlowMatching
+from zoo.diffusion.losses import denoising_loss, flow_matching_loss
 from zoo.diffusion.module import DiffusionModule
+from zoo.diffusion.objective import GaussianDiffusion, Objective
 from zoo.diffusion.samplers import (
     ClassifierFreeGuidance,
     DDIMSampler,
@@ -29,11 +30,13 @@ __all__ = [
     "FlowEulerSampler",
     "FlowHeunSampler",
     "FlowMatching",
+    "GaussianDiffusion",
     "NoiseSchedule",
     "Objective",
     "Sampler",
     "SamplerClass",
     "UNet",
     "denoising_loss",
+    "flow_matching_loss",
     "load_dit_weights",
 ]

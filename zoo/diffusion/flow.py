@@ -1,4 +1,4 @@
-"""Flow matching: the objective that replaces the noise schedule, and the ODE samplers of its velocity field.
+"""Flow matching: an objective in place of the noise schedule's, and the ODE samplers of its velocity field.
 
 The linear (rectified-flow) path between data and noise (Liu et al. 2023; Lipman et al. 2023; SD3, Esser et al.
 2024, sec. 2), t in [0, 1], t = 0 the data and t = 1 the noise:
@@ -16,7 +16,8 @@ continuous t (B,) in [0, 1]; ``DiffusionModule.denoise`` hands the net ``time_sc
 ``timestep`` diffusers' flow pipelines feed their transformers), so the sinusoidal step embedding sees the range
 it has for the 1000-step schedule.
 
-Samplers (built from class_path like the noise-schedule ones, with the objective in place of the schedule):
+The loss is ``zoo.diffusion.losses.flow_matching_loss``. Samplers (built from class_path like the noise-schedule
+ones, on the objective itself in place of the schedule):
 ``FlowEulerSampler`` and ``FlowHeunSampler``, equal to diffusers' ``FlowMatchEulerDiscreteScheduler`` and
 ``FlowMatchHeunDiscreteScheduler`` step for step (tests/diffusion/test_flow.py).
 
@@ -31,7 +32,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from zoo.diffusion.samplers import Denoiser, Sampler, check_sampler_kind, split_variance
+from zoo.diffusion.losses import flow_matching_loss, flow_path, flow_velocity
+from zoo.diffusion.objective import Objective
+from zoo.diffusion.samplers import Denoiser, Sampler, SamplerClass, check_sampler_kind, split_variance
 from zoo.errors import InputError
 
 TimeSampling = Literal["uniform", "logit_normal", "mode"]
@@ -48,30 +51,10 @@ def mode_time(u: Tensor, scale: float) -> Tensor:
     return 1 - u - scale * (torch.cos(math.pi / 2 * u) ** 2 - 1 + u)
 
 
-class Objective:
-    """What a diffusion module trains its net on, in place of the noise schedule: a class with its own settings,
-    chosen in YAML (``model.init_args.objective``); the samplers of its kind take it as their ``schedule``.
-
-    A subclass gives ``sample_time`` (training times), ``loss`` and ``net_time`` (how the net sees a time)."""
-
-    def sample_time(self, n: int, generator: torch.Generator | None = None, device=None) -> Tensor:
-        raise NotImplementedError
-
-    def loss(
-        self, model: Denoiser, x0: Tensor, y: Tensor | None, t: Tensor | None = None, noise: Tensor | None = None
-    ) -> dict[str, Tensor]:
-        raise NotImplementedError
-
-    def net_time(self, t: Tensor) -> Tensor:
-        raise NotImplementedError
-
-    def to(self, device) -> Objective:
-        """Samplers move their schedule to the noise's device; an objective of scalars has nothing to move."""
-        return self
-
-
 class FlowMatching(Objective):
     """Conditional flow matching on the linear path x_t = (1 - t) x_0 + t eps with velocity target eps - x_0."""
+
+    kind = "flow"  # what FlowEulerSampler and FlowHeunSampler draw from (``Sampler.kinds``)
 
     def __init__(
         self,
@@ -100,6 +83,10 @@ class FlowMatching(Objective):
             raise InputError(f"shift and logit_std must be > 0, got {shift} and {logit_std}")
         self.time_sampling, self.logit_mean, self.logit_std = time_sampling, logit_mean, logit_std
         self.mode_scale, self.shift, self.time_scale = mode_scale, shift, time_scale
+        self._settings = {
+            "time_sampling": time_sampling, "logit_mean": logit_mean, "logit_std": logit_std,
+            "mode_scale": mode_scale, "shift": shift, "time_scale": time_scale,
+        }  # fmt: skip
 
     def sample_time(self, n: int, generator: torch.Generator | None = None, device=None) -> Tensor:
         """(n,) training times in [0, 1], float32."""
@@ -110,16 +97,8 @@ class FlowMatching(Objective):
             t = u if self.time_sampling == "uniform" else mode_time(u, self.mode_scale)
         return shift_time(t, self.shift) if self.shift != 1.0 else t
 
-    @staticmethod
-    def add_noise(x0: Tensor, noise: Tensor, t: Tensor) -> Tensor:
-        """x_t = (1 - t) x_0 + t eps, t (B,) broadcast over x0's other dimensions."""
-        t = t.view(-1, *([1] * (x0.ndim - 1))).to(x0.dtype)
-        return (1 - t) * x0 + t * noise
-
-    @staticmethod
-    def target(x0: Tensor, noise: Tensor) -> Tensor:
-        """The velocity dx_t / dt = eps - x_0 the net learns to predict."""
-        return noise - x0
+    add_noise = staticmethod(flow_path)  # x_t = (1 - t) x_0 + t eps
+    target = staticmethod(flow_velocity)  # eps - x_0
 
     def net_time(self, t: Tensor) -> Tensor:
         return t * self.time_scale
@@ -127,20 +106,16 @@ class FlowMatching(Objective):
     def loss(
         self, model: Denoiser, x0: Tensor, y: Tensor | None, t: Tensor | None = None, noise: Tensor | None = None
     ) -> dict[str, Tensor]:
-        """E_{t, eps} || model(x_t, t, y) - (eps - x_0) ||^2; "loss" and "mse" (the same: unweighted). Giving ``t``
-        and ``noise`` fixes the draw, as validation does."""
+        """``flow_matching_loss`` at times ``t`` (drawn by ``sample_time`` unless given) and ``noise``."""
         if t is None:
             t = self.sample_time(x0.shape[0], device=x0.device)
         if noise is None:
             noise = torch.randn_like(x0)
-        output = model(self.add_noise(x0, noise, t), t, y).float()
-        if output.shape[1] != x0.shape[1]:
-            raise InputError(
-                f"the net returns {output.shape[1]} channels for {x0.shape[1]}-channel images: a flow-matching net "
-                "predicts the velocity alone (set learn_sigma: false)"
-            )
-        mse = (output - self.target(x0, noise).float()).pow(2).mean()
-        return {"loss": mse, "mse": mse}
+        return flow_matching_loss(model, x0, y, t, noise)
+
+    def sampler(self, cls: SamplerClass, clip_denoised: float | None) -> Sampler:
+        # Built on the objective itself: a flow sampler needs only its kind; the prediction slot is unused.
+        return cls(self, "eps", clip_denoised)
 
     def __repr__(self) -> str:
         return f"FlowMatching(time_sampling={self.time_sampling!r}, shift={self.shift})"
@@ -163,7 +138,7 @@ def flow_times(steps: int, shift: float, last_time: float) -> list[float]:
 class FlowSampler(Sampler):
     """Integrates dx/dt = v_theta(x, t, y) from t = 1 to 0 over ``flow_times``; the denoiser returns v."""
 
-    samples_flow = True
+    kinds = ("flow",)  # the ODE of a flow-matching objective's velocity field
 
     def __init__(
         self,

@@ -1,4 +1,7 @@
-"""The denoising objective (Ho et al. 2020, eq. 14 "L_simple"), for eps, v or x0 nets, optionally min-SNR
+"""The objectives' terms as pure functions returning dict[str, Tensor] with a "loss" key; the objective classes
+(``zoo.diffusion.objective``) hold the settings and call them.
+
+The denoising objective (Ho et al. 2020, eq. 14 "L_simple"), for eps, v or x0 nets, optionally min-SNR
 weighted; for nets that also output a variance, the hybrid L_simple + lambda L_vlb of Nichol & Dhariwal 2021
 ("Improved DDPM", sec. 3.1), with the variational bound's terms as pure functions:
 
@@ -8,7 +11,11 @@ weighted; for nets that also output a variance, the hybrid L_simple + lambda L_v
 
 Nats are turned into bits per dimension (divided by log 2 and averaged over pixels), as the papers report.
 
-Notation: B batch, C channels, T training steps; x0 (B, C, H, W) clean data in [-1, 1].
+Conditional flow matching on the linear path (Liu et al. 2023; Lipman et al. 2023; SD3, Esser et al. 2024, sec. 2),
+t in [0, 1], t = 0 the data: x_t = (1 - t) x_0 + t eps, velocity v = eps - x_0, E || v_theta(x_t, t, y) - v ||^2.
+
+Notation: B batch, C channels, T training steps; x0 (B, C, H, W) clean data in [-1, 1]; t (B,) step indices
+(the denoising objective) or times in [0, 1] (flow matching).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from torch import Tensor
 
 from zoo.diffusion.samplers import Denoiser, split_variance
 from zoo.diffusion.schedule import NoiseSchedule, Prediction
+from zoo.errors import InputError
 
 
 def normal_kl(mean1: Tensor, logvar1: Tensor, mean2: Tensor, logvar2: Tensor) -> Tensor:
@@ -106,3 +114,27 @@ def denoising_loss(
         out["vlb"] = schedule.num_timesteps * terms.mean()
         out["loss"] = out["loss"] + vlb_weight * out["vlb"]
     return out
+
+
+def flow_path(x0: Tensor, noise: Tensor, t: Tensor) -> Tensor:
+    """x_t = (1 - t) x_0 + t eps, t (B,) broadcast over x0's other dimensions."""
+    t = t.view(-1, *([1] * (x0.ndim - 1))).to(x0.dtype)
+    return (1 - t) * x0 + t * noise
+
+
+def flow_velocity(x0: Tensor, noise: Tensor) -> Tensor:
+    """The velocity dx_t / dt = eps - x_0 a flow net learns to predict."""
+    return noise - x0
+
+
+def flow_matching_loss(model: Denoiser, x0: Tensor, y: Tensor | None, t: Tensor, noise: Tensor) -> dict[str, Tensor]:
+    """E_{t, eps} || model(x_t, t, y) - (eps - x_0) ||^2 at the given times and noise; "loss" and "mse" (the same:
+    unweighted)."""
+    output = model(flow_path(x0, noise, t), t, y).float()
+    if output.shape[1] != x0.shape[1]:
+        raise InputError(
+            f"the net returns {output.shape[1]} channels for {x0.shape[1]}-channel images: a flow-matching net "
+            "predicts the velocity alone (set learn_sigma: false)"
+        )
+    mse = (output - flow_velocity(x0, noise).float()).pow(2).mean()
+    return {"loss": mse, "mse": mse}

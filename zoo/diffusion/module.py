@@ -1,4 +1,5 @@
-"""DiffusionModule: trains any denoiser (UNet, DiT) with the denoising objective; samples with the sampler it holds.
+"""DiffusionModule: trains any denoiser (UNet, DiT) on the objective it holds (``zoo.diffusion.objective``: the noise
+schedule's ``GaussianDiffusion`` or ``FlowMatching``); samples with the sampler it holds, built on that objective.
 
 EMA of the weights is ``zoo.diffusion.ema.EMA`` (sharded like the weights under FSDP2), which this module adds unless
 the trainer has a weight-averaging callback already: it swaps the EMA weights in for validation
@@ -7,7 +8,7 @@ the trainer has a weight-averaging callback already: it swaps the EMA weights in
 So ``load_from_checkpoint`` and ``predict --ckpt_path`` sample from the EMA weights.
 
 A net with twice the input channels of output (``learn_sigma``) also learns the variance of each reverse
-step, with the hybrid loss of Nichol & Dhariwal 2021, and the samplers use it.
+step, with the hybrid loss of Nichol & Dhariwal 2021 (``GaussianDiffusion``), and the samplers use it.
 
 With an ``autoencoder`` (``diffusers.AutoencoderKL`` by class path; ``zoo.diffusion.latent``) the net is trained on
 the autoencoder's scaled latents, encoded on the fly under no_grad, as DiT and latent diffusion train, and ``sample``
@@ -20,6 +21,7 @@ Notation: B batch, C channels, H/W height/width, K classes (label K is the null 
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from collections.abc import Mapping
@@ -33,7 +35,6 @@ from torch import Tensor, nn
 
 from zoo.compat import trainer_of
 from zoo.diffusion.ema import EMA
-from zoo.diffusion.flow import Objective
 from zoo.diffusion.latent import (
     autoencoder_sizes,
     build_autoencoder,
@@ -44,9 +45,8 @@ from zoo.diffusion.latent import (
     shift_of,
     std_scale,
 )
-from zoo.diffusion.losses import denoising_loss
+from zoo.diffusion.objective import GaussianDiffusion, Objective
 from zoo.diffusion.samplers import ClassifierFreeGuidance, DDIMSampler, SamplerClass
-from zoo.diffusion.schedule import NoiseSchedule
 from zoo.errors import InputError
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
@@ -63,29 +63,28 @@ warnings.filterwarnings("ignore", message=r".*WeightAveraging callback, but load
 warnings.filterwarnings("ignore", message=r".*WeightAveraging callback with a model that overrides the configure_model")
 
 
+# The module's own hyperparameters before they became ``GaussianDiffusion``'s (``DiffusionModule.upgrade_hparams``).
+SCHEDULE_HPARAMS = (
+    "num_timesteps", "beta_schedule", "beta_start", "beta_end", "prediction", "min_snr_gamma", "vlb_weight",
+)  # fmt: skip
+
+
 class DiffusionModule(WeightsOnlyLoading, LightningModule):
     """Trains ``net(x_t, t, y) -> eps | v | x0`` on (images in [-1, 1], labels) batches; ``sample`` draws images."""
 
     def __init__(
         self,
         net: nn.Module,
-        num_timesteps: int = 1000,
-        beta_schedule: Literal["linear", "cosine"] = "linear",
-        beta_start: float = 1e-4,
-        beta_end: float = 0.02,
-        prediction: Literal["eps", "v", "x0"] = "eps",
-        min_snr_gamma: float | None = None,
+        objective: Objective = GaussianDiffusion(),  # noqa: B008 (each module holds its own copy: see below)
         label_dropout: float = 0.1,
         clip_denoised: float | None = 1.0,
         ema_decay: float | None = 0.9999,
         ema_start_step: int = 0,
         optimizer: AdamWCosine = AdamWCosine(lr=1e-4),
         compile: bool = False,
-        vlb_weight: float = 0.001,
         init_weights: str | None = None,
         sampler: SamplerClass = DDIMSampler,
         guidance_scale: float = 1.0,
-        objective: Objective | None = None,
         autoencoder: dict[str, Any] | None = None,
         autoencoder_weights: str | None = None,
         latent_scale: float | Literal["config", "estimate"] = "config",
@@ -93,12 +92,11 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         """
         Args:
             net: the denoiser (``zoo.diffusion.UNet`` or ``DiT``) with ``in_channels``, ``image_size``, ``num_classes``.
-            num_timesteps: T, diffusion steps of training (1000 in DDPM and DiT).
-            beta_schedule: "linear" (Ho et al. 2020) or "cosine" (Nichol & Dhariwal 2021).
-            beta_start: first beta of the linear schedule (at T = 1000).
-            beta_end: last beta of the linear schedule (at T = 1000).
-            prediction: what the net outputs: "eps" (noise), "v" (Salimans & Ho 2022) or "x0" (clean image).
-            min_snr_gamma: weight the loss by min(SNR, gamma) in x0 units (Hang et al. 2023; 5 there); None: unweighted.
+            objective: what the net is trained on, a class with its own settings: ``zoo.diffusion.GaussianDiffusion``
+                (the noise schedule: num_timesteps, beta_schedule, beta_start, beta_end, prediction eps/v/x0,
+                min_snr_gamma, vlb_weight; sampled by DDIMSampler, DDPMSampler, DPMSolverPlusPlus2M) or
+                ``zoo.diffusion.FlowMatching`` (the net predicts the velocity of the linear path from data to noise;
+                sampled by FlowEulerSampler, FlowHeunSampler).
             label_dropout: fraction of training labels replaced by the null class, for classifier-free guidance.
             clip_denoised: clamp the predicted x0 to [-c, c] at every sampling step (1 for images in [-1, 1]); None:
             never.
@@ -108,24 +106,17 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
             optimizer: AdamW with warmup and cosine decay (``zoo.train.optim.AdamWCosine``): lr 1e-4 in DiT, 2e-4
                 in DDPM on CIFAR-10 after 5000 warmup steps; no weight decay and a constant rate in both.
             compile: run the net through ``torch.compile`` for training (weights and checkpoint keys unchanged).
-            vlb_weight: lambda of the hybrid loss L_simple + lambda L_vlb that trains a learned variance (nets with
-                2C outputs, e.g. ``learn_sigma``; 0.001 in Nichol & Dhariwal 2021 and DiT); unused otherwise.
             init_weights: weights to start from: a published DiT ``.pt`` (facebookresearch/DiT), a diffusers
                 ``DiTTransformer2DModel`` folder (``save_pretrained``), a safetensors file of this net's keys or a zoo
                 MLflow model (models:/name/version, models:/name@alias, runs:/id/model);
                 loaded weights-only, before any checkpoint given by --ckpt_path is restored over them.
             sampler: how ``sample`` and predict draw images: a sampler class with its own settings
                 (``zoo.diffusion.samplers``: ``DDIMSampler`` with steps, eta, spacing; ``DDPMSampler`` with variance),
-                called with this module's schedule, prediction and clip_denoised. Not a weight: ``predict --ckpt_path``
-                takes it from the command line (``--model.init_args.sampler.init_args.steps=20``) over the
-                checkpoint's.
+                of a kind that samples the objective, built on it with clip_denoised. Not a weight:
+                ``predict --ckpt_path`` takes it from the command line
+                (``--model.init_args.sampler.init_args.steps=20``) over the checkpoint's.
             guidance_scale: classifier-free guidance scale s of ``sample`` and predict for class-conditional nets
                 (1: the conditional net alone; Ho & Salimans 2021); an unconditional net ignores it.
-            objective: what the net is trained on in place of the noise schedule, a class with its own settings
-                (``zoo.diffusion.FlowMatching``: the net predicts the velocity of the linear path from data to noise);
-                it then samples with its own samplers (``FlowEulerSampler``, ``FlowHeunSampler``), and
-                num_timesteps, beta_*, prediction and min_snr_gamma are not used. None: the noise schedule's
-                denoising objective.
             autoencoder: train on latents (latent diffusion): a frozen ``{class_path: diffusers.AutoencoderKL,
                 init_args: {...}}`` (``zoo.diffusion.latent``; ``pip install zoo[latent]``), or from Python the
                 module itself; the net's in_channels are its latent_channels and its image_size
@@ -145,17 +136,16 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         if isinstance(autoencoder, Mapping):  # a config: built here (see zoo.diffusion.latent for why)
             autoencoder = build_autoencoder(autoencoder)
         self.autoencoder = self._frozen_autoencoder(autoencoder, latent_scale, clip_denoised)
-        self.schedule = NoiseSchedule(num_timesteps, beta_schedule, beta_start, beta_end)
         self.num_classes = getattr(net, "num_classes", 0) or 0
-        self.sampler, self.guidance_scale, self.objective = sampler, guidance_scale, objective
-        if objective is not None and (prediction != "eps" or min_snr_gamma is not None):
-            raise InputError(
-                "prediction and min_snr_gamma belong to the noise schedule: a model with an objective "
-                f"({objective!r}) predicts what it says; leave them out"
-            )
+        # A copy: the default instance is shared by every module built without one, and a noise schedule's tensors
+        # follow the device of the data they meet.
+        self.objective = objective = copy.deepcopy(objective)
+        if "objective" not in self.hparams:  # given as an object (Python): recorded by its settings, so that a
+            self.hparams["objective"] = objective.config()  # checkpoint rebuilds it, as one from cli.py does
+        self.sampler, self.guidance_scale = sampler, guidance_scale
         # Built once here, however it was given (a class, a partial, the CLI's): a sampler of the wrong kind or with
         # settings the schedule refuses says so now, not at the first sample; its settings are what serving offers.
-        self.default_sampler = sampler(self._sampling_schedule, prediction, clip_denoised)
+        self.default_sampler = objective.sampler(sampler, clip_denoised)
         self._compiled = None  # built at the first training step; kept off the module tree (no "_orig_mod." keys)
         self._init_loaded = self._autoencoder_loaded = False
 
@@ -200,11 +190,6 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         module._scale_known = not torch.isnan(module.latent_scale).item()
 
     # -- setup -------------------------------------------------------------------------------------------
-
-    @property
-    def _sampling_schedule(self) -> NoiseSchedule | Objective:
-        """What the samplers are built on: the objective when there is one, else the noise schedule."""
-        return self.schedule if self.objective is None else self.objective
 
     @property
     def latent_shape(self) -> tuple[int, int, int]:
@@ -273,20 +258,12 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
             if self._compiled is None:
                 object.__setattr__(self, "_compiled", torch.compile(self.net))
             net = self._compiled
-        if self.objective is not None:  # continuous times in [0, 1] -> what the net sees (e.g. 1000 t)
-            t = self.objective.net_time(t)
-        return net(x, t, y if self.num_classes else None)
+        return net(x, self.objective.net_time(t), y if self.num_classes else None)
 
     def _loss(self, batch: tuple[Tensor, Tensor], **fixed: Tensor) -> dict[str, Tensor]:
         """The objective on (x0, y): x0 what the net denoises (images, or latents already encoded)."""
         x0, y = batch
-        self.schedule.to(x0.device)
-        h = self.hparams
-        if self.objective is not None:
-            return self.objective.loss(self.denoise, x0, y, **fixed)
-        return denoising_loss(
-            self.denoise, self.schedule, x0, y, h.prediction, h.min_snr_gamma, vlb_weight=h.vlb_weight, **fixed
-        )
+        return self.objective.loss(self.denoise, x0, y, **fixed)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         images, y = batch
@@ -296,7 +273,7 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         key = hash((torch.initial_seed(), self.current_epoch, batch_idx, self.global_rank)) % 2**63
         g = torch.Generator(images.device).manual_seed(key)
         x0 = self.encode(images, g)
-        t = self._training_times(x0.shape[0], g, x0.device)
+        t = self.objective.sample_time(x0.shape[0], g, x0.device)
         noise = torch.randn(x0.shape, generator=g, device=x0.device, dtype=x0.dtype)
         if self.num_classes and self.hparams.label_dropout > 0:  # the unconditional model, for guidance
             drop = torch.rand(y.shape, generator=g, device=y.device) < self.hparams.label_dropout
@@ -306,18 +283,12 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
             self.log_dict({f"train/{k}": v for k, v in out.items()}, prog_bar=True)
         return out["loss"]
 
-    def _training_times(self, n: int, generator: torch.Generator, device: torch.device) -> Tensor:
-        """(n,) step indices U{0..T-1} on the schedule, or the objective's times."""
-        if self.objective is not None:
-            return self.objective.sample_time(n, generator, device)
-        return torch.randint(0, self.schedule.num_timesteps, (n,), generator=generator, device=device)
-
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         # The same steps and noise for batch i at every validation (and on any device: drawn on the CPU),
         # so val/loss changes only with the weights.
         g = torch.Generator().manual_seed(batch_idx)
         x0 = self.encode(batch[0], g)
-        t = self._training_times(x0.shape[0], g, torch.device("cpu")).to(x0.device)
+        t = self.objective.sample_time(x0.shape[0], g, torch.device("cpu")).to(x0.device)
         noise = torch.randn(x0.shape, generator=g).to(x0.device, x0.dtype)
         out = self._loss((x0, batch[1]), t=t, noise=noise)
         self.log_dict({f"val/{k}": v for k, v in out.items()}, prog_bar=True, sync_dist=True)
@@ -390,8 +361,7 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         ``guidance_scale`` s > 1 (default: the module's) applies classifier-free guidance; both are ignored by
         an unconditional net.
         """
-        h = self.hparams
-        sampler = (sampler or self.sampler)(self._sampling_schedule, h.prediction, h.clip_denoised)
+        sampler = self.objective.sampler(sampler or self.sampler, self.hparams.clip_denoised)
         gen = torch.Generator(self.device).manual_seed(seed)
         noise = torch.randn((n, *self.latent_shape), generator=gen, device=self.device)  # x_T (or z_T)
         y, model = None, self.denoise
@@ -425,6 +395,20 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         }
 
     # -- checkpoints -------------------------------------------------------------------------------------
+
+    @staticmethod
+    def upgrade_hparams(hparams: dict[str, Any]) -> dict[str, Any]:
+        """Stored hyperparameters of the shape before the noise schedule became an objective (``num_timesteps``,
+        ``prediction``, ... beside ``objective: null``) in today's: those settings as a ``GaussianDiffusion``
+        objective's; beside a flow-matching objective, which ignored them, dropped. Today's shape is returned as is.
+        ``zoo.io.build`` calls it on every stored config before reading it (checkpoints, MLflow models)."""
+        old = {k: hparams[k] for k in SCHEDULE_HPARAMS if k in hparams}
+        if not old and not ("objective" in hparams and hparams["objective"] is None):
+            return dict(hparams)
+        new = {k: v for k, v in hparams.items() if k not in SCHEDULE_HPARAMS}
+        if new.get("objective") is None:
+            new["objective"] = {"class_path": "zoo.diffusion.GaussianDiffusion", "init_args": old}
+        return new
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "state_dict" in checkpoint:  # absent in a sharded (FSDP2) resume: the shards load into the net directly

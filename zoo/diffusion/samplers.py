@@ -20,9 +20,11 @@ the sampling callbacks and ``predict`` take it from YAML:
       init_args: {steps: 50, eta: 0.0}
 
 and is called with what belongs to the model, ``(schedule, prediction, clip_denoised)``, like diffusers'
-schedulers, whose ``set_timesteps`` and ``step`` are ``timesteps()`` and ``step()`` here. Guidance is not a
-sampler's option: it wraps the denoiser (``ClassifierFreeGuidance``). A new sampler is one ``Sampler``
-subclass, whose first three parameters are those (tests/diffusion/test_diffusion.py's ``OneStepSampler`` is one).
+schedulers, whose ``set_timesteps`` and ``step`` are ``timesteps()`` and ``step()`` here: the model's objective
+builds it (``Objective.sampler``; ``zoo.diffusion.objective``), and the sampler states the kinds of schedule it
+samples (``Sampler.kinds``), checked as it is built. Guidance is not a sampler's option: it wraps the denoiser
+(``ClassifierFreeGuidance``). A new sampler is one ``Sampler`` subclass, whose first three parameters are those
+(tests/diffusion/test_diffusion.py's ``OneStepSampler`` is one).
 
 A denoiser with learned variance returns 2C channels: the prediction, then v in [-1, 1] per pixel
 (Nichol & Dhariwal 2021, "Improved DDPM", eq. 15). Both samplers then draw their noise with the
@@ -85,22 +87,26 @@ class ClassifierFreeGuidance:
         return torch.cat([guided, cond[:, c:]], dim=1)
 
 
+# What each kind of schedule a sampler draws from is, and the samplers of that kind (for the one error line).
+KINDS = {
+    "noise_schedule": (
+        "a noise-schedule (eps, v, x0) model",
+        "zoo.diffusion.DDIMSampler, DDPMSampler or DPMSolverPlusPlus2M",
+    ),
+    "flow": ("a flow-matching model", "zoo.diffusion.FlowEulerSampler or FlowHeunSampler"),
+}
+
+
 def check_sampler_kind(sampler: Sampler, schedule: object) -> None:
-    """A flow sampler for a model trained with an objective (flow matching), a noise-schedule one for a model trained
-    on the ``NoiseSchedule``: else one error line naming both. Every sampler calls it first thing in ``__init__``, by
-    the kind its class states (``samples_flow``), so building one on a model's schedule is the check."""
-    cls = type(sampler)
-    on_schedule = isinstance(schedule, NoiseSchedule)
-    if cls.samples_flow and on_schedule:
-        raise InputError(
-            f"{cls.__name__} samples a flow-matching model, not one trained on the noise schedule: use "
-            "zoo.diffusion.DDIMSampler, DDPMSampler or DPMSolverPlusPlus2M"
-        )
-    if not cls.samples_flow and not on_schedule:
-        raise InputError(
-            f"{cls.__name__} samples a noise-schedule (eps, v, x0) model, not one trained with {schedule!r}: use "
-            "zoo.diffusion.FlowEulerSampler or FlowHeunSampler"
-        )
+    """A sampler built on a schedule of a kind it states it samples (``Sampler.kinds``; the schedule states its own
+    ``kind``: the ``NoiseSchedule``, or the flow-matching objective), else one error line naming both. Every sampler
+    calls it first thing in ``__init__``, so building one on a model's objective is the check."""
+    cls, kind = type(sampler), getattr(schedule, "kind", None)
+    if kind in cls.kinds:
+        return
+    trained = "on the noise schedule" if kind == "noise_schedule" else f"with {schedule!r}"
+    use = KINDS[kind][1] if kind in KINDS else "a sampler of its kind"
+    raise InputError(f"{cls.__name__} samples {KINDS[cls.kinds[0]][0]}, not one trained {trained}: use {use}")
 
 
 def _noise_like(x: Tensor, generator: torch.Generator | None) -> Tensor:
@@ -111,7 +117,7 @@ class Sampler:
     """The loop every sampler shares; subclasses give ``__init__(schedule, prediction, clip_denoised, *, own
     scalars)``, ``timesteps`` and ``step``. Not an ``nn.Module``: no parameters, nothing in a state dict."""
 
-    samples_flow = False  # a velocity field's ODE (zoo.diffusion.flow) rather than a noise schedule's chain
+    kinds: tuple[str, ...] = ("noise_schedule",)  # the kinds of schedule (``KINDS``) it samples: DDPM's chain here
     schedule: NoiseSchedule
     prediction: Prediction
     clip_denoised: float | None
@@ -379,6 +385,6 @@ class DPMSolverPlusPlus2M(Sampler):
             self._last = None  # no tensor kept past the loop
 
 
-# What DiffusionModule(sampler=...) and the sampling callbacks take: a sampler class (or partial) called as
-# cls(schedule, prediction, clip_denoised); in YAML a class_path with the sampler's own init_args (steps, eta, ...).
+# What DiffusionModule(sampler=...) and the sampling callbacks take: a sampler class (or partial) the objective calls
+# as cls(schedule, prediction, clip_denoised); in YAML a class_path with the sampler's own init_args (steps, eta, ...).
 SamplerClass = Callable[[NoiseSchedule, Prediction, "float | None"], Sampler]

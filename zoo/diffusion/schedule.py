@@ -74,6 +74,8 @@ def interpolate_log_variance(v: Tensor, log_beta: Tensor | float, log_beta_tilde
 class NoiseSchedule:
     """betas and the products derived from them; ``add_noise`` for training, the same tensors for samplers."""
 
+    kind = "noise_schedule"  # what DDPM, DDIM and DPM-Solver++ draw from (``Sampler.kinds``)
+
     def __init__(
         self,
         num_timesteps: int = 1000,

@@ -445,10 +445,12 @@ def resolve_model(
     ``hyper_parameters``); ``cls``: the class a caller already holds (``Module.load_from_checkpoint``), for a
     checkpoint that names none; ``given``: the arguments the caller passes itself; ``keep_locations``: for a config
     the user completed (what they give is theirs); ``complete``: refuse a config that leaves a required parameter
-    out (not yet: the user's flags come next)."""
+    out (not yet: the user's flags come next). Classes and settings that have moved since it was stored are
+    rewritten first (``zoo.compat.migrate_hparams``), then a module class may rewrite hyperparameters of an older shape
+    into today's (``upgrade_hparams``: the class states its own old shapes)."""
     from zoo.compat import migrate_hparams
 
-    hparams = migrate_hparams(dict(hparams))  # classes and settings that have moved since it was stored
+    hparams = migrate_hparams(dict(hparams))
     class_path = hparams.pop("_class_path", None)
     if (instantiator := hparams.pop("_instantiator", None)) not in (None, trust.LIGHTNING_INSTANTIATOR):
         raise trust.refusal(source, "_instantiator", instantiator, "the instantiator LightningCLI records")
@@ -458,6 +460,8 @@ def resolve_model(
             cls = resolver.allowed(class_path, allow.modules, "model class_path", trust.MODULE_EXPECTED)
         if cls is None:
             raise Refused("model class_path", class_path, trust.MODULE_EXPECTED)
+        if upgrade := getattr(cls, "upgrade_hparams", None):  # a module's hyperparameters of an older shape
+            hparams = upgrade(hparams)
         part = resolver.part(cls, class_path or trust.paths_of(cls)[0], hparams, "model", given=given)
     except Refused as err:
         raise resolver.error(err) from None

@@ -129,7 +129,7 @@ def zoo_allowlist(data: Mapping[str, type] | Iterable[type] = (), env_modules: I
 
     classes = zoo_classes()
     # found, not imported here: the samplers and training objectives a diffusion module holds
-    bases = ("zoo.diffusion.samplers.Sampler", "zoo.diffusion.flow.Objective")
+    bases = ("zoo.diffusion.samplers.Sampler", "zoo.diffusion.objective.Objective")
     samplers = [c for p, c in classes.items() if p in bases]
     if not isinstance(data, Mapping):
         data = {path: cls for cls in data for path in paths_of(cls)}
