@@ -461,7 +461,15 @@ FAMILIES: dict[str, dict] = {
                 "- log_det_tanh(u)\n        return self.action_bias",
             ),
             # Added with the target-network and normaliser behaviour tests.
-            ("zoo/rl/sac.py", "polyak=updates % h.target_update_interval == 0", "polyak=True"),
+            ("zoo/rl/sac.py", "polyak=n % h.target_update_interval == 0", "polyak=True"),
+            # SB3's schedule, shared by SAC and TD3 (zoo/rl/off_policy.py).
+            ("zoo/rl/off_policy.py", "and (env_steps // stride) % h.train_freq == 0", "and True"),
+            ("zoo/rl/off_policy.py", "env_steps >= h.learning_starts else None", "env_steps >= 0 else None"),
+            (
+                "zoo/rl/off_policy.py",
+                "    grads |= grad_norm(params, name=name)\n    opt.step()",
+                "    opt.step()\n    grads |= grad_norm(params, name=name)",
+            ),
             (
                 "zoo/rl/sac.py",
                 "list(self.net.critic.parameters()), h.tau)",

@@ -39,19 +39,14 @@ from torch import Tensor, nn
 from zoo.compat import foreach_lerp_
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
+from zoo.rl import off_policy
 from zoo.rl.common import (
     Policy,
-    require_datamodule,
-    separate_backwards,
-    world_size,
 )
 from zoo.rl.lifecycle import Lifecycle
 from zoo.rl.losses import sac_actor_loss, sac_critic_loss, sac_temperature_loss, soft_q_target
 from zoo.rl.normalization import RunningMeanStd
 from zoo.rl.q_nets import SoftActorCritic
-from zoo.rl.replay import ReplayBuffer, TransitionCollector
-from zoo.train.gradnorm import grad_norm
-from zoo.train.logging import lightning_writes
 from zoo.train.optim import AdamOrRMSprop
 
 
@@ -163,45 +158,17 @@ class SACModule(WeightsOnlyLoading, LightningModule):
         self.lifecycle.setup(self, box="SAC")
 
     def on_train_start(self) -> None:
-        separate_backwards(self, "SAC")
-        h, dm = self.hparams, require_datamodule(self)
-        if (seed := self.lifecycle.start(self, h.steps_per_batch * dm.num_envs)) is not None:
-            buffer = self.lifecycle.replay(  # with a checkpoint's rows, when fit resumes with them
-                self,
-                lambda: ReplayBuffer(h.buffer_size, self.net.obs_dim, device=self.device, action_space=dm.spaces[1]),
-            )
-            self.lifecycle.collector = TransitionCollector(dm.make_envs(), buffer, self.device, seed, h.norm_obs)
+        off_policy.start(self, "SAC")
 
     def training_step(self, batch: int, batch_idx: int) -> None:
-        """``steps_per_batch`` vector-env steps, each followed by its updates (gradient norms measured when
-        Lightning writes this step's logs, the only steps whose values it keeps)."""
-        h, collector, write = self.hparams, self.lifecycle.collector, lightning_writes(self.trainer)
-        optimizers = self.optimizers()
-        # Python counters inside the loop, written back once: no tensor op (or device sync) per env step.
-        # env_steps counts every rank's steps (each rank steps its n envs at once), as the budget does, so that
-        # every rank takes the same decisions: under DDP each update's backwards average over the ranks.
-        env_steps, updates, n = int(self.env_steps), int(self.updates), collector.num_envs
-        stride = n * world_size(self)
-        stats: dict[str, Tensor] = {}
-        for _ in range(h.steps_per_batch):
-            collector.step(self._explore if env_steps >= h.learning_starts else None)  # uniform before learning_starts
-            env_steps += stride
-            # SB3's rule: train every train_freq vector steps once past learning_starts, given a full minibatch.
-            if (
-                env_steps > h.learning_starts
-                and (env_steps // stride) % h.train_freq == 0
-                and self.lifecycle.replay_ready(self, h.batch_size)
-            ):
-                for _ in range(h.gradient_steps):
-                    updates += 1
-                    stats = self._update(*optimizers, polyak=updates % h.target_update_interval == 0, measure=write)
-        self.updates.fill_(updates)
-        if h.norm_obs:
-            self.obs_rms.update(collector.pop_observations())
-        self.lifecycle.episodes.add(*collector.pop_episodes())
-        if write:
-            stats["buffer_size"] = torch.tensor(float(len(collector.buffer)))
-        self.lifecycle.end_step(self, n * h.steps_per_batch, stats, write)
+        """``steps_per_batch`` vector-env steps, each followed by its updates (``zoo.rl.off_policy``, SB3's schedule):
+        the targets' Polyak step every ``target_update_interval`` updates."""
+        h, optimizers = self.hparams, self.optimizers()
+        off_policy.collect_and_update(
+            self,
+            self._explore,
+            lambda n, measure: self._update(*optimizers, polyak=n % h.target_update_interval == 0, measure=measure),
+        )
 
     def _update(
         self, actor_opt, critic_opt, alpha_opt, polyak: bool = True, measure: bool = False
@@ -217,17 +184,17 @@ class SACModule(WeightsOnlyLoading, LightningModule):
         alpha = self.log_alpha.detach().exp()  # this update's alpha, as SB3's ent_coef (taken before its step)
         temperature = sac_temperature_loss(self.log_alpha, logprob, self.target_entropy)
         if h.autotune:
-            self._step(alpha_opt, temperature["loss"], [self.log_alpha], "temperature", grads)
+            off_policy.optimizer_step(self, alpha_opt, temperature["loss"], [self.log_alpha], "temperature", grads)
         # 2. Critics towards the soft target, from fresh next actions and the target critics.
         with torch.no_grad():
             next_action, next_logprob = self.net.get_action(next_obs)
             next_q = self.critic_target(next_obs, next_action)  # (K, B)
             target = soft_q_target(data.rewards, data.terminated, next_q, next_logprob, alpha, h.gamma)
         critic = sac_critic_loss(self.net.get_q_values(obs, data.actions), target)
-        self._step(critic_opt, critic["loss"], self.net.critic.parameters(), "critic", grads)
+        off_policy.optimizer_step(self, critic_opt, critic["loss"], self.net.critic.parameters(), "critic", grads)
         # 3. Actor through the updated critics, whose own weights take no gradient from this loss.
         actor = sac_actor_loss(logprob, self.net.get_q_values(obs, pi, detach_params=True), alpha)
-        self._step(actor_opt, actor["loss"], self.net.actor.parameters(), "actor", grads)
+        off_policy.optimizer_step(self, actor_opt, actor["loss"], self.net.actor.parameters(), "actor", grads)
         # 4. theta' <- theta' + tau (theta - theta'): one fused op over all target tensors, no loop per tensor.
         if polyak:
             with torch.no_grad():
@@ -241,15 +208,6 @@ class SACModule(WeightsOnlyLoading, LightningModule):
             **temperature,
             **(grads or {}),
         }
-
-    def _step(self, opt, loss: Tensor, params, name: str, grads: dict[str, Tensor] | None) -> None:
-        """One optimizer step on ``loss``; the gradient norm of ``params`` (``grad/norm/<name>``) goes into
-        ``grads`` when given, measured between backward and step as for every family."""
-        opt.zero_grad()
-        self.manual_backward(loss)
-        if grads is not None:
-            grads |= grad_norm(params, name=name)
-        opt.step()
 
     def configure_optimizers(self):
         h = self.hparams

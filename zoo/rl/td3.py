@@ -33,18 +33,13 @@ from torch import Tensor
 from zoo.compat import foreach_lerp_
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
+from zoo.rl import off_policy
 from zoo.rl.common import (
     Policy,
-    require_datamodule,
-    separate_backwards,
-    world_size,
 )
 from zoo.rl.lifecycle import Lifecycle
 from zoo.rl.normalization import RunningMeanStd
 from zoo.rl.q_nets import DeterministicActorCritic
-from zoo.rl.replay import ReplayBuffer, TransitionCollector
-from zoo.train.gradnorm import grad_norm
-from zoo.train.logging import lightning_writes
 from zoo.train.optim import AdamOrRMSprop
 
 # -- the objective, as SB3's TD3.train writes it -----------------------------------------------------------------
@@ -190,41 +185,15 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
         self.lifecycle.setup(self, box="TD3")
 
     def on_train_start(self) -> None:
-        separate_backwards(self, "TD3")
-        h, dm = self.hparams, require_datamodule(self)
-        if (seed := self.lifecycle.start(self, h.steps_per_batch * dm.num_envs)) is not None:
-            buffer = self.lifecycle.replay(  # with a checkpoint's rows, when fit resumes with them
-                self,
-                lambda: ReplayBuffer(h.buffer_size, self.net.obs_dim, device=self.device, action_space=dm.spaces[1]),
-            )
-            self.lifecycle.collector = TransitionCollector(dm.make_envs(), buffer, self.device, seed, h.norm_obs)
+        off_policy.start(self, "TD3")
 
     def training_step(self, batch: int, batch_idx: int) -> None:
-        """``steps_per_batch`` vector-env steps, each followed by its updates (SB3's schedule, as SAC's)."""
-        h, collector, write = self.hparams, self.lifecycle.collector, lightning_writes(self.trainer)
+        """``steps_per_batch`` vector-env steps, each followed by its updates (``zoo.rl.off_policy``, SB3's schedule,
+        as SAC's)."""
         actor_opt, critic_opt = self.optimizers()
-        # Python counters in the loop, written back once; env_steps counts every rank's steps, as the budget does.
-        env_steps, updates, n = int(self.env_steps), int(self.updates), collector.num_envs
-        stride = n * world_size(self)
-        stats: dict[str, Tensor] = {}
-        for _ in range(h.steps_per_batch):
-            collector.step(self._explore if env_steps >= h.learning_starts else None)  # uniform before learning_starts
-            env_steps += stride
-            if (
-                env_steps > h.learning_starts
-                and (env_steps // stride) % h.train_freq == 0
-                and self.lifecycle.replay_ready(self, h.batch_size)
-            ):
-                for _ in range(h.gradient_steps):
-                    updates += 1
-                    stats |= self._update(actor_opt, critic_opt, updates, measure=write)
-        self.updates.fill_(updates)
-        if h.norm_obs:
-            self.obs_rms.update(collector.pop_observations())
-        self.lifecycle.episodes.add(*collector.pop_episodes())
-        if write:
-            stats["buffer_size"] = torch.tensor(float(len(collector.buffer)))
-        self.lifecycle.end_step(self, n * h.steps_per_batch, stats, write)
+        off_policy.collect_and_update(
+            self, self._explore, lambda n, measure: self._update(actor_opt, critic_opt, n, measure=measure)
+        )
 
     def _update(self, actor_opt, critic_opt, update: int, measure: bool = False) -> dict[str, Tensor]:
         """Update number ``update`` (from 1): the critics' step on a replay minibatch; on every ``policy_delay``-th,
@@ -247,12 +216,12 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
             target = td3_target(data.rewards, data.terminated, self.critic_target(next_obs, next_action), h.gamma)
         # 3. The critics towards it.
         critic = td3_critic_loss(self.net.get_q_values(obs, data.actions), target)
-        self._step(critic_opt, critic["loss"], self.net.critic.parameters(), "critic", grads)
+        off_policy.optimizer_step(self, critic_opt, critic["loss"], self.net.critic.parameters(), "critic", grads)
         out = {"critic_loss": critic.pop("loss"), **critic}
         # 4. Delayed: the actor through the updated first critic, then both targets.
         if update % h.policy_delay == 0:
             actor_loss = td3_actor_loss(self.net.get_q1(obs, actor(obs)))["loss"]
-            self._step(actor_opt, actor_loss, actor.parameters(), "actor", grads)
+            off_policy.optimizer_step(self, actor_opt, actor_loss, actor.parameters(), "actor", grads)
             with torch.no_grad():  # theta' <- theta' + tau (theta - theta'), one fused op over every target tensor
                 foreach_lerp_(
                     [*self.actor_target.parameters(), *self.critic_target.parameters()],
@@ -261,14 +230,6 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
                 )
             out["actor_loss"] = actor_loss.detach()
         return {**out, **(grads or {})}
-
-    def _step(self, opt, loss: Tensor, params, name: str, grads: dict[str, Tensor] | None) -> None:
-        """One optimizer step on ``loss``; ``grad/norm/<name>`` of ``params`` into ``grads`` when given."""
-        opt.zero_grad()
-        self.manual_backward(loss)
-        if grads is not None:
-            grads |= grad_norm(params, name=name)
-        opt.step()
 
     def configure_optimizers(self):
         h = self.hparams  # one group each, as checkpoints hold them
