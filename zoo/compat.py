@@ -161,68 +161,13 @@ def load_sharded(storage_reader, keys: set[str] | None = None) -> dict[str, Any]
 
 def migrate_checkpoint(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint already read (weights-only, by ``zoo.io.weights.load_file``) upgraded as Lightning's
-    ``load_from_checkpoint`` upgrades one from an older Lightning, and its hyperparameters as the zoo's own classes
-    have moved since (``migrate_hparams``). The public method reads the file itself (forcing ``weights_only=False``
-    for a remote path) and rebuilds the module with the instantiator the file names; the upgrade step alone is
-    private."""
+    ``load_from_checkpoint`` upgrades one from an older Lightning (the zoo's own older shapes are each module
+    class's ``upgrade_hparams``, which ``zoo.io.build`` calls). The public method reads the file itself (forcing
+    ``weights_only=False`` for a remote path) and rebuilds the module with the instantiator the file names; the
+    upgrade step alone is private."""
     from lightning.pytorch.utilities.migration.utils import _pl_migrate_checkpoint
 
-    checkpoint = _pl_migrate_checkpoint(checkpoint)
-    if isinstance(checkpoint.get("hyper_parameters"), dict):
-        checkpoint["hyper_parameters"] = migrate_hparams(checkpoint["hyper_parameters"])
-    return checkpoint
-
-
-# Class paths a stored config may name from before its class moved: where the class is defined now.
-MOVED_CLASSES = {
-    **{f"zoo.rl.sac_nets.{n}": f"zoo.rl.q_nets.{n}" for n in ("SoftActorCritic", "SquashedGaussianActor", "TwinQ")},
-    **{f"zoo.rl.td3.{n}": f"zoo.rl.q_nets.{n}" for n in ("DeterministicActorCritic", "DeterministicActor")},
-}
-# The RL agents' optimizer settings from before they were ``zoo.train.optim.AdamOrRMSprop`` objects: a key only the
-# old form has, and where each old key goes (setting, field). PPO's, A2C's and IMPALA's, SAC's and TD3's.
-FLAT_OPTIMIZERS = {
-    "adam_eps": {
-        "lr": ("optimizer", "lr"),
-        "adam_eps": ("optimizer", "eps"),
-        "weight_decay": ("optimizer", "weight_decay"),
-        "muon": ("optimizer", "muon"),
-    },
-    "optim_eps": {
-        "optimizer": ("optimizer", "algorithm"),
-        "lr": ("optimizer", "lr"),
-        "rms_alpha": ("optimizer", "alpha"),
-        "optim_eps": ("optimizer", "eps"),
-    },
-    "actor_lr": {
-        "actor_lr": ("actor_optimizer", "lr"),
-        "critic_lr": ("critic_optimizer", "lr"),
-        "alpha_lr": ("alpha_optimizer", "lr"),
-    },
-}
-
-
-def migrate_hparams(hparams: dict[str, Any]) -> dict[str, Any]:
-    """A module's stored hyperparameters (a checkpoint's, a registered model's) in today's form: moved class paths
-    rewritten at any depth (``MOVED_CLASSES``), the RL agents' flat optimizer settings gathered into their settings
-    dicts (``FLAT_OPTIMIZERS``). Strings and dicts only: nothing is imported; the allowlist checks the result."""
-    out = _moved(hparams)
-    settings: dict[str, dict[str, Any]] = {}
-    for moves in [m for marker, m in FLAT_OPTIMIZERS.items() if marker in out]:
-        for old, (name, field) in moves.items():
-            if old in out:
-                settings.setdefault(name, {})[field] = out.pop(old)
-    return {**out, **settings}
-
-
-def _moved(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {
-            k: MOVED_CLASSES.get(v, v) if k in ("class_path", "_class_path") and isinstance(v, str) else _moved(v)
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [_moved(v) for v in value]
-    return value
+    return _pl_migrate_checkpoint(checkpoint)
 
 
 class CheckpointHyperparametersLeftToCaller:

@@ -336,14 +336,13 @@ def test_an_old_checkpoint_with_flat_optimizer_settings_and_old_net_paths_loads(
     import lightning
 
     import zoo.rl
-    from zoo import compat
     from zoo.train.optim import AdamOrRMSprop
 
     flat, net_path = OLD_HPARAMS[agent]
     cls = getattr(zoo.rl, agent)
     sizes = {"obs_dim": 3, "action_dim": 1 if agent in ("SACModule", "TD3Module") else 2, "hidden_sizes": [8, 8]}
     old = {"_class_path": f"zoo.rl.{agent}", "net": {"class_path": f"zoo.rl.{net_path}", "init_args": sizes}, **flat}
-    new = compat.migrate_hparams(old)
+    new = cls.upgrade_hparams(old)  # zoo.io.build calls it on every stored config
     assert new["net"]["class_path"] == f"zoo.rl.{'q_nets.' if '.' in net_path else ''}{net_path.split('.')[-1]}"
     assert {k: v for k, v in new.items() if k not in ("_class_path", "net")} == NEW_OPTIMIZERS[agent]
 

@@ -69,6 +69,25 @@ class PolyakWitness(Callback):
         assert torch.equal(vec(pl_module.critic_target), target)
 
 
+class ExploreWitness(Callback):
+    """How many actions each training step asked of the policy (``_explore``): none is asked before
+    ``learning_starts``, where the actions are uniform over the Box (SB3's rule)."""
+
+    asked: list[int] = []
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        ExploreWitness.asked, explore = [0], pl_module._explore
+
+        def counted(obs):
+            ExploreWitness.asked[-1] += 1
+            return explore(obs)
+
+        pl_module._explore = counted
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        ExploreWitness.asked.append(0)
+
+
 def test_sac_target_critics_take_a_polyak_step_every_interval_and_normaliser_rows_per_batch():
     cli(
         "fit",
@@ -77,8 +96,11 @@ def test_sac_target_critics_take_a_polyak_step_every_interval_and_normaliser_row
         f"--model.init_args.tau={TAU}",
         f"--model.init_args.target_update_interval={INTERVAL}",
         "--trainer.callbacks+=test_rl_behaviour.PolyakWitness",
+        "--trainer.callbacks+=test_rl_behaviour.ExploreWitness",
         "--trainer.logger=false",
     )
+    # the policy acts from the first vector step at or past learning_starts (160 env steps, 2 envs: step 80 on)
+    assert ExploreWitness.asked[:-1] == [0, 0] + [40] * 8
     checks = PolyakWitness.checks
     assert len(checks) == 10
     assert [c["updates"] for c in checks] == [0, 0] + [40] * 8  # none before learning_starts (160 env steps)

@@ -501,7 +501,8 @@ FAMILIES: dict[str, dict] = {
                 "return torch.optim.RMSprop(params, lr=self.lr, alpha=self.alpha, eps=self.eps)",
                 "return torch.optim.RMSprop(params, lr=self.lr, alpha=self.alpha)",
             ),
-            ("zoo/compat.py", '"rms_alpha": ("optimizer", "alpha"),', '"rms_alpha": ("optimizer", "eps"),'),
+            ("zoo/rl/a2c.py", '"rms_alpha": ("optimizer", "alpha"),', '"rms_alpha": ("optimizer", "eps"),'),
+            ("zoo/rl/common.py", "if old in out and not isinstance(out.get(name), dict):", "if old in out:"),
         ],
     },
     "cnn": {

@@ -445,12 +445,9 @@ def resolve_model(
     ``hyper_parameters``); ``cls``: the class a caller already holds (``Module.load_from_checkpoint``), for a
     checkpoint that names none; ``given``: the arguments the caller passes itself; ``keep_locations``: for a config
     the user completed (what they give is theirs); ``complete``: refuse a config that leaves a required parameter
-    out (not yet: the user's flags come next). Classes and settings that have moved since it was stored are
-    rewritten first (``zoo.compat.migrate_hparams``), then a module class may rewrite hyperparameters of an older shape
-    into today's (``upgrade_hparams``: the class states its own old shapes)."""
-    from zoo.compat import migrate_hparams
-
-    hparams = migrate_hparams(dict(hparams))
+    out (not yet: the user's flags come next). A module class may rewrite hyperparameters of an older shape into
+    today's first (``upgrade_hparams``: the class states its own old shapes, so none is listed here)."""
+    hparams = dict(hparams)
     class_path = hparams.pop("_class_path", None)
     if (instantiator := hparams.pop("_instantiator", None)) not in (None, trust.LIGHTNING_INSTANTIATOR):
         raise trust.refusal(source, "_instantiator", instantiator, "the instantiator LightningCLI records")

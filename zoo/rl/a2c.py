@@ -14,6 +14,8 @@ Notation: T steps per rollout, N envs.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from lightning.pytorch import Callback, LightningModule
 from torch import Tensor
@@ -21,7 +23,7 @@ from torch import Tensor
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.rl.collector import RolloutCollector
-from zoo.rl.common import Policy, linear_annealing, require_datamodule
+from zoo.rl.common import Policy, linear_annealing, require_datamodule, upgrade_hparams
 from zoo.rl.lifecycle import Lifecycle
 from zoo.rl.losses import a2c_loss, explained_variance, gae, normalize
 from zoo.rl.nets import ActorCritic
@@ -33,6 +35,19 @@ from zoo.train.optim import AdamOrRMSprop
 
 class A2CModule(WeightsOnlyLoading, LightningModule):
     """A2C: n-step (or GAE) advantages, one RMSprop step per rollout, entropy bonus, gradient clipping."""
+
+    # A checkpoint's hyperparameters from before the optimizer settings were an object and the nets moved.
+    upgrade_hparams = staticmethod(
+        functools.partial(
+            upgrade_hparams,
+            flat={
+                "optimizer": ("optimizer", "algorithm"),
+                "lr": ("optimizer", "lr"),
+                "rms_alpha": ("optimizer", "alpha"),
+                "optim_eps": ("optimizer", "eps"),
+            },
+        )
+    )
 
     def __init__(
         self,

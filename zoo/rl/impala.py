@@ -21,6 +21,7 @@ Notation: T steps per unroll, B slots per learner step, N envs per actor, M = B 
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Literal
 
@@ -31,7 +32,7 @@ from torch import Tensor
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.rl.actors import ActorPool, EnvSpec
-from zoo.rl.common import Policy, linear_annealing, require_datamodule
+from zoo.rl.common import Policy, linear_annealing, require_datamodule, upgrade_hparams
 from zoo.rl.lifecycle import Lifecycle
 from zoo.rl.nets import ActorCritic
 from zoo.rl.vtrace import impala_loss, masked_mean, vtrace
@@ -42,6 +43,19 @@ from zoo.train.optim import AdamOrRMSprop
 
 class IMPALAModule(WeightsOnlyLoading, LightningModule):
     """IMPALA's learner: V-trace actor-critic on batches of unrolls from actor processes."""
+
+    # A checkpoint's hyperparameters from before the optimizer settings were an object and the nets moved.
+    upgrade_hparams = staticmethod(
+        functools.partial(
+            upgrade_hparams,
+            flat={
+                "optimizer": ("optimizer", "algorithm"),
+                "lr": ("optimizer", "lr"),
+                "rms_alpha": ("optimizer", "alpha"),
+                "optim_eps": ("optimizer", "eps"),
+            },
+        )
+    )
 
     def __init__(
         self,

@@ -20,6 +20,8 @@ Notation: T steps per rollout, N envs, B minibatch rows, O observation features.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from lightning.pytorch import Callback, LightningModule
 from torch import Tensor
@@ -27,7 +29,7 @@ from torch import Tensor
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.rl.collector import Rollout, RolloutCollector
-from zoo.rl.common import Policy, linear_annealing, require_datamodule, world_size
+from zoo.rl.common import Policy, linear_annealing, require_datamodule, upgrade_hparams, world_size
 from zoo.rl.distributed import sum_over_ranks
 from zoo.rl.lifecycle import Lifecycle
 from zoo.rl.losses import explained_variance, gae, normalize, ppo_loss
@@ -40,6 +42,19 @@ from zoo.train.optim import AdamOrRMSprop
 
 class PPOModule(WeightsOnlyLoading, LightningModule):
     """PPO-clip with GAE, minibatch epochs, advantage normalisation, target-KL stop, LR annealing."""
+
+    # A checkpoint's hyperparameters from before the optimizer settings were an object and the nets moved.
+    upgrade_hparams = staticmethod(
+        functools.partial(
+            upgrade_hparams,
+            flat={
+                "lr": ("optimizer", "lr"),
+                "adam_eps": ("optimizer", "eps"),
+                "weight_decay": ("optimizer", "weight_decay"),
+                "muon": ("optimizer", "muon"),
+            },
+        )
+    )
 
     def __init__(
         self,

@@ -30,6 +30,7 @@ Notation: B minibatch rows, N envs, O observation features, A action dims, K cri
 from __future__ import annotations
 
 import copy
+import functools
 import math
 
 import torch
@@ -42,6 +43,7 @@ from zoo.io.hparams import save_hparams
 from zoo.rl import off_policy
 from zoo.rl.common import (
     Policy,
+    upgrade_hparams,
 )
 from zoo.rl.lifecycle import Lifecycle
 from zoo.rl.losses import sac_actor_loss, sac_critic_loss, sac_temperature_loss, soft_q_target
@@ -52,6 +54,13 @@ from zoo.train.optim import AdamOrRMSprop
 
 class SACModule(WeightsOnlyLoading, LightningModule):
     """SAC with twin critics, Polyak-averaged targets, automatic entropy temperature and random warm-up."""
+
+    # A checkpoint's hyperparameters from before the optimizer settings were an object and the nets moved.
+    upgrade_hparams = staticmethod(
+        functools.partial(
+            upgrade_hparams, flat={f"{p}_lr": (f"{p}_optimizer", "lr") for p in ("actor", "critic", "alpha")}
+        )
+    )
 
     def __init__(
         self,

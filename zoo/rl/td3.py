@@ -25,6 +25,7 @@ Notation: B minibatch rows, N envs, O observation features, A action dims, K cri
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 from lightning.pytorch import Callback, LightningModule
@@ -36,6 +37,7 @@ from zoo.io.hparams import save_hparams
 from zoo.rl import off_policy
 from zoo.rl.common import (
     Policy,
+    upgrade_hparams,
 )
 from zoo.rl.lifecycle import Lifecycle
 from zoo.rl.normalization import RunningMeanStd
@@ -79,6 +81,11 @@ def td3_actor_loss(q1_pi: Tensor) -> dict[str, Tensor]:
 
 class TD3Module(WeightsOnlyLoading, LightningModule):
     """TD3 with twin critics, target policy smoothing, delayed actor and target updates, Gaussian exploration."""
+
+    # A checkpoint's hyperparameters from before the optimizer settings were an object and the nets moved.
+    upgrade_hparams = staticmethod(
+        functools.partial(upgrade_hparams, flat={f"{p}_lr": (f"{p}_optimizer", "lr") for p in ("actor", "critic")})
+    )
 
     def __init__(
         self,
