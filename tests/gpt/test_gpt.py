@@ -284,7 +284,7 @@ def test_mla_decode_attends_all_heads_in_one_single_head_call_on_the_cache_itsel
 
 @pytest.mark.parametrize("dim, hidden", [(96, 256), (64, 192), (4096, 10944)])
 def test_default_hidden_widths_are_the_papers(dim, hidden):
-    """SwiGLU: 8D/3 rounded up to a multiple of 64 (LLaMA's rule with multiple_of = 64: the parameters of a 4D GELU MLP);
+    """SwiGLU: 8D/3 rounded up to a multiple of 64 (LLaMA's rule, multiple_of = 64: a 4D GELU MLP's parameters);
     GELU: 4D (GPT-2)."""
     assert SwiGLU(dim).fc.out_features == 2 * hidden and SwiGLU(dim).proj.in_features == hidden
     assert GeluMLP(dim).fc.out_features == 4 * dim
