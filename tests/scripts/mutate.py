@@ -998,7 +998,6 @@ FAMILIES: dict[str, dict] = {
             (SV, "from zoo.io.checkpoint import read_module", "from zoo.tracking.models import read_module"),
             (SV, "    if isinstance(data, (list, tuple)) and not any(", "    if False and not any("),
             (SV, "    if isinstance(model_input, pd.DataFrame) and _one_row_of_lists(model_input):", "    if False:"),
-            (SV, "all(isinstance(x, str) for x in v) for v in cells)", "True for v in cells)"),
             (
                 DLS,
                 '    return rest if uri.startswith("models:/") and rest',
