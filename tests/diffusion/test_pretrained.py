@@ -24,6 +24,7 @@ from zoo.errors import InputError, one_line
 diffusers = pytest.importorskip("diffusers")
 
 NUM_CLASSES = 5
+pytestmark = pytest.mark.usefixtures("one_thread")  # hundreds of forwards of tiny nets: threads would only wait
 
 
 def randomized(ref: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -48,6 +49,9 @@ def diffusers_dit(**overrides) -> torch.nn.Module:
 UNET_CONFIGS = {  # several UNet2DModels: heads > 1, heads = 1, classes, learned variance, sin-first, freq_shift 1
     "heads2-classes": dict(attention_head_dim=8, num_class_embeds=NUM_CLASSES + 1),
     "heads4-sigma-sinfirst": dict(attention_head_dim=4, out_channels=6, flip_sin_to_cos=False, layers_per_block=1),
+    "heads2-classes-sinfirst": dict(
+        attention_head_dim=16, num_class_embeds=NUM_CLASSES + 1, flip_sin_to_cos=False, layers_per_block=1
+    ),
     "one-head-shift1": dict(attention_head_dim=None, freq_shift=1, norm_num_groups=4),
     "three-levels": dict(
         block_out_channels=(8, 16, 16),
@@ -203,9 +207,8 @@ def test_every_tensor_of_a_diffusers_dit_reaches_the_output(tmp_path):
     _perturbation_check(ref, from_pretrained(tmp_path / "dit").net, tmp_path / "dit" / "config.json")
 
 
-@pytest.mark.parametrize("name", ["heads2-classes", "heads4-sigma-sinfirst"])
-def test_every_tensor_of_a_unet2d_reaches_the_output(tmp_path, name):
-    ref = diffusers_unet(name)
+def test_every_tensor_of_a_unet2d_reaches_the_output(tmp_path):
+    ref = diffusers_unet("heads2-classes-sinfirst")  # one residual block per level: the same kinds, fewer tensors
     ref.save_pretrained(tmp_path / "unet")
     _perturbation_check(ref, from_pretrained(tmp_path / "unet").net, tmp_path / "unet" / "config.json")
 
@@ -285,3 +288,31 @@ def test_a_published_dit_s_position_table_is_checked_not_dropped(tmp_path):
     torch.save({**net.state_dict(), "pos_embed": net.pos_embed + 0.01}, tmp_path / "learned.pt")
     with pytest.raises(InputError, match="pos_embed"):
         load_pretrained(net, tmp_path / "learned.pt")
+
+
+# -- the autoencoder of latent diffusion (diffusers' own AutoencoderKL, built from the run's config) ---------------
+
+AE = {
+    "down_block_types": ["DownEncoderBlock2D"] * 2,
+    "up_block_types": ["UpDecoderBlock2D"] * 2,
+    "block_out_channels": [8, 16],
+    "layers_per_block": 1,
+    "latent_channels": 4,
+    "norm_num_groups": 8,
+}
+
+
+def test_an_autoencoder_folder_loads_exactly_or_is_refused_naming_the_fields_that_differ(tmp_path):
+    from zoo.diffusion.latent import load_autoencoder
+
+    ref = randomized(diffusers.AutoencoderKL(**AE, scaling_factor=0.5), 5)
+    ref.save_pretrained(tmp_path / "pipeline" / "vae")
+    vae = diffusers.AutoencoderKL(**AE, scaling_factor=0.5).eval()
+    load_autoencoder(vae, tmp_path / "pipeline")
+    z = torch.randn(2, 4, 4, 4, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        torch.testing.assert_close(vae.decode(z).sample, ref.decode(z).sample, atol=0, rtol=0)
+    # Same shapes, another function (the groups), or other latents (the scale): refused, the field named.
+    for other, why in (({"norm_num_groups": 4}, "norm_num_groups=8 .built: 4."), ({}, "scaling_factor=0.5")):
+        with pytest.raises(InputError, match=why):
+            load_autoencoder(diffusers.AutoencoderKL(**AE | other), tmp_path / "pipeline")
