@@ -47,8 +47,8 @@ def diffusers_dit(**overrides) -> torch.nn.Module:
 
 
 UNET_CONFIGS = {  # several UNet2DModels: heads > 1, heads = 1, classes, learned variance, sin-first, freq_shift 1
-    "heads2-classes": dict(attention_head_dim=8, num_class_embeds=NUM_CLASSES + 1),
-    "heads4-sigma-sinfirst": dict(attention_head_dim=4, out_channels=6, flip_sin_to_cos=False, layers_per_block=1),
+    "heads4-classes": dict(attention_head_dim=8, num_class_embeds=NUM_CLASSES + 1),
+    "heads8-sigma-sinfirst": dict(attention_head_dim=4, out_channels=6, flip_sin_to_cos=False, layers_per_block=1),
     "heads2-classes-sinfirst": dict(
         attention_head_dim=16, num_class_embeds=NUM_CLASSES + 1, flip_sin_to_cos=False, layers_per_block=1
     ),
@@ -141,7 +141,7 @@ def test_a_unet2d_loads_with_the_settings_of_its_config(tmp_path, name):
 
 
 def test_init_weights_takes_a_unet2d_folder_and_refuses_a_net_built_otherwise(tmp_path):
-    ref = diffusers_unet("heads2-classes")
+    ref = diffusers_unet("heads4-classes")
     ref.save_pretrained(tmp_path / "unet")
     settings = from_pretrained(tmp_path / "unet").hparams["net"]["init_args"]
     m = DiffusionModule(UNet(**settings), init_weights=str(tmp_path / "unet"))
@@ -228,7 +228,7 @@ def _edit_weights(folder: Path, edit) -> None:
 @pytest.mark.parametrize("kind", ["dit", "unet"])
 @pytest.mark.parametrize("change", ["extra", "missing"])
 def test_a_folder_with_a_tensor_left_over_or_missing_is_refused_naming_it(tmp_path, kind, change):
-    ref = diffusers_dit() if kind == "dit" else diffusers_unet("heads2-classes")
+    ref = diffusers_dit() if kind == "dit" else diffusers_unet("heads4-classes")
     ref.save_pretrained(tmp_path / kind)
     name = "transformer_blocks.1.norm3.weight" if kind == "dit" else "mid_block.attentions.0.extra.weight"
     gone = "transformer_blocks.2.ff.net.2.bias" if kind == "dit" else "up_blocks.0.resnets.1.conv1.bias"
@@ -265,7 +265,7 @@ UNSUPPORTED = [
 
 @pytest.mark.parametrize("kind,field,value", UNSUPPORTED, ids=[f"{k}-{f}" for k, f, _ in UNSUPPORTED])
 def test_a_config_value_the_zoo_does_not_implement_is_refused_by_name(tmp_path, kind, field, value):
-    ref = diffusers_dit() if kind == "dit" else diffusers_unet("heads2-classes")
+    ref = diffusers_dit() if kind == "dit" else diffusers_unet("heads4-classes")
     ref.save_pretrained(tmp_path / kind)
     config = json.loads((tmp_path / kind / "config.json").read_text())
     (tmp_path / kind / "config.json").write_text(json.dumps(config | {field: value}))
@@ -275,7 +275,7 @@ def test_a_config_value_the_zoo_does_not_implement_is_refused_by_name(tmp_path, 
 
 
 def test_diffusers_weights_without_their_config_are_refused(tmp_path):
-    diffusers_unet("heads2-classes").save_pretrained(tmp_path / "unet")
+    diffusers_unet("heads4-classes").save_pretrained(tmp_path / "unet")
     (tmp_path / "unet" / "config.json").unlink()
     with pytest.raises(InputError, match="without the config.json"):
         load_pretrained(UNet(), tmp_path / "unet" / "diffusion_pytorch_model.safetensors")
@@ -316,3 +316,14 @@ def test_an_autoencoder_folder_loads_exactly_or_is_refused_naming_the_fields_tha
     for other, why in (({"norm_num_groups": 4}, "norm_num_groups=8 .built: 4."), ({}, "scaling_factor=0.5")):
         with pytest.raises(InputError, match=why):
             load_autoencoder(diffusers.AutoencoderKL(**AE | other), tmp_path / "pipeline")
+
+
+def test_a_latent_pipeline_arrives_with_its_autoencoder_and_samples_decoded_images(tmp_path):
+    diffusers_dit().save_pretrained(tmp_path / "pipeline" / "transformer")  # 4 latent channels, 8x8 latents
+    vae = randomized(diffusers.AutoencoderKL(**AE, scaling_factor=0.5), 5)
+    vae.save_pretrained(tmp_path / "pipeline" / "vae")
+    module = from_pretrained(tmp_path / "pipeline", ema_decay=None)
+    assert module.latent_scale.item() == 0.5 and module.hparams["clip_denoised"] is None
+    for k, v in vae.state_dict().items():
+        assert torch.equal(module.autoencoder.state_dict()[k], v), k
+    assert module.sample(2, partial(DDIMSampler, steps=2)).shape == (2, 3, 16, 16)  # images, f = 2
