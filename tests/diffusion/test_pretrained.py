@@ -126,6 +126,21 @@ def test_a_dit_whose_blocks_share_one_embedder_loads_into_a_sharing_dit(tmp_path
     torch.testing.assert_close(zoo_output(net, x, t, y), reference(ref, x, t, y), atol=1e-5, rtol=1e-5)
 
 
+def test_an_old_pipeline_s_transformer2dmodel_config_is_read_as_the_dit_it_describes(tmp_path):
+    """diffusers' DiT pipelines before 0.28 saved the transformer as a Transformer2DModel, with its other fields."""
+    ref = diffusers_dit()
+    ref.save_pretrained(tmp_path / "dit")
+    config = json.loads((tmp_path / "dit" / "config.json").read_text())
+    old = {"_class_name": "Transformer2DModel", "cross_attention_dim": None, "use_linear_projection": False}
+    (tmp_path / "dit" / "config.json").write_text(json.dumps(config | old))
+    x, t, y = inputs(ref)
+    got = zoo_output(from_pretrained(tmp_path / "dit").net, x, t, y)
+    torch.testing.assert_close(got, reference(ref, x, t, y), atol=1e-5, rtol=1e-5)
+    (tmp_path / "dit" / "config.json").write_text(json.dumps(config | old | {"cross_attention_dim": 16}))
+    with pytest.raises(InputError, match="cross_attention_dim=16"):
+        from_pretrained(tmp_path / "dit")
+
+
 @pytest.mark.parametrize("name", UNET_CONFIGS)
 def test_a_unet2d_loads_with_the_settings_of_its_config(tmp_path, name):
     ref = diffusers_unet(name)
