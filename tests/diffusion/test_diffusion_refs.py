@@ -166,18 +166,11 @@ def tiny_unet(num_classes: int, learn_sigma: bool):
 def test_unet_equals_diffusers_unet2d_with_copied_weights(tmp_path, learn_sigma, flip_sin_to_cos):
     """The whole net: time embedding, residual blocks (step bias, skip conv), attention (2 heads), the skips'
     order, down/upsampling, the mid block and the class embedding (null class included) must all agree."""
-    import json
-
-    from safetensors.torch import save_file
-
     from zoo.diffusion.convert import load_pretrained
 
     num_classes = 4
     ref = tiny_unet2d(num_classes, 6 if learn_sigma else 3, flip_sin_to_cos)
-    save_file(
-        {k: v.contiguous() for k, v in ref.state_dict().items()}, tmp_path / "diffusion_pytorch_model.safetensors"
-    )
-    (tmp_path / "config.json").write_text(json.dumps(dict(ref.config)))
+    ref.save_pretrained(tmp_path)  # the weights file and its config.json beside it
     net = load_pretrained(tiny_unet(num_classes, learn_sigma), tmp_path / "diffusion_pytorch_model.safetensors")
     torch.manual_seed(1)
     x, t, y = torch.randn(3, 3, 8, 8), torch.tensor([0, 37, 999]), torch.tensor([0, 3, num_classes])

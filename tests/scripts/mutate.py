@@ -56,6 +56,7 @@ DTX, DTC, DCP, DDF = (
 )
 DTS, DGY, DSH = "datamodules/tensor_dataset.py", "datamodules/gym.py", "datamodules/shapes.py"
 FI, CV, EX = "zoo/io/files.py", "zoo/diffusion/convert.py", "zoo/rl/export.py"
+DCF = "zoo/diffusion/diffusers_config.py"
 OPT, GN, ATT, WT, TOK = (
     "zoo/train/optim.py",
     "zoo/train/gradnorm.py",
@@ -218,6 +219,8 @@ FAMILIES: dict[str, dict] = {
         "tests": [
             # first: seconds, the objectives' protocol and the old checkpoints' upgrade
             "tests/diffusion/test_objective.py",
+            # then: the pretrained loads' parity, perturbation and refusals (~20 s)
+            "tests/diffusion/test_pretrained.py",
             # then: its flow and solver parity tests catch their mutants in seconds (its one CLI fit runs last)
             "tests/diffusion/test_flow.py",
             # second: the latent stage's mutants fail in seconds here; the others pass it in ~30 s (two CLI fits)
@@ -385,6 +388,13 @@ FAMILIES: dict[str, dict] = {
                 'new["objective"] = {"class_path": "zoo.diffusion.GaussianDiffusion", "init_args": old}',
                 'new["objective"] = {"class_path": "zoo.diffusion.GaussianDiffusion", "init_args": {}}',
             ),
+            # Pretrained loads exact or refused (issue 39): per-block embedders kept, nothing left over, the net's
+            # hidden settings (heads, step features) from config.json and checked, an autoencoder's config checked.
+            (CV, "            if i == 0 or per_block:", "            if i == 0:"),
+            (CV, "        if self.left:", "        if False:"),
+            (DCF, "    return widths[-1] // dim", "    return 1"),
+            (CV, "    if not have or wrong:", "    if not have:"),
+            (LT, "    if wrong:", "    if False:"),
         ],
     },
     "rl": {

@@ -8,6 +8,7 @@ from zoo.diffusion.flow import FlowEulerSampler, FlowHeunSampler, FlowMatching
 from zoo.diffusion.losses import denoising_loss, flow_matching_loss
 from zoo.diffusion.module import DiffusionModule
 from zoo.diffusion.objective import GaussianDiffusion, Objective
+from zoo.diffusion.pretrained import from_pretrained
 from zoo.diffusion.samplers import (
     ClassifierFreeGuidance,
     DDIMSampler,
@@ -38,5 +39,6 @@ __all__ = [
     "UNet",
     "denoising_loss",
     "flow_matching_loss",
+    "from_pretrained",
     "load_dit_weights",
 ]

@@ -72,13 +72,16 @@ class MLP(nn.Module):
 class DiTBlock(nn.Module):
     """x + gate_a * attn(adaLN(x)), then x + gate_m * mlp(adaLN(x)); six (B, D) modulations from c."""
 
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0) -> None:
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, mlp_norm_eps: float = 1e-6) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         self.attn = SelfAttention(dim, num_heads)  # over the N tokens
-        self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=mlp_norm_eps)
         self.mlp = MLP(dim, int(dim * mlp_ratio))
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
+        # Its own step and label embedders (``DiT(block_embedders=True)``); None: the net's, shared by every block.
+        self.t_embedder: TimestepEmbedder | None = None
+        self.y_embedder: LabelEmbedder | None = None
 
     def forward(self, x: Tensor, c: Tensor) -> Tensor:
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = self.adaLN_modulation(c).chunk(6, dim=1)  # (B, D) each
@@ -127,6 +130,8 @@ class DiT(nn.Module):
         mlp_ratio: float = 4.0,
         learn_sigma: bool = False,
         time_freq_shift: float = 0.0,
+        mlp_norm_eps: float = 1e-6,
+        block_embedders: bool = False,
     ) -> None:
         """
         Args:
@@ -143,6 +148,11 @@ class DiT(nn.Module):
                 checkpoints do), trained by the module's hybrid loss and used by the samplers.
             time_freq_shift: 0 as in DiT; 1 reproduces diffusers' DiTTransformer2DModel, whose step features
                 use slightly different frequencies (``downscale_freq_shift=1``) than the weights were trained with.
+            mlp_norm_eps: eps of the LayerNorm before each block's MLP: 1e-6 in DiT; diffusers' ``norm_eps`` (its
+                default 1e-5) sets it there and nowhere else.
+            block_embedders: each block after the first has its own step and label embedders, as diffusers'
+                DiTTransformer2DModel has (a copy per block; the first block's also condition the final layer):
+                what a DiT trained or fine-tuned in diffusers needs. False: one pair for all, as in the paper.
         """
         super().__init__()
         p_depth, p_dim, p_heads = SIZES[size]
@@ -156,7 +166,10 @@ class DiT(nn.Module):
         self.y_embedder = LabelEmbedder(num_classes, dim) if num_classes > 0 else None
         grid = image_size // patch_size
         self.register_buffer("pos_embed", sincos_2d(dim, grid)[None], persistent=False)  # (1, N, D), fixed
-        self.blocks = nn.ModuleList(DiTBlock(dim, heads, mlp_ratio) for _ in range(depth))
+        self.blocks = nn.ModuleList(DiTBlock(dim, heads, mlp_ratio, mlp_norm_eps) for _ in range(depth))
+        for block in self.blocks[1:] if block_embedders else ():
+            block.t_embedder = TimestepEmbedder(dim, freq_shift=time_freq_shift)
+            block.y_embedder = LabelEmbedder(num_classes, dim) if num_classes > 0 else None
         self.final_layer = FinalLayer(dim, patch_size, self.out_channels)
         self.reset_parameters()
 
@@ -175,10 +188,11 @@ class DiT(nn.Module):
         w = self.x_embedder.proj.weight
         nn.init.xavier_uniform_(w.view(w.shape[0], -1))  # as a linear map of the flattened patch
         nn.init.zeros_(self.x_embedder.proj.bias)
-        if self.y_embedder is not None:
-            nn.init.normal_(self.y_embedder.embedding_table.weight, std=0.02)
-        for layer in (self.t_embedder.mlp[0], self.t_embedder.mlp[2]):
-            nn.init.normal_(layer.weight, std=0.02)
+        for owner in (self, *(b for b in self.blocks if b.t_embedder is not None)):
+            if owner.y_embedder is not None:
+                nn.init.normal_(owner.y_embedder.embedding_table.weight, std=0.02)
+            for layer in (owner.t_embedder.mlp[0], owner.t_embedder.mlp[2]):
+                nn.init.normal_(layer.weight, std=0.02)
         zero_init = [b.adaLN_modulation[-1] for b in self.blocks]
         for mod in zero_init + [self.final_layer.adaLN_modulation[-1], self.final_layer.linear]:
             nn.init.zeros_(mod.weight)  # adaLN-Zero: every block is the identity at init
@@ -188,13 +202,15 @@ class DiT(nn.Module):
         """The patch embedding and the output projection: Muon takes the hidden matrices (adaLN included)."""
         return ("x_embedder", "final_layer.linear")
 
-    def condition(self, t: Tensor, y: Tensor | None) -> Tensor:
-        """c = embed(t) + embed(y), (B, D); a conditional net given no label uses the null class."""
-        c = self.t_embedder(t)
-        if self.y_embedder is not None:
+    def condition(self, t: Tensor, y: Tensor | None, owner: nn.Module | None = None) -> Tensor:
+        """c = embed(t) + embed(y), (B, D), by the net's embedders or ``owner``'s (a block with its own); a
+        conditional net given no label uses the null class."""
+        owner = self if owner is None else owner
+        c = owner.t_embedder(t)
+        if owner.y_embedder is not None:
             if y is None:
                 y = torch.full_like(t, self.num_classes, dtype=torch.long)
-            c = c + self.y_embedder(y)
+            c = c + owner.y_embedder(y)
         return c
 
     def unpatchify(self, x: Tensor) -> Tensor:
@@ -208,5 +224,5 @@ class DiT(nn.Module):
         h = self.x_embedder(x) + self.pos_embed  # (B, N, D)
         c = self.condition(t, y)  # (B, D)
         for block in self.blocks:
-            h = block(h, c)
+            h = block(h, c if block.t_embedder is None else self.condition(t, y, block))
         return self.unpatchify(self.final_layer(h, c))  # (B, C_out, H, W)

@@ -26,6 +26,7 @@ Notation: B batch, C image channels, Z latent channels, H/W image side, h/w late
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo.errors import InputError
+from zoo.io.files import read_json
 from zoo.io.weights import load_weights, readable
 
 # What a config's autoencoder may name (each path of the one class), and the module and class it imports.
@@ -153,4 +155,30 @@ def load_autoencoder(autoencoder: nn.Module, path: str | Path) -> None:
     """``path``'s weights into ``autoencoder``, weights-only, every key and shape checked: a diffusers folder or
     file, or a zoo checkpoint (its ``autoencoder.`` keys: a latent diffusion model's, or an autoencoder trained by
     ``zoo.diffusion.AutoencoderModule``, configs/diffusion/autoencoder_shapes.yaml)."""
-    load_weights(autoencoder, weights_file(path), prefix="autoencoder.")
+    weights = weights_file(path)
+    check_config(autoencoder, weights)
+    load_weights(autoencoder, weights, prefix="autoencoder.")
+
+
+def check_config(autoencoder: nn.Module, weights: str | Path) -> None:
+    """Refuse diffusers weights whose config.json differs from the built autoencoder's in any field: norm groups,
+    activations or the latents' scale change what it computes, and show in no weight's shape."""
+    config = Path(weights).parent / "config.json" if isinstance(weights, Path) else None
+    if config is None or not weights.name.startswith("diffusion_pytorch_model.") or not config.is_file():
+        return
+    data = read_json(config)
+    if not isinstance(data, Mapping):
+        raise InputError(f"{str(config)!r} is not a JSON object of an autoencoder's settings")
+    have = dict(getattr(autoencoder, "config", {}))
+    fields = [k for k in data if not k.startswith("_")]  # _class_name, _diffusers_version: never imported
+    wrong = [f"{k}={data[k]!r} (built: {have.get(k, 'no such field')!r})" for k in fields if _plain(have, k) != data[k]]
+    if wrong:
+        raise InputError(
+            f"{str(config)!r} describes another autoencoder than the one built from autoencoder.init_args: "
+            f"{', '.join(wrong[:6])}: set those init_args to the folder's values"
+        )
+
+
+def _plain(config: dict, key: str) -> Any:
+    """A built config's value as its JSON reads (tuples are lists), or a marker no JSON value equals."""
+    return json.loads(json.dumps(config[key])) if key in config else object()

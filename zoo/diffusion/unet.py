@@ -122,6 +122,7 @@ class UNet(nn.Module):
         norm_groups: int = 32,
         learn_sigma: bool = False,
         channels_last: bool = True,
+        time_freq_shift: float = 0.0,
     ) -> None:
         """
         Args:
@@ -140,6 +141,8 @@ class UNet(nn.Module):
             channels_last: run the convolutions on channels-last activations when no gradient is taken (sampling,
                 evaluation): oneDNN's and cuDNN's faster layout (8-13% less CPU time per forward here). Training
                 keeps the default layout, so weight gradients have their weights' strides (DDP buckets, FSDP2).
+            time_freq_shift: the step features' frequencies max_period^(-i / (half - shift)): 0 in DDPM and ADM, and
+                diffusers' UNet2DModel's ``freq_shift`` (0 by default, 1 in some of its configs).
         """
         super().__init__()
         if image_size % 2 ** (len(channel_mults) - 1):
@@ -148,7 +151,7 @@ class UNet(nn.Module):
         self.channels_last = channels_last
         self.out_channels = in_channels * (2 if learn_sigma else 1)
         emb_dim = 4 * base_channels
-        self.time_embed = TimestepEmbedder(emb_dim, frequency_dim=base_channels)
+        self.time_embed = TimestepEmbedder(emb_dim, frequency_dim=base_channels, freq_shift=time_freq_shift)
         self.label_embed = LabelEmbedder(num_classes, emb_dim) if num_classes > 0 else None
         self.conv_in = nn.Conv2d(in_channels, base_channels, 3, padding=1)
         args = dict(emb_dim=emb_dim, dropout=dropout, num_heads=num_heads, groups=norm_groups)

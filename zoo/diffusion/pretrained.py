@@ -1,0 +1,59 @@
+"""A diffusers model folder as a ``DiffusionModule`` ready to sample or fit: the net built from the folder's
+config.json (``zoo.diffusion.diffusers_config``), its weights loaded exactly or refused (``zoo.diffusion.convert``).
+
+    module = zoo.diffusion.from_pretrained("DiT-XL-2-256")            # a pipeline folder: its transformer/
+    module = zoo.diffusion.from_pretrained("ddpm-cifar10/unet", guidance_scale=1.0)
+    images = module.sample(4)
+
+The objective is the module's default (DDPM's linear schedule of 1000 steps, DiT's and DDPM's own) unless given; a
+pipeline's scheduler config is not read. A pipeline's ``vae/`` becomes the module's autoencoder. The module records
+its net (and autoencoder) as ``{class_path, init_args}``, as one built by cli.py does, so its checkpoints rebuild it;
+its other settings (objective, sampler, EMA, ...) are its defaults or the ``init_args`` given, as plain config values
+(``objective={"class_path": "zoo.diffusion.FlowMatching"}``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from zoo.diffusion.convert import block_embedders_differ, load_state, net_state, read_pretrained
+from zoo.diffusion.diffusers_config import dit_settings, unet_settings
+from zoo.diffusion.latent import load_autoencoder
+from zoo.diffusion.module import DiffusionModule
+from zoo.errors import InputError
+from zoo.io.checkpoint import build_module
+from zoo.io.files import read_json
+
+AUTOENCODER = {"class_path": "diffusers.AutoencoderKL"}  # the one autoencoder class a module builds (latent.py)
+
+
+def from_pretrained(path: str | Path, **init_args: Any) -> DiffusionModule:
+    """The diffusers ``DiTTransformer2DModel`` or ``UNet2DModel`` at ``path`` (its ``save_pretrained`` folder, a
+    pipeline folder with ``transformer/`` or ``unet/``) as a ``DiffusionModule`` in eval mode; ``init_args``: the
+    module's other arguments. A DiT whose blocks hold embedders of their own gets ``block_embedders=True``; a
+    pipeline's ``vae/`` becomes the module's autoencoder (latent diffusion: ``sample`` decodes to images)."""
+    pre = read_pretrained(path)
+    if pre.config is None:
+        raise InputError(
+            f"{str(path)!r} holds no diffusers DiTTransformer2DModel or UNet2DModel (config.json and "
+            "diffusion_pytorch_model.safetensors): a zoo checkpoint loads with DiffusionModule.load_from_checkpoint, "
+            "other weights with DiffusionModule(net=..., init_weights=...)"
+        )
+    if pre.config.net == "DiT":
+        settings = dit_settings(pre.config, block_embedders_differ(pre.state))
+    else:
+        settings = unet_settings(pre.config)
+    net = {"class_path": f"zoo.diffusion.{pre.config.net}", "init_args": settings}
+    vae = Path(pre.source).parent.parent / "vae"  # a pipeline's autoencoder, beside its transformer/ or unet/
+    vae = vae if "autoencoder" not in init_args and (vae / "config.json").is_file() else None
+    if vae is not None:  # latent diffusion: the net samples latents, the autoencoder decodes them
+        config = read_json(vae / "config.json")
+        config = {k: v for k, v in config.items() if not k.startswith("_")} if isinstance(config, dict) else config
+        init_args = {"clip_denoised": None, **init_args, "autoencoder": {**AUTOENCODER, "init_args": config}}
+    spec = {"class_path": "zoo.diffusion.DiffusionModule", "init_args": {**init_args, "net": net}}
+    module = build_module(spec, f"from_pretrained({str(path)!r})")
+    load_state(module.net, net_state(module.net, pre), f"weights {pre.source!r}")
+    if vae is not None:
+        load_autoencoder(module.autoencoder, vae)  # its config.json checked against the one it was built from
+    return module.eval()
