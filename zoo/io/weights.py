@@ -293,11 +293,12 @@ def shape_mismatches(net: nn.Module, state_dict: Mapping[str, Tensor]) -> list[s
 
 
 def check_compatible(net: nn.Module, state_dict: Mapping[str, Tensor], source: str) -> None:
-    """Raise a ValueError listing every mismatched key if ``state_dict`` does not fit ``net``."""
+    """Raise an ``InputError`` (a ValueError: at a terminal, one ``error:`` line) listing every mismatched key if
+    ``state_dict`` does not fit ``net``: a tensor left over, a parameter not set, a shape that differs."""
     bad = shape_mismatches(net, state_dict)
     if bad:
         listing = "\n  ".join(bad[:50]) + ("\n  ..." if len(bad) > 50 else "")
-        raise ValueError(
+        raise InputError(
             f"{source} does not match the configured {type(net).__name__} "
             f"({len(bad)} mismatched keys):\n  {listing}\n"
             "Use the config the checkpoint was trained with, or a checkpoint of this model."
