@@ -69,6 +69,9 @@ def _files(folder: Path) -> dict[str, str]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
         dcp.save({"state_dict": {"net.w": torch.zeros(2)}}, checkpoint_id=folder / "sharded", no_dist=True)
+    from safetensors.torch import save_file
+
+    save_file({"wte.weight": torch.zeros(3, 4), "extra.bias": torch.zeros(2)}, folder / "other_net.safetensors")
     return {
         name: str(folder / name)
         for name in (
@@ -83,6 +86,7 @@ def _files(folder: Path) -> dict[str, str]:
             "pics",
             "bomb.yaml",
             "recursive.yaml",
+            "other_net.safetensors",
         )
     }
 
@@ -206,6 +210,10 @@ CASES = {
         ["MLflow has no store for foo://bar", "sqlite://", "MLFLOW_TRACKING_URI"],
     ),
     "yaml-recursive-alias": (["fit", "--config", CNN, "--config", "{recursive.yaml}"], ["recursive YAML alias"]),
+    "init_weights-of-another-net": (  # a load is exact or refused: what is left over and what is missing, one line
+        ["fit", "--config", GPT, "--model.init_args.init_weights={other_net.safetensors}", *ONE_STEP],
+        ["other_net.safetensors", "does not match the configured GPT", "extra.bias: not in model", "missing"],
+    ),
     "sharded-folder-to-one-file-strategy": (
         ["validate", "--config", CNN, "--ckpt_path={sharded}"],
         ["sharded checkpoint folder", "fsdp.yaml", "zoo.train.parallel"],
