@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from torch import Tensor
 
 from zoo.errors import InputError
@@ -21,7 +22,7 @@ from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import GeluMLP
 from zoo.gpt.norms import LayerNorm
 from zoo.io.files import read_json, replacing
-from zoo.io.weights import check_compatible, extract_state_dict, load_file
+from zoo.io.weights import check_all_used, check_compatible, extract_state_dict, load_file
 
 # (ours, theirs) per block; "T" marks Conv1D weights that are stored transposed.
 _BLOCK_KEYS = [
@@ -108,13 +109,33 @@ def load_gpt2(folder: str | Path) -> GPT:
     return net
 
 
+# Buffers older GPT-2 files hold beside the weights: the causal mask and its fill value, rebuilt by any model.
+_DERIVED = (".attn.bias", ".attn.masked_bias")
+
+
 def load_gpt2_into(net: GPT, folder: str | Path) -> GPT:
-    """Copy a local Hugging Face GPT-2 folder's weights into ``net``, after checking every shape."""
+    """Copy a local Hugging Face GPT-2 folder's weights into ``net``: every parameter set and every tensor of the
+    file used (a tied head only where the file's equals the embedding), or an error naming what is left over."""
     folder = Path(folder)
-    sd = hf_to_zoo(extract_state_dict(load_file(_weights_file(folder))), net)
-    check_compatible(net, sd, f"GPT-2 folder {str(folder)!r}")
+    name = f"GPT-2 folder {str(folder)!r}"
+    source = extract_state_dict(load_file(_weights_file(folder)))
+    sd = hf_to_zoo(source, net)
+    check_compatible(net, sd, name)
+    pre = "transformer." if any(k.startswith("transformer.") for k in source) else ""
+    used = {k if k == "lm_head.weight" else pre + k.removeprefix("transformer.") for k in zoo_to_hf(sd, net)}
+    check_all_used(source, used, name, _DERIVED)
+    check_tied_head(net, sd, name)
     net.load_state_dict(sd)
     return net
+
+
+def check_tied_head(net: GPT, sd: dict[str, Tensor], name: str) -> None:
+    """A tied net holds one matrix for the embedding and the head: a file whose two differ does not fit it."""
+    if net.lm_head.weight is net.tok_emb.weight and not torch.equal(sd["lm_head.weight"], sd["tok_emb.weight"]):
+        raise InputError(
+            f"{name} has an output head that differs from its token embedding, but the net ties them "
+            f"(tie_word_embeddings): set tie_word_embeddings (the net's tie_embeddings) to false to load both"
+        )
 
 
 def export_gpt2(net: GPT, folder: str | Path, eos_id: int | None = None) -> Path:
