@@ -39,12 +39,12 @@ from torch import Tensor
 from zoo.errors import InputError
 from zoo.gpt.attention import MHA, MLA, Llama3RoPE
 from zoo.gpt.gpt import GPT
-from zoo.gpt.hf import check_tied_head
+from zoo.gpt.hf import check_tied_head, missing_tensors_named
 from zoo.gpt.mlp import SwiGLU
 from zoo.gpt.moe import MoE
 from zoo.gpt.mtp import hf_mtp_depth, mtp_to_hf, mtp_to_zoo
 from zoo.gpt.norms import RMSNorm
-from zoo.io.files import read_json, replacing
+from zoo.io.files import read_config, replacing
 from zoo.io.weights import check_all_used, check_compatible, extract_state_dict, load_file
 
 # (ours, theirs) inside block i / model.layers.i, shared by both families.
@@ -257,7 +257,7 @@ def _read_folder(folder: Path) -> tuple[dict, dict[str, Tensor]]:
     sd: dict[str, Tensor] = {}
     for shard in shards:
         sd.update(extract_state_dict(load_file(shard)))
-    return read_json(folder / "config.json"), sd
+    return read_config(folder / "config.json"), sd
 
 
 # What the zoo's GPT has not, for the MoE families it does not load.
@@ -288,8 +288,9 @@ def load_hf_into(net: GPT, folder: str | Path) -> GPT:
     config, source = _read_folder(folder)
     net_kwargs(config)  # refuses what no GPT holds (Qwen-MoE, RoPE scaling, ...), whatever net it goes into
     interleave = config.get("model_type") == "deepseek_v3" and config.get("rope_interleave", True)
-    sd = hf_to_zoo(source, net, interleave)
     name = f"Hugging Face folder {str(folder)!r}"
+    with missing_tensors_named(name):
+        sd = hf_to_zoo(source, net, interleave)
     check_compatible(net, sd, name)
     # The MTP layers a folder declares beyond the net's are left out by that choice (mtp_depth 0: the main model).
     skipped = tuple(f"model.layers.{i}." for i in range(net.n_layer + len(net.mtp), net.n_layer + hf_mtp_depth(config)))

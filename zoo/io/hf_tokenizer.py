@@ -20,27 +20,10 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 
 from zoo.errors import InputError
-from zoo.io.files import read_bytes, read_json
+from zoo.io.files import read_bytes, read_config, read_json
 from zoo.io.tokenizers import _HFTokenizer
 
 SPECIALS = ("bos", "eos", "pad")
-
-
-def refuse_code(config: Any, path: Path) -> dict:
-    """``config`` when it is a JSON object that names no code; an ``InputError`` naming ``path`` otherwise.
-
-    ``auto_map`` is how a hub folder asks transformers to import its own ``modeling_*.py`` or ``tokenization_*.py``
-    (``trust_remote_code``); the zoo runs no file of a folder, so a model that needs one does not load.
-    """
-    if not isinstance(config, dict):
-        raise InputError(f"{str(path)!r} is not a JSON object: not a Hugging Face config")
-    named = sorted(k for k in ("auto_map", "trust_remote_code", "custom_pipelines") if k in config)
-    if named:
-        raise InputError(
-            f"{str(path)!r} names custom code ({', '.join(named)}): the zoo runs no code from a model folder, so a "
-            f"model that needs its own modeling or tokenization module does not load. Only load folders you trust"
-        )
-    return config
 
 
 def _token(value: Any) -> str | None:
@@ -87,7 +70,7 @@ class PretrainedTokenizer(_HFTokenizer):
             raise InputError(_missing(folder))
         hf = _parse(json.dumps(read_json(path)), repr(str(path)))  # bounded by the zoo, then handed over as data
         config_path = folder / "tokenizer_config.json"
-        config = refuse_code(read_json(config_path), config_path) if config_path.is_file() else {}
+        config = read_config(config_path) if config_path.is_file() else {}
         special = {name: _token(config.get(f"{name}_token")) for name in SPECIALS}
         if special["eos"] is None and eos_ids:
             special["eos"] = hf.id_to_token(eos_ids[0])
