@@ -353,3 +353,17 @@ def test_init_weights_of_the_same_folder_loads_the_same_net(tmp_path):
     x = torch.randint(0, 300, (1, 12))
     with torch.no_grad():
         torch.testing.assert_close(again.eval()(x), module(x), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama3.2-tied-rope-scaling"])
+def test_an_imported_net_exports_back_to_transformers_with_the_same_logits(tmp_path, arch):
+    from zoo.gpt.llama import export_hf
+
+    model = write_model(tmp_path / "in", arch)
+    net = from_pretrained(tmp_path / "in").net
+    export_hf(net, tmp_path / "out")
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert type(back) is type(model)
+    x = torch.randint(0, model.config.vocab_size, (2, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(back(x).logits, model(x).logits, **TOL)
