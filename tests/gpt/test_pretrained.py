@@ -165,7 +165,7 @@ LLAMA3_ROPE = {
     "factor": 4.0,
     "low_freq_factor": 1.0,
     "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 16,
+    "original_max_position_embeddings": 64,  # head size 16, base 500: wavelengths in all three bands (6 to 1186)
 }
 ARCHITECTURES = {
     "gpt2": lambda v: transformers.GPT2LMHeadModel(
@@ -173,7 +173,9 @@ ARCHITECTURES = {
     ),
     "llama": lambda v: transformers.LlamaForCausalLM(transformers.LlamaConfig(**_llama_like(v))),
     "llama3.2-tied-rope-scaling": lambda v: transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(**_llama_like(v, tie_word_embeddings=True) | {"rope_parameters": LLAMA3_ROPE})
+        transformers.LlamaConfig(
+            **_llama_like(v, tie_word_embeddings=True, max_position_embeddings=128, rope_parameters=LLAMA3_ROPE)
+        )
     ),
     "mistral": lambda v: transformers.MistralForCausalLM(
         transformers.MistralConfig(**_llama_like(v, sliding_window=None))
