@@ -369,3 +369,22 @@ def test_an_imported_net_exports_back_to_transformers_with_the_same_logits(tmp_p
     x = torch.randint(0, model.config.vocab_size, (2, 20))
     with torch.no_grad():
         torch.testing.assert_close(back(x).logits, model(x).logits, **TOL)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama3.2-tied-rope-scaling"])
+def test_a_checkpoint_of_an_imported_model_rebuilds_it_without_the_folder(tmp_path, arch):
+    import shutil
+
+    import lightning as L
+
+    write_model(tmp_path / "hf", arch)
+    module = from_pretrained(tmp_path / "hf")
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, max_steps=0)
+    trainer.strategy.connect(module)
+    trainer.save_checkpoint(tmp_path / "m.ckpt")
+    shutil.rmtree(tmp_path / "hf")
+    back = CausalLMModule.load_from_checkpoint(tmp_path / "m.ckpt").eval()
+    x = torch.randint(0, 300, (1, 10))
+    with torch.no_grad():
+        assert torch.equal(back(x), module(x))
+    assert back.tokenizer.to_dict() == module.tokenizer.to_dict()
