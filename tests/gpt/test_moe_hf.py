@@ -200,7 +200,7 @@ def test_moe_configs_the_gpt_cannot_hold_are_refused_by_name(tmp_path):
     save_file({"model.norm.weight": torch.ones(16)}, tmp_path / "model.safetensors")
     with pytest.raises(InputError, match="shared_expert_gate"):  # init_weights into a net built from YAML too
         load_pretrained(GPT(vocab_size=10, n_layer=2, n_embd=16, n_head=2), tmp_path)
-    with pytest.raises(InputError, match="q_norm"):
+    with pytest.raises(InputError, match="mlp_only_layers"):
         net_kwargs(dict(base, model_type="qwen3_moe"))
     with pytest.raises(InputError, match="sliding_window 8"):
         net_kwargs(dict(base, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, sliding_window=8))

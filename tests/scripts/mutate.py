@@ -71,6 +71,7 @@ FAMILIES: dict[str, dict] = {
             "tests/gpt/test_speculative.py",  # first: seconds, and it decodes through most of generate.py
             "tests/gpt/test_sampling.py",
             "tests/gpt/test_mtp.py",  # first: seconds, and its transformers references catch attention mutants too
+            "tests/gpt/test_pretrained.py",  # seconds: every architecture a folder loads as, against transformers
             "tests/gpt/test_gpt_llama.py",
             "tests/gpt/test_gpt_behaviour.py",
             "tests/gpt/test_gpt.py",
@@ -213,6 +214,12 @@ FAMILIES: dict[str, dict] = {
             ),
             (LOSS, "sum(present) / len(present)", "sum(present)"),
             (G, "mtp_logits = self._mtp_logits(h, idx, aux_terms)", "mtp_logits = self._mtp_logits(x, idx, aux_terms)"),
+            # pretrained folders (issue 39): Qwen2's biases, Qwen3's norms, Llama 3's RoPE, leftovers, the EOS
+            ("zoo/gpt/llama.py", '        attn["qkv_bias"] = True\n', "        pass\n"),
+            (A, "q, k = self.q_norm(q), self.k_norm(k)", "q, k = self.q_norm(q), k"),
+            (A, "torch.where(short, inv_freq, blended)", "torch.where(short, inv_freq / self.factor, blended)"),
+            ("zoo/io/weights.py", "if k not in used and not k.endswith(derived)", "if False"),
+            ("zoo/io/hf_tokenizer.py", "hf.id_to_token(eos_ids[0])", "hf.id_to_token(eos_ids[-1])"),
         ],
     },
     "diffusion": {
@@ -1041,7 +1048,7 @@ FAMILIES: dict[str, dict] = {
             ),
             (
                 "zoo/gpt/hf.py",
-                'GPT(**gpt2_net_kwargs(read_json(folder / "config.json")))',
+                'GPT(**gpt2_net_kwargs(read_config(folder / "config.json")))',
                 'GPT(**gpt2_net_kwargs(json.loads((folder / "config.json").read_text())))',
             ),
             (

@@ -343,17 +343,82 @@ def test_an_output_that_fails_halfway_leaves_the_old_file_and_no_stand_in(tmp_pa
 # -- 4. pretrained folders ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("layout", ["gpt2", "llama"])
-def test_a_pretrained_folders_custom_code_is_never_imported(tmp_path, layout):
+def _pretrained_folder(tmp_path: Path, layout: str) -> Path:
+    """A whole pretrained folder: weights, config.json, and a tokenizer.json with its tokenizer_config.json."""
+    from zoo.io.tokenizers import BPETokenizer
+
     folder = tmp_path / "hf"
+    tokenizer = BPETokenizer.train(["a b c d e"] * 20, 260)
+    net = dict(vocab_size=tokenizer.vocab_size, block_size=16, n_layer=1, n_embd=16, n_head=2)
     if layout == "gpt2":
-        export_gpt2(_tiny_gpt(), folder)
+        export_gpt2(GPT(**net), folder)
     else:
-        export_hf(_tiny_gpt(position="rope", norm=RMSNorm, mlp=SwiGLU, bias=False), folder)
-    _plant_custom_code(folder)
-    net = load_gpt2(folder) if layout == "gpt2" else load_hf(folder)
-    load_pretrained(net, folder)
+        export_hf(GPT(**net, position="rope", norm=RMSNorm, mlp=SwiGLU, bias=False), folder)
+    tokenizer.save(folder)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+    return folder
+
+
+@pytest.mark.parametrize("layout", ["gpt2", "llama"])
+@pytest.mark.parametrize("where", ["config.json", "tokenizer_config.json", "generation_config.json"])
+def test_a_pretrained_folders_custom_code_is_refused_and_never_imported(tmp_path, layout, where):
+    from zoo.gpt import from_pretrained
+
+    folder = _pretrained_folder(tmp_path, layout)
+    _plant_custom_code(folder)  # config.json's auto_map and the modules it names
+    if where != "config.json":
+        (folder / "config.json").write_text(
+            json.dumps(json.loads((folder / "config.json").read_text()) | {"auto_map": {}})
+        )
+        (folder / where).write_text(json.dumps({"auto_map": AUTO_MAP, "eos_token": "<|endoftext|>"}))
+    loads = [lambda: from_pretrained(folder)]
+    if where == "config.json":  # init_weights into a net built from YAML, and the plain converters
+        loads += [
+            lambda: load_pretrained(_tiny_gpt(), folder),
+            lambda: (load_gpt2 if layout == "gpt2" else load_hf)(folder),
+        ]
+    for load in loads:
+        with pytest.raises(InputError, match="names custom code .*auto_map"):
+            load()
     assert not (folder / "MARKER").exists()
+
+
+@pytest.mark.parametrize(
+    "target", ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"]
+)
+def test_a_pretrained_folders_tokenizer_files_are_read_within_bounds(tmp_path, target):
+    from zoo.gpt import from_pretrained
+
+    folder = _pretrained_folder(tmp_path, "gpt2")
+    with (folder / target).open("wb") as f:  # sparse: never on disk, only read up to the limit and one more
+        f.truncate(MAX_JSON_BYTES + 1)
+    with pytest.raises(InputError, match="larger than"):
+        from_pretrained(folder)
+
+
+@pytest.mark.parametrize("content", ['{"model": {"type": "Evil"}}', "[1, 2]", '{"version": "1.0", "model": null}'])
+def test_a_tokenizer_json_that_is_not_a_tokenizer_is_one_line(tmp_path, content):
+    from zoo.gpt import from_pretrained
+
+    folder = _pretrained_folder(tmp_path, "llama")
+    (folder / "tokenizer.json").write_text(content)
+    with pytest.raises(InputError, match="not a tokenizer.json that the tokenizers library reads"):
+        from_pretrained(folder)
+
+
+@pytest.mark.parametrize("missing", ["config.json", "model.safetensors", "tokenizer.json", "folder"])
+def test_a_pretrained_folder_missing_a_part_is_one_line(tmp_path, missing):
+    from zoo.gpt import from_pretrained
+
+    folder = _pretrained_folder(tmp_path, "llama")
+    assert from_pretrained(folder).tokenizer.eos_id == 0  # whole, it loads (the trained BPE's special token is id 0)
+    if missing == "folder":
+        folder = tmp_path / "nowhere"
+    else:
+        (folder / missing).unlink()
+    with pytest.raises((InputError, FileNotFoundError)) as err:
+        from_pretrained(folder)
+    assert "\n" not in str(err.value)
 
 
 def _calls(tree: ast.AST):

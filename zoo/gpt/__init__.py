@@ -1,4 +1,4 @@
-"""GPT language models: MHA/GQA/MLA decoder, causal-LM objective, cached generation, GPT-2 weights."""
+"""GPT language models: MHA/GQA/MLA decoder, causal-LM objective, cached generation, pretrained Hugging Face folders."""
 
 from zoo.gpt.attention import MHA, MLA
 from zoo.gpt.generate import Generation, generate
@@ -7,6 +7,7 @@ from zoo.gpt.mlp import GeluMLP, SwiGLU
 from zoo.gpt.module import CausalLMModule
 from zoo.gpt.moe import MoE
 from zoo.gpt.norms import LayerNorm, RMSNorm
+from zoo.gpt.pretrained import from_pretrained
 
 __all__ = [
     "GPT",
@@ -19,5 +20,6 @@ __all__ = [
     "MoE",
     "RMSNorm",
     "SwiGLU",
+    "from_pretrained",
     "generate",
 ]

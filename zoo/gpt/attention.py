@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -43,9 +44,39 @@ class LayerCache(Protocol):
         """Write the new tokens' entries at ``start`` and return everything cached up to them."""
 
 
-def rope_cache(max_len: int, dim: int, base: float) -> tuple[Tensor, Tensor]:
+@dataclass(frozen=True)
+class Llama3RoPE:
+    """Llama 3.1's RoPE frequency scaling (``rope_type: llama3``): wavelengths longer than the original context /
+    ``low_freq_factor`` are stretched by ``factor``, those shorter than it / ``high_freq_factor`` kept, and the band
+    between interpolated smoothly (Meta 2024, "The Llama 3 Herd of Models", as transformers computes it).
+
+    Args:
+        factor: how much the long wavelengths are stretched.
+        low_freq_factor: original context / this is the wavelength past which they are.
+        high_freq_factor: original context / this is the wavelength below which nothing changes.
+        original_max_position_embeddings: the context the model was first trained at.
+    """
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def scale(self, inv_freq: Tensor) -> Tensor:
+        old = self.original_max_position_embeddings
+        wavelen = 2 * math.pi / inv_freq
+        long = wavelen > old / self.low_freq_factor
+        short = wavelen < old / self.high_freq_factor
+        smooth = (old / wavelen - self.low_freq_factor) / (self.high_freq_factor - self.low_freq_factor)
+        blended = (1 - smooth) * inv_freq / self.factor + smooth * inv_freq
+        return torch.where(long, inv_freq / self.factor, torch.where(short, inv_freq, blended))
+
+
+def rope_cache(max_len: int, dim: int, base: float, scaling: Llama3RoPE | None = None) -> tuple[Tensor, Tensor]:
     """cos and sin tables (max_len, dim/2) for rotary embeddings over ``dim`` channels."""
     inv_freq = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    if scaling is not None:
+        inv_freq = scaling.scale(inv_freq)
     angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
     return angles.cos(), angles.sin()
 
@@ -88,6 +119,10 @@ class MHA(nn.Module):
         dropout: float = 0.0,
         rope: bool = False,
         n_kv_head: int | None = None,
+        head_dim: int | None = None,
+        qkv_bias: bool | None = None,
+        qk_norm: bool = False,
+        qk_norm_eps: float = 1e-6,
     ) -> None:
         """
         Args:
@@ -97,20 +132,30 @@ class MHA(nn.Module):
             dropout: attention dropout (given by the GPT).
             rope: rotate queries and keys by position (given by the GPT: its ``position="rope"``).
             n_kv_head: key-value heads G (None = H: MHA; 1 = MQA; else GQA), must divide H.
+            head_dim: per-head size d; None: D / H (Qwen3 and Gemma state a larger one).
+            qkv_bias: biases on the q, k, v projections only, whatever ``bias`` says of the output projection
+                (Qwen2's layout); None: as ``bias``.
+            qk_norm: RMS-normalise each head's query and key before RoPE (Qwen3; Dehghani et al. 2023, "Scaling
+                Vision Transformers to 22B parameters", against growing attention logits).
+            qk_norm_eps: those norms' epsilon.
         """
         super().__init__()
         n_kv_head = n_kv_head or n_head
-        if dim % n_head or n_head % n_kv_head:
+        if (head_dim is None and dim % n_head) or n_head % n_kv_head:
             raise InputError(
                 f"Need n_embd % n_head == 0 and n_head % n_kv_head == 0; got n_embd={dim}, "
                 f"n_head={n_head}, n_kv_head={n_kv_head}: choose heads that divide them"
             )
-        self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, dim // n_head
+        self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, head_dim or dim // n_head
         self.rope, self.dropout = rope, dropout
         self.rope_dim = self.head_dim  # the GPT builds its tables for this width (used when ``rope``)
         # One matmul for q, k, v, laid out [q heads | k heads | v heads] as GPT-2's c_attn.
-        self.qkv = nn.Linear(dim, (n_head + 2 * n_kv_head) * self.head_dim, bias=bias)
+        qkv_bias = bias if qkv_bias is None else qkv_bias
+        self.qkv = nn.Linear(dim, (n_head + 2 * n_kv_head) * self.head_dim, bias=qkv_bias)
         self.proj = nn.Linear(n_head * self.head_dim, dim, bias=bias)
+        if qk_norm:  # one (d,) weight each, shared by every head, as Qwen3's q_norm and k_norm
+            self.q_norm = nn.RMSNorm(self.head_dim, eps=qk_norm_eps)
+            self.k_norm = nn.RMSNorm(self.head_dim, eps=qk_norm_eps)
 
     def cache_layout(self) -> tuple[int, int, int]:
         """(heads, a, b) per cached token: G heads of a key (d numbers) and a value (d numbers)."""
@@ -135,6 +180,8 @@ class MHA(nn.Module):
         q = q.view(b, t, h, hd).transpose(1, 2)  # (B, H, T, d)
         k = k.view(b, t, g, hd).transpose(1, 2)  # (B, G, T, d)
         v = v.view(b, t, g, hd).transpose(1, 2)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rope:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from zoo.gpt.attention import MHA, AttentionClass, LayerCache, rope_cache
+from zoo.gpt.attention import MHA, AttentionClass, LayerCache, Llama3RoPE, rope_cache
 from zoo.gpt.mlp import GeluMLP, SwiGLU
 from zoo.gpt.moe import MoE
 from zoo.gpt.mtp import MTPModule
@@ -95,6 +95,7 @@ class GPT(nn.Module):
         dense_hidden: int | None = None,
         position: Literal["learned", "rope"] = "learned",
         rope_base: float = 10000.0,
+        rope_scaling: Llama3RoPE | None = None,
         bias: bool = True,
         tie_embeddings: bool = True,
         dropout: float = 0.0,
@@ -123,6 +124,8 @@ class GPT(nn.Module):
             dense_hidden: those dense SwiGLUs' hidden width; None: SwiGLU's own (8D/3 rounded up to 64).
             position: learned absolute positions (GPT-2) or RoPE (MLA always uses RoPE on its p channels).
             rope_base: RoPE's base wavelength.
+            rope_scaling: RoPE's frequencies rescaled for a longer context (``Llama3RoPE``: Llama 3.1-3.3's
+                ``rope_type: llama3``); None: plain RoPE.
             bias: biases in linear layers (GPT-2 has them).
             tie_embeddings: share the token embedding with the output head (GPT-2 does).
             dropout: dropout on embeddings, attention and residual branches.
@@ -136,7 +139,7 @@ class GPT(nn.Module):
         super().__init__()
         self.vocab_size, self.block_size, self.n_layer = vocab_size, block_size, n_layer
         self.n_embd, self.tie_embeddings = n_embd, tie_embeddings
-        self.position, self.rope_base = position, rope_base
+        self.position, self.rope_base, self.rope_scaling = position, rope_base, rope_scaling
         self.activation_checkpointing = activation_checkpointing
         self.tok_emb = nn.Embedding(vocab_size, n_embd)  # registered first, so a seed gives the same weights
         if position == "learned":
@@ -164,7 +167,7 @@ class GPT(nn.Module):
         # weights it gives without MTP (reset_parameters draws them first): runs with and without MTP start alike.
         with torch.random.fork_rng(devices=[]):
             self.mtp = nn.ModuleList(MTPModule(block(n_layer - 1), norm, n_embd, norm_eps) for _ in range(mtp_depth))
-        cos, sin = rope_cache(block_size, self.blocks[0].attn.rope_dim, rope_base)
+        cos, sin = rope_cache(block_size, self.blocks[0].attn.rope_dim, rope_base, rope_scaling)
         # Not persistent: rebuilt from the config, so checkpoints and HF conversions carry weights only.
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)

@@ -10,9 +10,12 @@ downloaded: point at a folder (``save_pretrained`` output, or a hub snapshot cop
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
+import torch
 from torch import Tensor
 
 from zoo.errors import InputError
@@ -20,8 +23,8 @@ from zoo.gpt.attention import MHA
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import GeluMLP
 from zoo.gpt.norms import LayerNorm
-from zoo.io.files import read_json, replacing
-from zoo.io.weights import check_compatible, extract_state_dict, load_file
+from zoo.io.files import read_config, replacing
+from zoo.io.weights import check_all_used, check_compatible, extract_state_dict, load_file
 
 # (ours, theirs) per block; "T" marks Conv1D weights that are stored transposed.
 _BLOCK_KEYS = [
@@ -103,18 +106,51 @@ def load_gpt2(folder: str | Path) -> GPT:
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"No config.json in {str(folder)!r}: point at a Hugging Face GPT-2 folder")
-    net = GPT(**gpt2_net_kwargs(read_json(folder / "config.json")))
+    net = GPT(**gpt2_net_kwargs(read_config(folder / "config.json")))
     load_gpt2_into(net, folder)
     return net
 
 
+# Buffers older GPT-2 files hold beside the weights: the causal mask and its fill value, rebuilt by any model.
+_DERIVED = (".attn.bias", ".attn.masked_bias")
+
+
 def load_gpt2_into(net: GPT, folder: str | Path) -> GPT:
-    """Copy a local Hugging Face GPT-2 folder's weights into ``net``, after checking every shape."""
+    """Copy a local Hugging Face GPT-2 folder's weights into ``net``: every parameter set and every tensor of the
+    file used (a tied head only where the file's equals the embedding), or an error naming what is left over."""
     folder = Path(folder)
-    sd = hf_to_zoo(extract_state_dict(load_file(_weights_file(folder))), net)
-    check_compatible(net, sd, f"GPT-2 folder {str(folder)!r}")
+    name = f"GPT-2 folder {str(folder)!r}"
+    source = extract_state_dict(load_file(_weights_file(folder)))
+    with missing_tensors_named(name):
+        sd = hf_to_zoo(source, net)
+    check_compatible(net, sd, name)
+    pre = "transformer." if any(k.startswith("transformer.") for k in source) else ""
+    used = {k if k == "lm_head.weight" else pre + k.removeprefix("transformer.") for k in zoo_to_hf(sd, net)}
+    check_all_used(source, used, name, _DERIVED)
+    check_tied_head(net, sd, name)
     net.load_state_dict(sd)
     return net
+
+
+@contextlib.contextmanager
+def missing_tensors_named(name: str) -> Iterator[None]:
+    """A converter's KeyError (a tensor the net's config needs that the file lacks) as one line naming it."""
+    try:
+        yield
+    except KeyError as err:
+        raise InputError(
+            f"{name} lacks the tensor {err.args[0]!r} that the model its config.json describes has: the weights are "
+            f"incomplete, or of another model than the config"
+        ) from None
+
+
+def check_tied_head(net: GPT, sd: dict[str, Tensor], name: str) -> None:
+    """A tied net holds one matrix for the embedding and the head: a file whose two differ does not fit it."""
+    if net.lm_head.weight is net.tok_emb.weight and not torch.equal(sd["lm_head.weight"], sd["tok_emb.weight"]):
+        raise InputError(
+            f"{name} has an output head that differs from its token embedding, but the net ties them "
+            f"(tie_word_embeddings): set tie_word_embeddings (the net's tie_embeddings) to false to load both"
+        )
 
 
 def export_gpt2(net: GPT, folder: str | Path, eos_id: int | None = None) -> Path:
@@ -192,7 +228,7 @@ def load_pretrained(net: GPT, path: str | Path) -> GPT:
     path = Path(path)
     if path.is_dir():
         config = path / "config.json"
-        kind = read_json(config).get("model_type", "gpt2") if config.is_file() else "gpt2"
+        kind = read_config(config).get("model_type", "gpt2") if config.is_file() else "gpt2"  # refuses auto_map
         if kind != "gpt2":
             from zoo.gpt.llama import load_hf_into  # Llama, Mixtral and DeepSeek-V3 layouts
 

@@ -1,10 +1,12 @@
-"""Llama, Mixtral and DeepSeek-V3 weights in and out of the zoo's ``GPT``, from and to Hugging Face folders on disk.
+"""Llama, Mistral, Qwen2/3, Mixtral and DeepSeek-V3 weights in and out of the zoo's ``GPT``, from and to Hugging Face
+folders on disk.
 
 The zoo's GPT with ``norm=RMSNorm, mlp=SwiGLU, position="rope", bias=False`` and ``MHA(n_kv_head=G)`` is
-transformers' ``LlamaForCausalLM`` (Touvron et al. 2023); with ``MLA`` it is ``DeepseekV3ForCausalLM``
-(DeepSeek-AI 2024, "DeepSeek-V3", MLA as in DeepSeek-V2 section 2.1): dense, or with ``mlp=MoE`` (sigmoid_bias
-routing) past ``first_k_dense`` dense layers (its ``first_k_dense_replace``). MHA with a softmax-routed ``MoE``
-and no shared experts is ``MixtralForCausalLM`` (Jiang et al. 2024). Only the layout differs:
+transformers' ``LlamaForCausalLM`` (Touvron et al. 2023; with ``rope_scaling=Llama3RoPE(...)`` Llama 3.1-3.3's);
+``MHA(qkv_bias=True)`` is Qwen2's attention, ``MHA(qk_norm=True, head_dim=...)`` Qwen3's; with ``MLA`` it is
+``DeepseekV3ForCausalLM`` (DeepSeek-AI 2024, "DeepSeek-V3", MLA as in DeepSeek-V2 section 2.1): dense, or with
+``mlp=MoE`` (sigmoid_bias routing) past ``first_k_dense`` dense layers (its ``first_k_dense_replace``). MHA with a
+softmax-routed ``MoE`` and no shared experts is ``MixtralForCausalLM`` (Jiang et al. 2024). Only the layout differs:
 
 - our ``MHA.qkv`` is Llama's q_proj, k_proj, v_proj stacked by rows; our SwiGLU ``fc`` is [gate | up]; the
   MoE's names are its class's (``moe.py``: per expert in files, stacked in ours).
@@ -13,11 +15,12 @@ and no shared experts is ``MixtralForCausalLM`` (Jiang et al. 2024). Only the la
   ``kv_a_proj_with_mqa`` are reordered to [even | odd] on import; q.k is unchanged by the same reordering
   of q and k, and after it the interleaved rotation is ours. Exports write ``rope_interleave: false``.
 
-Not representable, and refused with a message: RoPE scaling (Llama 3's ``rope_type: llama3``, YaRN), a Llama
-``head_dim`` other than hidden/heads, attention and MLP biases that differ, a sliding window shorter than the
-context (Mistral, Mixtral), DeepSeek MoE other than V3's (softmax scoring, ``moe_layer_freq`` > 1), and Qwen-MoE
-(q/k/v-only biases and a gated shared expert in Qwen2-MoE, q/k norms in Qwen3-MoE). Multi-token-prediction
-layers (``model.layers.{num_hidden_layers}``) are ignored. Nothing is downloaded: point at a folder.
+Not representable, and refused with a message: RoPE scaling other than ``llama3`` (YaRN, linear, dynamic), attention
+and MLP biases that differ (but Qwen2's), a sliding window shorter than the context (Mistral v0.1, Mixtral), DeepSeek
+MoE other than V3's (softmax scoring, ``moe_layer_freq`` > 1), and Qwen-MoE (a gated shared expert in Qwen2-MoE).
+Multi-token-prediction layers (``model.layers.{num_hidden_layers}``) load into a net with ``mtp_depth`` (what
+``zoo.gpt.pretrained`` builds) and are left out of one without, by that choice. Nothing is downloaded: point at a
+folder.
 
     python -m zoo.gpt export <lightning.ckpt> <out_folder> --format llama   # MHA: Llama or Mixtral (MoE);
                                                                               # MLA: DeepSeek-V3 (dense or MoE)
@@ -25,6 +28,7 @@ layers (``model.layers.{num_hidden_layers}``) are ignored. Nothing is downloaded
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from functools import partial
 from pathlib import Path
@@ -33,17 +37,26 @@ import torch
 from torch import Tensor
 
 from zoo.errors import InputError
-from zoo.gpt.attention import MHA, MLA
+from zoo.gpt.attention import MHA, MLA, Llama3RoPE
 from zoo.gpt.gpt import GPT
+from zoo.gpt.hf import check_tied_head, missing_tensors_named
 from zoo.gpt.mlp import SwiGLU
 from zoo.gpt.moe import MoE
-from zoo.gpt.mtp import mtp_to_hf, mtp_to_zoo
+from zoo.gpt.mtp import hf_mtp_depth, mtp_to_hf, mtp_to_zoo
 from zoo.gpt.norms import RMSNorm
-from zoo.io.files import read_json, replacing
-from zoo.io.weights import check_compatible, extract_state_dict, load_file
+from zoo.io.files import read_config, replacing
+from zoo.io.weights import check_all_used, check_compatible, extract_state_dict, load_file
 
 # (ours, theirs) inside block i / model.layers.i, shared by both families.
 _NORM_KEYS = [("norm1.weight", "input_layernorm.weight"), ("norm2.weight", "post_attention_layernorm.weight")]
+_FUSED = ("gate_up_proj", "down_proj")  # transformers 5's stacked experts, (E, 2F, D) and (E, D, F)
+# (ours, theirs) for MHA's output projection and Qwen3's per-head norms, beside the stacked q, k, v.
+_MHA_KEYS = [
+    ("proj.weight", "o_proj.weight"),
+    ("proj.bias", "o_proj.bias"),
+    ("q_norm.weight", "q_norm.weight"),
+    ("k_norm.weight", "k_norm.weight"),
+]
 # (ours, theirs) for DeepSeek's MLA projections; q_down/q_norm/q_up exist with a q_lora_rank, q_proj without.
 _MLA_KEYS = [
     ("q_down.weight", "q_a_proj.weight"),
@@ -60,12 +73,21 @@ _MLA_KEYS = [
 ]
 
 
-def _rope_theta(config: dict) -> float:
-    """RoPE base from a transformers 5 ``rope_parameters`` dict or an older top-level ``rope_theta``."""
+def _rope(config: dict) -> dict:
+    """``rope_base`` and ``rope_scaling`` from a transformers 5 ``rope_parameters`` dict or an older top-level
+    ``rope_theta`` and ``rope_scaling``; a scaling other than Llama 3's refused by name."""
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    if params.get("rope_type", params.get("type", "default")) != "default":
-        raise ValueError(f"RoPE scaling {params!r} is not supported by the zoo's GPT (plain RoPE only)")
-    return float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+    kind = params.get("rope_type", params.get("type", "default"))
+    theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+    if kind == "default":
+        return dict(rope_base=theta)
+    if kind != "llama3":
+        raise InputError(
+            f"RoPE scaling {kind!r} ({params!r}) is not implemented by the zoo's GPT: plain RoPE and Llama 3's "
+            f"'llama3' scaling only"
+        )
+    fields = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    return dict(rope_base=theta, rope_scaling=Llama3RoPE(**{k: params[k] for k in fields if k in params}))
 
 
 def _common_kwargs(config: dict) -> dict:
@@ -80,28 +102,39 @@ def _common_kwargs(config: dict) -> dict:
         mlp=SwiGLU.from_hf_config(config),
         mlp_hidden=config["intermediate_size"],
         position="rope",
-        rope_base=_rope_theta(config),
+        **_rope(config),
         tie_embeddings=config.get("tie_word_embeddings", False),
     )
 
 
-def llama_net_kwargs(config: dict) -> dict:
-    """``GPT`` arguments for a Hugging Face ``LlamaConfig`` dict (MHA, GQA or MQA)."""
-    d, h = config["hidden_size"], config["num_attention_heads"]
-    if config.get("head_dim") not in (None, d // h):
-        raise ValueError(f"head_dim {config['head_dim']} != hidden_size/num_attention_heads {d // h}: unsupported")
-    if bool(config.get("attention_bias", False)) != bool(config.get("mlp_bias", False)):
-        raise ValueError("attention_bias and mlp_bias differ; the zoo's GPT has one bias switch")
-    window = config.get("sliding_window")
+def _check_window(config: dict) -> None:
+    window = config.get("sliding_window") if config.get("use_sliding_window", True) else None  # Qwen's switch
     if window and window < config.get("max_position_embeddings", 2048):
         raise InputError(
             f"sliding_window {window} is shorter than max_position_embeddings: the zoo's attention sees the whole "
             f"context; set sliding_window to null (or >= the context) in config.json to load it anyway"
         )
-    kv = config.get("num_key_value_heads") or h
-    return dict(
-        _common_kwargs(config), bias=bool(config.get("attention_bias", False)), attention=partial(MHA, n_kv_head=kv)
-    )
+
+
+def llama_net_kwargs(config: dict) -> dict:
+    """``GPT`` arguments for a Hugging Face ``LlamaConfig`` dict (MHA, GQA or MQA), or Mistral's, Qwen2's (biases on
+    q, k and v only) or Qwen3's (per-head q and k norms)."""
+    kind = config.get("model_type", "llama")
+    qwen2 = kind == "qwen2"  # q/k/v biases always, none on o_proj nor the MLP (transformers' Qwen2Attention)
+    attention_bias = bool(config.get("attention_bias", False))
+    if not qwen2 and attention_bias != bool(config.get("mlp_bias", False)):
+        raise InputError("attention_bias and mlp_bias differ; the zoo's GPT has one bias switch")
+    _check_window(config)
+    d, h = config["hidden_size"], config["num_attention_heads"]
+    head_dim = config.get("head_dim") or d // h
+    attn = dict(n_kv_head=config.get("num_key_value_heads") or h)
+    if head_dim != d // h:
+        attn["head_dim"] = head_dim
+    if qwen2:
+        attn["qkv_bias"] = True
+    if kind == "qwen3":
+        attn |= dict(qk_norm=True, qk_norm_eps=config.get("rms_norm_eps", 1e-6))
+    return dict(_common_kwargs(config), bias=attention_bias and not qwen2, attention=partial(MHA, **attn))
 
 
 def mixtral_net_kwargs(config: dict) -> dict:
@@ -152,10 +185,11 @@ def _attn_to_zoo(sd: dict, pre: str, net: GPT, interleave: bool) -> dict[str, Te
     attn = net.blocks[0].attn
     if isinstance(attn, MHA):
         qkv = torch.cat([sd[f"{pre}self_attn.{n}_proj.weight"] for n in "qkv"])
-        out = {"attn.qkv.weight": qkv, "attn.proj.weight": sd[f"{pre}self_attn.o_proj.weight"]}
+        out = {"attn.qkv.weight": qkv}
         if f"{pre}self_attn.q_proj.bias" in sd:
             out["attn.qkv.bias"] = torch.cat([sd[f"{pre}self_attn.{n}_proj.bias"] for n in "qkv"])
-            out["attn.proj.bias"] = sd[f"{pre}self_attn.o_proj.bias"]
+        attn_sd = {k.removeprefix(f"{pre}self_attn."): v for k, v in sd.items() if k.startswith(f"{pre}self_attn.")}
+        out |= {f"attn.{ours}": attn_sd[theirs] for ours, theirs in _MHA_KEYS if theirs in attn_sd}
         return out
     out = {
         f"attn.{ours}": sd[f"{pre}self_attn.{theirs}"] for ours, theirs in _MLA_KEYS if f"{pre}self_attn.{theirs}" in sd
@@ -205,7 +239,7 @@ def zoo_to_hf(sd: dict[str, Tensor], net: GPT) -> dict[str, Tensor]:
                 if ours + f"attn.qkv.{kind}" in sd:
                     for n, w in zip("qkv", sd[ours + f"attn.qkv.{kind}"].split(sizes)):
                         out[pre + f"self_attn.{n}_proj.{kind}"] = w
-                    out[pre + f"self_attn.o_proj.{kind}"] = sd[ours + f"attn.proj.{kind}"]
+            out |= {pre + f"self_attn.{t}": sd[ours + f"attn.{o}"] for o, t in _MHA_KEYS if ours + f"attn.{o}" in sd}
         else:
             out.update(
                 {pre + f"self_attn.{t}": sd[ours + f"attn.{o}"] for o, t in _MLA_KEYS if ours + f"attn.{o}" in sd}
@@ -223,20 +257,20 @@ def _read_folder(folder: Path) -> tuple[dict, dict[str, Tensor]]:
     sd: dict[str, Tensor] = {}
     for shard in shards:
         sd.update(extract_state_dict(load_file(shard)))
-    return read_json(folder / "config.json"), sd
+    return read_config(folder / "config.json"), sd
 
 
 # What the zoo's GPT has not, for the MoE families it does not load.
 _REFUSED = {
     "qwen2_moe": "Qwen2-MoE has q/k/v-only attention biases and a sigmoid-gated shared expert (shared_expert_gate)",
-    "qwen3_moe": "Qwen3-MoE normalises queries and keys per head (q_norm, k_norm)",
+    "qwen3_moe": "Qwen3-MoE's expert layers (mlp_only_layers, decoder_sparse_step) are not mapped onto zoo.gpt.MoE",
 }
 
 
 def net_kwargs(config: dict) -> dict:
     """``GPT`` arguments for a Llama-family, Mixtral or DeepSeek-V3 ``config.json`` dict."""
     kind = config.get("model_type", "llama")
-    if kind in ("llama", "mistral"):
+    if kind in ("llama", "mistral", "qwen2", "qwen3"):
         return llama_net_kwargs(config)
     if kind == "mixtral":
         return mixtral_net_kwargs(config)
@@ -248,21 +282,64 @@ def net_kwargs(config: dict) -> dict:
 
 
 def load_hf_into(net: GPT, folder: str | Path) -> GPT:
-    """Copy a local Llama, Mixtral or DeepSeek-V3 folder's weights into ``net``, after checking every shape."""
+    """Copy a local Llama-family, Mixtral or DeepSeek-V3 folder's weights into ``net``: every parameter set and every
+    tensor of the files used (but the MTP layers of a net built without them), or an error naming what is left."""
     folder = Path(folder)
-    config, sd = _read_folder(folder)
+    config, source = _read_folder(folder)
     net_kwargs(config)  # refuses what no GPT holds (Qwen-MoE, RoPE scaling, ...), whatever net it goes into
     interleave = config.get("model_type") == "deepseek_v3" and config.get("rope_interleave", True)
-    sd = hf_to_zoo(sd, net, interleave)
-    check_compatible(net, sd, f"Hugging Face folder {str(folder)!r}")
+    name = f"Hugging Face folder {str(folder)!r}"
+    with missing_tensors_named(name):
+        sd = hf_to_zoo(source, net, interleave)
+    check_compatible(net, sd, name)
+    # The MTP layers a folder declares beyond the net's are left out by that choice (mtp_depth 0: the main model).
+    skipped = tuple(f"model.layers.{i}." for i in range(net.n_layer + len(net.mtp), net.n_layer + hf_mtp_depth(config)))
+    source_keys = {k for k in _moe_names(source) if not k.startswith(skipped or ("\0",))}
+    check_all_used(source_keys, _used(sd, net), name, ("rotary_emb.inv_freq",))
+    check_tied_head(net, sd, name)
     net.load_state_dict(sd)
     return net
+
+
+def _moe_names(keys) -> set[str]:
+    """Mixtral's ``block_sparse_moe.`` under transformers 5's ``mlp.`` name, as ``MoE.from_hf`` reads both."""
+    return {k.replace(".block_sparse_moe.", ".mlp.") for k in keys}
+
+
+def _used(sd: dict[str, Tensor], net: GPT) -> set[str]:
+    """The source keys a conversion into ``net`` reads: what the inverse writes, and each expert list's fused pair
+    (which ``MoE.from_hf`` reads instead of the per-expert tensors when a file holds it)."""
+    used = _moe_names(zoo_to_hf(sd, net))
+    return used | {k.split(".experts.")[0] + f".experts.{n}" for k in used if ".experts.0." in k for n in _FUSED}
 
 
 def load_hf(folder: str | Path) -> GPT:
     """A ``GPT`` holding the weights of a local Llama, Mixtral or DeepSeek-V3 Hugging Face folder."""
     config, _ = _read_folder(Path(folder))
     return load_hf_into(GPT(**net_kwargs(config)), folder)
+
+
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def _mha_model_type(attn: MHA) -> str:
+    """The dense family whose attention is ``attn``'s: Llama (one bias switch), Qwen2 (biases on q, k, v only) or
+    Qwen3 (per-head q and k norms)."""
+    qkv_bias, proj_bias = attn.qkv.bias is not None, attn.proj.bias is not None
+    if hasattr(attn, "q_norm") and qkv_bias == proj_bias:
+        return "qwen3"
+    if not hasattr(attn, "q_norm") and qkv_bias == proj_bias:
+        return "llama"
+    if not hasattr(attn, "q_norm") and qkv_bias and not proj_bias:
+        return "qwen2"
+    raise InputError("An MHA with q/k norms and biases on q, k, v only has no Hugging Face form (Qwen3 or Qwen2)")
+
+
+def _rope_parameters(net: GPT) -> dict:
+    params = {"rope_type": "default", "rope_theta": net.rope_base}
+    if net.rope_scaling is not None:
+        params |= {"rope_type": "llama3", **dataclasses.asdict(net.rope_scaling)}
+    return params
 
 
 def hf_config(net: GPT) -> dict:
@@ -289,11 +366,13 @@ def hf_config(net: GPT) -> dict:
         **net.norm_f.hf_config(),
         tie_word_embeddings=net.lm_head.weight is net.tok_emb.weight,
         attention_bias=attn.proj.bias is not None,
-        rope_parameters={"rope_type": "default", "rope_theta": net.rope_base},
+        rope_parameters=_rope_parameters(net),
         attention_dropout=0.0,
     )
     mtp = {"num_nextn_predict_layers": len(net.mtp)} if net.mtp else {}  # DeepSeek-V3's layout (zoo.gpt.mtp)
     if kind == ("mha", "mixtral"):
+        if _mha_model_type(attn) != "llama":
+            raise InputError("A Mixtral's attention has one bias switch and no q/k norms: this MoE net does not export")
         return (
             config
             | moe.hf_config()
@@ -307,12 +386,13 @@ def hf_config(net: GPT) -> dict:
             | mtp
         )
     if kind[0] == "mha":
+        model_type = _mha_model_type(attn)
         return (
             config
             | net.blocks[0].mlp.hf_config()
             | dict(
-                model_type="llama",
-                architectures=["LlamaForCausalLM"],
+                model_type=model_type,
+                architectures=[_ARCHITECTURES[model_type]],
                 num_key_value_heads=attn.n_kv_head,
                 head_dim=attn.head_dim,
             )

@@ -54,6 +54,25 @@ def read_json(path: str | Path, max_bytes: int = MAX_JSON_BYTES) -> Any:
         raise InputError(f"{str(path)!r} is not JSON ({err})") from None
 
 
+def read_config(path: str | Path) -> dict:
+    """A model folder's JSON config (``config.json``, ``tokenizer_config.json``, ``generation_config.json``) read
+    within bounds: an object that names no code, else an ``InputError`` naming ``path``.
+
+    ``auto_map`` is how a hub folder asks transformers to import its own ``modeling_*.py`` or ``tokenization_*.py``
+    (``trust_remote_code``); the zoo runs no file of a folder, so a model that needs one does not load.
+    """
+    config = read_json(path)
+    if not isinstance(config, dict):
+        raise InputError(f"{str(path)!r} is not a JSON object: not a Hugging Face config")
+    named = sorted(k for k in ("auto_map", "trust_remote_code", "custom_pipelines") if k in config)
+    if named:
+        raise InputError(
+            f"{str(path)!r} names custom code ({', '.join(named)}): the zoo runs no code from a model folder, so a "
+            f"model that needs its own modeling or tokenization module does not load. Only load folders you trust"
+        )
+    return config
+
+
 def file_in(folder: Path, name: Any, source: str) -> Path:
     """``folder / name`` for a file name that ``source`` (an index in ``folder``) gives: a plain file name of the
     folder, never a path out of it (``../../etc/x``, ``/abs``); an ``InputError`` naming ``source`` otherwise."""

@@ -1,8 +1,9 @@
-"""Tokenizers for the GPT and CLIP families: bytes, characters, a locally trained BPE, and GPT-2's BPE.
+"""Tokenizers for the GPT and CLIP families: bytes, characters, a locally trained BPE, GPT-2's BPE, and any model
+folder's ``tokenizer.json`` (``zoo.io.hf_tokenizer``).
 
 Model-side: a checkpoint carries its tokenizer (``to_dict``), so loading one needs only ``zoo``.
 
-All four share one small protocol (``Tokenizer``): ``encode``/``encode_batch``/``decode``,
+All five share one small protocol (``Tokenizer``): ``encode``/``encode_batch``/``decode``,
 ``vocab_size``, ``eos_id`` and ``to_dict``. ``to_dict`` is JSON-able and complete (the BPE kinds
 carry their whole ``tokenizer.json``), so a checkpoint restores the exact tokenizer with
 ``tokenizer_from_dict`` and needs no files. ``decode`` drops EOS and ids outside the vocabulary
@@ -228,6 +229,10 @@ def tokenizer_from_dict(d: dict) -> Tokenizer:
         return BPETokenizer.from_json(d["json"])
     if kind == "gpt2":
         return GPT2Tokenizer.from_json(d["json"])
+    if kind == "hf":  # a pretrained folder's (zoo.io.hf_tokenizer), which imports this module
+        from zoo.io.hf_tokenizer import PretrainedTokenizer
+
+        return PretrainedTokenizer.from_dict(d)
     raise ValueError(f"unknown tokenizer kind {kind!r} in {json.dumps(d)[:200]}")
 
 

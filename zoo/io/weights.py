@@ -16,7 +16,7 @@ import pickle
 import re
 import warnings
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
@@ -302,6 +302,20 @@ def check_compatible(net: nn.Module, state_dict: Mapping[str, Tensor], source: s
             f"{source} does not match the configured {type(net).__name__} "
             f"({len(bad)} mismatched keys):\n  {listing}\n"
             "Use the config the checkpoint was trained with, or a checkpoint of this model."
+        )
+
+
+def check_all_used(source: Iterable[str], used: Iterable[str], name: str, derived: tuple[str, ...] = ()) -> None:
+    """Refuse in one line, naming them, the tensors of ``source`` (a file's keys) that a conversion did not use:
+    ``used`` is what the converter's inverse writes back from the converted net, so a source key missing from it
+    was never read. Keys ending in ``derived`` are buffers recomputed from the config (RoPE's inv_freq, a mask)."""
+    used = set(used)
+    left = sorted(k for k in source if k not in used and not k.endswith(derived))
+    if left:
+        shown = ", ".join(left[:8]) + (f" and {len(left) - 8} more" if len(left) > 8 else "")
+        raise InputError(
+            f"{name} holds {len(left)} tensors the net built from its config has no place for ({shown}): loading "
+            f"without them would change the model; its config.json and weights disagree, or the zoo lacks that part"
         )
 
 

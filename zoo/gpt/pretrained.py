@@ -1,0 +1,165 @@
+"""A Hugging Face model folder as a ready ``CausalLMModule``: the net built from its ``config.json``, its weights loaded
+exactly, its tokenizer and generation defaults attached.
+
+    module = zoo.gpt.from_pretrained("Llama-3.2-1B")          # a local folder; nothing is downloaded
+    module.generate(["The capital of France is"], max_new_tokens=20, temperature=0)
+
+GPT-2, Llama (Llama 3.1-3.3's RoPE scaling included), Mistral, Qwen2/2.5, Qwen3, Mixtral and DeepSeek-V3 folders
+load (``hf.py``, ``llama.py``); a config option the zoo's GPT does not implement is refused by name. The weights are
+exact or refused: every parameter is set and every tensor of the files used, or one error names what is left over.
+The tokenizer is the folder's ``tokenizer.json`` (``zoo.io.hf_tokenizer``; GPT-2's vocab.json and merges.txt too),
+and ``generation_config.json`` sets predict's defaults as transformers reads them (no ``do_sample``: greedy).
+
+Every file is data: configs are read within size limits, and a folder that names code of its own (``auto_map``) is
+refused. The module records its net as a ``{class_path, init_args}`` config, as ``cli.py`` does, so its checkpoints
+rebuild it without the folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from pathlib import Path
+from typing import Any
+
+from zoo.compat import given_hyperparameters_context
+from zoo.errors import InputError
+from zoo.gpt.generate import Generation
+from zoo.gpt.gpt import GPT
+from zoo.gpt.hf import gpt2_net_kwargs, load_pretrained
+from zoo.gpt.llama import net_kwargs as llama_net_kwargs
+from zoo.gpt.module import CausalLMModule
+from zoo.gpt.mtp import hf_mtp_depth
+from zoo.io.files import read_config
+from zoo.io.hf_tokenizer import PretrainedTokenizer
+from zoo.io.tokenizers import GPT2Tokenizer, Tokenizer
+from zoo.io.trust import LIGHTNING_INSTANTIATOR
+
+MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "mixtral", "deepseek_v3")
+
+
+def read_folder(path: str | Path) -> tuple[Path, dict]:
+    """The folder and its ``config.json``, which must name one of ``MODEL_TYPES`` and no code."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise InputError(f"{str(folder)!r} is not a folder: point at a Hugging Face model folder (config, weights)")
+    if not (folder / "config.json").is_file():
+        raise InputError(f"{str(folder)!r} has no config.json: not a Hugging Face model folder")
+    config = read_config(folder / "config.json")
+    kind = config.get("model_type")
+    if kind not in MODEL_TYPES:
+        raise InputError(
+            f"{str(folder / 'config.json')!r} has model_type {kind!r}: the zoo's GPT loads {', '.join(MODEL_TYPES)}"
+        )
+    return folder, config
+
+
+def net_kwargs(config: dict, folder: Path | None = None) -> dict:
+    """``GPT`` arguments for a ``config.json`` dict of any of ``MODEL_TYPES``, with as many of DeepSeek-V3's MTP
+    layers as ``folder``'s weights hold of those the config declares (transformers saves none)."""
+    if config["model_type"] == "gpt2":
+        return _gpt2_kwargs(config)
+    kwargs = llama_net_kwargs(config)
+    if folder is not None and hf_mtp_depth(config):
+        keys = _weight_names(folder)
+        held = (f"model.layers.{config['num_hidden_layers'] + k}.eh_proj.weight" in keys for k in range(99))
+        kwargs["mtp_depth"] = min(hf_mtp_depth(config), sum(1 for _ in itertools.takewhile(bool, held)))
+    return kwargs
+
+
+def _weight_names(folder: Path) -> set[str]:
+    """The tensor names of a folder's safetensors files, from their headers (nothing else is read)."""
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for shard in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(shard), "pt") as f:
+            names |= set(f.keys())
+    return names
+
+
+def _gpt2_kwargs(config: dict) -> dict:
+    # Options of transformers' GPT2Attention that change the function and that the zoo's MHA has not.
+    unlike = {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "add_cross_attention": False}
+    named = [k for k, usual in unlike.items() if k in config and config[k] != usual]
+    if named:
+        raise InputError(f"GPT-2 option {', '.join(f'{k}={config[k]!r}' for k in named)} is not implemented by the zoo")
+    return gpt2_net_kwargs(config)
+
+
+def net_config(kwargs: dict) -> dict:
+    """``kwargs`` (classes, partials, settings dataclasses) as the ``{class_path, init_args}`` config ``cli.py``
+    writes, which a checkpoint rebuilds the net from."""
+    return {"class_path": "zoo.gpt.GPT", "init_args": {k: _config_value(v) for k, v in kwargs.items()}}
+
+
+def _config_value(value: Any) -> Any:
+    if isinstance(value, functools.partial):
+        init = {k: _config_value(v) for k, v in value.keywords.items()}
+        return {"class_path": f"{value.func.__module__}.{value.func.__qualname__}", "init_args": init}
+    if isinstance(value, type):
+        return {"class_path": f"{value.__module__}.{value.__qualname__}", "init_args": {}}
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    return value
+
+
+def generation_defaults(folder: Path) -> Generation:
+    """predict's decoding as ``generation_config.json`` states it: sampled (its temperature, top_k, top_p) only with
+    ``do_sample``, else greedy, as transformers' ``generate`` reads the file; greedy without one."""
+    path = folder / "generation_config.json"
+    g = read_config(path) if path.is_file() else {}
+    if not g.get("do_sample", False):
+        return Generation(temperature=0.0, **_max_new(g))
+    top_p = g.get("top_p")
+    return Generation(
+        temperature=float(g.get("temperature", 1.0)),
+        top_k=g.get("top_k") or None,
+        top_p=None if top_p in (None, 1.0) else float(top_p),
+        **_max_new(g),
+    )
+
+
+def _max_new(g: dict) -> dict:
+    return {"max_new_tokens": int(g["max_new_tokens"])} if g.get("max_new_tokens") else {}
+
+
+def _eos_ids(folder: Path, config: dict) -> list[int]:
+    """The EOS ids ``generation_config.json`` or ``config.json`` state (an int or a list), first found first."""
+    path = folder / "generation_config.json"
+    for source in (read_config(path) if path.is_file() else {}, config):
+        eos = source.get("eos_token_id")
+        if eos is not None:
+            return [eos] if isinstance(eos, int) else list(eos)
+    return []
+
+
+def folder_tokenizer(folder: Path, config: dict) -> Tokenizer:
+    """The folder's ``tokenizer.json`` with its special tokens; GPT-2's vocab.json and merges.txt without one."""
+    if not (folder / "tokenizer.json").is_file() and (folder / "vocab.json").is_file():
+        return GPT2Tokenizer.from_dir(folder)
+    return PretrainedTokenizer.from_folder(folder, _eos_ids(folder, config))
+
+
+def from_pretrained(path: str | Path, **module_kwargs: Any) -> CausalLMModule:
+    """A ``CausalLMModule`` holding the model of a local Hugging Face folder, ready to ``generate`` or to fit:
+    the net from its config.json, every weight exact, its tokenizer and generation defaults attached.
+    ``module_kwargs`` go to ``CausalLMModule`` (``optimizer``, ``compile``, ``generation``, ...)."""
+    folder, config = read_folder(path)
+    tokenizer = folder_tokenizer(folder, config)  # before the weights: a folder without one fails fast
+    kwargs = net_kwargs(config, folder)
+    if tokenizer.vocab_size > kwargs["vocab_size"]:  # more ids would index past the embedding; fewer is padding
+        raise InputError(
+            f"{str(folder)!r}: the tokenizer has {tokenizer.vocab_size} ids, more than config.json's vocab_size "
+            f"{kwargs['vocab_size']}: the tokenizer files are not this model's"
+        )
+    net = load_pretrained(GPT(**kwargs), folder)
+    module_kwargs.setdefault("generation", generation_defaults(folder))
+    hparams = {"net": net_config(kwargs)} | {
+        k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in module_kwargs.items()
+    }
+    with given_hyperparameters_context(hparams, LIGHTNING_INSTANTIATOR):  # the net as config, as cli.py records it
+        module = CausalLMModule(net=net, **module_kwargs)
+    module.tokenizer = tokenizer
+    return module.eval()
