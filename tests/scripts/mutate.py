@@ -71,7 +71,7 @@ FAMILIES: dict[str, dict] = {
             "tests/gpt/test_speculative.py",  # first: seconds, and it decodes through most of generate.py
             "tests/gpt/test_sampling.py",
             "tests/gpt/test_mtp.py",  # first: seconds, and its transformers references catch attention mutants too
-            "tests/gpt/test_pretrained.py",  # seconds: every architecture a folder loads as, against transformers
+            "tests/gpt/test_gpt_pretrained.py",  # seconds: every architecture a folder loads as, against transformers
             "tests/gpt/test_gpt_llama.py",
             "tests/gpt/test_gpt_behaviour.py",
             "tests/gpt/test_gpt.py",
@@ -227,7 +227,7 @@ FAMILIES: dict[str, dict] = {
             # first: seconds, the objectives' protocol and the old checkpoints' upgrade
             "tests/diffusion/test_objective.py",
             # then: the pretrained loads' parity, perturbation and refusals (~20 s)
-            "tests/diffusion/test_pretrained.py",
+            "tests/diffusion/test_diffusion_pretrained.py",
             # then: its flow and solver parity tests catch their mutants in seconds (its one CLI fit runs last)
             "tests/diffusion/test_flow.py",
             # second: the latent stage's mutants fail in seconds here; the others pass it in ~30 s (two CLI fits)
