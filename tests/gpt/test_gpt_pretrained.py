@@ -271,9 +271,9 @@ def test_token_ids_equal_autotokenizer_on_hard_strings(tmp_path, kind):
     write_tokenizer(tmp_path, kind)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
-    from zoo.io.hf_tokenizer import PretrainedTokenizer
+    from zoo.io.hf_tokenizer import from_folder
 
-    ours = tokenizer_from_dict(PretrainedTokenizer.from_folder(tmp_path).to_dict())  # through a checkpoint
+    ours = tokenizer_from_dict(from_folder(tmp_path).to_dict())  # through a checkpoint
     for text in HARD:
         ids = theirs.encode(text)
         assert ours.encode(text) == ids, text

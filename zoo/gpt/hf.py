@@ -10,16 +10,14 @@ downloaded: point at a folder (``save_pretrained`` output, or a hub snapshot cop
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
-import torch
 from torch import Tensor
 
 from zoo.errors import InputError
 from zoo.gpt.attention import MHA
+from zoo.gpt.checks import check_tied_head, missing_tensors_named
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import GeluMLP
 from zoo.gpt.norms import LayerNorm
@@ -130,27 +128,6 @@ def load_gpt2_into(net: GPT, folder: str | Path) -> GPT:
     check_tied_head(net, sd, name)
     net.load_state_dict(sd)
     return net
-
-
-@contextlib.contextmanager
-def missing_tensors_named(name: str) -> Iterator[None]:
-    """A converter's KeyError (a tensor the net's config needs that the file lacks) as one line naming it."""
-    try:
-        yield
-    except KeyError as err:
-        raise InputError(
-            f"{name} lacks the tensor {err.args[0]!r} that the model its config.json describes has: the weights are "
-            f"incomplete, or of another model than the config"
-        ) from None
-
-
-def check_tied_head(net: GPT, sd: dict[str, Tensor], name: str) -> None:
-    """A tied net holds one matrix for the embedding and the head: a file whose two differ does not fit it."""
-    if net.lm_head.weight is net.tok_emb.weight and not torch.equal(sd["lm_head.weight"], sd["tok_emb.weight"]):
-        raise InputError(
-            f"{name} has an output head that differs from its token embedding, but the net ties them "
-            f"(tie_word_embeddings): set tie_word_embeddings (the net's tie_embeddings) to false to load both"
-        )
 
 
 def export_gpt2(net: GPT, folder: str | Path, eos_id: int | None = None) -> Path:

@@ -38,8 +38,8 @@ from torch import Tensor
 
 from zoo.errors import InputError
 from zoo.gpt.attention import MHA, MLA, Llama3RoPE
+from zoo.gpt.checks import check_tied_head, missing_tensors_named
 from zoo.gpt.gpt import GPT
-from zoo.gpt.hf import check_tied_head, missing_tensors_named
 from zoo.gpt.mlp import SwiGLU
 from zoo.gpt.moe import MoE
 from zoo.gpt.mtp import hf_mtp_depth, mtp_to_hf, mtp_to_zoo

@@ -31,8 +31,8 @@ from zoo.gpt.hf import gpt2_net_kwargs, load_pretrained
 from zoo.gpt.llama import net_kwargs as llama_net_kwargs
 from zoo.gpt.module import CausalLMModule
 from zoo.gpt.mtp import hf_mtp_depth
+from zoo.io import hf_tokenizer
 from zoo.io.files import read_config
-from zoo.io.hf_tokenizer import PretrainedTokenizer
 from zoo.io.tokenizers import GPT2Tokenizer, Tokenizer
 from zoo.io.trust import LIGHTNING_INSTANTIATOR
 
@@ -139,7 +139,7 @@ def folder_tokenizer(folder: Path, config: dict) -> Tokenizer:
     """The folder's ``tokenizer.json`` with its special tokens; GPT-2's vocab.json and merges.txt without one."""
     if not (folder / "tokenizer.json").is_file() and (folder / "vocab.json").is_file():
         return GPT2Tokenizer.from_dir(folder)
-    return PretrainedTokenizer.from_folder(folder, _eos_ids(folder, config))
+    return hf_tokenizer.from_folder(folder, _eos_ids(folder, config))
 
 
 def from_pretrained(path: str | Path, **module_kwargs: Any) -> CausalLMModule:

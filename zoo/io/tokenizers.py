@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -218,6 +218,55 @@ class GPT2Tokenizer(_HFTokenizer):
         return cls(hf)
 
 
+SPECIALS = ("bos", "eos", "pad")
+
+
+def special_token(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string, an AddedToken dict or null."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class PretrainedTokenizer(_HFTokenizer):
+    """A model folder's ``tokenizer.json`` with its BOS/EOS/pad tokens and chat template (kept, never run)."""
+
+    kind = "hf"
+
+    def __init__(self, tokenizer: HFTokenizer, special: dict[str, str | None], chat_template: Any = None) -> None:
+        self.hf, self.special, self.chat_template = tokenizer, dict(special), chat_template
+        ids = {name: tokenizer.token_to_id(tok) if tok else None for name, tok in self.special.items()}
+        for name, tok in self.special.items():
+            if tok and ids[name] is None:
+                raise InputError(f"the {name} token {tok!r} is not in the tokenizer's vocabulary")
+        if ids.get("eos") is None:
+            raise InputError(
+                "the tokenizer states no EOS token (eos_token in tokenizer_config.json, or eos_token_id in "
+                "generation_config.json or config.json): generation would not know where a text ends"
+            )
+        self.eos_id, self.bos_id, self.pad_id = ids["eos"], ids.get("bos"), ids.get("pad")
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def to_dict(self) -> dict:
+        template = self.chat_template
+        return {"kind": self.kind, "json": self.hf.to_str(), "special": self.special, "chat_template": template}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PretrainedTokenizer:
+        return cls(
+            parse_tokenizer_json(d["json"], "the checkpoint's tokenizer"),
+            d.get("special") or {},
+            d.get("chat_template"),
+        )
+
+
+def parse_tokenizer_json(text: str, source: str) -> HFTokenizer:
+    try:
+        return HFTokenizer.from_str(text)
+    except Exception as err:  # tokenizers raises its own Exception type for any malformed pipeline
+        raise InputError(f"{source} is not a tokenizer.json that the tokenizers library reads ({err})") from None
+
+
 def tokenizer_from_dict(d: dict) -> Tokenizer:
     """Inverse of ``to_dict`` for every kind."""
     kind = d.get("kind")
@@ -229,9 +278,7 @@ def tokenizer_from_dict(d: dict) -> Tokenizer:
         return BPETokenizer.from_json(d["json"])
     if kind == "gpt2":
         return GPT2Tokenizer.from_json(d["json"])
-    if kind == "hf":  # a pretrained folder's (zoo.io.hf_tokenizer), which imports this module
-        from zoo.io.hf_tokenizer import PretrainedTokenizer
-
+    if kind == "hf":  # a pretrained folder's (read by zoo.io.hf_tokenizer)
         return PretrainedTokenizer.from_dict(d)
     raise ValueError(f"unknown tokenizer kind {kind!r} in {json.dumps(d)[:200]}")
 

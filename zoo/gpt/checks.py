@@ -1,0 +1,34 @@
+"""What the Hugging Face converters (``zoo.gpt.hf``, ``zoo.gpt.llama``) check alike: a tensor the config needs and
+the file lacks named in one line, and a tied head that the file does not tie."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from zoo.errors import InputError
+from zoo.gpt.gpt import GPT
+
+
+@contextlib.contextmanager
+def missing_tensors_named(name: str) -> Iterator[None]:
+    """A converter's KeyError (a tensor the net's config needs that the file lacks) as one line naming it."""
+    try:
+        yield
+    except KeyError as err:
+        raise InputError(
+            f"{name} lacks the tensor {err.args[0]!r} that the model its config.json describes has: the weights are "
+            f"incomplete, or of another model than the config"
+        ) from None
+
+
+def check_tied_head(net: GPT, sd: dict[str, Tensor], name: str) -> None:
+    """A tied net holds one matrix for the embedding and the head: a file whose two differ does not fit it."""
+    if net.lm_head.weight is net.tok_emb.weight and not torch.equal(sd["lm_head.weight"], sd["tok_emb.weight"]):
+        raise InputError(
+            f"{name} has an output head that differs from its token embedding, but the net ties them "
+            f"(tie_word_embeddings): set tie_word_embeddings (the net's tie_embeddings) to false to load both"
+        )
