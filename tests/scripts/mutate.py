@@ -33,6 +33,7 @@ MTP, LOSS = "zoo/gpt/mtp.py", "zoo/gpt/losses.py"
 SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/diffusion/losses.py"
 FL, LT, EM = "zoo/diffusion/flow.py", "zoo/diffusion/latent.py", "zoo/diffusion/ema.py"
 RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/q_nets.py", "zoo/rl/td3.py"
+SB = "zoo/rl/sb3.py"
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
 OB = "zoo/diffusion/objective.py"
 CL, CC, CMT = "zoo/clip/losses.py", "zoo/clip/clip.py", "zoo/clip/metrics.py"
@@ -395,6 +396,7 @@ FAMILIES: dict[str, dict] = {
             "tests/rl/test_td3.py",
             "tests/rl/test_sac.py",
             "tests/rl/test_impala.py",
+            "tests/rl/test_sb3_import.py",
         ],
         "mutants": [
             (
@@ -503,6 +505,12 @@ FAMILIES: dict[str, dict] = {
             ),
             ("zoo/rl/a2c.py", '"rms_alpha": ("optimizer", "alpha"),', '"rms_alpha": ("optimizer", "eps"),'),
             ("zoo/rl/common.py", "if old in out and not isinstance(out.get(name), dict):", "if old in out:"),
+            # Stable-Baselines3 zips in (zoo/rl/sb3.py): SAC's mean and log-std heads, PPO's value weight, the
+            # rounding rule of printed bounds, the exactness check.
+            (SB, 'for head in ("mu", "log_std")', 'for head in ("log_std", "mu")'),
+            (SB, 'out["vf_coef"] = 2 * d["vf_coef"]', 'out["vf_coef"] = d["vf_coef"]'),
+            (SB, 'len(m.group(1) or "") >= 8', 'len(m.group(1) or "") > 8'),
+            (SB, "unused = sorted(state[k][0] for k in state.keys() - own.keys())", "unused = []"),
         ],
     },
     "cnn": {
