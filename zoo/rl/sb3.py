@@ -282,6 +282,8 @@ def net_sizes(z: SB3Zip, algo: str) -> dict[str, Any]:
     else:
         if algo == "SAC":
             actor, head = _layers(z, "actor.latent_pi"), _shape(z, "actor.mu.weight")
+            if not actor:
+                raise refuse(z.path, "its SAC actor has no hidden layer (net_arch=[]), which the zoo's SAC actor needs")
         else:  # TD3's actor is one Sequential, its head the last Linear
             *actor, head = _layers(z, "actor.mu") or [_shape(z, "actor.mu.0.weight")]
         critic, k = _layers(z, "critic.qf0")[:-1], len({m[0] for m in map(_critic_of, z.policy) if m})
