@@ -67,7 +67,7 @@ def load_file(path: str | Path, map_location: str | torch.device | None = "cpu",
 
 
 def load_bytes(data: bytes, name: str, map_location: str | torch.device | None = "cpu") -> dict:
-    """``load_file`` for bytes already in memory (a member of an archive), weights-only; ``name`` names them in errors."""
+    """``load_file`` for bytes already in memory (an archive's member), weights-only; ``name`` names them in errors."""
     return _read(io.BytesIO(data), name, len(data), map_location)
 
 
