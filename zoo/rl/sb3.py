@@ -243,6 +243,8 @@ def spaces(z: SB3Zip, algo: str) -> dict[str, Any]:
         raise refuse(z.path, f"its observations are a {obs_kind} of shape {obs.get('_shape')}, not a flat Box")
     act_kind, act = space(z, "action_space")
     if act_kind == "Discrete" and algo in ("PPO", "A2C") and str(act.get("start", "0")) == "0":
+        if not str(act.get("n")).isdigit():
+            raise refuse(z.path, f"its Discrete action space has n={act.get('n')!r}")
         return {"obs_dim": obs["_shape"][0], "action_dim": int(act["n"]), "continuous": False}
     if act_kind != "Box" or len(act.get("_shape") or []) != 1:
         kinds = "a flat Box" if algo in ("SAC", "TD3") else "a Discrete starting at 0 or a flat Box"
@@ -373,21 +375,15 @@ def load_exact(module: LightningModule, state: dict[str, tuple[str, Tensor]], pa
 AGENTS = {"PPO": (PPOModule, ActorCritic), "A2C": (A2CModule, ActorCritic)}
 AGENTS |= {"SAC": (SACModule, SoftActorCritic), "TD3": (TD3Module, DeterministicActorCritic)}
 # zoo hyperparameter <- SB3's data field, copied where it holds a plain number (or bool).
+_SHARED = {k: k for k in ("gamma", "ent_coef", "gae_lambda", "max_grad_norm")}
+_REPLAY = {k: k for k in ("gamma", "tau", "batch_size", "buffer_size", "learning_starts", "gradient_steps")}
 SETTINGS = {
-    "PPO": {"num_steps": "n_steps", "update_epochs": "n_epochs", "norm_adv": "normalize_advantage"},
-    "A2C": {"num_steps": "n_steps", "vf_coef": "vf_coef", "norm_adv": "normalize_advantage"},
-    "SAC": {"target_update_interval": "target_update_interval", "target_entropy": "target_entropy"},
-    "TD3": {k: k for k in ("policy_delay", "target_policy_noise", "target_noise_clip")},
+    "PPO": {**_SHARED, "target_kl": "target_kl", "num_steps": "n_steps", "update_epochs": "n_epochs"}
+    | {"norm_adv": "normalize_advantage"},
+    "A2C": {**_SHARED, "vf_coef": "vf_coef", "num_steps": "n_steps", "norm_adv": "normalize_advantage"},
+    "SAC": {**_REPLAY, "target_update_interval": "target_update_interval", "target_entropy": "target_entropy"},
+    "TD3": {**_REPLAY, **{k: k for k in ("policy_delay", "target_policy_noise", "target_noise_clip")}},
 }
-for _algo, _same in (
-    ("PPO", "gae_lambda ent_coef max_grad_norm target_kl"),
-    ("A2C", "gae_lambda ent_coef max_grad_norm"),
-):
-    SETTINGS[_algo] |= {k: k for k in ["gamma", *_same.split()]}
-for _algo in ("SAC", "TD3"):
-    SETTINGS[_algo] |= {
-        k: k for k in ("gamma", "tau", "batch_size", "buffer_size", "learning_starts", "gradient_steps")
-    }
 
 
 def settings(z: SB3Zip, algo: str, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -403,9 +399,10 @@ def settings(z: SB3Zip, algo: str, kwargs: dict[str, Any]) -> dict[str, Any]:
             r"ConstantSchedule\(val=([-+.e\d]+)\)", str((d.get("clip_range") or {}).get("value_schedule"))
         ):
             out["clip_coef"] = float(m.group(1))
-        rollout = d.get("n_steps", 0) * d.get("n_envs", 1)
-        if d.get("batch_size") and rollout % d["batch_size"] == 0:
-            out["num_minibatches"] = rollout // d["batch_size"]
+        rollout, batch = d.get("n_steps"), d.get("batch_size")
+        rollout = rollout * d.get("n_envs", 1) if type(rollout) is int and type(d.get("n_envs", 1)) is int else 0
+        if type(batch) is int and batch > 0 and rollout % batch == 0 and rollout > 0:
+            out["num_minibatches"] = rollout // batch
     if lr is not None:
         out |= _optimizers(algo, lr, kwargs)
     if algo == "SAC":
