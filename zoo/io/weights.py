@@ -66,6 +66,11 @@ def load_file(path: str | Path, map_location: str | torch.device | None = "cpu",
     return _read(path, str(path), path.stat().st_size, map_location, mmap)
 
 
+def load_bytes(data: bytes, name: str, map_location: str | torch.device | None = "cpu") -> dict:
+    """``load_file`` for bytes already in memory (an archive's member), weights-only; ``name`` names them in errors."""
+    return _read(io.BytesIO(data), name, len(data), map_location)
+
+
 def _read(source: Path | io.BytesIO, name: str, size: int, map_location, mmap: bool = False) -> dict:
     """Load a local file or downloaded bytes weights-only; a failure is diagnosed from the bytes, naming ``name``."""
     device = map_location if isinstance(map_location, str) else "cpu"

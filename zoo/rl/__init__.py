@@ -10,6 +10,7 @@ from zoo.rl.ppo import PPOModule
 from zoo.rl.q_nets import DeterministicActorCritic, SoftActorCritic
 from zoo.rl.replay import ReplayBuffer, TransitionCollector
 from zoo.rl.sac import SACModule
+from zoo.rl.sb3 import from_pretrained
 from zoo.rl.td3 import TD3Module
 from zoo.rl.vtrace import impala_loss, vtrace
 
@@ -29,6 +30,7 @@ __all__ = [
     "TD3Module",
     "TransitionCollector",
     "a2c_loss",
+    "from_pretrained",
     "gae",
     "impala_loss",
     "ppo_loss",
