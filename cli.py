@@ -52,7 +52,7 @@ class ZooCLI(CheckpointHyperparametersLeftToCaller, LightningCLI):
             self.parser,
             self.config,
             self.subcommand,
-            lambda model_class: sizes.RULES.get(family_of(model_class).sizes) if model_class else None,
+            family_of,
             lambda: dump_config_again(self),
             self.stored_data,
         )

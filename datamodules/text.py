@@ -144,9 +144,10 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
         self,
         path: str | None = None,
         root: str = "data",
-        tokenizer: Literal["bytes", "chars", "bpe", "gpt2"] = "bytes",
+        tokenizer: Literal["bytes", "chars", "bpe", "gpt2", "pretrained"] = "bytes",
         bpe_vocab_size: int = 2048,
         gpt2_dir: str | None = None,
+        pretrained_dir: str | None = None,
         jsonl_field: str = "text",
         block_size: int = 256,
         batch_size: int = 32,
@@ -167,10 +168,12 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
             path: a .txt file (one document), a .jsonl file (one document per line) or a folder of them; None:
             Shakespeare.
             root: folder for the downloaded corpus and the token caches (``<root>/text_cache/``).
-            tokenizer: bytes (257 ids, no files), chars (fitted on the corpus), bpe (trained here) or gpt2 (from
-            gpt2_dir).
+            tokenizer: bytes (257 ids, no files), chars (fitted on the corpus), bpe (trained here), gpt2 (from
+            gpt2_dir) or pretrained (a model folder's own, from pretrained_dir).
             bpe_vocab_size: vocabulary size of the BPE trained on the training split (tokenizer=bpe).
             gpt2_dir: folder with GPT-2's vocab.json and merges.txt (tokenizer=gpt2; nothing is downloaded).
+            pretrained_dir: a Hugging Face model folder whose tokenizer.json (with its special tokens) the text is
+                tokenised with (tokenizer=pretrained): the folder the model's ``init_weights`` names.
             jsonl_field: the string field holding each .jsonl record's text.
             block_size: tokens per training window (T); a window reads T + 1 tokens for the shifted targets.
             batch_size: windows (train, val) or prompts (predict) per batch.
@@ -212,6 +215,7 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
         check_settings(at_least=0, num_workers=num_workers, tokenize_workers=tokenize_workers)
         self.path, self.root, self.kind = path, Path(root), tokenizer
         self.bpe_vocab_size, self.gpt2_dir, self.jsonl_field = bpe_vocab_size, gpt2_dir, jsonl_field
+        self.pretrained_dir = pretrained_dir
         self.block_size, self.batch_size, self.sampling = block_size, batch_size, sampling
         self.samples_per_epoch, self.val_fraction, self.val_samples = samples_per_epoch, val_fraction, val_samples
         for name, given in (("prompts_file", prompts_file), ("test_path", test_path)):
@@ -251,6 +255,13 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
             return ByteTokenizer()
         if self.kind == "gpt2":
             return GPT2Tokenizer.from_dir(self.gpt2_dir)
+        if self.kind == "pretrained":  # asked only when no checkpoint brings its tokenizer (a stored config has no dir)
+            from zoo.gpt.pretrained import folder_tokenizer, read_folder
+
+            if self.pretrained_dir is None:
+                raise InputError("tokenizer='pretrained' needs pretrained_dir=<the model folder, as its init_weights>")
+
+            return folder_tokenizer(*read_folder(self.pretrained_dir))
         cache = self._cache_dir(files)
         if self.kind == "chars":
             # The vocabulary comes from all the text: a character seen only in validation would not encode.

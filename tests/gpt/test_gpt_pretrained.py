@@ -388,3 +388,58 @@ def test_a_checkpoint_of_an_imported_model_rebuilds_it_without_the_folder(tmp_pa
     with torch.no_grad():
         assert torch.equal(back(x), module(x))
     assert back.tokenizer.to_dict() == module.tokenizer.to_dict()
+
+
+def test_the_cli_fine_tunes_a_folder_with_no_net_block_and_the_folders_tokenizer(tmp_path):
+    """``init_weights: <folder>`` with ``net: zoo.gpt.GPT`` alone: the net's architecture is the folder's config.json
+    (zoo.app.sizes.net_from_folder), the text is tokenised by the folder's tokenizer, the weights load exactly."""
+    from conftest import cli
+
+    folder = tmp_path / "qwen3"
+    write_model(folder, "qwen3")
+    (tmp_path / "text.txt").write_text("the cat sat on the mat. " * 200)
+    config = tmp_path / "finetune.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "model": {
+                    "class_path": "zoo.gpt.CausalLMModule",
+                    "init_args": {"net": {"class_path": "zoo.gpt.GPT"}, "init_weights": str(folder)},
+                },
+                "data": {
+                    "class_path": "datamodules.TextDataModule",
+                    "init_args": {
+                        "path": str(tmp_path / "text.txt"),
+                        "tokenizer": "pretrained",
+                        "pretrained_dir": str(folder),
+                        "block_size": 16,
+                        "batch_size": 2,
+                        "samples_per_epoch": 4,
+                        "val_samples": 2,
+                    },
+                },
+                "trainer": {"max_steps": 2, "logger": False, "enable_progress_bar": False},
+            }
+        )
+    )
+    reference = from_pretrained(folder)
+    from cli import main
+
+    c = main(["--config", str(config)], run=False)  # built, not run: its weights load at setup
+    c.datamodule.setup("fit")
+    c.model.trainer = None
+    c.model.setup("fit")
+    ours, theirs = c.model.hparams.net["init_args"], reference.hparams.net["init_args"]
+    assert {k: ours[k] for k in ("vocab_size", "n_layer", "n_embd", "n_head", "mlp_hidden")} == {
+        k: theirs[k] for k in ("vocab_size", "n_layer", "n_embd", "n_head", "mlp_hidden")
+    }  # the folder's architecture, recorded in the run's config and checkpoints
+    x = torch.randint(0, reference.net.vocab_size, (1, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(c.model.eval()(x), reference(x), atol=0, rtol=0)
+    assert c.datamodule.tokenizer.to_dict() == reference.tokenizer.to_dict()
+    c = cli("fit", "--config", str(config))  # and it trains
+    assert c.trainer.global_step == 2 and not torch.equal(c.model.net.tok_emb.weight, reference.net.tok_emb.weight)
+    # its checkpoint validates from its stored config, whose locations (the folder) are the user's to give again
+    last = c.trainer.checkpoint_callback.last_model_path
+    v = cli("validate", "--ckpt_path", last, f"--data.init_args.pretrained_dir={folder}", "--trainer.logger=false")
+    assert v.datamodule.tokenizer.to_dict() == reference.tokenizer.to_dict()

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from jsonargparse import Namespace
+from lightning.pytorch.utilities import rank_zero_info
 
 from zoo.errors import InputError
 
@@ -83,6 +84,42 @@ RULES: dict[str, Sizes] = {
 }  # by the families table's name
 
 
+def gpt_folder(folder: Path) -> dict[str, Any]:
+    """A GPT's ``init_args`` from a Hugging Face model folder's config.json (``zoo.gpt.pretrained``)."""
+    from zoo.gpt.pretrained import net_config, net_kwargs, read_folder
+
+    folder, config = read_folder(folder)
+    return net_config(net_kwargs(config, folder))["init_args"]
+
+
+FOLDERS: dict[str, Callable[[Path], dict[str, Any]]] = {"gpt": gpt_folder}  # by the families table's name
+
+
+def net_from_folder(cfg: Namespace, rule: Callable[[Path], dict[str, Any]] | None) -> list[str]:
+    """The net's ``init_args`` from the model folder ``model.init_args.init_weights`` names (a local folder with a
+    config.json), by the family's rule: the folder's architecture wins over the config's net block, which then
+    needs no more than its class_path. A line per value of the config that the folder's replaced."""
+    init = (cfg.get("model") or Namespace()).get("init_args", Namespace())
+    folder, net = init.get("init_weights"), init.get("net")
+    if rule is None or not isinstance(folder, str) or not (Path(folder) / "config.json").is_file():
+        return []
+    if not isinstance(net, Namespace) or not isinstance(net.get("init_args"), Namespace):
+        return []
+    args, replaced = net.init_args, []
+    for key, value in rule(Path(folder)).items():
+        old = args.get(key)
+        old = old.as_dict() if isinstance(old, Namespace) else old
+        if key in args and old is not None and old != value:
+            replaced.append(f"{NET}.{key}: {old!r} -> {value!r} ({folder}/config.json)")
+        args[key] = _namespace(value)
+    return replaced
+
+
+def _namespace(value: Any) -> Any:
+    """The zoo's own nested ``{class_path, init_args}`` dicts as the parser's namespaces, which it instantiates."""
+    return Namespace(**{k: _namespace(v) for k, v in value.items()}) if isinstance(value, dict) else value
+
+
 def size_the_net(cfg: Namespace, data: Any, subcommand: str | None, sizes: Sizes | None) -> None:
     """Complete ``cfg``'s net (``model.init_args.net``) with the sizes the checkpoint and ``data`` state, by the
     family's ``sizes`` rule; a given size that disagrees raises ``InputError`` naming both."""
@@ -132,12 +169,13 @@ def model_class(cfg: Namespace) -> type | None:
 
 
 def instantiate_data_first(
-    parser, config: Namespace, subcommand: str | None, sizes_of: Callable, redump, build_data: Callable | None = None
+    parser, config: Namespace, subcommand: str | None, family_of: Callable, redump, build_data: Callable | None = None
 ) -> Namespace:
-    """``parser.instantiate(config)`` with the DataModule built first and the net sized from it in between:
-    ``sizes_of(model_class)`` is the family's rule, ``redump()`` makes LightningCLI dump the completed config again
-    (it hands that dump to the model as its hyperparameters); ``build_data``: builds the DataModule instead of the
-    parser (a checkpoint's stored one, ``zoo.app.stored_config``)."""
+    """``parser.instantiate(config)`` with the DataModule built first and the net sized from it in between (its
+    architecture from a model folder given as ``init_weights`` first, where the family has a rule for it):
+    ``family_of(model_class)`` is the family's row (``zoo.tracking.families``), ``redump()`` makes LightningCLI
+    dump the completed config again (it hands that dump to the model as its hyperparameters); ``build_data``: builds
+    the DataModule instead of the parser (a checkpoint's stored one, ``zoo.app.stored_config``)."""
     prefix = f"{subcommand}." if subcommand else ""
     cfg = config[subcommand] if subcommand else config
     data = build_data() if build_data is not None and cfg.get("data") is None else None
@@ -146,7 +184,11 @@ def instantiate_data_first(
         if subcommand:
             only_data = Namespace(subcommand=subcommand, **{subcommand: only_data})
         data = parser.instantiate(only_data)[f"{prefix}data"]
-    size_the_net(cfg, data, subcommand, sizes_of(model_class(cfg)))
+    row = family_of(model_class(cfg))
+    if subcommand == "fit" or not cfg.get("ckpt_path"):  # an evaluated checkpoint's net is its own
+        for line in net_from_folder(cfg, FOLDERS.get(row.net_from_folder)):
+            rank_zero_info(f"the net from init_weights: {line}")
+    size_the_net(cfg, data, subcommand, RULES.get(row.sizes))
     redump()
     rest = config.clone()
     rest[f"{prefix}data"] = None

@@ -26,6 +26,9 @@ class Family:
     # The rule the net's sizes follow from the data by (``zoo.app.sizes.RULES``), set before the net is built;
     # None: none do.
     sizes: Literal["vocabulary", "classes", "spaces"] | None = None
+    # The rule that builds the net's config from a model folder given as ``init_weights`` (``zoo.app.sizes.FOLDERS``:
+    # a pretrained model's architecture is its folder's, not a hand-written net block); None: the config's.
+    net_from_folder: Literal["gpt"] | None = None
     # The class of ``zoo.tracking.serving`` a logged model answers raw inputs through; None: it is not served.
     interface: str | None = None
 
@@ -34,7 +37,12 @@ RL = dict(name="rl", monitor="val/return", monitor_mode="max", sizes="spaces", i
 
 FAMILIES: dict[str, Family] = {
     "zoo.gpt.CausalLMModule": Family(
-        "gpt", "val/loss", callbacks=("callbacks.LogTextSamples",), sizes="vocabulary", interface="TextGenerator"
+        "gpt",
+        "val/loss",
+        callbacks=("callbacks.LogTextSamples",),
+        sizes="vocabulary",
+        net_from_folder="gpt",
+        interface="TextGenerator",
     ),
     "zoo.diffusion.DiffusionModule": Family(
         "diffusion", "val/loss", callbacks=("callbacks.LogImageSamples",), interface="ImageGenerator"
