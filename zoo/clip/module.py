@@ -83,10 +83,7 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
 
     def setup(self, stage: str) -> None:
         if self.hparams.init_weights and not self._init_loaded:  # once: a later test() keeps trained weights
-            from zoo.clip.hf import load_hf_clip_into
-
-            load_hf_clip_into(self.net, readable(self.hparams.init_weights))
-            self._init_loaded = True
+            self._load_init_weights(readable(self.hparams.init_weights))
         for tower in self._locked_towers():
             tower.requires_grad_(False)  # param_groups leaves them out of the optimizer
         dm = getattr(trainer_of(self), "datamodule", None)
@@ -96,6 +93,19 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
             return
         self.tokenizer, self.context_length = dm.tokenizer, dm.context_length
         self._check_text_tower()
+
+    def _load_init_weights(self, path) -> None:
+        """The weights, and for imported ones (not the zoo's own) their image format, OpenAI's prompts and the
+        folder's tokenizer: what predicting with them needs, before any data or checkpoint says otherwise."""
+        from zoo.clip.hf import load_source_into
+        from zoo.clip.pretrained import source_inputs, source_tokenizer
+
+        if load_source_into(self.net, path) != "zoo":
+            self.inputs = source_inputs(path, self.net)
+            tokenizer = source_tokenizer(path)
+            if tokenizer is not None:
+                self.tokenizer, self.context_length = tokenizer, self.net.text_encoder.context_length
+        self._init_loaded = True
 
     def _locked_towers(self) -> list[nn.Module]:
         h = self.hparams

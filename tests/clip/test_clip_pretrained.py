@@ -1,0 +1,204 @@
+"""Imported CLIP weights arrive with their preprocessing, prompts and tokenizer (``zoo.clip.pretrained``).
+
+References: ``transformers.CLIPImageProcessor`` for a Hugging Face folder and open_clip's own transform
+(``create_model_and_transforms(...)[2]``) for an open_clip folder, on PIL images of odd sizes (the centre crop's
+offset rounds one way in transformers and the other in torchvision); and a zero-shot prediction through ``cli.py``
+recomputed with ``transformers.CLIPModel``, OpenAI's 80 templates and the folder's tokenizer.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from conftest import CONFIGS, cli, output
+
+from zoo.clip import CLIP, TextTransformer, VisionTransformer
+from zoo.clip.hf import load_source_into, zoo_yaml
+from zoo.clip.pretrained import OPENAI_MEAN, OPENAI_STD, source_inputs, source_tokenizer
+from zoo.clip.templates import OPENAI_IMAGENET_TEMPLATES
+from zoo.errors import InputError
+from zoo.io.new_inputs import image_transform
+from zoo.io.tokenizers import BPETokenizer, tokenize
+
+transformers = pytest.importorskip("transformers")
+ZEROSHOT = str(CONFIGS / "clip" / "zeroshot_folder.yaml")
+# Sides whose margin over the crop is odd, even, 3 mod 4 (the rounding cases), and a grey image.
+SIZES = [(20, 27), (37, 90), (64, 64), (23, 16), (45, 33)]
+
+
+def pil_images(mode: str = "RGB") -> list:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (*hw, 3), dtype=np.uint8)) for hw in SIZES]
+    return images + [Image.fromarray(rng.integers(0, 256, (30, 41), dtype=np.uint8)).convert(mode)]
+
+
+def hf_folder(folder: Path, processor: dict | None = None) -> Path:
+    """A tiny random ``CLIPModel`` saved with a BPE tokenizer (and a ``CLIPImageProcessor`` when given)."""
+    captions = [f"a {c} {s}" for c in ("red", "blue", "green") for s in ("cat", "dog", "car")]
+    tok = BPETokenizer.train(captions * 5, vocab_size=300)
+    tok.save(folder)
+    torch.manual_seed(0)
+    eos = tok.eos_id
+    text = dict(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1)
+    text |= dict(num_attention_heads=2, max_position_embeddings=24, eos_token_id=eos, bos_token_id=eos)
+    vision = dict(image_size=16, patch_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=1)
+    config = transformers.CLIPConfig(
+        text_config=text | {"pad_token_id": eos}, vision_config=vision | {"num_attention_heads": 2}, projection_dim=16
+    )
+    transformers.CLIPModel(config).save_pretrained(folder)
+    if processor is not None:
+        transformers.CLIPImageProcessor(**processor).save_pretrained(folder)
+    return folder
+
+
+def zoo_net(folder: Path) -> CLIP:
+    block = yaml.safe_load(zoo_yaml(folder))["net"]["init_args"]
+    towers = (
+        VisionTransformer(**block["image_encoder"]["init_args"]),
+        TextTransformer(**block["text_encoder"]["init_args"]),
+    )
+    return CLIP(*towers, init_logit_scale=block["init_logit_scale"])
+
+
+@pytest.mark.parametrize("resize", [16, 20])
+def test_hf_folder_reads_images_as_clip_image_processor_does(tmp_path, resize):
+    settings = dict(size={"shortest_edge": resize}, crop_size={"height": 16, "width": 16}, image_mean=[0.5, 0.4, 0.3])
+    folder = hf_folder(tmp_path, settings)
+    inputs = source_inputs(folder, zoo_net(folder))
+    assert inputs["interpolation"] == "bicubic" and inputs["mean"] == [0.5, 0.4, 0.3]
+    mode, transform = image_transform(inputs)
+    processor = transformers.CLIPImageProcessor.from_pretrained(folder)
+    for image in pil_images():
+        theirs = processor(images=image, return_tensors="pt")["pixel_values"][0]
+        torch.testing.assert_close(transform(image.convert(mode)), theirs, rtol=0, atol=1e-5)
+
+
+def test_an_hf_folder_without_a_processor_file_takes_openais_recipe_and_odd_settings_are_refused(tmp_path):
+    folder = hf_folder(tmp_path)
+    net = zoo_net(folder)
+    inputs = source_inputs(folder, net)
+    assert (inputs["mean"], inputs["std"]) == (list(OPENAI_MEAN), list(OPENAI_STD))
+    assert inputs["image_shape"] == [3, 16, 16] and inputs["interpolation"] == "bicubic"
+    assert inputs["templates"] == list(OPENAI_IMAGENET_TEMPLATES)
+    for bad in ({"do_center_crop": False}, {"resample": 0}, {"crop_size": {"height": 16, "width": 12}}):
+        (folder / "preprocessor_config.json").write_text(json.dumps({"crop_size": 16} | bad))
+        with pytest.raises(InputError, match=next(iter(bad))):
+            source_inputs(folder, net)
+
+
+def open_clip_folder(folder: Path):
+    """A tiny open_clip model saved as the hub lays it out (``open_clip_config.json`` + weights); returns it too."""
+    open_clip = pytest.importorskip("open_clip")
+    model_cfg = {
+        "embed_dim": 16,
+        "quick_gelu": True,
+        "vision_cfg": {"image_size": 16, "layers": 1, "width": 32, "patch_size": 8, "head_width": 16},
+        "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
+    }
+    pre = {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.5, 0.75], "interpolation": "bicubic", "resize_mode": "shortest"}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "open_clip_config.json").write_text(json.dumps({"model_cfg": model_cfg, "preprocess_cfg": pre}))
+    torch.manual_seed(0)
+    model, _, transform = open_clip.create_model_and_transforms(f"local-dir:{folder}")
+    torch.save(model.state_dict(), folder / "open_clip_pytorch_model.bin")
+    return model.eval(), transform
+
+
+def test_open_clip_folder_reads_images_and_weights_as_open_clip_does(tmp_path):
+    model, transform = open_clip_folder(tmp_path / "oc")
+    net = CLIP(
+        VisionTransformer(image_size=16, patch_size=8, width=32, layers=1, heads=2, embed_dim=16, act="quick_gelu"),
+        TextTransformer(
+            vocab_size=49408,
+            context_length=16,
+            width=32,
+            layers=1,
+            heads=2,
+            embed_dim=16,
+            eot_id=49407,
+            act="quick_gelu",
+        ),
+    ).eval()
+    assert load_source_into(net, tmp_path / "oc") == "openai"
+    inputs = source_inputs(tmp_path / "oc", net)
+    assert inputs["std"] == [0.25, 0.5, 0.75]
+    mode, ours = image_transform(inputs)
+    images = pil_images()
+    for image in images:
+        torch.testing.assert_close(ours(image.convert(mode)), transform(image), rtol=0, atol=1e-5)
+    pixels = torch.stack([transform(im) for im in images])
+    ids = torch.randint(0, 49406, (2, 16))
+    ids[:, 0], ids[0, 5], ids[1, 15] = 49406, 49407, 49407
+    with torch.no_grad():
+        torch.testing.assert_close(
+            net.encode_image(pixels), model.encode_image(pixels, normalize=True), atol=1e-5, rtol=0
+        )
+        torch.testing.assert_close(net.encode_text(ids), model.encode_text(ids, normalize=True), atol=1e-5, rtol=0)
+
+
+def zeroshot_args(folder: Path, images: Path, *extra: str) -> list[str]:
+    net = yaml.safe_load(zoo_yaml(folder))["net"]
+    return [
+        "--config",
+        ZEROSHOT,
+        f"--model.init_args.net={json.dumps(net)}",  # the preset's is ViT-B/32; this folder is tiny
+        f"--model.init_args.init_weights={folder}",
+        f"--data.init_args.paths={images}",
+        "--data.init_args.class_names=[cat, dog, car]",
+        "--trainer.enable_progress_bar=false",
+        *extra,
+    ]
+
+
+@pytest.fixture
+def image_folder(tmp_path) -> Path:
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i, image in enumerate(pil_images()):
+        image.save(folder / f"{i}.png")
+    return folder
+
+
+def test_zeroshot_preset_predicts_a_folder_as_transformers_would_with_openais_templates(tmp_path, image_folder):
+    """docs/clip.md's zero-shot command: the probabilities equal ``CLIPModel``'s on ``CLIPImageProcessor``'s pixels,
+    each class the mean of its 80 prompts' normalised embeddings."""
+    folder = hf_folder(tmp_path / "hf", dict(size={"shortest_edge": 20}, crop_size=16))
+    cli("predict", *zeroshot_args(folder, image_folder))
+    with open(output("predictions.csv")) as f:
+        rows = list(csv.DictReader(f))
+    names = ["cat", "dog", "car"]
+    model = transformers.CLIPModel.from_pretrained(folder).eval()
+    processor = transformers.CLIPImageProcessor.from_pretrained(folder)
+    paths = sorted(image_folder.glob("*.png"))
+    assert [Path(r["path"]).name for r in rows] == [p.name for p in paths]
+    from PIL import Image
+
+    pixels = processor(images=[Image.open(p).convert("RGB") for p in paths], return_tensors="pt")["pixel_values"]
+    tok = source_tokenizer(folder)
+    ids = tokenize(tok, [t.format(c) for c in names for t in OPENAI_IMAGENET_TEMPLATES], 24)
+    with torch.no_grad():
+        img = F.normalize(model.get_image_features(pixel_values=pixels).pooler_output, dim=-1)
+        txt = F.normalize(model.get_text_features(input_ids=ids).pooler_output, dim=-1)
+        classes = F.normalize(txt.view(len(names), len(OPENAI_IMAGENET_TEMPLATES), -1).mean(1), dim=-1)
+        probs = (model.logit_scale.exp() * img @ classes.T).softmax(-1)
+    for row, p in zip(rows, probs):
+        assert row["class"] == names[int(p.argmax())]
+        assert float(row["confidence"]) == pytest.approx(float(p.max()), abs=1e-5)
+
+
+def test_given_templates_replace_openais_and_the_folders_tokenizer_comes_along(tmp_path, image_folder):
+    folder = hf_folder(tmp_path / "hf")
+    c = cli("predict", *zeroshot_args(folder, image_folder, '--data.init_args.templates=["a photo of a {}."]'))
+    assert c.datamodule._zeroshot_settings()["templates"] == ["a photo of a {}."]
+    c = cli("predict", *zeroshot_args(folder, image_folder))
+    assert c.datamodule._zeroshot_settings()["templates"] == list(OPENAI_IMAGENET_TEMPLATES)
+    assert c.model.tokenizer.to_dict() == source_tokenizer(folder).to_dict()
