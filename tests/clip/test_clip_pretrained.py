@@ -145,8 +145,8 @@ def test_open_clip_folder_reads_images_and_weights_as_open_clip_does(tmp_path):
         torch.testing.assert_close(net.encode_text(ids), model.encode_text(ids, normalize=True), atol=1e-5, rtol=0)
 
 
-def zeroshot_args(folder: Path, images: Path, *extra: str) -> list[str]:
-    net = yaml.safe_load(zoo_yaml(folder))["net"]
+def zeroshot_args(folder: Path, images: Path, *extra: str, net: dict | None = None) -> list[str]:
+    net = net or yaml.safe_load(zoo_yaml(folder))["net"]
     return [
         "--config",
         ZEROSHOT,
@@ -202,3 +202,64 @@ def test_given_templates_replace_openais_and_the_folders_tokenizer_comes_along(t
     c = cli("predict", *zeroshot_args(folder, image_folder))
     assert c.datamodule._zeroshot_settings()["templates"] == list(OPENAI_IMAGENET_TEMPLATES)
     assert c.model.tokenizer.to_dict() == source_tokenizer(folder).to_dict()
+
+
+HARD_STRINGS = [
+    "a photo of a cat.",
+    "  Hello\t\n  WORLD  ",  # whitespace runs, upper case
+    "naïve café — “quoted” ﬁne &amp;amp; Ａｂｃ",  # ftfy's fixes: quotes, ligatures, full width; HTML twice
+    "日本語のテキスト 🙂🙂",
+    "mojibake: cafÃ©",
+    "it's they're we'll I'd 123456 don't!!! ??? ...",
+    "x<end_of_text>y",
+    "ĀāĂ ñ Ω ≈ \u200b zero\u00a0width",
+    "",
+    "supercalifragilisticexpialidocious" * 5,  # a long word
+    "word " * 100,  # past the context length: cut, end-of-text kept
+]
+
+
+@pytest.mark.parametrize("context_length", [77, 8])
+def test_open_clip_tokenizer_ids_equal_open_clips_on_hard_strings(context_length):
+    open_clip = pytest.importorskip("open_clip")
+    from zoo.clip.pretrained import source_tokenizer
+    from zoo.io.tokenizers import tokenizer_from_dict
+
+    ours = tokenizer_from_dict(source_tokenizer(Path("weights.bin"), "openai").to_dict())  # as a checkpoint holds it
+    theirs = open_clip.get_tokenizer("ViT-B-32")(HARD_STRINGS, context_length=context_length)
+    for text, want, got in zip(HARD_STRINGS, theirs, tokenize(ours, HARD_STRINGS, context_length)):
+        n = int(want.nonzero()[-1]) + 1  # open_clip pads with 0, the zoo with end-of-text
+        assert got[:n].tolist() == want[:n].tolist(), text
+        assert (got[n:] == ours.eos_id).all()
+
+
+def test_an_open_clip_folder_zero_shots_through_the_cli_with_its_tokenizer_and_preprocessing(tmp_path, image_folder):
+    model, transform = open_clip_folder(tmp_path / "oc")
+    import open_clip
+
+    vision = dict(image_size=16, patch_size=8, width=32, layers=1, heads=2, embed_dim=16, act="quick_gelu")
+    text = dict(vocab_size=49408, context_length=16, width=32, layers=1, heads=2, embed_dim=16, eot_id=49407)
+    net = {
+        "class_path": "zoo.clip.CLIP",
+        "init_args": {
+            "image_encoder": {"class_path": "zoo.clip.VisionTransformer", "init_args": vision},
+            "text_encoder": {"class_path": "zoo.clip.TextTransformer", "init_args": text | {"act": "quick_gelu"}},
+        },
+    }
+    cli("predict", *zeroshot_args(tmp_path / "oc", image_folder, net=net))
+    with open(output("predictions.csv")) as f:
+        rows = list(csv.DictReader(f))
+    from PIL import Image
+
+    names = ["cat", "dog", "car"]
+    pixels = torch.stack([transform(Image.open(p)) for p in sorted(image_folder.glob("*.png"))])
+    prompts = [t.format(c) for c in names for t in OPENAI_IMAGENET_TEMPLATES]
+    with torch.no_grad():
+        img = model.encode_image(pixels, normalize=True)
+        txt = model.encode_text(open_clip.get_tokenizer("ViT-B-32")(prompts, context_length=16), normalize=True)
+        classes = F.normalize(txt.view(len(names), len(OPENAI_IMAGENET_TEMPLATES), -1).mean(1), dim=-1)
+        probs = (model.logit_scale.exp() * img @ classes.T).softmax(-1)
+    assert len(rows) == len(probs)
+    for row, p in zip(rows, probs):
+        assert row["class"] == names[int(p.argmax())]
+        assert float(row["confidence"]) == pytest.approx(float(p.max()), abs=1e-5)

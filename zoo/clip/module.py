@@ -100,11 +100,13 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
         from zoo.clip.hf import load_source_into
         from zoo.clip.pretrained import source_inputs, source_tokenizer
 
-        if load_source_into(self.net, path) != "zoo":
+        layout = load_source_into(self.net, path)
+        if layout != "zoo":
             self.inputs = source_inputs(path, self.net)
-            tokenizer = source_tokenizer(path)
+            tokenizer = source_tokenizer(path, layout)
             if tokenizer is not None:
                 self.tokenizer, self.context_length = tokenizer, self.net.text_encoder.context_length
+                self._check_text_tower()
         self._init_loaded = True
 
     def _locked_towers(self) -> list[nn.Module]:

@@ -9,24 +9,27 @@ Weights trained by others expect images read as their training images were. The 
   * an OpenAI/open_clip state dict file alone: OpenAI's recipe (Radford et al. 2021, ``clip.load``'s ``_transform``).
 A setting the zoo does not reproduce (a non-square crop, no crop, another filter or resize mode) is refused by name.
 The zero-shot prompts default to OpenAI's 80 ImageNet templates (``zoo.clip.templates``); the tokenizer is the
-folder's ``tokenizer.json`` when there is one.
+folder's ``tokenizer.json`` when there is one, else for OpenAI-layout weights open_clip's ``SimpleTokenizer``
+(``zoo.io.tokenizers.OpenCLIPTokenizer``).
 
 Notation: S the tower's image side.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from zoo.clip.clip import CLIP
 from zoo.clip.templates import OPENAI_IMAGENET_TEMPLATES
 from zoo.errors import InputError
 from zoo.io.files import read_json
-from zoo.io.tokenizers import BPETokenizer, Tokenizer
+from zoo.io.tokenizers import BPETokenizer, OpenCLIPTokenizer, Tokenizer
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)  # OpenAI CLIP's pixel statistics (clip.load's Normalize)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
 OPEN_CLIP_CONFIG = "open_clip_config.json"
+BPE_MERGES = "bpe_simple_vocab_16e6.txt.gz"  # OpenAI CLIP's merges, as open_clip and OpenAI's clip ship them
 _RESAMPLE = {2: "bilinear", 3: "bicubic"}  # PIL's filter numbers, as preprocessor_config.json stores them
 
 
@@ -84,7 +87,8 @@ def open_clip_inputs(folder: Path, side: int) -> dict:
     path = folder / OPEN_CLIP_CONFIG
     cfg = read_json(path)
     pre = cfg.get("preprocess_cfg", {}) if isinstance(cfg, dict) else None
-    vision = cfg.get("model_cfg", {}).get("vision_cfg", {}) if isinstance(cfg, dict) else None
+    model = cfg.get("model_cfg") if isinstance(cfg, dict) else None
+    vision = model.get("vision_cfg", {}) if isinstance(model, dict) else None
     if not isinstance(pre, dict) or not isinstance(vision, dict):
         raise _refuse(path, "no model_cfg/preprocess_cfg objects")
     size = pre.get("size", vision.get("image_size", side))  # open_clip sets it to the tower's image_size
@@ -112,7 +116,45 @@ def source_inputs(path: str | Path, net: CLIP) -> dict:
     return _inputs(side, side, OPENAI_MEAN, OPENAI_STD, "bicubic", "torchvision")  # clip.load's _transform
 
 
-def source_tokenizer(path: str | Path) -> Tokenizer | None:
-    """The folder's ``tokenizer.json`` (CLIP's BPE as transformers saves it), or None."""
-    file = Path(path) / "tokenizer.json"
-    return BPETokenizer.load(file) if file.is_file() else None
+def source_tokenizer(path: str | Path, layout: str = "hf") -> Tokenizer | None:
+    """The tokenizer the weights at ``path`` were trained with: the folder's ``tokenizer.json`` (CLIP's BPE as
+    transformers saves it); else, for OpenAI-layout weights (open_clip's, OpenAI's), open_clip's ``SimpleTokenizer``
+    built from ``bpe_simple_vocab_16e6.txt.gz`` (in the folder, or the one open_clip installs); else None."""
+    path = Path(path)
+    folder = path if path.is_dir() else None
+    if folder is not None and (folder / "tokenizer.json").is_file():
+        return BPETokenizer.load(folder / "tokenizer.json")
+    if layout != "openai":
+        return None
+    if folder is not None and (folder / OPEN_CLIP_CONFIG).is_file():
+        _check_simple_tokenizer(folder / OPEN_CLIP_CONFIG)
+    return OpenCLIPTokenizer.from_merges_file(_merges_file(folder))
+
+
+def _check_simple_tokenizer(config: Path) -> None:
+    cfg = read_json(config)
+    model = cfg.get("model_cfg") if isinstance(cfg, dict) else None
+    text = model.get("text_cfg", {}) if isinstance(model, dict) else None
+    if not isinstance(text, dict):
+        raise _refuse(config, "model_cfg.text_cfg is not an object")
+    if text.get("hf_tokenizer_name"):
+        raise InputError(
+            f"{str(config)!r} names the Hugging Face tokenizer {text['hf_tokenizer_name']!r}: put its tokenizer.json "
+            "in the folder (nothing is downloaded)"
+        )
+    kwargs = text.get("tokenizer_kwargs") or {}
+    if not isinstance(kwargs, dict) or set(kwargs) - {"clean"} or kwargs.get("clean", "lower") != "lower":
+        raise _refuse(config, f"tokenizer_kwargs={kwargs!r} (open_clip's default clean='lower' is reproduced)")
+
+
+def _merges_file(folder: Path | None) -> Path:
+    if folder is not None and (folder / BPE_MERGES).is_file():
+        return folder / BPE_MERGES
+    spec = importlib.util.find_spec("open_clip")  # located, not imported: nothing of it runs
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(root) / BPE_MERGES).is_file():
+            return Path(root) / BPE_MERGES
+    raise InputError(
+        f"open_clip weights tokenize with OpenAI's BPE, {BPE_MERGES}: put it in the weights' folder or pip install "
+        "open_clip_torch, which ships it"
+    )
