@@ -210,6 +210,7 @@ HARD_STRINGS = [
     "naïve café — “quoted” ﬁne &amp;amp; Ａｂｃ",  # ftfy's fixes: quotes, ligatures, full width; HTML twice
     "日本語のテキスト 🙂🙂",
     "mojibake: cafÃ©",
+    "<b>fish &amp;amp; chips</b>",  # markup: ftfy leaves the entities, open_clip unescapes them twice itself
     "it's they're we'll I'd 123456 don't!!! ??? ...",
     "x<end_of_text>y",
     "ĀāĂ ñ Ω ≈ \u200b zero\u00a0width",

@@ -36,6 +36,7 @@ RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/q_nets.py", "zo
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
 OB = "zoo/diffusion/objective.py"
 CL, CC, CMT = "zoo/clip/losses.py", "zoo/clip/clip.py", "zoo/clip/metrics.py"
+CPT, NI = "zoo/clip/pretrained.py", "zoo/io/new_inputs.py"
 TR, CK = "zoo/io/trust.py", "zoo/io/checkpoint.py"
 BL, TW = "zoo/io/build.py", "zoo/io/tripwire.py"
 RG, SC = "zoo/tracking/models.py", "zoo/app/stored_config.py"
@@ -562,7 +563,7 @@ FAMILIES: dict[str, dict] = {
         ],
     },
     "clip": {
-        "tests": ["tests/clip/test_clip_refs.py", "tests/clip/test_clip.py"],
+        "tests": ["tests/clip/test_clip_pretrained.py", "tests/clip/test_clip_refs.py", "tests/clip/test_clip.py"],
         "mutants": [
             (
                 CL,
@@ -609,6 +610,16 @@ FAMILIES: dict[str, dict] = {
                 "return emb.view(num_classes, -1, emb.shape[-1]).mean(dim=1)",
             ),
             (CMT, "if weights.shape[0] > 5:", "if weights.shape[0] >= 5:"),
+            # Imported weights' preprocessing, prompts and tokenizer (issue 39): transformers' crop offset rounded as
+            # torchvision's, bicubic read as bilinear, a single prompt for OpenAI's 80, HTML entities left as they are.
+            (
+                NI,
+                "top, left = (x.shape[-2] - s) // 2, (x.shape[-1] - s) // 2",
+                "top, left = (x.shape[-2] - s + 1) // 2, (x.shape[-1] - s + 1) // 2",
+            ),
+            (CPT, '_RESAMPLE = {2: "bilinear", 3: "bicubic"}', '_RESAMPLE = {2: "bilinear", 3: "bilinear"}'),
+            (CPT, '"templates": list(OPENAI_IMAGENET_TEMPLATES),', '"templates": ["a photo of a {}."],'),
+            (TOK, "html.unescape(html.unescape(ftfy.fix_text(text)))", "ftfy.fix_text(text)"),
         ],
     },
     # A stored config checked before anything it names is imported (issue 24).

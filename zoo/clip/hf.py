@@ -8,8 +8,8 @@ OpenAI's layout (open_clip's ``open_clip_pytorch_model.bin``, or a state dict sa
 matrices multiplied from the right, the transpose of ``nn.Linear``. Every file is read weights-only.
 
 Only ViT image towers convert; the text tower must read the tokenizer's end-of-text id (``eot_id``).
-The zoo's byte tokenizer is not CLIP's BPE: imported weights expect CLIP's token ids, so fine-tuning
-them with bytes re-learns the token embeddings (a CLIP BPE tokenizer kind is future work).
+Imported weights expect CLIP's token ids: ``zoo.clip.pretrained`` attaches the folder's ``tokenizer.json`` or, for
+OpenAI-layout weights, open_clip's tokenizer, with the source's image preprocessing.
 
     python -m zoo.clip.hf config <hf_folder>    # print the zoo YAML block for a Hugging Face folder
 """

@@ -1,11 +1,12 @@
 """What a trained image model needs to be used on new files, and how its predictions on them read.
 
-A net trained on normalised images predicts well on a new file only if the file is read as the training
-data was: the same channels and side, the same per-channel mean and std. The module records these, with
-the class names (and CLIP's prompt templates), from its DataModule at fit (``image_inputs``) and keeps them
-in its checkpoint and MLflow model as ``inputs``, so ``datamodules.ImageFilesDataModule`` can read new
-files without the training config. ``image_transform`` and ``read_image`` are that reading, for the CLI's
-files and for the bytes an MLflow model is sent alike; ``to_uint8`` is how generated images become 8-bit pixels.
+A net trained on normalised images predicts well on a new file only if the file is read as the training data was:
+the same channels and side, the same per-channel mean and std. The module records these, with the class names (and
+CLIP's prompt templates), from its DataModule at fit (``image_inputs``) and keeps them in its checkpoint and MLflow
+model as ``inputs``, so ``datamodules.ImageFilesDataModule`` can read new files without the training config.
+Imported CLIP weights record their source's reading instead (``interpolation``, ``resize_side``, ``resize_like``:
+``zoo.clip.pretrained``). ``image_transform`` and ``read_image`` are that reading, for the CLI's files and for the
+bytes an MLflow model is sent alike; ``to_uint8`` is how generated images become 8-bit pixels.
 
 Notation: B batch, C channels, H/W height/width, K classes.
 """
