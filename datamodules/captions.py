@@ -337,6 +337,12 @@ class CaptionDataModule(ResumesMidEpoch, LightningDataModule):
             return T.Compose([crop, T.ToTensor(), T.Normalize(h.mean, h.std)])
         return image_transform(image_inputs(self), s)[1]
 
+    def _predict_transform(self):
+        """New files are read as the model says (imported weights: their source's recipe), else as held-out files."""
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        inputs = getattr(module, "inputs", None)
+        return image_transform(inputs)[1] if inputs else self._transforms(False)
+
     def _normalise(self, images: Tensor) -> Tensor:
         mean, std = torch.tensor(self.hparams.mean).view(1, 3, 1, 1), torch.tensor(self.hparams.std).view(1, 3, 1, 1)
         return (images - mean) / std
@@ -485,6 +491,6 @@ class CaptionDataModule(ResumesMidEpoch, LightningDataModule):
                 torch.zeros(len(images), 1, dtype=torch.long),
                 torch.full((len(images),), -1, dtype=torch.long),
                 [],
-                self._transforms(False),
+                self._predict_transform(),
             )
         return self._loader(dataset, collate_fn=_PredictCollate(mode))

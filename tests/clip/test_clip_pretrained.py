@@ -264,3 +264,33 @@ def test_an_open_clip_folder_zero_shots_through_the_cli_with_its_tokenizer_and_p
     for row, p in zip(rows, probs):
         assert row["class"] == names[int(p.argmax())]
         assert float(row["confidence"]) == pytest.approx(float(p.max()), abs=1e-5)
+
+
+def test_data_that_reads_images_otherwise_than_the_imported_weights_is_refused_naming_the_setting(tmp_path):
+    from zoo.clip.pretrained import check_reads_as_source
+
+    folder = hf_folder(tmp_path, dict(size={"shortest_edge": 16}, crop_size=16, image_std=[0.5, 0.5, 0.5]))
+    source = source_inputs(folder, zoo_net(folder))
+    same = {"image_shape": [3, 16, 16], "mean": list(OPENAI_MEAN), "std": [0.5, 0.5, 0.5], "templates": ["{}"]}
+    check_reads_as_source(same, source)
+    check_reads_as_source(
+        None, source
+    )  # a DataModule that states no image format (ZeroShotDataModule) reads the model's
+    with pytest.raises(InputError, match=r"--data.init_args.std=\[0.5, 0.5, 0.5\]"):
+        check_reads_as_source(same | {"std": list(OPENAI_STD)}, source)
+    with pytest.raises(InputError, match="--data.init_args.image_size=16"):
+        check_reads_as_source(same | {"image_shape": [3, 24, 24]}, source)
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+def test_models_trained_in_the_zoo_still_read_new_files_bilinear_bit_for_bit(mode):
+    """An ``inputs`` without a resize recipe (every zoo-trained model's) reads as torchvision's Resize + CenterCrop
+    always did: the recipe for imported weights changes nothing for them."""
+    from torchvision import transforms as T
+
+    c = 1 if mode == "L" else 3
+    inputs = {"image_shape": [c, 24, 24], "mean": [0.5] * c, "std": [0.25] * c}
+    before = T.Compose([T.Resize(24), T.CenterCrop(24), T.ToTensor(), T.Normalize(inputs["mean"], inputs["std"])])
+    _, now = image_transform(inputs)
+    for image in pil_images():
+        assert torch.equal(now(image.convert(mode)), before(image.convert(mode)))

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from zoo.clip.clip import CLIP
 from zoo.clip.losses import infonce_loss, siglip_loss
 from zoo.clip.metrics import first_rows, retrieval_recall, zeroshot_accuracy, zeroshot_weights
+from zoo.clip.pretrained import check_reads_as_source
 from zoo.compat import trainer_of
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
@@ -73,6 +74,7 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
         self.tokenizer = None  # from the datamodule or the checkpoint; needed by ``embed_texts``
         self.context_length: int | None = None
         self.inputs: dict | None = None  # image format, class names, templates of the training data (new_inputs)
+        self._source_inputs: dict | None = None  # imported weights' own image format (zoo.clip.pretrained)
 
     # -- setup ---------------------------------------------------------------------------------------------
 
@@ -87,6 +89,8 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
         for tower in self._locked_towers():
             tower.requires_grad_(False)  # param_groups leaves them out of the optimizer
         dm = getattr(trainer_of(self), "datamodule", None)
+        if self._source_inputs is not None:
+            check_reads_as_source(image_inputs(dm), self._source_inputs)
         if stage == "fit" or self.inputs is None:  # a checkpoint's own, restored after setup, wins otherwise
             self.inputs = image_inputs(dm) or self.inputs
         if getattr(dm, "tokenizer", None) is None:
@@ -102,7 +106,7 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
 
         layout = load_source_into(self.net, path)
         if layout != "zoo":
-            self.inputs = source_inputs(path, self.net)
+            self.inputs = self._source_inputs = source_inputs(path, self.net)
             tokenizer = source_tokenizer(path, layout)
             if tokenizer is not None:
                 self.tokenizer, self.context_length = tokenizer, self.net.text_encoder.context_length

@@ -18,6 +18,7 @@ Notation: S the tower's image side.
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 from zoo.clip.clip import CLIP
@@ -114,6 +115,19 @@ def source_inputs(path: str | Path, net: CLIP) -> dict:
     if path.is_dir():
         return hf_inputs(path, side)
     return _inputs(side, side, OPENAI_MEAN, OPENAI_STD, "bicubic", "torchvision")  # clip.load's _transform
+
+
+def check_reads_as_source(data: dict | None, source: dict) -> None:
+    """An ``InputError`` naming the setting when a DataModule's image format (``image_inputs``) is not the imported
+    weights': the side, mean and std the weights were trained with. None (no image format stated) passes."""
+    for key, setting in (("image_shape", "image_size"), ("mean", "mean"), ("std", "std")):
+        ours, theirs = (data or {}).get(key), source[key]
+        if ours is not None and [round(v, 6) for v in ours] != [round(v, 6) for v in theirs]:
+            value = theirs[-1] if key == "image_shape" else theirs
+            raise InputError(
+                f"the data reads images with {key} {ours} but the imported weights were trained with {theirs}: pass "
+                f"--data.init_args.{setting}={json.dumps(value)}"
+            )
 
 
 def source_tokenizer(path: str | Path, layout: str = "hf") -> Tokenizer | None:
