@@ -36,7 +36,7 @@ RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/q_nets.py", "zo
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
 OB = "zoo/diffusion/objective.py"
 CL, CC, CMT = "zoo/clip/losses.py", "zoo/clip/clip.py", "zoo/clip/metrics.py"
-CPT, NI = "zoo/clip/pretrained.py", "zoo/io/new_inputs.py"
+CPT, NI, CMO = "zoo/clip/pretrained.py", "zoo/io/new_inputs.py", "zoo/clip/module.py"
 TR, CK = "zoo/io/trust.py", "zoo/io/checkpoint.py"
 BL, TW = "zoo/io/build.py", "zoo/io/tripwire.py"
 RG, SC = "zoo/tracking/models.py", "zoo/app/stored_config.py"
@@ -620,6 +620,8 @@ FAMILIES: dict[str, dict] = {
             (CPT, '_RESAMPLE = {2: "bilinear", 3: "bicubic"}', '_RESAMPLE = {2: "bilinear", 3: "bilinear"}'),
             (CPT, '"templates": list(OPENAI_IMAGENET_TEMPLATES),', '"templates": ["a photo of a {}."],'),
             (TOK, "html.unescape(html.unescape(ftfy.fix_text(text)))", "ftfy.fix_text(text)"),
+            (CPT, "if ours is not None and [round(v, 6)", "if ours is None and [round(v, 6)"),
+            (CMO, "tokenizer = source_tokenizer(path, layout)", 'tokenizer = source_tokenizer(path, "hf")'),
         ],
     },
     # A stored config checked before anything it names is imported (issue 24).
