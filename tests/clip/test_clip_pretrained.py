@@ -294,3 +294,28 @@ def test_models_trained_in_the_zoo_still_read_new_files_bilinear_bit_for_bit(mod
     _, now = image_transform(inputs)
     for image in pil_images():
         assert torch.equal(now(image.convert(mode)), before(image.convert(mode)))
+
+
+def test_an_open_clip_folder_with_transformers_files_too_keeps_open_clips_tokenizer_unless_it_names_another(tmp_path):
+    """Hub snapshots of open_clip models hold transformers' tokenizer.json beside open_clip's files; open_clip itself
+    tokenizes with its SimpleTokenizer (ftfy's cleaning included) unless its config names a Hugging Face tokenizer."""
+    pytest.importorskip("open_clip")
+    folder = tmp_path / "oc"
+    folder.mkdir()
+    text_cfg = {"context_length": 16, "vocab_size": 49408}
+
+    def write(text: dict) -> None:
+        (folder / "open_clip_config.json").write_text(json.dumps({"model_cfg": {"text_cfg": text}}))
+
+    write(text_cfg)
+    assert source_tokenizer(folder, "openai").to_dict()["kind"] == "open_clip"
+    write(text_cfg | {"hf_tokenizer_name": "org/some-tokenizer"})
+    with pytest.raises(InputError, match="org/some-tokenizer"):
+        source_tokenizer(folder, "openai")
+    BPETokenizer.train(["a red cat", "a blue dog"] * 5, vocab_size=270).save(folder)
+    assert source_tokenizer(folder, "openai").to_dict()["kind"] == "bpe"
+    write(text_cfg)
+    assert source_tokenizer(folder, "openai").to_dict()["kind"] == "open_clip"
+    write(text_cfg | {"tokenizer_kwargs": {"clean": "canonicalize"}})
+    with pytest.raises(InputError, match="canonicalize"):
+        source_tokenizer(folder, "openai")

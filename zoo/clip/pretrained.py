@@ -131,27 +131,35 @@ def check_reads_as_source(data: dict | None, source: dict) -> None:
 
 
 def source_tokenizer(path: str | Path, layout: str = "hf") -> Tokenizer | None:
-    """The tokenizer the weights at ``path`` were trained with: the folder's ``tokenizer.json`` (CLIP's BPE as
-    transformers saves it); else, for OpenAI-layout weights (open_clip's, OpenAI's), open_clip's ``SimpleTokenizer``
-    built from ``bpe_simple_vocab_16e6.txt.gz`` (in the folder, or the one open_clip installs); else None."""
+    """The tokenizer the weights at ``path`` were trained with, or None.
+
+    OpenAI-layout weights (open_clip's, OpenAI's) take open_clip's ``SimpleTokenizer``, built from
+    ``bpe_simple_vocab_16e6.txt.gz`` (in the folder, or the one open_clip installs), even where the folder also holds
+    transformers' files (hub snapshots of open_clip models do): their ``tokenizer.json`` skips ftfy's cleaning. An
+    open_clip config naming a Hugging Face tokenizer, and any Hugging Face folder, take the folder's ``tokenizer.json``.
+    """
     path = Path(path)
     folder = path if path.is_dir() else None
-    if folder is not None and (folder / "tokenizer.json").is_file():
-        return BPETokenizer.load(folder / "tokenizer.json")
-    if layout != "openai":
-        return None
-    if folder is not None and (folder / OPEN_CLIP_CONFIG).is_file():
-        _check_simple_tokenizer(folder / OPEN_CLIP_CONFIG)
-    return OpenCLIPTokenizer.from_merges_file(_merges_file(folder))
+    hf_json = folder / "tokenizer.json" if folder is not None else None
+    hf_json = hf_json if hf_json is not None and hf_json.is_file() else None
+    config = folder / OPEN_CLIP_CONFIG if folder is not None else None
+    config = config if config is not None and config.is_file() else None
+    if layout == "openai" and (config is not None or hf_json is None):
+        if config is None or _simple_tokenizer(config, hf_json is not None):
+            return OpenCLIPTokenizer.from_merges_file(_merges_file(folder))
+    return BPETokenizer.load(hf_json) if hf_json is not None else None
 
 
-def _check_simple_tokenizer(config: Path) -> None:
+def _simple_tokenizer(config: Path, has_tokenizer_json: bool) -> bool:
+    """Whether an open_clip config asks for its ``SimpleTokenizer`` (False: a Hugging Face one the folder holds)."""
     cfg = read_json(config)
     model = cfg.get("model_cfg") if isinstance(cfg, dict) else None
     text = model.get("text_cfg", {}) if isinstance(model, dict) else None
     if not isinstance(text, dict):
         raise _refuse(config, "model_cfg.text_cfg is not an object")
     if text.get("hf_tokenizer_name"):
+        if has_tokenizer_json:
+            return False
         raise InputError(
             f"{str(config)!r} names the Hugging Face tokenizer {text['hf_tokenizer_name']!r}: put its tokenizer.json "
             "in the folder (nothing is downloaded)"
@@ -159,6 +167,7 @@ def _check_simple_tokenizer(config: Path) -> None:
     kwargs = text.get("tokenizer_kwargs") or {}
     if not isinstance(kwargs, dict) or set(kwargs) - {"clean"} or kwargs.get("clean", "lower") != "lower":
         raise _refuse(config, f"tokenizer_kwargs={kwargs!r} (open_clip's default clean='lower' is reproduced)")
+    return True
 
 
 def _merges_file(folder: Path | None) -> Path:
