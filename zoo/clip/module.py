@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from zoo.clip.clip import CLIP
 from zoo.clip.losses import infonce_loss, siglip_loss
 from zoo.clip.metrics import first_rows, retrieval_recall, zeroshot_accuracy, zeroshot_weights
-from zoo.clip.pretrained import check_reads_as_source
+from zoo.clip.pretrained import check_reads_as_source, source_inputs, source_tokenizer
 from zoo.compat import trainer_of
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
@@ -54,9 +54,10 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
             loss: infonce (CLIP's symmetric cross-entropy) or siglip (pairwise sigmoid, Zhai et al. 2023).
             optimizer: AdamW with warmup and cosine decay (``zoo.train.optim.AdamWCosine``); CLIP uses beta2 = 0.98
                 for stability with large batches; positions, the logit scale and bias take no weight decay.
-            init_weights: a local Hugging Face CLIP folder (config.json + weights), a weights file, or
-                models:/<name>@<alias>, to start from, loaded weights-only before any checkpoint given by
-                --ckpt_path is restored over it; a tower projection of another size is replaced.
+            init_weights: a local Hugging Face CLIP folder (config.json + weights), an open_clip folder, a weights
+                file, or models:/<name>@<alias>, to start from, loaded weights-only before any checkpoint given by
+                --ckpt_path is restored over it; a tower projection of another size is replaced. Imported weights
+                bring their tokenizer, image preprocessing and OpenAI's zero-shot templates (``zoo.clip.pretrained``).
             compile: run the towers through ``torch.compile`` for training (checkpoint keys unchanged).
             lock_image: keep the image tower as loaded (LiT, Zhai et al. 2022: a pretrained image tower, locked,
                 teaches a new text tower); its normalisation statistics and dropout stay in eval mode.
@@ -102,7 +103,6 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
         """The weights, and for imported ones (not the zoo's own) their image format, OpenAI's prompts and the
         folder's tokenizer: what predicting with them needs, before any data or checkpoint says otherwise."""
         from zoo.clip.hf import load_source_into
-        from zoo.clip.pretrained import source_inputs, source_tokenizer
 
         layout = load_source_into(self.net, path)
         if layout != "zoo":
