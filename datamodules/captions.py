@@ -52,6 +52,7 @@ from datamodules.image_files import OnUnreadable, open_image, readable_images
 from datamodules.shapes import COLOURS, POSITIONS, SIZES, ShapesDataset
 from datamodules.text_corpus import read_utf8
 from zoo.errors import InputError
+from zoo.io.new_inputs import image_inputs, image_transform
 from zoo.io.tokenizers import BPETokenizer, ByteTokenizer, Tokenizer, tokenize
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # OpenAI CLIP's pixel statistics
@@ -274,7 +275,8 @@ class CaptionDataModule(ResumesMidEpoch, LightningDataModule):
             image_column: the column (CSV) or field (JSONL) with the image path, relative to the file.
             caption_column: the column or field with the caption.
             label_column: optional column with a class name per row, for zero-shot accuracy at validation.
-            image_size: side of the square images the net sees (files are resized and centre-cropped).
+            image_size: side of the square images the net sees (files: the shorter side resized bicubic, as CLIP's
+                preprocessing, then centre-cropped).
             augment: random resized crops of training images from files (the shapes captions name
                 positions, so shapes are never cropped).
             mean: per-channel normalisation mean (OpenAI CLIP's by default).
@@ -314,6 +316,7 @@ class CaptionDataModule(ResumesMidEpoch, LightningDataModule):
         self.num_workers, self.pin_memory = num_workers, pin_memory
         self.image_shape = (3, image_size, image_size)
         self.normalization = (tuple(mean), tuple(std))
+        self.interpolation = "bicubic"  # CLIP's own preprocessing (Radford et al. 2021), which imported weights expect
         # Known now for shapes or when given; read from the label column at setup otherwise.
         self.class_names = (
             list(class_names) if class_names else (list(ShapesDataset.class_names) if path is None else [])
@@ -329,8 +332,16 @@ class CaptionDataModule(ResumesMidEpoch, LightningDataModule):
         from torchvision import transforms as T
 
         s, h = self.image_shape[-1], self.hparams
-        crop = [T.RandomResizedCrop(s, scale=(0.5, 1.0))] if train and h.augment else [T.Resize(s), T.CenterCrop(s)]
-        return T.Compose([*crop, T.ToTensor(), T.Normalize(h.mean, h.std)])
+        if train and h.augment:
+            crop = T.RandomResizedCrop(s, scale=(0.5, 1.0), interpolation=T.InterpolationMode.BICUBIC)
+            return T.Compose([crop, T.ToTensor(), T.Normalize(h.mean, h.std)])
+        return image_transform(image_inputs(self), s)[1]
+
+    def _predict_transform(self):
+        """New files are read as the model says (imported weights: their source's recipe), else as held-out files."""
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        inputs = getattr(module, "inputs", None)
+        return image_transform(inputs)[1] if inputs else self._transforms(False)
 
     def _normalise(self, images: Tensor) -> Tensor:
         mean, std = torch.tensor(self.hparams.mean).view(1, 3, 1, 1), torch.tensor(self.hparams.std).view(1, 3, 1, 1)
@@ -480,6 +491,6 @@ class CaptionDataModule(ResumesMidEpoch, LightningDataModule):
                 torch.zeros(len(images), 1, dtype=torch.long),
                 torch.full((len(images),), -1, dtype=torch.long),
                 [],
-                self._transforms(False),
+                self._predict_transform(),
             )
         return self._loader(dataset, collate_fn=_PredictCollate(mode))

@@ -223,8 +223,8 @@ class ZeroShotDataModule(ImageFilesDataModule):
             paths: images: a folder (searched recursively), an image file, or a list of them.
             predict: zeroshot (a class per image), image_embeddings or text_embeddings.
             class_names: zeroshot: the classes, or a text file of them one a line; None: the model's training classes.
-            templates: zeroshot: prompts with ``{}`` for the class name; None: the model's training templates, else
-                "a photo of a {}." and two more.
+            templates: zeroshot: prompts with ``{}`` for the class name; None: the model's (its training data's, or
+                for imported weights OpenAI's 80 ImageNet templates), else "a photo of a {}." and two more.
             texts: text_embeddings: the texts, or a text file of them one a line.
             image_size: side images are resized and centre-cropped to; None: the model's.
             mean: per-channel mean subtracted from pixels in [0, 1]; None: the model's training data's.

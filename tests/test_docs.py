@@ -29,6 +29,10 @@ COVERED: list[tuple[str, str]] = [
         "tests/clip/test_clip_cli.py::test_tiny_fits_into_mlflow_then_predicts_from_its_checkpoint",
     ),
     (
+        r"zeroshot_folder\.yaml",
+        "tests/clip/test_clip_pretrained.py::test_zeroshot_preset_predicts_a_folder_as_transformers_would_with_openais_templates",
+    ),
+    (
         r"finetune_csv\.yaml",
         "tests/clip/test_clip_cli.py::test_finetune_preset_starts_from_hf_weights_and_tokenizer_on_a_csv",
     ),

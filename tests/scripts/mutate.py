@@ -37,6 +37,7 @@ SB = "zoo/rl/sb3.py"
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
 OB = "zoo/diffusion/objective.py"
 CL, CC, CMT = "zoo/clip/losses.py", "zoo/clip/clip.py", "zoo/clip/metrics.py"
+CPT, NI, CMO = "zoo/clip/pretrained.py", "zoo/io/new_inputs.py", "zoo/clip/module.py"
 TR, CK = "zoo/io/trust.py", "zoo/io/checkpoint.py"
 BL, TW = "zoo/io/build.py", "zoo/io/tripwire.py"
 RG, SC = "zoo/tracking/models.py", "zoo/app/stored_config.py"
@@ -593,7 +594,7 @@ FAMILIES: dict[str, dict] = {
         ],
     },
     "clip": {
-        "tests": ["tests/clip/test_clip_refs.py", "tests/clip/test_clip.py"],
+        "tests": ["tests/clip/test_clip_pretrained.py", "tests/clip/test_clip_refs.py", "tests/clip/test_clip.py"],
         "mutants": [
             (
                 CL,
@@ -640,6 +641,18 @@ FAMILIES: dict[str, dict] = {
                 "return emb.view(num_classes, -1, emb.shape[-1]).mean(dim=1)",
             ),
             (CMT, "if weights.shape[0] > 5:", "if weights.shape[0] >= 5:"),
+            # Imported weights' preprocessing, prompts and tokenizer (issue 39): transformers' crop offset rounded as
+            # torchvision's, bicubic read as bilinear, a single prompt for OpenAI's 80, HTML entities left as they are.
+            (
+                NI,
+                "top, left = (x.shape[-2] - s) // 2, (x.shape[-1] - s) // 2",
+                "top, left = (x.shape[-2] - s + 1) // 2, (x.shape[-1] - s + 1) // 2",
+            ),
+            (CPT, '_RESAMPLE = {2: "bilinear", 3: "bicubic"}', '_RESAMPLE = {2: "bilinear", 3: "bilinear"}'),
+            (CPT, '"templates": list(OPENAI_IMAGENET_TEMPLATES),', '"templates": ["a photo of a {}."],'),
+            (TOK, "html.unescape(html.unescape(ftfy.fix_text(text)))", "ftfy.fix_text(text)"),
+            (CPT, "if ours is not None and [round(v, 6)", "if ours is None and [round(v, 6)"),
+            (CMO, "tokenizer = source_tokenizer(path, layout)", 'tokenizer = source_tokenizer(path, "hf")'),
         ],
     },
     # A stored config checked before anything it names is imported (issue 24).

@@ -8,8 +8,8 @@ OpenAI's layout (open_clip's ``open_clip_pytorch_model.bin``, or a state dict sa
 matrices multiplied from the right, the transpose of ``nn.Linear``. Every file is read weights-only.
 
 Only ViT image towers convert; the text tower must read the tokenizer's end-of-text id (``eot_id``).
-The zoo's byte tokenizer is not CLIP's BPE: imported weights expect CLIP's token ids, so fine-tuning
-them with bytes re-learns the token embeddings (a CLIP BPE tokenizer kind is future work).
+Imported weights expect CLIP's token ids: ``zoo.clip.pretrained`` attaches the folder's ``tokenizer.json`` or, for
+OpenAI-layout weights, open_clip's tokenizer, with the source's image preprocessing.
 
     python -m zoo.clip.hf config <hf_folder>    # print the zoo YAML block for a Hugging Face folder
 """
@@ -78,6 +78,10 @@ _TOWERS = {
     "image_encoder": ("vision_model.encoder.layers", "visual.transformer.resblocks"),
     "text_encoder": ("text_model.encoder.layers", "transformer.resblocks"),
 }
+
+
+# open_clip's own names first, in its order of preference (open_clip.factory._find_checkpoint_in_dir).
+_WEIGHT_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin", "model.safetensors", "pytorch_model.bin")
 
 
 def _layers(sd: dict[str, Tensor], prefix: str) -> int:
@@ -166,12 +170,12 @@ def hf_clip_kwargs(config: dict) -> dict:
 
 
 def _weights_file(folder: Path) -> Path:
-    for name in ("model.safetensors", "pytorch_model.bin"):
+    for name in _WEIGHT_FILES:
         if (folder / name).is_file():
             return folder / name
     raise FileNotFoundError(
-        f"No model.safetensors or pytorch_model.bin in {str(folder)!r}: point at a Hugging Face "
-        "CLIP folder (config.json and weights), e.g. one written by CLIPModel.save_pretrained"
+        f"No {' or '.join(_WEIGHT_FILES)} in {str(folder)!r}: point at a Hugging Face CLIP folder (config.json and "
+        "weights, e.g. written by CLIPModel.save_pretrained) or an open_clip one (open_clip_config.json and weights)"
     )
 
 
@@ -189,22 +193,29 @@ def load_hf_clip(folder: str | Path) -> CLIP:
 
 
 def load_hf_clip_into(net: CLIP, path: str | Path) -> CLIP:
-    """Weights into a configured ``net`` from a Hugging Face folder, an OpenAI/open_clip state dict file, or
-    a file of the zoo's own keys (a Lightning checkpoint included); every key and shape is checked, except the
-    towers' output projections: one of another embedding size is replaced (fine-tuning to a new joint space),
-    and a line says so."""
+    """Weights into a configured ``net`` from a Hugging Face folder, an OpenAI/open_clip state dict file or
+    folder, or a file of the zoo's own keys (a Lightning checkpoint included); ``load_source_into``."""
+    load_source_into(net, path)
+    return net
+
+
+def load_source_into(net: CLIP, path: str | Path) -> str:
+    """Weights into ``net`` as ``load_hf_clip_into``; returns the layout they came in: ``hf``, ``openai`` or ``zoo``.
+    Every key and shape is checked, except the towers' output projections: one of another embedding size is
+    replaced (fine-tuning to a new joint space), and a line says so."""
     path = Path(path)
     sd = extract_state_dict(load_file(_weights_file(path) if path.is_dir() else path), "net.")
+    layout = "zoo"
     if "vision_model.embeddings.class_embedding" in sd:
-        sd = hf_to_zoo(sd)
+        sd, layout = hf_to_zoo(sd), "hf"
     elif "visual.class_embedding" in sd:
-        sd = openai_to_zoo(sd)
+        sd, layout = openai_to_zoo(sd), "openai"
     if net.logit_bias is not None and "logit_bias" not in sd:  # CLIP weights, a SigLIP loss: keep the fresh bias
         sd["logit_bias"] = net.logit_bias.detach().clone()
     heads = [f"{name}.{classifier_head(getattr(net, name))}" for name in ("image_encoder", "text_encoder")]
     for line in load_with_new_head(net, sd, f"CLIP weights {str(path)!r}", heads):
         rank_zero_info(f"init_weights: replaced a tower's projection, {line}")
-    return net
+    return layout
 
 
 def zoo_yaml(folder: str | Path) -> str:

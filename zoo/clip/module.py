@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from zoo.clip.clip import CLIP
 from zoo.clip.losses import infonce_loss, siglip_loss
 from zoo.clip.metrics import first_rows, retrieval_recall, zeroshot_accuracy, zeroshot_weights
+from zoo.clip.pretrained import check_reads_as_source, source_inputs, source_tokenizer
 from zoo.compat import trainer_of
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
@@ -53,9 +54,10 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
             loss: infonce (CLIP's symmetric cross-entropy) or siglip (pairwise sigmoid, Zhai et al. 2023).
             optimizer: AdamW with warmup and cosine decay (``zoo.train.optim.AdamWCosine``); CLIP uses beta2 = 0.98
                 for stability with large batches; positions, the logit scale and bias take no weight decay.
-            init_weights: a local Hugging Face CLIP folder (config.json + weights), a weights file, or
-                models:/<name>@<alias>, to start from, loaded weights-only before any checkpoint given by
-                --ckpt_path is restored over it; a tower projection of another size is replaced.
+            init_weights: a local Hugging Face CLIP folder (config.json + weights), an open_clip folder, a weights
+                file, or models:/<name>@<alias>, to start from, loaded weights-only before any checkpoint given by
+                --ckpt_path is restored over it; a tower projection of another size is replaced. Imported weights
+                bring their tokenizer, image preprocessing and OpenAI's zero-shot templates (``zoo.clip.pretrained``).
             compile: run the towers through ``torch.compile`` for training (checkpoint keys unchanged).
             lock_image: keep the image tower as loaded (LiT, Zhai et al. 2022: a pretrained image tower, locked,
                 teaches a new text tower); its normalisation statistics and dropout stay in eval mode.
@@ -73,6 +75,7 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
         self.tokenizer = None  # from the datamodule or the checkpoint; needed by ``embed_texts``
         self.context_length: int | None = None
         self.inputs: dict | None = None  # image format, class names, templates of the training data (new_inputs)
+        self._source_inputs: dict | None = None  # imported weights' own image format (zoo.clip.pretrained)
 
     # -- setup ---------------------------------------------------------------------------------------------
 
@@ -83,19 +86,32 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
 
     def setup(self, stage: str) -> None:
         if self.hparams.init_weights and not self._init_loaded:  # once: a later test() keeps trained weights
-            from zoo.clip.hf import load_hf_clip_into
-
-            load_hf_clip_into(self.net, readable(self.hparams.init_weights))
-            self._init_loaded = True
+            self._load_init_weights(readable(self.hparams.init_weights))
         for tower in self._locked_towers():
             tower.requires_grad_(False)  # param_groups leaves them out of the optimizer
         dm = getattr(trainer_of(self), "datamodule", None)
+        if self._source_inputs is not None:
+            check_reads_as_source(image_inputs(dm), self._source_inputs)
         if stage == "fit" or self.inputs is None:  # a checkpoint's own, restored after setup, wins otherwise
             self.inputs = image_inputs(dm) or self.inputs
         if getattr(dm, "tokenizer", None) is None:
             return
         self.tokenizer, self.context_length = dm.tokenizer, dm.context_length
         self._check_text_tower()
+
+    def _load_init_weights(self, path) -> None:
+        """The weights, and for imported ones (not the zoo's own) their image format, OpenAI's prompts and the
+        folder's tokenizer: what predicting with them needs, before any data or checkpoint says otherwise."""
+        from zoo.clip.hf import load_source_into
+
+        layout = load_source_into(self.net, path)
+        if layout != "zoo":
+            self.inputs = self._source_inputs = source_inputs(path, self.net)
+            tokenizer = source_tokenizer(path, layout)
+            if tokenizer is not None:
+                self.tokenizer, self.context_length = tokenizer, self.net.text_encoder.context_length
+                self._check_text_tower()
+        self._init_loaded = True
 
     def _locked_towers(self) -> list[nn.Module]:
         h = self.hparams

@@ -135,7 +135,7 @@ class VisionTransformer(nn.Module):
         super().__init__()
         if image_size % patch_size:
             raise ValueError(f"image_size {image_size} is not a multiple of patch_size {patch_size}")
-        self.embed_dim, self.pool = embed_dim, pool
+        self.embed_dim, self.pool, self.image_size = embed_dim, pool, image_size
         n_tokens = (image_size // patch_size) ** 2 + (pool == "cls")
         scale = width**-0.5
         if stem == "conv":

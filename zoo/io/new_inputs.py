@@ -1,11 +1,12 @@
 """What a trained image model needs to be used on new files, and how its predictions on them read.
 
-A net trained on normalised images predicts well on a new file only if the file is read as the training
-data was: the same channels and side, the same per-channel mean and std. The module records these, with
-the class names (and CLIP's prompt templates), from its DataModule at fit (``image_inputs``) and keeps them
-in its checkpoint and MLflow model as ``inputs``, so ``datamodules.ImageFilesDataModule`` can read new
-files without the training config. ``image_transform`` and ``read_image`` are that reading, for the CLI's
-files and for the bytes an MLflow model is sent alike; ``to_uint8`` is how generated images become 8-bit pixels.
+A net trained on normalised images predicts well on a new file only if the file is read as the training data was:
+the same channels and side, the same per-channel mean and std. The module records these, with the class names (and
+CLIP's prompt templates), from its DataModule at fit (``image_inputs``) and keeps them in its checkpoint and MLflow
+model as ``inputs``, so ``datamodules.ImageFilesDataModule`` can read new files without the training config.
+Imported CLIP weights record their source's reading instead (``interpolation``, ``resize_side``, ``resize_like``:
+``zoo.clip.pretrained``). ``image_transform`` and ``read_image`` are that reading, for the CLI's files and for the
+bytes an MLflow model is sent alike; ``to_uint8`` is how generated images become 8-bit pixels.
 
 Notation: B batch, C channels, H/W height/width, K classes.
 """
@@ -29,8 +30,9 @@ DEFAULT_TEMPLATES = ("a photo of a {}.", "a picture of a {}.", "{}")
 
 
 def image_inputs(datamodule: Any) -> dict | None:
-    """``{"image_shape", "mean", "std", "class_names", "templates"}`` from an image DataModule's protocol
-    attributes (``image_shape``, ``normalization``, ``class_names``, ``templates``), or None without them."""
+    """``{"image_shape", "mean", "std", "interpolation", "class_names", "templates"}`` from an image DataModule's
+    protocol attributes (``image_shape``, ``normalization``, ``interpolation``, ``class_names``, ``templates``), or
+    None without them."""
     shape = getattr(datamodule, "image_shape", None)
     if shape is None:
         return None
@@ -38,6 +40,8 @@ def image_inputs(datamodule: Any) -> dict | None:
     normalization = getattr(datamodule, "normalization", None)
     if normalization is not None:
         spec["mean"], spec["std"] = ([float(v) for v in part] for part in normalization)
+    if getattr(datamodule, "interpolation", None):
+        spec["interpolation"] = str(datamodule.interpolation)
     for key in ("class_names", "templates"):
         values = getattr(datamodule, key, None)
         if values:
@@ -79,7 +83,43 @@ def image_transform(
             "a model built in Python): pass --data.init_args.image_size, channels, mean and std"
         )
     mode = "L" if channels == 1 else "RGB"
-    return mode, T.Compose([T.Resize(side), T.CenterCrop(side), T.ToTensor(), T.Normalize(mean, std)])
+    resize = spec.get("resize_side") if not image_size else image_size
+    crop = ResizeCrop(
+        side, resize or side, spec.get("interpolation", "bilinear"), spec.get("resize_like", "torchvision")
+    )
+    return mode, T.Compose([crop, T.ConvertImageDtype(torch.float32), T.Normalize(mean, std)])
+
+
+class ResizeCrop:
+    """A PIL image -> (C, side, side) uint8: its shorter side resized to ``resize_side``, then a centred square cut.
+
+    Done as the library the weights come from does it, since the two ways differ by up to one pixel level and the
+    crop by one pixel: ``torchvision`` (OpenAI's ``clip``, open_clip, the zoo's own data) resizes the PIL image
+    with PIL's filter and rounds the crop offset; ``transformers`` (``CLIPImageProcessor``, v5) resizes a uint8
+    tensor with torchvision's antialiased kernel and floors the offset. Module-level, so DataLoader workers pickle it.
+    """
+
+    def __init__(self, side: int, resize_side: int, interpolation: str = "bilinear", like: str = "torchvision") -> None:
+        if interpolation not in ("bilinear", "bicubic") or like not in ("torchvision", "transformers"):
+            raise InputError(
+                f"unknown image resizing {interpolation!r} like {like!r}: bilinear or bicubic, like "
+                "torchvision or transformers"
+            )
+        if resize_side < side:
+            raise InputError(f"images resized to {resize_side} cannot be cropped to {side}")
+        self.side, self.resize_side, self.interpolation, self.like = side, resize_side, interpolation, like
+
+    def __call__(self, image) -> Tensor:
+        from torchvision.transforms import InterpolationMode
+        from torchvision.transforms.v2 import functional as F
+
+        mode, s = InterpolationMode(self.interpolation), self.side
+        if self.like == "torchvision":
+            image = F.center_crop(F.resize(image, [self.resize_side], interpolation=mode), [s, s])
+            return F.pil_to_tensor(image)
+        x = F.resize(F.pil_to_tensor(image), [self.resize_side], interpolation=mode, antialias=True)  # (C, H, W)
+        top, left = (x.shape[-2] - s) // 2, (x.shape[-1] - s) // 2
+        return x[:, top : top + s, left : left + s]
 
 
 def read_image(image: bytes | np.ndarray, mode: str, transform: Callable, name: str = "image") -> Tensor:

@@ -23,8 +23,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
+from tokenizers import Regex, decoders, models, pre_tokenizers, processors, trainers
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers, trainers
 from torch import Tensor
 
 from zoo.errors import InputError
@@ -126,12 +126,13 @@ class _HFTokenizer:
     """Shared by the two BPE kinds: a HF ``tokenizers.Tokenizer`` with ``<|endoftext|>`` as EOS."""
 
     kind = ""
+    eos_token = EOS_TOKEN
 
     def __init__(self, tokenizer: HFTokenizer) -> None:
         self.hf = tokenizer
-        eos = tokenizer.token_to_id(EOS_TOKEN)
+        eos = tokenizer.token_to_id(self.eos_token)
         if eos is None:
-            raise ValueError(f"the {self.kind} vocabulary has no {EOS_TOKEN} token")
+            raise ValueError(f"the {self.kind} vocabulary has no {self.eos_token} token")
         self.eos_id = eos
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
 
@@ -267,6 +268,76 @@ def parse_tokenizer_json(text: str, source: str) -> HFTokenizer:
         raise InputError(f"{source} is not a tokenizer.json that the tokenizers library reads ({err})") from None
 
 
+class OpenCLIPTokenizer(_HFTokenizer):
+    """OpenAI CLIP's BPE as open_clip's ``SimpleTokenizer`` applies it (and OpenAI's ``clip.tokenize``).
+
+    The text is cleaned as open_clip cleans it (ftfy's ``fix_text``, HTML entities unescaped twice, whitespace runs
+    made one space, lower case), split by its regex (``'s``-style contractions, runs of letters, single digits, runs
+    of other non-space characters; whitespace dropped), and each piece byte-encoded and merged with ``</w>`` marking
+    its end; ids start with ``<start_of_text>``. Built from open_clip's ``bpe_simple_vocab_16e6.txt.gz`` (the first
+    48,894 merges): 256 byte symbols, the same with ``</w>``, one per merge, then the two special tokens.
+    """
+
+    kind = "open_clip"
+    eos_token = "<end_of_text>"
+    SPECIAL = ("<start_of_text>", "<end_of_text>")
+    PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
+    N_MERGES = 49152 - 256 - 2
+
+    @classmethod
+    def from_merges_file(cls, path: str | Path) -> OpenCLIPTokenizer:
+        """From ``bpe_simple_vocab_16e6.txt.gz`` (gzip, read within bounds)."""
+        import gzip
+
+        lines = gzip.decompress(read_bytes(path, 8 * 2**20)).decode("utf-8").split("\n")[1 : cls.N_MERGES + 1]
+        merges = [tuple(line.split()) for line in lines]
+        if len(merges) != cls.N_MERGES or any(len(m) != 2 for m in merges):
+            raise InputError(f"{str(path)!r} is not open_clip's bpe_simple_vocab_16e6.txt.gz ({cls.N_MERGES} merges)")
+        symbols = _clip_byte_symbols()
+        vocab = symbols + [s + "</w>" for s in symbols] + ["".join(m) for m in merges] + list(cls.SPECIAL)
+        bpe = models.BPE({t: i for i, t in enumerate(vocab)}, merges, end_of_word_suffix="</w>")
+        hf = HFTokenizer(bpe)
+        # Specials matched whole before the split, as open_clip's regex tries them first (its cache maps them to
+        # their ids); open_clip's split keeps matches only: "removed" with invert drops everything between them.
+        hf.add_special_tokens(list(cls.SPECIAL))
+        split = pre_tokenizers.Split(Regex(cls.PATTERN), behavior="removed", invert=True)
+        hf.pre_tokenizer = pre_tokenizers.Sequence(
+            [split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )
+        hf.decoder = decoders.Sequence([decoders.Replace("</w>", " "), decoders.ByteLevel()])
+        hf.post_processor = processors.TemplateProcessing(
+            single="<start_of_text> $A", special_tokens=[(cls.SPECIAL[0], len(vocab) - 2)]
+        )
+        return cls(hf)
+
+    @staticmethod
+    def clean(text: str) -> str:
+        """open_clip's ``clean="lower"``: ``whitespace_clean(basic_clean(text)).lower()``."""
+        import html
+
+        try:
+            import ftfy
+        except ImportError as err:
+            raise InputError("open_clip's tokenizer cleans text with ftfy: pip install ftfy") from err
+        return " ".join(html.unescape(html.unescape(ftfy.fix_text(text))).split()).lower()
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(self.clean(text)).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self.hf.encode_batch([self.clean(t) for t in texts])]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return super().decode(ids).strip()
+
+
+def _clip_byte_symbols() -> list[str]:
+    """The 256 byte symbols in CLIP's vocabulary order (``bytes_to_unicode().values()``): the printable bytes as
+    themselves, by byte, then the others as U+0100 onwards (GPT-2's byte alphabet, ordered)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    return [chr(b) for b in printable] + [chr(256 + n) for n in range(256 - len(printable))]
+
+
 def tokenizer_from_dict(d: dict) -> Tokenizer:
     """Inverse of ``to_dict`` for every kind."""
     kind = d.get("kind")
@@ -280,6 +351,8 @@ def tokenizer_from_dict(d: dict) -> Tokenizer:
         return GPT2Tokenizer.from_json(d["json"])
     if kind == "hf":  # a pretrained folder's (read by zoo.io.hf_tokenizer)
         return PretrainedTokenizer.from_dict(d)
+    if kind == "open_clip":
+        return OpenCLIPTokenizer.from_json(d["json"])
     raise ValueError(f"unknown tokenizer kind {kind!r} in {json.dumps(d)[:200]}")
 
 
