@@ -26,6 +26,34 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 
+# The files that take longest (seconds of --durations summed per file on 2 cores, heaviest first): they start
+# processes (DDP/FSDP2 ranks, cli.py, servers) or fit for tens of seconds. --dist loadfile gives each file to one
+# worker, and xdist would hand files out by their number of tests (these have few), so the heaviest came last and
+# one worker ran them alone; listed first (with --no-loadscope-reorder), they start first and both workers end
+# together on the many short files.
+HEAVIEST_FIRST = (
+    "tests/app/test_strategies.py",
+    "tests/tracking/test_mlflow.py",
+    "tests/gpt/test_gpt_cli.py",
+    "tests/clip/test_clip_cli.py",
+    "tests/app/test_resume.py",
+    "tests/tracking/test_telemetry.py",
+    "tests/diffusion/test_diffusion_cli.py",
+    "tests/app/test_bad_input.py",
+    "tests/gpt/test_gpt_use.py",
+    "tests/rl/test_rl_cli.py",
+    "tests/tracking/test_registry.py",
+    "tests/rl/test_rl_ddp.py",
+    "tests/rl/test_impala.py",
+    "tests/app/test_cli.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(HEAVIEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
+
+
 @pytest.fixture(scope="session")
 def _shared_tracking_uri(tmp_path_factory) -> str:
     # Creating an MLflow sqlite store runs its migrations (seconds); tests that do not inspect the

@@ -31,6 +31,7 @@ def test_ci_runs_the_readme_test_command_in_a_new_environment():
     ci = (ROOT / ".ci" / "run").read_text()
     assert f"TEST_COMMAND='{tests}'" in ci
     assert "-m venv" in ci and "mktemp -d" in ci and "check_isolation.py" in ci
+    assert "python -m pytest -m slow" in ci  # then the long runs: serving and DDP/FSDP2 of every family
     for command in (setup, tests):
         assert "pip install -c constraints.txt" in command, command
 

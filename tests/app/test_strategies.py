@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, ROOT, run_cli
+from conftest import CONFIGS, ROOT, terminal
 from mlflow.tracking import MlflowClient
 
 from zoo.cnn import ClassifierModule
@@ -205,15 +205,16 @@ def test_fsdp2_diffusion_shards_consolidates_and_reloads(tmp_path, embedded_stor
         )
 
 
-def test_num_nodes_comes_from_torchrun_or_srun_and_a_flag_wins():
+def test_num_nodes_comes_from_torchrun_or_srun_and_a_flag_wins(monkeypatch, capsys):
     from zoo.train.parallel import num_nodes_from_env
 
     assert num_nodes_from_env({}) is None
     assert num_nodes_from_env({"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8", "RANK": "9"}) == 2  # torchrun
     assert num_nodes_from_env({"SLURM_NNODES": "4", "SLURM_NTASKS": "32", "SLURM_JOB_NAME": "train"}) == 4  # srun
     assert num_nodes_from_env({"SLURM_NNODES": "4", "SLURM_NTASKS": "32", "SLURM_JOB_NAME": "bash"}) is None
-    torchrun = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
+    monkeypatch.setenv("WORLD_SIZE", "4")  # as torchrun sets them for cli.py (terminal: in this process)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     for extra, want in (([], 2), (["--trainer.num_nodes=3"], 3)):  # the parsed config, as cli.py would run it
-        proc = run_cli("fit", "--config", TINY, *extra, "--print_config", env=torchrun, timeout=120)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert f"num_nodes: {want}" in proc.stdout
+        status, out, err = terminal(monkeypatch, capsys, "fit", "--config", TINY, *extra, "--print_config")
+        assert status == 0, err[-3000:]
+        assert f"num_nodes: {want}" in out

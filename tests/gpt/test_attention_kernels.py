@@ -83,8 +83,9 @@ def test_strided_heads_are_refused_by_the_fused_kernels():
     # The guard itself: the UNet's old layout, heads taken from (B, 3C, HW) with d strided, finds no kernel.
     qkv = torch.randn(2, 3, 1, 16, 64)  # (B, 3, h, d, HW)
     q, k, v = qkv.transpose(-1, -2).unbind(1)  # (B, h, HW, d), stride 64 along d
-    with sdpa_kernel(FUSED), pytest.raises(RuntimeError, match="No available kernel"):
+    with sdpa_kernel(FUSED), pytest.raises(RuntimeError, match="No available kernel"), pytest.warns(UserWarning) as why:
         F.scaled_dot_product_attention(q, k, v)
+    assert any("require the last dimension of the input to have stride 1" in str(w.message) for w in why), why.list
 
 
 @pytest.mark.parametrize("causal", [False, True])

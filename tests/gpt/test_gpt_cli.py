@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, ROOT, cli, output, run_cli
+from conftest import CONFIGS, ROOT, cli, output, terminal
 from mlflow.tracking import MlflowClient
 
 from zoo.gpt import CausalLMModule
@@ -98,17 +98,11 @@ ATTN = "--model.init_args.net.init_args.attention"
         (TINY, ["--model.init_args.net.init_args.kv_lora_rank=16"], "kv_lora_rank"),  # the old flat form
     ],
 )
-def test_attention_options_of_another_variant_fail_at_parse_time(config, args, key):
-    proc = subprocess.run(
-        [sys.executable, "cli.py", "fit", "--config", str(config), *args, "--print_config"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=300,
-    )
-    assert proc.returncode != 0
-    assert key in proc.stderr, proc.stderr[-2000:]
+def test_attention_options_of_another_variant_fail_at_parse_time(config, args, key, monkeypatch, capsys):
+    # In this process, as a terminal runs cli.py: a subprocess per case cost its imports again (seconds each).
+    status, _, err = terminal(monkeypatch, capsys, "fit", "--config", str(config), *args, "--print_config")
+    assert status != 0
+    assert key in err, err[-2000:]
 
 
 def test_mla_checkpoint_reloads_its_attention_alone():
@@ -226,10 +220,14 @@ def test_char_config_learns_well_below_the_unigram_entropy():
 
 
 @pytest.mark.parametrize("text, short", [("ab", "validation"), ("abcdefghijklmnopqrstuvwxyz" * 4, None)])
-def test_a_corpus_too_small_for_a_validation_window_fails_before_training_naming_the_file(tmp_path, text, short):
+def test_a_corpus_too_small_for_a_validation_window_fails_before_training_naming_the_file(
+    tmp_path, text, short, monkeypatch, capsys
+):
     corpus = tmp_path / "tiny.txt"
     corpus.write_text(text)
-    proc = run_cli(
+    status, _, err = terminal(
+        monkeypatch,
+        capsys,
         "fit",
         "--config",
         str(CONFIGS / "gpt" / "gpt_tiny.yaml"),
@@ -238,15 +236,14 @@ def test_a_corpus_too_small_for_a_validation_window_fails_before_training_naming
         "--trainer.max_steps=2",
         "--trainer.logger=false",
         f"--trainer.default_root_dir={tmp_path}",
-        timeout=300,
     )
     if short is None:  # 104 bytes: one window for validation, so it trains
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert status == 0, err[-3000:]
         return
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 1 and len(errors) == 1, proc.stderr[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert status == 1 and len(errors) == 1, err[-3000:]
     assert str(corpus) in errors[0] and short in errors[0] and "val_fraction" in errors[0], errors[0]
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in err, err[-3000:]
 
 
 def test_tiny_deepseek_fits_logs_each_depth_and_reloads_from_its_checkpoint(one_thread):

@@ -358,6 +358,7 @@ def test_ppo_gives_muon_the_actor_critics_hidden_matrices_and_adam_the_rest_unde
         if not g["muon"]:
             assert g["eps"] == 1e-5  # PPO's Adam epsilon (Baselines'), not torch's 1e-8
     module.env_steps.fill_(250)  # a quarter of the budget: both rates annealed to 3/4
+    opt.step()  # no gradients, nothing moves; a scheduler stepped before its optimizer warns
     sched.step()
     assert [g["lr"] / g["initial_lr"] for g in opt.param_groups] == pytest.approx([0.75] * len(opt.param_groups))
     with pytest.raises(InputError, match="momentum=1.0"):  # a checkpoint's settings are checked as the config's
