@@ -302,7 +302,9 @@ def test_help_with_a_config_lists_its_models_and_datas_options(monkeypatch, caps
     model, data = out.split("This config's model: zoo.gpt.CausalLMModule")[-1].split("This config's data: ")
     assert "--model.init_args.optimizer.lr" in model and "--model.init_args.net" in model
     assert data.startswith("datamodules.TextDataModule")
-    assert "--data.init_args.tokenizer {bytes,chars,bpe,gpt2}" in data and "--data.init_args.block_size" in data
+    assert (
+        "--data.init_args.tokenizer {bytes,chars,bpe,gpt2,pretrained}" in data and "--data.init_args.block_size" in data
+    )
     assert "usage:" not in model + data  # one usage, the command's
 
 

@@ -78,6 +78,7 @@ def test_ddp_two_processes_identical_weights_one_run(embedded_store):
     assert len(runs) == 1 and runs[0].data.tags["zoo.family"] == "cnn"
 
 
+@pytest.mark.slow  # two launches of two ranks, ~40 s: CI's slow suite runs it
 def test_fsdp2_two_processes_train_checkpoint_consolidate_reload(tmp_path, embedded_store):
     _run("--config", str(CONFIGS / "trainer" / "fsdp.yaml"), "--trainer.max_epochs=1")
     r0, r1 = torch.load("rank0.pt"), torch.load("rank1.pt")
@@ -114,6 +115,7 @@ def test_fsdp2_two_processes_train_checkpoint_consolidate_reload(tmp_path, embed
         torch.testing.assert_close(module(holder["x"]), holder["out"], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # two launches of two ranks, ~75 s: CI's slow suite runs it
 def test_fsdp2_gpt_shards_per_block_and_reloads_with_its_tokenizer(tmp_path, embedded_store):
     # Through two validations with the default LogTextSamples: generating on rank 0 alone deadlocked in the
     # first one (rank 0 in the sharded forward's all-gather, rank 1 in the next collective).

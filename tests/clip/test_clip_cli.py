@@ -80,6 +80,7 @@ def test_tiny_fits_into_mlflow_then_predicts_from_its_checkpoint(tmp_path):
     )
 
 
+@pytest.mark.slow  # 300 steps, ~65 s: CI's slow suite runs it
 def test_short_cpu_fit_on_shapes_is_far_above_chance():
     # Measured (seed 0, 300 steps, about a minute): zero-shot 0.34 against a chance of 1/6, recall@1 0.69
     # (i2t 0.68, t2i 0.70) against a chance of 0.004 (500 held-out pairs; some captions repeat).

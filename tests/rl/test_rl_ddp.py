@@ -47,6 +47,7 @@ def _first_observations(seeds: range) -> torch.Tensor:
     return torch.tensor(np.stack([gym.make("CartPole-v1").reset(seed=s)[0] for s in seeds]))
 
 
+@pytest.mark.slow  # two ranks, ~20 s: CI's slow suite runs it
 def test_ppo_on_two_ranks_collects_twice_the_data_and_counts_it():
     r0, r1 = _fit_on_two_ranks("ppo_tiny.yaml")
     # Each rank's envs start where envs 0-3 and 4-7 of one 8-env process would (seed 0 from seed_everything).

@@ -139,9 +139,7 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         self.num_classes = getattr(net, "num_classes", 0) or 0
         # A copy: the default instance is shared by every module built without one, and a noise schedule's tensors
         # follow the device of the data they meet.
-        self.objective = objective = copy.deepcopy(objective)
-        if "objective" not in self.hparams:  # given as an object (Python): recorded by its settings, so that a
-            self.hparams["objective"] = objective.config()  # checkpoint rebuilds it, as one from cli.py does
+        self.objective = objective = copy.deepcopy(objective)  # recorded by its config() (zoo.io.hparams)
         self.sampler, self.guidance_scale = sampler, guidance_scale
         # Built once here, however it was given (a class, a partial, the CLI's): a sampler of the wrong kind or with
         # settings the schedule refuses says so now, not at the first sample; its settings are what serving offers.

@@ -4,7 +4,9 @@ Through ``cli.py``, LightningCLI hands ``save_hyperparameters`` the parsed confi
 net is a ``{class_path, init_args}`` dict: kept, it lets ``load_from_checkpoint(path)`` rebuild the
 same net. A module built in Python gets the net object itself, which would be pickled into the
 checkpoint (and refused by a weights-only load), so it is left out: pass ``net=`` when loading. Settings
-objects (dataclasses such as ``AdamWCosine``) are kept as plain dicts of their fields, for the same reason.
+objects (dataclasses such as ``AdamWCosine``) are kept as plain dicts of their fields, for the same reason, and an
+object that states its own config (``config()``: its ``{class_path, init_args}``, as a diffusion objective does) as
+that config.
 """
 
 from __future__ import annotations
@@ -23,11 +25,17 @@ def save_hparams(module: LightningModule | LightningDataModule, *object_args: st
     frame = inspect.currentframe().f_back
     given = given_hyperparameters()
     values = given if given is not None else frame.f_locals
-    ignore = [a for a in object_args if _is_object(values.get(a))]
+    ignore = [a for a in object_args if _is_object(values.get(a)) and not _states_its_config(values.get(a))]
     module.save_hyperparameters(ignore=ignore, frame=frame)
     for key, value in module.hparams.items():
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             module.hparams[key] = dataclasses.asdict(value)
+        elif _is_object(value) and _states_its_config(value):
+            module.hparams[key] = value.config()
+
+
+def _states_its_config(value) -> bool:
+    return not isinstance(value, type) and callable(getattr(value, "config", None))
 
 
 def _is_object(value) -> bool:
