@@ -523,7 +523,7 @@ FAMILIES: dict[str, dict] = {
                 "return torch.optim.RMSprop(params, lr=self.lr, alpha=self.alpha, eps=self.eps)",
                 "return torch.optim.RMSprop(params, lr=self.lr, alpha=self.alpha)",
             ),
-            ("zoo/rl/a2c.py", '"rms_alpha": ("optimizer", "alpha"),', '"rms_alpha": ("optimizer", "eps"),'),
+            ("zoo/rl/common.py", '"rms_alpha": ("optimizer", "alpha"),', '"rms_alpha": ("optimizer", "eps"),'),
             ("zoo/rl/common.py", "if old in out and not isinstance(out.get(name), dict):", "if old in out:"),
             # Stable-Baselines3 zips in (zoo/rl/sb3.py): SAC's mean and log-std heads, PPO's value weight, the
             # rounding rule of printed bounds, the exactness check.

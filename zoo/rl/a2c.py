@@ -23,7 +23,7 @@ from torch import Tensor
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.rl.collector import RolloutCollector
-from zoo.rl.common import Policy, linear_annealing, require_datamodule, upgrade_hparams
+from zoo.rl.common import RMSPROP_AGENT_KEYS, Policy, linear_annealing, require_datamodule, upgrade_hparams
 from zoo.rl.lifecycle import Lifecycle
 from zoo.rl.losses import a2c_loss, explained_variance, gae, normalize
 from zoo.rl.nets import ActorCritic
@@ -37,17 +37,7 @@ class A2CModule(WeightsOnlyLoading, LightningModule):
     """A2C: n-step (or GAE) advantages, one RMSprop step per rollout, entropy bonus, gradient clipping."""
 
     # A checkpoint's hyperparameters from before the optimizer settings were an object and the nets moved.
-    upgrade_hparams = staticmethod(
-        functools.partial(
-            upgrade_hparams,
-            flat={
-                "optimizer": ("optimizer", "algorithm"),
-                "lr": ("optimizer", "lr"),
-                "rms_alpha": ("optimizer", "alpha"),
-                "optim_eps": ("optimizer", "eps"),
-            },
-        )
-    )
+    upgrade_hparams = staticmethod(functools.partial(upgrade_hparams, flat=RMSPROP_AGENT_KEYS))
 
     def __init__(
         self,

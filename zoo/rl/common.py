@@ -270,6 +270,15 @@ MOVED_NETS = {
 }
 
 
+# A2C's and IMPALA's flat optimizer keys of before ``AdamOrRMSprop``: old key -> (setting, field).
+RMSPROP_AGENT_KEYS = {
+    "optimizer": ("optimizer", "algorithm"),
+    "lr": ("optimizer", "lr"),
+    "rms_alpha": ("optimizer", "alpha"),
+    "optim_eps": ("optimizer", "eps"),
+}
+
+
 def upgrade_hparams(hparams: dict[str, Any], flat: dict[str, tuple[str, str]]) -> dict[str, Any]:
     """An agent's stored hyperparameters in today's shape: moved net class paths rewritten at any depth
     (``MOVED_NETS``), and the flat optimizer keys of before the settings objects (``flat``: old key -> (setting,

@@ -32,7 +32,7 @@ from torch import Tensor
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.rl.actors import ActorPool, EnvSpec
-from zoo.rl.common import Policy, linear_annealing, require_datamodule, upgrade_hparams
+from zoo.rl.common import RMSPROP_AGENT_KEYS, Policy, linear_annealing, require_datamodule, upgrade_hparams
 from zoo.rl.lifecycle import Lifecycle
 from zoo.rl.nets import ActorCritic
 from zoo.rl.vtrace import impala_loss, masked_mean, vtrace
@@ -45,17 +45,7 @@ class IMPALAModule(WeightsOnlyLoading, LightningModule):
     """IMPALA's learner: V-trace actor-critic on batches of unrolls from actor processes."""
 
     # A checkpoint's hyperparameters from before the optimizer settings were an object and the nets moved.
-    upgrade_hparams = staticmethod(
-        functools.partial(
-            upgrade_hparams,
-            flat={
-                "optimizer": ("optimizer", "algorithm"),
-                "lr": ("optimizer", "lr"),
-                "rms_alpha": ("optimizer", "alpha"),
-                "optim_eps": ("optimizer", "eps"),
-            },
-        )
-    )
+    upgrade_hparams = staticmethod(functools.partial(upgrade_hparams, flat=RMSPROP_AGENT_KEYS))
 
     def __init__(
         self,
