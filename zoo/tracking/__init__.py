@@ -1,13 +1,15 @@
-"""Everything MLflow, for the application (``cli.py``, ``callbacks/``): no family imports it.
+"""The bottom floor of the application wing: everything MLflow, serving, and the families table; it imports no other
+part of the application (``cli.py``, ``zoo.app``, ``callbacks/``, ``datamodules/`` import it), and no family imports it.
 
+- ``families``: what the application knows of each family, one table (read by serving, the logger, the callbacks and
+  the command line);
 - ``logger``: ``ZooMLFlowLogger`` (the default logger), the config saver, ending the runs a failure left open;
 - ``store``: the lock on a sqlite run store;
 - ``runs``: this run's folder, names inside it, its default name, artifacts;
 - ``models``: zoo modules as MLflow models (packaging, registry, ``models:/``/``runs:/`` resolution);
 - ``downloads``: what a ``models:/``/``runs:/`` URI names, fetched into the model cache, bounded and checked;
 - ``serving``: the prediction interface of each family (raw inputs in, answers out), its signature and input example;
-- ``pyfunc``: the MLflow pyfunc a logged model loads with;
-- ``stored_config``: the model and data configs a ``--ckpt_path`` carries, onto the command line.
+- ``pyfunc``: the MLflow pyfunc a logged model loads with.
 
 ``python -m zoo.tracking log-model <ckpt>`` logs a checkpoint as an MLflow model (``__main__``). MLflow's usage
 telemetry is off in every process that imports this package, unless ``ZOO_MLFLOW_TELEMETRY=1`` (``telemetry``).
