@@ -8,6 +8,8 @@ from lightning.pytorch.callbacks import ThroughputMonitor
 from torch import Tensor
 from torchmetrics import MeanMetric
 
+from zoo.adapt import Adaptation
+from zoo.adapt import adapt as adapt_module
 from zoo.compat import trainer_of
 from zoo.errors import InputError
 from zoo.gpt.generate import Generation, generate
@@ -58,6 +60,7 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         init_weights: str | None = None,
         generation: Generation = Generation(),
         mtp_weight: float = 0.3,
+        adapt: Adaptation | None = None,
     ) -> None:
         """
         Args:
@@ -76,6 +79,8 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
             mtp_weight: lambda, the weight of the multi-token prediction loss when the net has ``mtp_depth`` D > 0: the
                 training loss is the next-token loss + lambda / D * sum_k L_k (DeepSeek-V3: 0.3, then 0.1 for the last
                 tokens of its run); unused without MTP.
+            adapt: what a fine-tune trains (``zoo.adapt.Adaptation``): LoRA adapters on some layers
+                (``lora: {r: 8, alpha: 16}``) and the parameters named by ``trainable`` globs; None: every weight.
         """
         super().__init__()
         save_hparams(self, "net")
@@ -95,6 +100,7 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
     # -- setup -------------------------------------------------------------------------------------------
 
     def configure_model(self) -> None:
+        adapt_module(self, self.hparams.adapt)  # after init_weights (setup), before sharding and compiling
         shard(self.net, self.device_mesh, blocks=self.net.all_blocks())  # FSDP2 units: one per block, MTP's too
         if self.hparams.compile and self._compiled is None:
             object.__setattr__(self, "_compiled", torch.compile(self.net))
@@ -325,6 +331,7 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
             checkpoint["tokenizer"] = self.tokenizer.to_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        adapt_module(self, self.hparams.adapt)  # the checkpoint's adapter keys meet adapted layers
         if "state_dict" in checkpoint:  # absent in a sharded (FSDP2) resume: the shards load into the net directly
             check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
         if "tokenizer" in checkpoint:

@@ -489,6 +489,9 @@ def build(part: Part, record: bool = False, **given: Any) -> Any:
     (nets as ``{class_path, init_args}``, as LightningCLI hands it the parsed one), so its checkpoints rebuild it."""
     from zoo.compat import given_hyperparameters_context
 
+    for p in [part, *_all_parts(part)]:  # a package a zoo class states it needs (not one the config names)
+        for name in getattr(p.cls, "preloads", ()):
+            importlib.import_module(name)
     with tripwire.guard(imports=_trusted_tops(part)):
         args = {k: instantiate(v) for k, v in part.args.items() if k not in given}
         args.update(given)

@@ -179,7 +179,7 @@ def dependency_modules() -> frozenset[str]:
     for module, dists in importlib.metadata.packages_distributions().items():
         for dist in dists:
             providers.setdefault(_canonical(dist), set()).add(module)
-    seen, todo = set(), ["zoo[latent,fid,rl]"]
+    seen, todo = set(), ["zoo[latent,fid,rl,adapt]"]
     while todo:
         req = Requirement(todo.pop())
         name = _canonical(req.name)

@@ -74,6 +74,18 @@ def module_spec(ckpt: dict, class_path: str | None = None) -> dict:
     return json.loads(json.dumps(spec, default=str))
 
 
+def merged(state_dict: dict, spec: dict) -> tuple[dict, dict]:
+    """A model trained with LoRA registers merged: its adapters folded into the weights and its config without them,
+    so serving needs neither PEFT nor the adapter's layers, and predicts at the speed of the plain net."""
+    init_args = spec.get("init_args") or {}
+    if not (init_args.get("adapt") or {}).get("lora"):
+        return state_dict, spec
+    from zoo.adapt import merge
+
+    module = merge(module_from(spec, state_dict))
+    return dict(module.state_dict()), {**spec, "init_args": {**init_args, "adapt": None}}
+
+
 def save_model(state_dict: dict, spec: dict, path: Path, mlflow_model=None) -> Path:
     """Write the MLflow model folder (MLmodel with its signature, an input example, the pyfunc code, the zoo
     sources, pinned pip requirements and the lock as constraints); ``mlflow_model``: the ``mlflow.models.Model``
@@ -82,6 +94,7 @@ def save_model(state_dict: dict, spec: dict, path: Path, mlflow_model=None) -> P
 
     from zoo.tracking.serving import interface_for
 
+    state_dict, spec = merged(state_dict, spec)
     work = Path(tempfile.mkdtemp())
     # A tied pair (GPT's lm_head and tok_emb) is written twice: safetensors refuses shared storage, and
     # load_state_dict copies the same values into the one tied parameter.

@@ -1,0 +1,107 @@
+"""LoRA and freezing (zoo.adapt) on the GPT family: closed-form outputs, what trains, merging, checkpoints, the
+registered model; the other families' wiring is tested beside each family."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+from torch.utils.data import DataLoader, TensorDataset
+
+from zoo.adapt import Adaptation, LoRA, adapt, merge
+from zoo.errors import InputError
+from zoo.gpt import GPT, CausalLMModule
+
+pytest.importorskip("peft")
+
+
+def tiny(adaptation: Adaptation | None) -> CausalLMModule:
+    torch.manual_seed(0)
+    net = GPT(vocab_size=48, n_layer=2, n_embd=32, n_head=4, block_size=16)
+    return CausalLMModule(net, adapt=adaptation)
+
+
+def ids(n: int = 4) -> torch.Tensor:
+    return torch.randint(0, 48, (n, 16), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("rslora", [False, True])
+def test_lora_starts_at_the_base_function_and_adds_alpha_over_r_times_ba(rslora):
+    base = tiny(None)
+    module = copy.deepcopy(base)
+    adapt(module, Adaptation(lora=LoRA(r=4, alpha=8.0, rslora=rslora)))
+    torch.testing.assert_close(module(ids()), base(ids()), rtol=0, atol=0)  # B = 0 at the start
+    layer = module.net.blocks[0].attn.qkv
+    a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+    torch.nn.init.normal_(b)
+    x = torch.randn(3, 32)
+    scale = 8.0 / (math.sqrt(4) if rslora else 4)
+    expected = torch.nn.functional.linear(x, base.net.blocks[0].attn.qkv.weight + scale * b @ a, layer.base_layer.bias)
+    torch.testing.assert_close(layer(x), expected)
+
+
+def test_only_the_adapters_and_what_trainable_names_train():
+    module = tiny(Adaptation(lora=LoRA(r=2), trainable=("net.pos_emb.*",)))
+    adapt(module, module.hparams.adapt)
+    training = {n for n, p in module.named_parameters() if p.requires_grad}
+    assert "net.pos_emb.weight" in training
+    assert all("lora_" in n for n in training - {"net.pos_emb.weight"})
+    wrapped = {n.split(".lora_A")[0] for n in training if ".lora_A." in n}
+    # Every hidden linear layer, none of the io layers (embeddings, the tied head).
+    layers = ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")
+    assert wrapped == {f"net.blocks.{i}.{layer}" for i in range(2) for layer in layers}
+
+
+def test_freezing_alone_trains_what_trainable_names():
+    module = tiny(Adaptation(trainable=("net.blocks.1.*",)))
+    adapt(module, module.hparams.adapt)
+    assert {n for n, p in module.named_parameters() if p.requires_grad} == {
+        n for n, _ in module.named_parameters() if n.startswith("net.blocks.1.")
+    }
+
+
+@pytest.mark.parametrize(
+    "adaptation, named",
+    [
+        (Adaptation(lora=LoRA(targets=("net.blocks.*.attn.nope",))), "adapt.lora.targets: 'net.blocks.*.attn.nope'"),
+        (Adaptation(trainable=("net.head.*",)), "adapt.trainable: 'net.head.*' names no parameter"),
+    ],
+)
+def test_a_glob_that_names_nothing_is_refused_by_name(adaptation, named):
+    with pytest.raises(InputError, match=named.replace("*", r"\*").replace(".", r"\.")):
+        adapt(tiny(adaptation), adaptation)
+
+
+def test_merge_keeps_the_function_and_restores_the_plain_names():
+    plain_keys = set(tiny(None).state_dict())
+    module = tiny(Adaptation(lora=LoRA(r=4, targets=("net.blocks.*.attn.*",), dora=True)))
+    adapt(module, module.hparams.adapt)
+    for name, p in module.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)
+    before = module(ids())
+    merge(module)
+    assert set(module.state_dict()) == plain_keys
+    torch.testing.assert_close(module(ids()), before, rtol=1e-5, atol=1e-5)
+
+
+def test_a_fit_trains_the_adapters_alone_and_its_checkpoint_reloads(tmp_path):
+    module = tiny(Adaptation(lora=LoRA(r=4), trainable=("net.pos_emb.*",)))
+    x = ids(16)
+    data = DataLoader(TensorDataset(x, torch.roll(x, -1, 1)), batch_size=4)
+    trainer = Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.fit(module, data)
+    start = tiny(None).state_dict()
+    for name, value in module.state_dict().items():
+        plain = name.replace(".base_layer.", ".")
+        if "lora_" in name or plain == "net.pos_emb.weight":
+            assert "lora_A" in name or not torch.equal(value, start.get(plain, torch.zeros(0))), name
+        else:
+            assert torch.equal(value, start[plain]), f"{name} trained"
+    trainer.save_checkpoint(tmp_path / "lora.ckpt")
+    net = GPT(vocab_size=48, n_layer=2, n_embd=32, n_head=4, block_size=16)
+    again = CausalLMModule.load_from_checkpoint(tmp_path / "lora.ckpt", net=net)
+    torch.testing.assert_close(again(ids()), module(ids()), rtol=0, atol=0)
