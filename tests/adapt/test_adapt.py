@@ -105,3 +105,39 @@ def test_a_fit_trains_the_adapters_alone_and_its_checkpoint_reloads(tmp_path):
     net = GPT(vocab_size=48, n_layer=2, n_embd=32, n_head=4, block_size=16)
     again = CausalLMModule.load_from_checkpoint(tmp_path / "lora.ckpt", net=net)
     torch.testing.assert_close(again(ids()), module(ids()), rtol=0, atol=0)
+
+
+def test_a_lora_checkpoint_leaves_the_base_out_and_takes_it_again_from_init_weights(tmp_path):
+    from zoo.errors import CheckpointError
+    from zoo.gpt.hf import save_safetensors
+
+    base = tmp_path / "base.safetensors"
+    save_safetensors(tiny(None).net, base)
+    module = tiny(Adaptation(lora=LoRA(r=4)))
+    module.hparams.init_weights = str(base)
+    x = ids(16)
+    data = DataLoader(TensorDataset(x, torch.roll(x, -1, 1)), batch_size=4)
+    trainer = Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.fit(module, data)
+    trainer.save_checkpoint(tmp_path / "lora.ckpt")
+    stored = torch.load(tmp_path / "lora.ckpt", weights_only=True)
+    assert all("lora_" in k for k in stored["state_dict"]), "the frozen base was stored again"
+
+    def load(**kwargs):
+        net = GPT(vocab_size=48, n_layer=2, n_embd=32, n_head=4, block_size=16)
+        return CausalLMModule.load_from_checkpoint(tmp_path / "lora.ckpt", net=net, **kwargs)
+
+    torch.testing.assert_close(load(init_weights=str(base))(ids()), module(ids()), rtol=0, atol=0)
+    with pytest.raises(CheckpointError, match="give the base it was trained on as init_weights"):
+        load()
+    other = tmp_path / "other.safetensors"
+    torch.manual_seed(5)
+    save_safetensors(GPT(vocab_size=48, n_layer=2, n_embd=32, n_head=4, block_size=16), other)
+    with pytest.raises(CheckpointError, match="is not the base these LoRA adapters were trained on"):
+        load(init_weights=str(other))
+    # a fit resumed from it reads the base again, and goes on from the trained adapters
+    again = tiny(Adaptation(lora=LoRA(r=4)))
+    again.hparams.init_weights = str(base)
+    resumed = Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    resumed.fit(again, data, ckpt_path=tmp_path / "lora.ckpt")
+    assert resumed.global_step == 3

@@ -280,9 +280,11 @@ def fit_report(trainer: Trainer) -> list[str]:
             else f"  open it:   {uri}/#/experiments/{lg.experiment_id}/runs/{lg.run_id}",
         ]
     if ckpt is not None and (ckpt.best_model_path or ckpt.last_model_path):
-        # The MLflow model: the best weights (those the run reports), pickle-free, registered if asked.
+        # The MLflow model: the best weights (those the run reports), pickle-free, registered if asked; a LoRA
+        # checkpoint without its base takes it from this run's own init_weights.
+        base = getattr(trainer.lightning_module, "hparams", {}).get("init_weights")
         lines += [
-            f"MLflow model: {lg.log_trained_model(ckpt.best_model_path or ckpt.last_model_path, ckpt.monitor)}"
+            f"MLflow model: {lg.log_trained_model(ckpt.best_model_path or ckpt.last_model_path, ckpt.monitor, base)}"
             for lg in mlflow_loggers(trainer)
             if getattr(lg, "logs_model", False)
         ]

@@ -10,6 +10,7 @@ from torchmetrics import MeanMetric
 
 from zoo.adapt import Adaptation
 from zoo.adapt import adapt as adapt_module
+from zoo.adapt.base import drop_base, restore_base
 from zoo.compat import trainer_of
 from zoo.errors import InputError
 from zoo.gpt.generate import Generation, generate
@@ -116,16 +117,19 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         # Here rather than in __init__: a checkpoint restores over it, and load_from_checkpoint (which
         # does not call setup) never needs the original weights file to exist.
         if self.hparams.init_weights and not self._init_loaded:  # once: a later test() keeps trained weights
-            from zoo.gpt.hf import load_pretrained
-
-            load_pretrained(self.net, readable(self.hparams.init_weights))
-            self._init_loaded = True
+            self._load_base()
         dm = getattr(trainer_of(self), "datamodule", None)
         tok = getattr(dm, "tokenizer", None)
         if tok is None:
             return  # predict and test on a new file: the tokenizer comes with the checkpoint, restored after setup
         self.tokenizer = tok
         vocab_size_for(self.net.vocab_size, tok.vocab_size)  # sized by whoever built the net; checked here
+
+    def _load_base(self) -> None:
+        from zoo.gpt.hf import load_pretrained
+
+        load_pretrained(self.net, readable(self.hparams.init_weights))
+        self._init_loaded = True
 
     # -- steps -------------------------------------------------------------------------------------------
 
@@ -329,9 +333,11 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         # The tokenizer travels with the weights, so load_from_checkpoint(path).generate("text") works alone.
         if self.tokenizer is not None:
             checkpoint["tokenizer"] = self.tokenizer.to_dict()
+        drop_base(self, checkpoint)  # a LoRA fine-tune keeps its adapters; the base is init_weights'
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        adapt_module(self, self.hparams.adapt)  # the checkpoint's adapter keys meet adapted layers
+        # The checkpoint's adapter keys meet adapted layers; a base left out is read again from init_weights.
+        restore_base(self, checkpoint, self._load_base, lambda: adapt_module(self, self.hparams.adapt))
         if "state_dict" in checkpoint:  # absent in a sharded (FSDP2) resume: the shards load into the net directly
             check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
         if "tokenizer" in checkpoint:

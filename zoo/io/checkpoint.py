@@ -188,7 +188,7 @@ def _shapes(class_path: str, init_args: dict, allow: trust.Allowlist) -> dict[st
     return None
 
 
-def build_module(spec: dict, source: str = "the model") -> LightningModule:
+def build_module(spec: dict, source: str = "the model", given: dict | None = None) -> LightningModule:
     """The module ``spec`` describes, built by the zoo's own rules (``zoo.io.build``: the allowlist's classes only,
     every key a parameter, every value converted by its annotation), recording the hyperparameters a CLI-built one
     records."""
@@ -199,12 +199,13 @@ def build_module(spec: dict, source: str = "the model") -> LightningModule:
     part = build.resolve_model(
         {"_class_path": spec.get("class_path"), **(spec.get("init_args") or {})}, source, trust.zoo_allowlist()
     )
-    return build.build(part, record=True)
+    return build.build(part, record=True, **(given or {}))
 
 
-def module_from(spec: dict, state_dict: dict, source: str = "the model") -> LightningModule:
-    """The module ``spec`` describes (``build_module``), its model state and weights loaded, in eval mode."""
-    module = build_module(spec, source)
+def module_from(spec: dict, state_dict: dict, source: str = "the model", given: dict | None = None) -> LightningModule:
+    """The module ``spec`` describes (``build_module``; ``given``: the caller's own arguments over the stored ones),
+    its model state and weights loaded, in eval mode."""
+    module = build_module(spec, source, given)
     with tripwire.guard():
         module.on_load_checkpoint({"state_dict": state_dict, **spec.get("checkpoint", {})})  # checks keys, tokenizer
         module.load_state_dict(state_dict)

@@ -120,13 +120,19 @@ class ZooMLFlowLogger(MLFlowLogger):
         self.opened = False  # whether the run (and its experiment, if new) was created, under the store's lock
         self.saved_by = None  # the checkpoint callback whose checkpoints the run logs
 
-    def log_trained_model(self, ckpt_path: str, monitor: str | None = None) -> str:
+    def log_trained_model(self, ckpt_path: str, monitor: str | None = None, init_weights: str | None = None) -> str:
         """Log ``ckpt_path``'s module as this run's MLflow model (``zoo.tracking.models``) with the run's metrics
-        (``monitor`` first), registered if asked; says where."""
+        (``monitor`` first), registered if asked; says where. ``init_weights``: the run's own, the base of a LoRA
+        checkpoint that left it out."""
         from zoo.tracking.models import log_checkpoint_model
 
         return log_checkpoint_model(
-            ckpt_path, self.experiment, self.run_id, self.registered_model_name, monitor=monitor
+            ckpt_path,
+            self.experiment,
+            self.run_id,
+            self.registered_model_name,
+            monitor=monitor,
+            init_weights=init_weights,
         )
 
     @property

@@ -53,7 +53,7 @@ MODEL_PATH = "model"  # the model's folder in its run's artifacts
 # What modules add to a checkpoint beyond weights and hparams that a trained model needs (GPT's and CLIP's
 # tokenizer, what new images must look like and the class names: ``inputs``), as plain JSON; the rest (RNG
 # states, replay buffers) is training state and stays in the .ckpt.
-MODEL_STATE_KEYS = ("tokenizer", "inputs")
+MODEL_STATE_KEYS = ("tokenizer", "inputs", "adapter_base")
 
 
 def is_mlflow_uri(path: Any) -> bool:
@@ -74,19 +74,22 @@ def module_spec(ckpt: dict, class_path: str | None = None) -> dict:
     return json.loads(json.dumps(spec, default=str))
 
 
-def merged(state_dict: dict, spec: dict) -> tuple[dict, dict]:
+def merged(state_dict: dict, spec: dict, init_weights: str | None = None) -> tuple[dict, dict]:
     """A model trained with LoRA registers merged: its adapters folded into the weights and its config without them,
-    so serving needs neither PEFT nor the adapter's layers, and predicts at the speed of the plain net."""
+    so serving needs neither PEFT nor the adapter's layers, and predicts at the speed of the plain net. A checkpoint
+    that left its frozen base out reads it from ``init_weights`` (the run's own, never the checkpoint's)."""
     init_args = spec.get("init_args") or {}
     if not (init_args.get("adapt") or {}).get("lora"):
         return state_dict, spec
     from zoo.adapt import merge
 
-    module = merge(module_from(spec, state_dict))
-    return dict(module.state_dict()), {**spec, "init_args": {**init_args, "adapt": None}}
+    given = {"init_weights": init_weights} if init_weights else {}
+    module = merge(module_from(spec, state_dict, given=given))
+    extras = {k: v for k, v in spec.get("checkpoint", {}).items() if k != "adapter_base"}
+    return dict(module.state_dict()), {**spec, "init_args": {**init_args, "adapt": None}, "checkpoint": extras}
 
 
-def save_model(state_dict: dict, spec: dict, path: Path, mlflow_model=None) -> Path:
+def save_model(state_dict: dict, spec: dict, path: Path, mlflow_model=None, init_weights: str | None = None) -> Path:
     """Write the MLflow model folder (MLmodel with its signature, an input example, the pyfunc code, the zoo
     sources, pinned pip requirements and the lock as constraints); ``mlflow_model``: the ``mlflow.models.Model``
     its MLmodel starts from (the logged model's id and run)."""
@@ -94,7 +97,7 @@ def save_model(state_dict: dict, spec: dict, path: Path, mlflow_model=None) -> P
 
     from zoo.tracking.serving import interface_for
 
-    state_dict, spec = merged(state_dict, spec)
+    state_dict, spec = merged(state_dict, spec, init_weights)
     work = Path(tempfile.mkdtemp())
     # A tied pair (GPT's lm_head and tok_emb) is written twice: safetensors refuses shared storage, and
     # load_state_dict copies the same values into the one tied parameter.
@@ -259,6 +262,7 @@ def log_checkpoint_model(
     registered_model_name: str | None = None,
     class_path: str | None = None,
     monitor: str | None = None,
+    init_weights: str | None = None,
 ) -> str:
     """Log a checkpoint's module as an MLflow logged model of run ``run_id`` (``runs:/<run_id>/model``, or
     ``model-<ckpt>-<hex>`` if the run has one: a registered version points at its model, which must not change),
@@ -282,7 +286,7 @@ def log_checkpoint_model(
             artifact_path=model.artifact_location, model_uuid=model.model_id, run_id=run_id, model_id=model.model_id
         )
         with tempfile.TemporaryDirectory() as tmp:
-            folder = save_model(extract_state_dict(ckpt), spec, Path(tmp) / MODEL_PATH, mlmodel)
+            folder = save_model(extract_state_dict(ckpt), spec, Path(tmp) / MODEL_PATH, mlmodel, init_weights)
             client.log_model_artifacts(model.model_id, str(folder))
             tags[CODE_TAG] = Model.load(str(folder)).metadata[CODE_KEY]
             client.set_logged_model_tags(model.model_id, {CODE_TAG: tags[CODE_TAG]})
