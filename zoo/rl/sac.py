@@ -112,8 +112,9 @@ class SACModule(WeightsOnlyLoading, LightningModule):
                 runs these 256-wide MLPs fastest, as threads that wait on each other cost more than they share.
                 None: unchanged.
             adapt: what a fine-tune trains (``zoo.adapt.Adaptation``): the parameters of the net named by
-                ``trainable`` globs (``["net.actor.*"]``: the critics frozen); None: every weight. The target nets and
-                the temperature (``autotune``) follow as in full training. LoRA (``adapt.lora``) is refused here: the
+                ``trainable`` globs, some of the actor's and some of the critics' (each has its optimizer):
+                ``["net.actor.head.*", "net.critic.*"]``; None: every weight. The target critics and the temperature
+                (``autotune``) follow as in full training. LoRA (``adapt.lora``) is refused here: the
                 target nets are Polyak copies over parameter lists, which adapters would misalign.
         """
         for settings in (actor_optimizer, critic_optimizer, alpha_optimizer):

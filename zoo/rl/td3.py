@@ -134,8 +134,9 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
             save_buffer: put the replay buffer in checkpoints, so that a resumed run continues with it.
             num_threads: PyTorch CPU threads while this module runs (restored after). None: unchanged.
             adapt: what a fine-tune trains (``zoo.adapt.Adaptation``): the parameters of the net named by
-                ``trainable`` globs (``["net.actor.*"]``: the critics frozen); None: every weight. The target nets
-                follow as in full training. LoRA (``adapt.lora``) is refused here: the target nets are Polyak copies
+                ``trainable`` globs, some of the actor's and some of the critics' (each has its optimizer):
+                ``["net.actor.mlp.4.*", "net.critic.*"]``; None: every weight. The target nets follow as in full
+                training. LoRA (``adapt.lora``) is refused here: the target nets are Polyak copies
                 over parameter lists, which adapters would misalign.
         """
         for settings in (actor_optimizer, critic_optimizer):
