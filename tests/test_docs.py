@@ -68,6 +68,10 @@ COVERED: list[tuple[str, str]] = [
         r"zoo\.tracking log-model",
         "tests/tracking/test_registry.py::test_log_model_from_a_checkpoint_adds_a_version_and_keeps_the_first",
     ),
+    (
+        r"adapt\.lora\.r=4",
+        "tests/adapt/test_adapt_families.py::test_a_lora_fit_through_the_cli_registers_a_merged_model_that_predicts_as_its_checkpoint",
+    ),
     (r"autoencoder_shapes\.yaml", "minutes of CPU"),
     (
         r"latent_flow_dit_shapes\.yaml",

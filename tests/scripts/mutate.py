@@ -41,6 +41,7 @@ CPT, NI, CMO = "zoo/clip/pretrained.py", "zoo/io/new_inputs.py", "zoo/clip/modul
 TR, CK = "zoo/io/trust.py", "zoo/io/checkpoint.py"
 BL, TW = "zoo/io/build.py", "zoo/io/tripwire.py"
 RG, SC = "zoo/tracking/models.py", "zoo/app/stored_config.py"
+AD, LC, RC = "zoo/adapt/lora.py", "zoo/rl/lifecycle.py", "zoo/rl/common.py"
 DLS, CODE = "zoo/tracking/downloads.py", "zoo/tracking/code.py"
 SV = "zoo/tracking/serving.py"
 CM, CN, RN, TV = "zoo/cnn/module.py", "zoo/cnn/convnet.py", "zoo/cnn/resnet.py", "zoo/cnn/torchvision_net.py"
@@ -1049,6 +1050,54 @@ FAMILIES: dict[str, dict] = {
             ),
             ("zoo/app/parser.py", "                sub.print_help()\n", "                pass\n"),
             ("zoo/app/parser.py", 'for key in ("model", "data"):', 'for key in ("model",):'),
+        ],
+    },
+    # Issue 40: adapters and freezing (zoo.adapt) and their wiring in each family: a frozen weight that trains, an
+    # adapter that is not applied (or not reloaded), a wrong scaling, a registered model not merged.
+    "adapt": {
+        "tests": ["tests/adapt/test_adapt.py", "tests/adapt/test_adapt_families.py"],
+        "mutants": [
+            (AD, "p.requires_grad_(ADAPTER_PREFIX in name or bool(hits))", "p.requires_grad_(True)"),
+            (AD, "    if settings.lora is not None:\n        _inject(", "    if False:\n        _inject("),
+            (AD, "        lora_alpha=lora.alpha,\n", "        lora_alpha=lora.r,\n"),
+            (AD, "        use_rslora=lora.rslora,\n", "        use_rslora=False,\n"),
+            (AD, "and m.weight.requires_grad and not any(_under(n, p) for p in io)", "and m.weight.requires_grad"),
+            (AD, "            layer.merge(safe_merge=True)\n", ""),
+            (CM, "        self._adapt()  # after init_weights", "        pass  # after init_weights"),
+            (CM, 'trainable=(*trainable, f"net.{classifier_head(self.net)}.*"))', "trainable=trainable)"),
+            (
+                CM,
+                "        self._adapt()  # the checkpoint's adapter keys",
+                "        pass  # the checkpoint's adapter keys",
+            ),
+            (
+                CMO,
+                "            tower.requires_grad_(False)  # param_groups leaves them out of the optimizer\n        adapt_",
+                "            pass\n        adapt_",
+            ),
+            (CMO, "        self._adapt()  # after init_weights", "        pass  # after init_weights"),
+            (DM, "        self._adapt()  # on the loaded weights", "        pass  # on the loaded weights"),
+            (
+                DM,
+                "        self._adapt()  # the checkpoint's adapter keys",
+                "        pass  # the checkpoint's adapter keys",
+            ),
+            (DM, "            if named:\n", "            if False:\n"),
+            (
+                LC,
+                "        adapt_agent(module, self.targets)  # the weights are final here",
+                "        pass  # final here",
+            ),
+            (
+                LC,
+                "        adapt_agent(module, self.targets)  # the checkpoint's adapter",
+                "        pass  # the checkpoint's",
+            ),
+            (RC, "            p.requires_grad_(beside[name])\n", "            pass\n"),
+            (RC, "settings.lora is not None and targets:", "settings.lora is not None and not targets:"),
+            (RC, "    if not kept:\n", "    if False:\n"),
+            ("zoo/rl/a2c.py", 'build(trained(self.net.parameters(), "net"))', "build(list(self.net.parameters()))"),
+            (RG, '    if not (init_args.get("adapt") or {}).get("lora"):\n', "    if True:\n"),
         ],
     },
     "files": {  # files an outsider wrote: pretrained folders, archives, exported programs, planted links

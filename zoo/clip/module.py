@@ -18,11 +18,15 @@ import torch
 from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
+from zoo.adapt import Adaptation
+from zoo.adapt import adapt as adapt_module
+from zoo.adapt.lora import ADAPTER_PREFIX
 from zoo.clip.clip import CLIP
 from zoo.clip.losses import infonce_loss, siglip_loss
 from zoo.clip.metrics import first_rows, retrieval_recall, zeroshot_accuracy, zeroshot_weights
 from zoo.clip.pretrained import check_reads_as_source, source_inputs, source_tokenizer
 from zoo.compat import trainer_of
+from zoo.errors import InputError
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.io.new_inputs import image_inputs, top_k_columns
@@ -47,6 +51,7 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
         compile: bool = False,
         lock_image: bool = False,
         lock_text: bool = False,
+        adapt: Adaptation | None = None,
     ) -> None:
         """
         Args:
@@ -62,6 +67,11 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
             lock_image: keep the image tower as loaded (LiT, Zhai et al. 2022: a pretrained image tower, locked,
                 teaches a new text tower); its normalisation statistics and dropout stay in eval mode.
             lock_text: keep the text tower as loaded (linear probing of the image tower against fixed texts).
+            adapt: what a fine-tune trains (``zoo.adapt.Adaptation``): LoRA adapters on some layers
+                (``lora: {r: 8, alpha: 16}``: every linear and conv layer of the towers but their patch or token
+                embeddings and projections, which ``io_layers()`` name) and the parameters named by ``trainable`` globs
+                (LiT: ``["net.text_encoder.*", "net.logit_scale"]``); None: every weight. A locked tower never trains:
+                LoRA targets there are refused, ``trainable`` globs there overruled.
         """
         super().__init__()
         save_hparams(self, "net")
@@ -87,8 +97,7 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
     def setup(self, stage: str) -> None:
         if self.hparams.init_weights and not self._init_loaded:  # once: a later test() keeps trained weights
             self._load_init_weights(readable(self.hparams.init_weights))
-        for tower in self._locked_towers():
-            tower.requires_grad_(False)  # param_groups leaves them out of the optimizer
+        self._adapt()  # after init_weights, before sharding and compiling (configure_model)
         dm = getattr(trainer_of(self), "datamodule", None)
         if self._source_inputs is not None:
             check_reads_as_source(image_inputs(dm), self._source_inputs)
@@ -112,6 +121,20 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
                 self.tokenizer, self.context_length = tokenizer, self.net.text_encoder.context_length
                 self._check_text_tower()
         self._init_loaded = True
+
+    def _adapt(self) -> None:
+        """The locks, then ``adapt`` (once; ``zoo.adapt``): LoRA's default targets are the layers that train, so a
+        locked tower takes none; the locks again after, over any ``trainable`` glob that names a locked tower."""
+        for tower in self._locked_towers():
+            tower.requires_grad_(False)  # param_groups leaves them out of the optimizer
+        adapt_module(self, self.hparams.adapt)
+        for tower in self._locked_towers():
+            if any(ADAPTER_PREFIX in name for name, _ in tower.named_parameters()):
+                raise InputError(
+                    "adapt.lora.targets name layers of a locked tower (lock_image, lock_text): it never "
+                    "trains, so neither would they; name the other tower's layers or unlock it"
+                )
+            tower.requires_grad_(False)
 
     def _locked_towers(self) -> list[nn.Module]:
         h = self.hparams
@@ -280,6 +303,7 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
             checkpoint["inputs"] = self.inputs
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._adapt()  # the checkpoint's adapter keys meet adapted layers
         if "state_dict" in checkpoint:  # absent in a sharded (FSDP2) resume: the shards load into the net directly
             check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
         if "tokenizer" in checkpoint:

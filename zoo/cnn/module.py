@@ -13,6 +13,8 @@ from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
+from zoo.adapt import Adaptation
+from zoo.adapt import adapt as adapt_module
 from zoo.compat import trainer_of
 from zoo.errors import InputError
 from zoo.io.checkpoint import WeightsOnlyLoading
@@ -67,6 +69,7 @@ class ClassifierModule(WeightsOnlyLoading, LightningModule):
         compile: bool = False,
         init_weights: str | None = None,
         freeze_backbone: bool = False,
+        adapt: Adaptation | None = None,
     ) -> None:
         """
         Args:
@@ -79,7 +82,11 @@ class ClassifierModule(WeightsOnlyLoading, LightningModule):
             init_weights: pretrained weights to start from (a checkpoint, .pth or .safetensors of the net, or
                 models:/<name>@<alias>); a head of another number of classes is replaced, and a line says so.
             freeze_backbone: train the classifier head only (linear probing); the rest keeps its weights and
-                its batch-norm statistics.
+                its batch-norm statistics. With ``adapt``, the head trains besides what ``adapt`` trains.
+            adapt: what a fine-tune trains (``zoo.adapt.Adaptation``): LoRA adapters on some layers
+                (``lora: {r: 8, alpha: 16}``: every conv and linear layer but the stem and the head, which the net's
+                ``io_layers()`` name) and the parameters named by ``trainable`` globs (``["net.fc.*"]``); None: every
+                weight (or the head alone with ``freeze_backbone``).
         """
         super().__init__()
         save_hparams(self, "net")
@@ -107,10 +114,16 @@ class ClassifierModule(WeightsOnlyLoading, LightningModule):
             self.inputs = image_inputs(dm) or self.inputs
         if self.hparams.init_weights and not self._init_loaded:  # once: a later test() keeps the trained weights
             self._load_init_weights(self.hparams.init_weights)
+        self._adapt()  # after init_weights, before sharding and compiling (configure_model)
+
+    def _adapt(self) -> None:
+        """``adapt`` applied once (``zoo.adapt``); ``freeze_backbone`` is its special case of a ``trainable`` glob
+        naming the head (besides whatever ``adapt`` trains)."""
+        settings = Adaptation.of(self.hparams.adapt)
         if self.hparams.freeze_backbone:
-            head = classifier_head(self.net)
-            for name, p in self.net.named_parameters():
-                p.requires_grad_(name.startswith(head + "."))
+            lora, trainable = (settings.lora, settings.trainable or ()) if settings else (None, ())
+            settings = Adaptation(lora=lora, trainable=(*trainable, f"net.{classifier_head(self.net)}.*"))
+        adapt_module(self, settings)
 
     def _load_init_weights(self, path: str) -> None:
         state_dict = extract_state_dict(load_file(readable(path)), "net.")
@@ -120,9 +133,8 @@ class ClassifierModule(WeightsOnlyLoading, LightningModule):
 
     def on_train_epoch_start(self) -> None:
         if self.hparams.freeze_backbone:  # linear probing: the frozen layers' batch-norm statistics stay as loaded
-            head = self.net.get_submodule(classifier_head(self.net))
-            for m in self.net.modules():
-                if m is not head and m is not self.net:
+            for m in self.net.modules():  # (and their dropout is off); the head and any adapters train
+                if not any(p.requires_grad for p in m.parameters()):
                     m.eval()
 
     def configure_model(self) -> None:
@@ -177,6 +189,7 @@ class ClassifierModule(WeightsOnlyLoading, LightningModule):
             checkpoint["inputs"] = self.inputs
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._adapt()  # the checkpoint's adapter keys meet adapted layers
         if "state_dict" in checkpoint:  # absent in a sharded (FSDP2) resume: the shards load into the net directly
             check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
         if "inputs" in checkpoint:

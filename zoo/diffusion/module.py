@@ -33,6 +33,9 @@ from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
+from zoo.adapt import Adaptation
+from zoo.adapt import adapt as adapt_module
+from zoo.adapt.lora import ADAPTER_PREFIX
 from zoo.compat import trainer_of
 from zoo.diffusion.ema import EMA
 from zoo.diffusion.latent import (
@@ -88,6 +91,7 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         autoencoder: dict[str, Any] | None = None,
         autoencoder_weights: str | None = None,
         latent_scale: float | Literal["config", "estimate"] = "config",
+        adapt: Adaptation | None = None,
     ) -> None:
         """
         Args:
@@ -129,6 +133,11 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
             latent_scale: s of the latents z = s (E(x) - b): "config" (the autoencoder's scaling_factor, 0.18215 for
                 Stable Diffusion's VAE, and its shift_factor b), a number, or "estimate" (1 / std of the first
                 batch's latents, as latent diffusion does for a new autoencoder); stored in checkpoints.
+            adapt: what a fine-tune of ``init_weights`` trains (``zoo.adapt.Adaptation``): LoRA adapters on some layers
+                of the net (``lora: {r: 8, alpha: 16}``: every linear and conv layer but the image's way in and out,
+                which ``io_layers()`` name) and the parameters named by ``trainable`` globs (``["net.blocks.*"]``);
+                None: every weight. The EMA averages what trains (the adapters) and sampling uses the adapted net; the
+                autoencoder stays frozen and is never adapted.
         """
         super().__init__()
         save_hparams(self, "net", "sampler", "objective", "autoencoder")
@@ -210,6 +219,7 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
 
     def configure_model(self) -> None:
         self._load_init_weights()  # before sharding (and before the EMA copies the weights at its first update)
+        self._adapt()  # on the loaded weights; before sharding, compiling and the EMA's first copy
         if self.device_mesh is not None and (
             averaging := [  # the zoo's EMA stays sharded; others keep a whole copy
                 c for c in self.trainer.callbacks if isinstance(c, WeightAveraging) and not isinstance(c, EMA)
@@ -230,6 +240,16 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
             load_pretrained(self.net, readable(self.hparams.init_weights))
             self._init_loaded = True
         self._load_autoencoder()
+
+    def _adapt(self) -> None:
+        adapt_module(self, self.hparams.adapt)  # once (zoo.adapt); what trains is what the EMA averages
+        if self.autoencoder is not None:
+            named = [n for n, p in self.autoencoder.named_parameters() if p.requires_grad or ADAPTER_PREFIX in n]
+            if named:
+                raise InputError(
+                    f"adapt names the frozen autoencoder's {named[0]}: it is never adapted nor trained; name the "
+                    "net's layers and parameters (net.*)"
+                )
 
     def _load_autoencoder(self) -> None:
         # Once, at set-up or at the first encode or decode from Python; never after a checkpoint (which holds them).
@@ -409,6 +429,7 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         return new
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._adapt()  # the checkpoint's adapter keys meet adapted layers
         if "state_dict" in checkpoint:  # absent in a sharded (FSDP2) resume: the shards load into the net directly
             check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
             weights = checkpoint["state_dict"]

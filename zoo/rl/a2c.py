@@ -20,10 +20,18 @@ import torch
 from lightning.pytorch import Callback, LightningModule
 from torch import Tensor
 
+from zoo.adapt import Adaptation
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.rl.collector import RolloutCollector
-from zoo.rl.common import RMSPROP_AGENT_KEYS, Policy, linear_annealing, require_datamodule, upgrade_hparams
+from zoo.rl.common import (
+    RMSPROP_AGENT_KEYS,
+    Policy,
+    linear_annealing,
+    require_datamodule,
+    trained,
+    upgrade_hparams,
+)
 from zoo.rl.lifecycle import Lifecycle
 from zoo.rl.losses import a2c_loss, explained_variance, gae, normalize
 from zoo.rl.nets import ActorCritic
@@ -57,6 +65,7 @@ class A2CModule(WeightsOnlyLoading, LightningModule):
         clip_obs: float = 10.0,
         clip_reward: float = 10.0,
         num_threads: int | None = 1,
+        adapt: Adaptation | None = None,
     ) -> None:
         """
         Args:
@@ -77,6 +86,11 @@ class A2CModule(WeightsOnlyLoading, LightningModule):
             clip_obs: clip normalised observations to [-clip_obs, clip_obs].
             clip_reward: clip scaled rewards to [-clip_reward, clip_reward].
             num_threads: PyTorch CPU threads while this module runs (restored after); None: unchanged.
+            adapt: what a fine-tune trains (``zoo.adapt.Adaptation``): LoRA adapters on some layers of the net
+                (``lora: {r: 8, alpha: 16}``: the hidden layers, not those ``ActorCritic.io_layers`` names: the
+                observation's readers and the heads) and the parameters named by ``trainable`` globs
+                (``["net.critic.*"]``); None: every weight. The weights to adapt come from ``zoo.rl.from_pretrained``
+                (an SB3 zip).
         """
         AdamOrRMSprop.of(optimizer)  # a checkpoint's hyperparameters (a dict): checked as the config's are
         super().__init__()
@@ -156,7 +170,8 @@ class A2CModule(WeightsOnlyLoading, LightningModule):
 
     def configure_optimizers(self):
         h = self.hparams
-        opt = AdamOrRMSprop.of(h.optimizer).build(list(self.net.parameters()))  # one group, as checkpoints hold it
+        # One group, as checkpoints hold it: the parameters that train (all of them unless adapt freezes some).
+        opt = AdamOrRMSprop.of(h.optimizer).build(trained(self.net.parameters(), "net"))
         return linear_annealing(opt, lambda: self.lifecycle.progress(self), h.anneal_lr)
 
     # -- the end of fit, or of a failed one: the lifecycle's -----------------------------------------------------------

@@ -3,6 +3,7 @@
 - ``env_sizes``: a net's sizes as the DataModule's env fills them (the application's, before the net is built),
   and ``check_env``, ``check_box``, ``check_action_bounds``: a built net checked against the env;
 - ``check_net_state``: a checkpoint's net checked against the module's before Lightning loads it;
+- ``adapt_agent``: the module's ``adapt`` setting (LoRA, freezing) on its net, and ``trained``: what an optimizer takes;
 - ``linear_annealing``: the on-policy agents' learning-rate schedule (their optimizers: ``zoo.train.optim``);
 - ``separate_backwards``: the DDP setting an agent of several backwards (SAC, TD3) needs;
 - ``Evaluation``: validation and predict episodes on envs of their own, split over the ranks under DDP, and
@@ -25,6 +26,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from zoo.adapt import Adaptation, adapt
 from zoo.compat import trainer_of
 from zoo.errors import InputError
 from zoo.io.weights import check_compatible
@@ -133,6 +135,35 @@ def check_action_bounds(actor: nn.Module, env_id: str, space: gym.spaces.Box) ->
 def check_net_state(net: nn.Module, checkpoint: dict) -> None:
     """A checkpoint's net fits ``net`` (mismatches named) before Lightning loads it."""
     check_compatible(net, {k[4:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}, "checkpoint")
+
+
+def adapt_agent(module: LightningModule, targets: tuple[str, ...] = ()) -> None:
+    """The module's ``adapt`` setting (``zoo.adapt``) applied once, to its net: the parameters beside the net (SAC's
+    temperature, the target nets) keep training or not as they did. An agent with target nets (``targets``: SAC's and
+    TD3's Polyak copies) takes ``trainable`` alone."""
+    settings = Adaptation.of(module.hparams.get("adapt"))
+    if settings is not None and settings.lora is not None and targets:
+        raise InputError(
+            f"adapt.lora is not wired for {type(module).__name__}: its {' and '.join(targets)} follow the nets by "
+            "Polyak averaging over parameter lists, which adapters would misalign; freeze by name with adapt.trainable"
+        )
+    beside = {n: p.requires_grad for n, p in module.named_parameters() if not n.startswith("net.")}
+    adapt(module, settings)
+    for name, p in module.named_parameters():
+        if name in beside:
+            p.requires_grad_(beside[name])
+
+
+def trained(params, what: str) -> list[Tensor]:
+    """The parameters of ``params`` that train (``adapt`` froze the others), as an optimizer of ``what`` takes them;
+    none is refused by name."""
+    kept = [p for p in params if p.requires_grad]
+    if not kept:
+        raise InputError(
+            f"adapt leaves no parameter of {what} training, and its optimizer would step none: name some of them in "
+            "adapt.trainable"
+        )
+    return kept
 
 
 def separate_backwards(module: LightningModule, agent: str) -> None:

@@ -29,10 +29,18 @@ import torch
 from lightning.pytorch import Callback, LightningModule
 from torch import Tensor
 
+from zoo.adapt import Adaptation
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.rl.actors import ActorPool, EnvSpec
-from zoo.rl.common import RMSPROP_AGENT_KEYS, Policy, linear_annealing, require_datamodule, upgrade_hparams
+from zoo.rl.common import (
+    RMSPROP_AGENT_KEYS,
+    Policy,
+    linear_annealing,
+    require_datamodule,
+    trained,
+    upgrade_hparams,
+)
 from zoo.rl.lifecycle import Lifecycle
 from zoo.rl.nets import ActorCritic
 from zoo.rl.vtrace import impala_loss, masked_mean, vtrace
@@ -68,6 +76,7 @@ class IMPALAModule(WeightsOnlyLoading, LightningModule):
         anneal_lr: bool = True,
         optimizer: AdamOrRMSprop = AdamOrRMSprop("rmsprop", lr=4.8e-4, eps=0.01),
         num_threads: int | None = 1,
+        adapt: Adaptation | None = None,
     ) -> None:
         """
         Args:
@@ -95,6 +104,10 @@ class IMPALAModule(WeightsOnlyLoading, LightningModule):
                 with monobeast's lr 4.8e-4, the paper's decay alpha 0.99 and eps 0.01; ``algorithm: adam`` for Adam.
             num_threads: PyTorch CPU threads of the learner while this module runs (restored after); the
                 actors use one each. None: unchanged.
+            adapt: what a fine-tune trains (``zoo.adapt.Adaptation``): LoRA adapters on some layers of the net
+                (``lora: {r: 8, alpha: 16}``: the hidden layers, not those ``ActorCritic.io_layers`` names: the
+                observation's readers and the heads) and the parameters named by ``trainable`` globs
+                (``["net.critic.*"]``); None: every weight. The actors act with the adapted net.
         """
         AdamOrRMSprop.of(optimizer)  # a checkpoint's hyperparameters (a dict): checked as the config's are
         super().__init__()
@@ -198,7 +211,8 @@ class IMPALAModule(WeightsOnlyLoading, LightningModule):
 
     def configure_optimizers(self):
         h = self.hparams
-        opt = AdamOrRMSprop.of(h.optimizer).build(list(self.net.parameters()))  # one group, as checkpoints hold it
+        # One group, as checkpoints hold it: the parameters that train (all of them unless adapt freezes some).
+        opt = AdamOrRMSprop.of(h.optimizer).build(trained(self.net.parameters(), "net"))
         return linear_annealing(opt, lambda: self.lifecycle.progress(self), h.anneal_lr)
 
     # -- the end of fit, or of a failed one: the lifecycle's -----------------------------------------------------------

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from zoo.rl.common import (
     Evaluation,
+    adapt_agent,
     check_action_bounds,
     check_box,
     check_env,
@@ -170,13 +171,18 @@ class Lifecycle:
     agent's replay buffer), the episode log, evaluation, the checkpoint state beside the state dict and the thread
     count. The agent holds one and calls it from its hooks; the module's ``env_steps`` buffer is the budget's count."""
 
-    def __init__(self, total_env_steps: int, num_threads: int | None, save_buffer: bool = False) -> None:
+    def __init__(
+        self, total_env_steps: int, num_threads: int | None, save_buffer: bool = False, targets: tuple[str, ...] = ()
+    ) -> None:
         """
         Args:
             total_env_steps: the budget (``Budget``).
             num_threads: torch's CPU threads while the module runs (``Threads``).
             save_buffer: put the replay buffer in checkpoints (an off-policy agent's ``save_buffer``).
+            targets: the module's target nets (SAC's, TD3's Polyak copies), which ``adapt`` leaves alone
+                (``adapt_agent``).
         """
+        self.targets = targets
         self.budget, self.rng, self.threads = Budget(total_env_steps), RNGState(), Threads(num_threads)
         self.evaluation, self.episodes = Evaluation(), EpisodeLog()
         self.collector = None  # the training envs (a rollout or transition collector, actor processes) while fit runs
@@ -186,9 +192,11 @@ class Lifecycle:
         self._ready = False  # every rank's replay buffer holds a minibatch (``replay_ready``)
 
     def setup(self, module: LightningModule, box: str | None = None) -> None:
-        """Refuses sharding, pins the thread count and checks the net against the env; ``box``, the agent's name when
-        it acts in continuous actions only, also checks the action space and the actor's bounds."""
+        """Refuses sharding, applies the module's ``adapt`` setting, pins the thread count and checks the net against
+        the env; ``box``, the agent's name when it acts in continuous actions only, also checks the action space and
+        the actor's bounds."""
         refuse_sharding(module)
+        adapt_agent(module, self.targets)  # the weights are final here (from_pretrained loads them after __init__)
         self.threads.pin()
         if (dm := datamodule_of(module)) is not None:
             if box is not None:
@@ -263,8 +271,9 @@ class Lifecycle:
             checkpoint["replay_buffer"] = self.buffer.state_dict()
 
     def load(self, module: LightningModule, checkpoint: dict) -> None:
-        """A checkpoint's net checked against the module's before Lightning loads it; its RNG states and replay buffer
-        kept until fit resumes (never applied by a plain load)."""
+        """A checkpoint's net checked against the module's (adapted as its ``adapt`` says) before Lightning loads it;
+        its RNG states and replay buffer kept until fit resumes (never applied by a plain load)."""
+        adapt_agent(module, self.targets)  # the checkpoint's adapter keys meet adapted layers
         check_net_state(module.net, checkpoint)
         self.rng.load(checkpoint)
         self._buffer_to_restore = checkpoint.get("replay_buffer")

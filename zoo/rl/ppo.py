@@ -26,6 +26,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule
 from torch import Tensor
 
+from zoo.adapt import Adaptation
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.rl.collector import Rollout, RolloutCollector
@@ -80,6 +81,7 @@ class PPOModule(WeightsOnlyLoading, LightningModule):
         clip_obs: float = 10.0,
         clip_reward: float = 10.0,
         num_threads: int | None = 1,
+        adapt: Adaptation | None = None,
     ) -> None:
         """
         Args:
@@ -111,6 +113,11 @@ class PPOModule(WeightsOnlyLoading, LightningModule):
             clip_reward: clip scaled rewards to [-clip_reward, clip_reward].
             num_threads: PyTorch CPU threads while this module runs (restored after); a small MLP runs
                 fastest on one, as intra-op threads cost more to synchronise than they save. None: unchanged.
+            adapt: what a fine-tune trains (``zoo.adapt.Adaptation``): LoRA adapters on some layers of the net
+                (``lora: {r: 8, alpha: 16}``: the hidden layers, not those ``ActorCritic.io_layers`` names: the
+                observation's readers and the heads) and the parameters named by ``trainable`` globs
+                (``["net.critic.*"]``); None: every weight. The weights to adapt come from ``zoo.rl.from_pretrained``
+                (an SB3 zip).
         """
         AdamOrRMSprop.of(optimizer)  # a checkpoint's hyperparameters (a dict): checked as the config's are
         super().__init__()

@@ -37,14 +37,12 @@ import torch
 from lightning.pytorch import Callback, LightningModule
 from torch import Tensor, nn
 
+from zoo.adapt import Adaptation
 from zoo.compat import foreach_lerp_
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.rl import off_policy
-from zoo.rl.common import (
-    Policy,
-    upgrade_hparams,
-)
+from zoo.rl.common import Policy, trained, upgrade_hparams
 from zoo.rl.lifecycle import Lifecycle
 from zoo.rl.losses import sac_actor_loss, sac_critic_loss, sac_temperature_loss, soft_q_target
 from zoo.rl.normalization import RunningMeanStd
@@ -85,6 +83,7 @@ class SACModule(WeightsOnlyLoading, LightningModule):
         clip_obs: float = 10.0,
         save_buffer: bool = False,
         num_threads: int | None = 1,
+        adapt: Adaptation | None = None,
     ) -> None:
         """
         Args:
@@ -112,6 +111,11 @@ class SACModule(WeightsOnlyLoading, LightningModule):
             num_threads: PyTorch CPU threads while this module runs (restored after); on a shared CPU one thread
                 runs these 256-wide MLPs fastest, as threads that wait on each other cost more than they share.
                 None: unchanged.
+            adapt: what a fine-tune trains (``zoo.adapt.Adaptation``): the parameters of the net named by
+                ``trainable`` globs, some of the actor's and some of the critics' (each has its optimizer):
+                ``["net.actor.head.*", "net.critic.*"]``; None: every weight. The target critics and the temperature
+                (``autotune``) follow as in full training. LoRA (``adapt.lora``) is refused here: the
+                target nets are Polyak copies over parameter lists, which adapters would misalign.
         """
         for settings in (actor_optimizer, critic_optimizer, alpha_optimizer):
             AdamOrRMSprop.of(settings)  # a checkpoint's hyperparameters (dicts): checked as the config's are
@@ -123,7 +127,8 @@ class SACModule(WeightsOnlyLoading, LightningModule):
         self._build_beside_net()
         self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))  # spent of the budget, every rank's
         self.register_buffer("updates", torch.zeros((), dtype=torch.int64))
-        self.lifecycle = Lifecycle(total_env_steps, num_threads, save_buffer)  # the replay buffer is its too
+        # The replay buffer is its too; the target critics are left alone by adapt.
+        self.lifecycle = Lifecycle(total_env_steps, num_threads, save_buffer, targets=("critic_target",))
 
     def _build_beside_net(self) -> None:
         """What the module sizes from the net: the target critics, the entropy target, the observation statistics."""
@@ -223,8 +228,8 @@ class SACModule(WeightsOnlyLoading, LightningModule):
         # Adam's fused kernel where it serves (CPU and CUDA): one op per tensor instead of about ten per parameter, and
         # SAC makes one small step per env step and per optimizer. One group each, as checkpoints hold them.
         return [
-            AdamOrRMSprop.of(h.actor_optimizer).build(list(self.net.actor.parameters())),
-            AdamOrRMSprop.of(h.critic_optimizer).build(list(self.net.critic.parameters())),
+            AdamOrRMSprop.of(h.actor_optimizer).build(trained(self.net.actor.parameters(), "net.actor")),
+            AdamOrRMSprop.of(h.critic_optimizer).build(trained(self.net.critic.parameters(), "net.critic")),
             AdamOrRMSprop.of(h.alpha_optimizer).build([self.log_alpha]),
         ]
 

@@ -31,14 +31,12 @@ import torch
 from lightning.pytorch import Callback, LightningModule
 from torch import Tensor
 
+from zoo.adapt import Adaptation
 from zoo.compat import foreach_lerp_
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.rl import off_policy
-from zoo.rl.common import (
-    Policy,
-    upgrade_hparams,
-)
+from zoo.rl.common import Policy, trained, upgrade_hparams
 from zoo.rl.lifecycle import Lifecycle
 from zoo.rl.normalization import RunningMeanStd
 from zoo.rl.q_nets import DeterministicActorCritic
@@ -109,6 +107,7 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
         clip_obs: float = 10.0,
         save_buffer: bool = False,
         num_threads: int | None = 1,
+        adapt: Adaptation | None = None,
     ) -> None:
         """
         Args:
@@ -134,6 +133,11 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
             clip_obs: clip normalised observations to [-clip_obs, clip_obs].
             save_buffer: put the replay buffer in checkpoints, so that a resumed run continues with it.
             num_threads: PyTorch CPU threads while this module runs (restored after). None: unchanged.
+            adapt: what a fine-tune trains (``zoo.adapt.Adaptation``): the parameters of the net named by
+                ``trainable`` globs, some of the actor's and some of the critics' (each has its optimizer):
+                ``["net.actor.mlp.4.*", "net.critic.*"]``; None: every weight. The target nets follow as in full
+                training. LoRA (``adapt.lora``) is refused here: the target nets are Polyak copies
+                over parameter lists, which adapters would misalign.
         """
         for settings in (actor_optimizer, critic_optimizer):
             AdamOrRMSprop.of(settings)  # a checkpoint's hyperparameters (dicts): checked as the config's are
@@ -144,7 +148,8 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
         self._build_beside_net()
         self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))  # spent of the budget, every rank's
         self.register_buffer("updates", torch.zeros((), dtype=torch.int64))
-        self.lifecycle = Lifecycle(total_env_steps, num_threads, save_buffer)  # the replay buffer is its too
+        # The replay buffer is its too; the target nets are left alone by adapt.
+        self.lifecycle = Lifecycle(total_env_steps, num_threads, save_buffer, targets=("actor_target", "critic_target"))
 
     def _build_beside_net(self) -> None:
         """What the module sizes from the net: the target actor and critics (submodules that only Polyak averaging
@@ -241,8 +246,8 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
     def configure_optimizers(self):
         h = self.hparams  # one group each, as checkpoints hold them
         return [
-            AdamOrRMSprop.of(h.actor_optimizer).build(list(self.net.actor.parameters())),
-            AdamOrRMSprop.of(h.critic_optimizer).build(list(self.net.critic.parameters())),
+            AdamOrRMSprop.of(h.actor_optimizer).build(trained(self.net.actor.parameters(), "net.actor")),
+            AdamOrRMSprop.of(h.critic_optimizer).build(trained(self.net.critic.parameters(), "net.critic")),
         ]
 
     # -- the end of fit, or of a failed one: the lifecycle's -----------------------------------------------------------
