@@ -112,6 +112,29 @@ def test_a_classifier_fits_its_adapters_and_with_freeze_backbone_its_head(tmp_pa
     )
 
 
+def test_a_classifier_lora_checkpoint_leaves_its_base_to_init_weights(tmp_path):
+    """The frozen net stays out of the checkpoint (the batch-norm statistics, buffers, stay in); a load takes it from
+    the init_weights given, as GPT's does (tests/adapt/test_adapt.py)."""
+    from safetensors.torch import save_file
+
+    from zoo.cnn import ClassifierModule
+
+    save_file(convnet().state_dict(), str(tmp_path / "base.safetensors"))
+    base = str(tmp_path / "base.safetensors")
+    module = ClassifierModule(convnet(), init_weights=base, adapt=LORA)
+    x, y = images()
+    t = trainer(tmp_path, max_steps=2)
+    t.fit(module, DataLoader(TensorDataset(x, y), batch_size=8))
+    t.save_checkpoint(tmp_path / "adapted.ckpt")
+    stored = torch.load(tmp_path / "adapted.ckpt", weights_only=True)["state_dict"]
+    frozen = [k for k in stored if "lora_" not in k and k.endswith(("weight", "bias"))]
+    assert not [k for k in frozen if not k.startswith("net.head.") and "features" in k and ".1." not in k[-12:]]
+    again = ClassifierModule.load_from_checkpoint(tmp_path / "adapted.ckpt", net=convnet(), init_weights=base)
+    module.eval(), again.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(again(x), module(x), rtol=0, atol=0)
+
+
 def test_a_classifier_probed_by_trainable_alone_trains_what_it_names(tmp_path):
     from zoo.cnn import ClassifierModule
 

@@ -15,17 +15,22 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
-from zoo.adapt.lora import adapted, freeze
+from zoo.adapt.lora import adapted
 from zoo.adapt.settings import Adaptation
 from zoo.errors import CheckpointError
 
 BASE_KEY = "adapter_base"  # in the checkpoint: {"sha256": hex, "tensors": count}
 
 
+NET = "net."  # what init_weights loads: a family's other frozen parts (a latent autoencoder) stay in the checkpoint
+
+
 def _frozen_keys(module: nn.Module, state_dict: dict) -> list[str]:
-    """The state dict's keys that hold a frozen parameter (a tied one under each of its names)."""
+    """The state dict's keys of the net that hold a frozen parameter (a tied one under each of its names)."""
     frozen = {p.data_ptr() for p in module.parameters() if not p.requires_grad}
-    return sorted(k for k, v in state_dict.items() if isinstance(v, torch.Tensor) and v.data_ptr() in frozen)
+    return sorted(
+        k for k, v in state_dict.items() if k.startswith(NET) and isinstance(v, torch.Tensor) and v.data_ptr() in frozen
+    )
 
 
 def digest(state_dict: dict, keys: list[str]) -> str:
@@ -84,9 +89,11 @@ def restore_base(module: nn.Module, checkpoint: dict, load_base: Callable[[], No
             "init_weights=<folder or file>, or load_from_checkpoint(path, init_weights=...))"
         )
     if adapted(module):
+        training = {n: p.requires_grad for n, p in module.named_parameters()}
         with unwrapped(module):
             load_base()
-        freeze(module, Adaptation.of(module.hparams.get("adapt")).trainable or ())
+        for n, p in module.named_parameters():  # a loader that assigns new tensors: the same ones train
+            p.requires_grad_(training[n])
     else:
         load_base()
         adapt()

@@ -15,6 +15,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 
 from zoo.adapt import Adaptation
 from zoo.adapt import adapt as adapt_module
+from zoo.adapt.base import drop_base, restore_base
 from zoo.compat import trainer_of
 from zoo.errors import InputError
 from zoo.io.checkpoint import WeightsOnlyLoading
@@ -187,9 +188,11 @@ class ClassifierModule(WeightsOnlyLoading, LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.inputs is not None:  # so that new files are read as the training data was, without its config
             checkpoint["inputs"] = self.inputs
+        drop_base(self, checkpoint)  # a LoRA fine-tune keeps its adapters; the base is init_weights'
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self._adapt()  # the checkpoint's adapter keys meet adapted layers
+        # The checkpoint's adapter keys meet adapted layers; a base left out is read again from init_weights.
+        restore_base(self, checkpoint, lambda: self._load_init_weights(self.hparams.init_weights), self._adapt)
         if "state_dict" in checkpoint:  # absent in a sharded (FSDP2) resume: the shards load into the net directly
             check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
         if "inputs" in checkpoint:

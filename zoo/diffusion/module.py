@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from zoo.adapt import Adaptation
 from zoo.adapt import adapt as adapt_module
+from zoo.adapt.base import drop_base, restore_base
 from zoo.adapt.lora import ADAPTER_PREFIX
 from zoo.compat import trainer_of
 from zoo.diffusion.ema import EMA
@@ -235,11 +236,14 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
         # Not in __init__: load_from_checkpoint never needs the original file, and a checkpoint given by
         # --ckpt_path is restored after this hook. Once, so a later test() keeps the trained weights.
         if self.hparams.init_weights and not self._init_loaded:
-            from zoo.diffusion.convert import load_pretrained
-
-            load_pretrained(self.net, readable(self.hparams.init_weights))
-            self._init_loaded = True
+            self._load_base()
         self._load_autoencoder()
+
+    def _load_base(self) -> None:
+        from zoo.diffusion.convert import load_pretrained
+
+        load_pretrained(self.net, readable(self.hparams.init_weights))
+        self._init_loaded = True
 
     def _adapt(self) -> None:
         adapt_module(self, self.hparams.adapt)  # once (zoo.adapt); what trains is what the EMA averages
@@ -428,8 +432,12 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
             new["objective"] = {"class_path": "zoo.diffusion.GaussianDiffusion", "init_args": old}
         return new
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        drop_base(self, checkpoint)  # a LoRA fine-tune keeps its adapters; the base is init_weights'
+
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self._adapt()  # the checkpoint's adapter keys meet adapted layers
+        # The checkpoint's adapter keys meet adapted layers; a base left out is read again from init_weights.
+        restore_base(self, checkpoint, self._load_base, self._adapt)
         if "state_dict" in checkpoint:  # absent in a sharded (FSDP2) resume: the shards load into the net directly
             check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
             weights = checkpoint["state_dict"]
