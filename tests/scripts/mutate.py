@@ -42,6 +42,7 @@ TR, CK = "zoo/io/trust.py", "zoo/io/checkpoint.py"
 BL, TW = "zoo/io/build.py", "zoo/io/tripwire.py"
 RG, SC = "zoo/tracking/models.py", "zoo/app/stored_config.py"
 AD, LC, RC = "zoo/adapt/lora.py", "zoo/rl/lifecycle.py", "zoo/rl/common.py"
+AB = "zoo/adapt/base.py"
 DLS, CODE = "zoo/tracking/downloads.py", "zoo/tracking/code.py"
 SV = "zoo/tracking/serving.py"
 CM, CN, RN, TV = "zoo/cnn/module.py", "zoo/cnn/convnet.py", "zoo/cnn/resnet.py", "zoo/cnn/torchvision_net.py"
@@ -1055,7 +1056,7 @@ FAMILIES: dict[str, dict] = {
     # Issue 40: adapters and freezing (zoo.adapt) and their wiring in each family: a frozen weight that trains, an
     # adapter that is not applied (or not reloaded), a wrong scaling, a registered model not merged.
     "adapt": {
-        "tests": ["tests/adapt/test_adapt.py", "tests/adapt/test_adapt_families.py"],
+        "tests": ["tests/adapt/test_adapt.py", "tests/adapt/test_adapt_families.py", "tests/gpt/test_gpt_lora.py"],
         "mutants": [
             (AD, "p.requires_grad_(ADAPTER_PREFIX in name or bool(hits))", "p.requires_grad_(True)"),
             (AD, "    if settings.lora is not None:\n        _inject(", "    if False:\n        _inject("),
@@ -1067,8 +1068,8 @@ FAMILIES: dict[str, dict] = {
             (CM, 'trainable=(*trainable, f"net.{classifier_head(self.net)}.*"))', "trainable=trainable)"),
             (
                 CM,
-                "        self._adapt()  # the checkpoint's adapter keys",
-                "        pass  # the checkpoint's adapter keys",
+                "restore_base(self, checkpoint, lambda: self._load_init_weights(self.hparams.init_weights), self._adapt)",
+                "pass",
             ),
             (
                 CMO,
@@ -1077,11 +1078,7 @@ FAMILIES: dict[str, dict] = {
             ),
             (CMO, "        self._adapt()  # after init_weights", "        pass  # after init_weights"),
             (DM, "        self._adapt()  # on the loaded weights", "        pass  # on the loaded weights"),
-            (
-                DM,
-                "        self._adapt()  # the checkpoint's adapter keys",
-                "        pass  # the checkpoint's adapter keys",
-            ),
+            (DM, "restore_base(self, checkpoint, self._load_base, self._adapt)", "pass"),
             (DM, "            if named:\n", "            if False:\n"),
             (
                 LC,
@@ -1098,6 +1095,25 @@ FAMILIES: dict[str, dict] = {
             (RC, "    if not kept:\n", "    if False:\n"),
             ("zoo/rl/a2c.py", 'build(trained(self.net.parameters(), "net"))', "build(list(self.net.parameters()))"),
             (RG, '    if not (init_args.get("adapt") or {}).get("lora"):\n', "    if True:\n"),
+            # checkpoints without the frozen base (zoo.adapt.base), GPT's wiring, the stored config's PEFT import
+            (
+                AB,
+                'if len(keys) != info["tensors"] or digest(live, keys) != info["sha256"]:',
+                'if len(keys) != info["tensors"]:',
+            ),
+            (AB, "    for k in keys:\n        del sd[k]\n", ""),
+            (AB, '    checkpoint["state_dict"].update({k: live[k] for k in keys})\n', ""),
+            (
+                "zoo/gpt/module.py",
+                "        adapt_module(self, self.hparams.adapt)  # after init_weights",
+                "        pass  # after",
+            ),
+            (
+                "zoo/gpt/module.py",
+                "restore_base(self, checkpoint, self._load_base, lambda: adapt_module(",
+                "(lambda *a: None)(self, checkpoint, self._load_base, lambda: adapt_module(",
+            ),
+            (BL, 'for name in getattr(p.cls, "preloads", ()):', "for name in ():"),
         ],
     },
     "files": {  # files an outsider wrote: pretrained folders, archives, exported programs, planted links
