@@ -18,6 +18,10 @@ TESTS = ROOT / "tests"
 NEEDS = ("a template", "data you give", "minutes of CPU", "a GPU", "several machines", "a running server")
 COVERED: list[tuple[str, str]] = [
     (r"^python cli\.py (fit|validate|test|predict) +--config configs/<family>", "a template"),
+    (
+        r"^python -m zoo\.gpt export <lora\.ckpt>",
+        "tests/gpt/test_peft_adapter.py::test_a_fit_starts_from_a_peft_adapter_and_exports_it_back",
+    ),
     (r"--print_config", "tests/test_docs.py::test_print_config_prints_every_option_resolved"),
     (
         r"gpt_tiny\.yaml --help",

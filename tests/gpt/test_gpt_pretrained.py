@@ -246,6 +246,7 @@ def test_the_module_carries_tokenizer_and_net_config_into_its_checkpoint(pair, t
     module.on_save_checkpoint(checkpoint)
     assert tokenizer_from_dict(checkpoint["tokenizer"]).to_dict() == module.tokenizer.to_dict()
     assert checkpoint["hyper_parameters"]["net"]["class_path"] == "zoo.gpt.GPT"
+    assert module.hparams.compile is False and module.hparams.adapt is None  # every setting, read by a fit
     assert module.tokenizer.chat_template == TEMPLATE and module.hparams.generation["temperature"] == 0.0
 
 

@@ -61,6 +61,7 @@ DTX, DTC, DCP, DDF = (
 DTS, DGY, DSH = "datamodules/tensor_dataset.py", "datamodules/gym.py", "datamodules/shapes.py"
 FI, CV, EX = "zoo/io/files.py", "zoo/diffusion/convert.py", "zoo/rl/export.py"
 DCF = "zoo/diffusion/diffusers_config.py"
+PA = "zoo/gpt/peft_adapter.py"
 OPT, GN, ATT, WT, TOK = (
     "zoo/train/optim.py",
     "zoo/train/gradnorm.py",
@@ -1114,6 +1115,27 @@ FAMILIES: dict[str, dict] = {
                 "(lambda *a: None)(self, checkpoint, self._load_base, lambda: adapt_module(",
             ),
             (BL, 'for name in getattr(p.cls, "preloads", ()):', "for name in ():"),
+        ],
+    },
+    "peft": {  # LoRA adapters in and out in PEFT's format (zoo.gpt.peft_adapter)
+        "tests": ["tests/gpt/test_peft_adapter.py"],
+        "mutants": [
+            (PA, "b[rows].contiguous()}", "b[: len(rows)].contiguous()}"),  # B's rows not split as the weight's
+            (PA, 'torch.arange(sd[f"{name}.weight"].shape[0])', 'torch.arange(sd[f"{name}.weight"].shape[0]).flip(0)'),
+            (PA, "new_b[rows, cols] =", "new_b[: len(rows), cols] ="),  # B's rows not placed at the weight's
+            (PA, '(math.sqrt(k) if config["rslora"] else k)', "1"),  # alpha not grown with the rank
+            (PA, '(math.sqrt(k) if config["rslora"] else k)', "k"),  # rsLoRA's scale grown as LoRA's
+            (PA, "slice(j * r, (j + 1) * r) if stack else slice(0, r)", "slice(0, r)"),  # A not stacked
+            (PA, "any(not torch.equal(", "any(torch.equal("),  # a shared A taken for separate ones
+            (PA, "torch.linalg.norm(layer.get_base_layer().weight, dim=1) if dora", "torch.ones(b.shape[0]) if dora"),
+            (PA, 'tensors[pre + "lora_magnitude_vector"] = magnitude[rows].contiguous()', "pass"),  # DoRA's m kept in
+            (PA, "    if on:\n", "    if False:\n"),  # rank_pattern, bias, modules_to_save... taken
+            (PA, '        return isinstance(value, bool) or value == "gaussian"', "        return True"),
+            (PA, "    if unknown := sorted(set(found) - placed):", "    if unknown := []:"),
+            (PA, "    if not same:\n", "    if False:\n"),  # a module's own LoRA taken whatever its rank
+            (PA, '            hparams["adapt"] = dataclasses.asdict(settings)', "            pass"),
+            ("zoo/gpt/module.py", "            load_adapter(self, readable(", "            (readable("),
+            ("zoo/gpt/__main__.py", "    if lora_layers(module.net):\n", "    if False:\n"),
         ],
     },
     "files": {  # files an outsider wrote: pretrained folders, archives, exported programs, planted links

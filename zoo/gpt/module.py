@@ -62,6 +62,7 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         generation: Generation = Generation(),
         mtp_weight: float = 0.3,
         adapt: Adaptation | None = None,
+        adapter_weights: str | None = None,
     ) -> None:
         """
         Args:
@@ -82,6 +83,11 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
                 tokens of its run); unused without MTP.
             adapt: what a fine-tune trains (``zoo.adapt.Adaptation``): LoRA adapters on some layers
                 (``lora: {r: 8, alpha: 16}``) and the parameters named by ``trainable`` globs; None: every weight.
+            adapter_weights: a PEFT LoRA adapter folder to start from (``adapter_config.json`` +
+                ``adapter_model.safetensors``, trained on the model ``init_weights`` names; ``zoo.gpt.peft_adapter``):
+                read when a fit starts (a resumed one too, before its checkpoint is restored over it), under
+                ``adapt.lora`` (set from the adapter when unset); a location, so a stored config drops it and its
+                checkpoints load without the folder.
         """
         super().__init__()
         save_hparams(self, "net")
@@ -93,6 +99,7 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         self._compiled = None  # set by configure_model; kept off the module tree (no "_orig_mod." keys)
         self._flops_per_token: dict[int, int] = {}
         self._init_loaded = False
+        self._adapter_loaded = False
         self.tokenizer = None  # set from the datamodule or the checkpoint; needed to generate from text
         self.routers = routers(net)  # mixture-of-experts MLPs (zoo.gpt.moe), none in a dense net
         self._drafts: dict[str, GPT] = {}  # speculative decoding's drafts by path, loaded once (not submodules)
@@ -102,6 +109,11 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
 
     def configure_model(self) -> None:
         adapt_module(self, self.hparams.adapt)  # after init_weights (setup), before sharding and compiling
+        if self.hparams.adapter_weights and not self._adapter_loaded:  # a checkpoint restored later wins
+            from zoo.gpt.peft_adapter import load_adapter
+
+            load_adapter(self, readable(self.hparams.adapter_weights, "adapter_weights"))
+            self._adapter_loaded = True
         shard(self.net, self.device_mesh, blocks=self.net.all_blocks())  # FSDP2 units: one per block, MTP's too
         if self.hparams.compile and self._compiled is None:
             object.__setattr__(self, "_compiled", torch.compile(self.net))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import itertools
 from pathlib import Path
 from typing import Any
@@ -156,10 +157,19 @@ def from_pretrained(path: str | Path, **module_kwargs: Any) -> CausalLMModule:
         )
     net = load_pretrained(GPT(**kwargs), folder)
     module_kwargs.setdefault("generation", generation_defaults(folder))
-    hparams = {"net": net_config(kwargs)} | {
-        k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in module_kwargs.items()
-    }
-    with given_hyperparameters_context(hparams, LIGHTNING_INSTANTIATOR):  # the net as config, as cli.py records it
-        module = CausalLMModule(net=net, **module_kwargs)
+    module = recorded_module(net, kwargs, **module_kwargs)
     module.tokenizer = tokenizer
     return module.eval()
+
+
+def recorded_module(net: GPT, net_kwargs: dict, **module_kwargs: Any) -> CausalLMModule:
+    """A ``CausalLMModule`` around ``net`` (built from ``net_kwargs``) whose hyperparameters are what ``cli.py``
+    records: the net as its ``{class_path, init_args}`` config and every setting, given or default, so its
+    checkpoints rebuild it without the objects and a fit finds every setting it reads."""
+    params = inspect.signature(CausalLMModule).parameters
+    settings = {k: p.default for k, p in params.items() if k != "net"} | module_kwargs
+    hparams = {"net": net_config(net_kwargs)} | {
+        k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in settings.items()
+    }
+    with given_hyperparameters_context(hparams, LIGHTNING_INSTANTIATOR):
+        return CausalLMModule(net=net, **module_kwargs)
