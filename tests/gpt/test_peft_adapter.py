@@ -146,7 +146,7 @@ def test_a_fit_starts_from_a_peft_adapter_and_exports_it_back(tmp_path, monkeypa
     trainer = Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, max_steps=0)
     trainer.strategy.connect(module)
     trainer.save_checkpoint(tmp_path / "m.ckpt")
-    back = CausalLMModule.load_from_checkpoint(tmp_path / "m.ckpt")
+    back = CausalLMModule.load_from_checkpoint(tmp_path / "m.ckpt", init_weights=str(base))  # the base left out
     assert back.hparams.adapter_weights is None and back.hparams.adapt["lora"]["r"] == 8  # a location is dropped
     torch.testing.assert_close(logits(back, ids()), theirs, **TOL)
     # python -m zoo.gpt export: the base folder and its PEFT adapter in <folder>/adapter; with --merge, one model
@@ -154,6 +154,7 @@ def test_a_fit_starts_from_a_peft_adapter_and_exports_it_back(tmp_path, monkeypa
 
     for folder, merge in (("out", []), ("merged", ["--merge"])):
         argv = ["zoo.gpt", "export", str(tmp_path / "m.ckpt"), str(tmp_path / folder), "--format", "llama", *merge]
+        argv += ["--init-weights", str(base)]
         monkeypatch.setattr(sys, "argv", argv)
         main()
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")

@@ -33,8 +33,13 @@ def main() -> None:
         action="store_true",
         help="fold LoRA adapters into the weights (one model, no PEFT) instead of writing them to <folder>/adapter",
     )
+    exp.add_argument(
+        "--init-weights",
+        help="the base a LoRA checkpoint was trained on (its init_weights: such checkpoints leave the base out)",
+    )
     args = parser.parse_args()
-    module = CausalLMModule.load_from_checkpoint(args.checkpoint, map_location="cpu", weights_only=True)
+    given = {"init_weights": args.init_weights} if args.init_weights else {}
+    module = CausalLMModule.load_from_checkpoint(args.checkpoint, map_location="cpu", weights_only=True, **given)
     if args.merge and lora_layers(module.net):
         merge(module)
     eos = module.tokenizer.eos_id if module.tokenizer is not None else None
