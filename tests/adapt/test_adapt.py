@@ -141,3 +141,25 @@ def test_a_lora_checkpoint_leaves_the_base_out_and_takes_it_again_from_init_weig
     resumed = Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False)
     resumed.fit(again, data, ckpt_path=tmp_path / "lora.ckpt")
     assert resumed.global_step == 3
+
+
+def test_a_bf16_base_halves_the_frozen_layers_computes_as_autocast_would_and_merges_at_full_precision():
+    module = tiny(Adaptation(lora=LoRA(r=4), base_dtype="bfloat16"))
+    reference = tiny(Adaptation(lora=LoRA(r=4)))
+    adapt(module, module.hparams.adapt)
+    adapt(reference, reference.hparams.adapt)
+    reference.load_state_dict(module.state_dict())  # the same adapters, the base rounded to bf16 and back
+    layer = module.net.blocks[0].attn.qkv
+    assert layer.base_layer.weight.dtype == torch.bfloat16 and layer.lora_A["default"].weight.dtype == torch.float32
+    for name, p in module.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)
+    reference.load_state_dict(module.state_dict())
+    out = module(ids())
+    assert out.dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = reference.net.blocks[0].attn.qkv.base_layer(torch.ones(2, 32))
+    torch.testing.assert_close(layer.base_layer(torch.ones(2, 32)), expected.float())
+    merge(module)
+    assert module.net.blocks[0].attn.qkv.weight.dtype == torch.float32
+    torch.testing.assert_close(module(ids()), out, rtol=2e-2, atol=2e-2)  # the base now computes in fp32

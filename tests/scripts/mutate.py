@@ -1115,6 +1115,12 @@ FAMILIES: dict[str, dict] = {
                 "(lambda *a: None)(self, checkpoint, self._load_base, lambda: adapt_module(",
             ),
             (BL, 'for name in getattr(p.cls, "preloads", ()):', "for name in ():"),
+            (AD, '        return out.to(layer.__dict__["_zoo_out_dtype"])', "        return out"),
+            (
+                AD,
+                "            layer.get_base_layer().to(next(iter(layer.lora_A.values())).weight.dtype)",
+                "            pass",
+            ),
         ],
     },
     "peft": {  # LoRA adapters in and out in PEFT's format (zoo.gpt.peft_adapter)

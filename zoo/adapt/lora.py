@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 
+import torch
 from torch import nn
 
 from zoo.adapt.settings import Adaptation, LoRA
@@ -32,6 +33,8 @@ def adapt(module: nn.Module, settings: Adaptation | dict | None) -> None:
         _inject(module, settings.lora, target_layers(module, settings.lora.targets))
     if settings.lora is not None or settings.trainable is not None:
         freeze(module, settings.trainable or ())
+    if settings.base_dtype != "float32":
+        _hold_bases_in(module, getattr(torch, settings.base_dtype))
     module.__dict__["_zoo_adapted"] = True
 
 
@@ -88,13 +91,37 @@ def merge(module: nn.Module) -> nn.Module:
     names and shapes it had before ``adapt``."""
     from peft.tuners.lora import LoraLayer
 
+    for handle in module.__dict__.pop("_zoo_base_hooks", []):
+        handle.remove()
     for name, layer in list(module.named_modules()):
         if isinstance(layer, LoraLayer):
+            layer.get_base_layer().to(next(iter(layer.lora_A.values())).weight.dtype)  # merged at full precision
             layer.merge(safe_merge=True)
             parent, _, child = name.rpartition(".")
             setattr(module.get_submodule(parent), child, layer.get_base_layer())
     module.__dict__.pop("_zoo_adapted", None)
     return module
+
+
+def _hold_bases_in(module: nn.Module, dtype: torch.dtype) -> None:
+    """The frozen layers under the adapters in ``dtype``: each casts its input to it and its output back."""
+    from peft.tuners.lora import LoraLayer
+
+    def cast_in(layer, args):
+        return (args[0].to(dtype), *args[1:])
+
+    def cast_out(layer, args, out):
+        return out.to(layer.__dict__["_zoo_out_dtype"])
+
+    def remember(layer, args):
+        layer.__dict__["_zoo_out_dtype"] = args[0].dtype
+
+    hooks = module.__dict__.setdefault("_zoo_base_hooks", [])
+    for layer in module.modules():
+        if isinstance(layer, LoraLayer):
+            base = layer.get_base_layer().to(dtype)
+            hooks += [base.register_forward_pre_hook(remember), base.register_forward_pre_hook(cast_in)]
+            hooks.append(base.register_forward_hook(cast_out))
 
 
 def _inject(module: nn.Module, lora: LoRA, names: list[str]) -> None:

@@ -14,6 +14,7 @@ by ``fnmatch`` globs (``*`` matches dots too). Without LoRA, ``trainable`` alone
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -56,14 +57,17 @@ class Adaptation:
         lora: low-rank adapters (``LoRA``); None: none.
         trainable: globs of the parameter names that train besides the adapters; None: with LoRA, the adapters
             alone; without LoRA, every parameter (a full fine-tune). Names are as before LoRA was applied.
+        base_dtype: the dtype the frozen layers under the adapters are held in: ``bfloat16`` halves their memory
+            (they compute in bf16, as ``bf16-mixed`` autocast would have them; the adapters stay float32).
     """
 
     lora: LoRA | None = None
     trainable: tuple[str, ...] | None = None
+    base_dtype: Literal["float32", "bfloat16"] = "float32"
 
     @classmethod
     def of(cls, value):
         """From itself or from its fields as a dict (how checkpoints' hyperparameters carry it); None stays None."""
         if value is None or isinstance(value, cls):
             return value
-        return cls(lora=LoRA.of(value.get("lora")), trainable=value.get("trainable"))
+        return cls(**{**value, "lora": LoRA.of(value.get("lora"))})
