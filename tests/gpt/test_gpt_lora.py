@@ -12,6 +12,7 @@ from test_gpt_pretrained import write_model
 pytest.importorskip("peft")
 
 
+@pytest.mark.slow  # ~10 s: the families' cli.py LoRA fit (tests/adapt) registers a merged model in the default suite
 def test_lora_on_a_model_folder_fits_registers_merged_and_predicts(tmp_path, monkeypatch):
     folder = tmp_path / "llama"
     write_model(folder, "llama")
