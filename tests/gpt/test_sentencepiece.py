@@ -192,6 +192,26 @@ def test_a_llama_folder_with_only_tokenizer_model_generates_as_transformers(llam
     assert module.generate([prompt], max_new_tokens=8, temperature=0.0) == [module.tokenizer.decode(ours.tolist())]
 
 
+def test_generation_stops_at_any_eos_id_generation_config_lists_as_transformers(llama, tmp_path):
+    """Llama 3's generation_config.json lists three EOS ids; here the third greedy token is made a second one."""
+    import shutil
+
+    model, folder = llama
+    folder = shutil.copytree(folder, tmp_path / "llama2")
+    ids = torch.tensor([[1, 50, 60, 70]])
+    free = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)[0, 4:]
+    stop = int(free[2])
+    assert stop not in free[:2].tolist() and 2 not in free[:2].tolist()
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, stop]}))
+    module = from_pretrained(folder)
+    assert module.tokenizer.stop_ids == (2, stop)
+    theirs = transformers.LlamaForCausalLM.from_pretrained(folder).generate(ids, max_new_tokens=8, do_sample=False)
+    assert theirs[0, 4:].tolist() == free[:3].tolist()  # transformers stops there too, and keeps the EOS
+    assert module.generate([ids[0]], max_new_tokens=8, temperature=0.0)[0].tolist() == free[:2].tolist()
+    again = tokenizer_from_dict(json.loads(json.dumps(module.tokenizer.to_dict())))  # as a checkpoint holds it
+    assert again.stop_ids == (2, stop)
+
+
 def test_the_checkpoint_carries_the_tokenizer_without_the_folder(llama, tmp_path):
     import shutil
 

@@ -226,7 +226,7 @@ FAMILIES: dict[str, dict] = {
             (A, "torch.where(short, inv_freq, blended)", "torch.where(short, inv_freq / self.factor, blended)"),
             ("zoo/io/weights.py", "if k not in used and not k.endswith(derived)", "if False"),
             ("zoo/io/hf_tokenizer.py", "hf.id_to_token(eos_ids[0])", "hf.id_to_token(eos_ids[-1])"),
-            # a SentencePiece tokenizer.model as transformers' LlamaTokenizer reads it (issue 39)
+            # a SentencePiece tokenizer.model as transformers' LlamaTokenizer reads it (issue 39), and several EOS ids
             (SPT, "for _, k, piece in sorted(found)]", "for _, k, piece in sorted(found, key=lambda f: f[1])]"),
             (SPT, '("always" if config.get("legacy", False) else "first")', '"first"'),
             (SPT, '([decoders.Strip(" ", 1, 0)] if prefix else [])', "[]"),
@@ -243,6 +243,15 @@ FAMILIES: dict[str, dict] = {
                 '_eos_ids(folder, config), config.get("model_type"))',
                 "_eos_ids(folder, config))",
             ),
+            (
+                HFT,
+                "return PretrainedTokenizer(hf, special, template, eos_ids)",
+                "return PretrainedTokenizer(hf, special, template)",
+            ),
+            (TOK, "self.stop_ids = tuple(dict.fromkeys([self.eos_id, *stop_ids]))", "self.stop_ids = (self.eos_id,)"),
+            (TOK, '            "stop_ids": list(self.stop_ids),\n', ""),
+            (S, "hit_eos = ~done & torch.isin(nxt, stop)", "hit_eos = ~done & torch.isin(nxt, stop[:1])"),
+            (SP, "hits = torch.isin(new, self.stop) & ", "hits = torch.isin(new, self.stop[:1]) & "),
         ],
     },
     "diffusion": {

@@ -25,8 +25,8 @@ from zoo.io.tokenizers import SPECIALS, PretrainedTokenizer, parse_tokenizer_jso
 
 def from_folder(folder: str | Path, eos_ids: list[int] = (), model_type: str | None = None) -> PretrainedTokenizer:
     """From ``folder``'s tokenizer.json, else its tokenizer.model, with tokenizer_config.json (and
-    chat_template.jinja). ``eos_ids``: the EOS ids generation_config.json or config.json state, the first used
-    when tokenizer_config.json names none; ``model_type``: config.json's,
+    chat_template.jinja). ``eos_ids``: the EOS ids generation_config.json or config.json state, at any of which
+    generation stops (the first is the EOS when tokenizer_config.json names none); ``model_type``: config.json's,
     which decides how transformers reads a tokenizer.model."""
     folder = Path(folder)
     config_path = folder / "tokenizer_config.json"
@@ -47,4 +47,4 @@ def from_folder(folder: str | Path, eos_ids: list[int] = (), model_type: str | N
     template = config.get("chat_template")
     if (folder / "chat_template.jinja").is_file():  # transformers 5 writes it beside the config
         template = read_bytes(folder / "chat_template.jinja").decode("utf-8")
-    return PretrainedTokenizer(hf, special, template)
+    return PretrainedTokenizer(hf, special, template, eos_ids)
