@@ -103,9 +103,11 @@ def test_generation_stops_at_eos_and_slides_past_block_size():
     net = tiny("mha")
     prompt = torch.randint(0, V, (5,))
     greedy = generate(net, [prompt], 10, temperature=0)[0]
-    eos = int(greedy[3])  # pretend the 4th greedy token is EOS
-    first = int((greedy == eos).nonzero()[0])
-    assert torch.equal(generate(net, [prompt], 10, temperature=0, eos_id=eos)[0], greedy[:first])
+    first = next(i for i in range(1, len(greedy)) if greedy[i] not in greedy[:i])  # pretend it is EOS
+    eos = int(greedy[first])
+    assert torch.equal(generate(net, [prompt], 10, temperature=0, stop_ids=(eos,))[0], greedy[:first])
+    # any of several stop ids ends it (Llama 3's generation_config.json lists three EOS ids)
+    assert len(generate(net, [prompt], 10, temperature=0, stop_ids=(eos, int(greedy[0])))[0]) == 0
     # Issue 13: 500 tokens asked past block_size 48 are 500 given (it stopped at 43 before), or a clear error.
     assert len(generate(net, [prompt], 500, temperature=0)[0]) == 500
     with pytest.raises(ValueError, match="exceed the model.s block_size 48.*ask for at most 43"):

@@ -338,14 +338,6 @@ def test_options_the_zoo_lacks_are_refused_by_name(tmp_path, change, named):
         from_pretrained(tmp_path)
 
 
-def test_a_folder_with_only_a_sentencepiece_model_is_refused_naming_the_fix(tmp_path):
-    write_model(tmp_path, "llama")
-    (tmp_path / "tokenizer.json").unlink()
-    (tmp_path / "tokenizer.model").write_bytes(b"\x0a\x03abc")
-    with pytest.raises(InputError, match="tokenizer.model but no tokenizer.json.*save_pretrained"):
-        from_pretrained(tmp_path)
-
-
 def test_init_weights_of_the_same_folder_loads_the_same_net(tmp_path):
     write_model(tmp_path, "qwen3")
     module = from_pretrained(tmp_path)

@@ -53,9 +53,14 @@ def test_greedy_output_is_plain_greedy_output_token_for_token(target, draft):
         assert stats.acceptance_rate < 0.5 and stats.proposed > 0  # an unrelated draft is mostly rejected
     # EOS: a token the second row emits stops it there, as in generate; the other rows go on
     eos = int(plain[1][6])
-    plain = generate(t, prompts, 24, temperature=0, eos_id=eos)
-    out, _ = speculative_generate(t, d, prompts, 24, 4, temperature=0, eos_id=eos)
+    plain = generate(t, prompts, 24, temperature=0, stop_ids=(eos,))
+    out, _ = speculative_generate(t, d, prompts, 24, 4, temperature=0, stop_ids=(eos,))
     assert [o.tolist() for o in out] == [p.tolist() for p in plain] and len(out[1]) <= 6
+    # any of several stop ids ends a row (Llama 3 lists three): the third row's 3rd token too
+    stops = (eos, int(plain[2][2]))
+    out, _ = speculative_generate(t, d, prompts, 24, 4, temperature=0, stop_ids=stops)
+    assert [o.tolist() for o in out] == [p.tolist() for p in generate(t, prompts, 24, temperature=0, stop_ids=stops)]
+    assert len(out[2]) <= 2
 
 
 @pytest.mark.parametrize("target", TARGETS)

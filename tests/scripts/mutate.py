@@ -62,6 +62,7 @@ DTS, DGY, DSH = "datamodules/tensor_dataset.py", "datamodules/gym.py", "datamodu
 FI, CV, EX = "zoo/io/files.py", "zoo/diffusion/convert.py", "zoo/rl/export.py"
 DCF = "zoo/diffusion/diffusers_config.py"
 PA = "zoo/gpt/peft_adapter.py"
+SPT, HFT = "zoo/io/sp_tokenizer.py", "zoo/io/hf_tokenizer.py"
 OPT, GN, ATT, WT, TOK = (
     "zoo/train/optim.py",
     "zoo/train/gradnorm.py",
@@ -73,6 +74,7 @@ OPT, GN, ATT, WT, TOK = (
 FAMILIES: dict[str, dict] = {
     "gpt": {
         "tests": [
+            "tests/gpt/test_sentencepiece.py",  # first: seconds, a tokenizer.model against AutoTokenizer
             "tests/gpt/test_speculative.py",  # first: seconds, and it decodes through most of generate.py
             "tests/gpt/test_sampling.py",
             "tests/gpt/test_mtp.py",  # first: seconds, and its transformers references catch attention mutants too
@@ -227,6 +229,32 @@ FAMILIES: dict[str, dict] = {
             (A, "torch.where(short, inv_freq, blended)", "torch.where(short, inv_freq / self.factor, blended)"),
             ("zoo/io/weights.py", "if k not in used and not k.endswith(derived)", "if False"),
             ("zoo/io/hf_tokenizer.py", "hf.id_to_token(eos_ids[0])", "hf.id_to_token(eos_ids[-1])"),
+            # a SentencePiece tokenizer.model as transformers' LlamaTokenizer reads it (issue 39), and several EOS ids
+            (SPT, "for _, k, piece in sorted(found)]", "for _, k, piece in sorted(found, key=lambda f: f[1])]"),
+            (SPT, '("always" if config.get("legacy", False) else "first")', '"first"'),
+            (SPT, '([decoders.Strip(" ", 1, 0)] if prefix else [])', "[]"),
+            (SPT, 'config.get("add_bos_token", False)', 'config.get("add_bos_token", True)'),
+            (SPT, "special=p.type == CONTROL or p.piece in names", "special=p.type == CONTROL"),
+            (SPT, "if t in names - pieces]", "if t in names]"),
+            (SPT, '    _add_listed(hf, config.get("added_tokens_decoder")', "    0 and _add_listed(hf, {}"),
+            (SPT, "(bool(norm.precompiled_charsmap), ", "(False, "),
+            (SPT, "(not (proto.trainer_spec.byte_fallback and bytes_held), ", "(False, "),
+            (SPT, "read_bytes(path, MAX_MODEL_BYTES)", "read_bytes(path)"),
+            (SPT, "if cls not in LLAMA_CLASSES or model_type in OTHER_READERS:", "if cls not in LLAMA_CLASSES:"),
+            (
+                "zoo/gpt/pretrained.py",
+                '_eos_ids(folder, config), config.get("model_type"))',
+                "_eos_ids(folder, config))",
+            ),
+            (
+                HFT,
+                "return PretrainedTokenizer(hf, special, template, eos_ids)",
+                "return PretrainedTokenizer(hf, special, template)",
+            ),
+            (TOK, "self.stop_ids = tuple(dict.fromkeys([self.eos_id, *stop_ids]))", "self.stop_ids = (self.eos_id,)"),
+            (TOK, '            "stop_ids": list(self.stop_ids),\n', ""),
+            (S, "hit_eos = ~done & torch.isin(nxt, stop)", "hit_eos = ~done & torch.isin(nxt, stop[:1])"),
+            (SP, "hits = torch.isin(new, self.stop) & ", "hits = torch.isin(new, self.stop[:1]) & "),
         ],
     },
     "diffusion": {

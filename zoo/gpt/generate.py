@@ -22,7 +22,7 @@ Notation: B prompts, P longest prompt, N slots (P + max_new_tokens), W window (a
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
@@ -271,16 +271,16 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    eos_id: int | None = None,
+    stop_ids: Sequence[int] = (),
     use_cache: bool = True,
     generator: torch.Generator | None = None,
     past_block_size: Literal["slide", "error"] = "slide",
 ) -> list[Tensor]:
     """Continue each 1-D prompt of ids by up to ``max_new_tokens``; returns the new ids only, EOS excluded.
 
-    A row stops early at ``eos_id``. Past ``block_size`` tokens the context slides over the last
-    ``block_size`` (``"slide"``), or the call is refused up front (``"error"``). A prompt must leave room for
-    one token in ``block_size``.
+    A row stops early at any of ``stop_ids`` (EOS; Llama 3 lists three). Past ``block_size`` tokens the context
+    slides over the last ``block_size`` (``"slide"``), or the call is refused up front (``"error"``). A prompt must
+    leave room for one token in ``block_size``.
     """
     longest, bs = checked_request(net, prompts, max_new_tokens, past_block_size), net.block_size
     n = longest + max_new_tokens
@@ -288,6 +288,7 @@ def generate(
     b = len(prompts)
     done = torch.zeros(b, dtype=torch.bool, device=tokens.device)
     ended = torch.full((b,), n, device=tokens.device)  # the slot where each row's continuation stops
+    stop = torch.as_tensor(list(stop_ids), dtype=torch.long, device=tokens.device)
 
     with evaluating(net):
         cache = make_cache(net, b, min(n, bs)) if use_cache else None
@@ -295,7 +296,7 @@ def generate(
         logits = net(tokens[:, :longest], cache, 0, window_pad(pad, 0))[:, -1]  # (B, V): every prompt in one pass
         for pos in range(longest, n):
             nxt = sample_next(logits, temperature, top_k, top_p, generator)
-            hit_eos = ~done & (nxt == eos_id) if eos_id is not None else torch.zeros_like(done)
+            hit_eos = ~done & torch.isin(nxt, stop)
             ended = torch.where(hit_eos, pos, ended)
             done |= hit_eos
             tokens[:, pos] = nxt

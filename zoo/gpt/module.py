@@ -251,9 +251,9 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         gen = None
         if seed is not None:
             gen = torch.Generator(self.device).manual_seed(seed)
-        eos = self.tokenizer.eos_id if self.tokenizer is not None else None
+        stop = self.tokenizer.stop_ids if self.tokenizer is not None else ()
         if draft is None:
-            out = generate(self.net, ids, max_new_tokens, temperature, top_k, top_p, eos_id=eos, generator=gen)
+            out = generate(self.net, ids, max_new_tokens, temperature, top_k, top_p, stop_ids=stop, generator=gen)
         else:
             out, stats = speculative_generate(
                 self.net,
@@ -264,7 +264,7 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
                 temperature,
                 top_k,
                 top_p,
-                eos_id=eos,
+                stop_ids=stop,
                 generator=gen,
             )
             self.last_speculation = stats
@@ -307,7 +307,7 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
             temperature=g.temperature,
             top_k=g.top_k,
             top_p=g.top_p,
-            eos_id=self.tokenizer.eos_id,
+            stop_ids=self.tokenizer.stop_ids,
             generator=torch.Generator(self.device).manual_seed(g.seed + batch_idx),
             past_block_size=g.past_block_size,
         )

@@ -7,8 +7,9 @@ exactly, its tokenizer and generation defaults attached.
 GPT-2, Llama (Llama 3.1-3.3's RoPE scaling included), Mistral, Qwen2/2.5, Qwen3, Mixtral and DeepSeek-V3 folders
 load (``hf.py``, ``llama.py``); a config option the zoo's GPT does not implement is refused by name. The weights are
 exact or refused: every parameter is set and every tensor of the files used, or one error names what is left over.
-The tokenizer is the folder's ``tokenizer.json`` (``zoo.io.hf_tokenizer``; GPT-2's vocab.json and merges.txt too),
-and ``generation_config.json`` sets predict's defaults as transformers reads them (no ``do_sample``: greedy).
+The tokenizer is the folder's ``tokenizer.json`` (``zoo.io.hf_tokenizer``), else its SentencePiece ``tokenizer.model``
+(Llama 2, rebuilt as transformers' LlamaTokenizer does: ``zoo.io.sp_tokenizer``), else GPT-2's vocab.json and
+merges.txt; ``generation_config.json`` sets predict's defaults as transformers reads them (no ``do_sample``: greedy).
 
 Every file is data: configs are read within size limits, and a folder that names code of its own (``auto_map``) is
 refused. The module records its net as a ``{class_path, init_args}`` config, as ``cli.py`` does, so its checkpoints
@@ -137,10 +138,12 @@ def _eos_ids(folder: Path, config: dict) -> list[int]:
 
 
 def folder_tokenizer(folder: Path, config: dict) -> Tokenizer:
-    """The folder's ``tokenizer.json`` with its special tokens; GPT-2's vocab.json and merges.txt without one."""
-    if not (folder / "tokenizer.json").is_file() and (folder / "vocab.json").is_file():
-        return GPT2Tokenizer.from_dir(folder)
-    return hf_tokenizer.from_folder(folder, _eos_ids(folder, config))
+    """The folder's ``tokenizer.json`` or ``tokenizer.model`` with its special tokens; GPT-2's vocab.json and
+    merges.txt without either."""
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
+        if (folder / "vocab.json").is_file():
+            return GPT2Tokenizer.from_dir(folder)
+    return hf_tokenizer.from_folder(folder, _eos_ids(folder, config), config.get("model_type"))
 
 
 def from_pretrained(path: str | Path, **module_kwargs: Any) -> CausalLMModule:

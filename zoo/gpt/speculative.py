@@ -35,6 +35,7 @@ Notation: B prompts, N slots, k draft tokens per round, V vocabulary, D target w
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -273,13 +274,14 @@ class Speculation:
         max_new_tokens: int,
         k: int,
         pick: Picker,
-        eos_id: int | None = None,
+        stop_ids: Sequence[int] = (),
         past_block_size: str = "slide",
     ) -> None:
         self.longest = checked_request(net, prompts, max_new_tokens, past_block_size)
-        self.net, self.draft, self.k, self.pick, self.eos_id = net, draft, k, pick, eos_id
+        self.net, self.draft, self.k, self.pick = net, draft, k, pick
         self.n = self.longest + max_new_tokens
         self.tokens, self.pad = left_padded(prompts, net.tok_emb.weight.device, self.n)  # (B, N), (B,)
+        self.stop = torch.as_tensor(list(stop_ids), dtype=torch.long, device=self.tokens.device)
         b = len(prompts)
         self.done = torch.zeros(b, dtype=torch.bool, device=self.tokens.device)
         self.ended = torch.full((b,), self.n, device=self.tokens.device)  # where each row's continuation stops
@@ -330,14 +332,13 @@ class Speculation:
         self.draft.rollback(Verified(self.tokens, self.pos, start, h))
 
     def commit(self, new: Tensor, proposed: int, accepted: int) -> None:
-        """Write ``new`` (B, m) at the position, stop rows at EOS, count the round."""
+        """Write ``new`` (B, m) at the position, stop rows at a stop id (EOS), count the round."""
         m = new.shape[1]
         self.tokens[:, self.pos : self.pos + m] = new
-        if self.eos_id is not None:
-            hits = (new == self.eos_id) & ~self.done[:, None]  # (B, m)
-            hit = hits.any(dim=1)
-            self.ended = torch.where(hit, self.pos + hits.long().argmax(dim=1), self.ended)
-            self.done |= hit
+        hits = torch.isin(new, self.stop) & ~self.done[:, None]  # (B, m)
+        hit = hits.any(dim=1)
+        self.ended = torch.where(hit, self.pos + hits.long().argmax(dim=1), self.ended)
+        self.done |= hit
         self.pos += m
         self.stats.add(SpeculationStats(proposed, accepted, 1, m))
 
@@ -367,7 +368,7 @@ def speculative_generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    eos_id: int | None = None,
+    stop_ids: Sequence[int] = (),
     generator: torch.Generator | None = None,
     past_block_size: Literal["slide", "error"] = "slide",
 ) -> tuple[list[Tensor], SpeculationStats]:
@@ -379,7 +380,7 @@ def speculative_generate(
     nets = [m for m in (net, getattr(draft, "net", None)) if m is not None]
     with evaluating(*nets):
         pick = Picker(temperature, top_k, top_p, generator)
-        run = Speculation(net, draft, prompts, max_new_tokens, num_draft_tokens, pick, eos_id, past_block_size)
+        run = Speculation(net, draft, prompts, max_new_tokens, num_draft_tokens, pick, stop_ids, past_block_size)
         while not run.finished:
             run.step()
     return run.outputs(), run.stats

@@ -4,7 +4,7 @@ folder's ``tokenizer.json`` (``zoo.io.hf_tokenizer``).
 Model-side: a checkpoint carries its tokenizer (``to_dict``), so loading one needs only ``zoo``.
 
 All five share one small protocol (``Tokenizer``): ``encode``/``encode_batch``/``decode``,
-``vocab_size``, ``eos_id`` and ``to_dict``. ``to_dict`` is JSON-able and complete (the BPE kinds
+``vocab_size``, ``eos_id``, ``stop_ids`` and ``to_dict``. ``to_dict`` is JSON-able and complete (the BPE kinds
 carry their whole ``tokenizer.json``), so a checkpoint restores the exact tokenizer with
 ``tokenizer_from_dict`` and needs no files. ``decode`` drops EOS and ids outside the vocabulary
 (e.g. the ignore index -100), so it can be handed model outputs and padded targets as they are.
@@ -37,6 +37,7 @@ EOS_TOKEN = "<|endoftext|>"
 class Tokenizer(Protocol):
     vocab_size: int
     eos_id: int
+    stop_ids: tuple[int, ...]  # generation ends at any: EOS, and the others a model's generation_config.json lists
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -58,6 +59,7 @@ class ByteTokenizer:
 
     vocab_size = 257
     eos_id = 256
+    stop_ids = (256,)
 
     def encode(self, text: str) -> list[int]:
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).tolist()
@@ -87,6 +89,7 @@ class CharTokenizer:
         self.codepoints = np.array([ord(c) for c in self.chars], dtype=np.uint32)
         self.vocab_size = len(self.chars) + 1
         self.eos_id = len(self.chars)
+        self.stop_ids = (self.eos_id,)
 
     @classmethod
     def fit(cls, text: str) -> CharTokenizer:
@@ -133,7 +136,7 @@ class _HFTokenizer:
         eos = tokenizer.token_to_id(self.eos_token)
         if eos is None:
             raise ValueError(f"the {self.kind} vocabulary has no {self.eos_token} token")
-        self.eos_id = eos
+        self.eos_id, self.stop_ids = eos, (eos,)
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
@@ -230,11 +233,18 @@ def special_token(value: Any) -> str | None:
 
 
 class PretrainedTokenizer(_HFTokenizer):
-    """A model folder's ``tokenizer.json`` with its BOS/EOS/pad tokens and chat template (kept, never run)."""
+    """A model folder's ``tokenizer.json`` with its BOS/EOS/pad tokens, chat template (kept, never run) and the
+    further ids generation stops at (Llama 3's generation_config.json lists three EOS ids)."""
 
     kind = "hf"
 
-    def __init__(self, tokenizer: HFTokenizer, special: dict[str, str | None], chat_template: Any = None) -> None:
+    def __init__(
+        self,
+        tokenizer: HFTokenizer,
+        special: dict[str, str | None],
+        chat_template: Any = None,
+        stop_ids: Sequence[int] = (),
+    ) -> None:
         self.hf, self.special, self.chat_template = tokenizer, dict(special), chat_template
         ids = {name: tokenizer.token_to_id(tok) if tok else None for name, tok in self.special.items()}
         for name, tok in self.special.items():
@@ -247,10 +257,21 @@ class PretrainedTokenizer(_HFTokenizer):
             )
         self.eos_id, self.bos_id, self.pad_id = ids["eos"], ids.get("bos"), ids.get("pad")
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        stop_ids = stop_ids if isinstance(stop_ids, (list, tuple)) else [stop_ids]  # data: maybe anything
+        # An id past the tokenizer's is kept, as transformers keeps it: the model's vocabulary may be larger.
+        bad = [i for i in stop_ids if type(i) is not int or i < 0]
+        if bad:
+            raise InputError(f"the EOS ids {bad} (eos_token_id in generation_config.json or config.json) are not ids")
+        self.stop_ids = tuple(dict.fromkeys([self.eos_id, *stop_ids]))  # EOS first, each once
 
     def to_dict(self) -> dict:
-        template = self.chat_template
-        return {"kind": self.kind, "json": self.hf.to_str(), "special": self.special, "chat_template": template}
+        return {
+            "kind": self.kind,
+            "json": self.hf.to_str(),
+            "special": self.special,
+            "chat_template": self.chat_template,
+            "stop_ids": list(self.stop_ids),
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> PretrainedTokenizer:
@@ -258,6 +279,7 @@ class PretrainedTokenizer(_HFTokenizer):
             parse_tokenizer_json(d["json"], "the checkpoint's tokenizer"),
             d.get("special") or {},
             d.get("chat_template"),
+            d.get("stop_ids") or (),
         )
 
 
