@@ -163,3 +163,24 @@ def test_a_bf16_base_halves_the_frozen_layers_computes_as_autocast_would_and_mer
     merge(module)
     assert module.net.blocks[0].attn.qkv.weight.dtype == torch.float32
     torch.testing.assert_close(module(ids()), out, rtol=2e-2, atol=2e-2)  # the base now computes in fp32
+
+
+@pytest.mark.slow  # a fresh interpreter (~10 s): PEFT must not be imported yet when the stored config is built
+def test_a_lora_checkpoint_loads_in_a_process_that_has_not_imported_peft(tmp_path):
+    import subprocess
+    import sys
+
+    module = tiny(Adaptation(lora=LoRA(r=4)))
+    adapt(module, module.hparams.adapt)
+    trainer = Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, max_steps=0)
+    trainer.strategy.connect(module)
+    trainer.save_checkpoint(tmp_path / "lora.ckpt")
+    code = (
+        "import sys; from zoo.gpt import GPT, CausalLMModule; assert 'peft' not in sys.modules; "
+        f"m = CausalLMModule.load_from_checkpoint({str(tmp_path / 'lora.ckpt')!r}, "
+        "net=GPT(vocab_size=48, n_layer=2, n_embd=32, n_head=4, block_size=16)); "
+        "print(type(m.net.blocks[0].attn.qkv).__module__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().startswith("peft.")

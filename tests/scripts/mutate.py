@@ -1085,7 +1085,13 @@ FAMILIES: dict[str, dict] = {
     # Issue 40: adapters and freezing (zoo.adapt) and their wiring in each family: a frozen weight that trains, an
     # adapter that is not applied (or not reloaded), a wrong scaling, a registered model not merged.
     "adapt": {
-        "tests": ["tests/adapt/test_adapt.py", "tests/adapt/test_adapt_families.py", "tests/gpt/test_gpt_lora.py"],
+        "tests": [
+            "tests/adapt/test_adapt.py",
+            "tests/adapt/test_adapt_families.py",
+            "tests/gpt/test_gpt_lora.py",
+            "-m",
+            "slow or not slow",  # the fresh-process load (PEFT not yet imported) and the Llama folder's cli.py fit
+        ],
         "mutants": [
             (AD, "p.requires_grad_(ADAPTER_PREFIX in name or bool(hits))", "p.requires_grad_(True)"),
             (AD, "    if settings.lora is not None:\n        _inject(", "    if False:\n        _inject("),
