@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 A, S, G = "zoo/gpt/attention.py", "zoo/gpt/generate.py", "zoo/gpt/gpt.py"
 MLP, NRM, MOE = "zoo/gpt/mlp.py", "zoo/gpt/norms.py", "zoo/gpt/moe.py"
-SP = "zoo/gpt/speculative.py"
+SP, MET = "zoo/gpt/speculative.py", "zoo/io/meta_load.py"
 MTP, LOSS = "zoo/gpt/mtp.py", "zoo/gpt/losses.py"
 SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/diffusion/losses.py"
 FL, LT, EM = "zoo/diffusion/flow.py", "zoo/diffusion/latent.py", "zoo/diffusion/ema.py"
@@ -78,6 +78,7 @@ FAMILIES: dict[str, dict] = {
             "tests/gpt/test_speculative.py",  # first: seconds, and it decodes through most of generate.py
             "tests/gpt/test_sampling.py",
             "tests/gpt/test_mtp.py",  # first: seconds, and its transformers references catch attention mutants too
+            "tests/gpt/test_gpt_meta_load.py",  # seconds: a load on the meta device, its sharing and refusals
             "tests/gpt/test_gpt_pretrained.py",  # seconds: every architecture a folder loads as, against transformers
             "tests/gpt/test_gpt_llama.py",
             "tests/gpt/test_gpt_behaviour.py",
@@ -171,8 +172,8 @@ FAMILIES: dict[str, dict] = {
             # MoE weights in and out of Hugging Face folders (DeepSeek-V3, Mixtral)
             (
                 MOE,
-                "torch.cat((gate, up), dim=1), down  # (E, 2F, D)",
-                "torch.cat((up, gate), dim=1), down  # (E, 2F, D)",
+                "((fc[j, :f], gate), (fc[j, f:], up), (proj[j], down))",
+                "((fc[j, :f], up), (fc[j, f:], gate), (proj[j], down))",
             ),
             (
                 MOE,
@@ -255,6 +256,18 @@ FAMILIES: dict[str, dict] = {
             (TOK, '            "stop_ids": list(self.stop_ids),\n', ""),
             (S, "hit_eos = ~done & torch.isin(nxt, stop)", "hit_eos = ~done & torch.isin(nxt, stop[:1])"),
             (SP, "hits = torch.isin(new, self.stop) & ", "hits = torch.isin(new, self.stop[:1]) & "),
+            # a pretrained load built on the meta device (issue 39): never two copies, nothing left empty or shared
+            ("zoo/gpt/hf.py", 'with torch.device("meta"):', 'with torch.device("cpu"):'),
+            ("zoo/gpt/hf.py", "    net.init_buffers()  #", "    pass  #"),
+            (G, 'if module is not self and hasattr(module, "init_buffers"):', "if False:"),
+            (MET, "    if left:\n", "    if False:\n"),
+            (MET, "        if value.shape != target.shape:\n", "        if False:\n"),
+            (MET, "        if id(target) not in given:\n", "        if True:\n"),
+            (MET, "        storage.data_ptr() not in storages\n        and ", "        "),
+            (MET, "        and value.dtype == dtype\n", "\n"),
+            (MET, "    out = value if mine else ", "    out = value if False else "),
+            (MET, "            f.seek(start + begin)\n", "            f.seek(begin)\n"),
+            (MOE, "            if w.shape != slot.shape:\n", "            if False:\n"),
         ],
     },
     "diffusion": {

@@ -167,11 +167,20 @@ class GPT(nn.Module):
         # weights it gives without MTP (reset_parameters draws them first): runs with and without MTP start alike.
         with torch.random.fork_rng(devices=[]):
             self.mtp = nn.ModuleList(MTPModule(block(n_layer - 1), norm, n_embd, norm_eps) for _ in range(mtp_depth))
-        cos, sin = rope_cache(block_size, self.blocks[0].attn.rope_dim, rope_base, rope_scaling)
+        self.init_buffers()
+        self.reset_parameters()
+
+    def init_buffers(self) -> None:
+        """Compute the buffers that are not saved (RoPE's tables, and those of each part that has an
+        ``init_buffers``: a mixture of experts' routing statistics) on the default device. A net built on the meta
+        device, to take its weights by assignment (``zoo.io.meta_load``), calls it once built."""
+        cos, sin = rope_cache(self.block_size, self.blocks[0].attn.rope_dim, self.rope_base, self.rope_scaling)
         # Not persistent: rebuilt from the config, so checkpoints and HF conversions carry weights only.
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.reset_parameters()
+        for module in self.modules():
+            if module is not self and hasattr(module, "init_buffers"):
+                module.init_buffers()
 
     def reset_parameters(self) -> None:
         """GPT-2 initialisation: N(0, 0.02), zero biases, residual output projections N(0, 0.02/sqrt(2L)) (the

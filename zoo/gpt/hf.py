@@ -11,8 +11,10 @@ downloaded: point at a folder (``save_pretrained`` output, or a hub snapshot cop
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
+import torch
 from torch import Tensor
 
 from zoo.errors import InputError
@@ -22,7 +24,8 @@ from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import GeluMLP
 from zoo.gpt.norms import LayerNorm
 from zoo.io.files import read_config, replacing
-from zoo.io.weights import check_all_used, check_compatible, extract_state_dict, load_file
+from zoo.io.meta_load import assign_weights, on_meta, read_tensors, under
+from zoo.io.weights import check_all_used, check_compatible, extract_state_dict
 
 # (ours, theirs) per block; "T" marks Conv1D weights that are stored transposed.
 _BLOCK_KEYS = [
@@ -62,15 +65,16 @@ def gpt2_net_kwargs(config: dict) -> dict:
     )
 
 
-def hf_to_zoo(sd: dict[str, Tensor], net: GPT) -> dict[str, Tensor]:
-    """Rename and transpose a GPT2LMHeadModel (or GPT2Model) state dict into ``net``'s keys."""
+def hf_to_zoo(sd: Mapping[str, Tensor], net: GPT) -> dict[str, Tensor]:
+    """Rename and transpose a GPT2LMHeadModel (or GPT2Model) state dict into ``net``'s keys; ``sd`` may read its
+    tensors as asked (``zoo.io.meta_load``), each read once."""
     pre = "transformer." if any(k.startswith("transformer.") for k in sd) else ""
     out = {ours: sd[pre + theirs] for ours, theirs in _TOP_KEYS}
     for i, block in enumerate(net.blocks):
         for ours, theirs, t in _BLOCK_KEYS:
             w = sd[f"{pre}h.{i}.{theirs}"]
             out[f"blocks.{i}.{ours}"] = w.t().contiguous() if t else w
-        layer = {k.removeprefix(f"{pre}h.{i}."): v for k, v in sd.items() if k.startswith(f"{pre}h.{i}.mlp.")}
+        layer = under(sd, f"{pre}h.{i}.")
         out.update({f"blocks.{i}.mlp.{k}": v for k, v in block.mlp.from_hf(layer).items()})
     out["lm_head.weight"] = sd.get("lm_head.weight", out["tok_emb.weight"])
     return out
@@ -118,16 +122,16 @@ def load_gpt2_into(net: GPT, folder: str | Path) -> GPT:
     file used (a tied head only where the file's equals the embedding), or an error naming what is left over."""
     folder = Path(folder)
     name = f"GPT-2 folder {str(folder)!r}"
-    source = extract_state_dict(load_file(_weights_file(folder)))
+    source = read_tensors([_weights_file(folder)])
     with missing_tensors_named(name):
         sd = hf_to_zoo(source, net)
     check_compatible(net, sd, name)
     pre = "transformer." if any(k.startswith("transformer.") for k in source) else ""
-    used = {k if k == "lm_head.weight" else pre + k.removeprefix("transformer.") for k in zoo_to_hf(sd, net)}
+    written = zoo_to_hf(on_meta(sd), net)  # names only: nothing transposed back
+    used = {k if k == "lm_head.weight" else pre + k.removeprefix("transformer.") for k in written}
     check_all_used(source, used, name, _DERIVED)
     check_tied_head(net, sd, name)
-    net.load_state_dict(sd)
-    return net
+    return assign_weights(net, sd, name)
 
 
 def export_gpt2(net: GPT, folder: str | Path, eos_id: int | None = None) -> Path:
@@ -189,14 +193,13 @@ def save_safetensors(net: GPT, path: str | Path) -> Path:
 
 def load_safetensors(net: GPT, path: str | Path) -> GPT:
     """Load ``save_safetensors`` output (or any file of this net's keys), tied head included, shapes checked."""
-    sd = extract_state_dict(load_file(path), "net.")  # a zoo checkpoint's net too
+    sd = extract_state_dict(read_tensors([path]), "net.")  # a zoo checkpoint's net too
     if net.lm_head.weight is net.tok_emb.weight:  # save_model keeps one name of the tied pair
         for a, b in (("lm_head.weight", "tok_emb.weight"), ("tok_emb.weight", "lm_head.weight")):
             if a not in sd and b in sd:
                 sd[a] = sd[b]
     check_compatible(net, sd, f"weights file {str(path)!r}")
-    net.load_state_dict(sd)
-    return net
+    return assign_weights(net, sd, f"weights file {str(path)!r}")
 
 
 def load_pretrained(net: GPT, path: str | Path) -> GPT:
@@ -212,3 +215,13 @@ def load_pretrained(net: GPT, path: str | Path) -> GPT:
             return load_hf_into(net, path)
         return load_gpt2_into(net, path)
     return load_safetensors(net, path)
+
+
+def pretrained_gpt(kwargs: dict, path: str | Path) -> GPT:
+    """``GPT(**kwargs)`` holding the weights at ``path`` (as ``load_pretrained`` reads them), built on the meta device
+    and given each tensor by assignment (``zoo.io.meta_load``): no random initialisation, and the weights never in
+    memory twice."""
+    with torch.device("meta"):
+        net = GPT(**kwargs)
+    net.init_buffers()  # RoPE's tables and the routers' statistics are computed, not loaded
+    return load_pretrained(net, path)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 
@@ -45,7 +46,8 @@ from zoo.gpt.moe import MoE
 from zoo.gpt.mtp import hf_mtp_depth, mtp_to_hf, mtp_to_zoo
 from zoo.gpt.norms import RMSNorm
 from zoo.io.files import read_config, replacing
-from zoo.io.weights import check_all_used, check_compatible, extract_state_dict, load_file
+from zoo.io.meta_load import assign_weights, on_meta, read_tensors, under
+from zoo.io.weights import check_all_used, check_compatible
 
 # (ours, theirs) inside block i / model.layers.i, shared by both families.
 _NORM_KEYS = [("norm1.weight", "input_layernorm.weight"), ("norm2.weight", "post_attention_layernorm.weight")]
@@ -181,14 +183,14 @@ def _mla_rope_rows(w: Tensor, n_head: int, dn: int, dp: int, per_head: bool, inv
     return torch.cat((w[:, :dn], w[:, dn:][:, perm]), dim=1).flatten(0, 1)
 
 
-def _attn_to_zoo(sd: dict, pre: str, net: GPT, interleave: bool) -> dict[str, Tensor]:
+def _attn_to_zoo(sd: Mapping[str, Tensor], pre: str, net: GPT, interleave: bool) -> dict[str, Tensor]:
     attn = net.blocks[0].attn
     if isinstance(attn, MHA):
         qkv = torch.cat([sd[f"{pre}self_attn.{n}_proj.weight"] for n in "qkv"])
         out = {"attn.qkv.weight": qkv}
         if f"{pre}self_attn.q_proj.bias" in sd:
             out["attn.qkv.bias"] = torch.cat([sd[f"{pre}self_attn.{n}_proj.bias"] for n in "qkv"])
-        attn_sd = {k.removeprefix(f"{pre}self_attn."): v for k, v in sd.items() if k.startswith(f"{pre}self_attn.")}
+        attn_sd = under(sd, f"{pre}self_attn.")
         out |= {f"attn.{ours}": attn_sd[theirs] for ours, theirs in _MHA_KEYS if theirs in attn_sd}
         return out
     out = {
@@ -206,13 +208,14 @@ def _attn_to_zoo(sd: dict, pre: str, net: GPT, interleave: bool) -> dict[str, Te
     return out
 
 
-def hf_to_zoo(sd: dict[str, Tensor], net: GPT, interleave: bool = False) -> dict[str, Tensor]:
-    """A LlamaForCausalLM / DeepseekV3ForCausalLM state dict in ``net``'s keys (extra layers, e.g. MTP, ignored)."""
+def hf_to_zoo(sd: Mapping[str, Tensor], net: GPT, interleave: bool = False) -> dict[str, Tensor]:
+    """A LlamaForCausalLM / DeepseekV3ForCausalLM state dict in ``net``'s keys (extra layers, e.g. MTP, ignored);
+    ``sd`` may read its tensors as asked (``zoo.io.meta_load``), each read once and the fused ones dropped at once."""
     out = {"tok_emb.weight": sd["model.embed_tokens.weight"], "norm_f.weight": sd["model.norm.weight"]}
     for i in range(net.n_layer):
         pre = f"model.layers.{i}."
         block = {ours: sd[pre + theirs] for ours, theirs in _NORM_KEYS}
-        layer = {k.removeprefix(pre): v for k, v in sd.items() if k.startswith(pre)}  # the MLP picks its own keys
+        layer = under(sd, pre)  # the MLP picks its own keys
         block.update({f"mlp.{k}": v for k, v in net.blocks[i].mlp.from_hf(layer).items()})
         block.update(_attn_to_zoo(sd, pre, net, interleave))
         out.update({f"blocks.{i}.{k}": v for k, v in block.items()})
@@ -247,17 +250,14 @@ def zoo_to_hf(sd: dict[str, Tensor], net: GPT) -> dict[str, Tensor]:
     return out | mtp_to_hf(sd, net, zoo_to_hf)
 
 
-def _read_folder(folder: Path) -> tuple[dict, dict[str, Tensor]]:
-    """config.json and every weights shard of a Hugging Face folder."""
+def _read_folder(folder: Path) -> tuple[dict, Mapping[str, Tensor]]:
+    """config.json and every weights shard of a Hugging Face folder (safetensors read as asked, ``read_tensors``)."""
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"No config.json in {str(folder)!r}: point at a Hugging Face Llama/DeepSeek folder")
     shards = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("pytorch_model*.bin"))
     if not shards:
         raise FileNotFoundError(f"No *.safetensors or pytorch_model*.bin in {str(folder)!r}")
-    sd: dict[str, Tensor] = {}
-    for shard in shards:
-        sd.update(extract_state_dict(load_file(shard)))
-    return read_config(folder / "config.json"), sd
+    return read_config(folder / "config.json"), read_tensors(shards)
 
 
 # What the zoo's GPT has not, for the MoE families it does not load.
@@ -297,8 +297,7 @@ def load_hf_into(net: GPT, folder: str | Path) -> GPT:
     source_keys = {k for k in _moe_names(source) if not k.startswith(skipped or ("\0",))}
     check_all_used(source_keys, _used(sd, net), name, ("rotary_emb.inv_freq",))
     check_tied_head(net, sd, name)
-    net.load_state_dict(sd)
-    return net
+    return assign_weights(net, sd, name)
 
 
 def _moe_names(keys) -> set[str]:
@@ -309,7 +308,7 @@ def _moe_names(keys) -> set[str]:
 def _used(sd: dict[str, Tensor], net: GPT) -> set[str]:
     """The source keys a conversion into ``net`` reads: what the inverse writes, and each expert list's fused pair
     (which ``MoE.from_hf`` reads instead of the per-expert tensors when a file holds it)."""
-    used = _moe_names(zoo_to_hf(sd, net))
+    used = _moe_names(zoo_to_hf(on_meta(sd), net))  # names only: nothing split or copied
     return used | {k.split(".experts.")[0] + f".experts.{n}" for k in used if ".experts.0." in k for n in _FUSED}
 
 

@@ -98,8 +98,8 @@ class GeluMLP(nn.Module):
     def from_hf(self, sd: dict[str, Tensor]) -> dict[str, Tensor]:
         """The inverse of ``to_hf``: a GPT-2 layer's keys (``mlp.c_fc.weight``, ...) -> ours."""
         return {
-            k.removeprefix("mlp.c_"): (v.t().contiguous() if k.endswith("weight") else v)
-            for k, v in sd.items()
+            k.removeprefix("mlp.c_"): (sd[k].t().contiguous() if k.endswith("weight") else sd[k])
+            for k in sd
             if k.startswith("mlp.")
         }
 

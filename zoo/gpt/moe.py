@@ -39,7 +39,7 @@ Notation: B batch, T tokens, N = B*T, D model width, F expert width, E routed ex
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Literal
 
@@ -51,6 +51,7 @@ from torch import Tensor, nn
 from zoo.compat import apply_keeping_float32
 from zoo.errors import InputError
 from zoo.gpt.mlp import SwiGLU
+from zoo.io.meta_load import Renamed
 
 # Per-expert weight names inside a layer's MoE: (gate, up, down) in DeepSeek-V3/Qwen and in Mixtral files.
 _EXPERT_NAMES = {"deepseek_v3": ("gate_proj", "up_proj", "down_proj"), "mixtral": ("w1", "w3", "w2")}
@@ -123,13 +124,17 @@ class MoE(nn.Module):
         self.drop = nn.Dropout(dropout)
         # A buffer, so checkpoints save and resume it; float32 whatever the weights' precision.
         self.register_buffer("expert_bias", torch.zeros(e, dtype=torch.float32))
-        # Routing statistics since the last reset (not saved): picks per expert, summed probabilities, tokens.
-        # Counts are integers, so a net cast to bf16 keeps them exact.
+        self.init_buffers()
+        for w in (self.experts_fc, self.experts_proj):
+            nn.init.normal_(w, 0.0, 0.02)  # the GPT re-initialises; this keeps a lone MoE finite
+
+    def init_buffers(self) -> None:
+        """Routing statistics since the last reset (not saved): picks per expert, summed probabilities, tokens, on
+        the default device (``GPT.init_buffers``). Counts are integers, so a net cast to bf16 keeps them exact."""
+        e = self.router.out_features
         self.register_buffer("load", torch.zeros(e, dtype=torch.long), persistent=False)
         self.register_buffer("prob", torch.zeros(e), persistent=False)
         self.register_buffer("tokens", torch.zeros((), dtype=torch.long), persistent=False)
-        for w in (self.experts_fc, self.experts_proj):
-            nn.init.normal_(w, 0.0, 0.02)  # the GPT re-initialises; this keeps a lone MoE finite
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Tokens (N, D) -> chosen experts (N, k), their weights (N, k), each expert's probability (N, E)."""
@@ -325,13 +330,12 @@ class MoE(nn.Module):
             out.update({f"mlp.shared_experts.{n}.weight": sd["router.weight"].new_empty(s) for n, s in empty.items()})
         return out
 
-    def from_hf(self, sd: dict[str, Tensor]) -> dict[str, Tensor]:
-        """A layer's DeepSeek-V3 or Mixtral MoE keys (per expert, or transformers 5's fused tensors) -> ours."""
-        sd = {
-            ("mlp." + k.removeprefix("block_sparse_moe.")): v
-            for k, v in sd.items()
-            if k.startswith("block_sparse_moe.")
-        } | sd
+    def from_hf(self, sd: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """A layer's DeepSeek-V3 or Mixtral MoE keys (per expert, or transformers 5's fused tensors) -> ours. ``sd``
+        may read its tensors as asked (``zoo.io.meta_load``): each expert's are copied into the stacked ones in turn,
+        so no more than one is held beside them."""
+        aliases = {"mlp." + k.removeprefix("block_sparse_moe."): k for k in sd if k.startswith("block_sparse_moe.")}
+        sd = Renamed(sd, aliases | {k: k for k in sd})
         e = len(self.experts_fc)
         out = {"router.weight": sd["mlp.gate.weight"]}
         out["expert_bias"] = sd.get("mlp.gate.e_score_correction_bias", torch.zeros(e))  # Mixtral's router has none
@@ -341,12 +345,27 @@ class MoE(nn.Module):
             names = next((n for n in _EXPERT_NAMES.values() if f"mlp.experts.0.{n[0]}.weight" in sd), None)
             if names is None:
                 raise InputError(f"No expert weights (mlp.experts.0.gate_proj.weight or w1) among {sorted(sd)}")
-            gate, up, down = (torch.stack([sd[f"mlp.experts.{j}.{n}.weight"] for j in range(e)]) for n in names)
-            out["experts_fc"], out["experts_proj"] = torch.cat((gate, up), dim=1), down  # (E, 2F, D), (E, D, F)
+            out["experts_fc"], out["experts_proj"] = _stacked_experts(sd, names, e)
         if self.shared is not None:
-            shared = {k.replace("mlp.shared_experts.", "mlp.", 1): v for k, v in sd.items() if "shared_experts." in k}
+            shared = Renamed(sd, {k.replace("mlp.shared_experts.", "mlp.", 1): k for k in sd if "shared_experts." in k})
             out.update({f"shared.{k}": v for k, v in self.shared.from_hf(shared).items()})
         return out
+
+
+def _stacked_experts(sd: Mapping[str, Tensor], names: tuple[str, str, str], e: int) -> tuple[Tensor, Tensor]:
+    """Experts 0..e-1's (gate, up, down) matrices as our (E, 2F, D) [gate | up] and (E, D, F), each copied into its
+    slot in turn; an expert whose shape differs from expert 0's is refused by name (a copy would broadcast it)."""
+    gate, up, down = (f"mlp.experts.{{}}.{n}.weight" for n in names)
+    first = sd[gate.format(0)]
+    f, d = first.shape
+    fc, proj = first.new_empty(e, 2 * f, d), first.new_empty(e, d, f)
+    for j in range(e):
+        for slot, key in ((fc[j, :f], gate), (fc[j, f:], up), (proj[j], down)):
+            w = sd[key.format(j)]
+            if w.shape != slot.shape:
+                raise InputError(f"{key.format(j)} has shape {tuple(w.shape)}, expert 0's give {tuple(slot.shape)}")
+            slot.copy_(w)
+    return fc, proj
 
 
 def grouped_mm_fits(w: Tensor) -> bool:

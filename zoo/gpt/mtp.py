@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo.errors import InputError
+from zoo.io.meta_load import Renamed
 
 # (ours inside mtp.{k-1}., theirs inside model.layers.{L + k - 1}.), beside the decoder layer's own keys
 _MTP_KEYS = [
@@ -86,13 +87,13 @@ def mtp_to_zoo(sd: dict[str, Tensor], net, interleave: bool, layers_to_zoo) -> d
             f"model.layers.{missing[0]} (num_nextn_predict_layers too small or 0): set mtp_depth to the folder's "
             f"num_nextn_predict_layers, or 0 to load the main model alone"
         )
-    renamed = {k: v for k, v in sd.items() if not k.startswith("model.layers.")}
+    names = {key: key for key in sd if not key.startswith("model.layers.")}
     for k in range(depth):
         pre = f"model.layers.{n + k}."
-        renamed.update({f"model.layers.{k}.{key[len(pre) :]}": v for key, v in sd.items() if key.startswith(pre)})
+        names.update({f"model.layers.{k}.{key[len(pre) :]}": key for key in sd if key.startswith(pre)})
     view = SimpleNamespace(n_layer=depth, blocks=[m.block for m in net.mtp], mtp=[])
     out = {}
-    for key, v in layers_to_zoo(renamed, view, interleave).items():
+    for key, v in layers_to_zoo(Renamed(sd, names), view, interleave).items():
         if key.startswith("blocks."):
             k, rest = key.removeprefix("blocks.").split(".", 1)
             out[f"mtp.{k}.block.{rest}"] = v

@@ -28,8 +28,7 @@ from typing import Any
 from zoo.compat import given_hyperparameters_context
 from zoo.errors import InputError
 from zoo.gpt.generate import Generation
-from zoo.gpt.gpt import GPT
-from zoo.gpt.hf import gpt2_net_kwargs, load_pretrained
+from zoo.gpt.hf import gpt2_net_kwargs, pretrained_gpt
 from zoo.gpt.llama import net_kwargs as llama_net_kwargs
 from zoo.gpt.module import CausalLMModule
 from zoo.gpt.mtp import hf_mtp_depth
@@ -158,7 +157,7 @@ def from_pretrained(path: str | Path, **module_kwargs: Any) -> CausalLMModule:
             f"{str(folder)!r}: the tokenizer has {tokenizer.vocab_size} ids, more than config.json's vocab_size "
             f"{kwargs['vocab_size']}: the tokenizer files are not this model's"
         )
-    net = load_pretrained(GPT(**kwargs), folder)
+    net = pretrained_gpt(kwargs, folder)  # built on the meta device: the weights are never in memory twice
     module_kwargs.setdefault("generation", generation_defaults(folder))
     module = recorded_module(net, kwargs, **module_kwargs)
     module.tokenizer = tokenizer

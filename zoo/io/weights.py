@@ -74,7 +74,7 @@ def load_bytes(data: bytes, name: str, map_location: str | torch.device | None =
 def _read(source: Path | io.BytesIO, name: str, size: int, map_location, mmap: bool = False) -> dict:
     """Load a local file or downloaded bytes weights-only; a failure is diagnosed from the bytes, naming ``name``."""
     device = map_location if isinstance(map_location, str) else "cpu"
-    try:
+    with _diagnosed(source, name, size):
         if name.endswith(".safetensors"):
             from safetensors.torch import load
             from safetensors.torch import load_file as load_path
@@ -85,6 +85,24 @@ def _read(source: Path | io.BytesIO, name: str, size: int, map_location, mmap: b
         with quiet_protocol_warning():
             mmap = mmap and isinstance(source, Path) and _is_zip(source)
             return torch.load(source, map_location=map_location, weights_only=True, mmap=mmap)
+
+
+def open_safetensors(path: Path):
+    """safetensors' ``safe_open`` handle on a local file: its header read and checked, no tensor read yet (each is
+    mapped when asked for, ``zoo.io.meta_load``); a file that does not open is diagnosed as ``load_file`` does."""
+    from safetensors import safe_open
+
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file {str(path)!r} does not exist: pass the path of a local file")
+    with _diagnosed(path, str(path), path.stat().st_size):
+        return safe_open(str(path), "pt")
+
+
+@contextlib.contextmanager
+def _diagnosed(source: Path | io.BytesIO, name: str, size: int) -> Iterator[None]:
+    """A file that does not load refused with what its bytes say it is (``diagnose``), naming ``name``."""
+    try:
+        yield
     except Exception as err:
         with source.open("rb") if isinstance(source, Path) else contextlib.nullcontext(source) as f:
             f.seek(0)
