@@ -34,6 +34,7 @@ SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/di
 FL, LT, EM = "zoo/diffusion/flow.py", "zoo/diffusion/latent.py", "zoo/diffusion/ema.py"
 RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/q_nets.py", "zoo/rl/td3.py"
 SB = "zoo/rl/sb3.py"
+AP, FAM = "zoo/app/pretrained.py", "zoo/tracking/families.py"
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
 OB = "zoo/diffusion/objective.py"
 CL, CC, CMT = "zoo/clip/losses.py", "zoo/clip/clip.py", "zoo/clip/metrics.py"
@@ -83,7 +84,7 @@ FAMILIES: dict[str, dict] = {
         ],
         "mutants": [
             # the CLI's net from an init_weights folder (issue 39): the folder's architecture, not the config's
-            ("zoo/app/sizes.py", "        args[key] = _namespace(value)\n", "        pass\n"),
+            (AP, "        args[key] = _namespace(value)\n", "        pass\n"),
             (
                 A,
                 "torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin)",
@@ -406,6 +407,15 @@ FAMILIES: dict[str, dict] = {
             (DCF, "    return widths[-1] // dim", "    return 1"),
             (CV, "    if not have or wrong:", "    if not have:"),
             (LT, "    if wrong:", "    if False:"),
+            # The CLI's net from an init_weights folder (issue 39): the families table's rule, a contradicting value
+            # of the config refused, the folder's per-block embedders.
+            (FAM, 'net_from_folder="diffusers",', "net_from_folder=None,"),
+            (AP, "elif _given(old, default) and not _same(old, value):", "elif False:"),
+            (
+                "zoo/diffusion/pretrained.py",
+                "settings = dit_settings(pre.config, block_embedders_differ(pre.state))",
+                "settings = dit_settings(pre.config, False)",
+            ),
         ],
     },
     "rl": {

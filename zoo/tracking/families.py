@@ -26,9 +26,10 @@ class Family:
     # The rule the net's sizes follow from the data by (``zoo.app.sizes.RULES``), set before the net is built;
     # None: none do.
     sizes: Literal["vocabulary", "classes", "spaces"] | None = None
-    # The rule that builds the net's config from a model folder given as ``init_weights`` (``zoo.app.sizes.FOLDERS``:
-    # a pretrained model's architecture is its folder's, not a hand-written net block); None: the config's.
-    net_from_folder: Literal["gpt"] | None = None
+    # The rule that builds the net's config from a pretrained source given as ``init_weights`` (a model folder:
+    # ``zoo.app.pretrained.SOURCES``; its architecture is the source's, not a hand-written net block); None: the
+    # config's.
+    net_from_folder: Literal["gpt", "diffusers"] | None = None
     # The class of ``zoo.tracking.serving`` a logged model answers raw inputs through; None: it is not served.
     interface: str | None = None
 
@@ -45,7 +46,11 @@ FAMILIES: dict[str, Family] = {
         interface="TextGenerator",
     ),
     "zoo.diffusion.DiffusionModule": Family(
-        "diffusion", "val/loss", callbacks=("callbacks.LogImageSamples",), interface="ImageGenerator"
+        "diffusion",
+        "val/loss",
+        callbacks=("callbacks.LogImageSamples",),
+        net_from_folder="diffusers",
+        interface="ImageGenerator",
     ),
     # latent diffusion's autoencoder, trained for DiffusionModule(autoencoder_weights=<its checkpoint>)
     "zoo.diffusion.AutoencoderModule": Family("autoencoder", "val/loss"),
