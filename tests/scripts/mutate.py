@@ -34,7 +34,7 @@ SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/di
 FL, LT, EM = "zoo/diffusion/flow.py", "zoo/diffusion/latent.py", "zoo/diffusion/ema.py"
 RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/q_nets.py", "zoo/rl/td3.py"
 SB = "zoo/rl/sb3.py"
-AP, FAM = "zoo/app/pretrained.py", "zoo/tracking/families.py"
+AP, FAM, OCC = "zoo/app/pretrained.py", "zoo/tracking/families.py", "zoo/clip/open_clip_config.py"
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
 OB = "zoo/diffusion/objective.py"
 CL, CC, CMT = "zoo/clip/losses.py", "zoo/clip/clip.py", "zoo/clip/metrics.py"
@@ -604,7 +604,12 @@ FAMILIES: dict[str, dict] = {
         ],
     },
     "clip": {
-        "tests": ["tests/clip/test_clip_pretrained.py", "tests/clip/test_clip_refs.py", "tests/clip/test_clip.py"],
+        "tests": [
+            "tests/app/test_net_from_source.py",  # first: a second, the CLI's net from a source's config
+            "tests/clip/test_clip_pretrained.py",
+            "tests/clip/test_clip_refs.py",
+            "tests/clip/test_clip.py",
+        ],
         "mutants": [
             (
                 CL,
@@ -663,6 +668,13 @@ FAMILIES: dict[str, dict] = {
             (TOK, "html.unescape(html.unescape(ftfy.fix_text(text)))", "ftfy.fix_text(text)"),
             (CPT, "if ours is not None and [round(v, 6)", "if ours is None and [round(v, 6)"),
             (CMO, "tokenizer = source_tokenizer(path, layout)", 'tokenizer = source_tokenizer(path, "hf")'),
+            # The CLI's towers from an init_weights folder (issue 39): the families table's rule, open_clip's heads and
+            # end-of-text, its settings the zoo does not compute refused, a projection size the load adapts kept.
+            (FAM, 'net_from_folder="clip",', "net_from_folder=None,"),
+            (OCC, 'heads=width // v.int("head_width"),', 'heads=v.int("head_width"),'),
+            (OCC, 'eot_id=vocab - 1 if argmax else t.int("eos_id"),', 'eot_id=t.int("eos_id"),'),
+            (OCC, "        for field, value in fixed.items():\n", "        for field, value in ():\n"),
+            (AP, "            if key not in adapted:\n", "            if True:\n"),
         ],
     },
     # A stored config checked before anything it names is imported (issue 24).

@@ -57,9 +57,17 @@ def diffusers_folder(path: Path) -> dict[str, Any] | None:
     return net_config(path) if path.is_dir() else None
 
 
+def clip_folder(path: Path) -> dict[str, Any] | None:
+    """A Hugging Face CLIP or open_clip folder's ``CLIP`` (``zoo.clip.pretrained``)."""
+    from zoo.clip.pretrained import net_config
+
+    return net_config(path)
+
+
 SOURCES: dict[str, Source] = {
     "gpt": Source(gpt_folder),
     "diffusers": Source(diffusers_folder),
+    "clip": Source(clip_folder, frozenset({"embed_dim"})),  # zoo.clip.hf.load_source_into replaces the projection
 }  # by the families table's name
 
 

@@ -29,7 +29,7 @@ class Family:
     # The rule that builds the net's config from a pretrained source given as ``init_weights`` (a model folder:
     # ``zoo.app.pretrained.SOURCES``; its architecture is the source's, not a hand-written net block); None: the
     # config's.
-    net_from_folder: Literal["gpt", "diffusers"] | None = None
+    net_from_folder: Literal["gpt", "diffusers", "clip"] | None = None
     # The class of ``zoo.tracking.serving`` a logged model answers raw inputs through; None: it is not served.
     interface: str | None = None
 
@@ -62,6 +62,7 @@ FAMILIES: dict[str, Family] = {
         predict_data="datamodules.ZeroShotDataModule",
         predictions="csv",
         prediction_arrays=("embedding",),
+        net_from_folder="clip",
         interface="Embedder",
     ),
     "zoo.cnn.ClassifierModule": Family(
