@@ -33,7 +33,7 @@ MTP, LOSS = "zoo/gpt/mtp.py", "zoo/gpt/losses.py"
 SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/diffusion/losses.py"
 FL, LT, EM = "zoo/diffusion/flow.py", "zoo/diffusion/latent.py", "zoo/diffusion/ema.py"
 RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/q_nets.py", "zoo/rl/td3.py"
-SB = "zoo/rl/sb3.py"
+SB, RP = "zoo/rl/sb3.py", "zoo/rl/pretrained.py"
 AP, FAM, OCC = "zoo/app/pretrained.py", "zoo/tracking/families.py", "zoo/clip/open_clip_config.py"
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
 OB = "zoo/diffusion/objective.py"
@@ -538,9 +538,15 @@ FAMILIES: dict[str, dict] = {
             # Stable-Baselines3 zips in (zoo/rl/sb3.py): SAC's mean and log-std heads, PPO's value weight, the
             # rounding rule of printed bounds, the exactness check.
             (SB, 'for head in ("mu", "log_std")', 'for head in ("log_std", "mu")'),
-            (SB, 'out["vf_coef"] = 2 * d["vf_coef"]', 'out["vf_coef"] = d["vf_coef"]'),
+            (RP, 'out["vf_coef"] = 2 * d["vf_coef"]', 'out["vf_coef"] = d["vf_coef"]'),
             (SB, 'len(m.group(1) or "") >= 8', 'len(m.group(1) or "") > 8'),
             (SB, "unused = sorted(state[k][0] for k in state.keys() - own.keys())", "unused = []"),
+            # init_weights: <an SB3 zip> through the CLI (issue 39): the families table's rule, the load at set-up, the
+            # env checked against the zip's spaces, the algorithm checked.
+            (FAM, 'sizes="spaces", net_from_folder="sb3",', 'sizes="spaces",'),
+            ("zoo/rl/lifecycle.py", "        self.load_init_weights(module, dm)\n", ""),
+            (SB, "if not isinstance(obs_space, gym.spaces.Box) or _float32(ours) != _float32(theirs):", "if False:"),
+            (SB, 'if f"{algo}Module" not in {cls.__name__ for cls in type(module).__mro__}:', "if False:"),
         ],
     },
     "cnn": {

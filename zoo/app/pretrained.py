@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -64,10 +65,20 @@ def clip_folder(path: Path) -> dict[str, Any] | None:
     return net_config(path)
 
 
+def sb3_zip(path: Path) -> dict[str, Any] | None:
+    """A Stable-Baselines3 agent's net (``zoo.rl.sb3``)."""
+    if not path.is_file() or not zipfile.is_zipfile(path):
+        return None
+    from zoo.rl.sb3 import net_config
+
+    return net_config(path)
+
+
 SOURCES: dict[str, Source] = {
     "gpt": Source(gpt_folder),
     "diffusers": Source(diffusers_folder),
     "clip": Source(clip_folder, frozenset({"embed_dim"})),  # zoo.clip.hf.load_source_into replaces the projection
+    "sb3": Source(sb3_zip),
 }  # by the families table's name
 
 

@@ -57,6 +57,7 @@ class A2CModule(WeightsOnlyLoading, LightningModule):
         clip_obs: float = 10.0,
         clip_reward: float = 10.0,
         num_threads: int | None = 1,
+        init_weights: str | None = None,
     ) -> None:
         """
         Args:
@@ -77,6 +78,9 @@ class A2CModule(WeightsOnlyLoading, LightningModule):
             clip_obs: clip normalised observations to [-clip_obs, clip_obs].
             clip_reward: clip scaled rewards to [-clip_reward, clip_reward].
             num_threads: PyTorch CPU threads while this module runs (restored after); None: unchanged.
+            init_weights: a Stable-Baselines3 zip of this algorithm (its ``model.save``) to start from: every tensor of
+                its policy, read weights-only when the run sets up (never over a checkpoint's weights), the env checked
+                against its spaces (``zoo.rl.sb3``); ``cli.py`` builds the net as the zip states it.
         """
         AdamOrRMSprop.of(optimizer)  # a checkpoint's hyperparameters (a dict): checked as the config's are
         super().__init__()

@@ -80,6 +80,7 @@ class PPOModule(WeightsOnlyLoading, LightningModule):
         clip_obs: float = 10.0,
         clip_reward: float = 10.0,
         num_threads: int | None = 1,
+        init_weights: str | None = None,
     ) -> None:
         """
         Args:
@@ -111,6 +112,9 @@ class PPOModule(WeightsOnlyLoading, LightningModule):
             clip_reward: clip scaled rewards to [-clip_reward, clip_reward].
             num_threads: PyTorch CPU threads while this module runs (restored after); a small MLP runs
                 fastest on one, as intra-op threads cost more to synchronise than they save. None: unchanged.
+            init_weights: a Stable-Baselines3 zip of this algorithm (its ``model.save``) to start from: every tensor of
+                its policy, read weights-only when the run sets up (never over a checkpoint's weights), the env checked
+                against its spaces (``zoo.rl.sb3``); ``cli.py`` builds the net as the zip states it.
         """
         AdamOrRMSprop.of(optimizer)  # a checkpoint's hyperparameters (a dict): checked as the config's are
         super().__init__()

@@ -85,6 +85,7 @@ class SACModule(WeightsOnlyLoading, LightningModule):
         clip_obs: float = 10.0,
         save_buffer: bool = False,
         num_threads: int | None = 1,
+        init_weights: str | None = None,
     ) -> None:
         """
         Args:
@@ -112,6 +113,9 @@ class SACModule(WeightsOnlyLoading, LightningModule):
             num_threads: PyTorch CPU threads while this module runs (restored after); on a shared CPU one thread
                 runs these 256-wide MLPs fastest, as threads that wait on each other cost more than they share.
                 None: unchanged.
+            init_weights: a Stable-Baselines3 zip of this algorithm (its ``model.save``) to start from: every tensor of
+                its policy, read weights-only when the run sets up (never over a checkpoint's weights), the env checked
+                against its spaces (``zoo.rl.sb3``); ``cli.py`` builds the net as the zip states it.
         """
         for settings in (actor_optimizer, critic_optimizer, alpha_optimizer):
             AdamOrRMSprop.of(settings)  # a checkpoint's hyperparameters (dicts): checked as the config's are

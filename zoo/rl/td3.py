@@ -109,6 +109,7 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
         clip_obs: float = 10.0,
         save_buffer: bool = False,
         num_threads: int | None = 1,
+        init_weights: str | None = None,
     ) -> None:
         """
         Args:
@@ -134,6 +135,9 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
             clip_obs: clip normalised observations to [-clip_obs, clip_obs].
             save_buffer: put the replay buffer in checkpoints, so that a resumed run continues with it.
             num_threads: PyTorch CPU threads while this module runs (restored after). None: unchanged.
+            init_weights: a Stable-Baselines3 zip of this algorithm (its ``model.save``) to start from: every tensor of
+                its policy, read weights-only when the run sets up (never over a checkpoint's weights), the env checked
+                against its spaces (``zoo.rl.sb3``); ``cli.py`` builds the net as the zip states it.
         """
         for settings in (actor_optimizer, critic_optimizer):
             AdamOrRMSprop.of(settings)  # a checkpoint's hyperparameters (dicts): checked as the config's are
