@@ -65,7 +65,10 @@ def batches(vocab: int, batch: int, length: int, steps: int, device) -> list[tup
 
 
 class StepClock:
-    """Per-step wall times and losses, with the device synchronised at both ends of each step."""
+    """Per-step times (wall, or this process's CPU time with ``--clock cpu``) and losses, the device synchronised at
+    both ends of each step."""
+
+    clock = time.perf_counter
 
     def __init__(self, device) -> None:
         self.device, self.times, self.losses, self.t0 = device, [], [], 0.0
@@ -73,12 +76,12 @@ class StepClock:
     def start(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        self.t0 = time.perf_counter()
+        self.t0 = self.clock()
 
     def stop(self, loss: torch.Tensor) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        self.times.append(time.perf_counter() - self.t0)
+        self.times.append(self.clock() - self.t0)
         self.losses.append(float(loss))
 
 
@@ -160,11 +163,13 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--arms", default="zoo-lora,peft,zoo-full")
-    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="accepted for the benches' common flags")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="cpu: process CPU time (busy machines)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--folder", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.precision = "bf16-mixed" if args.device.startswith("cuda") else "32-true"
+    if args.clock == "cpu":
+        StepClock.clock = time.process_time
     if args.child:
         return child(args.child, Path(args.folder), args)
     from bench._common import cpu_model
@@ -172,6 +177,7 @@ def main() -> None:
     where = torch.cuda.get_device_name() if args.device.startswith("cuda") else cpu_model()
     print(f"== LoRA: {args.size} Llama-style, batch {args.batch} x {args.length}, rank {args.rank}, {args.precision}")
     print(f"torch {torch.__version__}; device: {where}; {args.steps} steps, {args.rounds} rounds, arms alternating")
+    print(f"threads: {torch.get_num_threads()}; clock: {args.clock}; load average at start: {os.getloadavg()[0]:.2f}")
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         write_folder(Path(tmp), args.size)

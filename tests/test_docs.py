@@ -86,10 +86,6 @@ COVERED: list[tuple[str, str]] = [
         "tests/diffusion/test_diffusion_use.py::test_predict_writes_a_readable_png_per_sample_and_a_grid",
     ),
     (r"bench/(latent|diffusion)_quality\.py", "minutes of CPU"),
-    (
-        r"dit_tiny_shapes16\.yaml --model\.init_args\.init_weights=<a diffusers DiT folder>",
-        "tests/diffusion/test_diffusion_cli.py::test_init_weights_start_fit_from_a_diffusers_dit_folder",
-    ),
     (r"ddpm_unet_shapes\.yaml$", "minutes of CPU"),
     (
         r"registered_model_name=shapes-ddpm",

@@ -34,11 +34,29 @@ def image_folder(tmp_path) -> Path:
     return tmp_path / "images"
 
 
+# Presets whose net is the init_weights folder's (zoo.app.pretrained): a Hugging Face CLIP config.json is all it reads.
+FROM_A_FOLDER = ("clip/zeroshot_folder.yaml", "clip/finetune_csv.yaml")
+
+
+def hf_clip_config(folder: Path) -> Path:
+    """A tiny Hugging Face CLIP folder's config.json (no weights: instantiating reads only the config)."""
+    import json
+
+    tower = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    vision, text = tower | dict(image_size=16, patch_size=8), tower | dict(vocab_size=300, eos_token_id=299)
+    folder.mkdir()
+    config = dict(model_type="clip", vision_config=vision, text_config=text, projection_dim=16)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
 @pytest.mark.parametrize("config", FAMILY_CONFIGS, ids=_id)
-def test_every_config_instantiates(config, image_folder):
+def test_every_config_instantiates(config, image_folder, tmp_path):
     from cli import main
 
     extra = [f"--data.init_args.root={image_folder}"] if "imagefolder" in config.name else []
+    if _id(config) in FROM_A_FOLDER:
+        extra = [f"--model.init_args.init_weights={hf_clip_config(tmp_path / 'clip')}"]
     c = main(["--config", str(config), *extra], run=False)
     assert c.model is not None and c.datamodule is not None and c.trainer is not None
 

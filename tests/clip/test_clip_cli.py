@@ -152,10 +152,9 @@ def test_finetune_preset_starts_from_hf_weights_and_tokenizer_on_a_csv(hf_clip_f
     from zoo.io.weights import load_file
 
     net = yaml.safe_load(zoo_yaml(hf_clip_folder))["net"]
-    args = [
+    args = [  # the preset's net is the folder's (zoo.app.pretrained): no net block
         "--config",
         str(CONFIGS / "clip" / "finetune_csv.yaml"),
-        f"--model.init_args.net={json.dumps(net)}",
         f"--model.init_args.init_weights={hf_clip_folder}",
         f"--data.init_args.pretrained_tokenizer={hf_clip_folder}",
         f"--data.init_args.path={caption_csv}",

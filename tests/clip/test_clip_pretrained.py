@@ -146,11 +146,11 @@ def test_open_clip_folder_reads_images_and_weights_as_open_clip_does(tmp_path):
 
 
 def zeroshot_args(folder: Path, images: Path, *extra: str, net: dict | None = None) -> list[str]:
-    net = net or yaml.safe_load(zoo_yaml(folder))["net"]
+    """The zero-shot preset on ``folder``: its net from the folder's config (``zoo.app.pretrained``), or ``net``."""
     return [
         "--config",
         ZEROSHOT,
-        f"--model.init_args.net={json.dumps(net)}",  # the preset's is ViT-B/32; this folder is tiny
+        *([f"--model.init_args.net={json.dumps(net)}"] if net else []),
         f"--model.init_args.init_weights={folder}",
         f"--data.init_args.paths={images}",
         "--data.init_args.class_names=[cat, dog, car]",
@@ -235,19 +235,13 @@ def test_open_clip_tokenizer_ids_equal_open_clips_on_hard_strings(context_length
 
 
 def test_an_open_clip_folder_zero_shots_through_the_cli_with_its_tokenizer_and_preprocessing(tmp_path, image_folder):
+    """With no net block: the towers are the folder's ``model_cfg``'s (``zoo.clip.open_clip_config``)."""
     model, transform = open_clip_folder(tmp_path / "oc")
     import open_clip
 
-    vision = dict(image_size=16, patch_size=8, width=32, layers=1, heads=2, embed_dim=16, act="quick_gelu")
-    text = dict(vocab_size=49408, context_length=16, width=32, layers=1, heads=2, embed_dim=16, eot_id=49407)
-    net = {
-        "class_path": "zoo.clip.CLIP",
-        "init_args": {
-            "image_encoder": {"class_path": "zoo.clip.VisionTransformer", "init_args": vision},
-            "text_encoder": {"class_path": "zoo.clip.TextTransformer", "init_args": text | {"act": "quick_gelu"}},
-        },
-    }
-    cli("predict", *zeroshot_args(tmp_path / "oc", image_folder, net=net))
+    c = cli("predict", *zeroshot_args(tmp_path / "oc", image_folder))
+    vision = c.model.hparams["net"]["init_args"]["image_encoder"]["init_args"]
+    assert (vision["heads"], vision["act"], c.model.net.text_encoder.eot_id) == (2, "quick_gelu", 49407)
     with open(output("predictions.csv")) as f:
         rows = list(csv.DictReader(f))
     from PIL import Image
@@ -319,3 +313,39 @@ def test_an_open_clip_folder_with_transformers_files_too_keeps_open_clips_tokeni
     write(text_cfg | {"tokenizer_kwargs": {"clean": "canonicalize"}})
     with pytest.raises(InputError, match="canonicalize"):
         source_tokenizer(folder, "openai")
+
+
+OPEN_CLIP_MODEL = {
+    "embed_dim": 16,
+    "vision_cfg": {"image_size": 16, "layers": 1, "width": 32, "patch_size": 8, "head_width": 16},
+    "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
+}
+
+
+@pytest.mark.parametrize(
+    "edit, named",
+    [
+        ({"vision_cfg": {"attentional_pool": True}}, r"vision_cfg has attentional_pool=True"),
+        ({"vision_cfg": {"layers": [3, 4, 6, 3]}}, r"layers=\[3, 4, 6, 3\].*ResNet"),
+        ({"vision_cfg": {"head_width": 12}}, r"head_width=12"),
+        ({"text_cfg": {"pool_type": "last"}}, r"text_cfg has pool_type='last'"),
+        ({"text_cfg": {"proj_bias": True}}, r"proj_bias=True"),
+        ({"text_cfg": {"some_new_field": 1}}, r"text_cfg sets some_new_field"),
+        ({"init_logit_bias": -10.0}, r"init_logit_bias=-10\.0"),
+        ({"multimodal_cfg": {}}, r"model_cfg sets multimodal_cfg"),
+    ],
+)
+def test_an_open_clip_config_the_zoo_does_not_compute_is_refused_by_name(tmp_path, edit, named):
+    """The net from an open_clip folder's model_cfg (``zoo.clip.open_clip_config``): every field that changes the
+    function is read or refused, a field it does not know refused too."""
+    from zoo.clip.pretrained import net_config
+
+    (tmp_path / "open_clip_config.json").write_text(json.dumps({"model_cfg": OPEN_CLIP_MODEL}))
+    towers = net_config(tmp_path)["init_args"]
+    assert towers["image_encoder"]["init_args"]["heads"] == 2 and towers["text_encoder"]["init_args"]["eot_id"] == 49407
+    model_cfg = {k: v | edit.get(k, {}) if isinstance(v, dict) else v for k, v in OPEN_CLIP_MODEL.items()}
+    model_cfg |= {k: v for k, v in edit.items() if k not in OPEN_CLIP_MODEL}
+    (tmp_path / "open_clip_config.json").write_text(json.dumps({"model_cfg": model_cfg}))
+    with pytest.raises(InputError, match=named) as err:
+        net_config(tmp_path)
+    assert "\n" not in str(err.value)

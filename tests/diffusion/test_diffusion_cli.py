@@ -241,12 +241,20 @@ def test_init_weights_that_do_not_fit_say_what_to_do(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="diffusion_pytorch_model.safetensors"):
         cli(*fit, *_tiny_dit(), f"--model.init_args.init_weights={tmp_path / 'empty'}")
-    _diffusers_dit(tmp_path / "dit")
-    with pytest.raises(ValueError, match=r"num_heads 2 \(net: 4\).*--model\.init_args\.net\.init_args\.num_heads=2 "):
+    ref = _diffusers_dit(tmp_path / "dit")
+    # A net block that the folder's config.json contradicts: each value named (zoo.app.pretrained).
+    with pytest.raises(ValueError, match=r"net\.init_args\.num_heads=4 \(the source's: 2\)"):
         cli(*fit, *_tiny_dit(heads=4), f"--model.init_args.init_weights={tmp_path / 'dit'}")
-    # One block too many: the missing keys are named, with the arguments the weights need.
-    with pytest.raises(ValueError, match=r"(?s)blocks\.2\.attn\.qkv\.weight: missing.*init_args\.depth=2 "):
+    with pytest.raises(ValueError, match=r"net\.init_args\.depth=3 \(the source's: 2\)"):
         cli(*fit, *_tiny_dit(depth=3), f"--model.init_args.init_weights={tmp_path / 'dit'}")
+    # Weights alone (no config.json): the config's net, and one block too many is named, with what the weights need.
+    from safetensors.torch import save_file
+
+    from zoo.diffusion.convert import from_diffusers
+
+    save_file({f"net.{k}": v for k, v in from_diffusers(ref.state_dict()).items()}, tmp_path / "dit.safetensors")
+    with pytest.raises(ValueError, match=r"(?s)blocks\.2\.attn\.qkv\.weight: missing.*init_args\.depth=2 "):
+        cli(*fit, *_tiny_dit(depth=3), f"--model.init_args.init_weights={tmp_path / 'dit.safetensors'}")
 
 
 # -- FID with local Inception weights --------------------------------------------------------------------

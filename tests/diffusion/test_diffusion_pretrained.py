@@ -19,6 +19,7 @@ import torch
 from zoo.diffusion import DDIMSampler, DiffusionModule, DiT, UNet, from_pretrained
 from zoo.diffusion.convert import Pretrained, load_pretrained, load_state, net_state
 from zoo.diffusion.diffusers_config import read_config
+from zoo.diffusion.pretrained import net_config
 from zoo.errors import InputError, one_line
 
 diffusers = pytest.importorskip("diffusers")
@@ -342,3 +343,58 @@ def test_a_latent_pipeline_arrives_with_its_autoencoder_and_samples_decoded_imag
     for k, v in vae.state_dict().items():
         assert torch.equal(module.autoencoder.state_dict()[k], v), k
     assert module.sample(2, partial(DDIMSampler, steps=2)).shape == (2, 3, 16, 16)  # images, f = 2
+
+
+# -- the command line: the net from the folder, no net block -------------------------------------------------
+
+
+def folder_config(tmp_path: Path, folder: Path, net: dict) -> Path:
+    """A fit of 2 steps on 8x8 shapes, starting from ``folder``, whose net block is ``net``."""
+    images = dict(image_size=8, batch_size=4, num_train=8, num_val=4, num_test=4)
+    config = {
+        "model": {
+            "class_path": "zoo.diffusion.DiffusionModule",
+            "init_args": {
+                "net": net,
+                "init_weights": str(folder),
+                "objective": {"class_path": "zoo.diffusion.GaussianDiffusion", "init_args": {"num_timesteps": 100}},
+                "sampler": {"class_path": "zoo.diffusion.DDIMSampler", "init_args": {"steps": 2}},
+                "ema_decay": None,
+            },
+        },
+        "data": {
+            "class_path": "datamodules.DiffusionDataModule",
+            "init_args": {
+                "images": {"class_path": "datamodules.ShapesDataModule", "init_args": images},
+                "num_samples": 2,
+                "batch_size": 2,
+            },
+        },
+        "trainer": {"max_steps": 2, "limit_val_batches": 1, "logger": False, "enable_progress_bar": False},
+    }
+    path = tmp_path / "finetune.yaml"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_the_cli_fine_tunes_a_dit_folder_with_no_net_block_and_refuses_a_net_block_that_contradicts_it(tmp_path):
+    """``init_weights: <folder>`` with ``net: zoo.diffusion.DiT`` alone: the net is the folder's config.json's
+    (``zoo.app.pretrained``, per-block embedders included), exact; a value or class of the config's that the folder
+    contradicts is one line naming it."""
+    from conftest import cli
+
+    from cli import main
+
+    ref = diffusers_dit(in_channels=3, out_channels=6, num_embeds_ada_norm=6)  # the shapes' 3 channels, 6 classes
+    ref.save_pretrained(tmp_path / "dit")
+    config = folder_config(tmp_path, tmp_path / "dit", {"class_path": "zoo.diffusion.DiT"})
+    c = main(["--config", str(config)], run=False)  # built, not run: its weights load at configure_model
+    ours, theirs = c.model.hparams["net"]["init_args"], net_config(tmp_path / "dit")["init_args"]
+    assert {k: ours[k] for k in theirs} == theirs and ours["block_embedders"]  # recorded: checkpoints rebuild
+    c.model.configure_model()
+    x, t, y = inputs(ref)
+    torch.testing.assert_close(zoo_output(c.model.net, x, t, y), reference(ref, x, t, y), atol=1e-5, rtol=1e-5)
+    assert cli("fit", "--config", str(config)).trainer.global_step == 2  # and it trains
+    with pytest.raises(InputError, match=r"net\.init_args\.num_heads=4 \(the source's: 2\)") as err:
+        cli("fit", "--config", str(config), "--model.init_args.net.init_args.num_heads=4")
+    assert "\n" not in str(err.value)

@@ -385,7 +385,7 @@ def test_a_checkpoint_of_an_imported_model_rebuilds_it_without_the_folder(tmp_pa
 
 def test_the_cli_fine_tunes_a_folder_with_no_net_block_and_the_folders_tokenizer(tmp_path):
     """``init_weights: <folder>`` with ``net: zoo.gpt.GPT`` alone: the net's architecture is the folder's config.json
-    (zoo.app.sizes.net_from_folder), the text is tokenised by the folder's tokenizer, the weights load exactly."""
+    (zoo.app.pretrained.net_from_source), the text is tokenised by the folder's tokenizer, the weights load exactly."""
     from conftest import cli
 
     folder = tmp_path / "qwen3"

@@ -281,3 +281,54 @@ def test_an_imported_ppo_agent_continues_training_in_the_zoo(tmp_path):
     trainer.fit(module, GymDataModule("CartPole-v1", num_envs=4))
     assert int(module.env_steps) == 256
     assert all(not torch.equal(before[k], v) for k, v in module.net.state_dict().items())
+
+
+def test_the_cli_continues_an_sb3_zip_with_no_net_block_on_the_env_of_its_spaces(tmp_path):
+    """``init_weights: <zip>`` with ``net: zoo.rl.ActorCritic`` alone: the net is the zip's (``zoo.app.pretrained``),
+    it acts as SB3's ``predict`` once set up and trains on; an env of other spaces is refused in one line naming the
+    zip."""
+    from conftest import cli
+
+    path = sb3_zip(tmp_path, "ppo_cartpole")
+    model = sb3.PPO.load(path, device="cpu")
+    ppo = dict(total_env_steps=64, num_steps=16, num_minibatches=2, update_epochs=1)
+    gym_data = dict(env_id="CartPole-v1", num_envs=2, max_episode_steps=20, eval_episodes=1, eval_envs=1)
+    config = tmp_path / "continue.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "model": {
+                    "class_path": "zoo.rl.PPOModule",
+                    "init_args": {"net": {"class_path": "zoo.rl.ActorCritic"}, "init_weights": str(path), **ppo},
+                },
+                "data": {"class_path": "datamodules.GymDataModule", "init_args": gym_data},
+                "trainer": {"logger": False, "enable_progress_bar": False, "max_epochs": -1, "num_sanity_val_steps": 0},
+            }
+        )
+    )
+    c = cli("validate", "--config", str(config))  # the zip's agent, evaluated in the zoo
+    assert c.model.hparams["net"]["init_args"]["hidden_sizes"] == [8, 8]
+    obs = observations(model)
+    assert np.array_equal(zoo_actions(c.model, obs, model.action_space), model.predict(obs, deterministic=True)[0])
+    c = cli("fit", "--config", str(config))
+    assert int(c.model.env_steps) == 64
+    assert not np.array_equal(zoo_actions(c.model, obs, model.action_space), model.predict(obs, deterministic=True)[0])
+    with pytest.raises(InputError, match=r"ppo_cartpole\.zip is an agent for .*Acrobot-v1 observes") as err:
+        cli("validate", "--config", str(config), "--data.init_args.env_id=Acrobot-v1")
+    assert "\n" not in str(err.value)
+
+
+def test_init_weights_of_another_algorithm_or_net_is_refused_in_one_line(tmp_path):
+    from zoo.rl import A2CModule, ActorCritic, PPOModule
+    from zoo.rl.sb3 import load_init_weights, net_config
+
+    path = sb3_zip(tmp_path, "ppo_cartpole")
+    net = net_config(path)
+    assert net == {
+        "class_path": "zoo.rl.ActorCritic",
+        "init_args": {"hidden_sizes": [8, 8], "obs_dim": 4, "action_dim": 2, "continuous": False, "activation": "tanh"},
+    }
+    with pytest.raises(InputError, match="it holds a PPO agent: continue it with zoo.rl.PPOModule, not A2CModule"):
+        load_init_weights(A2CModule(ActorCritic(**net["init_args"])), path)
+    with pytest.raises(InputError, match=r"not an exact PPOModule \(shapes: .*policy_net\.0\.weight \(8, 4\) for"):
+        load_init_weights(PPOModule(ActorCritic(**net["init_args"] | {"hidden_sizes": [16, 16]})), path)

@@ -33,7 +33,8 @@ MTP, LOSS = "zoo/gpt/mtp.py", "zoo/gpt/losses.py"
 SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/diffusion/losses.py"
 FL, LT, EM = "zoo/diffusion/flow.py", "zoo/diffusion/latent.py", "zoo/diffusion/ema.py"
 RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/q_nets.py", "zoo/rl/td3.py"
-SB = "zoo/rl/sb3.py"
+SB, RP = "zoo/rl/sb3.py", "zoo/rl/pretrained.py"
+AP, FAM, OCC = "zoo/app/pretrained.py", "zoo/tracking/families.py", "zoo/clip/open_clip_config.py"
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
 OB = "zoo/diffusion/objective.py"
 CL, CC, CMT = "zoo/clip/losses.py", "zoo/clip/clip.py", "zoo/clip/metrics.py"
@@ -89,7 +90,7 @@ FAMILIES: dict[str, dict] = {
         ],
         "mutants": [
             # the CLI's net from an init_weights folder (issue 39): the folder's architecture, not the config's
-            ("zoo/app/sizes.py", "        args[key] = _namespace(value)\n", "        pass\n"),
+            (AP, "        args[key] = _namespace(value)\n", "        pass\n"),
             (
                 A,
                 "torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin)",
@@ -450,6 +451,15 @@ FAMILIES: dict[str, dict] = {
             (DCF, "    return widths[-1] // dim", "    return 1"),
             (CV, "    if not have or wrong:", "    if not have:"),
             (LT, "    if wrong:", "    if False:"),
+            # The CLI's net from an init_weights folder (issue 39): the families table's rule, a contradicting value
+            # of the config refused, the folder's per-block embedders.
+            (FAM, 'net_from_folder="diffusers",', "net_from_folder=None,"),
+            (AP, "elif _given(old, default) and not _same(old, value):", "elif False:"),
+            (
+                "zoo/diffusion/pretrained.py",
+                "settings = dit_settings(pre.config, block_embedders_differ(pre.state))",
+                "settings = dit_settings(pre.config, False)",
+            ),
         ],
     },
     "rl": {
@@ -572,9 +582,15 @@ FAMILIES: dict[str, dict] = {
             # Stable-Baselines3 zips in (zoo/rl/sb3.py): SAC's mean and log-std heads, PPO's value weight, the
             # rounding rule of printed bounds, the exactness check.
             (SB, 'for head in ("mu", "log_std")', 'for head in ("log_std", "mu")'),
-            (SB, 'out["vf_coef"] = 2 * d["vf_coef"]', 'out["vf_coef"] = d["vf_coef"]'),
+            (RP, 'out["vf_coef"] = 2 * d["vf_coef"]', 'out["vf_coef"] = d["vf_coef"]'),
             (SB, 'len(m.group(1) or "") >= 8', 'len(m.group(1) or "") > 8'),
             (SB, "unused = sorted(state[k][0] for k in state.keys() - own.keys())", "unused = []"),
+            # init_weights: <an SB3 zip> through the CLI (issue 39): the families table's rule, the load at set-up, the
+            # env checked against the zip's spaces, the algorithm checked.
+            (FAM, 'sizes="spaces", net_from_folder="sb3",', 'sizes="spaces",'),
+            ("zoo/rl/lifecycle.py", "        self.load_init_weights(module, dm)\n", ""),
+            (SB, "if not isinstance(obs_space, gym.spaces.Box) or _float32(ours) != _float32(theirs):", "if False:"),
+            (SB, 'if f"{algo}Module" not in {cls.__name__ for cls in type(module).__mro__}:', "if False:"),
         ],
     },
     "cnn": {
@@ -638,7 +654,12 @@ FAMILIES: dict[str, dict] = {
         ],
     },
     "clip": {
-        "tests": ["tests/clip/test_clip_pretrained.py", "tests/clip/test_clip_refs.py", "tests/clip/test_clip.py"],
+        "tests": [
+            "tests/app/test_net_from_source.py",  # first: a second, the CLI's net from a source's config
+            "tests/clip/test_clip_pretrained.py",
+            "tests/clip/test_clip_refs.py",
+            "tests/clip/test_clip.py",
+        ],
         "mutants": [
             (
                 CL,
@@ -697,6 +718,13 @@ FAMILIES: dict[str, dict] = {
             (TOK, "html.unescape(html.unescape(ftfy.fix_text(text)))", "ftfy.fix_text(text)"),
             (CPT, "if ours is not None and [round(v, 6)", "if ours is None and [round(v, 6)"),
             (CMO, "tokenizer = source_tokenizer(path, layout)", 'tokenizer = source_tokenizer(path, "hf")'),
+            # The CLI's towers from an init_weights folder (issue 39): the families table's rule, open_clip's heads and
+            # end-of-text, its settings the zoo does not compute refused, a projection size the load adapts kept.
+            (FAM, 'net_from_folder="clip",', "net_from_folder=None,"),
+            (OCC, 'heads=width // v.int("head_width"),', 'heads=v.int("head_width"),'),
+            (OCC, 'eot_id=vocab - 1 if argmax else t.int("eos_id"),', 'eot_id=t.int("eos_id"),'),
+            (OCC, "        for field, value in fixed.items():\n", "        for field, value in ():\n"),
+            (AP, "            if key not in adapted:\n", "            if True:\n"),
         ],
     },
     # A stored config checked before anything it names is imported (issue 24).

@@ -28,6 +28,7 @@ from typing import Any
 from jsonargparse import Namespace
 from lightning.pytorch.utilities import rank_zero_info
 
+from zoo.app.pretrained import SOURCES, net_from_source
 from zoo.errors import InputError
 
 NET = "model.init_args.net.init_args"  # where the sizes go, as a config or flag names them
@@ -84,42 +85,6 @@ RULES: dict[str, Sizes] = {
 }  # by the families table's name
 
 
-def gpt_folder(folder: Path) -> dict[str, Any]:
-    """A GPT's ``init_args`` from a Hugging Face model folder's config.json (``zoo.gpt.pretrained``)."""
-    from zoo.gpt.pretrained import net_config, net_kwargs, read_folder
-
-    folder, config = read_folder(folder)
-    return net_config(net_kwargs(config, folder))["init_args"]
-
-
-FOLDERS: dict[str, Callable[[Path], dict[str, Any]]] = {"gpt": gpt_folder}  # by the families table's name
-
-
-def net_from_folder(cfg: Namespace, rule: Callable[[Path], dict[str, Any]] | None) -> list[str]:
-    """The net's ``init_args`` from the model folder ``model.init_args.init_weights`` names (a local folder with a
-    config.json), by the family's rule: the folder's architecture wins over the config's net block, which then
-    needs no more than its class_path. A line per value of the config that the folder's replaced."""
-    init = (cfg.get("model") or Namespace()).get("init_args", Namespace())
-    folder, net = init.get("init_weights"), init.get("net")
-    if rule is None or not isinstance(folder, str) or not (Path(folder) / "config.json").is_file():
-        return []
-    if not isinstance(net, Namespace) or not isinstance(net.get("init_args"), Namespace):
-        return []
-    args, replaced = net.init_args, []
-    for key, value in rule(Path(folder)).items():
-        old = args.get(key)
-        old = old.as_dict() if isinstance(old, Namespace) else old
-        if key in args and old is not None and old != value:
-            replaced.append(f"{NET}.{key}: {old!r} -> {value!r} ({folder}/config.json)")
-        args[key] = _namespace(value)
-    return replaced
-
-
-def _namespace(value: Any) -> Any:
-    """The zoo's own nested ``{class_path, init_args}`` dicts as the parser's namespaces, which it instantiates."""
-    return Namespace(**{k: _namespace(v) for k, v in value.items()}) if isinstance(value, dict) else value
-
-
 def size_the_net(cfg: Namespace, data: Any, subcommand: str | None, sizes: Sizes | None) -> None:
     """Complete ``cfg``'s net (``model.init_args.net``) with the sizes the checkpoint and ``data`` state, by the
     family's ``sizes`` rule; a given size that disagrees raises ``InputError`` naming both."""
@@ -172,7 +137,8 @@ def instantiate_data_first(
     parser, config: Namespace, subcommand: str | None, family_of: Callable, redump, build_data: Callable | None = None
 ) -> Namespace:
     """``parser.instantiate(config)`` with the DataModule built first and the net sized from it in between (its
-    architecture from a model folder given as ``init_weights`` first, where the family has a rule for it):
+    architecture from a pretrained source given as ``init_weights`` first, where the family has a rule for it,
+    ``zoo.app.pretrained``):
     ``family_of(model_class)`` is the family's row (``zoo.tracking.families``), ``redump()`` makes LightningCLI
     dump the completed config again (it hands that dump to the model as its hyperparameters); ``build_data``: builds
     the DataModule instead of the parser (a checkpoint's stored one, ``zoo.app.stored_config``)."""
@@ -186,8 +152,8 @@ def instantiate_data_first(
         data = parser.instantiate(only_data)[f"{prefix}data"]
     row = family_of(model_class(cfg))
     if subcommand == "fit" or not cfg.get("ckpt_path"):  # an evaluated checkpoint's net is its own
-        for line in net_from_folder(cfg, FOLDERS.get(row.net_from_folder)):
-            rank_zero_info(f"the net from init_weights: {line}")
+        if line := net_from_source(cfg, SOURCES.get(row.net_from_folder)):
+            rank_zero_info(line)
     size_the_net(cfg, data, subcommand, RULES.get(row.sizes))
     redump()
     rest = config.clone()

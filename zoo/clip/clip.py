@@ -29,8 +29,8 @@ class CLIP(nn.Module):
 
     def __init__(
         self,
-        image_encoder: nn.Module,
-        text_encoder: nn.Module,
+        image_encoder: nn.Module | None = None,
+        text_encoder: nn.Module | None = None,
         init_logit_scale: float = math.log(1 / 0.07),
         max_logit_scale: float = math.log(100),
         init_logit_bias: float | None = None,
@@ -39,11 +39,18 @@ class CLIP(nn.Module):
         Args:
             image_encoder: images (B, C, H, W) -> features (B, E), e.g. ``zoo.clip.VisionTransformer`` or
                 ``zoo.cnn.ConvNet`` with ``num_classes`` E.
-            text_encoder: token ids (B, T) -> features (B, E), e.g. ``zoo.clip.TextTransformer``.
+            text_encoder: token ids (B, T) -> features (B, E), e.g. ``zoo.clip.TextTransformer``. Both towers are
+                required; a config may leave them unset (None) with ``init_weights`` a Hugging Face or open_clip
+                folder: ``cli.py`` then builds them as its config states.
             init_logit_scale: initial log of the multiplier applied to cosine similarities (CLIP: ln(1/0.07)).
             max_logit_scale: the log scale is clamped here, in the forward and after each optimizer step (ln 100).
             init_logit_bias: initial learned logit bias, needed by the sigmoid loss (SigLIP: -10); None: no bias.
         """
+        if image_encoder is None or text_encoder is None:
+            raise ValueError(
+                "CLIP needs an image_encoder and a text_encoder: give them in the net block, or init_weights a Hugging "
+                "Face or open_clip folder, whose config states them (cli.py builds them from it)"
+            )
         super().__init__()
         e_img, e_txt = _output_dim(image_encoder), _output_dim(text_encoder)
         if e_img is not None and e_txt is not None and e_img != e_txt:

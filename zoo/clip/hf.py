@@ -218,17 +218,22 @@ def load_source_into(net: CLIP, path: str | Path) -> str:
     return layout
 
 
-def zoo_yaml(folder: str | Path) -> str:
-    """The ``model.init_args.net`` YAML block matching a Hugging Face folder, for a config file."""
-    k = hf_clip_kwargs(_read_config(Path(folder)))
-    block = {
+def clip_net(k: dict) -> dict:
+    """The ``CLIP`` config (``{class_path, init_args}``) of the towers' arguments ``k["vision"]`` and ``k["text"]``."""
+    return {
         "class_path": "zoo.clip.CLIP",
         "init_args": {
             "image_encoder": {"class_path": "zoo.clip.VisionTransformer", "init_args": k["vision"]},
             "text_encoder": {"class_path": "zoo.clip.TextTransformer", "init_args": k["text"]},
-            "init_logit_scale": k["init_logit_scale"],
         },
     }
+
+
+def zoo_yaml(folder: str | Path) -> str:
+    """The ``model.init_args.net`` YAML block matching a Hugging Face folder, for a config file."""
+    k = hf_clip_kwargs(_read_config(Path(folder)))
+    block = clip_net(k)
+    block["init_args"]["init_logit_scale"] = k["init_logit_scale"]
     return yaml.safe_dump({"net": block}, sort_keys=False)
 
 

@@ -22,6 +22,8 @@ import json
 from pathlib import Path
 
 from zoo.clip.clip import CLIP
+from zoo.clip.hf import clip_net, hf_clip_kwargs
+from zoo.clip.open_clip_config import open_clip_kwargs
 from zoo.clip.templates import OPENAI_IMAGENET_TEMPLATES
 from zoo.errors import InputError
 from zoo.io.files import read_json
@@ -115,6 +117,32 @@ def source_inputs(path: str | Path, net: CLIP) -> dict:
     if path.is_dir():
         return hf_inputs(path, side)
     return _inputs(side, side, OPENAI_MEAN, OPENAI_STD, "bicubic", "torchvision")  # clip.load's _transform
+
+
+def net_config(path: str | Path) -> dict | None:
+    """The ``CLIP`` an open_clip folder's ``model_cfg`` or a Hugging Face CLIP folder's ``config.json`` states, as
+    ``{class_path, init_args}`` (what ``cli.py`` builds the net from for ``init_weights: <folder>``); None where
+    ``path`` is not such a folder (a state dict file, a zoo checkpoint: their nets are the config's)."""
+    path = Path(path)
+    if path.is_dir() and (path / OPEN_CLIP_CONFIG).is_file():
+        cfg = read_json(path / OPEN_CLIP_CONFIG)
+        model_cfg = cfg.get("model_cfg") if isinstance(cfg, dict) else None
+        return clip_net(open_clip_kwargs(model_cfg, path / OPEN_CLIP_CONFIG))
+    if not (path.is_dir() and (path / "config.json").is_file()):
+        return None
+    where = repr(str(path / "config.json"))
+    config = read_json(path / "config.json")
+    if not isinstance(config, dict) or "auto_map" in config:
+        raise InputError(f"{where} is not a JSON object of settings, or names code to run (auto_map): refused")
+    if config.get("model_type", "clip") != "clip" or not {"vision_config", "text_config"} <= config.keys():
+        raise InputError(
+            f"{where} is not a Hugging Face CLIP model's config (model_type {config.get('model_type')!r}; a CLIP's "
+            "has vision_config and text_config)"
+        )
+    try:
+        return clip_net(hf_clip_kwargs(config))
+    except (KeyError, TypeError, ValueError) as err:
+        raise InputError(f"{where}: {err}, which the zoo's CLIP does not read") from None
 
 
 def check_reads_as_source(data: dict | None, source: dict) -> None:

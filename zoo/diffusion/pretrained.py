@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from zoo.diffusion.convert import block_embedders_differ, load_state, net_state, read_pretrained
+from zoo.diffusion.convert import Pretrained, block_embedders_differ, load_state, net_state, read_pretrained
 from zoo.diffusion.diffusers_config import dit_settings, unet_settings
 from zoo.diffusion.latent import load_autoencoder
 from zoo.diffusion.module import DiffusionModule
@@ -26,6 +26,22 @@ from zoo.io.checkpoint import build_module
 from zoo.io.files import read_json
 
 AUTOENCODER = {"class_path": "diffusers.AutoencoderKL"}  # the one autoencoder class a module builds (latent.py)
+
+
+def net_config(path: str | Path) -> dict[str, Any] | None:
+    """The net the diffusers folder at ``path`` states, as ``{class_path, init_args}`` (what ``cli.py`` builds it from
+    for ``init_weights: <folder>``); None where ``path`` holds no diffusers model (a zoo checkpoint, a DiT .pt)."""
+    pre = read_pretrained(path)
+    return _net(pre) if pre.config is not None else None
+
+
+def _net(pre: Pretrained) -> dict[str, Any]:
+    """A diffusers model's net: its config.json's settings, and per-block embedders where its blocks' differ."""
+    if pre.config.net == "DiT":
+        settings = dit_settings(pre.config, block_embedders_differ(pre.state))
+    else:
+        settings = unet_settings(pre.config)
+    return {"class_path": f"zoo.diffusion.{pre.config.net}", "init_args": settings}
 
 
 def from_pretrained(path: str | Path, **init_args: Any) -> DiffusionModule:
@@ -40,11 +56,7 @@ def from_pretrained(path: str | Path, **init_args: Any) -> DiffusionModule:
             "diffusion_pytorch_model.safetensors): a zoo checkpoint loads with DiffusionModule.load_from_checkpoint, "
             "other weights with DiffusionModule(net=..., init_weights=...)"
         )
-    if pre.config.net == "DiT":
-        settings = dit_settings(pre.config, block_embedders_differ(pre.state))
-    else:
-        settings = unet_settings(pre.config)
-    net = {"class_path": f"zoo.diffusion.{pre.config.net}", "init_args": settings}
+    net = _net(pre)
     vae = Path(pre.source).parent.parent / "vae"  # a pipeline's autoencoder, beside its transformer/ or unet/
     vae = vae if "autoencoder" not in init_args and (vae / "config.json").is_file() else None
     if vae is not None:  # latent diffusion: the net samples latents, the autoencoder decodes them

@@ -7,10 +7,10 @@ from zoo.rl.losses import a2c_loss, gae, ppo_loss
 from zoo.rl.nets import ActorCritic
 from zoo.rl.normalization import RunningMeanStd
 from zoo.rl.ppo import PPOModule
+from zoo.rl.pretrained import from_pretrained
 from zoo.rl.q_nets import DeterministicActorCritic, SoftActorCritic
 from zoo.rl.replay import ReplayBuffer, TransitionCollector
 from zoo.rl.sac import SACModule
-from zoo.rl.sb3 import from_pretrained
 from zoo.rl.td3 import TD3Module
 from zoo.rl.vtrace import impala_loss, vtrace
 

@@ -66,6 +66,7 @@ class A2CModule(WeightsOnlyLoading, LightningModule):
         clip_reward: float = 10.0,
         num_threads: int | None = 1,
         adapt: Adaptation | None = None,
+        init_weights: str | None = None,
     ) -> None:
         """
         Args:
@@ -91,6 +92,9 @@ class A2CModule(WeightsOnlyLoading, LightningModule):
                 observation's readers and the heads) and the parameters named by ``trainable`` globs
                 (``["net.critic.*"]``); None: every weight. The weights to adapt come from ``zoo.rl.from_pretrained``
                 (an SB3 zip).
+            init_weights: a Stable-Baselines3 zip of this algorithm (its ``model.save``) to start from: every tensor of
+                its policy, read weights-only when the run sets up (never over a checkpoint's weights), the env checked
+                against its spaces (``zoo.rl.sb3``); ``cli.py`` builds the net as the zip states it.
         """
         AdamOrRMSprop.of(optimizer)  # a checkpoint's hyperparameters (a dict): checked as the config's are
         super().__init__()

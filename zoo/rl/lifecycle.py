@@ -20,6 +20,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule
 from torch import Tensor
 
+from zoo.io.weights import readable
 from zoo.rl.common import (
     Evaluation,
     adapt_agent,
@@ -192,18 +193,31 @@ class Lifecycle:
         self._ready = False  # every rank's replay buffer holds a minibatch (``replay_ready``)
 
     def setup(self, module: LightningModule, box: str | None = None) -> None:
-        """Refuses sharding, applies the module's ``adapt`` setting, pins the thread count and checks the net against
-        the env; ``box``, the agent's name when it acts in continuous actions only, also checks the action space and
-        the actor's bounds."""
+        """Refuses sharding, pins the thread count, loads ``init_weights``, applies the module's ``adapt`` setting and
+        checks the net against the env; ``box``, the agent's name when it acts in continuous actions only, also checks
+        the action space and the actor's bounds."""
         refuse_sharding(module)
-        adapt_agent(module, self.targets)  # the weights are final here (from_pretrained loads them after __init__)
         self.threads.pin()
-        if (dm := datamodule_of(module)) is not None:
+        dm = datamodule_of(module)
+        self.load_init_weights(module, dm)
+        adapt_agent(module, self.targets)  # the weights are final here (init_weights, or from_pretrained's after __init__)
+        if dm is not None:
             if box is not None:
                 check_box(box, dm.env_id, dm.spaces[1])
             check_env(module.net, dm)  # sized by whoever built the net (cli.py: from the env); checked here
             if box is not None:
                 check_action_bounds(module.net.actor, dm.env_id, dm.spaces[1])
+
+    @staticmethod
+    def load_init_weights(module: LightningModule, dm) -> None:
+        """The agent's ``init_weights`` (an SB3 zip, ``zoo.rl.sb3``) into its nets, once: never over a checkpoint's
+        weights (``skip_init_weights``), nor again at a later stage of the same module; the env checked against it."""
+        path = module.hparams.get("init_weights")
+        if path and not getattr(module, "_init_loaded", False):
+            from zoo.rl.sb3 import load_init_weights  # the importer names the agents, which import this file
+
+            load_init_weights(module, readable(path), (*dm.spaces, dm.env_id) if dm is not None else None)
+            module._init_loaded = True
 
     def start(self, module: LightningModule, step_env_steps: int, envs_per_rank: int | None = None) -> int | None:
         """At train start, where the device is final and a resumed checkpoint (env steps, RNG, buffer) is loaded: the

@@ -1,5 +1,7 @@
-"""Stable-Baselines3 agents in: a PPO, A2C, SAC or TD3 zip (SB3's ``model.save``) as the zoo's agent module, its nets
-built to the zip's architecture and every tensor of its policy loaded, or refused in one line.
+"""Stable-Baselines3 agents in: a PPO, A2C, SAC or TD3 zip (SB3's ``model.save``) read, the zoo net it states
+(``net_config``) and every tensor of its policy loaded into the zoo's agent module (``load_exact``,
+``load_init_weights``: an agent's ``init_weights``), or refused in one line. ``zoo.rl.pretrained.from_pretrained``
+builds the whole module, SB3's settings included.
 
 An SB3 zip holds ``data`` (JSON; what JSON cannot hold - classes, spaces, schedules - is a base64 cloudpickle blob
 under ":serialized:" with readable fields beside it), ``policy.pth`` (the policy's state dict),
@@ -30,7 +32,6 @@ actor bounds it smoothly (``zoo.rl.q_nets``). VecNormalize statistics (``vec_nor
 from __future__ import annotations
 
 import json
-import math
 import pickle
 import re
 import zipfile
@@ -38,19 +39,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
+import numpy as np
 import torch
 from lightning.pytorch import LightningModule
 from torch import Tensor
 
 from zoo.errors import InputError
 from zoo.io.weights import load_bytes
-from zoo.rl.a2c import A2CModule
 from zoo.rl.nets import ActorCritic
-from zoo.rl.ppo import PPOModule
 from zoo.rl.q_nets import DeterministicActorCritic, SoftActorCritic
-from zoo.rl.sac import SACModule
-from zoo.rl.td3 import TD3Module
-from zoo.train.optim import AdamOrRMSprop
 
 MAX_MEMBERS = 32  # SB3 writes 6 to 8
 MAX_DATA_BYTES = 16 * 2**20  # a data JSON is about 10 kB, mostly docstrings
@@ -370,81 +368,67 @@ def load_exact(module: LightningModule, state: dict[str, tuple[str, Tensor]], pa
             own[k].copy_(tensor)
 
 
-# -- the module: SB3's settings where the zoo has them ------------------------------------------------------------
+# -- the net and the module ---------------------------------------------------------------------------------------
 
-AGENTS = {"PPO": (PPOModule, ActorCritic), "A2C": (A2CModule, ActorCritic)}
-AGENTS |= {"SAC": (SACModule, SoftActorCritic), "TD3": (TD3Module, DeterministicActorCritic)}
-# zoo hyperparameter <- SB3's data field, copied where it holds a plain number (or bool).
-_SHARED = {k: k for k in ("gamma", "ent_coef", "gae_lambda", "max_grad_norm")}
-_REPLAY = {k: k for k in ("gamma", "tau", "batch_size", "buffer_size", "learning_starts", "gradient_steps")}
-SETTINGS = {
-    "PPO": {**_SHARED, "target_kl": "target_kl", "num_steps": "n_steps", "update_epochs": "n_epochs"}
-    | {"norm_adv": "normalize_advantage"},
-    "A2C": {**_SHARED, "vf_coef": "vf_coef", "num_steps": "n_steps", "norm_adv": "normalize_advantage"},
-    "SAC": {**_REPLAY, "target_update_interval": "target_update_interval", "target_entropy": "target_entropy"},
-    "TD3": {**_REPLAY, **{k: k for k in ("policy_delay", "target_policy_noise", "target_noise_clip")}},
-}
+NETS = {"PPO": ActorCritic, "A2C": ActorCritic, "SAC": SoftActorCritic, "TD3": DeterministicActorCritic}
 
 
-def settings(z: SB3Zip, algo: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The agent module's hyperparameters that SB3's ``data`` states in plain JSON; a schedule (pickled) is not read,
-    and the zoo's default stands for it."""
-    d = z.data
-    out = {k: d[sb3] for k, sb3 in SETTINGS[algo].items() if type(d.get(sb3)) in (int, float, bool)}
-    lr = d.get("learning_rate") if type(d.get("learning_rate")) in (int, float) else None
-    if algo == "PPO":
-        if type(d.get("vf_coef")) in (int, float):
-            out["vf_coef"] = 2 * d["vf_coef"]  # SB3 weighs the plain MSE, the zoo's PPO 0.5 MSE (CleanRL's)
-        if m := re.fullmatch(
-            r"ConstantSchedule\(val=([-+.e\d]+)\)", str((d.get("clip_range") or {}).get("value_schedule"))
-        ):
-            out["clip_coef"] = float(m.group(1))
-        rollout, batch = d.get("n_steps"), d.get("batch_size")
-        rollout = rollout * d.get("n_envs", 1) if type(rollout) is int and type(d.get("n_envs", 1)) is int else 0
-        if type(batch) is int and batch > 0 and rollout % batch == 0 and rollout > 0:
-            out["num_minibatches"] = rollout // batch
-    if lr is not None:
-        out |= _optimizers(algo, lr, kwargs)
-    if algo == "SAC":
-        out["autotune"] = "log_ent_coef" in z.variables
-        temperature = z.variables.get("log_ent_coef", z.variables.get("ent_coef_tensor"))
-        if temperature is not None:
-            out["init_alpha"] = math.exp(temperature.item()) if out["autotune"] else temperature.item()
-    return out
-
-
-def _optimizers(algo: str, lr: float, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """SB3's optimizers at a constant rate: Adam with eps 1e-5 on-policy (ActorCriticPolicy's), A2C's RMSprop as its
-    ``optimizer_kwargs`` say, torch's Adam off-policy."""
-    if algo == "A2C" and "RMSprop" in str(kwargs.get("optimizer_class")):
-        opt = kwargs.get("optimizer_kwargs") if isinstance(kwargs.get("optimizer_kwargs"), dict) else {}
-        rms = {k: float(opt[k]) for k in ("alpha", "eps") if type(opt.get(k)) in (int, float)}
-        return {"optimizer": AdamOrRMSprop("rmsprop", lr=lr, **rms), "anneal_lr": False}
-    if algo in ("PPO", "A2C"):
-        return {"optimizer": AdamOrRMSprop(lr=lr, eps=1e-5), "anneal_lr": False}
-    parts = ("actor", "critic", "alpha") if algo == "SAC" else ("actor", "critic")
-    return {f"{p}_optimizer": AdamOrRMSprop(lr=lr) for p in parts}
-
-
-def from_pretrained(path: str | Path, **hparams: Any) -> LightningModule:
-    """The zoo agent module (``PPOModule``, ``A2CModule``, ``SACModule`` or ``TD3Module``) of the SB3 zip at ``path``:
-    its net built to the zip's architecture, every tensor of its policy loaded, its settings where the zoo has them;
-    ``hparams`` override those (``total_env_steps`` for a fit). A zip that cannot be imported exactly is refused in
-    one line (``InputError``) naming why."""
+def net_config(path: str | Path) -> dict[str, Any]:
+    """The agent's net the SB3 zip at ``path`` states, as ``{class_path, init_args}`` (what ``cli.py`` builds it from
+    for ``init_weights: <zip>``): sizes from policy.pth's shapes, checked against the readable spaces, the activation,
+    a Box's bounds; a zip that cannot be imported exactly is refused in one line (``InputError``) naming why."""
     z = read_zip(path)
-    algo = algorithm(z)
+    return net_config_of(z, algorithm(z))
+
+
+def net_config_of(z: SB3Zip, algo: str) -> dict[str, Any]:
+    """``net_config`` of a zip already read, whose algorithm is ``algo``."""
     kwargs = policy_kwargs(z)
     sizes, space_sizes = net_sizes(z, algo), spaces(z, algo)
     for key in ("obs_dim", "action_dim"):
         if sizes[key] != space_sizes[key]:
             raise refuse(z.path, f"its policy.pth has {key}={sizes[key]} where its spaces say {space_sizes[key]}")
-    module_cls, net_cls = AGENTS[algo]
-    net_kwargs = {k: v for k, v in sizes.items() if k != "num_critics" or algo in ("SAC", "TD3")}
+    net_cls = NETS[algo]
+    args = {k: v for k, v in sizes.items() if k != "num_critics" or algo in ("SAC", "TD3")}
     if algo in ("PPO", "A2C"):
-        net = net_cls(**net_kwargs, continuous=space_sizes["continuous"], activation=activation(z, algo, kwargs))
+        args |= {"continuous": space_sizes["continuous"], "activation": activation(z, algo, kwargs)}
     else:
         activation(z, algo, kwargs)  # refuses any but ReLU
-        net = net_cls(**net_kwargs, action_low=space_sizes["low"], action_high=space_sizes["high"])
-    module = module_cls(net=net, **{**settings(z, algo, kwargs), **hparams})
-    load_exact(module, module_state(z, algo, len(sizes["hidden_sizes"])), z.path)
-    return module
+        args |= {"action_low": space_sizes["low"], "action_high": space_sizes["high"]}
+    return {"class_path": f"zoo.rl.{net_cls.__name__}", "init_args": args}
+
+
+def load_init_weights(module: LightningModule, path: str | Path, env: tuple[Any, Any, str] | None = None) -> None:
+    """``init_weights`` of an agent module: every tensor of the SB3 zip at ``path`` into ``module``, whose nets must be
+    the zip's (``net_config``) and whose algorithm the zip's; with ``env`` (observation space, action space, id), the
+    env must have the zip's spaces. Else one line (``InputError``) naming what differs."""
+    z = read_zip(path)
+    algo = algorithm(z)
+    if f"{algo}Module" not in {cls.__name__ for cls in type(module).__mro__}:  # the agent files import this one's
+        theirs = f"zoo.rl.{algo}Module"
+        raise refuse(z.path, f"it holds a {algo} agent: continue it with {theirs}, not {type(module).__name__}")
+    if env is not None:
+        check_spaces(z, algo, *env)
+    load_exact(module, module_state(z, algo, len(net_sizes(z, algo)["hidden_sizes"])), z.path)
+
+
+def check_spaces(z: SB3Zip, algo: str, obs_space: gym.Space, action_space: gym.Space, env_id: str) -> None:
+    """The env's spaces are the zip's (flat sizes, the kind of actions, a Box's bounds as float32), or one line
+    naming both."""
+    theirs = spaces(z, algo)
+    ours: dict[str, Any] = {"obs_dim": int(np.prod(obs_space.shape or ()))}
+    if isinstance(action_space, gym.spaces.Discrete):
+        ours |= {"action_dim": int(action_space.n), "continuous": False}
+    elif isinstance(action_space, gym.spaces.Box):
+        ours |= {"action_dim": int(np.prod(action_space.shape)), "continuous": True}
+        ours |= {"low": action_space.low.tolist(), "high": action_space.high.tolist()}
+    if not isinstance(obs_space, gym.spaces.Box) or _float32(ours) != _float32(theirs):
+        raise InputError(
+            f"{z.path} is an agent for {theirs}, and {env_id} observes {obs_space} and acts in {action_space}: fit "
+            "it on an env of its spaces (the one it was trained on)"
+        )
+
+
+def _float32(sizes: dict[str, Any]) -> dict[str, Any]:
+    """Bounds as the float32 a Box holds (a zip prints 0.4 for float32's 0.4000000059604645)."""
+    return {k: np.float32(v).tolist() if k in ("low", "high") else v for k, v in sizes.items()}

@@ -108,6 +108,7 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
         save_buffer: bool = False,
         num_threads: int | None = 1,
         adapt: Adaptation | None = None,
+        init_weights: str | None = None,
     ) -> None:
         """
         Args:
@@ -138,6 +139,9 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
                 ``["net.actor.mlp.4.*", "net.critic.*"]``; None: every weight. The target nets follow as in full
                 training. LoRA (``adapt.lora``) is refused here: the target nets are Polyak copies
                 over parameter lists, which adapters would misalign.
+            init_weights: a Stable-Baselines3 zip of this algorithm (its ``model.save``) to start from: every tensor of
+                its policy, read weights-only when the run sets up (never over a checkpoint's weights), the env checked
+                against its spaces (``zoo.rl.sb3``); ``cli.py`` builds the net as the zip states it.
         """
         for settings in (actor_optimizer, critic_optimizer):
             AdamOrRMSprop.of(settings)  # a checkpoint's hyperparameters (dicts): checked as the config's are

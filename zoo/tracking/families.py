@@ -26,14 +26,17 @@ class Family:
     # The rule the net's sizes follow from the data by (``zoo.app.sizes.RULES``), set before the net is built;
     # None: none do.
     sizes: Literal["vocabulary", "classes", "spaces"] | None = None
-    # The rule that builds the net's config from a model folder given as ``init_weights`` (``zoo.app.sizes.FOLDERS``:
-    # a pretrained model's architecture is its folder's, not a hand-written net block); None: the config's.
-    net_from_folder: Literal["gpt"] | None = None
+    # The rule that builds the net's config from a pretrained source given as ``init_weights`` (a model folder, an
+    # SB3 zip: ``zoo.app.pretrained.SOURCES``; its architecture is the source's, not a hand-written net block); None:
+    # the config's.
+    net_from_folder: Literal["gpt", "diffusers", "clip", "sb3"] | None = None
     # The class of ``zoo.tracking.serving`` a logged model answers raw inputs through; None: it is not served.
     interface: str | None = None
 
 
-RL = dict(name="rl", monitor="val/return", monitor_mode="max", sizes="spaces", interface="Policy")
+RL = dict(
+    name="rl", monitor="val/return", monitor_mode="max", sizes="spaces", net_from_folder="sb3", interface="Policy"
+)
 
 FAMILIES: dict[str, Family] = {
     "zoo.gpt.CausalLMModule": Family(
@@ -45,7 +48,11 @@ FAMILIES: dict[str, Family] = {
         interface="TextGenerator",
     ),
     "zoo.diffusion.DiffusionModule": Family(
-        "diffusion", "val/loss", callbacks=("callbacks.LogImageSamples",), interface="ImageGenerator"
+        "diffusion",
+        "val/loss",
+        callbacks=("callbacks.LogImageSamples",),
+        net_from_folder="diffusers",
+        interface="ImageGenerator",
     ),
     # latent diffusion's autoencoder, trained for DiffusionModule(autoencoder_weights=<its checkpoint>)
     "zoo.diffusion.AutoencoderModule": Family("autoencoder", "val/loss"),
@@ -57,6 +64,7 @@ FAMILIES: dict[str, Family] = {
         predict_data="datamodules.ZeroShotDataModule",
         predictions="csv",
         prediction_arrays=("embedding",),
+        net_from_folder="clip",
         interface="Embedder",
     ),
     "zoo.cnn.ClassifierModule": Family(
