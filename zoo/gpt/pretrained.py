@@ -28,6 +28,7 @@ from typing import Any
 from zoo.compat import given_hyperparameters_context
 from zoo.errors import InputError
 from zoo.gpt.generate import Generation
+from zoo.gpt.gpt import GPT
 from zoo.gpt.hf import gpt2_net_kwargs, pretrained_gpt
 from zoo.gpt.llama import net_kwargs as llama_net_kwargs
 from zoo.gpt.module import CausalLMModule

@@ -200,7 +200,7 @@ class Lifecycle:
         self.threads.pin()
         dm = datamodule_of(module)
         self.load_init_weights(module, dm)
-        adapt_agent(module, self.targets)  # the weights are final here (init_weights, or from_pretrained's after __init__)
+        adapt_agent(module, self.targets)  # the weights are final: init_weights, or from_pretrained after __init__
         if dm is not None:
             if box is not None:
                 check_box(box, dm.env_id, dm.spaces[1])
