@@ -35,6 +35,15 @@ LLAMA3 = (
     "\n\n' + message['content'] | trim + '<|eot_id|>' }}{%- endfor %}{%- if add_generation_prompt %}"
     "{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}"
 )
+LLAMA2_INDENTED = """{% for message in messages %}
+    {% if message['role'] == 'user' %}
+        {{ bos_token + '[INST] ' + message['content'] + ' [/INST]' }}
+    {% elif message['role'] == 'system' %}
+        {{ '<<SYS>>\n' + message['content'] + '\n<</SYS>>\n\n' }}
+    {% else %}
+        {{ ' ' + message['content'] + ' ' + eos_token }}
+    {% endif %}
+{% endfor %}"""  # indented blocks: what trim_blocks and lstrip_blocks take out
 # TRL's kind: the reply and its end-of-turn inside {% generation %}, for transformers' assistant mask.
 CHATML_GENERATION = (
     "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ '<|im_start|>assistant\n' }}{% generation %}"
@@ -75,7 +84,7 @@ def _with_template(folder, template: str):
     return from_folder(folder), transformers.AutoTokenizer.from_pretrained(folder)
 
 
-@pytest.mark.parametrize("template", [CHATML, LLAMA3], ids=["chatml", "llama3"])
+@pytest.mark.parametrize("template", [CHATML, LLAMA3, LLAMA2_INDENTED], ids=["chatml", "llama3", "llama2"])
 @pytest.mark.parametrize("prompt", [False, True], ids=["whole", "generation_prompt"])
 def test_rendered_ids_equal_transformers_apply_chat_template(tokenizer_dir, template, prompt):
     ours, theirs = _with_template(tokenizer_dir, template)
@@ -191,6 +200,30 @@ def test_a_malformed_record_is_named_by_file_and_line_or_skipped_and_counted(tmp
     assert dm.skipped == 1 and len(dm.train_set) == 3
 
 
+def test_the_validation_loss_is_the_mean_over_assistant_tokens(tmp_path, model_dir):
+    from zoo.gpt import from_pretrained
+
+    records = [
+        {"messages": CONVERSATION},
+        {"prompt": "Hi", "completion": "Hello there"},
+        {"prompt": "a", "completion": "b"},
+    ]
+    dm = _dm(_write_jsonl(tmp_path / "c.jsonl", records), model_dir, val_fraction=0.9, block_size=200, batch_size=2)
+    module = from_pretrained(model_dir).eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i, (x, y) in enumerate(dm.val_dataloader()):
+            module.validation_step((x, y), i)
+            logits = module(x)
+            for b in range(len(x)):
+                for t in (y[b] != IGNORE_INDEX).nonzero().flatten().tolist():
+                    total += torch.nn.functional.cross_entropy(logits[b, t], y[b, t]).item()
+                    count += 1
+    assert count == sum(int((labels[1:] != IGNORE_INDEX).sum()) for _, labels in dm.val_set.items)
+    assert module.val_loss.compute().item() == pytest.approx(total / count, rel=1e-5)
+
+
+@pytest.mark.slow  # ~8 s beyond the cli's imports: the LoRA cli.py fit of a folder (test_gpt_lora) is slow too
 def test_a_lora_sft_fit_through_the_cli_learns_the_replies_only(tmp_path, model_dir):
     from conftest import fit_in_folder
 
