@@ -136,6 +136,25 @@ def test_the_default_format_masks_each_reply_and_its_eos():
     assert rendered.turn_ends[-1] == len(rendered.ids) and rendered.ids[-1] == 256
 
 
+def test_a_folder_without_a_template_and_a_character_tokenizer_are_refused_for_chat(tokenizer_dir):
+    from zoo.io.tokenizers import CharTokenizer
+
+    (tokenizer_dir / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|eot_id|>"}))
+    with pytest.raises(InputError, match="no chat_template"):
+        chat_renderer(from_folder(tokenizer_dir))
+    with pytest.raises(InputError, match="character tokenizer"):
+        chat_renderer(CharTokenizer("abc"))
+
+
+def test_bytes_chat_data_learns_each_reply_and_its_eos(tmp_path):
+    path = _write_jsonl(tmp_path / "c.jsonl", [{"prompt": "2+2?", "completion": "4"}] * 3)
+    dm = ChatDataModule(str(path), tokenizer="bytes", val_fraction=0, batch_size=3)
+    dm.setup("fit")
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == (3, len("<|user|>\n2+2?\n<|assistant|>\n4")) and (y != IGNORE_INDEX).sum() == 3 * 2
+    assert y[0, -2:].tolist() == [ord("4"), ByteTokenizer.eos_id]
+
+
 def _write_jsonl(path, records):
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
     return path
