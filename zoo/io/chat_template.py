@@ -3,9 +3,10 @@ rendered as transformers renders it, or the zoo's default format for its own tok
 
 A template from a folder is data. It is compiled from a string (no loader: ``{% include %}`` and ``{% import %}``
 find nothing) in jinja2's ``ImmutableSandboxedEnvironment`` (no attribute starting with ``_``, no unsafe callables,
-no mutation of what it is given), with exactly transformers' environment (``utils/chat_template_utils.py``):
-``trim_blocks``, ``lstrip_blocks``, the loop controls, a ``{% generation %}`` tag, ``raise_exception``,
-``strftime_now``, a JSON ``tojson``, a ``dict`` constructor and a ``namespace`` that refuses ``_`` names. The special
+no mutation of what it is given), with transformers' environment (``utils/chat_template_utils.py``, plus a bound on
+``*`` and ``**``): ``trim_blocks``, ``lstrip_blocks``, the loop controls, a ``{% generation %}`` tag,
+``raise_exception``, ``strftime_now``, a JSON ``tojson``, a ``dict`` constructor and a ``namespace`` that refuses
+``_`` names. The special
 tokens it reads (``bos_token``, ``eos_token``, ``pad_token``) are the tokenizer's; the text is encoded whole without
 the tokenizer's own BOS (``add_special_tokens=False``), so the ids are ``apply_chat_template``'s. As there, a
 message's text that spells a control token (``<|eot_id|>``) encodes as that token: clean such data beforehand.
@@ -17,7 +18,7 @@ Every template renders a reply that way, for generation; one that rewrites earli
 prefix that is not a prefix of the whole) is refused, naming it. A token overlapping a reply counts as the reply's,
 as transformers' ``return_assistant_tokens_mask`` counts it.
 
-The zoo's own tokenizers (bytes, gpt2, bpe) have no template; ``DEFAULT_FORMAT`` is used: each message is
+The zoo's own tokenizers (bytes, gpt2, bpe) have no template; a default format is used: each message is
 ``<|role|>\\n`` + content (+ ``\\n`` after system and user turns) as text, and an assistant turn ends with the EOS
 id, which is no text: no token is added, so a model trained on text keeps its vocabulary, and generation stops at
 the end of a reply. A character tokenizer is refused: it encodes only the characters of its corpus.
@@ -33,10 +34,10 @@ from functools import lru_cache
 from typing import Any
 
 from zoo.errors import InputError
+from zoo.io.tokenizers import CharTokenizer, PretrainedTokenizer
 
 MAX_TEMPLATE_CHARS = 200_000  # the largest published templates (tool-calling ones) are ~20k characters
 ROLES = ("system", "user", "assistant")
-DEFAULT_FORMAT = "<|{role}|>\\n{content} (+ '\\n' after system and user; EOS after assistant)"
 
 
 @dataclass
@@ -167,12 +168,12 @@ def chat_renderer(tokenizer: Any) -> Callable[[list[dict], bool], Rendered]:
     folder's), else the default format; a character tokenizer is refused."""
     if getattr(tokenizer, "chat_template", None) is not None:
         return lambda messages, prompt=False: _templated(tokenizer, messages, prompt)
-    if type(tokenizer).__name__ == "CharTokenizer":
+    if isinstance(tokenizer, CharTokenizer):
         raise InputError(
             "a character tokenizer encodes only the characters of the corpus it was fitted on: chat data needs "
             "tokenizer bytes, gpt2 or pretrained (an imported folder's, with its chat template)"
         )
-    if getattr(tokenizer, "kind", None) == "hf":
+    if isinstance(tokenizer, PretrainedTokenizer):
         raise InputError("the imported tokenizer has no chat_template (tokenizer_config.json or chat_template.jinja)")
     return lambda messages, prompt=False: _default(tokenizer, messages, prompt)
 
