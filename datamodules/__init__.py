@@ -1,9 +1,11 @@
 """DataModules. Image ones share a protocol: ``num_classes``, ``image_shape`` (C, H, W) and
 ``class_names`` right after ``__init__`` (``normalization`` after ``setup``); loaders yield
 (images (B, C, H, W) float, labels (B,) int64). ``ImageFilesDataModule`` reads new files for predict.
-``TextDataModule`` yields (input_ids, targets) int64 (B, T) and carries its tokenizer in checkpoints."""
+``TextDataModule`` yields (input_ids, targets) int64 (B, T) and carries its tokenizer in checkpoints; ``ChatDataModule``
+yields the same from conversations, targets -100 outside the assistant's turns."""
 
 from datamodules.captions import CaptionDataModule
+from datamodules.chat import ChatDataModule
 from datamodules.diffusion import DiffusionDataModule
 from datamodules.digits import DigitsDataModule
 from datamodules.gym import GymDataModule
@@ -15,6 +17,7 @@ from datamodules.torchvision_images import ImageFolderDataModule, TorchvisionDat
 
 __all__ = [
     "CaptionDataModule",
+    "ChatDataModule",
     "DiffusionDataModule",
     "DigitsDataModule",
     "GymDataModule",

@@ -132,6 +132,20 @@ class RandomStarts(Sampler[int]):
         return iter(torch.randint(self.n, (self.num_samples,), generator=g).tolist())
 
 
+def fixed_tokenizer(kind: str, gpt2_dir: str | None = None, pretrained_dir: str | None = None) -> Tokenizer:
+    """A tokenizer that exists before any data: bytes, GPT-2's files, or a model folder's own (asked only when no
+    checkpoint brings its tokenizer: a stored config has no folder)."""
+    if kind == "bytes":
+        return ByteTokenizer()
+    if kind == "gpt2":
+        return GPT2Tokenizer.from_dir(gpt2_dir)
+    from zoo.gpt.pretrained import folder_tokenizer, read_folder
+
+    if pretrained_dir is None:
+        raise InputError("tokenizer='pretrained' needs pretrained_dir=<the model folder, as its init_weights>")
+    return folder_tokenizer(*read_folder(pretrained_dir))
+
+
 def _collate_prompts(items: list[tuple[torch.Tensor, str]]) -> dict:
     """Prompts stay a list of 1-D id tensors (different lengths); how to continue them is the model's (generation)."""
     return {"prompt_ids": [ids for ids, _ in items], "text": [text for _, text in items]}
@@ -251,17 +265,8 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
 
     def _fit_tokenizer(self, files: list[Path]) -> Tokenizer:
         """The configured tokenizer; chars and BPE are fitted once per corpus and cached beside its tokens."""
-        if self.kind == "bytes":
-            return ByteTokenizer()
-        if self.kind == "gpt2":
-            return GPT2Tokenizer.from_dir(self.gpt2_dir)
-        if self.kind == "pretrained":  # asked only when no checkpoint brings its tokenizer (a stored config has no dir)
-            from zoo.gpt.pretrained import folder_tokenizer, read_folder
-
-            if self.pretrained_dir is None:
-                raise InputError("tokenizer='pretrained' needs pretrained_dir=<the model folder, as its init_weights>")
-
-            return folder_tokenizer(*read_folder(self.pretrained_dir))
+        if self.kind in ("bytes", "gpt2", "pretrained"):
+            return fixed_tokenizer(self.kind, self.gpt2_dir, self.pretrained_dir)
         cache = self._cache_dir(files)
         if self.kind == "chars":
             # The vocabulary comes from all the text: a character seen only in validation would not encode.

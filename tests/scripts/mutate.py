@@ -63,6 +63,7 @@ DTS, DGY, DSH = "datamodules/tensor_dataset.py", "datamodules/gym.py", "datamodu
 FI, CV, EX = "zoo/io/files.py", "zoo/diffusion/convert.py", "zoo/rl/export.py"
 DCF = "zoo/diffusion/diffusers_config.py"
 PA = "zoo/gpt/peft_adapter.py"
+CTT, DCH = "zoo/io/chat_template.py", "datamodules/chat.py"
 SPT, HFT = "zoo/io/sp_tokenizer.py", "zoo/io/hf_tokenizer.py"
 OPT, GN, ATT, WT, TOK = (
     "zoo/train/optim.py",
@@ -1217,6 +1218,43 @@ FAMILIES: dict[str, dict] = {
             (PA, '            hparams["adapt"] = dataclasses.asdict(settings)', "            pass"),
             ("zoo/gpt/module.py", "            load_adapter(self, readable(", "            (readable("),
             ("zoo/gpt/__main__.py", "    if lora_layers(module.net):\n", "    if False:\n"),
+        ],
+    },
+    "chat": {  # conversations for fine-tuning: a folder's chat template and the loss on the assistant's tokens
+        "tests": ["tests/gpt/test_chat.py"],
+        "mutants": [
+            # the loss mask: every token learned, targets unshifted, padding learned, a reply's span from the start
+            (DCH, "labels = np.where(np.asarray(rendered.mask[: fits[-1]]), ids, IGNORE_INDEX)", "labels = ids.copy()"),
+            (DCH, "torch.from_numpy(labels[1:])", "torch.from_numpy(labels[:-1])"),
+            (DCH, "targets = torch.full((len(batch), t), IGNORE_INDEX,", "targets = torch.full((len(batch), t), 0,"),
+            (CTT, "spans.append((len(before), len(through)))", "spans.append((0, len(through)))"),
+            (CTT, "return [any(start < e and end > s for", "return [any(start <= e and end >= s for"),
+            (
+                CTT,
+                'reply = tokenizer.encode(m["content"]) + [tokenizer.eos_id]',
+                'reply = tokenizer.encode(m["content"])',
+            ),
+            # truncation mid-turn; records not checked
+            (
+                DCH,
+                "fits = [end for end in rendered.turn_ends if end <= self.block_size + 1]",
+                "fits = [min(len(rendered.ids), self.block_size + 1)]",
+            ),
+            (DCH, '        if m["role"] not in ROLES:', "        if False:"),
+            (DCH, '    if not any(m["role"] == "assistant" for m in messages):', "    if False:"),
+            # the template's rendering: transformers' environment, its special tokens, no BOS of the tokenizer's own
+            (CTT, "env = Sandbox(trim_blocks=True,", "env = Sandbox(trim_blocks=False,"),
+            (
+                CTT,
+                "env = Sandbox(trim_blocks=True, lstrip_blocks=True,",
+                "env = Sandbox(trim_blocks=True, lstrip_blocks=False,",
+            ),
+            (CTT, 'return {f"{name}_token": tok for name, tok in tokenizer.special.items() if tok}', "return {}"),
+            (CTT, "enc = tokenizer.hf.encode(text, add_special_tokens=False)", "enc = tokenizer.hf.encode(text)"),
+            (CTT, "if not (through.startswith(before) and text.startswith(through)):", "if False:"),
+            # the sandbox: a plain environment, the size bound gone
+            (CTT, "class Sandbox(ImmutableSandboxedEnvironment):", "class Sandbox(jinja2.Environment):"),
+            (CTT, 'intercepted_binops = frozenset(["*", "**"])', "intercepted_binops = frozenset()"),
         ],
     },
     "files": {  # files an outsider wrote: pretrained folders, archives, exported programs, planted links

@@ -9,7 +9,7 @@ of it (``zoo.io.sp_tokenizer``), so either way the module holds a ``tokenizers``
 it as a ``tokenizer.json`` (kind ``hf``).
 
 Every file is data: read within a size limit (``zoo.io.files``), a config naming code (``auto_map``) is refused, and
-the ``chat_template`` (a Jinja program) is kept as a string for the chat issue, never rendered here.
+the ``chat_template`` (a Jinja program) is kept as a string, rendered only by ``zoo.io.chat_template``'s sandbox.
 """
 
 from __future__ import annotations

@@ -233,7 +233,8 @@ def special_token(value: Any) -> str | None:
 
 
 class PretrainedTokenizer(_HFTokenizer):
-    """A model folder's ``tokenizer.json`` with its BOS/EOS/pad tokens, chat template (kept, never run) and the
+    """A model folder's ``tokenizer.json`` with its BOS/EOS/pad tokens, chat template (a string; rendered only by
+    ``zoo.io.chat_template``) and the
     further ids generation stops at (Llama 3's generation_config.json lists three EOS ids)."""
 
     kind = "hf"

@@ -1,0 +1,253 @@
+"""ChatDataModule: conversations for supervised fine-tuning, with the loss on the assistant's tokens only.
+
+Each line of a ``.jsonl`` file (or of each ``.jsonl`` under a folder, in name order) is a conversation:
+``{"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}`` (OpenAI's and Hugging Face's
+format), or a pair ``{"prompt": ..., "completion": ...}`` (strings: a user turn and the assistant's reply; or lists of
+messages, as TRL's conversational pairs). It is rendered by ``zoo.io.chat_template``: an imported tokenizer's own
+chat template (ids equal to transformers' ``apply_chat_template``), or the zoo's default format for bytes and GPT-2's
+tokenizer. Every assistant turn is learned (multi-turn); system and user turns and the template's headers are
+context, their targets the ignore index -100.
+
+A conversation longer than ``block_size + 1`` tokens keeps its first turns up to the end of the last assistant
+turn that fits (a cut never falls inside a turn or a token), and one whose first reply does not fit is dropped;
+the counts are reported. There is no packing: a batch is its conversations padded on the right to the longest, so
+no position attends across conversations and the validation loss (``CausalLMModule``'s, token-weighted) is the mean
+over assistant tokens. Batches are ``(input_ids, targets)`` int64 (B, T) as ``TextDataModule``'s, so the module is
+the same: ``targets[:, t]`` is ``input_ids[:, t + 1]`` where that token is the assistant's, else -100; padding is
+the tokenizer's pad id (EOS when it has none), never attended to by a real token under the causal mask.
+
+A malformed record (not JSON, an unknown role, a non-string content, no assistant turn, a key other than role and
+content, one the template refuses) is one ``error:`` line naming its file and line, or, with
+``skip_bad_records``, skipped and counted. The validation split is ``val_path``, else the last ``val_fraction`` of
+the records.
+
+Notation: B batch, T tokens (the longest conversation of the batch, at most ``block_size``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader, Dataset
+
+from datamodules.base import EpochShuffle, ResumesMidEpoch, check_settings, not_found_message, training_loader
+from datamodules.text import IGNORE_INDEX, fixed_tokenizer
+from zoo.errors import InputError
+from zoo.io.chat_template import ROLES, chat_renderer
+from zoo.io.tokenizers import Tokenizer
+
+
+def messages_of(record: object) -> list[dict]:
+    """The conversation a record holds, checked; a ValueError says what is wrong with it."""
+    if not isinstance(record, dict):
+        raise ValueError(f"is a JSON {type(record).__name__}, not an object")
+    if "messages" in record:
+        messages = record["messages"]
+    elif "prompt" in record and "completion" in record:
+        prompt, completion = record["prompt"], record["completion"]
+        if isinstance(prompt, str) and isinstance(completion, str):
+            messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}]
+        elif isinstance(prompt, list) and isinstance(completion, list):
+            messages = prompt + completion
+        else:
+            raise ValueError("has a prompt and a completion that are not both strings or both lists of messages")
+    else:
+        raise ValueError(f"has neither 'messages' nor 'prompt' and 'completion' (found {sorted(record)})")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("has 'messages' that is not a non-empty list")
+    for k, m in enumerate(messages):
+        if not isinstance(m, dict) or set(m) != {"role", "content"}:
+            raise ValueError(f"message {k} is not an object of exactly 'role' and 'content'")
+        if m["role"] not in ROLES:
+            raise ValueError(f"message {k} has the role {m['role']!r}, not one of {', '.join(ROLES)}")
+        if not isinstance(m["content"], str):
+            raise ValueError(f"message {k} has a {type(m['content']).__name__} content, not a string")
+    if not any(m["role"] == "assistant" for m in messages):
+        raise ValueError("has no assistant turn (nothing to learn)")
+    return messages
+
+
+class Conversations(Dataset):
+    """Each conversation's ids and targets, unshifted (the collate shifts and pads)."""
+
+    def __init__(self, items: list[tuple[np.ndarray, np.ndarray]], pad_id: int) -> None:
+        self.items, self.pad_id = items, pad_id
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.items[i]
+
+    def collate(self, batch: list[tuple[np.ndarray, np.ndarray]]) -> tuple[torch.Tensor, torch.Tensor]:
+        t = max(len(ids) for ids, _ in batch) - 1
+        inputs = torch.full((len(batch), t), self.pad_id, dtype=torch.long)  # (B, T)
+        targets = torch.full((len(batch), t), IGNORE_INDEX, dtype=torch.long)  # (B, T)
+        for b, (ids, labels) in enumerate(batch):
+            inputs[b, : len(ids) - 1] = torch.from_numpy(ids[:-1])
+            targets[b, : len(ids) - 1] = torch.from_numpy(labels[1:])
+        return inputs, targets
+
+
+class ChatDataModule(ResumesMidEpoch, LightningDataModule):
+    """Conversations rendered with the model's chat template; ``self.tokenizer`` is set by ``setup``."""
+
+    def __init__(
+        self,
+        path: str,
+        val_path: str | None = None,
+        val_fraction: float = 0.1,
+        tokenizer: Literal["pretrained", "bytes", "gpt2"] = "pretrained",
+        pretrained_dir: str | None = None,
+        gpt2_dir: str | None = None,
+        block_size: int = 256,
+        batch_size: int = 8,
+        skip_bad_records: bool = False,
+        num_workers: int = 0,
+        seed: int = 0,
+    ) -> None:
+        """
+        Args:
+            path: a .jsonl file of conversations (``messages``, or ``prompt`` and ``completion``), or a folder of them.
+            val_path: a .jsonl file or folder of conversations to validate on; None: the last val_fraction of path's.
+            val_fraction: the share of path's records (the last ones) held out for validation when val_path is None.
+            tokenizer: pretrained (a model folder's own with its chat template, from pretrained_dir: the folder the
+                model's ``init_weights`` names), bytes or gpt2 (from gpt2_dir; both in the zoo's default format).
+            pretrained_dir: the Hugging Face model folder whose tokenizer and chat template render the conversations.
+            gpt2_dir: folder with GPT-2's vocab.json and merges.txt (tokenizer=gpt2).
+            block_size: the most tokens a conversation is trained on (T): longer ones keep their first whole turns.
+            batch_size: conversations per batch.
+            skip_bad_records: skip malformed records, counting them, instead of stopping at the first with its line.
+            num_workers: DataLoader worker processes.
+            seed: seed of the per-epoch shuffle of the training conversations.
+        """
+        super().__init__()
+        self.save_hyperparameters()
+        for name, given in (("path", path), ("val_path", val_path)):
+            if given is not None and not Path(given).exists():
+                raise FileNotFoundError(
+                    not_found_message("conversations file or folder", given, f"pass --data.init_args.{name}")
+                )
+        if tokenizer == "gpt2" and gpt2_dir is None:
+            raise InputError("tokenizer='gpt2' needs gpt2_dir=<folder with GPT-2's vocab.json and merges.txt>")
+        check_settings(fraction=True, val_fraction=val_fraction)
+        check_settings(at_least=1, block_size=block_size, batch_size=batch_size)
+        check_settings(at_least=0, num_workers=num_workers)
+        self.path, self.val_path, self.val_fraction = path, val_path, val_fraction
+        self.kind, self.pretrained_dir, self.gpt2_dir = tokenizer, pretrained_dir, gpt2_dir
+        self.block_size, self.batch_size, self.skip_bad_records = block_size, batch_size, skip_bad_records
+        self.num_workers, self.seed = num_workers, seed
+        self.tokenizer: Tokenizer | None = None
+        self.train_set: Conversations | None = None
+        self.val_set: Conversations | None = None
+        self.skipped = self.dropped = 0
+
+    def _ensure_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:  # a checkpoint's model carries its own
+            module = getattr(getattr(self, "trainer", None), "lightning_module", None)
+            self.tokenizer = getattr(module, "tokenizer", None)
+        if self.tokenizer is None:
+            self.tokenizer = fixed_tokenizer(self.kind, self.gpt2_dir, self.pretrained_dir)
+        return self.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        """For sizing a model from the data config."""
+        return self._ensure_tokenizer().vocab_size
+
+    # -- records ----------------------------------------------------------------------------------------------
+
+    def _records(self, path: str) -> list[tuple[str, list[dict]]]:
+        """``(where, messages)`` of every good record of ``path`` (a file or folder), in order."""
+        root = Path(path)
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*.jsonl") if p.is_file())
+        if not files:
+            raise FileNotFoundError(f"no .jsonl files under {path!r}")
+        out = []
+        for file in files:
+            with open(file, "rb") as f:  # bytes: a line that is not UTF-8 is that record's fault, named by line
+                for n, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        out.append((f"{file}:{n}", messages_of(json.loads(line))))
+                    except (ValueError, RecursionError) as err:  # JSON's and UTF-8's errors are ValueErrors
+                        self._bad(f"{file}:{n}", str(err) if isinstance(err, ValueError) else "nested too deep")
+        return out
+
+    def _bad(self, where: str, why: str) -> None:
+        if not self.skip_bad_records:
+            raise InputError(
+                f"{where} {why}: fix the record, or pass --data.init_args.skip_bad_records=true to skip such records"
+            )
+        self.skipped += 1
+
+    def _encode(self, records: list[tuple[str, list[dict]]]) -> Conversations:
+        """Each conversation rendered, cut after its last assistant turn that fits in block_size + 1 tokens."""
+        tokenizer = self._ensure_tokenizer()
+        render, items = chat_renderer(tokenizer), []
+        for where, messages in records:
+            try:
+                rendered = render(messages)
+            except InputError as err:  # the template refused this conversation (raise_exception, say)
+                self._bad(where, f"cannot be rendered: {err}")
+                continue
+            fits = [end for end in rendered.turn_ends if end <= self.block_size + 1]
+            if not fits:
+                self.dropped += 1
+                continue
+            ids = np.asarray(rendered.ids[: fits[-1]], dtype=np.int64)
+            labels = np.where(np.asarray(rendered.mask[: fits[-1]]), ids, IGNORE_INDEX)
+            items.append((ids, labels))
+        pad = getattr(tokenizer, "pad_id", None)
+        return Conversations(items, tokenizer.eos_id if pad is None else pad)
+
+    # -- Lightning hooks ---------------------------------------------------------------------------------------
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        self.skipped = self.dropped = 0
+        records = self._records(self.path)
+        if self.val_path is not None:
+            train, val = records, self._records(self.val_path)
+        else:
+            split = len(records) - int(len(records) * self.val_fraction)
+            train, val = records[:split], records[split:]
+        self.train_set, self.val_set = self._encode(train), self._encode(val)
+        rank_zero_info(
+            f"ChatDataModule: {len(self.train_set)} training and {len(self.val_set)} validation conversations; "
+            f"{self.dropped} dropped (first reply past block_size={self.block_size}), {self.skipped} bad records "
+            f"skipped"
+        )
+        wants_val = self.val_path is not None or self.val_fraction > 0
+        if not len(self.train_set) or (wants_val and not len(self.val_set)):
+            raise InputError(
+                f"{self.path!r} leaves {len(self.train_set)} training and {len(self.val_set)} validation conversations "
+                f"(block_size={self.block_size}, val_fraction={self.val_fraction}): give more records, a larger "
+                f"block_size, or --data.init_args.val_fraction 0 to train without validation"
+            )
+
+    def _loader(self, dataset: Conversations | None, split: str) -> DataLoader:
+        if dataset is None:
+            raise RuntimeError(f"{type(self).__name__} has no {split} split yet; call setup() first")
+        kwargs = {"num_workers": self.num_workers, "collate_fn": dataset.collate}
+        if split == "train":
+            shuffle, at = EpochShuffle(len(dataset), self.seed), self.train_position
+            return training_loader(dataset, self.trainer, self.batch_size, shuffle, resume_at=at, **kwargs)
+        return DataLoader(dataset, batch_size=self.batch_size, shuffle=False, **kwargs)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, "train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, "val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, "validation")

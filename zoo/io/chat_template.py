@@ -1,0 +1,235 @@
+"""Conversations as token ids with a mask of the assistant's tokens: an imported tokenizer's Jinja ``chat_template``
+rendered as transformers renders it, or the zoo's default format for its own tokenizers.
+
+A template from a folder is data. It is compiled from a string (no loader: ``{% include %}`` and ``{% import %}``
+find nothing) in jinja2's ``ImmutableSandboxedEnvironment`` (no attribute starting with ``_``, no unsafe callables,
+no mutation of what it is given), with transformers' environment (``utils/chat_template_utils.py``, plus a bound on
+``*`` and ``**``): ``trim_blocks``, ``lstrip_blocks``, the loop controls, a ``{% generation %}`` tag,
+``raise_exception``, ``strftime_now``, a JSON ``tojson``, a ``dict`` constructor and a ``namespace`` that refuses
+``_`` names. The special
+tokens it reads (``bos_token``, ``eos_token``, ``pad_token``) are the tokenizer's; the text is encoded whole without
+the tokenizer's own BOS (``add_special_tokens=False``), so the ids are ``apply_chat_template``'s. As there, a
+message's text that spells a control token (``<|eot_id|>``) encodes as that token: clean such data beforehand.
+
+The assistant's tokens are found by rendering prefixes, not by ``{% generation %}`` blocks, which few templates have:
+turn i's text is ``render(messages[:i+1])`` after ``render(messages[:i], add_generation_prompt=True)``, so it is
+exactly what a model is asked to generate after the template's own prompt (its reply and end-of-turn token).
+Every template renders a reply that way, for generation; one that rewrites earlier turns as later ones arrive (a
+prefix that is not a prefix of the whole) is refused, naming it. A token overlapping a reply counts as the reply's,
+as transformers' ``return_assistant_tokens_mask`` counts it.
+
+The zoo's own tokenizers (bytes, gpt2, bpe) have no template; a default format is used: each message is
+``<|role|>\\n`` + content (+ ``\\n`` after system and user turns) as text, and an assistant turn ends with the EOS
+id, which is no text: no token is added, so a model trained on text keeps its vocabulary, and generation stops at
+the end of a reply. A character tokenizer is refused: it encodes only the characters of its corpus.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+from zoo.errors import InputError
+from zoo.io.tokenizers import CharTokenizer, PretrainedTokenizer
+
+MAX_TEMPLATE_CHARS = 200_000  # the largest published templates (tool-calling ones) are ~20k characters
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass
+class Rendered:
+    """A conversation's ids, whether each is an assistant token, and the ends of its assistant turns (token counts
+    at which the ids may be cut without cutting a turn or a token)."""
+
+    ids: list[int]
+    mask: list[bool]
+    turn_ends: list[int]
+
+
+# -- the Jinja environment, as transformers builds it -------------------------------------------------------------
+
+
+def _environment():
+    import jinja2
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(Extension):
+        """``{% generation %}...{% endgeneration %}`` renders its body (transformers tracks it; the zoo finds the
+        replies by prefixes, so a template with these blocks renders as there)."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    class Namespace(jinja2.utils.Namespace):
+        """transformers' ``TemplateNamespace``: no ``_``-prefixed names stored (a way to reach CPython internals)."""
+
+        def __init__(*args, **kwargs):
+            self, attrs = args[0], dict(*args[1:], **kwargs)
+            for name in attrs:
+                Namespace._check(name)
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name, value):
+            Namespace._check(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+        @staticmethod
+        def _check(name):
+            if isinstance(name, str) and name.startswith("_"):
+                raise jinja2.exceptions.SecurityError(f"a chat template may not store {name!r} on a namespace")
+
+    class Dict:
+        """transformers' ``TemplateDict``: ``dict(...)`` and ``dict.fromkeys`` without the type itself."""
+
+        def __call__(self, *args, **kwargs):
+            return dict(*args, **kwargs)
+
+        def fromkeys(self, *args, **kwargs):
+            return dict.fromkeys(*args, **kwargs)
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    class Sandbox(ImmutableSandboxedEnvironment):
+        """Beyond transformers: ``*`` and ``**`` bounded, so ``'a' * 10**12`` is refused rather than allocated."""
+
+        intercepted_binops = frozenset(["*", "**"])
+
+        def call_binop(self, context, operator, left, right):
+            sized = [v for v in (left, right) if isinstance(v, (str, list, tuple))]
+            counts = [v for v in (left, right) if isinstance(v, int)]
+            if operator == "*" and sized and counts and len(sized[0]) * counts[0] > MAX_TEMPLATE_CHARS * 10:
+                raise jinja2.exceptions.SecurityError("a repeated string or list past the size bound")
+            if operator == "**" and isinstance(right, int) and abs(right) > 64:
+                raise jinja2.exceptions.SecurityError("a power past the bound of 64")
+            return super().call_binop(context, operator, left, right)
+
+    env = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals |= {
+        "raise_exception": raise_exception,
+        "strftime_now": lambda fmt: datetime.now().strftime(fmt),
+        "dict": Dict(),
+        "namespace": Namespace,
+    }
+    return env
+
+
+@lru_cache(maxsize=8)
+def compile_template(source: str):
+    """The compiled template (cached: a datamodule renders every conversation with one); refused in one line when
+    it is not a string, too large or not Jinja."""
+    import jinja2
+
+    if not isinstance(source, str):
+        raise InputError(f"the chat_template is a {type(source).__name__}, not a string (a named list is not read)")
+    if len(source) > MAX_TEMPLATE_CHARS:
+        raise InputError(f"the chat_template has {len(source)} characters, over the {MAX_TEMPLATE_CHARS} read")
+    try:
+        return _environment().from_string(source)
+    except jinja2.TemplateError as err:
+        raise InputError(f"the chat_template is not a Jinja template jinja2 compiles ({err})") from None
+
+
+def render(source: str, messages: list[dict], add_generation_prompt: bool = False, **special: str) -> str:
+    """``source`` rendered for ``messages``; a template error or a sandbox refusal is one line."""
+    import jinja2
+
+    try:
+        return compile_template(source).render(
+            messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt, **special
+        )
+    except jinja2.exceptions.SecurityError as err:
+        raise InputError(f"the chat_template tried what the sandbox refuses ({err})") from None
+    except Exception as err:  # a template is data: whatever it raises is a refusal, not a crash
+        raise InputError(f"the chat_template failed to render ({type(err).__name__}: {err})") from None
+
+
+# -- a tokenizer's conversations ----------------------------------------------------------------------------------
+
+
+def chat_renderer(tokenizer: Any) -> Callable[[list[dict], bool], Rendered]:
+    """``render(messages, add_generation_prompt)`` for ``tokenizer``: its chat template if it has one (an imported
+    folder's), else the default format; a character tokenizer is refused."""
+    if getattr(tokenizer, "chat_template", None) is not None:
+        return lambda messages, prompt=False: _templated(tokenizer, messages, prompt)
+    if isinstance(tokenizer, CharTokenizer):
+        raise InputError(
+            "a character tokenizer encodes only the characters of the corpus it was fitted on: chat data needs "
+            "tokenizer bytes, gpt2 or pretrained (an imported folder's, with its chat template)"
+        )
+    if isinstance(tokenizer, PretrainedTokenizer):
+        raise InputError("the imported tokenizer has no chat_template (tokenizer_config.json or chat_template.jinja)")
+    return lambda messages, prompt=False: _default(tokenizer, messages, prompt)
+
+
+def _special(tokenizer) -> dict[str, str]:
+    return {f"{name}_token": tok for name, tok in tokenizer.special.items() if tok}
+
+
+def _templated(tokenizer, messages: list[dict], add_generation_prompt: bool) -> Rendered:
+    source, special = tokenizer.chat_template, _special(tokenizer)
+    text = render(source, messages, add_generation_prompt, **special)
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before = render(source, messages[:i], True, **special)
+        through = render(source, messages[: i + 1], False, **special)
+        if not (through.startswith(before) and text.startswith(through)):
+            raise InputError(
+                "the chat_template renders a conversation's first turns differently once more follow (it rewrites "
+                "earlier turns), so the assistant's replies cannot be located in it; train on single replies"
+            )
+        spans.append((len(before), len(through)))
+    enc = tokenizer.hf.encode(text, add_special_tokens=False)
+    return Rendered(enc.ids, _overlapping(enc.offsets, spans), _token_ends(enc.offsets, [e for _, e in spans]))
+
+
+def _overlapping(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[bool]:
+    """Whether each token (character offsets) overlaps a span: transformers' assistant-mask rule."""
+    return [any(start < e and end > s for s, e in spans) for start, end in offsets]
+
+
+def _token_ends(offsets: list[tuple[int, int]], ends: list[int]) -> list[int]:
+    """For each character position in ``ends`` where a token ends, the number of tokens up to it."""
+    count = {end: k + 1 for k, (_, end) in enumerate(offsets)}  # last token ending there (an empty one may follow)
+    return [count[e] for e in ends if e in count]
+
+
+def _default(tokenizer, messages: list[dict], add_generation_prompt: bool) -> Rendered:
+    ids: list[int] = []
+    mask: list[bool] = []
+    ends: list[int] = []
+    for m in messages:
+        header = tokenizer.encode(f"<|{m['role']}|>\n")
+        ids += header
+        mask += [False] * len(header)
+        if m["role"] == "assistant":
+            reply = tokenizer.encode(m["content"]) + [tokenizer.eos_id]
+            ids += reply
+            mask += [True] * len(reply)
+            ends.append(len(ids))
+        else:
+            body = tokenizer.encode(m["content"] + "\n")
+            ids += body
+            mask += [False] * len(body)
+    if add_generation_prompt:
+        ids += tokenizer.encode("<|assistant|>\n")
+        mask += [False] * (len(ids) - len(mask))
+    return Rendered(ids, mask, ends)
