@@ -129,18 +129,25 @@ def _inject(module: nn.Module, lora: LoRA, names: list[str]) -> None:
         from peft import LoraConfig, inject_adapter_in_model
     except ModuleNotFoundError as e:
         raise InputError("adapt.lora needs the peft package: pip install 'zoo[adapt]' (or peft)") from e
-    config = LoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=_exactly(names),
-        use_rslora=lora.rslora,
-        use_dora=lora.dora,
-    )
-    try:
-        inject_adapter_in_model(config, module)
-    except (ValueError, TypeError, NotImplementedError) as e:
-        raise InputError(f"adapt.lora cannot wrap the layers it names ({names[:3]}...): {e}") from e
+    # Into each child that holds targets (the net), not the LightningModule: PEFT reads a module's _device_mesh as a
+    # transformers model's tensor-parallel plan, and Lightning's FSDP2 strategy sets one on the LightningModule.
+    by_child: dict[str, list[str]] = {}
+    for name in names:
+        child, _, rest = name.partition(".")
+        by_child.setdefault(child if rest else "", []).append(rest or name)
+    for child, rel in by_child.items():
+        config = LoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=_exactly(rel),
+            use_rslora=lora.rslora,
+            use_dora=lora.dora,
+        )
+        try:
+            inject_adapter_in_model(config, module.get_submodule(child))
+        except (ValueError, TypeError, NotImplementedError) as e:
+            raise InputError(f"adapt.lora cannot wrap the layers it names ({names[:3]}...): {e}") from e
 
 
 def _exactly(names: list[str]) -> str:
