@@ -276,7 +276,8 @@ def test_latent_diffusion_adapts_the_net_and_never_the_autoencoder():
     assert any("lora_" in n for n, _ in module.net.named_parameters())
     assert not any("lora_" in n or p.requires_grad for n, p in module.autoencoder.named_parameters())
     named = Adaptation(lora=LoRA(targets=("net.blocks.*", "autoencoder.decoder.conv_out")))
-    module = DiffusionModule(copy.deepcopy(net), autoencoder=vae, clip_denoised=None, adapt=named)
+    net = DiT(in_channels=4, image_size=4, patch_size=2, hidden_size=16, depth=1, num_heads=2, num_classes=0)
+    module = DiffusionModule(net, autoencoder=vae, clip_denoised=None, adapt=named)
     with pytest.raises(InputError, match="adapt names the frozen autoencoder's decoder.conv_out"):
         module.configure_model()
 

@@ -50,12 +50,15 @@ def target_layers(module: nn.Module, globs: tuple[str, ...]) -> list[str]:
         names = [
             n
             for n, m in module.named_modules()
-            if isinstance(m, LAYERS) and m.weight.requires_grad and not any(_under(n, p) for p in io)
+            if isinstance(m, LAYERS)
+            and m.weight.requires_grad
+            and not any(_under(n, p) for p in io)
+            and not _peft_part(n)
         ]
         if not names:
             raise InputError("adapt.lora found no linear or conv layer to adapt: name some in adapt.lora.targets")
         return names
-    layers = [n for n, m in module.named_modules() if isinstance(m, NAMED_LAYERS)]
+    layers = [n for n, m in module.named_modules() if isinstance(m, NAMED_LAYERS) and not _peft_part(n)]
     names = []
     for glob in globs:
         hits = [n for n in layers if fnmatch.fnmatchcase(n, glob)]
@@ -164,6 +167,11 @@ def _io_prefixes(module: nn.Module) -> list[str]:
         if callable(io_layers):
             prefixes += [f"{name}.{p}" if name else p for p in io_layers()]
     return prefixes
+
+
+def _peft_part(name: str) -> bool:
+    # a layer inside an adapter already there (its frozen base_layer, its lora_A/lora_B): not a layer to adapt again
+    return any(part == "base_layer" or part.startswith(ADAPTER_PREFIX) for part in name.split("."))
 
 
 def _under(name: str, prefix: str) -> bool:
