@@ -16,6 +16,7 @@ from callbacks.predictions import WritePredictions
 from callbacks.progress import ProgressBar
 from callbacks.summary import ModelSummary
 from callbacks.text_samples import LogTextSamples
+from callbacks.wiseft import WiseFT
 
 __all__ = [
     "CheckpointOnException",
@@ -32,5 +33,6 @@ __all__ = [
     "ProgressBar",
     "ResumesItsOptimizer",
     "TrainsSomething",
+    "WiseFT",
     "WritePredictions",
 ]

@@ -65,6 +65,7 @@ DCF = "zoo/diffusion/diffusers_config.py"
 PA = "zoo/gpt/peft_adapter.py"
 CTT, DCH = "zoo/io/chat_template.py", "datamodules/chat.py"
 SPT, HFT = "zoo/io/sp_tokenizer.py", "zoo/io/hf_tokenizer.py"
+WI, WF, HK = "zoo/adapt/wise.py", "callbacks/wiseft.py", "zoo/app/hooks.py"
 OPT, GN, ATT, WT, TOK = (
     "zoo/train/optim.py",
     "zoo/train/gradnorm.py",
@@ -1255,6 +1256,34 @@ FAMILIES: dict[str, dict] = {
             # the sandbox: a plain environment, the size bound gone
             (CTT, "class Sandbox(ImmutableSandboxedEnvironment):", "class Sandbox(jinja2.Environment):"),
             (CTT, 'intercepted_binops = frozenset(["*", "**"])', "intercepted_binops = frozenset()"),
+        ],
+    },
+    "wiseft": {  # WiSE-FT: the interpolation, the choice, and what the run keeps and registers
+        "tests": ["tests/adapt/test_wise.py", "tests/callbacks/test_wiseft.py"],
+        "mutants": [
+            (WI, "torch.lerp(t0, t1, alpha)", "torch.lerp(t1, t0, alpha)"),
+            (WI, 'kept.add(pair["B" if zero[0] == "A" else "A"])', 'kept.add(pair["A" if zero[0] == "A" else "B"])'),
+            (WI, "if not t1.is_floating_point() or name in kept:", "if name in kept:"),
+            (WI, "kept = [sign * s >= sign * floor for s in source]", "kept = [True for s in source]"),
+            (WI, "key=lambda i: (scores[i], -alphas[i]))", "key=lambda i: (scores[i], alphas[i]))"),
+            (
+                WF,
+                "    def on_train_start(self, trainer: Trainer, pl_module",
+                "    def on_train_end(self, trainer: Trainer, pl_module",
+            ),
+            (WF, "        if self._start is not None:  # restored", "        if False:  # restored"),
+            (
+                WF,
+                "source = validate(trainer, pl_module, self.source) if",
+                "source = validate(trainer, pl_module, datamodule) if",
+            ),
+            (WF, "        self._assign(pl_module, tuned, self.chosen_alpha)\n", ""),
+            (
+                HK,
+                "lg.log_trained_model(model_path, ckpt.monitor)",
+                "lg.log_trained_model(ckpt.best_model_path, ckpt.monitor)",
+            ),
+            (HK, "ckpt_path=chosen or (", "ckpt_path=("),
         ],
     },
     "files": {  # files an outsider wrote: pretrained folders, archives, exported programs, planted links

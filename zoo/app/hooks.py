@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, OnException
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info
 
-from callbacks import ResumesItsOptimizer, TrainsSomething
+from callbacks import ResumesItsOptimizer, TrainsSomething, WiseFT
 from zoo.app.parser import EXCEPTION_DIR
 from zoo.app.stored_config import SUBCOMMANDS_WITH_A_MODEL
 from zoo.errors import InputError
@@ -245,16 +245,30 @@ def fit_folders(trainer: Trainer) -> None:
 
 
 def after_fit(trainer: Trainer, model: LightningModule, datamodule: LightningDataModule | None, test: bool) -> None:
-    """``--test_after_fit``, then (rank 0) where the run, its MLflow model and its checkpoints are."""
+    """A WiSE-FT sweep, ``--test_after_fit``, then (rank 0) where the run, its MLflow model and its checkpoints are.
+    The run's model is WiSE-FT's chosen weights when it ran, else the best checkpoint."""
     ckpt = trainer.checkpoint_callback
     table = metrics_table(trainer.callback_metrics, getattr(ckpt, "monitor", None))  # fit's, before a test adds its own
+    wise = next((cb for cb in trainer.callbacks if isinstance(cb, WiseFT)), None)
+    chosen = wise.sweep(trainer, model, datamodule) if wise is not None and trainer.state.status == "finished" else None
     if test:
         paths = (ckpt.best_model_path, ckpt.last_model_path) if ckpt is not None else None
-        trainer.test(model, datamodule=datamodule, ckpt_path="best" if paths and paths[0] else None)
+        trainer.test(model, datamodule=datamodule, ckpt_path=chosen or ("best" if paths and paths[0] else None))
         if paths:  # restoring the best checkpoint restores the callback's state as it was then (no last.ckpt yet)
             ckpt.best_model_path, ckpt.last_model_path = paths
     if trainer.is_global_zero:
-        print("\n".join(table + fit_report(trainer)))
+        print("\n".join(table + wise_table(wise) + fit_report(trainer, chosen)))
+
+
+def wise_table(wise: WiseFT | None) -> list[str]:
+    if wise is None or wise.table is None:
+        return []
+    names = list(wise.table)
+    rows = ["WiSE-FT:   " + "  ".join(f"{n:>12}" for n in names)]
+    for i, alpha in enumerate(wise.table["alpha"]):
+        mark = "  <- chosen" if alpha == wise.chosen_alpha else ""
+        rows.append("           " + "  ".join(f"{wise.table[n][i]:>12.6g}" for n in names) + mark)
+    return rows
 
 
 def metrics_table(metrics: dict[str, Any], monitor: str | None = None) -> list[str]:
@@ -267,7 +281,8 @@ def metrics_table(metrics: dict[str, Any], monitor: str | None = None) -> list[s
     return ["Final metrics:"] + [f"  {k:<{width}}  {float(metrics[k]):.6g}" for k in keys]
 
 
-def fit_report(trainer: Trainer) -> list[str]:
+def fit_report(trainer: Trainer, model_path: str | None = None) -> list[str]:
+    """Where the run and its checkpoints are, and its MLflow model: ``model_path`` (WiSE-FT's), else the best."""
     ckpt, lines = trainer.checkpoint_callback, []
     for lg in mlflow_loggers(trainer):
         uri, experiment = lg.experiment.tracking_uri, lg.experiment.get_experiment(lg.experiment_id).name
@@ -279,15 +294,18 @@ def fit_report(trainer: Trainer) -> list[str]:
             if uri.startswith("sqlite")
             else f"  open it:   {uri}/#/experiments/{lg.experiment_id}/runs/{lg.run_id}",
         ]
-    if ckpt is not None and (ckpt.best_model_path or ckpt.last_model_path):
-        # The MLflow model: the best weights (those the run reports), pickle-free, registered if asked; a LoRA
-        # checkpoint without its base takes it from this run's own init_weights.
+    model_path = model_path or (ckpt.best_model_path or ckpt.last_model_path if ckpt is not None else None)
+    if model_path:
+        # The MLflow model: the best weights (those the run reports) or WiSE-FT's, pickle-free, registered if asked; a
+        # LoRA checkpoint without its base takes it from this run's own init_weights.
         base = getattr(trainer.lightning_module, "hparams", {}).get("init_weights")
         lines += [
-            f"MLflow model: {lg.log_trained_model(ckpt.best_model_path or ckpt.last_model_path, ckpt.monitor, base)}"
+            f"MLflow model: {lg.log_trained_model(model_path, ckpt.monitor, base)}"
             for lg in mlflow_loggers(trainer)
             if getattr(lg, "logs_model", False)
         ]
     if ckpt is not None:
         lines += [f"Best checkpoint: {ckpt.best_model_path or '-'}", f"Last checkpoint: {ckpt.last_model_path or '-'}"]
+    if model_path and ckpt is not None and model_path not in (ckpt.best_model_path, ckpt.last_model_path):
+        lines.append(f"WiSE-FT checkpoint: {model_path}")
     return lines
