@@ -1193,11 +1193,7 @@ FAMILIES: dict[str, dict] = {
             ),
             (BL, 'for name in getattr(p.cls, "preloads", ()):', "for name in ():"),
             (AD, '        return out.to(layer.__dict__["_zoo_out_dtype"])', "        return out"),
-            (
-                AD,
-                "            layer.get_base_layer().to(next(iter(layer.lora_A.values())).weight.dtype)",
-                "            pass",
-            ),
+            (AD, "                layer.get_base_layer().to(dtypes[0])", "                pass"),
         ],
     },
     "peft": {  # LoRA adapters in and out in PEFT's format (zoo.gpt.peft_adapter)

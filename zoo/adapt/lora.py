@@ -98,7 +98,9 @@ def merge(module: nn.Module) -> nn.Module:
         handle.remove()
     for name, layer in list(module.named_modules()):
         if isinstance(layer, LoraLayer):
-            layer.get_base_layer().to(next(iter(layer.lora_A.values())).weight.dtype)  # merged at full precision
+            dtypes = [p.dtype for n, p in layer.named_parameters() if ADAPTER_PREFIX in n]
+            if dtypes:  # a base held in bf16 (base_dtype) merges at the adapters' full precision
+                layer.get_base_layer().to(dtypes[0])
             layer.merge(safe_merge=True)
             parent, _, child = name.rpartition(".")
             setattr(module.get_submodule(parent), child, layer.get_base_layer())
