@@ -362,6 +362,7 @@ def test_td3_refuses_lora_and_impala_adapts_its_net_at_set_up(agent):
 # -- one family end to end: cli.py fit, the registered model merged, served -------------------------------------------
 
 
+@pytest.mark.slow  # a cli.py fit into MLflow (~15 s): the default suite keeps under 10 minutes
 def test_a_lora_fit_through_the_cli_registers_a_merged_model_that_predicts_as_its_checkpoint():
     from zoo.tracking import load, load_model
     from zoo.tracking.serving import ZooPyfunc

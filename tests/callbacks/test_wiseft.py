@@ -37,6 +37,7 @@ def scores(module, datamodule) -> float:
     return trainer.validate(module, datamodule=datamodule, verbose=False)[0]["val/zeroshot_acc"]
 
 
+@pytest.mark.slow  # a cli.py fit into MLflow (~15 s): the default suite keeps under 10 minutes
 def test_clip_sweep_logs_table_and_plot_and_registers_the_chosen_point(tmp_path):
     from cli import main
 
@@ -82,6 +83,7 @@ def test_clip_sweep_logs_table_and_plot_and_registers_the_chosen_point(tmp_path)
 
 
 @pytest.mark.filterwarnings("ignore:Resuming with another learning-rate schedule")
+@pytest.mark.slow  # a cli.py fit into MLflow (~15 s): the default suite keeps under 10 minutes
 def test_cnn_sweep_on_its_family_metric_is_tested_and_resumes_with_its_start():
     first = cli("fit", "--config", DIGITS, "--config", PIECE, "--trainer.max_epochs=1", "--test_after_fit=true")
     wise = wise_of(first.trainer)

@@ -1255,7 +1255,7 @@ FAMILIES: dict[str, dict] = {
         ],
     },
     "wiseft": {  # WiSE-FT: the interpolation, the choice, and what the run keeps and registers
-        "tests": ["tests/adapt/test_wise.py", "tests/callbacks/test_wiseft.py"],
+        "tests": ["tests/adapt/test_wise.py", "tests/callbacks/test_wiseft.py", "-m", "slow or not slow"],
         "mutants": [
             (WI, "torch.lerp(t0, t1, alpha)", "torch.lerp(t1, t0, alpha)"),
             (WI, 'kept.add(pair["B" if zero[0] == "A" else "A"])', 'kept.add(pair["A" if zero[0] == "A" else "B"])'),
