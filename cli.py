@@ -74,6 +74,11 @@ class ZooCLI(CheckpointHyperparametersLeftToCaller, LightningCLI):
     def after_fit(self) -> None:
         hooks.after_fit(self.trainer, self.model, self.datamodule, self.config.fit.test_after_fit)
 
+    def after_test(self) -> None:
+        hooks.after_evaluation(self.trainer)
+
+    after_validate = after_test
+
     def _config(self):
         return self.config[self.subcommand] if self.subcommand else self.config
 

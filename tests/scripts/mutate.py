@@ -45,7 +45,7 @@ RG, SC = "zoo/tracking/models.py", "zoo/app/stored_config.py"
 AD, LC, RC = "zoo/adapt/lora.py", "zoo/rl/lifecycle.py", "zoo/rl/common.py"
 AB = "zoo/adapt/base.py"
 DLS, CODE = "zoo/tracking/downloads.py", "zoo/tracking/code.py"
-SV = "zoo/tracking/serving.py"
+SV, RPT = "zoo/tracking/serving.py", "zoo/tracking/report.py"
 CM, CN, RN, TV = "zoo/cnn/module.py", "zoo/cnn/convnet.py", "zoo/cnn/resnet.py", "zoo/cnn/torchvision_net.py"
 DB, DTV, DMH, DDG = (
     "datamodules/base.py",
@@ -1280,6 +1280,26 @@ FAMILIES: dict[str, dict] = {
                 "lg.log_trained_model(ckpt.best_model_path, ckpt.monitor)",
             ),
             (HK, "ckpt_path=chosen or (", "ckpt_path=("),
+        ],
+    },
+    "stages": {  # stage by stage: the lineage through parent models, the card's cells, the tags versions carry
+        "tests": ["tests/tracking/test_report_card.py"],
+        "mutants": [
+            (RPT, "    for child in children:\n        metrics.update(child.data.metrics)\n", ""),
+            (RPT, 'order_by=["attributes.start_time"]', 'order_by=["attributes.start_time DESC"]'),
+            (RPT, "    return runs[::-1]", "    return runs"),
+            (RPT, "if i == len(runs) - 1 and current:", "if i == 0 and current:"),
+            (
+                RPT,
+                'text = report_card(client, tags.get("mlflow.parentRunId") or run_id,',
+                "text = report_card(client, run_id,",
+            ),
+            (RPT, "while run_id and run_id not in seen and", "while run_id and"),
+            (
+                RG,
+                "**{m.key: str(m.value) for m in metrics}, **staged_tags(run)}",
+                "**{m.key: str(m.value) for m in metrics}}",
+            ),
         ],
     },
     "files": {  # files an outsider wrote: pretrained folders, archives, exported programs, planted links

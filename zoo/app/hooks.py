@@ -35,6 +35,7 @@ from zoo.tracking import (
 )
 from zoo.tracking.families import family_of
 from zoo.tracking.models import ranked_metrics
+from zoo.tracking.report import PARENT_TAG, log_report_card
 
 
 def check_seed(cfg: Any) -> None:
@@ -57,6 +58,7 @@ def prepare_config(cfg: Any, subcommand: str | None) -> None:
         refuse_training_nothing(cfg)
     refuse_counts_below_one(cfg)
     prepare_checkpoint(cfg, subcommand)
+    tag_parent_model(cfg)
     resolve_init_weights(cfg)
     resolve_draft(cfg)
     drop_unusable_callbacks(cfg)
@@ -141,6 +143,17 @@ def prepare_checkpoint(cfg: Any, subcommand: str | None) -> None:
 def _model_class_path(cfg: Any) -> str | None:
     """The model class the config names; None for the checkpoint's own (``zoo.app.stored_config``)."""
     return (cfg.get("model") or {}).get("class_path")
+
+
+def tag_parent_model(cfg: Any) -> None:
+    """The model a fit starts from (``init_weights`` as typed: ``models:/...`` before it is downloaded) as the run's
+    ``zoo.parent_model`` tag, which its registered versions carry and the report card follows."""
+    init_args = cfg.model.get("init_args") if cfg.get("model") else None
+    weights = init_args.get("init_weights") if init_args else None
+    logger = zoo_logger(cfg)
+    if weights and logger is not None and not cfg.get("ckpt_path"):
+        tags = logger.init_args.get("tags") or {}
+        logger.init_args.tags = {**tags, PARENT_TAG: str(weights)}
 
 
 def resolve_init_weights(cfg: Any) -> None:
@@ -257,7 +270,23 @@ def after_fit(trainer: Trainer, model: LightningModule, datamodule: LightningDat
         if paths:  # restoring the best checkpoint restores the callback's state as it was then (no last.ckpt yet)
             ckpt.best_model_path, ckpt.last_model_path = paths
     if trainer.is_global_zero:
-        print("\n".join(table + wise_table(wise) + fit_report(trainer, chosen)))
+        print("\n".join(table + wise_table(wise) + fit_report(trainer, chosen) + stage_report(trainer)))
+
+
+def after_evaluation(trainer: Trainer) -> None:
+    """(rank 0) The report card of the stage this evaluation is nested under, when its lineage has stages."""
+    if trainer.is_global_zero and (lines := stage_report(trainer)):
+        print("\n".join(lines))
+
+
+def stage_report(trainer: Trainer) -> list[str]:
+    """The report card of the run's lineage (``zoo.tracking.report``), printed and logged as ``report.md``."""
+    current = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
+    for lg in mlflow_loggers(trainer):
+        text = log_report_card(lg.experiment, lg.run_id, current)
+        if text is not None:
+            return ["Report card (report.md):", text]
+    return []
 
 
 def wise_table(wise: WiseFT | None) -> list[str]:

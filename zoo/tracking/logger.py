@@ -28,6 +28,7 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from zoo.tracking.families import family_of
+from zoo.tracking.report import STAGE_TAG
 from zoo.tracking.runs import mlflow_loggers, net_class_name
 from zoo.tracking.store import DEFAULT_TRACKING_URI, check_store_folder, known_store, store_lock
 
@@ -80,6 +81,7 @@ class ZooMLFlowLogger(MLFlowLogger):
         synchronous: bool = False,
         check_server: bool = True,
         registered_model_name: str | None = None,
+        stage: str | None = None,
     ) -> None:
         """
         Args:
@@ -95,6 +97,9 @@ class ZooMLFlowLogger(MLFlowLogger):
             synchronous: False logs metrics in a background thread (~30 ms a call synchronously here).
             check_server: check an http(s) server answers before training starts.
             registered_model_name: register the MLflow model logged at the end of fit under this name.
+            stage: this run's stage (``base``, ``sft``, ``dpo``, ...): tagged ``zoo.stage`` on the run and the
+                versions it registers; the run then prints and logs the report card of its lineage
+                (``zoo.tracking.report``).
         """
         tracking_uri = store_uri(tracking_uri)
         check_store_folder(tracking_uri)
@@ -107,7 +112,12 @@ class ZooMLFlowLogger(MLFlowLogger):
                 run_name=run_name,
                 tracking_uri=tracking_uri,
                 # Where the run's process lives, so that a later start can tell a killed run from a live one.
-                tags={**(tags or {}), PID_TAG: str(os.getpid()), HOST_TAG: process_host()},
+                tags={
+                    **(tags or {}),
+                    **({STAGE_TAG: stage} if stage else {}),
+                    PID_TAG: str(os.getpid()),
+                    HOST_TAG: process_host(),
+                },
                 log_model=log_model,
                 prefix=prefix,
                 artifact_location=artifact_location,
@@ -117,6 +127,7 @@ class ZooMLFlowLogger(MLFlowLogger):
         self.tracking_uri, self.experiment_name = tracking_uri, experiment_name
         self.checkpoint_dir: str | None = None  # where the checkpoints this run logs are, for the warning below
         self.registered_model_name, self.logs_model = registered_model_name, bool(log_model)
+        self.stage = stage
         self.opened = False  # whether the run (and its experiment, if new) was created, under the store's lock
         self.saved_by = None  # the checkpoint callback whose checkpoints the run logs
 

@@ -311,7 +311,7 @@ def log_checkpoint_model(
     # The source names the logged model (models:/<model_id>), which is how the registry and its UI link a version to
     # its model and metrics.
     # Its tags: the metrics as linked (readable through the registry API alone).
-    tags = {**tags, **{m.key: str(m.value) for m in metrics}}
+    tags = {**tags, **{m.key: str(m.value) for m in metrics}, **staged_tags(run)}
     with process_tracking_uri(client.tracking_uri):
         version = client.create_model_version(
             registered_model_name, f"models:/{model.model_id}", run_id, tags, model_id=model.model_id
@@ -330,6 +330,13 @@ def link_version(client, model_id: str, name: str, version: str) -> None:
     entry = {"name": name, "version": int(version)}  # a number, as register_model writes it
     if entry not in linked:
         client.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps([*linked, entry])})
+
+
+def staged_tags(run) -> dict[str, str]:
+    """The run's stage and parent model (``zoo.tracking.report``), which the versions it registers carry."""
+    from zoo.tracking.report import PARENT_TAG, STAGE_TAG
+
+    return {k: run.data.tags[k] for k in (STAGE_TAG, PARENT_TAG) if k in run.data.tags}
 
 
 def ranked_metrics(keys, monitor: str | None = None) -> list[str]:
