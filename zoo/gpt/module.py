@@ -50,7 +50,8 @@ def vocab_size_for(given: int | None, n: int) -> int:
 
 
 class CausalLMModule(WeightsOnlyLoading, LightningModule):
-    """Trains a ``GPT`` on (input ids, target ids) batches; ``generate`` continues text prompts."""
+    """Trains a ``GPT`` on (input ids, target ids) batches; ``generate`` continues text prompts; test and validation
+    also score task records (dict batches with a ``"task"``: ``zoo.gpt.tasks``)."""
 
     def __init__(
         self,
