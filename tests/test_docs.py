@@ -149,6 +149,14 @@ COVERED: list[tuple[str, str]] = [
         "tests/app/test_strategies.py::test_fsdp2_two_processes_train_checkpoint_consolidate_reload",
     ),
     (r"^(torchrun|srun) ", "several machines"),
+    (
+        r"--data datamodules\.TaskDataModule",
+        "tests/gpt/test_gpt_tasks.py::test_cli_test_scores_a_task_file_from_the_checkpoint_alone",
+    ),
+    (
+        r"^python -m zoo\.gpt lm-eval",
+        "tests/gpt/test_gpt_tasks.py::test_lm_eval_local_task_agrees_with_task_datamodule",
+    ),
 ]
 
 

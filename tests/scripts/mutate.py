@@ -66,6 +66,7 @@ PA = "zoo/gpt/peft_adapter.py"
 CTT, DCH = "zoo/io/chat_template.py", "datamodules/chat.py"
 SPT, HFT = "zoo/io/sp_tokenizer.py", "zoo/io/hf_tokenizer.py"
 WI, WF, HK = "zoo/adapt/wise.py", "callbacks/wiseft.py", "zoo/app/hooks.py"
+GTK, DTK, LEV = "zoo/gpt/tasks.py", "datamodules/tasks.py", "zoo/gpt/lm_eval.py"
 OPT, GN, ATT, WT, TOK = (
     "zoo/train/optim.py",
     "zoo/train/gradnorm.py",
@@ -1252,6 +1253,52 @@ FAMILIES: dict[str, dict] = {
             # the sandbox: a plain environment, the size bound gone
             (CTT, "class Sandbox(ImmutableSandboxedEnvironment):", "class Sandbox(jinja2.Environment):"),
             (CTT, 'intercepted_binops = frozenset(["*", "**"])', "intercepted_binops = frozenset()"),
+        ],
+    },
+    "evals": {  # task evaluation: lm-eval's definitions of acc, acc_norm, bits per byte; answer extraction
+        "tests": ["tests/gpt/test_gpt_tasks.py", "-m", "slow or not slow"],
+        "mutants": [
+            # acc_norm by the choice's tokens, not its length; the context's log-prob counted in a choice
+            (DTK, "return ctx, conts, [len(c) for c in choices],", "return ctx, conts, [len(t) for t in conts],"),
+            (
+                GTK,
+                "targets[i, len(row) - 1 - n : len(row) - 1] = torch.as_tensor(row[len(row) - n :])",
+                "targets[i, : len(row) - 1] = torch.as_tensor(row[1:])",
+            ),
+            # off by one in the continuation's slice: targets one token early
+            (
+                GTK,
+                "targets[i, len(row) - 1 - n : len(row) - 1] = torch.as_tensor(row[len(row) - n :])",
+                "targets[i, len(row) - 1 - n : len(row) - 1] = torch.as_tensor(row[len(row) - n - 1 : -1])",
+            ),
+            (GTK, "return ctx, whole[len(ctx) :]", "return ctx, whole[len(ctx) - 1 :]"),
+            # extraction: the first number, commas kept; bits in nats, a mean per text; windows without context
+            (GTK, "return normalise(numbers[-1]) if numbers", "return normalise(numbers[0]) if numbers"),
+            (
+                GTK,
+                'return re.sub(r"\\.$", "", re.sub(r"[,$]", "", answer.strip()))',
+                'return re.sub(r"\\.$", "", answer.strip())',
+            ),
+            (GTK, "return -total / math.log(2), batch", "return -total, batch"),
+            (GTK, "update(total_bits / nbytes, weight=nbytes)", "update(total_bits / nbytes)"),
+            (
+                GTK,
+                "out.append((seq[max(0, end - 1 - width) : start], seq[start:end]))",
+                "out.append((seq[start - 1 : start], seq[start:end]))",
+            ),
+            (GTK, "greedy = (logits.argmax(-1) == safe) | ~scored", "greedy = logits.argmax(-1) == safe"),
+            (GTK, "if spaces:", "if False:"),
+            # chat prompts without the generation prompt; the adapter's rows of one batch only
+            (
+                DTK,
+                'ctx = render([{"role": "user", "content": context}], True).ids',
+                'ctx = render([{"role": "user", "content": context}], False).ids',
+            ),
+            (
+                LEV,
+                "out += list(zip(lls.tolist(), greedy.tolist(), strict=True))",
+                "out = list(zip(lls.tolist(), greedy.tolist(), strict=True))",
+            ),
         ],
     },
     "wiseft": {  # WiSE-FT: the interpolation, the choice, and what the run keeps and registers

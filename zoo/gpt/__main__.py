@@ -1,7 +1,10 @@
 """``python -m zoo.gpt export <lightning.ckpt> <out_folder> [--format gpt2|llama] [--merge]``: a zoo GPT checkpoint as a
 Hugging Face model folder (``zoo.gpt.hf`` for GPT-2, ``zoo.gpt.llama`` for Llama, Mixtral and DeepSeek-V3). A
 checkpoint with LoRA adapters writes the base model there and the adapters as PEFT's ``<out_folder>/adapter``
-(``zoo.gpt.peft_adapter``), or with ``--merge`` one model with the adapters folded in."""
+(``zoo.gpt.peft_adapter``), or with ``--merge`` one model with the adapters folded in.
+
+``python -m zoo.gpt lm-eval <lightning.ckpt> --tasks <names> [--include-path <folder>]``: lm-evaluation-harness tasks on
+the checkpoint (``zoo.gpt.lm_eval``; the optional extra ``eval``), the table printed and ``--output`` a JSON file."""
 
 from __future__ import annotations
 
@@ -37,7 +40,10 @@ def main() -> None:
         "--init-weights",
         help="the base a LoRA checkpoint was trained on (its init_weights: such checkpoints leave the base out)",
     )
+    _add_lm_eval(sub)
     args = parser.parse_args()
+    if args.command == "lm-eval":
+        return lm_eval_main(args)
     given = {"init_weights": args.init_weights} if args.init_weights else {}
     module = CausalLMModule.load_from_checkpoint(args.checkpoint, map_location="cpu", weights_only=True, **given)
     if args.merge and lora_layers(module.net):
@@ -50,6 +56,51 @@ def main() -> None:
     print(f"Wrote {written}")
     if lora_layers(module.net):
         print(f"Wrote {save_adapter(module, Path(args.folder) / 'adapter', args.format, base=args.folder)} (PEFT LoRA)")
+
+
+def _add_lm_eval(sub) -> None:
+    ev = sub.add_parser("lm-eval", help="lm-evaluation-harness tasks on a Lightning checkpoint")
+    ev.add_argument("checkpoint")
+    ev.add_argument("--tasks", required=True, help="comma-separated task (or group) names")
+    ev.add_argument(
+        "--include-path",
+        action="append",
+        default=[],
+        help="a folder of task YAMLs (repeatable); lm-eval runs what they name (!function), so only your own",
+    )
+    ev.add_argument("--no-builtin-tasks", action="store_true", help="index only the --include-path tasks (faster)")
+    ev.add_argument("--num-fewshot", type=int)
+    ev.add_argument("--limit", type=float, help="at most this many documents per task (a fraction if < 1)")
+    ev.add_argument("--batch-size", type=int, default=16, help="rows per forward")
+    ev.add_argument("--device", default="cpu")
+    ev.add_argument("--output", help="write lm-eval's results (metrics per task) to this JSON file")
+
+
+def lm_eval_main(args) -> None:
+    import json
+
+    try:
+        import lm_eval
+        from lm_eval.tasks import TaskManager
+        from lm_eval.utils import make_table
+    except ImportError:
+        raise SystemExit("error: lm-eval is not installed: pip install '.[eval]' (lm_eval>=0.4.13)") from None
+    from zoo.gpt.lm_eval import ZooLM
+
+    manager = TaskManager(include_path=args.include_path or None, include_defaults=not args.no_builtin_tasks)
+    model = ZooLM(args.checkpoint, batch_size=args.batch_size, device=args.device)
+    results = lm_eval.simple_evaluate(
+        model=model,
+        tasks=args.tasks.split(","),
+        task_manager=manager,
+        num_fewshot=args.num_fewshot,
+        limit=args.limit,
+        log_samples=False,
+    )
+    print(make_table(results))
+    if args.output:
+        Path(args.output).write_text(json.dumps(results["results"], indent=2, default=str))
+        print(f"Wrote {args.output}")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from zoo.gpt.gpt import GPT
 from zoo.gpt.losses import causal_lm_loss, causal_lm_objective, mtp_loss
 from zoo.gpt.moe import routers
 from zoo.gpt.speculative import MTPDraft, SpeculationStats, speculative_generate
+from zoo.gpt.tasks import TaskMetrics
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.io.tokenizers import prompt_ids, tokenizer_from_dict
@@ -49,7 +50,8 @@ def vocab_size_for(given: int | None, n: int) -> int:
 
 
 class CausalLMModule(WeightsOnlyLoading, LightningModule):
-    """Trains a ``GPT`` on (input ids, target ids) batches; ``generate`` continues text prompts."""
+    """Trains a ``GPT`` on (input ids, target ids) batches; ``generate`` continues text prompts; test and validation
+    also score task records (dict batches with a ``"task"``: ``zoo.gpt.tasks``)."""
 
     def __init__(
         self,
@@ -96,6 +98,7 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         # Each MTP depth's loss, token-weighted like val_loss; val/loss itself stays the next-token loss alone.
         self.val_mtp_loss = torch.nn.ModuleList(MeanMetric() for _ in net.mtp)
         self.test_loss = MeanMetric()
+        self.tasks = TaskMetrics()  # exact match, multiple choice, bits per byte of task batches (zoo.gpt.tasks)
         self._compiled = None  # set by configure_model; kept off the module tree (no "_orig_mod." keys)
         self._flops_per_token: dict[int, int] = {}
         self._init_loaded = False
@@ -176,7 +179,9 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         for r in self.routers:
             r.reset_stats()
 
-    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+    def validation_step(self, batch: tuple[Tensor, Tensor] | dict, batch_idx: int) -> None:
+        if isinstance(batch, dict):  # task records (datamodules.tasks)
+            return self.tasks.update(self.net, batch, self.tokenizer)
         x, y = batch
         if self.net.mtp:
             logits, mtp_logits = self(x, mtp=True)
@@ -189,6 +194,9 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         self.val_loss.update(out["loss"], weight=out["tokens"])
 
     def on_validation_epoch_end(self) -> None:
+        tasks = self.tasks.compute("val/")  # synced across ranks
+        if tasks:
+            return self.log_dict(tasks, prog_bar=True)
         loss = self.val_loss.compute()  # synced across ranks
         self.val_loss.reset()
         self.log_dict({"val/loss": loss, "val/ppl": loss.exp()}, prog_bar=True)
@@ -209,7 +217,9 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
             for r in self.routers:
                 r.reset_stats()  # the next training step's loads start from zero
 
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+    def test_step(self, batch: tuple[Tensor, Tensor] | dict, batch_idx: int) -> None:
+        if isinstance(batch, dict):  # task records (datamodules.tasks)
+            return self.tasks.update(self.net, batch, self.tokenizer)
         x, y = batch
         out = causal_lm_loss(self(x), y)
         self.test_loss.update(out["loss"], weight=out["tokens"])
@@ -217,6 +227,9 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
     def on_test_epoch_end(self) -> None:
         # Token-weighted over the whole file (the datamodule's test_path, or its validation split); its exp is the
         # perplexity per token of the model's own tokenizer, so only models sharing a tokenizer compare by it.
+        tasks = self.tasks.compute("test/")  # task batches' metrics instead, synced across ranks
+        if tasks:
+            return self.log_dict(tasks)
         loss = self.test_loss.compute()
         self.test_loss.reset()
         self.log_dict({"test/loss": loss, "test/ppl": loss.exp()})

@@ -1,0 +1,257 @@
+"""Task evaluation: TaskDataModule through CausalLMModule's test step (cli.py test), and the lm-eval adapter, both
+held to lm-eval-harness's definitions on tiny random-weight nets."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import CONFIGS, fit_in_folder, terminal
+
+from datamodules.tasks import TaskDataModule
+from zoo.errors import InputError
+from zoo.gpt import GPT, CausalLMModule
+from zoo.gpt import tasks as T
+from zoo.io.tokenizers import ByteTokenizer
+
+CHOICES = ["mat", "dog", "éé", "a longer choice", "zèbre", "x", "ünïcödé", "the end"]
+
+
+def tiny_module(block_size: int = 32) -> CausalLMModule:
+    torch.manual_seed(0)
+    module = CausalLMModule(GPT(vocab_size=257, block_size=block_size, n_layer=1, n_embd=16, n_head=2)).eval()
+    module.tokenizer = ByteTokenizer()
+    return module
+
+
+def write_jsonl(path, records) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def mc_records(n: int = 16) -> list[dict]:
+    rng = np.random.default_rng(0)
+    return [
+        {"query": f"Record {k}: the cat sat on", "choices": list(rng.choice(CHOICES, 4, replace=False)), "label": k % 4}
+        for k in range(n)
+    ]
+
+
+def direct_loglikelihood(net, ctx: list[int], cont: list[int]) -> float:
+    """log p(cont | ctx) from one unpadded forward of ctx + cont."""
+    ids = torch.tensor([ctx + cont])
+    with torch.no_grad():
+        logp = net(ids[:, :-1]).float().log_softmax(-1)[0]
+    return sum(logp[len(ctx) - 1 + i, tok].item() for i, tok in enumerate(cont))
+
+
+def test_rolling_windows_and_pair_encoding_equal_lm_evals():
+    utils = pytest.importorskip("lm_eval.utils")
+    ids = list(range(1, 75))
+    for width in (8, 32, 100):
+        theirs = [utils.make_disjoint_window(w) for w in utils.get_rolling_token_windows(ids, 0, width, 1)]
+        assert T.rolling_windows(ids, 0, width) == [tuple(map(list, w)) for w in theirs]
+    from zoo.gpt.lm_eval import ZooLM
+
+    lm, tok = ZooLM(tiny_module()), ByteTokenizer()
+    for ctx, cont in [("Question: 1 + 1 = ", "2"), ("The cat", " sat"), ("", "alone")]:
+        assert T.encode_pair(tok, ctx, cont) == (
+            lm._encode_pair(ctx, cont) if ctx else ([tok.eos_id], tok.encode(cont))
+        )
+
+
+def test_scores_equal_a_direct_sum_row_by_row_and_greedy_is_every_argmax():
+    net = tiny_module(block_size=16).net
+    pairs = [([5, 6, 7], [8, 9]), ([1], [2, 3, 4, 5]), (list(range(10, 30)), [40, 41])]  # the last one cut to 17
+    lls, greedy = T.score_continuations(net, pairs)
+    for (ctx, cont), ll in zip(pairs, lls.tolist(), strict=True):
+        keep = (ctx + cont)[-17:]
+        assert ll == pytest.approx(direct_loglikelihood(net, keep[: len(keep) - len(cont)], cont), abs=1e-4)
+    with torch.no_grad():
+        best = net(torch.tensor([[5, 6, 7]])).argmax(-1)[0, -1].item()
+    assert T.score_continuations(net, [([5, 6, 7], [best])])[1].item() and not greedy[1:].all()
+
+
+def test_multiple_choice_predictions_follow_lm_evals_acc_and_acc_norm(tmp_path, one_thread):
+    module = tiny_module(block_size=64)
+    dm = TaskDataModule(write_jsonl(tmp_path / "mc.jsonl", mc_records()), kind="multiple_choice", batch_size=16)
+    dm.tokenizer = module.tokenizer
+    batch = next(iter(dm.test_dataloader()))
+    with torch.no_grad():
+        ours = T.multiple_choice(module.net, batch)
+    acc, acc_norm, acc_bytes = [], [], []
+    for r in mc_records():  # lm_eval/api/task.py's process_results, with the lls from an unpadded forward each
+        lls = np.array(
+            [direct_loglikelihood(module.net, *T.encode_pair(dm.tokenizer, r["query"], " " + c)) for c in r["choices"]]
+        )
+        acc.append(np.argmax(lls) == r["label"])
+        acc_norm.append(np.argmax(lls / np.array([len(c) for c in r["choices"]])) == r["label"])
+        acc_bytes.append(np.argmax(lls / np.array([len(c.encode()) for c in r["choices"]])) == r["label"])
+    assert ours["acc"].tolist() == acc and ours["acc_norm"].tolist() == acc_norm
+    assert ours["acc_bytes"].tolist() == acc_bytes and acc_norm != acc_bytes  # the data tells them apart
+
+
+def test_bits_per_byte_is_the_files_bits_over_its_bytes_in_windows(tmp_path):
+    import lightning as L
+
+    module = tiny_module(block_size=16)
+    texts = ["héllo wörld, " * 5, "short"]  # the first past block_size: several windows
+    dm = TaskDataModule(write_jsonl(tmp_path / "t.jsonl", [{"text": t} for t in texts]), kind="bits_per_byte")
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+    got = trainer.test(module, datamodule=dm, verbose=False)[0]["test/bits_per_byte"]
+    nats = sum(direct_loglikelihood(module.net, [256], list(t.encode())) for t in texts if len(t.encode()) < 16)
+    nats += sum(
+        direct_loglikelihood(module.net, ctx, cont) for ctx, cont in T.rolling_windows(list(texts[0].encode()), 256, 16)
+    )
+    assert got == pytest.approx(-nats / math.log(2) / sum(len(t.encode()) for t in texts), rel=1e-4)
+
+
+def test_answers_are_extracted_by_the_stated_rule():
+    assert T.extract_answer("so 3 + 4 = 7.\n#### 1,234") == "1234"
+    assert T.extract_answer("First 12 apples, then 15 pears, $1,500 total.") == "1500"
+    assert T.extract_answer("no number here ") == "no number here"
+    assert T.extract_answer("Answer: (B) not A", r"\(([A-D])\)") == "B"
+    assert T.reference("She pays 2 * 3 = 6.\n#### 6") == "6" and T.reference(" 1,000 ") == "1000"
+    assert T.cut("42\n\nQuestion: next", ["Question:"]) == "42\n\n"
+
+
+def test_exact_match_compares_the_greedy_answer(tmp_path):
+    import lightning as L
+
+    module = tiny_module()
+    questions = ["What is 2 + 2?", "Name a colour."]
+    with torch.no_grad():
+        said = module.generate(questions, max_new_tokens=6, temperature=0)
+    records = [{"question": questions[0], "answer": T.normalise(said[0])}, {"question": questions[1], "answer": "nope"}]
+    dm = TaskDataModule(
+        write_jsonl(tmp_path / "em.jsonl", records), kind="exact_match", max_new_tokens=6, answer_pattern="(?s)(.*)"
+    )
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+    assert trainer.test(module, datamodule=dm, verbose=False)[0]["test/exact_match"] == 0.5
+
+
+def test_chat_prompts_are_the_templates_generation_prompt(tmp_path):
+    from zoo.io.chat_template import chat_renderer
+
+    tok = ByteTokenizer()
+    render = chat_renderer(tok)
+    user = [{"role": "user", "content": "The cat sat on"}]
+    dm = TaskDataModule(write_jsonl(tmp_path / "c.jsonl", [mc_records(1)[0]]), kind="multiple_choice", chat=True)
+    dm.tokenizer = tok
+    ((ctx, conts, *_),) = dm.items()
+    assert ctx == render([{"role": "user", "content": mc_records(1)[0]["query"]}], True).ids
+    assert conts == [tok.encode(c) for c in mc_records(1)[0]["choices"]]  # the reply: no target_delimiter
+    messages = [{"role": "system", "content": "Be brief."}, *user]
+    dm = TaskDataModule(
+        write_jsonl(tmp_path / "e.jsonl", [{"messages": messages, "answer": "mat"}]), kind="exact_match", chat=True
+    )
+    dm.tokenizer = tok
+    assert dm.items() == [(render(messages, True).ids, "mat")]
+
+
+@pytest.mark.parametrize(
+    ("kind", "record", "why"),
+    [
+        ("multiple_choice", {"query": "q", "choices": ["a", "b"], "label": 2}, "label"),
+        ("multiple_choice", {"choices": ["a"], "label": 0}, "'query' or 'context'"),
+        ("exact_match", {"messages": [{"role": "user", "content": "hi"}], "answer": "1"}, "chat: true"),
+        ("bits_per_byte", {"text": 3}, "not a string"),
+    ],
+)
+def test_a_malformed_record_is_named_by_line_or_skipped_and_counted(tmp_path, kind, record, why):
+    good = {"multiple_choice": mc_records(1)[0], "exact_match": {"question": "q", "answer": "1"}}
+    path = write_jsonl(tmp_path / "bad.jsonl", [good.get(kind, {"text": "fine"}), record])
+    dm = TaskDataModule(path, kind=kind)
+    dm.tokenizer = ByteTokenizer()
+    with pytest.raises(InputError, match=rf"bad.jsonl:2 .*{why}.*skip_bad_records"):
+        dm.items()
+    dm = TaskDataModule(path, kind=kind, skip_bad_records=True)
+    dm.tokenizer = ByteTokenizer()
+    assert len(dm.items()) == 1 and dm.skipped == 1
+
+
+# -- through cli.py test and lm-eval, from one checkpoint fitted through cli.py -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tasks_fit")
+    corpus = folder / "corpus.txt"
+    corpus.write_text("The cat sat on the mat. The dog sat on the log. " * 40)
+    fitted = fit_in_folder(
+        folder,
+        "--config",
+        str(CONFIGS / "gpt" / "gpt_tiny.yaml"),
+        f"--data.init_args.path={corpus}",
+        f"--data.init_args.root={folder / 'data'}",
+        "--trainer.max_steps=1",
+        "--trainer.limit_val_batches=0",
+        "--trainer.logger=false",
+    )
+    return str(fitted.last)
+
+
+@pytest.mark.slow  # cli.py's imports and a one-step fit for its checkpoint: ~11 s on a loaded 2-core machine
+def test_cli_test_scores_a_task_file_from_the_checkpoint_alone(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    path = write_jsonl(tmp_path / "mc.jsonl", mc_records(8))
+    status, out, err = terminal(
+        monkeypatch,
+        capsys,
+        "test",
+        "--ckpt_path",
+        tiny_checkpoint,
+        "--data",
+        "datamodules.TaskDataModule",
+        f"--data.init_args.path={path}",
+        "--data.init_args.kind=multiple_choice",
+        "--trainer.logger=false",
+    )
+    assert status == 0, err[-3000:]
+    assert "test/acc_norm" in out and "test/acc" in out, out[-2000:]
+
+
+@pytest.mark.slow  # lm-eval's and datasets' imports, a datasets cache: ~8 s
+def test_lm_eval_local_task_agrees_with_task_datamodule(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("lm_eval")
+    import lightning as L
+    from lm_eval.api.instance import Instance
+
+    from zoo.gpt import __main__ as gpt_main
+    from zoo.gpt.lm_eval import ZooLM
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    data = write_jsonl(tmp_path / "mc.jsonl", mc_records())
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "zoo_mc.yaml").write_text(
+        "task: zoo_mc\ndataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data}\n"
+        "test_split: test\noutput_type: multiple_choice\n"
+        'doc_to_text: "{{query}}"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: "{{label}}"\n'
+        "metric_list:\n  - metric: acc\n  - metric: acc_norm\n"
+    )
+    out = tmp_path / "results.json"
+    argv = ["zoo.gpt", "lm-eval", tiny_checkpoint, "--tasks", "zoo_mc", "--include-path", str(tasks)]
+    monkeypatch.setattr(sys, "argv", [*argv, "--no-builtin-tasks", "--batch-size", "7", "--output", str(out)])
+    gpt_main.main()
+    assert "zoo_mc" in capsys.readouterr().out
+    theirs = json.loads(out.read_text())["zoo_mc"]
+
+    module = CausalLMModule.load_from_checkpoint(tiny_checkpoint, map_location="cpu").eval()
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+    ours = trainer.test(module, datamodule=TaskDataModule(data, kind="multiple_choice", batch_size=5), verbose=False)
+    assert theirs["acc,none"] == pytest.approx(ours[0]["test/acc"])
+    assert theirs["acc_norm,none"] == pytest.approx(ours[0]["test/acc_norm"])
+
+    lm = ZooLM(module, batch_size=2)
+    pairs = [("The cat sat on", " the mat"), ("Once", " upon a time"), ("", "Hello")]
+    requests = [Instance("loglikelihood", {}, pair, k) for k, pair in enumerate(pairs)]
+    for (ctx, cont), (ll, _) in zip(pairs, lm.loglikelihood(requests), strict=True):
+        direct = direct_loglikelihood(module.net, *T.encode_pair(module.tokenizer, ctx, cont))
+        assert ll == pytest.approx(direct, abs=1e-4)

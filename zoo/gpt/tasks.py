@@ -1,0 +1,206 @@
+"""Task metrics for a causal language model: exact match on generated answers, multiple choice by log-likelihood,
+bits per byte, defined as lm-evaluation-harness defines them (``lm_eval/api/task.py``, ``lm_eval/api/model.py``).
+
+- Log-likelihood of a continuation given a context: the context and the continuation are encoded as one text and
+  split at the context's length (``TemplateLM._encode_pair``: trailing spaces of the context move to the
+  continuation); a row keeps its last ``block_size + 1`` tokens, and the sum of log p over the continuation's tokens
+  is its score, greedy when every one of them is the argmax.
+- Multiple choice: ``acc`` is whether the argmax of the choices' scores is the label; ``acc_norm`` divides each score
+  by the choice's length in characters (``len(choice)``, lm-eval 0.4's code, though its docs say bytes) and
+  ``acc_bytes`` by its UTF-8 length in bytes; a tie goes to the first choice (``np.argmax``).
+- Bits per byte: -sum log2 p of a text's tokens (after the BOS, or EOS, prefix) over its UTF-8 bytes, summed over a
+  whole file before dividing; a text longer than the net is scored in disjoint windows
+  (``get_rolling_token_windows``).
+- Exact match: the greedy continuation, cut at the first ``until`` string, its answer extracted by a rule (a regex's
+  one group, by default GSM8K's ``#### <number>`` and else the last number in the text), compared with the reference
+  after lm-eval's GSM8K normalisation (strip; commas, ``$`` and a final ``.`` removed).
+
+Notation: N scored rows (a choice each, or a window), T tokens, V vocabulary, R records, C most choices of a record.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+
+from zoo.gpt.generate import generate
+
+NUMBER = r"-?[$]?\d[\d,]*(?:\.\d+)?"
+GSM8K_ANSWER = rf"####\s*({NUMBER})"  # lm-eval gsm8k's "strict-match" filter; else "flexible-extract"'s last number
+KINDS = {"exact_match": ("exact_match",), "multiple_choice": ("acc", "acc_norm", "acc_bytes")}
+KINDS["bits_per_byte"] = ("bits_per_byte",)
+
+
+# -- encoding, as lm-eval's TemplateLM encodes -------------------------------------------------------------------
+
+
+def prefix_id(tokenizer) -> int:
+    """The token an empty context (and a rolling text) starts from: BOS where the tokenizer has one, else EOS."""
+    bos = getattr(tokenizer, "bos_id", None)
+    return tokenizer.eos_id if bos is None else bos
+
+
+def encode_plain(tokenizer, text: str) -> list[int]:
+    """``text``'s ids without the tokenizer's own BOS (``add_special_tokens=False``)."""
+    hf = getattr(tokenizer, "hf", None)
+    return hf.encode(text, add_special_tokens=False).ids if hf is not None else tokenizer.encode(text)
+
+
+def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """(context ids, continuation ids) as lm-eval's ``TemplateLM.loglikelihood`` makes them."""
+    if not context:
+        ids = encode_plain(tokenizer, continuation)
+        return ([prefix_id(tokenizer)], ids) if ids[:1] != [prefix_id(tokenizer)] else (ids[:1], ids[1:])
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+        context, continuation = context[:-spaces], context[-spaces:] + continuation
+    whole, ctx = tokenizer.encode(context + continuation), tokenizer.encode(context)
+    return ctx, whole[len(ctx) :]
+
+
+def rolling_windows(ids: Sequence[int], prefix: int, width: int) -> list[tuple[list[int], list[int]]]:
+    """Disjoint (context, continuation) windows that predict every token of ``ids`` once after ``prefix``, each
+    at most ``width`` inputs: lm-eval's ``get_rolling_token_windows(context_len=1)`` + ``make_disjoint_window``."""
+    seq, out = [prefix, *ids], []
+    for start in range(1, len(seq), width):
+        end = min(start + width, len(seq))
+        out.append((seq[max(0, end - 1 - width) : start], seq[start:end]))
+    return out
+
+
+# -- scoring -----------------------------------------------------------------------------------------------------
+
+
+def score_continuations(net: nn.Module, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> tuple[Tensor, Tensor]:
+    """Sum of log p(continuation | context) (N,) and whether each continuation is the greedy one (N,), all rows in
+    one right-padded forward (a causal net's earlier positions never see the padding)."""
+    width, device = net.block_size, net.tok_emb.weight.device
+    rows = [list(ctx) + list(cont) for ctx, cont in pairs]
+    rows = [r[-(width + 1) :] for r in rows]  # lm-eval keeps the last max_length + 1 tokens
+    t = max(len(r) for r in rows) - 1
+    inputs = torch.zeros(len(rows), t, dtype=torch.long)  # (N, T)
+    targets = torch.full((len(rows), t), -100, dtype=torch.long)  # (N, T): -100 outside the continuation
+    for i, (row, (_, cont)) in enumerate(zip(rows, pairs, strict=True)):
+        n = min(len(cont), len(row) - 1)
+        inputs[i, : len(row) - 1] = torch.as_tensor(row[:-1])
+        targets[i, len(row) - 1 - n : len(row) - 1] = torch.as_tensor(row[len(row) - n :])
+    inputs, targets = inputs.to(device), targets.to(device)
+    logits = net(inputs).float()  # (N, T, V)
+    scored = targets != -100
+    safe = targets.clamp(min=0)
+    logp = logits.gather(-1, safe[..., None]).squeeze(-1) - logits.logsumexp(-1)  # (N, T)
+    greedy = (logits.argmax(-1) == safe) | ~scored
+    return (logp * scored).sum(1), greedy.all(1)
+
+
+def multiple_choice(net: nn.Module, batch: dict) -> dict[str, Tensor]:
+    """Per record (R,): whether the best choice by summed log-prob (acc), per character (acc_norm) and per byte
+    (acc_bytes) is the label; all the batch's choices in one forward."""
+    lls, _ = score_continuations(net, batch["pairs"])  # (N,)
+    record, choice = batch["record"], batch["choice"]  # (N,) each: which record and which of its choices
+    r, c = len(batch["labels"]), int(choice.max()) + 1
+    grid = torch.full((r, c), float("-inf"), device=lls.device)  # (R, C): missing choices never win
+    grid[record, choice] = lls
+    chars = torch.ones(r, c, device=lls.device).index_put_((record, choice), batch["chars"].to(lls))
+    nbytes = torch.ones(r, c, device=lls.device).index_put_((record, choice), batch["bytes"].to(lls))
+    labels = batch["labels"].to(lls.device)
+    return {
+        "acc": (grid.argmax(1) == labels).float(),
+        "acc_norm": ((grid / chars).argmax(1) == labels).float(),
+        "acc_bytes": ((grid / nbytes).argmax(1) == labels).float(),
+    }
+
+
+def bits(net: nn.Module, batch: dict, tokenizer) -> tuple[Tensor, Tensor]:
+    """Each text's -log2 likelihood and its UTF-8 bytes (R,), every window of the batch in one forward."""
+    pairs, record = [], []
+    for r, ids in enumerate(batch["prompt_ids"]):
+        windows = rolling_windows(ids.tolist(), prefix_id(tokenizer), net.block_size)
+        pairs += windows
+        record += [r] * len(windows)
+    lls, _ = score_continuations(net, pairs)  # (N,) nats
+    record = torch.tensor(record, device=lls.device)
+    total = torch.zeros(len(batch["bytes"]), device=lls.device).index_add_(0, record, lls)  # (R,)
+    return -total / math.log(2), batch["bytes"].to(lls)
+
+
+# -- exact match -------------------------------------------------------------------------------------------------
+
+
+def normalise(answer: str) -> str:
+    """lm-eval gsm8k's ``regexes_to_ignore`` (commas, ``$``, a final ``.``) after stripping."""
+    return re.sub(r"\.$", "", re.sub(r"[,$]", "", answer.strip()))
+
+
+def extract_answer(text: str, pattern: str | None = None) -> str:
+    """``pattern``'s first group at its first match; by default GSM8K's ``#### <number>``, else the last number in
+    the text; the text itself when nothing matches."""
+    if pattern is not None:
+        found = re.search(pattern, text)
+        return normalise(found.group(1)) if found else normalise(text)
+    found = re.search(GSM8K_ANSWER, text)
+    if found:
+        return normalise(found.group(1))
+    numbers = re.findall(NUMBER, text)
+    return normalise(numbers[-1]) if numbers else normalise(text)
+
+
+def reference(answer: str) -> str:
+    """A record's answer, normalised; a GSM8K solution keeps what follows its last ``####``."""
+    return normalise(answer.rsplit("####", 1)[-1])
+
+
+def cut(text: str, until: Sequence[str]) -> str:
+    """``text`` up to the first of the ``until`` strings (lm-eval's ``generate_until``)."""
+    for stop in until:
+        if stop:
+            text = text.split(stop, 1)[0]
+    return text
+
+
+def exact_match(net: nn.Module, batch: dict, tokenizer) -> Tensor:
+    """Per record (R,): whether the greedy continuation's extracted answer equals the reference."""
+    room = net.block_size - 1  # a prompt leaves room for one new token
+    prompts = [p[-room:].to(net.tok_emb.weight.device) for p in batch["prompt_ids"]]
+    out = generate(net, prompts, batch["max_new_tokens"], temperature=0, stop_ids=tokenizer.stop_ids)
+    texts = [cut(tokenizer.decode(o.tolist()), batch["until"]) for o in out]
+    hits = [extract_answer(t, batch["answer_pattern"]) == reference(a) for t, a in zip(texts, batch["answers"])]
+    return torch.tensor(hits, dtype=torch.float32, device=net.tok_emb.weight.device)
+
+
+class TaskMetrics(nn.Module):
+    """The test metrics of task batches, summed across ranks by torchmetrics (a mean per record; bits per byte
+    weighted by bytes, so it is the file's total bits over its total bytes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.means = nn.ModuleDict({name: MeanMetric() for names in KINDS.values() for name in names})
+        self.kind: str | None = None
+
+    def update(self, net: nn.Module, batch: dict, tokenizer) -> None:
+        self.kind = batch["task"]
+        if self.kind == "multiple_choice":
+            for name, hits in multiple_choice(net, batch).items():
+                self.means[name].update(hits)
+        elif self.kind == "exact_match":
+            self.means["exact_match"].update(exact_match(net, batch, tokenizer))
+        elif self.kind == "bits_per_byte":
+            total_bits, nbytes = bits(net, batch, tokenizer)
+            self.means["bits_per_byte"].update(total_bits / nbytes, weight=nbytes)
+        else:
+            raise ValueError(f"unknown task kind {self.kind!r}, not one of {', '.join(KINDS)}")
+
+    def compute(self, prefix: str = "test/") -> dict[str, Tensor]:
+        """This epoch's metrics (none without task batches), reset for the next."""
+        if self.kind is None:
+            return {}
+        out = {f"{prefix}{name}": self.means[name].compute() for name in KINDS[self.kind]}
+        for metric in self.means.values():
+            metric.reset()
+        self.kind = None
+        return out
