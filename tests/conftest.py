@@ -207,13 +207,18 @@ DIGITS = str(CONFIGS / "cnn" / "convnet_digits.yaml")
 @pytest.fixture(scope="session")
 def digits_fit(tmp_path_factory) -> Fitted:
     """One epoch of the tiny CNN config (convnet_digits.yaml) through cli.py, its model registered as ``digits``
-    (version 1, alias ``champion``) in a store of its own. Tests read it; one that changes the store (a new
-    version) leaves version 1 and the alias as they are."""
+    (version 1, alias ``champion``) in a store of its own, as the stage ``base`` (zoo.tracking.report). Tests read
+    it; one that changes the store (a new version) leaves version 1 and the alias as they are."""
     from mlflow.tracking import MlflowClient
 
     folder = tmp_path_factory.mktemp("digits_fit")
     fitted = fit_in_folder(
-        folder, "--config", DIGITS, "--trainer.max_epochs=1", "--trainer.logger.init_args.registered_model_name=digits"
+        folder,
+        "--config",
+        DIGITS,
+        "--trainer.max_epochs=1",
+        "--trainer.logger.init_args.registered_model_name=digits",
+        "--trainer.logger.init_args.stage=base",
     )
     fitted.client = MlflowClient(fitted.tracking_uri)
     fitted.version = fitted.client.search_model_versions("name='digits'")[0]

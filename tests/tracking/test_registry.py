@@ -49,6 +49,10 @@ def test_fit_registers_a_logged_model_with_the_runs_evaluation_metrics(registere
     code = {f.path for f in client.list_logged_model_artifacts(model.model_id, "code/zoo")}
     assert "code/zoo/tracking" in code and not any("__pycache__" in f for f in code), code
     assert run.data.tags["zoo.stage"] == "fit"
+    # A staged run: its versions carry the stage; its report card (one column) is logged with it.
+    assert version.tags["zoo.pipeline_stage"] == "base" and "zoo.parent_model" not in version.tags
+    card = Path(client.download_artifacts(run.info.run_id, "report.md")).read_text().splitlines()
+    assert card[0] == "| metric | base |" and any(line.startswith("| val/acc | 0.") for line in card), card
     assert client.get_experiment(run.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
 
 

@@ -97,7 +97,7 @@ class ZooMLFlowLogger(MLFlowLogger):
             synchronous: False logs metrics in a background thread (~30 ms a call synchronously here).
             check_server: check an http(s) server answers before training starts.
             registered_model_name: register the MLflow model logged at the end of fit under this name.
-            stage: this run's stage (``base``, ``sft``, ``dpo``, ...): tagged ``zoo.stage`` on the run and the
+            stage: this run's stage (``base``, ``sft``, ``dpo``, ...): tagged ``zoo.pipeline_stage`` on the run and the
                 versions it registers; the run then prints and logs the report card of its lineage
                 (``zoo.tracking.report``).
         """

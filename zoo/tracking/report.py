@@ -1,8 +1,8 @@
 """Stage by stage: a run's stage and parent model as tags, and the report card of its lineage.
 
-A run started with ``--trainer.logger.init_args.stage=<name>`` is tagged ``zoo.stage``; one whose module starts from
-``init_weights`` is tagged ``zoo.parent_model`` with what the user typed (``models:/...``, ``runs:/...`` or a
-checkpoint path), and the model versions it registers carry both tags. The lineage of a run follows its parent back
+A run started with ``--trainer.logger.init_args.stage=<name>`` is tagged ``zoo.pipeline_stage``; one whose module
+starts from ``init_weights`` is tagged ``zoo.parent_model`` with what the user typed (``models:/...``, ``runs:/...``
+or a checkpoint path), and the model versions it registers carry both tags. The lineage of a run follows its parent back
 through the runs that trained each parent (``zoo.tracking.models.training_run``) until a parent is not a run's (an
 imported folder, say: the first column's source). The report card has one column per stage, oldest first, and one
 row per metric the stages are judged by (``ranked_metrics``: ``val/``, ``test/`` and the training loss), each
@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-STAGE_TAG = "zoo.stage"
+STAGE_TAG = "zoo.pipeline_stage"
 PARENT_TAG = "zoo.parent_model"
 REPORT_FILE = "report.md"
 _MAX_STAGES = 32  # a parent chain longer than this is a loop someone wrote into tags: stop there
