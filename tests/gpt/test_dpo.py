@@ -277,3 +277,25 @@ def test_a_resume_is_exact_and_refused_against_other_starting_weights(tmp_path):
     other = DPOModule(GPT(**NET))  # other starting weights: the reference would not be the one tuned against
     with pytest.raises(CheckpointError, match="other starting weights.*init_weights"):
         _trainer(tmp_path, 4, limit_val_batches=0).fit(other, dm, ckpt_path=ckpt)
+
+
+@pytest.mark.slow  # ~10 s: cli.py's imports, a run into MLflow and its logged model
+def test_the_tiny_dpo_config_fits_through_the_cli(tmp_path):
+    from conftest import CONFIGS, fit_in_folder
+
+    path = _write(tmp_path / "pairs.jsonl", PAIRS * 2)  # the last tenth validates
+    fitted = fit_in_folder(
+        tmp_path,
+        "--config",
+        str(CONFIGS / "gpt" / "dpo_tiny.yaml"),
+        f"--data.init_args.path={path}",
+        "--trainer.max_steps=4",
+    )
+    metrics = fitted.trainer.callback_metrics
+    assert isinstance(fitted.model, DPOModule) and fitted.model.net.vocab_size == 257
+    assert {"val/loss", "val/rewards/accuracies", "val/rewards/margins"} <= set(metrics)
+    assert torch.isfinite(metrics["val/loss"])
+    reloaded = DPOModule.load_from_checkpoint(fitted.trainer.checkpoint_callback.last_model_path)
+    assert reloaded.generate(["1+1="], max_new_tokens=3, temperature=0) == fitted.model.eval().generate(
+        ["1+1="], max_new_tokens=3, temperature=0
+    )
