@@ -149,6 +149,7 @@ COVERED: list[tuple[str, str]] = [
         "tests/app/test_strategies.py::test_fsdp2_two_processes_train_checkpoint_consolidate_reload",
     ),
     (r"^(torchrun|srun) ", "several machines"),
+    (r"configs/gpt/dpo_tiny\.yaml", "tests/gpt/test_dpo.py::test_the_tiny_dpo_config_fits_through_the_cli"),
 ]
 
 
