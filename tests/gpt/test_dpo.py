@@ -299,3 +299,8 @@ def test_the_tiny_dpo_config_fits_through_the_cli(tmp_path):
     assert reloaded.generate(["1+1="], max_new_tokens=3, temperature=0) == fitted.model.eval().generate(
         ["1+1="], max_new_tokens=3, temperature=0
     )
+
+
+def test_a_peft_adapter_to_start_from_is_refused_as_its_reference_would_be_the_base():
+    with pytest.raises(InputError, match="adapter_weights.*merged"):
+        DPOModule(GPT(**NET), adapter_weights="adapter_folder")

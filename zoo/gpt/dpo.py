@@ -103,10 +103,15 @@ class DPOModule(CausalLMModule):
                 scale, larger keeps the model closer to its starting weights.
             label_smoothing: eps, the assumed probability that a pair's preference is flipped (conservative DPO); 0:
                 plain DPO. Below 0.5.
-            **kwargs: ``CausalLMModule``'s (optimizer, init_weights, adapt, adapter_weights, generation, compile).
+            **kwargs: ``CausalLMModule``'s (optimizer, init_weights, adapt, generation, compile); not adapter_weights.
         """
         if not 0.0 <= label_smoothing < 0.5:
             raise InputError(f"label_smoothing is a flip probability in [0, 0.5), not {label_smoothing}")
+        if kwargs.get("adapter_weights"):  # its adapters switched off would leave the base, not the start
+            raise InputError(
+                "DPO's reference is its starting weights, and adapter_weights' start is the base with that adapter: "
+                "give weights with it merged in as init_weights (a LoRA fit's registered model is merged)"
+            )
         super().__init__(net, **kwargs)
         self._reference: GPT | None = None  # the frozen copy, when adapters cannot stand for it; not a submodule
         self._reference_sha: str | None = None
