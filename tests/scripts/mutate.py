@@ -1267,6 +1267,12 @@ FAMILIES: dict[str, dict] = {
                 "chosen_logratios = policy_chosen_logps - ref_chosen_logps",
             ),
             (DPO, '        if info["sha256"] != self._reference_sha:', "        if False:"),
+            (  # the reference rebuilt from the checkpoint's trained weights on a resume
+                DPO,
+                "        info = checkpoint.get(REFERENCE_KEY)\n",
+                "        info = checkpoint.get(REFERENCE_KEY)\n        self._reference is None or self._reference."
+                'load_state_dict({k[4:]: v for k, v in checkpoint["state_dict"].items()})\n',
+            ),
             # the loss: the margin's sign, label smoothing dropped, ties counted as right
             (
                 DPO,
