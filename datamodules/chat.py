@@ -27,8 +27,9 @@ Notation: B batch, T tokens (the longest conversation of the batch, at most ``bl
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 import torch
@@ -41,6 +42,8 @@ from datamodules.text import IGNORE_INDEX, fixed_tokenizer
 from zoo.errors import InputError
 from zoo.io.chat_template import ROLES, chat_renderer
 from zoo.io.tokenizers import Tokenizer
+
+T = TypeVar("T")
 
 
 def messages_of(record: object) -> list[dict]:
@@ -71,6 +74,36 @@ def messages_of(record: object) -> list[dict]:
     if not any(m["role"] == "assistant" for m in messages):
         raise ValueError("has no assistant turn (nothing to learn)")
     return messages
+
+
+def read_records(path: str, parse: Callable[[object], T], bad: Callable[[str, str], None]) -> list[tuple[str, T]]:
+    """``(where, parse(record))`` of every good JSON line of ``path`` (a .jsonl file, or a folder's, in name order);
+    ``bad(where, why)`` is told of each line that is not JSON or that ``parse`` refuses with a ValueError."""
+    root = Path(path)
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*.jsonl") if p.is_file())
+    if not files:
+        raise FileNotFoundError(f"no .jsonl files under {path!r}")
+    out = []
+    for file in files:
+        with open(file, "rb") as f:  # bytes: a line that is not UTF-8 is that record's fault, named by line
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    out.append((f"{file}:{n}", parse(json.loads(line))))
+                except (ValueError, RecursionError) as err:  # JSON's and UTF-8's errors are ValueErrors
+                    bad(f"{file}:{n}", str(err) if isinstance(err, ValueError) else "nested too deep")
+    return out
+
+
+def ensure_tokenizer(dm: LightningDataModule) -> Tokenizer:
+    """``dm.tokenizer``: a checkpoint's model's own when a trainer holds one, else the one ``dm``'s settings name."""
+    if dm.tokenizer is None:
+        module = getattr(getattr(dm, "trainer", None), "lightning_module", None)
+        dm.tokenizer = getattr(module, "tokenizer", None)
+    if dm.tokenizer is None:
+        dm.tokenizer = fixed_tokenizer(dm.kind, dm.gpt2_dir, dm.pretrained_dir)
+    return dm.tokenizer
 
 
 class Conversations(Dataset):
@@ -149,12 +182,7 @@ class ChatDataModule(ResumesMidEpoch, LightningDataModule):
         self.skipped = self.dropped = 0
 
     def _ensure_tokenizer(self) -> Tokenizer:
-        if self.tokenizer is None:  # a checkpoint's model carries its own
-            module = getattr(getattr(self, "trainer", None), "lightning_module", None)
-            self.tokenizer = getattr(module, "tokenizer", None)
-        if self.tokenizer is None:
-            self.tokenizer = fixed_tokenizer(self.kind, self.gpt2_dir, self.pretrained_dir)
-        return self.tokenizer
+        return ensure_tokenizer(self)
 
     @property
     def vocab_size(self) -> int:
@@ -165,21 +193,7 @@ class ChatDataModule(ResumesMidEpoch, LightningDataModule):
 
     def _records(self, path: str) -> list[tuple[str, list[dict]]]:
         """``(where, messages)`` of every good record of ``path`` (a file or folder), in order."""
-        root = Path(path)
-        files = [root] if root.is_file() else sorted(p for p in root.rglob("*.jsonl") if p.is_file())
-        if not files:
-            raise FileNotFoundError(f"no .jsonl files under {path!r}")
-        out = []
-        for file in files:
-            with open(file, "rb") as f:  # bytes: a line that is not UTF-8 is that record's fault, named by line
-                for n, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        out.append((f"{file}:{n}", messages_of(json.loads(line))))
-                    except (ValueError, RecursionError) as err:  # JSON's and UTF-8's errors are ValueErrors
-                        self._bad(f"{file}:{n}", str(err) if isinstance(err, ValueError) else "nested too deep")
-        return out
+        return read_records(path, messages_of, self._bad)
 
     def _bad(self, where: str, why: str) -> None:
         if not self.skip_bad_records:

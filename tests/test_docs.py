@@ -157,6 +157,7 @@ COVERED: list[tuple[str, str]] = [
         r"^python -m zoo\.gpt lm-eval",
         "tests/gpt/test_gpt_tasks.py::test_lm_eval_local_task_agrees_with_task_datamodule",
     ),
+    (r"configs/gpt/dpo_tiny\.yaml", "tests/gpt/test_dpo.py::test_the_tiny_dpo_config_fits_through_the_cli"),
 ]
 
 

@@ -57,6 +57,9 @@ def test_every_config_instantiates(config, image_folder, tmp_path):
     extra = [f"--data.init_args.root={image_folder}"] if "imagefolder" in config.name else []
     if _id(config) in FROM_A_FOLDER:
         extra = [f"--model.init_args.init_weights={hf_clip_config(tmp_path / 'clip')}"]
+    if _id(config) == "gpt/dpo_tiny.yaml":  # the pairs are the user's
+        (tmp_path / "dpo.jsonl").write_text('{"prompt": "1+1=", "chosen": "2", "rejected": "3"}\n' * 10)
+        extra = [f"--data.init_args.path={tmp_path / 'dpo.jsonl'}"]
     c = main(["--config", str(config), *extra], run=False)
     assert c.model is not None and c.datamodule is not None and c.trainer is not None
 

@@ -64,6 +64,7 @@ FI, CV, EX = "zoo/io/files.py", "zoo/diffusion/convert.py", "zoo/rl/export.py"
 DCF = "zoo/diffusion/diffusers_config.py"
 PA = "zoo/gpt/peft_adapter.py"
 CTT, DCH = "zoo/io/chat_template.py", "datamodules/chat.py"
+DPO, DPR = "zoo/gpt/dpo.py", "datamodules/preference.py"
 SPT, HFT = "zoo/io/sp_tokenizer.py", "zoo/io/hf_tokenizer.py"
 WI, WF, HK = "zoo/adapt/wise.py", "callbacks/wiseft.py", "zoo/app/hooks.py"
 GTK, DTK, LEV = "zoo/gpt/tasks.py", "datamodules/tasks.py", "zoo/gpt/lm_eval.py"
@@ -1299,6 +1300,50 @@ FAMILIES: dict[str, dict] = {
                 "out += list(zip(lls.tolist(), greedy.tolist(), strict=True))",
                 "out = list(zip(lls.tolist(), greedy.tolist(), strict=True))",
             ),
+        ],
+    },
+    "dpo": {  # preference tuning: the loss against TRL's, the reference, the pairs' masks and order
+        "tests": ["tests/gpt/test_dpo.py"],
+        "mutants": [
+            # the reference: the policy itself, adapters left on, not detached, another starting point accepted
+            (DPO, "            yield self._reference\n", "            yield self.net\n"),
+            (DPO, "            layer.enable_adapters(False)", "            pass"),
+            (
+                DPO,
+                "chosen_logratios = policy_chosen_logps - ref_chosen_logps.detach()",
+                "chosen_logratios = policy_chosen_logps - ref_chosen_logps",
+            ),
+            (DPO, '        if info["sha256"] != self._reference_sha:', "        if False:"),
+            (  # the reference rebuilt from the checkpoint's trained weights on a resume
+                DPO,
+                "        info = checkpoint.get(REFERENCE_KEY)\n",
+                "        info = checkpoint.get(REFERENCE_KEY)\n        self._reference is None or self._reference."
+                'load_state_dict({k[4:]: v for k, v in checkpoint["state_dict"].items()})\n',
+            ),
+            # the loss: the margin's sign, label smoothing dropped, ties counted as right
+            (
+                DPO,
+                "margin = beta * (chosen_logratios - rejected_logratios)",
+                "margin = beta * (rejected_logratios - chosen_logratios)",
+            ),
+            (
+                DPO,
+                "losses = -(1 - label_smoothing) * F.logsigmoid(margin) - label_smoothing * F.logsigmoid(-margin)",
+                "losses = -F.logsigmoid(margin)",
+            ),
+            (DPO, "(chosen_rewards > rejected_rewards)", "(chosen_rewards >= rejected_rewards)"),
+            # the pairs: prompt tokens in the log-probs, sides swapped, padding learned, records not checked
+            (DPR, "start = rendered.turn_ends[asked - 1] if asked else 0", "start = 0"),
+            (DPR, "learned = np.asarray(rendered.mask) & (np.arange(len(ids)) >= start)", "learned = ids >= 0"),
+            (
+                DPR,
+                'for k, side in enumerate(("chosen", "rejected")):',
+                'for k, side in enumerate(("rejected", "chosen")):',
+            ),
+            (DPR, "targets = torch.full((len(batch), t), IGNORE_INDEX,", "targets = torch.full((len(batch), t), 0,"),
+            (DPR, "    if chosen == rejected:", "    if False:"),
+            (DPR, "and chosen[shared] == rejected[shared]:", "and False:"),
+            (DPR, "        if len(rendered.ids) > self.block_size + 1:", "        if False:"),
         ],
     },
     "wiseft": {  # WiSE-FT: the interpolation, the choice, and what the run keeps and registers

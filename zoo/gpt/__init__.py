@@ -1,6 +1,8 @@
-"""GPT language models: MHA/GQA/MLA decoder, causal-LM objective, cached generation, pretrained Hugging Face folders."""
+"""GPT language models: MHA/GQA/MLA decoder, causal-LM and DPO objectives, cached generation, pretrained Hugging
+Face folders."""
 
 from zoo.gpt.attention import MHA, MLA
+from zoo.gpt.dpo import DPOModule
 from zoo.gpt.generate import Generation, generate
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import GeluMLP, SwiGLU
@@ -14,6 +16,7 @@ __all__ = [
     "MHA",
     "MLA",
     "CausalLMModule",
+    "DPOModule",
     "GeluMLP",
     "Generation",
     "LayerNorm",

@@ -1,0 +1,219 @@
+"""Direct Preference Optimization: a language model tuned on (prompt, chosen, rejected) pairs against its own
+starting weights, with no reward model and no sampling.
+
+DPO (Rafailov et al. 2023, arXiv:2305.18290, eq. 7) fits the implicit reward r(x, y) = beta log pi(y|x)/pi_ref(y|x)
+to the preferences by the Bradley-Terry likelihood:
+
+    L = -log sigmoid(beta * ((log pi(y_w|x) - log pi_ref(y_w|x)) - (log pi(y_l|x) - log pi_ref(y_l|x))))
+
+where log pi(y|x) sums the reply's token log-probabilities (``sequence_logps``) and pi_ref is the starting model.
+Conservative DPO (Mitchell 2023, "A note on DPO with noisy preferences") assumes each label is flipped with
+probability eps = ``label_smoothing``: L = (1 - eps) L(y_w, y_l) + eps L(y_l, y_w), as TRL's ``sigmoid`` loss had
+it until TRL 1.x (its ``aot`` loss on one pair is the same formula). The logged names are TRL's: rewards/chosen,
+rewards/rejected (beta times the log-ratios), rewards/accuracies, rewards/margins, logps/chosen, logps/rejected.
+
+The reference is the starting weights, held once: with LoRA adapters as the only trained parameters, the same net
+with its adapters switched off (PEFT's ``enable_adapters(False)``, as TRL's ``use_adapter`` does): no second copy;
+otherwise a frozen copy of the net taken when the model is configured (after ``init_weights`` is read, before a
+checkpoint is restored), kept off the state dict. A checkpoint records the copy's SHA-256, and a resume whose
+starting weights (``init_weights``, or the seeded initialisation) differ from the ones it was tuned against is
+refused. Under DDP each rank runs its own reference forward on its own pairs.
+
+Notation: B pairs, T tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import ThroughputMonitor
+from torch import Tensor, nn
+
+from zoo.adapt import Adaptation
+from zoo.adapt.base import digest
+from zoo.errors import CheckpointError, InputError
+from zoo.gpt.gpt import GPT
+from zoo.gpt.module import CausalLMModule
+from zoo.train.logging import lightning_writes
+from zoo.train.parallel import shard
+
+IGNORE_INDEX = -100
+REFERENCE_KEY = "dpo_reference"  # in the checkpoint: {"sha256": hex} of the frozen copy tuned against
+
+
+def sequence_logps(logits: Tensor, targets: Tensor) -> Tensor:
+    """log pi(y|x) per row: the targets' log-probabilities summed where they are not -100 (the reply's tokens)."""
+    flat = logits.flatten(0, 1).float()  # (B*T, V)
+    logp = -F.cross_entropy(flat, targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none")  # 0 where ignored
+    return logp.view(targets.shape).sum(-1)  # (B,)
+
+
+def dpo_loss(
+    policy_chosen_logps: Tensor,
+    policy_rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    beta: float = 0.1,
+    label_smoothing: float = 0.0,
+) -> dict[str, Tensor]:
+    """The sigmoid DPO loss (mean over pairs) with conservative label smoothing, and TRL's logged statistics."""
+    chosen_logratios = policy_chosen_logps - ref_chosen_logps.detach()  # (B,) log pi/pi_ref of y_w
+    rejected_logratios = policy_rejected_logps - ref_rejected_logps.detach()  # (B,) of y_l
+    margin = beta * (chosen_logratios - rejected_logratios)  # (B,) the implicit reward's margin
+    losses = -(1 - label_smoothing) * F.logsigmoid(margin) - label_smoothing * F.logsigmoid(-margin)  # (B,)
+    chosen_rewards, rejected_rewards = beta * chosen_logratios.detach(), beta * rejected_logratios.detach()
+    return {
+        "loss": losses.mean(),
+        "rewards/chosen": chosen_rewards.mean(),
+        "rewards/rejected": rejected_rewards.mean(),
+        "rewards/accuracies": (chosen_rewards > rejected_rewards).float().mean(),
+        "rewards/margins": (chosen_rewards - rejected_rewards).mean(),
+        "logps/chosen": policy_chosen_logps.detach().mean(),
+        "logps/rejected": policy_rejected_logps.detach().mean(),
+    }
+
+
+def _pairs(batch: dict) -> int:
+    return len(batch["chosen_input_ids"])
+
+
+def _tokens(batch: dict) -> int:
+    return batch["chosen_input_ids"].numel() + batch["rejected_input_ids"].numel()
+
+
+def _lora_layers(net: nn.Module) -> list[nn.Module]:
+    from peft.tuners.lora import LoraLayer
+
+    return [m for m in net.modules() if isinstance(m, LoraLayer)]
+
+
+class DPOModule(CausalLMModule):
+    """Tunes a ``GPT`` on preference pairs (``datamodules.PreferenceDataModule``) by DPO against its starting
+    weights; generation, adapters, tokenizer and checkpoints are ``CausalLMModule``'s."""
+
+    def __init__(self, net: GPT, beta: float = 0.1, label_smoothing: float = 0.0, **kwargs) -> None:
+        """
+        Args:
+            net: the decoder (``zoo.gpt.GPT``), ids (B, T) -> logits (B, T, V).
+            beta: how far from the reference the policy may move (DPO's beta; TRL's default 0.1): the reward's
+                scale, larger keeps the model closer to its starting weights.
+            label_smoothing: eps, the assumed probability that a pair's preference is flipped (conservative DPO); 0:
+                plain DPO. Below 0.5.
+            **kwargs: ``CausalLMModule``'s (optimizer, init_weights, adapt, generation, compile); not adapter_weights.
+        """
+        if not 0.0 <= label_smoothing < 0.5:
+            raise InputError(f"label_smoothing is a flip probability in [0, 0.5), not {label_smoothing}")
+        if kwargs.get("adapter_weights"):  # its adapters switched off would leave the base, not the start
+            raise InputError(
+                "DPO's reference is its starting weights, and adapter_weights' start is the base with that adapter: "
+                "give weights with it merged in as init_weights (a LoRA fit's registered model is merged)"
+            )
+        super().__init__(net, **kwargs)
+        self._reference: GPT | None = None  # the frozen copy, when adapters cannot stand for it; not a submodule
+        self._reference_sha: str | None = None
+
+    # -- the reference ---------------------------------------------------------------------------------------
+
+    def _adapters_are_reference(self) -> bool:
+        """Whether the adapters are all that trains, so the net with them off is the starting weights."""
+        settings = Adaptation.of(self.hparams.get("adapt"))
+        return settings is not None and settings.lora is not None and not settings.trainable
+
+    def configure_model(self) -> None:
+        predicting = getattr(self._trainer, "predicting", False)  # generation needs no reference
+        if self._reference is None and not predicting and not self._adapters_are_reference():
+            ref = copy.deepcopy(self.net).requires_grad_(False).eval()  # the weights as setup left them
+            state = ref.state_dict()
+            self._reference_sha = digest(state, sorted(state))
+            object.__setattr__(self, "_reference", shard(ref, self.device_mesh, blocks=ref.all_blocks()))
+        super().configure_model()
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[nn.Module]:
+        """pi_ref, in eval mode, for a forward under no_grad: the frozen copy, or this net with its adapters off."""
+        if self._reference is not None:
+            if next(self._reference.parameters()).device != self.device:
+                self._reference.to(self.device)  # not a submodule: Lightning does not move it
+            yield self._reference
+            return
+        layers, training = _lora_layers(self.net), self.net.training
+        self.net.eval()
+        for layer in layers:
+            layer.enable_adapters(False)
+        try:
+            yield self.net
+        finally:
+            for layer in layers:
+                layer.enable_adapters(True)
+            self.net.train(training)
+
+    # -- steps -------------------------------------------------------------------------------------------------
+
+    def configure_callbacks(self):
+        if any(isinstance(c, ThroughputMonitor) for c in self.trainer.callbacks):
+            return []
+        return [ThroughputMonitor(batch_size_fn=_pairs, length_fn=_tokens)]
+
+    def objective(self, batch: dict) -> dict[str, Tensor]:
+        """The DPO loss and statistics of a batch: the policy and the reference on both sides, as one (2B, T)
+        forward each."""
+        ids = torch.cat([batch["chosen_input_ids"], batch["rejected_input_ids"]])  # (2B, T)
+        targets = torch.cat([batch["chosen_targets"], batch["rejected_targets"]])  # (2B, T)
+        logits, aux = self(ids, aux=True)  # (2B, T, V)
+        policy = sequence_logps(logits, targets).chunk(2)  # (B,), (B,)
+        with torch.no_grad(), self.reference() as ref:
+            reference = sequence_logps(ref(ids), targets).chunk(2)
+        out = dpo_loss(*policy, *reference, self.hparams.beta, self.hparams.label_smoothing)
+        if aux:  # a mixture of experts' balance terms, as in pretraining
+            out["aux_loss"] = sum(aux)
+            out["loss"] = out["loss"] + out["aux_loss"]
+        return out
+
+    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        out = self.objective(batch)
+        t = batch["chosen_input_ids"].shape[1]
+        if t not in self._flops_per_token:
+            self._flops_per_token[t] = self.net.flops_per_token(t)
+        self._last_flops = self._flops_per_token[t] * _tokens(batch) * 4 // 3  # the reference's forward: a third
+        if lightning_writes(self.trainer):
+            self.log("train/loss", out["loss"], prog_bar=True)
+            self.log_dict({f"train/{name}": v for name, v in out.items() if name != "loss"})
+        return out["loss"]
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        out = self.objective(batch)  # means over the epoch, weighted by pairs, across ranks
+        self.log_dict({f"val/{k}": v for k, v in out.items()}, batch_size=_pairs(batch), sync_dist=True)
+
+    def on_validation_epoch_end(self) -> None:
+        for r in self.routers:
+            r.reset_stats()
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        out = self.objective(batch)
+        self.log_dict({f"test/{k}": v for k, v in out.items()}, batch_size=_pairs(batch), sync_dist=True)
+
+    def on_test_epoch_end(self) -> None:
+        pass
+
+    # -- checkpoints -------------------------------------------------------------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if self._reference_sha is not None:
+            checkpoint[REFERENCE_KEY] = {"sha256": self._reference_sha}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        info = checkpoint.get(REFERENCE_KEY)
+        if info is None or self._reference_sha is None:  # adapters as reference, or a load outside a fit
+            return
+        if info["sha256"] != self._reference_sha:
+            raise CheckpointError(
+                f"this DPO checkpoint was tuned against other starting weights (sha256 {info['sha256'][:12]}...) "
+                f"than the ones given now ({self._reference_sha[:12]}...): give the init_weights it started from "
+                "(--model.init_args.init_weights), so the reference is the same"
+            )
