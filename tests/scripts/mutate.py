@@ -63,6 +63,7 @@ DTS, DGY, DSH = "datamodules/tensor_dataset.py", "datamodules/gym.py", "datamodu
 FI, CV, EX = "zoo/io/files.py", "zoo/diffusion/convert.py", "zoo/rl/export.py"
 DCF = "zoo/diffusion/diffusers_config.py"
 PA = "zoo/gpt/peft_adapter.py"
+PG, RO = "zoo/train/policy_gradient.py", "zoo/gpt/rollout.py"
 CTT, DCH = "zoo/io/chat_template.py", "datamodules/chat.py"
 DPO, DPR = "zoo/gpt/dpo.py", "datamodules/preference.py"
 SPT, HFT = "zoo/io/sp_tokenizer.py", "zoo/io/hf_tokenizer.py"
@@ -488,11 +489,7 @@ FAMILIES: dict[str, dict] = {
                 "decay = gamma * gae_lambda * (~terminated)",
             ),
             (RL, "return advantages, advantages + values[:-1]", "return advantages, advantages + values[1:]"),
-            (
-                RL,
-                "ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()",
-                "ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean() * 0 + (-advantages * ratio).mean()",
-            ),
+            (PG, "-advantages * ratio.clamp(1 - clip_low, 1 + clip_high))", "-advantages * ratio)"),  # PPO's clip
             (
                 RL,
                 "torch.max((value - returns).square(), (clipped - returns).square())",
@@ -503,7 +500,7 @@ FAMILIES: dict[str, dict] = {
                 "loss = pg_loss - ent_coef * entropy + vf_coef * v_loss\n    return {\n",
                 "loss = pg_loss + ent_coef * entropy + vf_coef * v_loss\n    return {\n",
             ),
-            (RL, "return (x - x.mean()) / (x.std() + eps)", "return x - x.mean()"),
+            (PG, "return group_advantages(x.flatten(), x.numel(), eps=eps).view_as(x)", "return x - x.mean()"),
             (
                 RL,
                 "soft_value = next_q.min(0).values - alpha * next_logprob",
@@ -1375,7 +1372,7 @@ FAMILIES: dict[str, dict] = {
         ],
     },
     "stages": {  # stage by stage: the lineage through parent models, the card's cells, the tags versions carry
-        "tests": ["tests/tracking/test_report_card.py"],
+        "tests": ["tests/tracking/test_report_card.py", "tests/tracking/test_registry.py"],
         "mutants": [
             (RPT, "    for child in children:\n        metrics.update(child.data.metrics)\n", ""),
             (RPT, 'order_by=["attributes.start_time"]', 'order_by=["attributes.start_time DESC"]'),
@@ -1392,6 +1389,40 @@ FAMILIES: dict[str, dict] = {
                 "**{m.key: str(m.value) for m in metrics}, **staged_tags(run)}",
                 "**{m.key: str(m.value) for m in metrics}}",
             ),
+        ],
+    },
+    "grpo": {  # GRPO's objective (shared with PPO) and the GPT's rollouts
+        "tests": [
+            "tests/shared/test_policy_gradient.py",
+            "tests/gpt/test_rollout.py",
+            "tests/gpt/test_grpo_trl.py",
+            "-m",
+            "slow or not slow",  # TRL's loss on the same tensors (slow: importing TRL's trainer)
+        ],
+        "mutants": [
+            (PG, "centred = grouped - grouped.mean(1, keepdim=True)", "centred = grouped - grouped.mean()"),
+            (PG, "    if scale_std:\n", "    if True:\n"),  # Dr. GRPO's advantages scaled all the same
+            (PG, "-advantages * ratio.clamp(1 - clip_low, 1 + clip_high))", "-advantages * ratio)"),
+            (PG, "ratio.clamp(1 - clip_low, 1 + clip_high))", "ratio.clamp(1 - clip_low, 1 + clip_low))"),
+            (PG, "    mask = mask.to(per_token.dtype)\n", "    mask = torch.ones_like(per_token)\n"),
+            (
+                PG,
+                "(per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)",
+                "(per_token * mask).sum(-1) / mask.shape[-1]",
+            ),
+            (PG, "(max_completion_length or mask.shape[-1])", "mask.shape[-1]"),
+            (PG, "delta = ref_logp - logp_new", "delta = logp_new - ref_logp"),  # the KL's sign
+            (PG, "low = (ratio < 1 - clip_low) & (advantages < 0)", "low = ratio < 1 - clip_low"),
+            (RO, "mask = slot <= (out.ended - out.longest)[:, None]", "mask = slot <= out.ended[:, None]"),  # padding
+            (RO, "mask = slot <= (out.ended", "mask = slot < (out.ended"),  # the stop token left out
+            (RO, "net(ids[:, :-1], None, 0, pad)[:, -t:]", "net(ids[:, :-1], None, 0, pad)[:, :t]"),  # prompt slots
+            (RO, "net(ids[:, :-1], None, 0, pad)", "net(ids[:, :-1], None, 0, None)"),
+            (
+                RO,
+                "rows = [p for p in prompt_ids for _ in range(group_size)]",
+                "rows = [p for _ in range(group_size) for p in prompt_ids]",
+            ),
+            (S, "filtered.log_softmax(dim=-1).gather", "logits.float().log_softmax(dim=-1).gather"),
         ],
     },
     "files": {  # files an outsider wrote: pretrained folders, archives, exported programs, planted links

@@ -130,6 +130,20 @@ def sample_next(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def sample_next_logp(
+    logits: Tensor,
+    temperature: float,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Next ids (B,) drawn as ``sample_next`` draws them (temperature > 0), and their log-probabilities (B,) under
+    that distribution (after temperature, top-k and top-p): what a policy gradient's importance ratio divides by."""
+    filtered = filter_logits(logits.float() / temperature, top_k, top_p)  # (B, V)
+    nxt = torch.multinomial(filtered.softmax(dim=-1), 1, generator=generator)  # (B, 1): probabilities(), as drawn
+    return nxt.squeeze(-1), filtered.log_softmax(dim=-1).gather(-1, nxt).squeeze(-1)
+
+
 def left_padded(prompts: list[Tensor], device: torch.device, slots: int) -> tuple[Tensor, Tensor]:
     """Ids (B, slots) with every prompt ending at slot P (the longest prompt's length), and pads (B,)."""
     lengths = torch.tensor([p.numel() for p in prompts], device=device)
@@ -263,6 +277,19 @@ def evaluating(*nets: nn.Module) -> Iterator[None]:
             net.train(mode)
 
 
+@dataclass
+class Decoded:
+    """What ``decode`` wrote: ``tokens`` (B, N) left-padded prompts ending at slot ``longest`` then the sampled ids,
+    ``pad`` (B,), ``ended`` (B,) the slot of each row's stop token (N if none), and ``logps`` (B, N - longest) the
+    sampled ids' log-probabilities when asked for (else None)."""
+
+    tokens: Tensor
+    pad: Tensor
+    longest: int
+    ended: Tensor
+    logps: Tensor | None = None
+
+
 @torch.inference_mode()
 def generate(
     net: GPT,
@@ -282,6 +309,29 @@ def generate(
     slides over the last ``block_size`` (``"slide"``), or the call is refused up front (``"error"``). A prompt must
     leave room for one token in ``block_size``.
     """
+    args = (max_new_tokens, temperature, top_k, top_p, stop_ids, use_cache, generator, past_block_size)
+    out = decode(net, prompts, *args)
+    return [out.tokens[i, out.longest : int(out.ended[i])].clone() for i in range(len(prompts))]
+
+
+@torch.inference_mode()
+def decode(
+    net: GPT,
+    prompts: list[Tensor],
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop_ids: Sequence[int] = (),
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+    past_block_size: Literal["slide", "error"] = "slide",
+    logps: bool = False,
+) -> Decoded:
+    """``generate``'s decoding loop, returning every slot it wrote; ``logps`` (temperature > 0) also keeps the
+    log-probability of each sampled id (``sample_next_logp``), as a rollout for a policy gradient needs."""
+    if logps and temperature <= 0:
+        raise ValueError("log-probabilities of a greedy decoding (temperature 0) are not those of a distribution")
     longest, bs = checked_request(net, prompts, max_new_tokens, past_block_size), net.block_size
     n = longest + max_new_tokens
     tokens, pad = left_padded(prompts, net.tok_emb.weight.device, n)  # (B, N), (B,)
@@ -289,13 +339,17 @@ def generate(
     done = torch.zeros(b, dtype=torch.bool, device=tokens.device)
     ended = torch.full((b,), n, device=tokens.device)  # the slot where each row's continuation stops
     stop = torch.as_tensor(list(stop_ids), dtype=torch.long, device=tokens.device)
+    kept = torch.zeros(b, max_new_tokens, device=tokens.device) if logps else None  # (B, N - P)
 
     with evaluating(net):
         cache = make_cache(net, b, min(n, bs)) if use_cache else None
         first = 0  # the window's first slot: the context is tokens[:, first:pos + 1]
         logits = net(tokens[:, :longest], cache, 0, window_pad(pad, 0))[:, -1]  # (B, V): every prompt in one pass
         for pos in range(longest, n):
-            nxt = sample_next(logits, temperature, top_k, top_p, generator)
+            if kept is None:
+                nxt = sample_next(logits, temperature, top_k, top_p, generator)
+            else:
+                nxt, kept[:, pos - longest] = sample_next_logp(logits, temperature, top_k, top_p, generator)
             hit_eos = ~done & torch.isin(nxt, stop)
             ended = torch.where(hit_eos, pos, ended)
             done |= hit_eos
@@ -308,4 +362,4 @@ def generate(
                 logits = net(tokens[:, pos : pos + 1], cache, pos - first, window_pad(pad, first))[:, -1]
             else:
                 logits = net(tokens[:, first : pos + 1], cache, 0, window_pad(pad, first))[:, -1]
-    return [tokens[i, longest : int(ended[i])].clone() for i in range(b)]
+    return Decoded(tokens, pad, longest, ended, kept)

@@ -8,6 +8,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from zoo.train.policy_gradient import clipped_surrogate
+from zoo.train.policy_gradient import normalize as normalize  # re-exported: PPO's and A2C's, shared with GRPO
+
 
 def gae(
     rewards: Tensor, values: Tensor, terminated: Tensor, truncated: Tensor, gamma: float, gae_lambda: float
@@ -34,11 +37,6 @@ def gae(
     return advantages, advantages + values[:-1]
 
 
-def normalize(x: Tensor, eps: float = 1e-8) -> Tensor:
-    """Zero mean, unit std over the batch (PPO's per-minibatch advantage normalisation)."""
-    return (x - x.mean()) / (x.std() + eps)
-
-
 def ppo_loss(
     logprob: Tensor,
     old_logprob: Tensor,
@@ -61,26 +59,22 @@ def ppo_loss(
     ``approx_kl`` is the low-variance estimator mean((r - 1) - log r) (Schulman 2020, "Approximating KL
     Divergence"); ``clipfrac`` the fraction of rows whose ratio was clipped.
     """
-    logratio = logprob - old_logprob
-    ratio = logratio.exp()
-    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+    pg = clipped_surrogate(logprob, old_logprob, advantages, clip_coef, clip_coef)  # no mask: the plain mean
+    pg_loss = pg["loss"]
     if clip_vloss:
         clipped = old_value + (value - old_value).clamp(-clip_coef, clip_coef)
         v_loss = 0.5 * torch.max((value - returns).square(), (clipped - returns).square()).mean()
     else:
         v_loss = 0.5 * (value - returns).square().mean()
     entropy = entropy.mean()
-    with torch.no_grad():
-        approx_kl = ((ratio - 1) - logratio).mean()
-        clipfrac = ((ratio - 1).abs() > clip_coef).float().mean()
     loss = pg_loss - ent_coef * entropy + vf_coef * v_loss
     return {
         "loss": loss,
         "pg_loss": pg_loss,
         "v_loss": v_loss,
         "entropy": entropy,
-        "approx_kl": approx_kl,
-        "clipfrac": clipfrac,
+        "approx_kl": pg["approx_kl"],
+        "clipfrac": pg["clipfrac"],
     }
 
 
