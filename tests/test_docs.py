@@ -145,6 +145,14 @@ COVERED: list[tuple[str, str]] = [
     ),
     (r"configs/trainer/(ddp|fsdp)\.yaml", "a GPU"),
     (
+        r"clip/wiseft_tiny\.yaml",
+        "tests/callbacks/test_wiseft.py::test_clip_sweep_logs_table_and_plot_and_registers_the_chosen_point",
+    ),
+    (
+        r"trainer/wiseft\.yaml",
+        "tests/callbacks/test_wiseft.py::test_cnn_sweep_on_its_family_metric_is_tested_and_resumes_with_its_start",
+    ),
+    (
         r"zoo\.train\.parallel runs/",
         "tests/app/test_strategies.py::test_fsdp2_two_processes_train_checkpoint_consolidate_reload",
     ),
