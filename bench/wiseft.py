@@ -11,9 +11,9 @@ Offline, on the generated shapes, in two ``cli.py fit`` runs in this process:
 Full fine-tuning is the sweep's alpha = 1 (the weights the fit ended with, as the zoo registers them without WiSE-FT);
 the start is alpha = 0. Zero-shot accuracy is over the six shape names (chance 1/6), on ``--num-val`` images each.
 
-    python bench/wiseft.py                                # ~5 min on 2 idle CPU cores
+    python bench/wiseft.py                                # ~20 min on 2 CPU cores at load 2 (12 + 8)
     python bench/wiseft.py --start <a pretrained ckpt>    # the fine-tune and the sweep alone
-    python bench/wiseft.py --shift negative               # the other shifts measured in docs/clip.md
+    python bench/wiseft.py --shift negative               # another target task
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ COVERED: list[tuple[str, str]] = [
         r"^python cli\.py predict --ckpt_path <last\.ckpt>",
         "tests/diffusion/test_diffusion_use.py::test_predict_writes_a_readable_png_per_sample_and_a_grid",
     ),
-    (r"bench/(latent|diffusion)_quality\.py", "minutes of CPU"),
+    (r"bench/((latent|diffusion)_quality|wiseft)\.py", "minutes of CPU"),
     (r"ddpm_unet_shapes\.yaml$", "minutes of CPU"),
     (
         r"registered_model_name=shapes-ddpm",
