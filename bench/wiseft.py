@@ -11,7 +11,7 @@ Offline, on the generated shapes, in two ``cli.py fit`` runs in this process:
 Full fine-tuning is the sweep's alpha = 1 (the weights the fit ended with, as the zoo registers them without WiSE-FT);
 the start is alpha = 0. Zero-shot accuracy is over the six shape names (chance 1/6), on ``--num-val`` images each.
 
-    python bench/wiseft.py                                # ~20 min on 2 CPU cores at load 2 (12 + 8)
+    python bench/wiseft.py                                # ~15-25 min on 2 CPU cores (12 min of it pretraining)
     python bench/wiseft.py --start <a pretrained ckpt>    # the fine-tune and the sweep alone
     python bench/wiseft.py --shift negative               # another target task
 """
@@ -83,8 +83,8 @@ def wise_callback(alphas: list[float], keep: float, num_val: int) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pretrain-steps", type=int, default=900)
-    ap.add_argument("--finetune-steps", type=int, default=300)
-    ap.add_argument("--finetune-lr", type=float, default=1e-3)
+    ap.add_argument("--finetune-steps", type=int, default=150)
+    ap.add_argument("--finetune-lr", type=float, default=3e-4)
     ap.add_argument("--shift", choices=sorted(SHIFTS), default="grey", help="the target task's shapes")
     ap.add_argument("--num-val", type=int, default=1000, help="held-out images of each task")
     ap.add_argument("--alphas", type=int, default=21, help="points of the alpha grid over [0, 1]")
