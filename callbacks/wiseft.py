@@ -141,7 +141,7 @@ class WiseFT(Callback):
             self.table[source_name(source_metric)] = source
         self._assign(pl_module, tuned, self.chosen_alpha)
         del tuned
-        self._log(trainer, rows[k], source_metric)
+        self._log(trainer, rows[k])
         self.chosen_path = self._save(trainer)
         return self.chosen_path
 
@@ -165,7 +165,7 @@ class WiseFT(Callback):
             for name, t in interpolated(self._start, tuned, alpha):
                 live[name].copy_(t)
 
-    def _log(self, trainer: Trainer, chosen: tuple[dict, dict], source_metric: str) -> None:
+    def _log(self, trainer: Trainer, chosen: tuple[dict, dict]) -> None:
         if not trainer.is_global_zero or not mlflow_loggers(trainer):
             return
         from mlflow.entities import Metric

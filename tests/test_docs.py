@@ -85,7 +85,7 @@ COVERED: list[tuple[str, str]] = [
         r"^python cli\.py predict --ckpt_path <last\.ckpt>",
         "tests/diffusion/test_diffusion_use.py::test_predict_writes_a_readable_png_per_sample_and_a_grid",
     ),
-    (r"bench/(latent|diffusion)_quality\.py", "minutes of CPU"),
+    (r"bench/((latent|diffusion)_quality|wiseft)\.py", "minutes of CPU"),
     (r"ddpm_unet_shapes\.yaml$", "minutes of CPU"),
     (
         r"registered_model_name=shapes-ddpm",
@@ -144,6 +144,14 @@ COVERED: list[tuple[str, str]] = [
         "tests/rl/test_rl_export.py::test_checkpoint_exports_through_the_entry_point_and_plays_with_torch_alone",
     ),
     (r"configs/trainer/(ddp|fsdp)\.yaml", "a GPU"),
+    (
+        r"clip/wiseft_tiny\.yaml",
+        "tests/callbacks/test_wiseft.py::test_clip_sweep_logs_table_and_plot_and_registers_the_chosen_point",
+    ),
+    (
+        r"trainer/wiseft\.yaml",
+        "tests/callbacks/test_wiseft.py::test_cnn_sweep_on_its_family_metric_is_tested_and_resumes_with_its_start",
+    ),
     (
         r"zoo\.train\.parallel runs/",
         "tests/app/test_strategies.py::test_fsdp2_two_processes_train_checkpoint_consolidate_reload",

@@ -107,3 +107,10 @@ def test_cnn_sweep_on_its_family_metric_is_tested_and_resumes_with_its_start():
 def test_alphas_without_both_ends_are_refused():
     with pytest.raises(InputError, match=r"hold 0 \(the start\) and 1"):
         WiseFT(alphas=(0.5, 1.0))
+
+
+def test_a_resume_without_the_start_is_refused():
+    from types import SimpleNamespace
+
+    with pytest.raises(InputError, match="resumes at step 5 from a checkpoint written without WiseFT"):
+        WiseFT().on_train_start(SimpleNamespace(global_step=5), torch.nn.Linear(2, 2))

@@ -1357,6 +1357,7 @@ FAMILIES: dict[str, dict] = {
                 "    def on_train_end(self, trainer: Trainer, pl_module",
             ),
             (WF, "        if self._start is not None:  # restored", "        if False:  # restored"),
+            (WF, "        if trainer.global_step > 0:\n", "        if trainer.global_step < 0:\n"),
             (
                 WF,
                 "source = validate(trainer, pl_module, self.source) if",
