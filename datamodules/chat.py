@@ -44,7 +44,7 @@ from datamodules.arithmetic import TASK_FILES, ArithmeticTask, prepare_task
 from datamodules.base import EpochShuffle, ResumesMidEpoch, check_settings, not_found_message, training_loader
 from datamodules.text import IGNORE_INDEX, fixed_tokenizer
 from zoo.errors import InputError
-from zoo.io.chat_template import ROLES, chat_renderer
+from zoo.io.chat_template import chat_renderer, checked_messages
 from zoo.io.tokenizers import Tokenizer
 
 
@@ -64,15 +64,7 @@ def messages_of(record: object) -> list[dict]:
             raise ValueError("has a prompt and a completion that are not both strings or both lists of messages")
     else:
         raise ValueError(f"has neither 'messages' nor 'prompt' and 'completion' (found {sorted(record)})")
-    if not isinstance(messages, list) or not messages:
-        raise ValueError("has 'messages' that is not a non-empty list")
-    for k, m in enumerate(messages):
-        if not isinstance(m, dict) or set(m) != {"role", "content"}:
-            raise ValueError(f"message {k} is not an object of exactly 'role' and 'content'")
-        if m["role"] not in ROLES:
-            raise ValueError(f"message {k} has the role {m['role']!r}, not one of {', '.join(ROLES)}")
-        if not isinstance(m["content"], str):
-            raise ValueError(f"message {k} has a {type(m['content']).__name__} content, not a string")
+    checked_messages(messages)  # an InputError is a ValueError
     if not any(m["role"] == "assistant" for m in messages):
         raise ValueError("has no assistant turn (nothing to learn)")
     return messages

@@ -22,7 +22,7 @@ Notation: B prompts, P longest prompt, N slots (P + max_new_tokens), W window (a
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
@@ -282,6 +282,32 @@ def generate(
     slides over the last ``block_size`` (``"slide"``), or the call is refused up front (``"error"``). A prompt must
     leave room for one token in ``block_size``.
     """
+    steps = decoding(
+        net, prompts, max_new_tokens, temperature, top_k, top_p, stop_ids, use_cache, generator, past_block_size
+    )
+    while True:
+        try:
+            next(steps)
+        except StopIteration as finished:
+            return finished.value
+
+
+@torch.inference_mode()  # entered again at each step a caller draws (torch wraps generator functions so)
+def decoding(
+    net: GPT,
+    prompts: list[Tensor],
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop_ids: Sequence[int] = (),
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+    past_block_size: Literal["slide", "error"] = "slide",
+) -> Generator[Tensor, None, list[Tensor]]:
+    """``generate`` step by step: yields each step's sampled ids (B,) as soon as they are drawn (a row's ids after
+    its stop id are not its continuation), and returns what ``generate`` returns. Streaming reads it; the decoding
+    is the one loop, so a stream and ``generate`` give the same tokens."""
     longest, bs = checked_request(net, prompts, max_new_tokens, past_block_size), net.block_size
     n = longest + max_new_tokens
     tokens, pad = left_padded(prompts, net.tok_emb.weight.device, n)  # (B, N), (B,)
@@ -300,6 +326,7 @@ def generate(
             ended = torch.where(hit_eos, pos, ended)
             done |= hit_eos
             tokens[:, pos] = nxt
+            yield nxt
             if bool(done.all()) or pos + 1 == n:
                 break
             slide = pos + 1 - first > bs  # the window is full: drop its oldest token and re-prefill
