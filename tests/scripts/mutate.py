@@ -64,6 +64,7 @@ FI, CV, EX = "zoo/io/files.py", "zoo/diffusion/convert.py", "zoo/rl/export.py"
 DCF = "zoo/diffusion/diffusers_config.py"
 PA = "zoo/gpt/peft_adapter.py"
 CTT, DCH = "zoo/io/chat_template.py", "datamodules/chat.py"
+AR, GM = "datamodules/arithmetic.py", "zoo/gpt/module.py"
 SPT, HFT = "zoo/io/sp_tokenizer.py", "zoo/io/hf_tokenizer.py"
 WI, WF, HK = "zoo/adapt/wise.py", "callbacks/wiseft.py", "zoo/app/hooks.py"
 OPT, GN, ATT, WT, TOK = (
@@ -1218,7 +1219,12 @@ FAMILIES: dict[str, dict] = {
         ],
     },
     "chat": {  # conversations for fine-tuning: a folder's chat template and the loss on the assistant's tokens
-        "tests": ["tests/gpt/test_chat.py"],
+        "tests": [
+            "tests/datamodules/test_arithmetic.py",
+            "tests/gpt/test_stream.py",
+            "tests/tracking/test_chat_serving.py",
+            "tests/gpt/test_chat.py",
+        ],
         "mutants": [
             # the loss mask: every token learned, targets unshifted, padding learned, a reply's span from the start
             (DCH, "labels = np.where(np.asarray(rendered.mask[: fits[-1]]), ids, IGNORE_INDEX)", "labels = ids.copy()"),
@@ -1237,7 +1243,7 @@ FAMILIES: dict[str, dict] = {
                 "fits = [end for end in rendered.turn_ends if end <= self.block_size + 1]",
                 "fits = [min(len(rendered.ids), self.block_size + 1)]",
             ),
-            (DCH, '        if m["role"] not in ROLES:', "        if False:"),
+            (CTT, '        if m["role"] not in ROLES:', "        if False:"),
             (DCH, '    if not any(m["role"] == "assistant" for m in messages):', "    if False:"),
             # the template's rendering: transformers' environment, its special tokens, no BOS of the tokenizer's own
             (CTT, "env = Sandbox(trim_blocks=True,", "env = Sandbox(trim_blocks=False,"),
@@ -1252,6 +1258,31 @@ FAMILIES: dict[str, dict] = {
             # the sandbox: a plain environment, the size bound gone
             (CTT, "class Sandbox(ImmutableSandboxedEnvironment):", "class Sandbox(jinja2.Environment):"),
             (CTT, 'intercepted_binops = frozenset(["*", "**"])', "intercepted_binops = frozenset()"),
+            # the generated task: a wrong answer, no precedence, test questions in training, slips that are right
+            (AR, 'c = a * b if op == "*" else a + b if op == "+" else a - b', 'c = a * b if op == "*" else a + b'),
+            (AR, 'i = ops.index("*") if "*" in ops else 0', "i = 0"),
+            (AR, "if held_out(p.question, task.test_share) != test_side or (", "if ("),
+            (AR, "        if self.work(slip)[1] == self.answer():", "        if False:"),
+            (AR, "        if json.loads(settings.read_text()) == dataclasses.asdict(task):", "        if False:"),
+            (DCH, 'TASK_FILES["sft"]', 'TASK_FILES["dpo"]'),
+            # serving and streaming: no generation prompt, a piece dropped, the last piece not flushed
+            (
+                GM,
+                "chat_renderer(self.tokenizer)(checked_messages(messages), True)",
+                "chat_renderer(self.tokenizer)(checked_messages(messages), False)",
+            ),
+            (
+                GM,
+                "                yield text[len(sent) :]\n                sent = text",
+                "                if sent:\n                    yield text[len(sent) :]\n                sent = text",
+            ),
+            (
+                GM,
+                "        if text.startswith(sent) and len(text) > len(sent):  # a last",
+                "        if False:  # a last",
+            ),
+            (SV, "        if chats and all(isinstance(m, dict) for m in chats):", "        if False:"),
+            (SV, '        if "messages" in data:', "        if False:"),
         ],
     },
     "wiseft": {  # WiSE-FT: the interpolation, the choice, and what the run keeps and registers
