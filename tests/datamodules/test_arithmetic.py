@@ -10,7 +10,15 @@ import re
 import pytest
 
 from datamodules import ChatDataModule
-from datamodules.arithmetic import TASK_FILES, ArithmeticTask, answer_of, held_out, prepare_task, write_task
+from datamodules.arithmetic import (
+    TASK_FILES,
+    ArithmeticTask,
+    Problem,
+    answer_of,
+    held_out,
+    prepare_task,
+    write_task,
+)
 from zoo.errors import InputError
 
 TASK = ArithmeticTask(digits=2, terms=3, ops="+-*", train=300, pairs=100, test=40, seed=3)
@@ -65,6 +73,14 @@ def test_pairs_reject_a_wrong_answer_and_choices_hold_the_answer_once(task):
         assert chosen.split("\n")[0].split(" = ")[0] == rejected.split("\n")[0].split(" = ")[0]  # the same working
     for r in task["mc"]:
         assert len(set(r["choices"])) == 4 and r["choices"][r["label"]] == str(_value(r["query"]))
+
+
+def test_a_slip_that_a_later_product_by_zero_would_cancel_is_moved_to_the_last_step():
+    import random
+
+    p = Problem((7, 8, 0), ("*", "*"))  # 7*8 = 56, 56*0 = 0: a slip in the first step leaves the answer right
+    rng = random.Random(0)
+    assert all(p.work(p.wrong_slip(rng))[1] != p.answer() for _ in range(50))
 
 
 def test_the_files_repeat_from_a_seed_and_the_extraction_rule_is_gsm8ks(task, tmp_path):

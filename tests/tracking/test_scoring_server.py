@@ -162,11 +162,12 @@ def test_every_family_is_served_as_it_answers_in_process(family, tmp_path):
 
 def _chats(url: str, local, params: dict) -> list[tuple[object, object]]:
     """(served, in-process) answers to chat messages: MLflow's unified chat request ``{"messages": [...]}`` (params
-    beside it, the answer unwrapped) and a ``messages`` column of two conversations."""
+    beside it, the answer unwrapped) and two rows of a ``messages`` column (as records: MLflow reads a dict of columns
+    holding lists as one row)."""
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "ab"}]
     status, one = _post(url, {"messages": chat, **params})
     assert status == 200, one
-    status, two = _post(url, {"inputs": {"messages": [chat, chat[1:]]}, "params": params})
+    status, two = _post(url, {"inputs": [{"messages": chat}, {"messages": chat[1:]}], "params": params})
     assert status == 200, two
     want_one = local.predict({"messages": chat}, params=params).to_dict("records")
     want_two = local.predict(pd.DataFrame({"messages": [chat, chat[1:]]}), params=params).to_dict("records")

@@ -51,14 +51,18 @@ TOP_K = 5  # classes answered per image unless the request's top_k says otherwis
 
 
 def as_the_server_reads(data: Any, schema: Schema | None) -> Any:
-    """``data`` as MLflow's scoring server reads ``{"inputs": data}`` for a model of one named input column: a bare
-    value or a list of values is that column (a Python ``predict(["a", "b"])`` as HTTP's), the rest unchanged."""
-    if schema is None or schema.is_tensor_spec() or len(schema.required_input_names()) > 1:
+    """``data`` as MLflow's scoring server reads ``{"inputs": data}`` for a model of one named input column of plain
+    values (a GPT's ``prompt``; its ``messages``, lists of objects, are no bare value): a bare value or a list of
+    values is that column (a Python ``predict(["a", "b"])`` as HTTP's), the rest unchanged."""
+    if schema is None or schema.is_tensor_spec():
+        return data
+    plain = [c.name for c in schema.inputs if not isinstance(c.type, Array)]
+    if len(plain) != 1:
         return data
     if isinstance(data, (str, bytes)):
         data = [data]
     if isinstance(data, (list, tuple)) and not any(isinstance(v, dict) for v in data):
-        return pd.DataFrame({schema.input_names()[0]: list(data)})
+        return pd.DataFrame({plain[0]: list(data)})
     return data
 
 
