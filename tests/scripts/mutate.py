@@ -1281,7 +1281,7 @@ FAMILIES: dict[str, dict] = {
                 "        if text.startswith(sent) and len(text) > len(sent):  # a last",
                 "        if False:  # a last",
             ),
-            (SV, "        if chats and all(isinstance(m, dict) for m in chats):", "        if False:"),
+            (SV, "isinstance(v, (list, np.ndarray)) and all(", "isinstance(v, list) and all("),
             (SV, '        if "messages" in data:', "        if False:"),
         ],
     },

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import mlflow
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -58,9 +59,10 @@ def test_the_gpt_pyfunc_replies_to_messages_after_its_chat_template(tmp_path):
     assert list(one["completion"]) == want[:1] and one["prompt"][0].endswith("What is 2+3?\n<|assistant|>\n")
     rows = model.predict(pd.DataFrame({"messages": [CHAT, other]}), params=GREEDY)
     assert list(rows["completion"]) == want
-    assert list(model.predict(pd.DataFrame({"prompt": ["ab"]}), params=GREEDY)["completion"]) == module.generate(
-        ["ab"], max_new_tokens=6, temperature=0
-    )
+    prompts = module.generate(["ab", ""], max_new_tokens=6, temperature=0)
+    assert list(model.predict(pd.DataFrame({"prompt": ["ab", ""]}), params=GREEDY)["completion"]) == prompts
+    served = model.predict({"prompt": np.array(["ab", ""])}, params=GREEDY)  # the server's {"inputs": {"prompt": [..]}}
+    assert list(served["completion"]) == prompts
     with pytest.raises(MlflowException, match="row 0: message 0 has the role 'tool'"):
         model.predict({"messages": [{"role": "tool", "content": "x"}]}, params=GREEDY)
 

@@ -3,8 +3,8 @@
   - CNN: images (encoded bytes: PNG, JPEG, ...; base64 in JSON; or uint8 arrays in Python) -> ``pred``, ``class``,
     ``confidence`` and the next best ``class_<i>``/``confidence_<i>`` up to ``top_k`` (a param);
   - GPT: prompts -> completions, with ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p`` and ``seed`` params;
-    or chat ``messages`` (OpenAI's ``[{"role", "content"}, ...]`` per row, or one conversation as MLflow's unified
-    chat request ``{"messages": [...]}`` gives it) -> the assistant's reply, after the model's chat template with
+    or chat ``messages`` (OpenAI's ``[{"role", "content"}, ...]`` per row; MLflow's unified chat request
+    ``{"messages": [...]}`` is one) -> the assistant's reply, after the model's chat template with
     its generation prompt (the ``prompt`` column then shows that rendered text);
   - diffusion: rows of ``label`` and ``seed`` -> PNG images (bytes; base64 in JSON), with ``guidance_scale`` and the
     sampler's own settings (DDIM's ``steps``, ``eta``, ...) as params; rows sharing a seed are drawn together as one
@@ -69,8 +69,8 @@ def as_the_server_reads(data: Any, schema: Schema | None) -> Any:
 def _one_row_of_lists(frame: pd.DataFrame) -> bool:
     """MLflow's own cast of a dict of lists of strings (``predict({"prompt": ["a", "b"]})``): one row whose every
     cell is the list."""
-    cells = frame.iloc[0].tolist() if len(frame) == 1 else []
-    return bool(cells) and all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in cells)
+    cells = frame.iloc[0].tolist() if len(frame) == 1 else []  # the server's {"inputs": {"prompt": [...]}}: arrays
+    return bool(cells) and all(isinstance(v, (list, np.ndarray)) and all(isinstance(x, str) for x in v) for v in cells)
 
 
 def columns(model_input: Any, names: tuple[str, ...]) -> dict[str, list]:
@@ -246,9 +246,7 @@ class TextGenerator(Interface):
     def _chats(self, data: dict[str, list]) -> tuple[list[torch.Tensor], list[str]]:
         """Each row's conversation as the ids its reply continues, and their text; a row has messages or a prompt,
         not both."""
-        chats = data["messages"]
-        if chats and all(isinstance(m, dict) for m in chats):  # one conversation, a message a row (unified request)
-            chats = [chats]
+        chats = data["messages"]  # MLflow's unified {"messages": [...]} is one row by now
         if any(p is not None for p in data.get("prompt", [])):
             raise InputError("send either prompt (text to continue) or messages (a chat to reply to), not both")
         ids = []
