@@ -40,3 +40,16 @@ def test_a_chat_prompt_is_the_rendered_conversation_with_the_generation_prompt(m
     assert module.tokenizer.decode(ids).endswith("What is 12+30?\n<|assistant|>\n")
     with pytest.raises(InputError, match="role 'tool'"):
         module.chat_prompt([{"role": "tool", "content": "x"}])
+
+
+def test_a_character_split_across_tokens_is_sent_whole_and_a_cut_one_at_the_end(module, monkeypatch):
+    import zoo.gpt.module as gpt_module
+
+    def drawn(ids):  # the decoding loop stubbed: these byte ids, one a step
+        return lambda *args, **kwargs: iter(torch.tensor([i]) for i in ids)
+
+    e_acute = list("é".encode())  # two bytes: the first alone is no character
+    monkeypatch.setattr(gpt_module, "decoding", drawn([65, *e_acute, 66, e_acute[0]]))
+    assert list(module.stream("x", max_new_tokens=5)) == ["A", "é", "B", "\ufffd"]
+    monkeypatch.setattr(gpt_module, "decoding", drawn([65, ByteTokenizer.eos_id, 66]))
+    assert list(module.stream("x", max_new_tokens=3)) == ["A"]  # nothing after the stop id

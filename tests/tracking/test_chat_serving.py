@@ -69,7 +69,8 @@ def test_the_gpt_pyfunc_replies_to_messages_after_its_chat_template(tmp_path):
 
 @pytest.mark.slow  # a cli.py fit: ~10 s beyond the imports
 def test_the_chat_config_fits_from_a_fresh_folder_and_its_model_answers_a_held_out_question(tmp_path):
-    small = [
+    small = [  # the task written into the test's folder (data/ is the tests' shared download cache)
+        f"--data.init_args.path={tmp_path / 'arith'}",
         "--data.init_args.generate.train=64",
         "--data.init_args.generate.pairs=8",
         "--data.init_args.generate.test=8",
@@ -82,7 +83,7 @@ def test_the_chat_config_fits_from_a_fresh_folder_and_its_model_answers_a_held_o
         "--trainer.limit_val_batches=1",
         *small,
     )
-    question = json.loads((tmp_path / "data" / "arithmetic" / "test.jsonl").read_text().splitlines()[0])["question"]
+    question = json.loads((tmp_path / "arith" / "test.jsonl").read_text().splitlines()[0])["question"]
     model = mlflow.pyfunc.load_model(f"runs:/{fitted.trainer.logger.run_id}/model")
     assert "messages" in model.metadata.get_input_schema().input_names()
     chat = [{"role": "user", "content": question}]
