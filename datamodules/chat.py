@@ -21,6 +21,10 @@ content, one the template refuses) is one ``error:`` line naming its file and li
 ``skip_bad_records``, skipped and counted. The validation split is ``val_path``, else the last ``val_fraction`` of
 the records.
 
+With ``generate`` (``datamodules.arithmetic.ArithmeticTask``), ``path`` is a folder the project's arithmetic task is
+written into when it is not there yet (``prepare_data``, so a config runs from a fresh clone), and its ``sft.jsonl``
+is trained on; the held-out questions (``test.jsonl``, ``mc.jsonl``) are never in it.
+
 Notation: B batch, T tokens (the longest conversation of the batch, at most ``block_size``).
 """
 
@@ -37,10 +41,11 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
+from datamodules.arithmetic import TASK_FILES, ArithmeticTask, prepare_task
 from datamodules.base import EpochShuffle, ResumesMidEpoch, check_settings, not_found_message, training_loader
 from datamodules.text import IGNORE_INDEX, fixed_tokenizer
 from zoo.errors import InputError
-from zoo.io.chat_template import ROLES, chat_renderer
+from zoo.io.chat_template import chat_renderer, checked_messages
 from zoo.io.tokenizers import Tokenizer
 
 T = TypeVar("T")
@@ -62,15 +67,7 @@ def messages_of(record: object) -> list[dict]:
             raise ValueError("has a prompt and a completion that are not both strings or both lists of messages")
     else:
         raise ValueError(f"has neither 'messages' nor 'prompt' and 'completion' (found {sorted(record)})")
-    if not isinstance(messages, list) or not messages:
-        raise ValueError("has 'messages' that is not a non-empty list")
-    for k, m in enumerate(messages):
-        if not isinstance(m, dict) or set(m) != {"role", "content"}:
-            raise ValueError(f"message {k} is not an object of exactly 'role' and 'content'")
-        if m["role"] not in ROLES:
-            raise ValueError(f"message {k} has the role {m['role']!r}, not one of {', '.join(ROLES)}")
-        if not isinstance(m["content"], str):
-            raise ValueError(f"message {k} has a {type(m['content']).__name__} content, not a string")
+    checked_messages(messages)  # an InputError is a ValueError
     if not any(m["role"] == "assistant" for m in messages):
         raise ValueError("has no assistant turn (nothing to learn)")
     return messages
@@ -144,6 +141,7 @@ class ChatDataModule(ResumesMidEpoch, LightningDataModule):
         skip_bad_records: bool = False,
         num_workers: int = 0,
         seed: int = 0,
+        generate: ArithmeticTask | None = None,
     ) -> None:
         """
         Args:
@@ -159,10 +157,12 @@ class ChatDataModule(ResumesMidEpoch, LightningDataModule):
             skip_bad_records: skip malformed records, counting them, instead of stopping at the first with its line.
             num_workers: DataLoader worker processes.
             seed: seed of the per-epoch shuffle of the training conversations.
+            generate: write the project's arithmetic task with these settings into the folder ``path`` when it is
+                not there (``datamodules.arithmetic``) and train on its sft.jsonl; None: path is the user's data.
         """
         super().__init__()
         self.save_hyperparameters()
-        for name, given in (("path", path), ("val_path", val_path)):
+        for name, given in (("path", None if generate else path), ("val_path", val_path)):
             if given is not None and not Path(given).exists():
                 raise FileNotFoundError(
                     not_found_message("conversations file or folder", given, f"pass --data.init_args.{name}")
@@ -175,7 +175,7 @@ class ChatDataModule(ResumesMidEpoch, LightningDataModule):
         self.path, self.val_path, self.val_fraction = path, val_path, val_fraction
         self.kind, self.pretrained_dir, self.gpt2_dir = tokenizer, pretrained_dir, gpt2_dir
         self.block_size, self.batch_size, self.skip_bad_records = block_size, batch_size, skip_bad_records
-        self.num_workers, self.seed = num_workers, seed
+        self.num_workers, self.seed, self.generate = num_workers, seed, generate
         self.tokenizer: Tokenizer | None = None
         self.train_set: Conversations | None = None
         self.val_set: Conversations | None = None
@@ -224,11 +224,20 @@ class ChatDataModule(ResumesMidEpoch, LightningDataModule):
 
     # -- Lightning hooks ---------------------------------------------------------------------------------------
 
+    def prepare_data(self) -> None:
+        if self.generate is not None:  # once per node, before setup on every rank
+            prepare_task(self.path, self.generate)
+
+    def _train_path(self) -> str:
+        if self.generate is None:
+            return self.path
+        return str(prepare_task(self.path, self.generate) / TASK_FILES["sft"])  # written already: only checked
+
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
         self.skipped = self.dropped = 0
-        records = self._records(self.path)
+        records = self._records(self._train_path())
         if self.val_path is not None:
             train, val = records, self._records(self.val_path)
         else:

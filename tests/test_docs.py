@@ -96,6 +96,7 @@ COVERED: list[tuple[str, str]] = [
         "tests/tracking/test_scoring_server.py::test_every_family_is_served_as_it_answers_in_process",
     ),
     (r"^python cli\.py fit --config configs/gpt/gpt_char_shakespeare\.yaml$", "minutes of CPU"),
+    (r"^python cli\.py fit --config configs/gpt/chat_arithmetic\.yaml$", "minutes of CPU"),
     (
         r"predict --config configs/gpt/gpt_char_shakespeare\.yaml --ckpt_path",
         "tests/gpt/test_gpt_use.py::test_predict_from_a_prompts_file_without_the_corpus",

@@ -66,6 +66,7 @@ PA = "zoo/gpt/peft_adapter.py"
 PG, RO = "zoo/train/policy_gradient.py", "zoo/gpt/rollout.py"
 CTT, DCH = "zoo/io/chat_template.py", "datamodules/chat.py"
 DPO, DPR = "zoo/gpt/dpo.py", "datamodules/preference.py"
+AR, GM = "datamodules/arithmetic.py", "zoo/gpt/module.py"
 SPT, HFT = "zoo/io/sp_tokenizer.py", "zoo/io/hf_tokenizer.py"
 WI, WF, HK = "zoo/adapt/wise.py", "callbacks/wiseft.py", "zoo/app/hooks.py"
 GTK, DTK, LEV = "zoo/gpt/tasks.py", "datamodules/tasks.py", "zoo/gpt/lm_eval.py"
@@ -1217,7 +1218,12 @@ FAMILIES: dict[str, dict] = {
         ],
     },
     "chat": {  # conversations for fine-tuning: a folder's chat template and the loss on the assistant's tokens
-        "tests": ["tests/gpt/test_chat.py"],
+        "tests": [
+            "tests/datamodules/test_arithmetic.py",
+            "tests/gpt/test_stream.py",
+            "tests/tracking/test_chat_serving.py",
+            "tests/gpt/test_chat.py",
+        ],
         "mutants": [
             # the loss mask: every token learned, targets unshifted, padding learned, a reply's span from the start
             (DCH, "labels = np.where(np.asarray(rendered.mask[: fits[-1]]), ids, IGNORE_INDEX)", "labels = ids.copy()"),
@@ -1236,7 +1242,7 @@ FAMILIES: dict[str, dict] = {
                 "fits = [end for end in rendered.turn_ends if end <= self.block_size + 1]",
                 "fits = [min(len(rendered.ids), self.block_size + 1)]",
             ),
-            (DCH, '        if m["role"] not in ROLES:', "        if False:"),
+            (CTT, '        if m["role"] not in ROLES:', "        if False:"),
             (DCH, '    if not any(m["role"] == "assistant" for m in messages):', "    if False:"),
             # the template's rendering: transformers' environment, its special tokens, no BOS of the tokenizer's own
             (CTT, "env = Sandbox(trim_blocks=True,", "env = Sandbox(trim_blocks=False,"),
@@ -1251,6 +1257,31 @@ FAMILIES: dict[str, dict] = {
             # the sandbox: a plain environment, the size bound gone
             (CTT, "class Sandbox(ImmutableSandboxedEnvironment):", "class Sandbox(jinja2.Environment):"),
             (CTT, 'intercepted_binops = frozenset(["*", "**"])', "intercepted_binops = frozenset()"),
+            # the generated task: a wrong answer, no precedence, test questions in training, slips that are right
+            (AR, 'c = a * b if op == "*" else a + b if op == "+" else a - b', 'c = a * b if op == "*" else a + b'),
+            (AR, 'i = ops.index("*") if "*" in ops else 0', "i = 0"),
+            (AR, "if held_out(p.question, task.test_share) != test_side or (", "if ("),
+            (AR, "        if self.work(slip)[1] == self.answer():", "        if False:"),
+            (AR, "        if json.loads(settings.read_text()) == dataclasses.asdict(task):", "        if False:"),
+            (DCH, 'TASK_FILES["sft"]', 'TASK_FILES["dpo"]'),
+            # serving and streaming: no generation prompt, a piece dropped, the last piece not flushed
+            (
+                GM,
+                "chat_renderer(self.tokenizer)(checked_messages(messages), True)",
+                "chat_renderer(self.tokenizer)(checked_messages(messages), False)",
+            ),
+            (
+                GM,
+                "                yield text[len(sent) :]\n                sent = text",
+                "                if sent:\n                    yield text[len(sent) :]\n                sent = text",
+            ),
+            (
+                GM,
+                "        if text.startswith(sent) and len(text) > len(sent):  # a last",
+                "        if False:  # a last",
+            ),
+            (SV, "isinstance(v, (list, np.ndarray)) and all(", "isinstance(v, list) and all("),
+            (SV, '        if "messages" in data:', "        if False:"),
         ],
     },
     "evals": {  # task evaluation: lm-eval's definitions of acc, acc_norm, bits per byte; answer extraction

@@ -134,8 +134,11 @@ def test_every_family_is_served_as_it_answers_in_process(family, tmp_path):
     try:
         status, answer = _post(url, {**body, "params": params} if params else body)
         bad_status, bad = _post(url, {"inputs": {"nothing": [1]}} if family != "rl" else {"inputs": [[1.0, 2.0]]})
+        chats = _chats(url, local, params) if family == "gpt" else None
     finally:
         stop_server(proc)
+    for got, want in chats or []:
+        assert got == want
     assert status == 200, answer
     if family == "rl":
         expected = local.predict(np.asarray(body["inputs"], dtype=np.float32))
@@ -155,3 +158,17 @@ def test_every_family_is_served_as_it_answers_in_process(family, tmp_path):
             else:
                 assert list(got[column]) == want, column
     assert bad_status == 400, bad
+
+
+def _chats(url: str, local, params: dict) -> list[tuple[object, object]]:
+    """(served, in-process) answers to chat messages: MLflow's unified chat request ``{"messages": [...]}`` (params
+    beside it, the answer unwrapped) and two rows of a ``messages`` column (as records: MLflow reads a dict of columns
+    holding lists as one row)."""
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "ab"}]
+    status, one = _post(url, {"messages": chat, **params})
+    assert status == 200, one
+    status, two = _post(url, {"inputs": [{"messages": chat}, {"messages": chat[1:]}], "params": params})
+    assert status == 200, two
+    want_one = local.predict({"messages": chat}, params=params).to_dict("records")
+    want_two = local.predict(pd.DataFrame({"messages": [chat, chat[1:]]}), params=params).to_dict("records")
+    return [(one, want_one), (two["predictions"], want_two)]

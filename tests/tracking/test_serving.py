@@ -281,13 +281,13 @@ def _logged_byte_gpt(folder: Path) -> tuple[str, str, object]:
     return uri, model.model_uri, module.eval()
 
 
-def test_gpt_answers_a_plain_list_of_prompts_in_python_as_http_does_by_mlflows_own_model_uri(tmp_path):
+def test_gpt_answers_a_plain_list_of_prompts_in_python_by_mlflows_own_model_uri(tmp_path):
     uri, model_uri, module = _logged_byte_gpt(tmp_path)
     assert re.fullmatch(r"models:/m-[0-9a-f]+", model_uri)  # as MLflow prints a logged model
     greedy = {"temperature": 0.0, "max_new_tokens": 4}
     want = module.generate(["ab", "the "], max_new_tokens=4, temperature=0)
     model = load(model_uri, uri)
-    assert list(model.predict(["ab", "the "], params=greedy)["completion"]) == want  # {"inputs": [...]} over HTTP
+    assert list(model.predict(["ab", "the "], params=greedy)["completion"]) == want  # filled into prompt in Python
     assert list(model.predict("ab", params=greedy)["completion"]) == want[:1]
     assert list(model.predict(pd.DataFrame({"prompt": ["ab", "the "]}), params=greedy)["completion"]) == want
     # MLflow's own pyfunc turns a dict of lists of strings into one row of lists: answered row by row all the same

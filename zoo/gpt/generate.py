@@ -22,7 +22,7 @@ Notation: B prompts, P longest prompt, N slots (P + max_new_tokens), W window (a
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
@@ -314,8 +314,18 @@ def generate(
     return [out.tokens[i, out.longest : int(out.ended[i])].clone() for i in range(len(prompts))]
 
 
-@torch.inference_mode()
-def decode(
+def decode(*args, **kwargs) -> Decoded:
+    """``decoding`` run to its end: every slot it wrote (``Decoded``); the arguments are ``decoding``'s."""
+    steps = decoding(*args, **kwargs)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as finished:
+            return finished.value
+
+
+@torch.inference_mode()  # entered again at each step a caller draws (torch wraps generator functions so)
+def decoding(
     net: GPT,
     prompts: list[Tensor],
     max_new_tokens: int,
@@ -327,9 +337,12 @@ def decode(
     generator: torch.Generator | None = None,
     past_block_size: Literal["slide", "error"] = "slide",
     logps: bool = False,
-) -> Decoded:
-    """``generate``'s decoding loop, returning every slot it wrote; ``logps`` (temperature > 0) also keeps the
-    log-probability of each sampled id (``sample_next_logp``), as a rollout for a policy gradient needs."""
+) -> Generator[Tensor, None, Decoded]:
+    """``generate``'s decoding loop, step by step: yields each step's sampled ids (B,) as soon as they are drawn (a
+    row's ids after its stop id are not its continuation) and returns every slot it wrote. Streaming reads the steps,
+    ``generate`` and rollouts the end: one loop, so a stream and ``generate`` give the same tokens. ``logps``
+    (temperature > 0) also keeps the log-probability of each sampled id (``sample_next_logp``), as a rollout for a
+    policy gradient needs."""
     if logps and temperature <= 0:
         raise ValueError("log-probabilities of a greedy decoding (temperature 0) are not those of a distribution")
     longest, bs = checked_request(net, prompts, max_new_tokens, past_block_size), net.block_size
@@ -354,6 +367,7 @@ def decode(
             ended = torch.where(hit_eos, pos, ended)
             done |= hit_eos
             tokens[:, pos] = nxt
+            yield nxt
             if bool(done.all()) or pos + 1 == n:
                 break
             slide = pos + 1 - first > bs  # the window is full: drop its oldest token and re-prefill

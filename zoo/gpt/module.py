@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.callbacks import ThroughputMonitor
@@ -13,12 +15,13 @@ from zoo.adapt import adapt as adapt_module
 from zoo.adapt.base import drop_base, restore_base
 from zoo.compat import trainer_of
 from zoo.errors import InputError
-from zoo.gpt.generate import Generation, generate
+from zoo.gpt.generate import Generation, decoding, generate
 from zoo.gpt.gpt import GPT
 from zoo.gpt.losses import causal_lm_loss, causal_lm_objective, mtp_loss
 from zoo.gpt.moe import routers
 from zoo.gpt.speculative import MTPDraft, SpeculationStats, speculative_generate
 from zoo.gpt.tasks import TaskMetrics
+from zoo.io.chat_template import chat_renderer, checked_messages
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.io.tokenizers import prompt_ids, tokenizer_from_dict
@@ -282,6 +285,47 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
             )
             self.last_speculation = stats
         return [self.tokenizer.decode(o.tolist()) for o in out] if as_text else out
+
+    def chat_prompt(self, messages: list[dict]) -> Tensor:
+        """The ids (1-D) a reply to ``messages`` (OpenAI's ``[{"role", "content"}, ...]``) continues: the tokenizer's
+        chat template (``zoo.io.chat_template``: an imported folder's, else the zoo's default format) with the
+        generation prompt, so what follows is the assistant's turn, as the model was fine-tuned to write it."""
+        if self.tokenizer is None:
+            raise RuntimeError("No tokenizer: fit or load from a checkpoint made with a text or chat datamodule")
+        rendered = chat_renderer(self.tokenizer)(checked_messages(messages), True)
+        return torch.tensor(rendered.ids, dtype=torch.long)
+
+    def stream(
+        self,
+        request: str | list[dict],
+        max_new_tokens: int = 200,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+    ) -> Iterator[str]:
+        """The reply to ``request`` (a text to continue, or chat messages: the assistant's reply), yielded as text
+        pieces as the tokens are drawn; joined, the pieces are ``generate``'s continuation for the same settings.
+
+        A piece is held back while the text decoded so far ends inside a character (a byte-level token may carry
+        part of one) or does not extend what was already sent (a decoder that rewrites earlier text as later tokens
+        come, which byte-level ones never do)."""
+        if self.tokenizer is None:
+            raise RuntimeError("No tokenizer: fit or load from a checkpoint made with a text or chat datamodule")
+        ids = self.chat_prompt(request) if isinstance(request, list) else prompt_ids(self.tokenizer, [request])[0]
+        gen = torch.Generator(self.device).manual_seed(seed) if seed is not None else None
+        stop, new, sent = set(self.tokenizer.stop_ids), [], ""
+        for nxt in decoding(self.net, [ids.to(self.device)], max_new_tokens, temperature, top_k, top_p, generator=gen):
+            if int(nxt[0]) in stop:
+                break
+            new.append(int(nxt[0]))
+            text = self.tokenizer.decode(new)
+            if text.startswith(sent) and not text.endswith("\ufffd") and len(text) > len(sent):
+                yield text[len(sent) :]
+                sent = text
+        text = self.tokenizer.decode(new)
+        if text.startswith(sent) and len(text) > len(sent):  # a last character left incomplete
+            yield text[len(sent) :]
 
     def draft_net(self, draft: str | GPT | CausalLMModule) -> GPT | MTPDraft:
         """The draft's net: a checkpoint (read weights-only, once) or module whose tokenizer is this model's; "mtp":

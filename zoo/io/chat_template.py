@@ -163,6 +163,21 @@ def render(source: str, messages: list[dict], add_generation_prompt: bool = Fals
 # -- a tokenizer's conversations ----------------------------------------------------------------------------------
 
 
+def checked_messages(messages: object) -> list[dict]:
+    """``messages`` when it is a conversation in OpenAI's format: a non-empty list of objects of exactly ``role``
+    (one of ROLES) and ``content`` (a string); else one InputError saying what is wrong."""
+    if not isinstance(messages, list) or not messages:
+        raise InputError("has 'messages' that is not a non-empty list")
+    for k, m in enumerate(messages):
+        if not isinstance(m, dict) or set(m) != {"role", "content"}:
+            raise InputError(f"message {k} is not an object of exactly 'role' and 'content'")
+        if m["role"] not in ROLES:
+            raise InputError(f"message {k} has the role {m['role']!r}, not one of {', '.join(ROLES)}")
+        if not isinstance(m["content"], str):
+            raise InputError(f"message {k} has a {type(m['content']).__name__} content, not a string")
+    return messages
+
+
 def chat_renderer(tokenizer: Any) -> Callable[[list[dict], bool], Rendered]:
     """``render(messages, add_generation_prompt)`` for ``tokenizer``: its chat template if it has one (an imported
     folder's), else the default format; a character tokenizer is refused."""

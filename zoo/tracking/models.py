@@ -420,7 +420,8 @@ def load(uri: str, tracking_uri: str | None = None):
     as ``mlflow.pyfunc.load_model`` and ``mlflow models serve`` do (same interface, signature checks and casts), with
     the module rebuilt by this zoo's code after the allowlist check (the model's own code is never run). A local
     checkpoint takes the signature its family's interface states. A bare value or list fills a model's one input
-    column, as the scoring server reads ``{"inputs": [...]}`` (``load(uri).predict(["a prompt", "another"])``)."""
+    column of plain values, as the scoring server reads ``{"inputs": [...]}`` for a model of one column
+    (``load(uri).predict(["a prompt", "another"])``: over HTTP a GPT's ``prompt`` is named, beside ``messages``)."""
     from mlflow.models import Model
     from mlflow.pyfunc import PyFuncModel
 

@@ -3,6 +3,9 @@
   - CNN: images (encoded bytes: PNG, JPEG, ...; base64 in JSON; or uint8 arrays in Python) -> ``pred``, ``class``,
     ``confidence`` and the next best ``class_<i>``/``confidence_<i>`` up to ``top_k`` (a param);
   - GPT: prompts -> completions, with ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p`` and ``seed`` params;
+    or chat ``messages`` (OpenAI's ``[{"role", "content"}, ...]`` per row; MLflow's unified chat request
+    ``{"messages": [...]}`` is one) -> the assistant's reply, after the model's chat template with
+    its generation prompt (the ``prompt`` column then shows that rendered text);
   - diffusion: rows of ``label`` and ``seed`` -> PNG images (bytes; base64 in JSON), with ``guidance_scale`` and the
     sampler's own settings (DDIM's ``steps``, ``eta``, ...) as params; rows sharing a seed are drawn together as one
     batch of the CLI's predict is, so ``seed`` s answers what the CLI's batch of seed s draws;
@@ -35,6 +38,7 @@ from mlflow.models import ModelSignature
 from mlflow.protos.databricks_pb2 import BAD_REQUEST
 from mlflow.pyfunc import PythonModel
 from mlflow.types import ColSpec, DataType, ParamSchema, ParamSpec, Schema, TensorSpec
+from mlflow.types.schema import Array, Object, Property
 
 from zoo.errors import InputError
 from zoo.io.checkpoint import read_module
@@ -47,22 +51,26 @@ TOP_K = 5  # classes answered per image unless the request's top_k says otherwis
 
 
 def as_the_server_reads(data: Any, schema: Schema | None) -> Any:
-    """``data`` as MLflow's scoring server reads ``{"inputs": data}`` for a model of one named input column: a bare
-    value or a list of values is that column (a Python ``predict(["a", "b"])`` as HTTP's), the rest unchanged."""
-    if schema is None or schema.is_tensor_spec() or len(schema.input_names()) != 1:
+    """``data`` as MLflow's scoring server reads ``{"inputs": data}`` for a model of one named input column of plain
+    values (a GPT's ``prompt``; its ``messages``, lists of objects, are no bare value): a bare value or a list of
+    values is that column (a Python ``predict(["a", "b"])`` as HTTP's), the rest unchanged."""
+    if schema is None or schema.is_tensor_spec():
+        return data
+    plain = [c.name for c in schema.inputs if not isinstance(c.type, Array)]
+    if len(plain) != 1:
         return data
     if isinstance(data, (str, bytes)):
         data = [data]
     if isinstance(data, (list, tuple)) and not any(isinstance(v, dict) for v in data):
-        return pd.DataFrame({schema.input_names()[0]: list(data)})
+        return pd.DataFrame({plain[0]: list(data)})
     return data
 
 
 def _one_row_of_lists(frame: pd.DataFrame) -> bool:
     """MLflow's own cast of a dict of lists of strings (``predict({"prompt": ["a", "b"]})``): one row whose every
     cell is the list."""
-    cells = frame.iloc[0].tolist() if len(frame) == 1 else []
-    return bool(cells) and all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in cells)
+    cells = frame.iloc[0].tolist() if len(frame) == 1 else []  # the server's {"inputs": {"prompt": [...]}}: arrays
+    return bool(cells) and all(isinstance(v, (list, np.ndarray)) and all(isinstance(x, str) for x in v) for v in cells)
 
 
 def columns(model_input: Any, names: tuple[str, ...]) -> dict[str, list]:
@@ -193,13 +201,15 @@ class ImageClassifier(_Images):
 
 
 class TextGenerator(Interface):
-    """GPT: prompts -> completions, sampled as the ``generation`` params say (the model's by default)."""
+    """GPT: prompts or chat messages -> completions (the assistant's replies), sampled as the ``generation`` params
+    say (the model's by default)."""
 
-    inputs = ("prompt",)
+    inputs = ("prompt", "messages")
     SETTINGS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
+    MESSAGE = Object([Property("role", DataType.string), Property("content", DataType.string)])
 
     def input_schema(self) -> Schema:
-        return Schema([ColSpec(DataType.string, "prompt")])
+        return Schema([ColSpec(DataType.string, "prompt", False), ColSpec(Array(self.MESSAGE), "messages", False)])
 
     def output_schema(self) -> Schema:
         return Schema([ColSpec(DataType.string, "prompt"), ColSpec(DataType.string, "completion")])
@@ -218,16 +228,35 @@ class TextGenerator(Interface):
         return pd.DataFrame({"prompt": [""]})  # every tokenizer encodes it: a new document
 
     def answer(self, model_input: Any, params: dict) -> pd.DataFrame:
-        prompts = [p if p is not None else "" for p in columns(model_input, self.inputs)["prompt"]]
-        if any(not isinstance(p, str) for p in prompts):
-            raise InputError("prompt: send strings (text to continue)")
-        try:
-            ids = prompt_ids(self.module.tokenizer, prompts)
-        except ValueError as err:  # a character the model's tokenizer does not have
-            raise InputError(f"prompt: {err}") from err
+        data = columns(model_input, self.inputs)
+        if "messages" in data:
+            ids, prompts = self._chats(data)
+        else:
+            prompts = [p if p is not None else "" for p in data["prompt"]]
+            if any(not isinstance(p, str) for p in prompts):
+                raise InputError("prompt: send strings (text to continue)")
+            try:
+                ids = prompt_ids(self.module.tokenizer, prompts)
+            except ValueError as err:  # a character the model's tokenizer does not have
+                raise InputError(f"prompt: {err}") from err
         generation = dataclasses.asdict(dataclasses.replace(self._generation(), **params))
         rows = self.module.predict_step({"prompt_ids": ids, "text": prompts, "generation": generation}, 0)
         return frame(rows)
+
+    def _chats(self, data: dict[str, list]) -> tuple[list[torch.Tensor], list[str]]:
+        """Each row's conversation as the ids its reply continues, and their text; a row has messages or a prompt,
+        not both."""
+        chats = data["messages"]  # MLflow's unified {"messages": [...]} is one row by now
+        if any(p is not None for p in data.get("prompt", [])):
+            raise InputError("send either prompt (text to continue) or messages (a chat to reply to), not both")
+        ids = []
+        for k, chat in enumerate(chats):
+            chat = list(chat) if isinstance(chat, SEQUENCES) else chat
+            try:
+                ids.append(self.module.chat_prompt([dict(m) if isinstance(m, dict) else m for m in chat or []]))
+            except ValueError as err:  # a bad message, or a template refusing the chat
+                raise InputError(f"messages of row {k}: {err}") from err
+        return ids, [self.module.tokenizer.decode(i.tolist()) for i in ids]
 
 
 class ImageGenerator(Interface):
