@@ -78,8 +78,8 @@ MUON = ["--model.init_args.optimizer.muon={}"]  # Muon's momentum buffers, AdamW
         (TINY, "batch_end", []),
         (TINY, "batch_start", []),
         (TINY, "backward", []),
-        (CLIP_TINY, "batch_start", []),  # CaptionDataModule, its last partial batch dropped
-        (TINY, "batch_end", MUON),
+        pytest.param(CLIP_TINY, "batch_start", [], marks=pytest.mark.slow),  # its last partial batch dropped
+        pytest.param(TINY, "batch_end", MUON, marks=pytest.mark.slow),
     ],
     ids=["cnn-batch_end", "cnn-batch_start", "cnn-backward", "clip-batch_start", "cnn-muon-batch_end"],
 )
@@ -119,6 +119,7 @@ def test_ctrl_c_mid_epoch_then_resume_equals_the_run_never_interrupted(config, w
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
 
 
+@pytest.mark.slow  # the default suite's 10 minutes; CI's slow suite runs it
 def test_kill_9_mid_epoch_then_resume_from_last_ckpt_equals_the_run_never_killed():
     # Its own uninterrupted run, not the suite's shared one: compared with it, exactly, this resume differed once.
     straight = cli("fit", "--config", TINY, "--trainer.max_epochs=2", "--trainer.default_root_dir=straight")
@@ -151,6 +152,7 @@ def test_kill_9_mid_epoch_then_resume_from_last_ckpt_equals_the_run_never_killed
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
 
 
+@pytest.mark.slow  # the default suite's 10 minutes; CI's slow suite runs it
 def test_extending_max_epochs_on_resume_rebuilds_the_schedule_and_warns(digits_two_epochs):
     log = "--trainer.log_every_n_steps=1"
     straight = digits_two_epochs  # logged every step too

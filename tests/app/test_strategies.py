@@ -67,6 +67,7 @@ def _artifacts(folder: str) -> list[str]:
     return sorted(Path(a.path).name for a in client.list_artifacts(run.info.run_id, folder))
 
 
+@pytest.mark.slow  # the default suite's 10 minutes; CI's slow suite runs it
 def test_ddp_two_processes_identical_weights_one_run(embedded_store):
     _run("--config", str(CONFIGS / "trainer" / "ddp.yaml"), "--trainer.max_epochs=1")
     r0, r1 = torch.load("rank0.pt"), torch.load("rank1.pt")

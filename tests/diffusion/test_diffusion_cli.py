@@ -76,6 +76,7 @@ def test_tiny_fits_validates_on_ema_and_predicts_from_its_checkpoint():
         assert np.array_equal(np.asarray(to_pil(image * 0.5 + 0.5)), np.asarray(Image.open(row["image"])))
 
 
+@pytest.mark.slow  # the default suite's 10 minutes; CI's slow suite runs it
 def test_resume_restores_training_weights_and_ema():
     straight = cli("fit", "--config", TINY, "--trainer.default_root_dir=straight")
     first = cli(

@@ -105,6 +105,7 @@ def test_attention_options_of_another_variant_fail_at_parse_time(config, args, k
     assert key in err, err[-2000:]
 
 
+@pytest.mark.slow  # the default suite's 10 minutes; CI's slow suite runs it
 def test_mla_checkpoint_reloads_its_attention_alone():
     c = cli(
         "fit",

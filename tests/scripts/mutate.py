@@ -1077,7 +1077,7 @@ FAMILIES: dict[str, dict] = {
     },
     # Issue 37 item 7: every bad input is one error line; MLflow telemetry is off by default.
     "badinput": {
-        "tests": ["tests/tracking/test_telemetry.py", "tests/app/test_bad_input.py"],
+        "tests": ["tests/tracking/test_telemetry.py", "tests/app/test_bad_input.py", "-m", "slow or not slow"],
         "mutants": [
             (
                 "zoo/app/hooks.py",

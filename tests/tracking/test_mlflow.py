@@ -110,6 +110,7 @@ def test_learning_rate_logged_follows_warmup_cosine(digits_two_epochs):
         assert lr == pytest.approx(expected, rel=1e-5), step
 
 
+@pytest.mark.slow  # the default suite's 10 minutes; CI's slow suite runs it
 def test_tracking_server_from_env(mlflow_server, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
     c = cli("fit", "--config", TINY)
@@ -318,6 +319,7 @@ def test_a_failed_run_ends_failed_whatever_the_callbacks_do_on_the_way_out(tmp_p
         assert not list(Path("runs").rglob("on_exception.ckpt"))
 
 
+@pytest.mark.slow  # the default suite's 10 minutes; CI's slow suite runs it
 def test_a_run_left_open_by_an_uncaught_exception_ends_failed_at_exit(embedded_store):
     # Outside cli.run (a script calling cli.main, a notebook's trainer): the logger's exit hook ends the run.
     code = (

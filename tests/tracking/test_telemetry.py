@@ -35,11 +35,18 @@ def _telemetry(first_import: str, **env: str) -> str:
     return proc.stdout.strip()
 
 
-@pytest.mark.parametrize("first_import", ["cli", "zoo.tracking.__main__", "mlflow, zoo.tracking"])
+SLOW = pytest.mark.slow  # one process start in the default suite; CI's slow suite runs the others
+
+
+@pytest.mark.parametrize(
+    "first_import",
+    ["cli", pytest.param("zoo.tracking.__main__", marks=SLOW), pytest.param("mlflow, zoo.tracking", marks=SLOW)],
+)
 def test_mlflow_telemetry_is_off_in_the_zoos_processes(first_import):
     assert _telemetry(first_import) == "true False"  # mlflow imported before the zoo: its client is dropped too
 
 
+@pytest.mark.slow  # the default suite's 10 minutes; CI's slow suite runs it
 def test_zoo_mlflow_telemetry_1_leaves_mlflows_default():
     assert _telemetry("cli", ZOO_MLFLOW_TELEMETRY="1") == "None True"
     # a user's own MLFLOW_DISABLE_TELEMETRY is kept as set
