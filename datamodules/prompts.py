@@ -122,6 +122,11 @@ class PromptDataModule(ResumesMidEpoch, LightningDataModule):
         self.val_set: list | None = None
         self.skipped = self.dropped = 0
 
+    @property
+    def vocab_size(self) -> int:
+        """For sizing a model from the data config."""
+        return ensure_tokenizer(self).vocab_size
+
     def _bad(self, where: str, why: str) -> None:
         if not self.skip_bad_records:
             raise InputError(

@@ -227,3 +227,42 @@ def test_the_generated_task_trains_on_sft_questions_and_validates_on_held_out_on
     val_questions = {dm.tokenizer.decode(ids) for ids, _ in dm.val_set}
     assert not val_questions & {dm.tokenizer.decode(ids) for ids, _ in dm.train_set}
     assert all("####" in answer for _, answer in dm.train_set + dm.val_set)
+
+
+@pytest.mark.slow  # a cli.py fit into MLflow: ~15 s beyond the imports
+def test_the_grpo_config_fits_through_the_cli_from_given_weights(tmp_path):
+    from conftest import CONFIGS, fit_in_folder
+
+    from zoo.gpt.hf import save_safetensors
+
+    tiny = dict(n_layer=1, n_embd=32, n_head=2)
+    start = GPT(vocab_size=257, block_size=96, **tiny)  # GeLU's approximation: no weights
+    weights = save_safetensors(start, tmp_path / "sft.safetensors")  # as an SFT stage's model would be
+    fitted = fit_in_folder(
+        tmp_path,
+        "--config",
+        str(CONFIGS / "gpt" / "grpo_arithmetic.yaml"),
+        f"--model.init_args.init_weights={weights}",
+        *(f"--model.init_args.net.init_args.{k}={v}" for k, v in tiny.items()),
+        "--model.init_args.group_size=2",
+        "--model.init_args.max_new_tokens=8",
+        f"--data.init_args.path={tmp_path / 'arith'}",  # the task written into the test's folder
+        "--data.init_args.generate.train=16",
+        "--data.init_args.generate.pairs=0",
+        "--data.init_args.generate.test=4",
+        "--data.init_args.batch_size=2",
+        "--data.init_args.val_batch_size=2",
+        "--trainer.max_steps=2",
+        "--trainer.val_check_interval=2",
+        "--trainer.limit_val_batches=1",
+        "--trainer.log_every_n_steps=1",
+    )
+    metrics = fitted.trainer.callback_metrics
+    assert isinstance(fitted.model, GRPOModule) and {"train/reward", "val/accuracy", "val/reward"} <= set(metrics)
+    assert fitted.trainer.global_step == 2 and fitted.trainer.checkpoint_callback.monitor == "val/accuracy"
+    path = fitted.trainer.checkpoint_callback.last_model_path
+    assert "rewards" not in torch.load(path, weights_only=True)["hyper_parameters"]
+    reloaded = GRPOModule.load_from_checkpoint(path)
+    assert reloaded.rewards == [] and reloaded.generate(["1"], 3, temperature=0) == fitted.model.eval().generate(
+        ["1"], 3, temperature=0
+    )
