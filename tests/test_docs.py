@@ -167,6 +167,10 @@ COVERED: list[tuple[str, str]] = [
         "tests/gpt/test_gpt_tasks.py::test_lm_eval_local_task_agrees_with_task_datamodule",
     ),
     (r"configs/gpt/dpo_tiny\.yaml", "tests/gpt/test_dpo.py::test_the_tiny_dpo_config_fits_through_the_cli"),
+    (
+        r"configs/gpt/grpo_arithmetic\.yaml",
+        "tests/gpt/test_grpo.py::test_the_grpo_config_fits_through_the_cli_from_given_weights",
+    ),
 ]
 
 

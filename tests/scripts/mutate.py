@@ -64,6 +64,7 @@ FI, CV, EX = "zoo/io/files.py", "zoo/diffusion/convert.py", "zoo/rl/export.py"
 DCF = "zoo/diffusion/diffusers_config.py"
 PA = "zoo/gpt/peft_adapter.py"
 PG, RO = "zoo/train/policy_gradient.py", "zoo/gpt/rollout.py"
+GR, RW = "zoo/gpt/grpo.py", "zoo/gpt/rewards.py"
 CTT, DCH = "zoo/io/chat_template.py", "datamodules/chat.py"
 DPO, DPR = "zoo/gpt/dpo.py", "datamodules/preference.py"
 AR, GM = "datamodules/arithmetic.py", "zoo/gpt/module.py"
@@ -1423,8 +1424,9 @@ FAMILIES: dict[str, dict] = {
             ),
         ],
     },
-    "grpo": {  # GRPO's objective (shared with PPO) and the GPT's rollouts
+    "grpo": {  # GRPO's objective (shared with PPO), the GPT's rollouts, rewards and module
         "tests": [
+            "tests/gpt/test_grpo.py",  # first: the module's mutants fail here, before TRL's slow import
             "tests/shared/test_policy_gradient.py",
             "tests/gpt/test_rollout.py",
             "tests/gpt/test_grpo_trl.py",
@@ -1455,6 +1457,16 @@ FAMILIES: dict[str, dict] = {
                 "rows = [p for _ in range(group_size) for p in prompt_ids]",
             ),
             (S, "filtered.log_softmax(dim=-1).gather", "logits.float().log_softmax(dim=-1).gather"),
+            (  # rewards against the wrong groups' answers: row r scored as prompt r % B
+                GR,
+                "per_row = [a for a in answers for _ in range(len(texts) // len(answers))]",
+                "per_row = [a for _ in range(len(texts) // len(answers)) for a in answers]",
+            ),
+            (GR, "            h.group_size,\n            h.loss_type,", "            1,\n            h.loss_type,"),
+            (GR, "            rollout.logps[rows],\n", "            logp.detach(),\n"),  # old policy after the update
+            (GR, '            hparams.pop("rewards", None)', "            pass"),  # rewards stored in checkpoints
+            (RW, "                errors, value = errors + 1, 0.0\n", "                errors += 1\n"),  # not zeroed
+            (BL, "    if name in USER_CODE_NAMES:\n        return True\n", ""),  # a stored config's rewards built
         ],
     },
     "files": {  # files an outsider wrote: pretrained folders, archives, exported programs, planted links

@@ -5,6 +5,7 @@ from zoo.gpt.attention import MHA, MLA
 from zoo.gpt.dpo import DPOModule
 from zoo.gpt.generate import Generation, generate
 from zoo.gpt.gpt import GPT
+from zoo.gpt.grpo import GRPOModule
 from zoo.gpt.mlp import GeluMLP, SwiGLU
 from zoo.gpt.module import CausalLMModule
 from zoo.gpt.moe import MoE
@@ -17,6 +18,7 @@ __all__ = [
     "MLA",
     "CausalLMModule",
     "DPOModule",
+    "GRPOModule",
     "GeluMLP",
     "Generation",
     "LayerNorm",

@@ -74,14 +74,24 @@ def sample_groups(
 
 
 def per_token_logps(
-    net: GPT, ids: Tensor, completion_mask: Tensor, temperature: float = 1.0, pad: Tensor | None = None
-) -> Tensor:
+    net: GPT,
+    ids: Tensor,
+    completion_mask: Tensor,
+    temperature: float = 1.0,
+    pad: Tensor | None = None,
+    entropy: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Log-probabilities (R, T) of the completions, the last T columns of ``ids`` (R, P + T), at ``temperature``,
     0 on padding: one forward pass (with gradients where enabled). ``pad`` (R,) is the prompts' left padding.
+    ``entropy``: also each position's entropy (R, T) of that distribution, without gradient (TRL's logged one).
 
     Top-p is not applied, as in TRL: a token outside the nucleus would have log-probability -inf.
     """
     t = completion_mask.shape[1]
     logits = net(ids[:, :-1], None, 0, pad)[:, -t:]  # (R, T, V): position i predicts token i + 1
-    logps = (logits.float() / temperature).log_softmax(-1).gather(-1, ids[:, -t:, None]).squeeze(-1)  # (R, T)
-    return logps * completion_mask
+    all_logps = (logits.float() / temperature).log_softmax(-1)  # (R, T, V)
+    logps = all_logps.gather(-1, ids[:, -t:, None]).squeeze(-1) * completion_mask  # (R, T)
+    if not entropy:
+        return logps
+    with torch.no_grad():
+        return logps, -(all_logps.exp() * all_logps).sum(-1) * completion_mask  # (R, T)

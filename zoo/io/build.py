@@ -14,8 +14,8 @@ here is a check: the value built is the value used. The rules are total, and eac
 - an ``Any``, ``dict`` or unannotated position holds plain JSON data (None, bools, numbers, strings, lists, dicts
   with string keys; at most ``MAX_DEPTH`` deep), copied, never instantiated, never parsed; a mapping there with a
   ``class_path`` is refused unless it names a class its owner builds itself (``zoo.io.trust.EXTERNAL_PARTS``);
-- settings that say where data is read from or written to, or whether to download (``drops_location``), are dropped
-  at every depth: the current run decides them;
+- settings that say where data is read from or written to, or whether to download, and the code a run calls on its
+  data (reward functions) (``drops_location``), are dropped at every depth: the current run decides them;
 - ``wrappers`` and ``env_id`` (which ``GymDataModule`` and gymnasium import) pass ``zoo.io.trust``'s reviewed lists.
 
 Building happens in two steps: ``resolve`` (everything above; no code of any class runs) gives a tree of ``Part``s,
@@ -46,11 +46,17 @@ MAX_DEPTH = 32  # nesting of a stored config: the zoo's deepest is 5; deeper is 
 LOCATION_NAMES = frozenset({"root", "path", "paths", "download", "draft", "init_weights", "autoencoder_weights"})
 LOCATION_SUFFIXES = ("_path", "_paths", "_dir", "_file", "_weights")
 LOCATION_PREFIXES = ("pretrained_",)
+# Code a run calls on its own data (GRPO's reward functions, zoo.gpt.rewards): the user's YAML names it, never a stored
+# config, so a checkpoint or a registered model builds none (dropped as locations are).
+USER_CODE_NAMES = frozenset({"rewards"})
 NONE = type(None)
 
 
 def drops_location(name: str) -> bool:
-    """Whether a stored setting ``name`` names a place to read or write, or a download: the run decides it."""
+    """Whether a stored setting ``name`` names a place to read or write, a download, or code to call on the data
+    (``USER_CODE_NAMES``): the run decides it."""
+    if name in USER_CODE_NAMES:
+        return True
     return name in LOCATION_NAMES or name.endswith(LOCATION_SUFFIXES) or name.startswith(LOCATION_PREFIXES)
 
 

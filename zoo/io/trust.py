@@ -128,8 +128,9 @@ def zoo_allowlist(data: Mapping[str, type] | Iterable[type] = (), env_modules: I
     from lightning.pytorch import LightningModule
 
     classes = zoo_classes()
-    # found, not imported here: the samplers and training objectives a diffusion module holds
-    bases = ("zoo.diffusion.samplers.Sampler", "zoo.diffusion.objective.Objective")
+    # found, not imported here: the samplers and training objectives a diffusion module holds, and GRPO's rewards
+    # (named only where the user's own config is resolved: a stored config's are dropped, zoo.io.build)
+    bases = ("zoo.diffusion.samplers.Sampler", "zoo.diffusion.objective.Objective", "zoo.gpt.rewards.Reward")
     samplers = [c for p, c in classes.items() if p in bases]
     if not isinstance(data, Mapping):
         data = {path: cls for cls in data for path in paths_of(cls)}

@@ -47,6 +47,16 @@ FAMILIES: dict[str, Family] = {
         net_from_folder="gpt",
         interface="TextGenerator",
     ),
+    # GRPO: the best checkpoint is the one that answers most held-out prompts right
+    "zoo.gpt.GRPOModule": Family(
+        "gpt",
+        "val/accuracy",
+        "max",
+        callbacks=("callbacks.LogCompletions",),
+        sizes="vocabulary",
+        net_from_folder="gpt",
+        interface="TextGenerator",
+    ),
     "zoo.diffusion.DiffusionModule": Family(
         "diffusion",
         "val/loss",

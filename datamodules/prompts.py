@@ -1,0 +1,200 @@
+"""PromptDataModule: prompts with checkable answers, for reinforcement learning on a GPT (``zoo.gpt.GRPOModule``).
+
+Each line of a ``.jsonl`` file (or of each ``.jsonl`` under a folder, in name order) is one prompt with its answer:
+
+- GSM8K's ``{"question": str, "answer": str}`` (the arithmetic task's test.jsonl; the answer may be a worked
+  solution ending ``#### <n>``: the rewards compare what follows its last ``####``);
+- ``{"messages": [...], "answer": str}``, a conversation ending in a user turn;
+- a chat record ``{"messages": [..., user, assistant]}`` with no ``answer``: the last assistant turn is the answer
+  and the turns before it the prompt (the arithmetic task's sft.jsonl).
+
+The prompt is rendered with the tokenizer's chat template and its generation prompt (``zoo.io.chat_template``, as
+``TaskDataModule`` with ``chat: true``), so the policy answers as it was fine-tuned to. A batch is a dict:
+``prompt_ids`` (a list of 1-D int64 tensors, unpadded: the rollout pads them) and ``answers`` (strings). The
+training order is an epoch-seeded shuffle, and under DDP Lightning's distributed sampler gives each rank other
+prompts, so each group of G completions is whole on its rank.
+
+With ``generate`` (``datamodules.arithmetic.ArithmeticTask``), ``path`` is the folder the arithmetic task is written
+into: its sft.jsonl questions are trained on and its held-out test.jsonl validates. A malformed record is one
+``error:`` line naming its file and line, or, with ``skip_bad_records``, skipped and counted; a prompt longer than
+``max_prompt_tokens`` is dropped and counted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import torch
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader
+
+from datamodules.arithmetic import TASK_FILES, ArithmeticTask, prepare_task
+from datamodules.base import EpochShuffle, ResumesMidEpoch, check_settings, not_found_message, training_loader
+from datamodules.chat import ensure_tokenizer, messages_of, read_records
+from datamodules.tasks import _messages
+from zoo.errors import InputError
+from zoo.io.chat_template import chat_renderer
+from zoo.io.tokenizers import Tokenizer
+
+Prompt = tuple[list[dict], str]  # the conversation to answer, the reference answer
+
+
+def prompt_of(record: object) -> Prompt:
+    """The prompt and answer a record holds, checked; a ValueError says what is wrong with it."""
+    if not isinstance(record, dict):
+        raise ValueError(f"is a JSON {type(record).__name__}, not an object")
+    if "answer" not in record and "messages" in record:
+        messages = messages_of(record)
+        if messages[-1]["role"] != "assistant":
+            raise ValueError("has no 'answer' and does not end in an assistant turn (the answer)")
+        return messages[:-1], messages[-1]["content"]
+    answer = record.get("answer")
+    if type(answer) is int:
+        answer = str(answer)
+    if not isinstance(answer, str):
+        raise ValueError(f"has the answer {answer!r}, not a string or a whole number")
+    return _messages(record, chat=True), answer
+
+
+def collate(items: list[tuple[list[int], str]]) -> dict:
+    return {"prompt_ids": [torch.tensor(ids, dtype=torch.long) for ids, _ in items], "answers": [a for _, a in items]}
+
+
+class PromptDataModule(ResumesMidEpoch, LightningDataModule):
+    """Prompts with answers rendered with the model's chat template; ``self.tokenizer`` is set by ``setup``."""
+
+    def __init__(
+        self,
+        path: str,
+        val_path: str | None = None,
+        val_fraction: float = 0.1,
+        tokenizer: Literal["pretrained", "bytes", "gpt2"] = "pretrained",
+        pretrained_dir: str | None = None,
+        gpt2_dir: str | None = None,
+        max_prompt_tokens: int = 256,
+        batch_size: int = 8,
+        val_batch_size: int = 32,
+        skip_bad_records: bool = False,
+        num_workers: int = 0,
+        seed: int = 0,
+        generate: ArithmeticTask | None = None,
+    ) -> None:
+        """
+        Args:
+            path: a .jsonl file of prompts with answers, or a folder of them (the task's folder with ``generate``).
+            val_path: prompts to validate on; None: the task's test.jsonl with ``generate``, else the last
+                val_fraction of path's.
+            val_fraction: the share of path's records (the last ones) held out when there is no val_path.
+            tokenizer: pretrained (a model folder's own, from pretrained_dir), bytes or gpt2 (from gpt2_dir): the
+                tokenizer of the model being tuned.
+            pretrained_dir: the Hugging Face model folder whose tokenizer and chat template render the prompts.
+            gpt2_dir: folder with GPT-2's vocab.json and merges.txt (tokenizer=gpt2).
+            max_prompt_tokens: prompts longer than this are dropped (counted).
+            batch_size: prompts per training batch (each sampled group_size times).
+            val_batch_size: prompts per validation batch (answered greedily).
+            skip_bad_records: skip malformed records, counting them, instead of stopping at the first with its line.
+            num_workers: DataLoader worker processes.
+            seed: seed of the per-epoch shuffle of the training prompts.
+            generate: write the project's arithmetic task with these settings into the folder ``path`` when it is
+                not there (``datamodules.arithmetic``): train on its sft.jsonl questions, validate on test.jsonl.
+        """
+        super().__init__()
+        self.save_hyperparameters()
+        for name, given in (("path", None if generate else path), ("val_path", val_path)):
+            if given is not None and not Path(given).exists():
+                hint = f"pass --data.init_args.{name}"
+                raise FileNotFoundError(not_found_message("prompts file or folder", given, hint))
+        if tokenizer == "gpt2" and gpt2_dir is None:
+            raise InputError("tokenizer='gpt2' needs gpt2_dir=<folder with GPT-2's vocab.json and merges.txt>")
+        check_settings(fraction=True, val_fraction=val_fraction)
+        check_settings(at_least=1, max_prompt_tokens=max_prompt_tokens, batch_size=batch_size)
+        check_settings(at_least=1, val_batch_size=val_batch_size)
+        check_settings(at_least=0, num_workers=num_workers)
+        self.path, self.val_path, self.val_fraction = path, val_path, val_fraction
+        self.kind, self.pretrained_dir, self.gpt2_dir = tokenizer, pretrained_dir, gpt2_dir
+        self.max_prompt_tokens, self.batch_size, self.val_batch_size = max_prompt_tokens, batch_size, val_batch_size
+        self.skip_bad_records, self.num_workers = skip_bad_records, num_workers
+        self.seed, self.generate = seed, generate
+        self.tokenizer: Tokenizer | None = None
+        self.train_set: list | None = None
+        self.val_set: list | None = None
+        self.skipped = self.dropped = 0
+
+    @property
+    def vocab_size(self) -> int:
+        """For sizing a model from the data config."""
+        return ensure_tokenizer(self).vocab_size
+
+    def _bad(self, where: str, why: str) -> None:
+        if not self.skip_bad_records:
+            raise InputError(
+                f"{where} {why}: fix the record, or pass --data.init_args.skip_bad_records=true to skip such records"
+            )
+        self.skipped += 1
+
+    def _encode(self, records: list[tuple[str, Prompt]]) -> list[tuple[list[int], str]]:
+        render, items = chat_renderer(ensure_tokenizer(self)), []
+        for where, (messages, answer) in records:
+            try:
+                ids = render(messages, True).ids
+            except InputError as err:
+                self._bad(where, f"cannot be rendered: {err}")
+                continue
+            if len(ids) > self.max_prompt_tokens:
+                self.dropped += 1
+                continue
+            items.append((ids, answer))
+        return items
+
+    def prepare_data(self) -> None:
+        if self.generate is not None:
+            prepare_task(self.path, self.generate)
+
+    def _paths(self) -> tuple[str, str | None]:
+        if self.generate is None:
+            return self.path, self.val_path
+        folder = prepare_task(self.path, self.generate)  # written already: only checked
+        return str(folder / TASK_FILES["sft"]), self.val_path or str(folder / TASK_FILES["test"])
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        self.skipped = self.dropped = 0
+        train_path, val_path = self._paths()
+        records = read_records(train_path, prompt_of, self._bad)
+        if val_path is not None:
+            train, val = records, read_records(val_path, prompt_of, self._bad)
+        else:
+            split = len(records) - int(len(records) * self.val_fraction)
+            train, val = records[:split], records[split:]
+        self.train_set, self.val_set = self._encode(train), self._encode(val)
+        rank_zero_info(
+            f"PromptDataModule: {len(self.train_set)} training and {len(self.val_set)} validation prompts; "
+            f"{self.dropped} dropped (longer than max_prompt_tokens={self.max_prompt_tokens}), {self.skipped} bad "
+            "records skipped"
+        )
+        if not self.train_set:
+            raise InputError(
+                f"{self.path!r} leaves no training prompts: give more records or a larger max_prompt_tokens"
+            )
+
+    def _loader(self, items: list | None, split: str) -> DataLoader:
+        if items is None:
+            raise RuntimeError(f"{type(self).__name__} has no {split} split yet; call setup() first")
+        kwargs = {"num_workers": self.num_workers, "collate_fn": collate}
+        if split == "train":
+            shuffle = EpochShuffle(len(items), self.seed)
+            at = self.train_position
+            return training_loader(items, self.trainer, self.batch_size, shuffle, resume_at=at, **kwargs)
+        return DataLoader(items, batch_size=self.val_batch_size, shuffle=False, **kwargs)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, "train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, "val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, "validation")

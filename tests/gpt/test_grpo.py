@@ -1,0 +1,268 @@
+"""GRPO on the GPT: rewards and their guard, the trust rule, the prompts, and a fit that learns what is rewarded."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+import torch
+from lightning.pytorch import Trainer, seed_everything
+
+from datamodules import PromptDataModule
+from zoo.errors import InputError
+from zoo.gpt import GPT, GRPOModule
+from zoo.gpt.rewards import ExactMatch, FormatCheck, NumericTolerance, Reward, score
+from zoo.io.tokenizers import ByteTokenizer
+from zoo.train.optim import AdamWCosine
+
+NET = dict(vocab_size=257, block_size=32, n_layer=1, n_embd=32, n_head=2)
+
+
+class CountX(Reward):
+    """A toy reward: the share of the completion's characters that are "x"."""
+
+    def score_one(self, completion: str, answer: str) -> float:
+        return completion.count("x") / max(len(completion), 1)
+
+
+class Echo(Reward):
+    """1 when the completion is its answer."""
+
+    def score_one(self, completion: str, answer: str) -> float:
+        return float(completion == answer)
+
+
+class Raises(Reward):
+    def score_one(self, completion: str, answer: str) -> float:
+        raise KeyError("boom")
+
+
+class NaN(Reward):
+    def score_one(self, completion: str, answer: str) -> float:
+        return math.nan
+
+
+class Hangs(Reward):
+    def score_one(self, completion: str, answer: str) -> float:
+        time.sleep(5)
+        return 1.0
+
+
+def test_rewards_compare_extracted_answers():
+    worked = "3+9 = 12\n12-2 = 10\n#### 10"  # the arithmetic task's reference, a worked reply
+    assert ExactMatch()(["so #### 10", "#### 1,0", "#### 11", "it is 10"], [worked] * 4) == [1.0, 1.0, 0.0, 1.0]
+    assert FormatCheck()(["#### 10", "10"], ["10", "10"]) == [1.0, 0.0]
+    assert NumericTolerance(tol=1.0)(["#### 11", "#### 12", "none"], ["10"] * 3) == [1.0, 0.0, 0.0]
+    total, each, errors = score([ExactMatch(weight=2.0), FormatCheck(weight=0.5)], ["#### 10", "10"], ["10", "9"])
+    assert total == [2.5, 0.0] and each == {"ExactMatch": [1.0, 0.0], "FormatCheck": [1.0, 0.0]} and errors == 0
+
+
+@pytest.mark.parametrize(
+    "reward, why", [(Raises(), "raised KeyError"), (NaN(), "not one finite number"), (Hangs(), "ran past")]
+)
+def test_a_failing_reward_stops_with_one_line_naming_it_and_the_completion(reward, why):
+    with pytest.raises(InputError) as err:
+        score([ExactMatch(), reward], ["#### 1", "the bad one"], ["1", "1"], timeout=0.2)
+    message = str(err.value)
+    assert "\n" not in message and type(reward).__name__ in message and why in message
+    assert "'#### 1'" in message and "reward_errors=zero" in message  # the first completion it met
+
+
+@pytest.mark.parametrize("reward", [Raises(), NaN(), Hangs()])
+def test_with_reward_errors_zero_a_failure_scores_0_and_is_counted(reward):
+    total, each, errors = score([ExactMatch(), reward], ["#### 1", "#### 2"], ["1", "1"], 0.2, "zero")
+    assert total == [1.0, 0.0] and each[type(reward).__name__] == [0.0, 0.0] and errors == 2
+
+
+def _module(rewards=None, lr=1e-2, **kwargs) -> GRPOModule:
+    seed_everything(0)
+    rewards = [CountX()] if rewards is None else rewards
+    optimizer = AdamWCosine(lr=lr, weight_decay=0.0, warmup_steps=0, min_lr_ratio=1.0)
+    defaults = dict(group_size=8, max_new_tokens=6, optimizer=optimizer)
+    module = GRPOModule(GPT(**NET), rewards=list(rewards), **(defaults | kwargs))
+    module.tokenizer = ByteTokenizer()
+    return module
+
+
+def _write(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def _prompts(tmp_path) -> PromptDataModule:
+    path = _write(tmp_path / "prompts.jsonl", [{"question": q, "answer": "1"} for q in "abcd"])
+    return PromptDataModule(path, val_path=path, tokenizer="bytes", batch_size=4)
+
+
+def _trainer(tmp_path, steps, **kwargs) -> Trainer:
+    return Trainer(
+        max_steps=steps,
+        max_epochs=-1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+        default_root_dir=tmp_path,
+        **{"limit_val_batches": 0} | kwargs,
+    )
+
+
+def test_rewards_of_row_r_are_against_the_answer_of_prompt_r_over_g():
+    module = _module(rewards=[Echo()], group_size=2)
+    rewards, metrics, per_row = module.score_rows(["a", "b", "b", "x"], ["a", "b"])
+    assert rewards.tolist() == [1.0, 0.0, 1.0, 0.0] and per_row == ["a", "a", "b", "b"]
+    assert metrics["rewards/Echo/mean"] == 0.5 and metrics["reward_errors"] == 0.0
+
+
+def test_a_fit_makes_the_rewarded_token_more_frequent(tmp_path):
+    module, dm = _module(lr=3e-2), _prompts(tmp_path)
+    dm.setup()
+    prompts = next(iter(dm.train_dataloader()))["prompt_ids"]
+
+    def share_of_x() -> float:
+        rollout = module.rollout(prompts)
+        texts = module.completions(rollout.completion_ids, rollout.completion_mask)
+        return sum(CountX().score_one(t, "") for t in texts) / len(texts)
+
+    before = share_of_x()
+    trainer = _trainer(tmp_path, 8)
+    trainer.fit(module, dm)
+    after = share_of_x()
+    assert after > before + 0.2
+    metrics = trainer.callback_metrics
+    expected = {"train/reward", "train/reward_std", "train/accuracy", "train/completion_length", "train/entropy"}
+    assert expected | {"train/clip_ratio/region_mean", "train/reward_errors"} <= set(metrics)
+    assert "train/kl" not in metrics and module._reference is None  # beta 0: no reference built
+
+
+def test_the_old_policy_is_the_sampling_pass_so_a_second_pass_moves_the_ratio(tmp_path):
+    trainer = _trainer(tmp_path, 1)
+    trainer.fit(_module(lr=0.05), _prompts(tmp_path))  # one pass: the ratio is 1 up to kernel noise
+    assert trainer.callback_metrics["train/approx_kl"] < 1e-6
+    trainer = _trainer(tmp_path, 2)
+    trainer.fit(_module(lr=0.05, num_iterations=2), _prompts(tmp_path))  # the last pass after an update
+    assert trainer.callback_metrics["train/approx_kl"] > 1e-4
+
+
+def test_beta_builds_a_frozen_reference_and_logs_the_kl(tmp_path):
+    module = _module(beta=0.1)
+    trainer = _trainer(tmp_path, 2)
+    trainer.fit(module, _prompts(tmp_path))
+    assert module._reference is not None and torch.isfinite(trainer.callback_metrics["train/kl"])
+    assert all(k.startswith("net.") for k in module.state_dict())
+
+
+def test_validation_scores_greedy_replies_and_keeps_sample_rows(tmp_path):
+    module = _module(val_samples=3)
+    out = _trainer(tmp_path, 0, limit_val_batches=None).validate(module, _prompts(tmp_path), verbose=False)[0]
+    assert {"val/accuracy", "val/reward"} <= set(out)
+    assert len(module.completion_samples) == 3 and module.completion_samples[0]["prompt"].endswith("<|assistant|>\n")
+
+
+def test_a_fit_without_rewards_is_one_line_saying_where_to_give_them(tmp_path):
+    with pytest.raises(InputError, match="model.init_args.rewards"):
+        _trainer(tmp_path, 1).fit(_module(rewards=()), _prompts(tmp_path))
+
+
+MARKER = "grpo_reward_marker"
+
+
+class Marker(Reward):
+    """Writes a marker file when built: a stored config must never build it."""
+
+    def __init__(self, folder: str = ".", weight: float = 1.0) -> None:
+        super().__init__(weight)
+        open(f"{folder}/{MARKER}", "w").close()
+
+
+@pytest.mark.parametrize("class_path", ["zoo.gpt.rewards.ExactMatch", f"{__name__}.Marker"])
+def test_a_checkpoint_naming_a_reward_builds_nothing_from_it(tmp_path, class_path):
+    module = _module()
+    assert "rewards" not in module.hparams  # never stored by the module itself
+    trainer = _trainer(tmp_path, 0)
+    trainer.strategy.connect(module)
+    path = tmp_path / "crafted.ckpt"
+    trainer.save_checkpoint(path, weights_only=True)
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["hyper_parameters"]["rewards"] = [{"class_path": class_path, "init_args": {"weight": 3.0}}]
+    torch.save(ckpt, path)
+    loaded = GRPOModule.load_from_checkpoint(path, net=GPT(**NET))
+    assert loaded.rewards == [] and "rewards" not in loaded.hparams
+    assert not list(tmp_path.rglob(MARKER))
+
+
+def test_prompts_come_from_questions_conversations_and_chat_records(tmp_path):
+    records = [
+        {"question": "What is 1+1?", "answer": "#### 2"},
+        {"messages": [{"role": "user", "content": "hi"}], "answer": 3},
+        {"messages": [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "#### 4"}]},
+    ]
+    path = _write(tmp_path / "p.jsonl", records)
+    dm = PromptDataModule(path, val_fraction=0.0, tokenizer="bytes", batch_size=3)
+    dm.setup()
+    batch = next(iter(dm.val_dataloader() if dm.val_set else dm._loader(dm.train_set, "val")))
+    texts = [dm.tokenizer.decode(p.tolist()) for p in batch["prompt_ids"]]
+    assert texts == [f"<|user|>\n{q}\n<|assistant|>\n" for q in ("What is 1+1?", "hi", "What is 2+2?")]
+    assert batch["answers"] == ["#### 2", "3", "#### 4"]
+
+
+def test_a_bad_prompt_record_is_named_by_file_and_line(tmp_path):
+    path = _write(tmp_path / "p.jsonl", [{"question": "q", "answer": "1"}, {"question": "q"}])
+    with pytest.raises(InputError, match=r"p\.jsonl:2 has the answer None"):
+        PromptDataModule(path, tokenizer="bytes").setup()
+
+
+def test_the_generated_task_trains_on_sft_questions_and_validates_on_held_out_ones(tmp_path):
+    from datamodules.arithmetic import ArithmeticTask
+
+    task = ArithmeticTask(train=20, pairs=0, test=5)
+    dm = PromptDataModule(str(tmp_path / "task"), tokenizer="bytes", generate=task)
+    dm.prepare_data()
+    dm.setup()
+    assert len(dm.train_set) == 20 and len(dm.val_set) == 5
+    val_questions = {dm.tokenizer.decode(ids) for ids, _ in dm.val_set}
+    assert not val_questions & {dm.tokenizer.decode(ids) for ids, _ in dm.train_set}
+    assert all("####" in answer for _, answer in dm.train_set + dm.val_set)
+
+
+@pytest.mark.slow  # a cli.py fit into MLflow: ~15 s beyond the imports
+def test_the_grpo_config_fits_through_the_cli_from_given_weights(tmp_path):
+    from conftest import CONFIGS, fit_in_folder
+
+    from zoo.gpt.hf import save_safetensors
+
+    tiny = dict(n_layer=1, n_embd=32, n_head=2)
+    start = GPT(vocab_size=257, block_size=96, **tiny)  # GeLU's approximation: no weights
+    weights = save_safetensors(start, tmp_path / "sft.safetensors")  # as an SFT stage's model would be
+    fitted = fit_in_folder(
+        tmp_path,
+        "--config",
+        str(CONFIGS / "gpt" / "grpo_arithmetic.yaml"),
+        f"--model.init_args.init_weights={weights}",
+        *(f"--model.init_args.net.init_args.{k}={v}" for k, v in tiny.items()),
+        "--model.init_args.group_size=2",
+        "--model.init_args.max_new_tokens=8",
+        f"--data.init_args.path={tmp_path / 'arith'}",  # the task written into the test's folder
+        "--data.init_args.generate.train=16",
+        "--data.init_args.generate.pairs=0",
+        "--data.init_args.generate.test=4",
+        "--data.init_args.batch_size=2",
+        "--data.init_args.val_batch_size=2",
+        "--trainer.max_steps=2",
+        "--trainer.val_check_interval=2",
+        "--trainer.limit_val_batches=1",
+        "--trainer.log_every_n_steps=1",
+    )
+    metrics = fitted.trainer.callback_metrics
+    assert isinstance(fitted.model, GRPOModule) and {"train/reward", "val/accuracy", "val/reward"} <= set(metrics)
+    assert fitted.trainer.global_step == 2 and fitted.trainer.checkpoint_callback.monitor == "val/accuracy"
+    path = fitted.trainer.checkpoint_callback.last_model_path
+    assert "rewards" not in torch.load(path, weights_only=True)["hyper_parameters"]
+    reloaded = GRPOModule.load_from_checkpoint(path)
+    assert reloaded.rewards == [] and reloaded.generate(["1"], 3, temperature=0) == fitted.model.eval().generate(
+        ["1"], 3, temperature=0
+    )

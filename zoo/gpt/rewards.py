@@ -1,0 +1,164 @@
+"""Verifiable rewards for RL on the GPT: programs that score a completion against its record's answer.
+
+Each reward is a small class, ``reward(completions, answers) -> list[float]``, built from the user's own YAML by class
+path (``model.init_args.rewards``); the run's reward is their sum, each times its ``weight`` (TRL's
+``reward_weights``). A subclass of ``Reward`` in the user's code is one too. A checkpoint or a registered model never
+names one: ``rewards`` is dropped from every stored config (``zoo.io.build.drops_location``), so a reloaded model
+builds none.
+
+``score`` runs them guarded: a reward that raises, returns a non-finite value or runs past ``timeout`` seconds
+(``signal.setitimer``, on the main thread only) stops the run with one ``error:`` line naming the reward and the
+completion, or, with ``on_error="zero"``, gives that completion 0 from it and counts it.
+
+Answers follow GSM8K (and the arithmetic task, ``datamodules.arithmetic``): the number after the last ``####``,
+else the last number (``zoo.gpt.tasks.extract_answer``); a reference with a worked solution keeps what follows its
+last ``####`` (``zoo.gpt.tasks.reference``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal
+import threading
+from collections.abc import Sequence
+from typing import Literal
+
+from zoo.errors import InputError
+from zoo.gpt.tasks import extract_answer, reference
+
+OnError = Literal["stop", "zero"]
+
+
+class Reward:
+    """A reward function with its weight in the sum; subclasses define ``score_one`` (or ``__call__`` for a batch)."""
+
+    def __init__(self, weight: float = 1.0) -> None:
+        """
+        Args:
+            weight: this reward's weight in the sum of the run's rewards.
+        """
+        self.weight = weight
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def __call__(self, completions: list[str], answers: list[str]) -> list[float]:
+        return [self.score_one(c, a) for c, a in zip(completions, answers)]
+
+    def score_one(self, completion: str, answer: str) -> float:
+        raise NotImplementedError
+
+
+def correct(completion: str, answer: str) -> bool:
+    """Whether the completion's extracted answer equals the reference's, after normalisation (exact match)."""
+    return extract_answer(completion) == reference(answer)
+
+
+class ExactMatch(Reward):
+    """1 when the completion's final answer (``#### n``, else its last number) equals the reference's, else 0."""
+
+    def score_one(self, completion: str, answer: str) -> float:
+        return float(correct(completion, answer))
+
+
+class FormatCheck(Reward):
+    """1 when ``pattern`` matches the completion (``re.search``), else 0: the format reward of R1-style training."""
+
+    def __init__(self, pattern: str = r"####\s*-?\d", weight: float = 1.0) -> None:
+        """
+        Args:
+            pattern: a regular expression the completion must contain; by default GSM8K's answer line.
+            weight: this reward's weight in the sum.
+        """
+        super().__init__(weight)
+        self.pattern = re.compile(pattern)
+
+    def score_one(self, completion: str, answer: str) -> float:
+        return float(self.pattern.search(completion) is not None)
+
+
+class NumericTolerance(Reward):
+    """1 when the completion's final number is within ``tol`` of the reference's, else 0 (0 when either is no
+    number)."""
+
+    def __init__(self, tol: float = 0.0, weight: float = 1.0) -> None:
+        """
+        Args:
+            tol: the largest absolute difference still scored right.
+            weight: this reward's weight in the sum.
+        """
+        super().__init__(weight)
+        self.tol = tol
+
+    def score_one(self, completion: str, answer: str) -> float:
+        try:
+            return float(abs(float(extract_answer(completion)) - float(reference(answer))) <= self.tol)
+        except ValueError:
+            return 0.0
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _timed(fn, timeout: float | None, *args):
+    """``fn(*args)``, interrupted by SIGALRM after ``timeout`` s (on the main thread; elsewhere unbounded)."""
+    if not timeout or threading.current_thread() is not threading.main_thread():
+        return fn(*args)
+
+    def alarm(signum, frame):
+        raise _Timeout
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        return fn(*args)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _one(reward: Reward, completion: str, answer: str, timeout: float | None) -> tuple[float, str | None]:
+    """One completion's score from ``reward`` and why it failed (None when it did not; NaN when it did)."""
+    try:
+        out = _timed(reward, timeout, [completion], [answer])
+        value = float(out[0]) if len(out) == 1 else math.nan
+    except _Timeout:
+        return math.nan, f"ran past reward_timeout={timeout} s"
+    except Exception as err:  # the user's code: any failure is this completion's, named
+        return math.nan, f"raised {type(err).__name__}: {err}"
+    if not math.isfinite(value):
+        return math.nan, f"returned {out!r}, not one finite number"
+    return value, None
+
+
+def score(
+    rewards: Sequence[Reward],
+    completions: list[str],
+    answers: list[str],
+    timeout: float | None = 5.0,
+    on_error: OnError = "stop",
+) -> tuple[list[float], dict[str, list[float]], int]:
+    """The weighted sum of ``rewards`` per completion, each reward's own scores by name, and how many calls failed.
+
+    Each reward is called per completion, so a failure names it: with ``on_error="stop"`` an ``InputError`` (one
+    line), with "zero" a score of 0 from that reward, counted.
+    """
+    total, each, errors = [0.0] * len(completions), {}, 0
+    for reward in rewards:
+        mine = []
+        for i, (completion, answer) in enumerate(zip(completions, answers)):
+            value, failed = _one(reward, completion, answer, timeout)
+            if failed is not None:
+                if on_error == "stop":
+                    raise InputError(
+                        f"reward {reward.name} {failed} on the completion {completion!r}: fix it, or pass "
+                        "--model.init_args.reward_errors=zero to score such completions 0 and count them"
+                    )
+                errors, value = errors + 1, 0.0
+            mine.append(value)
+            total[i] += reward.weight * value
+        each[reward.name] = mine
+    return total, each, errors
