@@ -28,8 +28,7 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from zoo.tracking.families import family_of
-from zoo.tracking.report import STAGE_TAG
-from zoo.tracking.runs import mlflow_loggers, net_class_name
+from zoo.tracking.runs import STAGE_TAG, mlflow_loggers, net_class_name
 from zoo.tracking.store import DEFAULT_TRACKING_URI, check_store_folder, known_store, store_lock
 
 if TYPE_CHECKING:

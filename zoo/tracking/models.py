@@ -46,6 +46,7 @@ from zoo.io.checkpoint import module_from
 from zoo.io.weights import extract_state_dict, load_file
 from zoo.tracking.code import CODE_KEY, CODE_TAG, PYFUNC, bundle_code, code_sha256
 from zoo.tracking.downloads import SPEC, WEIGHTS, cache_dir, download, logged_model_id, model_version
+from zoo.tracking.runs import PARENT_TAG, STAGE_TAG
 from zoo.tracking.store import process_tracking_uri, tracking_uri
 
 URI_SCHEMES = ("models:/", "runs:/")
@@ -334,8 +335,6 @@ def link_version(client, model_id: str, name: str, version: str) -> None:
 
 def staged_tags(run) -> dict[str, str]:
     """The run's stage and parent model (``zoo.tracking.report``), which the versions it registers carry."""
-    from zoo.tracking.report import PARENT_TAG, STAGE_TAG
-
     return {k: run.data.tags[k] for k in (STAGE_TAG, PARENT_TAG) if k in run.data.tags}
 
 

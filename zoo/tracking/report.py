@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-STAGE_TAG = "zoo.pipeline_stage"
-PARENT_TAG = "zoo.parent_model"
+from zoo.tracking.models import ranked_metrics, training_run
+from zoo.tracking.runs import PARENT_TAG, STAGE_TAG
+
 REPORT_FILE = "report.md"
 _MAX_STAGES = 32  # a parent chain longer than this is a loop someone wrote into tags: stop there
 
@@ -24,8 +25,6 @@ _MAX_STAGES = 32  # a parent chain longer than this is a loop someone wrote into
 def lineage(client, run_id: str) -> list[Any]:
     """The runs from the first ancestor to ``run_id``'s own run, each the training run of the next one's parent."""
     from mlflow.exceptions import MlflowException
-
-    from zoo.tracking.models import training_run
 
     runs, seen = [], set()
     while run_id and run_id not in seen and len(runs) < _MAX_STAGES:
@@ -66,8 +65,6 @@ def log_report_card(client, run_id: str, current: dict[str, float] | None = None
 
 def card(columns: list[tuple[str, dict[str, float]]]) -> str:
     """A markdown table: a row per metric any stage has (``ranked_metrics`` order), a column per stage."""
-    from zoo.tracking.models import ranked_metrics
-
     keys = ranked_metrics({k for _, m in columns for k in m})
     head = "| metric | " + " | ".join(name for name, _ in columns) + " |"
     rows = [head, "|" + "---|" * (len(columns) + 1)]

@@ -13,6 +13,10 @@ from lightning.pytorch.loggers import MLFlowLogger
 
 from zoo.io.files import check_output_name
 
+# A run's pipeline stage (``--trainer.logger.init_args.stage``) and the model it started from (zoo.tracking.report).
+STAGE_TAG = "zoo.pipeline_stage"
+PARENT_TAG = "zoo.parent_model"
+
 
 def default_run_name(model_class: str, net_class: str | None, data_class: str | None) -> str:
     """``<family>-<model>-<data>-<YYYYmmdd-HHMMSS>-<4 hex>``: readable, and unique across runs.
