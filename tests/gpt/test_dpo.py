@@ -288,6 +288,7 @@ def test_the_tiny_dpo_config_fits_through_the_cli(tmp_path):
         "--config",
         str(CONFIGS / "gpt" / "dpo_tiny.yaml"),
         f"--data.init_args.path={path}",
+        "--data.init_args.generate=null",  # your pairs instead of the generated task's
         "--trainer.max_steps=4",
     )
     metrics = fitted.trainer.callback_metrics
