@@ -14,7 +14,8 @@ Tracks:
   - ``llama``: a tiny Llama-style folder written here with random weights (transformers' ``LlamaConfig``) and real
     tokenizer files (a byte-level BPE trained on the task's text with ``tokenizers``, and a Llama-3-style chat
     template with its special tokens), nothing downloaded; its base is registered as imported (one step at learning
-    rate 0, as ``cli.py test`` takes a checkpoint's tokenizer) and scored, then SFT with LoRA, then DPO with LoRA
+    rate 1e-30: LoRA's B moves by 1e-30, which no float32 weight notices, and ``cli.py test`` takes a checkpoint's
+    tokenizer) and scored, then SFT with LoRA, then DPO with LoRA
     (the reference: the same net with its adapters off, i.e. the SFT weights).
 
 The task's data is the same for every seed (``generate.seed`` 0); a seed changes the initialisation and the batches.
@@ -101,11 +102,13 @@ def stage_args(track: str, folder: Path, seed: int, steps: dict[str, int]) -> di
     """Each stage's fit arguments (the parent model is added when the previous stage has registered)."""
     common = [f"--seed_everything={seed}", "--trainer.check_val_every_n_epoch=null", "--trainer.limit_val_batches=8"]
     extra = {s: [] for s in STAGES}
-    if track == "zoo":
+    if track == "zoo":  # one net for every stage: each loads the last one's weights
+        size = {"n_layer": SIZE["layers"], "n_embd": SIZE["width"]}
+        common += [f"--model.init_args.net.init_args.{k}={v}" for k, v in size.items()]
         configs = {s: ROOT / "configs" / "gpt" / f for s, f in zip(STAGES, TASK_YAMLS)}
-    else:  # the imported folder is the base: registered as it is (one step at learning rate 0) with its tokenizer
+    else:  # the imported folder is the base: registered with its tokenizer (one no-op step)
         configs = {s: write_llama_configs(folder) / f"{s}.yaml" for s in STAGES}
-        steps, extra["base"] = steps | {"base": 1}, ["--model.init_args.optimizer.lr=0"]
+        steps, extra["base"] = steps | {"base": 1}, ["--model.init_args.optimizer.lr=1e-30"]
     return {
         s: ["fit", "--config", str(configs[s]), f"--trainer.max_steps={steps[s]}", *common, *extra[s],
             f"--trainer.val_check_interval={steps[s]}",  # validated once, at the end
@@ -115,6 +118,7 @@ def stage_args(track: str, folder: Path, seed: int, steps: dict[str, int]) -> di
 
 
 TASK_YAMLS = ("arithmetic_base.yaml", "chat_arithmetic.yaml", "dpo_tiny.yaml")
+SIZE = {"layers": 4, "width": 128}  # both tracks' nets (the configs' own by default); set from --layers, --width
 
 
 def one_seed(track: str, folder: Path, seed: int, steps: dict[str, int]) -> tuple[dict, dict, str]:
@@ -164,7 +168,8 @@ def build_llama(folder: Path, seed: int) -> Path:
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
     torch.manual_seed(seed)
     llama = transformers.LlamaConfig(
-        vocab_size=hf.get_vocab_size(), hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+        vocab_size=hf.get_vocab_size(), hidden_size=SIZE["width"], intermediate_size=2 * SIZE["width"],
+        num_hidden_layers=SIZE["layers"],
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
         bos_token_id=hf.token_to_id(SPECIALS[0]), eos_token_id=hf.token_to_id("<|eot_id|>"),
     )  # fmt: skip
@@ -223,12 +228,19 @@ def main() -> None:
     ap.add_argument("--base-steps", type=int, default=600, help="zoo track: pretraining steps")
     ap.add_argument("--sft-steps", type=int, default=300)
     ap.add_argument("--dpo-steps", type=int, default=60)
+    ap.add_argument("--layers", type=int, default=4, help="layers of both tracks' nets")
+    ap.add_argument("--width", type=int, default=128, help="model width of both tracks' nets (4 heads)")
+    ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of each cli.py process")
     ap.add_argument("--workdir", default=None, help="where the stores and task go (default: a temporary folder)")
     args = ap.parse_args()
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"== base -> SFT -> DPO, track {args.track}, seeds {args.seeds}")
+    print(f"== base -> SFT -> DPO, track {args.track}, seeds {args.seeds}, {args.layers} layers x {args.width} wide")
+    print(f"steps: base {args.base_steps} (zoo track), SFT {args.sft_steps}, DPO {args.dpo_steps}")
     print(f"CPU: {cpu_model()}; {os.cpu_count()} CPUs; load average (1/5/15 min) at start: {load}")
     print("times: CPU minutes (user + system) of each stage's cli.py processes, fit and both evaluations")
+    SIZE.update(layers=args.layers, width=args.width)
+    if args.threads:
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
     steps = {"base": args.base_steps, "sft": args.sft_steps, "dpo": args.dpo_steps}
     work = Path(args.workdir or tempfile.mkdtemp(prefix="assistant-"))
     runs = [one_seed(args.track, work / f"{args.track}-seed{s}", s, steps) for s in args.seeds]
