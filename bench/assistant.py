@@ -50,7 +50,8 @@ LLAMA3 = (
     "{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}"
 )
 SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
-METRIC = re.compile(r"[│|]\s*(test/[\w/]+)\s*[│|]\s*(-?[\d.eE+-]+)\s*[│|]")  # Lightning's table of test metrics
+# Lightning's box of test metrics (the report card's rows, "| test/acc | <base> | ...", are not this run's)
+METRIC = re.compile(r"│\s*(test/[\w/]+)\s*│\s*(-?[\d.eE+-]+)\s*│")
 
 
 def cpu_seconds() -> float:
@@ -183,8 +184,11 @@ def write_llama_configs(folder: Path) -> Path:
     configs.mkdir(exist_ok=True)
     data = {"path": "data/arithmetic", "tokenizer": "pretrained", "pretrained_dir": str(llama), "block_size": 80,
             "batch_size": 32, "generate": TASK}  # fmt: skip
-    module = {"net": {"class_path": "zoo.gpt.GPT"}, "init_weights": str(llama), "adapt": {"lora": {"r": 16}},
-              "generation": {"max_new_tokens": 48, "temperature": 0.0}}  # fmt: skip
+    from zoo.gpt.pretrained import net_config, net_kwargs, read_folder
+
+    # From a registered model (not a folder) the net is not read from init_weights: the folder's, written out.
+    net = net_config(net_kwargs(read_folder(llama)[1], llama))
+    module = {"net": net, "adapt": {"lora": {"r": 16}}, "generation": {"max_new_tokens": 48, "temperature": 0.0}}
     sft = {
         "model": {"class_path": "zoo.gpt.CausalLMModule", "init_args": module | {"optimizer": {"lr": 0.003}}},
         "data": {"class_path": "datamodules.ChatDataModule", "init_args": data | {"val_fraction": 0.05}},
@@ -195,7 +199,9 @@ def write_llama_configs(folder: Path) -> Path:
         "data": {"class_path": "datamodules.PreferenceDataModule", "init_args": data | {"batch_size": 8}},
         "trainer": {"max_epochs": -1, "enable_progress_bar": False, "log_every_n_steps": 5},
     }
-    for name, config in (("base", sft), ("sft", sft), ("dpo", dpo)):  # JSON is YAML
+    base = json.loads(json.dumps(sft))
+    base["model"]["init_args"]["init_weights"] = str(llama)  # the later stages start from the registered models
+    for name, config in (("base", base), ("sft", sft), ("dpo", dpo)):  # JSON is YAML
         (configs / f"{name}.yaml").write_text(json.dumps(config, indent=1))
     return configs
 
