@@ -106,6 +106,7 @@ def stage_args(track: str, folder: Path, seed: int, steps: dict[str, int]) -> di
     if track == "zoo":  # one net for every stage: each loads the last one's weights
         size = {"n_layer": SIZE["layers"], "n_embd": SIZE["width"]}
         common += [f"--model.init_args.net.init_args.{k}={v}" for k, v in size.items()]
+        common += [f"--data.init_args.generate.{k}={TASK[k]}" for k in ("digits", "terms")]
         configs = {s: ROOT / "configs" / "gpt" / f for s, f in zip(STAGES, TASK_YAMLS)}
     else:  # the imported folder is the base: registered with its tokenizer (one no-op step)
         configs = {s: write_llama_configs(folder) / f"{s}.yaml" for s in STAGES}
@@ -236,15 +237,18 @@ def main() -> None:
     ap.add_argument("--dpo-steps", type=int, default=60)
     ap.add_argument("--layers", type=int, default=4, help="layers of both tracks' nets")
     ap.add_argument("--width", type=int, default=128, help="model width of both tracks' nets (4 heads)")
+    ap.add_argument("--digits", type=int, default=2, help="the task's difficulty: digits of a number (configs: 2)")
+    ap.add_argument("--terms", type=int, default=3, help="the task's difficulty: numbers per problem (configs: 3)")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of each cli.py process")
     ap.add_argument("--workdir", default=None, help="where the stores and task go (default: a temporary folder)")
     args = ap.parse_args()
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"== base -> SFT -> DPO, track {args.track}, seeds {args.seeds}, {args.layers} layers x {args.width} wide")
-    print(f"steps: base {args.base_steps} (zoo track), SFT {args.sft_steps}, DPO {args.dpo_steps}")
+    print(f"steps: base {args.base_steps} (zoo track), SFT {args.sft_steps}, DPO {args.dpo_steps}; task {TASK}")
     print(f"CPU: {cpu_model()}; {os.cpu_count()} CPUs; load average (1/5/15 min) at start: {load}")
     print("times: CPU minutes (user + system) of each stage's cli.py processes, fit and both evaluations")
     SIZE.update(layers=args.layers, width=args.width)
+    TASK.update(digits=args.digits, terms=args.terms)
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
     steps = {"base": args.base_steps, "sft": args.sft_steps, "dpo": args.dpo_steps}
