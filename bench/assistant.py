@@ -26,6 +26,7 @@ The task's data is the same for every seed (``generate.seed`` 0); a seed changes
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -83,7 +84,10 @@ def test_metrics(output: str) -> dict[str, float]:
 
 
 def card_of(output: str) -> str:
-    return output[output.rindex("Report card") :].strip() if "Report card" in output else "(no report card)"
+    if "Report card" not in output:
+        return "(no report card)"
+    lines = output[output.rindex("Report card") :].splitlines()
+    return "\n".join(itertools.takewhile(lambda line: line.startswith("|"), lines[1:]))
 
 
 def evaluate(folder: Path, model: list[str]) -> tuple[dict[str, float], str]:
