@@ -14,7 +14,9 @@ has room to improve.
     "rejected": [assistant]}``, chosen the correct working, rejected a plausible slip (one step's result off by 1 or
     10, carried through the later steps) whose final answer is wrong;
   - ``test.jsonl``: GSM8K's ``{"question", "answer"}``, the answer the worked reply ending ``#### <number>``;
-  - ``mc.jsonl``: ``{"query", "choices", "label"}``, the test questions with the answer among three slips' answers.
+  - ``mc.jsonl``: ``{"query", "choices", "label"}``, the test questions with the answer among three slips' answers;
+  - ``pretrain.txt``: sft.jsonl's problems as plain text (question, worked reply, a blank line), no chat format: the
+    corpus of a base stage (``TextDataModule``'s ``generate``) that SFT then teaches the chat format.
 
 Held out by construction: a problem is a test problem when the first byte of the SHA-256 of its question is below
 ``test_share * 256``, so the training files (drawn from the other side) never hold a test question, whatever the
@@ -35,6 +37,7 @@ from pathlib import Path
 from zoo.errors import InputError
 
 TASK_FILES = {"sft": "sft.jsonl", "dpo": "dpo.jsonl", "test": "test.jsonl", "mc": "mc.jsonl"}
+PRETRAIN_FILE = "pretrain.txt"
 SETTINGS_FILE = "task.json"
 ANSWER = re.compile(r"####\s*(-?[\d,]+)")
 SLIPS = (-10, -1, 1, 10)  # a digit dropped or carried wrong: off by one in the last or the tens place
@@ -207,14 +210,22 @@ def records(task: ArithmeticTask) -> dict[str, list[dict]]:
     }
 
 
+def pretrain_text(sft: list[dict]) -> str:
+    """The conversations' text with no chat format: each question, its worked reply and a blank line."""
+    return "".join("\n".join(m["content"] for m in r["messages"]) + "\n\n" for r in sft)
+
+
 def write_task(folder: str | Path, task: ArithmeticTask) -> Path:
-    """The task's four files and ``task.json`` written into ``folder``; returns it."""
+    """The task's files and ``task.json`` written into ``folder``; returns it."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    for name, rows in records(task).items():
-        tmp = folder / f".{TASK_FILES[name]}.tmp"
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        tmp.replace(folder / TASK_FILES[name])  # whole files only: a reader never sees half of one
+    rows = records(task)
+    texts = {name: "".join(json.dumps(r) + "\n" for r in rows[name]) for name in rows}
+    files = {TASK_FILES[name]: text for name, text in texts.items()} | {PRETRAIN_FILE: pretrain_text(rows["sft"])}
+    for name, text in files.items():
+        tmp = folder / f".{name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(folder / name)  # whole files only: a reader never sees half of one
     (folder / SETTINGS_FILE).write_text(json.dumps(dataclasses.asdict(task), sort_keys=True) + "\n")
     return folder
 
@@ -225,7 +236,9 @@ def prepare_task(folder: str | Path, task: ArithmeticTask) -> Path:
     folder = Path(folder)
     settings = folder / SETTINGS_FILE
     if settings.is_file():
-        if json.loads(settings.read_text()) == dataclasses.asdict(task):
+        same = json.loads(settings.read_text()) == dataclasses.asdict(task)
+        # A folder written before pretrain.txt existed is written again.
+        if same and all((folder / f).is_file() for f in [*TASK_FILES.values(), PRETRAIN_FILE]):
             return folder
     elif any((folder / f).exists() for f in TASK_FILES.values()):
         raise InputError(

@@ -33,6 +33,7 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
+from datamodules.arithmetic import TASK_FILES, ArithmeticTask, prepare_task
 from datamodules.base import EpochShuffle, ResumesMidEpoch, check_settings, not_found_message, training_loader
 from datamodules.chat import ensure_tokenizer, messages_of, read_records
 from datamodules.text import IGNORE_INDEX
@@ -117,6 +118,7 @@ class PreferenceDataModule(ResumesMidEpoch, LightningDataModule):
         skip_bad_records: bool = False,
         num_workers: int = 0,
         seed: int = 0,
+        generate: ArithmeticTask | None = None,
     ) -> None:
         """
         Args:
@@ -133,10 +135,12 @@ class PreferenceDataModule(ResumesMidEpoch, LightningDataModule):
             skip_bad_records: skip malformed records, counting them, instead of stopping at the first with its line.
             num_workers: DataLoader worker processes.
             seed: seed of the per-epoch shuffle of the training pairs.
+            generate: write the project's arithmetic task with these settings into the folder ``path`` when it is
+                not there (``datamodules.arithmetic``) and train on its dpo.jsonl; None: path is the user's data.
         """
         super().__init__()
         self.save_hyperparameters()
-        for name, given in (("path", path), ("val_path", val_path)):
+        for name, given in (("path", None if generate else path), ("val_path", val_path)):
             if given is not None and not Path(given).exists():
                 raise FileNotFoundError(
                     not_found_message("preference pairs file or folder", given, f"pass --data.init_args.{name}")
@@ -149,7 +153,7 @@ class PreferenceDataModule(ResumesMidEpoch, LightningDataModule):
         self.path, self.val_path, self.val_fraction = path, val_path, val_fraction
         self.kind, self.pretrained_dir, self.gpt2_dir = tokenizer, pretrained_dir, gpt2_dir
         self.block_size, self.batch_size, self.skip_bad_records = block_size, batch_size, skip_bad_records
-        self.num_workers, self.seed = num_workers, seed
+        self.num_workers, self.seed, self.generate = num_workers, seed, generate
         self.tokenizer: Tokenizer | None = None
         self.train_set: Pairs | None = None
         self.val_set: Pairs | None = None
@@ -200,11 +204,20 @@ class PreferenceDataModule(ResumesMidEpoch, LightningDataModule):
 
     # -- Lightning hooks ---------------------------------------------------------------------------------------
 
+    def prepare_data(self) -> None:
+        if self.generate is not None:  # once per node, before setup on every rank
+            prepare_task(self.path, self.generate)
+
+    def _train_path(self) -> str:
+        if self.generate is None:
+            return self.path
+        return str(prepare_task(self.path, self.generate) / TASK_FILES["dpo"])  # written already: only checked
+
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
         self.skipped = self.dropped = 0
-        records = read_records(self.path, pair_of, self._bad)
+        records = read_records(self._train_path(), pair_of, self._bad)
         if self.val_path is not None:
             train, val = records, read_records(self.val_path, pair_of, self._bad)
         else:

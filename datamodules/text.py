@@ -27,6 +27,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from datamodules.arithmetic import PRETRAIN_FILE, ArithmeticTask, prepare_task
 from datamodules.base import EpochShuffle, ResumesMidEpoch, check_settings, not_found_message, training_loader
 from datamodules.shakespeare import shakespeare_dir
 from datamodules.text_corpus import (
@@ -176,6 +177,7 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
         pin_memory: bool = False,
         seed: int = 0,
         tokenize_workers: int = 0,
+        generate: ArithmeticTask | None = None,
     ) -> None:
         """
         Args:
@@ -203,10 +205,14 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
             pin_memory: pin batches in page-locked memory for faster host-to-GPU copies.
             seed: seed of the training window draws and of the packed shuffling.
             tokenize_workers: processes that build the token cache; 0: several only for inputs over 20 MB, 1: none.
+            generate: write the project's arithmetic task with these settings into the folder ``path`` when it is
+                not there (``datamodules.arithmetic``) and train on its pretrain.txt (no chat format): a base stage.
         """
         super().__init__()
         self.save_hyperparameters()
-        if path is not None and not Path(path).exists():
+        if generate is not None and path is None:
+            raise InputError("generate needs path=<the folder the arithmetic task is written into>")
+        if path is not None and generate is None and not Path(path).exists():
             raise FileNotFoundError(
                 not_found_message(
                     "text file or folder",
@@ -243,7 +249,7 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
             raise InputError(f"data.init_args.{given}: give at least one prompt (an empty line starts a new document)")
         self.test_path = test_path
         self.num_workers, self.pin_memory, self.seed = num_workers, pin_memory, seed
-        self.tokenize_workers = tokenize_workers
+        self.tokenize_workers, self.generate = tokenize_workers, generate
         self.tokenizer: Tokenizer | None = None
         self.tokens: TokenFile | None = None  # the whole stream
         self.train_set: TokenWindows | None = None
@@ -252,6 +258,8 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
     # -- corpus, tokenizer and token cache ----------------------------------------------------------------
 
     def _files(self) -> list[Path]:
+        if self.generate is not None:  # written on first use (prepare_data), only checked after
+            return [prepare_task(self.path, self.generate) / PRETRAIN_FILE]
         return list_text_files(Path(self.path) if self.path is not None else shakespeare_dir(self.root))
 
     def _needs_corpus(self) -> bool:

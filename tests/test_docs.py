@@ -159,18 +159,26 @@ COVERED: list[tuple[str, str]] = [
     ),
     (r"^(torchrun|srun) ", "several machines"),
     (
-        r"--data datamodules\.TaskDataModule",
+        r"^python cli\.py test --ckpt_path <last\.ckpt> --data datamodules\.TaskDataModule",
         "tests/gpt/test_gpt_tasks.py::test_cli_test_scores_a_task_file_from_the_checkpoint_alone",
     ),
     (
         r"^python -m zoo\.gpt lm-eval",
         "tests/gpt/test_gpt_tasks.py::test_lm_eval_local_task_agrees_with_task_datamodule",
     ),
-    (r"configs/gpt/dpo_tiny\.yaml", "tests/gpt/test_dpo.py::test_the_tiny_dpo_config_fits_through_the_cli"),
     (
         r"configs/gpt/grpo_arithmetic\.yaml",
         "tests/gpt/test_grpo.py::test_the_grpo_config_fits_through_the_cli_from_given_weights",
     ),
+    (
+        r"configs/gpt/dpo_tiny\.yaml --data\.init_args\.path",
+        "tests/gpt/test_dpo.py::test_the_tiny_dpo_config_fits_through_the_cli",
+    ),
+    (
+        r"registered_model_name=arith-|--ckpt_path models:/arith-dpo/1",
+        "tests/gpt/test_assistant_stages.py::test_base_sft_dpo_stages_report_one_card_and_a_task_evaluation_fills_it",
+    ),
+    (r"^python bench/assistant\.py", "minutes of CPU"),
 ]
 
 

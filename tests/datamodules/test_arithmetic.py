@@ -9,8 +9,9 @@ import re
 
 import pytest
 
-from datamodules import ChatDataModule
+from datamodules import ChatDataModule, PreferenceDataModule, TextDataModule
 from datamodules.arithmetic import (
+    PRETRAIN_FILE,
     TASK_FILES,
     ArithmeticTask,
     Problem,
@@ -115,3 +116,24 @@ def test_chat_data_generates_the_task_where_missing_and_trains_on_its_sft_file(t
     assert len(dm.train_set) + len(dm.val_set) == TASK.train and (tmp_path / "fresh" / "test.jsonl").is_file()
     x, y = next(iter(dm.train_dataloader()))
     assert x.shape[0] == dm.batch_size and (y >= 0).any()
+
+
+def test_the_base_and_dpo_stages_generate_the_same_folder_and_read_its_plain_text_and_pairs(tmp_path):
+    """TextDataModule trains on pretrain.txt (the sft problems as plain text: no chat format, no test question),
+    PreferenceDataModule on dpo.jsonl; either writes the task on a fresh clone, and an old folder without
+    pretrain.txt is written again."""
+    folder = tmp_path / "fresh"
+    text = TextDataModule(str(folder), block_size=32, batch_size=4, samples_per_epoch=8, generate=TASK)
+    text.prepare_data()
+    text.setup("fit")
+    plain = (folder / PRETRAIN_FILE).read_text()
+    sft = [json.loads(line)["messages"] for line in (folder / TASK_FILES["sft"]).read_text().splitlines()]
+    assert plain == "".join(f"{user['content']}\n{reply['content']}\n\n" for user, reply in sft)
+    assert "<|" not in plain and not any(held_out(q, TASK.test_share) for q in re.findall(r"What is .*\?", plain))
+    assert len(text.train_set.tokens) + len(text.val_set.tokens) == len(plain.encode()) + 1  # bytes and one EOS
+    pairs = PreferenceDataModule(str(folder), tokenizer="bytes", block_size=128, val_fraction=0.1, generate=TASK)
+    pairs.prepare_data()
+    pairs.setup("fit")
+    assert len(pairs.train_set) + len(pairs.val_set) == TASK.pairs
+    (folder / PRETRAIN_FILE).unlink()
+    assert (prepare_task(folder, TASK) / PRETRAIN_FILE).read_text() == plain

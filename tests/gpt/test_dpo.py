@@ -288,6 +288,7 @@ def test_the_tiny_dpo_config_fits_through_the_cli(tmp_path):
         "--config",
         str(CONFIGS / "gpt" / "dpo_tiny.yaml"),
         f"--data.init_args.path={path}",
+        "--data.init_args.generate=null",  # your pairs instead of the generated task's
         "--trainer.max_steps=4",
     )
     metrics = fitted.trainer.callback_metrics
@@ -303,3 +304,29 @@ def test_the_tiny_dpo_config_fits_through_the_cli(tmp_path):
 def test_a_peft_adapter_to_start_from_is_refused_as_its_reference_would_be_the_base():
     with pytest.raises(InputError, match="adapter_weights.*merged"):
         DPOModule(GPT(**NET), adapter_weights="adapter_folder")
+
+
+def test_a_dpo_model_scores_task_records_as_the_language_model_it_is(tmp_path):
+    """``cli.py test --data datamodules.TaskDataModule`` on a DPO stage's model: the task's metrics, the same as
+    CausalLMModule's on the same net (ThroughputMonitor counts task batches too)."""
+    import lightning as L
+    from lightning.pytorch.callbacks import ThroughputMonitor
+
+    from datamodules.tasks import TaskDataModule
+    from zoo.gpt import CausalLMModule
+    from zoo.gpt.dpo import _pairs, _tokens
+    from zoo.io.tokenizers import ByteTokenizer
+
+    records = [{"query": f"{a}+{a}=", "choices": [str(2 * a), str(2 * a + 1)], "label": 0} for a in range(6)]
+    path = _write(tmp_path / "mc.jsonl", records)
+    torch.manual_seed(0)
+    dpo = DPOModule(GPT(**NET))
+    lm = CausalLMModule(GPT(**NET))
+    lm.net.load_state_dict(dpo.net.state_dict())
+    got = []
+    for module in (dpo, lm):
+        module.tokenizer = ByteTokenizer()
+        monitor = ThroughputMonitor(batch_size_fn=_pairs, length_fn=_tokens)
+        trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[monitor])
+        got.append(trainer.test(module, datamodule=TaskDataModule(path, batch_size=4), verbose=False)[0])
+    assert set(got[0]) >= {"test/acc", "test/acc_norm"} and got[0] == got[1]

@@ -1263,8 +1263,18 @@ FAMILIES: dict[str, dict] = {
             (AR, 'i = ops.index("*") if "*" in ops else 0', "i = 0"),
             (AR, "if held_out(p.question, task.test_share) != test_side or (", "if ("),
             (AR, "        if self.work(slip)[1] == self.answer():", "        if False:"),
-            (AR, "        if json.loads(settings.read_text()) == dataclasses.asdict(task):", "        if False:"),
+            (
+                AR,
+                "        same = json.loads(settings.read_text()) == dataclasses.asdict(task)\n",
+                "        same = False\n",
+            ),
             (DCH, 'TASK_FILES["sft"]', 'TASK_FILES["dpo"]'),
+            # the base and DPO stages' files: the replies left out of the plain text, an old folder kept without
+            # it, the chat file pretrained on, the conversations read as pairs
+            (AR, '"\\n".join(m["content"] for m in r["messages"])', 'r["messages"][0]["content"]'),
+            (AR, "if same and all((folder / f).is_file() for f in [*TASK_FILES.values(), PRETRAIN_FILE]):", "if same:"),
+            ("datamodules/text.py", "self.generate) / PRETRAIN_FILE]", 'self.generate) / "sft.jsonl"]'),
+            (DPR, 'TASK_FILES["dpo"]', 'TASK_FILES["sft"]'),
             # serving and streaming: no generation prompt, a piece dropped, the last piece not flushed
             (
                 GM,
@@ -1337,6 +1347,9 @@ FAMILIES: dict[str, dict] = {
             # the reference: the policy itself, adapters left on, not detached, another starting point accepted
             (DPO, "            yield self._reference\n", "            yield self.net\n"),
             (DPO, "            layer.enable_adapters(False)", "            pass"),
+            # a DPO stage's model under cli.py test: task records fed to the DPO objective, or not counted
+            (DPO, '        if "task" in batch:  # task records (datamodules.tasks): scored', "        if False:  #"),
+            (DPO, '    if "task" in batch:  # task records under test', "    if False:  #"),
             (
                 DPO,
                 "chosen_logratios = policy_chosen_logps - ref_chosen_logps.detach()",

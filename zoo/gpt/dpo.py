@@ -78,10 +78,14 @@ def dpo_loss(
 
 
 def _pairs(batch: dict) -> int:
+    if "task" in batch:  # task records under test (datamodules.tasks)
+        return len(batch["prompt_ids"])
     return len(batch["chosen_input_ids"])
 
 
 def _tokens(batch: dict) -> int:
+    if "task" in batch:
+        return sum(p.numel() for p in batch["prompt_ids"])
     return batch["chosen_input_ids"].numel() + batch["rejected_input_ids"].numel()
 
 
@@ -193,11 +197,15 @@ class DPOModule(CausalLMModule):
             r.reset_stats()
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
+        if "task" in batch:  # task records (datamodules.tasks): scored as any language model is
+            return self.tasks.update(self.net, batch, self.tokenizer)
         out = self.objective(batch)
         self.log_dict({f"test/{k}": v for k, v in out.items()}, batch_size=_pairs(batch), sync_dist=True)
 
     def on_test_epoch_end(self) -> None:
-        pass
+        tasks = self.tasks.compute("test/")  # synced across ranks; empty after preference batches
+        if tasks:
+            self.log_dict(tasks)
 
     # -- checkpoints -------------------------------------------------------------------------------------------
 
