@@ -193,6 +193,34 @@ class ResumesMidEpoch:
         self.train_position = state_dict.get("train_position", {})
 
 
+class SplitLoaders(ResumesMidEpoch):
+    """Mixed into a DataModule with ``train_set`` and ``val_set`` after setup: the training loader shuffled per epoch
+    and resumable mid-epoch, validation and test on the validation split in order. ``collate_for`` says how a split's
+    items batch (the dataset's own ``collate`` by default); ``val_batch_size``, when set, sizes evaluation batches."""
+
+    def collate_for(self, dataset):
+        return dataset.collate
+
+    def _loader(self, dataset, split: str) -> DataLoader:
+        if dataset is None:
+            raise RuntimeError(f"{type(self).__name__} has no {split} split yet; call setup() first")
+        kwargs = {"num_workers": self.num_workers, "collate_fn": self.collate_for(dataset)}
+        if split == "train":
+            shuffle, at = EpochShuffle(len(dataset), self.seed), self.train_position
+            return training_loader(dataset, self.trainer, self.batch_size, shuffle, resume_at=at, **kwargs)
+        size = getattr(self, "val_batch_size", None) or self.batch_size
+        return DataLoader(dataset, batch_size=size, shuffle=False, **kwargs)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, "train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, "val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, "validation")
+
+
 class ImageDataModule(ResumesMidEpoch, LightningDataModule):
     """Loader settings and the three splits; subclasses set the protocol attributes and ``setup``."""
 

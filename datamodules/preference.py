@@ -31,10 +31,10 @@ import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from datamodules.arithmetic import TASK_FILES, ArithmeticTask, prepare_task
-from datamodules.base import EpochShuffle, ResumesMidEpoch, check_settings, not_found_message, training_loader
+from datamodules.base import SplitLoaders, check_settings, not_found_message
 from datamodules.chat import ensure_tokenizer, messages_of, read_records
 from datamodules.text import IGNORE_INDEX
 from zoo.errors import InputError
@@ -102,7 +102,7 @@ class Pairs(Dataset):
         return out
 
 
-class PreferenceDataModule(ResumesMidEpoch, LightningDataModule):
+class PreferenceDataModule(SplitLoaders, LightningDataModule):
     """Preference pairs rendered with the model's chat template; ``self.tokenizer`` is set by ``setup``."""
 
     def __init__(
@@ -235,21 +235,3 @@ class PreferenceDataModule(ResumesMidEpoch, LightningDataModule):
                 f"(block_size={self.block_size}, val_fraction={self.val_fraction}): give more records, a larger "
                 f"block_size, or --data.init_args.val_fraction 0 to train without validation"
             )
-
-    def _loader(self, dataset: Pairs | None, split: str) -> DataLoader:
-        if dataset is None:
-            raise RuntimeError(f"{type(self).__name__} has no {split} split yet; call setup() first")
-        kwargs = {"num_workers": self.num_workers, "collate_fn": dataset.collate}
-        if split == "train":
-            shuffle, at = EpochShuffle(len(dataset), self.seed), self.train_position
-            return training_loader(dataset, self.trainer, self.batch_size, shuffle, resume_at=at, **kwargs)
-        return DataLoader(dataset, batch_size=self.batch_size, shuffle=False, **kwargs)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, "train")
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, "val")
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, "validation")

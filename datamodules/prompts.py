@@ -28,10 +28,9 @@ from typing import Literal
 import torch
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
-from torch.utils.data import DataLoader
 
 from datamodules.arithmetic import TASK_FILES, ArithmeticTask, prepare_task
-from datamodules.base import EpochShuffle, ResumesMidEpoch, check_settings, not_found_message, training_loader
+from datamodules.base import SplitLoaders, check_settings, not_found_message
 from datamodules.chat import ensure_tokenizer, messages_of, read_records
 from datamodules.tasks import _messages
 from zoo.errors import InputError
@@ -62,7 +61,7 @@ def collate(items: list[tuple[list[int], str]]) -> dict:
     return {"prompt_ids": [torch.tensor(ids, dtype=torch.long) for ids, _ in items], "answers": [a for _, a in items]}
 
 
-class PromptDataModule(ResumesMidEpoch, LightningDataModule):
+class PromptDataModule(SplitLoaders, LightningDataModule):
     """Prompts with answers rendered with the model's chat template; ``self.tokenizer`` is set by ``setup``."""
 
     def __init__(
@@ -180,21 +179,5 @@ class PromptDataModule(ResumesMidEpoch, LightningDataModule):
                 f"{self.path!r} leaves no training prompts: give more records or a larger max_prompt_tokens"
             )
 
-    def _loader(self, items: list | None, split: str) -> DataLoader:
-        if items is None:
-            raise RuntimeError(f"{type(self).__name__} has no {split} split yet; call setup() first")
-        kwargs = {"num_workers": self.num_workers, "collate_fn": collate}
-        if split == "train":
-            shuffle = EpochShuffle(len(items), self.seed)
-            at = self.train_position
-            return training_loader(items, self.trainer, self.batch_size, shuffle, resume_at=at, **kwargs)
-        return DataLoader(items, batch_size=self.val_batch_size, shuffle=False, **kwargs)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, "train")
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, "val")
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, "validation")
+    def collate_for(self, dataset):
+        return collate
