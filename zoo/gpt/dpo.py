@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from zoo.adapt import Adaptation
 from zoo.adapt.base import digest
+from zoo.compat import trainer_of
 from zoo.errors import CheckpointError, InputError
 from zoo.gpt.gpt import GPT
 from zoo.gpt.module import CausalLMModule
@@ -128,7 +129,7 @@ class DPOModule(CausalLMModule):
         return settings is not None and settings.lora is not None and not settings.trainable
 
     def configure_model(self) -> None:
-        predicting = getattr(self._trainer, "predicting", False)  # generation needs no reference
+        predicting = getattr(trainer_of(self), "predicting", False)  # generation needs no reference
         if self._reference is None and not predicting and not self._adapters_are_reference():
             ref = copy.deepcopy(self.net).requires_grad_(False).eval()  # the weights as setup left them
             state = ref.state_dict()

@@ -28,6 +28,7 @@ from collections import defaultdict
 import torch
 from torch import Tensor
 
+from zoo.compat import trainer_of
 from zoo.errors import InputError
 from zoo.gpt.generate import generate
 from zoo.gpt.gpt import GPT
@@ -101,7 +102,7 @@ class GRPOModule(CausalLMModule):
         self.completion_samples: list[dict] = []
 
     def configure_model(self) -> None:
-        predicting = getattr(self._trainer, "predicting", False)  # generation needs no reference
+        predicting = getattr(trainer_of(self), "predicting", False)  # generation needs no reference
         if self.hparams.beta > 0 and self._reference is None and not predicting:
             ref = copy.deepcopy(self.net).requires_grad_(False).eval()  # the weights as setup left them
             object.__setattr__(self, "_reference", ref)
