@@ -186,8 +186,9 @@ class TaskDataModule(LightningDataModule):
     def _loader(self) -> DataLoader:
         settings = {"answer_pattern": self.answer_pattern, "until": self.until, "max_new_tokens": self.max_new_tokens}
         batches = functools.partial(collate, kind=self.kind, settings=settings)  # picklable for workers
+        records = list(enumerate(self.items()))  # each carries its index: ranks' padded repeats are counted once
         return DataLoader(
-            self.items(), batch_size=self.batch_size, shuffle=False, collate_fn=batches, num_workers=self.num_workers
+            records, batch_size=self.batch_size, shuffle=False, collate_fn=batches, num_workers=self.num_workers
         )
 
     def test_dataloader(self) -> DataLoader:
@@ -197,17 +198,21 @@ class TaskDataModule(LightningDataModule):
         return self._loader()
 
 
-def collate(items: list[tuple], kind: str, settings: dict) -> dict:
-    """A batch for ``zoo.gpt.tasks``: a multiple-choice batch lists every (context, choice) pair with its record and
-    choice index; ``prompt_ids`` (contexts, prompts, texts) are what throughput counts."""
+def collate(records: list[tuple[int, tuple]], kind: str, settings: dict) -> dict:
+    """A batch for ``zoo.gpt.tasks`` of (file index, item) records: ``index`` is each record's place in the file (a
+    DistributedSampler repeats records to even out the ranks; the metrics count each index once); a multiple-choice
+    batch lists every (context, choice) pair with its record and choice index; ``prompt_ids`` (contexts, prompts,
+    texts) are what throughput counts."""
+    index, items = torch.tensor([k for k, _ in records]), [item for _, item in records]
     ids = [torch.as_tensor(item[0], dtype=torch.long) for item in items]
     if kind == "bits_per_byte":
-        return {"task": kind, "prompt_ids": ids, "bytes": torch.tensor([n for _, n in items])}
+        return {"task": kind, "index": index, "prompt_ids": ids, "bytes": torch.tensor([n for _, n in items])}
     if kind == "exact_match":
-        return {"task": kind, "prompt_ids": ids, "answers": [answer for _, answer in items], **settings}
+        return {"task": kind, "index": index, "prompt_ids": ids, "answers": [answer for _, answer in items], **settings}
     where = [(r, c) for r, item in enumerate(items) for c in range(len(item[1]))]
     return {
         "task": kind,
+        "index": index,
         "prompt_ids": ids,
         "pairs": [(item[0], cont) for item in items for cont in item[1]],
         "record": torch.tensor([r for r, _ in where]),

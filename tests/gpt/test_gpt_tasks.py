@@ -255,3 +255,39 @@ def test_lm_eval_local_task_agrees_with_task_datamodule(tiny_checkpoint, tmp_pat
     for (ctx, cont), (ll, _) in zip(pairs, lm.loglikelihood(requests), strict=True):
         direct = direct_loglikelihood(module.net, *T.encode_pair(module.tokenizer, ctx, cont))
         assert ll == pytest.approx(direct, abs=1e-4)
+
+
+# -- each record once across ranks ------------------------------------------------------------------------------
+
+
+def test_a_record_repeated_to_even_out_ranks_counts_once():
+    index = torch.tensor([3, 0, 1, 3, 2, 0])  # two ranks' shares of 4 records and a sampler's repeats
+    assert T.first_of_each(index).tolist() == [0, 1, 2, 4]
+    mean = T.RecordMean()
+    mean.update(index[:3], torch.tensor([1.0, 0.0, 0.0]), weight=torch.tensor([2.0, 1.0, 1.0]))
+    mean.update(index[3:], torch.tensor([1.0, 1.0, 0.0]), weight=torch.tensor([2.0, 1.0, 1.0]))
+    assert mean.compute().item() == pytest.approx((2 + 1) / 5)  # records 3 (weight 2) and 2 hit; 0 and 1 missed
+
+
+def _bits_on_ranks(path: str, devices: int) -> float:
+    import lightning as L
+
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy="ddp_spawn" if devices > 1 else "auto",
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+    )
+    dm = TaskDataModule(path, kind="bits_per_byte", batch_size=2)
+    return trainer.test(tiny_module(block_size=16), datamodule=dm, verbose=False)[0]["test/bits_per_byte"]
+
+
+@pytest.mark.slow  # two spawned gloo processes: ~15 s
+def test_two_ranks_score_a_file_as_one_process_does(tmp_path):
+    """5 texts on 2 ranks: Lightning's DistributedSampler gives each rank 3, the first text twice; it counts once."""
+    texts = ["a much longer first text, " * 3, "b", "cc dd", "éé", "the last one"]
+    path = write_jsonl(tmp_path / "t.jsonl", [{"text": t} for t in texts])
+    assert _bits_on_ranks(path, 2) == pytest.approx(_bits_on_ranks(path, 1), rel=1e-5)

@@ -1339,6 +1339,9 @@ FAMILIES: dict[str, dict] = {
                 "out += list(zip(lls.tolist(), greedy.tolist(), strict=True))",
                 "out = list(zip(lls.tolist(), greedy.tolist(), strict=True))",
             ),
+            # under DDP: the sampler's repeated records counted twice; every record given one index
+            (GTK, "        once = first_of_each(index)", "        once = torch.arange(len(index))"),
+            (DTK, "records = list(enumerate(self.items()))", "records = [(0, item) for item in self.items()]"),
         ],
     },
     "dpo": {  # preference tuning: the loss against TRL's, the reference, the pairs' masks and order

@@ -26,7 +26,8 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
-from torchmetrics import MeanMetric
+from torchmetrics import Metric
+from torchmetrics.utilities import dim_zero_cat
 
 from zoo.gpt.generate import generate
 
@@ -173,25 +174,57 @@ def exact_match(net: nn.Module, batch: dict, tokenizer) -> Tensor:
     return torch.tensor(hits, dtype=torch.float32, device=net.tok_emb.weight.device)
 
 
-class TaskMetrics(nn.Module):
-    """The test metrics of task batches, summed across ranks by torchmetrics (a mean per record; bits per byte
-    weighted by bytes, so it is the file's total bits over its total bytes)."""
+def first_of_each(index: Tensor) -> Tensor:
+    """The positions of each distinct value's first occurrence in ``index`` (N,), in order of position."""
+    order = torch.arange(len(index), device=index.device)
+    distinct, which = torch.unique(index, return_inverse=True)
+    first = torch.full((len(distinct),), len(index), device=index.device)
+    return first.scatter_reduce(0, which, order, "amin").sort().values
+
+
+class RecordMean(Metric):
+    """A weighted mean over records, each counted once across ranks. A ``DistributedSampler`` evens out the ranks by
+    repeating records (as Lightning's test and validation loaders do, so every rank runs as many batches, which a
+    sharded model's collectives need): the states keep each value with its record's index, gathered whole across
+    ranks, and the mean takes each index's first value."""
+
+    full_state_update = False
 
     def __init__(self) -> None:
         super().__init__()
-        self.means = nn.ModuleDict({name: MeanMetric() for names in KINDS.values() for name in names})
+        for name in ("index", "value", "weight"):
+            self.add_state(name, default=[], dist_reduce_fx="cat")
+
+    def update(self, index: Tensor, value: Tensor, weight: Tensor | None = None) -> None:
+        self.index.append(index.to(self.device))
+        self.value.append(value.float().to(self.device))
+        self.weight.append(torch.ones_like(self.value[-1]) if weight is None else weight.float().to(self.device))
+
+    def compute(self) -> Tensor:
+        index, value, weight = (dim_zero_cat(s) for s in (self.index, self.value, self.weight))
+        once = first_of_each(index)
+        return (value[once] * weight[once]).sum() / weight[once].sum()
+
+
+class TaskMetrics(nn.Module):
+    """The test metrics of task batches: a mean per record, each record once however the ranks shared them
+    (``RecordMean``); bits per byte weighted by bytes, so it is the file's total bits over its total bytes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.means = nn.ModuleDict({name: RecordMean() for names in KINDS.values() for name in names})
         self.kind: str | None = None
 
     def update(self, net: nn.Module, batch: dict, tokenizer) -> None:
-        self.kind = batch["task"]
+        self.kind, index = batch["task"], batch["index"]
         if self.kind == "multiple_choice":
             for name, hits in multiple_choice(net, batch).items():
-                self.means[name].update(hits)
+                self.means[name].update(index, hits)
         elif self.kind == "exact_match":
-            self.means["exact_match"].update(exact_match(net, batch, tokenizer))
+            self.means["exact_match"].update(index, exact_match(net, batch, tokenizer))
         elif self.kind == "bits_per_byte":
             total_bits, nbytes = bits(net, batch, tokenizer)
-            self.means["bits_per_byte"].update(total_bits / nbytes, weight=nbytes)
+            self.means["bits_per_byte"].update(index, total_bits / nbytes, weight=nbytes)
         else:
             raise ValueError(f"unknown task kind {self.kind!r}, not one of {', '.join(KINDS)}")
 
