@@ -163,8 +163,12 @@ COVERED: list[tuple[str, str]] = [
         "tests/gpt/test_gpt_tasks.py::test_cli_test_scores_a_task_file_from_the_checkpoint_alone",
     ),
     (
-        r"^python -m zoo\.gpt lm-eval",
+        r"^python -m zoo\.gpt lm-eval (?!.*--apply-chat-template)",
         "tests/gpt/test_gpt_tasks.py::test_lm_eval_local_task_agrees_with_task_datamodule",
+    ),
+    (
+        r"^python -m zoo\.gpt lm-eval .*--apply-chat-template",
+        "tests/gpt/test_gpt_tasks.py::test_lm_eval_chat_agrees_with_task_datamodules_chat",
     ),
     (
         r"configs/gpt/grpo_arithmetic\.yaml",

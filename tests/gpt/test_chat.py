@@ -68,9 +68,12 @@ CONVERSATION = [
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
+    return write_tokenizer(tmp_path_factory.mktemp("chat_tokenizer"))
+
+
+def write_tokenizer(folder):
     """A byte-level BPE trained here with Llama 3's and ChatML's control tokens; BOS added by its post-processor
     (which apply_chat_template leaves out)."""
-    folder = tmp_path_factory.mktemp("chat_tokenizer")
     hf = _train(_byte_level(True), SPECIALS)
     bos = SPECIALS[0]
     hf.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, hf.token_to_id(bos))])

@@ -153,6 +153,60 @@ def test_chat_prompts_are_the_templates_generation_prompt(tmp_path):
     assert dm.items() == [(render(messages, True).ids, "mat")]
 
 
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What sat on the mat?"},
+    {"role": "assistant", "content": "The cat."},
+    {"role": "user", "content": "And on the log?"},
+]
+
+
+def test_lm_evals_chat_prompts_are_the_zoos_rendering(monkeypatch):
+    """lm-eval hands a chat prompt back as text: its ids are the zoo's rendering, the generation prompt kept whole and
+    the reply scored after it (as TaskDataModule's chat: true), a gen_prefix continued as the final message."""
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+
+    from zoo.gpt import lm_eval as adapter
+    from zoo.io.chat_template import chat_renderer
+
+    lm, tok = adapter.ZooLM(tiny_module(block_size=256)), ByteTokenizer()  # room for the whole prompt
+    rendered = chat_renderer(tok)(CONVERSATION, True)
+    text = lm.apply_chat_template(CONVERSATION)
+    assert lm.tok_encode(text) == rendered.ids and text.endswith("<|assistant|>\n") and "<|endoftext|>" in text
+    assert lm._encode_pair(text, "The dog.") == (rendered.ids, tok.encode("The dog."))
+    continued = lm.apply_chat_template([*CONVERSATION, {"role": "assistant", "content": "Answer:"}], False)
+    assert lm._encode_pair(continued, " dog") == (rendered.ids + tok.encode("Answer:"), tok.encode(" dog"))
+    seen = []
+    monkeypatch.setattr(adapter, "generate", lambda net, prompts, *a, **k: seen.extend(prompts) or prompts)
+    lm.generate_until([Instance("generate_until", {}, (text, {"until": ["\n"], "max_gen_toks": 2}), 0)])
+    assert seen[0].tolist() == rendered.ids
+    assert lm.chat_template(True).startswith("zoo default chat format") and lm.tokenizer_name.startswith("zoo-bytes")
+    with pytest.raises(InputError, match="has one"):
+        lm.chat_template("tool_use")
+
+
+def test_an_imported_templates_prompt_is_the_text_lm_evals_hf_model_renders(tmp_path):
+    """lm-eval's HF model renders with transformers' apply_chat_template (continue_final_message for a gen_prefix):
+    the zoo's text is the same, and its ids are transformers' tokens of it."""
+    pytest.importorskip("lm_eval")
+    from test_chat import LLAMA3, _with_template, write_tokenizer
+
+    from zoo.gpt.lm_eval import ZooLM
+
+    ours, theirs = _with_template(write_tokenizer(tmp_path), LLAMA3)
+    module = tiny_module()
+    module.tokenizer = ours
+    lm = ZooLM(module)
+    text = lm.apply_chat_template(CONVERSATION)
+    assert text == theirs.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=True)
+    assert lm.tok_encode(text) == theirs(text, add_special_tokens=False)["input_ids"]
+    prefixed = [*CONVERSATION, {"role": "assistant", "content": "Answer:"}]
+    assert lm.apply_chat_template(prefixed, False) == theirs.apply_chat_template(
+        prefixed, tokenize=False, continue_final_message=True
+    )
+
+
 @pytest.mark.parametrize(
     ("kind", "record", "why"),
     [
@@ -214,15 +268,9 @@ def test_cli_test_scores_a_task_file_from_the_checkpoint_alone(tiny_checkpoint, 
     assert "test/acc_norm" in out and "test/acc" in out, out[-2000:]
 
 
-@pytest.mark.slow  # lm-eval's and datasets' imports, a datasets cache: ~8 s
-def test_lm_eval_local_task_agrees_with_task_datamodule(tiny_checkpoint, tmp_path, monkeypatch, capsys):
-    pytest.importorskip("lm_eval")
-    import lightning as L
-    from lm_eval.api.instance import Instance
-
-    from zoo.gpt import __main__ as gpt_main
-    from zoo.gpt.lm_eval import ZooLM
-
+def local_task(tmp_path, monkeypatch) -> tuple[str, object]:
+    """mc_records() as the local lm-eval task ``zoo_mc`` (its few shots from the same file): the data and the
+    task folder; nothing fetched."""
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
@@ -232,10 +280,23 @@ def test_lm_eval_local_task_agrees_with_task_datamodule(tiny_checkpoint, tmp_pat
     (tasks / "zoo_mc.yaml").write_text(
         "task: zoo_mc\ndataset_path: json\n"
         f"dataset_kwargs:\n  data_files:\n    test: {data}\n"
-        "test_split: test\noutput_type: multiple_choice\n"
+        "test_split: test\nfewshot_split: test\noutput_type: multiple_choice\n"
         'doc_to_text: "{{query}}"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: "{{label}}"\n'
         "metric_list:\n  - metric: acc\n  - metric: acc_norm\n"
     )
+    return data, tasks
+
+
+@pytest.mark.slow  # lm-eval's and datasets' imports, a datasets cache: ~8 s
+def test_lm_eval_local_task_agrees_with_task_datamodule(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("lm_eval")
+    import lightning as L
+    from lm_eval.api.instance import Instance
+
+    from zoo.gpt import __main__ as gpt_main
+    from zoo.gpt.lm_eval import ZooLM
+
+    data, tasks = local_task(tmp_path, monkeypatch)
     out = tmp_path / "results.json"
     argv = ["zoo.gpt", "lm-eval", tiny_checkpoint, "--tasks", "zoo_mc", "--include-path", str(tasks)]
     monkeypatch.setattr(sys, "argv", [*argv, "--no-builtin-tasks", "--batch-size", "7", "--output", str(out)])
@@ -291,3 +352,57 @@ def test_two_ranks_score_a_file_as_one_process_does(tmp_path):
     texts = ["a much longer first text, " * 3, "b", "cc dd", "éé", "the last one"]
     path = write_jsonl(tmp_path / "t.jsonl", [{"text": t} for t in texts])
     assert _bits_on_ranks(path, 2) == pytest.approx(_bits_on_ranks(path, 1), rel=1e-5)
+
+
+@pytest.mark.slow  # lm-eval's and datasets' imports, two evaluations: ~10 s
+def test_lm_eval_chat_agrees_with_task_datamodules_chat(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    """--apply-chat-template: acc and acc_norm equal TaskDataModule's with chat: true; with few shots as turns,
+    every context lm-eval scores is the zoo's rendering of the conversation lm-eval built."""
+    pytest.importorskip("lm_eval")
+    import lightning as L
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from zoo.gpt import __main__ as gpt_main
+    from zoo.gpt.lm_eval import ZooLM
+    from zoo.io.chat_template import chat_renderer
+
+    data, tasks = local_task(tmp_path, monkeypatch)
+    out = tmp_path / "results.json"
+    argv = ["zoo.gpt", "lm-eval", tiny_checkpoint, "--tasks", "zoo_mc", "--include-path", str(tasks)]
+    monkeypatch.setattr(sys, "argv", [*argv, "--no-builtin-tasks", "--apply-chat-template", "--output", str(out)])
+    rendered, apply = [], ZooLM.apply_chat_template
+    monkeypatch.setattr(ZooLM, "apply_chat_template", lambda lm, h, **k: rendered.append(h) or apply(lm, h, **k))
+    gpt_main.main()
+    assert len(rendered) == len(mc_records())  # the flag reaches lm-eval: every prompt rendered by the zoo
+    monkeypatch.setattr(ZooLM, "apply_chat_template", apply)
+    theirs = json.loads(out.read_text())["zoo_mc"]
+    module = CausalLMModule.load_from_checkpoint(tiny_checkpoint, map_location="cpu").eval()
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+    dm = TaskDataModule(data, kind="multiple_choice", chat=True, batch_size=5)
+    ours = trainer.test(module, datamodule=dm, verbose=False)[0]
+    assert theirs["acc,none"] == pytest.approx(ours["test/acc"])
+    assert theirs["acc_norm,none"] == pytest.approx(ours["test/acc_norm"])
+
+    class Spy(ZooLM):
+        histories, scored = {}, []
+
+        def apply_chat_template(self, chat_history, add_generation_prompt=True):
+            text = super().apply_chat_template(chat_history, add_generation_prompt)
+            self.histories[text] = [dict(m) for m in chat_history]
+            return text
+
+        def _loglikelihood_tokens(self, requests, **kwargs):
+            self.scored += requests
+            return super()._loglikelihood_tokens(requests, **kwargs)
+
+    lm, render = Spy(module, batch_size=8), chat_renderer(module.tokenizer)
+    manager = TaskManager(include_path=str(tasks), include_defaults=False)
+    lm_eval.simple_evaluate(
+        model=lm, tasks=["zoo_mc"], task_manager=manager, num_fewshot=2, limit=3, apply_chat_template=True
+    )
+    assert len(lm.scored) == 3 * 4
+    for (context, continuation), ctx, cont in lm.scored:
+        history = lm.histories[context]
+        assert [m["role"] for m in history] == ["user", "assistant", "user", "assistant", "user"]
+        assert ctx == render(history, True).ids and cont == module.tokenizer.encode(continuation)

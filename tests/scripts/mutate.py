@@ -71,6 +71,7 @@ AR, GM = "datamodules/arithmetic.py", "zoo/gpt/module.py"
 SPT, HFT = "zoo/io/sp_tokenizer.py", "zoo/io/hf_tokenizer.py"
 WI, WF, HK = "zoo/adapt/wise.py", "callbacks/wiseft.py", "zoo/app/hooks.py"
 GTK, DTK, LEV = "zoo/gpt/tasks.py", "datamodules/tasks.py", "zoo/gpt/lm_eval.py"
+GMN = "zoo/gpt/__main__.py"
 OPT, GN, ATT, WT, TOK = (
     "zoo/train/optim.py",
     "zoo/train/gradnorm.py",
@@ -1342,6 +1343,13 @@ FAMILIES: dict[str, dict] = {
             # under DDP: the sampler's repeated records counted twice; every record given one index
             (GTK, "        once = first_of_each(index)", "        once = torch.arange(len(index))"),
             (DTK, "records = list(enumerate(self.items()))", "records = [(0, item) for item in self.items()]"),
+            # lm-eval's chat prompts: encoded from their text, the generation prompt's whitespace moved into the
+            # choice, a gen_prefix closed as a finished turn, the command line's flag dropped
+            (LEV, "        if string in self._prompts:  # a chat prompt", "        if False:"),
+            (LEV, "        if context not in self._prompts:", "        if True:"),
+            (LEV, 'if not add_generation_prompt and messages[-1]["role"] == "assistant":', "if False:"),
+            (GMN, "        apply_chat_template=args.apply_chat_template,", "        apply_chat_template=False,"),
+            (CTT, '        text.append("<|assistant|>\\n")', "        pass"),
         ],
     },
     "dpo": {  # preference tuning: the loss against TRL's, the reference, the pairs' masks and order

@@ -3,8 +3,9 @@ Hugging Face model folder (``zoo.gpt.hf`` for GPT-2, ``zoo.gpt.llama`` for Llama
 checkpoint with LoRA adapters writes the base model there and the adapters as PEFT's ``<out_folder>/adapter``
 (``zoo.gpt.peft_adapter``), or with ``--merge`` one model with the adapters folded in.
 
-``python -m zoo.gpt lm-eval <lightning.ckpt> --tasks <names> [--include-path <folder>]``: lm-evaluation-harness tasks on
-the checkpoint (``zoo.gpt.lm_eval``; the optional extra ``eval``), the table printed and ``--output`` a JSON file."""
+``python -m zoo.gpt lm-eval <lightning.ckpt> --tasks <names> [--include-path <folder>] [--apply-chat-template]``:
+lm-evaluation-harness tasks on the checkpoint (``zoo.gpt.lm_eval``; the optional extra ``eval``), the table printed and
+``--output`` a JSON file."""
 
 from __future__ import annotations
 
@@ -74,6 +75,18 @@ def _add_lm_eval(sub) -> None:
     ev.add_argument("--batch-size", type=int, default=16, help="rows per forward")
     ev.add_argument("--device", default="cpu")
     ev.add_argument("--output", help="write lm-eval's results (metrics per task) to this JSON file")
+    ev.add_argument(
+        "--apply-chat-template",
+        action="store_true",
+        help="render each prompt with the model's chat template (a user turn and the generation prompt): an imported "
+        "tokenizer's, else the zoo's default format; a multiple-choice choice is then the reply",
+    )
+    ev.add_argument(
+        "--fewshot-as-multiturn",
+        choices=["true", "false"],
+        help="with --apply-chat-template: few-shot examples as user/assistant turns (default true), or one user turn",
+    )
+    ev.add_argument("--system-instruction", help="a system prompt (a system turn with --apply-chat-template)")
 
 
 def lm_eval_main(args) -> None:
@@ -87,6 +100,9 @@ def lm_eval_main(args) -> None:
         raise SystemExit("error: lm-eval is not installed: pip install '.[eval]' (lm_eval>=0.4.13)") from None
     from zoo.gpt.lm_eval import ZooLM
 
+    multiturn = args.fewshot_as_multiturn
+    if multiturn is not None and not args.apply_chat_template:
+        raise SystemExit("error: --fewshot-as-multiturn needs --apply-chat-template (turns exist in a chat only)")
     manager = TaskManager(include_path=args.include_path or None, include_defaults=not args.no_builtin_tasks)
     model = ZooLM(args.checkpoint, batch_size=args.batch_size, device=args.device)
     results = lm_eval.simple_evaluate(
@@ -96,6 +112,9 @@ def lm_eval_main(args) -> None:
         num_fewshot=args.num_fewshot,
         limit=args.limit,
         log_samples=False,
+        apply_chat_template=args.apply_chat_template,
+        fewshot_as_multiturn=args.apply_chat_template and multiturn != "false",
+        system_instruction=args.system_instruction,
     )
     print(make_table(results))
     if args.output:

@@ -3,11 +3,15 @@
 Any lm-eval task runs on a ``CausalLMModule`` (a Lightning checkpoint, or a module in Python): its log-likelihoods
 come from ``zoo.gpt.tasks.score_continuations`` (the same scoring as ``cli.py test`` with ``TaskDataModule``, so the
 two agree on the same data), batched ``batch_size`` rows per forward; generation is ``zoo.gpt.generate``'s, greedy
-unless a task asks to sample. lm-eval is an optional extra (``pip install .[eval]``): nothing else imports this file.
+unless a task asks to sample. With lm-eval's ``apply_chat_template``, prompts are the model's own chat rendering
+(``zoo.io.chat_template``): lm-eval hands a prompt back as text, so the ids each rendered text stands for are kept.
+lm-eval is an optional extra (``pip install .[eval]``): nothing else imports this file.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 
 import torch
@@ -18,7 +22,10 @@ from zoo.errors import InputError
 from zoo.gpt.generate import generate
 from zoo.gpt.module import CausalLMModule
 from zoo.gpt.tasks import cut, encode_plain, prefix_id, rolling_windows, score_continuations
+from zoo.io.chat_template import chat_renderer, checked_messages
 from zoo.io.weights import readable
+
+DEFAULT_FORMAT = "zoo default chat format: <|role|>\\n + content (+ \\n after system and user turns; EOS ends a reply)"
 
 
 @register_model("zoo")
@@ -45,6 +52,7 @@ class ZooLM(TemplateLM):
         # lm-eval's CLI passes "auto" (a batch size search): here a fixed one, max_batch_size when given
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else (max_batch_size or 16)
         self.max_gen_toks = max_gen_toks
+        self._prompts: dict[str, tuple[list[int], str]] = {}  # a chat prompt's text -> (rendered ids, text after)
 
     @property
     def eot_token_id(self) -> int:
@@ -59,7 +67,61 @@ class ZooLM(TemplateLM):
         return self.net.block_size
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        if string in self._prompts:  # a chat prompt: the ids the zoo rendered it as
+            ids, tail = self._prompts[string]
+            return ids + encode_plain(self.tok, tail) if tail else list(ids)
         return encode_plain(self.tok, string) if add_special_tokens is False else self.tok.encode(string)
+
+    def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """As lm-eval's, except after a chat prompt: the rendered prompt stays whole (lm-eval would move its trailing
+        whitespace, part of the template's generation prompt, into the continuation), and the continuation is the
+        reply, as ``TaskDataModule`` with ``chat: true`` scores it."""
+        if context not in self._prompts:
+            return super()._encode_pair(context, continuation)
+        ids, tail = self._prompts[context]
+        if not tail:
+            return list(ids), encode_plain(self.tok, continuation)
+        spaces = len(tail) - len(tail.rstrip())  # a continued final message is plain text: lm-eval's rule there
+        tail, continuation = tail[: len(tail) - spaces], tail[len(tail) - spaces :] + continuation
+        head = encode_plain(self.tok, tail)
+        return ids + head, encode_plain(self.tok, tail + continuation)[len(head) :]
+
+    # -- chat: lm-eval's --apply_chat_template and --fewshot_as_multiturn ----------------------------------------
+
+    @property
+    def tokenizer_name(self) -> str:
+        """The tokenizer and its chat template, fingerprinted (lm-eval keys its request cache by it)."""
+        spec = self.tok.to_dict()
+        digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+        return f"zoo-{spec.get('kind', 'tokenizer')}-{digest[:16]}"
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        """The template prompts are rendered with: an imported tokenizer's Jinja source, else the zoo's default
+        format (``zoo.io.chat_template``); a model has one, so a template named by lm-eval is refused."""
+        if chat_template is False or chat_template is None:
+            return None
+        if isinstance(chat_template, str):
+            raise InputError(
+                f"the chat template {chat_template!r} is named: a zoo model has one, its tokenizer's; "
+                "apply it without a name"
+            )
+        return getattr(self.tok, "chat_template", None) or DEFAULT_FORMAT
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """The conversation rendered by the model's own chat template (``zoo.io.chat_template``), as its text; the
+        ids it renders to are kept for the text, which is how lm-eval hands the prompt back. Without the generation
+        prompt (a task's ``gen_prefix``) the final assistant message is continued, as lm-eval's HF model does with
+        transformers' ``continue_final_message``: the prompt before it, then its text."""
+        messages = checked_messages([dict(m) for m in chat_history])
+        render, tail = chat_renderer(self.tok), ""
+        if not add_generation_prompt and messages[-1]["role"] == "assistant":
+            tail, messages = messages[-1]["content"], messages[:-1]
+            add_generation_prompt = True
+        rendered = render(messages, add_generation_prompt)
+        text = rendered.text + tail
+        if self._prompts.setdefault(text, (rendered.ids, tail)) != (rendered.ids, tail):
+            raise InputError(f"two conversations render to the same text with different ids: {text[:200]!r}")
+        return text
 
     def tok_decode(self, tokens: Sequence[int], **kwargs) -> str:
         return self.tok.decode(list(tokens))

@@ -34,7 +34,7 @@ from functools import lru_cache
 from typing import Any
 
 from zoo.errors import InputError
-from zoo.io.tokenizers import CharTokenizer, PretrainedTokenizer
+from zoo.io.tokenizers import EOS_TOKEN, CharTokenizer, PretrainedTokenizer
 
 MAX_TEMPLATE_CHARS = 200_000  # the largest published templates (tool-calling ones) are ~20k characters
 ROLES = ("system", "user", "assistant")
@@ -42,12 +42,14 @@ ROLES = ("system", "user", "assistant")
 
 @dataclass
 class Rendered:
-    """A conversation's ids, whether each is an assistant token, and the ends of its assistant turns (token counts
-    at which the ids may be cut without cutting a turn or a token)."""
+    """A conversation's ids, whether each is an assistant token, the ends of its assistant turns (token counts
+    at which the ids may be cut without cutting a turn or a token), and its text (the default format writes the
+    EOS that ends a reply as ``<|endoftext|>``, which a byte tokenizer has no text for)."""
 
     ids: list[int]
     mask: list[bool]
     turn_ends: list[int]
+    text: str = ""
 
 
 # -- the Jinja environment, as transformers builds it -------------------------------------------------------------
@@ -213,7 +215,8 @@ def _templated(tokenizer, messages: list[dict], add_generation_prompt: bool) -> 
             )
         spans.append((len(before), len(through)))
     enc = tokenizer.hf.encode(text, add_special_tokens=False)
-    return Rendered(enc.ids, _overlapping(enc.offsets, spans), _token_ends(enc.offsets, [e for _, e in spans]))
+    ends = _token_ends(enc.offsets, [e for _, e in spans])
+    return Rendered(enc.ids, _overlapping(enc.offsets, spans), ends, text)
 
 
 def _overlapping(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[bool]:
@@ -231,6 +234,7 @@ def _default(tokenizer, messages: list[dict], add_generation_prompt: bool) -> Re
     ids: list[int] = []
     mask: list[bool] = []
     ends: list[int] = []
+    text: list[str] = []
     for m in messages:
         header = tokenizer.encode(f"<|{m['role']}|>\n")
         ids += header
@@ -240,11 +244,14 @@ def _default(tokenizer, messages: list[dict], add_generation_prompt: bool) -> Re
             ids += reply
             mask += [True] * len(reply)
             ends.append(len(ids))
+            text += [f"<|{m['role']}|>\n", m["content"], EOS_TOKEN]
         else:
             body = tokenizer.encode(m["content"] + "\n")
             ids += body
             mask += [False] * len(body)
+            text += [f"<|{m['role']}|>\n", m["content"] + "\n"]
     if add_generation_prompt:
         ids += tokenizer.encode("<|assistant|>\n")
         mask += [False] * (len(ids) - len(mask))
-    return Rendered(ids, mask, ends)
+        text.append("<|assistant|>\n")
+    return Rendered(ids, mask, ends, "".join(text))
