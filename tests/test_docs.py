@@ -167,6 +167,10 @@ COVERED: list[tuple[str, str]] = [
         "tests/gpt/test_gpt_tasks.py::test_lm_eval_local_task_agrees_with_task_datamodule",
     ),
     (
+        r"^python -m zoo\.tracking lm-eval models:/",
+        "tests/gpt/test_gpt_tasks.py::test_lm_eval_on_a_registered_model_equals_its_checkpoint",
+    ),
+    (
         r"^python -m zoo\.gpt lm-eval .*--apply-chat-template",
         "tests/gpt/test_gpt_tasks.py::test_lm_eval_chat_agrees_with_task_datamodules_chat",
     ),

@@ -406,3 +406,44 @@ def test_lm_eval_chat_agrees_with_task_datamodules_chat(tiny_checkpoint, tmp_pat
         history = lm.histories[context]
         assert [m["role"] for m in history] == ["user", "assistant", "user", "assistant", "user"]
         assert ctx == render(history, True).ids and cont == module.tokenizer.encode(continuation)
+
+
+def test_the_gpt_family_leaves_a_registered_model_to_zoo_tracking():
+    pytest.importorskip("lm_eval")
+    from zoo.gpt.lm_eval import ZooLM
+
+    with pytest.raises(InputError, match=r"MLflow URI.*python -m zoo\.tracking lm-eval models:/tiny-lm/1"):
+        ZooLM("models:/tiny-lm/1")
+
+
+@pytest.mark.slow  # mlflow's, lm-eval's and datasets' imports, a registration: ~15 s
+def test_lm_eval_on_a_registered_model_equals_its_checkpoint(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    """``python -m zoo.tracking lm-eval models:/<name>/<version>``: the model lm-eval runs is the checkpoint's
+    (weights exactly, and its tokenizer), read weights-only, and its results are the checkpoint's."""
+    pytest.importorskip("lm_eval")
+    from mlflow.tracking import MlflowClient
+
+    from zoo.gpt import __main__ as gpt_main
+    from zoo.tracking import log_checkpoint_model
+    from zoo.tracking.__main__ import main as tracking
+
+    _, tasks = local_task(tmp_path, monkeypatch)
+    store = f"sqlite:///{tmp_path / 'reg.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    client = MlflowClient(store)
+    run_id = client.create_run(client.create_experiment("lm-eval")).info.run_id
+    assert log_checkpoint_model(tiny_checkpoint, client, run_id, "tiny-lm").endswith("models:/tiny-lm/1")
+    common = ["--tasks", "zoo_mc", "--include-path", str(tasks), "--no-builtin-tasks", "--output"]
+    ran, run = [], gpt_main.lm_eval_main
+    monkeypatch.setattr(gpt_main, "lm_eval_main", lambda args, module=None: ran.append(module) or run(args, module))
+    tracking(["lm-eval", "models:/tiny-lm/1", *common, str(tmp_path / "registered.json")])
+    trained = CausalLMModule.load_from_checkpoint(tiny_checkpoint, map_location="cpu")
+    assert ran[0].tokenizer.to_dict() == trained.tokenizer.to_dict()
+    assert ran[0].state_dict().keys() == trained.state_dict().keys()
+    for k, v in trained.state_dict().items():
+        torch.testing.assert_close(ran[0].state_dict()[k], v, rtol=0, atol=0, msg=k)
+    monkeypatch.setattr(sys, "argv", ["zoo.gpt", "lm-eval", tiny_checkpoint, *common, str(tmp_path / "ckpt.json")])
+    gpt_main.main()
+    registered, local = (json.loads((tmp_path / f"{n}.json").read_text())["zoo_mc"] for n in ("registered", "ckpt"))
+    assert registered["acc,none"] == local["acc,none"] and registered["acc_norm,none"] == local["acc_norm,none"]
+    capsys.readouterr()

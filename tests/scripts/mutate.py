@@ -71,7 +71,7 @@ AR, GM = "datamodules/arithmetic.py", "zoo/gpt/module.py"
 SPT, HFT = "zoo/io/sp_tokenizer.py", "zoo/io/hf_tokenizer.py"
 WI, WF, HK = "zoo/adapt/wise.py", "callbacks/wiseft.py", "zoo/app/hooks.py"
 GTK, DTK, LEV = "zoo/gpt/tasks.py", "datamodules/tasks.py", "zoo/gpt/lm_eval.py"
-GMN = "zoo/gpt/__main__.py"
+GMN, TMN = "zoo/gpt/__main__.py", "zoo/tracking/__main__.py"
 OPT, GN, ATT, WT, TOK = (
     "zoo/train/optim.py",
     "zoo/train/gradnorm.py",
@@ -1350,6 +1350,10 @@ FAMILIES: dict[str, dict] = {
             (LEV, 'if not add_generation_prompt and messages[-1]["role"] == "assistant":', "if False:"),
             (GMN, "        apply_chat_template=args.apply_chat_template,", "        apply_chat_template=False,"),
             (CTT, '        text.append("<|assistant|>\\n")', "        pass"),
+            # a registered model: lm-eval run on the checkpoint path instead of the loaded model, or ZooLM left to
+            # misread a registry URI as a file
+            (TMN, "    lm_eval_main(args, module)", "    lm_eval_main(args)"),
+            (LEV, "            if pretrained.startswith(REGISTRY_URIS):", "            if False:"),
         ],
     },
     "dpo": {  # preference tuning: the loss against TRL's, the reference, the pairs' masks and order

@@ -61,7 +61,12 @@ def main() -> None:
 
 def _add_lm_eval(sub) -> None:
     ev = sub.add_parser("lm-eval", help="lm-evaluation-harness tasks on a Lightning checkpoint")
-    ev.add_argument("checkpoint")
+    lm_eval_arguments(ev, "a Lightning checkpoint (a registered model: python -m zoo.tracking lm-eval)")
+
+
+def lm_eval_arguments(ev: argparse.ArgumentParser, model_help: str) -> None:
+    """The lm-eval command's arguments (``zoo.tracking``'s, for registered models, are the same)."""
+    ev.add_argument("checkpoint", help=model_help)
     ev.add_argument("--tasks", required=True, help="comma-separated task (or group) names")
     ev.add_argument(
         "--include-path",
@@ -89,7 +94,8 @@ def _add_lm_eval(sub) -> None:
     ev.add_argument("--system-instruction", help="a system prompt (a system turn with --apply-chat-template)")
 
 
-def lm_eval_main(args) -> None:
+def lm_eval_main(args, module: CausalLMModule | None = None) -> None:
+    """The lm-eval command: ``args.checkpoint``'s model, or ``module`` (already loaded) under that name."""
     import json
 
     try:
@@ -104,7 +110,7 @@ def lm_eval_main(args) -> None:
     if multiturn is not None and not args.apply_chat_template:
         raise SystemExit("error: --fewshot-as-multiturn needs --apply-chat-template (turns exist in a chat only)")
     manager = TaskManager(include_path=args.include_path or None, include_defaults=not args.no_builtin_tasks)
-    model = ZooLM(args.checkpoint, batch_size=args.batch_size, device=args.device)
+    model = ZooLM(args.checkpoint if module is None else module, batch_size=args.batch_size, device=args.device)
     results = lm_eval.simple_evaluate(
         model=model,
         tasks=args.tasks.split(","),

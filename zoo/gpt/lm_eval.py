@@ -23,7 +23,7 @@ from zoo.gpt.generate import generate
 from zoo.gpt.module import CausalLMModule
 from zoo.gpt.tasks import cut, encode_plain, prefix_id, rolling_windows, score_continuations
 from zoo.io.chat_template import chat_renderer, checked_messages
-from zoo.io.weights import readable
+from zoo.io.weights import REGISTRY_URIS, readable
 
 DEFAULT_FORMAT = "zoo default chat format: <|role|>\\n + content (+ \\n after system and user turns; EOS ends a reply)"
 
@@ -42,6 +42,12 @@ class ZooLM(TemplateLM):
     ) -> None:
         super().__init__()
         if isinstance(pretrained, str):
+            if pretrained.startswith(REGISTRY_URIS):  # the registry is the application's (zoo.tracking) to read
+                raise InputError(
+                    f"pretrained={pretrained!r} is an MLflow URI, which the GPT family does not resolve: run "
+                    f"python -m zoo.tracking lm-eval {pretrained} ..., or from Python pass "
+                    f"ZooLM(zoo.tracking.load_model({pretrained!r}))"
+                )
             path = readable(pretrained, "pretrained")
             pretrained = CausalLMModule.load_from_checkpoint(path, map_location=device or "cpu", weights_only=True)
         elif device is not None:

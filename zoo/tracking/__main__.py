@@ -1,6 +1,8 @@
 """``python -m zoo.tracking log-model <ckpt> [--registered_model_name NAME]`` and
 ``python -m zoo.tracking export-policy <ckpt | models:/... | runs:/...> <out.pt2>`` and
-``python -m zoo.tracking verify <models:/... | runs:/...>`` (exit status 0 when its code is the installed zoo's).
+``python -m zoo.tracking verify <models:/... | runs:/...>`` (exit status 0 when its code is the installed zoo's) and
+``python -m zoo.tracking lm-eval <ckpt | models:/... | runs:/...> --tasks <names>`` (``python -m zoo.gpt lm-eval``'s
+options, on a registered model too).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+from zoo.gpt.__main__ import lm_eval_arguments
 from zoo.tracking.models import load_model, log_checkpoint_model, tracking_uri
 
 
@@ -53,6 +56,19 @@ def verify(args) -> None:
         sys.exit(1)
 
 
+def lm_eval(args) -> None:
+    """lm-evaluation-harness tasks on a GPT checkpoint or registered model, rebuilt weights-only (its classes checked
+    against the allowlist) as load_model rebuilds any; the options are python -m zoo.gpt lm-eval's."""
+    from zoo.errors import InputError
+    from zoo.gpt import CausalLMModule
+    from zoo.gpt.__main__ import lm_eval_main  # imports lm-eval, an optional extra
+
+    module = load_model(args.checkpoint)
+    if not isinstance(module, CausalLMModule):
+        raise InputError(f"{args.checkpoint} is a {type(module).__qualname__}, not a language model (zoo.gpt)")
+    lm_eval_main(args, module)
+
+
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
@@ -75,6 +91,9 @@ def main(argv: list[str] | None = None) -> None:
     sub = commands.add_parser("verify", help=verify.__doc__)
     sub.add_argument("model", help="models:/<name>/<version>, models:/<name>@<alias> or runs:/<id>/<path>")
     sub.set_defaults(run=verify)
+    sub = commands.add_parser("lm-eval", help=lm_eval.__doc__)
+    lm_eval_arguments(sub, "a checkpoint file, models:/<name>/<version>, models:/<name>@<alias> or runs:/...")
+    sub.set_defaults(run=lm_eval)
     args = parser.parse_args(argv)
     try:
         args.run(args)
