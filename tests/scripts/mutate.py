@@ -1321,7 +1321,7 @@ FAMILIES: dict[str, dict] = {
                 'return re.sub(r"\\.$", "", answer.strip())',
             ),
             (GTK, "return -total / math.log(2), batch", "return -total, batch"),
-            (GTK, "update(total_bits / nbytes, weight=nbytes)", "update(total_bits / nbytes)"),
+            (GTK, "update(index, total_bits / nbytes, weight=nbytes)", "update(index, total_bits / nbytes)"),
             (
                 GTK,
                 "out.append((seq[max(0, end - 1 - width) : start], seq[start:end]))",
