@@ -15,7 +15,9 @@ training order is an epoch-seeded shuffle, and under DDP Lightning's distributed
 prompts, so each group of G completions is whole on its rank.
 
 With ``generate`` (``datamodules.arithmetic.ArithmeticTask``), ``path`` is the folder the arithmetic task is written
-into: its sft.jsonl questions are trained on and its held-out test.jsonl validates. A malformed record is one
+into: its sft.jsonl questions are trained on and their last ``val_fraction`` validates (the conversations
+``ChatDataModule`` held out at the same fraction), so the held-out test.jsonl is left for ``cli.py test``: a checkpoint
+chosen by validation is never chosen on the problems that score it. A malformed record is one
 ``error:`` line naming its file and line, or, with ``skip_bad_records``, skipped and counted; a prompt longer than
 ``max_prompt_tokens`` is dropped and counted.
 """
@@ -83,8 +85,8 @@ class PromptDataModule(SplitLoaders, LightningDataModule):
         """
         Args:
             path: a .jsonl file of prompts with answers, or a folder of them (the task's folder with ``generate``).
-            val_path: prompts to validate on; None: the task's test.jsonl with ``generate``, else the last
-                val_fraction of path's.
+            val_path: prompts to validate on; None: the last val_fraction of path's (of sft.jsonl's with
+                ``generate``).
             val_fraction: the share of path's records (the last ones) held out when there is no val_path.
             tokenizer: pretrained (a model folder's own, from pretrained_dir), bytes or gpt2 (from gpt2_dir): the
                 tokenizer of the model being tuned.
@@ -97,7 +99,7 @@ class PromptDataModule(SplitLoaders, LightningDataModule):
             num_workers: DataLoader worker processes.
             seed: seed of the per-epoch shuffle of the training prompts.
             generate: write the project's arithmetic task with these settings into the folder ``path`` when it is
-                not there (``datamodules.arithmetic``): train on its sft.jsonl questions, validate on test.jsonl.
+                not there (``datamodules.arithmetic``): train and validate on its sft.jsonl questions.
         """
         super().__init__()
         self.save_hyperparameters()
@@ -155,7 +157,7 @@ class PromptDataModule(SplitLoaders, LightningDataModule):
         if self.generate is None:
             return self.path, self.val_path
         folder = prepare_task(self.path, self.generate)  # written already: only checked
-        return str(folder / TASK_FILES["sft"]), self.val_path or str(folder / TASK_FILES["test"])
+        return str(folder / TASK_FILES["sft"]), self.val_path
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:

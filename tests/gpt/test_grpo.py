@@ -216,16 +216,19 @@ def test_a_bad_prompt_record_is_named_by_file_and_line(tmp_path):
         PromptDataModule(path, tokenizer="bytes").setup()
 
 
-def test_the_generated_task_trains_on_sft_questions_and_validates_on_held_out_ones(tmp_path):
+def test_the_generated_task_validates_on_held_out_sft_questions_and_never_on_test_ones(tmp_path):
     from datamodules.arithmetic import ArithmeticTask
 
     task = ArithmeticTask(train=20, pairs=0, test=5)
-    dm = PromptDataModule(str(tmp_path / "task"), tokenizer="bytes", generate=task)
+    dm = PromptDataModule(str(tmp_path / "task"), tokenizer="bytes", val_fraction=0.25, generate=task)
     dm.prepare_data()
     dm.setup()
-    assert len(dm.train_set) == 20 and len(dm.val_set) == 5
-    val_questions = {dm.tokenizer.decode(ids) for ids, _ in dm.val_set}
-    assert not val_questions & {dm.tokenizer.decode(ids) for ids, _ in dm.train_set}
+    assert len(dm.train_set) == 15 and len(dm.val_set) == 5
+    questions = lambda items: {dm.tokenizer.decode(ids) for ids, _ in items}  # noqa: E731
+    sft = [json.loads(line) for line in (tmp_path / "task" / "sft.jsonl").read_text().splitlines()]
+    assert {m["messages"][0]["content"] for m in sft[15:]} == {q.split("\n")[1] for q in questions(dm.val_set)}
+    test = [json.loads(line)["question"] for line in (tmp_path / "task" / "test.jsonl").read_text().splitlines()]
+    assert not {q.split("\n")[1] for q in questions(dm.train_set) | questions(dm.val_set)} & set(test)
     assert all("####" in answer for _, answer in dm.train_set + dm.val_set)
 
 
