@@ -43,7 +43,8 @@ sys.path.insert(0, str(ROOT))
 from bench._common import cpu_model, table  # noqa: E402
 
 TASK = {"digits": 2, "terms": 3, "ops": "+-", "train": 8000, "pairs": 2000, "test": 200, "seed": 0}
-STAGES = ("base", "sft", "dpo")
+PIPELINES = {"dpo": ("base", "sft", "dpo"), "rl": ("base", "sft", "rl")}
+STAGES = list(PIPELINES["dpo"])  # the stages run, set from --pipeline
 EVALS = {"test.jsonl": "exact_match", "mc.jsonl": "multiple_choice"}
 LLAMA3 = (
     "{{- bos_token }}{%- for m in messages %}{{- '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n' + "
@@ -111,7 +112,7 @@ def stage_args(track: str, folder: Path, seed: int, steps: dict[str, int]) -> di
         size = {"n_layer": SIZE["layers"], "n_embd": SIZE["width"]}
         common += [f"--model.init_args.net.init_args.{k}={v}" for k, v in size.items()]
         common += [f"--data.init_args.generate.{k}={TASK[k]}" for k in ("digits", "terms")]
-        configs = {s: ROOT / "configs" / "gpt" / f for s, f in zip(STAGES, TASK_YAMLS)}
+        configs = {s: ROOT / "configs" / "gpt" / TASK_YAMLS[s] for s in STAGES}
     else:  # the imported folder is the base: registered with its tokenizer (one no-op step)
         configs = {s: write_llama_configs(folder) / f"{s}.yaml" for s in STAGES}
         steps, extra["base"] = steps | {"base": 1}, ["--model.init_args.optimizer.lr=1e-30"]
@@ -123,7 +124,8 @@ def stage_args(track: str, folder: Path, seed: int, steps: dict[str, int]) -> di
     }  # fmt: skip
 
 
-TASK_YAMLS = ("arithmetic_base.yaml", "chat_arithmetic.yaml", "dpo_tiny.yaml")
+TASK_YAMLS = {"base": "arithmetic_base.yaml", "sft": "chat_arithmetic.yaml", "dpo": "dpo_tiny.yaml",
+              "rl": "grpo_arithmetic.yaml"}  # fmt: skip
 SIZE = {"layers": 4, "width": 128}  # both tracks' nets (the configs' own by default); set from --layers, --width
 
 
@@ -241,6 +243,8 @@ def main() -> None:
     ap.add_argument("--base-steps", type=int, default=200, help="zoo track: pretraining steps")
     ap.add_argument("--sft-steps", type=int, default=150)
     ap.add_argument("--dpo-steps", type=int, default=20)
+    ap.add_argument("--rl-steps", type=int, default=150, help="GRPO steps (--pipeline rl)")
+    ap.add_argument("--pipeline", choices=sorted(PIPELINES), default="dpo", help="base -> SFT -> DPO, or -> GRPO")
     ap.add_argument("--layers", type=int, default=2, help="layers of both tracks' nets (configs: 4)")
     ap.add_argument("--width", type=int, default=64, help="model width of both tracks' nets, 4 heads (configs: 128)")
     ap.add_argument("--digits", type=int, default=1, help="the task's difficulty: digits of a number (configs: 2)")
@@ -251,13 +255,17 @@ def main() -> None:
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     SIZE.update(layers=args.layers, width=args.width)
     TASK.update(digits=args.digits, terms=args.terms)
-    print(f"== base -> SFT -> DPO, track {args.track}, seeds {args.seeds}, {args.layers} layers x {args.width} wide")
-    print(f"steps: base {args.base_steps} (zoo track), SFT {args.sft_steps}, DPO {args.dpo_steps}; task {TASK}")
+    if args.pipeline == "rl" and args.track != "zoo":
+        ap.error("--pipeline rl runs the zoo track (the llama folder's GRPO: tests/gpt/test_grpo_llama.py)")
+    STAGES[:] = PIPELINES[args.pipeline]
+    what = " -> ".join(s.upper() if s != "base" else s for s in STAGES)
+    print(f"== {what}, track {args.track}, seeds {args.seeds}, {args.layers} layers x {args.width} wide")
+    steps = {"base": args.base_steps, "sft": args.sft_steps, "dpo": args.dpo_steps, "rl": args.rl_steps}
+    print(f"steps: {', '.join(f'{s} {steps[s]}' for s in STAGES)}; task {TASK}")
     print(f"CPU: {cpu_model()}; {os.cpu_count()} CPUs; load average (1/5/15 min) at start: {load}")
     print("times: CPU minutes (user + system) of each stage's cli.py processes, fit and both evaluations")
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    steps = {"base": args.base_steps, "sft": args.sft_steps, "dpo": args.dpo_steps}
     work = Path(args.workdir or tempfile.mkdtemp(prefix="assistant-"))
     runs = [one_seed(args.track, work / f"{args.track}-seed{s}", s, steps) for s in args.seeds]
     print(f"\nReport card of seed {args.seeds[-1]} ({work}):\n{runs[-1][2]}\n")

@@ -14,7 +14,8 @@ has room to improve.
     "rejected": [assistant]}``, chosen the correct working, rejected a plausible slip (one step's result off by 1 or
     10, carried through the later steps) whose final answer is wrong;
   - ``test.jsonl``: GSM8K's ``{"question", "answer"}``, the answer the worked reply ending ``#### <number>``;
-  - ``mc.jsonl``: ``{"query", "choices", "label"}``, the test questions with the answer among three slips' answers;
+  - ``mc.jsonl``: ``{"query", "choices", "label"}``, the test questions, choices the worked reply and three slipped
+    ones (distinct wrong answers): which working the model finds likelier;
   - ``pretrain.txt``: sft.jsonl's problems as plain text (question, worked reply, a blank line), no chat format: the
     corpus of a base stage (``TextDataModule``'s ``generate``) that SFT then teaches the chat format.
 
@@ -165,21 +166,22 @@ def draw(task: ArithmeticTask, n: int, test_side: bool, rng: random.Random, dist
 
 
 def _choices(p: Problem, rng: random.Random) -> tuple[list[str], int]:
-    """The answer and three distinct wrong ones from slips, shuffled; the answer's index."""
-    right, wrong = p.answer(), set()
-    for _ in range(MAX_DRAWS):
-        step = rng.randrange(len(p.ops))
-        value = p.work((step, rng.choice(SLIPS)))[1]
-        if value != right:
-            wrong.add(value)
+    """The worked reply and three slipped ones with distinct wrong answers, shuffled; the right one's index.
+
+    Whole replies, not bare numbers: the model answers by working, so a bare number after the generation prompt is
+    a reply it never writes, and its log-likelihood would say nothing about the arithmetic."""
+    right, wrong = p.answer(), {}
+    slips = [(step, d) for step in range(len(p.ops)) for d in SLIPS]
+    rng.shuffle(slips)
+    for slip in slips:
+        value = p.work(slip)[1]
+        if value != right and value not in wrong:
+            wrong[value] = p.reply(slip)
         if len(wrong) == 3:
             break
-    for d in SLIPS:  # slips that collide (a product by 0 or 1): the nearest wrong numbers fill in
-        if len(wrong) < 3:
-            wrong.add(right + d)
-    choices = [right, *sorted(wrong)]
+    choices = [p.reply(), *[wrong[v] for v in sorted(wrong)]]
     rng.shuffle(choices)
-    return [str(c) for c in choices], choices.index(right)
+    return choices, choices.index(p.reply())
 
 
 def records(task: ArithmeticTask) -> dict[str, list[dict]]:
