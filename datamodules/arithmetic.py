@@ -43,6 +43,7 @@ SETTINGS_FILE = "task.json"
 ANSWER = re.compile(r"####\s*(-?[\d,]+)")
 SLIPS = (-10, -1, 1, 10)  # a digit dropped or carried wrong: off by one in the last or the tens place
 MAX_DRAWS = 200  # draws per problem wanted before a too-small problem space is refused
+FORMAT = 2  # the files' layout, kept in task.json: a folder written by an older layout is written again
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,10 @@ def pretrain_text(sft: list[dict]) -> str:
     return "".join("\n".join(m["content"] for m in r["messages"]) + "\n\n" for r in sft)
 
 
+def _settings(task: ArithmeticTask) -> dict:
+    return dataclasses.asdict(task) | {"format": FORMAT}
+
+
 def write_task(folder: str | Path, task: ArithmeticTask) -> Path:
     """The task's files and ``task.json`` written into ``folder``; returns it."""
     folder = Path(folder)
@@ -228,7 +233,7 @@ def write_task(folder: str | Path, task: ArithmeticTask) -> Path:
         tmp = folder / f".{name}.tmp"
         tmp.write_text(text)
         tmp.replace(folder / name)  # whole files only: a reader never sees half of one
-    (folder / SETTINGS_FILE).write_text(json.dumps(dataclasses.asdict(task), sort_keys=True) + "\n")
+    (folder / SETTINGS_FILE).write_text(json.dumps(_settings(task), sort_keys=True) + "\n")
     return folder
 
 
@@ -238,7 +243,7 @@ def prepare_task(folder: str | Path, task: ArithmeticTask) -> Path:
     folder = Path(folder)
     settings = folder / SETTINGS_FILE
     if settings.is_file():
-        same = json.loads(settings.read_text()) == dataclasses.asdict(task)
+        same = json.loads(settings.read_text()) == _settings(task)
         # A folder written before pretrain.txt existed is written again.
         if same and all((folder / f).is_file() for f in [*TASK_FILES.values(), PRETRAIN_FILE]):
             return folder
