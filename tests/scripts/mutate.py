@@ -1446,15 +1446,14 @@ FAMILIES: dict[str, dict] = {
             "slow or not slow",  # an async fit through Lightning, and TRL's token_truncate on the same tensors
         ],
         "mutants": [
-            (PG, "return ratio.clamp(max=rho_bar), (ratio", "return ratio, (ratio"),  # no truncation
-            (PG, "return ratio.clamp(max=rho_bar), (ratio", "return ratio.clamp(min=rho_bar), (ratio"),
+            (PG, "return ratio.clamp(max=rho_bar), ratio", "return ratio, ratio"),  # no truncation
+            (PG, "return ratio.clamp(max=rho_bar), ratio", "return ratio.clamp(min=rho_bar), ratio"),
             (
                 PG,
                 "ratio = ((logp_old - logp_behaviour) * mask).exp()",
                 "ratio = ((logp_behaviour - logp_old) * mask).exp()",
             ),
             (PG, "ratio = ((logp_old - logp_behaviour) * mask).exp()", "ratio = (logp_old - logp_behaviour).exp()"),
-            (PG, "(ratio > rho_bar) & mask.bool()", "ratio > rho_bar"),  # padding counted as truncated
             (PG, "        per_token = per_token * is_weight\n", "        pass\n"),  # the weight dropped
             (  # the weight applied to the KL term too
                 PG,

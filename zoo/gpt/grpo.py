@@ -102,13 +102,14 @@ class GRPOModule(CausalLMModule):
                 0: the learner samples each step's rollouts itself (synchronous).
             async_slots: rollout batches the actors may run ahead; None: async_actors + 1.
             rho_bar: the bound of the per-token importance weight min(rho_bar, pi_old / mu) of asynchronous
-                rollouts (TRL's vllm_importance_sampling_clip_max, whose default this is).
+                rollouts, 1 or more (TRL's vllm_importance_sampling_clip_max, whose default this is; V-trace's 1
+                never weighs a token up).
             **kwargs: ``CausalLMModule``'s (optimizer, init_weights, adapt, generation, compile).
         """
-        if group_size < 1 or num_iterations < 1 or max_new_tokens < 1 or async_actors < 0 or rho_bar <= 0:
+        if group_size < 1 or num_iterations < 1 or max_new_tokens < 1 or async_actors < 0 or rho_bar < 1:
             raise InputError(
-                f"group_size, num_iterations and max_new_tokens are 1 or more, async_actors 0 or more, rho_bar above 0:"
-                f" got {group_size}, {num_iterations}, {max_new_tokens}, {async_actors}, {rho_bar}"
+                "group_size, num_iterations and max_new_tokens are 1 or more, async_actors 0 or more, rho_bar 1 or "
+                f"more: got {group_size}, {num_iterations}, {max_new_tokens}, {async_actors}, {rho_bar}"
             )
         super().__init__(net, **kwargs)
         for hparams in (self.hparams, getattr(self, "_hparams_initial", {})):  # code, not a setting: never stored

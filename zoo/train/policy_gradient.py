@@ -100,7 +100,7 @@ def truncated_importance_weights(
     logp_old: Tensor, logp_behaviour: Tensor, mask: Tensor, rho_bar: float
 ) -> tuple[Tensor, Tensor]:
     """Per-token weights (B, T) min(rho_bar, pi_old / mu) for completions sampled by a stale behaviour policy mu,
-    and which tokens the bound truncated (B, T) bool.
+    and which tokens the bound truncated (B, T) bool (``rho_bar`` >= 1: padding weighs 1 and is never truncated).
 
     V-trace's rho-bar (Espeholt et al. 2018, eq. 1) applied to each token of an asynchronous rollout, as TRL's
     ``vllm_importance_sampling_mode="token_truncate"`` does: exp((old - behaviour) * mask) clamped above at its
@@ -108,7 +108,7 @@ def truncated_importance_weights(
     """
     with torch.no_grad():
         ratio = ((logp_old - logp_behaviour) * mask).exp()
-        return ratio.clamp(max=rho_bar), (ratio > rho_bar) & mask.bool()
+        return ratio.clamp(max=rho_bar), ratio > rho_bar
 
 
 def aggregate(per_token: Tensor, mask: Tensor | None, loss_type: LossType, max_completion_length: int | None) -> Tensor:
