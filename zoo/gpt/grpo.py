@@ -268,6 +268,8 @@ class GRPOModule(CausalLMModule):
         log-probabilities as its old policy, the per-token importance weights (R, T), the prompts' answers and the
         lag's metrics. The actors start at the first call, with the training loader's prompts."""
         if self.actors is None:
+            if self.trainer.world_size > 1:  # every rank's actors would draw the same prompts
+                raise InputError("async_actors > 0 runs on one process: train with one device, or async_actors=0")
             loader = self.trainer.train_dataloader  # the prompts as the loader's own collate gives them
             data = loader.collate_fn(list(loader.dataset))
             seed = int(torch.randint(2**31, ()))  # from the learner's seeded generator
