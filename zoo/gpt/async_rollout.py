@@ -129,6 +129,5 @@ class AsyncRollouts(actor_pool.ActorPool):
         s = {name: field[k].clone() for name, field in self.slots.items()}
         self.release(k)
         cut = int(s["pad"].min())
-        rollout = Rollout(s["ids"][:, cut:], s["pad"] - cut, s["completion_mask"], s["logps"])
-        rollout = Rollout(*(x.to(device) for x in (rollout.ids, rollout.pad, rollout.completion_mask, rollout.logps)))
-        return Behaviour(rollout, s["prompt_index"], int(s["meta"][2]))
+        fields = (s["ids"][:, cut:], s["pad"] - cut, s["completion_mask"], s["logps"])
+        return Behaviour(Rollout(*(x.to(device) for x in fields)), s["prompt_index"], int(s["meta"][2]))
