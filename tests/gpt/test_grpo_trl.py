@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from zoo.gpt.losses import grpo_objective
+from zoo.train.policy_gradient import truncated_importance_weights
 
 pytestmark = pytest.mark.slow  # TRL is imported inside the tests, so that collecting this file costs nothing
 
@@ -36,8 +37,9 @@ def fixed_tensors() -> dict[str, torch.Tensor]:
     }
 
 
-def trl_loss(x: dict, advantages: torch.Tensor, loss_type: str, eps: tuple[float, float], beta: float):
-    """TRL's loss and metrics for per-token log-probabilities ``x["logp"]`` (a leaf, whose gradient it leaves)."""
+def trl_loss(x: dict, advantages: torch.Tensor, loss_type: str, eps: tuple[float, float], beta: float, is_ratio=None):
+    """TRL's loss and metrics for per-token log-probabilities ``x["logp"]`` (a leaf, whose gradient it leaves);
+    ``is_ratio``: its vLLM importance-sampling ratio (B, T), applied as with ``vllm_importance_sampling_correction``."""
     accelerator = SimpleNamespace(num_processes=1, reduce=lambda t, reduction: t, gather=lambda t: t)
     stub = SimpleNamespace(
         _get_per_token_logps_and_entropies=lambda *a, **k: (x["logp"], torch.zeros_like(x["logp"]), None),
@@ -50,7 +52,8 @@ def trl_loss(x: dict, advantages: torch.Tensor, loss_type: str, eps: tuple[float
         loss_type=loss_type,
         epsilon_low=eps[0],
         epsilon_high=eps[1],
-        use_vllm=False,
+        use_vllm=is_ratio is not None,
+        vllm_importance_sampling_correction=is_ratio is not None,
         model=SimpleNamespace(training=True),
         current_gradient_accumulation_steps=1,
         max_completion_length=MAX_LEN,
@@ -67,6 +70,7 @@ def trl_loss(x: dict, advantages: torch.Tensor, loss_type: str, eps: tuple[float
         "old_per_token_logps": x["old"],
         "ref_per_token_logps": x["ref"],
         "num_items_in_batch": x["mask"].sum(),
+        "importance_sampling_ratio": is_ratio,
     }
     trainer = pytest.importorskip("trl.trainer.grpo_trainer").GRPOTrainer
     loss = trainer._compute_loss(stub, None, inputs)
@@ -101,3 +105,34 @@ def test_the_loss_its_gradient_and_metrics_equal_trl(loss_type, eps, beta, scale
             assert float(ours[name]) == pytest.approx(metrics[name][0], abs=1e-6), name
     assert ("kl" in ours) == ("kl" in metrics) == (beta > 0)
     assert 0 < metrics["clip_ratio/region_mean"][0] < 1  # the ratios do cross the clip range here
+
+
+def trl_token_truncate(old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor, clip_max: float) -> torch.Tensor:
+    """TRL's ``vllm_importance_sampling_mode="token_truncate"`` ratio, as ``_generate_and_score_completions`` computes
+    it inline (TRL 1.x), with no ``vllm_importance_sampling_clip_min``."""
+    per_token_logps_diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
+    return torch.clamp(torch.exp(per_token_logps_diff), min=None, max=clip_max)
+
+
+@pytest.mark.parametrize("loss_type, beta", [("grpo", 0.0), ("dapo", 0.04)])
+def test_the_truncated_importance_weight_and_its_loss_equal_trls_token_truncate(loss_type, beta):
+    x = fixed_tensors()
+    g = torch.Generator().manual_seed(1)
+    behaviour = x["old"] - torch.randn(R, T, generator=g, dtype=torch.float64)  # ratios both sides of the bound
+    theirs_w = trl_token_truncate(x["old"], behaviour, x["mask"], 2.0)
+    ours_w, truncated = truncated_importance_weights(x["old"], behaviour, x["mask"], 2.0)
+    torch.testing.assert_close(ours_w, theirs_w)
+    on = x["mask"].bool()
+    assert truncated[on].any() and (ours_w[on] < 1).any() and (ours_w[~on] == 1).all()
+
+    r = x["rewards"].view(-1, G)
+    trl_adv = (r - r.mean(1, keepdim=True)).flatten() / (r.std(1).repeat_interleave(G) + 1e-4)
+    theirs_logp = x["logp"].clone().requires_grad_()
+    theirs, _ = trl_loss({**x, "logp": theirs_logp}, trl_adv, loss_type, (0.2, 0.2), beta, theirs_w)
+    theirs.backward()
+    ours_logp = x["logp"].clone().requires_grad_()
+    settings = (G, loss_type, 0.2, 0.2, True, None, x["ref"], beta, MAX_LEN, ours_w)
+    ours = grpo_objective(ours_logp, x["old"], x["rewards"], x["mask"], *settings)
+    ours["loss"].backward()
+    torch.testing.assert_close(ours["loss"], theirs)
+    torch.testing.assert_close(ours_logp.grad, theirs_logp.grad)

@@ -64,6 +64,7 @@ FI, CV, EX = "zoo/io/files.py", "zoo/diffusion/convert.py", "zoo/rl/export.py"
 DCF = "zoo/diffusion/diffusers_config.py"
 PA = "zoo/gpt/peft_adapter.py"
 PG, RO = "zoo/train/policy_gradient.py", "zoo/gpt/rollout.py"
+ASR, APL = "zoo/gpt/async_rollout.py", "zoo/train/actor_pool.py"
 GR, RW = "zoo/gpt/grpo.py", "zoo/gpt/rewards.py"
 CTT, DCH = "zoo/io/chat_template.py", "datamodules/chat.py"
 DPO, DPR = "zoo/gpt/dpo.py", "datamodules/preference.py"
@@ -1450,6 +1451,55 @@ FAMILIES: dict[str, dict] = {
                 "**{m.key: str(m.value) for m in metrics}, **staged_tags(run)}",
                 "**{m.key: str(m.value) for m in metrics}}",
             ),
+        ],
+    },
+    "async": {  # GRPO's asynchronous rollouts: the actor pool, the staleness, the truncated importance weight
+        "tests": [
+            "tests/gpt/test_grpo_async.py",
+            "tests/gpt/test_grpo_trl.py",
+            "-m",
+            "slow or not slow",  # an async fit through Lightning, and TRL's token_truncate on the same tensors
+        ],
+        "mutants": [
+            (PG, "return ratio.clamp(max=rho_bar), ratio", "return ratio, ratio"),  # no truncation
+            (PG, "return ratio.clamp(max=rho_bar), ratio", "return ratio.clamp(min=rho_bar), ratio"),
+            (
+                PG,
+                "ratio = ((logp_old - logp_behaviour) * mask).exp()",
+                "ratio = ((logp_behaviour - logp_old) * mask).exp()",
+            ),
+            (PG, "ratio = ((logp_old - logp_behaviour) * mask).exp()", "ratio = (logp_old - logp_behaviour).exp()"),
+            (PG, "        per_token = per_token * is_weight\n", "        pass\n"),  # the weight dropped
+            (  # the weight applied to the KL term too
+                PG,
+                "    if is_weight is not None:\n        per_token = per_token * is_weight\n    if beta != 0.0:\n"
+                "        delta = ref_logp - logp_new\n        kl = delta.exp() - delta - 1\n"
+                "        per_token = per_token + beta * kl\n",
+                "    if beta != 0.0:\n        delta = ref_logp - logp_new\n        kl = delta.exp() - delta - 1\n"
+                "        per_token = per_token + beta * kl\n    if is_weight is not None:\n"
+                "        per_token = per_token * is_weight\n",
+            ),
+            (
+                GR,
+                "r, staleness = behaviour.rollout, version - behaviour.version",
+                "r, staleness = behaviour.rollout, 0",
+            ),
+            (
+                GR,
+                "r, staleness = behaviour.rollout, version - behaviour.version",
+                "r, staleness = behaviour.rollout, 1",
+            ),
+            (GR, "            r = Rollout(r.ids, r.pad, r.completion_mask, old)\n", ""),  # old policy: the actor's
+            (GR, "            self.actors.publish(self.net)\n", "            pass\n"),  # the actors never updated
+            (
+                GR,
+                "[self._answers[i] for i in behaviour.prompt_index.tolist()]",
+                "self._answers[: len(behaviour.prompt_index)]",
+            ),
+            (ASR, "torch.tensor([self.rank, self.filled, self.version])", "torch.tensor([self.rank, self.filled, 0])"),
+            (ASR, '        slot["pad"][k] = r.pad + extra\n', '        slot["pad"][k] = r.pad\n'),
+            (ASR, 'cut = int(s["pad"].min())', "cut = 0"),
+            (APL, "    if int(version) != worker.version:\n", "    if worker.version < 0:\n"),  # never refreshed
         ],
     },
     "grpo": {  # GRPO's objective (shared with PPO), the GPT's rollouts, rewards and module

@@ -13,6 +13,13 @@ training step, as TRL's ``GRPOTrainer`` does it:
      shared with PPO), one optimizer step each;
   4. with ``beta`` > 0, a k3 KL term to the frozen starting weights (off by default, as in TRL since 0.19).
 
+With ``async_actors`` > 0 the rollouts of step 1 come from actor processes instead (``zoo.gpt.async_rollout``), as
+IMPALA's do: they sample with weights up to a few updates old while the learner updates, so the clipped
+surrogate's "old" policy is the learner's weights at the start of the update (recomputed, no gradient) and each
+token's loss is weighted by min(rho_bar, pi_old / mu), mu the actor's sampling policy (V-trace's truncated
+importance weight per token; TRL's ``vllm_importance_sampling_mode="token_truncate"``). A rollout sampled by
+the learner's current weights weighs 1 exactly (its sampling pass is pi_old), as in the synchronous path.
+
 Validation scores the greedy reply of each held-out prompt: ``val/accuracy`` (exact match of the final answer) and
 ``val/reward``; a few (prompt, completion, answer, reward) rows are kept in ``completion_samples`` for a callback.
 The reward functions come from the user's config only: never from a checkpoint (``zoo.gpt.rewards``).
@@ -30,6 +37,7 @@ from torch import Tensor
 
 from zoo.compat import trainer_of
 from zoo.errors import InputError
+from zoo.gpt.async_rollout import AsyncRollouts, Behaviour, Sampling
 from zoo.gpt.generate import generate
 from zoo.gpt.gpt import GPT
 from zoo.gpt.losses import grpo_objective
@@ -37,7 +45,7 @@ from zoo.gpt.module import CausalLMModule
 from zoo.gpt.rewards import OnError, Reward, correct, score
 from zoo.gpt.rollout import Rollout, per_token_logps, sample_groups
 from zoo.train.logging import lightning_writes
-from zoo.train.policy_gradient import LossType, masked_mean
+from zoo.train.policy_gradient import LossType, masked_mean, truncated_importance_weights
 
 
 class GRPOModule(CausalLMModule):
@@ -63,6 +71,9 @@ class GRPOModule(CausalLMModule):
         reward_timeout: float | None = 5.0,
         reward_errors: OnError = "stop",
         val_samples: int = 4,
+        async_actors: int = 0,
+        async_slots: int | None = None,
+        rho_bar: float = 3.0,
         **kwargs,
     ) -> None:
         """
@@ -86,12 +97,19 @@ class GRPOModule(CausalLMModule):
             reward_errors: a reward that raises, hangs or returns a non-finite value: stop the run (one error line
                 naming it and the completion), or "zero": score 0 from it, counted in train/reward_errors.
             val_samples: (prompt, completion, answer, reward) rows kept per validation for the sample table.
+            async_actors: actor processes sampling the rollouts while the learner updates (CPU, a copy of the net
+                each; the training prompts are handed to them at start, the data batches only pace the steps);
+                0: the learner samples each step's rollouts itself (synchronous).
+            async_slots: rollout batches the actors may run ahead; None: async_actors + 1.
+            rho_bar: the bound of the per-token importance weight min(rho_bar, pi_old / mu) of asynchronous
+                rollouts, 1 or more (TRL's vllm_importance_sampling_clip_max, whose default this is; V-trace's 1
+                never weighs a token up).
             **kwargs: ``CausalLMModule``'s (optimizer, init_weights, adapt, generation, compile).
         """
-        if group_size < 1 or num_iterations < 1 or max_new_tokens < 1:
+        if group_size < 1 or num_iterations < 1 or max_new_tokens < 1 or async_actors < 0 or rho_bar < 1:
             raise InputError(
-                f"group_size, num_iterations and max_new_tokens are 1 or more: got {group_size}, {num_iterations}, "
-                f"{max_new_tokens}"
+                "group_size, num_iterations and max_new_tokens are 1 or more, async_actors 0 or more, rho_bar 1 or "
+                f"more: got {group_size}, {num_iterations}, {max_new_tokens}, {async_actors}, {rho_bar}"
             )
         super().__init__(net, **kwargs)
         for hparams in (self.hparams, getattr(self, "_hparams_initial", {})):  # code, not a setting: never stored
@@ -100,6 +118,8 @@ class GRPOModule(CausalLMModule):
         self.automatic_optimization = False  # several optimizer steps per batch of rollouts
         self._reference: GPT | None = None  # the frozen start, when beta > 0; not a submodule
         self.completion_samples: list[dict] = []
+        self.actors: AsyncRollouts | None = None  # the asynchronous rollouts' processes, while fit runs
+        self._answers: list[str] = []
 
     def configure_model(self) -> None:
         predicting = getattr(trainer_of(self), "predicting", False)  # generation needs no reference
@@ -144,9 +164,10 @@ class GRPOModule(CausalLMModule):
         metrics["reward_errors"] = float(errors)
         return torch.tensor(total, dtype=torch.float32, device=self.device), metrics, per_row
 
-    def update(self, rollout: Rollout, rewards: Tensor) -> list[dict[str, Tensor]]:
-        """``num_iterations`` passes of clipped-surrogate steps over minibatches of whole groups; each pass's mean
-        metrics."""
+    def update(self, rollout: Rollout, rewards: Tensor, is_weight: Tensor | None = None) -> list[dict[str, Tensor]]:
+        """``num_iterations`` passes of clipped-surrogate steps over minibatches of whole groups, against
+        ``rollout.logps`` as the old policy, each token's loss weighted by ``is_weight`` (R, T) when given; each
+        pass's mean metrics."""
         h, g = self.hparams, self.hparams.group_size
         opt, sch = self.optimizers(), self.lr_schedulers()
         ref = None
@@ -161,7 +182,8 @@ class GRPOModule(CausalLMModule):
             steps = list(range(0, len(rewards), rows_per_step))
             for start in steps:
                 rows = slice(start, start + rows_per_step)
-                out = self.policy_loss(rollout, rewards, rows, None if ref is None else ref[rows])
+                weight = None if is_weight is None else is_weight[rows]
+                out = self.policy_loss(rollout, rewards, rows, None if ref is None else ref[rows], weight)
                 opt.zero_grad()
                 self.manual_backward(out["loss"])
                 if h.max_grad_norm is not None:
@@ -174,8 +196,10 @@ class GRPOModule(CausalLMModule):
             passes.append({k: torch.tensor(v) for k, v in sums.items()})
         return passes
 
-    def policy_loss(self, rollout: Rollout, rewards: Tensor, rows: slice, ref_logp: Tensor | None) -> dict:
-        """The GRPO objective on ``rows`` (whole groups), against the sampling pass's log-probabilities."""
+    def policy_loss(
+        self, rollout: Rollout, rewards: Tensor, rows: slice, ref_logp: Tensor | None, is_weight: Tensor | None = None
+    ) -> dict:
+        """The GRPO objective on ``rows`` (whole groups), against the old policy's log-probabilities."""
         h, mask = self.hparams, rollout.completion_mask[rows]
         logp, entropy = per_token_logps(self.net, rollout.ids[rows], mask, h.temperature, rollout.pad[rows], True)
         out = grpo_objective(
@@ -191,15 +215,21 @@ class GRPOModule(CausalLMModule):
             ref_logp=ref_logp,
             beta=h.beta,
             max_completion_length=h.max_new_tokens,
+            is_weight=is_weight,
         )
         out.pop("advantages")
         return {**out, "entropy": masked_mean(entropy, mask)}
 
     def training_step(self, batch: dict, batch_idx: int) -> None:
-        rollout = self.rollout(batch["prompt_ids"])
+        if self.hparams.async_actors:
+            rollout, is_weight, answers, lag = self.behaviour_rollout(len(batch["prompt_ids"]))
+        else:
+            rollout, is_weight, answers, lag = self.rollout(batch["prompt_ids"]), None, batch["answers"], {}
         texts = self.completions(rollout.completion_ids, rollout.completion_mask)
-        rewards, metrics, per_row = self.score_rows(texts, batch["answers"])
-        passes = self.update(rollout, rewards)
+        rewards, metrics, per_row = self.score_rows(texts, answers)
+        passes = self.update(rollout, rewards, is_weight)
+        if self.actors is not None:
+            self.actors.publish(self.net)
         if lightning_writes(self.trainer):
             grouped = rewards.view(-1, self.hparams.group_size)
             std = grouped.std(1).mean() if self.hparams.group_size > 1 else rewards.new_zeros(())
@@ -211,8 +241,69 @@ class GRPOModule(CausalLMModule):
                     "train/completion_length": rollout.completion_mask.sum(1).float().mean(),
                     **{f"train/{k}": v for k, v in metrics.items()},
                     **{f"train/{k}": v for k, v in passes[-1].items()},
+                    **{f"train/{k}": v for k, v in lag.items()},
                 }
             )
+
+    # -- asynchronous rollouts: actor processes, a truncated importance weight per token --------------------------
+
+    def start_actors(self, prompts: list[Tensor], answers: list[str], prompts_per_slot: int, seed: int) -> None:
+        """Starts ``async_actors`` processes sampling groups of ``prompts_per_slot`` of ``prompts`` (1-D ids);
+        ``answers`` stay here, where the rewards score."""
+        h = self.hparams
+        stop = tuple(self.tokenizer.stop_ids) if self.tokenizer is not None else ()
+        settings = (h.group_size, h.max_new_tokens, h.temperature, h.top_p, stop)
+        sampling = Sampling([p.tolist() for p in prompts], prompts_per_slot, *settings)
+        self.stop_actors()
+        self._answers = list(answers)
+        self.actors = AsyncRollouts(self.net, sampling, h.async_actors, h.async_slots or h.async_actors + 1, seed)
+
+    def stop_actors(self) -> None:
+        if self.actors is not None:
+            self.actors.close()
+            self.actors = None
+
+    def behaviour_rollout(self, prompts_per_slot: int) -> tuple[Rollout, Tensor, list[str], dict[str, Tensor]]:
+        """The actors' next rollout against the learner's current weights: the rollout with those weights'
+        log-probabilities as its old policy, the per-token importance weights (R, T), the prompts' answers and the
+        lag's metrics. The actors start at the first call, with the training loader's prompts."""
+        if self.actors is None:
+            if self.trainer.world_size > 1:  # every rank's actors would draw the same prompts
+                raise InputError("async_actors > 0 runs on one process: train with one device, or async_actors=0")
+            loader = self.trainer.train_dataloader  # the prompts as the loader's own collate gives them
+            data = loader.collate_fn(list(loader.dataset))
+            seed = int(torch.randint(2**31, ()))  # from the learner's seeded generator
+            self.start_actors(data["prompt_ids"], data["answers"], prompts_per_slot, seed)
+        behaviour = self.actors.take(self.device)
+        rollout, is_weight, lag = self.importance_weights(behaviour, int(self.actors.version))
+        answers = [self._answers[i] for i in behaviour.prompt_index.tolist()]
+        return rollout, is_weight, answers, lag
+
+    def importance_weights(self, behaviour: Behaviour, version: int) -> tuple[Rollout, Tensor, dict[str, Tensor]]:
+        """``behaviour``'s rollout with the old policy pi_old = the learner's weights (``version``) and the truncated
+        per-token weights min(rho_bar, pi_old / mu); with no lag pi_old is the sampling pass (weights exactly 1)."""
+        r, staleness = behaviour.rollout, version - behaviour.version
+        if staleness == 0:
+            is_weight, truncated = torch.ones_like(r.logps), torch.zeros_like(r.logps, dtype=torch.bool)
+        else:
+            with torch.no_grad():
+                old = per_token_logps(self.net, r.ids, r.completion_mask, self.hparams.temperature, r.pad)
+            is_weight, truncated = truncated_importance_weights(old, r.logps, r.completion_mask, self.hparams.rho_bar)
+            r = Rollout(r.ids, r.pad, r.completion_mask, old)
+        lag = {
+            "staleness": torch.tensor(float(staleness)),
+            "importance_weight/mean": masked_mean(is_weight, r.completion_mask),
+            "importance_weight/truncated": masked_mean(truncated.float(), r.completion_mask),
+            "sampled_tokens": r.completion_mask.sum().float(),
+        }
+        return r, is_weight, lag
+
+    def on_train_end(self) -> None:
+        self.stop_actors()
+
+    def teardown(self, stage: str) -> None:
+        self.stop_actors()
+        super().teardown(stage)
 
     # -- validation: greedy replies to held-out prompts ----------------------------------------------------------
 

@@ -83,12 +83,14 @@ def grpo_objective(
     ref_logp: Tensor | None = None,
     beta: float = 0.0,
     max_completion_length: int | None = None,
+    is_weight: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """GRPO's loss and metrics (``zoo.train.policy_gradient.clipped_surrogate``) on completion tokens (R, T).
 
     ``rewards`` (R,) come in whole groups of ``group_size`` consecutive rows; each completion's advantage is its
     reward against its group (``group_advantages``; ``scale_std`` False is Dr. GRPO), or, given a ``baseline``
-    (R,) such as a value estimate, reward - baseline (with groups of one, PPO's one-step advantage).
+    (R,) such as a value estimate, reward - baseline (with groups of one, PPO's one-step advantage). ``is_weight``
+    (R, T): the truncated importance weights of asynchronous rollouts (``clipped_surrogate``).
     """
     if baseline is None:
         advantages = group_advantages(rewards, group_size, scale_std)
@@ -105,5 +107,6 @@ def grpo_objective(
         max_completion_length=max_completion_length,
         ref_logp=ref_logp,
         beta=beta,
+        is_weight=is_weight,
     )
     return {**out, "advantages": advantages.detach()}

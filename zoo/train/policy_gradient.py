@@ -53,6 +53,7 @@ def clipped_surrogate(
     max_completion_length: int | None = None,
     ref_logp: Tensor | None = None,
     beta: float = 0.0,
+    is_weight: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """The clipped surrogate "loss" on per-token log-probabilities (B, T) (or (B,) with no mask), and TRL's metrics.
 
@@ -61,7 +62,9 @@ def clipped_surrogate(
         KL_t   = exp(ref_t - logp_t) - (ref_t - logp_t) - 1      (Schulman's k3 estimator, as TRL; beta 0: none)
     ``advantages`` are one per sequence (B,) or per token; ``mask`` (B, T) marks the completion tokens (1) against
     padding (0), and ``loss_type`` says how the masked l_t are averaged (module docstring); with no mask the loss
-    is the plain mean, PPO's. ``max_completion_length`` is Dr. GRPO's constant divisor (default T).
+    is the plain mean, PPO's. ``max_completion_length`` is Dr. GRPO's constant divisor (default T). ``is_weight``
+    (B, T), a behaviour policy's truncated importance weight (``truncated_importance_weights``), multiplies the
+    clipped term of each token, not the KL, as TRL applies its ``importance_sampling_ratio``.
     Metrics: "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean" (tokens whose clipping stops
     the gradient, as TRL counts them), "kl" when beta > 0, and PPO's "approx_kl" ((r - 1) - log r) and "clipfrac".
     """
@@ -70,6 +73,8 @@ def clipped_surrogate(
     logratio = logp_new - logp_old
     ratio = logratio.exp()
     per_token = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_low, 1 + clip_high))
+    if is_weight is not None:
+        per_token = per_token * is_weight
     if beta != 0.0:
         delta = ref_logp - logp_new
         kl = delta.exp() - delta - 1
@@ -89,6 +94,21 @@ def clipped_surrogate(
         if beta != 0.0:
             out["kl"] = masked_mean(kl, mask)
     return out
+
+
+def truncated_importance_weights(
+    logp_old: Tensor, logp_behaviour: Tensor, mask: Tensor, rho_bar: float
+) -> tuple[Tensor, Tensor]:
+    """Per-token weights (B, T) min(rho_bar, pi_old / mu) for completions sampled by a stale behaviour policy mu,
+    and which tokens the bound truncated (B, T) bool (``rho_bar`` >= 1: padding weighs 1 and is never truncated).
+
+    V-trace's rho-bar (Espeholt et al. 2018, eq. 1) applied to each token of an asynchronous rollout, as TRL's
+    ``vllm_importance_sampling_mode="token_truncate"`` does: exp((old - behaviour) * mask) clamped above at its
+    ``vllm_importance_sampling_clip_max`` (no lower bound), so padding weighs 1. No gradient flows through it.
+    """
+    with torch.no_grad():
+        ratio = ((logp_old - logp_behaviour) * mask).exp()
+        return ratio.clamp(max=rho_bar), ratio > rho_bar
 
 
 def aggregate(per_token: Tensor, mask: Tensor | None, loss_type: LossType, max_completion_length: int | None) -> Tensor:
