@@ -1,4 +1,5 @@
-"""From a language model to an assistant, offline on a CPU: base -> SFT -> DPO on the generated arithmetic task.
+"""From a language model to an assistant, offline on a CPU: base -> SFT -> DPO, and SFT -> GRPO, on the generated
+arithmetic task.
 
 Every stage is a ``cli.py`` subprocess, as a user types it, into one MLflow store: each fit registers its model
 (``registered_model_name``) and carries its stage (``--trainer.logger.init_args.stage``); the next stage starts from
@@ -10,13 +11,14 @@ minutes each stage's subprocesses used (their user + system time, which a busy m
 
 Tracks:
   - ``zoo``: the byte-level GPT of ``configs/gpt/arithmetic_base.yaml`` pretrained on the task's plain text, then
-    ``chat_arithmetic.yaml`` (full-weight SFT) and ``dpo_tiny.yaml`` (DPO against the SFT weights).
+    ``chat_arithmetic.yaml`` (full-weight SFT), ``dpo_tiny.yaml`` (DPO against the SFT weights) and
+    ``grpo_arithmetic.yaml`` (stage "rl": GRPO from the SFT weights, exact-match reward).
   - ``llama``: a tiny Llama-style folder written here with random weights (transformers' ``LlamaConfig``) and real
     tokenizer files (a byte-level BPE trained on the task's text with ``tokenizers``, and a Llama-3-style chat
     template with its special tokens), nothing downloaded; its base is registered as imported (one step at learning
     rate 1e-30: LoRA's B moves by 1e-30, which no float32 weight notices, and ``cli.py test`` takes a checkpoint's
     tokenizer) and scored, then SFT with LoRA, then DPO with LoRA
-    (the reference: the same net with its adapters off, i.e. the SFT weights).
+    (the reference: the same net with its adapters off, i.e. the SFT weights); no rl stage.
 
 The task's data is the same for every seed (``generate.seed`` 0); a seed changes the initialisation and the batches.
 
@@ -43,8 +45,8 @@ sys.path.insert(0, str(ROOT))
 from bench._common import cpu_model, table  # noqa: E402
 
 TASK = {"digits": 2, "terms": 3, "ops": "+-", "train": 8000, "pairs": 2000, "test": 200, "seed": 0}
-PIPELINES = {"dpo": ("base", "sft", "dpo"), "rl": ("base", "sft", "rl")}
-STAGES = list(PIPELINES["dpo"])  # the stages run, set from --pipeline
+STAGES = ["base", "sft", "dpo", "rl"]  # the stages run, set from --stages
+PARENT = {"sft": "base", "dpo": "sft", "rl": "sft"}  # DPO and GRPO both start from the SFT model
 EVALS = {"test.jsonl": "exact_match", "mc.jsonl": "multiple_choice"}
 LLAMA3 = (
     "{{- bos_token }}{%- for m in messages %}{{- '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n' + "
@@ -132,15 +134,16 @@ SIZE = {"layers": 4, "width": 128}  # both tracks' nets (the configs' own by def
 def one_seed(track: str, folder: Path, seed: int, steps: dict[str, int]) -> tuple[dict, dict, str]:
     """Scores and CPU seconds per stage for one seed, and the last report card printed."""
     folder.mkdir(parents=True, exist_ok=True)
-    scores, cpu, parent, out = {}, {}, None, ""
+    scores, cpu, models, out = {}, {}, {}, ""
     if track == "llama":
         build_llama(folder, seed)
     args = stage_args(track, folder, seed, steps)
     for stage in STAGES:
         start = cpu_seconds()
+        parent = models.get(PARENT.get(stage))
         start_from = [f"--model.init_args.init_weights={parent}"] if parent else []
-        parent = registered(cli(folder, *args[stage], *start_from))
-        scores[stage], out = evaluate(folder, ["--ckpt_path", parent])
+        models[stage] = registered(cli(folder, *args[stage], *start_from))
+        scores[stage], out = evaluate(folder, ["--ckpt_path", models[stage]])
         cpu[stage] = cpu_seconds() - start
         print(f"  seed {seed} {stage}: {json.dumps(scores[stage])}  ({cpu[stage] / 60:.1f} CPU min)", flush=True)
     return scores, cpu, card_of(out)
@@ -243,8 +246,8 @@ def main() -> None:
     ap.add_argument("--base-steps", type=int, default=200, help="zoo track: pretraining steps")
     ap.add_argument("--sft-steps", type=int, default=150)
     ap.add_argument("--dpo-steps", type=int, default=20)
-    ap.add_argument("--rl-steps", type=int, default=150, help="GRPO steps (--pipeline rl)")
-    ap.add_argument("--pipeline", choices=sorted(PIPELINES), default="dpo", help="base -> SFT -> DPO, or -> GRPO")
+    ap.add_argument("--rl-steps", type=int, default=150, help="GRPO steps (stage rl)")
+    ap.add_argument("--stages", nargs="+", choices=STAGES, help="default: all (llama: no rl); dpo, rl start from sft")
     ap.add_argument("--layers", type=int, default=2, help="layers of both tracks' nets (configs: 4)")
     ap.add_argument("--width", type=int, default=64, help="model width of both tracks' nets, 4 heads (configs: 128)")
     ap.add_argument("--digits", type=int, default=1, help="the task's difficulty: digits of a number (configs: 2)")
@@ -255,10 +258,14 @@ def main() -> None:
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     SIZE.update(layers=args.layers, width=args.width)
     TASK.update(digits=args.digits, terms=args.terms)
-    if args.pipeline == "rl" and args.track != "zoo":
-        ap.error("--pipeline rl runs the zoo track (the llama folder's GRPO: tests/gpt/test_grpo_llama.py)")
-    STAGES[:] = PIPELINES[args.pipeline]
-    what = " -> ".join(s.upper() if s != "base" else s for s in STAGES)
+    args.stages = args.stages or [s for s in STAGES if args.track == "zoo" or s != "rl"]
+    if "rl" in args.stages and args.track != "zoo":
+        ap.error("the rl stage runs on the zoo track (GRPO from an imported folder: docs/gpt.md)")
+    missing = {PARENT[s] for s in args.stages if s in PARENT} - set(args.stages)
+    if missing:
+        ap.error(f"--stages needs {sorted(missing)} too: each stage starts from its parent's model")
+    STAGES[:] = [s for s in STAGES if s in args.stages]
+    what = ", ".join(f"{PARENT[s]} -> {s}" for s in STAGES if s in PARENT)
     print(f"== {what}, track {args.track}, seeds {args.seeds}, {args.layers} layers x {args.width} wide")
     steps = {"base": args.base_steps, "sft": args.sft_steps, "dpo": args.dpo_steps, "rl": args.rl_steps}
     print(f"steps: {', '.join(f'{s} {steps[s]}' for s in STAGES)}; task {TASK}")
