@@ -1444,6 +1444,7 @@ FAMILIES: dict[str, dict] = {
             "tests/shared/test_policy_gradient.py",
             "tests/gpt/test_rollout.py",
             "tests/gpt/test_grpo_trl.py",
+            "tests/gpt/test_grpo_ddp.py",  # groups whole on their rank under DDP (slow: 2 processes)
             "-m",
             "slow or not slow",  # TRL's loss on the same tensors (slow: importing TRL's trainer)
         ],
