@@ -1,12 +1,13 @@
 """GRPO race: TRL's ``GRPOTrainer`` against the zoo's ``GRPOModule`` on the same model, task, reward and settings:
 learner steps and CPU seconds to a held-out accuracy.
 
-The model: a zoo GPT of Llama shape (RoPE, RMSNorm, SwiGLU; byte-level, EOS 256) given by ``--init`` (a zoo ``.ckpt``,
-say the SFT stage's, or a Hugging Face Llama folder), written once as a ``LlamaForCausalLM`` folder
-(``zoo.gpt.llama.export_hf``). TRL loads that folder with transformers; the zoo arm loads the same folder as its
-``init_weights`` through ``configs/gpt/grpo_arithmetic_llama.yaml`` (full weights: ``adapt`` null), so both start
-from the same tensors. TRL gets the zoo's byte tokenizer as a transformers tokenizer (``ZooBytes``: id b is byte b,
-EOS 256 is its ``eos_token`` and pad), so a completion stops where the zoo's does.
+The model: a zoo GPT of Llama shape (RoPE, RMSNorm, SwiGLU; byte-level, EOS 256) given by ``--init`` (a zoo
+``.ckpt``, say the SFT stage's, a safetensors file of the net with ``--shape``, or a Hugging Face Llama folder),
+written once as a ``LlamaForCausalLM`` folder (``zoo.gpt.llama.export_hf``). TRL loads that folder with
+transformers; the zoo arm loads the same folder as its ``init_weights`` through
+``configs/gpt/grpo_arithmetic_llama.yaml`` (full weights: ``adapt`` null), so both start from the same tensors. TRL
+gets the zoo's byte tokenizer as a transformers tokenizer (``ZooBytes``: id b is byte b, EOS 256 is its
+``eos_token`` and pad), so a completion stops where the zoo's does.
 
 Both arms, the same settings (``SETTINGS`` and the command line):
     prompts        the arithmetic task's training questions (``datamodules.PromptDataModule`` with ``generate``),
@@ -58,14 +59,19 @@ EOS = 256
 # -- the model, the task and the evaluation, shared by both arms --------------------------------------------------
 
 
-def export_start(init: str, folder: Path) -> Path:
-    """The starting net as a Llama folder: a zoo ``.ckpt``'s net exported, or a Llama folder as it is."""
+def export_start(init: str, folder: Path, shape: dict) -> Path:
+    """The starting net as a Llama folder: a Llama folder as it is, else a zoo ``.ckpt``'s net or a safetensors file
+    of a Llama-shaped GPT of ``shape`` (n_layer, n_embd, n_head, block_size) exported."""
+    from zoo.gpt import GPT, RMSNorm, SwiGLU
+    from zoo.gpt.hf import load_safetensors
     from zoo.gpt.llama import export_hf
+    from zoo.gpt.module import CausalLMModule
 
     if Path(init).is_dir():
         return Path(init)
-    from zoo.gpt.module import CausalLMModule
-
+    if init.endswith(".safetensors"):
+        net = GPT(vocab_size=EOS + 1, position="rope", norm=RMSNorm, mlp=SwiGLU, bias=False, **shape)
+        return export_hf(load_safetensors(net, init), folder)
     module = CausalLMModule.load_from_checkpoint(init, map_location="cpu", weights_only=True)
     return export_hf(module.net, folder)
 
@@ -295,7 +301,13 @@ def summary(results: list[dict], target: float) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--init", required=True, help="a zoo .ckpt of a Llama-shaped byte-level GPT, or a Llama folder")
+    ap.add_argument(
+        "--init", required=True, help="a zoo .ckpt or safetensors file of a Llama-shaped byte GPT, or a Llama folder"
+    )
+    ap.add_argument(
+        "--shape", default='{"n_layer": 2, "n_embd": 64, "n_head": 4, "block_size": 96}',
+        help="a safetensors --init's net (JSON): RoPE, RMSNorm, SwiGLU, no biases, tied head, 257 byte ids",
+    )  # fmt: skip
     ap.add_argument("--target", type=float, default=0.3, help="held-out greedy exact match to reach")
     ap.add_argument("--max-steps", type=int, default=200, help="learner steps before a run gives up")
     ap.add_argument("--eval-every", type=int, default=10, help="learner steps between evaluations")
@@ -313,7 +325,7 @@ def main() -> None:
     TASK.update(digits=args.digits, terms=args.terms, test=args.eval_prompts)
     settings = {k: getattr(args, k) for k in SETTINGS}
     work = Path(args.workdir or tempfile.mkdtemp(prefix="grpo-race-"))
-    model = export_start(args.init, work / "model")
+    model = export_start(args.init, work / "model", json.loads(args.shape))
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"== GRPO race: TRL GRPOTrainer vs zoo GRPOModule, from {args.init} ({model})")
     print(f"CPU: {cpu_model()}; {os.cpu_count()} CPUs; load average (1/5/15 min) at start: {load}")

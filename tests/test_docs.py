@@ -183,6 +183,7 @@ COVERED: list[tuple[str, str]] = [
         "tests/gpt/test_assistant_stages.py::test_base_sft_dpo_stages_report_one_card_and_a_task_evaluation_fills_it",
     ),
     (r"^python bench/assistant\.py", "minutes of CPU"),
+    (r"^python bench/grpo_race\.py", "minutes of CPU"),
 ]
 
 
