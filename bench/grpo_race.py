@@ -291,11 +291,15 @@ def summary(results: list[dict], target: float) -> str:
         hits = [r["hit"] for r in rs if r["hit"]]
         median = lambda xs: f"{statistics.median(xs):.0f}" if xs else "-"  # noqa: E731
         start, end = (statistics.mean(r["evals"][i][1] for r in rs) for i in (0, -1))
+        per_step = statistics.median(r["evals"][-1][2] / r["evals"][-1][0] for r in rs if r["evals"][-1][0])
         rows.append([
             arm, f"{len(hits)} / {len(rs)}", median([h["steps"] for h in hits]), median([h["seconds"] for h in hits]),
-            f"{start:.3f}", f"{end:.3f}",
+            f"{per_step:.3f}", f"{start:.3f}", f"{end:.3f}",
         ])  # fmt: skip
-    headers = ["arm", f"runs reaching {target}", "learner steps (median)", "seconds (median)", "start acc", "end acc"]
+    headers = [
+        "arm", f"runs reaching {target}", "learner steps (median)", "seconds (median)", "seconds / step (median)",
+        "start acc", "end acc (mean)",
+    ]  # fmt: skip
     return table(headers, rows)
 
 

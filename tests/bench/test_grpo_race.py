@@ -49,3 +49,5 @@ def test_both_arms_run_from_the_same_exported_weights(tmp_path):
     assert [s for s, _, _ in trl["evals"]] == [s for s, _, _ in zoo["evals"]] == [0, 1, 2]
     assert trl["evals"][0][1] == zoo["evals"][0][1]  # the same weights, the same evaluation
     assert trl["hit"] is zoo["hit"] is None and all(t >= 0 for _, _, t in trl["evals"] + zoo["evals"])
+    table = grpo_race.summary([trl, zoo], 2.0)
+    assert table.splitlines()[2].startswith("trl") and table.splitlines()[3].startswith("zoo")
