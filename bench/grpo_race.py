@@ -229,7 +229,8 @@ def trl_run(job: dict) -> dict:
         callbacks=[Evaluations()],
     )  # fmt: skip
     trainer.train()
-    return race.result("trl", job["seed"])
+    keys = ("eos_token_id", "pad_token_id", "do_sample", "temperature", "top_p", "top_k", "max_new_tokens")
+    return race.result("trl", job["seed"]) | {"generation": {k: getattr(trainer.generation_config, k) for k in keys}}
 
 
 # -- the zoo's arm --------------------------------------------------------------------------------------------------

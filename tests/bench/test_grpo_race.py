@@ -46,6 +46,8 @@ def test_both_arms_run_from_the_same_exported_weights(tmp_path):
                settings=settings, target=2.0, max_steps=2, eval_every=1, clock="cpu", threads=1)  # fmt: skip
     grpo_race.prompts(tmp_path / "task", task)
     trl, zoo = grpo_race.trl_run(job), grpo_race.zoo_run(job)
+    generation = {"eos_token_id": [256], "pad_token_id": 256, "do_sample": True, "temperature": 1.0, "top_p": 1.0}
+    assert trl["generation"] == generation | {"top_k": 0, "max_new_tokens": 8}  # TRL samples as the zoo's rollouts
     assert [s for s, _, _ in trl["evals"]] == [s for s, _, _ in zoo["evals"]] == [0, 1, 2]
     assert trl["evals"][0][1] == zoo["evals"][0][1]  # the same weights, the same evaluation
     assert trl["hit"] is zoo["hit"] is None and all(t >= 0 for _, _, t in trl["evals"] + zoo["evals"])
