@@ -14,7 +14,7 @@ from conftest import ROOT
 from zoo.train.policy_gradient import group_advantages
 
 SCRIPT = str(ROOT / "tests" / "scripts" / "grpo_ranks.py")
-G, STEPS = 4, 3  # the script's
+G, BATCHES, ITERATIONS = 4, 3, 2  # the script's: minibatches of one prompt's group
 
 
 @pytest.fixture(scope="module")
@@ -27,14 +27,14 @@ def ranks(tmp_path_factory) -> tuple[dict, dict]:
 
 
 def _steps(rank: dict) -> list[tuple[dict, dict]]:
-    """(the batch, its rollout and scores) per training step."""
+    """(the batch, its rollout and scores) per batch."""
     seen = rank["steps"]
     return list(zip(seen[0::2], seen[1::2], strict=True))
 
 
 @pytest.mark.slow  # two processes, ~20 s
 def test_ranks_sample_other_prompts_and_score_each_group_whole_on_its_rank(ranks):
-    assert ranks[0]["world"] == 2 and len(_steps(ranks[0])) == len(_steps(ranks[1])) == STEPS
+    assert ranks[0]["world"] == 2 and len(_steps(ranks[0])) == len(_steps(ranks[1])) == BATCHES
     for (batch0, _), (batch1, _) in zip(_steps(ranks[0]), _steps(ranks[1])):
         assert not {tuple(p) for p in batch0["prompts"]} & {tuple(p) for p in batch1["prompts"]}
     for rank in ranks:
@@ -44,8 +44,11 @@ def test_ranks_sample_other_prompts_and_score_each_group_whole_on_its_rank(ranks
             for r in range(len(ids)):  # row r: a completion of this rank's prompt r // G, after its left padding
                 prompt = batch["prompts"][r // G]
                 assert ids[r, pad[r] : pad[r] + len(prompt)].tolist() == prompt
-            (advantages,) = step["advantages"]  # one minibatch: the whole batch
             assert rewards.view(-1, G).std(1).gt(0).any()  # groups that differ: the advantages are not all 0
-            torch.testing.assert_close(advantages, group_advantages(rewards, G))  # this rank's groups alone
+            groups = len(batch["prompts"])
+            assert len(step["advantages"]) == ITERATIONS * groups  # an optimizer step per group, per pass
+            for j, advantages in enumerate(step["advantages"]):  # each from its own group's rewards, whole
+                rows = slice(j % groups * G, (j % groups + 1) * G)
+                torch.testing.assert_close(advantages, group_advantages(rewards[rows], G))
     for k, v in ranks[0]["state"].items():  # the gradients were averaged across ranks: the same weights
         torch.testing.assert_close(v, ranks[1]["state"][k], rtol=0, atol=0, msg=k)

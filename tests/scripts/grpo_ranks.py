@@ -1,10 +1,10 @@
 """A GRPO fit on 2 CPU processes (DDP, gloo), then what each rank sampled and how it scored each group.
 
-Usage: python grpo_ranks.py (in the folder the ranks write to). Each rank writes ``rank<k>.pt``: per training step
-the batch's prompts, the rollout's rows (prompt then completion), the rewards and the advantages the objective was
-given, and at the end the net's weights. Launched by tests/gpt/test_grpo_ddp.py: DDP re-runs this script for rank 1,
-which would re-run pytest if the fit happened inside the pytest process. A deadlock ends the process with every
-thread's stack on stderr instead of hanging the test.
+Usage: python grpo_ranks.py (in the folder the ranks write to). Each rank writes ``rank<k>.pt``: per batch the
+prompts, the rollout's rows (prompt then completion), the rewards and the advantages the objective was given at each
+optimizer step (minibatches of one prompt's group, two passes), and at the end the net's weights. Launched by
+tests/gpt/test_grpo_ddp.py: DDP re-runs this script for rank 1, which would re-run pytest if the fit happened inside
+the pytest process. A deadlock ends the process with every thread's stack on stderr instead of hanging the test.
 """
 
 import faulthandler
@@ -21,7 +21,7 @@ from zoo.gpt import GPT, GRPOModule, grpo
 from zoo.gpt.rewards import Reward
 from zoo.train.optim import AdamWCosine
 
-G, STEPS = 4, 3
+G, BATCHES, PROMPTS, ITERATIONS = 4, 3, 2, 2  # minibatches of one prompt: PROMPTS * ITERATIONS steps per batch
 STEPS_SEEN: list[dict] = []
 
 
@@ -55,11 +55,15 @@ if __name__ == "__main__":
     seed_everything(0)
     optimizer = AdamWCosine(lr=1e-2, weight_decay=0.0, warmup_steps=0, min_lr_ratio=1.0)
     net = GPT(vocab_size=257, block_size=32, n_layer=1, n_embd=32, n_head=2)
-    module = Recorded(net, rewards=[CountX()], group_size=G, max_new_tokens=6, optimizer=optimizer)
-    dm = PromptDataModule("prompts.jsonl", val_fraction=0.0, tokenizer="bytes", batch_size=2)
+    module = Recorded(
+        net, rewards=[CountX()], group_size=G, max_new_tokens=6, optimizer=optimizer, num_iterations=ITERATIONS,
+        minibatch_prompts=1,
+    )  # fmt: skip
+    dm = PromptDataModule("prompts.jsonl", val_fraction=0.0, tokenizer="bytes", batch_size=PROMPTS)
     trainer = Trainer(
-        accelerator="cpu", devices=2, strategy="ddp", max_steps=STEPS, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
+        accelerator="cpu", devices=2, strategy="ddp", max_steps=BATCHES * PROMPTS * ITERATIONS, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+        num_sanity_val_steps=0,
     )  # fmt: skip
     trainer.fit(module, dm)
     state = {k: v.detach().clone() for k, v in module.net.state_dict().items()}

@@ -1490,6 +1490,11 @@ FAMILIES: dict[str, dict] = {
             ),
             (REF, "and settings.lora is not None and not settings.trainable", "and False"),
             (REF, "            layer.enable_adapters(False)", "            pass"),
+            (  # a minibatch of half the rows: groups split across optimizer steps
+                GR,
+                "rows_per_step = (h.minibatch_prompts or len(rewards) // g) * g",
+                "rows_per_step = (h.minibatch_prompts or len(rewards) // g) * g // 2",
+            ),
         ],
     },
     "files": {  # files an outsider wrote: pretrained folders, archives, exported programs, planted links
