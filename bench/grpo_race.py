@@ -1,13 +1,13 @@
 """GRPO race: TRL's ``GRPOTrainer`` against the zoo's ``GRPOModule`` on the same model, task, reward and settings:
 learner steps and CPU seconds to a held-out accuracy.
 
-The model: a zoo GPT of Llama shape (RoPE, RMSNorm, SwiGLU; byte-level, EOS 256) given by ``--init`` (a zoo
-``.ckpt``, say the SFT stage's, a safetensors file of the net with ``--shape``, or a Hugging Face Llama folder),
-written once as a ``LlamaForCausalLM`` folder (``zoo.gpt.llama.export_hf``). TRL loads that folder with
-transformers; the zoo arm loads the same folder as its ``init_weights`` through
-``configs/gpt/grpo_arithmetic_llama.yaml`` (full weights: ``adapt`` null), so both start from the same tensors. TRL
-gets the zoo's byte tokenizer as a transformers tokenizer (``ZooBytes``: id b is byte b, EOS 256 is its
-``eos_token`` and pad), so a completion stops where the zoo's does.
+The model: a byte-level zoo GPT (EOS 256) given by ``--init``: a zoo ``.ckpt`` (say the SFT stage's, of
+``chat_arithmetic.yaml``), a safetensors file of a Llama-shaped net with ``--shape``, or a Hugging Face folder;
+written once as a Hugging Face folder, ``LlamaForCausalLM`` for a RoPE net (``zoo.gpt.llama.export_hf``), else
+``GPT2LMHeadModel`` (``zoo.gpt.hf.export_gpt2``). TRL loads that folder with transformers; the zoo arm loads the same
+folder as its ``init_weights`` through ``configs/gpt/grpo_arithmetic_llama.yaml`` (full weights: ``adapt`` null), so
+both start from the same tensors. TRL gets the zoo's byte tokenizer as a transformers tokenizer (``ZooBytes``: id b
+is byte b, EOS 256 is its ``eos_token`` and pad), so a completion stops where the zoo's does.
 
 Both arms, the same settings (``SETTINGS`` and the command line):
     prompts        the arithmetic task's training questions (``datamodules.PromptDataModule`` with ``generate``),
@@ -60,10 +60,10 @@ EOS = 256
 
 
 def export_start(init: str, folder: Path, shape: dict) -> Path:
-    """The starting net as a Llama folder: a Llama folder as it is, else a zoo ``.ckpt``'s net or a safetensors file
-    of a Llama-shaped GPT of ``shape`` (n_layer, n_embd, n_head, block_size) exported."""
+    """The starting net as a Hugging Face folder (Llama for a RoPE net, else GPT-2, EOS 256): a folder as it is,
+    else a zoo ``.ckpt``'s net or a safetensors file of a Llama-shaped GPT of ``shape`` exported."""
     from zoo.gpt import GPT, RMSNorm, SwiGLU
-    from zoo.gpt.hf import load_safetensors
+    from zoo.gpt.hf import export_gpt2, load_safetensors
     from zoo.gpt.llama import export_hf
     from zoo.gpt.module import CausalLMModule
 
@@ -71,9 +71,20 @@ def export_start(init: str, folder: Path, shape: dict) -> Path:
         return Path(init)
     if init.endswith(".safetensors"):
         net = GPT(vocab_size=EOS + 1, position="rope", norm=RMSNorm, mlp=SwiGLU, bias=False, **shape)
-        return export_hf(load_safetensors(net, init), folder)
-    module = CausalLMModule.load_from_checkpoint(init, map_location="cpu", weights_only=True)
-    return export_hf(module.net, folder)
+        net = load_safetensors(net, init)
+    else:
+        net = CausalLMModule.load_from_checkpoint(init, map_location="cpu", weights_only=True).net
+    return export_hf(net, folder) if net.position == "rope" else export_gpt2(net, folder, EOS)
+
+
+def zoo_net(folder: str):
+    """The folder's net as a zoo GPT, and the function that renames its transformers state dict into the net's."""
+    from zoo.gpt import hf, llama
+    from zoo.io.files import read_config
+
+    if read_config(Path(folder) / "config.json").get("model_type") == "gpt2":
+        return hf.load_gpt2(folder), hf.hf_to_zoo
+    return llama.load_hf(folder), llama.hf_to_zoo
 
 
 def prompts(task_dir: Path, task: dict) -> tuple[list[tuple[str, str]], list[tuple[list[int], str]]]:
@@ -194,13 +205,11 @@ def trl_run(job: dict) -> dict:
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from zoo.gpt.llama import hf_to_zoo, load_hf
-
     s, model_dir = job["settings"], job["model"]
     train, held_out = prompts(Path(job["task"]), job["task_settings"])
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.generation_config.update(eos_token_id=EOS, pad_token_id=EOS, bos_token_id=None)  # the zoo model's stop
-    zoo_net = load_hf(model_dir)  # the evaluation's net: TRL's weights copied in
+    net, to_zoo = zoo_net(model_dir)  # the evaluation's net: TRL's weights copied in
     race = Race(held_out, job["eval_every"], job["target"], s["max_new_tokens"], job["clock"])
     g = s["group_size"]
     config = GRPOConfig(
@@ -215,12 +224,12 @@ def trl_run(job: dict) -> dict:
 
     class Evaluations(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
-            race.start(zoo_net)
+            race.start(net)
 
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step % race.every == 0:
-                zoo_net.load_state_dict(hf_to_zoo(model.state_dict(), zoo_net))
-            if race.step(state.global_step, zoo_net):
+                net.load_state_dict(to_zoo(model.state_dict(), net))
+            if race.step(state.global_step, net):
                 control.should_training_stop = True
 
     data = Dataset.from_list([{"prompt": p, "answer": a} for p, a in train])
@@ -307,7 +316,7 @@ def summary(results: list[dict], target: float) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
-        "--init", required=True, help="a zoo .ckpt or safetensors file of a Llama-shaped byte GPT, or a Llama folder"
+        "--init", required=True, help="a zoo .ckpt or safetensors file of a byte-level GPT, or a Hugging Face folder"
     )
     ap.add_argument(
         "--shape", default='{"n_layer": 2, "n_embd": 64, "n_head": 4, "block_size": 96}',

@@ -25,20 +25,41 @@ def test_trls_tokenizer_is_the_zoos_bytes_and_stops_at_its_eos():
     assert grpo_race.exact_match(["p"] * 3, ["#### 6", "it is 6", "#### 7"], [worked] * 3) == [1.0, 1.0, 0.0]
 
 
-@pytest.mark.slow  # TRL's import and trainer, a cli.py fit: tens of seconds
-def test_both_arms_run_from_the_same_exported_weights(tmp_path):
+def _checkpoint(net, size: dict, path) -> str:
+    """A checkpoint of ``net`` as cli.py writes one: its net's config among the hyperparameters."""
+    import torch
+    from lightning.pytorch import Trainer
+
+    from zoo.gpt import CausalLMModule
+
+    trainer = Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.strategy.connect(CausalLMModule(net))
+    trainer.save_checkpoint(path, weights_only=True)
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["hyper_parameters"]["net"] = {"class_path": "zoo.gpt.GPT", "init_args": {"vocab_size": 257, **size}}
+    torch.save(ckpt, path)
+    return str(path)
+
+
+@pytest.mark.slow  # TRL's import and trainer, a cli.py fit: tens of seconds each
+@pytest.mark.parametrize("shape", ["llama", "gpt2"])
+def test_both_arms_run_from_the_same_exported_weights(tmp_path, shape):
     pytest.importorskip("trl")
     import torch
 
     from zoo.gpt import GPT, RMSNorm, SwiGLU
     from zoo.gpt.hf import save_safetensors
-    from zoo.gpt.llama import load_hf
 
     torch.manual_seed(0)
-    shape = dict(block_size=64, n_layer=1, n_embd=32, n_head=2)
-    net = GPT(vocab_size=257, position="rope", norm=RMSNorm, mlp=SwiGLU, bias=False, **shape)
-    model = grpo_race.export_start(str(save_safetensors(net, tmp_path / "net.safetensors")), tmp_path / "model", shape)
-    for k, v in load_hf(model).state_dict().items():  # the folder both arms load holds the given weights
+    size = dict(block_size=64, n_layer=1, n_embd=32, n_head=2)
+    if shape == "llama":  # a safetensors file and its shape
+        net = GPT(vocab_size=257, position="rope", norm=RMSNorm, mlp=SwiGLU, bias=False, **size)
+        init = str(save_safetensors(net, tmp_path / "net.safetensors"))
+    else:  # a checkpoint of chat_arithmetic.yaml's kind of net
+        net = GPT(vocab_size=257, **size)
+        init = _checkpoint(net, size, tmp_path / "sft.ckpt")
+    model = grpo_race.export_start(init, tmp_path / "model", size)
+    for k, v in grpo_race.zoo_net(str(model))[0].state_dict().items():  # the folder holds the given weights
         torch.testing.assert_close(v, net.state_dict()[k], rtol=0, atol=0, msg=k)
     task = grpo_race.TASK | {"train": 16, "test": 8}
     settings = {"group_size": 2, "temperature": 1.0, "lr": 1e-3, "max_new_tokens": 8, "batch_prompts": 2}
