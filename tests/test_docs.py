@@ -179,6 +179,10 @@ COVERED: list[tuple[str, str]] = [
         "tests/gpt/test_grpo.py::test_the_grpo_config_fits_through_the_cli_from_given_weights",
     ),
     (
+        r"configs/gpt/grpo_arithmetic_llama\.yaml",
+        "tests/gpt/test_grpo_llama.py::test_the_grpo_config_runs_from_a_llama_folder_with_lora_and_registers",
+    ),
+    (
         r"configs/gpt/dpo_tiny\.yaml --data\.init_args\.path",
         "tests/gpt/test_dpo.py::test_the_tiny_dpo_config_fits_through_the_cli",
     ),
@@ -188,6 +192,7 @@ COVERED: list[tuple[str, str]] = [
     ),
     (r"^python bench/assistant\.py", "minutes of CPU"),
     (r"^python bench/grpo_async\.py", "minutes of CPU"),
+    (r"^python bench/grpo_race\.py", "minutes of CPU"),
 ]
 
 

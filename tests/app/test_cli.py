@@ -60,6 +60,8 @@ def test_every_config_instantiates(config, image_folder, tmp_path):
     if _id(config) == "gpt/dpo_tiny.yaml":  # the pairs are the user's
         (tmp_path / "dpo.jsonl").write_text('{"prompt": "1+1=", "chosen": "2", "rejected": "3"}\n' * 10)
         extra = [f"--data.init_args.path={tmp_path / 'dpo.jsonl'}"]
+    if _id(config) == "gpt/grpo_arithmetic_llama.yaml":  # the folder's tokenizer: the bytes' instead
+        extra = ["--data.init_args.tokenizer=bytes"]
     c = main(["--config", str(config), *extra], run=False)
     assert c.model is not None and c.datamodule is not None and c.trainer is not None
 

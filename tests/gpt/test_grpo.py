@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import time
@@ -136,7 +137,7 @@ def test_a_fit_makes_the_rewarded_token_more_frequent(tmp_path):
     metrics = trainer.callback_metrics
     expected = {"train/reward", "train/reward_std", "train/accuracy", "train/completion_length", "train/entropy"}
     assert expected | {"train/clip_ratio/region_mean", "train/reward_errors"} <= set(metrics)
-    assert "train/kl" not in metrics and module._reference is None  # beta 0: no reference built
+    assert "train/kl" not in metrics and module._reference.copy is None  # beta 0: no reference built
 
 
 def test_the_old_policy_is_the_sampling_pass_so_a_second_pass_moves_the_ratio(tmp_path):
@@ -152,8 +153,32 @@ def test_beta_builds_a_frozen_reference_and_logs_the_kl(tmp_path):
     module = _module(beta=0.1)
     trainer = _trainer(tmp_path, 2)
     trainer.fit(module, _prompts(tmp_path))
-    assert module._reference is not None and torch.isfinite(trainer.callback_metrics["train/kl"])
+    assert module._reference.copy is not None and trainer.callback_metrics["train/kl"] > 0  # not the policy
     assert all(k.startswith("net.") for k in module.state_dict())
+
+
+def test_with_lora_the_kl_reference_is_the_base_with_adapters_off_and_no_copy(tmp_path):
+    pytest.importorskip("peft")
+    from zoo.gpt.rollout import per_token_logps
+
+    module, dm = _module(beta=0.1, lr=0.05, adapt={"lora": {"r": 4}}), _prompts(tmp_path)
+    nets_before = {id(o) for o in gc.get_objects() if isinstance(o, GPT)}
+    trainer = _trainer(tmp_path, 3)
+    trainer.fit(module, dm)
+    new_nets = [o for o in gc.get_objects() if isinstance(o, GPT) and id(o) not in nets_before]  # dropped ones too
+    assert new_nets == [] and module._reference.copy is None  # no second net in memory
+    assert trainer.callback_metrics["train/kl"] > 0  # the adapters moved the policy off its reference
+    base = GPT(**NET)
+    state = module.net.state_dict()
+    base.load_state_dict({k.replace(".base_layer", ""): v for k, v in state.items() if "lora_" not in k})
+    rollout = module.rollout(next(iter(dm.train_dataloader()))["prompt_ids"])
+    args = rollout.ids, rollout.completion_mask, 1.0, rollout.pad
+    with torch.no_grad(), module.reference() as ref:
+        ours = per_token_logps(ref, *args)
+    torch.testing.assert_close(ours, per_token_logps(base.eval(), *args))
+    assert not torch.allclose(per_token_logps(module.net, *args), ours)  # adapters back on after the reference
+    with pytest.raises(InputError, match="adapter_weights.*merged"):  # its start is not the base
+        GRPOModule(GPT(**NET), beta=0.1, adapter_weights="adapter_folder")
 
 
 def test_validation_scores_greedy_replies_and_keeps_sample_rows(tmp_path):

@@ -67,7 +67,7 @@ PG, RO = "zoo/train/policy_gradient.py", "zoo/gpt/rollout.py"
 ASR, APL = "zoo/gpt/async_rollout.py", "zoo/train/actor_pool.py"
 GR, RW = "zoo/gpt/grpo.py", "zoo/gpt/rewards.py"
 CTT, DCH = "zoo/io/chat_template.py", "datamodules/chat.py"
-DPO, DPR = "zoo/gpt/dpo.py", "datamodules/preference.py"
+DPO, DPR, REF = "zoo/gpt/dpo.py", "datamodules/preference.py", "zoo/gpt/reference.py"
 AR, GM = "datamodules/arithmetic.py", "zoo/gpt/module.py"
 SPT, HFT = "zoo/io/sp_tokenizer.py", "zoo/io/hf_tokenizer.py"
 WI, WF, HK = "zoo/adapt/wise.py", "callbacks/wiseft.py", "zoo/app/hooks.py"
@@ -1361,8 +1361,8 @@ FAMILIES: dict[str, dict] = {
         "tests": ["tests/gpt/test_dpo.py"],
         "mutants": [
             # the reference: the policy itself, adapters left on, not detached, another starting point accepted
-            (DPO, "            yield self._reference\n", "            yield self.net\n"),
-            (DPO, "            layer.enable_adapters(False)", "            pass"),
+            (REF, "            yield self.copy\n", "            yield module.net\n"),
+            (REF, "            layer.enable_adapters(False)", "            pass"),
             # a DPO stage's model under cli.py test: task records fed to the DPO objective, or not counted
             (DPO, '        if "task" in batch:  # task records (datamodules.tasks): scored', "        if False:  #"),
             (DPO, '    if "task" in batch:  # task records under test', "    if False:  #"),
@@ -1371,13 +1371,14 @@ FAMILIES: dict[str, dict] = {
                 "chosen_logratios = policy_chosen_logps - ref_chosen_logps.detach()",
                 "chosen_logratios = policy_chosen_logps - ref_chosen_logps",
             ),
-            (DPO, '        if info["sha256"] != self._reference_sha:', "        if False:"),
+            (REF, '        if info["sha256"] != self.sha:', "        if False:"),
             (  # the reference rebuilt from the checkpoint's trained weights on a resume
-                DPO,
-                "        info = checkpoint.get(REFERENCE_KEY)\n",
-                "        info = checkpoint.get(REFERENCE_KEY)\n        self._reference is None or self._reference."
+                REF,
+                "        info = checkpoint.get(self.key)\n",
+                "        info = checkpoint.get(self.key)\n        self.copy is None or self.copy."
                 'load_state_dict({k[4:]: v for k, v in checkpoint["state_dict"].items()})\n',
             ),
+            (DPO, "        self._reference.save(checkpoint)\n", ""),  # the digest never stored
             # the loss: the margin's sign, label smoothing dropped, ties counted as right
             (
                 DPO,
@@ -1508,6 +1509,7 @@ FAMILIES: dict[str, dict] = {
             "tests/shared/test_policy_gradient.py",
             "tests/gpt/test_rollout.py",
             "tests/gpt/test_grpo_trl.py",
+            "tests/gpt/test_grpo_ddp.py",  # groups whole on their rank under DDP (slow: 2 processes)
             "-m",
             "slow or not slow",  # TRL's loss on the same tensors (slow: importing TRL's trainer)
         ],
@@ -1545,6 +1547,19 @@ FAMILIES: dict[str, dict] = {
             (GR, '            hparams.pop("rewards", None)', "            pass"),  # rewards stored in checkpoints
             (RW, "                errors, value = errors + 1, 0.0\n", "                errors += 1\n"),  # not zeroed
             (BL, "    if name in USER_CODE_NAMES:\n        return True\n", ""),  # a stored config's rewards built
+            # the KL's reference: the policy itself, a copy beside the adapters, the adapters left on
+            (
+                GR,
+                "with torch.no_grad(), self.reference() as net:",
+                "with torch.no_grad(), contextlib.nullcontext(self.net) as net:",
+            ),
+            (REF, "and settings.lora is not None and not settings.trainable", "and False"),
+            (REF, "            layer.enable_adapters(False)", "            pass"),
+            (  # a minibatch of half the rows: groups split across optimizer steps
+                GR,
+                "rows_per_step = (h.minibatch_prompts or len(rewards) // g) * g",
+                "rows_per_step = (h.minibatch_prompts or len(rewards) // g) * g // 2",
+            ),
         ],
     },
     "files": {  # files an outsider wrote: pretrained folders, archives, exported programs, planted links

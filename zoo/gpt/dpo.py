@@ -12,12 +12,8 @@ probability eps = ``label_smoothing``: L = (1 - eps) L(y_w, y_l) + eps L(y_l, y_
 it until TRL 1.x (its ``aot`` loss on one pair is the same formula). The logged names are TRL's: rewards/chosen,
 rewards/rejected (beta times the log-ratios), rewards/accuracies, rewards/margins, logps/chosen, logps/rejected.
 
-The reference is the starting weights, held once: with LoRA adapters as the only trained parameters, the same net
-with its adapters switched off (PEFT's ``enable_adapters(False)``, as TRL's ``use_adapter`` does): no second copy;
-otherwise a frozen copy of the net taken when the model is configured (after ``init_weights`` is read, before a
-checkpoint is restored), kept off the state dict. A checkpoint records the copy's SHA-256, and a resume whose
-starting weights (``init_weights``, or the seeded initialisation) differ from the ones it was tuned against is
-refused. Under DDP each rank runs its own reference forward on its own pairs.
+The reference is the starting weights, held once (``zoo.gpt.reference``: the base with its LoRA adapters off, or a
+frozen copy whose digest a resume checks).
 
 Notation: B pairs, T tokens, V vocabulary.
 """
@@ -25,25 +21,19 @@ Notation: B pairs, T tokens, V vocabulary.
 from __future__ import annotations
 
 import contextlib
-import copy
-from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import ThroughputMonitor
 from torch import Tensor, nn
 
-from zoo.adapt import Adaptation
-from zoo.adapt.base import digest
-from zoo.compat import trainer_of
-from zoo.errors import CheckpointError, InputError
+from zoo.errors import InputError
 from zoo.gpt.gpt import GPT
 from zoo.gpt.module import CausalLMModule
+from zoo.gpt.reference import Reference, refuse_adapter_start
 from zoo.train.logging import lightning_writes
-from zoo.train.parallel import shard
 
 IGNORE_INDEX = -100
-REFERENCE_KEY = "dpo_reference"  # in the checkpoint: {"sha256": hex} of the frozen copy tuned against
 
 
 def sequence_logps(logits: Tensor, targets: Tensor) -> Tensor:
@@ -90,12 +80,6 @@ def _tokens(batch: dict) -> int:
     return batch["chosen_input_ids"].numel() + batch["rejected_input_ids"].numel()
 
 
-def _lora_layers(net: nn.Module) -> list[nn.Module]:
-    from peft.tuners.lora import LoraLayer
-
-    return [m for m in net.modules() if isinstance(m, LoraLayer)]
-
-
 class DPOModule(CausalLMModule):
     """Tunes a ``GPT`` on preference pairs (``datamodules.PreferenceDataModule``) by DPO against its starting
     weights; generation, adapters, tokenizer and checkpoints are ``CausalLMModule``'s."""
@@ -112,49 +96,19 @@ class DPOModule(CausalLMModule):
         """
         if not 0.0 <= label_smoothing < 0.5:
             raise InputError(f"label_smoothing is a flip probability in [0, 0.5), not {label_smoothing}")
-        if kwargs.get("adapter_weights"):  # its adapters switched off would leave the base, not the start
-            raise InputError(
-                "DPO's reference is its starting weights, and adapter_weights' start is the base with that adapter: "
-                "give weights with it merged in as init_weights (a LoRA fit's registered model is merged)"
-            )
+        refuse_adapter_start(kwargs.get("adapter_weights"), "DPO")
         super().__init__(net, **kwargs)
-        self._reference: GPT | None = None  # the frozen copy, when adapters cannot stand for it; not a submodule
-        self._reference_sha: str | None = None
+        self._reference = Reference("dpo_reference")  # pi_ref: the frozen copy is held there, not a submodule
 
     # -- the reference ---------------------------------------------------------------------------------------
 
-    def _adapters_are_reference(self) -> bool:
-        """Whether the adapters are all that trains, so the net with them off is the starting weights."""
-        settings = Adaptation.of(self.hparams.get("adapt"))
-        return settings is not None and settings.lora is not None and not settings.trainable
-
     def configure_model(self) -> None:
-        predicting = getattr(trainer_of(self), "predicting", False)  # generation needs no reference
-        if self._reference is None and not predicting and not self._adapters_are_reference():
-            ref = copy.deepcopy(self.net).requires_grad_(False).eval()  # the weights as setup left them
-            state = ref.state_dict()
-            self._reference_sha = digest(state, sorted(state))
-            object.__setattr__(self, "_reference", shard(ref, self.device_mesh, blocks=ref.all_blocks()))
+        self._reference.build(self)  # the weights as setup left them, before adapters are added
         super().configure_model()
 
-    @contextlib.contextmanager
-    def reference(self) -> Iterator[nn.Module]:
+    def reference(self) -> contextlib.AbstractContextManager[nn.Module]:
         """pi_ref, in eval mode, for a forward under no_grad: the frozen copy, or this net with its adapters off."""
-        if self._reference is not None:
-            if next(self._reference.parameters()).device != self.device:
-                self._reference.to(self.device)  # not a submodule: Lightning does not move it
-            yield self._reference
-            return
-        layers, training = _lora_layers(self.net), self.net.training
-        self.net.eval()
-        for layer in layers:
-            layer.enable_adapters(False)
-        try:
-            yield self.net
-        finally:
-            for layer in layers:
-                layer.enable_adapters(True)
-            self.net.train(training)
+        return self._reference.forward_net(self)
 
     # -- steps -------------------------------------------------------------------------------------------------
 
@@ -212,17 +166,8 @@ class DPOModule(CausalLMModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
-        if self._reference_sha is not None:
-            checkpoint[REFERENCE_KEY] = {"sha256": self._reference_sha}
+        self._reference.save(checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
-        info = checkpoint.get(REFERENCE_KEY)
-        if info is None or self._reference_sha is None:  # adapters as reference, or a load outside a fit
-            return
-        if info["sha256"] != self._reference_sha:
-            raise CheckpointError(
-                f"this DPO checkpoint was tuned against other starting weights (sha256 {info['sha256'][:12]}...) "
-                f"than the ones given now ({self._reference_sha[:12]}...): give the init_weights it started from "
-                "(--model.init_args.init_weights), so the reference is the same"
-            )
+        self._reference.check(checkpoint, "DPO")

@@ -11,7 +11,8 @@ training step, as TRL's ``GRPOTrainer`` does it:
   3. ``num_iterations`` passes over the rollouts in minibatches of whole groups: recompute the tokens'
      log-probabilities with gradients, the clipped surrogate against the old ones (``zoo.gpt.losses.grpo_objective``,
      shared with PPO), one optimizer step each;
-  4. with ``beta`` > 0, a k3 KL term to the frozen starting weights (off by default, as in TRL since 0.19).
+  4. with ``beta`` > 0, a k3 KL term to the starting weights (off by default, as in TRL since 0.19): with LoRA
+     adapters as all that trains, the net with its adapters off, else a frozen copy (``zoo.gpt.reference``, DPO's).
 
 With ``async_actors`` > 0 the rollouts of step 1 come from actor processes instead (``zoo.gpt.async_rollout``), as
 IMPALA's do: they sample with weights up to a few updates old while the learner updates, so the clipped
@@ -29,19 +30,19 @@ Notation: B prompts, G completions per prompt, R = B * G rows, T = max_new_token
 
 from __future__ import annotations
 
-import copy
+import contextlib
 from collections import defaultdict
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from zoo.compat import trainer_of
 from zoo.errors import InputError
 from zoo.gpt.async_rollout import AsyncRollouts, Behaviour, Sampling
 from zoo.gpt.generate import generate
 from zoo.gpt.gpt import GPT
 from zoo.gpt.losses import grpo_objective
 from zoo.gpt.module import CausalLMModule
+from zoo.gpt.reference import Reference, refuse_adapter_start
 from zoo.gpt.rewards import OnError, Reward, correct, score
 from zoo.gpt.rollout import Rollout, per_token_logps, sample_groups
 from zoo.train.logging import lightning_writes
@@ -89,7 +90,8 @@ class GRPOModule(CausalLMModule):
             epsilon_low: the ratio's clip below 1 (TRL's epsilon).
             epsilon_high: the ratio's clip above 1; above epsilon_low: DAPO's clip-higher.
             scale_rewards: divide the group-centred rewards by the group's std (false: Dr. GRPO).
-            beta: the weight of the KL to the starting weights; 0 builds no reference.
+            beta: the weight of the KL to the starting weights; 0 builds no reference. With LoRA adapters alone
+                training, the reference is the net with its adapters off (no copy), so not with adapter_weights.
             num_iterations: optimisation passes over each batch of rollouts (TRL's num_iterations, GRPO's mu).
             minibatch_prompts: prompts (each with its whole group) per optimizer step; None: the whole batch.
             max_grad_norm: clip the gradients' global norm to this; None: no clipping.
@@ -111,22 +113,26 @@ class GRPOModule(CausalLMModule):
                 "group_size, num_iterations and max_new_tokens are 1 or more, async_actors 0 or more, rho_bar 1 or "
                 f"more: got {group_size}, {num_iterations}, {max_new_tokens}, {async_actors}, {rho_bar}"
             )
+        if beta > 0:
+            refuse_adapter_start(kwargs.get("adapter_weights"), "GRPO's KL")
         super().__init__(net, **kwargs)
         for hparams in (self.hparams, getattr(self, "_hparams_initial", {})):  # code, not a setting: never stored
             hparams.pop("rewards", None)
         self.rewards = list(rewards or [])
         self.automatic_optimization = False  # several optimizer steps per batch of rollouts
-        self._reference: GPT | None = None  # the frozen start, when beta > 0; not a submodule
+        self._reference = Reference("grpo_reference")  # the start, used when beta > 0; a copy is no submodule
         self.completion_samples: list[dict] = []
         self.actors: AsyncRollouts | None = None  # the asynchronous rollouts' processes, while fit runs
         self._answers: list[str] = []
 
     def configure_model(self) -> None:
-        predicting = getattr(trainer_of(self), "predicting", False)  # generation needs no reference
-        if self.hparams.beta > 0 and self._reference is None and not predicting:
-            ref = copy.deepcopy(self.net).requires_grad_(False).eval()  # the weights as setup left them
-            object.__setattr__(self, "_reference", ref)
+        if self.hparams.beta > 0:
+            self._reference.build(self)  # the weights as setup left them, before adapters are added
         super().configure_model()
+
+    def reference(self) -> contextlib.AbstractContextManager[nn.Module]:
+        """pi_ref, in eval mode, for a forward under no_grad: the frozen copy, or this net with its adapters off."""
+        return self._reference.forward_net(self)
 
     # -- one step: sample, score, update -------------------------------------------------------------------------
 
@@ -171,10 +177,9 @@ class GRPOModule(CausalLMModule):
         h, g = self.hparams, self.hparams.group_size
         opt, sch = self.optimizers(), self.lr_schedulers()
         ref = None
-        if self._reference is not None:
-            self._reference.to(self.device)
-            with torch.no_grad():
-                ref = per_token_logps(self._reference, rollout.ids, rollout.completion_mask, h.temperature, rollout.pad)
+        if h.beta > 0:
+            with torch.no_grad(), self.reference() as net:
+                ref = per_token_logps(net, rollout.ids, rollout.completion_mask, h.temperature, rollout.pad)
         rows_per_step = (h.minibatch_prompts or len(rewards) // g) * g
         passes = []
         for _ in range(h.num_iterations):
@@ -349,3 +354,13 @@ class GRPOModule(CausalLMModule):
         tasks = self.tasks.compute("test/")
         if tasks:
             self.log_dict(tasks)
+
+    # -- checkpoints -------------------------------------------------------------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        self._reference.save(checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self._reference.check(checkpoint, "GRPO")
