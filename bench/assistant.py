@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench._common import cpu_model, table  # noqa: E402
 
-TASK = {"digits": 2, "terms": 3, "ops": "+-", "train": 8000, "pairs": 2000, "test": 200, "seed": 0}
+TASK = {"digits": 1, "terms": 4, "ops": "+-", "train": 8000, "pairs": 2000, "test": 200, "seed": 0}
 STAGES = ["base", "sft", "dpo", "rl"]  # the stages run, set from --stages
 PARENT = {"sft": "base", "dpo": "sft", "rl": "sft"}  # DPO and GRPO both start from the SFT model
 EVALS = {"test.jsonl": "exact_match", "mc.jsonl": "multiple_choice"}
@@ -237,24 +237,45 @@ def report(track: str, runs: list[tuple[dict, dict, str]]) -> str:
     return table(headers, rows)
 
 
+SEED_LINE = re.compile(r"^  seed (\d+) (\w+): (\{.*\})  \(([\d.]+) CPU min\)$")
+
+
+def collected(logs: list[str]) -> list[tuple[dict, dict, str]]:
+    """The per-seed lines of earlier runs' output (one seed per process, run side by side) as ``one_seed``'s."""
+    runs: dict[str, tuple[dict, dict, str]] = {}
+    for log in logs:
+        for line in Path(log).read_text().splitlines():
+            if m := SEED_LINE.match(line):
+                scores, cpu, _ = runs.setdefault(m.group(1), ({}, {}, ""))
+                scores[m.group(2)], cpu[m.group(2)] = json.loads(m.group(3)), float(m.group(4)) * 60
+    if not runs:
+        raise SystemExit(f"no per-seed lines in {logs}")
+    return list(runs.values())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--track", choices=("zoo", "llama"), default="zoo")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     # The defaults are what the README's figures ran (minutes per seed on a loaded 2-core machine); the configs' own
     # settings are 4 layers x 128, 2-digit numbers, and more steps.
-    ap.add_argument("--base-steps", type=int, default=200, help="zoo track: pretraining steps")
-    ap.add_argument("--sft-steps", type=int, default=150)
-    ap.add_argument("--dpo-steps", type=int, default=20)
-    ap.add_argument("--rl-steps", type=int, default=150, help="GRPO steps (stage rl)")
+    ap.add_argument("--base-steps", type=int, default=400, help="zoo track: pretraining steps")
+    ap.add_argument("--sft-steps", type=int, default=250)
+    ap.add_argument("--dpo-steps", type=int, default=50)
+    ap.add_argument("--rl-steps", type=int, default=200, help="GRPO steps (stage rl)")
     ap.add_argument("--stages", nargs="+", choices=STAGES, help="default: all (llama: no rl); dpo, rl start from sft")
-    ap.add_argument("--layers", type=int, default=2, help="layers of both tracks' nets (configs: 4)")
-    ap.add_argument("--width", type=int, default=64, help="model width of both tracks' nets, 4 heads (configs: 128)")
-    ap.add_argument("--digits", type=int, default=1, help="the task's difficulty: digits of a number (configs: 2)")
-    ap.add_argument("--terms", type=int, default=3, help="the task's difficulty: numbers per problem (configs: 3)")
+    ap.add_argument("--layers", type=int, default=4, help="layers of both tracks' nets (configs: 4)")
+    ap.add_argument("--width", type=int, default=128, help="model width of both tracks' nets, 4 heads (configs: 128)")
+    ap.add_argument("--digits", type=int, default=1, help="the task's difficulty: digits of a number (configs: 1)")
+    ap.add_argument("--terms", type=int, default=4, help="the task's difficulty: numbers per problem (configs: 4)")
     ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each cli.py process (0: torch's)")
     ap.add_argument("--workdir", default=None, help="where the stores and task go (default: a temporary folder)")
+    ap.add_argument("--collect", nargs="+", help="only tabulate the seeds in these earlier runs' outputs")
     args = ap.parse_args()
+    if args.collect:
+        runs = collected(args.collect)
+        STAGES[:] = [s for s in STAGES if all(s in r[0] for r in runs)]
+        return print(report(args.track, runs))
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     SIZE.update(layers=args.layers, width=args.width)
     TASK.update(digits=args.digits, terms=args.terms)
