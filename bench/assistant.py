@@ -257,8 +257,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--track", choices=("zoo", "llama"), default="zoo")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    # The defaults are what the README's figures ran (minutes per seed on a loaded 2-core machine); the configs' own
-    # settings are 4 layers x 128, 2-digit numbers, and more steps.
+    # The defaults are the configs' own (the README's figures); smaller nets or fewer steps for a quick look.
     ap.add_argument("--base-steps", type=int, default=400, help="zoo track: pretraining steps")
     ap.add_argument("--sft-steps", type=int, default=250)
     ap.add_argument("--dpo-steps", type=int, default=50)
