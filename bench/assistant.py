@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench._common import cpu_model, table  # noqa: E402
 
-TASK = {"digits": 1, "terms": 4, "ops": "+-", "train": 8000, "pairs": 2000, "test": 200, "seed": 0}
+TASK = {"digits": 1, "terms": 4, "ops": "+-", "train": 8000, "pairs": 2000, "test": 500, "seed": 0}
 STAGES = ["base", "sft", "dpo", "rl"]  # the stages run, set from --stages
 PARENT = {"sft": "base", "dpo": "sft", "rl": "sft"}  # DPO and GRPO both start from the SFT model
 EVALS = {"test.jsonl": "exact_match", "mc.jsonl": "multiple_choice"}
