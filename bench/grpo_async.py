@@ -3,8 +3,8 @@ validation accuracy at equal learner steps.
 
 The net is ``configs/gpt/grpo_arithmetic.yaml``'s (4 layers, width 128, bytes), briefly SFT'd here on the task's
 worked replies (``--sft-steps`` of ``chat_arithmetic.yaml``'s settings), then tuned by GRPO with the GRPO config's
-rewards (ExactMatch + 0.1 FormatCheck, G = 8, 48 new tokens, 8 prompts per step) on ``TASK`` (the docs' figures), once per arm from the
-same weights and seed:
+rewards (ExactMatch + 0.1 FormatCheck, G = 8, 48 new tokens, 8 prompts per step) on ``TASK`` (the docs' figures),
+once per arm from the same weights and seed:
   - ``sync``: the learner samples each step's rollouts itself (``async_actors: 0``);
   - ``async-N``: N actor processes sample while the learner updates (``async_actors: N``), each token weighted by
     min(rho_bar, pi_old / mu).
