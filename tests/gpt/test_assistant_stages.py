@@ -1,6 +1,7 @@
-"""Base -> SFT -> DPO through cli.py into one MLflow store, as docs/gpt.md's "From a language model to an assistant"
-runs it (tiny nets and a tiny generated task): each stage starts from the last one's registered model, and the report
-card printed after the DPO fit has the three stages as columns, then a task evaluation fills its row."""
+"""Base -> SFT -> DPO, and SFT -> GRPO, through cli.py into one MLflow store, as docs/gpt.md's "From a language
+model to an assistant" runs it (tiny nets and a tiny generated task): each stage starts from its parent's registered
+model, the report card printed after the DPO fit has the three stages as columns, a task evaluation fills its row,
+and the GRPO stage's card follows its own lineage (base, sft, rl)."""
 
 from __future__ import annotations
 
@@ -13,26 +14,36 @@ from conftest import CONFIGS, cli
 # written once (other settings would write it again).
 NET = [f"--model.init_args.net.init_args.{k}={v}" for k, v in (("n_layer", 1), ("n_embd", 32), ("n_head", 2))]
 TASK = [f"--data.init_args.generate.{k}={v}" for k, v in (("train", 64), ("pairs", 32), ("test", 8))]
-STAGES = {"base": "arithmetic_base.yaml", "sft": "chat_arithmetic.yaml", "dpo": "dpo_tiny.yaml"}
+STAGES = {
+    "base": "arithmetic_base.yaml",
+    "sft": "chat_arithmetic.yaml",
+    "dpo": "dpo_tiny.yaml",
+    "rl": "grpo_arithmetic.yaml",
+}
+PARENT = {"sft": "base", "dpo": "sft", "rl": "sft"}
+SMALL_RL = ["--model.init_args.group_size=2", "--model.init_args.max_new_tokens=8", "--data.init_args.batch_size=2"]
 
 
 @pytest.mark.slow
 def test_base_sft_dpo_stages_report_one_card_and_a_task_evaluation_fills_it(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    parent = None
+    models, cards = {}, {}
     for stage, config in STAGES.items():
-        start = [f"--model.init_args.init_weights={parent}"] if parent else []
+        start = [f"--model.init_args.init_weights={models[PARENT[stage]]}"] if stage in PARENT else []
         cli(
-            "fit", "--config", str(CONFIGS / "gpt" / config), *NET, *TASK, *start,
+            "fit", "--config", str(CONFIGS / "gpt" / config), *NET, *TASK, *start, *(SMALL_RL if stage == "rl" else []),
             "--trainer.max_steps=3", "--trainer.val_check_interval=3", "--trainer.check_val_every_n_epoch=null",
             "--trainer.limit_val_batches=1", f"--trainer.logger.init_args.stage={stage}",
             f"--trainer.logger.init_args.registered_model_name=arith-{stage}",
         )  # fmt: skip
         printed = capsys.readouterr().out
-        parent = re.findall(r"= (models:/arith-\w+/\d+)", printed)[-1]
-    assert parent == "models:/arith-dpo/1"
-    card = printed[printed.index("Report card") :].splitlines()
+        models[stage] = re.findall(r"= (models:/arith-\w+/\d+)", printed)[-1]
+        cards[stage] = printed[printed.index("Report card") :].splitlines()
+    assert models["dpo"] == "models:/arith-dpo/1" and models["rl"] == "models:/arith-rl/1"
+    assert cards["rl"][1] == "| metric | base | sft | rl |", cards["rl"]
+    assert any(line.startswith("| val/accuracy | - | - | ") for line in cards["rl"]), cards["rl"]
+    card, parent = cards["dpo"], models["dpo"]
     assert card[1] == "| metric | base | sft | dpo |", card
     assert any(line.startswith("| val/loss | ") for line in card), card  # each stage's own validation
     cli(
