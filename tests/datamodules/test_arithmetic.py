@@ -139,3 +139,13 @@ def test_the_base_and_dpo_stages_generate_the_same_folder_and_read_its_plain_tex
     assert len(pairs.train_set) + len(pairs.val_set) == TASK.pairs
     (folder / PRETRAIN_FILE).unlink()
     assert (prepare_task(folder, TASK) / PRETRAIN_FILE).read_text() == plain
+
+
+def test_a_folder_of_an_older_layout_is_written_again(tmp_path):
+    small = ArithmeticTask(train=10, pairs=2, test=3)
+    folder = prepare_task(tmp_path / "task", small)
+    settings = json.loads((folder / "task.json").read_text())
+    (folder / "task.json").write_text(json.dumps({k: v for k, v in settings.items() if k != "format"}))
+    (folder / "mc.jsonl").write_text("old\n")
+    prepare_task(folder, small)
+    assert (folder / "mc.jsonl").read_text() != "old\n" and json.loads((folder / "task.json").read_text()) == settings

@@ -1267,10 +1267,18 @@ FAMILIES: dict[str, dict] = {
             (AR, "        if self.work(slip)[1] == self.answer():", "        if False:"),
             (
                 AR,
-                "        same = json.loads(settings.read_text()) == dataclasses.asdict(task)\n",
+                "        same = json.loads(settings.read_text()) == _settings(task)\n",
                 "        same = False\n",
             ),
             (DCH, 'TASK_FILES["sft"]', 'TASK_FILES["dpo"]'),
+            # multiple choice: bare numbers for choices, the label not the right one, an old layout kept
+            (
+                AR,
+                "choices = [p.reply(), *[wrong[v] for v in sorted(wrong)]]",
+                "choices = [p.reply(), *map(str, wrong)]",
+            ),
+            (AR, "return choices, choices.index(p.reply())", "return choices, 0"),
+            (AR, '    return dataclasses.asdict(task) | {"format": FORMAT}', "    return dataclasses.asdict(task)"),
             # the base and DPO stages' files: the replies left out of the plain text, an old folder kept without
             # it, the chat file pretrained on, the conversations read as pairs
             (AR, '"\\n".join(m["content"] for m in r["messages"])', 'r["messages"][0]["content"]'),
@@ -1515,6 +1523,12 @@ FAMILIES: dict[str, dict] = {
         ],
         "mutants": [
             (PG, "centred = grouped - grouped.mean(1, keepdim=True)", "centred = grouped - grouped.mean()"),
+            # the generated task's validation: the held-out test questions that score the result
+            (
+                "datamodules/prompts.py",
+                'return str(folder / TASK_FILES["sft"]), self.val_path',
+                'return str(folder / TASK_FILES["sft"]), self.val_path or str(folder / TASK_FILES["test"])',
+            ),
             (PG, "    if scale_std:\n", "    if True:\n"),  # Dr. GRPO's advantages scaled all the same
             (PG, "-advantages * ratio.clamp(1 - clip_low, 1 + clip_high))", "-advantages * ratio)"),
             (PG, "ratio.clamp(1 - clip_low, 1 + clip_high))", "ratio.clamp(1 - clip_low, 1 + clip_low))"),
