@@ -290,6 +290,7 @@ def test_the_tiny_dpo_config_fits_through_the_cli(tmp_path):
         f"--data.init_args.path={path}",
         "--data.init_args.generate=null",  # your pairs instead of the generated task's
         "--trainer.max_steps=4",
+        "--trainer.val_check_interval=4",
     )
     metrics = fitted.trainer.callback_metrics
     assert isinstance(fitted.model, DPOModule) and fitted.model.net.vocab_size == 257

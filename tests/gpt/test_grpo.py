@@ -280,6 +280,7 @@ def test_the_grpo_config_fits_through_the_cli_from_given_weights(tmp_path):
         "--data.init_args.generate.test=4",
         "--data.init_args.batch_size=2",
         "--data.init_args.val_batch_size=2",
+        "--data.init_args.val_fraction=0.25",  # 4 of the 16 questions
         "--trainer.max_steps=2",
         "--trainer.val_check_interval=2",
         "--trainer.limit_val_batches=1",

@@ -33,9 +33,9 @@ class CountX(Reward):
 
 
 class Recorded(GRPOModule):
-    def update(self, rollout, rewards):
+    def update(self, rollout, rewards, *args):
         STEPS_SEEN.append({"ids": rollout.ids.clone(), "pad": rollout.pad.clone(), "rewards": rewards.clone()})
-        return super().update(rollout, rewards)
+        return super().update(rollout, rewards, *args)
 
     def training_step(self, batch, batch_idx):
         STEPS_SEEN.append({"prompts": [p.tolist() for p in batch["prompt_ids"]]})
