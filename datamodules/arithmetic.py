@@ -237,6 +237,22 @@ def write_task(folder: str | Path, task: ArithmeticTask) -> Path:
     return folder
 
 
+class GeneratedTask:
+    """Mixed into a DataModule of the task (``path``, ``generate``): with ``generate``, ``path`` is the folder the
+    task is written into (once per node, in ``prepare_data``) and the module trains on its ``task_file``."""
+
+    task_file: str  # a key of TASK_FILES
+
+    def prepare_data(self) -> None:
+        if self.generate is not None:  # once per node, before setup on every rank
+            prepare_task(self.path, self.generate)
+
+    def _train_path(self) -> str:
+        if self.generate is None:
+            return self.path
+        return str(prepare_task(self.path, self.generate) / TASK_FILES[self.task_file])  # written already: checked
+
+
 def prepare_task(folder: str | Path, task: ArithmeticTask) -> Path:
     """``folder`` holding ``task``'s files: written when missing or made with other settings; a folder with such
     files that this did not write is refused (it is someone's data). What every datamodule of the task calls."""

@@ -41,7 +41,7 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import Dataset
 
-from datamodules.arithmetic import TASK_FILES, ArithmeticTask, prepare_task
+from datamodules.arithmetic import ArithmeticTask, GeneratedTask
 from datamodules.base import SplitLoaders, check_settings, not_found_message
 from datamodules.text import IGNORE_INDEX, fixed_tokenizer
 from zoo.errors import InputError
@@ -125,8 +125,10 @@ class Conversations(Dataset):
         return inputs, targets
 
 
-class ChatDataModule(SplitLoaders, LightningDataModule):
+class ChatDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
     """Conversations rendered with the model's chat template; ``self.tokenizer`` is set by ``setup``."""
+
+    task_file = "sft"
 
     def __init__(
         self,
@@ -223,15 +225,6 @@ class ChatDataModule(SplitLoaders, LightningDataModule):
         return Conversations(items, tokenizer.eos_id if pad is None else pad)
 
     # -- Lightning hooks ---------------------------------------------------------------------------------------
-
-    def prepare_data(self) -> None:
-        if self.generate is not None:  # once per node, before setup on every rank
-            prepare_task(self.path, self.generate)
-
-    def _train_path(self) -> str:
-        if self.generate is None:
-            return self.path
-        return str(prepare_task(self.path, self.generate) / TASK_FILES["sft"])  # written already: only checked
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:

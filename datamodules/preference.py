@@ -33,7 +33,7 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import Dataset
 
-from datamodules.arithmetic import TASK_FILES, ArithmeticTask, prepare_task
+from datamodules.arithmetic import ArithmeticTask, GeneratedTask
 from datamodules.base import SplitLoaders, check_settings, not_found_message
 from datamodules.chat import ensure_tokenizer, messages_of, read_records
 from datamodules.text import IGNORE_INDEX
@@ -102,8 +102,10 @@ class Pairs(Dataset):
         return out
 
 
-class PreferenceDataModule(SplitLoaders, LightningDataModule):
+class PreferenceDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
     """Preference pairs rendered with the model's chat template; ``self.tokenizer`` is set by ``setup``."""
+
+    task_file = "dpo"
 
     def __init__(
         self,
@@ -203,15 +205,6 @@ class PreferenceDataModule(SplitLoaders, LightningDataModule):
         return Pairs(items, tokenizer.eos_id if pad is None else pad)
 
     # -- Lightning hooks ---------------------------------------------------------------------------------------
-
-    def prepare_data(self) -> None:
-        if self.generate is not None:  # once per node, before setup on every rank
-            prepare_task(self.path, self.generate)
-
-    def _train_path(self) -> str:
-        if self.generate is None:
-            return self.path
-        return str(prepare_task(self.path, self.generate) / TASK_FILES["dpo"])  # written already: only checked
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:

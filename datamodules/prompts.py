@@ -31,7 +31,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 
-from datamodules.arithmetic import TASK_FILES, ArithmeticTask, prepare_task
+from datamodules.arithmetic import ArithmeticTask, GeneratedTask
 from datamodules.base import SplitLoaders, check_settings, not_found_message
 from datamodules.chat import ensure_tokenizer, messages_of, read_records
 from datamodules.tasks import _messages
@@ -63,8 +63,10 @@ def collate(items: list[tuple[list[int], str]]) -> dict:
     return {"prompt_ids": [torch.tensor(ids, dtype=torch.long) for ids, _ in items], "answers": [a for _, a in items]}
 
 
-class PromptDataModule(SplitLoaders, LightningDataModule):
+class PromptDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
     """Prompts with answers rendered with the model's chat template; ``self.tokenizer`` is set by ``setup``."""
+
+    task_file = "sft"
 
     def __init__(
         self,
@@ -149,21 +151,11 @@ class PromptDataModule(SplitLoaders, LightningDataModule):
             items.append((ids, answer))
         return items
 
-    def prepare_data(self) -> None:
-        if self.generate is not None:
-            prepare_task(self.path, self.generate)
-
-    def _paths(self) -> tuple[str, str | None]:
-        if self.generate is None:
-            return self.path, self.val_path
-        folder = prepare_task(self.path, self.generate)  # written already: only checked
-        return str(folder / TASK_FILES["sft"]), self.val_path
-
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
         self.skipped = self.dropped = 0
-        train_path, val_path = self._paths()
+        train_path, val_path = self._train_path(), self.val_path
         records = read_records(train_path, prompt_of, self._bad)
         if val_path is not None:
             train, val = records, read_records(val_path, prompt_of, self._bad)

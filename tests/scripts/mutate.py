@@ -1270,7 +1270,7 @@ FAMILIES: dict[str, dict] = {
                 "        same = json.loads(settings.read_text()) == _settings(task)\n",
                 "        same = False\n",
             ),
-            (DCH, 'TASK_FILES["sft"]', 'TASK_FILES["dpo"]'),
+            (DCH, 'task_file = "sft"', 'task_file = "dpo"'),
             # multiple choice: bare numbers for choices, the label not the right one, an old layout kept
             (
                 AR,
@@ -1284,7 +1284,7 @@ FAMILIES: dict[str, dict] = {
             (AR, '"\\n".join(m["content"] for m in r["messages"])', 'r["messages"][0]["content"]'),
             (AR, "if same and all((folder / f).is_file() for f in [*TASK_FILES.values(), PRETRAIN_FILE]):", "if same:"),
             ("datamodules/text.py", "self.generate) / PRETRAIN_FILE]", 'self.generate) / "sft.jsonl"]'),
-            (DPR, 'TASK_FILES["dpo"]', 'TASK_FILES["sft"]'),
+            (DPR, 'task_file = "dpo"', 'task_file = "sft"'),
             # serving and streaming: no generation prompt, a piece dropped, the last piece not flushed
             (
                 GM,
@@ -1526,8 +1526,8 @@ FAMILIES: dict[str, dict] = {
             # the generated task's validation: the held-out test questions that score the result
             (
                 "datamodules/prompts.py",
-                'return str(folder / TASK_FILES["sft"]), self.val_path',
-                'return str(folder / TASK_FILES["sft"]), self.val_path or str(folder / TASK_FILES["test"])',
+                "train_path, val_path = self._train_path(), self.val_path",
+                'train_path, val_path = self._train_path(), self.val_path or str(Path(self.path) / "test.jsonl")',
             ),
             (PG, "    if scale_std:\n", "    if True:\n"),  # Dr. GRPO's advantages scaled all the same
             (PG, "-advantages * ratio.clamp(1 - clip_low, 1 + clip_high))", "-advantages * ratio)"),
