@@ -54,6 +54,12 @@ ZOO_CONFIG = "configs/gpt/grpo_arithmetic_llama.yaml"
 SETTINGS = {"group_size": 8, "temperature": 1.0, "lr": 1e-4, "max_new_tokens": 48, "batch_prompts": 8}
 TASK = {"digits": 1, "terms": 3, "ops": "+-", "train": 2000, "pairs": 0, "test": 200, "seed": 0}
 EOS = 256
+# the zoo's arms: "zoo" with TRL's reward alone; "zoo-process" adds a score per worked line (process supervision,
+# which TRL's GRPOTrainer has no way to credit per token): the zoo's own recipe for this task
+ZOO_REWARDS = {
+    "zoo": [{"class_path": "zoo.gpt.rewards.ExactMatch"}],
+    "zoo-process": [{"class_path": "zoo.gpt.rewards.ExactMatch"}, {"class_path": "zoo.gpt.rewards.WorkedLines"}],
+}
 
 
 # -- the model, the task and the evaluation, shared by both arms --------------------------------------------------
@@ -254,7 +260,7 @@ def zoo_run(job: dict) -> dict:
     args = [
         "--config", str(ROOT / ZOO_CONFIG), f"--seed_everything={job['seed']}", f"--data.init_args.seed={job['seed']}",
         f"--model.init_args.init_weights={job['model']}", "--model.init_args.adapt=null",
-        '--model.init_args.rewards=[{"class_path": "zoo.gpt.rewards.ExactMatch"}]',
+        f"--model.init_args.rewards={json.dumps(ZOO_REWARDS[job['arm']])}",
         f"--model.init_args.group_size={s['group_size']}", f"--model.init_args.temperature={s['temperature']}",
         f"--model.init_args.max_new_tokens={s['max_new_tokens']}", "--model.init_args.top_p=null",
         "--model.init_args.loss_type=grpo", "--model.init_args.beta=0.0", "--model.init_args.num_iterations=1",
@@ -278,7 +284,7 @@ def zoo_run(job: dict) -> dict:
     cli = main(args, run=False)
     cli.trainer.callbacks.append(Evaluations())
     cli.trainer.fit(cli.model, cli.datamodule)
-    return race.result("zoo", job["seed"])
+    return race.result(job["arm"], job["seed"])
 
 
 def _one(job: dict) -> dict:
@@ -294,7 +300,7 @@ def _one(job: dict) -> dict:
 
 def summary(results: list[dict], target: float) -> str:
     rows = []
-    for arm in ("trl", "zoo"):
+    for arm in ("trl", *ZOO_REWARDS):
         rs = [r for r in results if r["arm"] == arm]
         if not rs:
             continue
@@ -327,7 +333,7 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=10, help="learner steps between evaluations")
     ap.add_argument("--eval-prompts", type=int, default=100, help="held-out questions evaluated")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--arms", nargs="+", choices=("trl", "zoo"), default=["trl", "zoo"])
+    ap.add_argument("--arms", nargs="+", choices=("trl", *ZOO_REWARDS), default=["trl", "zoo"])
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     ap.add_argument("--threads", type=int, default=1)
     for k, v in SETTINGS.items():

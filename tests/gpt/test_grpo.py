@@ -14,7 +14,7 @@ from lightning.pytorch import Trainer, seed_everything
 from datamodules import PromptDataModule
 from zoo.errors import InputError
 from zoo.gpt import GPT, GRPOModule
-from zoo.gpt.rewards import ExactMatch, FormatCheck, NumericTolerance, Reward, score
+from zoo.gpt.rewards import ExactMatch, FormatCheck, NumericTolerance, Reward, StepReward, score
 from zoo.io.tokenizers import ByteTokenizer
 from zoo.train.optim import AdamWCosine
 
@@ -26,6 +26,13 @@ class CountX(Reward):
 
     def score_one(self, completion: str, answer: str) -> float:
         return completion.count("x") / max(len(completion), 1)
+
+
+class XSteps(StepReward):
+    """A toy step reward: every character is a step, 1 when it is "x"."""
+
+    def steps(self, completion: str, answer: str) -> list[tuple[int, float]]:
+        return [(i + 1, float(c == "x")) for i, c in enumerate(completion)]
 
 
 class Echo(Reward):
@@ -114,9 +121,10 @@ def _trainer(tmp_path, steps, **kwargs) -> Trainer:
 
 def test_rewards_of_row_r_are_against_the_answer_of_prompt_r_over_g():
     module = _module(rewards=[Echo()], group_size=2)
-    rewards, metrics, per_row = module.score_rows(["a", "b", "b", "x"], ["a", "b"])
-    assert rewards.tolist() == [1.0, 0.0, 1.0, 0.0] and per_row == ["a", "a", "b", "b"]
-    assert metrics["rewards/Echo/mean"] == 0.5 and metrics["reward_errors"] == 0.0
+    scores = module.score_rows(["a", "b", "b", "x"], ["a", "b"])
+    assert scores.outcome.tolist() == [1.0, 0.0, 1.0, 0.0] and scores.per_row == ["a", "a", "b", "b"]
+    assert torch.equal(scores.total, scores.outcome) and scores.steps == [[]] * 4
+    assert scores.metrics["rewards/Echo/mean"] == 0.5 and scores.metrics["reward_errors"] == 0.0
 
 
 def test_a_fit_makes_the_rewarded_token_more_frequent(tmp_path):
@@ -138,6 +146,22 @@ def test_a_fit_makes_the_rewarded_token_more_frequent(tmp_path):
     expected = {"train/reward", "train/reward_std", "train/accuracy", "train/completion_length", "train/entropy"}
     assert expected | {"train/clip_ratio/region_mean", "train/reward_errors"} <= set(metrics)
     assert "train/kl" not in metrics and module._reference.copy is None  # beta 0: no reference built
+
+
+def test_a_fit_on_step_rewards_alone_learns_from_the_per_token_advantages(tmp_path):
+    module, dm = _module(rewards=[XSteps()], lr=3e-2), _prompts(tmp_path)  # no outcome reward: all is per token
+    dm.setup()
+    prompts = next(iter(dm.train_dataloader()))["prompt_ids"]
+
+    def share_of_x() -> float:
+        rollout = module.rollout(prompts)
+        texts = module.completions(rollout.completion_ids, rollout.completion_mask)
+        return sum(CountX().score_one(t, "") for t in texts) / len(texts)
+
+    before = share_of_x()
+    trainer = _trainer(tmp_path, 8)
+    trainer.fit(module, dm)
+    assert share_of_x() > before + 0.2 and "train/rewards/XSteps/mean" in trainer.callback_metrics
 
 
 def test_the_old_policy_is_the_sampling_pass_so_a_second_pass_moves_the_ratio(tmp_path):

@@ -1511,6 +1511,35 @@ FAMILIES: dict[str, dict] = {
             (APL, "    if int(version) != worker.version:\n", "    if worker.version < 0:\n"),  # never refreshed
         ],
     },
+    "process": {  # GRPO's process supervision: step rewards, where their scores land, per-token advantages
+        "tests": ["tests/gpt/test_grpo_process.py", "tests/gpt/test_grpo.py"],
+        "mutants": [
+            (PG, "return centred.view(b, t).flip(-1).cumsum(-1).flip(-1)", "return centred.view(b, t).cumsum(-1)"),
+            (PG, " / n.clamp(min=1.0)) * m\n", " / n.clamp(min=1.0))\n"),  # tokens that end no step scored
+            (PG, "/ (n - 1).clamp(min=1.0)).sqrt()", "/ n.clamp(min=1.0)).sqrt()"),  # std without Bessel
+            (GR, "mask.to(self.device), self.hparams.group_size,", "mask.to(self.device), 1,"),  # groups of one
+            (RW, "            product *= int(number)\n", "            product += int(number)\n"),
+            (
+                RW,
+                '            if line.lstrip().startswith("####"):\n                break\n',
+                '            if line.lstrip().startswith("####"):\n                continue\n',
+            ),
+            (RW, "ends != sorted(set(ends))", "False"),  # a step reward's ends taken unchecked
+            (RW, "merged[i].get(end, 0.0) + reward.weight * value", "merged[i].get(end, 0.0) + value"),
+            (
+                RO,
+                "bisect.bisect_left(range(len(ids)), end, key=chars)",
+                "bisect.bisect_right(range(len(ids)), end, key=chars)",
+            ),
+            (GR, "extra = None if token_advantages is None else token_advantages[rows]", "extra = None"),
+            (
+                GR,
+                "return Scores(as_tensor(outcome), as_tensor(total)",
+                "return Scores(as_tensor(total), as_tensor(total)",
+            ),
+            (LOSS, "advantages = advantages[:, None] + token_advantages", "advantages = token_advantages"),
+        ],
+    },
     "grpo": {  # GRPO's objective (shared with PPO), the GPT's rollouts, rewards and module
         "tests": [
             "tests/gpt/test_grpo.py",  # first: the module's mutants fail here, before TRL's slow import

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -43,10 +44,23 @@ from zoo.gpt.gpt import GPT
 from zoo.gpt.losses import grpo_objective
 from zoo.gpt.module import CausalLMModule
 from zoo.gpt.reference import Reference, refuse_adapter_start
-from zoo.gpt.rewards import OnError, Reward, correct, score
-from zoo.gpt.rollout import Rollout, per_token_logps, sample_groups
+from zoo.gpt.rewards import OnError, Reward, StepReward, correct, score, score_steps
+from zoo.gpt.rollout import Rollout, per_token_logps, place_steps, sample_groups
 from zoo.train.logging import lightning_writes
-from zoo.train.policy_gradient import LossType, masked_mean, truncated_importance_weights
+from zoo.train.policy_gradient import LossType, masked_mean, process_advantages, truncated_importance_weights
+
+
+@dataclass
+class Scores:
+    """A batch of completions scored: ``outcome`` (R,) the weighted sum of the plain rewards (the group advantages'),
+    ``total`` (R,) that plus each step reward's weighted mean step score (what is logged as the reward), ``steps``
+    each row's weighted (end, score) pairs from the step rewards, ``metrics`` and each row's answer ``per_row``."""
+
+    outcome: Tensor
+    total: Tensor
+    steps: list[list[tuple[int, float]]]
+    metrics: dict[str, float]
+    per_row: list[str]
 
 
 class GRPOModule(CausalLMModule):
@@ -155,9 +169,9 @@ class GRPOModule(CausalLMModule):
             out.append(self.tokenizer.decode(row[:-1] if row and row[-1] in stop else row))
         return out
 
-    def score_rows(self, texts: list[str], answers: list[str]) -> tuple[Tensor, dict[str, float], list[str]]:
-        """Rewards (R,) of completions whose rows are grouped by prompt (row r answers prompt r // G), the metrics
-        and each row's answer."""
+    def score_rows(self, texts: list[str], answers: list[str]) -> Scores:
+        """The scores of completions whose rows are grouped by prompt (row r answers prompt r // G): step rewards
+        (``StepReward``) scored per step, the others per completion."""
         if not self.rewards:
             raise InputError(
                 "GRPO needs reward functions: give model.init_args.rewards in your config (for example "
@@ -165,15 +179,42 @@ class GRPOModule(CausalLMModule):
             )
         h = self.hparams
         per_row = [a for a in answers for _ in range(len(texts) // len(answers))]
-        total, each, errors = score(self.rewards, texts, per_row, h.reward_timeout, h.reward_errors)
-        metrics = {f"rewards/{name}/mean": sum(v) / len(v) for name, v in each.items()}
-        metrics["reward_errors"] = float(errors)
-        return torch.tensor(total, dtype=torch.float32, device=self.device), metrics, per_row
+        stepwise = [r for r in self.rewards if isinstance(r, StepReward)]
+        plain = [r for r in self.rewards if not isinstance(r, StepReward)]
+        outcome, each, errors = score(plain, texts, per_row, h.reward_timeout, h.reward_errors)
+        steps, step_means, step_errors = score_steps(stepwise, texts, per_row, h.reward_timeout, h.reward_errors)
+        total = list(outcome)
+        for reward in stepwise:
+            total = [t + reward.weight * m for t, m in zip(total, step_means[reward.name])]
+        metrics = {f"rewards/{name}/mean": sum(v) / len(v) for name, v in (each | step_means).items()}
+        metrics["reward_errors"] = float(errors + step_errors)
+        as_tensor = lambda x: torch.tensor(x, dtype=torch.float32, device=self.device)  # noqa: E731
+        return Scores(as_tensor(outcome), as_tensor(total), steps, metrics, per_row)
 
-    def update(self, rollout: Rollout, rewards: Tensor, is_weight: Tensor | None = None) -> list[dict[str, Tensor]]:
+    def token_advantages(self, rollout: Rollout, scores: Scores) -> Tensor | None:
+        """Process supervision's per-token advantages (R, T) from the step rewards' steps; None without any."""
+        if not any(isinstance(r, StepReward) for r in self.rewards):
+            return None
+        stop, lengths = set(self.tokenizer.stop_ids), rollout.completion_mask.sum(1).tolist()
+        rows = []
+        for row, n in zip(rollout.completion_ids.tolist(), lengths):
+            row = row[: int(n)]
+            rows.append(row[:-1] if row and row[-1] in stop else row)
+        values, mask = place_steps(rows, scores.steps, self.tokenizer.decode, rollout.completion_mask.shape[1])
+        return process_advantages(
+            values.to(self.device), mask.to(self.device), self.hparams.group_size, self.hparams.scale_rewards
+        )
+
+    def update(
+        self,
+        rollout: Rollout,
+        rewards: Tensor,
+        is_weight: Tensor | None = None,
+        token_advantages: Tensor | None = None,
+    ) -> list[dict[str, Tensor]]:
         """``num_iterations`` passes of clipped-surrogate steps over minibatches of whole groups, against
-        ``rollout.logps`` as the old policy, each token's loss weighted by ``is_weight`` (R, T) when given; each
-        pass's mean metrics."""
+        ``rollout.logps`` as the old policy, each token's loss weighted by ``is_weight`` (R, T) when given, each
+        token's advantage plus ``token_advantages`` (R, T) when given; each pass's mean metrics."""
         h, g = self.hparams, self.hparams.group_size
         opt, sch = self.optimizers(), self.lr_schedulers()
         ref = None
@@ -188,7 +229,8 @@ class GRPOModule(CausalLMModule):
             for start in steps:
                 rows = slice(start, start + rows_per_step)
                 weight = None if is_weight is None else is_weight[rows]
-                out = self.policy_loss(rollout, rewards, rows, None if ref is None else ref[rows], weight)
+                extra = None if token_advantages is None else token_advantages[rows]
+                out = self.policy_loss(rollout, rewards, rows, None if ref is None else ref[rows], weight, extra)
                 opt.zero_grad()
                 self.manual_backward(out["loss"])
                 if h.max_grad_norm is not None:
@@ -202,7 +244,13 @@ class GRPOModule(CausalLMModule):
         return passes
 
     def policy_loss(
-        self, rollout: Rollout, rewards: Tensor, rows: slice, ref_logp: Tensor | None, is_weight: Tensor | None = None
+        self,
+        rollout: Rollout,
+        rewards: Tensor,
+        rows: slice,
+        ref_logp: Tensor | None,
+        is_weight: Tensor | None = None,
+        token_advantages: Tensor | None = None,
     ) -> dict:
         """The GRPO objective on ``rows`` (whole groups), against the old policy's log-probabilities."""
         h, mask = self.hparams, rollout.completion_mask[rows]
@@ -221,6 +269,7 @@ class GRPOModule(CausalLMModule):
             beta=h.beta,
             max_completion_length=h.max_new_tokens,
             is_weight=is_weight,
+            token_advantages=token_advantages,
         )
         out.pop("advantages")
         return {**out, "entropy": masked_mean(entropy, mask)}
@@ -231,8 +280,9 @@ class GRPOModule(CausalLMModule):
         else:
             rollout, is_weight, answers, lag = self.rollout(batch["prompt_ids"]), None, batch["answers"], {}
         texts = self.completions(rollout.completion_ids, rollout.completion_mask)
-        rewards, metrics, per_row = self.score_rows(texts, answers)
-        passes = self.update(rollout, rewards, is_weight)
+        scores = self.score_rows(texts, answers)
+        rewards, per_row = scores.total, scores.per_row
+        passes = self.update(rollout, scores.outcome, is_weight, self.token_advantages(rollout, scores))
         if self.actors is not None:
             self.actors.publish(self.net)
         if lightning_writes(self.trainer):
@@ -244,7 +294,7 @@ class GRPOModule(CausalLMModule):
                     "train/reward_std": std,
                     "train/accuracy": sum(map(correct, texts, per_row)) / len(texts),
                     "train/completion_length": rollout.completion_mask.sum(1).float().mean(),
-                    **{f"train/{k}": v for k, v in metrics.items()},
+                    **{f"train/{k}": v for k, v in scores.metrics.items()},
                     **{f"train/{k}": v for k, v in passes[-1].items()},
                     **{f"train/{k}": v for k, v in lag.items()},
                 }
@@ -324,7 +374,7 @@ class GRPOModule(CausalLMModule):
         logged = {f"{prefix}accuracy": hits.mean()}
         rewards = None
         if self.rewards:
-            rewards = self.score_rows(texts, batch["answers"])[0]
+            rewards = self.score_rows(texts, batch["answers"]).total
             logged[f"{prefix}reward"] = rewards.mean()
         self.log_dict(logged, batch_size=len(prompts), sync_dist=True, prog_bar=True)
         room = self.hparams.val_samples - len(self.completion_samples)

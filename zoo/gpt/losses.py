@@ -84,6 +84,7 @@ def grpo_objective(
     beta: float = 0.0,
     max_completion_length: int | None = None,
     is_weight: Tensor | None = None,
+    token_advantages: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """GRPO's loss and metrics (``zoo.train.policy_gradient.clipped_surrogate``) on completion tokens (R, T).
 
@@ -91,11 +92,14 @@ def grpo_objective(
     reward against its group (``group_advantages``; ``scale_std`` False is Dr. GRPO), or, given a ``baseline``
     (R,) such as a value estimate, reward - baseline (with groups of one, PPO's one-step advantage). ``is_weight``
     (R, T): the truncated importance weights of asynchronous rollouts (``clipped_surrogate``).
+    ``token_advantages`` (R, T), process supervision's (``process_advantages``), add to each token's advantage.
     """
     if baseline is None:
         advantages = group_advantages(rewards, group_size, scale_std)
     else:
         advantages = rewards - baseline
+    if token_advantages is not None:
+        advantages = advantages[:, None] + token_advantages
     out = clipped_surrogate(
         logp,
         old_logp,

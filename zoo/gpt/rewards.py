@@ -10,6 +10,11 @@ builds none.
 (``signal.setitimer``, on the main thread only) stops the run with one ``error:`` line naming the reward and the
 completion, or, with ``on_error="zero"``, gives that completion 0 from it and counts it.
 
+A ``StepReward`` scores each reasoning step of a completion instead (``steps``: where each step ends and its
+score): GRPO then gives every token the sum of the group-normalised scores of the steps ending at or after it
+(process supervision, DeepSeekMath section 4.1.3). ``WorkedLines`` scores each worked line ``a + b = c`` of the
+arithmetic task by whether its arithmetic holds.
+
 Answers follow GSM8K (and the arithmetic task, ``datamodules.arithmetic``): the number after the last ``####``,
 else the last number (``zoo.gpt.tasks.extract_answer``); a reference with a worked solution keeps what follows its
 last ``####`` (``zoo.gpt.tasks.reference``).
@@ -99,6 +104,55 @@ class NumericTolerance(Reward):
             return 0.0
 
 
+class StepReward(Reward):
+    """A reward per reasoning step: subclasses define ``steps``. GRPO turns the steps' scores into per-token
+    advantages (``zoo.train.policy_gradient.process_advantages``); read as a plain reward, the mean of the steps'
+    scores (0 with no step)."""
+
+    def steps(self, completion: str, answer: str) -> list[tuple[int, float]]:
+        """(end, score) per step, ``end`` the character offset in ``completion`` just past the step."""
+        raise NotImplementedError
+
+    def score_one(self, completion: str, answer: str) -> float:
+        steps = self.steps(completion, answer)
+        return sum(v for _, v in steps) / len(steps) if steps else 0.0
+
+
+_EQUATION = re.compile(r"\s*(-?\d{1,30}(?:\s*[-+*]\s*-?\d{1,30})+)\s*=\s*(-?\d{1,30})\s*")
+_TERM = re.compile(r"([-+*]?)\s*(-?\d+)")
+
+
+def _value(expression: str) -> int:
+    """The value of integers joined by + - * (products first), read by this rule, never evaluated as code."""
+    total, product, sign = 0, None, 1
+    for op, number in _TERM.findall(expression):
+        if op == "*":
+            product *= int(number)
+            continue
+        if product is not None:
+            total += sign * product
+        sign, product = (-1 if op == "-" else 1), int(number)
+    return total + sign * product
+
+
+class WorkedLines(StepReward):
+    """Each line before the answer line (``#### n``) is a step, 1 when it is an equation of integers joined by
+    + - * (``a+b = c``, ``c-d*e = f``) that holds, else 0: the worked lines of ``datamodules.arithmetic``'s
+    replies, checkable one by one."""
+
+    def steps(self, completion: str, answer: str) -> list[tuple[int, float]]:
+        out, start = [], 0
+        for line in completion.splitlines(keepends=True):
+            start += len(line)
+            if line.lstrip().startswith("####"):
+                break
+            if not line.strip():
+                continue
+            m = _EQUATION.fullmatch(line)
+            out.append((start, float(m is not None and _value(m.group(1)) == int(m.group(2)))))
+        return out
+
+
 class _Timeout(Exception):
     pass
 
@@ -134,6 +188,60 @@ def _one(reward: Reward, completion: str, answer: str, timeout: float | None) ->
     return value, None
 
 
+def _steps(reward: StepReward, completion: str, answer: str, timeout: float | None):
+    """One completion's steps from ``reward`` as (end, score) pairs, ends rising within the text, and why it failed
+    (None when it did not; no steps when it did)."""
+    try:
+        out = _timed(reward.steps, timeout, completion, answer)
+        steps = [(int(end), float(value)) for end, value in out]
+    except _Timeout:
+        return [], f"ran past reward_timeout={timeout} s"
+    except Exception as err:  # the user's code, or pairs that are not (int, number)
+        return [], f"raised {type(err).__name__}: {err}"
+    ends = [end for end, _ in steps]
+    if (
+        not all(math.isfinite(v) for _, v in steps)
+        or ends != sorted(set(ends))
+        or any(not 0 < end <= len(completion) for end in ends)
+    ):
+        return [], f"returned {out!r}, not (end, finite score) pairs with rising ends inside the completion"
+    return steps, None
+
+
+def _failed(reward: Reward, failed: str, completion: str, on_error: OnError) -> None:
+    if on_error == "stop":
+        raise InputError(
+            f"reward {reward.name} {failed} on the completion {completion!r}: fix it, or pass "
+            "--model.init_args.reward_errors=zero to score such completions 0 and count them"
+        )
+
+
+def score_steps(
+    rewards: Sequence[StepReward],
+    completions: list[str],
+    answers: list[str],
+    timeout: float | None = 5.0,
+    on_error: OnError = "stop",
+) -> tuple[list[list[tuple[int, float]]], dict[str, list[float]], int]:
+    """Each completion's steps from all ``rewards``, each score times its reward's weight (a step two rewards end at
+    the same place sums them), each reward's mean step score per completion by name, and how many calls failed
+    (guarded as ``score``: a failure stops the run, or with "zero" gives that completion no steps from it)."""
+    merged: list[dict[int, float]] = [{} for _ in completions]
+    each, errors = {}, 0
+    for reward in rewards:
+        means = []
+        for i, (completion, answer) in enumerate(zip(completions, answers)):
+            steps, failed = _steps(reward, completion, answer, timeout)
+            if failed is not None:
+                _failed(reward, failed, completion, on_error)
+                errors += 1
+            for end, value in steps:
+                merged[i][end] = merged[i].get(end, 0.0) + reward.weight * value
+            means.append(sum(v for _, v in steps) / len(steps) if steps else 0.0)
+        each[reward.name] = means
+    return [sorted(m.items()) for m in merged], each, errors
+
+
 def score(
     rewards: Sequence[Reward],
     completions: list[str],
@@ -152,11 +260,7 @@ def score(
         for i, (completion, answer) in enumerate(zip(completions, answers)):
             value, failed = _one(reward, completion, answer, timeout)
             if failed is not None:
-                if on_error == "stop":
-                    raise InputError(
-                        f"reward {reward.name} {failed} on the completion {completion!r}: fix it, or pass "
-                        "--model.init_args.reward_errors=zero to score such completions 0 and count them"
-                    )
+                _failed(reward, failed, completion, on_error)
                 errors, value = errors + 1, 0.0
             mine.append(value)
             total[i] += reward.weight * value

@@ -12,6 +12,8 @@ Notation: B prompts, G completions per prompt, R = B * G rows, P longest prompt,
 
 from __future__ import annotations
 
+import bisect
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -95,3 +97,22 @@ def per_token_logps(
         return logps
     with torch.no_grad():
         return logps, -(all_logps.exp() * all_logps).sum(-1) * completion_mask  # (R, T)
+
+
+def place_steps(
+    rows: list[list[int]], steps: list[list[tuple[int, float]]], decode_ids, length: int
+) -> tuple[Tensor, Tensor]:
+    """Step scores (R, T) at the token that completes each step, and a mask (R, T) of those tokens.
+
+    ``rows`` are the completions' ids as scored (without the stop token), ``steps`` each one's (end, score) pairs,
+    ``end`` a character offset of ``decode_ids(row)``. A step's token is the first whose prefix decodes to ``end``
+    characters or more (a binary search on prefix lengths, so a BPE token spanning a step's end completes it).
+    """
+    scores, mask = torch.zeros(len(rows), length), torch.zeros(len(rows), length, dtype=torch.bool)
+    for r, (ids, mine) in enumerate(zip(rows, steps)):
+        chars = functools.cache(lambda k, ids=ids: len(decode_ids(ids[: k + 1])))  # characters of k + 1 tokens
+        for end, value in mine:
+            k = min(bisect.bisect_left(range(len(ids)), end, key=chars), len(ids) - 1)
+            scores[r, k] += value
+            mask[r, k] = True
+    return scores, mask

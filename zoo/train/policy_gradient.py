@@ -37,6 +37,27 @@ def group_advantages(rewards: Tensor, group_size: int, scale_std: bool = True, e
     return centred.view_as(rewards)
 
 
+def process_advantages(
+    step_rewards: Tensor, step_mask: Tensor, group_size: int, scale_std: bool = True, eps: float = 1e-4
+) -> Tensor:
+    """Per-token advantages (B, T) from step rewards: process supervision (Shao et al. 2024, section 4.1.3).
+
+    ``step_rewards`` (B, T) holds each step's reward at the token that completes it, ``step_mask`` (B, T) marks
+    those tokens. The rewards of all the steps of a group's G completions are normalised together (minus their
+    mean, over their std + eps when ``scale_std``, Bessel-corrected as ``group_advantages``), and a token's
+    advantage is the sum of the normalised rewards of its completion's steps that end at or after it. With one
+    step per completion, at its last token, this is ``group_advantages`` on every token of it.
+    """
+    b, t = step_rewards.shape
+    r, m = step_rewards.reshape(-1, group_size * t), step_mask.reshape(-1, group_size * t).to(step_rewards.dtype)
+    n = m.sum(1, keepdim=True)
+    centred = (r - (r * m).sum(1, keepdim=True) / n.clamp(min=1.0)) * m
+    if scale_std:
+        std = ((centred**2).sum(1, keepdim=True) / (n - 1).clamp(min=1.0)).sqrt()
+        centred = centred / (std + eps)
+    return centred.view(b, t).flip(-1).cumsum(-1).flip(-1)
+
+
 def normalize(x: Tensor, eps: float = 1e-8) -> Tensor:
     """Zero mean, unit std over the batch (PPO's per-minibatch advantage normalisation): one group."""
     return group_advantages(x.flatten(), x.numel(), eps=eps).view_as(x)

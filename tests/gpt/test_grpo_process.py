@@ -1,0 +1,156 @@
+"""Process supervision in GRPO: step rewards (WorkedLines), their guard, where a step's score lands among the tokens,
+and the per-token advantages (DeepSeekMath section 4.1.3) against a loop written from the paper's words."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from zoo.errors import InputError
+from zoo.gpt import GPT, GRPOModule
+from zoo.gpt.losses import grpo_objective
+from zoo.gpt.rewards import ExactMatch, StepReward, WorkedLines, score_steps
+from zoo.gpt.rollout import place_steps
+from zoo.io.tokenizers import ByteTokenizer
+from zoo.train.optim import AdamWCosine
+from zoo.train.policy_gradient import clipped_surrogate, group_advantages, process_advantages
+
+
+def test_worked_lines_score_each_line_before_the_answer_by_its_arithmetic():
+    text = "6-4 = 2\n2+6 = 9\n-2-8 = -10\n3*4-2 = 10\n2--3 = 5\n\nso 7\n#### 9\n1+1 = 2"
+    steps = WorkedLines().steps(text, "9")
+    assert [v for _, v in steps] == [1.0, 0.0, 1.0, 1.0, 1.0, 0.0]  # prose is a wrong step; after "####" none
+    assert [text[:end].splitlines()[-1] for end, _ in steps] == text.split("\n####")[0].replace("\n\n", "\n").split(
+        "\n"
+    )
+    assert WorkedLines().score_one(text, "9") == pytest.approx(4 / 6) and WorkedLines().score_one("#### 1", "1") == 0
+
+
+def test_worked_lines_read_any_text_as_data_and_never_fail():
+    rng = random.Random(0)
+    alphabet = "0123456789+-*= \n#x()._'\"" + "9" * 10
+    hostile = ["__import__('os').system('x') = 0", "9" * 5000 + "+1 = 1", "1+" * 500 + "1 = 501", "=\n=\n", "1e9+1 = 1"]
+    texts = hostile + ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60))) for _ in range(2000)]
+    for text in texts:
+        steps = WorkedLines().steps(text, "1")
+        ends = [end for end, _ in steps]
+        assert ends == sorted(set(ends)) and all(0 < e <= len(text) for e in ends), text
+        assert all(v in (0.0, 1.0) for _, v in steps)
+    assert [v for _, v in WorkedLines().steps("1+" * 500 + "1 = 501\n", "")] == [1.0]
+
+
+class Bad(StepReward):
+    def __init__(self, out) -> None:
+        super().__init__()
+        self.out = out
+
+    def steps(self, completion: str, answer: str):
+        if isinstance(self.out, Exception):
+            raise self.out
+        return self.out
+
+
+@pytest.mark.parametrize(
+    "out, why",
+    [
+        (KeyError("boom"), "raised KeyError"),
+        ([(3, float("nan"))], "not (end, finite score)"),
+        ([(3, 1.0), (2, 1.0)], "rising ends"),
+        ([(99, 1.0)], "inside the completion"),
+        ([(0, 1.0)], "inside the completion"),
+        ([("x", 1.0)], "raised ValueError"),
+    ],
+)
+def test_a_failing_step_reward_stops_with_one_line_or_scores_no_steps(out, why):
+    with pytest.raises(InputError) as err:
+        score_steps([Bad(out)], ["1+1 = 2\n"], ["2"])
+    assert "\n" not in str(err.value) and "Bad" in str(err.value) and why in str(err.value)
+    steps, means, errors = score_steps([Bad(out), WorkedLines(weight=2.0)], ["1+1 = 2\n"] * 2, ["2"] * 2, None, "zero")
+    assert steps == [[(8, 2.0)]] * 2 and means == {"Bad": [0.0, 0.0], "WorkedLines": [1.0, 1.0]} and errors == 2
+
+
+def test_a_steps_score_lands_on_the_token_that_completes_its_text():
+    tok = ByteTokenizer()
+    text = "1+1 = 2\n2+5 = 8\n#### 8"
+    ids = tok.encode(text)
+    values, mask = place_steps([ids], [WorkedLines().steps(text, "8")], tok.decode, 30)
+    assert mask[0].nonzero().flatten().tolist() == [7, 15]  # the two newlines
+    assert values[0, 7] == 1.0 and values[0, 15] == 0.0 and values.sum() == 1.0
+    pieces = {0: "1+", 1: "1 = ", 2: "2\n2", 3: "+5 = 8\n#### 8"}  # a BPE-like token spans each line's end
+    decode = lambda ids: "".join(pieces[i] for i in ids)  # noqa: E731
+    values, mask = place_steps([[0, 1, 2, 3]], [[(8, 0.5), (16, 1.0)]], decode, 6)
+    assert mask[0].tolist() == [False, False, True, True, False, False] and values[0, :4].tolist() == [0, 0, 0.5, 1.0]
+
+
+def paper(step_rewards: list[list[dict]], t: int, scale: bool = True) -> torch.Tensor:
+    """DeepSeekMath 4.1.3 as a loop: normalise every step reward of the group by the group's steps' mean and std,
+    then each token's advantage is the sum of the normalised rewards of the steps ending at or after it."""
+    flat = torch.tensor([s["r"] for row in step_rewards for s in row], dtype=torch.float64)
+    mean, std = flat.mean(), (flat.std() if len(flat) > 1 else torch.tensor(0.0))
+    out = torch.zeros(len(step_rewards), t, dtype=torch.float64)
+    for i, row in enumerate(step_rewards):
+        for tok in range(t):
+            out[i, tok] = sum(
+                ((s["r"] - mean) / (std + 1e-4) if scale else s["r"] - mean) for s in row if s["end"] >= tok
+            )
+    return out
+
+
+@pytest.mark.parametrize("scale", [True, False])
+def test_process_advantages_equal_the_papers_sum_over_later_steps_per_group(scale):
+    rng = random.Random(1)
+    t, g = 7, 3
+    groups = [[[{"end": e, "r": rng.choice([0.0, 0.5, 1.0])} for e in sorted(rng.sample(range(t), rng.randint(0, 3)))]
+               for _ in range(g)] for _ in range(4)]  # fmt: skip
+    groups[0] = [[{"end": 2, "r": 1.0}], [], []]  # one step in the group: nothing to compare it with, 0
+    rewards, mask = torch.zeros(4 * g, t, dtype=torch.float64), torch.zeros(4 * g, t, dtype=torch.bool)
+    for i, row in enumerate(r for grp in groups for r in grp):
+        for s in row:
+            rewards[i, s["end"]], mask[i, s["end"]] = s["r"], True
+    got = process_advantages(rewards, mask, g, scale)
+    want = torch.cat([paper(grp, t, scale) if sum(map(len, grp)) > 1 else torch.zeros(g, t) for grp in groups])
+    torch.testing.assert_close(got, want.to(got.dtype))
+    assert torch.equal(got[:g], torch.zeros(g, t))
+
+
+def test_one_step_per_completion_at_its_end_is_grpos_outcome_advantage():
+    g, t, lengths = 4, 6, torch.tensor([6, 2, 4, 1, 3, 3, 5, 6])
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.0, 2.0, 1.0, 1.0, 0.0])
+    step, mask = torch.zeros(8, t), torch.zeros(8, t, dtype=torch.bool)
+    step[torch.arange(8), lengths - 1], mask[torch.arange(8), lengths - 1] = rewards, True
+    completion = torch.arange(t)[None] < lengths[:, None]
+    got = process_advantages(step, mask, g)
+    want = group_advantages(rewards, g)[:, None].expand(8, t)
+    torch.testing.assert_close(got[completion], want[completion])
+    logp, old = -torch.rand(8, t), -torch.rand(8, t)
+    process = grpo_objective(logp, old, torch.zeros(8), completion.long(), g, "dapo", token_advantages=got)
+    outcome = clipped_surrogate(logp, old, want, 0.2, 0.2, completion.long(), "dapo")
+    torch.testing.assert_close(process["loss"], outcome["loss"])
+    both = grpo_objective(logp, old, rewards, completion.long(), g, "dapo", token_advantages=got)  # the two add
+    summed = clipped_surrogate(logp, old, want + got, 0.2, 0.2, completion.long(), "dapo")
+    torch.testing.assert_close(both["loss"], summed["loss"])
+
+
+def test_grpo_with_a_step_reward_updates_on_per_token_advantages_and_logs_the_total():
+    torch.manual_seed(0)
+    optimizer = AdamWCosine(lr=1e-3, weight_decay=0.0, warmup_steps=0, min_lr_ratio=1.0)
+    net = GPT(vocab_size=257, block_size=32, n_layer=1, n_embd=32, n_head=2)
+    module = GRPOModule(net, [ExactMatch(), WorkedLines(weight=0.5)], group_size=2, max_new_tokens=8,
+                        optimizer=optimizer)  # fmt: skip
+    module.tokenizer = ByteTokenizer()
+    assert GRPOModule(net, [ExactMatch()], optimizer=optimizer).token_advantages(None, None) is None
+    texts = ["1+1 = 2\n#### 2", "1+1 = 3\n#### 3"]
+    scores = module.score_rows(texts, ["2"])
+    assert scores.outcome.tolist() == [1.0, 0.0] and scores.total.tolist() == [1.5, 0.0]
+    assert scores.steps == [[(8, 0.5)], [(8, 0.0)]] and scores.metrics["rewards/WorkedLines/mean"] == 0.5
+    ids = torch.tensor([ByteTokenizer().encode(t) + [256] + [0] * (15 - len(t)) for t in texts])
+    mask = (torch.arange(16)[None] <= torch.tensor([14, 14])[:, None]).long()
+    from zoo.gpt.rollout import Rollout
+
+    rollout = Rollout(torch.cat([torch.full((2, 2), 65), ids], 1), torch.zeros(2, dtype=torch.long), mask,
+                      torch.zeros(2, 16))  # fmt: skip
+    adv = module.token_advantages(rollout, scores)
+    assert adv[0, :8].tolist() == pytest.approx([1 / (2**0.5 + 1e-4 * 2)] * 8, rel=1e-3) and adv[0, 8:].abs().sum() == 0
+    assert torch.allclose(adv[1], -adv[0])
