@@ -12,20 +12,33 @@ from zoo.errors import InputError
 from zoo.gpt import GPT, GRPOModule
 from zoo.gpt.losses import grpo_objective
 from zoo.gpt.rewards import ExactMatch, StepReward, WorkedLines, score_steps
-from zoo.gpt.rollout import place_steps
+from zoo.gpt.rollout import Rollout, place_steps
 from zoo.io.tokenizers import ByteTokenizer
 from zoo.train.optim import AdamWCosine
 from zoo.train.policy_gradient import clipped_surrogate, group_advantages, process_advantages
 
+REFERENCE = "6-4 = 2\n2+6 = 8\n8*3-7 = 17\n#### 17"  # a worked reply: the answer the prompts carry
 
-def test_worked_lines_score_each_line_before_the_answer_by_its_arithmetic():
-    text = "6-4 = 2\n2+6 = 9\n-2-8 = -10\n3*4-2 = 10\n2--3 = 5\n\nso 7\n#### 9\n1+1 = 2"
-    steps = WorkedLines().steps(text, "9")
-    assert [v for _, v in steps] == [1.0, 0.0, 1.0, 1.0, 1.0, 0.0]  # prose is a wrong step; after "####" none
-    assert [text[:end].splitlines()[-1] for end, _ in steps] == text.split("\n####")[0].replace("\n\n", "\n").split(
-        "\n"
-    )
-    assert WorkedLines().score_one(text, "9") == pytest.approx(4 / 6) and WorkedLines().score_one("#### 1", "1") == 0
+
+@pytest.mark.parametrize(
+    "text, scores",
+    [
+        ("6-4 = 2\n2+6 = 8\n8*3-7 = 17\n#### 17", [1, 1, 1]),
+        ("6-4 = 3\n3+6 = 9\n9*3-7 = 20\n#### 20", [0, 1, 1]),  # a slip, then its result carried right
+        ("6-4 = 2\n2+6 = 9\n9*3-7 = 21\n#### 21", [1, 0, 0]),  # the last line: wrong arithmetic
+        ("1+1 = 2\n2+2 = 4\n4*4-4 = 12\n#### 12", [0, 0, 0]),  # true, of the wrong numbers: the hack
+        ("6-4 = 2\n\nso 8\n2+6 = 8\n#### 8\n1+1 = 2", [1, 0, 0]),  # prose a wrong step, nothing after ####
+        ("6-4 = 2\n2+6 = 8\n8*3-7 = 17\n17+1 = 18\n#### 18", [1, 1, 1, 0]),  # a line the reference lacks
+        ("6-4 = 2\n2-6 = -4\n8*3-7 = 17\n#### 17", [1, 0, 1]),
+    ],
+)
+def test_worked_lines_score_each_line_by_its_arithmetic_on_the_references_numbers(text, scores):
+    steps = WorkedLines().steps(text, REFERENCE)
+    assert [v for _, v in steps] == scores
+    lines = [line for line in text.split("\n####")[0].split("\n") if line]
+    assert [text[:end].splitlines()[-1] for end, _ in steps] == lines
+    assert WorkedLines().score_one(text, REFERENCE) == pytest.approx(sum(scores) / len(scores))
+    assert all(v == 0 for _, v in WorkedLines().steps(text, "17"))  # no worked reference: no step is right
 
 
 def test_worked_lines_read_any_text_as_data_and_never_fail():
@@ -34,11 +47,13 @@ def test_worked_lines_read_any_text_as_data_and_never_fail():
     hostile = ["__import__('os').system('x') = 0", "9" * 5000 + "+1 = 1", "1+" * 500 + "1 = 501", "=\n=\n", "1e9+1 = 1"]
     texts = hostile + ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60))) for _ in range(2000)]
     for text in texts:
-        steps = WorkedLines().steps(text, "1")
-        ends = [end for end, _ in steps]
-        assert ends == sorted(set(ends)) and all(0 < e <= len(text) for e in ends), text
-        assert all(v in (0.0, 1.0) for _, v in steps)
-    assert [v for _, v in WorkedLines().steps("1+" * 500 + "1 = 501\n", "")] == [1.0]
+        for answer in (REFERENCE, text):
+            steps = WorkedLines().steps(text, answer)
+            ends = [end for end, _ in steps]
+            assert ends == sorted(set(ends)) and all(0 < e <= len(text) for e in ends), text
+            assert all(v in (0.0, 1.0) for _, v in steps)
+    long = "1+" * 500 + "1 = 501\n"
+    assert [v for _, v in WorkedLines().steps(long, long)] == [1.0]
 
 
 class Bad(StepReward):
@@ -65,9 +80,10 @@ class Bad(StepReward):
 )
 def test_a_failing_step_reward_stops_with_one_line_or_scores_no_steps(out, why):
     with pytest.raises(InputError) as err:
-        score_steps([Bad(out)], ["1+1 = 2\n"], ["2"])
+        score_steps([Bad(out)], ["1+1 = 2\n"], ["1+1 = 2\n#### 2"])
     assert "\n" not in str(err.value) and "Bad" in str(err.value) and why in str(err.value)
-    steps, means, errors = score_steps([Bad(out), WorkedLines(weight=2.0)], ["1+1 = 2\n"] * 2, ["2"] * 2, None, "zero")
+    texts, answers = ["1+1 = 2\n"] * 2, ["1+1 = 2\n#### 2"] * 2
+    steps, means, errors = score_steps([Bad(out), WorkedLines(weight=2.0)], texts, answers, None, "zero")
     assert steps == [[(8, 2.0)]] * 2 and means == {"Bad": [0.0, 0.0], "WorkedLines": [1.0, 1.0]} and errors == 2
 
 
@@ -75,7 +91,7 @@ def test_a_steps_score_lands_on_the_token_that_completes_its_text():
     tok = ByteTokenizer()
     text = "1+1 = 2\n2+5 = 8\n#### 8"
     ids = tok.encode(text)
-    values, mask = place_steps([ids], [WorkedLines().steps(text, "8")], tok.decode, 30)
+    values, mask = place_steps([ids], [WorkedLines().steps(text, "1+1 = 2\n2+6 = 8\n#### 8")], tok.decode, 30)
     assert mask[0].nonzero().flatten().tolist() == [7, 15]  # the two newlines
     assert values[0, 7] == 1.0 and values[0, 15] == 0.0 and values.sum() == 1.0
     pieces = {0: "1+", 1: "1 = ", 2: "2\n2", 3: "+5 = 8\n#### 8"}  # a BPE-like token spans each line's end
@@ -142,12 +158,11 @@ def test_grpo_with_a_step_reward_updates_on_per_token_advantages_and_logs_the_to
     module.tokenizer = ByteTokenizer()
     assert GRPOModule(net, [ExactMatch()], optimizer=optimizer).token_advantages(None, None) is None
     texts = ["1+1 = 2\n#### 2", "1+1 = 3\n#### 3"]
-    scores = module.score_rows(texts, ["2"])
+    scores = module.score_rows(texts, ["1+1 = 2\n#### 2"])
     assert scores.outcome.tolist() == [1.0, 0.0] and scores.total.tolist() == [1.5, 0.0]
     assert scores.steps == [[(8, 0.5)], [(8, 0.0)]] and scores.metrics["rewards/WorkedLines/mean"] == 0.5
     ids = torch.tensor([ByteTokenizer().encode(t) + [256] + [0] * (15 - len(t)) for t in texts])
     mask = (torch.arange(16)[None] <= torch.tensor([14, 14])[:, None]).long()
-    from zoo.gpt.rollout import Rollout
 
     rollout = Rollout(torch.cat([torch.full((2, 2), 65), ids], 1), torch.zeros(2, dtype=torch.long), mask,
                       torch.zeros(2, 16))  # fmt: skip

@@ -1518,12 +1518,15 @@ FAMILIES: dict[str, dict] = {
             (PG, " / n.clamp(min=1.0)) * m\n", " / n.clamp(min=1.0))\n"),  # tokens that end no step scored
             (PG, "/ (n - 1).clamp(min=1.0)).sqrt()", "/ n.clamp(min=1.0)).sqrt()"),  # std without Bessel
             (GR, "mask.to(self.device), self.hparams.group_size,", "mask.to(self.device), 1,"),  # groups of one
-            (RW, "            product *= int(number)\n", "            product += int(number)\n"),
+            (RW, "            product *= x\n", "            product += x\n"),
             (
                 RW,
-                '            if line.lstrip().startswith("####"):\n                break\n',
-                '            if line.lstrip().startswith("####"):\n                continue\n',
+                '        if line.lstrip().startswith("####"):\n            break\n',
+                '        if line.lstrip().startswith("####"):\n            continue\n',
             ),
+            (RW, "ok = all(x == want or (want, x) in carried for", "ok = all(x == want for"),  # a carried slip
+            (RW, "            ok = ok and _holds(*eq)\n", ""),  # the arithmetic unchecked
+            (RW, "ok = all(x == want or (want, x) in carried for x, want in zip(eq[1], ref[1]))", "ok = True"),  # gamed
             (RW, "ends != sorted(set(ends))", "False"),  # a step reward's ends taken unchecked
             (RW, "merged[i].get(end, 0.0) + reward.weight * value", "merged[i].get(end, 0.0) + value"),
             (

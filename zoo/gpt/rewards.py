@@ -122,34 +122,60 @@ _EQUATION = re.compile(r"\s*(-?\d{1,30}(?:\s*[-+*]\s*-?\d{1,30})+)\s*=\s*(-?\d{1
 _TERM = re.compile(r"([-+*]?)\s*(-?\d+)")
 
 
-def _value(expression: str) -> int:
-    """The value of integers joined by + - * (products first), read by this rule, never evaluated as code."""
-    total, product, sign = 0, None, 1
-    for op, number in _TERM.findall(expression):
+def _equation(line: str) -> tuple[list[str], list[int], int] | None:
+    """A worked line ``a op b ... = c`` as (ops, operands, c), the first operand signed; None for anything else."""
+    m = _EQUATION.fullmatch(line)
+    if m is None:
+        return None
+    terms = _TERM.findall(m.group(1))
+    first = -int(terms[0][1]) if terms[0][0] == "-" else int(terms[0][1])
+    return [op for op, _ in terms[1:]], [first] + [int(n) for _, n in terms[1:]], int(m.group(2))
+
+
+def _holds(ops: list[str], operands: list[int], result: int) -> bool:
+    """Whether integers joined by + - * (products first) equal ``result``: read by this rule, never run as code."""
+    total, product, sign = 0, operands[0], 1
+    for op, x in zip(ops, operands[1:]):
         if op == "*":
-            product *= int(number)
+            product *= x
             continue
-        if product is not None:
-            total += sign * product
-        sign, product = (-1 if op == "-" else 1), int(number)
-    return total + sign * product
+        total, sign, product = total + sign * product, (-1 if op == "-" else 1), x
+    return total + sign * product == result
+
+
+def _worked(text: str) -> list[tuple[int, str]]:
+    """(end, line) of each non-blank line before the answer line (``####``)."""
+    out, end = [], 0
+    for line in text.splitlines(keepends=True):
+        end += len(line)
+        if line.lstrip().startswith("####"):
+            break
+        if line.strip():
+            out.append((end, line))
+    return out
 
 
 class WorkedLines(StepReward):
     """Each line before the answer line (``#### n``) is a step, 1 when it is an equation of integers joined by
-    + - * (``a+b = c``, ``c-d*e = f``) that holds, else 0: the worked lines of ``datamodules.arithmetic``'s
-    replies, checkable one by one."""
+    + - * that holds and works on the right numbers, else 0: those of the reference's line in the same place, except
+    where the reference carries an earlier line's result, which the completion carries from its own line there
+    (a slip is scored once, where it happened; the lines after it that carry it correctly score 1). Checking only
+    that a line holds is gamed: a policy learns to write true sums of the wrong numbers. A reference without worked
+    lines gives every step 0. The worked replies of ``datamodules.arithmetic`` are such references."""
 
     def steps(self, completion: str, answer: str) -> list[tuple[int, float]]:
-        out, start = [], 0
-        for line in completion.splitlines(keepends=True):
-            start += len(line)
-            if line.lstrip().startswith("####"):
-                break
-            if not line.strip():
-                continue
-            m = _EQUATION.fullmatch(line)
-            out.append((start, float(m is not None and _value(m.group(1)) == int(m.group(2)))))
+        reference = [_equation(line) for _, line in _worked(answer)]
+        mine, out = [], []
+        for k, (end, line) in enumerate(_worked(completion)):
+            eq = _equation(line)
+            mine.append(eq)
+            ref = reference[k] if k < len(reference) else None
+            ok = eq is not None and ref is not None and eq[0] == ref[0] and len(eq[1]) == len(ref[1])
+            ok = ok and _holds(*eq)
+            if ok:
+                carried = [(r[2], m[2]) for r, m in zip(reference[:k], mine[:k]) if r is not None and m is not None]
+                ok = all(x == want or (want, x) in carried for x, want in zip(eq[1], ref[1]))
+            out.append((end, float(ok)))
         return out
 
 
