@@ -21,7 +21,10 @@ Both arms, the same settings (``SETTINGS`` and the command line):
                    B * G, steps_per_generation 1)
     optimizer      AdamW lr, betas (0.9, 0.999), eps 1e-8, no weight decay, constant rate, no warmup, gradients
                    clipped at norm 1
-Evaluation, one function for both (``accuracy``): greedy replies (the zoo's ``generate``, KV cache) to the first
+A third arm, ``zoo-process`` (``--arms trl zoo zoo-process``), is the zoo's own recipe for this task: the same, plus a
+score per worked line (``zoo.gpt.rewards.WorkedLines``: process supervision, per-token advantages), which TRL's
+``GRPOTrainer`` has no way to credit per token.
+Evaluation, one function for every arm (``accuracy``): greedy replies (the zoo's ``generate``, KV cache) to the first
 ``--eval-prompts`` held-out questions of the task's test.jsonl, exact match; TRL's weights are copied into a zoo net
 for it (``hf_to_zoo``). Every ``--eval-every`` learner steps; the first evaluation at or above ``--target`` is the
 hit, and the run stops there. Time: CPU seconds of the run's process and its children (``--clock cpu``, the

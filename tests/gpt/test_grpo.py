@@ -127,8 +127,9 @@ def test_rewards_of_row_r_are_against_the_answer_of_prompt_r_over_g():
     assert scores.metrics["rewards/Echo/mean"] == 0.5 and scores.metrics["reward_errors"] == 0.0
 
 
-def test_a_fit_makes_the_rewarded_token_more_frequent(tmp_path):
-    module, dm = _module(lr=3e-2), _prompts(tmp_path)
+@pytest.mark.parametrize("reward", [CountX(), XSteps()])  # a score per completion; one per token (process)
+def test_a_fit_makes_the_rewarded_token_more_frequent(tmp_path, reward):
+    module, dm = _module(rewards=[reward], lr=3e-2), _prompts(tmp_path)
     dm.setup()
     prompts = next(iter(dm.train_dataloader()))["prompt_ids"]
 
@@ -144,24 +145,12 @@ def test_a_fit_makes_the_rewarded_token_more_frequent(tmp_path):
     assert after > before + 0.2
     metrics = trainer.callback_metrics
     expected = {"train/reward", "train/reward_std", "train/accuracy", "train/completion_length", "train/entropy"}
-    assert expected | {"train/clip_ratio/region_mean", "train/reward_errors"} <= set(metrics)
+    assert expected | {
+        "train/clip_ratio/region_mean",
+        "train/reward_errors",
+        f"train/rewards/{reward.name}/mean",
+    } <= set(metrics)
     assert "train/kl" not in metrics and module._reference.copy is None  # beta 0: no reference built
-
-
-def test_a_fit_on_step_rewards_alone_learns_from_the_per_token_advantages(tmp_path):
-    module, dm = _module(rewards=[XSteps()], lr=3e-2), _prompts(tmp_path)  # no outcome reward: all is per token
-    dm.setup()
-    prompts = next(iter(dm.train_dataloader()))["prompt_ids"]
-
-    def share_of_x() -> float:
-        rollout = module.rollout(prompts)
-        texts = module.completions(rollout.completion_ids, rollout.completion_mask)
-        return sum(CountX().score_one(t, "") for t in texts) / len(texts)
-
-    before = share_of_x()
-    trainer = _trainer(tmp_path, 8)
-    trainer.fit(module, dm)
-    assert share_of_x() > before + 0.2 and "train/rewards/XSteps/mean" in trainer.callback_metrics
 
 
 def test_the_old_policy_is_the_sampling_pass_so_a_second_pass_moves_the_ratio(tmp_path):

@@ -1591,7 +1591,11 @@ FAMILIES: dict[str, dict] = {
             (GR, "            h.group_size,\n            h.loss_type,", "            1,\n            h.loss_type,"),
             (GR, "            rollout.logps[rows],\n", "            logp.detach(),\n"),  # old policy after the update
             (GR, '            hparams.pop("rewards", None)', "            pass"),  # rewards stored in checkpoints
-            (RW, "                errors, value = errors + 1, 0.0\n", "                errors += 1\n"),  # not zeroed
+            (
+                RW,
+                "                errors, value = errors + 1, failed_as\n",
+                "                errors += 1\n",
+            ),  # not zeroed
             (BL, "    if name in USER_CODE_NAMES:\n        return True\n", ""),  # a stored config's rewards built
             # the KL's reference: the policy itself, a copy beside the adapters, the adapters left on
             (

@@ -234,12 +234,24 @@ def _steps(reward: StepReward, completion: str, answer: str, timeout: float | No
     return steps, None
 
 
-def _failed(reward: Reward, failed: str, completion: str, on_error: OnError) -> None:
-    if on_error == "stop":
-        raise InputError(
-            f"reward {reward.name} {failed} on the completion {completion!r}: fix it, or pass "
-            "--model.init_args.reward_errors=zero to score such completions 0 and count them"
-        )
+def _guarded(rewards, call, completions: list[str], answers: list[str], timeout, on_error: OnError, failed_as):
+    """Each reward's ``call(reward, completion, answer, timeout)`` result per completion, ``failed_as`` where it
+    failed, and how many failed; with ``on_error="stop"`` the first failure raises one line naming it."""
+    out, errors = {}, 0
+    for reward in rewards:
+        mine = []
+        for completion, answer in zip(completions, answers):
+            value, failed = call(reward, completion, answer, timeout)
+            if failed is not None:
+                if on_error == "stop":
+                    raise InputError(
+                        f"reward {reward.name} {failed} on the completion {completion!r}: fix it, or pass "
+                        "--model.init_args.reward_errors=zero to score such completions 0 and count them"
+                    )
+                errors, value = errors + 1, failed_as
+            mine.append(value)
+        out[reward] = mine
+    return out, errors
 
 
 def score_steps(
@@ -252,20 +264,14 @@ def score_steps(
     """Each completion's steps from all ``rewards``, each score times its reward's weight (a step two rewards end at
     the same place sums them), each reward's mean step score per completion by name, and how many calls failed
     (guarded as ``score``: a failure stops the run, or with "zero" gives that completion no steps from it)."""
+    results, errors = _guarded(rewards, _steps, completions, answers, timeout, on_error, [])
     merged: list[dict[int, float]] = [{} for _ in completions]
-    each, errors = {}, 0
-    for reward in rewards:
-        means = []
-        for i, (completion, answer) in enumerate(zip(completions, answers)):
-            steps, failed = _steps(reward, completion, answer, timeout)
-            if failed is not None:
-                _failed(reward, failed, completion, on_error)
-                errors += 1
+    for reward, per_completion in results.items():
+        for i, steps in enumerate(per_completion):
             for end, value in steps:
                 merged[i][end] = merged[i].get(end, 0.0) + reward.weight * value
-            means.append(sum(v for _, v in steps) / len(steps) if steps else 0.0)
-        each[reward.name] = means
-    return [sorted(m.items()) for m in merged], each, errors
+    means = {r.name: [sum(v for _, v in st) / len(st) if st else 0.0 for st in per] for r, per in results.items()}
+    return [sorted(m.items()) for m in merged], means, errors
 
 
 def score(
@@ -280,15 +286,6 @@ def score(
     Each reward is called per completion, so a failure names it: with ``on_error="stop"`` an ``InputError`` (one
     line), with "zero" a score of 0 from that reward, counted.
     """
-    total, each, errors = [0.0] * len(completions), {}, 0
-    for reward in rewards:
-        mine = []
-        for i, (completion, answer) in enumerate(zip(completions, answers)):
-            value, failed = _one(reward, completion, answer, timeout)
-            if failed is not None:
-                _failed(reward, failed, completion, on_error)
-                errors, value = errors + 1, 0.0
-            mine.append(value)
-            total[i] += reward.weight * value
-        each[reward.name] = mine
-    return total, each, errors
+    results, errors = _guarded(rewards, _one, completions, answers, timeout, on_error, 0.0)
+    total = [sum((r.weight * per[i] for r, per in results.items()), 0.0) for i in range(len(completions))]
+    return total, {r.name: per for r, per in results.items()}, errors
