@@ -100,22 +100,22 @@ def test_a_steps_score_lands_on_the_token_that_completes_its_text():
     assert mask[0].tolist() == [False, False, True, True, False, False] and values[0, :4].tolist() == [0, 0, 0.5, 1.0]
 
 
-def paper(step_rewards: list[list[dict]], t: int, scale: bool = True) -> torch.Tensor:
+def paper(step_rewards: list[list[dict]], t: int, scale: bool = True, credit: str = "later") -> torch.Tensor:
     """DeepSeekMath 4.1.3 as a loop: normalise every step reward of the group by the group's steps' mean and std,
-    then each token's advantage is the sum of the normalised rewards of the steps ending at or after it."""
+    then each token's advantage is the sum of the normalised rewards of the steps ending at or after it ("own":
+    the first of those alone)."""
     flat = torch.tensor([s["r"] for row in step_rewards for s in row], dtype=torch.float64)
     mean, std = flat.mean(), (flat.std() if len(flat) > 1 else torch.tensor(0.0))
     out = torch.zeros(len(step_rewards), t, dtype=torch.float64)
     for i, row in enumerate(step_rewards):
         for tok in range(t):
-            out[i, tok] = sum(
-                ((s["r"] - mean) / (std + 1e-4) if scale else s["r"] - mean) for s in row if s["end"] >= tok
-            )
+            later = [((s["r"] - mean) / (std + 1e-4) if scale else s["r"] - mean) for s in row if s["end"] >= tok]
+            out[i, tok] = sum(later) if credit == "later" else (later[0] if later else 0.0)
     return out
 
 
-@pytest.mark.parametrize("scale", [True, False])
-def test_process_advantages_equal_the_papers_sum_over_later_steps_per_group(scale):
+@pytest.mark.parametrize("scale, credit", [(True, "later"), (False, "later"), (True, "own"), (False, "own")])
+def test_process_advantages_equal_the_papers_loop_per_group(scale, credit):
     rng = random.Random(1)
     t, g = 7, 3
     groups = [[[{"end": e, "r": rng.choice([0.0, 0.5, 1.0])} for e in sorted(rng.sample(range(t), rng.randint(0, 3)))]
@@ -125,8 +125,8 @@ def test_process_advantages_equal_the_papers_sum_over_later_steps_per_group(scal
     for i, row in enumerate(r for grp in groups for r in grp):
         for s in row:
             rewards[i, s["end"]], mask[i, s["end"]] = s["r"], True
-    got = process_advantages(rewards, mask, g, scale)
-    want = torch.cat([paper(grp, t, scale) if sum(map(len, grp)) > 1 else torch.zeros(g, t) for grp in groups])
+    got = process_advantages(rewards, mask, g, scale, credit=credit)
+    want = torch.cat([paper(grp, t, scale, credit) if sum(map(len, grp)) > 1 else torch.zeros(g, t) for grp in groups])
     torch.testing.assert_close(got, want.to(got.dtype))
     assert torch.equal(got[:g], torch.zeros(g, t))
 
@@ -140,6 +140,7 @@ def test_one_step_per_completion_at_its_end_is_grpos_outcome_advantage():
     got = process_advantages(step, mask, g)
     want = group_advantages(rewards, g)[:, None].expand(8, t)
     torch.testing.assert_close(got[completion], want[completion])
+    torch.testing.assert_close(process_advantages(step, mask, g, credit="own")[completion], want[completion])
     logp, old = -torch.rand(8, t), -torch.rand(8, t)
     process = grpo_objective(logp, old, torch.zeros(8), completion.long(), g, "dapo", token_advantages=got)
     outcome = clipped_surrogate(logp, old, want, 0.2, 0.2, completion.long(), "dapo")
@@ -169,3 +170,14 @@ def test_grpo_with_a_step_reward_updates_on_per_token_advantages_and_logs_the_to
     adv = module.token_advantages(rollout, scores)
     assert adv[0, :8].tolist() == pytest.approx([1 / (2**0.5 + 1e-4 * 2)] * 8, rel=1e-3) and adv[0, 8:].abs().sum() == 0
     assert torch.allclose(adv[1], -adv[0])
+    texts = ["1+1 = 2\n2+2 = 4\n#### 4", "1+1 = 3\n3+2 = 5\n#### 5"]  # a slip, then its result carried right
+    ids = torch.tensor([ByteTokenizer().encode(t) + [256] for t in texts])
+    rollout = Rollout(ids, torch.zeros(2, dtype=torch.long), torch.ones(2, 23, dtype=torch.long), torch.zeros(2, 23))
+    module.hparams.step_credit = "own"
+    own = module.token_advantages(rollout, module.score_rows(texts, ["1+1 = 2\n2+2 = 4\n#### 4"]))
+    assert own[1, :8].max() < 0 and torch.equal(own[1, 8:16], own[0, 8:16]) and own[0, 8] > 0  # line 2: both right
+    module.hparams.step_credit = "later"
+    later = module.token_advantages(rollout, module.score_rows(texts, ["1+1 = 2\n2+2 = 4\n#### 4"]))
+    assert torch.allclose(later[:, :8], own[:, :8] + own[:, 8:9]) and torch.equal(later[:, 8:], own[:, 8:])
+    with pytest.raises(InputError, match="step_credit"):
+        GRPOModule(net, [WorkedLines()], optimizer=optimizer, step_credit="all")

@@ -1514,10 +1514,16 @@ FAMILIES: dict[str, dict] = {
     "process": {  # GRPO's process supervision: step rewards, where their scores land, per-token advantages
         "tests": ["tests/gpt/test_grpo_process.py", "tests/gpt/test_grpo.py"],
         "mutants": [
-            (PG, "return centred.view(b, t).flip(-1).cumsum(-1).flip(-1)", "return centred.view(b, t).cumsum(-1)"),
+            (PG, "return centred.flip(-1).cumsum(-1).flip(-1)", "return centred.cumsum(-1)"),
             (PG, " / n.clamp(min=1.0)) * m\n", " / n.clamp(min=1.0))\n"),  # tokens that end no step scored
             (PG, "/ (n - 1).clamp(min=1.0)).sqrt()", "/ n.clamp(min=1.0)).sqrt()"),  # std without Bessel
-            (GR, "mask.to(self.device), self.hparams.group_size,", "mask.to(self.device), 1,"),  # groups of one
+            (GR, "mask.to(self.device), h.group_size,", "mask.to(self.device), 1,"),
+            (GR, "credit=h.step_credit", 'credit="later"'),
+            (
+                PG,
+                "torch.where(step_mask, pos, t).flip(-1).cummin(-1).values.flip(-1)",
+                "torch.where(step_mask, pos, t).cummin(-1).values",
+            ),  # groups of one
             (RW, "            product *= x\n", "            product += x\n"),
             (
                 RW,

@@ -47,7 +47,13 @@ from zoo.gpt.reference import Reference, refuse_adapter_start
 from zoo.gpt.rewards import OnError, Reward, StepReward, correct, score, score_steps
 from zoo.gpt.rollout import Rollout, per_token_logps, place_steps, sample_groups
 from zoo.train.logging import lightning_writes
-from zoo.train.policy_gradient import LossType, masked_mean, process_advantages, truncated_importance_weights
+from zoo.train.policy_gradient import (
+    LossType,
+    StepCredit,
+    masked_mean,
+    process_advantages,
+    truncated_importance_weights,
+)
 
 
 @dataclass
@@ -89,6 +95,7 @@ class GRPOModule(CausalLMModule):
         async_actors: int = 0,
         async_slots: int | None = None,
         rho_bar: float = 3.0,
+        step_credit: StepCredit = "later",
         **kwargs,
     ) -> None:
         """
@@ -120,6 +127,9 @@ class GRPOModule(CausalLMModule):
             rho_bar: the bound of the per-token importance weight min(rho_bar, pi_old / mu) of asynchronous
                 rollouts, 1 or more (TRL's vllm_importance_sampling_clip_max, whose default this is; V-trace's 1
                 never weighs a token up).
+            step_credit: with step rewards (``StepReward``), what each token is credited with: "later", the sum
+                of the group-normalised scores of the steps ending at or after it (DeepSeekMath's process
+                supervision), or "own", its own step's alone (for steps each scored on its own, as ``WorkedLines``).
             **kwargs: ``CausalLMModule``'s (optimizer, init_weights, adapt, generation, compile).
         """
         if group_size < 1 or num_iterations < 1 or max_new_tokens < 1 or async_actors < 0 or rho_bar < 1:
@@ -127,6 +137,8 @@ class GRPOModule(CausalLMModule):
                 "group_size, num_iterations and max_new_tokens are 1 or more, async_actors 0 or more, rho_bar 1 or "
                 f"more: got {group_size}, {num_iterations}, {max_new_tokens}, {async_actors}, {rho_bar}"
             )
+        if step_credit not in ("later", "own"):
+            raise InputError(f"step_credit is later or own, got {step_credit!r}")
         if beta > 0:
             refuse_adapter_start(kwargs.get("adapter_weights"), "GRPO's KL")
         super().__init__(net, **kwargs)
@@ -201,8 +213,9 @@ class GRPOModule(CausalLMModule):
             row = row[: int(n)]
             rows.append(row[:-1] if row and row[-1] in stop else row)
         values, mask = place_steps(rows, scores.steps, self.tokenizer.decode, rollout.completion_mask.shape[1])
+        h = self.hparams
         return process_advantages(
-            values.to(self.device), mask.to(self.device), self.hparams.group_size, self.hparams.scale_rewards
+            values.to(self.device), mask.to(self.device), h.group_size, h.scale_rewards, credit=h.step_credit
         )
 
     def update(

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 LossType = Literal["grpo", "dr_grpo", "dapo"]
+StepCredit = Literal["later", "own"]
 
 
 def group_advantages(rewards: Tensor, group_size: int, scale_std: bool = True, eps: float = 1e-4) -> Tensor:
@@ -38,15 +39,22 @@ def group_advantages(rewards: Tensor, group_size: int, scale_std: bool = True, e
 
 
 def process_advantages(
-    step_rewards: Tensor, step_mask: Tensor, group_size: int, scale_std: bool = True, eps: float = 1e-4
+    step_rewards: Tensor,
+    step_mask: Tensor,
+    group_size: int,
+    scale_std: bool = True,
+    eps: float = 1e-4,
+    credit: StepCredit = "later",
 ) -> Tensor:
     """Per-token advantages (B, T) from step rewards: process supervision (Shao et al. 2024, section 4.1.3).
 
     ``step_rewards`` (B, T) holds each step's reward at the token that completes it, ``step_mask`` (B, T) marks
     those tokens. The rewards of all the steps of a group's G completions are normalised together (minus their
-    mean, over their std + eps when ``scale_std``, Bessel-corrected as ``group_advantages``), and a token's
-    advantage is the sum of the normalised rewards of its completion's steps that end at or after it. With one
-    step per completion, at its last token, this is ``group_advantages`` on every token of it.
+    mean, over their std + eps when ``scale_std``, Bessel-corrected as ``group_advantages``). With ``credit``
+    "later" (the paper's) a token's advantage is the sum of the normalised rewards of its completion's steps that
+    end at or after it; with "own", the normalised reward of its own step alone (the first ending at or after it),
+    for steps scored each on its own, whose score a token cannot change by an earlier step (tokens after the last
+    step: 0). With one step per completion, at its last token, either is ``group_advantages`` on every token of it.
     """
     b, t = step_rewards.shape
     r, m = step_rewards.reshape(-1, group_size * t), step_mask.reshape(-1, group_size * t).to(step_rewards.dtype)
@@ -55,7 +63,12 @@ def process_advantages(
     if scale_std:
         std = ((centred**2).sum(1, keepdim=True) / (n - 1).clamp(min=1.0)).sqrt()
         centred = centred / (std + eps)
-    return centred.view(b, t).flip(-1).cumsum(-1).flip(-1)
+    centred = centred.view(b, t)
+    if credit == "later":
+        return centred.flip(-1).cumsum(-1).flip(-1)
+    pos = torch.arange(t, device=centred.device).expand(b, t)
+    next_end = torch.where(step_mask, pos, t).flip(-1).cummin(-1).values.flip(-1)  # t: no step ends at or after
+    return torch.cat([centred, centred.new_zeros(b, 1)], 1).gather(1, next_end)
 
 
 def normalize(x: Tensor, eps: float = 1e-8) -> Tensor:
