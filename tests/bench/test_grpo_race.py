@@ -66,11 +66,13 @@ def test_both_arms_run_from_the_same_exported_weights(tmp_path, shape):
     job = dict(model=str(model), task=str(tmp_path / "task"), task_settings=task, work=str(tmp_path), seed=0,
                settings=settings, target=2.0, max_steps=2, eval_every=1, clock="cpu", threads=1)  # fmt: skip
     grpo_race.prompts(tmp_path / "task", task)
-    trl, zoo = grpo_race.trl_run(job), grpo_race.zoo_run(job)
+    trl, zoo = grpo_race.trl_run(job | {"arm": "trl"}), grpo_race.zoo_run(job | {"arm": "zoo"})
     generation = {"eos_token_id": [256], "pad_token_id": 256, "do_sample": True, "temperature": 1.0, "top_p": 1.0}
     assert trl["generation"] == generation | {"top_k": 0, "max_new_tokens": 8}  # TRL samples as the zoo's rollouts
     assert [s for s, _, _ in trl["evals"]] == [s for s, _, _ in zoo["evals"]] == [0, 1, 2]
     assert trl["evals"][0][1] == zoo["evals"][0][1]  # the same weights, the same evaluation
     assert trl["hit"] is zoo["hit"] is None and all(t >= 0 for _, _, t in trl["evals"] + zoo["evals"])
-    table = grpo_race.summary([trl, zoo], 2.0)
-    assert table.splitlines()[2].startswith("trl") and table.splitlines()[3].startswith("zoo")
+    process = grpo_race.zoo_run(job | {"arm": "zoo-process", "max_steps": 1})  # the zoo's recipe: + WorkedLines
+    assert process["arm"] == "zoo-process" and process["evals"][0][1] == zoo["evals"][0][1]
+    table = grpo_race.summary([trl, zoo, process], 2.0).splitlines()
+    assert table[2].startswith("trl") and table[3].startswith("zoo ") and table[4].startswith("zoo-process")
