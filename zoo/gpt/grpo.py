@@ -7,7 +7,9 @@ training step, as TRL's ``GRPOTrainer`` does it:
 
   1. sample G completions per prompt with the net's own KV-cache loop, in eval mode, no gradient, keeping each
      token's log-probability under the distribution sampled from: the "old" policy (``zoo.gpt.rollout``);
-  2. score them: the weighted sum of the rewards, against the prompt's answer;
+  2. score them: the weighted sum of the rewards, against the prompt's answer; a step reward (``StepReward``)
+     scores each step instead, and its group-normalised step scores add to each token's advantage (process
+     supervision, DeepSeekMath section 4.1.3: ``step_credit`` later or own);
   3. ``num_iterations`` passes over the rollouts in minibatches of whole groups: recompute the tokens'
      log-probabilities with gradients, the clipped surrogate against the old ones (``zoo.gpt.losses.grpo_objective``,
      shared with PPO), one optimizer step each;
