@@ -174,14 +174,17 @@ class GRPOModule(CausalLMModule):
         finally:
             self.net.train(training)
 
-    def completions(self, ids: Tensor, mask: Tensor | None = None) -> list[str]:
-        """The text of each completion row (R, T), cut at its mask's end and without its stop token."""
-        stop = set(self.tokenizer.stop_ids)
-        out = []
+    def completion_rows(self, ids: Tensor, mask: Tensor | None = None) -> list[list[int]]:
+        """The ids of each completion row (R, T), cut at its mask's end and without its stop token."""
+        stop, out = set(self.tokenizer.stop_ids), []
         for r, row in enumerate(ids.tolist()):
             row = row[: int(mask[r].sum())] if mask is not None else row
-            out.append(self.tokenizer.decode(row[:-1] if row and row[-1] in stop else row))
+            out.append(row[:-1] if row and row[-1] in stop else row)
         return out
+
+    def completions(self, ids: Tensor, mask: Tensor | None = None) -> list[str]:
+        """The text of each completion row (R, T), cut at its mask's end and without its stop token."""
+        return [self.tokenizer.decode(row) for row in self.completion_rows(ids, mask)]
 
     def score_rows(self, texts: list[str], answers: list[str]) -> Scores:
         """The scores of completions whose rows are grouped by prompt (row r answers prompt r // G): step rewards
@@ -209,11 +212,7 @@ class GRPOModule(CausalLMModule):
         """Process supervision's per-token advantages (R, T) from the step rewards' steps; None without any."""
         if not any(isinstance(r, StepReward) for r in self.rewards):
             return None
-        stop, lengths = set(self.tokenizer.stop_ids), rollout.completion_mask.sum(1).tolist()
-        rows = []
-        for row, n in zip(rollout.completion_ids.tolist(), lengths):
-            row = row[: int(n)]
-            rows.append(row[:-1] if row and row[-1] in stop else row)
+        rows = self.completion_rows(rollout.completion_ids, rollout.completion_mask)
         values, mask = place_steps(rows, scores.steps, self.tokenizer.decode, rollout.completion_mask.shape[1])
         h = self.hparams
         return process_advantages(

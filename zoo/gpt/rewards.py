@@ -11,9 +11,9 @@ builds none.
 completion, or, with ``on_error="zero"``, gives that completion 0 from it and counts it.
 
 A ``StepReward`` scores each reasoning step of a completion instead (``steps``: where each step ends and its
-score): GRPO then gives every token the sum of the group-normalised scores of the steps ending at or after it
-(process supervision, DeepSeekMath section 4.1.3). ``WorkedLines`` scores each worked line ``a + b = c`` of the
-arithmetic task by whether its arithmetic holds.
+score): GRPO then credits each token with the group-normalised scores of the steps ending at or after it, or of
+its own step alone (process supervision, DeepSeekMath section 4.1.3; ``step_credit``). ``WorkedLines`` scores each
+worked line ``a + b = c`` of the arithmetic task by whether it holds on the reference's numbers.
 
 Answers follow GSM8K (and the arithmetic task, ``datamodules.arithmetic``): the number after the last ``####``,
 else the last number (``zoo.gpt.tasks.extract_answer``); a reference with a worked solution keeps what follows its
