@@ -1567,7 +1567,11 @@ FAMILIES: dict[str, dict] = {
                 "train_path, val_path = self._train_path(), self.val_path",
                 'train_path, val_path = self._train_path(), self.val_path or str(Path(self.path) / "test.jsonl")',
             ),
-            (PG, "    if scale_std:\n", "    if True:\n"),  # Dr. GRPO's advantages scaled all the same
+            (
+                PG,
+                "    if scale_std:\n        std = grouped",
+                "    if True:\n        std = grouped",
+            ),  # Dr. GRPO's advantages scaled all the same
             (PG, "-advantages * ratio.clamp(1 - clip_low, 1 + clip_high))", "-advantages * ratio)"),
             (PG, "ratio.clamp(1 - clip_low, 1 + clip_high))", "ratio.clamp(1 - clip_low, 1 + clip_low))"),
             (PG, "    mask = mask.to(per_token.dtype)\n", "    mask = torch.ones_like(per_token)\n"),
