@@ -16,21 +16,22 @@ Both arms, the same settings (``SETTINGS`` and the command line):
                    TRL's reward function calls the same rule
     sampling       G completions per prompt, temperature, top_p 1, no top_k, max_new_tokens (TRL's
                    max_completion_length), stopping at EOS 256
-    objective      loss_type grpo, epsilon 0.2, std-scaled group advantages, beta 0 (no reference), one pass
-                   (num_iterations 1), one optimizer step per batch of B prompts (TRL: per_device_train_batch_size
-                   B * G, steps_per_generation 1)
+    objective      --loss-type (grpo), the ratio clipped at 0.2 below and --epsilon-high (0.2) above, std-scaled
+                   group advantages, beta 0 (no reference), one pass (num_iterations 1), one optimizer step per
+                   batch of B prompts (TRL: per_device_train_batch_size B * G, steps_per_generation 1)
     optimizer      AdamW lr, betas (0.9, 0.999), eps 1e-8, no weight decay, constant rate, no warmup, gradients
                    clipped at norm 1
-A third arm, ``zoo-process`` (``--arms trl zoo zoo-process``), is the zoo's own recipe for this task: the same, plus a
-score per worked line (``zoo.gpt.rewards.WorkedLines``: process supervision, per-token advantages), which TRL's
-``GRPOTrainer`` has no way to credit per token.
+Two more arms add a score per worked line (``zoo.gpt.rewards.WorkedLines``), the zoo's own recipe for this task:
+``zoo-process`` credits each line's score to its tokens (process supervision, per-token advantages, ``--step-credit``);
+``trl-process`` gives TRL the same lines' scores the only way its trainer takes them, one number per completion
+(their mean, a second reward function beside exact match). ``--arms trl zoo trl-process zoo-process``.
 Evaluation, one function for every arm (``accuracy``): greedy replies (the zoo's ``generate``, KV cache) to the first
 ``--eval-prompts`` held-out questions of the task's test.jsonl, exact match; TRL's weights are copied into a zoo net
 for it (``hf_to_zoo``). Every ``--eval-every`` learner steps; the first evaluation at or above ``--target`` is the
 hit, and the run stops there. Time: CPU seconds of the run's process and its children (``--clock cpu``, the
 default: user + system time, which time-slicing on a busy machine does not inflate) or wall seconds, from the first
-training step, evaluations taken out. Each run is a fresh process with ``--threads`` intra-op threads; arms
-alternate (trl seed 0, zoo seed 0, zoo seed 1, trl seed 1, ...).
+training step, evaluations taken out. Each run is a fresh process with ``--threads`` intra-op threads,
+``--processes`` at a time; arms alternate (trl seed 0, zoo seed 0, zoo seed 1, trl seed 1, ...).
 
     python bench/grpo_race.py --init <sft.ckpt> --target 0.3 --max-steps 200 --seeds 0 1 2
 """
@@ -54,15 +55,27 @@ sys.path.insert(0, str(ROOT))
 from bench._common import QUIET_FIT, cpu_model, race_process, race_runs, table  # noqa: E402
 
 ZOO_CONFIG = "configs/gpt/grpo_arithmetic_llama.yaml"
-SETTINGS = {"group_size": 8, "temperature": 1.0, "lr": 1e-4, "max_new_tokens": 48, "batch_prompts": 8}
+SETTINGS = {
+    "group_size": 8, "temperature": 1.0, "lr": 1e-4, "max_new_tokens": 48, "batch_prompts": 8, "loss_type": "grpo",
+    "epsilon_high": 0.2, "step_credit": "later",
+}  # fmt: skip
 TASK = {"digits": 1, "terms": 3, "ops": "+-", "train": 2000, "pairs": 0, "test": 200, "seed": 0}
 EOS = 256
+SETTING_HELP = {
+    "loss_type": "grpo, dr_grpo or dapo (both arms)",
+    "epsilon_high": "the ratio's clip above 1 (both arms; above 0.2: DAPO's clip-higher)",
+    "step_credit": "the zoo-process arm's: later or own (GRPOModule's step_credit)",
+}
 # the zoo's arms: "zoo" with TRL's reward alone; "zoo-process" adds a score per worked line (process supervision,
 # which TRL's GRPOTrainer has no way to credit per token): the zoo's own recipe for this task
 ZOO_REWARDS = {
     "zoo": [{"class_path": "zoo.gpt.rewards.ExactMatch"}],
     "zoo-process": [{"class_path": "zoo.gpt.rewards.ExactMatch"}, {"class_path": "zoo.gpt.rewards.WorkedLines"}],
 }
+# TRL's arms: "trl-process" gets the same two rewards, the lines' as one number per completion (their mean score,
+# what the zoo logs as WorkedLines' reward): the most TRL's trainer can take of them
+TRL_ARMS = ("trl", "trl-process")
+ARMS = (*TRL_ARMS, *ZOO_REWARDS)
 
 
 # -- the model, the task and the evaluation, shared by both arms --------------------------------------------------
@@ -97,15 +110,18 @@ def zoo_net(folder: str):
 
 
 def prompts(task_dir: Path, task: dict) -> tuple[list[tuple[str, str]], list[tuple[list[int], str]]]:
-    """The training prompts as (text, answer) and the held-out ones as (ids, answer), as PromptDataModule reads
-    them."""
+    """The training prompts as (text, answer) and the held-out ones, test.jsonl's, as (ids, answer), as
+    PromptDataModule reads them (the training ones are its training split of sft.jsonl, the zoo arm's)."""
     from datamodules import PromptDataModule
     from datamodules.arithmetic import ArithmeticTask
 
     dm = PromptDataModule(str(task_dir), tokenizer="bytes", generate=ArithmeticTask(**task))
     dm.prepare_data()
     dm.setup()
-    return [(dm.tokenizer.decode(ids), a) for ids, a in dm.train_set], list(dm.val_set)
+    test = str(Path(task_dir) / "test.jsonl")
+    held_out = PromptDataModule(test, tokenizer="bytes", val_path=test)
+    held_out.setup()
+    return [(dm.tokenizer.decode(ids), a) for ids, a in dm.train_set], list(held_out.val_set)
 
 
 @torch.no_grad()
@@ -209,6 +225,13 @@ def exact_match(prompts, completions, answer, **kwargs) -> list[float]:
     return [float(correct(c, a)) for c, a in zip(completions, answer)]
 
 
+def worked_lines(prompts, completions, answer, **kwargs) -> list[float]:
+    """TRL's reward function for the lines: ``zoo.gpt.rewards.WorkedLines``' mean score per completion."""
+    from zoo.gpt.rewards import WorkedLines
+
+    return WorkedLines()(completions, answer)
+
+
 def trl_run(job: dict) -> dict:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
@@ -227,8 +250,8 @@ def trl_run(job: dict) -> dict:
         per_device_train_batch_size=s["batch_prompts"] * g, steps_per_generation=1, num_generations=g,
         max_completion_length=s["max_new_tokens"], temperature=s["temperature"], top_p=1.0, top_k=0,
         learning_rate=s["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, adam_beta1=0.9,
-        adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0, beta=0.0, loss_type="grpo", scale_rewards="group",
-        num_iterations=1, epsilon=0.2, dataloader_num_workers=0,
+        adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0, beta=0.0, loss_type=s["loss_type"],
+        scale_rewards="group", num_iterations=1, epsilon=0.2, epsilon_high=s["epsilon_high"], dataloader_num_workers=0,
     )  # fmt: skip
 
     class Evaluations(TrainerCallback):
@@ -242,13 +265,14 @@ def trl_run(job: dict) -> dict:
                 control.should_training_stop = True
 
     data = Dataset.from_list([{"prompt": p, "answer": a} for p, a in train])
+    rewards = [exact_match, worked_lines] if job["arm"] == "trl-process" else exact_match
     trainer = GRPOTrainer(
-        model=model, reward_funcs=exact_match, args=config, train_dataset=data, processing_class=zoo_bytes(),
+        model=model, reward_funcs=rewards, args=config, train_dataset=data, processing_class=zoo_bytes(),
         callbacks=[Evaluations()],
     )  # fmt: skip
     trainer.train()
     keys = ("eos_token_id", "pad_token_id", "do_sample", "temperature", "top_p", "top_k", "max_new_tokens")
-    return race.result("trl", job["seed"]) | {"generation": {k: getattr(trainer.generation_config, k) for k in keys}}
+    return race.result(job["arm"], job["seed"]) | {"generation": {k: getattr(trainer.generation_config, k) for k in keys}}
 
 
 # -- the zoo's arm --------------------------------------------------------------------------------------------------
@@ -266,7 +290,9 @@ def zoo_run(job: dict) -> dict:
         f"--model.init_args.rewards={json.dumps(ZOO_REWARDS[job['arm']])}",
         f"--model.init_args.group_size={s['group_size']}", f"--model.init_args.temperature={s['temperature']}",
         f"--model.init_args.max_new_tokens={s['max_new_tokens']}", "--model.init_args.top_p=null",
-        "--model.init_args.loss_type=grpo", "--model.init_args.beta=0.0", "--model.init_args.num_iterations=1",
+        f"--model.init_args.loss_type={s['loss_type']}", f"--model.init_args.epsilon_high={s['epsilon_high']}",
+        f"--model.init_args.step_credit={s['step_credit']}", "--model.init_args.beta=0.0",
+        "--model.init_args.num_iterations=1",
         f"--model.init_args.optimizer.lr={s['lr']}", "--model.init_args.optimizer.betas=[0.9, 0.999]",
         "--model.init_args.max_grad_norm=1.0", "--data.init_args.tokenizer=bytes",
         f"--data.init_args.path={job['task']}", f"--data.init_args.batch_size={s['batch_prompts']}",
@@ -293,7 +319,7 @@ def zoo_run(job: dict) -> dict:
 def _one(job: dict) -> dict:
     race_process(job["threads"])
     sys.path.insert(0, str(ROOT))
-    r = trl_run(job) if job["arm"] == "trl" else zoo_run(job)
+    r = trl_run(job) if job["arm"] in TRL_ARMS else zoo_run(job)
     print(f"  {r['arm']} seed {r['seed']}: hit {r['hit']}; evaluations (step, accuracy, s) {r['evals']}", flush=True)
     return r
 
@@ -303,7 +329,7 @@ def _one(job: dict) -> dict:
 
 def summary(results: list[dict], target: float) -> str:
     rows = []
-    for arm in ("trl", *ZOO_REWARDS):
+    for arm in ARMS:
         rs = [r for r in results if r["arm"] == arm]
         if not rs:
             continue
@@ -336,11 +362,12 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=10, help="learner steps between evaluations")
     ap.add_argument("--eval-prompts", type=int, default=100, help="held-out questions evaluated")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--arms", nargs="+", choices=("trl", *ZOO_REWARDS), default=["trl", "zoo"])
+    ap.add_argument("--arms", nargs="+", choices=ARMS, default=["trl", "zoo"])
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--processes", type=int, default=1, help="runs at a time (the CPU clock is per run)")
     for k, v in SETTINGS.items():
-        ap.add_argument(f"--{k.replace('_', '-')}", type=type(v), default=v)
+        ap.add_argument(f"--{k.replace('_', '-')}", type=type(v), default=v, help=SETTING_HELP.get(k))
     for k in ("digits", "terms"):
         ap.add_argument(f"--{k}", type=int, default=TASK[k], help="the task's (must be the SFT model's)")
     ap.add_argument("--workdir", default=None)
@@ -364,7 +391,7 @@ def main() -> None:
             for arm in arms
         ]  # fmt: skip
     prompts(work / "task", TASK)  # written once, before the runs read it
-    results = list(race_runs(_one, jobs, 1))
+    results = list(race_runs(_one, jobs, args.processes))
     print(summary(results, args.target))
     print(f"load average at the end: {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")
 

@@ -62,7 +62,7 @@ def test_both_arms_run_from_the_same_exported_weights(tmp_path, shape):
     for k, v in grpo_race.zoo_net(str(model))[0].state_dict().items():  # the folder holds the given weights
         torch.testing.assert_close(v, net.state_dict()[k], rtol=0, atol=0, msg=k)
     task = grpo_race.TASK | {"train": 16, "test": 8}
-    settings = {"group_size": 2, "temperature": 1.0, "lr": 1e-3, "max_new_tokens": 8, "batch_prompts": 2}
+    settings = grpo_race.SETTINGS | {"group_size": 2, "lr": 1e-3, "max_new_tokens": 8, "batch_prompts": 2}
     job = dict(model=str(model), task=str(tmp_path / "task"), task_settings=task, work=str(tmp_path), seed=0,
                settings=settings, target=2.0, max_steps=2, eval_every=1, clock="cpu", threads=1)  # fmt: skip
     grpo_race.prompts(tmp_path / "task", task)
@@ -74,5 +74,24 @@ def test_both_arms_run_from_the_same_exported_weights(tmp_path, shape):
     assert trl["hit"] is zoo["hit"] is None and all(t >= 0 for _, _, t in trl["evals"] + zoo["evals"])
     process = grpo_race.zoo_run(job | {"arm": "zoo-process", "max_steps": 1})  # the zoo's recipe: + WorkedLines
     assert process["arm"] == "zoo-process" and process["evals"][0][1] == zoo["evals"][0][1]
-    table = grpo_race.summary([trl, zoo, process], 2.0).splitlines()
-    assert table[2].startswith("trl") and table[3].startswith("zoo ") and table[4].startswith("zoo-process")
+    trl_lines = grpo_race.trl_run(job | {"arm": "trl-process", "max_steps": 1})  # TRL: the lines' mean as a reward
+    assert trl_lines["arm"] == "trl-process" and trl_lines["evals"][0][1] == zoo["evals"][0][1]
+    table = grpo_race.summary([trl, zoo, process, trl_lines], 2.0).splitlines()
+    assert [row.split()[0] for row in table[2:]] == ["trl", "trl-process", "zoo", "zoo-process"]
+
+
+def test_the_held_out_questions_are_test_jsonls_and_trls_lines_reward_is_worked_lines(tmp_path):
+    import json
+
+    from zoo.gpt.rewards import WorkedLines
+
+    task = grpo_race.TASK | {"train": 40, "test": 12}
+    train, held_out = grpo_race.prompts(tmp_path, task)
+    test = [json.loads(line) for line in (tmp_path / "test.jsonl").read_text().splitlines()]
+    assert len(held_out) == len(test) == 12 and len(train) == 36  # sft.jsonl's training split: 90%
+    assert [a for _, a in held_out] == [r["answer"] for r in test]
+    asked = {q for q, _ in train}
+    assert not any(r["question"] in q for r in test for q in asked)  # none of them trained on
+    worked = test[0]["answer"]
+    lines = ["p"] * 3, [worked, "1+1 = 3\n#### 2", "no lines"], [worked] * 3
+    assert grpo_race.worked_lines(*lines) == WorkedLines()(*lines[1:]) and grpo_race.worked_lines(*lines)[0] == 1.0
