@@ -272,7 +272,8 @@ def trl_run(job: dict) -> dict:
     )  # fmt: skip
     trainer.train()
     keys = ("eos_token_id", "pad_token_id", "do_sample", "temperature", "top_p", "top_k", "max_new_tokens")
-    return race.result(job["arm"], job["seed"]) | {"generation": {k: getattr(trainer.generation_config, k) for k in keys}}
+    generation = {k: getattr(trainer.generation_config, k) for k in keys}
+    return race.result(job["arm"], job["seed"]) | {"generation": generation}
 
 
 # -- the zoo's arm --------------------------------------------------------------------------------------------------
