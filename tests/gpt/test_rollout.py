@@ -56,3 +56,16 @@ def test_rollouts_refuse_greedy_decoding_and_a_budget_past_block_size(net):
         sample_groups(net, prompts(), 2, 4, temperature=0)
     with pytest.raises(InputError, match="block_size"):
         sample_groups(net, prompts(), 2, 40)
+
+
+def test_trimmed_drops_only_the_columns_every_completion_pads(net):
+    g = torch.Generator().manual_seed(2)
+    out = sample_groups(net, prompts(), 2, 12, 1.0, stop_ids=tuple(range(V - 1)), generator=g)  # 1 to 2 tokens each
+    short = out.trimmed()
+    n = int(out.completion_mask.sum(1).max())
+    assert 1 <= n < 12 and short.completion_mask.shape == short.logps.shape == (6, n)
+    assert short.ids.shape == (6, 4 + n) and torch.equal(short.pad, out.pad)
+    assert not out.completion_mask[:, n:].any() and torch.equal(short.completion_ids, out.completion_ids[:, :n])
+    torch.testing.assert_close(short.logps, per_token_logps(net, short.ids, short.completion_mask, 1.0, short.pad))
+    full = sample_groups(net, prompts(), 4, 12, 0.7, stop_ids=STOP, generator=torch.Generator().manual_seed(1))
+    assert full.trimmed() is full  # a completion ran to the budget: nothing to drop

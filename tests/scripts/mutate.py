@@ -1587,6 +1587,13 @@ FAMILIES: dict[str, dict] = {
             (RO, "mask = slot <= (out.ended", "mask = slot < (out.ended"),  # the stop token left out
             (RO, "net(ids[:, :-1], None, 0, pad)[:, -t:]", "net(ids[:, :-1], None, 0, pad)[:, :t]"),  # prompt slots
             (RO, "net(ids[:, :-1], None, 0, pad)", "net(ids[:, :-1], None, 0, None)"),
+            # the trimmed rollout: the longest completion's last column (its stop token) cut, or the prompt's
+            (
+                RO,
+                "width = max(int(self.completion_mask.sum(1).max()), 1)",
+                "width = max(int(self.completion_mask.sum(1).max()) - 1, 1)",
+            ),
+            (RO, "Rollout(self.ids[:, :-cut], self.pad", "Rollout(self.ids[:, cut:], self.pad"),
             (
                 RO,
                 "rows = [p for p in prompt_ids for _ in range(group_size)]",

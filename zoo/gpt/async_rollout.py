@@ -123,11 +123,13 @@ class AsyncRollouts(actor_pool.ActorPool):
         super().__init__(build, net, num_actors, num_slots, seed, [__name__], "GRPO rollout actor", start_method)
 
     def take(self, device: torch.device | str = "cpu") -> Behaviour:
-        """The next full slot, copied out to ``device`` with the padding all rows share cut; its slot goes back."""
+        """The next full slot, copied out to ``device`` with the padding all rows share cut (the prompts' left and
+        the completions' right, ``Rollout.trimmed``); its slot goes back."""
         self.check()
         k = self.get()
         s = {name: field[k].clone() for name, field in self.slots.items()}
         self.release(k)
         cut = int(s["pad"].min())
         fields = (s["ids"][:, cut:], s["pad"] - cut, s["completion_mask"], s["logps"])
-        return Behaviour(Rollout(*(x.to(device) for x in fields)), s["prompt_index"], int(s["meta"][2]))
+        rollout = Rollout(*(x.to(device) for x in fields)).trimmed()
+        return Behaviour(rollout, s["prompt_index"], int(s["meta"][2]))

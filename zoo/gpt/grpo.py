@@ -170,7 +170,8 @@ class GRPOModule(CausalLMModule):
         self.net.eval()
         try:
             stop = self.tokenizer.stop_ids if self.tokenizer is not None else ()
-            return sample_groups(self.net, prompts, h.group_size, h.max_new_tokens, h.temperature, h.top_p, stop)
+            rollout = sample_groups(self.net, prompts, h.group_size, h.max_new_tokens, h.temperature, h.top_p, stop)
+            return rollout.trimmed()
         finally:
             self.net.train(training)
 

@@ -44,6 +44,16 @@ class Rollout:
         """The completions (R, T), 0 after each one's end."""
         return self.ids[:, -self.completion_mask.shape[1] :]
 
+    def trimmed(self) -> Rollout:
+        """The same rollout without the completion columns past the longest completion: padding in every row, which
+        the update's forward and backward passes would run over (TRL's completions end at the batch's longest too).
+        """
+        width = max(int(self.completion_mask.sum(1).max()), 1)  # each mask is one run from column 0
+        cut = self.completion_mask.shape[1] - width
+        if cut == 0:
+            return self
+        return Rollout(self.ids[:, :-cut], self.pad, self.completion_mask[:, :width], self.logps[:, :width])
+
 
 @torch.no_grad()
 def sample_groups(
