@@ -261,7 +261,7 @@ def main() -> None:
     ap.add_argument("--base-steps", type=int, default=400, help="zoo track: pretraining steps")
     ap.add_argument("--sft-steps", type=int, default=250)
     ap.add_argument("--dpo-steps", type=int, default=50)
-    ap.add_argument("--rl-steps", type=int, default=300, help="GRPO steps (stage rl)")
+    ap.add_argument("--rl-steps", type=int, default=600, help="GRPO steps (stage rl)")
     ap.add_argument("--stages", nargs="+", choices=STAGES, help="default: all (llama: no rl); dpo, rl start from sft")
     ap.add_argument("--layers", type=int, default=4, help="layers of both tracks' nets (configs: 4)")
     ap.add_argument("--width", type=int, default=128, help="model width of both tracks' nets, 4 heads (configs: 128)")
