@@ -639,7 +639,7 @@ FAMILIES: dict[str, dict] = {
             ),
             (CN, "[width * 2**i for i in range(depth)]", "[width * 2**i for i in range(1, depth + 1)]"),
             (CN, "nn.Dropout2d(dropout) if dropout > 0", "nn.Dropout2d(1 - dropout) if dropout > 0"),
-            (CM, 'p.requires_grad_(name.startswith(head + "."))', "p.requires_grad_(True)"),
+            (CM, 'trainable=(*trainable, f"net.{classifier_head(self.net)}.*"))', 'trainable=(*trainable, "net.*"))'),
             (CM, "                    m.eval()", "                    m.train()"),
             (CM, '{"confusion_matrix": matrix.tolist()', '{"confusion_matrix": matrix.T.tolist()'),
             (CM, 'MulticlassAccuracy(k, top_k=5, average="micro")', 'MulticlassAccuracy(k, top_k=4, average="micro")'),
@@ -795,9 +795,9 @@ FAMILIES: dict[str, dict] = {
                 'trust.zoo_allowlist().with_trusted(str(stored).split("\'")), cls=cls, given=tuple(given))',
             ),
             (
-                RG,
-                "source, zoo_allowlist()\n    )\n    return build(part, record=True)",
-                '    part = resolve_model(stored, source, zoo_allowlist().with_trusted(str(stored).split("\'")))',
+                CK,
+                '**(spec.get("init_args") or {})}, source, trust.zoo_allowlist()\n    )',
+                '**(spec.get("init_args") or {})}, source, trust.zoo_allowlist().with_trusted(str(spec).split("\'"))\n    )',
             ),
             (
                 SC,
@@ -1143,7 +1143,7 @@ FAMILIES: dict[str, dict] = {
             (AD, "    if settings.lora is not None:\n        _inject(", "    if False:\n        _inject("),
             (AD, "        lora_alpha=lora.alpha,\n", "        lora_alpha=lora.r,\n"),
             (AD, "        use_rslora=lora.rslora,\n", "        use_rslora=False,\n"),
-            (AD, "and m.weight.requires_grad and not any(_under(n, p) for p in io)", "and m.weight.requires_grad"),
+            (AD, "            and not any(_under(n, p) for p in io)\n", ""),
             (AD, "            layer.merge(safe_merge=True)\n", ""),
             (CM, "        self._adapt()  # after init_weights", "        pass  # after init_weights"),
             (CM, 'trainable=(*trainable, f"net.{classifier_head(self.net)}.*"))', "trainable=trainable)"),
@@ -1163,7 +1163,7 @@ FAMILIES: dict[str, dict] = {
             (DM, "            if named:\n", "            if False:\n"),
             (
                 LC,
-                "        adapt_agent(module, self.targets)  # the weights are final here",
+                "        adapt_agent(module, self.targets)  # the weights are final: init_weights",
                 "        pass  # final here",
             ),
             (
@@ -1436,8 +1436,8 @@ FAMILIES: dict[str, dict] = {
             (WF, "        self._assign(pl_module, tuned, self.chosen_alpha)\n", ""),
             (
                 HK,
-                "lg.log_trained_model(model_path, ckpt.monitor)",
-                "lg.log_trained_model(ckpt.best_model_path, ckpt.monitor)",
+                "lg.log_trained_model(model_path, ckpt.monitor, base)",
+                "lg.log_trained_model(ckpt.best_model_path, ckpt.monitor, base)",
             ),
             (HK, "ckpt_path=chosen or (", "ckpt_path=("),
         ],
