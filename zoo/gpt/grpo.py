@@ -209,11 +209,13 @@ class GRPOModule(CausalLMModule):
         as_tensor = lambda x: torch.tensor(x, dtype=torch.float32, device=self.device)  # noqa: E731
         return Scores(as_tensor(outcome), as_tensor(total), steps, metrics, per_row)
 
-    def token_advantages(self, rollout: Rollout, scores: Scores) -> Tensor | None:
-        """Process supervision's per-token advantages (R, T) from the step rewards' steps; None without any."""
+    def token_advantages(self, rollout: Rollout, scores: Scores, rows: list[list[int]] | None = None) -> Tensor | None:
+        """Process supervision's per-token advantages (R, T) from the step rewards' steps; None without any.
+        ``rows``: the completions' ids as scored (``completion_rows``), when the caller has them already."""
         if not any(isinstance(r, StepReward) for r in self.rewards):
             return None
-        rows = self.completion_rows(rollout.completion_ids, rollout.completion_mask)
+        if rows is None:
+            rows = self.completion_rows(rollout.completion_ids, rollout.completion_mask)
         values, mask = place_steps(rows, scores.steps, self.tokenizer.decode, rollout.completion_mask.shape[1])
         h = self.hparams
         return process_advantages(
@@ -294,10 +296,11 @@ class GRPOModule(CausalLMModule):
             rollout, is_weight, answers, lag = self.behaviour_rollout(len(batch["prompt_ids"]))
         else:
             rollout, is_weight, answers, lag = self.rollout(batch["prompt_ids"]), None, batch["answers"], {}
-        texts = self.completions(rollout.completion_ids, rollout.completion_mask)
+        rows = self.completion_rows(rollout.completion_ids, rollout.completion_mask)  # cut once: texts and steps
+        texts = [self.tokenizer.decode(row) for row in rows]
         scores = self.score_rows(texts, answers)
         rewards, per_row = scores.total, scores.per_row
-        passes = self.update(rollout, scores.outcome, is_weight, self.token_advantages(rollout, scores))
+        passes = self.update(rollout, scores.outcome, is_weight, self.token_advantages(rollout, scores, rows))
         if self.actors is not None:
             self.actors.publish(self.net)
         if lightning_writes(self.trainer):
