@@ -10,6 +10,10 @@ class CheckpointError(RuntimeError):
     """A file that is not a loadable checkpoint (truncated, another format); the message names it and says why."""
 
 
+class MissingBaseError(CheckpointError):
+    """A LoRA checkpoint that left its frozen base out, loaded without the ``init_weights`` it was trained on."""
+
+
 class TruncatedCheckpointError(CheckpointError):
     """A checkpoint whose end is missing (an interrupted copy, download or save)."""
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from zoo.adapt.lora import adapted
 from zoo.adapt.settings import Adaptation
-from zoo.errors import CheckpointError
+from zoo.errors import CheckpointError, MissingBaseError
 
 BASE_KEY = "adapter_base"  # in the checkpoint: {"sha256": hex, "tensors": count}
 
@@ -83,7 +83,7 @@ def restore_base(module: nn.Module, checkpoint: dict, load_base: Callable[[], No
     if info is None:
         return adapt()
     if not module.hparams.get("init_weights"):
-        raise CheckpointError(
+        raise MissingBaseError(
             f"the checkpoint holds LoRA adapters without their frozen base ({info['tensors']} tensors, sha256 "
             f"{info['sha256'][:12]}...): give the base it was trained on as init_weights (--model.init_args."
             "init_weights=<folder or file>, or load_from_checkpoint(path, init_weights=...))"

@@ -1,26 +1,39 @@
-"""``python -m zoo.gpt export <lightning.ckpt> <out_folder> [--format gpt2|llama] [--merge]``: a zoo GPT checkpoint as a
-Hugging Face model folder (``zoo.gpt.hf`` for GPT-2, ``zoo.gpt.llama`` for Llama, Mixtral and DeepSeek-V3). A
+"""``python -m zoo.gpt export <lightning.ckpt> <out_folder> [--format gpt2|llama] [--merge] [--init-weights <base>]``:
+a zoo GPT checkpoint as a whole Hugging Face model folder (``zoo.gpt.export``: the net, its tokenizer files and chat
+template, generation_config.json; ``zoo.gpt.hf`` for GPT-2, ``zoo.gpt.llama`` for Llama, Mixtral and DeepSeek-V3). A
 checkpoint with LoRA adapters writes the base model there and the adapters as PEFT's ``<out_folder>/adapter``
 (``zoo.gpt.peft_adapter``), or with ``--merge`` one model with the adapters folded in.
 
 ``python -m zoo.gpt lm-eval <lightning.ckpt> --tasks <names> [--include-path <folder>] [--apply-chat-template]``:
 lm-evaluation-harness tasks on the checkpoint (``zoo.gpt.lm_eval``; the optional extra ``eval``), the table printed and
-``--output`` a JSON file."""
+``--output`` a JSON file.
+
+A LoRA checkpoint leaves its frozen base out: both take it as ``--init-weights`` (the model it was trained on). Bad
+input is one ``error:`` line; ``--verbose`` shows the traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 
-from zoo.adapt import merge
-from zoo.gpt.hf import export_gpt2
-from zoo.gpt.llama import export_hf
+from zoo.errors import MissingBaseError
 from zoo.gpt.module import CausalLMModule
-from zoo.gpt.peft_adapter import lora_layers, plain_layers, save_adapter
+
+BASE_HELP = "the base a LoRA checkpoint was trained on (its init_weights: such checkpoints leave the base out)"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Export a zoo GPT checkpoint as a Hugging Face model folder.")
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    verbose = "--verbose" in argv or bool(os.environ.get("ZOO_VERBOSE"))
+    argv = [a for a in argv if a != "--verbose"]
+    parser = argparse.ArgumentParser(
+        prog="python -m zoo.gpt",
+        description="Export a zoo GPT checkpoint as a Hugging Face model folder, or run lm-eval tasks on it.",
+        epilog="--verbose: the full traceback of an error",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     exp = sub.add_parser("export", help="Lightning checkpoint -> Hugging Face folder")
     exp.add_argument("checkpoint")
@@ -37,31 +50,39 @@ def main() -> None:
         action="store_true",
         help="fold LoRA adapters into the weights (one model, no PEFT) instead of writing them to <folder>/adapter",
     )
-    exp.add_argument(
-        "--init-weights",
-        help="the base a LoRA checkpoint was trained on (its init_weights: such checkpoints leave the base out)",
-    )
+    exp.add_argument("--init-weights", help=BASE_HELP)
     _add_lm_eval(sub)
-    args = parser.parse_args()
-    if args.command == "lm-eval":
-        return lm_eval_main(args)
+    args = parser.parse_args(argv)
+    try:
+        lm_eval_main(args) if args.command == "lm-eval" else export_main(args)
+    except MissingBaseError:
+        if verbose:
+            raise
+        sys.exit(
+            f"error: {args.checkpoint} holds LoRA adapters without their frozen base: give the model they were "
+            f"trained on, --init-weights <its folder or file>"
+        )
+    except Exception as err:  # bad input at a terminal: one line naming it; the traceback behind --verbose
+        if verbose:
+            raise
+        from zoo.errors import one_line
+
+        sys.exit(f"error: {one_line(err)}\n(the full traceback: rerun with --verbose)")
+
+
+def export_main(args) -> None:
+    from zoo.gpt.export import export
+
     given = {"init_weights": args.init_weights} if args.init_weights else {}
     module = CausalLMModule.load_from_checkpoint(args.checkpoint, map_location="cpu", weights_only=True, **given)
-    if args.merge and lora_layers(module.net):
-        merge(module)
-    eos = module.tokenizer.eos_id if module.tokenizer is not None else None
-    with plain_layers(module.net):  # the base model: what the adapters, if any, were trained on
-        written = (
-            export_hf(module.net, args.folder) if args.format == "llama" else export_gpt2(module.net, args.folder, eos)
-        )
-    print(f"Wrote {written}")
-    if lora_layers(module.net):
-        print(f"Wrote {save_adapter(module, Path(args.folder) / 'adapter', args.format, base=args.folder)} (PEFT LoRA)")
+    for line in export(module, args.folder, args.format, args.merge):
+        print(f"Wrote {line}" if not line.startswith("no ") else f"Note: {line}")
 
 
 def _add_lm_eval(sub) -> None:
     ev = sub.add_parser("lm-eval", help="lm-evaluation-harness tasks on a Lightning checkpoint")
     lm_eval_arguments(ev, "a Lightning checkpoint (a registered model: python -m zoo.tracking lm-eval)")
+    ev.add_argument("--init-weights", help=BASE_HELP)
 
 
 def lm_eval_arguments(ev: argparse.ArgumentParser, model_help: str) -> None:
@@ -109,8 +130,10 @@ def lm_eval_main(args, module: CausalLMModule | None = None) -> None:
     multiturn = args.fewshot_as_multiturn
     if multiturn is not None and not args.apply_chat_template:
         raise SystemExit("error: --fewshot-as-multiturn needs --apply-chat-template (turns exist in a chat only)")
+    base = getattr(args, "init_weights", None)  # zoo.tracking's models are whole: it has no such option
+    pretrained = args.checkpoint if module is None else module
+    model = ZooLM(pretrained, batch_size=args.batch_size, device=args.device, init_weights=base)  # before the tasks
     manager = TaskManager(include_path=args.include_path or None, include_defaults=not args.no_builtin_tasks)
-    model = ZooLM(args.checkpoint if module is None else module, batch_size=args.batch_size, device=args.device)
     results = lm_eval.simple_evaluate(
         model=model,
         tasks=args.tasks.split(","),

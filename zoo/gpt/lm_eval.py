@@ -39,7 +39,9 @@ class ZooLM(TemplateLM):
         device: str | None = None,
         max_gen_toks: int = 256,
         max_batch_size: int | None = None,
+        init_weights: str | None = None,
     ) -> None:
+        """``init_weights``: the base a LoRA checkpoint was trained on (it leaves its frozen base out)."""
         super().__init__()
         if isinstance(pretrained, str):
             if pretrained.startswith(REGISTRY_URIS):  # the registry is the application's (zoo.tracking) to read
@@ -49,7 +51,10 @@ class ZooLM(TemplateLM):
                     f"ZooLM(zoo.tracking.load_model({pretrained!r}))"
                 )
             path = readable(pretrained, "pretrained")
-            pretrained = CausalLMModule.load_from_checkpoint(path, map_location=device or "cpu", weights_only=True)
+            given = {"init_weights": init_weights} if init_weights else {}
+            pretrained = CausalLMModule.load_from_checkpoint(
+                path, map_location=device or "cpu", weights_only=True, **given
+            )
         elif device is not None:
             pretrained = pretrained.to(device)
         if pretrained.tokenizer is None:

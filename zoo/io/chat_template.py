@@ -21,7 +21,9 @@ as transformers' ``return_assistant_tokens_mask`` counts it.
 The zoo's own tokenizers (bytes, gpt2, bpe) have no template; a default format is used: each message is
 ``<|role|>\\n`` + content (+ ``\\n`` after system and user turns) as text, and an assistant turn ends with the EOS
 id, which is no text: no token is added, so a model trained on text keeps its vocabulary, and generation stops at
-the end of a reply. A character tokenizer is refused: it encodes only the characters of its corpus.
+the end of a reply. A character tokenizer is refused: it encodes only the characters of its corpus. An exported folder
+states that format as a Jinja template (``DEFAULT_TEMPLATE``, ``template_source``), whose text writes the EOS as
+``eos_token``, which the exported tokenizer encodes as the EOS id.
 """
 
 from __future__ import annotations
@@ -228,6 +230,24 @@ def _token_ends(offsets: list[tuple[int, int]], ends: list[int]) -> list[int]:
     """For each character position in ``ends`` where a token ends, the number of tokens up to it."""
     count = {end: k + 1 for k, (_, end) in enumerate(offsets)}  # last token ending there (an empty one may follow)
     return [count[e] for e in ends if e in count]
+
+
+# The default format as a template (trim_blocks drops a newline right after a tag: each newline is an expression).
+DEFAULT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' + message['content'] }}"
+    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% else %}{{ '\\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+)
+
+
+def template_source(tokenizer: Any) -> Any:
+    """The chat template ``tokenizer``'s conversations render as, for an exported folder's tokenizer_config.json: its
+    own, or the default format's; None where ``chat_renderer`` refuses conversations."""
+    if getattr(tokenizer, "chat_template", None) is not None:
+        return tokenizer.chat_template
+    if isinstance(tokenizer, (CharTokenizer, PretrainedTokenizer)):
+        return None
+    return DEFAULT_TEMPLATE
 
 
 def _default(tokenizer, messages: list[dict], add_generation_prompt: bool) -> Rendered:

@@ -4,7 +4,8 @@ folder's ``tokenizer.json`` (``zoo.io.hf_tokenizer``).
 Model-side: a checkpoint carries its tokenizer (``to_dict``), so loading one needs only ``zoo``.
 
 All five share one small protocol (``Tokenizer``): ``encode``/``encode_batch``/``decode``,
-``vocab_size``, ``eos_id``, ``stop_ids`` and ``to_dict``. ``to_dict`` is JSON-able and complete (the BPE kinds
+``vocab_size``, ``eos_id``, ``stop_ids``, ``to_dict`` and ``pipeline`` (the same ids as a ``tokenizers`` pipeline, which
+an exported model folder holds as its ``tokenizer.json``). ``to_dict`` is JSON-able and complete (the BPE kinds
 carry their whole ``tokenizer.json``), so a checkpoint restores the exact tokenizer with
 ``tokenizer_from_dict`` and needs no files. ``decode`` drops EOS and ids outside the vocabulary
 (e.g. the ignore index -100), so it can be handed model outputs and padded targets as they are.
@@ -47,6 +48,8 @@ class Tokenizer(Protocol):
 
     def to_dict(self) -> dict: ...
 
+    def pipeline(self) -> HFTokenizer: ...
+
 
 def _ids_below(ids: Sequence[int], limit: int) -> np.ndarray:
     """``ids`` as an int64 array without EOS, padding (-100) or anything else outside ``[0, limit)``."""
@@ -73,6 +76,15 @@ class ByteTokenizer:
 
     def to_dict(self) -> dict:
         return {"kind": "bytes"}
+
+    def pipeline(self) -> HFTokenizer:
+        """GPT-2's byte-level symbols at their bytes' ids with no merges, EOS an added token: the same ids, except
+        that a text spelling ``<|endoftext|>`` is EOS there (as in GPT-2's, and as a chat template's end of reply
+        must be) and bytes here."""
+        hf = _byte_level(models.BPE({symbol: b for b, symbol in enumerate(_byte_symbols())}, []))
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)  # no merge to bound
+        hf.add_special_tokens([EOS_TOKEN])
+        return hf
 
 
 class CharTokenizer:
@@ -116,6 +128,14 @@ class CharTokenizer:
     def to_dict(self) -> dict:
         return {"kind": "chars", "chars": "".join(self.chars)}
 
+    def pipeline(self) -> HFTokenizer:
+        """Each character a token at its id, no merges, EOS an added token: the same ids, except that a text spelling
+        ``<|endoftext|>`` is EOS there, and a character outside the vocabulary, refused here, is dropped there."""
+        hf = HFTokenizer(models.BPE({c: i for i, c in enumerate(self.chars)}, []))  # no pre-split: one word
+        hf.decoder = decoders.Fuse()  # the characters joined, not space-separated
+        hf.add_special_tokens([EOS_TOKEN])
+        return hf
+
 
 def _byte_level(model: models.Model) -> HFTokenizer:
     """GPT-2's pipeline around a BPE ``model``: regex pre-split into byte-level symbols, no prefix space."""
@@ -151,6 +171,9 @@ class _HFTokenizer:
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "json": self.hf.to_str()}
+
+    def pipeline(self) -> HFTokenizer:
+        return self.hf
 
     @classmethod
     def from_json(cls, text: str):
@@ -353,12 +376,26 @@ class OpenCLIPTokenizer(_HFTokenizer):
     def decode(self, ids: Sequence[int]) -> str:
         return super().decode(ids).strip()
 
+    def pipeline(self) -> HFTokenizer:
+        raise InputError(
+            "open_clip's tokenizer cleans text (ftfy, HTML entities, lower case) before its pipeline, which a "
+            "tokenizer.json cannot state: it is not written as one"
+        )
+
+
+PRINTABLE = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+
 
 def _clip_byte_symbols() -> list[str]:
     """The 256 byte symbols in CLIP's vocabulary order (``bytes_to_unicode().values()``): the printable bytes as
     themselves, by byte, then the others as U+0100 onwards (GPT-2's byte alphabet, ordered)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    return [chr(b) for b in printable] + [chr(256 + n) for n in range(256 - len(printable))]
+    return [chr(b) for b in PRINTABLE] + [chr(256 + n) for n in range(256 - len(PRINTABLE))]
+
+
+def _byte_symbols() -> list[str]:
+    """GPT-2's ``bytes_to_unicode`` by byte: a printable byte is itself, the others U+0100 onwards in byte order."""
+    others = iter(range(256, 512))
+    return [chr(b) if b in PRINTABLE else chr(next(others)) for b in range(256)]
 
 
 def tokenizer_from_dict(d: dict) -> Tokenizer:
