@@ -20,7 +20,15 @@ COVERED: list[tuple[str, str]] = [
     (r"^python cli\.py (fit|validate|test|predict) +--config configs/<family>", "a template"),
     (
         r"^python -m zoo\.gpt export <lora\.ckpt>",
-        "tests/gpt/test_peft_adapter.py::test_a_fit_starts_from_a_peft_adapter_and_exports_it_back",
+        "tests/gpt/test_gpt_export.py::test_an_exported_lora_checkpoint_loads_in_transformers_and_peft_with_the_zoos_ids_and_logits",
+    ),
+    (
+        r"^python -m zoo\.gpt export <last\.ckpt>",
+        "tests/gpt/test_gpt_cli.py::test_tiny_fits_then_predicts_from_its_checkpoint_and_reloads_alone",
+    ),
+    (
+        r"^python -m zoo\.gpt lm-eval <lora\.ckpt> --init-weights",
+        "tests/gpt/test_gpt_export.py::test_lm_eval_runs_on_a_lora_checkpoint_given_its_base",
     ),
     (r"--print_config", "tests/test_docs.py::test_print_config_prints_every_option_resolved"),
     (
@@ -163,7 +171,7 @@ COVERED: list[tuple[str, str]] = [
         "tests/gpt/test_gpt_tasks.py::test_cli_test_scores_a_task_file_from_the_checkpoint_alone",
     ),
     (
-        r"^python -m zoo\.gpt lm-eval (?!.*--apply-chat-template)",
+        r"^python -m zoo\.gpt lm-eval <last\.ckpt> (?!.*--apply-chat-template)",
         "tests/gpt/test_gpt_tasks.py::test_lm_eval_local_task_agrees_with_task_datamodule",
     ),
     (

@@ -64,6 +64,10 @@ def test_tiny_fits_then_predicts_from_its_checkpoint_and_reloads_alone():
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, module(ids), atol=1e-4, rtol=0)
     assert hf.config.eos_token_id == module.tokenizer.eos_id == 256
+    # whole: the tokenizer, its chat format and predict's decoding come with it
+    text = "ROMEO: Ünïcödé  🤗"
+    assert transformers.AutoTokenizer.from_pretrained("hf").encode(text) == module.tokenizer.encode(text)
+    assert transformers.GenerationConfig.from_pretrained("hf").eos_token_id == 256
 
 
 def test_vocab_too_small_for_the_tokenizer_is_named():
