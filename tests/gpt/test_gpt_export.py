@@ -125,7 +125,7 @@ def test_a_tokenizer_without_a_tokenizer_json_form_is_refused_in_one_line():
 
 @pytest.mark.parametrize(
     "generation",
-    [Generation(temperature=0.0, top_k=3, max_new_tokens=7), Generation(temperature=0.7, top_k=5, top_p=0.9)],
+    [Generation(temperature=0.0, top_k=3, max_new_tokens=7), Generation(temperature=0.7, top_p=0.9)],
 )
 def test_generation_config_reads_back_in_transformers_and_the_zoo(tmp_path, generation):
     tok = llama3_tokenizer(tmp_path)
@@ -137,7 +137,7 @@ def test_generation_config_reads_back_in_transformers_and_the_zoo(tmp_path, gene
     sampled = generation.temperature > 0
     assert theirs.do_sample == sampled
     if sampled:
-        assert (theirs.temperature, theirs.top_k, theirs.top_p) == (0.7, 5, 0.9)
+        assert (theirs.temperature, theirs.top_k, theirs.top_p) == (0.7, 0, 0.9)  # 0: all tokens (unset is 50)
     assert generation_defaults(tmp_path) == Generation(
         max_new_tokens=generation.max_new_tokens,
         temperature=generation.temperature,
@@ -244,6 +244,16 @@ def test_export_and_lm_eval_refuse_a_lora_checkpoint_without_its_base_in_one_lin
         assert message.startswith("error: ") and "\n" not in message, message
         assert message.endswith("holds LoRA adapters without their frozen base: give the model they were trained on, "
                                 "--init-weights <its folder or file>")  # fmt: skip
+
+
+def test_zoolm_loads_a_lora_checkpoint_given_its_base(lora_checkpoint):
+    pytest.importorskip("lm_eval")
+    from zoo.gpt.lm_eval import ZooLM
+
+    _, ckpt, base, module = lora_checkpoint
+    lm = ZooLM(str(ckpt), init_weights=str(base))
+    ids = module.tokenizer.encode("the cat sat")
+    torch.testing.assert_close(logits(lm.module, ids), logits(module, ids))
 
 
 @pytest.mark.slow  # lm-eval's and datasets' imports, a datasets cache: ~8 s

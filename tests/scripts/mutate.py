@@ -1220,6 +1220,30 @@ FAMILIES: dict[str, dict] = {
             ("zoo/gpt/__main__.py", "    if lora_layers(module.net):\n", "    if False:\n"),
         ],
     },
+    "export": {  # python -m zoo.gpt export: a whole folder (tokenizer files, chat template, generation config)
+        "tests": ["tests/gpt/test_gpt_export.py"],
+        "mutants": [
+            (HFT, "    if chat_template is not None:\n", "    if False:\n"),  # the chat template not written
+            (HFT, "for name, i in ids.items()}", "for name, i in ids.items() if name != 'bos'}"),  # BOS not named
+            (TOK, "chr(b) if b in PRINTABLE else chr(next(others))", "chr(b) if b in PRINTABLE else chr(b + 256)"),
+            (
+                TOK,
+                "        hf.decoder = decoders.Fuse()  # the characters joined",
+                "        pass  # the characters joined",
+            ),
+            (
+                "zoo/gpt/export.py",
+                'config["eos_token_id"] = stop[0] if len(stop) == 1 else stop',
+                'config["eos_token_id"] = stop[0]',
+            ),  # noqa: E501
+            ("zoo/gpt/export.py", '"top_k": generation.top_k or 0', '"top_k": generation.top_k'),  # unset: 50
+            ("zoo/gpt/export.py", '"do_sample": generation.temperature > 0}', '"do_sample": False}'),
+            ("zoo/gpt/export.py", "    if merge and lora_layers(module.net):\n", "    if False:\n"),  # --merge ignored
+            ("zoo/io/chat_template.py", "{% else %}{{ '\\\\n' }}{% endif %}", "{% else %}\\n{% endif %}"),
+            (GMN, "    except MissingBaseError:\n", "    except ImportError:\n"),  # another command's flag named
+            (LEV, 'given = {"init_weights": init_weights} if init_weights else {}', "given = {}"),
+        ],
+    },
     "chat": {  # conversations for fine-tuning: a folder's chat template and the loss on the assistant's tokens
         "tests": [
             "tests/datamodules/test_arithmetic.py",
