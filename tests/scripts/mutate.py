@@ -1235,7 +1235,7 @@ FAMILIES: dict[str, dict] = {
                 "zoo/gpt/export.py",
                 'config["eos_token_id"] = stop[0] if len(stop) == 1 else stop',
                 'config["eos_token_id"] = stop[0]',
-            ),  # noqa: E501
+            ),
             ("zoo/gpt/export.py", '"top_k": generation.top_k or 0', '"top_k": generation.top_k'),  # unset: 50
             ("zoo/gpt/export.py", '"do_sample": generation.temperature > 0}', '"do_sample": False}'),
             ("zoo/gpt/export.py", "    if merge and lora_layers(module.net):\n", "    if False:\n"),  # --merge ignored
