@@ -1217,7 +1217,7 @@ FAMILIES: dict[str, dict] = {
             (PA, "    if not same:\n", "    if False:\n"),  # a module's own LoRA taken whatever its rank
             (PA, '            hparams["adapt"] = dataclasses.asdict(settings)', "            pass"),
             ("zoo/gpt/module.py", "            load_adapter(self, readable(", "            (readable("),
-            ("zoo/gpt/__main__.py", "    if lora_layers(module.net):\n", "    if False:\n"),
+            ("zoo/gpt/export.py", "    if lora_layers(module.net):\n", "    if False:\n"),
         ],
     },
     "export": {  # python -m zoo.gpt export: a whole folder (tokenizer files, chat template, generation config)
