@@ -35,7 +35,7 @@ from zoo.tracking import (
 )
 from zoo.tracking.families import family_of
 from zoo.tracking.models import ranked_metrics
-from zoo.tracking.report import PARENT_TAG, log_report_card
+from zoo.tracking.report import EVALUATED_TAG, PARENT_TAG, log_report_card
 
 
 def check_seed(cfg: Any) -> None:
@@ -274,9 +274,21 @@ def after_fit(trainer: Trainer, model: LightningModule, datamodule: LightningDat
 
 
 def after_evaluation(trainer: Trainer) -> None:
-    """(rank 0) The report card of the stage this evaluation is nested under, when its lineage has stages."""
-    if trainer.is_global_zero and (lines := stage_report(trainer)):
+    """(rank 0) The run tagged with the data it scored, then the report card of the stage this evaluation is nested
+    under, when its lineage has stages."""
+    if not trainer.is_global_zero:
+        return
+    data = evaluated_data(trainer.datamodule, trainer.state.fn)
+    for lg in mlflow_loggers(trainer):
+        lg.experiment.set_tag(lg.run_id, EVALUATED_TAG, data)
+    if lines := stage_report(trainer):
         print("\n".join(lines))
+
+
+def evaluated_data(datamodule: LightningDataModule | None, fn: str) -> str:
+    """What an evaluation scored: the file the data module names for ``fn`` (``scored_file``), else its class."""
+    scored = getattr(datamodule, "scored_file", None)
+    return (scored(fn) if callable(scored) else None) or type(datamodule).__name__
 
 
 def stage_report(trainer: Trainer) -> list[str]:
