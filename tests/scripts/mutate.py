@@ -1445,15 +1445,27 @@ FAMILIES: dict[str, dict] = {
     "stages": {  # stage by stage: the lineage through parent models, the card's cells, the tags versions carry
         "tests": ["tests/tracking/test_report_card.py", "tests/tracking/test_registry.py"],
         "mutants": [
-            (RPT, "    for child in children:\n        metrics.update(child.data.metrics)\n", ""),
+            (RPT, "        metrics.update(evaluated_metrics(own, child.data.tags.get(EVALUATED_TAG)))\n", ""),
             (RPT, 'order_by=["attributes.start_time"]', 'order_by=["attributes.start_time DESC"]'),
             (RPT, "    return runs[::-1]", "    return runs"),
-            (RPT, "if i == len(runs) - 1 and current:", "if i == 0 and current:"),
+            (RPT, "if current and current_run == run.info.run_id:", "if current:"),
             (
                 RPT,
-                'text = report_card(client, tags.get("mlflow.parentRunId") or run_id,',
-                "text = report_card(client, run_id,",
+                'stage_run = client.get_run(run_id).data.tags.get("mlflow.parentRunId") or run_id',
+                "stage_run = run_id",
             ),
+            # an evaluation's cells: under the data it scored, the one still logging counted, the training run's card
+            (RPT, "metrics.update(evaluated_metrics(own, child.data.tags.get(EVALUATED_TAG)))", "metrics.update(own)"),
+            (RPT, 'return {f"{k} on {data}" if data else k: v', "return {k: v"),
+            (
+                RPT,
+                "if current and child.info.run_id == current_run else {}",
+                "if current and child.info.run_id == run.info.run_id else {}",
+            ),
+            (RPT, "for target in dict.fromkeys((run_id, stage_run)):", "for target in (run_id,):"),
+            (HK, "        lg.experiment.set_tag(lg.run_id, EVALUATED_TAG, data)\n", "        pass\n"),
+            (HK, "return (scored(fn) if callable(scored) else None) or type(", "return (None) or type("),
+            (DTX, 'return self.test_path if stage == "test" else None', "return self.test_path"),
             (RPT, "while run_id and run_id not in seen and", "while run_id and"),
             (
                 RG,
