@@ -1442,6 +1442,19 @@ FAMILIES: dict[str, dict] = {
             (HK, "ckpt_path=chosen or (", "ckpt_path=("),
         ],
     },
+    "no_validation": {  # a fit without a validation loop: no monitor, no best copy, the line that says so
+        "tests": ["tests/app/test_cli.py", "-k", "without_validation"],
+        "mutants": [
+            ("callbacks/checkpoint.py", "            self.save_top_k = 0\n", "            self.save_top_k = 1\n"),
+            (
+                "callbacks/checkpoint.py",
+                'if stage == "fit" and self.monitor is None and not validates(trainer, pl_module):',
+                'if stage == "fit" and self.monitor is None and not validates(trainer, pl_module) and False:',
+            ),
+            ("callbacks/checkpoint.py", "trainer.limit_val_batches != 0\n", "trainer.limit_val_batches is not None\n"),
+            (HK, 'return "No validation: the last checkpoint is the model"', 'return "Best checkpoint: -"'),
+        ],
+    },
     "stages": {  # stage by stage: the lineage through parent models, the card's cells, the tags versions carry
         "tests": ["tests/tracking/test_report_card.py", "tests/tracking/test_registry.py"],
         "mutants": [

@@ -322,6 +322,15 @@ def metrics_table(metrics: dict[str, Any], monitor: str | None = None) -> list[s
     return ["Final metrics:"] + [f"  {k:<{width}}  {float(metrics[k]):.6g}" for k in keys]
 
 
+def best_line(ckpt: Checkpoint) -> str:
+    """The best checkpoint, or why there is none: the last checkpoint is then the model."""
+    if ckpt.best_model_path:
+        return f"Best checkpoint: {ckpt.best_model_path}"
+    if getattr(ckpt, "monitor", None) is None:
+        return "No validation: the last checkpoint is the model"
+    return f"No best checkpoint ({ckpt.monitor} was never logged: no validation ran): the last checkpoint is the model"
+
+
 def fit_report(trainer: Trainer, model_path: str | None = None) -> list[str]:
     """Where the run and its checkpoints are, and its MLflow model: ``model_path`` (WiSE-FT's), else the best."""
     ckpt, lines = trainer.checkpoint_callback, []
@@ -346,7 +355,7 @@ def fit_report(trainer: Trainer, model_path: str | None = None) -> list[str]:
             if getattr(lg, "logs_model", False)
         ]
     if ckpt is not None:
-        lines += [f"Best checkpoint: {ckpt.best_model_path or '-'}", f"Last checkpoint: {ckpt.last_model_path or '-'}"]
+        lines += [best_line(ckpt), f"Last checkpoint: {ckpt.last_model_path or '-'}"]
     if model_path and ckpt is not None and model_path not in (ckpt.best_model_path, ckpt.last_model_path):
         lines.append(f"WiSE-FT checkpoint: {model_path}")
     return lines
