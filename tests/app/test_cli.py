@@ -285,6 +285,12 @@ def test_a_fit_without_validation_says_so_prints_its_final_metrics_and_monitors_
     assert "No validation: the last checkpoint is the model" in lines, out
     last = next(line for line in lines if line.startswith("Last checkpoint:")).split(": ", 1)[1]
     assert [p.name for p in Path(last).parent.iterdir()] == ["last.ckpt"]
+    # Fewer steps than the logging interval: nothing was logged, and the table says so.
+    status, out, err = terminal(
+        monkeypatch, capsys, "fit", "--config", str(TINY), "--trainer.limit_val_batches=0", "--trainer.max_steps=2",
+        "--trainer.log_every_n_steps=5", "--trainer.enable_progress_bar=false", "--trainer.logger=false",
+    )  # fmt: skip
+    assert status == 0 and "Final metrics: none logged (every 5 steps" in out, out + err[-3000:]
 
 
 def test_16_mixed_on_cpu_runs_as_bf16():

@@ -261,7 +261,10 @@ def after_fit(trainer: Trainer, model: LightningModule, datamodule: LightningDat
     """A WiSE-FT sweep, ``--test_after_fit``, then (rank 0) where the run, its MLflow model and its checkpoints are.
     The run's model is WiSE-FT's chosen weights when it ran, else the best checkpoint."""
     ckpt = trainer.checkpoint_callback
-    table = metrics_table(trainer.callback_metrics, getattr(ckpt, "monitor", None))  # fit's, before a test adds its own
+    table = metrics_table(trainer.callback_metrics, getattr(ckpt, "monitor", None)) or [  # fit's, before a test's
+        f"Final metrics: none logged (every {trainer.log_every_n_steps} steps, --trainer.log_every_n_steps; this fit "
+        f"took {trainer.global_step})"
+    ]
     wise = next((cb for cb in trainer.callbacks if isinstance(cb, WiseFT)), None)
     chosen = wise.sweep(trainer, model, datamodule) if wise is not None and trainer.state.status == "finished" else None
     if test:
