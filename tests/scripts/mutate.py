@@ -1442,6 +1442,13 @@ FAMILIES: dict[str, dict] = {
             (HK, "ckpt_path=chosen or (", "ckpt_path=("),
         ],
     },
+    "ui_samples": {  # the samples grid the MLflow UI's card opens on: step 0 of a fresh fit, not of a resume
+        "tests": ["tests/app/test_after_fit.py", "-k", "image_samples"],
+        "mutants": [
+            ("callbacks/image_samples.py", "if trainer.global_step == 0:", "if trainer.global_step >= 0:"),
+            ("callbacks/image_samples.py", "if trainer.global_step == 0:", "if trainer.global_step < 0:"),
+        ],
+    },
     "no_validation": {  # a fit without a validation loop: no monitor, no best copy, the line that says so
         "tests": ["tests/app/test_cli.py", "-k", "without_validation"],
         "mutants": [
