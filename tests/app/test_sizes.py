@@ -59,6 +59,9 @@ def test_a_fits_windows_longer_than_the_nets_context_name_both_block_sizes():
         sizes.vocabulary(data, {"vocab_size": None, "block_size": 96}, False)
     assert sizes.vocabulary(data, {"vocab_size": None, "block_size": 160}, False) == {"vocab_size": 257}
     assert sizes.vocabulary(data, {"vocab_size": 257, "block_size": 96}, True) == {}  # a checkpoint's own windows
+    sizes.check_context(96, 96)  # windows of T tokens (T + 1 read, for the shifted targets) fit a context of T
+    with pytest.raises(InputError, match="block_size=97 is longer"):
+        sizes.check_context(97, 96)
 
 
 def test_num_classes_is_the_datas_unless_given_and_a_given_one_must_agree():

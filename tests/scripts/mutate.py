@@ -1449,6 +1449,17 @@ FAMILIES: dict[str, dict] = {
             ("callbacks/image_samples.py", "if trainer.global_step == 0:", "if trainer.global_step < 0:"),
         ],
     },
+    "block_size": {  # a fit's windows longer than the net's context: refused before the fit, naming both settings
+        "tests": ["tests/app/test_sizes.py", "-k", "context"],
+        "mutants": [
+            ("zoo/app/sizes.py", "and windows > context:", "and windows > context + 1:"),
+            (
+                "zoo/app/sizes.py",
+                "    if not evaluating_checkpoint:\n        check_context(",
+                "    if False:\n        check_context(",
+            ),
+        ],
+    },
     "no_validation": {  # a fit without a validation loop: no monitor, no best copy, the line that says so
         "tests": ["tests/app/test_cli.py", "-k", "without_validation"],
         "mutants": [
