@@ -61,7 +61,11 @@ class MonitoredCheckpoint(ModelCheckpoint):
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         family = family_of(pl_module)
-        if self.monitor is None and family.monitor:
+        if stage == "fit" and self.monitor is None and not validates(trainer, pl_module):
+            # No validation loop, so no family metric to rank by (Lightning warned at every save that it was
+            # missing): the last checkpoint is the model, and no "best" copy of it is written.
+            self.save_top_k = 0
+        elif self.monitor is None and family.monitor:
             self.monitor = family.monitor
             self.mode = self._explicit_mode or family.monitor_mode
             # The worst score of the mode, as ModelCheckpoint's __init__ sets it for its own mode.
@@ -76,6 +80,18 @@ class MonitoredCheckpoint(ModelCheckpoint):
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
         refresh_last_checkpoint(self, trainer, at_train_epoch_end=False)
+
+
+def validates(trainer: Trainer, pl_module: LightningModule) -> bool:
+    """Whether this fit has a validation loop: batches allowed, a ``validation_step``, and a ``val_dataloader``."""
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    data = trainer.datamodule if trainer.datamodule is not None else pl_module
+    return (
+        trainer.limit_val_batches != 0
+        and is_overridden("validation_step", pl_module)
+        and is_overridden("val_dataloader", data)
+    )
 
 
 class CheckpointOnException(OnExceptionCheckpoint):

@@ -18,6 +18,8 @@ class LogImageSamples(Callback):
     weights validation sees (the EMA weights when an EMA callback swaps them in, whatever the callback
     order). The grid goes to each MLflow run as ``samples/step_<global step>.png`` and as the image ``samples``
     at that step, which the MLflow UI shows with a step slider; small images are enlarged (``readable``).
+    A fit from step 0 also logs the untrained model's grid at step 0: the UI's card opens on step 0, and showed
+    "No image logged at this step" there until the slider was moved.
     """
 
     def __init__(
@@ -51,6 +53,14 @@ class LogImageSamples(Callback):
     ) -> None:
         if batch_idx or dataloader_idx or trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:
             return
+        self.log_grid(trainer, pl_module)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.global_step == 0:  # not on a resume: its run's step 0 is the first run's
+            self.log_grid(trainer, pl_module)
+
+    def log_grid(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Sample the grid and log it at the trainer's global step to every MLflow run."""
         if not mlflow_loggers(trainer):  # the same on every rank: each builds the configured loggers
             return
         from zoo.diffusion.grid import image_grid

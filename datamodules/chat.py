@@ -247,5 +247,6 @@ class ChatDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
             raise InputError(
                 f"{self.path!r} leaves {len(self.train_set)} training and {len(self.val_set)} validation conversations "
                 f"(block_size={self.block_size}, val_fraction={self.val_fraction}): give more records, a larger "
-                f"block_size, or --data.init_args.val_fraction 0 to train without validation"
+                f"--data.init_args.block_size (the net's --model.init_args.net.init_args.block_size at least as "
+                f"large), or --data.init_args.val_fraction 0 to train without validation"
             )

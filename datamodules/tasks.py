@@ -191,6 +191,10 @@ class TaskDataModule(LightningDataModule):
             records, batch_size=self.batch_size, shuffle=False, collate_fn=batches, num_workers=self.num_workers
         )
 
+    def scored_file(self, stage: str) -> str:
+        """The file ``test`` and ``validate`` score (the report card names it: ``zoo.tracking.report``)."""
+        return self.path
+
     def test_dataloader(self) -> DataLoader:
         return self._loader()
 

@@ -404,6 +404,10 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_set, "val", None)
 
+    def scored_file(self, stage: str) -> str | None:
+        """The file ``test`` scores (the report card names it: ``zoo.tracking.report``); None: a split of the corpus."""
+        return self.test_path if stage == "test" else None
+
     def test_dataloader(self) -> DataLoader:
         """``test_path`` (tokenised with the restored tokenizer, cached like the corpus) in consecutive windows of
         ``block_size``, or the validation split."""

@@ -293,7 +293,7 @@ def test_clip_weights_into_towers_of_another_embedding_size_replace_the_projecti
         )
 
 
-def test_image_samples_are_enlarged_and_logged_per_step(tmp_path):
+def test_image_samples_are_enlarged_and_logged_per_step_from_the_fits_first(tmp_path):
     from types import SimpleNamespace
 
     from callbacks import LogImageSamples
@@ -303,15 +303,24 @@ def test_image_samples_are_enlarged_and_logged_per_step(tmp_path):
     module = SimpleNamespace(
         sample=lambda n, sampler, guidance, seed: torch.linspace(-1, 1, n * 3 * 16 * 16).view(n, 3, 16, 16)
     )
-    for step in (5, 10):
+    callback = LogImageSamples(num_samples=16)
+    for step in (0, 5, 10):
         trainer = SimpleNamespace(
             sanity_checking=False, current_epoch=0, is_global_zero=True, global_step=step, loggers=[logger]
         )
-        LogImageSamples(num_samples=16).on_validation_batch_end(trainer, module, None, None, 0)
+        if step == 0:  # the fit's start: the step the MLflow UI's card opens on
+            callback.on_train_start(trainer, module)
+        else:
+            callback.on_validation_batch_end(trainer, module, None, None, 0)
+    callback.on_train_start(SimpleNamespace(**{**vars(trainer), "global_step": 7}), module)  # a resume: nothing
     client = MlflowClient(logger.tracking_uri)
     grid = client.download_artifacts(logger.run_id, "samples/step_0000010.png", str(tmp_path))
     from PIL import Image
 
     assert min(Image.open(grid).size) >= 512  # a 4 x 4 grid of 16-pixel images is 74 pixels across unenlarged
     keyed = [a.path for a in client.list_artifacts(logger.run_id, "images")]
-    assert {p.split("+")[2] for p in keyed if p.startswith("images/samples+step+")} == {"5", "10"}, keyed
+    assert sorted(p.split("+")[2] for p in keyed if p.startswith("images/samples+step+") and p.endswith(".png")) == [
+        "0",
+        "10",
+        "5",
+    ], keyed

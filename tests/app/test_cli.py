@@ -263,6 +263,36 @@ def test_main_job_prints_its_final_metrics_and_where_run_and_checkpoint_are(embe
     assert Path(best).is_file()
 
 
+def test_a_fit_without_validation_says_so_prints_its_final_metrics_and_monitors_nothing(
+    embedded_store, monkeypatch, capsys
+):
+    """No validation loop: no warning that the family's metric (val/acc) is missing, no "best" copy of the last
+    checkpoint, one line saying the last checkpoint is the model, and the training loss in the final table."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        status, out, err = terminal(
+            monkeypatch, capsys, "fit", "--config", str(TINY), "--trainer.limit_val_batches=0",
+            "--trainer.max_steps=3", "--trainer.log_every_n_steps=1", "--trainer.enable_progress_bar=false",
+        )  # fmt: skip
+    assert status == 0, err[-3000:]
+    said = [str(w.message) for w in caught] + err.splitlines()
+    assert not [m for m in said if "monitored key" in m or "val/acc" in m], said
+    lines = out.splitlines()
+    table = lines[lines.index("Final metrics:") + 1 :]
+    assert table[0].split()[0] == "train/loss", out
+    assert "No validation: the last checkpoint is the model" in lines, out
+    last = next(line for line in lines if line.startswith("Last checkpoint:")).split(": ", 1)[1]
+    assert [p.name for p in Path(last).parent.iterdir()] == ["last.ckpt"]
+    # Fewer steps than the logging interval: nothing was logged, and the table says so.
+    status, out, err = terminal(
+        monkeypatch, capsys, "fit", "--config", str(TINY), "--trainer.limit_val_batches=0", "--trainer.max_steps=2",
+        "--trainer.log_every_n_steps=5", "--trainer.enable_progress_bar=false", "--trainer.logger=false",
+    )  # fmt: skip
+    assert status == 0 and "Final metrics: none logged (every 5 steps" in out, out + err[-3000:]
+
+
 def test_16_mixed_on_cpu_runs_as_bf16():
     with pytest.warns(UserWarning, match="bf16"):
         c = cli("fit", "--config", str(TINY), *FAST, "--trainer.precision=16-mixed")

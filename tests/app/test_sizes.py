@@ -51,6 +51,19 @@ def test_an_evaluated_checkpoint_keeps_its_vocabulary_and_never_asks_the_data():
         sizes.vocabulary(data, {"vocab_size": None}, True)
 
 
+def test_a_fits_windows_longer_than_the_nets_context_name_both_block_sizes():
+    """The data's block_size raised alone (a conversation did not fit) failed mid-fit in the forward pass, naming only
+    the net's block_size, which the user never set: refused before anything is built, naming both."""
+    data = type("Conversations", (), {"block_size": 160, "vocab_size": 257})()
+    with pytest.raises(InputError, match=r"data.init_args.block_size=160 .*net.init_args.block_size=96: pass --"):
+        sizes.vocabulary(data, {"vocab_size": None, "block_size": 96}, False)
+    assert sizes.vocabulary(data, {"vocab_size": None, "block_size": 160}, False) == {"vocab_size": 257}
+    assert sizes.vocabulary(data, {"vocab_size": 257, "block_size": 96}, True) == {}  # a checkpoint's own windows
+    sizes.check_context(96, 96)  # windows of T tokens (T + 1 read, for the shifted targets) fit a context of T
+    with pytest.raises(InputError, match="block_size=97 is longer"):
+        sizes.check_context(97, 96)
+
+
 def test_num_classes_is_the_datas_unless_given_and_a_given_one_must_agree():
     data = SimpleNamespace(num_classes=3, class_names=["cat", "dog", "eel"])
     assert sizes.classes(data, {"num_classes": None}, False) == {"num_classes": 3}

@@ -1,6 +1,7 @@
 """Base -> SFT -> DPO, and SFT -> GRPO, through cli.py into one MLflow store, as docs/gpt.md's "From a language
 model to an assistant" runs it (tiny nets and a tiny generated task): each stage starts from its parent's registered
-model, the report card printed after the DPO fit has the three stages as columns, a task evaluation fills its row,
+model, the report card printed after the DPO fit has the three stages as columns, a task evaluation fills the row
+of its file,
 and the GRPO stage's card follows its own lineage (base, sft, rl)."""
 
 from __future__ import annotations
@@ -54,5 +55,5 @@ def test_base_sft_dpo_stages_report_one_card_and_a_task_evaluation_fills_it(tmp_
     printed = capsys.readouterr().out
     card = printed[printed.index("Report card") :].splitlines()
     assert card[1] == "| metric | base | sft | dpo |", card
-    row = next(line for line in card if line.startswith("| test/exact_match |"))
-    assert re.fullmatch(r"\| test/exact_match \| - \| - \| [\d.]+ \|", row), row
+    row = next(line for line in card if line.startswith("| test/exact_match on data/arithmetic/test.jsonl |"))
+    assert re.fullmatch(r"\| test/exact_match on data/arithmetic/test.jsonl \| - \| - \| [\d.]+ \|", row), row

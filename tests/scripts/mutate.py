@@ -1466,18 +1466,61 @@ FAMILIES: dict[str, dict] = {
             (HK, "ckpt_path=chosen or (", "ckpt_path=("),
         ],
     },
+    "ui_samples": {  # the samples grid the MLflow UI's card opens on: step 0 of a fresh fit, not of a resume
+        "tests": ["tests/app/test_after_fit.py", "-k", "image_samples"],
+        "mutants": [
+            ("callbacks/image_samples.py", "if trainer.global_step == 0:", "if trainer.global_step >= 0:"),
+            ("callbacks/image_samples.py", "if trainer.global_step == 0:", "if trainer.global_step < 0:"),
+        ],
+    },
+    "block_size": {  # a fit's windows longer than the net's context: refused before the fit, naming both settings
+        "tests": ["tests/app/test_sizes.py", "-k", "context"],
+        "mutants": [
+            ("zoo/app/sizes.py", "and windows > context:", "and windows > context + 1:"),
+            (
+                "zoo/app/sizes.py",
+                "    if not evaluating_checkpoint:\n        check_context(",
+                "    if False:\n        check_context(",
+            ),
+        ],
+    },
+    "no_validation": {  # a fit without a validation loop: no monitor, no best copy, the line that says so
+        "tests": ["tests/app/test_cli.py", "-k", "without_validation"],
+        "mutants": [
+            ("callbacks/checkpoint.py", "            self.save_top_k = 0\n", "            self.save_top_k = 1\n"),
+            (
+                "callbacks/checkpoint.py",
+                'if stage == "fit" and self.monitor is None and not validates(trainer, pl_module):',
+                'if stage == "fit" and self.monitor is None and not validates(trainer, pl_module) and False:',
+            ),
+            ("callbacks/checkpoint.py", "trainer.limit_val_batches != 0\n", "trainer.limit_val_batches is not None\n"),
+            (HK, 'return "No validation: the last checkpoint is the model"', 'return "Best checkpoint: -"'),
+        ],
+    },
     "stages": {  # stage by stage: the lineage through parent models, the card's cells, the tags versions carry
         "tests": ["tests/tracking/test_report_card.py", "tests/tracking/test_registry.py"],
         "mutants": [
-            (RPT, "    for child in children:\n        metrics.update(child.data.metrics)\n", ""),
+            (RPT, "        metrics.update(evaluated_metrics(own, child.data.tags.get(EVALUATED_TAG)))\n", ""),
             (RPT, 'order_by=["attributes.start_time"]', 'order_by=["attributes.start_time DESC"]'),
             (RPT, "    return runs[::-1]", "    return runs"),
-            (RPT, "if i == len(runs) - 1 and current:", "if i == 0 and current:"),
+            (RPT, "if current and current_run == run.info.run_id:", "if current:"),
             (
                 RPT,
-                'text = report_card(client, tags.get("mlflow.parentRunId") or run_id,',
-                "text = report_card(client, run_id,",
+                'stage_run = client.get_run(run_id).data.tags.get("mlflow.parentRunId") or run_id',
+                "stage_run = run_id",
             ),
+            # an evaluation's cells: under the data it scored, the one still logging counted, the training run's card
+            (RPT, "metrics.update(evaluated_metrics(own, child.data.tags.get(EVALUATED_TAG)))", "metrics.update(own)"),
+            (RPT, 'return {f"{k} on {data}" if data else k: v', "return {k: v"),
+            (
+                RPT,
+                "if current and child.info.run_id == current_run else {}",
+                "if current and child.info.run_id == run.info.run_id else {}",
+            ),
+            (RPT, "for target in dict.fromkeys((run_id, stage_run)):", "for target in (run_id,):"),
+            (HK, "        lg.experiment.set_tag(lg.run_id, EVALUATED_TAG, data)\n", "        pass\n"),
+            (HK, "return (scored(fn) if callable(scored) else None) or type(", "return (None) or type("),
+            (DTX, 'return self.test_path if stage == "test" else None', "return self.test_path"),
             (RPT, "while run_id and run_id not in seen and", "while run_id and"),
             (
                 RG,

@@ -74,6 +74,21 @@ def test_validate_from_a_registered_model_equals_the_checkpoint(registered, monk
     assert float(by_name.trainer.callback_metrics["val/acc"]) == float(by_path.trainer.callback_metrics["val/acc"])
 
 
+def test_a_nested_test_names_its_data_and_fills_the_training_runs_card(registered, monkeypatch):
+    """``cli.py test`` of a staged run's model: the evaluation is tagged with the data it scored, and the training
+    run's own report.md gains the evaluation's rows (``zoo.tracking.report``)."""
+    c, client, version, _ = registered
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
+    evaluation = cli("test", "--config", TINY, "--ckpt_path=models:/digits/1")
+    run = client.get_run(evaluation.trainer.logger.run_id)
+    assert run.data.tags["mlflow.parentRunId"] == version.run_id
+    assert run.data.tags["zoo.evaluated_on"] == "DigitsDataModule"  # it names no file: its class
+    card = Path(client.download_artifacts(version.run_id, "report.md")).read_text().splitlines()
+    assert card[0] == "| metric | base |" and any(line.startswith("| val/acc | 0.") for line in card), card
+    row = next(line for line in card if line.startswith("| test/acc on DigitsDataModule | "))
+    assert row.split("|")[2].strip() == f"{float(evaluation.trainer.callback_metrics['test/acc']):.4g}", row
+
+
 def test_init_weights_named_by_the_registry_are_downloaded_before_the_module_is_built(registered, monkeypatch):
     """cli.py turns ``models:/`` into the local weights file: the module starts from the registered net."""
     c, client, version, best = registered

@@ -35,7 +35,7 @@ from zoo.tracking import (
 )
 from zoo.tracking.families import family_of
 from zoo.tracking.models import ranked_metrics
-from zoo.tracking.report import PARENT_TAG, log_report_card
+from zoo.tracking.report import EVALUATED_TAG, PARENT_TAG, log_report_card
 
 
 def check_seed(cfg: Any) -> None:
@@ -261,7 +261,10 @@ def after_fit(trainer: Trainer, model: LightningModule, datamodule: LightningDat
     """A WiSE-FT sweep, ``--test_after_fit``, then (rank 0) where the run, its MLflow model and its checkpoints are.
     The run's model is WiSE-FT's chosen weights when it ran, else the best checkpoint."""
     ckpt = trainer.checkpoint_callback
-    table = metrics_table(trainer.callback_metrics, getattr(ckpt, "monitor", None))  # fit's, before a test adds its own
+    table = metrics_table(trainer.callback_metrics, getattr(ckpt, "monitor", None)) or [  # fit's, before a test's
+        f"Final metrics: none logged (every {trainer.log_every_n_steps} steps, --trainer.log_every_n_steps; this fit "
+        f"took {trainer.global_step})"
+    ]
     wise = next((cb for cb in trainer.callbacks if isinstance(cb, WiseFT)), None)
     chosen = wise.sweep(trainer, model, datamodule) if wise is not None and trainer.state.status == "finished" else None
     if test:
@@ -274,9 +277,21 @@ def after_fit(trainer: Trainer, model: LightningModule, datamodule: LightningDat
 
 
 def after_evaluation(trainer: Trainer) -> None:
-    """(rank 0) The report card of the stage this evaluation is nested under, when its lineage has stages."""
-    if trainer.is_global_zero and (lines := stage_report(trainer)):
+    """(rank 0) The run tagged with the data it scored, then the report card of the stage this evaluation is nested
+    under, when its lineage has stages."""
+    if not trainer.is_global_zero:
+        return
+    data = evaluated_data(trainer.datamodule, trainer.state.fn)
+    for lg in mlflow_loggers(trainer):
+        lg.experiment.set_tag(lg.run_id, EVALUATED_TAG, data)
+    if lines := stage_report(trainer):
         print("\n".join(lines))
+
+
+def evaluated_data(datamodule: LightningDataModule | None, fn: str) -> str:
+    """What an evaluation scored: the file the data module names for ``fn`` (``scored_file``), else its class."""
+    scored = getattr(datamodule, "scored_file", None)
+    return (scored(fn) if callable(scored) else None) or type(datamodule).__name__
 
 
 def stage_report(trainer: Trainer) -> list[str]:
@@ -310,6 +325,15 @@ def metrics_table(metrics: dict[str, Any], monitor: str | None = None) -> list[s
     return ["Final metrics:"] + [f"  {k:<{width}}  {float(metrics[k]):.6g}" for k in keys]
 
 
+def best_line(ckpt: Checkpoint) -> str:
+    """The best checkpoint, or why there is none: the last checkpoint is then the model."""
+    if ckpt.best_model_path:
+        return f"Best checkpoint: {ckpt.best_model_path}"
+    if getattr(ckpt, "monitor", None) is None:
+        return "No validation: the last checkpoint is the model"
+    return f"No best checkpoint ({ckpt.monitor} was never logged: no validation ran): the last checkpoint is the model"
+
+
 def fit_report(trainer: Trainer, model_path: str | None = None) -> list[str]:
     """Where the run and its checkpoints are, and its MLflow model: ``model_path`` (WiSE-FT's), else the best."""
     ckpt, lines = trainer.checkpoint_callback, []
@@ -334,7 +358,7 @@ def fit_report(trainer: Trainer, model_path: str | None = None) -> list[str]:
             if getattr(lg, "logs_model", False)
         ]
     if ckpt is not None:
-        lines += [f"Best checkpoint: {ckpt.best_model_path or '-'}", f"Last checkpoint: {ckpt.last_model_path or '-'}"]
+        lines += [best_line(ckpt), f"Last checkpoint: {ckpt.last_model_path or '-'}"]
     if model_path and ckpt is not None and model_path not in (ckpt.best_model_path, ckpt.last_model_path):
         lines.append(f"WiSE-FT checkpoint: {model_path}")
     return lines

@@ -35,7 +35,10 @@ NET = "model.init_args.net.init_args"  # where the sizes go, as a config or flag
 
 
 def vocabulary(data: Any, net: dict, evaluating_checkpoint: bool) -> dict[str, Any]:
-    """GPT: ``vocab_size``, the ids of the data's tokenizer (``TextDataModule.vocab_size``)."""
+    """GPT: ``vocab_size``, the ids of the data's tokenizer (``TextDataModule.vocab_size``); a fit's windows
+    (the data's ``block_size``) refused when longer than the net's context."""
+    if not evaluating_checkpoint:
+        check_context(getattr(data, "block_size", None), net.get("block_size"))
     if net.get("vocab_size") is not None:
         return {}  # checked against the tokenizer at setup (zoo.gpt.module.vocab_size_for)
     if evaluating_checkpoint or not hasattr(type(data), "vocab_size"):
@@ -44,6 +47,17 @@ def vocabulary(data: Any, net: dict, evaluating_checkpoint: bool) -> dict[str, A
             f"--{NET}.vocab_size=<the tokenizer's ids>, or data with a tokenizer (datamodules.TextDataModule)"
         )
     return {"vocab_size": data.vocab_size}
+
+
+def check_context(windows: int | None, context: int | None) -> None:
+    """The data's ``block_size`` (tokens a window or conversation is trained on) must fit the net's (its context):
+    one line naming both settings, where the forward pass raised mid-fit naming only the net's."""
+    if isinstance(windows, int) and isinstance(context, int) and windows > context:
+        raise InputError(
+            f"data.init_args.block_size={windows} is longer than the net's context, {NET}.block_size={context}: "
+            f"pass --{NET}.block_size={windows} too (a pretrained net's context is its own: a smaller "
+            f"--data.init_args.block_size then)"
+        )
 
 
 def classes(data: Any, net: dict, evaluating_checkpoint: bool) -> dict[str, Any]:
