@@ -116,6 +116,16 @@ def test_answers_are_extracted_by_the_stated_rule():
     assert T.extract_answer("no number here ") == "no number here"
     assert T.extract_answer("Answer: (B) not A", r"\(([A-D])\)") == "B"
     assert T.reference("She pays 2 * 3 = 6.\n#### 6") == "6" and T.reference(" 1,000 ") == "1000"
+    # the first match, in a completion and a reference alike (lm-eval's strict-match, group_select 0)
+    number = r"Answer: (\d+)"
+    assert T.extract_answer("Answer: 0123 then 4567", number) == "0123"
+    assert T.reference("Answer: 0123, Answer: 9", number) == "0123"
+    assert T.extract_answer("#### 3\n#### 5") == "3"
+    # a given rule that reads nothing is no answer, never the text compared whole; a bare reference is itself
+    assert T.extract_answer("42", number) is None and not T.correct("42", "42", number)
+    assert T.correct("Answer: Paris.", "Paris", "Answer: (.+)") and T.reference(" $ ") is None
+    with pytest.raises(InputError, match="not a regular expression"):
+        TaskDataModule(__file__, kind="exact_match", answer_pattern="Answer: (")
     assert T.cut("42\n\nQuestion: next", ["Question:"]) == "42\n\n"
 
 
