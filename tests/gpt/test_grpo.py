@@ -405,3 +405,27 @@ def test_a_reply_the_rule_cannot_read_is_one_line_naming_file_and_line_or_skippe
     with pytest.raises(InputError, match="has 2 groups"):
         PromptDataModule(path, tokenizer="bytes", answer_pattern="(A): (.+)")
 
+
+def test_an_answer_pattern_with_a_colon_on_the_command_line_is_a_string(tmp_path, monkeypatch):
+    """cli.py's own parser: jsonargparse read ``Answer: (\\d+)`` as a YAML mapping and refused it (Expected a str)."""
+    from conftest import CONFIGS
+
+    from cli import main
+
+    monkeypatch.chdir(tmp_path)
+    path = _chat_records(tmp_path)
+    built = main(
+        [  # run=False: LightningCLI has no subcommand
+            "--config",
+            str(CONFIGS / "gpt" / "grpo_arithmetic.yaml"),
+            "--data.init_args.generate=null",
+            f"--data.init_args.path={path}",
+            r"--data.init_args.answer_pattern=Answer: (\d+)",
+            "--model.init_args.rewards=[{class_path: zoo.gpt.rewards.FormatCheck, init_args: {pattern: 'A: b'}}]",
+            "--model.init_args.net.init_args.n_layer=1",  # a deeper flag still reads its own type
+            "--trainer.logger=false",
+        ],
+        run=False,
+    )
+    assert built.datamodule.answer_pattern == r"Answer: (\d+)" and built.model.net.n_layer == 1
+    assert built.model.rewards[0].pattern.pattern == "A: b"
