@@ -126,7 +126,20 @@ def test_answers_are_extracted_by_the_stated_rule():
     assert T.correct("Answer: Paris.", "Paris", "Answer: (.+)") and T.reference(" $ ") is None
     with pytest.raises(InputError, match="not a regular expression"):
         TaskDataModule(__file__, kind="exact_match", answer_pattern="Answer: (")
-    assert T.cut("42\n\nQuestion: next", ["Question:"]) == "42\n\n"
+
+
+def test_an_answer_rule_that_backtracks_without_end_is_stopped_at_its_deadline(monkeypatch):
+    from zoo.gpt.rewards import ExactMatch, score
+
+    monkeypatch.setattr(T, "RULE_SECONDS", 0.05)
+    slow = "a" * 22 + "b"  # (a+)+$ backtracks 2^22 times on it: ~1.5 s unbounded, a regex is code with a deadline
+    with pytest.raises(InputError, match=r"ran past 0\.05 s on a text of 23 characters"):
+        T.correct(slow, "1", r"(a+)+$")
+    assert T.correct("Answer: 7", "7", r"Answer: (\d+)")  # the timer is off again
+    with pytest.raises(InputError, match="reward ExactMatch ran past reward_timeout=0.05 s"):  # a reward's deadline
+        score([ExactMatch()], [slow], ["1"], timeout=0.05, pattern=r"(a+)+$")
+    with pytest.raises(InputError, match="more than 1000"):
+        T.check_pattern("(a)" + "b" * 1000)
 
 
 def test_exact_match_compares_the_greedy_answer(tmp_path):

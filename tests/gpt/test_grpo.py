@@ -342,6 +342,8 @@ def test_rewards_read_answers_by_the_datas_answer_rule_strings_and_the_first_mat
     assert ExactMatch()(replies, [reference] * 5, ANSWER) == [1.0, 1.0, 0.0, 0.0, 0.0]  # "(.+)" takes the line's rest
     first = r"Answer: (\d+)"
     assert ExactMatch()(["Answer: 0123 then 4567", "Answer: 4567"], ["Answer: 0123"] * 2, first) == [1.0, 0.0]
+    two = ["Answer: 12, no, Answer: 4567", "#### 12\n#### 4567"]  # two matches: the first is the answer
+    assert ExactMatch()(two, ["Answer: 12"], first)[:1] == ExactMatch()(two[1:], ["12"]) == [1.0]
     assert NumericTolerance(tol=1)(["Answer: 12 or 40", "#### 12"], ["13"] * 2, first) == [1.0, 0.0]
     total, each, _ = score([ExactMatch(), CountX()], ["Answer: Paris"], [reference], pattern=ANSWER)
     assert each["ExactMatch"] == [1.0] and total == [1.0]  # CountX takes no rule: called as before

@@ -25,13 +25,11 @@ from __future__ import annotations
 
 import math
 import re
-import signal
-import threading
 from collections.abc import Sequence
 from typing import Literal
 
 from zoo.errors import InputError
-from zoo.gpt.tasks import correct, extract_answer, reference
+from zoo.gpt.tasks import PastDeadline, correct, extract_answer, reference, timed
 
 OnError = Literal["stop", "zero"]
 
@@ -190,27 +188,6 @@ class WorkedLines(StepReward):
         return out
 
 
-class _Timeout(Exception):
-    pass
-
-
-def _timed(fn, timeout: float | None, *args):
-    """``fn(*args)``, interrupted by SIGALRM after ``timeout`` s (on the main thread; elsewhere unbounded)."""
-    if not timeout or threading.current_thread() is not threading.main_thread():
-        return fn(*args)
-
-    def alarm(signum, frame):
-        raise _Timeout
-
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, timeout)
-    try:
-        return fn(*args)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def _one(
     reward: Reward, completion: str, answer: str, timeout: float | None, pattern: str | None = None
 ) -> tuple[float, str | None]:
@@ -218,9 +195,9 @@ def _one(
     (None when it did not; NaN when it did)."""
     rule = (pattern,) if isinstance(reward, AnswerReward) else ()
     try:
-        out = _timed(reward, timeout, [completion], [answer], *rule)
+        out = timed(reward, timeout, [completion], [answer], *rule)
         value = float(out[0]) if len(out) == 1 else math.nan
-    except _Timeout:
+    except PastDeadline:
         return math.nan, f"ran past reward_timeout={timeout} s"
     except Exception as err:  # the user's code: any failure is this completion's, named
         return math.nan, f"raised {type(err).__name__}: {err}"
@@ -233,9 +210,9 @@ def _steps(reward: StepReward, completion: str, answer: str, timeout: float | No
     """One completion's steps from ``reward`` as (end, score) pairs, ends rising within the text, and why it failed
     (None when it did not; no steps when it did)."""
     try:
-        out = _timed(reward.steps, timeout, completion, answer)
+        out = timed(reward.steps, timeout, completion, answer)
         steps = [(int(end), float(value)) for end, value in out]
-    except _Timeout:
+    except PastDeadline:
         return [], f"ran past reward_timeout={timeout} s"
     except Exception as err:  # the user's code, or pairs that are not (int, number)
         return [], f"raised {type(err).__name__}: {err}"

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import math
 import re
+import signal
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -38,6 +40,8 @@ NUMBER = r"-?[$]?\d[\d,]*(?:\.\d+)?"
 GSM8K_ANSWER = rf"####\s*({NUMBER})"  # lm-eval gsm8k's "strict-match" filter; else "flexible-extract"'s last number
 KINDS = {"exact_match": ("exact_match",), "multiple_choice": ("acc", "acc_norm", "acc_bytes")}
 KINDS["bits_per_byte"] = ("bits_per_byte",)
+MAX_PATTERN = 1000  # characters of an answer rule (answer_pattern)
+RULE_SECONDS = 2.0  # the most one reading of a text by an answer rule may take: a regex is code with a deadline
 
 
 # -- encoding, as lm-eval's TemplateLM encodes -------------------------------------------------------------------
@@ -141,10 +145,39 @@ def normalise(answer: str) -> str:
     return re.sub(r"\.$", "", re.sub(r"[,$]", "", answer.strip()))
 
 
+class PastDeadline(Exception):
+    """Raised inside ``timed``'s call when its time is up."""
+
+
+def timed(fn, timeout: float | None, *args):
+    """``fn(*args)``, interrupted by ``PastDeadline`` (SIGALRM) after ``timeout`` s: on the main thread, unless a
+    deadline already runs (that one bounds it); elsewhere unbounded. The regex engine checks for signals as it runs."""
+    if not timeout or threading.current_thread() is not threading.main_thread() or deadline_running():
+        return fn(*args)
+
+    def alarm(signum, frame):
+        raise PastDeadline
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        return fn(*args)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def deadline_running() -> bool:
+    return signal.getitimer(signal.ITIMER_REAL)[0] > 0
+
+
 def check_pattern(pattern: str | None, setting: str = "--data.init_args.answer_pattern") -> None:
-    """Refuses, in one line naming ``setting``, an answer rule that is not a regex with exactly one group."""
+    """Refuses, in one line naming ``setting``, an answer rule that is not a regex with exactly one group (of at most
+    ``MAX_PATTERN`` characters)."""
     if pattern is None:
         return
+    if len(pattern) > MAX_PATTERN:
+        raise InputError(f"{setting} has {len(pattern)} characters, more than {MAX_PATTERN}: give a shorter regex")
     try:
         groups = re.compile(pattern).groups
     except re.error as err:
@@ -161,8 +194,21 @@ def read_answer(text: str, pattern: str | None = None) -> str | None:
     """The answer rule: ``pattern``'s one group at its FIRST match in ``text``, normalised (lm-eval's regex filter
     with ``group_select: 0``, GSM8K's "strict-match"; "Answer: 12 then 34" reads 12); None when it does not match.
     ``pattern`` None: GSM8K's ``#### <number>``."""
-    found = re.search(GSM8K_ANSWER if pattern is None else pattern, text)
+    found = _search(GSM8K_ANSWER if pattern is None else pattern, text)
     return normalise(found.group(1)) if found else None
+
+
+def _search(pattern: str, text: str) -> re.Match | None:
+    """``re.search`` within ``RULE_SECONDS`` (a reward's own deadline, where one runs); past it, one line."""
+    if deadline_running():
+        return re.search(pattern, text)
+    try:
+        return timed(re.search, RULE_SECONDS, pattern, text)
+    except PastDeadline:
+        raise InputError(
+            f"the answer rule {pattern!r} ran past {RULE_SECONDS} s on a text of {len(text)} characters "
+            "(a regex that backtracks without end): give a simpler answer_pattern"
+        ) from None
 
 
 def extract_answer(text: str, pattern: str | None = None) -> str | None:
