@@ -12,7 +12,7 @@ is byte b, EOS 256 is its ``eos_token`` and pad), so a completion stops where th
 Both arms, the same settings (``SETTINGS`` and the command line):
     prompts        the arithmetic task's training questions (``datamodules.PromptDataModule`` with ``generate``),
                    rendered in the zoo's chat format; TRL gets them as text, which ``ZooBytes`` encodes to the same ids
-    reward         exact match of the final answer (``zoo.gpt.rewards.correct``: "#### n", else the last number);
+    reward         exact match of the final answer (``zoo.gpt.tasks.correct``: "#### n", else the last number);
                    TRL's reward function calls the same rule
     sampling       G completions per prompt, temperature, top_p 1, no top_k, max_new_tokens (TRL's
                    max_completion_length), stopping at EOS 256
@@ -128,7 +128,7 @@ def prompts(task_dir: Path, task: dict) -> tuple[list[tuple[str, str]], list[tup
 def accuracy(net, held_out: list[tuple[list[int], str]], max_new_tokens: int, batch: int = 50) -> float:
     """Greedy exact match of ``net`` on the held-out prompts."""
     from zoo.gpt.generate import generate
-    from zoo.gpt.rewards import correct
+    from zoo.gpt.tasks import correct
     from zoo.io.tokenizers import ByteTokenizer
 
     tok, hits, training = ByteTokenizer(), 0, net.training
@@ -219,8 +219,8 @@ def zoo_bytes():
 
 
 def exact_match(prompts, completions, answer, **kwargs) -> list[float]:
-    """TRL's reward function: the zoo's extraction rule (``zoo.gpt.rewards.correct``)."""
-    from zoo.gpt.rewards import correct
+    """TRL's reward function: the zoo's answer rule (``zoo.gpt.tasks.correct``, GSM8K's by default)."""
+    from zoo.gpt.tasks import correct
 
     return [float(correct(c, a)) for c, a in zip(completions, answer)]
 

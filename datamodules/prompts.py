@@ -8,6 +8,12 @@ Each line of a ``.jsonl`` file (or of each ``.jsonl`` under a folder, in name or
 - a chat record ``{"messages": [..., user, assistant]}`` with no ``answer``: the last assistant turn is the answer
   and the turns before it the prompt (the arithmetic task's sft.jsonl).
 
+The answers are read by ``answer_pattern``, ``cli.py test``'s answer rule (``zoo.gpt.tasks``): a regex whose one
+group at its first match is the answer, in the completions and the references alike (by default GSM8K's
+``#### <n>``); each batch carries it to the rewards and the accuracies. An ``answer`` is what the rule reads in it,
+else itself; a reply (a chat record's last assistant turn) is never the answer itself, so a reply the rule cannot
+read is a bad record: one ``error:`` line naming file and line, never a reward of 0 for every completion of it.
+
 The prompt is rendered with the tokenizer's chat template and its generation prompt (``zoo.io.chat_template``, as
 ``TaskDataModule`` with ``chat: true``), so the policy answers as it was fine-tuned to. A batch is a dict:
 ``prompt_ids`` (a list of 1-D int64 tensors, unpadded: the rollout pads them) and ``answers`` (strings). The
@@ -24,6 +30,7 @@ chosen by validation is never chosen on the problems that score it. A malformed 
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Literal
 
@@ -36,31 +43,47 @@ from datamodules.base import SplitLoaders, check_settings, not_found_message
 from datamodules.chat import ensure_tokenizer, messages_of, read_records
 from datamodules.tasks import _messages
 from zoo.errors import InputError
+from zoo.gpt.tasks import check_pattern, read_answer, reference
 from zoo.io.chat_template import chat_renderer
 from zoo.io.tokenizers import Tokenizer
 
 Prompt = tuple[list[dict], str]  # the conversation to answer, the reference answer
 
 
-def prompt_of(record: object) -> Prompt:
-    """The prompt and answer a record holds, checked; a ValueError says what is wrong with it."""
+def prompt_of(record: object, pattern: str | None = None) -> Prompt:
+    """The prompt and answer a record holds, checked, the answer readable by the rule ``pattern``; a ValueError says
+    what is wrong with it."""
     if not isinstance(record, dict):
         raise ValueError(f"is a JSON {type(record).__name__}, not an object")
     if "answer" not in record and "messages" in record:
         messages = messages_of(record)
         if messages[-1]["role"] != "assistant":
             raise ValueError("has no 'answer' and does not end in an assistant turn (the answer)")
-        return messages[:-1], messages[-1]["content"]
+        reply = messages[-1]["content"]
+        if read_answer(reply, pattern) is None:
+            rule = pattern or "#### <number>"
+            raise ValueError(
+                f"has a reply in which the answer rule {rule!r} reads no answer (it ends {reply[-40:]!r}): set "
+                "--data.init_args.answer_pattern to a regex whose one group is the answer, e.g. 'Answer: (.+)'"
+            )
+        return messages[:-1], reply
     answer = record.get("answer")
     if type(answer) is int:
         answer = str(answer)
     if not isinstance(answer, str):
         raise ValueError(f"has the answer {answer!r}, not a string or a whole number")
+    if reference(answer, pattern) is None:
+        raise ValueError("has an empty answer")
     return _messages(record, chat=True), answer
 
 
-def collate(items: list[tuple[list[int], str]]) -> dict:
-    return {"prompt_ids": [torch.tensor(ids, dtype=torch.long) for ids, _ in items], "answers": [a for _, a in items]}
+def collate(items: list[tuple[list[int], str]], answer_pattern: str | None = None) -> dict:
+    """A batch: the prompts' ids, their answers and the answer rule that reads them."""
+    return {
+        "prompt_ids": [torch.tensor(ids, dtype=torch.long) for ids, _ in items],
+        "answers": [a for _, a in items],
+        "answer_pattern": answer_pattern,
+    }
 
 
 class PromptDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
@@ -76,6 +99,7 @@ class PromptDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
         tokenizer: Literal["pretrained", "bytes", "gpt2"] = "pretrained",
         pretrained_dir: str | None = None,
         gpt2_dir: str | None = None,
+        answer_pattern: str | None = None,
         max_prompt_tokens: int = 256,
         batch_size: int = 8,
         val_batch_size: int = 32,
@@ -94,10 +118,13 @@ class PromptDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
                 tokenizer of the model being tuned.
             pretrained_dir: the Hugging Face model folder whose tokenizer and chat template render the prompts.
             gpt2_dir: folder with GPT-2's vocab.json and merges.txt (tokenizer=gpt2).
+            answer_pattern: the answer rule (``cli.py test``'s): a regex whose one group, at its first match, is the
+                answer in a completion and in a reference (``'Answer: (.+)'``); None: GSM8K's ``#### <number>``.
             max_prompt_tokens: prompts longer than this are dropped (counted).
             batch_size: prompts per training batch (each sampled group_size times).
             val_batch_size: prompts per validation batch (answered greedily).
-            skip_bad_records: skip malformed records, counting them, instead of stopping at the first with its line.
+            skip_bad_records: skip malformed records (and replies whose answer the rule cannot read), counting them,
+                instead of stopping at the first with its line.
             num_workers: DataLoader worker processes.
             seed: seed of the per-epoch shuffle of the training prompts.
             generate: write the project's arithmetic task with these settings into the folder ``path`` when it is
@@ -111,6 +138,7 @@ class PromptDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
                 raise FileNotFoundError(not_found_message("prompts file or folder", given, hint))
         if tokenizer == "gpt2" and gpt2_dir is None:
             raise InputError("tokenizer='gpt2' needs gpt2_dir=<folder with GPT-2's vocab.json and merges.txt>")
+        check_pattern(answer_pattern)
         check_settings(fraction=True, val_fraction=val_fraction)
         check_settings(at_least=1, max_prompt_tokens=max_prompt_tokens, batch_size=batch_size)
         check_settings(at_least=1, val_batch_size=val_batch_size)
@@ -119,7 +147,7 @@ class PromptDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
         self.kind, self.pretrained_dir, self.gpt2_dir = tokenizer, pretrained_dir, gpt2_dir
         self.max_prompt_tokens, self.batch_size, self.val_batch_size = max_prompt_tokens, batch_size, val_batch_size
         self.skip_bad_records, self.num_workers = skip_bad_records, num_workers
-        self.seed, self.generate = seed, generate
+        self.seed, self.generate, self.answer_pattern = seed, generate, answer_pattern
         self.tokenizer: Tokenizer | None = None
         self.train_set: list | None = None
         self.val_set: list | None = None
@@ -156,9 +184,10 @@ class PromptDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
             return
         self.skipped = self.dropped = 0
         train_path, val_path = self._train_path(), self.val_path
-        records = read_records(train_path, prompt_of, self._bad)
+        parse = functools.partial(prompt_of, pattern=self.answer_pattern)
+        records = read_records(train_path, parse, self._bad)
         if val_path is not None:
-            train, val = records, read_records(val_path, prompt_of, self._bad)
+            train, val = records, read_records(val_path, parse, self._bad)
         else:
             split = len(records) - int(len(records) * self.val_fraction)
             train, val = records[:split], records[split:]
@@ -174,4 +203,4 @@ class PromptDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
             )
 
     def collate_for(self, dataset):
-        return collate
+        return functools.partial(collate, answer_pattern=self.answer_pattern)  # picklable for workers

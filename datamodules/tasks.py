@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader
 
 from datamodules.base import check_settings, not_found_message
 from zoo.errors import InputError
-from zoo.gpt.tasks import encode_pair, encode_plain
+from zoo.gpt.tasks import check_pattern, encode_pair, encode_plain, reference
 from zoo.io.chat_template import ROLES, chat_renderer
 
 Kind = Literal["exact_match", "multiple_choice", "bits_per_byte"]
@@ -94,8 +94,10 @@ class TaskDataModule(LightningDataModule):
             path: a .jsonl file of records of one kind.
             kind: exact_match (generated answers), multiple_choice (log-likelihood of each choice) or bits_per_byte.
             chat: render prompts with the model's chat template (a user turn and the generation prompt).
-            answer_pattern: exact_match: a regex whose one group is the answer in the generated text; None: GSM8K's
-                ``#### <number>``, else the last number in the text.
+            answer_pattern: exact_match: the answer rule, a regex whose one group at its first match is the answer,
+                in the generated text and in the record's answer (``'Answer: (.+)'``); None: GSM8K's
+                ``#### <number>``, and in a generated text without one its last number. GRPO reads answers by the
+                same rule (``datamodules.PromptDataModule``'s answer_pattern).
             max_new_tokens: exact_match: the most tokens generated per answer.
             until: exact_match: the generated text is cut at the first of these strings (``"Question:"``, say).
             target_delimiter: multiple_choice without chat: put between the context and each choice (lm-eval's).
@@ -111,6 +113,7 @@ class TaskDataModule(LightningDataModule):
             raise InputError("chat: true renders prompts, and bits_per_byte has none: leave chat false")
         check_settings(at_least=1, batch_size=batch_size, max_new_tokens=max_new_tokens)
         check_settings(at_least=0, num_workers=num_workers)
+        check_pattern(answer_pattern)
         self.path, self.kind, self.chat, self.answer_pattern = path, kind, chat, answer_pattern
         self.max_new_tokens, self.until, self.target_delimiter = max_new_tokens, list(until), target_delimiter
         self.batch_size, self.skip_bad_records, self.num_workers = batch_size, skip_bad_records, num_workers
@@ -168,6 +171,8 @@ class TaskDataModule(LightningDataModule):
             answer = record.get("answer")
             if not isinstance(answer, str) and type(answer) is not int:
                 raise ValueError(f"has the answer {answer!r}, not a string or a whole number")
+            if reference(str(answer), self.answer_pattern) is None:
+                raise ValueError("has an empty answer")
             messages = _messages(record, self.chat)
             ids = render(messages, True).ids if render else tokenizer.encode(messages[0]["content"])
             return ids or [tokenizer.eos_id], str(answer)

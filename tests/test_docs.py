@@ -191,6 +191,10 @@ COVERED: list[tuple[str, str]] = [
         "tests/gpt/test_grpo_llama.py::test_the_grpo_config_runs_from_a_llama_folder_with_lora_and_registers",
     ),
     (
+        r"^python cli\.py (fit --config grpo\.yaml|test --ckpt_path <best\.ckpt> .*TaskDataModule)",
+        "tests/test_docs.py::test_grpo_on_your_own_chat_files_runs_as_the_manual_shows",
+    ),
+    (
         r"configs/gpt/dpo_tiny\.yaml --data\.init_args\.path",
         "tests/gpt/test_dpo.py::test_the_tiny_dpo_config_fits_through_the_cli",
     ),
@@ -277,3 +281,53 @@ def test_print_config_prints_every_option_resolved(capsys):
 @pytest.mark.parametrize("page", sorted(p.name for p in DOCS.glob("*.md")))
 def test_every_page_is_in_the_menu(page):
     assert f": {page}" in (ROOT / "mkdocs.yml").read_text()
+
+
+@pytest.mark.slow  # transformers writes a tiny folder, a two-step GRPO fit with LoRA into MLflow, a test: ~40 s
+def test_grpo_on_your_own_chat_files_runs_as_the_manual_shows(tmp_path, monkeypatch):
+    """docs/gpt.md's GRPO on a user's own chat records with ``Answer: ...`` replies: its grpo.yaml and its two
+    commands as written (the answer rule on the command line, with its ": "), on a tiny Llama-style folder in place
+    of Llama-3.2-1B-Instruct and a few steps."""
+    import json
+    import shlex
+    import textwrap
+
+    pytest.importorskip("peft")
+    from conftest import fit_in_folder
+
+    from bench import assistant
+    from zoo.gpt.rewards import ExactMatch, FormatCheck
+
+    monkeypatch.setattr(assistant, "TASK", {"digits": 1, "terms": 2, "ops": "+", "train": 8, "pairs": 0, "test": 2})
+    monkeypatch.setattr(assistant, "SIZE", {"layers": 1, "width": 32})
+    folder = str(assistant.build_llama(tmp_path, 0))
+    page = (DOCS / "gpt.md").read_text()
+    yaml = re.search(r"```yaml\n( *# grpo\.yaml \(yours\).*?)```", page, re.S)[1]
+    (tmp_path / "grpo.yaml").write_text(textwrap.dedent(yaml).replace("Llama-3.2-1B-Instruct", folder))
+    fit_line, test_line = [c for _, c in manual_commands() if "grpo.yaml" in c or "<best.ckpt>" in c]
+    cities = [("France", "Paris"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Peru", "Lima")]
+    for name, part in (("train", cities[:3]), ("val", cities[1:])):
+        chats = [
+            {
+                "messages": [
+                    {"role": "user", "content": f"Capital of {country}?"},
+                    {"role": "assistant", "content": f"It is {city}.\nAnswer: {city}"},
+                ]
+            }
+            for country, city in part
+        ]
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chats))
+    test = [{"question": f"Capital of {country}?", "answer": city} for country, city in cities]
+    (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in test))
+    tiny = ["--model.init_args.group_size=2", "--model.init_args.max_new_tokens=6", "--trainer.max_steps=2"]
+    tiny += ["--trainer.val_check_interval=2", "--data.init_args.batch_size=2", "--trainer.log_every_n_steps=1"]
+    fitted = fit_in_folder(tmp_path, *shlex.split(fit_line)[3:], *tiny)
+    assert fitted.cli.datamodule.answer_pattern == "Answer: (.+)" and fitted.trainer.global_step == 2
+    assert [type(r) for r in fitted.model.rewards] == [ExactMatch, FormatCheck]
+    assert {"val/accuracy", "val/reward", "train/reward"} <= set(fitted.trainer.callback_metrics)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    test_line = test_line.replace("<best.ckpt>", str(fitted.best)).replace("Llama-3.2-1B-Instruct", folder)
+    scored = cli(*shlex.split(test_line)[2:], "--data.init_args.max_new_tokens=6")
+    assert "test/exact_match" in scored.trainer.callback_metrics
+    assert scored.datamodule.answer_pattern == "Answer: (.+)"

@@ -202,6 +202,35 @@ def jsonargparse_debug() -> bool:
     return debug_mode_active()
 
 
+def nested_flags_read_by_their_own_type() -> None:
+    """Makes a flag into a class's arguments (``--data.init_args.answer_pattern='Answer: (\\d+)'``) reach that
+    argument as typed, to be read by the argument's own type.
+
+    jsonargparse reads such a value as YAML at the outer, class-typed option (``_typehints.ActionTypeHint``, through
+    the ``parse_value_or_config`` it imports), before it knows which argument the value is for, then hands the
+    argument the result: a ``str`` argument given a regex with ``": "`` receives a mapping and is refused
+    ("Expected a <class 'str'>"); its retry with the text as given skips values of nested flags. Left as text
+    (``NestedArg``), the class's own parser reads ``--answer_pattern=<text>`` as it reads a top-level flag: a
+    string stays a string, a number, list or mapping is read as YAML by its own type, and a deeper flag
+    (``--model.init_args.net.init_args.n_layer``) repeats this one level down. ``dict_kwargs`` keep jsonargparse's
+    reading (they have no type). No public setting changes it; once a process, as jsonargparse's loaders are global.
+    """
+    from jsonargparse import _typehints
+    from jsonargparse._util import NestedArg
+
+    read = _typehints.parse_value_or_config
+    if getattr(read, "zoo_keeps_nested_text", False):
+        return
+
+    def parse_value_or_config(value, enable_path=True, simple_types=False):
+        if isinstance(value, NestedArg) and isinstance(value.val, str) and not value.key.startswith("dict_kwargs."):
+            return value, None
+        return read(value, enable_path, simple_types)
+
+    parse_value_or_config.zoo_keeps_nested_text = True
+    _typehints.parse_value_or_config = parse_value_or_config
+
+
 def option_flags(parser) -> list[str]:
     """Every flag an argparse parser knows (``--model.lr``, ``-c``): argparse keeps them in a private dict and has
     no public listing; the zoo suggests the closest one for a misspelt flag."""

@@ -116,7 +116,30 @@ def test_answers_are_extracted_by_the_stated_rule():
     assert T.extract_answer("no number here ") == "no number here"
     assert T.extract_answer("Answer: (B) not A", r"\(([A-D])\)") == "B"
     assert T.reference("She pays 2 * 3 = 6.\n#### 6") == "6" and T.reference(" 1,000 ") == "1000"
-    assert T.cut("42\n\nQuestion: next", ["Question:"]) == "42\n\n"
+    # the first match, in a completion and a reference alike (lm-eval's strict-match, group_select 0)
+    number = r"Answer: (\d+)"
+    assert T.extract_answer("Answer: 0123 then 4567", number) == "0123"
+    assert T.reference("Answer: 0123, Answer: 9", number) == "0123"
+    assert T.extract_answer("#### 3\n#### 5") == "3"
+    # a given rule that reads nothing is no answer, never the text compared whole; a bare reference is itself
+    assert T.extract_answer("42", number) is None and not T.correct("42", "42", number)
+    assert T.correct("Answer: Paris.", "Paris", "Answer: (.+)") and T.reference(" $ ") is None
+    with pytest.raises(InputError, match="not a regular expression"):
+        TaskDataModule(__file__, kind="exact_match", answer_pattern="Answer: (")
+
+
+def test_an_answer_rule_that_backtracks_without_end_is_stopped_at_its_deadline(monkeypatch):
+    from zoo.gpt.rewards import ExactMatch, score
+
+    monkeypatch.setattr(T, "RULE_SECONDS", 0.05)
+    slow = "a" * 22 + "b"  # (a+)+$ backtracks 2^22 times on it: ~1.5 s unbounded, a regex is code with a deadline
+    with pytest.raises(InputError, match=r"ran past 0\.05 s on a text of 23 characters"):
+        T.correct(slow, "1", r"(a+)+$")
+    assert T.correct("Answer: 7", "7", r"Answer: (\d+)")  # the timer is off again
+    with pytest.raises(InputError, match="reward ExactMatch ran past reward_timeout=0.05 s"):  # a reward's deadline
+        score([ExactMatch()], [slow], ["1"], timeout=0.05, pattern=r"(a+)+$")
+    with pytest.raises(InputError, match="more than 1000"):
+        T.check_pattern("(a)" + "b" * 1000)
 
 
 def test_exact_match_compares_the_greedy_answer(tmp_path):

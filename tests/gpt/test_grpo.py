@@ -302,9 +302,132 @@ def test_the_grpo_config_fits_through_the_cli_from_given_weights(tmp_path):
     metrics = fitted.trainer.callback_metrics
     assert isinstance(fitted.model, GRPOModule) and {"train/reward", "val/accuracy", "val/reward"} <= set(metrics)
     assert fitted.trainer.global_step == 2 and fitted.trainer.checkpoint_callback.monitor == "val/accuracy"
+    from callbacks import ProgressBar  # a long run shows how it goes: the bar, with reward, accuracy and tokens/s
+
+    assert any(isinstance(c, ProgressBar) for c in fitted.trainer.callbacks)
+    assert {"train/reward", "train/accuracy", "train/tokens_per_s"} <= set(fitted.trainer.progress_bar_metrics)
     path = fitted.trainer.checkpoint_callback.last_model_path
     assert "rewards" not in torch.load(path, weights_only=True)["hyper_parameters"]
     reloaded = GRPOModule.load_from_checkpoint(path)
     assert reloaded.rewards == [] and reloaded.generate(["1"], 3, temperature=0) == fitted.model.eval().generate(
         ["1"], 3, temperature=0
     )
+
+
+# -- the answer rule: cli.py test's, on the user's own replies ------------------------------------------------------
+
+ANSWER = "Answer: (.+)"
+CAPITALS = [("France", "Paris"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Japan", "Tokyo")]
+
+
+def _chat_records(tmp_path, name="capitals.jsonl", last_reply=None) -> str:
+    """Chat records whose replies end ``Answer: <city>``, as a user's own data; ``last_reply`` replaces the last."""
+    records = [
+        {
+            "messages": [
+                {"role": "user", "content": f"What is the capital of {country}?"},
+                {"role": "assistant", "content": f"Its government sits there.\nAnswer: {city}"},
+            ]
+        }
+        for country, city in CAPITALS
+    ]
+    if last_reply is not None:
+        records[-1]["messages"][-1]["content"] = last_reply
+    return _write(tmp_path / name, records)
+
+
+def test_rewards_read_answers_by_the_datas_answer_rule_strings_and_the_first_match():
+    replies = ["Let me see.\nAnswer: Paris", "Answer: Paris.", "Answer: Rome", "Paris", "Answer: Paris or Rome"]
+    reference = "It is in France.\nAnswer: Paris"
+    assert ExactMatch()(replies, [reference] * 5, ANSWER) == [1.0, 1.0, 0.0, 0.0, 0.0]  # "(.+)" takes the line's rest
+    first = r"Answer: (\d+)"
+    assert ExactMatch()(["Answer: 0123 then 4567", "Answer: 4567"], ["Answer: 0123"] * 2, first) == [1.0, 0.0]
+    two = ["Answer: 12, no, Answer: 4567", "#### 12\n#### 4567"]  # two matches: the first is the answer
+    assert ExactMatch()(two, ["Answer: 12"], first)[:1] == ExactMatch()(two[1:], ["12"]) == [1.0]
+    assert NumericTolerance(tol=1)(["Answer: 12 or 40", "#### 12"], ["13"] * 2, first) == [1.0, 0.0]
+    total, each, _ = score([ExactMatch(), CountX()], ["Answer: Paris"], [reference], pattern=ANSWER)
+    assert each["ExactMatch"] == [1.0] and total == [1.0]  # CountX takes no rule: called as before
+    assert ExactMatch()(["so #### 10"], ["3+7 = 10\n#### 10"]) == [1.0]  # no pattern: GSM8K's, as before
+
+
+def test_grpo_on_chat_records_with_answer_replies_rewards_the_right_ones_and_validation_counts_them(
+    tmp_path, monkeypatch
+):
+    path = _chat_records(tmp_path)
+    dm = PromptDataModule(path, val_path=path, tokenizer="bytes", batch_size=2, val_batch_size=4, answer_pattern=ANSWER)
+    seen = []
+
+    class Seen(ExactMatch):
+        def score_answer(self, completion, answer, pattern):
+            seen.append(pattern)
+            return super().score_answer(completion, answer, pattern)
+
+    module = _module(rewards=[Seen()], group_size=2)
+    module.net = GPT(**(NET | {"block_size": 96}))  # room for the questions
+    scores = module.score_rows(["Answer: Paris", "Answer: Lyon", "Answer: Rome", "Rome"], dm_answers(dm)[:2], ANSWER)
+    assert scores.outcome.tolist() == [1.0, 0.0, 1.0, 0.0]
+    replies = [f"Hmm.\nAnswer: {c}" for c in ("Paris", "Rome", "Lisbon", "Kyoto")]  # two right, two wrong
+
+    def greedy(net, prompts, *args, **kwargs):
+        return [torch.tensor(list(r.encode()), dtype=torch.long) for r in replies[: len(prompts)]]
+
+    monkeypatch.setattr("zoo.gpt.grpo.generate", greedy)
+    trainer = _trainer(tmp_path, 1, limit_val_batches=None)
+    trainer.fit(module, dm)  # a training step reads answers by the data's rule too
+    assert set(seen) == {ANSWER} and "train/tokens_per_s" in trainer.progress_bar_metrics
+    assert {"train/reward", "train/accuracy"} <= set(trainer.progress_bar_metrics)
+    out = trainer.validate(module, dm, verbose=False)[0]
+    assert out["val/accuracy"] == 0.5 and out["val/reward"] == 0.5
+    # cli.py test's exact match on the same replies, by the same rule, scores the same
+    from datamodules.tasks import TaskDataModule
+
+    monkeypatch.setattr("zoo.gpt.tasks.generate", greedy)
+    questions = [{"question": f"Capital of {c}?", "answer": f"Answer: {city}"} for c, city in CAPITALS]
+    task = TaskDataModule(_write(tmp_path / "q.jsonl", questions), kind="exact_match", answer_pattern=ANSWER)
+    assert trainer.test(module, task, verbose=False)[0]["test/exact_match"] == 0.5
+
+
+def dm_answers(dm: PromptDataModule) -> list[str]:
+    dm.setup()
+    return [answer for _, answer in dm.train_set]
+
+
+def test_a_reply_the_rule_cannot_read_is_one_line_naming_file_and_line_or_skipped_and_counted(tmp_path):
+    path = _chat_records(tmp_path, last_reply="It is Tokyo.")
+    with pytest.raises(InputError) as err:
+        PromptDataModule(path, tokenizer="bytes", answer_pattern=ANSWER).setup()
+    message = str(err.value)
+    assert "\n" not in message and "capitals.jsonl:4 has a reply in which the answer rule" in message
+    assert "'It is Tokyo.'" in message and "skip_bad_records" in message
+    dm = PromptDataModule(path, tokenizer="bytes", answer_pattern=ANSWER, skip_bad_records=True, val_fraction=0.0)
+    dm.setup()
+    assert dm.skipped == 1 and len(dm.train_set) == 3
+    with pytest.raises(InputError, match=r"capitals\.jsonl:1 has a reply in which the answer rule '#### <number>'"):
+        PromptDataModule(_chat_records(tmp_path), tokenizer="bytes").setup()  # GSM8K's rule by default
+    with pytest.raises(InputError, match="has 2 groups"):
+        PromptDataModule(path, tokenizer="bytes", answer_pattern="(A): (.+)")
+
+
+def test_an_answer_pattern_with_a_colon_on_the_command_line_is_a_string(tmp_path, monkeypatch):
+    """cli.py's own parser: jsonargparse read ``Answer: (\\d+)`` as a YAML mapping and refused it (Expected a str)."""
+    from conftest import CONFIGS
+
+    from cli import main
+
+    monkeypatch.chdir(tmp_path)
+    path = _chat_records(tmp_path)
+    built = main(
+        [  # run=False: LightningCLI has no subcommand
+            "--config",
+            str(CONFIGS / "gpt" / "grpo_arithmetic.yaml"),
+            "--data.init_args.generate=null",
+            f"--data.init_args.path={path}",
+            r"--data.init_args.answer_pattern=Answer: (\d+)",
+            "--model.init_args.rewards=[{class_path: zoo.gpt.rewards.FormatCheck, init_args: {pattern: 'A: b'}}]",
+            "--model.init_args.net.init_args.n_layer=1",  # a deeper flag still reads its own type
+            "--trainer.logger=false",
+        ],
+        run=False,
+    )
+    assert built.datamodule.answer_pattern == r"Answer: (\d+)" and built.model.net.n_layer == 1
+    assert built.model.rewards[0].pattern.pattern == "A: b"

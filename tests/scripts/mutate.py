@@ -1362,6 +1362,13 @@ FAMILIES: dict[str, dict] = {
             ),
             (GTK, "greedy = (logits.argmax(-1) == safe) | ~scored", "greedy = logits.argmax(-1) == safe"),
             (GTK, "if spaces:", "if False:"),
+            # the answer rule's regex run without its deadline, or unbounded in length
+            (
+                GTK,
+                "        return timed(re.search, RULE_SECONDS, pattern, text)",
+                "        return re.search(pattern, text)",
+            ),
+            (GTK, "    if len(pattern) > MAX_PATTERN:", "    if False:"),
             # chat prompts without the generation prompt; the adapter's rows of one batch only
             (
                 DTK,
@@ -1694,6 +1701,23 @@ FAMILIES: dict[str, dict] = {
                 "rows_per_step = (h.minibatch_prompts or len(rewards) // g) * g",
                 "rows_per_step = (h.minibatch_prompts or len(rewards) // g) * g // 2",
             ),
+            # the answer rule (cli.py test's, the data's answer_pattern): the last match taken, a given rule that
+            # reads nothing falling back to the whole text, an unreadable reply taken as its whole text (every
+            # completion 0), the rule dropped by the batch, by training, by validation or by the rewards
+            (
+                GTK,
+                "    found = _search(GSM8K_ANSWER if pattern is None else pattern, text)",
+                "    found = ([None] + list(re.finditer(GSM8K_ANSWER if pattern is None else pattern, text)))[-1]",
+            ),
+            (GTK, "    if found is not None or pattern is not None:", "    if found is not None:"),
+            ("datamodules/prompts.py", "        if read_answer(reply, pattern) is None:", "        if False:"),
+            ("datamodules/prompts.py", '"answer_pattern": answer_pattern,', '"answer_pattern": None,'),
+            (GR, 'start, pattern = time.perf_counter(), batch.get("answer_pattern")', "start, pattern = 0.0, None"),
+            (GR, '        pattern = batch.get("answer_pattern")\n', "        pattern = None\n"),
+            (RW, "rule = (pattern,) if isinstance(reward, AnswerReward) else ()", "rule = ()"),
+            (GTK, 'hits = [correct(t, a, batch["answer_pattern"])', "hits = [correct(t, a, None)"),
+            # a regex with ": " on the command line read as a YAML mapping again
+            ("zoo/app/parser.py", "        compat.nested_flags_read_by_their_own_type()", "        pass"),
         ],
     },
     "files": {  # files an outsider wrote: pretrained folders, archives, exported programs, planted links

@@ -290,6 +290,33 @@ def test_jsonargparse_debug_follows_its_environment_variable(monkeypatch):
     assert compat.jsonargparse_debug() is True
 
 
+class Rule:
+    def __init__(self, pattern: str | None = None, count: int = 0, tags: dict[str, int] | None = None) -> None:
+        pass
+
+
+class Holder:
+    def __init__(self, rule: Rule | None = None, until: list[str] | None = None) -> None:
+        pass
+
+
+def test_a_nested_flag_is_read_by_its_arguments_own_type():
+    from jsonargparse import ArgumentParser
+
+    compat.nested_flags_read_by_their_own_type()
+    compat.nested_flags_read_by_their_own_type()  # once: a second call wraps nothing again
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_subclass_arguments(Holder, "holder")
+    flags = [f"--holder.init_args.rule={__name__}.Rule", "--holder.init_args.until=['Q: a', b]"]
+    flags += ["--holder.init_args.rule.init_args.pattern=Answer: (\\d+)", "--holder.init_args.rule.init_args.count=3"]
+    flags += ["--holder.init_args.rule.init_args.tags={a: 1}"]
+    got = parser.parse_args([f"--holder={__name__}.Holder", *flags]).holder.init_args
+    assert got.until == ["Q: a", "b"] and got.rule.init_args.pattern == "Answer: (\\d+)"
+    assert got.rule.init_args.count == 3 and got.rule.init_args.tags == {"a": 1}
+    with pytest.raises(Exception, match="count"):
+        parser.parse_args([f"--holder={__name__}.Holder", flags[0], "--holder.init_args.rule.init_args.count=x"])
+
+
 def test_option_flags_lists_every_flag_a_parser_knows():
     import argparse
 

@@ -160,10 +160,12 @@ class HelpWithTheConfigsClasses(argparse.Action):
 class ZooArgumentParser(LightningArgumentParser):
     """Lightning's parser whose errors are one ``error:`` line and a hint, instead of the full usage (60 lines of
     options) before jsonargparse's nested message; ``--verbose`` keeps jsonargparse's own output. YAML aliases
-    are bounded (``yaml_aliases_bounded``)."""
+    are bounded (``yaml_aliases_bounded``); a flag's value into a class's arguments is read by that argument's own
+    type (``compat.nested_flags_read_by_their_own_type``)."""
 
     def __init__(self, *args, **kwargs) -> None:
         yaml_aliases_bounded()
+        compat.nested_flags_read_by_their_own_type()  # --data.init_args.answer_pattern='Answer: (.+)' is a string
         super().__init__(*args, **kwargs)
 
     def register(self, registry_name, value, object) -> None:

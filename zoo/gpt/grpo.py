@@ -23,9 +23,12 @@ token's loss is weighted by min(rho_bar, pi_old / mu), mu the actor's sampling p
 importance weight per token; TRL's ``vllm_importance_sampling_mode="token_truncate"``). A rollout sampled by
 the learner's current weights weighs 1 exactly (its sampling pass is pi_old), as in the synchronous path.
 
-Validation scores the greedy reply of each held-out prompt: ``val/accuracy`` (exact match of the final answer) and
-``val/reward``; a few (prompt, completion, answer, reward) rows are kept in ``completion_samples`` for a callback.
-The reward functions come from the user's config only: never from a checkpoint (``zoo.gpt.rewards``).
+Answers are read by the data's answer rule (``answer_pattern`` in each batch, ``cli.py test``'s rule:
+``zoo.gpt.tasks.correct``), by the rewards and by the accuracies alike. Validation scores the greedy reply of each
+held-out prompt: ``val/accuracy`` (exact match of the final answer) and ``val/reward``; a few (prompt, completion,
+answer, reward) rows are kept in ``completion_samples`` for a callback. The reward functions come from the user's
+config only: never from a checkpoint (``zoo.gpt.rewards``). Training logs reward, accuracy and sampled tokens per
+second on the progress bar (``callbacks.ProgressBar``, a default callback).
 
 Notation: B prompts, G completions per prompt, R = B * G rows, T = max_new_tokens.
 """
@@ -33,6 +36,7 @@ Notation: B prompts, G completions per prompt, R = B * G rows, T = max_new_token
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -46,8 +50,9 @@ from zoo.gpt.gpt import GPT
 from zoo.gpt.losses import grpo_objective
 from zoo.gpt.module import CausalLMModule
 from zoo.gpt.reference import Reference, refuse_adapter_start
-from zoo.gpt.rewards import OnError, Reward, StepReward, correct, score, score_steps
+from zoo.gpt.rewards import OnError, Reward, StepReward, score, score_steps
 from zoo.gpt.rollout import Rollout, per_token_logps, place_steps, sample_groups
+from zoo.gpt.tasks import correct
 from zoo.train.logging import lightning_writes
 from zoo.train.policy_gradient import (
     LossType,
@@ -187,9 +192,10 @@ class GRPOModule(CausalLMModule):
         """The text of each completion row (R, T), cut at its mask's end and without its stop token."""
         return [self.tokenizer.decode(row) for row in self.completion_rows(ids, mask)]
 
-    def score_rows(self, texts: list[str], answers: list[str]) -> Scores:
+    def score_rows(self, texts: list[str], answers: list[str], pattern: str | None = None) -> Scores:
         """The scores of completions whose rows are grouped by prompt (row r answers prompt r // G): step rewards
-        (``StepReward``) scored per step, the others per completion."""
+        (``StepReward``) scored per step, the others per completion; answers read by the rule ``pattern`` (the
+        data's ``answer_pattern``)."""
         if not self.rewards:
             raise InputError(
                 "GRPO needs reward functions: give model.init_args.rewards in your config (for example "
@@ -199,8 +205,10 @@ class GRPOModule(CausalLMModule):
         per_row = [a for a in answers for _ in range(len(texts) // len(answers))]
         stepwise = [r for r in self.rewards if isinstance(r, StepReward)]
         plain = [r for r in self.rewards if not isinstance(r, StepReward)]
-        outcome, each, errors = score(plain, texts, per_row, h.reward_timeout, h.reward_errors)
-        steps, step_means, step_errors = score_steps(stepwise, texts, per_row, h.reward_timeout, h.reward_errors)
+        outcome, each, errors = score(plain, texts, per_row, h.reward_timeout, h.reward_errors, pattern)
+        steps, step_means, step_errors = score_steps(
+            stepwise, texts, per_row, h.reward_timeout, h.reward_errors, pattern
+        )
         total = list(outcome)
         for reward in stepwise:
             total = [t + reward.weight * m for t, m in zip(total, step_means[reward.name])]
@@ -292,13 +300,14 @@ class GRPOModule(CausalLMModule):
         return {**out, "entropy": masked_mean(entropy, mask)}
 
     def training_step(self, batch: dict, batch_idx: int) -> None:
+        start, pattern = time.perf_counter(), batch.get("answer_pattern")
         if self.hparams.async_actors:
             rollout, is_weight, answers, lag = self.behaviour_rollout(len(batch["prompt_ids"]))
         else:
             rollout, is_weight, answers, lag = self.rollout(batch["prompt_ids"]), None, batch["answers"], {}
         rows = self.completion_rows(rollout.completion_ids, rollout.completion_mask)  # cut once: texts and steps
         texts = [self.tokenizer.decode(row) for row in rows]
-        scores = self.score_rows(texts, answers)
+        scores = self.score_rows(texts, answers, pattern)
         rewards, per_row = scores.total, scores.per_row
         passes = self.update(rollout, scores.outcome, is_weight, self.token_advantages(rollout, scores, rows))
         if self.actors is not None:
@@ -306,12 +315,20 @@ class GRPOModule(CausalLMModule):
         if lightning_writes(self.trainer):
             grouped = rewards.view(-1, self.hparams.group_size)
             std = grouped.std(1).mean() if self.hparams.group_size > 1 else rewards.new_zeros(())
-            self.log("train/reward", rewards.mean(), prog_bar=True)
+            sampled = rollout.completion_mask.sum()
+            # the progress bar's line (callbacks.ProgressBar): reward, accuracy and sampled tokens per second
+            self.log_dict(
+                {
+                    "train/reward": rewards.mean(),
+                    "train/accuracy": sum(correct(t, a, pattern) for t, a in zip(texts, per_row)) / len(texts),
+                    "train/tokens_per_s": sampled.float() / (time.perf_counter() - start),
+                },
+                prog_bar=True,
+            )
             self.log_dict(
                 {
                     "train/reward_std": std,
-                    "train/accuracy": sum(map(correct, texts, per_row)) / len(texts),
-                    "train/completion_length": rollout.completion_mask.sum(1).float().mean(),
+                    "train/completion_length": sampled.float() / len(texts),
                     **{f"train/{k}": v for k, v in scores.metrics.items()},
                     **{f"train/{k}": v for k, v in passes[-1].items()},
                     **{f"train/{k}": v for k, v in lag.items()},
@@ -388,11 +405,12 @@ class GRPOModule(CausalLMModule):
         prompts = batch["prompt_ids"]
         out = generate(self.net, prompts, self.hparams.max_new_tokens, 0.0, stop_ids=self.tokenizer.stop_ids)
         texts = [self.tokenizer.decode([t for t in o.tolist() if t not in self.tokenizer.stop_ids]) for o in out]
-        hits = torch.tensor([correct(t, a) for t, a in zip(texts, batch["answers"])], dtype=torch.float32)
-        logged = {f"{prefix}accuracy": hits.mean()}
+        pattern = batch.get("answer_pattern")
+        hits = [correct(t, a, pattern) for t, a in zip(texts, batch["answers"])]
+        logged = {f"{prefix}accuracy": torch.tensor(hits, dtype=torch.float32).mean()}
         rewards = None
         if self.rewards:
-            rewards = self.score_rows(texts, batch["answers"]).total
+            rewards = self.score_rows(texts, batch["answers"], pattern).total
             logged[f"{prefix}reward"] = rewards.mean()
         self.log_dict(logged, batch_size=len(prompts), sync_dist=True, prog_bar=True)
         room = self.hparams.val_samples - len(self.completion_samples)

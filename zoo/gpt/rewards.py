@@ -15,22 +15,21 @@ score): GRPO then credits each token with the group-normalised scores of the ste
 its own step alone (process supervision, DeepSeekMath section 4.1.3; ``step_credit``). ``WorkedLines`` scores each
 worked line ``a + b = c`` of the arithmetic task by whether it holds on the reference's numbers.
 
-Answers follow GSM8K (and the arithmetic task, ``datamodules.arithmetic``): the number after the last ``####``,
-else the last number (``zoo.gpt.tasks.extract_answer``); a reference with a worked solution keeps what follows its
-last ``####`` (``zoo.gpt.tasks.reference``).
+Answers are read by the answer rule of ``cli.py test`` (``zoo.gpt.tasks.correct``): the data's ``answer_pattern``, a
+regex whose one group at its first match is the answer (a string), in the completion and in the reference alike; by
+default GSM8K's ``#### <number>`` (a completion without one: its last number), the arithmetic task's. An
+``AnswerReward`` (``ExactMatch``, ``NumericTolerance``) is handed that rule with each batch.
 """
 
 from __future__ import annotations
 
 import math
 import re
-import signal
-import threading
 from collections.abc import Sequence
 from typing import Literal
 
 from zoo.errors import InputError
-from zoo.gpt.tasks import extract_answer, reference
+from zoo.gpt.tasks import PastDeadline, correct, extract_answer, reference, timed
 
 OnError = Literal["stop", "zero"]
 
@@ -56,16 +55,25 @@ class Reward:
         raise NotImplementedError
 
 
-def correct(completion: str, answer: str) -> bool:
-    """Whether the completion's extracted answer equals the reference's, after normalisation (exact match)."""
-    return extract_answer(completion) == reference(answer)
+class AnswerReward(Reward):
+    """A reward on the completion's final answer against its record's, both read by the run's answer rule (the
+    data's ``answer_pattern``, as ``cli.py test`` reads them): subclasses define ``score_answer``."""
 
-
-class ExactMatch(Reward):
-    """1 when the completion's final answer (``#### n``, else its last number) equals the reference's, else 0."""
+    def __call__(self, completions: list[str], answers: list[str], pattern: str | None = None) -> list[float]:
+        return [self.score_answer(c, a, pattern) for c, a in zip(completions, answers)]
 
     def score_one(self, completion: str, answer: str) -> float:
-        return float(correct(completion, answer))
+        return self.score_answer(completion, answer, None)
+
+    def score_answer(self, completion: str, answer: str, pattern: str | None) -> float:
+        raise NotImplementedError
+
+
+class ExactMatch(AnswerReward):
+    """1 when the completion's answer equals the reference's by the answer rule (``zoo.gpt.tasks.correct``), else 0."""
+
+    def score_answer(self, completion: str, answer: str, pattern: str | None) -> float:
+        return float(correct(completion, answer, pattern))
 
 
 class FormatCheck(Reward):
@@ -84,9 +92,9 @@ class FormatCheck(Reward):
         return float(self.pattern.search(completion) is not None)
 
 
-class NumericTolerance(Reward):
-    """1 when the completion's final number is within ``tol`` of the reference's, else 0 (0 when either is no
-    number)."""
+class NumericTolerance(AnswerReward):
+    """1 when the completion's answer, read by the answer rule, is a number within ``tol`` of the reference's, else 0
+    (0 when either is no number)."""
 
     def __init__(self, tol: float = 0.0, weight: float = 1.0) -> None:
         """
@@ -97,10 +105,11 @@ class NumericTolerance(Reward):
         super().__init__(weight)
         self.tol = tol
 
-    def score_one(self, completion: str, answer: str) -> float:
+    def score_answer(self, completion: str, answer: str, pattern: str | None) -> float:
         try:
-            return float(abs(float(extract_answer(completion)) - float(reference(answer))) <= self.tol)
-        except ValueError:
+            mine, want = extract_answer(completion, pattern), reference(answer, pattern)
+            return float(abs(float(mine) - float(want)) <= self.tol)
+        except (TypeError, ValueError):  # None (the rule read nothing) or not a number
             return 0.0
 
 
@@ -179,33 +188,16 @@ class WorkedLines(StepReward):
         return out
 
 
-class _Timeout(Exception):
-    pass
-
-
-def _timed(fn, timeout: float | None, *args):
-    """``fn(*args)``, interrupted by SIGALRM after ``timeout`` s (on the main thread; elsewhere unbounded)."""
-    if not timeout or threading.current_thread() is not threading.main_thread():
-        return fn(*args)
-
-    def alarm(signum, frame):
-        raise _Timeout
-
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, timeout)
+def _one(
+    reward: Reward, completion: str, answer: str, timeout: float | None, pattern: str | None = None
+) -> tuple[float, str | None]:
+    """One completion's score from ``reward`` (an ``AnswerReward`` by the answer rule ``pattern``) and why it failed
+    (None when it did not; NaN when it did)."""
+    rule = (pattern,) if isinstance(reward, AnswerReward) else ()
     try:
-        return fn(*args)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def _one(reward: Reward, completion: str, answer: str, timeout: float | None) -> tuple[float, str | None]:
-    """One completion's score from ``reward`` and why it failed (None when it did not; NaN when it did)."""
-    try:
-        out = _timed(reward, timeout, [completion], [answer])
+        out = timed(reward, timeout, [completion], [answer], *rule)
         value = float(out[0]) if len(out) == 1 else math.nan
-    except _Timeout:
+    except PastDeadline:
         return math.nan, f"ran past reward_timeout={timeout} s"
     except Exception as err:  # the user's code: any failure is this completion's, named
         return math.nan, f"raised {type(err).__name__}: {err}"
@@ -214,13 +206,13 @@ def _one(reward: Reward, completion: str, answer: str, timeout: float | None) ->
     return value, None
 
 
-def _steps(reward: StepReward, completion: str, answer: str, timeout: float | None):
+def _steps(reward: StepReward, completion: str, answer: str, timeout: float | None, pattern: str | None = None):
     """One completion's steps from ``reward`` as (end, score) pairs, ends rising within the text, and why it failed
     (None when it did not; no steps when it did)."""
     try:
-        out = _timed(reward.steps, timeout, completion, answer)
+        out = timed(reward.steps, timeout, completion, answer)
         steps = [(int(end), float(value)) for end, value in out]
-    except _Timeout:
+    except PastDeadline:
         return [], f"ran past reward_timeout={timeout} s"
     except Exception as err:  # the user's code, or pairs that are not (int, number)
         return [], f"raised {type(err).__name__}: {err}"
@@ -234,14 +226,14 @@ def _steps(reward: StepReward, completion: str, answer: str, timeout: float | No
     return steps, None
 
 
-def _guarded(rewards, call, completions: list[str], answers: list[str], timeout, on_error: OnError, failed_as):
-    """Each reward's ``call(reward, completion, answer, timeout)`` result per completion, ``failed_as`` where it
-    failed, and how many failed; with ``on_error="stop"`` the first failure raises one line naming it."""
+def _guarded(rewards, call, completions: list[str], answers: list[str], timeout, on_error: OnError, failed_as, pattern):
+    """Each reward's ``call(reward, completion, answer, timeout, pattern)`` result per completion, ``failed_as``
+    where it failed, and how many failed; with ``on_error="stop"`` the first failure raises one line naming it."""
     out, errors = {}, 0
     for reward in rewards:
         mine = []
         for completion, answer in zip(completions, answers):
-            value, failed = call(reward, completion, answer, timeout)
+            value, failed = call(reward, completion, answer, timeout, pattern)
             if failed is not None:
                 if on_error == "stop":
                     raise InputError(
@@ -260,11 +252,12 @@ def score_steps(
     answers: list[str],
     timeout: float | None = 5.0,
     on_error: OnError = "stop",
+    pattern: str | None = None,
 ) -> tuple[list[list[tuple[int, float]]], dict[str, list[float]], int]:
     """Each completion's steps from all ``rewards``, each score times its reward's weight (a step two rewards end at
     the same place sums them), each reward's mean step score per completion by name, and how many calls failed
     (guarded as ``score``: a failure stops the run, or with "zero" gives that completion no steps from it)."""
-    results, errors = _guarded(rewards, _steps, completions, answers, timeout, on_error, [])
+    results, errors = _guarded(rewards, _steps, completions, answers, timeout, on_error, [], pattern)
     merged: list[dict[int, float]] = [{} for _ in completions]
     for reward, per_completion in results.items():
         for i, steps in enumerate(per_completion):
@@ -280,12 +273,14 @@ def score(
     answers: list[str],
     timeout: float | None = 5.0,
     on_error: OnError = "stop",
+    pattern: str | None = None,
 ) -> tuple[list[float], dict[str, list[float]], int]:
-    """The weighted sum of ``rewards`` per completion, each reward's own scores by name, and how many calls failed.
+    """The weighted sum of ``rewards`` per completion, each reward's own scores by name, and how many calls failed;
+    an ``AnswerReward`` reads answers by the rule ``pattern`` (None: GSM8K's).
 
     Each reward is called per completion, so a failure names it: with ``on_error="stop"`` an ``InputError`` (one
     line), with "zero" a score of 0 from that reward, counted.
     """
-    results, errors = _guarded(rewards, _one, completions, answers, timeout, on_error, 0.0)
+    results, errors = _guarded(rewards, _one, completions, answers, timeout, on_error, 0.0, pattern)
     total = [sum((r.weight * per[i] for r, per in results.items()), 0.0) for i in range(len(completions))]
     return total, {r.name: per for r, per in results.items()}, errors

@@ -11,9 +11,11 @@ bits per byte, defined as lm-evaluation-harness defines them (``lm_eval/api/task
 - Bits per byte: -sum log2 p of a text's tokens (after the BOS, or EOS, prefix) over its UTF-8 bytes, summed over a
   whole file before dividing; a text longer than the net is scored in disjoint windows
   (``get_rolling_token_windows``).
-- Exact match: the greedy continuation, cut at the first ``until`` string, its answer extracted by a rule (a regex's
-  one group, by default GSM8K's ``#### <number>`` and else the last number in the text), compared with the reference
-  after lm-eval's GSM8K normalisation (strip; commas, ``$`` and a final ``.`` removed).
+- Exact match: the greedy continuation, cut at the first ``until`` string, its answer read by the answer rule (a
+  regex's one group at its first match, as lm-eval's "strict-match"; by default GSM8K's ``#### <number>``, and
+  without it the last number in the text), compared with the reference read by the same rule, after lm-eval's GSM8K
+  normalisation (strip; commas, ``$`` and a final ``.`` removed). GRPO's rewards and validation accuracy take this
+  rule too (``correct``), so a model is scored in training as ``cli.py test`` scores it.
 
 Notation: N scored rows (a choice each, or a window), T tokens, V vocabulary, R records, C most choices of a record.
 """
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 import math
 import re
+import signal
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -29,12 +33,15 @@ from torch import Tensor, nn
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
+from zoo.errors import InputError
 from zoo.gpt.generate import generate
 
 NUMBER = r"-?[$]?\d[\d,]*(?:\.\d+)?"
 GSM8K_ANSWER = rf"####\s*({NUMBER})"  # lm-eval gsm8k's "strict-match" filter; else "flexible-extract"'s last number
 KINDS = {"exact_match": ("exact_match",), "multiple_choice": ("acc", "acc_norm", "acc_bytes")}
 KINDS["bits_per_byte"] = ("bits_per_byte",)
+MAX_PATTERN = 1000  # characters of an answer rule (answer_pattern)
+RULE_SECONDS = 2.0  # the most one reading of a text by an answer rule may take: a regex is code with a deadline
 
 
 # -- encoding, as lm-eval's TemplateLM encodes -------------------------------------------------------------------
@@ -138,22 +145,96 @@ def normalise(answer: str) -> str:
     return re.sub(r"\.$", "", re.sub(r"[,$]", "", answer.strip()))
 
 
-def extract_answer(text: str, pattern: str | None = None) -> str:
-    """``pattern``'s first group at its first match; by default GSM8K's ``#### <number>``, else the last number in
-    the text; the text itself when nothing matches."""
-    if pattern is not None:
-        found = re.search(pattern, text)
-        return normalise(found.group(1)) if found else normalise(text)
-    found = re.search(GSM8K_ANSWER, text)
-    if found:
-        return normalise(found.group(1))
+class PastDeadline(Exception):
+    """Raised inside ``timed``'s call when its time is up."""
+
+
+def timed(fn, timeout: float | None, *args):
+    """``fn(*args)``, interrupted by ``PastDeadline`` (SIGALRM) after ``timeout`` s: on the main thread, unless a
+    deadline already runs (that one bounds it); elsewhere unbounded. The regex engine checks for signals as it runs."""
+    if not timeout or threading.current_thread() is not threading.main_thread() or deadline_running():
+        return fn(*args)
+
+    def alarm(signum, frame):
+        raise PastDeadline
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        return fn(*args)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def deadline_running() -> bool:
+    return signal.getitimer(signal.ITIMER_REAL)[0] > 0
+
+
+def check_pattern(pattern: str | None, setting: str = "--data.init_args.answer_pattern") -> None:
+    """Refuses, in one line naming ``setting``, an answer rule that is not a regex with exactly one group (of at most
+    ``MAX_PATTERN`` characters)."""
+    if pattern is None:
+        return
+    if len(pattern) > MAX_PATTERN:
+        raise InputError(f"{setting} has {len(pattern)} characters, more than {MAX_PATTERN}: give a shorter regex")
+    try:
+        groups = re.compile(pattern).groups
+    except re.error as err:
+        raise InputError(
+            f"{setting}={pattern!r} is not a regular expression ({err}): give one, e.g. 'Answer: (.+)'"
+        ) from None
+    if groups != 1:
+        raise InputError(
+            f"{setting}={pattern!r} has {groups} groups: give a regex with exactly one, the answer, e.g. 'Answer: (.+)'"
+        )
+
+
+def read_answer(text: str, pattern: str | None = None) -> str | None:
+    """The answer rule: ``pattern``'s one group at its FIRST match in ``text``, normalised (lm-eval's regex filter
+    with ``group_select: 0``, GSM8K's "strict-match"; "Answer: 12 then 34" reads 12); None when it does not match.
+    ``pattern`` None: GSM8K's ``#### <number>``."""
+    found = _search(GSM8K_ANSWER if pattern is None else pattern, text)
+    return normalise(found.group(1)) if found else None
+
+
+def _search(pattern: str, text: str) -> re.Match | None:
+    """``re.search`` within ``RULE_SECONDS`` (a reward's own deadline, where one runs); past it, one line."""
+    if deadline_running():
+        return re.search(pattern, text)
+    try:
+        return timed(re.search, RULE_SECONDS, pattern, text)
+    except PastDeadline:
+        raise InputError(
+            f"the answer rule {pattern!r} ran past {RULE_SECONDS} s on a text of {len(text)} characters "
+            "(a regex that backtracks without end): give a simpler answer_pattern"
+        ) from None
+
+
+def extract_answer(text: str, pattern: str | None = None) -> str | None:
+    """A generated text's answer by the rule (``read_answer``); None when a given ``pattern`` reads none (never
+    right, lm-eval's "[invalid]"). Without a pattern, where no ``#### <number>`` is, the last number in the text
+    (lm-eval gsm8k's "flexible-extract"), else the text itself."""
+    found = read_answer(text, pattern)
+    if found is not None or pattern is not None:
+        return found
     numbers = re.findall(NUMBER, text)
     return normalise(numbers[-1]) if numbers else normalise(text)
 
 
-def reference(answer: str) -> str:
-    """A record's answer, normalised; a GSM8K solution keeps what follows its last ``####``."""
-    return normalise(answer.rsplit("####", 1)[-1])
+def reference(answer: str, pattern: str | None = None) -> str | None:
+    """A record's answer by the same rule: what the rule reads in it (a worked solution ending ``#### 6``, a reply
+    ending ``Answer: 6``), else the whole string as the answer itself (``"6"``, ``"Paris"``); None when that is
+    empty. A reply, which is never the answer itself, must be read by the rule (``datamodules.PromptDataModule``
+    refuses one that is not)."""
+    found = read_answer(answer, pattern)
+    return found if found is not None else (normalise(answer) or None)
+
+
+def correct(completion: str, answer: str, pattern: str | None = None) -> bool:
+    """Whether a generated text's answer equals its record's, both read by the rule of ``pattern`` (exact match)."""
+    found = extract_answer(completion, pattern)
+    return found is not None and found == reference(answer, pattern)
 
 
 def cut(text: str, until: Sequence[str]) -> str:
@@ -170,7 +251,7 @@ def exact_match(net: nn.Module, batch: dict, tokenizer) -> Tensor:
     prompts = [p[-room:].to(net.tok_emb.weight.device) for p in batch["prompt_ids"]]
     out = generate(net, prompts, batch["max_new_tokens"], temperature=0, stop_ids=tokenizer.stop_ids)
     texts = [cut(tokenizer.decode(o.tolist()), batch["until"]) for o in out]
-    hits = [extract_answer(t, batch["answer_pattern"]) == reference(a) for t, a in zip(texts, batch["answers"])]
+    hits = [correct(t, a, batch["answer_pattern"]) for t, a in zip(texts, batch["answers"])]
     return torch.tensor(hits, dtype=torch.float32, device=net.tok_emb.weight.device)
 
 
