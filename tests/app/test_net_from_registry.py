@@ -151,3 +151,9 @@ def test_a_cnn_builds_the_registered_models_net_with_its_head_for_the_data(digit
     images = torch.rand(3, 1, 8, 8)
     with torch.no_grad():
         torch.testing.assert_close(model.net.eval()(images), registered.net.eval()(images), rtol=0, atol=0)
+    # data of another number of classes: the registered body, a new head (the size stays the config's, not the model's)
+    flags = ["--model.init_args.init_weights=models:/digits@champion", "--model.init_args.net.init_args.num_classes=5"]
+    five = built_from("--config", str(tmp_path / "digits.yaml"), *flags).net
+    assert five.num_classes == 5 and five.state_dict().keys() == theirs.keys()
+    same = [k for k, v in five.state_dict().items() if v.shape == theirs[k].shape and torch.equal(v, theirs[k])]
+    assert len(same) == len(theirs) - 2, sorted(set(theirs) - set(same))  # all but the head's weight and bias
