@@ -22,7 +22,11 @@ COVERED: list[tuple[str, str]] = [
         r"^python -m zoo\.gpt export <lora\.ckpt>",
         "tests/gpt/test_peft_adapter.py::test_a_fit_starts_from_a_peft_adapter_and_exports_it_back",
     ),
-    (r"--print_config", "tests/test_docs.py::test_print_config_prints_every_option_resolved"),
+    (r"convnet_digits\.yaml --print_config", "tests/test_docs.py::test_print_config_prints_every_option_resolved"),
+    (
+        r"init_weights=models:/arith-sft/1 --print_config",
+        "tests/app/test_net_from_registry.py::test_an_alias_names_the_model_and_print_config_shows_its_net",
+    ),
     (
         r"gpt_tiny\.yaml --help",
         "tests/app/test_bad_input.py::test_help_with_a_config_lists_its_models_and_datas_options",
