@@ -26,6 +26,7 @@ SFT_NET = {
     "position": "rope",
     "norm": {"class_path": "zoo.gpt.RMSNorm"},
     "mlp": {"class_path": "zoo.gpt.GeluMLP", "init_args": {"approximate": "exact"}},
+    "dropout": 0.0,  # stored, as cli.py stores every setting: a fit from it may choose its own
 }
 TASK = [f"--data.init_args.generate.{k}={v}" for k, v in (("train", 16), ("pairs", 8), ("test", 4))]
 
