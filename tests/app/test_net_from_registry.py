@@ -1,8 +1,8 @@
 """Every stage starts from a registered model (zoo.app.pretrained): ``init_weights: models:/<name>/<version>`` (or
-``@alias``) builds the net that model stores, for SFT, DPO, GRPO and a LoRA fit of a GPT and for a CNN, with configs
-that write no net settings: the built net's weights and outputs are the registered model's, and ``--print_config``
-prints that net. A net setting of the config's own that the registered one contradicts is one ``error:`` line naming
-it."""
+``@alias``) builds the net that model stores, for SFT, DPO, GRPO and a LoRA fit of a GPT and for a CNN (an agent from a
+cli.py checkpoint, the same rule), with configs that write no net settings: the built net's weights and outputs are
+the registered model's, and ``--print_config`` prints that net. A net setting of the config's own that the registered
+one contradicts is one ``error:`` line naming it."""
 
 from __future__ import annotations
 
@@ -158,3 +158,19 @@ def test_a_cnn_builds_the_registered_models_net_with_its_head_for_the_data(digit
     assert five.num_classes == 5 and five.state_dict().keys() == theirs.keys()
     same = [k for k, v in five.state_dict().items() if v.shape == theirs[k].shape and torch.equal(v, theirs[k])]
     assert len(same) == len(theirs) - 2, sorted(set(theirs) - set(same))  # all but the head's weight and bias
+
+
+def test_an_agent_builds_and_loads_a_zoo_checkpoints_net_and_statistics(ppo_fit, tmp_path):
+    config = yaml.safe_load((CONFIGS / "rl" / "ppo_tiny.yaml").read_text())
+    config["model"]["init_args"]["net"] = {"class_path": "zoo.rl.ActorCritic"}  # hidden (64, 64) by default; its 16s
+    (tmp_path / "ppo.yaml").write_text(yaml.safe_dump(config))
+    model = built_from("--config", str(tmp_path / "ppo.yaml"), f"--model.init_args.init_weights={ppo_fit.last}")
+    trained = torch.load(ppo_fit.last, weights_only=True)["state_dict"]
+    assert model.state_dict().keys() == trained.keys()  # the net and the observation statistics
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(tensor, trained[name], rtol=0, atol=0, msg=name)
+    from zoo.rl import PPOModule
+
+    obs, own = torch.rand(5, 4), PPOModule.load_from_checkpoint(ppo_fit.last).net.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model.net.eval().get_value(obs), own.get_value(obs), rtol=0, atol=0)

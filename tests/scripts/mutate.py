@@ -1471,6 +1471,7 @@ FAMILIES: dict[str, dict] = {
             (AP, "        if key in rule.kept:\n            continue\n", ""),
             (HK, "    if line := net_from_init_weights(cfg, subcommand, family_of):", "    if line := None:"),
             ("zoo/app/parser.py", "        net_from_init_weights(cfg[sub] if sub else cfg, sub, family_of)\n", ""),
+            (LC, "            if str(path).endswith(ZOO_WEIGHTS):", "            if False:"),
         ],
     },
     "async": {  # GRPO's asynchronous rollouts: the actor pool, the staleness, the truncated importance weight
