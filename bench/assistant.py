@@ -3,11 +3,12 @@ arithmetic task.
 
 Every stage is a ``cli.py`` subprocess, as a user types it, into one MLflow store: each fit registers its model
 (``registered_model_name``) and carries its stage (``--trainer.logger.init_args.stage``); the next stage starts from
-``models:/<name>/<version>``. Each stage is then scored with ``cli.py test --ckpt_path models:/... --data
-datamodules.TaskDataModule`` on the task's held-out ``test.jsonl`` (exact match of the greedy reply's ``#### n``,
-chat prompts) and ``mc.jsonl`` (multiple choice by log-likelihood). Printed: the report card of the last seed's
-lineage (``zoo.tracking.report``) and a table of stage x (exact match, acc) as mean ± std over seeds, with the CPU
-minutes each stage's subprocesses used (their user + system time, which a busy machine does not inflate).
+``models:/<name>/<version>``, whose net is built as that model stores it (no net is written here). Each stage is
+then scored with ``cli.py test --ckpt_path models:/... --data datamodules.TaskDataModule`` on the task's held-out
+``test.jsonl`` (exact match of the greedy reply's ``#### n``, chat prompts) and ``mc.jsonl`` (multiple choice by
+log-likelihood). Printed: the report card of the last seed's lineage (``zoo.tracking.report``) and a table of stage x
+(exact match, acc) as mean ± std over seeds, with the CPU minutes each stage's subprocesses used (their user + system
+time, which a busy machine does not inflate).
 
 Tracks:
   - ``zoo``: the byte-level GPT of ``configs/gpt/arithmetic_base.yaml`` pretrained on the task's plain text, then
@@ -110,9 +111,9 @@ def stage_args(track: str, folder: Path, seed: int, steps: dict[str, int]) -> di
     """Each stage's fit arguments (the parent model is added when the previous stage has registered)."""
     common = [f"--seed_everything={seed}", "--trainer.check_val_every_n_epoch=null", "--trainer.limit_val_batches=8"]
     extra = {s: [] for s in STAGES}
-    if track == "zoo":  # one net for every stage: each loads the last one's weights
+    if track == "zoo":  # the base's net (sft's config states it too, so both are sized); dpo and rl build sft's
         size = {"n_layer": SIZE["layers"], "n_embd": SIZE["width"]}
-        common += [f"--model.init_args.net.init_args.{k}={v}" for k, v in size.items()]
+        extra["base"] = extra["sft"] = [f"--model.init_args.net.init_args.{k}={v}" for k, v in size.items()]
         common += [f"--data.init_args.generate.{k}={TASK[k]}" for k in ("digits", "terms")]
         configs = {s: ROOT / "configs" / "gpt" / TASK_YAMLS[s] for s in STAGES}
     else:  # the imported folder is the base: registered with its tokenizer (one no-op step)
@@ -194,11 +195,12 @@ def write_llama_configs(folder: Path) -> Path:
     configs.mkdir(exist_ok=True)
     data = {"path": "data/arithmetic", "tokenizer": "pretrained", "pretrained_dir": str(llama), "block_size": 80,
             "batch_size": 32, "generate": TASK}  # fmt: skip
-    from zoo.gpt.pretrained import net_config, net_kwargs, read_folder
-
-    # From a registered model (not a folder) the net is not read from init_weights: the folder's, written out.
-    net = net_config(net_kwargs(read_folder(llama)[1], llama))
-    module = {"net": net, "adapt": {"lora": {"r": 16}}, "generation": {"max_new_tokens": 48, "temperature": 0.0}}
+    # The net is init_weights': the folder's config for the base, then each registered model's own (zoo.app.pretrained).
+    module = {
+        "net": {"class_path": "zoo.gpt.GPT"},
+        "adapt": {"lora": {"r": 16}},
+        "generation": {"max_new_tokens": 48, "temperature": 0.0},
+    }
     sft = {
         "model": {"class_path": "zoo.gpt.CausalLMModule", "init_args": module | {"optimizer": {"lr": 0.003}}},
         "data": {"class_path": "datamodules.ChatDataModule", "init_args": data | {"val_fraction": 0.05}},

@@ -30,7 +30,11 @@ COVERED: list[tuple[str, str]] = [
         r"^python -m zoo\.gpt lm-eval <lora\.ckpt> --init-weights",
         "tests/gpt/test_gpt_export.py::test_lm_eval_runs_on_a_lora_checkpoint_given_its_base",
     ),
-    (r"--print_config", "tests/test_docs.py::test_print_config_prints_every_option_resolved"),
+    (r"convnet_digits\.yaml --print_config", "tests/test_docs.py::test_print_config_prints_every_option_resolved"),
+    (
+        r"init_weights=models:/arith-sft/1 --print_config",
+        "tests/app/test_net_from_registry.py::test_an_alias_names_the_model_and_print_config_shows_its_net",
+    ),
     (
         r"gpt_tiny\.yaml --help",
         "tests/app/test_bad_input.py::test_help_with_a_config_lists_its_models_and_datas_options",

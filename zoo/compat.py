@@ -194,6 +194,28 @@ def dump_config_again(cli) -> None:
     cli.__dict__.pop("config_dump", None)
 
 
+def pending_print_config(parser) -> dict | None:
+    """jsonargparse's ``--print_config`` request, taken off ``parser``; None when there is none or jsonargparse is
+    parsing defaults (it skips printing then).
+
+    jsonargparse prints inside its private ``_parse_common``, before any hook of LightningCLI runs, when its action
+    has left the request as a private attribute of the parser; the zoo takes it, completes the net from
+    ``init_weights`` (``zoo.app.pretrained``) and prints with ``print_config``, so the printed net is the one built.
+    """
+    from jsonargparse._actions import print_config_skip
+
+    return None if print_config_skip.get() else parser.__dict__.pop("print_config", None)
+
+
+def print_config(parser, request: dict, cfg) -> None:
+    """Prints ``cfg`` as jsonargparse's ``--print_config`` does for ``request`` (``pending_print_config``), and exits
+    (its printer is a private action's method)."""
+    from jsonargparse._actions import _ActionPrintConfig
+
+    parser.print_config = request
+    _ActionPrintConfig.print_config_if_requested(parser, cfg)
+
+
 def jsonargparse_debug() -> bool:
     """Whether jsonargparse's debug mode (``JSONARGPARSE_DEBUG``) is on, read the way jsonargparse reads it (its
     boolean parsing of the variable); the reader is not exported. The zoo then leaves errors to jsonargparse."""

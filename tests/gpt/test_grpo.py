@@ -276,8 +276,8 @@ def test_the_grpo_config_fits_through_the_cli_from_given_weights(tmp_path):
 
     from zoo.gpt.hf import save_safetensors
 
-    tiny = dict(n_layer=1, n_embd=32, n_head=2)
-    start = GPT(vocab_size=257, block_size=96, **tiny)  # GeLU's approximation: no weights
+    tiny = dict(n_layer=1, n_embd=32, n_head=2, block_size=96)  # a file of the net alone: its settings given
+    start = GPT(vocab_size=257, **tiny)  # GeLU's approximation: no weights
     weights = save_safetensors(start, tmp_path / "sft.safetensors")  # as an SFT stage's model would be
     fitted = fit_in_folder(
         tmp_path,

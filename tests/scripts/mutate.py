@@ -1536,6 +1536,18 @@ FAMILIES: dict[str, dict] = {
             ),
         ],
     },
+    "registered": {  # every stage starts from a registered model: init_weights builds the net that model stores
+        "tests": ["tests/app/test_net_from_registry.py", "tests/app/test_net_from_source.py"],
+        "mutants": [
+            (AP, "    return _as_config(net) if isinstance(net, build.Part) else None", "    return None"),
+            (AP, "        args = {k: _as_config(v) for k, v in value.args.items()}", "        args = {}"),
+            (AP, 'frozenset({"dropout", "activation_checkpointing"})', 'frozenset({"activation_checkpointing"})'),
+            (AP, "        if key in rule.kept:\n            continue\n", ""),
+            (HK, "    if line := net_from_init_weights(cfg, subcommand, family_of):", "    if line := None:"),
+            ("zoo/app/parser.py", "        net_from_init_weights(cfg[sub] if sub else cfg, sub, family_of)\n", ""),
+            (LC, "            if str(path).endswith(ZOO_WEIGHTS):", "            if False:"),
+        ],
+    },
     "async": {  # GRPO's asynchronous rollouts: the actor pool, the staleness, the truncated importance weight
         "tests": [
             "tests/gpt/test_grpo_async.py",

@@ -290,15 +290,20 @@ def test_a_stored_data_config_is_never_used_by_load_from_checkpoint(checkpoints,
     assert not attacker.ran()
 
 
-def test_init_weights_read_only_the_weights_of_a_tampered_checkpoint(checkpoints, attacker, tmp_path):
+def test_init_weights_builds_a_checkpoints_net_by_the_same_rules_and_refuses_a_tampered_one(
+    checkpoints, attacker, tmp_path
+):
+    # init_weights builds the net the checkpoint stores (zoo.app.pretrained): read as data, by these rules
     path = tamper(
         checkpoints["cnn"], tmp_path / "evil.ckpt", "hyper_parameters", "net.class_path", f"{attacker.name}.EvilNet"
     )
-    c = cli("validate", "--config", CNN, f"--model.init_args.init_weights={path}", *FAST)
+    with pytest.raises(UntrustedConfigError, match=f"net.class_path is '{attacker.name}.EvilNet'"):
+        cli("validate", "--config", CNN, f"--model.init_args.init_weights={path}", *FAST)
+    assert not attacker.ran()
+    c = cli("validate", "--config", CNN, f"--model.init_args.init_weights={checkpoints['cnn']}", *FAST)
     trained = torch.load(checkpoints["cnn"], weights_only=True)["state_dict"]
     for k, v in c.model.state_dict().items():
         torch.testing.assert_close(v, trained[k])
-    assert not attacker.ran()
 
 
 @pytest.fixture
@@ -353,9 +358,11 @@ def test_a_tampered_registered_model_is_refused(registered_tampered, attacker, w
     for uri in (models_uri, runs_uri):
         with pytest.raises(UntrustedConfigError, match=f"{attacker.name}.EvilNet"):
             cli("validate", f"--ckpt_path={uri}", "--trainer.logger=false")
-        if where[0] != "data":  # the model alone: load_model builds no DataModule
+        if where[0] != "data":  # the model alone: load_model builds no DataModule, nor init_weights' read of its net
             with pytest.raises(UntrustedConfigError, match=f"{attacker.name}.EvilNet"):
                 load_model(uri)
+            with pytest.raises(UntrustedConfigError, match=f"{attacker.name}.EvilNet"):
+                cli("fit", "--config", CNN, f"--model.init_args.init_weights={uri}", "--trainer.logger=false")
     assert not attacker.ran()
 
 

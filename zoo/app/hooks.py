@@ -19,6 +19,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from callbacks import ResumesItsOptimizer, TrainsSomething, WiseFT
 from zoo.app.parser import EXCEPTION_DIR
+from zoo.app.pretrained import net_from_init_weights
 from zoo.app.stored_config import SUBCOMMANDS_WITH_A_MODEL
 from zoo.errors import InputError
 from zoo.io.checkpoint import WeightsOnlyCheckpointIO, WeightsOnlyLoading, reconcile
@@ -59,6 +60,8 @@ def prepare_config(cfg: Any, subcommand: str | None) -> None:
     refuse_counts_below_one(cfg)
     prepare_checkpoint(cfg, subcommand)
     tag_parent_model(cfg)
+    if line := net_from_init_weights(cfg, subcommand, family_of):  # init_weights as typed: models:/... named
+        rank_zero_info(line)
     resolve_init_weights(cfg)
     resolve_draft(cfg)
     drop_unusable_callbacks(cfg)

@@ -174,6 +174,20 @@ class ZooArgumentParser(LightningArgumentParser):
             registry_name, value, HelpWithTheConfigsClasses if (registry_name, value) == ("action", "help") else object
         )
 
+    def _parse_common(self, cfg, **kwargs):
+        # --print_config: jsonargparse prints the parsed config here, before the CLI's hooks; the printed net is
+        # completed first from init_weights, as the run's prepare_config does (zoo.app.pretrained).
+        request = compat.pending_print_config(self)
+        if request is None:
+            return super()._parse_common(cfg, **kwargs)
+        cfg = super()._parse_common(cfg, **{**kwargs, "skip_validation": True})
+        from zoo.app.pretrained import net_from_init_weights
+        from zoo.tracking.families import family_of
+
+        sub = cfg.get("subcommand")
+        net_from_init_weights(cfg[sub] if sub else cfg, sub, family_of)
+        compat.print_config(self, request, cfg)
+
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error or compat.jsonargparse_debug() or os.environ.get(VERBOSE_ENV):
             super().error(message, ex)  # a subcommand's parser raises to its parent, which prints

@@ -9,8 +9,16 @@ line naming each (the weights compute what their config says: a net built otherw
 function, or fail on their shapes), except the settings the family's load adapts (a CLIP tower's ``embed_dim``: the
 projection is replaced). A value equal to the class's default cannot be told from one left out, and is the source's.
 
-A source the rule does not read (a weights file, a zoo checkpoint, an MLflow model) leaves the config as it is: the
-module's load checks the net against the weights.
+A zoo model is a source of every family: a registered model (``models:/<name>/<version>``, ``models:/<name>@<alias>``,
+``runs:/<id>/model``: its ``module.json``) or a checkpoint written through ``cli.py`` (its hyperparameters) states its
+net as it was built, which is read as data by the stored-config rules (``zoo.io.build``: only the classes
+``zoo.io.trust``'s allowlist and the user's own config name) and set the same way, so each stage of a lineage (base,
+SFT, DPO, RL) starts from the last one's registered model with no net block written by hand. What the weights do not
+depend on (dropout, activation checkpointing) may be the config's own, and a size the data states (a classifier's
+``num_classes``: its head is replaced for another number of classes) stays the config's, for the data to fill.
+
+A source no rule reads (a weights file of the net alone) leaves the config as it is: the module's load checks the net
+against the weights. ``--print_config`` shows the net completed by the same rules (``zoo.app.parser``).
 """
 
 from __future__ import annotations
@@ -18,8 +26,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import json
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +48,7 @@ class Source:
 
     read: Callable[[Path], dict[str, Any] | None]
     adapted: frozenset[str] = frozenset()
+    kept: frozenset[str] = frozenset()  # init_args the config keeps as it has them, unset included (sizes for the data)
 
 
 def gpt_folder(path: Path) -> dict[str, Any] | None:
@@ -74,6 +84,54 @@ def sb3_zip(path: Path) -> dict[str, Any] | None:
     return net_config(path)
 
 
+def zoo_model(path: Path, trusted: Iterable[str] = ()) -> dict[str, Any] | None:
+    """The net a zoo model at ``path`` stores: a registered model's ``weights.safetensors`` beside its ``module.json``,
+    or a checkpoint written through ``cli.py`` (``.ckpt``, its ``hyper_parameters``); None for anything else. Read by
+    ``zoo.io.build``'s rules against ``zoo.io.trust``'s allowlist and ``trusted`` (the classes the user's own config
+    names): a class outside them is refused, and nothing the file names is imported."""
+    from zoo.io import build, trust
+    from zoo.io.weights import load_file
+    from zoo.tracking.downloads import SPEC, WEIGHTS
+
+    if path.name == WEIGHTS and (path.parent / SPEC).is_file():
+        spec = json.loads((path.parent / SPEC).read_text())
+        spec = spec if isinstance(spec, dict) else {}
+        stored = {"_class_path": spec.get("class_path"), **(spec.get("init_args") or {})}
+    elif path.suffix in CHECKPOINTS and path.is_file():
+        stored = dict(load_file(path, mmap=True).get("hyper_parameters") or {})
+    else:
+        return None
+    if "_class_path" not in stored or not isinstance(stored.get("net"), (dict, str)):
+        return None  # saved from Python (no config), or a module without a net
+    allow = trust.zoo_allowlist().with_trusted(trusted)
+    net = build.resolve_model(stored, str(path), allow, complete=False).args.get("net")
+    return _as_config(net) if isinstance(net, build.Part) else None
+
+
+CHECKPOINTS = (".ckpt", ".pt", ".pth")  # what a checkpoint written through cli.py is named
+
+
+def _as_config(value: Any) -> Any:
+    """A resolved part as the parser's config holds it: every class as ``{class_path, init_args}`` (a class given by
+    its path alone too), settings as dicts of their fields."""
+    from zoo.io.build import Part
+
+    if isinstance(value, Part):
+        args = {k: _as_config(v) for k, v in value.args.items()}
+        if value.kind == "type":
+            return value.path
+        return args if value.kind == "settings" else {"class_path": value.path, "init_args": args}
+    if isinstance(value, (list, tuple)):
+        return [_as_config(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _as_config(v) for k, v in value.items()}
+    return value
+
+
+# A zoo model's net: what its weights do not depend on may be the config's own; a classifier's head is replaced for
+# another number of classes (zoo.cnn.module), so num_classes is the data's (zoo.app.sizes), not the model's.
+ZOO_MODEL = Source(zoo_model, frozenset({"dropout", "activation_checkpointing"}), frozenset({"num_classes"}))
+
 SOURCES: dict[str, Source] = {
     "gpt": Source(gpt_folder),
     "diffusers": Source(diffusers_folder),
@@ -82,30 +140,49 @@ SOURCES: dict[str, Source] = {
 }  # by the families table's name
 
 
+def net_from_init_weights(cfg: Namespace, subcommand: str | None, family_of: Callable[[type], Any]) -> str | None:
+    """``net_from_source`` with the rule of the family of ``cfg``'s model (``family_of``: its row in
+    ``zoo.tracking.families``), before anything is built: a fit's, or a run without a checkpoint (an evaluated
+    checkpoint's net is its own)."""
+    path = getattr(cfg.get("model"), "class_path", None)
+    if not path or (subcommand not in (None, "fit") and cfg.get("ckpt_path")):
+        return None
+    return net_from_source(cfg, SOURCES.get(family_of(_class(path)).net_from_folder))
+
+
 def net_from_source(cfg: Namespace, source: Source | None) -> str | None:
-    """``cfg``'s net (``model.init_args.net``) made the one its ``init_weights`` states, by the family's ``source``
-    rule: a line saying so, or None where there is no rule or it does not read that path. A value of the config's
-    net block that the source contradicts raises ``InputError`` naming each."""
+    """``cfg``'s net (``model.init_args.net``) made the one its ``init_weights`` states: a zoo model's stored net
+    (``zoo_model``; an MLflow URI is downloaded first), else the family's ``source`` rule's. A line saying so, or
+    None where no rule reads that path. A value of the config's net block that the source contradicts raises
+    ``InputError`` naming each."""
     init = (cfg.get("model") or Namespace()).get("init_args", Namespace())
     path, net = init.get("init_weights"), init.get("net")
-    if source is None or not isinstance(path, str) or is_remote(path) or not isinstance(net, Namespace):
+    if not isinstance(path, str) or is_remote(path) or not isinstance(net, Namespace):
         return None
-    theirs = source.read(Path(path))
+    from zoo.io.trust import trusted_class_paths
+    from zoo.tracking.models import is_mlflow_uri, local_weights
+
+    local = Path(local_weights(path) if is_mlflow_uri(path) else path)
+    rule, theirs = ZOO_MODEL, zoo_model(local, trusted_class_paths(cfg.model.as_dict()))
+    if theirs is None and source is not None:
+        rule, theirs = source, source.read(local)
     if theirs is None:
         return None
     conflicts: list[str] = []
-    _merge(net, theirs, NET, _defaults(_class(theirs["class_path"])), source.adapted, conflicts)
+    _merge(net, theirs, NET, _defaults(_class(theirs["class_path"])), rule, conflicts)
     if conflicts:
         raise InputError(
             f"init_weights {path!r} states the net, and the config's net block contradicts it: {'; '.join(conflicts)}. "
             f"Leave these out of {NET} (its class_path is enough), or start from other weights"
         )
-    return f"the net from init_weights {path!r}: {theirs['class_path']} as its config states it"
+    how = "as it stores it" if rule is ZOO_MODEL else "as its config states it"
+    return f"the net from init_weights {path!r}: {theirs['class_path']} {how}"
 
 
-def _merge(net: Namespace, theirs: dict, where: str, defaults: dict, adapted: frozenset, conflicts: list) -> None:
+def _merge(net: Namespace, theirs: dict, where: str, defaults: dict, rule: Source, conflicts: list) -> None:
     """``net`` (``{class_path, init_args}`` as parsed) given ``theirs``' values where it holds the defaults, its own
-    kept where ``adapted``, a line in ``conflicts`` for each other value (or class) of its own that differs."""
+    kept where the ``rule`` adapts or keeps them, a line in ``conflicts`` for each other value (or class) of its own
+    that differs."""
     cls = _class(theirs["class_path"])
     if not issubclass(_class(net.class_path), cls):
         conflicts.append(f"{where}.class_path={net.class_path} (the source's: {theirs['class_path']})")
@@ -115,15 +192,17 @@ def _merge(net: Namespace, theirs: dict, where: str, defaults: dict, adapted: fr
     args = net.init_args
     for key, value in (theirs.get("init_args") or {}).items():
         old, default, at = args.get(key), defaults.get(key), f"{where}.init_args.{key}"
+        if key in rule.kept:
+            continue
         if isinstance(value, dict) and "class_path" in value and isinstance(old, Namespace) and "class_path" in old:
             if issubclass(_class(old.class_path), _class(value["class_path"])):
-                _merge(old, value, at, _nested_defaults(value["class_path"], default), adapted, conflicts)
+                _merge(old, value, at, _nested_defaults(value["class_path"], default), rule, conflicts)
                 continue
             if _class(old.class_path) is not _class_of(default):
                 conflicts.append(f"{at}={old.class_path} (the source's: {value['class_path']})")
                 continue
         elif _given(old, default) and not _same(old, value):
-            if key not in adapted:
+            if key not in rule.adapted:
                 conflicts.append(f"{at}={_plain(old)!r} (the source's: {value!r})")
             continue
         args[key] = _namespace(value)

@@ -26,9 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from jsonargparse import Namespace
-from lightning.pytorch.utilities import rank_zero_info
 
-from zoo.app.pretrained import SOURCES, net_from_source
 from zoo.errors import InputError
 
 NET = "model.init_args.net.init_args"  # where the sizes go, as a config or flag names them
@@ -151,8 +149,7 @@ def instantiate_data_first(
     parser, config: Namespace, subcommand: str | None, family_of: Callable, redump, build_data: Callable | None = None
 ) -> Namespace:
     """``parser.instantiate(config)`` with the DataModule built first and the net sized from it in between (its
-    architecture from a pretrained source given as ``init_weights`` first, where the family has a rule for it,
-    ``zoo.app.pretrained``):
+    architecture, from a source given as ``init_weights``, is already set: ``zoo.app.pretrained``):
     ``family_of(model_class)`` is the family's row (``zoo.tracking.families``), ``redump()`` makes LightningCLI
     dump the completed config again (it hands that dump to the model as its hyperparameters); ``build_data``: builds
     the DataModule instead of the parser (a checkpoint's stored one, ``zoo.app.stored_config``)."""
@@ -165,9 +162,6 @@ def instantiate_data_first(
             only_data = Namespace(subcommand=subcommand, **{subcommand: only_data})
         data = parser.instantiate(only_data)[f"{prefix}data"]
     row = family_of(model_class(cfg))
-    if subcommand == "fit" or not cfg.get("ckpt_path"):  # an evaluated checkpoint's net is its own
-        if line := net_from_source(cfg, SOURCES.get(row.net_from_folder)):
-            rank_zero_info(line)
     size_the_net(cfg, data, subcommand, RULES.get(row.sizes))
     redump()
     rest = config.clone()

@@ -20,7 +20,8 @@ import torch
 from lightning.pytorch import Callback, LightningModule
 from torch import Tensor
 
-from zoo.io.weights import readable
+from zoo.errors import InputError
+from zoo.io.weights import extract_state_dict, load_file, readable
 from zoo.rl.common import (
     Evaluation,
     adapt_agent,
@@ -210,13 +211,19 @@ class Lifecycle:
 
     @staticmethod
     def load_init_weights(module: LightningModule, dm) -> None:
-        """The agent's ``init_weights`` (an SB3 zip, ``zoo.rl.sb3``) into its nets, once: never over a checkpoint's
-        weights (``skip_init_weights``), nor again at a later stage of the same module; the env checked against it."""
+        """The agent's ``init_weights`` into it, once: never over a checkpoint's weights (``skip_init_weights``), nor
+        again at a later stage of the same module. An SB3 zip (``zoo.rl.sb3``) into its nets, the env checked against
+        it; a zoo agent's weights (a checkpoint, a registered model's ``weights.safetensors``) into the whole module,
+        observation statistics included, exactly (the env is checked against the net at setup)."""
         path = module.hparams.get("init_weights")
         if path and not getattr(module, "_init_loaded", False):
-            from zoo.rl.sb3 import load_init_weights  # the importer names the agents, which import this file
+            path = readable(path)
+            if str(path).endswith(ZOO_WEIGHTS):
+                load_zoo_agent(module, path)
+            else:
+                from zoo.rl.sb3 import load_init_weights  # the importer names the agents, which import this file
 
-            load_init_weights(module, readable(path), (*dm.spaces, dm.env_id) if dm is not None else None)
+                load_init_weights(module, path, (*dm.spaces, dm.env_id) if dm is not None else None)
             module._init_loaded = True
 
     def start(self, module: LightningModule, step_env_steps: int, envs_per_rank: int | None = None) -> int | None:
@@ -316,3 +323,28 @@ class StopCollectingOnException(Callback):
 
     def on_exception(self, trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self.lifecycle.stop_collecting()
+
+
+ZOO_WEIGHTS = (".ckpt", ".pt", ".pth", ".safetensors")  # a zoo agent's checkpoint or registered weights, not a zip
+
+
+def load_zoo_agent(module: LightningModule, path) -> None:
+    """Every tensor of a zoo agent's weights at ``path`` into ``module``, which must have the same ones at the same
+    shapes (the same algorithm, a net of the same sizes); else one line naming what differs."""
+    theirs, own = extract_state_dict(load_file(path)), module.state_dict()
+    unused, unset = sorted(theirs.keys() - own.keys()), sorted(own.keys() - theirs.keys())
+    both = sorted(own.keys() & theirs.keys())
+    shapes = [
+        f"{k} {tuple(theirs[k].shape)} for {tuple(own[k].shape)}" for k in both if theirs[k].shape != own[k].shape
+    ]
+    parts = [
+        f"{what}: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}"
+        for what, names in (("tensors it has no place for", unused), ("tensors unset", unset), ("shapes", shapes))
+        if names
+    ]
+    if parts:
+        raise InputError(
+            f"init_weights {str(path)!r} is not an agent of this one's algorithm and net ({'; '.join(parts)}): start "
+            f"from weights of a {type(module).__name__} of these sizes"
+        )
+    module.load_state_dict(theirs)

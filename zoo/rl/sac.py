@@ -119,7 +119,9 @@ class SACModule(WeightsOnlyLoading, LightningModule):
                 target nets are Polyak copies over parameter lists, which adapters would misalign.
             init_weights: a Stable-Baselines3 zip of this algorithm (its ``model.save``) to start from: every tensor of
                 its policy, read weights-only when the run sets up (never over a checkpoint's weights), the env checked
-                against its spaces (``zoo.rl.sb3``); ``cli.py`` builds the net as the zip states it.
+                against its spaces (``zoo.rl.sb3``); or a zoo agent's weights (its checkpoint, or a registered model:
+                ``cli.py`` downloads ``models:/...``) into the whole module, exactly. ``cli.py`` builds the net as the
+                zip or the zoo model states it.
         """
         for settings in (actor_optimizer, critic_optimizer, alpha_optimizer):
             AdamOrRMSprop.of(settings)  # a checkpoint's hyperparameters (dicts): checked as the config's are
