@@ -413,12 +413,14 @@ def load_init_weights(module: LightningModule, path: str | Path, env: tuple[Any,
 
 
 def check_spaces(z: SB3Zip, algo: str, obs_space: gym.Space, action_space: gym.Space, env_id: str) -> None:
-    """The env's spaces are the zip's (flat sizes, the kind of actions, a Box's bounds as float32), or one line
-    naming both."""
+    """The env's spaces are the zip's (flat sizes, the kind of actions, a Discrete's first action, a Box's bounds as
+    float32), or one line naming both."""
     theirs = spaces(z, algo)
     ours: dict[str, Any] = {"obs_dim": int(np.prod(obs_space.shape or ()))}
     if isinstance(action_space, gym.spaces.Discrete):
         ours |= {"action_dim": int(action_space.n), "continuous": False}
+        if int(action_space.start):  # the zip's actions start at 0 (``spaces``); the zoo's would start here
+            ours["start"] = int(action_space.start)
     elif isinstance(action_space, gym.spaces.Box):
         ours |= {"action_dim": int(np.prod(action_space.shape)), "continuous": True}
         ours |= {"low": action_space.low.tolist(), "high": action_space.high.tolist()}
