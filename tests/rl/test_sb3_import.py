@@ -336,7 +336,7 @@ def test_an_sb3_agent_whose_discrete_actions_start_at_1_is_refused_in_one_line(t
         model = sb3.PPO("MlpPolicy", ActionsFrom1(), policy_kwargs={"net_arch": [8]}, device="cpu", seed=0)
     model.save(tmp_path / "from1.zip")
     assert set(model.predict(observations(model, 200), deterministic=True)[0].tolist()) <= {0, 1}  # not the space's
-    with pytest.raises(InputError, match="not a Discrete starting at 0") as err:
+    with pytest.raises(InputError, match=r"a Discrete n=2 start=1, not a Discrete starting at 0") as err:
         from_pretrained(tmp_path / "from1.zip")  # the zoo steps an env with index + start: not SB3's actions
     assert "\n" not in str(err.value)
     cartpole = sb3.PPO.load(sb3_zip(tmp_path, "ppo_cartpole"), device="cpu")

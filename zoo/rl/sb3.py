@@ -246,7 +246,8 @@ def spaces(z: SB3Zip, algo: str) -> dict[str, Any]:
         return {"obs_dim": obs["_shape"][0], "action_dim": int(act["n"]), "continuous": False}
     if act_kind != "Box" or len(act.get("_shape") or []) != 1:
         kinds = "a flat Box" if algo in ("SAC", "TD3") else "a Discrete starting at 0 or a flat Box"
-        raise refuse(z.path, f"its actions are a {act_kind} {act.get('_shape') or act.get('n')}, not {kinds}")
+        size = f"n={act.get('n')} start={act.get('start', '0')}" if act_kind == "Discrete" else act.get("_shape")
+        raise refuse(z.path, f"its actions are a {act_kind} {size}, not {kinds}")
     low = numbers(z, act.get("low"), "action_space.low")
     high = numbers(z, act.get("high"), "action_space.high")
     return {"obs_dim": obs["_shape"][0], "action_dim": act["_shape"][0], "continuous": True, "low": low, "high": high}
