@@ -87,6 +87,21 @@ def test_timms_preprocessing_and_no_decay_names_come_along():
     assert all(p.ndim >= 2 for p in decay["params"]) and net.io_layers()[-1] == "model.head"
 
 
+@pytest.mark.parametrize(
+    ("name", "stem"), [("resnet18", "model.conv1"), ("vit_tiny_patch16_224", "model.patch_embed.proj")]
+)
+def test_the_stem_and_the_head_are_io_layers_that_muon_leaves_to_adamw(name, stem):
+    from zoo.train.optim import muon_param_groups
+
+    net = TimmNet(name, num_classes=3, **MODELS[name][0])
+    assert net.io_layers() == (stem, "model.head" if name.startswith("vit") else "model.fc")
+    muon, adamw = muon_param_groups(net, 0.1)
+    to_muon = {id(p) for g in muon for p in g["params"]}
+    for layer in net.io_layers():
+        assert not to_muon & {id(p) for p in net.get_submodule(layer).parameters()}, layer
+    assert to_muon  # the layers between
+
+
 def test_the_timm_vit_config_fits_through_the_cli_and_builds_the_net_timm_builds():
     from conftest import CONFIGS, cli
 

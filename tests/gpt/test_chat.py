@@ -106,6 +106,27 @@ def test_the_assistant_mask_is_transformers_generation_block_mask(tokenizer_dir,
     assert sum(rendered.mask) > 10 and len(rendered.turn_ends) == 2
 
 
+# A generation prompt that ends in a space, which a byte-level BPE merges into the reply's first token (" the").
+SPACE_BEFORE_REPLY = (
+    "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ 'Assistant: ' }}{% generation %}"
+    "{{ m['content'] + '<|eot_id|>' }}{% endgeneration %}{% else %}{{ 'User: ' + m['content'] + '\\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant: ' }}{% endif %}"
+)
+
+
+def test_a_token_straddling_the_reply_boundary_is_learned_as_the_replys(tokenizer_dir):
+    ours, theirs = _with_template(tokenizer_dir, SPACE_BEFORE_REPLY)
+    messages = [{"role": "user", "content": "The quick brown fox?"}, {"role": "assistant", "content": "the lazy dog."}]
+    rendered = chat_renderer(ours)(messages)
+    expected = theirs.apply_chat_template(messages, return_assistant_tokens_mask=True, return_dict=True)
+    assert rendered.ids == expected["input_ids"]
+    assert [int(m) for m in rendered.mask] == expected["assistant_masks"]
+    start = rendered.text.index("the lazy")  # where the reply's text begins
+    offsets = ours.hf.encode(rendered.text, add_special_tokens=False).offsets
+    k = next(k for k, (_, end) in enumerate(offsets) if end > start)  # the token " the": the prompt's space in it
+    assert offsets[k][0] < start and rendered.mask[k] and not rendered.mask[k - 1]
+
+
 @pytest.mark.parametrize(
     ("template", "why"),
     [
@@ -201,6 +222,20 @@ def test_long_conversations_keep_whole_turns_or_are_dropped(tmp_path, model_dir)
     ids = dm.train_set.items[0][0]
     assert len(ids) == whole.turn_ends[1] and ids.tolist() == whole.ids[: whole.turn_ends[1]]  # two turns of four
     assert len(dm.train_set) == 2 and dm.dropped == 1
+
+
+def test_a_conversation_of_block_size_plus_one_tokens_is_kept_whole_and_one_more_is_dropped(tmp_path):
+    long = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "the answer"}]
+    n = len(chat_renderer(ByteTokenizer())(long).ids)  # one reply: its only whole-turn cut is its end
+    path = _write_jsonl(tmp_path / "c.jsonl", [{"messages": long}, {"prompt": "q", "completion": "a"}])
+    kept = ChatDataModule(str(path), tokenizer="bytes", block_size=n - 1, val_fraction=0, batch_size=2)
+    kept.setup("fit")
+    ids, labels = kept.train_set.items[0]
+    assert kept.dropped == 0 and len(ids) == n and (labels != IGNORE_INDEX).sum() == len("the answer") + 1  # + EOS
+    assert next(iter(kept.train_dataloader()))[0].shape[1] == n - 1  # T = block_size
+    dropped = ChatDataModule(str(path), tokenizer="bytes", block_size=n - 2, val_fraction=0, batch_size=2)
+    dropped.setup("fit")
+    assert dropped.dropped == 1 and len(dropped.train_set) == 1
 
 
 @pytest.mark.parametrize(

@@ -161,6 +161,20 @@ def test_a_pair_with_a_side_past_block_size_is_dropped_and_counted(tmp_path):
     assert len(dm.train_set) == 1 and dm.dropped == 1
 
 
+def test_a_side_of_block_size_plus_one_tokens_is_kept_and_one_more_is_dropped(tmp_path):
+    from zoo.io.chat_template import chat_renderer
+
+    long = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "b" * 10}]
+    n = len(chat_renderer(ByteTokenizer())(long).ids)  # the longer side's tokens, its EOS included
+    records = [{"prompt": "q", "chosen": "a", "rejected": "c"}, {"prompt": "q", "chosen": "a", "rejected": "b" * 10}]
+    path = _write(tmp_path / "p.jsonl", records)
+    kept = _dm(path, block_size=n - 1)
+    assert len(kept.train_set) == 2 and kept.dropped == 0
+    assert kept.train_set.collate([kept.train_set[1]])["rejected_input_ids"].shape[1] == n - 1  # T = block_size
+    dropped = _dm(path, block_size=n - 2)
+    assert len(dropped.train_set) == 1 and dropped.dropped == 1
+
+
 @pytest.mark.parametrize(
     ("record", "why"),
     [
@@ -257,6 +271,39 @@ def test_with_lora_the_reference_is_the_base_with_adapters_off_and_no_copy(tmp_p
     torch.testing.assert_close(ours, sequence_logps(base.eval()(ids), targets))
     policy = sequence_logps(module.net(ids), targets)
     assert not torch.allclose(policy, ours)  # the adapters trained, and are back on after the reference forward
+
+
+def test_with_lora_and_trainable_parameters_the_reference_stays_the_starting_weights(tmp_path):
+    pytest.importorskip("peft")
+    module, dm = _module(adapt={"lora": {"r": 4}, "trainable": ["net.norm_f.*"]}), _pairs_dm(tmp_path)
+    _trainer(tmp_path, 2, limit_val_batches=0).fit(module, dm)
+    seed_everything(0)
+    start = GPT(**NET).eval()  # _module's net before the fit
+    assert not torch.equal(module.net.norm_f.weight, start.norm_f.weight)  # trained in full, beside the adapters
+    batch = next(iter(dm.val_dataloader()))
+    ids, targets = batch["chosen_input_ids"], batch["chosen_targets"]
+    with torch.no_grad(), module.reference() as ref:
+        ours = sequence_logps(ref(ids), targets)
+    torch.testing.assert_close(ours, sequence_logps(start(ids), targets))
+
+
+@pytest.mark.parametrize("adapt", [None, {"lora": {"r": 4}}], ids=["copy", "adapters_off"])
+def test_a_reference_forward_has_no_dropout_and_leaves_the_nets_mode_as_it_was(adapt):
+    if adapt:
+        pytest.importorskip("peft")
+    seed_everything(0)
+    module = DPOModule(GPT(**NET, dropout=0.5), beta=0.5, adapt=adapt)
+    module.configure_model()
+    assert (module._reference.copy is None) == bool(adapt)  # adapters stand for the reference
+    ids = torch.randint(0, 257, (2, 12))
+    for training in (True, False):
+        module.net.train(training)
+        with torch.no_grad(), module.reference() as ref:
+            assert torch.equal(ref(ids), ref(ids))  # the reference in eval mode: no dropout
+        assert all(m.training == training for m in module.net.modules())
+    module.net.train()
+    with torch.no_grad():
+        assert not torch.equal(module.net(ids), module.net(ids))  # the policy's dropout is back on
 
 
 def test_a_resume_is_exact_and_refused_against_other_starting_weights(tmp_path):

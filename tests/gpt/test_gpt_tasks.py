@@ -95,6 +95,26 @@ def test_multiple_choice_predictions_follow_lm_evals_acc_and_acc_norm(tmp_path, 
     assert ours["acc_bytes"].tolist() == acc_bytes and acc_norm != acc_bytes  # the data tells them apart
 
 
+@pytest.mark.parametrize("chat", [False, True], ids=["plain", "chat"])
+def test_multiple_choice_with_a_bos_adding_tokenizer_has_one_bos_before_the_context(tmp_path, chat):
+    from test_chat import LLAMA3, _with_template, write_tokenizer
+
+    (tmp_path / "tok").mkdir()
+    tok, _ = _with_template(write_tokenizer(tmp_path / "tok"), LLAMA3)
+    assert tok.encode("x")[0] == tok.bos_id  # its post-processor adds a BOS
+    record = {"query": "The quick brown fox", "choices": ["jumps", "the lazy dog"], "label": 0}
+    dm = TaskDataModule(write_jsonl(tmp_path / "mc.jsonl", [record]), kind="multiple_choice", chat=chat)
+    dm.tokenizer = tok
+    ((ctx, conts, *_),) = dm.items()
+    assert ctx[0] == tok.bos_id and ctx.count(tok.bos_id) == 1
+    for choice, cont in zip(record["choices"], conts, strict=True):
+        assert tok.bos_id not in cont  # a choice's log-likelihood never scores a BOS
+        if chat:  # the reply after the generation prompt, as its own text
+            assert cont == tok.hf.encode(choice, add_special_tokens=False).ids
+        else:  # lm-eval's split of the whole text
+            assert ctx + cont == tok.encode(record["query"] + " " + choice)
+
+
 def test_bits_per_byte_is_the_files_bits_over_its_bytes_in_windows(tmp_path):
     import lightning as L
 
@@ -140,6 +160,30 @@ def test_an_answer_rule_that_backtracks_without_end_is_stopped_at_its_deadline(m
         score([ExactMatch()], [slow], ["1"], timeout=0.05, pattern=r"(a+)+$")
     with pytest.raises(InputError, match="more than 1000"):
         T.check_pattern("(a)" + "b" * 1000)
+
+
+def test_a_trailing_full_stop_is_stripped_from_answers():
+    assert T.normalise(" 42. ") == "42" and T.normalise("3.5") == "3.5"  # a final "." goes, a decimal point stays
+    assert T.extract_answer("The answer: 1,000.", r"answer: (.*)") == "1000"
+    assert T.reference("She has 7.\n#### 7.") == "7" and T.extract_answer("She has 7.") == "7"
+
+
+def test_lm_eval_generates_greedily_unless_a_task_sets_do_sample():
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+
+    from zoo.gpt.lm_eval import ZooLM
+
+    lm = ZooLM(tiny_module())
+
+    def reply(seed: int, **kwargs) -> str:
+        torch.manual_seed(seed)
+        request = Instance("generate_until", {}, ("The cat", {"until": ["\n\n\n"], "max_gen_toks": 12, **kwargs}), 0)
+        return lm.generate_until([request])[0]
+
+    greedy = reply(0)
+    assert reply(1, do_sample=False, temperature=1.0) == greedy == reply(2, do_sample=False, temperature=1.0)
+    assert reply(1, do_sample=True, temperature=1.0) != reply(2, do_sample=True, temperature=1.0)
 
 
 def test_exact_match_compares_the_greedy_answer(tmp_path):

@@ -94,6 +94,32 @@ def test_a_stale_rollout_is_corrected_towards_the_learners_weights():
     assert float(lag["importance_weight/mean"]) == pytest.approx(float(w[on].mean()))
 
 
+def test_a_rollout_one_update_stale_is_corrected_not_taken_as_on_policy():
+    actor, module = _module(), _module()
+    _nudged(module)  # one update since the actor's copy
+    behaviour = _behaviour(module, actor, version=3)
+    rollout, w, lag = module.importance_weights(behaviour, version=4)
+    r = behaviour.rollout
+    with torch.no_grad():
+        old = per_token_logps(module.net, r.ids, r.completion_mask, 1.0, r.pad)
+    torch.testing.assert_close(rollout.logps, old)  # pi_old: the learner's weights, not the actor's sampling pass
+    assert float(lag["staleness"]) == 1 and not torch.equal(w, torch.ones_like(w))
+
+
+def test_a_stale_rollouts_old_policy_is_computed_without_dropout_and_the_nets_mode_kept():
+    actor, module = _module(), _module()
+    module.net.apply(lambda m: setattr(m, "p", 0.5) if isinstance(m, torch.nn.Dropout) else None)
+    _nudged(module)
+    r = _behaviour(module, actor, version=0).rollout
+    module.net.train()  # as in a training step
+    firsts = [module.importance_weights(Behaviour(r, torch.tensor([0, 1]), 0), version=1)[0].logps for _ in "ab"]
+    assert module.net.training and all(m.training for m in module.net.modules())
+    with torch.no_grad():
+        old = per_token_logps(module.net.eval(), r.ids, r.completion_mask, 1.0, r.pad)
+    for logps in firsts:  # the same both times: no dropout mask drawn
+        torch.testing.assert_close(logps, old)
+
+
 def _take_version(module, version: int, tries: int = 20) -> Behaviour:
     for _ in range(tries):
         b = module.actors.take()

@@ -41,6 +41,13 @@ def test_worked_lines_score_each_line_by_its_arithmetic_on_the_references_number
     assert all(v == 0 for _, v in WorkedLines().steps(text, "17"))  # no worked reference: no step is right
 
 
+def test_worked_lines_read_a_negative_first_operand():
+    reference = "-4+2 = -2\n-2*3+10 = 4\n#### 4"  # a result below zero, carried as the next line's first operand
+    assert [v for _, v in WorkedLines().steps(reference, reference)] == [1, 1]
+    assert [v for _, v in WorkedLines().steps("4+2 = 6\n6*3+10 = 28\n#### 28", reference)] == [0, 1]  # sign lost
+    assert [v for _, v in WorkedLines().steps("-4+2 = 2\n2*3+10 = 16\n#### 16", reference)] == [0, 1]  # -4+2 is -2
+
+
 def test_worked_lines_read_any_text_as_data_and_never_fail():
     rng = random.Random(0)
     alphabet = "0123456789+-*= \n#x()._'\"" + "9" * 10

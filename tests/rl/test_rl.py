@@ -278,6 +278,33 @@ def test_evaluator_gives_each_env_its_quota_and_skips_autoreset_steps():
     assert returns.tolist() == [3, 3, 5, 5, 5] and lengths.tolist() == [3, 3, 5, 5, 5]
 
 
+class OffsetActions(Counter):
+    """Counter acting in Discrete(3, start=1), the actions {1, 2, 3}; it keeps the actions it is given."""
+
+    action_space = gym.spaces.Discrete(3, start=1)
+
+    def __init__(self) -> None:
+        super().__init__(horizon=4)
+        self.given: list[int] = []
+
+    def step(self, action):
+        self.given.append(int(action))
+        return super().step(action)
+
+
+def test_a_discrete_space_starting_at_1_is_stepped_with_its_own_actions():
+    env = OffsetActions()
+    torch.manual_seed(0)
+    collector = RolloutCollector(gym.vector.SyncVectorEnv([lambda: env]), num_steps=12, seed=0)
+    r = collector.collect(ActorCritic(1, 3, hidden_sizes=(8,)))
+    indices = r.actions[:, 0][r.valid[:, 0]]  # what the policy sampled: indices from 0, as its logits count
+    assert env.given == (indices + 1).tolist() and set(env.given) == {1, 2, 3}
+    envs = gym.vector.SyncVectorEnv([lambda: env])
+    env.given.clear()
+    Evaluator(envs, num_episodes=1, seed=0).run(lambda x: torch.zeros(len(x), dtype=torch.int64))
+    assert env.given == [1] * 4  # index 0 is the space's first action
+
+
 def test_sync_and_async_envs_give_the_same_rollout():
     from datamodules import GymDataModule
 

@@ -203,17 +203,21 @@ def test_collector_stores_the_final_observation_and_skips_autoreset_steps():
 
 
 class Chooser(Counter):
-    """Counter with a Discrete(3) action, whose reward is the action taken: a stored row shows its fields together."""
+    """Counter with a Discrete(3) action (from ``start``), whose reward is the action taken: a stored row shows its
+    fields together."""
 
-    action_space = gym.spaces.Discrete(3)
+    def __init__(self, horizon: int, start: int = 0) -> None:
+        super().__init__(horizon)
+        self.action_space = gym.spaces.Discrete(3, start=start)
 
     def step(self, action):
         obs, _, term, trunc, info = super().step(action)
         return obs, float(action), term, trunc, info
 
 
-def test_buffer_and_collector_take_discrete_actions_from_the_action_space():
-    envs = gym.vector.SyncVectorEnv([lambda: Chooser(5), lambda: Chooser(7)])
+@pytest.mark.parametrize("start", [0, 1])
+def test_buffer_and_collector_take_discrete_actions_from_the_action_space(start):
+    envs = gym.vector.SyncVectorEnv([lambda: Chooser(5, start), lambda: Chooser(7, start)])
     buffer = ReplayBuffer(capacity=100, obs_dim=1, action_space=envs.single_action_space)
     collector = TransitionCollector(envs, buffer, seed=0)
     torch.manual_seed(0)
@@ -221,8 +225,8 @@ def test_buffer_and_collector_take_discrete_actions_from_the_action_space():
         collector.step(None)  # uniform warm-up indices
     batch = buffer.sample(500)
     assert batch.actions.dtype == torch.int64 and batch.actions.shape == (500,)
-    assert set(batch.actions.tolist()) == {0, 1, 2}
-    torch.testing.assert_close(batch.rewards, batch.actions.float())  # the index the env received, stored with it
+    assert set(batch.actions.tolist()) == {0, 1, 2}  # indices from 0, as a policy's
+    torch.testing.assert_close(batch.rewards, batch.actions.float() + start)  # the env's action for that index
     collector.close()
     multi = ReplayBuffer(capacity=4, obs_dim=1, action_space=gym.spaces.MultiDiscrete([2, 5]))
     actions = torch.tensor([[1, 4], [0, 3]])

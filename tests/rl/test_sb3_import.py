@@ -12,6 +12,7 @@ import warnings
 import zipfile
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -316,6 +317,33 @@ def test_the_cli_continues_an_sb3_zip_with_no_net_block_on_the_env_of_its_spaces
     with pytest.raises(InputError, match=r"ppo_cartpole\.zip is an agent for .*Acrobot-v1 observes") as err:
         cli("validate", "--config", str(config), "--data.init_args.env_id=Acrobot-v1")
     assert "\n" not in str(err.value)
+
+
+class ActionsFrom1(gym.Wrapper):
+    """CartPole acting in Discrete(2, start=1): SB3 learns and predicts indices from 0 all the same (it warns that it
+    does not support such a space), and steps the env with them."""
+
+    def __init__(self) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.action_space = gym.spaces.Discrete(2, start=1)
+
+
+def test_an_sb3_agent_whose_discrete_actions_start_at_1_is_refused_in_one_line(tmp_path):
+    from zoo.rl.sb3 import check_spaces, read_zip
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = sb3.PPO("MlpPolicy", ActionsFrom1(), policy_kwargs={"net_arch": [8]}, device="cpu", seed=0)
+    model.save(tmp_path / "from1.zip")
+    assert set(model.predict(observations(model, 200), deterministic=True)[0].tolist()) <= {0, 1}  # not the space's
+    with pytest.raises(InputError, match=r"a Discrete n=2 start=1, not a Discrete starting at 0") as err:
+        from_pretrained(tmp_path / "from1.zip")  # the zoo steps an env with index + start: not SB3's actions
+    assert "\n" not in str(err.value)
+    cartpole = sb3.PPO.load(sb3_zip(tmp_path, "ppo_cartpole"), device="cpu")
+    z = read_zip(tmp_path / "ppo_cartpole.zip")
+    check_spaces(z, "PPO", cartpole.observation_space, gym.spaces.Discrete(2), "CartPole-v1")
+    with pytest.raises(InputError, match="is an agent for"):  # an agent of actions {0, 1} in an env of {1, 2}
+        check_spaces(z, "PPO", cartpole.observation_space, gym.spaces.Discrete(2, start=1), "Offset-v0")
 
 
 def test_init_weights_of_another_algorithm_or_net_is_refused_in_one_line(tmp_path):

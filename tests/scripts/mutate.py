@@ -596,6 +596,17 @@ FAMILIES: dict[str, dict] = {
             ("zoo/rl/lifecycle.py", "        self.load_init_weights(module, dm)\n", ""),
             (SB, "if not isinstance(obs_space, gym.spaces.Box) or _float32(ours) != _float32(theirs):", "if False:"),
             (SB, 'if f"{algo}Module" not in {cls.__name__ for cls in type(module).__mro__}:', "if False:"),
+            # issue 51: action-space offsets: an SB3 zip of Discrete(start=1) loaded (SB3 acts with indices from 0); a
+            # zip continued on an env whose actions start at 1; the zoo's indices sent to such an env unshifted, or
+            # the warm-up's random actions stored as the env's actions, not indices
+            (SB, 'and algo in ("PPO", "A2C") and str(act.get("start", "0")) == "0":', 'and algo in ("PPO", "A2C"):'),
+            (SB, '            ours["start"] = int(action_space.start)\n', "            pass\n"),
+            ("zoo/rl/collector.py", "        a = a + space.start\n", "        pass\n"),
+            (
+                "zoo/rl/replay.py",
+                "self.low = torch.zeros_like(torch.as_tensor(space.start, device=self.device))",
+                "self.low = torch.as_tensor(space.start, device=self.device)",
+            ),
         ],
     },
     "cnn": {
@@ -656,6 +667,12 @@ FAMILIES: dict[str, dict] = {
             # timm by name (zoo/cnn/timm_net.py): its no-decay names under the wrapper, its preprocessing's size.
             ("zoo/cnn/timm_net.py", 'return [f"model.{name}" for name in skip]', "return list(skip)"),
             ("zoo/cnn/timm_net.py", "        if self.img_size is not None:\n", "        if False:\n"),
+            # issue 51: TimmNet's stem left out of io_layers (Muon and LoRA would take it)
+            (
+                "zoo/cnn/timm_net.py",
+                'return (layers[0], *(f"model.{h}" for h in self.heads())) if layers else ()',
+                'return tuple(f"model.{h}" for h in self.heads())',
+            ),
         ],
     },
     "clip": {
@@ -1327,6 +1344,11 @@ FAMILIES: dict[str, dict] = {
             ),
             (SV, "isinstance(v, (list, np.ndarray)) and all(", "isinstance(v, list) and all("),
             (SV, '        if "messages" in data:', "        if False:"),
+            # issue 51: a token straddling a reply's start (the prompt's space merged into it) not learned; a
+            # conversation of exactly block_size + 1 tokens dropped, or one of block_size + 2 kept
+            (CTT, "return [any(start < e and end > s for", "return [any(start >= s and end <= e for"),
+            (DCH, "if end <= self.block_size + 1]", "if end <= self.block_size]"),
+            (DCH, "if end <= self.block_size + 1]", "if end <= self.block_size + 2]"),
         ],
     },
     "evals": {  # task evaluation: lm-eval's definitions of acc, acc_norm, bits per byte; answer extraction
@@ -1394,6 +1416,24 @@ FAMILIES: dict[str, dict] = {
             # misread a registry URI as a file
             (TMN, "    lm_eval_main(args, module)", "    lm_eval_main(args)"),
             (LEV, "            if pretrained.startswith(REGISTRY_URIS):", "            if False:"),
+            # issue 51: a BOS-adding tokenizer's BOS inside a choice (plain and chat); a final "." kept; lm-eval
+            # sampling at a task's temperature though it sets do_sample false
+            (GTK, "return ctx, whole[len(ctx) :]", "return ctx, tokenizer.encode(continuation)"),
+            (
+                DTK,
+                "conts = [encode_plain(tokenizer, c) for c in choices]",
+                "conts = [tokenizer.encode(c) for c in choices]",
+            ),
+            (
+                GTK,
+                'return re.sub(r"\\.$", "", re.sub(r"[,$]", "", answer.strip()))',
+                'return re.sub(r"[,$]", "", answer.strip())',
+            ),
+            (
+                LEV,
+                'float(kwargs.get("temperature", 0.0)) if kwargs.get("do_sample") else 0.0',
+                'float(kwargs.get("temperature", 0.0))',
+            ),
         ],
     },
     "dpo": {  # preference tuning: the loss against TRL's, the reference, the pairs' masks and order
@@ -1442,6 +1482,17 @@ FAMILIES: dict[str, dict] = {
             (DPR, "    if chosen == rejected:", "    if False:"),
             (DPR, "and chosen[shared] == rejected[shared]:", "and False:"),
             (DPR, "        if len(rendered.ids) > self.block_size + 1:", "        if False:"),
+            # issue 51: adapters standing for the reference while `trainable` layers train too; the net left in
+            # eval mode after a reference forward, or dropout on in it; a side of exactly block_size + 1 tokens dropped
+            (REF, "and settings.lora is not None and not settings.trainable", "and settings.lora is not None"),
+            (REF, "            net.train(training)\n", "            net.train()\n"),
+            (REF, "            net.train(training)\n", "            pass\n"),
+            (REF, "        net.eval()\n", ""),
+            (
+                DPR,
+                "        if len(rendered.ids) > self.block_size + 1:",
+                "        if len(rendered.ids) > self.block_size:",
+            ),
         ],
     },
     "wiseft": {  # WiSE-FT: the interpolation, the choice, and what the run keeps and registers
@@ -1595,6 +1646,13 @@ FAMILIES: dict[str, dict] = {
             (ASR, '        slot["pad"][k] = r.pad + extra\n', '        slot["pad"][k] = r.pad\n'),
             (ASR, 'cut = int(s["pad"].min())', "cut = 0"),
             (APL, "    if int(version) != worker.version:\n", "    if worker.version < 0:\n"),  # never refreshed
+            # issue 51: a rollout one update stale taken as on-policy; pi_old of a stale one computed with dropout on
+            (GR, "        if staleness == 0:\n", "        if staleness <= 1:\n"),
+            (
+                GR,
+                "with torch.no_grad(), evaluating(self.net):  # as the sampling",
+                "with torch.no_grad():  # as the sampling",
+            ),
         ],
     },
     "process": {  # GRPO's process supervision: step rewards, where their scores land, per-token advantages
@@ -1633,6 +1691,8 @@ FAMILIES: dict[str, dict] = {
                 "return Scores(as_tensor(total), as_tensor(total)",
             ),
             (LOSS, "advantages = advantages[:, None] + token_advantages", "advantages = token_advantages"),
+            # issue 51: a worked line whose first operand is negative read without its sign
+            (RW, 'first = -int(terms[0][1]) if terms[0][0] == "-" else int(terms[0][1])', "first = int(terms[0][1])"),
         ],
     },
     "grpo": {  # GRPO's objective (shared with PPO), the GPT's rollouts, rewards and module

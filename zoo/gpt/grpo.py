@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from zoo.errors import InputError
 from zoo.gpt.async_rollout import AsyncRollouts, Behaviour, Sampling
-from zoo.gpt.generate import generate
+from zoo.gpt.generate import evaluating, generate
 from zoo.gpt.gpt import GPT
 from zoo.gpt.losses import grpo_objective
 from zoo.gpt.module import CausalLMModule
@@ -376,7 +376,7 @@ class GRPOModule(CausalLMModule):
         if staleness == 0:
             is_weight, truncated = torch.ones_like(r.logps), torch.zeros_like(r.logps, dtype=torch.bool)
         else:
-            with torch.no_grad():
+            with torch.no_grad(), evaluating(self.net):  # as the sampling pass computes it: no dropout
                 old = per_token_logps(self.net, r.ids, r.completion_mask, self.hparams.temperature, r.pad)
             is_weight, truncated = truncated_importance_weights(old, r.logps, r.completion_mask, self.hparams.rho_bar)
             r = Rollout(r.ids, r.pad, r.completion_mask, old)

@@ -71,10 +71,13 @@ def with_episode_statistics(envs: VectorEnv) -> VectorEnv:
 
 
 def env_actions(action: Tensor, space: gym.Space) -> np.ndarray:
-    """Actions for ``envs.step``: on the host, clipped into a Box (the unclipped ones are what was sampled)."""
+    """Actions for ``envs.step``: on the host, clipped into a Box (the unclipped ones are what was sampled), a
+    (Multi)Discrete space's indices (from 0, as the policy's logits count) moved to its own first action ``start``."""
     a = action.cpu().numpy()
     if isinstance(space, gym.spaces.Box):
         a = np.clip(a, space.low, space.high)
+    elif isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
+        a = a + space.start
     return a
 
 

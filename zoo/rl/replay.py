@@ -164,7 +164,7 @@ class TransitionCollector:
             self.low = torch.as_tensor(space.low, dtype=torch.float32, device=self.device)  # (A,)
             self.high = torch.as_tensor(space.high, dtype=torch.float32, device=self.device)  # (A,)
         elif isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
-            self.low = torch.as_tensor(space.start, device=self.device)  # () or (K,) first index
+            self.low = torch.zeros_like(torch.as_tensor(space.start, device=self.device))  # () or (K,) indices from 0
             self.high = self.low + torch.as_tensor(
                 space.nvec if hasattr(space, "nvec") else space.n, device=self.device
             )  # one past the last index

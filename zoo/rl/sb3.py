@@ -246,7 +246,8 @@ def spaces(z: SB3Zip, algo: str) -> dict[str, Any]:
         return {"obs_dim": obs["_shape"][0], "action_dim": int(act["n"]), "continuous": False}
     if act_kind != "Box" or len(act.get("_shape") or []) != 1:
         kinds = "a flat Box" if algo in ("SAC", "TD3") else "a Discrete starting at 0 or a flat Box"
-        raise refuse(z.path, f"its actions are a {act_kind} {act.get('_shape') or act.get('n')}, not {kinds}")
+        size = f"n={act.get('n')} start={act.get('start', '0')}" if act_kind == "Discrete" else act.get("_shape")
+        raise refuse(z.path, f"its actions are a {act_kind} {size}, not {kinds}")
     low = numbers(z, act.get("low"), "action_space.low")
     high = numbers(z, act.get("high"), "action_space.high")
     return {"obs_dim": obs["_shape"][0], "action_dim": act["_shape"][0], "continuous": True, "low": low, "high": high}
@@ -413,12 +414,14 @@ def load_init_weights(module: LightningModule, path: str | Path, env: tuple[Any,
 
 
 def check_spaces(z: SB3Zip, algo: str, obs_space: gym.Space, action_space: gym.Space, env_id: str) -> None:
-    """The env's spaces are the zip's (flat sizes, the kind of actions, a Box's bounds as float32), or one line
-    naming both."""
+    """The env's spaces are the zip's (flat sizes, the kind of actions, a Discrete's first action, a Box's bounds as
+    float32), or one line naming both."""
     theirs = spaces(z, algo)
     ours: dict[str, Any] = {"obs_dim": int(np.prod(obs_space.shape or ()))}
     if isinstance(action_space, gym.spaces.Discrete):
         ours |= {"action_dim": int(action_space.n), "continuous": False}
+        if int(action_space.start):  # the zip's actions start at 0 (``spaces``); the zoo's would start here
+            ours["start"] = int(action_space.start)
     elif isinstance(action_space, gym.spaces.Box):
         ours |= {"action_dim": int(np.prod(action_space.shape)), "continuous": True}
         ours |= {"low": action_space.low.tolist(), "high": action_space.high.tolist()}
