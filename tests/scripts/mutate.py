@@ -146,8 +146,8 @@ FAMILIES: dict[str, dict] = {
             (G, "self.norm_f = norm(n_embd, eps=norm_eps)", "self.norm_f = norm(n_embd)"),
             (
                 S,
-                "filter_logits(logits.float() / temperature, top_k, top_p)",
-                "filter_logits(logits.float(), top_k, top_p)",
+                "return filter_logits(logits.float() / temperature, top_k, top_p)",
+                "return filter_logits(logits.float(), top_k, top_p)",
             ),
             (S, "before = probs.cumsum(dim=-1) - probs", "before = probs.cumsum(dim=-1)"),
             (
@@ -746,7 +746,7 @@ FAMILIES: dict[str, dict] = {
             (OCC, 'heads=width // v.int("head_width"),', 'heads=v.int("head_width"),'),
             (OCC, 'eot_id=vocab - 1 if argmax else t.int("eos_id"),', 'eot_id=t.int("eos_id"),'),
             (OCC, "        for field, value in fixed.items():\n", "        for field, value in ():\n"),
-            (AP, "            if key not in adapted:\n", "            if True:\n"),
+            (AP, "            if key not in rule.adapted:\n", "            if True:\n"),
         ],
     },
     # A stored config checked before anything it names is imported (issue 24).
