@@ -50,7 +50,8 @@ def test_tiny_fits_validates_on_ema_and_predicts_from_its_checkpoint():
     run = c.trainer.logger.run_id
     client = MlflowClient(c.trainer.logger.tracking_uri)
     grids = [a.path for a in client.list_artifacts(run, "samples")]
-    assert grids == ["samples/step_0000010.png", "samples/step_0000020.png"]  # one per validation epoch
+    # the untrained model's at step 0 (where MLflow's image card opens), then one per validation epoch
+    assert grids == ["samples/step_0000000.png", "samples/step_0000010.png", "samples/step_0000020.png"]
     assert client.get_run(run).data.tags["zoo.family"] == "diffusion"
 
     p = cli(
