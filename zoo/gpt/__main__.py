@@ -13,6 +13,7 @@ import argparse
 from pathlib import Path
 
 from zoo.adapt import merge
+from zoo.errors import missing_extra
 from zoo.gpt.hf import export_gpt2
 from zoo.gpt.llama import export_hf
 from zoo.gpt.module import CausalLMModule
@@ -103,7 +104,7 @@ def lm_eval_main(args, module: CausalLMModule | None = None) -> None:
         from lm_eval.tasks import TaskManager
         from lm_eval.utils import make_table
     except ImportError:
-        raise SystemExit("error: lm-eval is not installed: pip install '.[eval]' (lm_eval>=0.4.13)") from None
+        raise SystemExit(f"error: {missing_extra('lm_eval', 'python -m zoo.gpt lm-eval')}") from None
     from zoo.gpt.lm_eval import ZooLM
 
     multiturn = args.fewshot_as_multiturn
