@@ -22,7 +22,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from zoo.app import hooks, sizes, terminal
 from zoo.app.parser import DEFAULT_CALLBACKS, TRAINER_DEFAULTS, ZooArgumentParser, add_zoo_arguments
-from zoo.app.stored_config import from_checkpoint, stored_config_allowlist
+from zoo.app.stored_config import from_checkpoint
 from zoo.app.usage import EPILOG
 from zoo.compat import CheckpointHyperparametersLeftToCaller, dump_config_again
 from zoo.tracking import LogConfigToMLflow
@@ -85,9 +85,10 @@ class ZooCLI(CheckpointHyperparametersLeftToCaller, LightningCLI):
 
 def main(args: list[str] | None = None, run: bool = True) -> ZooCLI:
     terminal.quiet_uninformative_messages()
-    # validate/test/predict --ckpt_path: the checkpoint's own model and data, built by the zoo's rules, never parsed.
-    # sys.argv stays as typed: the ranks Lightning launches re-run it, and split it the same way.
-    stored = from_checkpoint(sys.argv[1:] if args is None else list(args), stored_config_allowlist())
+    # validate/test/predict --ckpt_path: the checkpoint's own model and data, built by the zoo's rules, never parsed
+    # (against the stored-config allowlist, made only then). sys.argv stays as typed: the ranks Lightning launches
+    # re-run it, and split it the same way.
+    stored = from_checkpoint(sys.argv[1:] if args is None else list(args))
     return ZooCLI(
         stored.model or LightningModule,
         None if stored.data else LightningDataModule,  # None: the data is optional to the parser (the stored one)

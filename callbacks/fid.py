@@ -5,7 +5,7 @@ TensorFlow FID Inception-v3 (the network of the original FID code, so its number
 the same N). Its weights are the file torch-fidelity would download, ``pt_inception-2015-12-05-6726825d.pth``
 (https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/weights-inception-2015-12-05-6726825d.pth):
 this callback only ever reads it from the given path, and fails at construction when the file or
-torch-fidelity (``pip install torch-fidelity``, or the zoo's ``fid`` extra) is missing.
+torch-fidelity (the zoo's ``fid`` extra) is missing.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from torch import Tensor
 
 from callbacks.frechet import due, log_frechet
 from zoo.diffusion.samplers import SamplerClass
+from zoo.errors import missing_extra
 
 
 def to_uint8_rgb(images: Tensor) -> Tensor:
@@ -58,11 +59,8 @@ class FrechetInceptionDistance(Callback):
             every_n_epochs: compute after every n-th validation epoch.
             seed: sampling seed, the same every time.
         """
-        if importlib.util.find_spec("torch_fidelity") is None:
-            raise ModuleNotFoundError(
-                "FrechetInceptionDistance needs torch-fidelity (its Inception-v3): pip install torch-fidelity, "
-                "or install the zoo with its fid extra (pip install -e .[fid])"
-            )
+        if importlib.util.find_spec("torch_fidelity") is None:  # located, imported when the metric is built
+            raise missing_extra("torch_fidelity", "callbacks.FrechetInceptionDistance (its Inception-v3)")
         if not Path(weights).is_file():
             raise FileNotFoundError(
                 f"Inception weights {weights!r} do not exist: pass the local path of torch-fidelity's "

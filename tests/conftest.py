@@ -46,6 +46,7 @@ HEAVIEST_FIRST = (
     "tests/rl/test_rl_ddp.py",
     "tests/rl/test_impala.py",
     "tests/app/test_cli.py",
+    "tests/app/test_base_install.py",
 )
 
 

@@ -207,15 +207,20 @@ COVERED: list[tuple[str, str]] = [
         "tests/gpt/test_assistant_stages.py::test_base_sft_dpo_stages_report_one_card_and_a_task_evaluation_fills_it",
     ),
     (r"^python bench/assistant\.py", "minutes of CPU"),
+    # README.md's two commands: CI's (.ci/run runs them as written; its other commands are the manual's).
+    (
+        r"^python3 -m venv \.venv && |^pip install -c constraints\.txt -e \"\.\[test\]\" && python -m pytest$",
+        "tests/test_readme.py::test_ci_runs_the_readme_commands_as_written_the_first_on_a_base_install",
+    ),
     (r"^python bench/grpo_async\.py", "minutes of CPU"),
     (r"^python bench/grpo_race\.py", "minutes of CPU"),
 ]
 
 
 def manual_commands() -> list[tuple[str, str]]:
-    """(page, command) for every command line in the manual's bash blocks, continuations joined."""
+    """(page, command) for every command line in the manual's and the README's bash blocks, continuations joined."""
     found = []
-    for page in sorted(DOCS.glob("*.md")):
+    for page in [*sorted(DOCS.glob("*.md")), ROOT / "README.md"]:
         for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S):
             for line in re.sub(r"\\\n\s*", " ", block).splitlines():
                 line = " ".join(line.split("  #")[0].split())  # a trailing comment is prose
@@ -239,7 +244,7 @@ def test_every_command_in_the_manual_is_run_by_a_test_or_says_what_it_needs():
     used = set()
     for page, command in manual_commands():
         rules = [(i, how) for i, (pattern, how) in enumerate(COVERED) if re.search(pattern, command)]
-        assert len(rules) == 1, f"docs/{page}: {command!r} matches {len(rules)} rules of tests/test_docs.py's COVERED"
+        assert len(rules) == 1, f"{page}: {command!r} matches {len(rules)} rules of tests/test_docs.py's COVERED"
         used.add(rules[0][0])
     assert used == set(range(len(COVERED))), [COVERED[i][0] for i in set(range(len(COVERED))) - used]
     for _, how in COVERED:

@@ -72,7 +72,9 @@ def test_a_name_timm_would_resolve_from_outside_or_does_not_know_is_refused(name
 
 def test_without_timm_it_says_which_extra_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "timm", None)  # import timm raises ImportError
-    with pytest.raises(InputError, match=r'pip install -e "\.\[timm\]"'):
+    with pytest.raises(
+        InputError, match=r'TimmNet needs timm, which is not installed: pip install -c constraints.txt -e "\.\[timm\]"'
+    ):
         TimmNet("resnet18", num_classes=3)
 
 

@@ -18,6 +18,7 @@ from torch import nn
 
 from callbacks.media import to_pil
 from zoo.diffusion import DDIMSampler, DiffusionModule
+from zoo.errors import InputError
 from zoo.tracking import run_dir
 
 TINY = str(CONFIGS / "diffusion" / "tiny.yaml")
@@ -319,7 +320,9 @@ def test_fid_fails_fast_without_weights_or_torch_fidelity(tmp_path, monkeypatch)
     with pytest.raises(UnsafeCheckpointError):
         FrechetInceptionDistance.build_metric(str(tmp_path / "pickled.pth"))
     monkeypatch.setitem(sys.modules, "torch_fidelity", None)  # as if not installed
-    with pytest.raises(ModuleNotFoundError, match="pip install torch-fidelity"):
+    with pytest.raises(
+        InputError, match=r'needs torch-fidelity, which is not installed: pip install -c constraints.txt -e "\.\[fid\]"'
+    ):
         FrechetInceptionDistance(str(tmp_path / "pickled.pth"))
 
 

@@ -219,7 +219,9 @@ def test_mismatched_sizes_and_settings_get_one_line_each():
 
 def test_a_missing_diffusers_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "diffusers", None)  # import diffusers raises ImportError
-    with pytest.raises(InputError, match=r"pip install 'zoo\[latent\]'"):
+    with pytest.raises(
+        InputError, match=r'needs diffusers, which is not installed: pip install -c constraints.txt -e "\.\[latent\]"'
+    ):
         _module(AE_CONFIG)
 
 

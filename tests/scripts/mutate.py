@@ -749,10 +749,31 @@ FAMILIES: dict[str, dict] = {
             (AP, "            if key not in rule.adapted:\n", "            if True:\n"),
         ],
     },
+    # The base install (issue 51): no extra imported at start, a missing one named in one line, a model logged.
+    "base": {
+        "tests": ["tests/app/test_base_install.py"],
+        "mutants": [
+            (TR, "        cls = zoo_class(path)\n", "        cls = zoo_classes().get(path)\n"),
+            ("zoo/adapt/lora.py", '    import_extra("peft", "adapt.lora (LoRA adapters)")', "    pass"),
+            ("zoo/app/parser.py", "            line = str(missing)\n", "            pass\n"),
+            ("zoo/errors.py", '-e ".[{extra}]"', "-e .[{extra}]"),
+            (RG, "        if not dists and module in OPTIONAL_PACKAGES:", "        if False:"),
+            (
+                "zoo/gpt/lm_eval.py",
+                '    raise missing_extra("lm_eval", "lm-eval tasks',
+                '    raise (lambda *a: err)("lm_eval", "lm-eval tasks',
+            ),
+        ],
+    },
     # A stored config checked before anything it names is imported (issue 24).
     # The stored-config builder and the tripwire behind it (issue 37).
     "trust": {
-        "tests": ["tests/shared/test_build.py", "tests/shared/test_tripwire.py", "tests/shared/test_stored_config.py"],
+        "tests": [
+            "tests/shared/test_allowlist.py",
+            "tests/shared/test_build.py",
+            "tests/shared/test_tripwire.py",
+            "tests/shared/test_stored_config.py",
+        ],
         "mutants": [
             (BL, '                raise Refused(here, value, f"a parameter of {path}")', "                continue"),
             (
@@ -800,11 +821,12 @@ FAMILIES: dict[str, dict] = {
                 "        _state.rules = None  # still armed after a refusal",
             ),
             (TR, '(":" not in value and value in gym.registry)', 'value in gym.registry or ":" in value'),
-            (
-                TR,
-                "return Allowlist(\n        modules={p: c for p, c in classes.items() if issubclass(c, LightningModule)},",
-                "return Allowlist(\n        modules={p: c for p, c in classes.items() if issubclass(c, object)},",
-            ),
+            (TR, "modules=ZooClasses(is_module), data=", "modules=ZooClasses(lambda cls: True), data="),
+            # the lazy lookup (issue 51): only a file of a family package, only a class it defines or exports
+            (TR, "    if inner and (len(inner) > 1 or inner[0] not in _module_names(package_name)):", "    if False:"),
+            (TR, "(value.__module__ == module.__name__ or not inner)", "True"),
+            (TR, "in PART_BASES for k in cls.__mro__", "in PART_BASES for k in cls.__mro__[:1]"),
+            (TR, "        cls = zoo_class(path)\n", "        cls = zoo_classes().get(path)\n"),  # every module at once
             # The ways in, each trusting what the file names (the bug a reader of "the user vouches" would write).
             (
                 CK,

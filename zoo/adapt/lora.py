@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from zoo.adapt.settings import Adaptation, LoRA
-from zoo.errors import InputError
+from zoo.errors import InputError, import_extra
 
 LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)  # the kinds targeted by default
 NAMED_LAYERS = (*LAYERS, nn.Embedding)  # and the kinds a target glob may name too
@@ -130,10 +130,9 @@ def _hold_bases_in(module: nn.Module, dtype: torch.dtype) -> None:
 
 
 def _inject(module: nn.Module, lora: LoRA, names: list[str]) -> None:
-    try:
-        from peft import LoraConfig, inject_adapter_in_model
-    except ModuleNotFoundError as e:
-        raise InputError("adapt.lora needs the peft package: pip install 'zoo[adapt]' (or peft)") from e
+    import_extra("peft", "adapt.lora (LoRA adapters)")  # or one line naming the extra
+    from peft import LoraConfig, inject_adapter_in_model
+
     # Into each child that holds targets (the net), not the LightningModule: PEFT reads a module's _device_mesh as a
     # transformers model's tensor-parallel plan, and Lightning's FSDP2 strategy sets one on the LightningModule.
     by_child: dict[str, list[str]] = {}

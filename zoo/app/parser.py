@@ -13,6 +13,7 @@ import sys
 from lightning.pytorch.cli import LightningArgumentParser
 
 from zoo import compat
+from zoo.errors import OPTIONAL_PACKAGES, MissingExtra, missing_extra
 from zoo.io.yaml_text import check_alias_expansion
 from zoo.train.parallel import num_nodes_from_env
 
@@ -101,6 +102,18 @@ def parser_error_line(message: str) -> str:
     where = leaves[0][0]
     reasons = " or ".join(dict.fromkeys(reason for w, reason in leaves if w == where))
     return f"{where}: {reasons}" if where else reasons
+
+
+def missing_extra_in(ex: BaseException | None, message: str) -> MissingExtra | None:
+    """The one line for a config that names a class of an extra's package that is not installed (a latent diffusion
+    model's ``diffusers.AutoencoderKL``, which the parser imports while it reads the config)."""
+    while ex is not None:
+        top = (getattr(ex, "name", None) or "").split(".")[0] if isinstance(ex, ModuleNotFoundError) else ""
+        if top in OPTIONAL_PACKAGES:
+            named = re.search(rf"'({top}(\.\w+)*)'", message)
+            return missing_extra(top, f"the config's {named.group(1)}" if named else "the config")
+        ex = ex.__cause__ or ex.__context__
+    return None
 
 
 def close_names(class_path: str | None, name: str) -> str:
@@ -194,6 +207,8 @@ class ZooArgumentParser(LightningArgumentParser):
         parser = getattr(ex, "subcommand_parser", None) or self
         prog = parser.prog.replace(" [options]", "")
         line = parser_error_line(message)
+        if missing := missing_extra_in(ex, message):  # jsonargparse imports a class path a config names
+            line = str(missing)
         if message.startswith("unrecognized arguments:"):  # a misspelt flag: the closest the parser knows
             flags = [f for f in message.split(":", 1)[1].split() if f.startswith("--")]
             near = [difflib.get_close_matches(f.split("=")[0], compat.option_flags(parser), n=1) for f in flags]

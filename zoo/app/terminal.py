@@ -14,7 +14,7 @@ from collections.abc import Callable
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from zoo.app.parser import VERBOSE_ENV
-from zoo.errors import InputError, one_line
+from zoo.errors import InputError, install_line, one_line
 from zoo.tracking import end_open_runs
 
 
@@ -80,7 +80,7 @@ def install_hint(err: BaseException) -> str:
     from gymnasium.error import DependencyNotInstalled
 
     if isinstance(err, DependencyNotInstalled):
-        return '; or install the zoo\'s rl extra, which has Box2D and MuJoCo wheels: pip install -e ".[rl]"'
+        return f"; or install the zoo's rl extra, which has Box2D and MuJoCo wheels: {install_line('rl')}"
     return ""
 
 

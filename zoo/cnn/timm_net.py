@@ -16,15 +16,14 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from zoo.cnn.convnet import require_num_classes
-from zoo.errors import InputError
+from zoo.errors import InputError, import_extra
 from zoo.io.weights import extract_state_dict, load_file, load_with_new_head
 
 
 def _timm():
-    try:
-        import timm
-    except ImportError:
-        raise InputError('zoo.cnn.TimmNet needs timm, which is not installed: pip install -e ".[timm]"') from None
+    import_extra("timm", "zoo.cnn.TimmNet")  # or one line naming the extra
+    import timm  # an import statement: a logged model's requirements are read from these
+
     return timm
 
 

@@ -13,7 +13,7 @@ Gaussian with ``mean`` and ``std``), ``decode(z).sample`` and a ``config`` with 
 diffusers.AutoencoderKL, init_args: {...}}``, which ``build_autoencoder`` builds: not jsonargparse, because
 diffusers annotates ``down_block_types``, ``block_out_channels``, ... as one-element tuples (``Tuple[str]``), which
 jsonargparse enforces, so no autoencoder that downsamples would parse. Only the classes in ``AUTOENCODERS`` are
-built, and diffusers is imported then, never with this file (it is an extra: ``pip install zoo[latent]``).
+built, and diffusers is imported then, never with this file (it is the extra ``latent``).
 
 Training encodes a posterior sample z ~ N(mean, std^2), as DiT's ``latent_dist.sample()`` and LDM do, rather than
 the mean: the decoder was trained to decode samples, the noise it adds is a small augmentation, and the latents'
@@ -25,7 +25,6 @@ Notation: B batch, C image channels, Z latent channels, H/W image side, h/w late
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.errors import InputError
+from zoo.errors import InputError, import_extra
 from zoo.io.files import read_json
 from zoo.io.weights import load_weights, readable
 
@@ -60,13 +59,7 @@ def build_autoencoder(config: Mapping[str, Any]) -> nn.Module:
             f"{{class_path: diffusers.AutoencoderKL, init_args: {{...}}}} (or pass the module itself from Python)"
         )
     module_name, name = AUTOENCODERS[class_path]
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError:
-        raise InputError(
-            f"the autoencoder {class_path} needs {module_name}, which is not installed: pip install 'zoo[latent]' "
-            f"(or pip install {module_name})"
-        ) from None
+    module = import_extra(module_name, f"the autoencoder {class_path} (latent diffusion)")
     init_args = dict(config.get("init_args") or {})
     try:
         return getattr(module, name)(**init_args)

@@ -123,7 +123,7 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
             guidance_scale: classifier-free guidance scale s of ``sample`` and predict for class-conditional nets
                 (1: the conditional net alone; Ho & Salimans 2021); an unconditional net ignores it.
             autoencoder: train on latents (latent diffusion): a frozen ``{class_path: diffusers.AutoencoderKL,
-                init_args: {...}}`` (``zoo.diffusion.latent``; ``pip install zoo[latent]``), or from Python the
+                init_args: {...}}`` (``zoo.diffusion.latent``; the extra ``latent``), or from Python the
                 module itself; the net's in_channels are its latent_channels and its image_size
                 the images' side / 2^(len(block_out_channels) - 1). Needs clip_denoised: null (latents are not in
                 [-1, 1]). None: the net sees pixels.

@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from zoo.errors import MissingBaseError
+from zoo.errors import MissingBaseError, missing_extra
 from zoo.gpt.module import CausalLMModule
 
 BASE_HELP = "the base a LoRA checkpoint was trained on (its init_weights: such checkpoints leave the base out)"
@@ -124,7 +124,7 @@ def lm_eval_main(args, module: CausalLMModule | None = None) -> None:
         from lm_eval.tasks import TaskManager
         from lm_eval.utils import make_table
     except ImportError:
-        raise SystemExit("error: lm-eval is not installed: pip install '.[eval]' (lm_eval>=0.4.13)") from None
+        raise SystemExit(f"error: {missing_extra('lm_eval', 'python -m zoo.gpt lm-eval')}") from None
     from zoo.gpt.lm_eval import ZooLM
 
     multiturn = args.fewshot_as_multiturn

@@ -5,7 +5,8 @@ come from ``zoo.gpt.tasks.score_continuations`` (the same scoring as ``cli.py te
 two agree on the same data), batched ``batch_size`` rows per forward; generation is ``zoo.gpt.generate``'s, greedy
 unless a task asks to sample. With lm-eval's ``apply_chat_template``, prompts are the model's own chat rendering
 (``zoo.io.chat_template``): lm-eval hands a prompt back as text, so the ids each rendered text stands for are kept.
-lm-eval is an optional extra (``pip install .[eval]``): nothing else imports this file.
+lm-eval is an optional extra (``eval``): nothing else imports this file, and without lm-eval importing it is one line
+naming the extra.
 """
 
 from __future__ import annotations
@@ -15,15 +16,19 @@ import json
 from collections.abc import Sequence
 
 import torch
-from lm_eval.api.model import TemplateLM
-from lm_eval.api.registry import register_model
 
-from zoo.errors import InputError
+from zoo.errors import InputError, missing_extra
 from zoo.gpt.generate import generate
 from zoo.gpt.module import CausalLMModule
 from zoo.gpt.tasks import cut, encode_plain, prefix_id, rolling_windows, score_continuations
 from zoo.io.chat_template import chat_renderer, checked_messages
 from zoo.io.weights import REGISTRY_URIS, readable
+
+try:
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.api.registry import register_model
+except ModuleNotFoundError as err:
+    raise missing_extra("lm_eval", "lm-eval tasks (zoo.gpt.lm_eval, python -m zoo.gpt lm-eval)") from err
 
 DEFAULT_FORMAT = "zoo default chat format: <|role|>\\n + content (+ \\n after system and user turns; EOS ends a reply)"
 

@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from pathlib import Path, PurePath
 from typing import Any
 
-from zoo.errors import InputError
+from zoo.errors import InputError, import_extra
 from zoo.io import tripwire, trust
 from zoo.io.trust import Allowlist, UntrustedConfigError
 
@@ -204,7 +204,7 @@ class Resolver:
             return dataclasses.replace(self.nested({"class_path": value}, bases, where, kind, depth), bare=True)
         if not isinstance(value, Mapping) or "class_path" not in value or set(value) - {"class_path", "init_args"}:
             raise Refused(where, value, "{class_path: <a class the zoo ships>, init_args: {...}}")
-        among = {**self.allow.parts, **self.allow.data}
+        among = collections.ChainMap(self.allow.parts, self.allow.data)  # looked up, not listed
         cls = self.allowed(value["class_path"], among, f"{where}.class_path", "a class the zoo ships")
         if not issubclass(cls, bases):
             raise Refused(f"{where}.class_path", value["class_path"], f"a {' or '.join(b.__name__ for b in bases)}")
@@ -497,7 +497,7 @@ def build(part: Part, record: bool = False, **given: Any) -> Any:
 
     for p in [part, *_all_parts(part)]:  # a package a zoo class states it needs (not one the config names)
         for name in getattr(p.cls, "preloads", ()):
-            importlib.import_module(name)
+            import_extra(name, p.path)  # or one line naming the extra that brings it
     with tripwire.guard(imports=_trusted_tops(part)):
         args = {k: instantiate(v) for k, v in part.args.items() if k not in given}
         args.update(given)

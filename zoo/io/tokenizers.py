@@ -28,7 +28,7 @@ from tokenizers import Regex, decoders, models, pre_tokenizers, processors, trai
 from tokenizers import Tokenizer as HFTokenizer
 from torch import Tensor
 
-from zoo.errors import InputError
+from zoo.errors import InputError, missing_extra
 from zoo.io.files import read_bytes, read_json, replacing
 
 EOS_TOKEN = "<|endoftext|>"
@@ -364,7 +364,7 @@ class OpenCLIPTokenizer(_HFTokenizer):
         try:
             import ftfy
         except ImportError as err:
-            raise InputError("open_clip's tokenizer cleans text with ftfy: pip install ftfy") from err
+            raise missing_extra("ftfy", "open_clip's tokenizer (it cleans text with ftfy)") from err
         return " ".join(html.unescape(html.unescape(ftfy.fix_text(text))).split()).lower()
 
     def encode(self, text: str) -> list[int]:

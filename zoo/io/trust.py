@@ -26,9 +26,10 @@ import importlib
 import inspect
 import pkgutil
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from zoo.errors import MissingExtra
 from zoo.io.weights import CheckpointError
 
 # The packages whose classes a stored config may name (imported here only by these fixed names: they are ours).
@@ -82,6 +83,14 @@ EXTERNAL_PARTS = frozenset(
         "diffusers.models.autoencoders.autoencoder_kl.AutoencoderKL",
     }
 )
+# Parts without parameters, by their bases' paths (so that checking a class imports none of them).
+PART_BASES = frozenset(
+    {"zoo.diffusion.samplers.Sampler", "zoo.diffusion.objective.Objective", "zoo.gpt.rewards.Reward"}
+)
+# Parts without parameters, by their bases' paths (so that checking a class imports none of them).
+PART_BASES = frozenset(
+    {"zoo.diffusion.samplers.Sampler", "zoo.diffusion.objective.Objective", "zoo.gpt.rewards.Reward"}
+)
 IMPORT_LIST_ARGS = ("wrappers",)  # init arguments whose entries are import paths called by their owner
 ENV_ID_ARGS = ("env_id",)  # init arguments that gymnasium.make resolves (``module:Env`` imports ``module``)
 
@@ -104,43 +113,96 @@ class Allowlist:
         return dataclasses.replace(self, trusted=self.trusted | frozenset(paths))
 
 
+def zoo_class(path: Any) -> type | None:
+    """The class ``path`` names if a family package defines it, else None: ``<package>.<Name>`` (the package's own
+    exports) or ``<package>.<module>.<Name>`` (where it is defined), ``<module>`` a file of that package as found on
+    disk. Only that one module of ours is imported, so a lookup never imports a module a file merely names, nor the
+    family modules no config names (or their optional packages: a module that needs a missing one says so)."""
+    if not isinstance(path, str) or not DOTTED.fullmatch(path):
+        return None
+    package_name = next((p for p in FAMILY_PACKAGES if path.startswith(f"{p}.")), None)
+    if package_name is None:
+        return None
+    *inner, attr = path[len(package_name) + 1 :].split(".")
+    if inner and (len(inner) > 1 or inner[0] not in _module_names(package_name)):
+        return None
+    module = importlib.import_module(".".join([package_name, *inner]))  # ours: the package or one of its files
+    value = vars(module).get(attr)
+    if not inspect.isclass(value) or not (value.__module__ == module.__name__ or not inner):
+        return None  # a name a module imported is allowed by the path of the module that defines it
+    return value if value.__module__.startswith(FAMILY_PACKAGES) else None
+
+
+@functools.cache
+def _module_names(package_name: str) -> frozenset[str]:
+    """The modules of one of the family packages: its files and folders, listed (nothing in them runs)."""
+    package = importlib.import_module(package_name)  # one of FAMILY_PACKAGES: ours
+    return frozenset(m.name for m in pkgutil.iter_modules(package.__path__))
+
+
 @functools.cache
 def zoo_classes() -> dict[str, type]:
     """Every class the family packages define, by each path it can be named with (``zoo.gpt.GPT`` and
-    ``zoo.gpt.gpt.GPT``): the package's own exports and each defining module's names."""
+    ``zoo.gpt.gpt.GPT``): for a listing (the allowlist itself looks a path up, ``zoo_class``). Every module is
+    imported, save those whose optional package is not installed (no config can use their classes then)."""
     found: dict[str, type] = {}
     for package_name in FAMILY_PACKAGES:
-        package = importlib.import_module(package_name)
-        names = [m.name for m in pkgutil.iter_modules(package.__path__, f"{package_name}.")]
-        for module in [package, *map(importlib.import_module, names)]:
-            for attr, value in vars(module).items():
-                if not inspect.isclass(value) or not (value.__module__ == module.__name__ or module is package):
-                    continue  # a name a module imported is allowed by the path of the module that defines it
-                if value.__module__.startswith(FAMILY_PACKAGES):
-                    found[f"{module.__name__}.{attr}"] = value
+        for name in ["", *sorted(_module_names(package_name))]:
+            module_name = f"{package_name}.{name}" if name else package_name
+            try:
+                module = importlib.import_module(module_name)
+            except MissingExtra:
+                continue
+            for attr in vars(module):
+                if (cls := zoo_class(f"{module_name}.{attr}")) is not None:
+                    found[f"{module_name}.{attr}"] = cls
     return found
+
+
+class ZooClasses(Mapping[str, type]):
+    """The zoo's classes of one kind (``is_kind``), looked up one path at a time (``zoo_class``); iterating lists
+    them all (``zoo_classes``), which imports every family module."""
+
+    def __init__(self, is_kind: Callable[[type], bool]) -> None:
+        self.is_kind = is_kind
+
+    def __getitem__(self, path: str) -> type:
+        cls = zoo_class(path)
+        if cls is None or not self.is_kind(cls):
+            raise KeyError(path)
+        return cls
+
+    def __iter__(self) -> Iterator[str]:
+        return (p for p, c in zoo_classes().items() if self.is_kind(c))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def is_module(cls: type) -> bool:
+    from lightning.pytorch import LightningModule
+
+    return issubclass(cls, LightningModule)
+
+
+def is_part(cls: type) -> bool:
+    """Settings dataclasses are stored as plain dicts, never by class path: only nets and their parts are named, and
+    the samplers and objectives (objects without parameters, so not nn.Modules) a diffusion module holds, and GRPO's
+    rewards (named only where the user's own config is resolved: a stored config's are dropped, zoo.io.build)."""
+    import torch
+
+    return issubclass(cls, torch.nn.Module) or any(
+        f"{k.__module__}.{k.__qualname__}" in PART_BASES for k in cls.__mro__
+    )
 
 
 def zoo_allowlist(data: Mapping[str, type] | Iterable[type] = (), env_modules: Iterable[str] = ()) -> Allowlist:
     """The zoo's classes as an allowlist; ``data``: the application's DataModules (zoo/ never imports them), and
     ``env_modules``: the modules of its own gymnasium envs."""
-    import torch
-    from lightning.pytorch import LightningModule
-
-    classes = zoo_classes()
-    # found, not imported here: the samplers and training objectives a diffusion module holds, and GRPO's rewards
-    # (named only where the user's own config is resolved: a stored config's are dropped, zoo.io.build)
-    bases = ("zoo.diffusion.samplers.Sampler", "zoo.diffusion.objective.Objective", "zoo.gpt.rewards.Reward")
-    samplers = [c for p, c in classes.items() if p in bases]
     if not isinstance(data, Mapping):
         data = {path: cls for cls in data for path in paths_of(cls)}
     return Allowlist(
-        modules={p: c for p, c in classes.items() if issubclass(c, LightningModule)},
-        data=dict(data),
-        # Settings dataclasses are stored as plain dicts, never by class path: only nets and their parts are named,
-        # and the samplers and objectives (objects without parameters, so not nn.Modules) a diffusion module holds.
-        parts={p: c for p, c in classes.items() if issubclass(c, (torch.nn.Module, *samplers))},
-        env_modules=frozenset(env_modules),
+        modules=ZooClasses(is_module), data=dict(data), parts=ZooClasses(is_part), env_modules=frozenset(env_modules)
     )
 
 

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule
 
+from zoo.errors import OPTIONAL_PACKAGES
 from zoo.io.checkpoint import module_from
 from zoo.io.weights import extract_state_dict, load_file
 from zoo.tracking.code import CODE_KEY, CODE_TAG, PYFUNC, bundle_code, code_sha256
@@ -209,7 +210,9 @@ def declared_extras(project: Path) -> dict[str, list[str]]:
 
 def model_requirements(code: Path, project: Path) -> list[str]:
     """``name[extras]==version`` of every installed distribution the code under ``code`` imports; names the project
-    holds itself (``callbacks``, ``datamodules``: the application, which the model never imports) are left out."""
+    holds itself (``callbacks``, ``datamodules``: the application, which the model never imports) are left out, and
+    so are optional packages that are not installed (``zoo.errors.OPTIONAL_PACKAGES``: only the feature that needs
+    one imports it, and a model trained without it does not use that feature)."""
     providers = importlib.metadata.packages_distributions()
     extras = declared_extras(project)
     requirements = {}
@@ -217,6 +220,8 @@ def model_requirements(code: Path, project: Path) -> list[str]:
         if (project / module).is_dir() or (project / f"{module}.py").is_file():
             continue
         dists = providers.get(module)
+        if not dists and module in OPTIONAL_PACKAGES:  # imported only by a feature this install cannot run
+            continue
         if not dists:
             raise ModuleNotFoundError(f"the model's code imports {module!r}, which no installed distribution provides")
         # One of several (mlflow, mlflow-skinny): the one the zoo declares, else the first.
