@@ -196,7 +196,7 @@ def test_fsdp2_diffusion_shards_consolidates_and_reloads(tmp_path, embedded_stor
         *fd,
         config=DIFFUSION_TINY,
     )
-    assert _artifacts("samples") == ["step_0000002.png", "step_0000004.png"]
+    assert _artifacts("samples") == ["step_0000000.png", "step_0000002.png", "step_0000004.png"]
     client, run = _the_run()
     assert len(client.get_metric_history(run.info.run_id, "val/fd_classifier")) == 2
     r0, r1 = _equal_ranks()

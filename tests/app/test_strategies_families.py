@@ -33,7 +33,7 @@ def test_ddp_diffusion_with_ema_samples_at_two_validations(embedded_store):
         "--trainer.limit_val_batches=1",
         config=DIFFUSION_TINY,
     )
-    assert _artifacts("samples") == ["step_0000002.png", "step_0000004.png"]
+    assert _artifacts("samples") == ["step_0000000.png", "step_0000002.png", "step_0000004.png"]
     r0, r1 = torch.load("rank0.pt"), torch.load("rank1.pt")
     for k, v in r0["state"].items():  # the EMA weights too: every rank averages the same synchronised weights
         torch.testing.assert_close(v, r1["state"][k], rtol=0, atol=0, msg=k)
@@ -152,7 +152,7 @@ def test_fsdp2_dit_with_ema_validates_resumes_and_consolidates_both_weights(tmp_
         path.mkdir()
     monkeypatch.chdir(runs["first"])
     _dit_ema_fsdp2("--trainer.max_steps=4")
-    assert _artifacts("samples") == ["step_0000002.png", "step_0000004.png"]
+    assert _artifacts("samples") == ["step_0000000.png", "step_0000002.png", "step_0000004.png"]
     r0, r1 = _equal_ranks()
     first = Path(r0["last"]).resolve()
     ckpt = torch.load(consolidate(first, tmp_path / "first.ckpt"), weights_only=True)

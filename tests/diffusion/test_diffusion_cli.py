@@ -343,6 +343,7 @@ def test_log_image_samples_takes_a_new_sampler_class_and_its_options_from_the_co
     )
     (cb,) = [cb for cb in c.trainer.callbacks if isinstance(cb, LogImageSamples)]
     assert cb.guidance_scale == 2.5 and isinstance(c.model.objective.sampler(cb.sampler, None), OneStepSampler)
-    assert OneStepSampler.calls == 1  # one validation, one step
+    assert OneStepSampler.calls == 2  # one step each: the untrained grid at step 0, then one validation
     client = MlflowClient(c.trainer.logger._tracking_uri)
-    assert [a.path for a in client.list_artifacts(c.trainer.logger.run_id, "samples")] == ["samples/step_0000002.png"]
+    grids = [a.path for a in client.list_artifacts(c.trainer.logger.run_id, "samples")]
+    assert grids == ["samples/step_0000000.png", "samples/step_0000002.png"]

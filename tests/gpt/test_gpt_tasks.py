@@ -162,6 +162,23 @@ def test_an_answer_rule_that_backtracks_without_end_is_stopped_at_its_deadline(m
         T.check_pattern("(a)" + "b" * 1000)
 
 
+def test_an_answer_rule_keeps_its_deadline_under_a_later_outer_timer_and_puts_that_timer_back(monkeypatch):
+    import signal
+
+    monkeypatch.setattr(T, "RULE_SECONDS", 0.05)
+    fired = []
+    previous = signal.signal(signal.SIGALRM, lambda *_: fired.append(1))
+    signal.setitimer(signal.ITIMER_REAL, 60.0)  # a test runner's or a caller's, far later than the rule's
+    try:
+        with pytest.raises(InputError, match=r"ran past 0\.05 s"):
+            T.correct("a" * 22 + "b", "1", r"(a+)+$")
+        left = signal.getitimer(signal.ITIMER_REAL)[0]
+        assert 55.0 < left <= 60.0 and not fired  # the outer timer runs on, less the time the rule took
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def test_a_trailing_full_stop_is_stripped_from_answers():
     assert T.normalise(" 42. ") == "42" and T.normalise("3.5") == "3.5"  # a final "." goes, a decimal point stays
     assert T.extract_answer("The answer: 1,000.", r"answer: (.*)") == "1000"

@@ -26,6 +26,7 @@ import math
 import re
 import signal
 import threading
+import time
 from collections.abc import Sequence
 
 import torch
@@ -151,24 +152,36 @@ class PastDeadline(Exception):
 
 def timed(fn, timeout: float | None, *args):
     """``fn(*args)``, interrupted by ``PastDeadline`` (SIGALRM) after ``timeout`` s: on the main thread, unless a
-    deadline already runs (that one bounds it); elsewhere unbounded. The regex engine checks for signals as it runs."""
-    if not timeout or threading.current_thread() is not threading.main_thread() or deadline_running():
+    sooner deadline already runs (that one bounds it); elsewhere unbounded. A later one (a test runner's, a caller's)
+    is put back after, less the time spent. The regex engine checks for signals as it runs."""
+    outer = signal.getitimer(signal.ITIMER_REAL)[0]
+    if not timeout or threading.current_thread() is not threading.main_thread() or 0 < outer <= timeout:
         return fn(*args)
 
     def alarm(signum, frame):
         raise PastDeadline
 
+    global _running
+    start = time.monotonic()
     previous = signal.signal(signal.SIGALRM, alarm)
     signal.setitimer(signal.ITIMER_REAL, timeout)
+    _running += 1
     try:
         return fn(*args)
     finally:
+        _running -= 1
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 1e-3))
+
+
+_running = 0  # how many of ``timed``'s deadlines run now (another's timer, e.g. a test runner's, is not one)
 
 
 def deadline_running() -> bool:
-    return signal.getitimer(signal.ITIMER_REAL)[0] > 0
+    """Whether the caller runs inside one of ``timed``'s deadlines (a reward's), which bounds it."""
+    return _running > 0
 
 
 def check_pattern(pattern: str | None, setting: str = "--data.init_args.answer_pattern") -> None:
