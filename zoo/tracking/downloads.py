@@ -9,22 +9,30 @@ code. Before anything is fetched:
 - every path the store lists must stay inside the folder asked for (no ``..``, no absolute path);
 - the listed sizes must add up to at most ``$ZOO_MAX_DOWNLOAD_BYTES`` (``max_download_bytes``).
 
-While fetching, each file must arrive at the size its listing gave and the running total within the limit. A refusal
-is one ``DownloadRefused`` line naming the URI and what to do, and leaves nothing in the cache.
+While fetching, each file is written as it streams and stops at its listed size (one byte more is refused before it
+is written), within a deadline (``zoo.tracking.remote``: a drip is refused, not waited on). Over HTTP the zoo reads
+a tracking server's artifacts itself: the tracking credentials go to the server's own host and to the hosts
+``$ZOO_TRUSTED_ARTIFACT_HOSTS`` lists, never to another host the server names or redirects to. A refusal is one
+``DownloadRefused`` line naming the URI and what to do, and leaves nothing in the cache.
+
+The cache is keyed by the tracking store (``store_identity``) and what identifies the artifact in it, and each entry
+records both (``.source``), checked on every read: one server's files never answer another server's URI, however
+its ids were chosen.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import shutil
 import tempfile
 from pathlib import Path, PurePosixPath
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlsplit, urlunsplit
 
-from zoo.io.weights import CheckpointError
+from zoo.tracking.remote import HTTP_SCHEMES, DownloadRefused, HttpArtifacts, copy_bounded
 
 MAX_DOWNLOAD_ENV = "ZOO_MAX_DOWNLOAD_BYTES"
 # Far above any zoo model trained here (a GPT-2 small's weights are 0.5 GB), far below filling a disk.
@@ -36,11 +44,6 @@ SPEC, WEIGHTS = "module.json", "weights.safetensors"
 MODEL_FILES = ("MLmodel", f"artifacts/{SPEC}", f"artifacts/{WEIGHTS}")
 # Stores reached over the network: what they say a location is, a server chose.
 REMOTE_STORES = ("http", "https", "databricks")
-
-
-class DownloadRefused(CheckpointError):
-    """A model or file in a tracking store that the zoo will not download (outside the store's own artifacts, over the
-    size limit, a path that leaves its folder, missing); the message names the URI and what to do."""
 
 
 def cache_dir() -> Path:
@@ -218,21 +221,48 @@ def check_sizes(files: list, uri: str) -> int:
 
 
 def fetch(repo, files: list, dst: Path, uri: str) -> None:
-    """``files`` into ``dst`` (kept at their listed paths), one at a time, each checked as it lands: its size as
-    listed, the total within the limit."""
+    """``files`` into ``dst`` (kept at their listed paths), one at a time, each streamed to at most its listed size
+    and the total to at most the limit; a file refused midway is removed."""
     limit, total = max_download_bytes(), 0
     dst.mkdir(parents=True, exist_ok=True)
     for f in files:
-        got = Path(repo.download_artifacts(f.path, str(dst)))
-        if not got.resolve().is_relative_to(dst.resolve()):
-            raise DownloadRefused(f"{uri}: {f.path} was written outside its download folder: refused")
-        size = got.stat().st_size
+        target = dst / safe_path(f.path, uri)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with opened(repo, f.path, dst, uri) as src, target.open("wb") as out:
+                size = copy_bounded(src, out, min(f.file_size, limit - total), uri, f.path)
+        except BaseException:
+            target.unlink(missing_ok=True)
+            raise
         total += size
-        if size != f.file_size or total > limit:
+        if size != f.file_size:
+            target.unlink()
             raise DownloadRefused(
-                f"{uri}: {f.path} arrived with {size:,} bytes where the store listed {f.file_size:,} (limit "
-                f"{limit:,} in all): refused"
+                f"{uri}: {f.path} ended at {size:,} bytes where the store listed {f.file_size:,}: refused"
             )
+
+
+@contextlib.contextmanager
+def opened(repo, path: str, dst: Path, uri: str):
+    """The artifact at ``path`` as a ``read1`` stream: read where it lies (over HTTP by ``HttpArtifacts``, a local
+    store's file in place); any other store's (s3://, gs://, ...) through MLflow into a folder beside ``dst``,
+    measured as it is copied on."""
+    from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
+
+    if isinstance(repo, HttpArtifacts):
+        with repo.open(path) as stream:
+            yield stream
+        return
+    if isinstance(repo, LocalArtifactRepository):
+        with open(Path(repo.artifact_dir) / path, "rb") as stream:
+            yield stream
+        return
+    with tempfile.TemporaryDirectory(dir=dst.parent, prefix=".fetch-") as tmp:
+        got = Path(repo.download_artifacts(path, tmp))
+        if not got.resolve().is_relative_to(Path(tmp).resolve()):
+            raise DownloadRefused(f"{uri}: {path} was written outside its download folder: refused")
+        with open(got, "rb") as stream:
+            yield stream
 
 
 def find(uri: str, store: str, what) -> tuple[object, str, list]:
@@ -241,21 +271,55 @@ def find(uri: str, store: str, what) -> tuple[object, str, list]:
     from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
     for root, path in locations(uri, store):
-        repo = get_artifact_repository(root, tracking_uri=store, registry_uri=store)
+        if urlparse(root).scheme in HTTP_SCHEMES:  # read by the zoo: MLflow would send the credentials anywhere
+            repo = HttpArtifacts(root, store, uri)
+        else:
+            repo = get_artifact_repository(root, tracking_uri=store, registry_uri=store)
         files = what(repo, path, uri)
         if files:
             return repo, path, files
     raise DownloadRefused(f"{uri}: no such artifact in {store}: check the run id and the path after it")
 
 
-def _cache_key(uri: str, store: str) -> str:
-    """A version's run and source, or the URI itself: neither changes after it is logged (``log_checkpoint_model``
-    never writes into a folder a version points at), and run ids are unique across stores, so a cached copy is
-    never stale; an alias moving to another version resolves to another key."""
+def store_identity(store: str) -> str:
+    """The tracking store as the cache names it: scheme and host in lower case, the port spelled out, a local path
+    absolute (``sqlite:///mlflow.db`` is a different store in each folder), no user, password or query."""
+    parts = urlsplit(store)
+    scheme = parts.scheme.lower()
+    if scheme in ("", "file") or re.match(r"^[A-Za-z]:[\\/]", store):
+        return "file://" + os.path.abspath(parts.path if scheme == "file" else store)
+    if scheme == "sqlite":
+        return "sqlite:///" + os.path.abspath(store.partition(":///")[2] or ":memory:")
+    try:
+        port = f":{parts.port}" if parts.port else {"http": ":80", "https": ":443"}.get(scheme, "")
+    except ValueError:
+        port = ""
+    return urlunsplit((scheme, f"{(parts.hostname or '').lower()}{port}", parts.path.rstrip("/"), "", ""))
+
+
+def _cache_key(uri: str, store: str) -> dict:
+    """What a cache entry is of: the store and, in it, a version's run and source or the URI itself. Neither changes
+    after it is logged (``log_checkpoint_model`` never writes into a folder a version points at), so a cached copy is
+    never stale; an alias moving to another version resolves to another key. Ids are the server's to choose, so
+    the store is part of the key: a server reusing another's ids gets its own entry."""
+    artifact = uri
     if uri.startswith("models:/") and logged_model_id(uri) is None:
         mv = model_version(uri, store)
-        return f"{mv.run_id}:{mv.source}"
-    return uri
+        artifact = f"{mv.run_id}:{mv.source}"
+    return {"store": store_identity(store), "artifact": artifact}
+
+
+def _cached(dst: Path, key: dict) -> bool:
+    """Whether ``dst`` holds the entry ``key`` names, whole: its record names the same store and artifact and its
+    files are there at their recorded sizes. Anything else (another store's, one written before records were kept,
+    a file cut short) is no entry."""
+    try:
+        record = json.loads((dst / ".source").read_text())
+        files = record.pop("files")
+        whole = (dst / ".downloaded").is_file() and all((dst / n).stat().st_size == size for n, size in files.items())
+        return record == key and whole
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
 
 
 @contextlib.contextmanager
@@ -275,16 +339,16 @@ def download(uri: str, store: str) -> Path:
     ``MODEL_FILES``) or one file. MLflow's own refusals (a missing run, a path it will not read) are
     ``DownloadRefused`` too."""
     with refusals(uri):
-        dst = cache_dir() / hashlib.sha256(_cache_key(uri, store).encode()).hexdigest()[:20]
+        key = _cache_key(uri, store)
+        dst = cache_dir() / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+        if dst.is_dir() and not _cached(dst, key):
+            shutil.rmtree(dst, ignore_errors=True)
         if not dst.is_dir():
-            _download_into(dst, uri, store)
-    marker = dst / ".downloaded"
-    if marker.is_file():
-        return dst / marker.read_text()
-    return next(p for p in dst.iterdir() if not p.name.startswith("."))  # cached before the marker: its one entry
+            _download_into(dst, uri, store, key)
+    return dst / (dst / ".downloaded").read_text()
 
 
-def _download_into(dst: Path, uri: str, store: str) -> None:
+def _download_into(dst: Path, uri: str, store: str, key: dict) -> None:
     from zoo.tracking.store import process_tracking_uri
 
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -296,6 +360,8 @@ def _download_into(dst: Path, uri: str, store: str) -> None:
             check_sizes(files, uri)
             fetch(repo, files, partial / "files", uri)
         (partial / ".downloaded").write_text(f"files/{path}".rstrip("/"))  # what was asked: a file or a folder
+        sizes = {f"files/{f.path}": f.file_size for f in files}
+        (partial / ".source").write_text(json.dumps({**key, "files": sizes}, indent=1))
         partial.rename(dst)  # atomic: a concurrent download of the same key finds it whole or not at all
     except OSError:
         if not dst.is_dir():
