@@ -45,6 +45,7 @@ RG, SC = "zoo/tracking/models.py", "zoo/app/stored_config.py"
 AD, LC, RC = "zoo/adapt/lora.py", "zoo/rl/lifecycle.py", "zoo/rl/common.py"
 AB = "zoo/adapt/base.py"
 DLS, CODE = "zoo/tracking/downloads.py", "zoo/tracking/code.py"
+RMT = "zoo/tracking/remote.py"
 SV, RPT = "zoo/tracking/serving.py", "zoo/tracking/report.py"
 CM, CN, RN, TV = "zoo/cnn/module.py", "zoo/cnn/convnet.py", "zoo/cnn/resnet.py", "zoo/cnn/torchvision_net.py"
 DB, DTV, DMH, DDG = (
@@ -855,7 +856,7 @@ FAMILIES: dict[str, dict] = {
         "tests": ["tests/tracking/test_downloads.py", "tests/tracking/test_code.py"],
         "mutants": [
             (DLS, "    if total > limit:\n", "    if False:\n"),
-            (DLS, "if size != f.file_size or total > limit:", "if total > limit:"),
+            (DLS, "min(f.file_size, limit - total)", "limit - total"),
             (DLS, "            check_sizes(files, uri)\n            fetch(", "            fetch("),
             (
                 DLS,
@@ -890,6 +891,29 @@ FAMILIES: dict[str, dict] = {
             ),
             (RG, "            client.set_logged_model_tags(model.model_id, {CODE_TAG: tags[CODE_TAG]})\n", ""),
             (RG, "            metadata={CODE_KEY: digest},\n", ""),
+        ],
+    },
+    # A hostile tracking server (issue 52 item 2): credentials to its own host only, the cache keyed by the store,
+    # sizes and deadlines enforced while bytes arrive.
+    "remote": {
+        "tests": ["tests/tracking/test_remote.py"],
+        "mutants": [
+            (RMT, "        if origin(url) in self.trusted:\n", "        if True:\n"),
+            (DLS, "if urlparse(root).scheme in HTTP_SCHEMES:", "if False:"),
+            (RMT, 'if not origin(entry) or parts.path.strip("/")', "if False"),
+            (RMT, "        if got + len(chunk) > cap:\n", "        if False:\n"),
+            (RMT, "        if late > 0 and got < late * MIN_RATE:", "        if False:"),
+            (
+                RMT,
+                "timeout = min(MLFLOW_HTTP_REQUEST_TIMEOUT.get(), download_timeout())",
+                "timeout = MLFLOW_HTTP_REQUEST_TIMEOUT.get()",
+            ),
+            (DLS, 'return {"store": store_identity(store), "artifact": artifact}', 'return {"artifact": artifact}'),
+            (DLS, "        return record == key and whole", "        return whole"),
+            (DLS, "        if size != f.file_size:\n", "        if False:\n"),
+            (DLS, "            target.unlink(missing_ok=True)\n", "            pass\n"),
+            (DLS, 'if not inside or "/" in name or name in ("", ".", ".."):', "if False:"),
+            (RMT, "        if response.status_code != 200:\n", "        if False:\n"),
         ],
     },
     # The DataModules (issue 25 item 6): normalisation constants, augmentation fills, splits, seeds, resume positions,

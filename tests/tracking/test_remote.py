@@ -120,6 +120,15 @@ def endless(handler: Handler) -> None:
             handler.wfile.write(b"X" * (1 << 20))
 
 
+def silent(handler: Handler) -> None:
+    """Headers, then nothing for 5 s."""
+    handler.send_response(200)
+    handler.send_header("Content-Length", "64")
+    handler.end_headers()
+    handler.wfile.flush()
+    time.sleep(5)
+
+
 @pytest.fixture
 def servers(monkeypatch, tmp_path):
     """Two fake servers (a tracking server and another host), the tracking token set, this test's own cache."""
@@ -251,4 +260,21 @@ def test_a_listed_path_that_leaves_its_folder_or_a_broken_listing_is_one_line(se
         with pytest.raises(DownloadRefused, match=rf"^{uri}: .*{said}") as err:
             download(uri, tracking.url)
         assert "\n" not in str(err.value)
+    assert not [p for p in Path(os.environ["ZOO_CACHE_DIR"]).rglob("*") if p.is_file()]
+
+
+def test_a_file_shorter_than_listed_or_a_silent_server_is_one_line(servers, monkeypatch):
+    """Fewer bytes than listed is refused; a server that goes quiet is refused after the timeout, not after MLflow's
+    two minutes a read."""
+    tracking, _ = servers
+    uri = f"runs:/{RUN}/model"
+    tracking.behave["model/artifacts/weights.safetensors"] = lambda handler: handler.answer(200, b"W" * 10)
+    with pytest.raises(DownloadRefused, match=r"weights.safetensors ended at 10 bytes where the store listed 64"):
+        download(uri, tracking.url)
+    tracking.behave["model/artifacts/weights.safetensors"] = silent
+    monkeypatch.setenv(TIMEOUT_ENV, "1")
+    start = time.monotonic()
+    with pytest.raises(DownloadRefused, match=r"reading model/artifacts/weights.safetensors failed \(\w*Timeout"):
+        download(uri, tracking.url)
+    assert time.monotonic() - start < 3
     assert not [p for p in Path(os.environ["ZOO_CACHE_DIR"]).rglob("*") if p.is_file()]
