@@ -179,6 +179,10 @@ def test_a_host_that_wants_credentials_says_which_setting_trusts_it(servers, mon
     with pytest.raises(DownloadRefused, match=rf"answered 401 .* list {other.url} in \${TRUSTED_HOSTS_ENV}") as err:
         download(f"runs:/{RUN}/model", tracking.url)
     assert "\n" not in str(err.value) and authorizations(other) == {None}
+    monkeypatch.setenv(TRUSTED_HOSTS_ENV, other.url)  # trusted: it got the credentials, so its 401 is its answer
+    with pytest.raises(DownloadRefused, match=rf"{other.url}/.*MLmodel answered 401: check the server"):
+        download(f"runs:/{RUN}/model", tracking.url)
+    assert authorizations(other) == {None, "Basic bWU6cHc="}
     monkeypatch.setenv(TRUSTED_HOSTS_ENV, "other.example")
     with pytest.raises(DownloadRefused, match=rf"\${TRUSTED_HOSTS_ENV} lists 'other.example', not an origin"):
         download(f"runs:/{RUN}/model", tracking.url)
