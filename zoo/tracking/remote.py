@@ -8,7 +8,8 @@ names, and a location is what the server says it is. Here the credentials go to 
 any other host, a redirect's target included, is asked without them. A host that then wants credentials answers 401
 or 403, which is one line naming the setting: a user whose artifacts live on a host of their own trusts it by name,
 and a server cannot pick one for them. Asking without credentials rather than refusing keeps a server whose
-artifacts sit on an open host working, and a server can make this machine read no more than it could serve itself.
+artifacts sit on an open host working; what a hostile server gains is that this machine, not the server, sends a
+plain GET to a host it names (one inside this network, say), bounded like every download and read as data only.
 
 Bounds, as ``copy_bounded`` enforces them while bytes arrive: a file stops at its listed size (more is refused, and
 nothing past the size is written), a listing at ``LISTING_BYTES``; after ``$ZOO_DOWNLOAD_TIMEOUT`` seconds (60) a
