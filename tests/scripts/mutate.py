@@ -33,7 +33,7 @@ MTP, LOSS = "zoo/gpt/mtp.py", "zoo/gpt/losses.py"
 SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/diffusion/losses.py"
 FL, LT, EM = "zoo/diffusion/flow.py", "zoo/diffusion/latent.py", "zoo/diffusion/ema.py"
 RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/q_nets.py", "zoo/rl/td3.py"
-SB, RP = "zoo/rl/sb3.py", "zoo/rl/pretrained.py"
+SB, RP, VN = "zoo/rl/sb3.py", "zoo/rl/pretrained.py", "zoo/rl/vec_normalize.py"
 AP, FAM, OCC = "zoo/app/pretrained.py", "zoo/tracking/families.py", "zoo/clip/open_clip_config.py"
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
 OB = "zoo/diffusion/objective.py"
@@ -633,6 +633,15 @@ FAMILIES: dict[str, dict] = {
                 "self.low = torch.zeros_like(torch.as_tensor(space.start, device=self.device))",
                 "self.low = torch.as_tensor(space.start, device=self.device)",
             ),
+            # VecNormalize statistics read as data (issue 53): found beside the zip, applied to act and the policy,
+            # the pickle's names and fields refused outside what VecNormalize.save writes.
+            (RP, "else stats_beside(Path(path))", "else None"),
+            (RP, "module.obs_rms.var.copy_(torch.from_numpy(stats.obs_var))", "None"),
+            (RP, '"clip_obs": stats.clip_obs}', '"clip_obs": 10.0}'),
+            (RP, "                buffer.fill_(value)", "                pass"),
+            (VN, "                if where not in NAMES:", "                if False:"),
+            (VN, "if unknown := sorted(str(k) for k in set(state) - FIELDS):", "if unknown := []:"),
+            (VN, 'memo[len(memo) if name == "MEMOIZE" else arg]', 'memo[len(memo) + 1 if name == "MEMOIZE" else arg]'),
         ],
     },
     "cnn": {
