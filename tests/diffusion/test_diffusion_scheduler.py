@@ -8,6 +8,7 @@ generator) against the module ``from_pretrained`` builds, from the same generato
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pytest
 import torch
@@ -135,3 +136,20 @@ def test_a_scheduler_field_the_zoo_does_not_implement_is_refused_by_name(tmp_pat
     with pytest.raises(InputError) as err:
         from_pretrained(tmp_path / "pipe")
     assert field in str(err.value) and one_line(err.value)
+
+
+def test_init_weights_from_a_pipeline_refuses_an_objective_other_than_its_scheduler_s(tmp_path):
+    """The CLI's path: the config's objective must be the one the pipeline's net was trained on."""
+    from zoo.diffusion import DDIMSampler, DiffusionModule, GaussianDiffusion, UNet
+
+    pipeline(tmp_path, "DDPMScheduler", beta_schedule="squaredcos_cap_v2", prediction_type="v_prediction")
+    net = from_pretrained(tmp_path / "pipe").hparams["net"]["init_args"]
+    module = DiffusionModule(UNet(**net), init_weights=str(tmp_path / "pipe"))
+    with pytest.raises(InputError, match="num_timesteps, beta_schedule, prediction") as err:
+        module.configure_model()  # no trainer: loads the weights, as fit's first hook does
+    assert one_line(err.value) and "prediction=v" in str(err.value)
+    stated = GaussianDiffusion(num_timesteps=T, beta_schedule="cosine", prediction="v")
+    sampler = partial(DDIMSampler, steps=10)
+    DiffusionModule(
+        UNet(**net), objective=stated, sampler=sampler, init_weights=str(tmp_path / "pipe")
+    ).configure_model()

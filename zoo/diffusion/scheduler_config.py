@@ -20,6 +20,7 @@ The config is data (``zoo.io.files.read_json``); its ``_class_name`` is matched 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +119,39 @@ def scheduler_settings(path: Path, learned_variance: bool) -> dict[str, Any]:
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# The objective's settings the scheduler states: what the net was trained to predict, on which schedule.
+_TRAINED = ("num_timesteps", "beta_schedule", "beta_start", "beta_end", "prediction")
+
+
+def check_objective(init_weights: str | Path, objective: object, learned_variance: bool) -> None:
+    """Refuse a module whose objective differs from the one the pipeline of its ``init_weights`` folder states (a
+    net trained on v and the cosine schedule, fine-tuned on eps and the linear one, would learn something else); a
+    folder outside a pipeline states none. The sampler and clipping stay the config's choice."""
+    path = Path(init_weights)
+    if not path.is_dir():
+        return
+    from zoo.diffusion.convert import diffusers_weights_file
+
+    scheduler = scheduler_file(diffusers_weights_file(path))
+    if scheduler is None:
+        return
+    stated = scheduler_settings(scheduler, learned_variance)["objective"]["init_args"]
+    config = getattr(objective, "config", lambda: {})()
+    have = (
+        config.get("init_args", {}) if config.get("class_path") == "zoo.diffusion.objective.GaussianDiffusion" else {}
+    )
+    if stated["beta_schedule"] == "cosine":  # its ends are not read
+        stated = {k: v for k, v in stated.items() if k not in ("beta_start", "beta_end")}
+    wrong = [k for k in _TRAINED if k in stated and not _equal(have.get(k), stated[k])]
+    if wrong:
+        flags = " ".join(f"--model.init_args.objective.init_args.{k}={stated[k]}" for k in wrong)
+        raise InputError(
+            f"{str(scheduler)!r} states the objective the net was trained on, and the module's differs in "
+            f"{', '.join(wrong)}: use class_path zoo.diffusion.GaussianDiffusion with {flags}"
+        )
+
+
+def _equal(a: Any, b: Any) -> bool:
+    return a == b or (_number(a) and _number(b) and math.isclose(a, b, rel_tol=1e-9))
