@@ -486,6 +486,7 @@ FAMILIES: dict[str, dict] = {
             ),
             (SCF, '("thresholding", False), ', ""),
             (SCF, '(variance == "learned_range") == learned_variance', "True"),
+            (SCF, "if wrong:\n        flags", "if False:\n        flags"),
             (SMP, "[1] if clipped_eps else eps", "[1]"),
             (SMP, "self._final = 1.0 if set_alpha_to_one else self._abar[0]", "self._final = 1.0"),
             (SMP, "[t + steps_offset for t in self._timesteps]", "self._timesteps"),
