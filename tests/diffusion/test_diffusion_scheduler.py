@@ -153,3 +153,13 @@ def test_init_weights_from_a_pipeline_refuses_an_objective_other_than_its_schedu
     DiffusionModule(
         UNet(**net), objective=stated, sampler=sampler, init_weights=str(tmp_path / "pipe")
     ).configure_model()
+
+
+@pytest.mark.parametrize("spacing", ["leading", "linspace"])
+def test_a_ddpm_pipeline_run_with_fewer_steps_is_ddim_with_eta_one_on_the_next_visited_steps(tmp_path, spacing):
+    """What the manual says to use for DDPMPipeline(num_inference_steps=S < T)."""
+    cosine_v = dict(beta_schedule="squaredcos_cap_v2", prediction_type="v_prediction", timestep_spacing=spacing)
+    unet, scheduler = pipeline(tmp_path, "DDPMScheduler", **cosine_v)
+    init = {"steps": 8, "eta": 1.0, "spacing": spacing, "previous": "next"}
+    module = from_pretrained(tmp_path / "pipe", sampler={"class_path": "zoo.diffusion.DDIMSampler", "init_args": init})
+    torch.testing.assert_close(ours(module, 7), theirs(unet, scheduler, 8, 7), atol=3e-5, rtol=1e-5)
