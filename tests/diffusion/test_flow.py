@@ -366,7 +366,10 @@ def test_a_cli_built_sampler_of_the_wrong_kind_is_refused_when_the_model_is_buil
 
 def test_each_sampler_states_its_own_settings_as_built():
     schedule = NoiseSchedule(1000)
-    assert DDIMSampler(schedule, steps=3, eta=0.5).settings() == {"steps": 3, "eta": 0.5, "spacing": "trailing"}
+    assert DDIMSampler(schedule, steps=3, eta=0.5).settings() == {
+        "steps": 3, "eta": 0.5, "spacing": "trailing", "steps_offset": 0, "previous": "next", "set_alpha_to_one": True,
+        "clipped_eps": True,
+    }  # fmt: skip
     assert DPMSolverPlusPlus2M(schedule, steps=4).settings() == {"steps": 4, "spacing": "linspace"}
     assert FlowEulerSampler(FlowMatching(), steps=2).settings() == {"steps": 2, "shift": 1.0, "last_time": 1e-3}
     module = DiffusionModule(_net(), sampler=partial(DDIMSampler, steps=7))  # the module's, built once

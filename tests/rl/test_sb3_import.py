@@ -11,6 +11,7 @@ import pickle
 import warnings
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -255,7 +256,7 @@ def test_vec_normalize_statistics_are_a_pickle_and_refused_naming_why(tmp_path):
     marker = tmp_path / "MARKER"
     pkl = tmp_path / "vec_normalize.pkl"
     pkl.write_bytes(pickle.dumps(_Marker(marker)))
-    with pytest.raises(InputError, match="it is a pickle .*VecNormalize"):
+    with pytest.raises(InputError, match="it is a pickle .*VecNormalize.*vec_normalize="):
         from_pretrained(pkl)
     assert not marker.exists()
 
@@ -360,3 +361,97 @@ def test_init_weights_of_another_algorithm_or_net_is_refused_in_one_line(tmp_pat
         load_init_weights(A2CModule(ActorCritic(**net["init_args"])), path)
     with pytest.raises(InputError, match=r"not an exact PPOModule \(shapes: .*policy_net\.0\.weight \(8, 4\) for"):
         load_init_weights(PPOModule(ActorCritic(**net["init_args"] | {"hidden_sizes": [16, 16]})), path)
+
+
+# -- VecNormalize: its statistics read as data, applied as the agent's observation normalisation --------------------
+
+
+def vec_normalized(tmp_path: Path, algo: str = "PPO", norm_reward: bool = True) -> tuple[Path, Any, Any]:
+    """An SB3 agent trained a few hundred steps under VecNormalize (its statistics moved far from the identity), saved
+    as RL Zoo and the hub save it: the zip and ``vec_normalize.pkl`` beside it."""
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    venv = VecNormalize(make_vec_env("Pendulum-v1", n_envs=2, seed=0), norm_reward=norm_reward, clip_obs=5.0)
+    kwargs = {"n_steps": 64, "batch_size": 64, "n_epochs": 1} if algo == "PPO" else {}
+    model = getattr(sb3, algo)("MlpPolicy", venv, seed=0, device="cpu", policy_kwargs={"net_arch": [8]}, **kwargs)
+    if algo == "PPO":
+        model.learn(256)
+    else:  # the statistics of a few hundred steps, without SAC's seconds of updates
+        venv.reset()
+        for _ in range(128):
+            venv.step(np.random.default_rng(0).uniform(-2, 2, (2, 1)).astype(np.float32))
+    with torch.no_grad():
+        for p in model.policy.parameters():  # large weights: the normalisation shows in the actions
+            p.normal_(0.0, 0.5)
+    model.save(tmp_path / "agent.zip")
+    venv.save(tmp_path / "vec_normalize.pkl")
+    return tmp_path / "agent.zip", model, venv
+
+
+@pytest.mark.parametrize("algo", ["PPO", "SAC"])
+def test_an_agent_trained_under_vec_normalize_acts_on_its_statistics_as_sb3_does(tmp_path, algo):
+    path, model, venv = vec_normalized(tmp_path, algo, norm_reward=algo == "PPO")
+    module = from_pretrained(path)  # vec_normalize.pkl beside it
+    obs = observations(model, 200)
+    expected, _ = model.predict(venv.normalize_obs(obs), deterministic=True)
+    raw, _ = model.predict(obs, deterministic=True)
+    assert np.abs(raw - expected).max() > 0.1  # the statistics matter to these actions
+    assert np.abs(zoo_actions(module, obs, model.action_space) - expected).max() <= 1e-5
+    policy = module.policy()  # what export traces and the registered model serves
+    got = np.clip(policy(torch.from_numpy(obs)).numpy(), -2, 2)
+    assert np.abs(got - expected).max() <= 1e-5
+    if algo == "PPO":  # a fit goes on scaling rewards by the return's statistics
+        assert module.hparams.norm_reward and module.return_rms.count.item() == venv.ret_rms.count
+
+
+def test_vec_normalize_statistics_read_as_data_in_any_protocol(tmp_path):
+    from zoo.rl.vec_normalize import read_vec_normalize
+
+    _, _, venv = vec_normalized(tmp_path)
+    want = read_vec_normalize(tmp_path / "vec_normalize.pkl")
+    assert np.array_equal(want.obs_mean, venv.obs_rms.mean) and np.array_equal(want.obs_var, venv.obs_rms.var)
+    assert (want.obs_count, want.clip_obs, want.norm_reward) == (venv.obs_rms.count, 5.0, True)
+    trusted = pickle.loads((tmp_path / "vec_normalize.pkl").read_bytes())  # this test's own file
+    for protocol in (3, 4, 5):  # 4: what SB3 writes on Python 3.8-3.13, 5 from 3.14
+        (tmp_path / "again.pkl").write_bytes(repickled(trusted, protocol))
+        got = read_vec_normalize(tmp_path / "again.pkl")
+        assert np.array_equal(got.obs_mean, want.obs_mean) and np.array_equal(got.obs_var, want.obs_var)
+
+
+def repickled(vec_normalize, protocol: int = pickle.DEFAULT_PROTOCOL) -> bytes:
+    """An unpickled VecNormalize saved again (its save drops what loading it without an env does not restore)."""
+    vec_normalize.venv, vec_normalize.class_attributes, vec_normalize.returns = None, {}, None
+    return pickle.dumps(vec_normalize, protocol=protocol)
+
+
+class _System:
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.parametrize("hostile", ["system", "extra_global", "unknown_field"])
+def test_a_hostile_vec_normalize_pkl_is_refused_in_one_line_and_never_run(tmp_path, hostile):
+    path, _, _ = vec_normalized(tmp_path)
+    marker = tmp_path / "MARKER"
+    trusted = pickle.loads((tmp_path / "vec_normalize.pkl").read_bytes())
+    if hostile == "system":
+        data, named = pickle.dumps(_System(marker)), "system"
+    elif hostile == "extra_global":  # a plausible file with one more object inside
+        trusted.obs_rms.extra = _Marker(marker)
+        data, named = repickled(trusted), "io.open"
+    else:
+        trusted.obs_scale = 2.0
+        data, named = repickled(trusted), "obs_scale"
+    (tmp_path / "vec_normalize.pkl").write_bytes(data)
+    with pytest.raises(InputError, match=named) as err:
+        from_pretrained(path)
+    assert "\n" not in str(err.value)
+    assert not marker.exists()
+    (tmp_path / "vec_normalize.pkl").unlink()
+    from_pretrained(path)  # the zip alone loads as it is

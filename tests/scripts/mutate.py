@@ -33,7 +33,7 @@ MTP, LOSS = "zoo/gpt/mtp.py", "zoo/gpt/losses.py"
 SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/diffusion/losses.py"
 FL, LT, EM = "zoo/diffusion/flow.py", "zoo/diffusion/latent.py", "zoo/diffusion/ema.py"
 RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/q_nets.py", "zoo/rl/td3.py"
-SB, RP = "zoo/rl/sb3.py", "zoo/rl/pretrained.py"
+SB, RP, VN = "zoo/rl/sb3.py", "zoo/rl/pretrained.py", "zoo/rl/vec_normalize.py"
 AP, FAM, OCC = "zoo/app/pretrained.py", "zoo/tracking/families.py", "zoo/clip/open_clip_config.py"
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
 OB = "zoo/diffusion/objective.py"
@@ -62,7 +62,7 @@ DTX, DTC, DCP, DDF = (
 )
 DTS, DGY, DSH = "datamodules/tensor_dataset.py", "datamodules/gym.py", "datamodules/shapes.py"
 FI, CV, EX = "zoo/io/files.py", "zoo/diffusion/convert.py", "zoo/rl/export.py"
-DCF = "zoo/diffusion/diffusers_config.py"
+DCF, SCF = "zoo/diffusion/diffusers_config.py", "zoo/diffusion/scheduler_config.py"
 PA = "zoo/gpt/peft_adapter.py"
 PG, RO = "zoo/train/policy_gradient.py", "zoo/gpt/rollout.py"
 ASR, APL = "zoo/gpt/async_rollout.py", "zoo/train/actor_pool.py"
@@ -285,6 +285,8 @@ FAMILIES: dict[str, dict] = {
         "tests": [
             # first: seconds, the objectives' protocol and the old checkpoints' upgrade
             "tests/diffusion/test_objective.py",
+            # then: a pipeline's scheduler config against diffusers' own loops (~20 s)
+            "tests/diffusion/test_diffusion_scheduler.py",
             # then: the pretrained loads' parity, perturbation and refusals (~20 s)
             "tests/diffusion/test_diffusion_pretrained.py",
             # then: its flow and solver parity tests catch their mutants in seconds (its one CLI fit runs last)
@@ -470,6 +472,31 @@ FAMILIES: dict[str, dict] = {
                 "settings = dit_settings(pre.config, block_embedders_differ(pre.state))",
                 "settings = dit_settings(pre.config, False)",
             ),
+            # A pipeline's scheduler config read whole (issue 53): schedule, prediction, clipping and DDIM's stepping
+            # as diffusers', in float64 host scalars; a field the zoo does not implement refused.
+            ("zoo/diffusion/pretrained.py", "    if scheduler is not None:  # the pipeline's", "    if False:  #"),
+            (SCF, '"squaredcos_cap_v2": "cosine"', '"squaredcos_cap_v2": "linear"'),
+            (SCF, '"v_prediction": "v"', '"v_prediction": "eps"'),
+            (SCF, '"beta_start": start * num / 1000', '"beta_start": start'),
+            (SCF, '"fixed_large": "beta",', '"fixed_large": "beta_tilde",'),
+            (SCF, '"previous": "stride"', '"previous": "next"'),
+            (
+                SCF,
+                'unknown = sorted(k for k in data if not k.startswith("_") and k not in FIELDS[name])',
+                "unknown = []",
+            ),
+            (SCF, '("thresholding", False), ', ""),
+            (SCF, '(variance == "learned_range") == learned_variance', "True"),
+            (SCF, "if wrong:\n        flags", "if False:\n        flags"),
+            (SMP, "[1] if clipped_eps else eps", "[1]"),
+            (SMP, "self._final = 1.0 if set_alpha_to_one else self._abar[0]", "self._final = 1.0"),
+            (SMP, "[t + steps_offset for t in self._timesteps]", "self._timesteps"),
+            (SCH, '"abar": abar.tolist()', '"abar": abar.float().tolist()'),
+            (
+                SCH,
+                "return torch.linspace(*ends, num_timesteps, dtype=torch.float64) ** 2",
+                "return linear_betas(num_timesteps, *ends)",
+            ),
         ],
     },
     "rl": {
@@ -608,6 +635,15 @@ FAMILIES: dict[str, dict] = {
                 "self.low = torch.zeros_like(torch.as_tensor(space.start, device=self.device))",
                 "self.low = torch.as_tensor(space.start, device=self.device)",
             ),
+            # VecNormalize statistics read as data (issue 53): found beside the zip, applied to act and the policy,
+            # the pickle's names and fields refused outside what VecNormalize.save writes.
+            (RP, "else stats_beside(Path(path))", "else None"),
+            (RP, "module.obs_rms.var.copy_(torch.from_numpy(stats.obs_var))", "None"),
+            (RP, '"clip_obs": stats.clip_obs}', '"clip_obs": 10.0}'),
+            (RP, "                buffer.fill_(value)", "                pass"),
+            (VN, "                if where not in NAMES:", "                if False:"),
+            (VN, "if unknown := sorted(str(k) for k in set(state) - FIELDS):", "if unknown := []:"),
+            (VN, 'memo[len(memo) if name == "MEMOIZE" else arg]', 'memo[len(memo) + 1 if name == "MEMOIZE" else arg]'),
         ],
     },
     "cnn": {

@@ -241,8 +241,11 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
 
     def _load_base(self) -> None:
         from zoo.diffusion.convert import load_pretrained
+        from zoo.diffusion.scheduler_config import check_objective
 
         load_pretrained(self.net, readable(self.hparams.init_weights))
+        learned = getattr(self.net, "out_channels", 0) == 2 * self.net.in_channels
+        check_objective(self.hparams.init_weights, self.objective, learned)
         self._init_loaded = True
 
     def _adapt(self) -> None:

@@ -69,7 +69,7 @@ class GaussianDiffusion(Objective):
     def __init__(
         self,
         num_timesteps: int = 1000,
-        beta_schedule: Literal["linear", "cosine"] = "linear",
+        beta_schedule: Literal["linear", "scaled_linear", "cosine"] = "linear",
         beta_start: float = 1e-4,
         beta_end: float = 0.02,
         prediction: Prediction = "eps",
@@ -79,9 +79,10 @@ class GaussianDiffusion(Objective):
         """
         Args:
             num_timesteps: T, diffusion steps of training (1000 in DDPM and DiT).
-            beta_schedule: "linear" (Ho et al. 2020) or "cosine" (Nichol & Dhariwal 2021).
-            beta_start: first beta of the linear schedule (at T = 1000).
-            beta_end: last beta of the linear schedule (at T = 1000).
+            beta_schedule: "linear" (Ho et al. 2020), "scaled_linear" (latent diffusion: linear in sqrt(beta)) or
+                "cosine" (Nichol & Dhariwal 2021).
+            beta_start: first beta of the (scaled) linear schedule (at T = 1000: scaled by 1000 / T for another T).
+            beta_end: last beta of the (scaled) linear schedule (at T = 1000).
             prediction: what the net outputs: "eps" (noise), "v" (Salimans & Ho 2022) or "x0" (clean image).
             min_snr_gamma: weight the loss by min(SNR, gamma) in x0 units (Hang et al. 2023; 5 there); None: unweighted.
             vlb_weight: lambda of the hybrid loss L_simple + lambda L_vlb that trains a learned variance (nets with

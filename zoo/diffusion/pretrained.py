@@ -5,8 +5,10 @@ config.json (``zoo.diffusion.diffusers_config``), its weights loaded exactly or 
     module = zoo.diffusion.from_pretrained("ddpm-cifar10/unet", guidance_scale=1.0)
     images = module.sample(4)
 
-The objective is the module's default (DDPM's linear schedule of 1000 steps, DiT's and DDPM's own) unless given; a
-pipeline's scheduler config is not read. A pipeline's ``vae/`` becomes the module's autoencoder. The module records
+A pipeline's ``scheduler/scheduler_config.json`` sets the objective (schedule, prediction type), the sampler and
+``clip_denoised``, or is refused naming a field the zoo does not implement (``zoo.diffusion.scheduler_config``); what
+``init_args`` give is kept over it. A model folder outside a pipeline has the module's defaults (DDPM's linear schedule
+of 1000 steps, eps prediction). A pipeline's ``vae/`` becomes the module's autoencoder. The module records
 its net (and autoencoder) as ``{class_path, init_args}``, as one built by cli.py does, so its checkpoints rebuild it;
 its other settings (objective, sampler, EMA, ...) are its defaults or the ``init_args`` given, as plain config values
 (``objective={"class_path": "zoo.diffusion.FlowMatching"}``).
@@ -21,6 +23,7 @@ from zoo.diffusion.convert import Pretrained, block_embedders_differ, load_state
 from zoo.diffusion.diffusers_config import dit_settings, unet_settings
 from zoo.diffusion.latent import load_autoencoder
 from zoo.diffusion.module import DiffusionModule
+from zoo.diffusion.scheduler_config import scheduler_file, scheduler_settings
 from zoo.errors import InputError
 from zoo.io.checkpoint import build_module
 from zoo.io.files import read_json
@@ -57,6 +60,10 @@ def from_pretrained(path: str | Path, **init_args: Any) -> DiffusionModule:
             "other weights with DiffusionModule(net=..., init_weights=...)"
         )
     net = _net(pre)
+    scheduler = scheduler_file(pre.source)
+    if scheduler is not None:  # the pipeline's sampling, under what the caller gives
+        learned = bool(net["init_args"].get("learn_sigma"))
+        init_args = {**scheduler_settings(scheduler, learned), **init_args}
     vae = Path(pre.source).parent.parent / "vae"  # a pipeline's autoencoder, beside its transformer/ or unet/
     vae = vae if "autoencoder" not in init_args and (vae / "config.json").is_file() else None
     if vae is not None:  # latent diffusion: the net samples latents, the autoencoder decodes them

@@ -136,11 +136,11 @@ class Sampler:
     def step(self, output: Tensor, t: int, x_t: Tensor, generator: torch.Generator | None = None) -> Tensor:
         raise NotImplementedError
 
-    def _x0_eps(self, output: Tensor, t: int, x_t: Tensor) -> tuple[Tensor, Tensor]:
+    def _x0_eps(self, output: Tensor, t: int, x_t: Tensor, clipped_eps: bool = True) -> tuple[Tensor, Tensor]:
         x0, eps = self.schedule.to_x0_eps(output, x_t, t, self.prediction)
-        if self.clip_denoised is not None:  # data known to lie in [-c, c]; eps re-derived to match
+        if self.clip_denoised is not None:  # data known to lie in [-c, c]; eps re-derived to match (or kept)
             x0 = x0.clamp(-self.clip_denoised, self.clip_denoised)
-            eps = self.schedule.to_x0_eps(x0, x_t, t, "x0")[1]
+            eps = self.schedule.to_x0_eps(x0, x_t, t, "x0")[1] if clipped_eps else eps
         return x0, eps
 
     @torch.no_grad()
@@ -188,10 +188,8 @@ class DDPMSampler(Sampler):
             variance,
             clip_denoised,
         )
-        self._abar = schedule.alphas_cumprod.double().tolist()
-        self._beta = schedule.betas.double().tolist()
-        self._log_beta = schedule.log_betas.double().tolist()
-        self._log_beta_tilde = schedule.posterior_log_variance_clipped.double().tolist()
+        self._abar, self._beta = schedule.host["abar"], schedule.host["beta"]
+        self._log_beta, self._log_beta_tilde = schedule.host["log_beta"], schedule.host["log_beta_tilde"]
         self._settings = {"variance": variance}
 
     def timesteps(self) -> list[int]:
@@ -247,6 +245,10 @@ class DDIMSampler(Sampler):
         steps: int = 50,
         eta: float = 0.0,
         spacing: Spacing = "trailing",
+        steps_offset: int = 0,
+        previous: Literal["next", "stride"] = "next",
+        set_alpha_to_one: bool = True,
+        clipped_eps: bool = True,
     ) -> None:
         """
         Args:
@@ -257,26 +259,49 @@ class DDIMSampler(Sampler):
             eta: 0 deterministic (DDIM), 1 the DDPM posterior variance; in between interpolates (eq. 16).
             spacing: which S of the T steps to visit (see ``ddim_timesteps``; trailing starts at the noisiest, better
                 at few steps).
+            steps_offset: added to every leading step (Stable Diffusion's 1: the chain ends at step 1, not 0);
+                ignored by the other spacings, as in diffusers.
+            previous: the step each one goes to: "next", the next visited step (the chain sampled on); "stride",
+                t - T // S as diffusers' DDIMScheduler steps (another step where S does not divide T, for trailing
+                and linspace spacing).
+            set_alpha_to_one: the step after the last goes to abar = 1 (clean data); False: to abar of step 0
+                (diffusers' ``set_alpha_to_one``).
+            clipped_eps: with clip_denoised, eps-hat re-derived from the clipped x0-hat (Glide's); False: the net's
+                own eps-hat, as diffusers' DDIMPipeline steps (its ``use_clipped_model_output`` unset).
         """
         check_sampler_kind(self, schedule)
         if not 0.0 <= eta <= 1.0:
             raise ValueError(f"eta must be in [0, 1], got {eta}")
         self.schedule, self.prediction, self.eta, self.clip_denoised = schedule, prediction, eta, clip_denoised
-        self._abar = schedule.alphas_cumprod.double().tolist()
-        self._timesteps = ddim_timesteps(schedule.num_timesteps, steps, spacing)
-        self._settings = {"steps": steps, "eta": eta, "spacing": spacing}
-        # The step after each one: the next visited index, and -1 (abar = 1, clean data) after the last.
-        self._prev = dict(zip(self._timesteps, self._timesteps[1:] + [-1]))
+        self.clipped_eps, num = clipped_eps, schedule.num_timesteps
+        self._abar = schedule.host["abar"]
+        self._final = 1.0 if set_alpha_to_one else self._abar[0]
+        self._timesteps = ddim_timesteps(num, steps, spacing)
+        if spacing == "leading" and steps_offset:
+            self._timesteps = [t + steps_offset for t in self._timesteps]
+        if steps_offset < 0 or self._timesteps[0] >= num:
+            raise ValueError(f"steps_offset {steps_offset} puts a step outside 0..{num - 1} at {steps} steps")
+        self._settings = {
+            "steps": steps, "eta": eta, "spacing": spacing, "steps_offset": steps_offset, "previous": previous,
+            "set_alpha_to_one": set_alpha_to_one, "clipped_eps": clipped_eps,
+        }  # fmt: skip
+        # The step after each one: the next visited index, and -1 (abar = final: clean data) after the last.
+        if previous == "next":
+            self._prev = dict(zip(self._timesteps, self._timesteps[1:] + [-1]))
+        elif previous == "stride":
+            self._prev = {t: t - num // steps for t in self._timesteps}
+        else:
+            raise ValueError(f"previous must be 'next' or 'stride', got {previous!r}")
 
     def timesteps(self) -> list[int]:
         return self._timesteps
 
     def step(self, output: Tensor, t: int, x_t: Tensor, generator: torch.Generator | None = None) -> Tensor:
         t_prev = self._prev[t]
-        abar, abar_prev = self._abar[t], (self._abar[t_prev] if t_prev >= 0 else 1.0)
+        abar, abar_prev = self._abar[t], (self._abar[t_prev] if t_prev >= 0 else self._final)
         # 1. x0-hat and eps-hat from the net's output ("predicted x_0" of eq. 12)
         output, v = split_variance(output, x_t)
-        x0, eps = self._x0_eps(output, t, x_t)
+        x0, eps = self._x0_eps(output, t, x_t, self.clipped_eps)
         # 2. sigma_t(eta) = eta sqrt((1 - abar_{t-1}) / (1 - abar_t)) sqrt(1 - abar_t / abar_{t-1})  (eq. 16)
         sigma = self.eta * ((1 - abar_prev) / (1 - abar) * (1 - abar / abar_prev)) ** 0.5
         # 3. "direction pointing to x_t": sqrt(1 - abar_{t-1} - sigma_t^2) eps-hat
@@ -353,7 +378,7 @@ class DPMSolverPlusPlus2M(Sampler):
         """
         check_sampler_kind(self, schedule)
         self.schedule, self.prediction, self.clip_denoised = schedule, prediction, clip_denoised
-        self._abar = schedule.alphas_cumprod.double().tolist()
+        self._abar = schedule.host["abar"]
         self._timesteps = dpm_timesteps(schedule.num_timesteps, steps, spacing)
         self._settings = {"steps": steps, "spacing": spacing}
         self._prev = dict(zip(self._timesteps, self._timesteps[1:] + [-1]))

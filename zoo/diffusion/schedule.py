@@ -2,8 +2,9 @@
 
 Forward process (Ho et al. 2020, "Denoising Diffusion Probabilistic Models", eq. 4):
     q(x_t | x_0) = N(sqrt(abar_t) x_0, (1 - abar_t) I),   abar_t = prod_{s<=t} (1 - beta_s)
-Schedules: ``linear`` betas (Ho et al. 2020) and ``cosine`` abar (Nichol & Dhariwal 2021, "Improved
-DDPM", eq. 17). What the net predicts is a choice of parametrisation, all linear in (x_t, x_0, eps):
+Schedules: ``linear`` betas (Ho et al. 2020), ``scaled_linear`` betas (linear in sqrt(beta): latent diffusion's,
+Rombach et al. 2022) and ``cosine`` abar (Nichol & Dhariwal 2021, "Improved DDPM", eq. 17; diffusers'
+``squaredcos_cap_v2``). What the net predicts is a choice of parametrisation, all linear in (x_t, x_0, eps):
 eps (Ho et al.), x0, or v = sqrt(abar) eps - sqrt(1 - abar) x_0 (Salimans & Ho 2022, "Progressive
 Distillation", sec. 4); ``to_x0_eps`` converts any of them back. ``min_snr_weight`` is the loss
 weighting of Hang et al. 2023 ("Efficient Diffusion Training via Min-SNR Weighting").
@@ -39,6 +40,14 @@ def linear_betas(num_timesteps: int, beta_start: float = 1e-4, beta_end: float =
     """
     scale = 1000 / num_timesteps
     return torch.linspace(beta_start * scale, beta_end * scale, num_timesteps, dtype=torch.float64)
+
+
+def scaled_linear_betas(num_timesteps: int, beta_start: float = 0.00085, beta_end: float = 0.012) -> Tensor:
+    """Latent diffusion's betas: sqrt(beta) evenly spaced in [sqrt(beta_start), sqrt(beta_end)] at T = 1000, the
+    end points scaled by 1000 / T as ``linear_betas``'s (diffusers' ``scaled_linear`` states them at its own T)."""
+    scale = 1000 / num_timesteps
+    ends = (beta_start * scale) ** 0.5, (beta_end * scale) ** 0.5
+    return torch.linspace(*ends, num_timesteps, dtype=torch.float64) ** 2
 
 
 def cosine_alphas_cumprod(num_timesteps: int, s: float = 0.008) -> Tensor:
@@ -79,7 +88,7 @@ class NoiseSchedule:
     def __init__(
         self,
         num_timesteps: int = 1000,
-        beta_schedule: Literal["linear", "cosine"] = "linear",
+        beta_schedule: Literal["linear", "scaled_linear", "cosine"] = "linear",
         beta_start: float = 1e-4,
         beta_end: float = 0.02,
         cosine_s: float = 0.008,
@@ -87,9 +96,10 @@ class NoiseSchedule:
         """
         Args:
             num_timesteps: T, the number of diffusion steps of training.
-            beta_schedule: "linear" (Ho et al. 2020) or "cosine" (Nichol & Dhariwal 2021).
-            beta_start: beta_1 of the linear schedule at T = 1000.
-            beta_end: beta_T of the linear schedule at T = 1000.
+            beta_schedule: "linear" (Ho et al. 2020), "scaled_linear" (latent diffusion) or "cosine" (Nichol &
+                Dhariwal 2021).
+            beta_start: beta_1 of the (scaled) linear schedule at T = 1000.
+            beta_end: beta_T of the (scaled) linear schedule at T = 1000.
             cosine_s: offset s of the cosine schedule, so beta_1 is not vanishingly small.
         """
         if num_timesteps < 1:
@@ -97,10 +107,12 @@ class NoiseSchedule:
         self.num_timesteps, self.beta_schedule = num_timesteps, beta_schedule
         if beta_schedule == "linear":
             betas = linear_betas(num_timesteps, beta_start, beta_end)
+        elif beta_schedule == "scaled_linear":
+            betas = scaled_linear_betas(num_timesteps, beta_start, beta_end)
         elif beta_schedule == "cosine":
             betas = cosine_betas(num_timesteps, cosine_s)
         else:
-            raise ValueError(f"beta_schedule must be 'linear' or 'cosine', got {beta_schedule!r}")
+            raise ValueError(f"beta_schedule must be 'linear', 'scaled_linear' or 'cosine', got {beta_schedule!r}")
         abar = torch.cumprod(1 - betas, 0)
         abar_prev = torch.cat([torch.ones(1, dtype=torch.float64), abar[:-1]])
         self.betas = betas.float()  # beta_t
@@ -118,6 +130,12 @@ class NoiseSchedule:
         # mu-tilde_t = coef1 x_0 + coef2 x_t (Ho et al. eq. 7)
         self.posterior_mean_coef1 = (abar_prev.sqrt() * betas / (1 - abar)).float()
         self.posterior_mean_coef2 = ((1 - betas).sqrt() * (1 - abar_prev) / (1 - abar)).float()
+        # The per-step scalars samplers compute with on the host, kept in float64: in float32, 1 - abar_t near the
+        # clean end holds only ~3e-4 of its value at beta 1e-4, and the last step divides by it.
+        self.host = {
+            "abar": abar.tolist(), "beta": betas.tolist(), "log_beta": betas.log().tolist(),
+            "log_beta_tilde": clipped.log().tolist(),
+        }  # fmt: skip
 
     def to(self, device: torch.device | str) -> NoiseSchedule:
         """Move every tensor to ``device`` (in place; returns self). A no-op when already there."""

@@ -6,6 +6,13 @@ plain JSON (a schedule, pickled, is not read: the zoo's default stands for it).
 
 From the command line, ``init_weights: <zip>`` starts an agent of the config's hyperparameters from the zip's nets
 (``zoo.rl.sb3.load_init_weights``; ``cli.py`` builds the net as the zip states it).
+
+An agent trained under ``VecNormalize`` acted on normalised observations: its statistics (``vec_normalize.pkl``, read
+as data by ``zoo.rl.vec_normalize``: the pickle is never run) become the module's ``obs_rms`` with ``norm_obs`` and
+``clip_obs`` (and, for PPO and A2C, the return's statistics with ``norm_reward``), so ``act``, ``predict`` and the
+exported policy see what SB3's ``model.predict(vec_normalize.normalize_obs(obs))`` sees. The file is the one given,
+else ``vec_normalize.pkl`` beside the zip or in the folder named as the zip (RL Zoo's layout); a zip with neither
+loads as it is.
 """
 
 from __future__ import annotations
@@ -15,8 +22,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch import LightningModule
 
+from zoo.errors import InputError
 from zoo.rl.a2c import A2CModule
 from zoo.rl.ppo import PPOModule
 from zoo.rl.sac import SACModule
@@ -32,8 +41,10 @@ from zoo.rl.sb3 import (
     read_zip,
 )
 from zoo.rl.td3 import TD3Module
+from zoo.rl.vec_normalize import VecNormalizeStats, read_vec_normalize
 from zoo.train.optim import AdamOrRMSprop
 
+EPS = 1e-8  # what RunningMeanStd.normalize adds to the variance, as VecNormalize's default epsilon
 AGENTS = {"PPO": PPOModule, "A2C": A2CModule, "SAC": SACModule, "TD3": TD3Module}
 # zoo hyperparameter <- SB3's data field, copied where it holds a plain number (or bool).
 _SHARED = {k: k for k in ("gamma", "ent_coef", "gae_lambda", "max_grad_norm")}
@@ -87,14 +98,69 @@ def _optimizers(algo: str, lr: float, kwargs: dict[str, Any]) -> dict[str, Any]:
     return {f"{p}_optimizer": AdamOrRMSprop(lr=lr) for p in parts}
 
 
-def from_pretrained(path: str | Path, **hparams: Any) -> LightningModule:
+def from_pretrained(path: str | Path, vec_normalize: str | Path | None = None, **hparams: Any) -> LightningModule:
     """The zoo agent module (``PPOModule``, ``A2CModule``, ``SACModule`` or ``TD3Module``) of the SB3 zip at ``path``:
-    its net built to the zip's architecture, every tensor of its policy loaded, its settings where the zoo has them;
+    its net built to the zip's architecture, every tensor of its policy loaded, its settings where the zoo has them,
+    the ``VecNormalize`` statistics at ``vec_normalize`` (or found beside the zip) as its observation normalisation;
     ``hparams`` override those (``total_env_steps`` for a fit). A zip that cannot be imported exactly is refused in
     one line (``InputError``) naming why."""
     z = read_zip(path)
     algo = algorithm(z)
     net = NETS[algo](**net_config_of(z, algo)["init_args"])
-    module = AGENTS[algo](net=net, **{**settings(z, algo, policy_kwargs(z)), **hparams})
+    given = {**settings(z, algo, policy_kwargs(z)), **hparams}
+    stats_file = Path(vec_normalize) if vec_normalize is not None else stats_beside(Path(path))
+    stats = read_vec_normalize(stats_file) if stats_file is not None else None
+    if stats is not None:
+        given = {**normalisation_settings(stats, algo, given.get("gamma", 0.99), str(stats_file)), **hparams}
+    module = AGENTS[algo](net=net, **given)
     load_exact(module, module_state(z, algo, len(net_sizes(z, algo)["hidden_sizes"])), z.path)
+    if stats is not None:
+        set_statistics(module, stats, str(stats_file))
     return module
+
+
+def stats_beside(path: Path) -> Path | None:
+    """``vec_normalize.pkl`` beside the zip, or in the folder named as it (RL Zoo's ``<env>.zip`` + ``<env>/``)."""
+    for candidate in (path.parent / "vec_normalize.pkl", path.with_suffix("") / "vec_normalize.pkl"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def normalisation_settings(stats: VecNormalizeStats, algo: str, gamma: float, where: str) -> dict[str, Any]:
+    """The agent's hyperparameters that apply ``stats`` as SB3's VecNormalize did, or one line naming what the zoo's
+    agent cannot do alike."""
+    if stats.epsilon != EPS:
+        raise InputError(f"{where}: its epsilon is {stats.epsilon}, where the zoo's normalisation adds {EPS}")
+    out: dict[str, Any] = {"norm_obs": stats.norm_obs, "clip_obs": stats.clip_obs}
+    if stats.norm_reward and algo not in ("PPO", "A2C"):
+        raise InputError(
+            f"{where}: it scales rewards (norm_reward), which the zoo's {algo} lacks; to act with its observation "
+            "statistics, save them with vec_normalize.norm_reward = False"
+        )
+    if stats.norm_reward and stats.gamma != gamma:
+        raise InputError(
+            f"{where}: it scales rewards by a return discounted with gamma {stats.gamma}, the agent's is {gamma}, "
+            "and the zoo discounts it with the agent's: pass gamma or save it with norm_reward = False"
+        )
+    if algo in ("PPO", "A2C"):
+        out |= {"norm_reward": stats.norm_reward, "clip_reward": stats.clip_reward}
+    return out
+
+
+def set_statistics(module: LightningModule, stats: VecNormalizeStats, where: str) -> None:
+    """The running statistics of ``stats`` into the module's buffers (the return's where the module keeps one)."""
+    shape = tuple(module.obs_rms.mean.shape)
+    if stats.obs_mean.shape != shape:
+        raise InputError(
+            f"{where}: its observation statistics have the shape {stats.obs_mean.shape}, the agent's {shape}"
+        )
+    with torch.no_grad():
+        module.obs_rms.mean.copy_(torch.from_numpy(stats.obs_mean))
+        module.obs_rms.var.copy_(torch.from_numpy(stats.obs_var))
+        module.obs_rms.count.fill_(stats.obs_count)
+        if hasattr(module, "return_rms"):
+            for buffer, value in zip(
+                (module.return_rms.mean, module.return_rms.var, module.return_rms.count), stats.ret
+            ):
+                buffer.fill_(value)

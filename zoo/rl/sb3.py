@@ -26,7 +26,8 @@ have rounded them. The mapping, SB3 -> zoo (n hidden layers; j = 0, 2, ..., 2n -
 
 Deterministic actions equal SB3's ``predict(obs, deterministic=True)`` (a Box action clipped to its bounds, as the
 zoo's collector clips it). SAC's sampled actions differ: SB3 clamps the actor's log-std to [-20, 2] where the zoo's
-actor bounds it smoothly (``zoo.rl.q_nets``). VecNormalize statistics (``vec_normalize.pkl``) are a pickle: refused.
+actor bounds it smoothly (``zoo.rl.q_nets``). VecNormalize statistics (``vec_normalize.pkl``, a pickle) are not a
+zip: ``zoo.rl.vec_normalize`` reads them as data beside one (``zoo.rl.pretrained.from_pretrained``).
 """
 
 from __future__ import annotations
@@ -108,8 +109,8 @@ def read_zip(path: str | Path) -> SB3Zip:
     if head[:1] == pickle.PROTO:
         raise refuse(
             name,
-            "it is a pickle (a VecNormalize's vec_normalize.pkl is one), and unpickling runs whatever it names. "
-            "Its statistics are not imported: fit with the module's norm_obs, which keeps its own",
+            "it is a pickle (a VecNormalize's vec_normalize.pkl is one), not the agent's zip: pass the zip, with "
+            "the statistics as from_pretrained(zip, vec_normalize=...) (read as data, never unpickled)",
         )
     if not zipfile.is_zipfile(path):
         raise refuse(name, "it is not a zip archive")
