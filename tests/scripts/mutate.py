@@ -883,6 +883,31 @@ FAMILIES: dict[str, dict] = {
             (SC, "reconcile(local, as_config(part), allow)", "reconcile(local, part.plain(), allow)"),
         ],
     },
+    # Three bad inputs as one line (issue 52 part 7): an unknown lm-eval task, a config.json field of the wrong type, a
+    # chat message without a field.
+    "oneline52": {
+        "tests": [
+            "tests/gpt/test_gpt_tasks.py",
+            "tests/app/test_bad_input.py",
+            "tests/tracking/test_chat_serving.py",
+            "-k",
+            "unknown_lm_eval or wrong_type or hidden_size or replies_to_messages",
+        ],
+        "mutants": [
+            (GMN, "        if task in indexed or (Path(task).suffix", "        if True or (Path(task).suffix"),
+            (GMN, "known, n=3, cutoff=0.7)", "known, n=3, cutoff=1.0)"),
+            ("zoo/io/config_fields.py", "        return type(value) is int", "        return isinstance(value, int)"),
+            (
+                "zoo/io/config_fields.py",
+                "        return type(value) is bool",
+                "        return isinstance(value, (bool, int))",
+            ),
+            ("zoo/io/config_fields.py", "        if field in NESTED and isinstance(value, dict):", "        if False:"),
+            (FI, "    check_fields(config, path)  #", "    pass  #"),
+            (CTT, "if m.get(f) is None]", "if f not in m]"),
+            (SV, "DataType.string, required=False)", "DataType.string)"),
+        ],
+    },
     # Downloads from a tracking store, bounded, and the code a registered model carries (issue 37 items 5, 6).
     "downloads": {
         "tests": ["tests/tracking/test_downloads.py", "tests/tracking/test_code.py"],
