@@ -9,6 +9,7 @@ Most cases run ``cli.run()`` in this process (what ``python cli.py`` runs, witho
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -72,6 +73,8 @@ def _files(folder: Path) -> dict[str, str]:
     from safetensors.torch import save_file
 
     save_file({"wte.weight": torch.zeros(3, 4), "extra.bias": torch.zeros(2)}, folder / "other_net.safetensors")
+    (folder / "hf_string_size").mkdir(exist_ok=True)  # a transformers folder whose config.json quotes a size
+    (folder / "hf_string_size" / "config.json").write_text(json.dumps({**LLAMA_CONFIG, "hidden_size": "64"}))
     return {
         name: str(folder / name)
         for name in (
@@ -87,6 +90,7 @@ def _files(folder: Path) -> dict[str, str]:
             "bomb.yaml",
             "recursive.yaml",
             "other_net.safetensors",
+            "hf_string_size",
         )
     }
 
@@ -214,11 +218,104 @@ CASES = {
         ["fit", "--config", GPT, "--model.init_args.init_weights={other_net.safetensors}", *ONE_STEP],
         ["other_net.safetensors", "does not match the configured GPT", "extra.bias: not in model", "missing"],
     ),
+    "config.json-string-hidden_size": (
+        ["fit", "--config", GPT, "--model.init_args.init_weights={hf_string_size}", *ONE_STEP],
+        ["hf_string_size/config.json", "hidden_size is '64' (str), expected an integer"],
+    ),
     "sharded-folder-to-one-file-strategy": (
         ["validate", "--config", CNN, "--ckpt_path={sharded}"],
         ["sharded checkpoint folder", "fsdp.yaml", "zoo.train.parallel"],
     ),
 }
+
+
+LLAMA_CONFIG = {
+    "model_type": "llama",
+    "vocab_size": 64,
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "max_position_embeddings": 32,
+}
+GPT2_CONFIG = {"model_type": "gpt2", "vocab_size": 64, "n_positions": 32, "n_layer": 1, "n_embd": 16, "n_head": 2}
+CLIP_CONFIG = {
+    "model_type": "clip",
+    "projection_dim": 8,
+    "text_config": {"hidden_size": 16, "num_attention_heads": 2, "num_hidden_layers": 1, "vocab_size": 64},
+    "vision_config": {"hidden_size": 16, "image_size": 32, "patch_size": 8, "num_attention_heads": 2},
+}
+
+
+def _read_gpt(folder: Path):
+    from zoo.gpt.pretrained import net_kwargs, read_folder
+
+    return net_kwargs(read_folder(folder)[1], folder)
+
+
+def _read_gpt2(folder: Path):
+    from zoo.gpt.hf import load_gpt2
+
+    return load_gpt2(folder)
+
+
+def _read_llama(folder: Path):
+    from zoo.gpt.llama import load_hf
+
+    return load_hf(folder)
+
+
+def _read_clip(folder: Path):
+    from zoo.clip.hf import load_hf_clip
+
+    return load_hf_clip(folder)
+
+
+def _read_generation(folder: Path):
+    from zoo.gpt.pretrained import generation_defaults
+
+    return generation_defaults(folder)
+
+
+# (reader, file, config, field changed (dotted: nested), wrong value, the words of the type expected)
+WRONG_TYPES = [
+    (_read_gpt, "config.json", LLAMA_CONFIG, "hidden_size", "64", "an integer"),
+    (_read_gpt, "config.json", LLAMA_CONFIG, "num_attention_heads", 2.0, "an integer"),
+    (_read_gpt, "config.json", LLAMA_CONFIG, "num_hidden_layers", True, "an integer"),  # true is not 1
+    (_read_gpt, "config.json", LLAMA_CONFIG, "rms_norm_eps", "1e-6", "a number"),
+    (_read_gpt, "config.json", LLAMA_CONFIG, "tie_word_embeddings", 1, "true or false"),  # 1 is not true
+    (_read_gpt, "config.json", LLAMA_CONFIG, "rope_scaling.factor", "8", "a number"),
+    (_read_gpt, "config.json", GPT2_CONFIG, "n_embd", "16", "an integer"),
+    (_read_gpt2, "config.json", GPT2_CONFIG, "n_layer", None, "an integer"),
+    (_read_llama, "config.json", LLAMA_CONFIG, "vocab_size", [64], "an integer"),
+    (_read_clip, "config.json", CLIP_CONFIG, "vision_config.patch_size", "8", "an integer"),
+    (_read_generation, "generation_config.json", {"do_sample": True}, "temperature", "0.7", "a number or null"),
+    (_read_generation, "generation_config.json", {}, "do_sample", "yes", "true or false"),
+]
+
+
+@pytest.mark.parametrize(
+    "read, name, config, field, value, expected", WRONG_TYPES, ids=lambda v: getattr(v, "__name__", None)
+)
+def test_a_config_field_of_the_wrong_type_is_one_line_naming_file_field_value_and_type(
+    tmp_path, read, name, config, field, value, expected
+):
+    from zoo.errors import InputError
+
+    config = json.loads(json.dumps(config))
+    *parents, last = field.split(".")
+    at = config
+    for key in parents:
+        at = at.setdefault(key, {})
+    at[last] = value
+    if name != "config.json":
+        (tmp_path / "config.json").write_text(json.dumps(LLAMA_CONFIG))
+    (tmp_path / name).write_text(json.dumps(config))
+    with pytest.raises(InputError) as err:
+        read(tmp_path)
+    message = str(err.value)
+    assert "\n" not in message and f"{tmp_path / name}" in message, message
+    assert f"{field} is {value!r} ({type(value).__name__}), expected {expected}" in message, message
 
 
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))

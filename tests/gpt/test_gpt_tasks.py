@@ -371,6 +371,28 @@ def local_task(tmp_path, monkeypatch) -> tuple[str, object]:
     return data, tasks
 
 
+def test_an_unknown_lm_eval_task_is_one_line_naming_the_closest_before_any_task_loads(tmp_path, monkeypatch):
+    pytest.importorskip("lm_eval")
+    import lm_eval
+
+    from zoo.gpt import __main__ as gpt_main
+    from zoo.gpt import lm_eval as adapter
+
+    _, tasks = local_task(tmp_path, monkeypatch)
+    monkeypatch.setattr(adapter, "ZooLM", lambda *args, **kwargs: object())  # the model is not what is tested
+    monkeypatch.setattr(lm_eval, "simple_evaluate", lambda **kw: pytest.fail(f"evaluated {kw['tasks']}"))
+    argv = ["lm-eval", "x.ckpt", "--include-path", str(tasks), "--no-builtin-tasks", "--tasks"]
+    for names, said in [("zoo_mc,zoo_mcq", "'zoo_mcq' is not a task"), (" , ", "names no task")]:
+        with pytest.raises(SystemExit) as exit_info:
+            gpt_main.main([*argv, names])
+        message = str(exit_info.value.code)
+        assert message.startswith("error: --tasks") and "\n" not in message and said in message, message
+    with pytest.raises(SystemExit) as exit_info:
+        gpt_main.main([*argv, "zoo_mcq"])
+    assert "did you mean 'zoo_mc'?" in str(exit_info.value.code)
+    assert gpt_main.known_tasks(f"zoo_mc,{tasks / 'zoo_mc.yaml'}", ["zoo_mc"]) == ["zoo_mc", str(tasks / "zoo_mc.yaml")]
+
+
 @pytest.mark.slow  # lm-eval's and datasets' imports, a datasets cache: ~8 s
 def test_lm_eval_local_task_agrees_with_task_datamodule(tiny_checkpoint, tmp_path, monkeypatch, capsys):
     pytest.importorskip("lm_eval")

@@ -822,7 +822,7 @@ FAMILIES: dict[str, dict] = {
             (BL, "        if not issubclass(cls, bases):", "        if False:"),
             (
                 BL,
-                "        if isinstance(path, str) and path in self.allow.trusted:",
+                "        if isinstance(path, str) and (path in self.allow.trusted or (where, path) in self.allow.trusted_at):",
                 "        if isinstance(path, str):",
             ),
             (
@@ -885,6 +885,64 @@ FAMILIES: dict[str, dict] = {
                 "        part = build.resolve_model(stored, ckpt, allow, complete=False)",
                 "        part = build.resolve_model(stored, ckpt, allow, keep_locations=True, complete=False)",
             ),
+        ],
+    },
+    # Only what the user types as a class is a class (issue 52 part 3): a file name or other value never vouches for one,
+    # and a refusal says what was imported.
+    "positions": {
+        "tests": ["tests/app/test_class_positions.py"],
+        "mutants": [
+            (  # the old rule: any dotted word the user typed is a class path
+                TR,
+                "            found |= trusted_class_paths(value)\n    return found",
+                "            found |= trusted_class_paths(value)\n"
+                "    elif isinstance(config, str) and DOTTED.match(config):\n        found.add(config)\n    return found",
+            ),
+            (
+                TR,
+                "            elif key in IMPORT_LIST_ARGS and isinstance(value, (list, tuple)):",
+                "            elif False:",
+            ),
+            (
+                SC,
+                "trusted_class_paths({key: safe_load(text, flag)})",
+                'trusted_class_paths({"class_path": safe_load(text, flag)})',
+            ),
+            (SC, ".with_trusted_at(_bare_values(rest))", ".with_trusted({v for _, v in _bare_values(rest)})"),
+            (SC, ".with_trusted_at(_bare_values(rest))", ""),
+            (BL, "or (where, path) in self.allow.trusted_at)", "or path in {p for _, p in self.allow.trusted_at})"),
+            (BL, "err.expected, self.imported)", "err.expected)"),
+            (
+                BL,
+                "        _record(module, before, imported, ran=not missing)",
+                "        _record(module, before, imported, ran=False)",
+            ),
+            (SC, "reconcile(local, as_config(part), allow)", "reconcile(local, part.plain(), allow)"),
+        ],
+    },
+    # Three bad inputs as one line (issue 52 part 7): an unknown lm-eval task, a config.json field of the wrong type, a
+    # chat message without a field.
+    "oneline52": {
+        "tests": [
+            "tests/gpt/test_gpt_tasks.py",
+            "tests/app/test_bad_input.py",
+            "tests/tracking/test_chat_serving.py",
+            "-k",
+            "unknown_lm_eval or wrong_type or hidden_size or replies_to_messages",
+        ],
+        "mutants": [
+            (GMN, "        if task in indexed or (Path(task).suffix", "        if True or (Path(task).suffix"),
+            (GMN, "known, n=3, cutoff=0.7)", "known, n=3, cutoff=1.0)"),
+            ("zoo/io/config_fields.py", "        return type(value) is int", "        return isinstance(value, int)"),
+            (
+                "zoo/io/config_fields.py",
+                "        return type(value) is bool",
+                "        return isinstance(value, (bool, int))",
+            ),
+            ("zoo/io/config_fields.py", "        if field in NESTED and isinstance(value, dict):", "        if False:"),
+            (FI, "    check_fields(config, path)  #", "    pass  #"),
+            (CTT, "if m.get(f) is None]", "if f not in m]"),
+            (SV, "DataType.string, required=False)", "DataType.string)"),
         ],
     },
     # Downloads from a tracking store, bounded, and the code a registered model carries (issue 37 items 5, 6).
@@ -1675,8 +1733,8 @@ FAMILIES: dict[str, dict] = {
     "registered": {  # every stage starts from a registered model: init_weights builds the net that model stores
         "tests": ["tests/app/test_net_from_registry.py", "tests/app/test_net_from_source.py"],
         "mutants": [
-            (AP, "    return _as_config(net) if isinstance(net, build.Part) else None", "    return None"),
-            (AP, "        args = {k: _as_config(v) for k, v in value.args.items()}", "        args = {}"),
+            (AP, "    return as_config(net) if isinstance(net, build.Part) else None", "    return None"),
+            (AP, "        args = {k: as_config(v) for k, v in value.args.items()}", "        args = {}"),
             (AP, 'frozenset({"dropout", "activation_checkpointing"})', 'frozenset({"activation_checkpointing"})'),
             (AP, "        if key in rule.kept:\n            continue\n", ""),
             (HK, "    if line := net_from_init_weights(cfg, subcommand, family_of):", "    if line := None:"),

@@ -65,6 +65,16 @@ def test_the_gpt_pyfunc_replies_to_messages_after_its_chat_template(tmp_path):
     assert list(served["completion"]) == prompts
     with pytest.raises(MlflowException, match="row 0: message 0 has the role 'tool'"):
         model.predict({"messages": [{"role": "tool", "content": "x"}]}, params=GREEDY)
+    # a message without a field: the zoo's line naming the row, the message and the field, not MLflow's schema error
+    for chat, said in [
+        ([{"role": "user"}], "row 0: message 0 has no 'content'"),
+        ([*CHAT, {"content": "x"}], "row 0: message 1 has no 'role'"),
+    ]:
+        with pytest.raises(MlflowException) as err:
+            model.predict({"messages": chat}, params=GREEDY)
+        assert said in str(err.value) and "\n" not in str(err.value), str(err.value)
+    with pytest.raises(MlflowException, match="row 1: message 0 has no 'content'"):
+        model.predict(pd.DataFrame({"messages": [CHAT, [{"role": "user", "content": None}]]}), params=GREEDY)
 
 
 @pytest.mark.slow  # a cli.py fit: ~10 s beyond the imports

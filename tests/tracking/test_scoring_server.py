@@ -169,6 +169,8 @@ def _chats(url: str, local, params: dict) -> list[tuple[object, object]]:
     assert status == 200, one
     status, two = _post(url, {"inputs": [{"messages": chat}, {"messages": chat[1:]}], "params": params})
     assert status == 200, two
+    status, bad = _post(url, {"inputs": [{"messages": chat}, {"messages": [{"role": "user"}]}]})  # no content
+    assert status == 400 and "messages of row 1: message 0 has no 'content'" in bad["message"], bad
     want_one = local.predict({"messages": chat}, params=params).to_dict("records")
     want_two = local.predict(pd.DataFrame({"messages": [chat, chat[1:]]}), params=params).to_dict("records")
     return [(one, want_one), (two["predictions"], want_two)]

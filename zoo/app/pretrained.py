@@ -105,26 +105,26 @@ def zoo_model(path: Path, trusted: Iterable[str] = ()) -> dict[str, Any] | None:
         return None  # saved from Python (no config), or a module without a net
     allow = trust.zoo_allowlist().with_trusted(trusted)
     net = build.resolve_model(stored, str(path), allow, complete=False).args.get("net")
-    return _as_config(net) if isinstance(net, build.Part) else None
+    return as_config(net) if isinstance(net, build.Part) else None
 
 
 CHECKPOINTS = (".ckpt", ".pt", ".pth")  # what a checkpoint written through cli.py is named
 
 
-def _as_config(value: Any) -> Any:
+def as_config(value: Any) -> Any:
     """A resolved part as the parser's config holds it: every class as ``{class_path, init_args}`` (a class given by
     its path alone too), settings as dicts of their fields."""
     from zoo.io.build import Part
 
     if isinstance(value, Part):
-        args = {k: _as_config(v) for k, v in value.args.items()}
+        args = {k: as_config(v) for k, v in value.args.items()}
         if value.kind == "type":
             return value.path
         return args if value.kind == "settings" else {"class_path": value.path, "init_args": args}
     if isinstance(value, (list, tuple)):
-        return [_as_config(v) for v in value]
+        return [as_config(v) for v in value]
     if isinstance(value, dict):
-        return {k: _as_config(v) for k, v in value.items()}
+        return {k: as_config(v) for k, v in value.items()}
     return value
 
 

@@ -24,6 +24,7 @@ import yaml
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.utilities import rank_zero_info
 
+from zoo.app.pretrained import as_config
 from zoo.io import build
 from zoo.io.checkpoint import reconcile
 from zoo.io.trust import Allowlist, trusted_class_paths, zoo_allowlist
@@ -75,7 +76,7 @@ def from_checkpoint(argv: list[str], allow: Allowlist | None = None) -> FromChec
                 f"comes with it), or --config <the training YAML> with --ckpt_path"
             )
         return FromCheckpoint(argv)
-    allow = (allow or stored_config_allowlist()).with_trusted(_named_by_user(rest))
+    allow = (allow or stored_config_allowlist()).with_trusted(_named_by_user(rest)).with_trusted_at(_bare_values(rest))
     spec, local = stored_spec(ckpt)
     out = FromCheckpoint(argv[: at + 1])
     dropped: list[str] = []
@@ -91,7 +92,7 @@ def from_checkpoint(argv: list[str], allow: Allowlist | None = None) -> FromChec
         rest, flags = _take_flags(rest, "model")
         part = _overlaid(part, flags, ckpt, allow, "model")
         if flags and local is not None:  # the user's values win, but never over the weights' shapes
-            for line in reconcile(local, part.plain(), allow):
+            for line in reconcile(local, as_config(part), allow):  # a net given by its path alone as a block
                 rank_zero_info(line)
         _BUILDERS["model"] = lambda: build.build(part, record=True)
         out.model = stored_model
@@ -153,7 +154,7 @@ def _overlaid(part: build.Part, flags: list[tuple[list[str], Any]], source: str,
     the user's are theirs, so locations they give are kept), and complete."""
     config = part.plain()
     for keys, value in flags:
-        keys = keys if keys[0] in ("init_args", "class_path") else ["init_args", *keys]
+        keys = _init_keys(keys)
         at = config
         for k in keys[:-1]:
             if not isinstance(at.get(k), dict):
@@ -165,6 +166,25 @@ def _overlaid(part: build.Part, flags: list[tuple[list[str], Any]], source: str,
             {"_class_path": config["class_path"], **config["init_args"]}, source, allow, keep_locations=True
         )
     return build.resolve_data(config["class_path"], config["init_args"], source, allow, keep_locations=True)
+
+
+def _init_keys(keys: list[str]) -> list[str]:
+    """``--model.net.x`` as ``--model.init_args.net.x`` (what LightningCLI accepts for the first level)."""
+    return keys if keys[0] in ("init_args", "class_path") else ["init_args", *keys]
+
+
+def _bare_values(args: list[str]) -> set[tuple[str, str]]:
+    """(where, value) of each ``--model.*``/``--data.*`` flag whose value is a bare string: a class path only at a
+    key the resolver finds taking a class (``--model.init_args.net=pkg.Net``), where ``zoo.io.build`` names that key
+    ``model.init_args.net.class_path``; at any other key (``--data.init_args.path=a.txt``) it is a plain value."""
+    found = set()
+    for key in ("model", "data"):
+        try:
+            taken = _take_flags(args, key)[1]
+        except (ValueError, yaml.YAMLError):  # the parser reports a bad flag itself
+            continue
+        found |= {(".".join([key, *_init_keys(k), "class_path"]), v) for k, v in taken if isinstance(v, str)}
+    return found
 
 
 def _take_flags(args: list[str], key: str) -> tuple[list[str], list[tuple[list[str], Any]]]:
@@ -215,7 +235,10 @@ def _in_configs(configs: list[Any], key: str) -> bool:
 
 
 def _named_by_user(args: list[str]) -> set[str]:
-    """The class paths, wrappers and env ids in the user's own flags and ``--config`` files: theirs to vouch for."""
+    """The class paths, wrappers and env ids in the user's own flags and ``--config`` files: theirs to vouch for. Only
+    values in those positions (``--model.init_args.net.class_path=pkg.Net``, a config's ``class_path:``) count: a
+    flag's other values (``--ckpt_path this.ckpt``) never do, whatever dots they have (a bare one counts where the
+    class it sets takes a class: ``_overlaid``)."""
     named: set[str] = set()
     for i, arg in enumerate(args):
         flag, eq, value = arg.partition("=")
@@ -223,9 +246,10 @@ def _named_by_user(args: list[str]) -> set[str]:
             flag, value = (arg, args[i + 1]) if arg.startswith("--") and i + 1 < len(args) else ("", "")
         if not flag.startswith("--"):
             continue
+        key = flag.lstrip("-").rsplit(".", 1)[-1]
         try:
             text = Path(value).read_text() if flag == "--config" else value
-            named |= trusted_class_paths({flag.lstrip("-").rsplit(".", 1)[-1]: safe_load(text, flag)})
+            named |= trusted_class_paths({key: safe_load(text, flag)})
         except (OSError, ValueError, yaml.YAMLError):  # the parser reports a bad config or flag itself
-            named |= trusted_class_paths(value)
+            named |= trusted_class_paths({key: value})
     return named

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from zoo.clip.clip import CLIP
 from zoo.clip.towers import TextTransformer, VisionTransformer
-from zoo.io.files import read_json
+from zoo.io.files import read_config
 from zoo.io.weights import classifier_head, extract_state_dict, load_file, load_with_new_head
 
 # Per block: (ours, Hugging Face, OpenAI); the q/k/v triple is handled apart.
@@ -182,7 +182,7 @@ def _weights_file(folder: Path) -> Path:
 def _read_config(folder: Path) -> dict:
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"No config.json in {str(folder)!r}: point at a Hugging Face CLIP folder")
-    return read_json(folder / "config.json")
+    return read_config(folder / "config.json")  # no code named, each field read of its type
 
 
 def load_hf_clip(folder: str | Path) -> CLIP:

@@ -15,6 +15,7 @@ input is one ``error:`` line; ``--verbose`` shows the traceback.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from pathlib import Path
@@ -136,7 +137,7 @@ def lm_eval_main(args, module: CausalLMModule | None = None) -> None:
     manager = TaskManager(include_path=args.include_path or None, include_defaults=not args.no_builtin_tasks)
     results = lm_eval.simple_evaluate(
         model=model,
-        tasks=args.tasks.split(","),
+        tasks=known_tasks(args.tasks, manager.all_tasks, args.no_builtin_tasks),
         task_manager=manager,
         num_fewshot=args.num_fewshot,
         limit=args.limit,
@@ -149,6 +150,29 @@ def lm_eval_main(args, module: CausalLMModule | None = None) -> None:
     if args.output:
         Path(args.output).write_text(json.dumps(results["results"], indent=2, default=str))
         print(f"Wrote {args.output}")
+
+
+def known_tasks(names: str, known: list[str], builtin_off: bool = False) -> list[str]:
+    """``--tasks`` as a list, each a task, group or tag lm-eval indexed (``known``) or a task YAML file: an unknown
+    name is one line naming the closest known ones, before any task loads (lm-eval would load the names before it
+    first, datasets and downloads included, then raise a KeyError)."""
+    tasks = [t.strip() for t in names.split(",") if t.strip()]
+    if not tasks:
+        raise SystemExit("error: --tasks names no task: pass --tasks <name>[,<name>...] (python -m lm_eval ls tasks)")
+    indexed = set(known)
+    for task in tasks:
+        if task in indexed or (Path(task).suffix in (".yaml", ".yml") and Path(task).is_file()):
+            continue
+        near = difflib.get_close_matches(task, known, n=3, cutoff=0.7)
+        hint = f"; did you mean {' or '.join(map(repr, near))}?" if near else ""
+        where = (
+            "the --include-path folders (--no-builtin-tasks)" if builtin_off else "lm-eval's tasks or --include-path"
+        )
+        raise SystemExit(
+            f"error: --tasks {task!r} is not a task, group or tag of {where}{hint} (python -m lm_eval ls tasks lists "
+            "them; a task of your own: --include-path <its folder>)"
+        )
+    return tasks
 
 
 if __name__ == "__main__":

@@ -254,10 +254,11 @@ def _read_folder(folder: Path) -> tuple[dict, Mapping[str, Tensor]]:
     """config.json and every weights shard of a Hugging Face folder (safetensors read as asked, ``read_tensors``)."""
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"No config.json in {str(folder)!r}: point at a Hugging Face Llama/DeepSeek folder")
+    config = read_config(folder / "config.json")  # first: a field of the wrong type is named before any weight
     shards = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("pytorch_model*.bin"))
     if not shards:
         raise FileNotFoundError(f"No *.safetensors or pytorch_model*.bin in {str(folder)!r}")
-    return read_config(folder / "config.json"), read_tensors(shards)
+    return config, read_tensors(shards)
 
 
 # What the zoo's GPT has not, for the MoE families it does not load.

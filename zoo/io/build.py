@@ -5,7 +5,8 @@ A check followed by jsonargparse failed open wherever the two read the same data
 instantiates a ``{class_path}`` found at any depth of an ``Any`` argument, and YAML-parses strings there). So nothing
 here is a check: the value built is the value used. The rules are total, and each is one branch of ``convert``:
 
-- a class is one the allowlist (``zoo.io.trust``) names exactly, or one the user's own config names;
+- a class is one the allowlist (``zoo.io.trust``) names exactly, or one the user's own config names as a class (a
+  refusal then names what importing it ran);
 - every key at every depth is a parameter of the class being built: an unknown key is refused, not skipped;
 - every value is converted by its parameter's annotation: numbers, strings, Literals, enums, lists, tuples, dicts of
   those; a settings dataclass from a dict of its fields; a nested class (``{class_path, init_args}``) only where the
@@ -31,6 +32,7 @@ import enum
 import functools
 import importlib
 import inspect
+import sys
 import types
 import typing
 from collections.abc import Mapping
@@ -137,9 +139,10 @@ class Resolver:
 
     def __init__(self, allow: Allowlist, source: str, keep_locations: bool = False) -> None:
         self.allow, self.source, self.keep_locations = allow, source, keep_locations
+        self.imported: list[str] = []  # modules whose code ran: those of the user's own class paths
 
     def error(self, err: Refused) -> UntrustedConfigError:
-        return trust.refusal(self.source, err.where, err.value, err.expected)
+        return trust.refusal(self.source, err.where, err.value, err.expected, self.imported)
 
     def complete(self, part: Part) -> Part:
         """``part``, if it gives every required parameter at every depth."""
@@ -158,8 +161,8 @@ class Resolver:
         """The class ``path`` names if the allowlist (or the user) admits it."""
         if isinstance(path, str) and isinstance(among.get(path), type):
             return among[path]
-        if isinstance(path, str) and path in self.allow.trusted:
-            return _import_trusted(path, where, what)
+        if isinstance(path, str) and (path in self.allow.trusted or (where, path) in self.allow.trusted_at):
+            return _import_trusted(path, where, what, self.imported)
         raise Refused(where, path, what)
 
     def part(
@@ -400,16 +403,30 @@ def _classes(hint: Any) -> tuple[type, ...]:
     return (hint,) if isinstance(hint, type) and hint is not NONE else ()
 
 
-def _import_trusted(path: str, where: str, what: str) -> type:
-    """A class the user's own config named: theirs to vouch for, so imported by its path."""
+def _import_trusted(path: str, where: str, what: str, imported: list[str]) -> type:
+    """A class the user's own config named: theirs to vouch for, so imported by its path; ``imported`` gains the
+    module and the parent packages whose code that ran (a module that failed half-way ran too, though it is gone from
+    ``sys.modules``; what they import in turn is theirs)."""
     module, _, name = path.rpartition(".")
+    before = set(sys.modules)
     try:
         cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError):
+    except (ImportError, AttributeError, ValueError) as err:
+        missing = isinstance(err, ModuleNotFoundError) and (module == err.name or module.startswith(f"{err.name}."))
+        _record(module, before, imported, ran=not missing)
         raise Refused(where, path, f"{what} (it names no importable class)") from None
+    _record(module, before, imported, ran=True)
     if not isinstance(cls, type):
         raise Refused(where, path, what)
     return cls
+
+
+def _record(module: str, before: set[str], imported: list[str], ran: bool) -> None:
+    parts = module.split(".") if module else []
+    for name in (".".join(parts[: i + 1]) for i in range(len(parts))):
+        new = name not in before and (name in sys.modules or (ran and name == module))
+        if new and name not in imported:
+            imported.append(name)
 
 
 @functools.cache

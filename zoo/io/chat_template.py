@@ -173,8 +173,12 @@ def checked_messages(messages: object) -> list[dict]:
     if not isinstance(messages, list) or not messages:
         raise InputError("has 'messages' that is not a non-empty list")
     for k, m in enumerate(messages):
-        if not isinstance(m, dict) or set(m) != {"role", "content"}:
+        if not isinstance(m, dict):
             raise InputError(f"message {k} is not an object of exactly 'role' and 'content'")
+        if missing := [f for f in ("role", "content") if m.get(f) is None]:
+            raise InputError(f'message {k} has no {missing[0]!r}: send {{"role": ..., "content": "..."}}')
+        if extra := sorted(set(m) - {"role", "content"}, key=str):
+            raise InputError(f"message {k} has {extra[0]!r}: a message is an object of exactly 'role' and 'content'")
         if m["role"] not in ROLES:
             raise InputError(f"message {k} has the role {m['role']!r}, not one of {', '.join(ROLES)}")
         if not isinstance(m["content"], str):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from zoo.errors import InputError
+from zoo.io.config_fields import check_fields
 
 # Twice the largest JSON a pretrained folder is known to hold (Gemma's 256k-entry tokenizer.json, 33 MB; configs
 # and shard indexes are kilobytes to a few MB). Python's objects take 10-30x a JSON's bytes, so a file past this
@@ -56,7 +57,8 @@ def read_json(path: str | Path, max_bytes: int = MAX_JSON_BYTES) -> Any:
 
 def read_config(path: str | Path) -> dict:
     """A model folder's JSON config (``config.json``, ``tokenizer_config.json``, ``generation_config.json``) read
-    within bounds: an object that names no code, else an ``InputError`` naming ``path``.
+    within bounds: an object that names no code, each field the zoo reads of its type (``zoo.io.config_fields``),
+    else an ``InputError`` naming ``path``.
 
     ``auto_map`` is how a hub folder asks transformers to import its own ``modeling_*.py`` or ``tokenization_*.py``
     (``trust_remote_code``); the zoo runs no file of a folder, so a model that needs one does not load.
@@ -70,6 +72,7 @@ def read_config(path: str | Path) -> dict:
             f"{str(path)!r} names custom code ({', '.join(named)}): the zoo runs no code from a model folder, so a "
             f"model that needs its own modeling or tokenization module does not load. Only load folders you trust"
         )
+    check_fields(config, path)  # a size as "64" would reach Python's arithmetic as a string
     return config
 
 

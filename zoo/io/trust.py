@@ -13,9 +13,12 @@ model's ``module.json``. Whoever wrote the file wrote those strings. They are bu
     callable, write files or open windows);
   - ``env_id``: an id gymnasium has registered, never ``module:Env``;
   - ``_instantiator``: the one LightningCLI records (never imported: the zoo builds the module itself).
-Anything else is refused in one line naming the file, the key and the value. What the user types, or writes in
-their own YAML, is theirs and is not checked: ``trusted`` carries the class paths they named, so a checkpoint of
-their own custom net still loads when their config names it too.
+Anything else is refused in one line naming the file, the key and the value, and what was imported (nothing, or a
+class path of the user's own). What the user types, or writes in their own YAML, is theirs and is not checked:
+``trusted`` carries the class paths they named, so a checkpoint of their own custom net still loads when their config
+names it too. Only a word in a position that takes a class is one (a ``class_path``, a wrapper, an env id; a flag's
+bare value where the class it sets takes a class, ``trusted_at``): a file name, a folder or any other string never is,
+whatever dots it has (``--ckpt_path this.ckpt`` does not vouch for the module ``this``).
 """
 
 from __future__ import annotations
@@ -92,7 +95,8 @@ ENV_ID_ARGS = ("env_id",)  # init arguments that gymnasium.make resolves (``modu
 
 
 class UntrustedConfigError(CheckpointError):
-    """A stored config names something outside the allowlist; nothing it names was imported."""
+    """A stored config names something outside the allowlist; the message says what was imported (nothing, or only
+    the user's own classes)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,9 +108,15 @@ class Allowlist:
     parts: Mapping[str, type]  # nested: nets, attention, towers, samplers
     env_modules: frozenset[str] = frozenset()  # modules of the application's own envs (``env_id: module:Env``)
     trusted: frozenset[str] = frozenset()  # named by the user's own config or flags: theirs to vouch for
+    # (where, path): a flag's bare value (``--model.init_args.net=pkg.Net``), trusted only where the resolver finds it
+    # taking a class (``where`` as ``zoo.io.build`` names it: ``model.init_args.net.class_path``)
+    trusted_at: frozenset[tuple[str, str]] = frozenset()
 
     def with_trusted(self, paths: Iterable[str]) -> Allowlist:
         return dataclasses.replace(self, trusted=self.trusted | frozenset(paths))
+
+    def with_trusted_at(self, positions: Iterable[tuple[str, str]]) -> Allowlist:
+        return dataclasses.replace(self, trusted_at=self.trusted_at | frozenset(positions))
 
 
 def zoo_class(path: Any) -> type | None:
@@ -225,11 +235,18 @@ def check_env_id(value: Any, where: str, source: str, allow: Allowlist) -> None:
     raise refusal(source, where, value, ENV_ID_EXPECTED)
 
 
-def refusal(source: str, key: str, value: Any, expected: str) -> UntrustedConfigError:
+def refusal(source: str, key: str, value: Any, expected: str, imported: Iterable[str] = ()) -> UntrustedConfigError:
+    """``imported``: the modules whose code ran while the config was read (only class paths the user gave import)."""
     shown = repr(value)
     shown = shown if len(shown) <= 200 else f"{shown[:200]}..."
+    imported = sorted(set(imported))
+    what_ran = (
+        f"only {', '.join(imported)} (named by your own config or flags) was imported"
+        if imported
+        else "nothing it names was imported"
+    )
     return UntrustedConfigError(
-        f"refused {source}: its {key} is {shown}, which is not {expected}; nothing it names was imported. "
+        f"refused {source}: its {key} is {shown}, which is not {expected}; {what_ran}. "
         "A stored config may not choose code to run: if you trust the file, give that setting yourself "
         "(--config <your YAML>, or the flag)"
     )
@@ -239,16 +256,17 @@ DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 
 
 def trusted_class_paths(config: Any) -> set[str]:
-    """What a user's own config names as code, at any depth: class paths, wrappers, env ids and dotted names."""
+    """What a user's own config names as code, at any depth: the values of ``class_path`` keys, wrappers and env ids.
+    A string anywhere else is a value, whatever dots it has (a file name, a folder, a regex): never a class path."""
     found: set[str] = set()
     if isinstance(config, Mapping):
         for key, value in config.items():
             if key in ("class_path", *ENV_ID_ARGS) and isinstance(value, str):
                 found.add(value)
+            elif key in IMPORT_LIST_ARGS and isinstance(value, (list, tuple)):
+                found |= {v for v in value if isinstance(v, str)}
             found |= trusted_class_paths(value)
     elif isinstance(config, (list, tuple)):
         for value in config:
             found |= trusted_class_paths(value)
-    elif isinstance(config, str) and DOTTED.match(config):
-        found.add(config)
     return found

@@ -206,7 +206,9 @@ class TextGenerator(Interface):
 
     inputs = ("prompt", "messages")
     SETTINGS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
-    MESSAGE = Object([Property("role", DataType.string), Property("content", DataType.string)])
+    # Optional to MLflow, so that a message without one reaches the zoo's check (zoo.io.chat_template.checked_messages),
+    # which names the row, the message and the field; MLflow's own says "Missing required properties" of no message.
+    MESSAGE = Object([Property(k, DataType.string, required=False) for k in ("role", "content")])
 
     def input_schema(self) -> Schema:
         return Schema([ColSpec(DataType.string, "prompt", False), ColSpec(Array(self.MESSAGE), "messages", False)])
