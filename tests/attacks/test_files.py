@@ -31,7 +31,7 @@ from builders import (
     stack_global,
     torch_zip,
 )
-from harness import Payload, cases, replay, warm_up
+from harness import HANG, Payload, cases, replay, warm_up
 from loaders import CHECKPOINT
 
 FILES = ("load_file", "load_from_checkpoint", "trainer", "init_weights", "load_model")
@@ -287,7 +287,7 @@ CKPT_PAYLOADS = [
     Payload("data-root-outside", "a stored location: writes outside the run's folder", data_hparams({"_class_path": "datamodules.TextDataModule", "path": "OUTSIDE/x.txt", "root": "OUTSIDE", "download": True}), ("stored_config",), refuse=False),
     # stored-value bombs: sizes and counts no machine has, typed but unbounded
     Payload("bomb-vocab-1e9", "issue 52: stored sizes (vocab 1e9)", _net_args(vocab_size=10**9), ("load_from_checkpoint", "cli"), named=("vocab_size",), xfail=BUDGETS, isolate=True),
-    Payload("bomb-layers-1e5", "issue 52: stored sizes (layers 1e5)", _net_args(n_layer=10**5), ("load_from_checkpoint",), named=("n_layer",), xfail=BUDGETS, deadline=3, isolate=True),
+    Payload("bomb-layers-1e5", "issue 52: stored sizes (layers 1e5)", _net_args(n_layer=10**5), ("load_from_checkpoint",), named=("n_layer",), xfail=BUDGETS, deadline=HANG, isolate=True),
     Payload("bomb-num-envs-48-async", "issue 52: a stored config started 48 processes", data_hparams({"_class_path": GYM, "num_envs": 48, "vectorization_mode": "async"}, RL_HPARAMS, "rl"), ("num_envs",), refuse=False, xfail=BUDGETS),
     Payload("bomb-eval-episodes-1e9", "issue 52: loop counts (eval_episodes 1e9)", data_hparams({"_class_path": GYM, "eval_episodes": 10**9}, RL_HPARAMS, "rl"), ("eval_episodes",), refuse=False, xfail=BUDGETS),
     Payload("bomb-predict-episodes-1e9", "issue 52: loop counts (predict_episodes 1e9)", data_hparams({"_class_path": GYM, "predict_episodes": 10**9}, RL_HPARAMS, "rl"), ("predict_episodes",), refuse=False, xfail=BUDGETS),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from builders import TINY_NET, python
-from harness import Payload, cases, replay, warm_up
+from harness import HANG, Payload, cases, replay, warm_up
 
 DEADLINES = "issue 52: stored regexes, templates and tokenizer patterns run under a deadline (h-deadline)"
 BUDGETS = "issue 52: stored values bounded before use (h-budget)"
@@ -20,9 +20,6 @@ BUDGETS = "issue 52: stored values bounded before use (h-budget)"
 SSTI = "CVE-2024-34359 (chat_template SSTI)"
 MESSAGES = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
 EOS = "<|endoftext|>"
-# Seconds a payload that hangs today is given: past the zoo's own deadlines once issue 52 lands (a few seconds), short
-# enough that the corpus stays fast while it still hangs.
-HANG = 3.0
 
 
 @pytest.fixture(scope="module", autouse=True)
