@@ -11,6 +11,7 @@ import json
 import os
 import pickle
 import struct
+import sys
 import tarfile
 import zipfile
 from collections import OrderedDict
@@ -32,7 +33,7 @@ from builders import (
     torch_zip,
 )
 from harness import HANG, Payload, cases, replay, warm_up
-from loaders import CHECKPOINT
+from loaders import CHECKPOINT, command
 
 FILES = ("load_file", "load_from_checkpoint", "trainer", "init_weights", "load_model")
 FILES_CLI = (*FILES, "cli")  # cli.py in the child costs ~2 s: a few payloads of each kind go through it
@@ -249,8 +250,27 @@ def bounded_data(key: str, bound: int):
     return load
 
 
+def checkpoint_named_like_a_module(folder, outside):
+    """A checkpoint in the run's folder named ``this.ckpt`` whose stored net names ``this.ckpt`` as its class: the
+    file name the user typed is no class path they vouch for."""
+    return checkpoint(folder.parent / "this.ckpt", {**GPT_HPARAMS, "net": {"class_path": "this.ckpt", "init_args": {}}})
+
+
+def imports_no_file_name(p):
+    """``cli.py validate --ckpt_path this.ckpt``, and the module ``this`` (its name's first word) never imported."""
+    sys.modules.pop("this", None)
+    try:
+        command("validate", "--ckpt_path", p.name, "--trainer.logger=false")
+    finally:
+        if "this" in sys.modules:
+            from harness import Accepted
+
+            raise Accepted("the checkpoint's file name was imported as a module (this)")
+
+
 LOADERS = {
     **CHECKPOINT,
+    "cli_file_name": imports_no_file_name,
     "num_envs": bounded_data("num_envs", os.cpu_count() or 1),
     "eval_episodes": bounded_data("eval_episodes", 10**6),
     "predict_episodes": bounded_data("predict_episodes", 10**6),
@@ -272,6 +292,7 @@ CKPT_PAYLOADS = [
     Payload("zip-bomb-record", "zip bomb (Fifield, WOOT 2019) as a .ckpt record", zip_bomb_record, FILES, xfail=TORCH_ERRORS),
     Payload("zip-slip-ckpt", "zip slip (Snyk 2018) members in a .ckpt", zip_slip_members, FILES, refuse=False, xfail=TORCH_ERRORS),
     Payload("zip-two-data-pkl", "picklescan CVE-2025-1944: zip parser differential", zip_two_data_pkl, FILES),
+    Payload("ckpt-name-is-a-module", "issue 52: --ckpt_path this.ckpt imports this (a dotted word taken for a class)", checkpoint_named_like_a_module, ("cli_file_name",), refuse=False, xfail="issue 52: only what the user types as a class is a class (h-cli)"),
     Payload("ckpt-link-to-dev-zero", "symlinks in model folders: a file that never ends", not_a_checkpoint_dev_zero, FILES_CLI),
     # stored configs naming code (CVE-2026-58659 in Lightning: a checkpoint's hparams imported on load)
     Payload("hparams-class-os-system", "CVE-2026-58659 (Lightning imports a checkpoint's class_path)", _hparams(_class_path="os.system"), (*HPARAMS, "cli")),
