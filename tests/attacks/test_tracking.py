@@ -39,6 +39,17 @@ def _warm():
     import zoo.tracking.code  # noqa: F401
 
 
+SERVERS: list = []  # every hostile server started, shut down after the module's tests
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _servers():
+    yield
+    for server in SERVERS:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.fixture(autouse=True)
 def _token(monkeypatch):
     """The tracking token a user has set: it may go to the tracking server's own host, nowhere else."""
@@ -62,13 +73,10 @@ class Target:
 @functools.cache
 def model_files() -> dict[str, bytes]:
     """A zoo model folder's files as a store lists them under ``model/``."""
-    import io
-
     from safetensors.torch import save
 
     spec = {"class_path": GPT_HPARAMS["_class_path"], "init_args": {"net": GPT_HPARAMS["net"]}, "checkpoint": {}}
     weights = save({k: v.clone().contiguous() for k, v in tiny_state().items()})
-    del io
     return {
         "model/MLmodel": b"flavors: {}\n",
         "model/artifacts/module.json": json.dumps(spec).encode(),
@@ -89,6 +97,7 @@ class Server(http.server.ThreadingHTTPServer):
         self.behave, self.auth, self.sent = behave, [], {}
         self.files = dict(behave.get("files") or model_files())
         threading.Thread(target=self.serve_forever, daemon=True).start()
+        SERVERS.append(self)
 
     @property
     def uri(self) -> str:
