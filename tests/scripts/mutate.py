@@ -1935,6 +1935,31 @@ FAMILIES: dict[str, dict] = {
             ("zoo/app/parser.py", "        compat.nested_flags_read_by_their_own_type()", "        pass"),
         ],
     },
+    "attacks": {  # the red-team corpus (tests/attacks): loosenings that a payload reaching another loader finds
+        "tests": [
+            "tests/attacks/test_formats.py",
+            "tests/attacks/test_text.py",
+            "tests/attacks/test_tracking.py",
+            "tests/attacks/test_files.py",
+        ],
+        "mutants": [
+            ("zoo/io/files.py", '("auto_map", "trust_remote_code", "custom_pipelines")', '("auto_map",)'),
+            (SB, "    if len(infos) > MAX_MEMBERS:", "    if False:"),
+            (DLS, "    if unsized:", "    if False:"),
+            ("zoo/io/sp_tokenizer.py", "(max(map(len, pieces), default=0) > MAX_PIECE_CHARS,", "(False,"),
+            (
+                "zoo/io/chat_template.py",
+                '            if isinstance(name, str) and name.startswith("_"):',
+                "            if False:",
+            ),
+            ("zoo/io/chat_template.py", "    if len(source) > MAX_TEMPLATE_CHARS:", "    if False:"),
+            (
+                "zoo/gpt/tasks.py",
+                "        return timed(re.search, RULE_SECONDS, pattern, text)",
+                "        return re.search(pattern, text)",
+            ),
+        ],
+    },
     "files": {  # files an outsider wrote: pretrained folders, archives, exported programs, planted links
         "tests": ["tests/shared/test_file_attacks.py"],
         "mutants": [
