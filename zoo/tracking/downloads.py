@@ -9,8 +9,10 @@ code. Before anything is fetched:
 - every path the store lists must stay inside the folder asked for (no ``..``, no absolute path);
 - the listed sizes must add up to at most ``$ZOO_MAX_DOWNLOAD_BYTES`` (``max_download_bytes``).
 
-While fetching, each file must arrive at the size its listing gave and the running total within the limit. A refusal
-is one ``DownloadRefused`` line naming the URI and what to do, and leaves nothing in the cache.
+While fetching, each file must arrive at the size its listing gave and the running total within the limit. A logged
+model's folder must then match the manifest the tracking store recorded when it was logged (``zoo.tracking.manifest``:
+its other files are fetched into a temporary folder only to be hashed). A refusal is one ``DownloadRefused`` line
+naming the URI and what to do, and leaves nothing in the cache.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ MAX_DOWNLOAD_ENV = "ZOO_MAX_DOWNLOAD_BYTES"
 MAX_DOWNLOAD_BYTES = 16 * 2**30
 SPEC, WEIGHTS = "module.json", "weights.safetensors"
 # What load, load_model, resolve_checkpoint and local_weights read of a model folder: the MLmodel (load's signature),
-# the spec and the weights. Nothing else is fetched; the code the folder carries is never (zoo.tracking.code reads it
-# for `verify` only, into a temporary folder).
+# the spec and the weights. Nothing else is kept; the code the folder carries is read as bytes only, into temporary
+# folders (its hash against the manifest, and `verify`'s against the installed zoo's).
 MODEL_FILES = ("MLmodel", f"artifacts/{SPEC}", f"artifacts/{WEIGHTS}")
 # Stores reached over the network: what they say a location is, a server chose.
 REMOTE_STORES = ("http", "https", "databricks")
@@ -285,6 +287,7 @@ def download(uri: str, store: str) -> Path:
 
 
 def _download_into(dst: Path, uri: str, store: str) -> None:
+    from zoo.tracking.manifest import check_download
     from zoo.tracking.store import process_tracking_uri
 
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -295,6 +298,7 @@ def _download_into(dst: Path, uri: str, store: str) -> None:
             repo, path, files = find(uri, store, model_files)
             check_sizes(files, uri)
             fetch(repo, files, partial / "files", uri)
+            check_download(uri, store, repo, path, partial / "files")  # the folder as logged, by its manifest
         (partial / ".downloaded").write_text(f"files/{path}".rstrip("/"))  # what was asked: a file or a folder
         partial.rename(dst)  # atomic: a concurrent download of the same key finds it whole or not at all
     except OSError:
