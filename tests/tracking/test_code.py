@@ -16,7 +16,7 @@ from conftest import ROOT, register_tiny_gpt
 
 from zoo.tracking.code import CODE_TAG, code_sha256, installed_code_sha256
 from zoo.tracking.downloads import DownloadRefused
-from zoo.tracking.manifest import MANIFEST_TAG, encode, folder_manifest
+from zoo.tracking.manifest import MANIFEST_TAG, MAX_MANIFEST_CHARS, decode, differences, encode, folder_manifest
 from zoo.tracking.store import process_tracking_uri
 
 
@@ -24,8 +24,9 @@ from zoo.tracking.store import process_tracking_uri
 def registered(tmp_path_factory):
     """A tiny GPT registered many times in a store of its own: as logged (version 1); with a bundled file edited to
     write a marker when imported, logged so (version 2); each ``TAMPERED`` code, logged so (versions 3, ...); each of
-    ``TAMPERINGS`` made in the artifact store after logging (the next versions); a copy registered by hand from the
-    run's files, which has no manifest (the last). Returns (client, marker)."""
+    ``TAMPERINGS`` made in the artifact store after logging (the next versions); VA's model registered again as
+    ``mlflow.register_model`` would, without the zoo's tags (``UNTAGGED``); a copy registered by hand from the run's
+    files, which has no manifest (``BY_HAND``). Returns (client, marker)."""
     tmp = tmp_path_factory.mktemp("code")
     client = register_tiny_gpt(tmp)
     run_id = client.get_model_version("tiny", "1").run_id
@@ -44,16 +45,18 @@ def registered(tmp_path_factory):
         relog(client, run_id, name, tmp / name)
     manifest = model.tags[MANIFEST_TAG]
     for name, edit in TAMPERINGS.items():  # logged as version 1 was, then edited where the store keeps the files
-        edit(relog(client, run_id, name, logged, manifest))
+        edit(Path(urlparse(relog(client, run_id, name, logged, manifest).artifact_location).path))
+    va = client.search_logged_models([model.experiment_id], "name = 'va-data-key'")[0]
+    with process_tracking_uri(client.tracking_uri):  # as mlflow.register_model registers it: no zoo tags
+        client.create_model_version("tiny", f"models:/{va.model_id}", run_id, model_id=va.model_id)
     client.log_artifacts(run_id, str(logged), "by-hand")
     client.create_model_version("tiny", f"{client.get_run(run_id).info.artifact_uri}/by-hand", run_id)
     return client, marker
 
 
-def relog(client, run_id: str, name: str, folder: Path, manifest: str | None = None) -> Path:
+def relog(client, run_id: str, name: str, folder: Path, manifest: str | None = None):
     """``folder`` as the run's logged model ``name``, registered as the next version of ``tiny``, both tagged with
-    ``manifest`` (by default the folder's own, as ``log_checkpoint_model`` records it); returns where the store keeps
-    its files."""
+    ``manifest`` (by default the folder's own, as ``log_checkpoint_model`` records it); returns the logged model."""
     from mlflow.entities import LoggedModelStatus
 
     manifest = manifest or encode(folder_manifest(folder))
@@ -64,7 +67,7 @@ def relog(client, run_id: str, name: str, folder: Path, manifest: str | None = N
     tags = {MANIFEST_TAG: manifest}
     with process_tracking_uri(client.tracking_uri):  # MLflow resolves a models:/ source against the process's store
         client.create_model_version("tiny", f"models:/{model.model_id}", run_id, tags, model_id=model.model_id)
-    return Path(urlparse(model.artifact_location).path)
+    return model
 
 
 def _flip(path: Path, old: str, new: str) -> None:
@@ -111,6 +114,8 @@ TAMPERINGS = {
         _flip(f / "conda.yaml", "- pip", "-pip "),
     ),
 }
+UNTAGGED = 3 + len(TAMPERED) + len(TAMPERINGS)
+BY_HAND = UNTAGGED + 1
 NAMED = {
     "va-data-key": ["MLmodel changed", "artifacts/pyfunc.py added"],
     "vb-requirements": ["requirements.txt changed"],
@@ -120,6 +125,11 @@ NAMED = {
 
 def verify(uri: str, store: str) -> subprocess.CompletedProcess:
     """``python -m zoo.tracking verify <uri>``, in this process (each subprocess imports torch and MLflow again)."""
+    return zoo_tracking(["verify", uri], store)
+
+
+def zoo_tracking(argv: list[str], store: str) -> subprocess.CompletedProcess:
+    """``python -m zoo.tracking <argv>``, in this process."""
     import contextlib
     import io
 
@@ -129,12 +139,12 @@ def verify(uri: str, store: str) -> subprocess.CompletedProcess:
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         mp.setenv("MLFLOW_TRACKING_URI", store)
         try:
-            main(["verify", uri])
+            main(argv)
             code = 0
         except SystemExit as exit_:
             code = exit_.code if isinstance(exit_.code, int) else 1
             print(exit_.code if isinstance(exit_.code, str) else "", file=err)  # sys.exit("error: ...") prints it
-    return subprocess.CompletedProcess(["verify", uri], code, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def test_the_code_hash_is_recorded_at_registration(registered):
@@ -268,7 +278,7 @@ def test_verify_refuses_a_model_with_no_manifest_as_unverifiable(registered, tmp
     from zoo.tracking import load_model
 
     client, _ = registered
-    last = max(int(v.version) for v in client.search_model_versions("name='tiny'"))
+    last = BY_HAND
     run_id = client.get_model_version("tiny", "1").run_id
     for uri in (f"models:/tiny/{last}", f"runs:/{run_id}/by-hand"):
         proc = verify(uri, client.tracking_uri)
@@ -278,3 +288,49 @@ def test_verify_refuses_a_model_with_no_manifest_as_unverifiable(registered, tmp
     monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
     monkeypatch.setenv("ZOO_CACHE_DIR", str(tmp_path / "cache"))
     load_model(f"models:/tiny/{last}")
+
+
+def test_a_version_registered_without_the_zoos_tags_is_checked_against_its_logged_models(registered, tmp_path):
+    """Registered from a zoo logged model by MLflow's own ``register_model``: the logged model's manifest holds."""
+    client, _ = registered
+    uri = f"models:/tiny/{UNTAGGED}"
+    proc = verify(uri, client.tracking_uri)
+    assert proc.returncode == 1 and f"differ: {NAMED['va-data-key'][0]}" in proc.stdout, proc.stdout + proc.stderr
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ZOO_CACHE_DIR", str(tmp_path / "cache"))
+        proc = zoo_tracking(["export-policy", uri, str(tmp_path / "policy.pt2")], client.tracking_uri)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"error: {uri}: its files differ from the manifest" in errors[0] and NAMED["va-data-key"][0] in errors[0]
+
+
+def test_differences_name_each_file_added_removed_or_changed_in_path_order():
+    recorded = {"MLmodel": "a" * 64, "code/x.py": "b" * 64, "requirements.txt": "c" * 64}
+    found = {"MLmodel": "a" * 64, "artifacts/pyfunc.py": "d" * 64, "requirements.txt": "e" * 64}
+    assert differences(recorded, found) == [
+        "artifacts/pyfunc.py added",
+        "code/x.py removed",
+        "requirements.txt changed",
+    ]
+    assert differences(recorded, dict(recorded)) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[]",
+        "{not json",
+        '{"../MLmodel": "' + "a" * 64 + '"}',
+        '{"/etc/passwd": "' + "a" * 64 + '"}',
+        '{"MLmodel": "not a digest"}',
+        '{"MLmodel": ["' + "a" * 64 + '"]}',
+        '{"": "' + "a" * 64 + '"}',
+        " " * (MAX_MANIFEST_CHARS + 1),
+    ],
+)
+def test_a_recorded_manifest_that_is_not_one_is_refused_in_one_line(text):
+    """The tag is read from a tracking store (a server may be hostile): paths inside the folder, sha256 digests,
+    bounded."""
+    with pytest.raises(DownloadRefused, match=r"^models:/x/1: its zoo\.manifest tag is not a manifest of files: "):
+        decode(text, "models:/x/1")
+    assert decode(None, "models:/x/1") is None

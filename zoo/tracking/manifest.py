@@ -81,7 +81,10 @@ def decode(text: str | None, uri: str) -> dict[str, str] | None:
     for path, digest in manifest.items():
         if not (path and isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
             raise bad
-        safe_path(path, uri)
+        try:
+            safe_path(path, uri)
+        except DownloadRefused:
+            raise bad from None
     return manifest
 
 
@@ -104,10 +107,13 @@ def recorded_manifest(uri: str, store: str) -> tuple[dict[str, str] | None, str]
         return decode(client.get_logged_model(safe_path(model_id, uri)).tags.get(MANIFEST_TAG), uri), ""
     if uri.startswith("models:/"):
         mv = model_version(uri, store)
-        text = mv.tags.get(MANIFEST_TAG)
-        if text is None and getattr(mv, "model_id", None):
-            text = client.get_logged_model(safe_path(mv.model_id, uri)).tags.get(MANIFEST_TAG)
-        return decode(text, uri), ""
+        if MANIFEST_TAG in mv.tags:
+            return decode(mv.tags[MANIFEST_TAG], uri), ""
+        # Registered without the zoo's tags (mlflow.register_model): its source's, where that is a logged model of its
+        # own run (as zoo.tracking.downloads reads it; MLflow's sqlite registry keeps no model_id).
+        if logged_model_id(mv.source) is not None or (mv.run_id and mv.source.startswith(f"runs:/{mv.run_id}/")):
+            return recorded_manifest(mv.source, store)
+        return None, ""
     run_id, _, path = uri.removeprefix("runs:/").partition("/")
     name, _, rest = safe_path(path, uri).partition("/")
     if not re.fullmatch(r"[\w.-]+", name):  # quoted into a filter string: a name only
