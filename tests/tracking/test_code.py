@@ -16,7 +16,16 @@ from conftest import ROOT, register_tiny_gpt
 
 from zoo.tracking.code import CODE_TAG, code_sha256, installed_code_sha256
 from zoo.tracking.downloads import DownloadRefused
-from zoo.tracking.manifest import MANIFEST_TAG, MAX_MANIFEST_CHARS, decode, differences, encode, folder_manifest
+from zoo.tracking.manifest import (
+    MANIFEST_TAG,
+    MAX_FILES,
+    MAX_MANIFEST_CHARS,
+    decode,
+    differences,
+    encode,
+    folder_files,
+    folder_manifest,
+)
 from zoo.tracking.store import process_tracking_uri
 
 
@@ -325,7 +334,7 @@ def test_differences_name_each_file_added_removed_or_changed_in_path_order():
         '{"MLmodel": "not a digest"}',
         '{"MLmodel": ["' + "a" * 64 + '"]}',
         '{"": "' + "a" * 64 + '"}',
-        " " * (MAX_MANIFEST_CHARS + 1),
+        '{"MLmodel": "' + "a" * 64 + '"}' + " " * MAX_MANIFEST_CHARS,
     ],
 )
 def test_a_recorded_manifest_that_is_not_one_is_refused_in_one_line(text):
@@ -334,3 +343,15 @@ def test_a_recorded_manifest_that_is_not_one_is_refused_in_one_line(text):
     with pytest.raises(DownloadRefused, match=r"^models:/x/1: its zoo\.manifest tag is not a manifest of files: "):
         decode(text, "models:/x/1")
     assert decode(None, "models:/x/1") is None
+
+
+def test_a_store_listing_without_end_is_refused_at_the_bound():
+    """A hostile store lists a folder inside every folder: the listing stops at ``MAX_FILES`` entries, one line."""
+    from mlflow.entities import FileInfo
+
+    class Endless:
+        def list_artifacts(self, path):
+            return [FileInfo(f"{path}/d", True, None), FileInfo(f"{path}/f", False, 1)]
+
+    with pytest.raises(DownloadRefused, match=rf"^runs:/x/m: its folder lists over {MAX_FILES} entries"):
+        folder_files(Endless(), "m", "runs:/x/m")
