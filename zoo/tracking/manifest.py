@@ -131,7 +131,10 @@ def folder_files(repo, path: str, uri: str) -> list:
     while todo:
         for entry in listing(repo, todo.pop(), uri):
             seen += 1
-            (todo.append(entry.path) if entry.is_dir else files.append(entry))
+            if entry.is_dir:
+                todo.append(entry.path)
+            else:
+                files.append(entry)
             if seen > MAX_FILES:
                 raise DownloadRefused(f"{uri}: its folder lists over {MAX_FILES} entries: not a zoo model")
     return files
