@@ -896,7 +896,7 @@ FAMILIES: dict[str, dict] = {
     # The manifest of every file of a logged model, recorded in the tracking store; verify and the loaders refuse a
     # folder that differs from it (issue 52 item 1).
     "manifest": {
-        "tests": ["tests/tracking/test_code.py"],
+        "tests": ["tests/tracking/test_manifest.py", "tests/tracking/test_code.py"],
         "mutants": [
             (MF, '    what = {p: "added" for p in found.keys() - recorded.keys()}\n', "    what = {}\n"),
             (MF, '    what |= {p: "removed" for p in recorded.keys() - found.keys()}\n', ""),

@@ -18,12 +18,7 @@ from zoo.tracking.code import CODE_TAG, code_sha256, installed_code_sha256
 from zoo.tracking.downloads import DownloadRefused
 from zoo.tracking.manifest import (
     MANIFEST_TAG,
-    MAX_FILES,
-    MAX_MANIFEST_CHARS,
-    decode,
-    differences,
     encode,
-    folder_files,
     folder_manifest,
 )
 from zoo.tracking.store import process_tracking_uri
@@ -311,47 +306,3 @@ def test_a_version_registered_without_the_zoos_tags_is_checked_against_its_logge
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 1 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert f"error: {uri}: its files differ from the manifest" in errors[0] and NAMED["va-data-key"][0] in errors[0]
-
-
-def test_differences_name_each_file_added_removed_or_changed_in_path_order():
-    recorded = {"MLmodel": "a" * 64, "code/x.py": "b" * 64, "requirements.txt": "c" * 64}
-    found = {"MLmodel": "a" * 64, "artifacts/pyfunc.py": "d" * 64, "requirements.txt": "e" * 64}
-    assert differences(recorded, found) == [
-        "artifacts/pyfunc.py added",
-        "code/x.py removed",
-        "requirements.txt changed",
-    ]
-    assert differences(recorded, dict(recorded)) == []
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "[]",
-        "{not json",
-        '{"../MLmodel": "' + "a" * 64 + '"}',
-        '{"/etc/passwd": "' + "a" * 64 + '"}',
-        '{"MLmodel": "not a digest"}',
-        '{"MLmodel": ["' + "a" * 64 + '"]}',
-        '{"": "' + "a" * 64 + '"}',
-        '{"MLmodel": "' + "a" * 64 + '"}' + " " * MAX_MANIFEST_CHARS,
-    ],
-)
-def test_a_recorded_manifest_that_is_not_one_is_refused_in_one_line(text):
-    """The tag is read from a tracking store (a server may be hostile): paths inside the folder, sha256 digests,
-    bounded."""
-    with pytest.raises(DownloadRefused, match=r"^models:/x/1: its zoo\.manifest tag is not a manifest of files: "):
-        decode(text, "models:/x/1")
-    assert decode(None, "models:/x/1") is None
-
-
-def test_a_store_listing_without_end_is_refused_at_the_bound():
-    """A hostile store lists a folder inside every folder: the listing stops at ``MAX_FILES`` entries, one line."""
-    from mlflow.entities import FileInfo
-
-    class Endless:
-        def list_artifacts(self, path):
-            return [FileInfo(f"{path}/d", True, None), FileInfo(f"{path}/f", False, 1)]
-
-    with pytest.raises(DownloadRefused, match=rf"^runs:/x/m: its folder lists over {MAX_FILES} entries"):
-        folder_files(Endless(), "m", "runs:/x/m")
