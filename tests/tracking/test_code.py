@@ -16,11 +16,7 @@ from conftest import ROOT, register_tiny_gpt
 
 from zoo.tracking.code import CODE_TAG, code_sha256, installed_code_sha256
 from zoo.tracking.downloads import DownloadRefused
-from zoo.tracking.manifest import (
-    MANIFEST_TAG,
-    encode,
-    folder_manifest,
-)
+from zoo.tracking.manifest import MANIFEST_TAG, encode, folder_manifest
 from zoo.tracking.store import process_tracking_uri
 
 
