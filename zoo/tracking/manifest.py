@@ -143,17 +143,34 @@ def folder_files(repo, path: str, uri: str) -> list:
 def stored_manifest(repo, path: str, uri: str, have: Path) -> dict[str, str]:
     """The manifest of the folder at ``path`` as the store holds it now, keyed by path inside that folder: each file
     hashed from ``have`` (a folder its files were fetched into, at their listed paths) where it lies there, the others
-    fetched into a temporary folder, bounded like a download, and dropped."""
+    fetched into a temporary folder, bounded like a download, and dropped (or, in an artifact folder of this machine,
+    hashed where they lie)."""
     entries = folder_files(repo, path, uri)
     check_sizes(entries, uri)
     prefix = f"{path}/" if path else ""
     with tempfile.TemporaryDirectory() as tmp:
         missing = [e for e in entries if not (have / e.path).is_file()]
-        fetch(repo, missing, Path(tmp), uri)
-        fetched = {e.path for e in missing}
-        return {
-            e.path.removeprefix(prefix): sha256_file(Path(tmp if e.path in fetched else have) / e.path) for e in entries
-        }
+        where = {e.path: have / e.path for e in entries if (have / e.path).is_file()} | _local(repo, missing, uri)
+        fetch(repo, [e for e in missing if e.path not in where], Path(tmp), uri)
+        return {p.removeprefix(prefix): sha256_file(where.get(p, Path(tmp) / p)) for p in (e.path for e in entries)}
+
+
+def _local(repo, entries: list, uri: str) -> dict[str, Path]:
+    """Where ``entries`` lie when ``repo`` is a folder of this machine (copying each costs MLflow a thread task): plain
+    files inside it, at their listed sizes; {} for any other store."""
+    from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
+
+    if type(repo) is not LocalArtifactRepository:
+        return {}
+    root, found = Path(repo.artifact_dir).resolve(), {}
+    for e in entries:
+        local = Path(repo.artifact_dir, e.path)
+        if local.is_symlink() or not local.is_file() or not local.resolve().is_relative_to(root):
+            raise DownloadRefused(f"{uri}: {e.path} is not a plain file inside its artifact folder: refused")
+        if local.stat().st_size != e.file_size:
+            raise DownloadRefused(f"{uri}: {e.path} holds {local.stat().st_size:,} bytes, listed {e.file_size:,}")
+        found[e.path] = local
+    return found
 
 
 def model_folder_files(repo, path: str, uri: str) -> list | None:
