@@ -924,6 +924,11 @@ FAMILIES: dict[str, dict] = {
             (CODE, "        changed = differences(manifest, folder_manifest(folder))", "        changed = []"),
             (CODE, '    for line in changed:\n        print(f"differ: {line}")\n', ""),
             (CODE, "    if changed:\n        print(", "    if False:\n        print("),
+            (
+                MF,
+                "        if local.is_symlink() or not local.is_file() or not local.resolve().is_relative_to(root):",
+                "        if False:",
+            ),
         ],
     },
     # The DataModules (issue 25 item 6): normalisation constants, augmentation fills, splits, seeds, resume positions,
