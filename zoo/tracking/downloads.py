@@ -11,8 +11,8 @@ code. Before anything is fetched:
 
 While fetching, each file must arrive at the size its listing gave and the running total within the limit. A logged
 model's folder must then match the manifest the tracking store recorded when it was logged (``zoo.tracking.manifest``:
-its other files are fetched into a temporary folder only to be hashed). A refusal is one ``DownloadRefused`` line
-naming the URI and what to do, and leaves nothing in the cache.
+its other files are hashed, never kept). A refusal is one ``DownloadRefused`` line naming the URI and what to do, and
+leaves nothing in the cache.
 """
 
 from __future__ import annotations
