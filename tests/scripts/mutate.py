@@ -46,6 +46,7 @@ AD, LC, RC = "zoo/adapt/lora.py", "zoo/rl/lifecycle.py", "zoo/rl/common.py"
 AB = "zoo/adapt/base.py"
 DLS, CODE = "zoo/tracking/downloads.py", "zoo/tracking/code.py"
 RMT = "zoo/tracking/remote.py"
+MF = "zoo/tracking/manifest.py"
 SV, RPT = "zoo/tracking/serving.py", "zoo/tracking/report.py"
 CM, CN, RN, TV = "zoo/cnn/module.py", "zoo/cnn/convnet.py", "zoo/cnn/resnet.py", "zoo/cnn/torchvision_net.py"
 DB, DTV, DMH, DDG = (
@@ -1008,6 +1009,49 @@ FAMILIES: dict[str, dict] = {
             (DLS, "            target.unlink(missing_ok=True)\n", "            pass\n"),
             (DLS, 'if not inside or "/" in name or name in ("", ".", ".."):', "if False:"),
             (RMT, "        if response.status_code != 200:\n", "        if False:\n"),
+        ],
+    },
+    # The manifest of every file of a logged model, recorded in the tracking store; verify and the loaders refuse a
+    # folder that differs from it (issue 52 item 1).
+    "manifest": {
+        "tests": ["tests/tracking/test_manifest.py", "tests/tracking/test_code.py"],
+        "mutants": [
+            (MF, '    what = {p: "added" for p in found.keys() - recorded.keys()}\n', "    what = {}\n"),
+            (MF, '    what |= {p: "removed" for p in recorded.keys() - found.keys()}\n', ""),
+            (MF, "if found[p] != recorded[p]}", "if False}"),
+            (MF, 'isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)', "isinstance(digest, str)"),
+            (MF, "    if len(text) > MAX_MANIFEST_CHARS:\n        raise bad\n", ""),
+            (MF, "            safe_path(path, uri)\n", "            path.strip('/')\n"),
+            (MF, "            if seen > MAX_FILES:", "            if False:"),
+            (MF, "    if recorded is None:\n        return\n", "    if True:\n        return\n"),
+            (
+                MF,
+                "    entries = folder_files(repo, path, uri)\n    check_sizes(entries, uri)\n",
+                "    entries = [e for e in folder_files(repo, path, uri) if (have / e.path).is_file()]\n",
+            ),
+            (MF, 'recorded.items() if not inside or p == inside or p.startswith(f"{inside}/")}', "recorded.items()}"),
+            (MF, "        if logged_model_id(mv.source) is not None or (", "        if False and ("),
+            (DLS, '            check_download(uri, store, repo, path, partial / "files")', "            pass"),
+            (
+                DLS,
+                "        if local.is_symlink() or not local.resolve().is_relative_to(Path(repo.artifact_dir).resolve()):",
+                "        if False:",
+            ),
+            (RG, "            client.set_logged_model_tags(model.model_id, {MANIFEST_TAG: tags[MANIFEST_TAG]})\n", ""),
+            (
+                RG,
+                "    tags = {**tags, **{m.key: str(m.value) for m in metrics}, **staged_tags(run)}",
+                "    tags = {**{k: v for k, v in tags.items() if k != MANIFEST_TAG}, **staged_tags(run)}",
+            ),
+            (CODE, "        if manifest is None or inside:", "        if inside:"),
+            (CODE, "        changed = differences(manifest, folder_manifest(folder))", "        changed = []"),
+            (CODE, '    for line in changed:\n        print(f"differ: {line}")\n', ""),
+            (CODE, "    if changed:\n        print(", "    if False:\n        print("),
+            (
+                MF,
+                "        if local.is_symlink() or not local.is_file() or not local.resolve().is_relative_to(root):",
+                "        if False:",
+            ),
         ],
     },
     # The DataModules (issue 25 item 6): normalisation constants, augmentation fills, splits, seeds, resume positions,

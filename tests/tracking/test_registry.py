@@ -17,6 +17,7 @@ from zoo.diffusion import FlowEulerSampler
 from zoo.io.trust import UntrustedConfigError
 from zoo.io.weights import UnsafeCheckpointError
 from zoo.tracking import build_module, load_model
+from zoo.tracking.downloads import DownloadRefused
 
 TINY = str(CONFIGS / "cnn" / "convnet_digits.yaml")
 
@@ -139,18 +140,22 @@ def test_crafted_pickle_in_a_registered_model_is_refused(registered, tmp_path, m
     for name in ("python_model.pkl", "evil.ckpt"):  # MLflow's pickled-model file name; a checkpoint by name
         (evil / "artifacts" / name).write_bytes(pickle.dumps({"state_dict": {"w": _Exploit()}}))
     client.log_artifacts(version.run_id, str(evil), "model")  # beside the real weights
+    client.log_artifacts(version.run_id, str(evil), "copy")  # run files that are no logged model: no manifest
     v = client.create_model_version(
         "digits", f"{client.get_run(version.run_id).info.artifact_uri}/model", version.run_id
     )
     load_model(f"models:/digits/{v.version}", client.tracking_uri)  # reads JSON and safetensors, nothing else
-    with pytest.raises(UnsafeCheckpointError, match="refused"):
+    # runs:/<run>/model names the run's logged model, whose manifest never held it
+    with pytest.raises(DownloadRefused, match="manifest recorded when it was logged: artifacts/evil.ckpt added"):
         load_model(f"runs:/{version.run_id}/model/artifacts/evil.ckpt", client.tracking_uri)
+    with pytest.raises(UnsafeCheckpointError, match="refused"):
+        load_model(f"runs:/{version.run_id}/copy/artifacts/evil.ckpt", client.tracking_uri)
     with pytest.raises(Exception, match="(?s)Weights only load failed|refused"):
         cli(
             "validate",
             "--config",
             TINY,
-            f"--ckpt_path=runs:/{version.run_id}/model/artifacts/evil.ckpt",
+            f"--ckpt_path=runs:/{version.run_id}/copy/artifacts/evil.ckpt",
             "--trainer.logger=false",
         )
     with pytest.raises(UntrustedConfigError, match="model class_path is 'os.system'"):  # only the zoo's classes

@@ -8,6 +8,8 @@ part of the application (``cli.py``, ``zoo.app``, ``callbacks/``, ``datamodules/
 - ``runs``: this run's folder, names inside it, its default name, artifacts;
 - ``models``: zoo modules as MLflow models (packaging, registry, ``models:/``/``runs:/`` resolution);
 - ``downloads``: what a ``models:/``/``runs:/`` URI names, fetched into the model cache, bounded and checked;
+- ``manifest``: the sha256 of every file of a logged model, recorded in the tracking store, and the folder checked
+  against it;
 - ``serving``: the prediction interface of each family (raw inputs in, answers out), its signature and input example;
 - ``pyfunc``: the MLflow pyfunc a logged model loads with.
 

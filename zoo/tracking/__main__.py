@@ -1,6 +1,7 @@
 """``python -m zoo.tracking log-model <ckpt> [--registered_model_name NAME]`` and
 ``python -m zoo.tracking export-policy <ckpt | models:/... | runs:/...> <out.pt2>`` and
-``python -m zoo.tracking verify <models:/... | runs:/...>`` (exit status 0 when its code is the installed zoo's) and
+``python -m zoo.tracking verify <models:/... | runs:/...>`` (exit status 0 when every file is as logged and its code is
+the installed zoo's) and
 ``python -m zoo.tracking lm-eval <ckpt | models:/... | runs:/...> --tasks <names>`` (``python -m zoo.gpt lm-eval``'s
 options, on a registered model too).
 """
@@ -48,8 +49,8 @@ def export_policy(args) -> None:
 
 
 def verify(args) -> None:
-    """Whether the code a logged model carries (what mlflow.pyfunc.load_model and mlflow models serve run) is the
-    installed zoo's: its sha256 against the installed zoo's, exit status 0 when they match, else 1."""
+    """Whether a logged model is what mlflow.pyfunc.load_model and mlflow models serve should read: every file as the
+    manifest recorded when it was logged, and its bundled code the installed zoo's; exit status 0 when so, else 1."""
     from zoo.tracking.code import verify as check
 
     if not check(args.model, tracking_uri()):

@@ -12,8 +12,10 @@ code. Before anything is fetched:
 While fetching, each file is written as it streams and stops at its listed size (one byte more is refused before it
 is written), within a deadline (``zoo.tracking.remote``: a drip is refused, not waited on). Over HTTP the zoo reads
 a tracking server's artifacts itself: the tracking credentials go to the server's own host and to the hosts
-``$ZOO_TRUSTED_ARTIFACT_HOSTS`` lists, never to another host the server names or redirects to. A refusal is one
-``DownloadRefused`` line naming the URI and what to do, and leaves nothing in the cache.
+``$ZOO_TRUSTED_ARTIFACT_HOSTS`` lists, never to another host the server names or redirects to. A logged model's folder
+must then match the manifest the tracking store recorded when it was logged (``zoo.tracking.manifest``: its other
+files are hashed, never kept). A refusal is one ``DownloadRefused`` line naming the URI and what to do, and leaves
+nothing in the cache.
 
 The cache is keyed by the tracking store (``store_identity``) and what identifies the artifact in it, and each entry
 records both (``.source``), checked on every read: one server's files never answer another server's URI, however
@@ -39,8 +41,8 @@ MAX_DOWNLOAD_ENV = "ZOO_MAX_DOWNLOAD_BYTES"
 MAX_DOWNLOAD_BYTES = 16 * 2**30
 SPEC, WEIGHTS = "module.json", "weights.safetensors"
 # What load, load_model, resolve_checkpoint and local_weights read of a model folder: the MLmodel (load's signature),
-# the spec and the weights. Nothing else is fetched; the code the folder carries is never (zoo.tracking.code reads it
-# for `verify` only, into a temporary folder).
+# the spec and the weights. Nothing else is kept; the code the folder carries is read as bytes only, into temporary
+# folders (its hash against the manifest, and `verify`'s against the installed zoo's).
 MODEL_FILES = ("MLmodel", f"artifacts/{SPEC}", f"artifacts/{WEIGHTS}")
 # Stores reached over the network: what they say a location is, a server chose.
 REMOTE_STORES = ("http", "https", "databricks")
@@ -254,7 +256,11 @@ def opened(repo, path: str, dst: Path, uri: str):
             yield stream
         return
     if isinstance(repo, LocalArtifactRepository):
-        with open(Path(repo.artifact_dir) / path, "rb") as stream:
+        local = Path(repo.artifact_dir) / path
+        # A link in a shared artifact folder would otherwise hand out any file this user can read.
+        if local.is_symlink() or not local.resolve().is_relative_to(Path(repo.artifact_dir).resolve()):
+            raise DownloadRefused(f"{uri}: {path} is not a plain file inside its artifact folder: refused")
+        with open(local, "rb") as stream:
             yield stream
         return
     with tempfile.TemporaryDirectory(dir=dst.parent, prefix=".fetch-") as tmp:
@@ -349,6 +355,7 @@ def download(uri: str, store: str) -> Path:
 
 
 def _download_into(dst: Path, uri: str, store: str, key: dict) -> None:
+    from zoo.tracking.manifest import check_download
     from zoo.tracking.store import process_tracking_uri
 
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -359,6 +366,7 @@ def _download_into(dst: Path, uri: str, store: str, key: dict) -> None:
             repo, path, files = find(uri, store, model_files)
             check_sizes(files, uri)
             fetch(repo, files, partial / "files", uri)
+            check_download(uri, store, repo, path, partial / "files")  # the folder as logged, by its manifest
         (partial / ".downloaded").write_text(f"files/{path}".rstrip("/"))  # what was asked: a file or a folder
         sizes = {f"files/{f.path}": f.file_size for f in files}
         (partial / ".source").write_text(json.dumps({**key, "files": sizes}, indent=1))

@@ -19,8 +19,9 @@ virtualenv``) loads and predicts (``tests/scripts/fresh_env_predict.py``).
 ``load_model`` (the module) and ``load`` (its prediction interface, as ``mlflow.pyfunc.load_model`` gives it, but
 built from this zoo's code after the allowlist, never from the model's), and turned into a weights-only local
 checkpoint by ``resolve_checkpoint`` (``--ckpt_path``), or into the local weights file a module starts from by
-``local_weights`` (``init_weights``). Downloads are bounded and fetch only the model's weights, spec and MLmodel
-(``zoo.tracking.downloads``).
+``local_weights`` (``init_weights``). Downloads are bounded and keep only the model's weights, spec and MLmodel
+(``zoo.tracking.downloads``), once its folder matches the manifest of every file recorded when it was logged
+(``zoo.tracking.manifest``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from zoo.io.checkpoint import module_from
 from zoo.io.weights import extract_state_dict, load_file
 from zoo.tracking.code import CODE_KEY, CODE_TAG, PYFUNC, bundle_code, code_sha256
 from zoo.tracking.downloads import SPEC, WEIGHTS, cache_dir, download, logged_model_id, model_version
+from zoo.tracking.manifest import MANIFEST_TAG, encode, folder_manifest
 from zoo.tracking.runs import PARENT_TAG, STAGE_TAG
 from zoo.tracking.store import process_tracking_uri, tracking_uri
 
@@ -293,9 +295,12 @@ def log_checkpoint_model(
         )
         with tempfile.TemporaryDirectory() as tmp:
             folder = save_model(extract_state_dict(ckpt), spec, Path(tmp) / MODEL_PATH, mlmodel, init_weights)
+            # In the tracking store, apart from the artifact store that holds the files (zoo.tracking.manifest).
+            tags[MANIFEST_TAG] = encode(folder_manifest(folder))
             client.log_model_artifacts(model.model_id, str(folder))
             tags[CODE_TAG] = Model.load(str(folder)).metadata[CODE_KEY]
             client.set_logged_model_tags(model.model_id, {CODE_TAG: tags[CODE_TAG]})
+            client.set_logged_model_tags(model.model_id, {MANIFEST_TAG: tags[MANIFEST_TAG]})
         # Linked by logging them again with the model's id (as mlflow.<flavor>.log_model does): the model's page,
         # its registered versions and the runs table show these, in this order.
         metrics = model_metrics(client, run, monitor, model.model_id)
