@@ -800,8 +800,8 @@ FAMILIES: dict[str, dict] = {
             (BL, "            if any(value == a and type(value) is type(a) for a in args):", "            if True:"),
             (
                 TW,
-                '    if event in REFUSED_EVENTS or event.startswith(("os.exec", "os.spawn")):',
-                '    if event.startswith(("os.exec", "os.spawn")):',
+                "    if event in REFUSED_EVENTS:",
+                '    if event in ("os.exec", "os.spawn"):',
             ),
             (TW, "        if writes and not _inside(path, folders):", "        if writes and _inside(path, folders):"),
             (
@@ -814,7 +814,7 @@ FAMILIES: dict[str, dict] = {
                 "    return top in sys.stdlib_module_names or",
                 "    return True or top in sys.stdlib_module_names or",
             ),
-            (TW, "    return any(real == f or real.startswith(f + os.sep) for f in folders)", "    return True"),
+            (TW, "    return any(real.is_relative_to(f) for f in folders)", "    return True"),
             (
                 TW,
                 "        _state.rules = rules  # still armed after a refusal",
@@ -848,6 +848,55 @@ FAMILIES: dict[str, dict] = {
                 "        part = build.resolve_model(stored, ckpt, allow, complete=False)",
                 "        part = build.resolve_model(stored, ckpt, allow, keep_locations=True, complete=False)",
             ),
+        ],
+    },
+    # The tripwire's gaps (issue 52 part 5): each loosening an outside probe found or planted, one by one.
+    "tripwire": {
+        "tests": ["tests/shared/test_tripwire.py"],
+        "mutants": [
+            (TW, '        "_posixsubprocess.fork_exec",  # raised by the wrapper below\n', ""),
+            (  # only the modules themselves wrapped: subprocess's own copy of fork_exec runs unwatched
+                TW,
+                "    for module in list(sys.modules.values()):\n",
+                "    for module in [sys.modules[m] for m, _, _ in UNAUDITED if m in sys.modules]:\n",
+            ),
+            (TW, "        \"_thread.start_new_thread\",  # the wrapper's before 3.13, CPython's own after\n", ""),
+            (TW, '    ("_thread", "start_new_thread", "_thread.start_new_thread"),\n', ""),
+            (TW, '        "os.kill",\n', ""),
+            (TW, '        "sqlite3.connect",\n', ""),
+            (TW, '        "os.putenv",\n', ""),
+            (TW, '        "os.unsetenv",\n', ""),
+            (TW, '        "os.chdir",  # would move', '        "os.chdir_",  # would move'),
+            (  # the old mode rule with r+ and x dropped: a mode given, its flags unread
+                TW,
+                '    by_mode = isinstance(mode, str) and any(c in mode for c in "wax+")\n    return by_mode or (',
+                '    return any(c in mode for c in "wa") if isinstance(mode, str) else (',
+            ),
+            (TW, 'any(c in mode for c in "wax+")', 'any(c in mode for c in "wa+")'),  # x
+            (TW, "    return by_mode or (isinstance(flags, int) and bool(flags & WRITE_FLAGS))", "    return by_mode"),
+            (TW, "WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT", "WRITE_FLAGS = os.O_WRONLY | os.O_CREAT"),
+            (TW, "(isinstance(path, int) and folders)", "isinstance(path, int)"),
+            (
+                TW,
+                "    return any(real.is_relative_to(f) for f in folders)",
+                "    return any(str(real).startswith(str(f)) for f in folders)",
+            ),
+            (TW, "    real = Path(os.path.realpath(path))", "    real = Path(path)"),
+            (TW, " or not os.path.isabs(path := os.fsdecode(path)):", " or not (path := os.fsdecode(path)):"),
+            (TW, '    "os.rename": (0, 1),', '    "os.rename": (0,),'),
+            (TW, '    "os.link": (0, 1),', '    "os.link": (1,),'),
+            (TW, '        "ctypes.dlopen",\n', ""),
+            (TW, '        "ctypes.dlsym",\n', ""),
+            (TW, '        "ctypes.cdata",  # an object', '        "ctypes.cdata_",  # an object'),
+            (TW, '        "gc.get_objects",  # the unwrapped', '        "gc.get_objects_",  # the unwrapped'),
+            (TW, '    elif event == "exec":', "    elif False:"),
+            (
+                TW,
+                "        folders = tuple(dict.fromkeys([*_within(folders, outer[0]), *_within(outer[0], folders)]))",
+                "        folders = (*folders, *outer[0])",
+            ),
+            (TW, "[*_within(folders, outer[0]), *_within", "[*folders, *_within"),
+            (TW, "        tops &= outer[1]", "        tops |= outer[1]"),
         ],
     },
     # Downloads from a tracking store, bounded, and the code a registered model carries (issue 37 items 5, 6).

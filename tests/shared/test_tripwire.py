@@ -118,7 +118,10 @@ def test_the_environment_and_the_working_folder_stay_as_they_were(tmp_path, monk
 def test_every_open_that_can_write_is_a_write(tmp_path):
     kept = tmp_path / "kept"
     kept.write_text("x")
+    fd = os.open(kept, os.O_RDONLY)  # opened before arming
     opens = [
+        lambda: open(fd, "w", closefd=False),  # no folder allowed: no descriptor written through either
+        lambda: os.chmod(fd, 0o600),
         lambda: open(kept, "r+"),
         lambda: open(kept, "rb+"),
         lambda: open(tmp_path / "new", "x"),
@@ -129,8 +132,9 @@ def test_every_open_that_can_write_is_a_write(tmp_path):
         ),
     ]
     for opened in opens:
-        with pytest.raises(TripwireError, match="a write to"), tripwire.guard():
+        with pytest.raises(TripwireError, match="a write to|os.chmod"), tripwire.guard():
             opened()
+    os.close(fd)
     assert kept.read_text() == "x" and not (tmp_path / "new").exists()
     with tripwire.guard():
         assert open(kept).read() == "x" and os.close(os.open(kept, os.O_RDONLY)) is None  # reads pass

@@ -44,7 +44,7 @@ REFUSED_EVENTS = frozenset(
         "_posixsubprocess.fork_exec",  # raised by the wrapper below
         "_winapi.CreateProcess",
         "os.system",
-        "os.exec",
+        "os.exec",  # every os.exec*; os.spawn* raise "os.spawn" on Windows, "os.fork" elsewhere
         "os.posix_spawn",
         "os.spawn",
         "os.fork",
@@ -96,6 +96,7 @@ WRITE_EVENTS = {
     "os.setxattr": (0,),
     "os.removexattr": (0,),
 }
+WATCHED = REFUSED_EVENTS | WRITE_EVENTS.keys() | {"import", "open", "exec"}
 # Process and thread starts that raise no audit event in CPython 3.11: (module, function, the event its wrapper raises).
 UNAUDITED = (
     ("_posixsubprocess", "fork_exec", "_posixsubprocess.fork_exec"),
@@ -176,6 +177,8 @@ def _audited(event: str, original: Callable) -> Callable:
 
 
 def _hook(event: str, args: tuple) -> None:
+    if event not in WATCHED:  # builtins.id (a thousand per deepcopy), object.__getattr__: most events, so first
+        return
     rules = getattr(_state, "rules", None)
     if rules is None:
         return
@@ -187,7 +190,7 @@ def _hook(event: str, args: tuple) -> None:
 
 
 def _check(event: str, args: tuple, folders: tuple[Path, ...], tops: frozenset[str]) -> None:
-    if event in REFUSED_EVENTS or event.startswith(("os.exec", "os.spawn")):
+    if event in REFUSED_EVENTS:
         _refuse(f"{event}{_shown(args)}")
     elif event == "import":
         name = str(args[0])
