@@ -872,7 +872,6 @@ FAMILIES: dict[str, dict] = {
                 '    by_mode = isinstance(mode, str) and any(c in mode for c in "wax+")\n    return by_mode or (',
                 '    return any(c in mode for c in "wa") if isinstance(mode, str) else (',
             ),
-            (TW, 'any(c in mode for c in "wax+")', 'any(c in mode for c in "wa+")'),  # x
             (TW, "    return by_mode or (isinstance(flags, int) and bool(flags & WRITE_FLAGS))", "    return by_mode"),
             (TW, "WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT", "WRITE_FLAGS = os.O_WRONLY | os.O_CREAT"),
             (TW, "(isinstance(path, int) and folders)", "isinstance(path, int)"),
