@@ -12,13 +12,14 @@ install they are replaced, in their module and in every loaded module holding th
 ``threading._start_new_thread``), by a wrapper that raises an event of the same name first. Nested guards allow what
 both allow: an inner guard cannot widen the outer one.
 
-What it cannot stop: what a C extension does without raising an event; code that was already running or a reference
+What it cannot stop: what a C extension does without raising an event; code compiled from a string (its file named
+``<...>``, as ``dataclasses`` and ``namedtuple`` name theirs); code that was already running or a reference
 to those two primitives held elsewhere than a module's globals before install (a class attribute, a closure); writes
 through a descriptor opened before arming (``os.write`` raises no event; ``open(fd, "w")`` is let through where the
-caller allowed writes, as ``tempfile`` wraps its own checked descriptors so); and a write whose path is relative is
-refused, since the ``open`` event does not say which folder (``dir_fd``) it is relative to. It stops what a payload
-reaches through Python's own process, thread, import, exec, ctypes, socket, sqlite3, environment and file APIs,
-which is what a class path in a config can name.
+caller allowed writes, as ``tempfile`` wraps its own checked descriptors so). A write to a relative path is refused:
+the ``open`` event does not say which folder (``dir_fd``) it is relative to. It stops what a payload reaches through
+Python's own process, thread, import, exec, ctypes, socket, sqlite3, environment and file APIs, which is what a class
+path in a config can name.
 """
 
 from __future__ import annotations
