@@ -455,3 +455,47 @@ def test_a_hostile_vec_normalize_pkl_is_refused_in_one_line_and_never_run(tmp_pa
     assert not marker.exists()
     (tmp_path / "vec_normalize.pkl").unlink()
     from_pretrained(path)  # the zip alone loads as it is
+
+
+def test_the_cli_applies_the_statistics_beside_init_weights_and_refuses_a_config_that_contradicts_them(tmp_path):
+    """``init_weights: <zip>`` with ``vec_normalize.pkl`` beside it through ``cli.py``: norm_obs, clip_obs and the
+    return's scaling are the statistics', the agent acts as SB3's ``predict`` on normalised observations, and a fit
+    goes on updating them from their count (as SB3's VecNormalize with ``training=True``); a clip_obs of the config's
+    own that differs is refused in one line. Built from Python without them, it is refused."""
+    from conftest import cli
+
+    from zoo.rl import PPOModule
+
+    path, model, venv = vec_normalized(tmp_path)
+    ppo = dict(total_env_steps=64, num_steps=16, num_minibatches=2, update_epochs=1)
+    gym_data = dict(env_id="Pendulum-v1", num_envs=2, max_episode_steps=20, eval_episodes=1, eval_envs=1)
+    model_cfg = {"net": {"class_path": "zoo.rl.ActorCritic"}, "init_weights": str(path), **ppo}
+    config = tmp_path / "continue.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "model": {"class_path": "zoo.rl.PPOModule", "init_args": model_cfg},
+                "data": {"class_path": "datamodules.GymDataModule", "init_args": gym_data},
+                "trainer": {"logger": False, "enable_progress_bar": False, "max_epochs": -1, "num_sanity_val_steps": 0},
+            }
+        )
+    )
+    c = cli("validate", "--config", str(config))
+    h = c.model.hparams
+    assert (h.norm_obs, h.clip_obs, h.norm_reward) == (True, 5.0, True)
+    obs = observations(model, 200)
+    expected, _ = model.predict(venv.normalize_obs(obs), deterministic=True)
+    assert np.abs(zoo_actions(c.model, obs, model.action_space) - expected).max() <= 1e-5
+    assert c.model.return_rms.count.item() == venv.ret_rms.count
+    c = cli("fit", "--config", str(config))
+    assert c.model.obs_rms.count.item() == venv.obs_rms.count + 64
+    with pytest.raises(InputError, match=r"norm_obs=False \(theirs: True\)") as err:
+        PPOModule(net=c.model.net, init_weights=str(path)).setup("validate")
+    assert "\n" not in str(err.value)
+    with pytest.raises(InputError) as err:
+        cli("validate", "--config", str(config), "--model.init_args.clip_obs=3")
+    assert str(err.value) == (
+        f"init_weights {str(path)!r} was trained under the VecNormalize statistics beside it, and the config "
+        "contradicts them: model.init_args.clip_obs=3.0 (the source's: 5.0). Leave these out of model.init_args "
+        "(the statistics set them), or move the statistics file away to start without them"
+    )

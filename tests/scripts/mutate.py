@@ -34,6 +34,7 @@ SCH, SMP, DL = "zoo/diffusion/schedule.py", "zoo/diffusion/samplers.py", "zoo/di
 FL, LT, EM = "zoo/diffusion/flow.py", "zoo/diffusion/latent.py", "zoo/diffusion/ema.py"
 RL, VT, SN, T3 = "zoo/rl/losses.py", "zoo/rl/vtrace.py", "zoo/rl/q_nets.py", "zoo/rl/td3.py"
 SB, RP, VN = "zoo/rl/sb3.py", "zoo/rl/pretrained.py", "zoo/rl/vec_normalize.py"
+ST = "zoo/rl/sb3_statistics.py"
 AP, FAM, OCC = "zoo/app/pretrained.py", "zoo/tracking/families.py", "zoo/clip/open_clip_config.py"
 UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/module.py"
 OB = "zoo/diffusion/objective.py"
@@ -639,12 +640,18 @@ FAMILIES: dict[str, dict] = {
             # VecNormalize statistics read as data (issue 53): found beside the zip, applied to act and the policy,
             # the pickle's names and fields refused outside what VecNormalize.save writes.
             (RP, "else stats_beside(Path(path))", "else None"),
-            (RP, "module.obs_rms.var.copy_(torch.from_numpy(stats.obs_var))", "None"),
-            (RP, '"clip_obs": stats.clip_obs}', '"clip_obs": 10.0}'),
-            (RP, "                buffer.fill_(value)", "                pass"),
+            (ST, "module.obs_rms.var.copy_(torch.from_numpy(stats.obs_var))", "None"),
+            (ST, '"clip_obs": stats.clip_obs}', '"clip_obs": 10.0}'),
+            (ST, "                buffer.fill_(value)", "                pass"),
             (VN, "                if where not in NAMES:", "                if False:"),
             (VN, "if unknown := sorted(str(k) for k in set(state) - FIELDS):", "if unknown := []:"),
             (VN, 'memo[len(memo) if name == "MEMOIZE" else arg]', 'memo[len(memo) + 1 if name == "MEMOIZE" else arg]'),
+            # ... and through cli.py's init_weights: the settings they state set in the config, a contradicting one
+            # refused, the statistics loaded at setup, a module whose settings differ refused.
+            ("zoo/app/pretrained.py", '"sb3": Source(sb3_zip, settings=sb3_statistics),', '"sb3": Source(sb3_zip),'),
+            ("zoo/app/pretrained.py", "and not _same(init.get(k), v)\n    ]", "and False\n    ]"),
+            (LC, "                load_statistics(module, path)\n", ""),
+            (ST, "        if h.get(k) != v\n", "        if False\n"),
         ],
     },
     "cnn": {

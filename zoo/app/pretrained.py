@@ -17,6 +17,10 @@ SFT, DPO, RL) starts from the last one's registered model with no net block writ
 depend on (dropout, activation checkpointing) may be the config's own, and a size the data states (a classifier's
 ``num_classes``: its head is replaced for another number of classes) stays the config's, for the data to fill.
 
+A source may also state settings of the module beside its net: the ``VecNormalize`` statistics beside a
+Stable-Baselines3 zip set the agent's ``norm_obs`` and ``clip_obs`` (``zoo.rl.sb3_statistics``), by
+the same rule (a value of the config's own that differs is refused in one line).
+
 A source no rule reads (a weights file of the net alone) leaves the config as it is: the module's load checks the net
 against the weights. ``--print_config`` shows the net completed by the same rules (``zoo.app.parser``).
 """
@@ -49,6 +53,8 @@ class Source:
     read: Callable[[Path], dict[str, Any] | None]
     adapted: frozenset[str] = frozenset()
     kept: frozenset[str] = frozenset()  # init_args the config keeps as it has them, unset included (sizes for the data)
+    # The module's own settings the source states beside its net, from ``path`` and the module's parsed init_args.
+    settings: Callable[[Path, Namespace], dict[str, Any]] | None = None
 
 
 def gpt_folder(path: Path) -> dict[str, Any] | None:
@@ -82,6 +88,16 @@ def sb3_zip(path: Path) -> dict[str, Any] | None:
     from zoo.rl.sb3 import net_config
 
     return net_config(path)
+
+
+def sb3_statistics(path: Path, init: Namespace) -> dict[str, Any]:
+    """The observation (and return) normalisation that the ``VecNormalize`` statistics beside a Stable-Baselines3
+    zip state (``zoo.rl.pretrained``): the agent acted on observations so normalised."""
+    if not path.is_file() or not zipfile.is_zipfile(path):
+        return {}
+    from zoo.rl.sb3_statistics import statistics_settings
+
+    return statistics_settings(path, init.get("gamma", 0.99))
 
 
 def zoo_model(path: Path, trusted: Iterable[str] = ()) -> dict[str, Any] | None:
@@ -136,7 +152,7 @@ SOURCES: dict[str, Source] = {
     "gpt": Source(gpt_folder),
     "diffusers": Source(diffusers_folder),
     "clip": Source(clip_folder, frozenset({"embed_dim"})),  # zoo.clip.hf.load_source_into replaces the projection
-    "sb3": Source(sb3_zip),
+    "sb3": Source(sb3_zip, settings=sb3_statistics),
 }  # by the families table's name
 
 
@@ -176,7 +192,30 @@ def net_from_source(cfg: Namespace, source: Source | None) -> str | None:
             f"Leave these out of {NET} (its class_path is enough), or start from other weights"
         )
     how = "as it stores it" if rule is ZOO_MODEL else "as its config states it"
-    return f"the net from init_weights {path!r}: {theirs['class_path']} {how}"
+    line = f"the net from init_weights {path!r}: {theirs['class_path']} {how}"
+    if rule.settings is not None and (settings := rule.settings(local, init)):
+        _set_settings(init, settings, _defaults(_class(cfg.model.class_path)), path)
+        line += f"; {', '.join(f'{k}={v!r}' for k, v in settings.items())} as its statistics state them"
+    return line
+
+
+def _set_settings(init: Namespace, settings: dict[str, Any], defaults: dict[str, Any], path: str) -> None:
+    """The module's ``init`` given the ``settings`` the source states beside its net (an SB3 zip's VecNormalize
+    statistics), refusing in one line a value of the config's own that differs: the weights were trained under the
+    source's."""
+    conflicts = [
+        f"model.init_args.{k}={_plain(init.get(k))!r} (the source's: {v!r})"
+        for k, v in settings.items()
+        if _given(init.get(k), defaults.get(k)) and not _same(init.get(k), v)
+    ]
+    if conflicts:
+        raise InputError(
+            f"init_weights {path!r} was trained under the VecNormalize statistics beside it, and the config "
+            f"contradicts them: {'; '.join(conflicts)}. Leave these out of model.init_args (the statistics set "
+            "them), or move the statistics file away to start without them"
+        )
+    for k, v in settings.items():
+        init[k] = v
 
 
 def _merge(net: Namespace, theirs: dict, where: str, defaults: dict, rule: Source, conflicts: list) -> None:

@@ -213,7 +213,8 @@ class Lifecycle:
     def load_init_weights(module: LightningModule, dm) -> None:
         """The agent's ``init_weights`` into it, once: never over a checkpoint's weights (``skip_init_weights``), nor
         again at a later stage of the same module. An SB3 zip (``zoo.rl.sb3``) into its nets, the env checked against
-        it; a zoo agent's weights (a checkpoint, a registered model's ``weights.safetensors``) into the whole module,
+        it, the VecNormalize statistics beside it into ``obs_rms`` (``zoo.rl.sb3_statistics.load_statistics``); a zoo
+        agent's weights (a checkpoint, a registered model's ``weights.safetensors``) into the whole module,
         observation statistics included, exactly (the env is checked against the net at setup)."""
         path = module.hparams.get("init_weights")
         if path and not getattr(module, "_init_loaded", False):
@@ -221,9 +222,13 @@ class Lifecycle:
             if str(path).endswith(ZOO_WEIGHTS):
                 load_zoo_agent(module, path)
             else:
-                from zoo.rl.sb3 import load_init_weights  # the importer names the agents, which import this file
+                from zoo.rl.sb3 import load_init_weights
+                from zoo.rl.sb3_statistics import (
+                    load_statistics,
+                )  # the importers name the agents, which import this file
 
                 load_init_weights(module, path, (*dm.spaces, dm.env_id) if dm is not None else None)
+                load_statistics(module, path)
             module._init_loaded = True
 
     def start(self, module: LightningModule, step_env_steps: int, envs_per_rank: int | None = None) -> int | None:

@@ -5,7 +5,8 @@ plain JSON (a schedule, pickled, is not read: the zoo's default stands for it).
     module = zoo.rl.from_pretrained("ppo-CartPole-v1.zip", total_env_steps=50_000)   # SB3's model.save output
 
 From the command line, ``init_weights: <zip>`` starts an agent of the config's hyperparameters from the zip's nets
-(``zoo.rl.sb3.load_init_weights``; ``cli.py`` builds the net as the zip states it).
+(``zoo.rl.sb3.load_init_weights``; ``cli.py`` builds the net as the zip states it) and from the statistics found
+beside it (``zoo.rl.sb3_statistics``; ``cli.py`` sets ``norm_obs`` and ``clip_obs`` as they state).
 
 An agent trained under ``VecNormalize`` acted on normalised observations: its statistics (``vec_normalize.pkl``, read
 as data by ``zoo.rl.vec_normalize``: the pickle is never run) become the module's ``obs_rms`` with ``norm_obs`` and
@@ -22,10 +23,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-import torch
 from lightning.pytorch import LightningModule
 
-from zoo.errors import InputError
 from zoo.rl.a2c import A2CModule
 from zoo.rl.ppo import PPOModule
 from zoo.rl.sac import SACModule
@@ -40,11 +39,11 @@ from zoo.rl.sb3 import (
     policy_kwargs,
     read_zip,
 )
+from zoo.rl.sb3_statistics import normalisation_settings, set_statistics, stats_beside
 from zoo.rl.td3 import TD3Module
-from zoo.rl.vec_normalize import VecNormalizeStats, read_vec_normalize
+from zoo.rl.vec_normalize import read_vec_normalize
 from zoo.train.optim import AdamOrRMSprop
 
-EPS = 1e-8  # what RunningMeanStd.normalize adds to the variance, as VecNormalize's default epsilon
 AGENTS = {"PPO": PPOModule, "A2C": A2CModule, "SAC": SACModule, "TD3": TD3Module}
 # zoo hyperparameter <- SB3's data field, copied where it holds a plain number (or bool).
 _SHARED = {k: k for k in ("gamma", "ent_coef", "gae_lambda", "max_grad_norm")}
@@ -117,50 +116,3 @@ def from_pretrained(path: str | Path, vec_normalize: str | Path | None = None, *
     if stats is not None:
         set_statistics(module, stats, str(stats_file))
     return module
-
-
-def stats_beside(path: Path) -> Path | None:
-    """``vec_normalize.pkl`` beside the zip, or in the folder named as it (RL Zoo's ``<env>.zip`` + ``<env>/``)."""
-    for candidate in (path.parent / "vec_normalize.pkl", path.with_suffix("") / "vec_normalize.pkl"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def normalisation_settings(stats: VecNormalizeStats, algo: str, gamma: float, where: str) -> dict[str, Any]:
-    """The agent's hyperparameters that apply ``stats`` as SB3's VecNormalize did, or one line naming what the zoo's
-    agent cannot do alike."""
-    if stats.epsilon != EPS:
-        raise InputError(f"{where}: its epsilon is {stats.epsilon}, where the zoo's normalisation adds {EPS}")
-    out: dict[str, Any] = {"norm_obs": stats.norm_obs, "clip_obs": stats.clip_obs}
-    if stats.norm_reward and algo not in ("PPO", "A2C"):
-        raise InputError(
-            f"{where}: it scales rewards (norm_reward), which the zoo's {algo} lacks; to act with its observation "
-            "statistics, save them with vec_normalize.norm_reward = False"
-        )
-    if stats.norm_reward and stats.gamma != gamma:
-        raise InputError(
-            f"{where}: it scales rewards by a return discounted with gamma {stats.gamma}, the agent's is {gamma}, "
-            "and the zoo discounts it with the agent's: pass gamma or save it with norm_reward = False"
-        )
-    if algo in ("PPO", "A2C"):
-        out |= {"norm_reward": stats.norm_reward, "clip_reward": stats.clip_reward}
-    return out
-
-
-def set_statistics(module: LightningModule, stats: VecNormalizeStats, where: str) -> None:
-    """The running statistics of ``stats`` into the module's buffers (the return's where the module keeps one)."""
-    shape = tuple(module.obs_rms.mean.shape)
-    if stats.obs_mean.shape != shape:
-        raise InputError(
-            f"{where}: its observation statistics have the shape {stats.obs_mean.shape}, the agent's {shape}"
-        )
-    with torch.no_grad():
-        module.obs_rms.mean.copy_(torch.from_numpy(stats.obs_mean))
-        module.obs_rms.var.copy_(torch.from_numpy(stats.obs_var))
-        module.obs_rms.count.fill_(stats.obs_count)
-        if hasattr(module, "return_rms"):
-            for buffer, value in zip(
-                (module.return_rms.mean, module.return_rms.var, module.return_rms.count), stats.ret
-            ):
-                buffer.fill_(value)

@@ -119,9 +119,10 @@ class SACModule(WeightsOnlyLoading, LightningModule):
                 target nets are Polyak copies over parameter lists, which adapters would misalign.
             init_weights: a Stable-Baselines3 zip of this algorithm (its ``model.save``) to start from: every tensor of
                 its policy, read weights-only when the run sets up (never over a checkpoint's weights), the env checked
-                against its spaces (``zoo.rl.sb3``); or a zoo agent's weights (its checkpoint, or a registered model:
+                against its spaces (``zoo.rl.sb3``), the VecNormalize statistics beside it into ``obs_rms``, which
+                this module's settings must match; or a zoo agent's weights (its checkpoint, or a registered model:
                 ``cli.py`` downloads ``models:/...``) into the whole module, exactly. ``cli.py`` builds the net as the
-                zip or the zoo model states it.
+                zip or the zoo model states it, and sets the normalisation as the statistics state it.
         """
         for settings in (actor_optimizer, critic_optimizer, alpha_optimizer):
             AdamOrRMSprop.of(settings)  # a checkpoint's hyperparameters (dicts): checked as the config's are

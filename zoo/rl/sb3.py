@@ -27,7 +27,8 @@ have rounded them. The mapping, SB3 -> zoo (n hidden layers; j = 0, 2, ..., 2n -
 Deterministic actions equal SB3's ``predict(obs, deterministic=True)`` (a Box action clipped to its bounds, as the
 zoo's collector clips it). SAC's sampled actions differ: SB3 clamps the actor's log-std to [-20, 2] where the zoo's
 actor bounds it smoothly (``zoo.rl.q_nets``). VecNormalize statistics (``vec_normalize.pkl``, a pickle) are not a
-zip: ``zoo.rl.vec_normalize`` reads them as data beside one (``zoo.rl.pretrained.from_pretrained``).
+zip: ``zoo.rl.vec_normalize`` reads them as data beside one (``zoo.rl.sb3_statistics``, for ``from_pretrained`` and
+``init_weights``).
 """
 
 from __future__ import annotations
