@@ -848,7 +848,7 @@ FAMILIES: dict[str, dict] = {
                 "    if event in REFUSED_EVENTS:",
                 '    if event in ("os.exec", "os.spawn"):',
             ),
-            (TW, "        if writes and not _inside(path, folders):", "        if writes and _inside(path, folders):"),
+            (TW, "        if writes and not (_inside(path, folders)", "        if writes and (_inside(path, folders)"),
             (
                 TW,
                 '            if not allowed_import(top, tops):\n                _refuse(f"import {top} (from',
