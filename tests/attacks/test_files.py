@@ -292,7 +292,7 @@ CKPT_PAYLOADS = [
     Payload("zip-bomb-record", "zip bomb (Fifield, WOOT 2019) as a .ckpt record", zip_bomb_record, FILES, xfail=TORCH_ERRORS),
     Payload("zip-slip-ckpt", "zip slip (Snyk 2018) members in a .ckpt", zip_slip_members, FILES, refuse=False, xfail=TORCH_ERRORS),
     Payload("zip-two-data-pkl", "picklescan CVE-2025-1944: zip parser differential", zip_two_data_pkl, FILES),
-    Payload("ckpt-name-is-a-module", "issue 52: --ckpt_path this.ckpt imports this (a dotted word taken for a class)", checkpoint_named_like_a_module, ("cli_file_name",), refuse=False, xfail="issue 52: only what the user types as a class is a class (h-cli)"),
+    Payload("ckpt-name-is-a-module", "issue 52: --ckpt_path this.ckpt imports this (a dotted word taken for a class)", checkpoint_named_like_a_module, ("cli_file_name",), refuse=False),
     Payload("ckpt-link-to-dev-zero", "symlinks in model folders: a file that never ends", not_a_checkpoint_dev_zero, FILES_CLI),
     # stored configs naming code (CVE-2026-58659 in Lightning: a checkpoint's hparams imported on load)
     Payload("hparams-class-os-system", "CVE-2026-58659 (Lightning imports a checkpoint's class_path)", _hparams(_class_path="os.system"), (*HPARAMS, "cli")),

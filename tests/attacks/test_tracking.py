@@ -26,8 +26,6 @@ from harness import HANG, Accepted, Payload, Refused, cases, replay, warm_up
 from loaders import command
 
 BUDGETS = "issue 52: stored values bounded before use (h-budget)"
-VERIFY = "issue 52: verify and the loaders check every file of the model folder (h-verify)"
-REMOTE = "issue 52: credentials, cache keys and streamed sizes for hostile tracking servers (h-remote)"
 TOKEN = "corpus-secret-token"
 
 
@@ -56,6 +54,8 @@ def _token(monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", TOKEN)
     # MLflow retries a failed request with backoff (seconds each): a refusal is the same after one try.
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    # A stream must keep its minimum rate after 1 s (60 by default): a drip is refused well inside its deadline.
+    monkeypatch.setenv("ZOO_DOWNLOAD_TIMEOUT", "1")
 
 
 # -- a hostile tracking server ----------------------------------------------------------------------------------
@@ -457,9 +457,9 @@ PAYLOADS = [
     Payload("mlflow-source-runs-dotdot", "CVE-2023-2780 shape in a runs:/ source", hostile(source="runs:/RUN/../../../OUTSIDE/model"), READERS),
     Payload("mlflow-source-other-run", "a version pointing at another run's artifacts", hostile(source="mlflow-artifacts:/0/someone-else/artifacts/model"), READERS),
     # a model whose files changed after they were logged: what verify and serving trust
-    Payload("mlflow-pyfunc-data-key", "issue 52 VA: MLmodel gains python_function.data", tampered(pyfunc_data_key), ("verify",), xfail=VERIFY),
-    Payload("mlflow-requirements-changed", "issue 52 VB: requirements.txt changed", tampered(requirements_changed), ("verify",), xfail=VERIFY),
-    Payload("mlflow-python-env-changed", "issue 52 VC: python_env.yaml changed", tampered(python_env_changed), ("verify",), xfail=VERIFY),
+    Payload("mlflow-pyfunc-data-key", "issue 52 VA: MLmodel gains python_function.data", tampered(pyfunc_data_key), ("verify",)),
+    Payload("mlflow-requirements-changed", "issue 52 VB: requirements.txt changed", tampered(requirements_changed), ("verify",)),
+    Payload("mlflow-python-env-changed", "issue 52 VC: python_env.yaml changed", tampered(python_env_changed), ("verify",)),
     Payload("model-folder-spec-dev-zero", "symlinks in model folders: module.json linked to /dev/zero", spec_dev_zero, ("load_model",), xfail=BUDGETS, isolate=True, deadline=HANG),
     # hostile tracking servers
     Payload("server-listing-dotdot", "CVE-2023-1177 class: ../ in a server's listing", hostile(listing=lambda e, p: [*e, {"path": "../../evil", "is_dir": False, "file_size": "1"}]), SERVED),
@@ -467,12 +467,12 @@ PAYLOADS = [
     Payload("server-listing-no-size", "a listing without sizes: no bound can hold", hostile(listing=lambda e, p: [{k: v for k, v in x.items() if k != "file_size"} for x in e]), SERVED),
     Payload("server-listing-huge", "a listing past the download bound", hostile(listing=lambda e, p: [{**x, "file_size": str(10**13)} if not x["is_dir"] else x for x in e]), SERVED),
     Payload("server-code-listing-bomb", "a code/ listing of 6,000 files for verify", tampered(lambda files, outside: files.update({f"model/code/x/{i}.py": b"" for i in range(6000)})), ("verify",)),
-    Payload("server-lying-size", "issue 52: a file listed small, sent large (300 MB written before the refusal)", hostile(listing=lambda e, p: [{**x, "file_size": "10"} if not x["is_dir"] else x for x in e], serve=serve_large, max_sent=16 * 2**20), ("load_model",), xfail=REMOTE),
-    Payload("server-slow-drip", "slowloris-style drip (CWE-400): one byte per 0.2 s", hostile(serve=drip), ("load_model",), xfail=REMOTE, isolate=True, deadline=HANG),
+    Payload("server-lying-size", "issue 52: a file listed small, sent large (300 MB written before the refusal)", hostile(listing=lambda e, p: [{**x, "file_size": "10"} if not x["is_dir"] else x for x in e], serve=serve_large, max_sent=16 * 2**20), ("load_model",)),
+    Payload("server-slow-drip", "slowloris-style drip (CWE-400): one byte per 0.2 s", hostile(serve=drip), ("load_model",), isolate=True, deadline=HANG + 2),
     Payload("server-local-artifact-root", "CVE-2023-1177 class: a server naming a folder of this machine", hostile(artifact_root="file://OUTSIDE"), SERVED),
-    Payload("server-foreign-artifact-host", "issue 52: the token sent to a host the server names (CWE-522)", foreign_artifacts, SERVED, xfail=REMOTE),
+    Payload("server-foreign-artifact-host", "issue 52: the token sent to a host the server names (CWE-522): fetched without it", foreign_artifacts, SERVED, refuse=False),
     Payload("server-redirect-foreign-host", "the token sent along a redirect to another host (CWE-601)", redirected, SERVED, refuse=False),
-    Payload("server-cache-poisoning", "issue 52: one server's ids answer another's URI (cache poisoning)", poisoned_cache, ("load_model",), refuse=False, xfail=REMOTE),
+    Payload("server-cache-poisoning", "issue 52: one server's ids answer another's URI (cache poisoning)", poisoned_cache, ("load_model",), refuse=False),
     Payload("server-error-page", "a server answering HTML 500s", hostile(hook=error_page), ("load_model", "cli")),
     Payload("server-redirect-loop", "a redirect loop (CWE-835)", hostile(hook=redirect_loop), SERVED),
     Payload("server-content-disposition", "CVE-2024-0520: a file name chosen by the server", hostile(serve=content_disposition), SERVED, refuse=False),
