@@ -152,4 +152,7 @@ def lm_eval_main(args, module: CausalLMModule | None = None) -> None:
 
 
 if __name__ == "__main__":
+    from zoo import watchdog
+
+    watchdog.start()  # Ctrl-C and SIGTERM end the command, whatever it is stuck in
     main()
