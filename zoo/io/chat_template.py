@@ -233,7 +233,7 @@ def _environment():
             _budget().room(sum(map(len, parts)))
             return "".join(parts)
 
-        def call(__self, __context, __obj, *args, **kwargs):  # jinja2.s own signature
+        def call(__self, __context, __obj, *args, **kwargs):  # jinja2's own signature
             _budget().step()
             return super().call(__context, __obj, *args, **kwargs)
 
