@@ -16,7 +16,7 @@ process of its own, started with the command:
   3. when that thread cannot run either (the GIL held) and the process is still there ``MARGIN_S`` later, the
      watchdog prints the line and ends it with SIGKILL (exit status 137).
 The watchdog leaves when the command's process is gone (the pipe's end closes). A process forked from the command
-(a DataLoader worker) closes its copies, so a worker's signal is not the command's.
+(a DataLoader worker) closes its copies before it takes a signal, so a worker's signal is not the command's.
 """
 
 from __future__ import annotations
@@ -108,13 +108,24 @@ def start(on_timeout: Callable[[int], object] = lambda signum: None, margin: flo
     os.close(back_w)
     signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
 
-    def forked() -> None:  # a forked worker's signals are its own, and it must not hold the pipe open
+    # A forked worker's signals are its own, and it must not hold the pipe open; SIGTERM and SIGINT wait while it
+    # forks, so none reaches the child before it lets go of the pipe.
+    held = threading.local()
+
+    def before() -> None:
+        held.mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING)
+
+    def parent() -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held.mask)
+
+    def child() -> None:
         with contextlib.suppress(OSError, ValueError):  # a fork of a fork: already done
             signal.set_wakeup_fd(-1)
             os.close(wake_w)
             os.close(back_r)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held.mask)
 
-    os.register_at_fork(after_in_child=forked)
+    os.register_at_fork(before=before, after_in_parent=parent, after_in_child=child)
     threading.Thread(target=_end_on_word, args=(back_r, grace, on_timeout), name="zoo-watchdog", daemon=True).start()
 
 

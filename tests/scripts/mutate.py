@@ -1853,6 +1853,11 @@ FAMILIES: dict[str, dict] = {
             (WD, "            signal.set_wakeup_fd(-1)\n            os.close(wake_w)\n", "            pass\n"),
             (
                 WD,
+                "        held.mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING)",
+                "        held.mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])",
+            ),
+            (
+                WD,
                 "while not (caught := [b for b in read(None) if b in names]):",
                 "while not (caught := list(read(None))):",
             ),
