@@ -1818,13 +1818,8 @@ FAMILIES: dict[str, dict] = {
             ("zoo/app/parser.py", "        compat.nested_flags_read_by_their_own_type()", "        pass"),
         ],
     },
-    "deadlines": {  # stored regexes, templates and tokenizers on a bound; Ctrl-C and SIGTERM always end a command
-        "tests": [
-            "tests/shared/test_patterns.py",  # first: a second
-            "tests/shared/test_watchdog.py",  # seconds: processes stuck after SIGTERM
-            "tests/gpt/test_sentencepiece.py",
-            "tests/gpt/test_chat.py",
-        ],
+    "template_budget": {  # a chat template renders on a budget of steps, seconds and characters
+        "tests": ["tests/gpt/test_chat.py"],
         "mutants": [
             # a template's loops, calls and reads not counted; the steps or the seconds not checked
             (
@@ -1848,6 +1843,15 @@ FAMILIES: dict[str, dict] = {
             (CTT, 'and re.search(r"\\d{7}", fmt):', "and False:"),
             (CTT, "                _wide(value.__self__)", "                pass"),
             (CTT, "            budget.room(len(piece))", "            pass"),
+        ],
+    },
+    "deadlines": {  # stored regexes and tokenizers on a bound; Ctrl-C and SIGTERM always end a command
+        "tests": [
+            "tests/shared/test_patterns.py",  # first: a second
+            "tests/shared/test_watchdog.py",  # seconds: processes stuck after SIGTERM
+            "tests/gpt/test_sentencepiece.py",
+        ],
+        "mutants": [
             # the watchdog: not hearing the signal, a worker's signal or an alarm taken for the command's, no end
             (WD, "    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)", "    pass"),
             (WD, "            signal.set_wakeup_fd(-1)\n            os.close(wake_w)\n", "            pass\n"),
