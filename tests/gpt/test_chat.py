@@ -166,6 +166,11 @@ BOMBS = {
     "a wide format": ("{{ '{:0999999999}'.format(1) }}", "7 digits"),
     "a wide % format": ("{{ '%0999999999d'|format(1) }}", "7 digits"),
     "an output without bound": ("{% for i in range(99999) %}{{ 'a' * 10**5 }}{% endfor %}", "characters"),
+    # one string written again and again: nothing new is made, the output alone grows
+    "an output of one string": (
+        "{% set x = 'a' * 10**6 %}{% for i in range(99999) %}{{ x }}{% endfor %}",
+        "characters",
+    ),
 }
 
 
