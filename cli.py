@@ -112,6 +112,7 @@ def run() -> None:
 
 
 if __name__ == "__main__":
+    terminal.start_watchdog()  # Ctrl-C and SIGTERM end the command, whatever it is stuck in (zoo.watchdog)
     run()
     # Close a DDP/FSDP process group before the interpreter exits: left to exit-time destructors, gloo's
     # threads can abort a finished run ("terminate called without an active exception").

@@ -6,6 +6,7 @@ conversations are cut at whole turns, malformed records are named by file and li
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -135,7 +136,7 @@ def test_a_token_straddling_the_reply_boundary_is_learned_as_the_replys(tokenize
         ("{{ messages.__class__.__base__.__subclasses__() }}", "sandbox refuses"),
         ("{% set ns = namespace(_x=1) %}", "sandbox refuses"),
         ("{{ messages.append(1) }}", "sandbox refuses"),
-        ("{{ 'a' * 10**8 }}", "sandbox refuses"),  # 100 MB, refused before it is allocated
+        ("{{ 'a' * 10**8 }}", "past its budget"),  # 100 MB, refused before it is allocated
         ("{% include 'tokenizer.json' %}", "no loader"),
         ("{% for m in messages %", "not a Jinja template"),
     ],
@@ -143,6 +144,69 @@ def test_a_token_straddling_the_reply_boundary_is_learned_as_the_replys(tokenize
 def test_a_template_that_reaches_outside_its_data_is_refused_in_one_line(template, why):
     with pytest.raises(InputError, match=f"chat_template.*{why}"):
         render(template, CONVERSATION)
+
+
+LOOP = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}"  # 10^10 steps, no output
+BOMBS = {
+    "nested loops": (LOOP, "steps"),
+    "a branching recursion": (
+        "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}",
+        "steps",
+    ),
+    "a string that doubles": (
+        "{% set ns = namespace(x='ab') %}{% for i in range(64) %}{% set ns.x = ns.x ~ ns.x %}{% endfor %}",
+        "characters",
+    ),
+    "a list that doubles": (
+        "{% set ns = namespace(x=[1]) %}{% for i in range(64) %}{% set ns.x = ns.x + ns.x %}{% endfor %}",
+        "characters",
+    ),
+    "a wide filter": ("{{ 'a'|center(10**9) }}", "characters"),
+    "a replace that multiplies": ("{{ ('a' * 10**6)|replace('a', 'b' * 10**6) }}", "characters"),
+    "a wide format": ("{{ '{:0999999999}'.format(1) }}", "7 digits"),
+    "a wide % format": ("{{ '%0999999999d'|format(1) }}", "7 digits"),
+    "an output without bound": ("{% for i in range(99999) %}{{ 'a' * 10**5 }}{% endfor %}", "characters"),
+    # one string written again and again: nothing new is made, the output alone grows
+    "an output of one string": (
+        "{% set x = 'a' * 10**6 %}{% for i in range(99999) %}{{ x }}{% endfor %}",
+        "characters",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", BOMBS)
+def test_a_template_bomb_is_one_line_within_its_budget(name, monkeypatch):
+    from zoo.io import chat_template
+
+    monkeypatch.setattr(chat_template, "TEMPLATE_STEPS", 20_000)  # a real template takes a few thousand
+    template, why = BOMBS[name]
+    start = time.monotonic()
+    with pytest.raises(InputError, match=f"chat_template ran past its budget: .*{why}"):
+        render(template, CONVERSATION)
+    assert time.monotonic() - start < 2
+
+
+def test_a_template_bomb_stops_at_its_deadline_even_within_its_steps(monkeypatch):
+    from zoo.io import chat_template
+
+    monkeypatch.setattr(chat_template, "TEMPLATE_SECONDS", 0.2)
+    start = time.monotonic()
+    with pytest.raises(InputError, match=r"ran past its budget: more than 0.2 s"):
+        render(LOOP, CONVERSATION)
+    assert time.monotonic() - start < 1.5
+
+
+def test_a_long_conversation_renders_within_the_budget(monkeypatch):
+    """The budget is not a limit on real use: 200 turns of 2,000 characters through a template that rebuilds its
+    text as it grows (the costliest habit real templates have) and loops over its messages twice."""
+    from zoo.io import chat_template
+
+    template = (
+        "{% set ns = namespace(text='') %}{% for m in messages %}{% set ns.text = ns.text ~ '<|' ~ m['role'] ~ "
+        "'|>' ~ m['content'] %}{% endfor %}{{ ns.text }}{% for m in messages %}{{ loop.index }}{% endfor %}"
+    )
+    turns = [{"role": ("user", "assistant")[i % 2], "content": "x" * 2000} for i in range(200)]
+    assert len(chat_template.render(template, turns)) > 400_000
 
 
 def test_a_template_that_rewrites_earlier_turns_is_refused(tokenizer_dir):

@@ -276,3 +276,32 @@ def test_an_oversized_tokenizer_model_is_refused_unread(tmp_path, sp_model):
         f.truncate(sp_tokenizer.MAX_MODEL_BYTES + 1)
     with pytest.raises(InputError, match="is larger than 16,777,216 bytes"):
         from_folder(folder, model_type="llama")
+
+
+@pytest.mark.parametrize(
+    ("bound", "at", "named"),
+    [
+        ("MAX_PIECES", 399, "holds 400 pieces, more than the 399 the zoo reads"),
+        ("MAX_MERGES", 10, "more than 10 merges"),
+    ],
+)
+def test_a_model_past_the_counts_the_zoo_builds_is_refused_before_it_is_built(
+    tmp_path, sp_model, monkeypatch, bound, at, named
+):
+    """A file within the size limit can hold ~2M pieces making 8.4M merges (30 s, 3.3 GB): counted first."""
+    monkeypatch.setattr(sp_tokenizer, bound, at)
+    monkeypatch.setattr(sp_tokenizer, "_add_tokens", lambda *a: pytest.fail("built past the bound"))
+    with pytest.raises(InputError, match=named) as err:
+        from_folder(write_folder(tmp_path, sp_model), model_type="llama")
+    assert "\n" not in str(err.value)
+
+
+def test_a_model_at_the_counts_is_built(tmp_path, sp_model, monkeypatch):
+    from sentencepiece import sentencepiece_model_pb2
+
+    pieces = sentencepiece_model_pb2.ModelProto.FromString(sp_model).pieces
+    monkeypatch.setattr(sp_tokenizer, "MAX_PIECES", len(pieces))
+    monkeypatch.setattr(
+        sp_tokenizer, "MAX_MERGES", len(sp_tokenizer.merges({p.piece: i for i, p in enumerate(pieces)}))
+    )
+    assert from_folder(write_folder(tmp_path, sp_model), model_type="llama").vocab_size == len(pieces)

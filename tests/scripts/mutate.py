@@ -76,6 +76,7 @@ SPT, HFT = "zoo/io/sp_tokenizer.py", "zoo/io/hf_tokenizer.py"
 WI, WF, HK = "zoo/adapt/wise.py", "callbacks/wiseft.py", "zoo/app/hooks.py"
 GTK, DTK, LEV = "zoo/gpt/tasks.py", "datamodules/tasks.py", "zoo/gpt/lm_eval.py"
 GMN, TMN = "zoo/gpt/__main__.py", "zoo/tracking/__main__.py"
+WD, PAT = "zoo/watchdog.py", "zoo/io/patterns.py"
 OPT, GN, ATT, WT, TOK = (
     "zoo/train/optim.py",
     "zoo/train/gradnorm.py",
@@ -1539,7 +1540,7 @@ FAMILIES: dict[str, dict] = {
             (CTT, "if not (through.startswith(before) and text.startswith(through)):", "if False:"),
             # the sandbox: a plain environment, the size bound gone
             (CTT, "class Sandbox(ImmutableSandboxedEnvironment):", "class Sandbox(jinja2.Environment):"),
-            (CTT, 'intercepted_binops = frozenset(["*", "**"])', "intercepted_binops = frozenset()"),
+            (CTT, 'intercepted_binops = frozenset(["*", "**", "+"])', "intercepted_binops = frozenset()"),
             # the generated task: a wrong answer, no precedence, test questions in training, slips that are right
             (AR, 'c = a * b if op == "*" else a + b if op == "+" else a - b', 'c = a * b if op == "*" else a + b'),
             (AR, 'i = ops.index("*") if "*" in ops else 0', "i = 0"),
@@ -2057,6 +2058,81 @@ FAMILIES: dict[str, dict] = {
                 "        return timed(re.search, RULE_SECONDS, pattern, text)",
                 "        return re.search(pattern, text)",
             ),
+        ],
+    },
+    "template_budget": {  # a chat template renders on a budget of steps, seconds and characters
+        "tests": ["tests/gpt/test_chat.py"],
+        "mutants": [
+            # a template's loops, calls and reads not counted; the steps or the seconds not checked
+            (
+                CTT,
+                "                loop.iter = jinja2.nodes.Call(counted, [loop.iter], [], None, None, lineno=loop.lineno)",
+                "                pass",
+            ),
+            (
+                CTT,
+                "        def call(__self, __context, __obj, *args, **kwargs):  # jinja2's own signature\n            _budget().step()\n",
+                "        def call(__self, __context, __obj, *args, **kwargs):  # jinja2's own signature\n",
+            ),
+            (CTT, "        if self.steps < 0:", "        if False:"),
+            (CTT, "        if time.monotonic() > self.deadline:", "        if False:"),
+            # strings: one past the bound, or the total made, let through; ~, +, the filters, formats, the output
+            (CTT, "        if n > self.chars or self.made < 0:", "        if self.made < 0:"),
+            (CTT, "            _budget().room(sum(map(len, parts)))", "            pass"),
+            (CTT, 'intercepted_binops = frozenset(["*", "**", "+"])', 'intercepted_binops = frozenset(["*", "**"])'),
+            (CTT, "    env.filters |= {name: _bounded_filter(", "    {name: _bounded_filter("),
+            (CTT, "            budget.room(len(text) + (text.count(old)", "            (len(text) + (text.count(old)"),
+            (CTT, 'and re.search(r"\\d{7}", fmt):', "and False:"),
+            (CTT, "                _wide(value.__self__)", "                pass"),
+            (CTT, "            budget.room(len(piece))", "            pass"),
+        ],
+    },
+    "deadlines": {  # stored regexes and tokenizers on a bound; Ctrl-C and SIGTERM always end a command
+        "tests": [
+            "tests/shared/test_patterns.py",  # first: a second
+            "tests/shared/test_watchdog.py",  # seconds: processes stuck after SIGTERM
+            "tests/gpt/test_sentencepiece.py",
+        ],
+        "mutants": [
+            # the watchdog: not hearing the signal, a worker's signal or an alarm taken for the command's, no end
+            (WD, "    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)", "    pass"),
+            (WD, "            signal.set_wakeup_fd(-1)\n            os.close(wake_w)\n", "            pass\n"),
+            (
+                WD,
+                "        held.mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING)",
+                "        held.mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])",
+            ),
+            (
+                WD,
+                "while not (caught := [b for b in read(None) if b in names]):",
+                "while not (caught := list(read(None))):",
+            ),
+            (WD, "wait(grace)\n", "wait(0)\n"),
+            (WD, "os.kill(pid, signal.SIGKILL)", "pass"),
+            (WD, "        on_timeout(signum)", "        pass"),
+            (WD, "        os._exit(128 + signum)", "        os._exit(1)"),
+            # a stored tokenizer's regexes unchecked: a checkpoint's kinds, some parts, nested ones, lettered escapes
+            (TOK, "    check_patterns(hf, source)\n", ""),
+            (
+                TOK,
+                'return cls(parse_tokenizer_json(text, f"the checkpoint\'s {cls.kind} tokenizer"))',
+                "return cls(HFTokenizer.from_str(text))",
+            ),
+            (
+                PAT,
+                "(tokenizer.normalizer, tokenizer.pre_tokenizer, tokenizer.decoder, tokenizer.post_processor)",
+                "(tokenizer.pre_tokenizer,)",
+            ),
+            (PAT, "    if isinstance(node, list):", "    if False:"),
+            (
+                PAT,
+                '_LITERAL = r"(?:[^\\\\*+?{}()\\[\\]|.^$]|\\\\[^0-9A-Za-z])+"',
+                '_LITERAL = r"(?:[^\\\\*+?{}()\\[\\]|.^$]|\\\\.)+"',
+            ),
+            (PAT, '    if os.environ.get(TRUST_ENV) == "1":', '    if os.environ.get(TRUST_ENV) != "1":'),
+            # a SentencePiece model's counts not bounded
+            (SPT, "    if len(proto.pieces) > MAX_PIECES:", "    if False:"),
+            (SPT, "        if len(found) > MAX_MERGES:", "        if False:"),
         ],
     },
     "files": {  # files an outsider wrote: pretrained folders, archives, exported programs, planted links

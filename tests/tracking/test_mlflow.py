@@ -22,6 +22,7 @@ from mlflow.tracking import MlflowClient
 
 from zoo.errors import InputError
 from zoo.tracking import store_uri
+from zoo.watchdog import LINE, MARGIN_S
 
 TINY = str(CONFIGS / "cnn" / "convnet_digits.yaml")
 
@@ -171,15 +172,16 @@ def test_server_dying_mid_run_keeps_local_checkpoints(tmp_path):
     assert ckpt["epoch"] == 5, out[-3000:]  # checkpoints kept coming after the server died
 
 
-def _start_fit(*args: str) -> subprocess.Popen:
-    """``python cli.py fit`` on the tiny config in the background, into the working directory's default store."""
+def _start_fit(*args: str, **settings: str) -> subprocess.Popen:
+    """``python cli.py fit`` on the tiny config in the background, into the working directory's default store;
+    ``settings``: further environment variables."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     return subprocess.Popen(
         [sys.executable, str(ROOT / "cli.py"), "fit", "--config", TINY, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**env, "PYTHONPATH": str(ROOT)},
+        env={**env, "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(__file__).parent)]), **settings},
     )
 
 
@@ -208,6 +210,27 @@ def test_run_stopped_by_a_signal_ends_killed(embedded_store, sig):
     (run,) = client.search_runs([client.get_experiment_by_name("zoo").experiment_id])
     assert run.info.status == "KILLED", out[-3000:]
     assert fit.returncode != 0  # Lightning ends a SIGTERMed fit with exit status 0
+
+
+@pytest.mark.slow  # a fit of its own (~30 s on 2 busy cores); zoo.watchdog's own tests are fast
+def test_a_fit_stuck_after_sigterm_is_ended_by_the_watchdog_and_its_run_killed(embedded_store):
+    """The user's path to ``zoo.watchdog`` (its own test covers native code): ``python cli.py`` starts it, and the
+    run it ends is KILLED in MLflow, with one line."""
+    fit = _start_fit("--trainer.max_epochs=1000", "--trainer.callbacks+=stuck.StuckAfterAStep", ZOO_STOP_GRACE="1")
+    deadline = time.monotonic() + 300
+    while not Path("stuck").exists() and fit.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    start = time.monotonic()
+    fit.send_signal(signal.SIGTERM)
+    out, _ = fit.communicate(timeout=60)
+    assert fit.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert time.monotonic() - start < 1 + MARGIN_S
+    assert [line for line in out.splitlines() if line.startswith("error:")] == [
+        LINE.format(signal="SIGTERM", grace=1.0)
+    ], out[-3000:]
+    client = MlflowClient(store_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("zoo").experiment_id])
+    assert run.info.status == "KILLED"
 
 
 def test_run_that_raises_ends_failed_without_an_exception_checkpoint(embedded_store):

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from zoo import watchdog
 from zoo.app.parser import VERBOSE_ENV
 from zoo.errors import InputError, install_line, one_line
 from zoo.tracking import end_open_runs
@@ -82,6 +83,15 @@ def install_hint(err: BaseException) -> str:
     if isinstance(err, DependencyNotInstalled):
         return f"; or install the zoo's rl extra, which has Box2D and MuJoCo wheels: {install_line('rl')}"
     return ""
+
+
+def start_watchdog() -> None:
+    """``zoo.watchdog`` for this command: a run it ends is ended in MLflow as KILLED first."""
+
+    def end_runs(signum: int) -> None:
+        end_open_runs(SIGTERMException() if signum == signal.SIGTERM else KeyboardInterrupt())
+
+    watchdog.start(end_runs)
 
 
 def run(main: Callable[[], object]) -> None:

@@ -176,4 +176,7 @@ def known_tasks(names: str, known: list[str], builtin_off: bool = False) -> list
 
 
 if __name__ == "__main__":
+    from zoo import watchdog
+
+    watchdog.start()  # Ctrl-C and SIGTERM end the command, whatever it is stuck in
     main()

@@ -28,7 +28,11 @@ states that format as a Jinja template (``DEFAULT_TEMPLATE``, ``template_source`
 
 from __future__ import annotations
 
+import functools
 import json
+import re
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -39,6 +43,12 @@ from zoo.errors import InputError
 from zoo.io.tokenizers import EOS_TOKEN, CharTokenizer, PretrainedTokenizer
 
 MAX_TEMPLATE_CHARS = 200_000  # the largest published templates (tool-calling ones) are ~20k characters
+# A template is code with a budget: each render may take this many steps (a loop's item, a call, an attribute or
+# item read; a conversation of 100 turns through a tool-calling template takes a few thousand) and this many
+# seconds, and write this many characters beyond twice the messages' own; past any, one line.
+TEMPLATE_STEPS = 1_000_000
+TEMPLATE_SECONDS = 5.0
+TEMPLATE_EXTRA_CHARS = 2_000_000
 ROLES = ("system", "user", "assistant")
 
 
@@ -54,11 +64,92 @@ class Rendered:
     text: str = ""
 
 
+# -- the budget a render runs on ----------------------------------------------------------------------------------
+
+
+class PastBudget(Exception):
+    """A render spent more than its ``Budget``."""
+
+
+class Budget:
+    """What one render may spend: ``TEMPLATE_STEPS`` steps, ``TEMPLATE_SECONDS`` seconds, and strings of at most
+    ``chars`` characters each, ``MADE_PER_CHAR`` times that in all (what ``~``, ``+``, ``*`` and the widening filters
+    make, and the output). Counted in the sandbox itself, so it holds on any thread (a serving thread has no
+    SIGALRM), and a pure-Python loop is stopped between two steps."""
+
+    def __init__(self, chars: int) -> None:
+        self.steps, self.chars, self.made = TEMPLATE_STEPS, chars, MADE_PER_CHAR * chars
+        self.deadline = time.monotonic() + TEMPLATE_SECONDS
+
+    def step(self) -> None:
+        self.steps -= 1
+        if self.steps < 0:
+            raise PastBudget(f"more than {TEMPLATE_STEPS} steps (loop items, calls, reads)")
+        if time.monotonic() > self.deadline:
+            raise PastBudget(f"more than {TEMPLATE_SECONDS} s")
+
+    def room(self, n: int) -> None:
+        """Refuses a string (or list) of ``n`` before it is made."""
+        self.step()
+        self.made -= n
+        if n > self.chars or self.made < 0:
+            raise PastBudget(f"a string or list of {n} items, past the {self.chars} characters a render may write")
+
+
+_local = threading.local()
+MADE_PER_CHAR = 64  # a template that rebuilds its text as it grows (``ns.text = ns.text ~ ...``) makes it ~turns times
+
+
+def _budget() -> Budget:
+    """This thread's render's budget; outside a render (jinja2 folding constants at compile time) a fresh one."""
+    return getattr(_local, "budget", None) or Budget(TEMPLATE_EXTRA_CHARS)
+
+
+def _wide(fmt: object) -> None:
+    """Refuses a format string with a width or precision of 7 digits or more (``'%0999999999d'``)."""
+    if isinstance(fmt, str) and re.search(r"\d{7}", fmt):
+        raise PastBudget("a format string with a width of 7 digits or more")
+
+
+def _bounded_filter(fn: Callable) -> Callable:
+    """``fn`` (a filter that can widen a string: a width, a count, a join) with its result's size checked first."""
+
+    @functools.wraps(fn)  # keeps jinja2's pass_eval_context mark
+    def bounded(*args, **kwargs):
+        budget, values = _budget(), [*args, *kwargs.values()]
+        for value in values:
+            if isinstance(value, int) and not isinstance(value, bool):
+                budget.room(abs(value))  # a width, a length
+        strings = [v for v in values if isinstance(v, str)]
+        if fn.__name__ == "do_format" and strings:
+            _wide(strings[0])
+        if fn.__name__ == "do_replace" and len(strings) >= 3:
+            text, old, new = strings[:3]
+            budget.room(len(text) + (text.count(old) if old else len(text) + 1) * len(new))
+        if fn.__name__ == "do_join" and isinstance(values[1], (list, tuple)):
+            budget.room(sum(len(v) if isinstance(v, str) else 1 for v in values[1]))
+        if fn.__name__ == "do_indent" and strings:
+            width = next((v for v in values[1:] if isinstance(v, (int, str)) and not isinstance(v, bool)), 4)
+            budget.room(
+                len(strings[0]) + (strings[0].count("\n") + 1) * (width if isinstance(width, int) else len(width))
+            )
+        out = fn(*args, **kwargs)
+        if isinstance(out, str):
+            budget.room(len(out))
+        return out
+
+    return bounded
+
+
+WIDENING_FILTERS = ("center", "format", "indent", "join", "replace", "truncate", "wordwrap")
+
+
 # -- the Jinja environment, as transformers builds it -------------------------------------------------------------
 
 
 def _environment():
     import jinja2
+    from jinja2.compiler import CodeGenerator
     from jinja2.ext import Extension, loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -109,22 +200,73 @@ def _environment():
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    class Sandbox(ImmutableSandboxedEnvironment):
-        """Beyond transformers: ``*`` and ``**`` bounded, so ``'a' * 10**12`` is refused rather than allocated."""
+    class Generator(CodeGenerator):
+        def visit_Concat(self, node, frame):  # ``a ~ b``: joined within the render's characters
+            self.write("environment.joined((")
+            for arg in node.nodes:
+                self.visit(arg, frame)
+                self.write(", ")
+            self.write("))")
 
-        intercepted_binops = frozenset(["*", "**"])
+    class Sandbox(ImmutableSandboxedEnvironment):
+        """Beyond transformers: each render runs on a budget (``Budget``: steps, seconds, characters), so a loop
+        bomb, a recursion that branches or a string that doubles is one line; ``*``, ``+``, ``~``, ``**`` and the
+        filters that widen a string are bounded before they allocate."""
+
+        code_generator_class = Generator
+        intercepted_binops = frozenset(["*", "**", "+"])
+
+        def _parse(self, source, name, filename):
+            tree = super()._parse(source, name, filename)
+            for loop in tree.find_all(jinja2.nodes.For):  # each item a loop takes is a step
+                counted = jinja2.nodes.EnvironmentAttribute("counted")  # no template can name or replace it
+                loop.iter = jinja2.nodes.Call(counted, [loop.iter], [], None, None, lineno=loop.lineno)
+            return tree
+
+        def counted(self, iterable):
+            for item in iterable:
+                _budget().step()
+                yield item
+
+        def joined(self, parts):
+            parts = [str(p) for p in parts]
+            _budget().room(sum(map(len, parts)))
+            return "".join(parts)
+
+        def call(__self, __context, __obj, *args, **kwargs):  # jinja2's own signature
+            _budget().step()
+            return super().call(__context, __obj, *args, **kwargs)
+
+        def getattr(self, obj, attribute):
+            _budget().step()
+            return super().getattr(obj, attribute)
+
+        def getitem(self, obj, argument):
+            _budget().step()
+            return super().getitem(obj, argument)
+
+        def wrap_str_format(self, value):  # ``'{:0999999999}'.format(1)``: refused as the method is read
+            wrapped = super().wrap_str_format(value)
+            if wrapped is not None:
+                _wide(value.__self__)
+            return wrapped
 
         def call_binop(self, context, operator, left, right):
+            budget = _budget()
+            budget.step()
             sized = [v for v in (left, right) if isinstance(v, (str, list, tuple))]
-            counts = [v for v in (left, right) if isinstance(v, int)]
-            if operator == "*" and sized and counts and len(sized[0]) * counts[0] > MAX_TEMPLATE_CHARS * 10:
-                raise jinja2.exceptions.SecurityError("a repeated string or list past the size bound")
+            counts = [v for v in (left, right) if isinstance(v, int) and not isinstance(v, bool)]
+            if operator == "*" and sized and counts:
+                budget.room(len(sized[0]) * counts[0])
+            if operator == "+" and len(sized) == 2:
+                budget.room(len(left) + len(right))
             if operator == "**" and isinstance(right, int) and abs(right) > 64:
                 raise jinja2.exceptions.SecurityError("a power past the bound of 64")
             return super().call_binop(context, operator, left, right)
 
     env = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
     env.filters["tojson"] = tojson
+    env.filters |= {name: _bounded_filter(env.filters[name]) for name in WIDENING_FILTERS}
     env.globals |= {
         "raise_exception": raise_exception,
         "strftime_now": lambda fmt: datetime.now().strftime(fmt),
@@ -151,17 +293,32 @@ def compile_template(source: str):
 
 
 def render(source: str, messages: list[dict], add_generation_prompt: bool = False, **special: str) -> str:
-    """``source`` rendered for ``messages``; a template error or a sandbox refusal is one line."""
+    """``source`` rendered for ``messages`` on a ``Budget``; a template error, a sandbox refusal or a budget spent is
+    one line."""
     import jinja2
 
+    content = sum(len(c) for m in messages if isinstance(m, dict) and isinstance(c := m.get("content"), str))
+    _local.budget = budget = Budget(2 * content + TEMPLATE_EXTRA_CHARS)
     try:
-        return compile_template(source).render(
+        pieces = compile_template(source).generate(
             messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt, **special
         )
+        out = []
+        for piece in pieces:
+            budget.room(len(piece))
+            out.append(piece)
+        return "".join(out)
+    except PastBudget as err:
+        raise InputError(
+            f"the chat_template ran past its budget: {err} (a loop or a string without bound); the zoo renders a "
+            f"template within {TEMPLATE_STEPS} steps and {TEMPLATE_SECONDS} s"
+        ) from None
     except jinja2.exceptions.SecurityError as err:
         raise InputError(f"the chat_template tried what the sandbox refuses ({err})") from None
     except Exception as err:  # a template is data: whatever it raises is a refusal, not a crash
         raise InputError(f"the chat_template failed to render ({type(err).__name__}: {err})") from None
+    finally:
+        _local.budget = None
 
 
 # -- a tokenizer's conversations ----------------------------------------------------------------------------------

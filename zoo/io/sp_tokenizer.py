@@ -39,6 +39,11 @@ MAX_MODEL_BYTES = 16 * 2**20
 # size made of pieces this long takes seconds). sentencepiece's trainer makes pieces of at most 16 characters
 # (max_sentencepiece_length); tags added by hand are short too.
 MAX_PIECE_CHARS = 512
+# Counts, checked before anything is built (a file within the size limit holds ~2M short pieces, which made 8.4M
+# merges: 30 s and 3.3 GB): eight times Llama 2's 32,000 pieces, sixteen times its 61,249 merges (a model read as
+# LlamaTokenizer reads it); at these the pipeline builds in seconds.
+MAX_PIECES = 2**18
+MAX_MERGES = 2**20
 BPE, CONTROL, USER_DEFINED = 2, 3, 4  # sentencepiece_model.proto's ModelType.BPE and Piece.Type values
 LLAMA_CLASSES = ("LlamaTokenizer", "LlamaTokenizerFast")
 # Model types for which AutoTokenizer reads tokenizer.model with another class than LlamaTokenizer (depending on
@@ -79,6 +84,11 @@ def _parse(data: bytes, path: Path) -> Any:
     except Exception as err:  # protobuf's DecodeError, or its C parser's own error type
         said = " ".join(str(err).split())  # one line
         raise InputError(f"{str(path)!r} is not a SentencePiece model ({type(err).__name__}: {said})") from None
+    if len(proto.pieces) > MAX_PIECES:
+        raise InputError(
+            f"{str(path)!r} holds {len(proto.pieces)} pieces, more than the {MAX_PIECES} the zoo reads (eight times "
+            f"Llama 2's): it is not a tokenizer to build"
+        )
     pieces = [p.piece for p in proto.pieces]
     bytes_held = {f"<0x{b:02X}>" for b in range(256)} <= set(pieces)
     norm = proto.normalizer_spec
@@ -121,8 +131,15 @@ def _pipeline(proto: Any, config: dict) -> HFTokenizer:
 
 def merges(vocab: dict[str, int]) -> list[tuple[str, str]]:
     """Every split of a piece into two pieces, ranked by the merged piece's id, then by the left part's length
-    (transformers' ``generate_merges`` without scores)."""
-    found = [(i, k, p) for p, i in vocab.items() for k in range(1, len(p)) if p[:k] in vocab and p[k:] in vocab]
+    (transformers' ``generate_merges`` without scores); refused past ``MAX_MERGES``, counted as they are found."""
+    found = []
+    for p, i in vocab.items():
+        found += [(i, k, p) for k in range(1, len(p)) if p[:k] in vocab and p[k:] in vocab]
+        if len(found) > MAX_MERGES:
+            raise InputError(
+                f"the tokenizer.model's pieces make more than {MAX_MERGES} merges (each split of a piece into two "
+                f"pieces is one), more than the zoo builds: it is not a tokenizer to build"
+            )
     return [(piece[:k], piece[k:]) for _, k, piece in sorted(found)]  # (id, k) is unique: pieces never compared
 
 

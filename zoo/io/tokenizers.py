@@ -30,6 +30,7 @@ from torch import Tensor
 
 from zoo.errors import InputError, missing_extra
 from zoo.io.files import read_bytes, read_json, replacing
+from zoo.io.patterns import check_patterns
 
 EOS_TOKEN = "<|endoftext|>"
 
@@ -177,7 +178,7 @@ class _HFTokenizer:
 
     @classmethod
     def from_json(cls, text: str):
-        return cls(HFTokenizer.from_str(text))
+        return cls(parse_tokenizer_json(text, f"the checkpoint's {cls.kind} tokenizer"))
 
 
 class BPETokenizer(_HFTokenizer):
@@ -308,10 +309,13 @@ class PretrainedTokenizer(_HFTokenizer):
 
 
 def parse_tokenizer_json(text: str, source: str) -> HFTokenizer:
+    """The pipeline ``text`` describes, holding only regexes the zoo runs (``zoo.io.patterns``)."""
     try:
-        return HFTokenizer.from_str(text)
+        hf = HFTokenizer.from_str(text)
     except Exception as err:  # tokenizers raises its own Exception type for any malformed pipeline
         raise InputError(f"{source} is not a tokenizer.json that the tokenizers library reads ({err})") from None
+    check_patterns(hf, source)
+    return hf
 
 
 class OpenCLIPTokenizer(_HFTokenizer):

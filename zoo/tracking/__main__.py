@@ -107,4 +107,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    from zoo import watchdog
+
+    watchdog.start()  # Ctrl-C and SIGTERM end the command, whatever it is stuck in
     main()
