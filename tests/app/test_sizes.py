@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 from types import SimpleNamespace
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -198,3 +199,115 @@ def test_no_family_module_writes_its_own_hyperparameters():
     # the check itself sees the write the modules used to make
     assert _writes_to_hparams(ast.parse('self.hparams["net"]["init_args"]["num_classes"] = k')) == [1]
     assert _writes_to_hparams(ast.parse("self.hparams.get('net')['init_args'].update(x)")) == [1]
+
+
+# -- stored values bounded before use (zoo.io.budget) -----------------------------------------------------------------
+
+
+def stored_part(config: str, key: str, at: dict[str, Any]):
+    """The ``key`` part (model or data) of a repo config as a stored config states it, with ``at``'s dotted
+    settings (under init_args) replaced: what a checkpoint or registered model would carry."""
+    import yaml
+
+    from zoo.app.stored_config import stored_config_allowlist
+    from zoo.io import build
+
+    section = yaml.safe_load((CONFIGS / config).read_text())[key]
+    for dotted, value in at.items():
+        here = section["init_args"]
+        *path, last = dotted.split(".")
+        for k in path:
+            here = here.setdefault(k, {})
+            here = here.setdefault("init_args", {}) if "class_path" in here else here
+        here[last] = value
+    allow = stored_config_allowlist()
+    if key == "model":
+        stored = {"_class_path": section["class_path"], **section["init_args"]}
+        return build.resolve_model(stored, "stored.ckpt", allow, complete=False)
+    return build.resolve_data(section["class_path"], section["init_args"], "stored.ckpt", allow, complete=False)
+
+
+BOMBS = [  # (config, part, setting, value): each a stored value the outside probe ran out of memory or time with
+    ("gpt/gpt_tiny.yaml", "model", "net.vocab_size", 10**9),
+    ("gpt/gpt_tiny.yaml", "model", "net.n_layer", 10**5),
+    ("diffusion/tiny.yaml", "model", "net.image_size", 10**6),
+    ("cnn/convnet_digits.yaml", "model", "adapt.lora.r", 10**7),
+    ("diffusion/tiny.yaml", "model", "objective.num_timesteps", 10**9),
+    ("rl/ppo_tiny.yaml", "data", "eval_episodes", 10**9),
+    ("rl/ppo_tiny.yaml", "data", "num_envs", 10**4),
+]
+
+
+@pytest.mark.parametrize("config, key, setting, value", BOMBS, ids=[b[2] for b in BOMBS])
+def test_a_stored_size_or_count_past_its_bound_is_one_line_before_anything_is_built(
+    config, key, setting, value, monkeypatch
+):
+    import time
+
+    import psutil
+
+    from zoo.io import build
+
+    monkeypatch.setenv("ZOO_MEMORY_GIB", "8")  # every machine's bound alike (a test's nets are far below it)
+    monkeypatch.delenv("ZOO_BUDGET", raising=False)
+    fixed = {"net.num_classes": 10} if config.startswith("cnn") else {"net.vocab_size": 65} if "gpt" in config else {}
+    part = stored_part(config, key, {**fixed, setting: value})
+    rss, start = psutil.Process().memory_info().rss, time.perf_counter()
+    with pytest.raises(InputError) as refused:
+        build.build(part)
+    assert time.perf_counter() - start < 3 and psutil.Process().memory_info().rss - rss < 2**28  # < 256 MiB
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith("stored.ckpt: ") and "ZOO_BUDGET=off" in line
+    assert f"{setting.rsplit('.', 1)[-1]}={value:,}" in line  # names the value
+
+
+def test_the_memory_estimate_counts_the_nets_shapes_adapters_and_one_batch(monkeypatch):
+    from zoo.io import budget
+
+    monkeypatch.setenv("ZOO_MEMORY_GIB", "1")
+    gpt = {"vocab_size": 65, "block_size": 32, "n_layer": 2, "n_head": 2, "n_embd": 32}
+    budget.check_net({"class_path": "zoo.gpt.GPT", "init_args": gpt}, "x")  # ~60k parameters
+    size, net = budget.meta_bytes(lambda: torch.nn.Linear(1000, 1000), 2**40)
+    assert size == (1000 * 1000 + 1000) * 4 and net.weight.is_meta
+    assert budget.meta_bytes(lambda: torch.nn.Linear(1000, 1000), 1000)[0] > 1000  # stopped past the bound
+    assert budget.lora_bytes([net], {"adapt.lora.r": 8}) == 8 * (1000 + 1000) * 4
+    assert budget.batch_bytes({"data.batch_size": 4, "net.image_size": 32}) == 4 * 3 * 32 * 32 * 4
+    with pytest.raises(InputError, match=r"x: the net it describes \(vocab_size=10,000,000.*over the bound of 1.0 GiB"):
+        budget.check_net({"class_path": "zoo.gpt.GPT", "init_args": {**gpt, "vocab_size": 10**7}}, "x")
+    monkeypatch.delenv("ZOO_MEMORY_GIB")
+    assert budget.memory_bound() == budget.host_memory()
+
+
+def test_zoo_budget_off_lets_a_trusted_files_counts_through(monkeypatch):
+    from zoo.io import budget, build
+
+    part = stored_part("rl/ppo_tiny.yaml", "data", {"eval_episodes": 20_000})
+    with pytest.raises(InputError, match=r"eval_episodes=20,000 is over the bound of 10,000"):
+        build.build(part)
+    monkeypatch.setenv("ZOO_BUDGET", "off")
+    assert build.build(part).eval_episodes == 20_000
+    monkeypatch.setenv("ZOO_BUDGET", "on")
+    monkeypatch.setenv("ZOO_MEMORY_GIB", "0.0001")
+    with pytest.raises(InputError, match="over the bound of 0.0 GiB"):
+        budget.check_net({"class_path": "zoo.gpt.GPT", "init_args": {"vocab_size": 65, "block_size": 8}}, "x")
+    monkeypatch.setenv("ZOO_MEMORY_GIB", "1")  # raised: the same net loads
+    budget.check_net({"class_path": "zoo.gpt.GPT", "init_args": {"vocab_size": 65, "block_size": 8}}, "x")
+
+
+def test_a_stored_worker_count_is_lowered_to_the_cpus_with_a_line(capsys, monkeypatch):
+    from zoo.io import budget, build
+
+    monkeypatch.delenv("ZOO_BUDGET", raising=False)
+    part = stored_part("diffusion/tiny.yaml", "data", {"images.num_workers": 48})
+    data = build.build(part)
+    assert data.images.num_workers == budget.cpus() < 48
+    assert "lowered images.num_workers=48 to" in capsys.readouterr().err
+    assert build.build(stored_part("diffusion/tiny.yaml", "data", {"images.num_workers": 1})).images.num_workers == 1
+
+
+def test_a_pyfunc_request_for_10_9_new_tokens_is_one_line():
+    from zoo.tracking.serving import TextGenerator
+
+    model = TextGenerator(SimpleNamespace(hparams=SimpleNamespace(generation={})))
+    with pytest.raises(InputError, match=r"the request's params: max_new_tokens=1,000,000,000 is over the bound"):
+        model.predict({"prompt": ["a"]}, {"max_new_tokens": 10**9})

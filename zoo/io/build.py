@@ -72,6 +72,7 @@ class Part:
     dropped: tuple[str, ...] = ()  # dotted keys of the location settings left out, for the run to say so
     missing: tuple[str, ...] = ()  # dotted keys of required parameters the config does not give
     bare: bool = False  # given as its class path alone (as jsonargparse dumps a class with no arguments)
+    source: str = ""  # the file or URI the config came from, for refusals to name
 
     def plain(self) -> Any:
         """As a config stores it: ``{class_path, init_args}`` (a dict of fields for settings, the path for a type)."""
@@ -196,7 +197,7 @@ class Resolver:
                 args[key] = self.convert(value, params[key].annotation, here, depth + 1)
         missing = [n for n, p in params.items() if p.default is p.empty and n not in args and n not in given]
         missing = [f"{where}.init_args.{n}" for n in missing] if kind == "class" else []
-        return Part(cls, path, args, kind, tuple(dropped), tuple(missing))
+        return Part(cls, path, args, kind, tuple(dropped), tuple(missing), source=self.source)
 
     def nested(self, value: Any, bases: tuple[type, ...], where: str, kind: str, depth: int) -> Part:
         """``{class_path, init_args}`` (or the bare class path) of an allowed class, a subclass of one of ``bases``."""
@@ -489,11 +490,18 @@ def resolve_data(
     return resolver.complete(part) if complete else part
 
 
-def build(part: Part, record: bool = False, **given: Any) -> Any:
+def build(part: Part, record: bool = False, budget: bool = True, **given: Any) -> Any:
     """``part`` built under the tripwire; ``given``: the caller's own arguments (objects from Python, or the user's
     overrides), which replace the stored ones; ``record``: a module's ``save_hyperparameters`` records the config
-    (nets as ``{class_path, init_args}``, as LightningCLI hands it the parsed one), so its checkpoints rebuild it."""
+    (nets as ``{class_path, init_args}``, as LightningCLI hands it the parsed one), so its checkpoints rebuild it;
+    ``budget``: its sizes and counts checked first (``zoo.io.budget``; off only for the meta build that check makes)."""
     from zoo.compat import given_hyperparameters_context
+    from zoo.io import budget as bounds
+
+    if budget:  # what the caller gives is not the file's
+        stored = dataclasses.replace(part, args={k: v for k, v in part.args.items() if k not in given})
+        bounds.check(stored, part.source or part.path)
+        part.args.update(stored.args)  # a count lowered to the CPUs
 
     for p in [part, *_all_parts(part)]:  # a package a zoo class states it needs (not one the config names)
         for name in getattr(p.cls, "preloads", ()):
@@ -521,6 +529,11 @@ def _plain_only(given: dict[str, Any]) -> dict[str, Any]:
         except Refused:
             continue
     return out
+
+
+def child_parts(part: Part) -> list[Part]:
+    """The parts among ``part``'s arguments, at any depth of its lists and dicts, not inside other parts."""
+    return list(_parts(part.args))
 
 
 def _trusted_tops(part: Part) -> set[str]:
