@@ -262,24 +262,24 @@ def test_a_stored_size_or_count_past_its_bound_is_one_line_before_anything_is_bu
 
 
 def test_the_memory_estimate_counts_the_nets_shapes_adapters_and_one_batch(monkeypatch):
-    from zoo.io import budget
+    from zoo.io import budget, build
 
     monkeypatch.setenv("ZOO_MEMORY_GIB", "1")
     gpt = {"vocab_size": 65, "block_size": 32, "n_layer": 2, "n_head": 2, "n_embd": 32}
-    budget.check_net({"class_path": "zoo.gpt.GPT", "init_args": gpt}, "x")  # ~60k parameters
+    build.check_net({"class_path": "zoo.gpt.GPT", "init_args": gpt}, "x")  # ~60k parameters
     size, net = budget.meta_bytes(lambda: torch.nn.Linear(1000, 1000), 2**40)
     assert size == (1000 * 1000 + 1000) * 4 and net.weight.is_meta
     assert budget.meta_bytes(lambda: torch.nn.Linear(1000, 1000), 1000)[0] > 1000  # stopped past the bound
     assert budget.lora_bytes([net], {"adapt.lora.r": 8}) == 8 * (1000 + 1000) * 4
     assert budget.batch_bytes({"data.batch_size": 4, "net.image_size": 32}) == 4 * 3 * 32 * 32 * 4
     with pytest.raises(InputError, match=r"x: the net it describes \(vocab_size=10,000,000.*over the bound of 1.0 GiB"):
-        budget.check_net({"class_path": "zoo.gpt.GPT", "init_args": {**gpt, "vocab_size": 10**7}}, "x")
+        build.check_net({"class_path": "zoo.gpt.GPT", "init_args": {**gpt, "vocab_size": 10**7}}, "x")
     monkeypatch.delenv("ZOO_MEMORY_GIB")
     assert budget.memory_bound() == budget.host_memory()
 
 
 def test_zoo_budget_off_lets_a_trusted_files_counts_through(monkeypatch):
-    from zoo.io import budget, build
+    from zoo.io import build
 
     part = stored_part("rl/ppo_tiny.yaml", "data", {"eval_episodes": 20_000})
     with pytest.raises(InputError, match=r"eval_episodes=20,000 is over the bound of 10,000"):
@@ -289,9 +289,9 @@ def test_zoo_budget_off_lets_a_trusted_files_counts_through(monkeypatch):
     monkeypatch.setenv("ZOO_BUDGET", "on")
     monkeypatch.setenv("ZOO_MEMORY_GIB", "0.0001")
     with pytest.raises(InputError, match="over the bound of 0.0 GiB"):
-        budget.check_net({"class_path": "zoo.gpt.GPT", "init_args": {"vocab_size": 65, "block_size": 8}}, "x")
+        build.check_net({"class_path": "zoo.gpt.GPT", "init_args": {"vocab_size": 65, "block_size": 8}}, "x")
     monkeypatch.setenv("ZOO_MEMORY_GIB", "1")  # raised: the same net loads
-    budget.check_net({"class_path": "zoo.gpt.GPT", "init_args": {"vocab_size": 65, "block_size": 8}}, "x")
+    build.check_net({"class_path": "zoo.gpt.GPT", "init_args": {"vocab_size": 65, "block_size": 8}}, "x")
 
 
 def test_a_stored_worker_count_is_lowered_to_the_cpus_with_a_line(capsys, monkeypatch):

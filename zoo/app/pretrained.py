@@ -168,9 +168,9 @@ def net_from_source(cfg: Namespace, source: Source | None) -> str | None:
         rule, theirs = source, source.read(local)
     if theirs is None:
         return None
-    from zoo.io import budget
+    from zoo.io import build
 
-    budget.check_net(theirs, path)
+    build.check_net(theirs, path)
     conflicts: list[str] = []
     _merge(net, theirs, NET, _defaults(_class(theirs["class_path"])), rule, conflicts)
     if conflicts:

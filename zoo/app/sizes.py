@@ -109,9 +109,9 @@ def size_the_net(cfg: Namespace, data: Any, subcommand: str | None, sizes: Sizes
     for key, value in stored.items():
         args[key] = value
     if stored:  # the checkpoint's sizes are a file's: bounded as every stored net is
-        from zoo.io import budget, trust
+        from zoo.io import build, trust
 
-        budget.check_net(net.as_dict(), str(ckpt), trust.trusted_class_paths(cfg.model.as_dict()))
+        build.check_net(net.as_dict(), str(ckpt), trust.trusted_class_paths(cfg.model.as_dict()))
     for key, value in sizes(data, args.as_dict(), bool(ckpt) and subcommand != "fit").items():
         if key in args:
             args[key] = value

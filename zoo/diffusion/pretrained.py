@@ -22,7 +22,7 @@ from zoo.diffusion.diffusers_config import dit_settings, unet_settings
 from zoo.diffusion.latent import load_autoencoder
 from zoo.diffusion.module import DiffusionModule
 from zoo.errors import InputError
-from zoo.io import budget
+from zoo.io import build
 from zoo.io.checkpoint import build_module
 from zoo.io.files import read_json
 
@@ -58,7 +58,7 @@ def from_pretrained(path: str | Path, **init_args: Any) -> DiffusionModule:
             "other weights with DiffusionModule(net=..., init_weights=...)"
         )
     net = _net(pre)
-    budget.check_net(net, str(path))
+    build.check_net(net, str(path))
     vae = Path(pre.source).parent.parent / "vae"  # a pipeline's autoencoder, beside its transformer/ or unet/
     vae = vae if "autoencoder" not in init_args and (vae / "config.json").is_file() else None
     if vae is not None:  # latent diffusion: the net samples latents, the autoencoder decodes them

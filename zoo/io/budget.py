@@ -222,45 +222,18 @@ def _largest(values: dict[str, int], names: frozenset[str] | set[str], default: 
 def check(config: Any, source: str, nets: list[tuple[str, Any]] = ()) -> None:
     """Every bound on a stored ``config`` (a ``zoo.io.build.Part`` tree, or a dict of settings), before anything it
     describes is built: counts (``CAPPED`` ones lowered in place), then the memory of ``nets`` ((name, a function
-    building one), by default each outermost net of a Part tree) with one batch. One ``InputError`` line if over."""
+    building one: ``zoo.io.build.check`` gives a Part tree's) with one batch. One ``InputError`` line if over."""
     values = dict(settings(config))
     for where, value in check_counts(values, source).items():
         if "[" not in where:  # a count inside a list is not a worker count
             _set(config, where, value)
             values[where] = value
-    check_memory(list(nets) or part_nets(config), values, source)
-
-
-def check_net(config: dict[str, Any], source: str, trusted: Any = ()) -> None:
-    """``check`` on a net a folder or a stored config states as ``{class_path, init_args}`` (a ``config.json`` read
-    by a family's rule, a checkpoint's stored net), read by ``zoo.io.build``'s rules: the zoo's classes, and
-    ``trusted`` (those the user's own config names)."""
-    from zoo.io import build, trust
-
-    resolver = build.Resolver(trust.zoo_allowlist().with_trusted(trusted), str(source), keep_locations=True)
-    try:
-        part = resolver.nested(config, (nn.Module,), "net", "class", 0)
-    except build.Refused as err:
-        raise resolver.error(err) from None
-    check(part, str(source))
+    check_memory(list(nets), values, source)
 
 
 def check_kwargs(cls: type[nn.Module], kwargs: dict[str, Any], source: str) -> None:
     """``check`` on the arguments a family's converter made for ``cls`` from a folder's ``config.json``."""
     check(dict(kwargs), str(source), nets=[(cls.__name__, lambda: cls(**kwargs))])
-
-
-def part_nets(part: Any) -> list[tuple[str, Any]]:
-    """The outermost nets (``nn.Module``s that are not LightningModules) of a ``zoo.io.build.Part`` tree, each as
-    a function building it under the tripwire."""
-    from lightning.pytorch import LightningModule
-
-    from zoo.io import build
-
-    cls = getattr(part, "cls", None)
-    if isinstance(cls, type) and issubclass(cls, nn.Module) and not issubclass(cls, LightningModule):
-        return [(part.path, lambda: build.build(part, budget=False))]
-    return [net for child in build.child_parts(part) for net in part_nets(child)] if cls is not None else []
 
 
 def _set(config: Any, where: str, value: int) -> None:

@@ -37,8 +37,10 @@ from collections.abc import Mapping
 from pathlib import Path, PurePath
 from typing import Any
 
+from torch import nn
+
 from zoo.errors import InputError, import_extra
-from zoo.io import tripwire, trust
+from zoo.io import budget, tripwire, trust
 from zoo.io.trust import Allowlist, UntrustedConfigError
 
 MAX_DEPTH = 32  # nesting of a stored config: the zoo's deepest is 5; deeper is a recursion bomb, not a config
@@ -496,11 +498,10 @@ def build(part: Part, record: bool = False, budget: bool = True, **given: Any) -
     (nets as ``{class_path, init_args}``, as LightningCLI hands it the parsed one), so its checkpoints rebuild it;
     ``budget``: its sizes and counts checked first (``zoo.io.budget``; off only for the meta build that check makes)."""
     from zoo.compat import given_hyperparameters_context
-    from zoo.io import budget as bounds
 
     if budget:  # what the caller gives is not the file's
         stored = dataclasses.replace(part, args={k: v for k, v in part.args.items() if k not in given})
-        bounds.check(stored, part.source or part.path)
+        check(stored, part.source or part.path)
         part.args.update(stored.args)  # a count lowered to the CPUs
 
     for p in [part, *_all_parts(part)]:  # a package a zoo class states it needs (not one the config names)
@@ -531,9 +532,32 @@ def _plain_only(given: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def child_parts(part: Part) -> list[Part]:
-    """The parts among ``part``'s arguments, at any depth of its lists and dicts, not inside other parts."""
-    return list(_parts(part.args))
+def check(part: Part, source: str) -> None:
+    """``zoo.io.budget.check`` on ``part``: its counts, and the memory of its outermost nets built on the meta device
+    (``nets``)."""
+    budget.check(part, source, nets(part))
+
+
+def check_net(config: Mapping[str, Any], source: str, trusted: Any = ()) -> None:
+    """``check`` on a net a folder or a stored config states as ``{class_path, init_args}`` (a ``config.json`` read
+    by a family's rule, a checkpoint's stored sizes), read by the rules above: the zoo's classes, and ``trusted``
+    (those the user's own config names)."""
+    resolver = Resolver(trust.zoo_allowlist().with_trusted(trusted), str(source), keep_locations=True)
+    try:
+        part = resolver.nested(dict(config), (nn.Module,), "net", "class", 0)
+    except Refused as err:
+        raise resolver.error(err) from None
+    check(part, str(source))
+
+
+def nets(part: Part) -> list[tuple[str, Any]]:
+    """The outermost nets of ``part`` (``nn.Module``s that are not LightningModules, which build theirs), each as a
+    function building it under the tripwire."""
+    from lightning.pytorch import LightningModule
+
+    if issubclass(part.cls, nn.Module) and not issubclass(part.cls, LightningModule) and part.kind == "class":
+        return [(part.path, lambda: build(part, budget=False))]
+    return [net for child in _parts(part.args) for net in nets(child)]
 
 
 def _trusted_tops(part: Part) -> set[str]:
