@@ -311,3 +311,24 @@ def test_a_pyfunc_request_for_10_9_new_tokens_is_one_line():
     model = TextGenerator(SimpleNamespace(hparams=SimpleNamespace(generation={})))
     with pytest.raises(InputError, match=r"the request's params: max_new_tokens=1,000,000,000 is over the bound"):
         model.predict({"prompt": ["a"]}, {"max_new_tokens": 10**9})
+
+
+def test_a_checkpoints_stored_episode_count_is_one_error_line_and_the_users_own_flag_is_theirs(
+    ppo_fit, tmp_path, monkeypatch, capsys
+):
+    """Through ``cli.py validate --ckpt_path``: a stored ``eval_episodes`` of 10**9 (days of episodes) stops the run
+    in one line before any env is made; the same setting given as the user's own flag is theirs, unbounded."""
+    from conftest import terminal
+
+    from zoo.app.stored_config import from_checkpoint
+
+    ckpt = torch.load(ppo_fit.last, weights_only=True)
+    ckpt["datamodule_hyper_parameters"]["eval_episodes"] = 10**9
+    torch.save(ckpt, tmp_path / "bomb.ckpt")
+    monkeypatch.delenv("ZOO_BUDGET", raising=False)
+    argv = ["validate", f"--ckpt_path={tmp_path / 'bomb.ckpt'}", "--trainer.logger=false"]
+    code, _, err = terminal(monkeypatch, capsys, *argv)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 1 and len(errors) == 1 and "Traceback" not in err, err[-2000:]
+    assert "bomb.ckpt: eval_episodes=1,000,000,000 is over the bound of 10,000: set ZOO_BUDGET=off" in errors[0]
+    assert from_checkpoint([*argv, "--data.init_args.eval_episodes=20000"]).data().eval_episodes == 20_000

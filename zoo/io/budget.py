@@ -219,12 +219,14 @@ def _largest(values: dict[str, int], names: frozenset[str] | set[str], default: 
 # -- the way in -----------------------------------------------------------------------------------------------------
 
 
-def check(config: Any, source: str, nets: list[tuple[str, Any]] = ()) -> None:
+def check(config: Any, source: str, nets: list[tuple[str, Any]] = (), own: tuple[str, ...] = ()) -> None:
     """Every bound on a stored ``config`` (a ``zoo.io.build.Part`` tree, or a dict of settings), before anything it
     describes is built: counts (``CAPPED`` ones lowered in place), then the memory of ``nets`` ((name, a function
-    building one: ``zoo.io.build.check`` gives a Part tree's) with one batch. One ``InputError`` line if over."""
+    building one: ``zoo.io.build.check`` gives a Part tree's) with one batch. One ``InputError`` line if over.
+    ``own``: the settings (dotted, as ``settings`` names them) the user gave on top: their counts are theirs."""
     values = dict(settings(config))
-    for where, value in check_counts(values, source).items():
+    stored = {k: v for k, v in values.items() if not any(k == o or k.startswith(f"{o}.") for o in own)}
+    for where, value in check_counts(stored, source).items():
         if "[" not in where:  # a count inside a list is not a worker count
             _set(config, where, value)
             values[where] = value

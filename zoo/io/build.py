@@ -75,6 +75,7 @@ class Part:
     missing: tuple[str, ...] = ()  # dotted keys of required parameters the config does not give
     bare: bool = False  # given as its class path alone (as jsonargparse dumps a class with no arguments)
     source: str = ""  # the file or URI the config came from, for refusals to name
+    own: tuple[str, ...] = ()  # settings the user gave on top (dotted, init_args left out): theirs, not bounded
 
     def plain(self) -> Any:
         """As a config stores it: ``{class_path, init_args}`` (a dict of fields for settings, the path for a type)."""
@@ -535,19 +536,19 @@ def _plain_only(given: dict[str, Any]) -> dict[str, Any]:
 def check(part: Part, source: str) -> None:
     """``zoo.io.budget.check`` on ``part``: its counts, and the memory of its outermost nets built on the meta device
     (``nets``)."""
-    budget.check(part, source, nets(part))
+    budget.check(part, source, nets(part), part.own)
 
 
-def check_net(config: Mapping[str, Any], source: str, trusted: Any = ()) -> None:
+def check_net(config: Mapping[str, Any], source: str, trusted: Any = (), own: tuple[str, ...] = ()) -> None:
     """``check`` on a net a folder or a stored config states as ``{class_path, init_args}`` (a ``config.json`` read
     by a family's rule, a checkpoint's stored sizes), read by the rules above: the zoo's classes, and ``trusted``
-    (those the user's own config names)."""
+    (those the user's own config names); ``own``: the settings the user gave (``budget.check``)."""
     resolver = Resolver(trust.zoo_allowlist().with_trusted(trusted), str(source), keep_locations=True)
     try:
         part = resolver.nested(dict(config), (nn.Module,), "net", "class", 0)
     except Refused as err:
         raise resolver.error(err) from None
-    check(part, str(source))
+    check(dataclasses.replace(part, own=own), str(source))
 
 
 def nets(part: Part) -> list[tuple[str, Any]]:
