@@ -332,3 +332,22 @@ def test_a_checkpoints_stored_episode_count_is_one_error_line_and_the_users_own_
     assert code == 1 and len(errors) == 1 and "Traceback" not in err, err[-2000:]
     assert "bomb.ckpt: eval_episodes=1,000,000,000 is over the bound of 10,000: set ZOO_BUDGET=off" in errors[0]
     assert from_checkpoint([*argv, "--data.init_args.eval_episodes=20000"]).data().eval_episodes == 20_000
+
+
+def test_a_folders_config_json_past_the_memory_bound_is_one_line_by_every_way_in(tmp_path, monkeypatch):
+    """A GPT-2 folder whose config.json says vocab_size=10**9: refused by its reader (``load_gpt2``) and as
+    ``init_weights`` through ``cli.py`` (the net it states, ``zoo.app.pretrained``), before any weights are read."""
+    import json
+
+    from cli import main
+    from zoo.gpt.hf import load_gpt2
+
+    monkeypatch.setenv("ZOO_MEMORY_GIB", "8")
+    monkeypatch.delenv("ZOO_BUDGET", raising=False)
+    config = {"model_type": "gpt2", "vocab_size": 10**9, "n_layer": 2, "n_embd": 32, "n_head": 2, "n_positions": 32}
+    (tmp_path / "config.json").write_text(json.dumps(config))  # no weights: the refusal comes first
+    with pytest.raises(InputError, match=r"the net it describes \(vocab_size=1,000,000,000.*ZOO_MEMORY_GIB"):
+        load_gpt2(tmp_path)
+    gpt = str(CONFIGS / "gpt" / "gpt_tiny.yaml")
+    with pytest.raises(InputError, match=rf"{tmp_path}: the net it describes \(vocab_size=1,000,000,000"):
+        main(["--config", gpt, f"--model.init_args.init_weights={tmp_path}", "--trainer.logger=false"], run=False)

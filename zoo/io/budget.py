@@ -160,9 +160,13 @@ def check_memory(nets: list[tuple[str, Any]], values: dict[str, int], source: st
         shown = ", ".join(f"{k}={values[k]:,}" for k in named)
         raise InputError(
             f"{source}: the net it describes ({shown}) needs about {need / 2**30:,.1f} GiB, over the bound of "
-            f"{bound / 2**30:,.1f} GiB (this machine's memory): set {MEMORY}=<GiB> to raise it, or {OFF}=off for "
+            f"{bound / 2**30:,.1f} GiB ({_whose()}): set {MEMORY}=<GiB> to raise it, or {OFF}=off for "
             "a file you trust"
         )
+
+
+def _whose() -> str:
+    return f"{MEMORY}" if os.environ.get(MEMORY) else "this machine's memory"
 
 
 def meta_bytes(make: Any, bound: int) -> tuple[int, nn.Module | None]:
