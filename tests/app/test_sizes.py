@@ -144,7 +144,9 @@ def test_the_cli_passes_the_datas_sizes_into_the_nets_config_and_hyperparameters
     assert all(getattr(c.model.net, k, 0) is not None for k in want)
 
 
-def test_a_checkpoints_stored_size_fills_what_the_config_leaves_unset(tmp_path):
+def test_a_checkpoints_stored_size_fills_what_the_config_leaves_unset(tmp_path, monkeypatch):
+    from jsonargparse import dict_to_namespace
+
     digits = str(CONFIGS / "cnn" / "convnet_digits.yaml")
     fit = cli("fit", "--config", digits, "--trainer.max_steps=1", "--trainer.logger=false")
     last = fit.trainer.checkpoint_callback.last_model_path
@@ -152,6 +154,14 @@ def test_a_checkpoints_stored_size_fills_what_the_config_leaves_unset(tmp_path):
     cfg_model = {"class_path": model["_class_path"], "init_args": {"net": {**model["net"]}}}
     cfg_model["init_args"]["net"]["init_args"] = {**model["net"]["init_args"], "num_classes": None}
     assert sizes.checkpoint_sizes(last, cfg_model)["num_classes"] == 10
+    # and is bounded as every stored net is (zoo.io.budget): a head of 10**9 classes is refused before it is built
+    ckpt = torch.load(last, weights_only=True)
+    ckpt["hyper_parameters"]["net"]["init_args"]["num_classes"] = 10**9
+    torch.save(ckpt, tmp_path / "bomb.ckpt")
+    monkeypatch.setenv("ZOO_MEMORY_GIB", "8")
+    cfg = dict_to_namespace({"model": cfg_model, "ckpt_path": str(tmp_path / "bomb.ckpt")})
+    with pytest.raises(InputError, match=r"bomb.ckpt: the net it describes \(num_classes=1,000,000,000"):
+        sizes.size_the_net(cfg, SimpleNamespace(), "validate", sizes.classes)
 
 
 def test_a_disagreeing_size_is_one_error_line_naming_both(capsys):

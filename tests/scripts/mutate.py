@@ -1904,6 +1904,7 @@ FAMILIES: dict[str, dict] = {
             (SC, "    return dataclasses.replace(part, own=own)", "    return part"),
             (SV, '        budget.check(full, "the request\'s params")', "        pass"),
             (AP, "    build.check_net(theirs, path)\n", ""),
+            ("zoo/app/sizes.py", "    if stored:  # the checkpoint's sizes", "    if False:  # the checkpoint's sizes"),
             ("zoo/gpt/hf.py", "    budget.check_kwargs(GPT, kwargs, str(folder))\n", ""),
         ],
     },

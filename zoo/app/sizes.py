@@ -111,7 +111,7 @@ def size_the_net(cfg: Namespace, data: Any, subcommand: str | None, sizes: Sizes
     if stored:  # the checkpoint's sizes are a file's: bounded as every stored net is
         from zoo.io import build, trust
 
-        own = tuple(k for k in args if k not in stored)  # the config's own, not the checkpoint's
+        own = tuple(k for k in vars(args) if k not in stored)  # the config's own, not the checkpoint's
         build.check_net(net.as_dict(), str(ckpt), trust.trusted_class_paths(cfg.model.as_dict()), own)
     for key, value in sizes(data, args.as_dict(), bool(ckpt) and subcommand != "fit").items():
         if key in args:
