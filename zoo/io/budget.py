@@ -59,7 +59,7 @@ LIMITS = {
 CAPPED = frozenset({"num_workers", "tokenize_workers", "num_threads"})
 PROCESSES = frozenset({"num_envs", "eval_envs", "num_actors", "async_actors", "envs_per_actor"})
 SIDES = frozenset({"image_size", "img_size", "resolution", "sample_size"})
-CHANNELS = frozenset({"in_channels", "in_chans", "channels"})
+CHANNELS = frozenset({"in_channels", "in_chans"})
 
 
 class Over(BaseException):
@@ -121,7 +121,7 @@ def check_counts(values: dict[str, Any], source: str) -> dict[str, int]:
             raise InputError(f"{source}: {where}={value:,} is over the bound of {bound:,}: {RAISE}")
         if name in CAPPED and value > cpus():
             lowered[where] = cpus()
-    if lowered:
+    if lowered and os.environ.get("LOCAL_RANK", "0") == "0":  # once, not from every rank DDP launches
         said = ", ".join(f"{k}={values[k]} to {v}" for k, v in lowered.items())
         print(f"{source}: lowered {said} (the CPUs this process may use; {OFF}=off keeps them)", file=sys.stderr)
     return lowered
