@@ -6,7 +6,10 @@ no module writes its own hyperparameters."""
 from __future__ import annotations
 
 import ast
+import contextlib
+import os
 from types import SimpleNamespace
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -143,7 +146,9 @@ def test_the_cli_passes_the_datas_sizes_into_the_nets_config_and_hyperparameters
     assert all(getattr(c.model.net, k, 0) is not None for k in want)
 
 
-def test_a_checkpoints_stored_size_fills_what_the_config_leaves_unset(tmp_path):
+def test_a_checkpoints_stored_size_fills_what_the_config_leaves_unset(tmp_path, monkeypatch):
+    from jsonargparse import dict_to_namespace
+
     digits = str(CONFIGS / "cnn" / "convnet_digits.yaml")
     fit = cli("fit", "--config", digits, "--trainer.max_steps=1", "--trainer.logger=false")
     last = fit.trainer.checkpoint_callback.last_model_path
@@ -151,6 +156,14 @@ def test_a_checkpoints_stored_size_fills_what_the_config_leaves_unset(tmp_path):
     cfg_model = {"class_path": model["_class_path"], "init_args": {"net": {**model["net"]}}}
     cfg_model["init_args"]["net"]["init_args"] = {**model["net"]["init_args"], "num_classes": None}
     assert sizes.checkpoint_sizes(last, cfg_model)["num_classes"] == 10
+    # and is bounded as every stored net is (zoo.io.budget): a head of 10**9 classes is refused before it is built
+    ckpt = torch.load(last, weights_only=True)
+    ckpt["hyper_parameters"]["net"]["init_args"]["num_classes"] = 10**9
+    torch.save(ckpt, tmp_path / "bomb.ckpt")
+    monkeypatch.setenv("ZOO_MEMORY_GIB", "8")
+    cfg = dict_to_namespace({"model": cfg_model, "ckpt_path": str(tmp_path / "bomb.ckpt")})
+    with pytest.raises(InputError, match=r"bomb.ckpt: the net it describes \(num_classes=1,000,000,000"):
+        sizes.size_the_net(cfg, SimpleNamespace(), "validate", sizes.classes)
 
 
 def test_a_disagreeing_size_is_one_error_line_naming_both(capsys):
@@ -198,3 +211,173 @@ def test_no_family_module_writes_its_own_hyperparameters():
     # the check itself sees the write the modules used to make
     assert _writes_to_hparams(ast.parse('self.hparams["net"]["init_args"]["num_classes"] = k')) == [1]
     assert _writes_to_hparams(ast.parse("self.hparams.get('net')['init_args'].update(x)")) == [1]
+
+
+# -- stored values bounded before use (zoo.io.budget) -----------------------------------------------------------------
+
+
+def stored_part(config: str, key: str, at: dict[str, Any]):
+    """The ``key`` part (model or data) of a repo config as a stored config states it, with ``at``'s dotted
+    settings (under init_args) replaced: what a checkpoint or registered model would carry."""
+    import yaml
+
+    from zoo.app.stored_config import stored_config_allowlist
+    from zoo.io import build
+
+    section = yaml.safe_load((CONFIGS / config).read_text())[key]
+    for dotted, value in at.items():
+        here = section["init_args"]
+        *path, last = dotted.split(".")
+        for k in path:
+            here = here.setdefault(k, {})
+            here = here.setdefault("init_args", {}) if "class_path" in here else here
+        here[last] = value
+    allow = stored_config_allowlist()
+    if key == "model":
+        stored = {"_class_path": section["class_path"], **section["init_args"]}
+        return build.resolve_model(stored, "stored.ckpt", allow, complete=False)
+    return build.resolve_data(section["class_path"], section["init_args"], "stored.ckpt", allow, complete=False)
+
+
+BOMBS = [  # (config, part, setting, value): each a stored value the outside probe ran out of memory or time with
+    ("gpt/gpt_tiny.yaml", "model", "net.vocab_size", 10**9),
+    ("gpt/gpt_tiny.yaml", "model", "net.n_layer", 10**5),
+    ("diffusion/tiny.yaml", "model", "net.image_size", 10**6),
+    ("cnn/convnet_digits.yaml", "model", "adapt.lora.r", 10**7),
+    ("diffusion/tiny.yaml", "model", "objective.num_timesteps", 10**9),
+    ("rl/ppo_tiny.yaml", "data", "eval_episodes", 10**9),
+    ("rl/ppo_tiny.yaml", "data", "num_envs", 10**4),
+]
+
+
+@contextlib.contextmanager
+def address_space(extra: int):
+    """This process may map at most ``extra`` more bytes inside the block: a bound that fails then fails this test
+    with an allocation error, instead of the machine's memory running out (Linux's RLIMIT_AS)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    mapped = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + extra, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+@pytest.mark.parametrize("config, key, setting, value", BOMBS, ids=[b[2] for b in BOMBS])
+def test_a_stored_size_or_count_past_its_bound_is_one_line_before_anything_is_built(
+    config, key, setting, value, monkeypatch
+):
+    import time
+
+    import psutil
+
+    from zoo.io import build
+
+    monkeypatch.setenv("ZOO_MEMORY_GIB", "8")  # every machine's bound alike (a test's nets are far below it)
+    monkeypatch.delenv("ZOO_BUDGET", raising=False)
+    fixed = {"net.num_classes": 10} if config.startswith("cnn") else {"net.vocab_size": 65} if "gpt" in config else {}
+    part = stored_part(config, key, {**fixed, setting: value})
+    build.nets(part)  # the imports it makes (Lightning's) are not the check's time
+    rss, start = psutil.Process().memory_info().rss, time.perf_counter()
+    with pytest.raises(InputError) as refused, address_space(2**30):
+        build.build(part)
+    assert time.perf_counter() - start < 3 and psutil.Process().memory_info().rss - rss < 2**28  # < 256 MiB
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith("stored.ckpt: ") and "ZOO_BUDGET=off" in line
+    assert f"{setting.rsplit('.', 1)[-1]}={value:,}" in line  # names the value
+
+
+def test_the_memory_estimate_counts_the_nets_shapes_adapters_and_one_batch(monkeypatch):
+    from zoo.io import budget, build
+
+    monkeypatch.setenv("ZOO_MEMORY_GIB", "1")
+    gpt = {"vocab_size": 65, "block_size": 32, "n_layer": 2, "n_head": 2, "n_embd": 32}
+    build.check_net({"class_path": "zoo.gpt.GPT", "init_args": gpt}, "x")  # ~60k parameters
+    size, net = budget.meta_bytes(lambda: torch.nn.Linear(1000, 1000), 2**40)
+    assert size == (1000 * 1000 + 1000) * 4 and net.weight.is_meta
+    assert budget.meta_bytes(lambda: torch.nn.Linear(1000, 1000), 1000)[0] > 1000  # stopped past the bound
+    assert budget.lora_bytes([net], {"adapt.lora.r": 8}) == 8 * (1000 + 1000) * 4
+    assert budget.batch_bytes({"data.batch_size": 4, "net.image_size": 32}) == 4 * 3 * 32 * 32 * 4
+    with pytest.raises(InputError, match=r"x: the net it describes \(vocab_size=10,000,000.*over the bound of 1.0 GiB"):
+        build.check_net({"class_path": "zoo.gpt.GPT", "init_args": {**gpt, "vocab_size": 10**7}}, "x")
+    monkeypatch.delenv("ZOO_MEMORY_GIB")
+    assert budget.memory_bound() == budget.host_memory()
+
+
+def test_zoo_budget_off_lets_a_trusted_files_counts_through(monkeypatch):
+    from zoo.io import build
+
+    part = stored_part("rl/ppo_tiny.yaml", "data", {"eval_episodes": 20_000})
+    with pytest.raises(InputError, match=r"eval_episodes=20,000 is over the bound of 10,000"):
+        build.build(part)
+    monkeypatch.setenv("ZOO_BUDGET", "off")
+    assert build.build(part).eval_episodes == 20_000
+    monkeypatch.setenv("ZOO_BUDGET", "on")
+    monkeypatch.setenv("ZOO_MEMORY_GIB", "0.0001")
+    with pytest.raises(InputError, match="over the bound of 0.0 GiB"):
+        build.check_net({"class_path": "zoo.gpt.GPT", "init_args": {"vocab_size": 65, "block_size": 8}}, "x")
+    monkeypatch.setenv("ZOO_MEMORY_GIB", "1")  # raised: the same net loads
+    build.check_net({"class_path": "zoo.gpt.GPT", "init_args": {"vocab_size": 65, "block_size": 8}}, "x")
+
+
+def test_a_stored_worker_count_is_lowered_to_the_cpus_with_a_line(capsys, monkeypatch):
+    from zoo.io import budget, build
+
+    monkeypatch.delenv("ZOO_BUDGET", raising=False)
+    part = stored_part("diffusion/tiny.yaml", "data", {"images.num_workers": 48})
+    data = build.build(part)
+    assert data.images.num_workers == budget.cpus() < 48
+    assert "lowered images.num_workers=48 to" in capsys.readouterr().err
+    for given, used in ((budget.cpus() + 1, budget.cpus()), (1, 1)):  # one past the CPUs is lowered; fewer kept
+        data = build.build(stored_part("diffusion/tiny.yaml", "data", {"images.num_workers": given}))
+        assert data.images.num_workers == used
+
+
+def test_a_pyfunc_request_for_10_9_new_tokens_is_one_line():
+    from zoo.tracking.serving import TextGenerator
+
+    model = TextGenerator(SimpleNamespace(hparams=SimpleNamespace(generation={})))
+    with pytest.raises(InputError, match=r"the request's params: max_new_tokens=1,000,000,000 is over the bound"):
+        model.predict({"prompt": ["a"]}, {"max_new_tokens": 10**9})
+
+
+def test_a_checkpoints_stored_episode_count_is_one_error_line_and_the_users_own_flag_is_theirs(
+    ppo_fit, tmp_path, monkeypatch, capsys
+):
+    """Through ``cli.py validate --ckpt_path``: a stored ``eval_episodes`` of 10**9 (days of episodes) stops the run
+    in one line before any env is made; the same setting given as the user's own flag is theirs, unbounded."""
+    from conftest import terminal
+
+    from zoo.app.stored_config import from_checkpoint
+
+    ckpt = torch.load(ppo_fit.last, weights_only=True)
+    ckpt["datamodule_hyper_parameters"]["eval_episodes"] = 10**9
+    torch.save(ckpt, tmp_path / "bomb.ckpt")
+    monkeypatch.delenv("ZOO_BUDGET", raising=False)
+    argv = ["validate", f"--ckpt_path={tmp_path / 'bomb.ckpt'}", "--trainer.logger=false"]
+    code, _, err = terminal(monkeypatch, capsys, *argv)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 1 and len(errors) == 1 and "Traceback" not in err, err[-2000:]
+    assert "bomb.ckpt: eval_episodes=1,000,000,000 is over the bound of 10,000: set ZOO_BUDGET=off" in errors[0]
+    assert from_checkpoint([*argv, "--data.init_args.eval_episodes=20000"]).data().eval_episodes == 20_000
+
+
+def test_a_folders_config_json_past_the_memory_bound_is_one_line_by_every_way_in(tmp_path, monkeypatch):
+    """A GPT-2 folder whose config.json says vocab_size=10**9: refused by its reader (``load_gpt2``) and as
+    ``init_weights`` through ``cli.py`` (the net it states, ``zoo.app.pretrained``), before any weights are read."""
+    import json
+
+    from cli import main
+    from zoo.gpt.hf import load_gpt2
+
+    monkeypatch.setenv("ZOO_MEMORY_GIB", "8")
+    monkeypatch.delenv("ZOO_BUDGET", raising=False)
+    config = {"model_type": "gpt2", "vocab_size": 10**9, "n_layer": 2, "n_embd": 32, "n_head": 2, "n_positions": 32}
+    (tmp_path / "config.json").write_text(json.dumps(config))  # no weights: the refusal comes first
+    with pytest.raises(InputError, match=r"the net it describes \(vocab_size=1,000,000,000.*ZOO_MEMORY_GIB"):
+        load_gpt2(tmp_path)
+    gpt = str(CONFIGS / "gpt" / "gpt_tiny.yaml")
+    with pytest.raises(InputError, match=rf"{tmp_path}: the net it describes \(vocab_size=1,000,000,000"):
+        main(["--config", gpt, f"--model.init_args.init_weights={tmp_path}", "--trainer.logger=false"], run=False)

@@ -2159,8 +2159,8 @@ FAMILIES: dict[str, dict] = {
             ),
             (
                 "zoo/gpt/hf.py",
-                'GPT(**gpt2_net_kwargs(read_config(folder / "config.json")))',
-                'GPT(**gpt2_net_kwargs(json.loads((folder / "config.json").read_text())))',
+                'gpt2_net_kwargs(read_config(folder / "config.json"))',
+                'gpt2_net_kwargs(json.loads((folder / "config.json").read_text()))',
             ),
             (
                 EX,
@@ -2189,6 +2189,41 @@ FAMILIES: dict[str, dict] = {
                 "    with replacing(path) as tmp:\n        tmp.write_text(json.dumps(obj))",
                 '    tmp = path.with_suffix(f".tmp{os.getpid()}")\n    tmp.write_text(json.dumps(obj))\n    tmp.replace(path)',
             ),
+        ],
+    },
+    "budget": {  # stored sizes and counts bounded before use (zoo.io.budget): memory, loops, workers, the way in
+        "tests": ["tests/app/test_sizes.py"],
+        "mutants": [
+            ("zoo/io/budget.py", 'not in ("off", "0", "false", "no")', 'in ("off", "0", "false", "no")'),
+            ("zoo/io/budget.py", "        if bound is not None and value > bound:", "        if False:"),
+            ("zoo/io/budget.py", "if name in CAPPED and value > cpus():", "if name in CAPPED and value > 10 * cpus():"),
+            ("zoo/io/budget.py", "    return max(16, 2 * cpus())", "    return max(16_000, 2 * cpus())"),
+            (
+                "zoo/io/budget.py",
+                "            return int(float(given) * 2**30)",
+                "            return int(float(given) * 2**20)",
+            ),
+            ("zoo/io/budget.py", "total += tensor.numel() * tensor.element_size()", "total += tensor.numel()"),
+            (
+                "zoo/io/budget.py",
+                "    need += lora_bytes(built, values) + batch_bytes(values)",
+                "    need += batch_bytes(values)",
+            ),
+            ("zoo/io/budget.py", "* side * side * 4", "* side * 4"),
+            ("zoo/io/budget.py", '    "num_timesteps": 100_000,', '    "num_timesteps": 10**10,'),
+            ("zoo/io/budget.py", "            _set(config, where, value)\n", "            pass\n"),
+            ("zoo/io/budget.py", "if not any(k == o or k.startswith", "if any(k == o or k.startswith"),
+            (
+                BL,
+                "    budget.check(part, source, nets(part), part.own)",
+                "    budget.check(part, source, [], part.own)",
+            ),
+            (BL, "        check(stored, part.source or part.path)\n", ""),
+            (SC, "    return dataclasses.replace(part, own=own)", "    return part"),
+            (SV, '        budget.check(full, "the request\'s params")', "        pass"),
+            (AP, "    build.check_net(theirs, path)\n", ""),
+            ("zoo/app/sizes.py", "    if stored:  # the checkpoint's sizes", "    if False:  # the checkpoint's sizes"),
+            ("zoo/gpt/hf.py", "    budget.check_kwargs(GPT, kwargs, str(folder))\n", ""),
         ],
     },
 }

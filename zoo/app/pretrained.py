@@ -184,6 +184,9 @@ def net_from_source(cfg: Namespace, source: Source | None) -> str | None:
         rule, theirs = source, source.read(local)
     if theirs is None:
         return None
+    from zoo.io import build
+
+    build.check_net(theirs, path)
     conflicts: list[str] = []
     _merge(net, theirs, NET, _defaults(_class(theirs["class_path"])), rule, conflicts)
     if conflicts:

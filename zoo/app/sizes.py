@@ -105,9 +105,14 @@ def size_the_net(cfg: Namespace, data: Any, subcommand: str | None, sizes: Sizes
         return
     args = net.init_args
     ckpt = cfg.get("ckpt_path")
-    for key, value in checkpoint_sizes(ckpt, cfg.model.as_dict()).items():
-        if key in args and args[key] is None:
-            args[key] = value
+    stored = {k: v for k, v in checkpoint_sizes(ckpt, cfg.model.as_dict()).items() if k in args and args[k] is None}
+    for key, value in stored.items():
+        args[key] = value
+    if stored:  # the checkpoint's sizes are a file's: bounded as every stored net is
+        from zoo.io import build, trust
+
+        own = tuple(k for k in vars(args) if k not in stored)  # the config's own, not the checkpoint's
+        build.check_net(net.as_dict(), str(ckpt), trust.trusted_class_paths(cfg.model.as_dict()), own)
     for key, value in sizes(data, args.as_dict(), bool(ckpt) and subcommand != "fit").items():
         if key in args:
             args[key] = value

@@ -162,10 +162,13 @@ def _overlaid(part: build.Part, flags: list[tuple[list[str], Any]], source: str,
             at = at[k]
         at[keys[-1]] = value
     if key == "model":
-        return build.resolve_model(
+        part = build.resolve_model(
             {"_class_path": config["class_path"], **config["init_args"]}, source, allow, keep_locations=True
         )
-    return build.resolve_data(config["class_path"], config["init_args"], source, allow, keep_locations=True)
+    else:
+        part = build.resolve_data(config["class_path"], config["init_args"], source, allow, keep_locations=True)
+    own = tuple(".".join(k for k in keys if k not in ("init_args", "class_path")) for keys, _ in flags)
+    return dataclasses.replace(part, own=own)  # the user's counts are theirs (zoo.io.budget)
 
 
 def _init_keys(keys: list[str]) -> list[str]:

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from zoo.clip.clip import CLIP
 from zoo.clip.towers import TextTransformer, VisionTransformer
+from zoo.io import build
 from zoo.io.files import read_config
 from zoo.io.weights import classifier_head, extract_state_dict, load_file, load_with_new_head
 
@@ -188,6 +189,7 @@ def _read_config(folder: Path) -> dict:
 def load_hf_clip(folder: str | Path) -> CLIP:
     """A ``CLIP`` built from a local Hugging Face folder's config, holding its weights."""
     k = hf_clip_kwargs(_read_config(Path(folder)))
+    build.check_net(clip_net(k), str(folder))
     net = CLIP(VisionTransformer(**k["vision"]), TextTransformer(**k["text"]), init_logit_scale=k["init_logit_scale"])
     return load_hf_clip_into(net, folder)
 

@@ -25,6 +25,7 @@ from zoo.diffusion.latent import load_autoencoder
 from zoo.diffusion.module import DiffusionModule
 from zoo.diffusion.scheduler_config import scheduler_file, scheduler_settings
 from zoo.errors import InputError
+from zoo.io import build
 from zoo.io.checkpoint import build_module
 from zoo.io.files import read_json
 
@@ -60,6 +61,7 @@ def from_pretrained(path: str | Path, **init_args: Any) -> DiffusionModule:
             "other weights with DiffusionModule(net=..., init_weights=...)"
         )
     net = _net(pre)
+    build.check_net(net, str(path))
     scheduler = scheduler_file(pre.source)
     if scheduler is not None:  # the pipeline's sampling, under what the caller gives
         learned = bool(net["init_args"].get("learn_sigma"))

@@ -23,6 +23,7 @@ from zoo.gpt.checks import check_tied_head, missing_tensors_named
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import GeluMLP
 from zoo.gpt.norms import LayerNorm
+from zoo.io import budget
 from zoo.io.files import read_config, replacing
 from zoo.io.meta_load import assign_weights, on_meta, read_tensors, under
 from zoo.io.weights import check_all_used, check_compatible, extract_state_dict
@@ -108,7 +109,9 @@ def load_gpt2(folder: str | Path) -> GPT:
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"No config.json in {str(folder)!r}: point at a Hugging Face GPT-2 folder")
-    net = GPT(**gpt2_net_kwargs(read_config(folder / "config.json")))
+    kwargs = gpt2_net_kwargs(read_config(folder / "config.json"))
+    budget.check_kwargs(GPT, kwargs, str(folder))
+    net = GPT(**kwargs)
     load_gpt2_into(net, folder)
     return net
 

@@ -45,6 +45,7 @@ from zoo.gpt.mlp import SwiGLU
 from zoo.gpt.moe import MoE
 from zoo.gpt.mtp import hf_mtp_depth, mtp_to_hf, mtp_to_zoo
 from zoo.gpt.norms import RMSNorm
+from zoo.io import budget
 from zoo.io.files import read_config, replacing
 from zoo.io.meta_load import assign_weights, on_meta, read_tensors, under
 from zoo.io.weights import check_all_used, check_compatible
@@ -316,7 +317,9 @@ def _used(sd: dict[str, Tensor], net: GPT) -> set[str]:
 def load_hf(folder: str | Path) -> GPT:
     """A ``GPT`` holding the weights of a local Llama, Mixtral or DeepSeek-V3 Hugging Face folder."""
     config, _ = _read_folder(Path(folder))
-    return load_hf_into(GPT(**net_kwargs(config)), folder)
+    kwargs = net_kwargs(config)
+    budget.check_kwargs(GPT, kwargs, str(folder))
+    return load_hf_into(GPT(**kwargs), folder)
 
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}

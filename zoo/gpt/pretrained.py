@@ -33,7 +33,7 @@ from zoo.gpt.hf import gpt2_net_kwargs, pretrained_gpt
 from zoo.gpt.llama import net_kwargs as llama_net_kwargs
 from zoo.gpt.module import CausalLMModule
 from zoo.gpt.mtp import hf_mtp_depth
-from zoo.io import hf_tokenizer
+from zoo.io import budget, hf_tokenizer
 from zoo.io.files import read_config
 from zoo.io.tokenizers import GPT2Tokenizer, Tokenizer
 from zoo.io.trust import LIGHTNING_INSTANTIATOR
@@ -153,6 +153,7 @@ def from_pretrained(path: str | Path, **module_kwargs: Any) -> CausalLMModule:
     folder, config = read_folder(path)
     tokenizer = folder_tokenizer(folder, config)  # before the weights: a folder without one fails fast
     kwargs = net_kwargs(config, folder)
+    budget.check_kwargs(GPT, kwargs, str(folder))
     if tokenizer.vocab_size > kwargs["vocab_size"]:  # more ids would index past the embedding; fewer is padding
         raise InputError(
             f"{str(folder)!r}: the tokenizer has {tokenizer.vocab_size} ids, more than config.json's vocab_size "

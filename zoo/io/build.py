@@ -39,8 +39,10 @@ from collections.abc import Mapping
 from pathlib import Path, PurePath
 from typing import Any
 
+from torch import nn
+
 from zoo.errors import InputError, import_extra
-from zoo.io import tripwire, trust
+from zoo.io import budget, tripwire, trust
 from zoo.io.trust import Allowlist, UntrustedConfigError
 
 MAX_DEPTH = 32  # nesting of a stored config: the zoo's deepest is 5; deeper is a recursion bomb, not a config
@@ -74,6 +76,8 @@ class Part:
     dropped: tuple[str, ...] = ()  # dotted keys of the location settings left out, for the run to say so
     missing: tuple[str, ...] = ()  # dotted keys of required parameters the config does not give
     bare: bool = False  # given as its class path alone (as jsonargparse dumps a class with no arguments)
+    source: str = ""  # the file or URI the config came from, for refusals to name
+    own: tuple[str, ...] = ()  # settings the user gave on top (dotted, init_args left out): theirs, not bounded
 
     def plain(self) -> Any:
         """As a config stores it: ``{class_path, init_args}`` (a dict of fields for settings, the path for a type)."""
@@ -199,7 +203,7 @@ class Resolver:
                 args[key] = self.convert(value, params[key].annotation, here, depth + 1)
         missing = [n for n, p in params.items() if p.default is p.empty and n not in args and n not in given]
         missing = [f"{where}.init_args.{n}" for n in missing] if kind == "class" else []
-        return Part(cls, path, args, kind, tuple(dropped), tuple(missing))
+        return Part(cls, path, args, kind, tuple(dropped), tuple(missing), source=self.source)
 
     def nested(self, value: Any, bases: tuple[type, ...], where: str, kind: str, depth: int) -> Part:
         """``{class_path, init_args}`` (or the bare class path) of an allowed class, a subclass of one of ``bases``."""
@@ -506,11 +510,17 @@ def resolve_data(
     return resolver.complete(part) if complete else part
 
 
-def build(part: Part, record: bool = False, **given: Any) -> Any:
+def build(part: Part, record: bool = False, budget: bool = True, **given: Any) -> Any:
     """``part`` built under the tripwire; ``given``: the caller's own arguments (objects from Python, or the user's
     overrides), which replace the stored ones; ``record``: a module's ``save_hyperparameters`` records the config
-    (nets as ``{class_path, init_args}``, as LightningCLI hands it the parsed one), so its checkpoints rebuild it."""
+    (nets as ``{class_path, init_args}``, as LightningCLI hands it the parsed one), so its checkpoints rebuild it;
+    ``budget``: its sizes and counts checked first (``zoo.io.budget``; off only for the meta build that check makes)."""
     from zoo.compat import given_hyperparameters_context
+
+    if budget:  # what the caller gives is not the file's
+        stored = dataclasses.replace(part, args={k: v for k, v in part.args.items() if k not in given})
+        check(stored, part.source or part.path)
+        part.args.update(stored.args)  # a count lowered to the CPUs
 
     for p in [part, *_all_parts(part)]:  # a package a zoo class states it needs (not one the config names)
         for name in getattr(p.cls, "preloads", ()):
@@ -538,6 +548,34 @@ def _plain_only(given: dict[str, Any]) -> dict[str, Any]:
         except Refused:
             continue
     return out
+
+
+def check(part: Part, source: str) -> None:
+    """``zoo.io.budget.check`` on ``part``: its counts, and the memory of its outermost nets built on the meta device
+    (``nets``)."""
+    budget.check(part, source, nets(part), part.own)
+
+
+def check_net(config: Mapping[str, Any], source: str, trusted: Any = (), own: tuple[str, ...] = ()) -> None:
+    """``check`` on a net a folder or a stored config states as ``{class_path, init_args}`` (a ``config.json`` read
+    by a family's rule, a checkpoint's stored sizes), read by the rules above: the zoo's classes, and ``trusted``
+    (those the user's own config names); ``own``: the settings the user gave (``budget.check``)."""
+    resolver = Resolver(trust.zoo_allowlist().with_trusted(trusted), str(source), keep_locations=True)
+    try:
+        part = resolver.nested(dict(config), (nn.Module,), "net", "class", 0)
+    except Refused as err:
+        raise resolver.error(err) from None
+    check(dataclasses.replace(part, own=own), str(source))
+
+
+def nets(part: Part) -> list[tuple[str, Any]]:
+    """The outermost nets of ``part`` (``nn.Module``s that are not LightningModules, which build theirs), each as a
+    function building it under the tripwire."""
+    from lightning.pytorch import LightningModule
+
+    if issubclass(part.cls, nn.Module) and not issubclass(part.cls, LightningModule) and part.kind == "class":
+        return [(part.path, lambda: build(part, budget=False))]
+    return [net for child in _parts(part.args) for net in nets(child)]
 
 
 def _trusted_tops(part: Part) -> set[str]:

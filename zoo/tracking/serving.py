@@ -41,6 +41,7 @@ from mlflow.types import ColSpec, DataType, ParamSchema, ParamSpec, Schema, Tens
 from mlflow.types.schema import Array, Object, Property
 
 from zoo.errors import InputError
+from zoo.io import budget
 from zoo.io.checkpoint import read_module
 from zoo.io.new_inputs import DEFAULT_TEMPLATES, image_transform, png_bytes, read_image, to_uint8
 from zoo.io.tokenizers import prompt_ids
@@ -152,6 +153,7 @@ class Interface:
         if unknown:
             raise InputError(f"unknown param(s) {sorted(unknown)}: this model takes {[p.name for p in self.params()]}")
         full = {p.name: p.default for p in self.params()} | given
+        budget.check(full, "the request's params")  # max_new_tokens=10**9 is a hang, not a request
         with torch.inference_mode():
             return self.answer(model_input, full)
 
