@@ -38,7 +38,6 @@ from loaders import CHECKPOINT, command
 FILES = ("load_file", "load_from_checkpoint", "trainer", "init_weights", "load_model")
 FILES_CLI = (*FILES, "cli")  # cli.py in the child costs ~2 s: a few payloads of each kind go through it
 HPARAMS = ("load_from_checkpoint", "stored_model", "init_weights_net", "load_model", "stored_config")
-BUDGETS = "issue 52: stored values bounded before use (h-budget)"
 # Found by this corpus, in no branch of issue 52 yet: torch's own error reaches the user (at the CLI a traceback).
 TORCH_ERRORS = "found by the corpus, no owner yet: torch's reader raises its own RuntimeError/UnpicklingError"
 
@@ -229,7 +228,7 @@ def rl_state():
 def cnn_state():
     from zoo.cnn import ClassifierModule, ConvNet
 
-    return ClassifierModule(ConvNet()).state_dict()
+    return ClassifierModule(ConvNet(num_classes=10)).state_dict()
 
 
 STATES = {"rl": rl_state, "cnn": cnn_state}
@@ -307,12 +306,12 @@ CKPT_PAYLOADS = [
     Payload("data-env-id-module", "gymnasium.make('module:Env') imports module", data_hparams({"_class_path": GYM, "env_id": "os:system"}, RL_HPARAMS, "rl"), ("stored_config",)),
     Payload("data-root-outside", "a stored location: writes outside the run's folder", data_hparams({"_class_path": "datamodules.TextDataModule", "path": "OUTSIDE/x.txt", "root": "OUTSIDE", "download": True}), ("stored_config",), refuse=False),
     # stored-value bombs: sizes and counts no machine has, typed but unbounded
-    Payload("bomb-vocab-1e9", "issue 52: stored sizes (vocab 1e9)", _net_args(vocab_size=10**9), ("load_from_checkpoint", "cli"), named=("vocab_size",), xfail=BUDGETS, isolate=True),
-    Payload("bomb-layers-1e5", "issue 52: stored sizes (layers 1e5)", _net_args(n_layer=10**5), ("load_from_checkpoint",), named=("n_layer",), xfail=BUDGETS, deadline=HANG, isolate=True),
-    Payload("bomb-num-envs-48-async", "issue 52: a stored config started 48 processes", data_hparams({"_class_path": GYM, "num_envs": 48, "vectorization_mode": "async"}, RL_HPARAMS, "rl"), ("num_envs",), refuse=False, xfail=BUDGETS),
-    Payload("bomb-eval-episodes-1e9", "issue 52: loop counts (eval_episodes 1e9)", data_hparams({"_class_path": GYM, "eval_episodes": 10**9}, RL_HPARAMS, "rl"), ("eval_episodes",), refuse=False, xfail=BUDGETS),
-    Payload("bomb-predict-episodes-1e9", "issue 52: loop counts (predict_episodes 1e9)", data_hparams({"_class_path": GYM, "predict_episodes": 10**9}, RL_HPARAMS, "rl"), ("predict_episodes",), refuse=False, xfail=BUDGETS),
-    Payload("bomb-num-workers-48", "issue 52: process counts (num_workers 48)", data_hparams({"_class_path": "datamodules.DigitsDataModule", "num_workers": 48}, {"_class_path": "zoo.cnn.ClassifierModule", "net": {"class_path": "zoo.cnn.ConvNet", "init_args": {}}}, "cnn"), ("num_workers",), refuse=False, xfail=BUDGETS),
+    Payload("bomb-vocab-1e9", "issue 52: stored sizes (vocab 1e9)", _net_args(vocab_size=10**9), ("load_from_checkpoint",), named=("vocab_size",), isolate=True),
+    Payload("bomb-layers-1e5", "issue 52: stored sizes (layers 1e5)", _net_args(n_layer=10**5), ("load_from_checkpoint",), named=("n_layer",), deadline=HANG, isolate=True),
+    Payload("bomb-num-envs-48-async", "issue 52: a stored config started 48 processes", data_hparams({"_class_path": GYM, "num_envs": 48, "vectorization_mode": "async"}, RL_HPARAMS, "rl"), ("num_envs",), refuse=False),
+    Payload("bomb-eval-episodes-1e9", "issue 52: loop counts (eval_episodes 1e9)", data_hparams({"_class_path": GYM, "eval_episodes": 10**9}, RL_HPARAMS, "rl"), ("eval_episodes",), refuse=False),
+    Payload("bomb-predict-episodes-1e9", "issue 52: loop counts (predict_episodes 1e9)", data_hparams({"_class_path": GYM, "predict_episodes": 10**9}, RL_HPARAMS, "rl"), ("predict_episodes",), refuse=False),
+    Payload("bomb-num-workers-48", "issue 52: process counts (num_workers 48)", data_hparams({"_class_path": "datamodules.DigitsDataModule", "num_workers": 48}, {"_class_path": "zoo.cnn.ClassifierModule", "net": {"class_path": "zoo.cnn.ConvNet", "init_args": {"num_classes": 10}}}, "cnn"), ("num_workers",), refuse=False),
 ]
 # fmt: on
 

@@ -21,7 +21,6 @@ from builders import TINY_NET, Call, pickled, safetensors_bytes, shell, torch_zi
 from harness import Payload, cases, replay, warm_up
 from loaders import SAFETENSORS
 
-BUDGETS = "issue 52: stored values bounded before use (h-budget)"
 # Found by this corpus, in no branch of issue 52 yet.
 DEEP_HEADER = (
     "found by the corpus, no owner yet: weights.diagnose json-parses a safetensors header unguarded (RecursionError)"
@@ -219,7 +218,7 @@ def peft_code(entries: dict):
         out = folder / "adapter"
         out.mkdir()
         base = {"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["c_attn"]}
-        plant(out, outside, "adapter_config.json", **base, **entries)
+        plant(out, outside, "adapter_config.json", **{**base, **entries})
         return out
 
     return make
@@ -336,7 +335,7 @@ PAYLOADS = [
     Payload("diffusers-class-name-module", "diffusers remote code: _class_name naming [module, class]", diffusers_code, ("diffusers_net", "diffusion_from_pretrained")),
     Payload("peft-auto-mapping", "PEFT AutoPeftModel auto_mapping (imports parent_library)", peft_code({"auto_mapping": {"base_model_class": "Evil", "parent_library": "modeling_evil"}}), ("peft_config", "peft_load"), refuse=False),
     Payload("peft-auto-map", "transformers trust_remote_code / auto_map in adapter_config.json", peft_code({"auto_map": AUTO_MAP}), ("peft_config", "peft_load")),
-    Payload("bomb-lora-r-1e9", "issue 52: stored sizes (adapter r 1e9)", peft_code({"r": 10**9}), ("peft_config",), named=("r",), xfail=BUDGETS),
+    Payload("bomb-lora-r-1e9", "issue 52: stored sizes (adapter r 1e9)", peft_code({"r": 10**9}), ("peft_config",), named=("r",)),
 ]
 # fmt: on
 

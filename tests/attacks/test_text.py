@@ -14,8 +14,6 @@ import pytest
 from builders import TINY_NET, python
 from harness import HANG, Payload, cases, replay, warm_up
 
-DEADLINES = "issue 52: stored regexes, templates and tokenizer patterns run under a deadline (h-deadline)"
-BUDGETS = "issue 52: stored values bounded before use (h-budget)"
 # CVE-2024-34359 ("Llama Drama"): llama-cpp-python rendered a GGUF's chat_template in an unsandboxed jinja2 -> RCE.
 SSTI = "CVE-2024-34359 (chat_template SSTI)"
 MESSAGES = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
@@ -215,18 +213,18 @@ PAYLOADS = [
     Payload("template-macro-recursion", "recursion bombs (CWE-674) in a template", template("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}"), CHAT),
     Payload("template-repeat-bomb", "allocation bombs: 'a' * 10**12", template("{{ 'a' * 10**12 }}"), CHAT),
     Payload("template-power-bomb", "allocation bombs: 2 ** 99999999", template("{{ 2 ** 99999999 }}"), CHAT),
-    Payload("template-doubling-bomb", "allocation bombs: a string doubled 40 times", template("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}"), ("render",), xfail=DEADLINES, isolate=True, deadline=HANG),
-    Payload("template-loop-bomb", "issue 52: a chat template in the serving path (nested ranges, 1e10 steps)", template("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"), ("module_chat",), xfail=DEADLINES, isolate=True, deadline=HANG),
+    Payload("template-doubling-bomb", "allocation bombs: a string doubled 40 times", template("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}"), ("render",), isolate=True, deadline=HANG),
+    Payload("template-loop-bomb", "issue 52: a chat template in the serving path (nested ranges, 1e10 steps)", template("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"), ("module_chat",), isolate=True, deadline=HANG),
     Payload("template-huge", "a template past the size read", template("{{ 'x' }}" * 30_000), CHAT),
     Payload("template-not-a-string", "a named list of templates (transformers' multi-template form)", folder_with({"chat_template": [{"name": "default", "template": "{{ cycler.__init__.__globals__ }}"}]}), CHAT[1:]),
     Payload("chat-template-jinja-file", SSTI + ": chat_template.jinja beside the config", folder_with(files={"chat_template.jinja": "{{ cycler.__init__.__globals__.os.system('touch OUTSIDE/MARKER') }}"}), ("folder_chat", "module_chat"), refuse=False),
     # regexes that backtrack without end
-    Payload("redos-tokenizer-split", REDOS, split_pattern("(a+)+$"), ("folder_encode",), xfail=DEADLINES, isolate=True, deadline=HANG),
-    Payload("redos-tokenizer-replace", REDOS + ": a normalizer's Replace", replace_pattern("(a|aa)+$"), ("folder_encode",), xfail=DEADLINES, isolate=True, deadline=HANG),
+    Payload("redos-tokenizer-split", REDOS, split_pattern("(a+)+$"), ("folder_encode",), isolate=True, deadline=HANG),
+    Payload("redos-tokenizer-replace", REDOS + ": a normalizer's Replace", replace_pattern("(a|aa)+$"), ("folder_encode",), isolate=True, deadline=HANG),
     Payload("redos-answer-pattern", "issue 52: answer_pattern ReDoS (CWE-1333)", folder_with(files={"answer_pattern.txt": "(a+)+$"}), ("read_answer",), named=("answer rule",), isolate=True),
     Payload("answer-pattern-too-long", "issue 52: answer_pattern size", folder_with(files={"answer_pattern.txt": "(a)" + "b" * 5000}), ANSWER),
     # tokenizer bombs
-    Payload("sp-merges-3.4m", "issue 52: a SentencePiece model with millions of merges", sentencepiece(MERGE_BOMB), ("folder_tokenizer",), xfail=BUDGETS, isolate=True, deadline=HANG),
+    Payload("sp-merges-3.4m", "issue 52: a SentencePiece model with millions of merges", sentencepiece(MERGE_BOMB), ("folder_tokenizer",), isolate=True, deadline=HANG),
     Payload("sp-piece-too-long", "tokenizer bombs: a piece past the bound (quadratic merges)", sentencepiece(["a" * 600]), ("folder_tokenizer",)),
 ]
 # fmt: on

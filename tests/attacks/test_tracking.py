@@ -25,7 +25,6 @@ from builders import GPT_HPARAMS, tiny_state
 from harness import HANG, Accepted, Payload, Refused, cases, replay, warm_up
 from loaders import command
 
-BUDGETS = "issue 52: stored values bounded before use (h-budget)"
 TOKEN = "corpus-secret-token"
 
 
@@ -460,7 +459,7 @@ PAYLOADS = [
     Payload("mlflow-pyfunc-data-key", "issue 52 VA: MLmodel gains python_function.data", tampered(pyfunc_data_key), ("verify",)),
     Payload("mlflow-requirements-changed", "issue 52 VB: requirements.txt changed", tampered(requirements_changed), ("verify",)),
     Payload("mlflow-python-env-changed", "issue 52 VC: python_env.yaml changed", tampered(python_env_changed), ("verify",)),
-    Payload("model-folder-spec-dev-zero", "symlinks in model folders: module.json linked to /dev/zero", spec_dev_zero, ("load_model",), xfail=BUDGETS, isolate=True, deadline=HANG),
+    Payload("model-folder-spec-dev-zero", "symlinks in model folders: module.json linked to /dev/zero", spec_dev_zero, ("load_model",), isolate=True, deadline=HANG),
     # hostile tracking servers
     Payload("server-listing-dotdot", "CVE-2023-1177 class: ../ in a server's listing", hostile(listing=lambda e, p: [*e, {"path": "../../evil", "is_dir": False, "file_size": "1"}]), SERVED),
     Payload("server-listing-absolute", "CVE-2023-1177 class: an absolute path in a listing", hostile(listing=lambda e, p: [*e, {"path": "/etc/passwd", "is_dir": False, "file_size": "1"}]), SERVED),

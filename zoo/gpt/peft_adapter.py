@@ -40,6 +40,7 @@ from zoo.gpt.attention import MLA
 from zoo.gpt.gpt import GPT
 from zoo.gpt.hf import zoo_to_hf as gpt2_to_hf
 from zoo.gpt.llama import zoo_to_hf as llama_to_hf
+from zoo.io import budget
 from zoo.io.files import read_config, replacing
 from zoo.io.weights import load_file
 
@@ -237,6 +238,7 @@ def read_adapter_config(path: str | Path) -> dict:
             f"{where}: r={r!r}, lora_alpha={alpha!r}, lora_dropout={dropout!r}, use_rslora={rslora!r} or "
             f"use_dora={dora!r} is not a LoRA setting"
         )
+    budget.check_counts({"r": r}, where)  # a stored rank of 1e9 is refused before any factor is sized from it
     return dict(r=r, alpha=float(alpha), dropout=float(dropout), rslora=rslora, dora=dora)
 
 

@@ -55,6 +55,7 @@ LIMITS = {
     "val_samples": 10_000_000,
     "samples_per_epoch": 10_000_000,
     "bpe_vocab_size": 1 << 20,  # merges a tokenizer is trained to
+    "r": 65_536,  # a LoRA rank: above the widest layer of any public model
 }
 CAPPED = frozenset({"num_workers", "tokenize_workers", "num_threads"})
 PROCESSES = frozenset({"num_envs", "eval_envs", "num_actors", "async_actors", "envs_per_actor"})

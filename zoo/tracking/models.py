@@ -45,6 +45,7 @@ from lightning.pytorch import LightningModule
 
 from zoo.errors import OPTIONAL_PACKAGES
 from zoo.io.checkpoint import module_from
+from zoo.io.files import read_json
 from zoo.io.weights import extract_state_dict, load_file
 from zoo.tracking.code import CODE_KEY, CODE_TAG, PYFUNC, bundle_code, code_sha256
 from zoo.tracking.downloads import SPEC, WEIGHTS, cache_dir, download, logged_model_id, model_version
@@ -408,7 +409,7 @@ def _read_model_dir(local: Path) -> tuple[dict, dict]:
         raise FileNotFoundError(
             f"{local} holds no zoo model ({SPEC} + {WEIGHTS}): log one with python -m zoo.tracking log-model"
         )
-    return json.loads(spec_file.read_text()), load_file(weights)
+    return read_json(spec_file), load_file(weights)  # bounded: a link to /dev/zero is refused, not read forever
 
 
 def load_model(uri: str, tracking_uri: str | None = None) -> LightningModule:
