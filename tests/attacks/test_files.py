@@ -39,8 +39,6 @@ FILES = ("load_file", "load_from_checkpoint", "trainer", "init_weights", "load_m
 FILES_CLI = (*FILES, "cli")  # cli.py in the child costs ~2 s: a few payloads of each kind go through it
 HPARAMS = ("load_from_checkpoint", "stored_model", "init_weights_net", "load_model", "stored_config")
 BUDGETS = "issue 52: stored values bounded before use (h-budget)"
-# Found by this corpus, in no branch of issue 52 yet: torch's own error reaches the user (at the CLI a traceback).
-TORCH_ERRORS = "found by the corpus, no owner yet: torch's reader raises its own RuntimeError/UnpicklingError"
 
 
 # -- pickles that call code --------------------------------------------------------------------------------------
@@ -285,12 +283,12 @@ CKPT_PAYLOADS = [
     Payload("pickle-plain-exec", "CWE-502; a .bin that is a plain pickle (HF pickle-scanning docs)", plain_pickle_exec, FILES),
     Payload("pickle-stack-global-runpy", "picklescan deny-list bypasses (GHSA-655q-fx9r-782v class)", stack_global_runpy, FILES),
     Payload("pickle-getattr-chain", "modelscan/picklescan bypass by getattr+__import__", getattr_chain, FILES),
-    Payload("pickle-torch-fx-gadget", "torch-namespace gadgets (torch.fx _forward_from_src)", torch_namespace_gadget, FILES_CLI, xfail=TORCH_ERRORS),
+    Payload("pickle-torch-fx-gadget", "torch-namespace gadgets (torch.fx _forward_from_src)", torch_namespace_gadget, FILES_CLI),
     Payload("pickle-python2-builtin", "picklescan CVE-2025-1945 class: module-name tricks (__builtin__)", pickle_in_a_torch_name, FILES),
-    Payload("storage-record-short", "torch-storage lie: a record shorter than data.pkl declares", storage_record_short, FILES_CLI, xfail=TORCH_ERRORS),
-    Payload("storage-numel-2e40", "torch-storage lie: numel 2**40 over 16 bytes", storage_numel_huge, FILES, xfail=TORCH_ERRORS, isolate=True),
-    Payload("zip-bomb-record", "zip bomb (Fifield, WOOT 2019) as a .ckpt record", zip_bomb_record, FILES, xfail=TORCH_ERRORS),
-    Payload("zip-slip-ckpt", "zip slip (Snyk 2018) members in a .ckpt", zip_slip_members, FILES, refuse=False, xfail=TORCH_ERRORS),
+    Payload("storage-record-short", "torch-storage lie: a record shorter than data.pkl declares", storage_record_short, FILES_CLI),
+    Payload("storage-numel-2e40", "torch-storage lie: numel 2**40 over 16 bytes", storage_numel_huge, FILES, isolate=True),
+    Payload("zip-bomb-record", "zip bomb (Fifield, WOOT 2019) as a .ckpt record", zip_bomb_record, FILES),
+    Payload("zip-slip-ckpt", "zip slip (Snyk 2018) members in a .ckpt", zip_slip_members, FILES, refuse=False),
     Payload("zip-two-data-pkl", "picklescan CVE-2025-1944: zip parser differential", zip_two_data_pkl, FILES),
     Payload("ckpt-name-is-a-module", "issue 52: --ckpt_path this.ckpt imports this (a dotted word taken for a class)", checkpoint_named_like_a_module, ("cli_file_name",), refuse=False, xfail="issue 52: only what the user types as a class is a class (h-cli)"),
     Payload("ckpt-link-to-dev-zero", "symlinks in model folders: a file that never ends", not_a_checkpoint_dev_zero, FILES_CLI),
