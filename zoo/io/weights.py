@@ -349,6 +349,8 @@ def _safetensors_verdict(f: BinaryIO, name: str, size: int) -> CheckpointError:
         bad = [k for k, (begin, end, _) in spans.items() if not (type(begin) is type(end) is int and 0 <= begin <= end)]
         if bad:
             raise ValueError(f"tensor {bad[0]!r} has data_offsets {tensors[bad[0]]['data_offsets']}")
+    except RecursionError:  # [[[[...]]]]: safetensors' own parser stops at 128 levels, Python's json at its stack
+        return _corrupt(name, size, "its header nests its JSON deeper than safetensors' flat table of tensors")
     except (ValueError, TypeError, KeyError, AttributeError) as err:
         return _corrupt(name, size, f"its header is not safetensors' JSON ({type(err).__name__}: {err})")
     if 8 + header + max((end for _, end, _ in spans.values()), default=0) > size:
