@@ -22,8 +22,6 @@ from harness import Payload, cases, replay, warm_up
 from loaders import SAFETENSORS
 
 BUDGETS = "issue 52: stored values bounded before use (h-budget)"
-# Found by this corpus, in no branch of issue 52 yet.
-CLIP_CONVERTER = "found by the corpus, no owner yet: zoo.clip.hf.load_hf_clip reads config.json unchecked (KeyError)"
 WEIGHTS = tuple(SAFETENSORS)
 CODE = "import pathlib\npathlib.Path({marker!r}).write_text('ran')\nprint('ZOO-ATTACK-MARKER')\nclass Evil: pass\n"
 
@@ -196,6 +194,17 @@ def clip_code(folder, outside):
     return out
 
 
+def clip_lacking(folder, outside):
+    """A Hugging Face CLIP folder's config.json whose vision tower states no hidden_size."""
+    out = folder / "clip"
+    out.mkdir()
+    tower = {"num_hidden_layers": 1, "num_attention_heads": 1, "intermediate_size": 8}
+    vision = {**tower, "image_size": 8, "patch_size": 4}
+    text = {**tower, "hidden_size": 8, "vocab_size": 16}
+    (out / "config.json").write_text(json.dumps({"model_type": "clip", "vision_config": vision, "text_config": text}))
+    return out
+
+
 def diffusers_code(folder, outside):
     """A diffusers folder whose _class_name names a module of its own (diffusers' remote-code classes)."""
     out = folder / "dit"
@@ -329,7 +338,8 @@ PAYLOADS = [
     Payload("auto-map-tokenizer-config", "transformers trust_remote_code / auto_map in tokenizer_config.json", gpt2_code("tokenizer_config.json", auto_map=AUTO_MAP, tokenizer_class="Evil"), ("hf_tokenizer", "gpt_from_pretrained"), named=("auto_map",)),
     Payload("trust-remote-code-config", "transformers trust_remote_code stated by the folder", gpt2_code("config.json", trust_remote_code=True), GPT_FOLDER, named=("trust_remote_code",)),
     Payload("custom-pipelines", "diffusers/transformers custom_pipelines", gpt2_code("config.json", custom_pipelines={"text-generation": {"impl": "modeling_evil.Evil"}}), GPT_FOLDER),
-    Payload("auto-map-clip", "transformers trust_remote_code / auto_map in a CLIP folder", clip_code, ("clip_net", "clip_weights"), xfail={"clip_weights": CLIP_CONVERTER}),
+    Payload("auto-map-clip", "transformers trust_remote_code / auto_map in a CLIP folder", clip_code, ("clip_net", "clip_weights"), named=("auto_map",)),
+    Payload("clip-config-lacks-a-size", "a CLIP config.json without a tower's size (a bare KeyError before)", clip_lacking, ("clip_net", "clip_weights"), named=("vision_config.hidden_size",)),
     Payload("diffusers-class-name-module", "diffusers remote code: _class_name naming [module, class]", diffusers_code, ("diffusers_net", "diffusion_from_pretrained")),
     Payload("peft-auto-mapping", "PEFT AutoPeftModel auto_mapping (imports parent_library)", peft_code({"auto_mapping": {"base_model_class": "Evil", "parent_library": "modeling_evil"}}), ("peft_config", "peft_load"), refuse=False),
     Payload("peft-auto-map", "transformers trust_remote_code / auto_map in adapter_config.json", peft_code({"auto_map": AUTO_MAP}), ("peft_config", "peft_load")),
