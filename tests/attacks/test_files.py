@@ -150,6 +150,18 @@ def _zip_bomb() -> bytes:
     return replace_member(ckpt, "/data/0", bytes(16 * 2**20), zipfile.ZIP_DEFLATED)
 
 
+def zip_bomb_declared(folder, outside):
+    """A deflated storage record of the size data.pkl declares (16 MB of zeros in 16 kB): torch would inflate it and
+    load, the archive's sizes all agreeing (zip bomb)."""
+    return _write(folder, "model.ckpt", _zip_bomb_declared())
+
+
+@functools.cache
+def _zip_bomb_declared() -> bytes:
+    ckpt = torch_zip({"state_dict": {"w": torch.zeros(4 * 2**20)}})
+    return replace_member(ckpt, "/data/0", bytes(16 * 2**20), zipfile.ZIP_DEFLATED)
+
+
 def zip_slip_members(folder, outside):
     """A whole checkpoint with members named ``../../outside/slip`` and an absolute path beside its records (zip
     slip, Snyk 2018): read by name, never extracted, so nothing lands."""
@@ -288,6 +300,7 @@ CKPT_PAYLOADS = [
     Payload("storage-record-short", "torch-storage lie: a record shorter than data.pkl declares", storage_record_short, FILES_CLI),
     Payload("storage-numel-2e40", "torch-storage lie: numel 2**40 over 16 bytes", storage_numel_huge, FILES, isolate=True),
     Payload("zip-bomb-record", "zip bomb (Fifield, WOOT 2019) as a .ckpt record", zip_bomb_record, FILES),
+    Payload("zip-bomb-declared", "zip bomb (Fifield, WOOT 2019): a deflated record of the declared size", zip_bomb_declared, FILES),
     Payload("zip-slip-ckpt", "zip slip (Snyk 2018) members in a .ckpt", zip_slip_members, FILES, refuse=False),
     Payload("zip-two-data-pkl", "picklescan CVE-2025-1944: zip parser differential", zip_two_data_pkl, FILES),
     Payload("ckpt-name-is-a-module", "issue 52: --ckpt_path this.ckpt imports this (a dotted word taken for a class)", checkpoint_named_like_a_module, ("cli_file_name",), refuse=False, xfail="issue 52: only what the user types as a class is a class (h-cli)"),
