@@ -52,7 +52,7 @@ from datamodules.image_files import OnUnreadable, open_image, readable_images
 from datamodules.shapes import COLOURS, POSITIONS, SIZES, ShapesDataset
 from datamodules.text_corpus import read_utf8
 from zoo.errors import InputError
-from zoo.io.new_inputs import image_inputs, image_transform
+from zoo.io.new_inputs import image_inputs, image_transform, prompt
 from zoo.io.tokenizers import BPETokenizer, ByteTokenizer, Tokenizer, tokenize
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # OpenAI CLIP's pixel statistics
@@ -431,7 +431,7 @@ class CaptionDataModule(ResumesMidEpoch, LightningDataModule):
         """The class names and their prompt ids (K x P, T), class-major; None without class names."""
         if not self.class_names:
             return None
-        prompts = [t.format(c) for c in self.class_names for t in self.templates]
+        prompts = [prompt(t, c) for c in self.class_names for t in self.templates]
         return self.class_names, self.encode(prompts)
 
     # -- loaders -------------------------------------------------------------------------------------------

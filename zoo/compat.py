@@ -259,6 +259,19 @@ def option_flags(parser) -> list[str]:
     return list(parser._option_string_actions)
 
 
+def weights_only_globals() -> set[str]:
+    """The ``module.name`` globals ``torch.load(weights_only=True)`` admits: its built-in list (private to
+    ``torch._weights_only_unpickler``) and those added with ``torch.serialization.add_safe_globals``. The zoo's
+    diagnosis of a refused pickle names everything else as code it would run."""
+    from torch._weights_only_unpickler import _get_allowed_globals
+
+    added = set()
+    for entry in torch.serialization.get_safe_globals():  # an object, or (object, the name it is pickled under)
+        obj, name = entry if isinstance(entry, tuple) else (entry, None)
+        added.add(name or f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}")
+    return set(_get_allowed_globals()) | added
+
+
 def dcp_storage_info_type() -> type:
     """The class torch.distributed.checkpoint's FileSystemWriter stores per entry (file, offset, length): the zoo
     checks each before a read, and the class is private to the filesystem module."""

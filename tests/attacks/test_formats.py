@@ -21,11 +21,6 @@ from builders import TINY_NET, Call, pickled, safetensors_bytes, shell, torch_zi
 from harness import Payload, cases, replay, warm_up
 from loaders import SAFETENSORS
 
-# Found by this corpus, in no branch of issue 52 yet.
-DEEP_HEADER = (
-    "found by the corpus, no owner yet: weights.diagnose json-parses a safetensors header unguarded (RecursionError)"
-)
-CLIP_CONVERTER = "found by the corpus, no owner yet: zoo.clip.hf.load_hf_clip reads config.json unchecked (KeyError)"
 WEIGHTS = tuple(SAFETENSORS)
 CODE = "import pathlib\npathlib.Path({marker!r}).write_text('ran')\nprint('ZOO-ATTACK-MARKER')\nclass Evil: pass\n"
 
@@ -198,6 +193,17 @@ def clip_code(folder, outside):
     return out
 
 
+def clip_lacking(folder, outside):
+    """A Hugging Face CLIP folder's config.json whose vision tower states no hidden_size."""
+    out = folder / "clip"
+    out.mkdir()
+    tower = {"num_hidden_layers": 1, "num_attention_heads": 1, "intermediate_size": 8}
+    vision = {**tower, "image_size": 8, "patch_size": 4}
+    text = {**tower, "hidden_size": 8, "vocab_size": 16}
+    (out / "config.json").write_text(json.dumps({"model_type": "clip", "vision_config": vision, "text_config": text}))
+    return out
+
+
 def diffusers_code(folder, outside):
     """A diffusers folder whose _class_name names a module of its own (diffusers' remote-code classes)."""
     out = folder / "dit"
@@ -310,7 +316,7 @@ PAYLOADS = [
     Payload("st-shape-overflow", TOB + ": a shape whose product overflows 64 bits", weights({"a": f32(0, 16, (2**62, 2**62))}, bytes(16)), WEIGHTS),
     Payload("st-dtype-unknown", TOB + ": a dtype safetensors does not have", weights({"a": f32(0, 16, dtype="PICKLE")}, bytes(16)), WEIGHTS),
     Payload("st-header-not-json", TOB + ": a header that is not UTF-8 JSON", weights(b"\xff\xfe{not json", bytes(16)), WEIGHTS),
-    Payload("st-header-deep-json", TOB + ": a header nested 100,000 deep (CWE-674)", weights(DEEP), WEIGHTS, xfail=DEEP_HEADER),
+    Payload("st-header-deep-json", TOB + ": a header nested 100,000 deep (CWE-674)", weights(DEEP), WEIGHTS),
     Payload("st-duplicate-keys", TOB + ": one name twice (parser differential)", weights(b'{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"a":{"dtype":"F32","shape":[2],"data_offsets":[16,24]}}', bytes(24)), WEIGHTS),
     Payload("st-metadata-not-strings", TOB + ": __metadata__ values that are not strings", weights({"__metadata__": {"a": {"b": [1]}}, "x": f32(0, 16)}, bytes(16)), WEIGHTS),
     Payload("st-hole-between-tensors", TOB + ": bytes no tensor owns", weights({"a": f32(0, 16), "b": f32(32, 48)}, bytes(48)), WEIGHTS),
@@ -331,7 +337,8 @@ PAYLOADS = [
     Payload("auto-map-tokenizer-config", "transformers trust_remote_code / auto_map in tokenizer_config.json", gpt2_code("tokenizer_config.json", auto_map=AUTO_MAP, tokenizer_class="Evil"), ("hf_tokenizer", "gpt_from_pretrained"), named=("auto_map",)),
     Payload("trust-remote-code-config", "transformers trust_remote_code stated by the folder", gpt2_code("config.json", trust_remote_code=True), GPT_FOLDER, named=("trust_remote_code",)),
     Payload("custom-pipelines", "diffusers/transformers custom_pipelines", gpt2_code("config.json", custom_pipelines={"text-generation": {"impl": "modeling_evil.Evil"}}), GPT_FOLDER),
-    Payload("auto-map-clip", "transformers trust_remote_code / auto_map in a CLIP folder", clip_code, ("clip_net", "clip_weights"), xfail={"clip_weights": CLIP_CONVERTER}),
+    Payload("auto-map-clip", "transformers trust_remote_code / auto_map in a CLIP folder", clip_code, ("clip_net", "clip_weights"), named=("auto_map",)),
+    Payload("clip-config-lacks-a-size", "a CLIP config.json without a tower's size (a bare KeyError before)", clip_lacking, ("clip_net", "clip_weights"), named=("vision_config.hidden_size",)),
     Payload("diffusers-class-name-module", "diffusers remote code: _class_name naming [module, class]", diffusers_code, ("diffusers_net", "diffusion_from_pretrained")),
     Payload("peft-auto-mapping", "PEFT AutoPeftModel auto_mapping (imports parent_library)", peft_code({"auto_mapping": {"base_model_class": "Evil", "parent_library": "modeling_evil"}}), ("peft_config", "peft_load"), refuse=False),
     Payload("peft-auto-map", "transformers trust_remote_code / auto_map in adapter_config.json", peft_code({"auto_map": AUTO_MAP}), ("peft_config", "peft_load")),

@@ -129,7 +129,33 @@ def _answer(fn: str):
     return load
 
 
+def zeroshot_templates(*templates: str):
+    """A file of zero-shot settings (class names, templates), as a checkpoint's inputs or a request carries them."""
+
+    def make(folder, outside):
+        path = folder / "zeroshot.json"
+        path.write_text(json.dumps({"class_names": ["cat"], "templates": list(templates)}))
+        return path
+
+    return make
+
+
+def _clip_zeroshot(p):
+    """A tiny CLIP module's zero-shot prediction with the file's class names and templates (the prompts built)."""
+    import torch
+
+    from zoo.clip import CLIP
+    from zoo.clip.module import ContrastiveModule
+    from zoo.clip.towers import TextTransformer, VisionTransformer
+
+    small = {"width": 8, "layers": 1, "heads": 1, "embed_dim": 8}
+    net = CLIP(VisionTransformer(image_size=8, patch_size=4, **small), TextTransformer(16, 8, **small))
+    batch = {"mode": "zeroshot", "index": torch.arange(1), "image": torch.zeros(1, 3, 8, 8)}
+    return ContrastiveModule(net).predict_step({**batch, **json.loads(p.read_text())}, 0)
+
+
 LOADERS = {
+    "clip_zeroshot": _clip_zeroshot,
     "render": _render,
     "folder_chat": _folder_chat,
     "checkpoint_chat": _checkpoint_chat,
@@ -218,6 +244,8 @@ PAYLOADS = [
     Payload("template-huge", "a template past the size read", template("{{ 'x' }}" * 30_000), CHAT),
     Payload("template-not-a-string", "a named list of templates (transformers' multi-template form)", folder_with({"chat_template": [{"name": "default", "template": "{{ cycler.__init__.__globals__ }}"}]}), CHAT[1:]),
     Payload("chat-template-jinja-file", SSTI + ": chat_template.jinja beside the config", folder_with(files={"chat_template.jinja": "{{ cycler.__init__.__globals__.os.system('touch OUTSIDE/MARKER') }}"}), ("folder_chat", "module_chat"), refuse=False),
+    Payload("clip-template-width-bomb", "str.format width bombs in a stored zero-shot template", zeroshot_templates("a {0:>999999999}"), ("clip_zeroshot",), named=("{0:>999999999}",)),
+    Payload("clip-template-attribute", "str.format attribute access (Python format-string injection)", zeroshot_templates("{0.__class__.__mro__}"), ("clip_zeroshot",), named=("{0.__class__.__mro__}",)),
     # regexes that backtrack without end
     Payload("redos-tokenizer-split", REDOS, split_pattern("(a+)+$"), ("folder_encode",), isolate=True, deadline=HANG),
     Payload("redos-tokenizer-replace", REDOS + ": a normalizer's Replace", replace_pattern("(a|aa)+$"), ("folder_encode",), isolate=True, deadline=HANG),

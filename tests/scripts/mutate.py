@@ -2135,6 +2135,29 @@ FAMILIES: dict[str, dict] = {
             (SPT, "        if len(found) > MAX_MERGES:", "        if False:"),
         ],
     },
+    "corpus_gaps": {  # what the corpus found: torch archives that lie, a deep safetensors header, CLIP configs, templates
+        "tests": [
+            "tests/attacks/test_files.py",
+            "tests/attacks/test_formats.py",
+            "tests/attacks/test_text.py",
+            "-k",
+            "storage or zip-bomb or zip-slip or fx-gadget or deep-json or clip",
+        ],
+        "mutants": [
+            (WT, "    if why := _archive_lies(source):", "    if False:"),
+            (WT, "        if info.compress_type != zipfile.ZIP_STORED:", "        if False:"),
+            (WT, "        if held != numel * itemsize:", "        if held is None:"),
+            (
+                WT,
+                "    unsafe = sorted(set(names) - compat.weights_only_globals())",
+                '    unsafe = sorted({n for n in names if not n.startswith(("torch.", "collections.OrderedDict"))})',
+            ),
+            (WT, "    except RecursionError:  # [[[[", "    except MemoryError:  # [[[["),
+            ("zoo/clip/hf.py", "    require_fields(config, HF_CLIP_FIELDS, where)\n", ""),
+            (CPT, 'config = read_config(path / "config.json")', 'config = read_json(path / "config.json")'),
+            (NI, 'if f not in ("", "0") or spec or conv]', "if spec or conv]"),
+        ],
+    },
     "files": {  # files an outsider wrote: pretrained folders, archives, exported programs, planted links
         "tests": ["tests/shared/test_file_attacks.py"],
         "mutants": [

@@ -326,6 +326,21 @@ def test_option_flags_lists_every_flag_a_parser_knows():
     assert set(compat.option_flags(parser)) == {"-h", "--help", "-c", "--config", "--model.lr"}
 
 
+def test_weights_only_globals_are_what_torch_load_admits():
+    import io
+    import pickletools
+    import zipfile
+
+    names = compat.weights_only_globals()
+    assert "torch.fx.graph_module._forward_from_src" not in names and "builtins.eval" not in names
+    buf = io.BytesIO()  # every name torch.save writes for tensors, parameters and dtypes is admitted
+    torch.save({"w": torch.ones(2), "p": torch.nn.Parameter(torch.ones(1)), "t": torch.bfloat16}, buf)
+    with zipfile.ZipFile(buf) as z:
+        ops = pickletools.genops(z.read("archive/data.pkl"))
+        written = {arg.replace(" ", ".") for op, arg, _ in ops if op.name == "GLOBAL"}
+    assert {"torch._utils._rebuild_tensor_v2", "torch.FloatStorage"} <= written <= names
+
+
 def test_dcp_storage_info_type_is_what_the_filesystem_writer_stores(tmp_path):
     import warnings
 

@@ -27,6 +27,7 @@ from torch import Tensor
 from zoo.clip.clip import CLIP
 from zoo.clip.towers import TextTransformer, VisionTransformer
 from zoo.io import build
+from zoo.io.config_fields import require_fields
 from zoo.io.files import read_config
 from zoo.io.weights import classifier_head, extract_state_dict, load_file, load_with_new_head
 
@@ -131,8 +132,18 @@ def zoo_to_openai(sd: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def hf_clip_kwargs(config: dict) -> dict:
-    """``CLIP``, ``VisionTransformer`` and ``TextTransformer`` arguments for a Hugging Face ``CLIPConfig`` dict."""
+# The fields of a CLIPConfig the zoo reads that have no default (transformers writes them all).
+HF_CLIP_FIELDS = tuple(
+    f"{tower}_config.{field}"
+    for tower in ("vision", "text")
+    for field in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+) + ("vision_config.image_size", "vision_config.patch_size", "text_config.vocab_size")
+
+
+def hf_clip_kwargs(config: dict, where: str | Path = "config.json") -> dict:
+    """``CLIP``, ``VisionTransformer`` and ``TextTransformer`` arguments for a Hugging Face ``CLIPConfig`` dict read
+    from ``where``; an ``InputError`` naming a field it lacks."""
+    require_fields(config, HF_CLIP_FIELDS, where)
     v, t = config["vision_config"], config["text_config"]
     for name, c in (("vision", v), ("text", t)):
         if c.get("hidden_act", "quick_gelu") not in ("quick_gelu", "gelu"):
@@ -188,7 +199,7 @@ def _read_config(folder: Path) -> dict:
 
 def load_hf_clip(folder: str | Path) -> CLIP:
     """A ``CLIP`` built from a local Hugging Face folder's config, holding its weights."""
-    k = hf_clip_kwargs(_read_config(Path(folder)))
+    k = hf_clip_kwargs(_read_config(Path(folder)), Path(folder) / "config.json")
     build.check_net(clip_net(k), str(folder))
     net = CLIP(VisionTransformer(**k["vision"]), TextTransformer(**k["text"]), init_logit_scale=k["init_logit_scale"])
     return load_hf_clip_into(net, folder)
@@ -233,7 +244,7 @@ def clip_net(k: dict) -> dict:
 
 def zoo_yaml(folder: str | Path) -> str:
     """The ``model.init_args.net`` YAML block matching a Hugging Face folder, for a config file."""
-    k = hf_clip_kwargs(_read_config(Path(folder)))
+    k = hf_clip_kwargs(_read_config(Path(folder)), Path(folder) / "config.json")
     block = clip_net(k)
     block["init_args"]["init_logit_scale"] = k["init_logit_scale"]
     return yaml.safe_dump({"net": block}, sort_keys=False)

@@ -30,7 +30,7 @@ from zoo.compat import trainer_of
 from zoo.errors import InputError
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
-from zoo.io.new_inputs import image_inputs, top_k_columns
+from zoo.io.new_inputs import image_inputs, prompt, top_k_columns
 from zoo.io.tokenizers import tokenize, tokenizer_from_dict
 from zoo.io.weights import check_compatible, extract_state_dict, readable
 from zoo.train.logging import lightning_writes
@@ -275,7 +275,7 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
         if self._classifier is None or self._classifier[0] != names:  # the prompts are the same in every batch
             ids = batch.get("class_text")
             if ids is None:  # class-major prompts, as CaptionDataModule.zeroshot_prompts builds them
-                ids = self._tokens([t.format(c) for c in names for t in batch["templates"]])
+                ids = self._tokens([prompt(t, c) for c in names for t in batch["templates"]])
             self._classifier = (names, zeroshot_weights(self.net, ids, len(names)))
         probs = (self.net.scale() * images @ self._classifier[1].T).float().softmax(-1)  # (B, K)
         rows = ident | top_k_columns(probs, list(names), batch.get("top_k", 5))

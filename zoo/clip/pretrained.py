@@ -26,7 +26,7 @@ from zoo.clip.hf import clip_net, hf_clip_kwargs
 from zoo.clip.open_clip_config import open_clip_kwargs
 from zoo.clip.templates import OPENAI_IMAGENET_TEMPLATES
 from zoo.errors import InputError
-from zoo.io.files import read_json
+from zoo.io.files import read_config, read_json
 from zoo.io.tokenizers import BPETokenizer, OpenCLIPTokenizer, Tokenizer
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)  # OpenAI CLIP's pixel statistics (clip.load's Normalize)
@@ -131,16 +131,16 @@ def net_config(path: str | Path) -> dict | None:
     if not (path.is_dir() and (path / "config.json").is_file()):
         return None
     where = repr(str(path / "config.json"))
-    config = read_json(path / "config.json")
-    if not isinstance(config, dict) or "auto_map" in config:
-        raise InputError(f"{where} is not a JSON object of settings, or names code to run (auto_map): refused")
+    config = read_config(path / "config.json")  # the GPT folders' rule: no code named, each field of its type
     if config.get("model_type", "clip") != "clip" or not {"vision_config", "text_config"} <= config.keys():
         raise InputError(
             f"{where} is not a Hugging Face CLIP model's config (model_type {config.get('model_type')!r}; a CLIP's "
             "has vision_config and text_config)"
         )
     try:
-        return clip_net(hf_clip_kwargs(config))
+        return clip_net(hf_clip_kwargs(config, path / "config.json"))
+    except InputError:
+        raise
     except (KeyError, TypeError, ValueError) as err:
         raise InputError(f"{where}: {err}, which the zoo's CLIP does not read") from None
 

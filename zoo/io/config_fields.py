@@ -87,3 +87,17 @@ def check_fields(config: Mapping[str, Any], path: str | Path, prefix: str = "") 
             )
         if field in NESTED and isinstance(value, dict):
             check_fields(value, path, f"{prefix}{field}.")
+
+
+def require_fields(config: Mapping[str, Any], names: tuple[str, ...], path: str | Path, prefix: str = "") -> None:
+    """An ``InputError`` naming ``path`` and the first of ``names`` (``a.b`` into a nested object) that ``config``
+    lacks: a converter reading it would end in a bare ``KeyError``."""
+    for name in names:
+        at: Any = config
+        for part in name.split("."):
+            if not (isinstance(at, Mapping) and part in at):
+                raise InputError(
+                    f"{str(path)!r} lacks the field {prefix}{name}, which the zoo reads and has no default for: "
+                    "add it as the model states it, or use a folder transformers wrote"
+                )
+            at = at[part]

@@ -29,6 +29,29 @@ from zoo.errors import InputError
 DEFAULT_TEMPLATES = ("a photo of a {}.", "a picture of a {}.", "{}")
 
 
+def prompt(template: str, name: str) -> str:
+    """A zero-shot prompt: ``template`` with each ``{}`` (or ``{0}``) the class ``name``. A template is stored data
+    (a checkpoint's inputs, a request's param), and ``str.format`` would read attributes (``{0.__class__}``) or pad
+    to any width (``{0:>999999999}``, gigabytes): any field but a bare one is refused in one line."""
+    import string
+
+    try:
+        fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(template) if f is not None]
+    except ValueError as err:  # an unmatched brace
+        raise InputError(f"the zero-shot template {template[:80]!r} is not a prompt with {{}} fields ({err})") from None
+    bad = [f"{{{f}{'!' + conv if conv else ''}{':' + spec if spec else ''}}}" for f, spec, conv in fields]
+    bad = [b for b, (f, spec, conv) in zip(bad, fields, strict=True) if f not in ("", "0") or spec or conv]
+    if bad:
+        raise InputError(
+            f"the zero-shot template {template[:80]!r} has the field {bad[0][:40]}: a template marks the class name "
+            "with {} alone (no index, attribute, conversion or format spec)"
+        )
+    try:
+        return template.format(*[name] * len(fields))
+    except ValueError as err:  # {} and {0} in one template
+        raise InputError(f"the zero-shot template {template[:80]!r} mixes {{}} and {{0}} ({err})") from None
+
+
 def image_inputs(datamodule: Any) -> dict | None:
     """``{"image_shape", "mean", "std", "interpolation", "class_names", "templates"}`` from an image DataModule's
     protocol attributes (``image_shape``, ``normalization``, ``interpolation``, ``class_names``, ``templates``), or

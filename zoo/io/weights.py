@@ -10,6 +10,7 @@ pickle that would run code.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import math
 import pickle
@@ -74,6 +75,8 @@ def load_bytes(data: bytes, name: str, map_location: str | torch.device | None =
 def _read(source: Path | io.BytesIO, name: str, size: int, map_location, mmap: bool = False) -> dict:
     """Load a local file or downloaded bytes weights-only; a failure is diagnosed from the bytes, naming ``name``."""
     device = map_location if isinstance(map_location, str) else "cpu"
+    if why := _archive_lies(source):  # before torch reads a record: it would inflate or allocate what they say
+        raise _corrupt(name, size, why)
     with _diagnosed(source, name, size):
         if name.endswith(".safetensors"):
             from safetensors.torch import load
@@ -149,6 +152,8 @@ def diagnose(f: BinaryIO, name: str, size: int) -> CheckpointError | None:
             with zipfile.ZipFile(f) as z:
                 if why := _zip_past_its_end(z, size):
                     return _corrupt(name, size, why)
+                if why := _zip_lies(z):
+                    return _corrupt(name, size, why)
                 pickled = [n for n in z.namelist() if n.endswith("data.pkl")]
                 return _unsafe(io.BytesIO(z.read(pickled[0])), name) if pickled else _not_a_checkpoint(name, size, head)
         except (zipfile.BadZipFile, EOFError, ValueError, OSError) as err:  # a directory that lies about its records
@@ -175,6 +180,125 @@ def _zip_past_its_end(z: zipfile.ZipFile, size: int) -> str | None:
         ):
             return f"its record {info.filename} declares {info.file_size} bytes at offset {info.header_offset}"
     return None
+
+
+def _archive_lies(source: Path | io.BytesIO) -> str | None:
+    """What a torch zip archive in ``source`` says that its records do not hold (``_zip_lies``), or None; None too
+    for a file that is no zip or whose directory does not read (the loader's failure is diagnosed instead)."""
+    with source.open("rb") if isinstance(source, Path) else contextlib.nullcontext(source) as f:
+        f.seek(0)
+        try:
+            if f.read(4) != ZIP_MAGIC:
+                return None
+            f.seek(0)
+            with zipfile.ZipFile(f) as z:
+                return _zip_lies(z)
+        except (zipfile.BadZipFile, EOFError, ValueError, OSError):
+            return None
+        finally:
+            f.seek(0)
+
+
+# What torch.save writes beside data.pkl and the storage records: its format's version stamps.
+TORCH_ZIP_MEMBERS = ("version", "byteorder", ".format_version", ".storage_alignment")
+
+
+def _zip_lies(z: zipfile.ZipFile) -> str | None:
+    """Why the torch archive ``z`` is not what torch.save writes, read from its directory and data.pkl's opcodes
+    (nothing unpickled, no record inflated): a member outside the archive's one folder (zip slip), a record
+    compressed (torch stores them as they are, so a deflated one is a zip bomb), a storage record whose size is
+    not what data.pkl declares for it (torch would fail, or allocate the declared size), a record no storage
+    names. None when it is whole, or holds no data.pkl (not torch's format: diagnosed elsewhere)."""
+    infos = z.infolist()
+    pickles = [i for i in infos if i.filename.endswith("data.pkl")]
+    if len(pickles) != 1:
+        return f"it holds {len(pickles)} data.pkl records" if pickles else None
+    folder = pickles[0].filename[: -len("data.pkl")]
+    if folder.count("/") != 1 or folder.startswith(("/", "../")):
+        return f"its data.pkl is at {pickles[0].filename!r}, not in one folder as torch.save writes it"
+    for info in infos:
+        inner = info.filename[len(folder) :]
+        if not info.filename.startswith(folder) or ".." in Path(inner).parts or inner.startswith("/"):
+            return f"its member {info.filename!r} lies outside the archive's folder {folder!r}"
+        if info.compress_type != zipfile.ZIP_STORED:
+            return f"its record {info.filename} is compressed (torch.save stores records as they are: a zip bomb?)"
+        if not (inner in ("data.pkl", *TORCH_ZIP_MEMBERS) or inner.startswith((".data/", "data/"))):
+            return f"it holds a member torch.save does not write ({info.filename!r})"
+    try:
+        declared = _declared_storages(io.BytesIO(z.read(pickles[0])))
+    except ValueError:  # a broken opcode stream: torch's failure is diagnosed from it
+        return None
+    for key, (kind, numel) in declared.items():
+        record = f"{folder}data/{key}"
+        itemsize = _storage_itemsize(kind)
+        if itemsize is None or type(numel) is not int:
+            continue  # not a storage weights-only reads: the unpickler refuses it by name
+        held = z.getinfo(record).file_size if record in z.namelist() else None
+        if held != numel * itemsize:
+            holds = "is missing" if held is None else f"holds {held} bytes"
+            wanted = f"{numel} elements of {kind} ({numel * itemsize} bytes)"
+            return f"its storage record {record} {holds}, data.pkl declares {wanted}"
+    names = {f"{folder}data/{key}" for key in declared}
+    extra = sorted(i.filename for i in infos if i.filename.startswith(f"{folder}data/") and i.filename not in names)
+    return f"its record {extra[0]} is no storage data.pkl declares" if extra else None
+
+
+@functools.cache
+def _storage_itemsize(kind: str) -> int | None:
+    """Bytes per element of a storage class weights-only loads (``torch.FloatStorage``), None for any other name."""
+    if not (kind.startswith("torch.") and kind.endswith("Storage") and kind in compat.weights_only_globals()):
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the legacy storage classes warn that TypedStorage is deprecated
+        dtype = getattr(getattr(torch, kind.removeprefix("torch."), None), "dtype", None)
+    return dtype.itemsize if isinstance(dtype, torch.dtype) else None
+
+
+def _declared_storages(f: BinaryIO) -> dict[str, tuple[str, object]]:
+    """The storages a torch data.pkl declares, key -> (storage class, element count), from its persistent ids
+    (``('storage', torch.FloatStorage, '0', 'cpu', 4)``), found by following its opcodes on a stack of names and
+    constants: nothing is unpickled or looked up. Raises ValueError on a broken opcode stream."""
+    import pickletools
+
+    stack: list = []
+    marks: list[int] = []
+    memo: dict = {}
+    storages: dict[str, tuple[str, object]] = {}
+    for op, arg, _pos in pickletools.genops(f):
+        before = op.stack_before
+        if op.name == "MARK":
+            marks.append(len(stack))
+            continue
+        if op.name in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):
+            memo[len(memo) if op.name == "MEMOIZE" else arg] = stack[-1] if stack else None
+            continue
+        items = []
+        if pickletools.markobject in before:
+            start = marks.pop() if marks else 0
+            items, stack[start:] = stack[start:], []
+            before = before[: before.index(pickletools.markobject)]
+        popped = [stack.pop() if stack else None for _ in before][::-1]
+        if op.name in ("GET", "BINGET", "LONG_BINGET"):
+            pushed = [memo.get(arg)]
+        elif op.name == "GLOBAL":
+            pushed = [arg.replace(" ", ".")]
+        elif op.name == "STACK_GLOBAL":
+            pushed = [f"{popped[0]}.{popped[1]}"]
+        elif op.name == "TUPLE":
+            pushed = [tuple(items)]
+        elif op.name in ("TUPLE1", "TUPLE2", "TUPLE3"):
+            pushed = [tuple(popped)]
+        elif op.name == "BINPERSID":
+            pid = popped[0]
+            if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage" and isinstance(pid[2], str):
+                storages.setdefault(pid[2], (str(pid[1]), pid[4]))
+            pushed = [None]
+        elif isinstance(arg, (str, int)) and not isinstance(arg, bool) and op.name not in ("PROTO", "FRAME"):
+            pushed = [arg]
+        else:
+            pushed = [None] * len(op.stack_after)
+        stack += pushed
+    return storages
 
 
 SAFETENSORS_MAX_HEADER = 100_000_000  # safetensors' own limit on the JSON header's length
@@ -225,6 +349,8 @@ def _safetensors_verdict(f: BinaryIO, name: str, size: int) -> CheckpointError:
         bad = [k for k, (begin, end, _) in spans.items() if not (type(begin) is type(end) is int and 0 <= begin <= end)]
         if bad:
             raise ValueError(f"tensor {bad[0]!r} has data_offsets {tensors[bad[0]]['data_offsets']}")
+    except RecursionError:  # [[[[...]]]]: safetensors' own parser stops at 128 levels, Python's json at its stack
+        return _corrupt(name, size, "its header nests its JSON deeper than safetensors' flat table of tensors")
     except (ValueError, TypeError, KeyError, AttributeError) as err:
         return _corrupt(name, size, f"its header is not safetensors' JSON ({type(err).__name__}: {err})")
     if 8 + header + max((end for _, end, _ in spans.values()), default=0) > size:
@@ -278,7 +404,8 @@ def _unsafe(f: BinaryIO, name: str) -> UnsafeCheckpointError | None:
         if f.read(1) != pickle.PROTO:
             break
         f.seek(-1, io.SEEK_CUR)
-    unsafe = sorted({n for n in names if not n.startswith(("torch.", "collections.OrderedDict"))})
+    # torch's own weights-only rule, name for name: a prefix such as "torch." admits torch.fx's code loaders
+    unsafe = sorted(set(names) - compat.weights_only_globals())
     if not unsafe:
         return None
     return UnsafeCheckpointError(

@@ -43,7 +43,7 @@ from mlflow.types.schema import Array, Object, Property
 from zoo.errors import InputError
 from zoo.io import budget
 from zoo.io.checkpoint import read_module
-from zoo.io.new_inputs import DEFAULT_TEMPLATES, image_transform, png_bytes, read_image, to_uint8
+from zoo.io.new_inputs import DEFAULT_TEMPLATES, image_transform, png_bytes, prompt, read_image, to_uint8
 from zoo.io.tokenizers import prompt_ids
 from zoo.tracking.families import FAMILIES, family_of
 
@@ -330,7 +330,7 @@ class Embedder(_Images):
     def example(self) -> pd.DataFrame:
         spec = self._inputs()
         names, templates = spec.get("class_names") or [""], spec.get("templates") or ["{}"]
-        return pd.DataFrame({"image": [self._example_png()], "text": [templates[0].format(names[0])]})
+        return pd.DataFrame({"image": [self._example_png()], "text": [prompt(templates[0], names[0])]})
 
     def answer(self, model_input: Any, params: dict) -> pd.DataFrame:
         cols = columns(model_input, self.inputs)
