@@ -1087,7 +1087,7 @@ FAMILIES: dict[str, dict] = {
             ),
             (MF, 'recorded.items() if not inside or p == inside or p.startswith(f"{inside}/")}', "recorded.items()}"),
             (MF, "        if logged_model_id(mv.source) is not None or (", "        if False and ("),
-            (DLS, '            check_download(uri, store, repo, path, partial / "files")', "            pass"),
+            (RG, "tracking_uri(), check=check_download)", "tracking_uri())"),
             (
                 DLS,
                 "        if local.is_symlink() or not local.resolve().is_relative_to(Path(repo.artifact_dir).resolve()):",

@@ -176,7 +176,8 @@ def _private_names_outside_compat() -> list[str]:
                 own.add(n.id)
 
     def private(name: str) -> bool:
-        return name.startswith("_") and not name.startswith("__") and name not in own
+        # os._exit is the standard library's documented way to end a process without cleanup, not a private name
+        return name.startswith("_") and not name.startswith("__") and name not in own and name != "_exit"
 
     found = []
     for path, tree in trees.items():

@@ -31,6 +31,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse, urlsplit, urlunsplit
 
@@ -340,22 +341,22 @@ def refusals(uri: str):
         raise DownloadRefused(f"{uri}: {err.message.splitlines()[0]}: check the name, version or run id") from err
 
 
-def download(uri: str, store: str) -> Path:
+def download(uri: str, store: str, check: Callable | None = None) -> Path:
     """A local copy of what ``uri`` names in ``store``, downloaded once into ``cache_dir()``: a model folder (its
     ``MODEL_FILES``) or one file. MLflow's own refusals (a missing run, a path it will not read) are
-    ``DownloadRefused`` too."""
+    ``DownloadRefused`` too. ``check(uri, store, repo, path, folder)`` judges the fetched files before they are
+    cached (the loaders pass the manifest's, ``zoo.tracking.manifest.check_download``, which reads this module)."""
     with refusals(uri):
         key = _cache_key(uri, store)
         dst = cache_dir() / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
         if dst.is_dir() and not _cached(dst, key):
             shutil.rmtree(dst, ignore_errors=True)
         if not dst.is_dir():
-            _download_into(dst, uri, store, key)
+            _download_into(dst, uri, store, key, check)
     return dst / (dst / ".downloaded").read_text()
 
 
-def _download_into(dst: Path, uri: str, store: str, key: dict) -> None:
-    from zoo.tracking.manifest import check_download
+def _download_into(dst: Path, uri: str, store: str, key: dict, check: Callable | None) -> None:
     from zoo.tracking.store import process_tracking_uri
 
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -366,7 +367,8 @@ def _download_into(dst: Path, uri: str, store: str, key: dict) -> None:
             repo, path, files = find(uri, store, model_files)
             check_sizes(files, uri)
             fetch(repo, files, partial / "files", uri)
-            check_download(uri, store, repo, path, partial / "files")  # the folder as logged, by its manifest
+            if check is not None:
+                check(uri, store, repo, path, partial / "files")  # the folder as logged, by its manifest
         (partial / ".downloaded").write_text(f"files/{path}".rstrip("/"))  # what was asked: a file or a folder
         sizes = {f"files/{f.path}": f.file_size for f in files}
         (partial / ".source").write_text(json.dumps({**key, "files": sizes}, indent=1))

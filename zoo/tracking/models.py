@@ -49,7 +49,7 @@ from zoo.io.files import read_json
 from zoo.io.weights import extract_state_dict, load_file
 from zoo.tracking.code import CODE_KEY, CODE_TAG, PYFUNC, bundle_code, code_sha256
 from zoo.tracking.downloads import SPEC, WEIGHTS, cache_dir, download, logged_model_id, model_version
-from zoo.tracking.manifest import MANIFEST_TAG, encode, folder_manifest
+from zoo.tracking.manifest import MANIFEST_TAG, check_download, encode, folder_manifest
 from zoo.tracking.runs import PARENT_TAG, STAGE_TAG
 from zoo.tracking.store import process_tracking_uri, tracking_uri
 
@@ -379,7 +379,7 @@ def load_checkpoint(ckpt_path: str | Path) -> dict:
 
 def _download(uri: str, tracking_uri_: str | None) -> Path:
     """A local copy of what ``uri`` names, downloaded once and bounded (``zoo.tracking.downloads``)."""
-    return download(uri, tracking_uri_ or tracking_uri())
+    return download(uri, tracking_uri_ or tracking_uri(), check=check_download)
 
 
 @contextlib.contextmanager
