@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse, urlsplit, urlunsplit
 
-from zoo.tracking.remote import HTTP_SCHEMES, DownloadRefused, HttpArtifacts, copy_bounded
+from zoo.tracking.remote import HTTP_SCHEMES, DownloadRefused, HttpArtifacts, copy_bounded, positive_setting
 
 MAX_DOWNLOAD_ENV = "ZOO_MAX_DOWNLOAD_BYTES"
 # Far above any zoo model trained here (a GPT-2 small's weights are 0.5 GB), far below filling a disk.
@@ -56,12 +56,7 @@ def cache_dir() -> Path:
 
 def max_download_bytes() -> int:
     """The most bytes one download may fetch: $ZOO_MAX_DOWNLOAD_BYTES, else 16 GiB."""
-    value = os.getenv(MAX_DOWNLOAD_ENV)
-    if not value:
-        return MAX_DOWNLOAD_BYTES
-    if not value.isdigit() or int(value) <= 0:
-        raise DownloadRefused(f"${MAX_DOWNLOAD_ENV}={value!r} is not a positive number of bytes: set it to one")
-    return int(value)
+    return positive_setting(MAX_DOWNLOAD_ENV, MAX_DOWNLOAD_BYTES, "bytes")
 
 
 def logged_model_id(uri: str) -> str | None:

@@ -51,11 +51,16 @@ class DownloadRefused(CheckpointError):
 
 def download_timeout() -> int:
     """Seconds a stream may take before it must keep ``MIN_RATE``: $ZOO_DOWNLOAD_TIMEOUT, else 60."""
-    value = os.getenv(TIMEOUT_ENV)
+    return positive_setting(TIMEOUT_ENV, TIMEOUT, "seconds")
+
+
+def positive_setting(env: str, default: int, unit: str) -> int:
+    """The positive whole number ``$env`` holds, else ``default``; anything else is a one-line refusal."""
+    value = os.getenv(env)
     if not value:
-        return TIMEOUT
+        return default
     if not value.isdigit() or int(value) <= 0:
-        raise DownloadRefused(f"${TIMEOUT_ENV}={value!r} is not a positive number of seconds: set it to one")
+        raise DownloadRefused(f"${env}={value!r} is not a positive number of {unit}: set it to one")
     return int(value)
 
 
