@@ -329,6 +329,28 @@ def test_a_folders_repetition_penalty_decodes_as_transformers_generate(tmp_path)
     assert generate(module.net, [ids], 16, temperature=0)[0].tolist() != theirs  # the penalty changes this output
 
 
+def test_sampling_with_a_repetition_penalty_draws_transformers_tokens_for_the_same_seed(tmp_path):
+    """Sampled, the same tokens as transformers' ``generate`` for the same seed: the same processed distribution drawn
+    by one ``torch.multinomial`` a step from the same random stream (held by a generator here, global there)."""
+    from zoo.gpt.generate import generate
+
+    write_model(tmp_path, "qwen2")
+    sampled = PENALIZED | {"do_sample": True, "temperature": 0.9, "top_k": 0, "top_p": 1.0}
+    (tmp_path / "generation_config.json").write_text(json.dumps(sampled))
+    module, model = from_pretrained(tmp_path), transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids, g = torch.tensor(module.tokenizer.encode("the the the cat the cat")), module.hparams.generation
+    unpenalized = 0
+    for seed in range(3):
+        torch.manual_seed(seed)
+        out = model.generate(ids[None], attention_mask=torch.ones_like(ids[None]), max_new_tokens=12, min_new_tokens=12)
+        draw = dict(temperature=g["temperature"], generator=torch.Generator().manual_seed(seed))
+        ours = generate(module.net, [ids], 12, repetition_penalty=g["repetition_penalty"], **draw)[0].tolist()
+        assert ours == out[0, ids.numel() :].tolist()
+        draw["generator"].manual_seed(seed)
+        unpenalized += generate(module.net, [ids], 12, **draw)[0].tolist() != ours
+    assert unpenalized > 0  # the penalty changes the draws
+
+
 def test_the_cli_takes_a_folders_generation_defaults_under_its_own(tmp_path):
     """``init_weights: <folder>`` through cli.py: the folder's generation_config.json as from_pretrained reads it,
     each field the config states itself (max_new_tokens here) its own; predict's tokens are transformers'."""

@@ -77,3 +77,13 @@ def test_the_repetition_penalty_is_transformers_before_the_warpers():
     logits = torch.ones(1, v)
     out = penalize_repetition(logits, pad, torch.tensor([[False, False, True]]), 2.0)
     assert out[0, 3] == 0.5 and out[0, 7] == 1.0
+
+
+def test_a_repetition_penalty_with_a_speculative_draft_is_refused_in_one_line():
+    import pytest
+
+    from zoo.errors import InputError
+    from zoo.gpt.generate import Generation
+
+    with pytest.raises(InputError, match="generation.draft=mtp must be null with a repetition_penalty"):
+        Generation(draft="mtp", repetition_penalty=1.2)
