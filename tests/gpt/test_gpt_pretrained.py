@@ -376,7 +376,12 @@ def test_the_cli_takes_a_folders_generation_defaults_under_its_own(tmp_path):
 
 @pytest.mark.parametrize(
     "setting, named",
-    [({"num_beams": 4}, "num_beams=4"), ({"no_repeat_ngram_size": 3}, "no_repeat_ngram_size=3"), ({"x": 1}, "x")],
+    [
+        ({"num_beams": 4}, "num_beams=4"),
+        ({"no_repeat_ngram_size": 3}, "no_repeat_ngram_size=3"),
+        ({"x": 1}, "x"),
+        ({"repetition_penalty": "1.3"}, "repetition_penalty='1.3'"),
+    ],
 )
 def test_a_decoding_setting_the_zoo_lacks_is_refused_in_one_line(tmp_path, setting, named):
     write_model(tmp_path, "llama")

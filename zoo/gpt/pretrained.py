@@ -152,6 +152,17 @@ NEUTRAL = {
 }  # fmt: skip
 
 
+# What each key the zoo reads holds: "bool", "int" (or null), "number" (or null); eos_token_id: _eos_ids'.
+KINDS = {"do_sample": "bool", "max_new_tokens": "int", "top_k": "int"}
+KINDS |= {k: "number" for k in ("temperature", "top_p", "repetition_penalty")}
+
+
+def _of_kind(value: Any, kind: str) -> bool:
+    if kind == "bool" or isinstance(value, bool):  # JSON's true is no number here
+        return isinstance(value, bool) and kind == "bool"
+    return value is None or isinstance(value, int if kind == "int" else (int, float))
+
+
 def checked_generation_config(g: Any, where: str) -> dict:
     """``g`` (a generation_config.json) when every key in it is read by the zoo, changes no decoded token, or holds
     transformers' default; else one error naming each other key, which the zoo would otherwise silently ignore."""
@@ -162,6 +173,12 @@ def checked_generation_config(g: Any, where: str) -> dict:
         for k, v in g.items()
         if k not in READ_KEYS | INERT_KEYS and not (k in NEUTRAL and v == NEUTRAL[k])
     ]
+    mistyped = [f"{k}={v!r}" for k, v in g.items() if k in KINDS and not _of_kind(v, KINDS[k])]
+    if mistyped:
+        raise InputError(
+            f"{where!r} sets {', '.join(mistyped)}: do_sample takes true or false, top_k and max_new_tokens a whole "
+            "number, temperature, top_p and repetition_penalty a number: fix the file"
+        )
     if bad:
         raise InputError(
             f"{where!r} sets {', '.join(bad)}: decoding the zoo does not implement (it does greedy or temperature, "
