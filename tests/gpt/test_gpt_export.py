@@ -152,7 +152,10 @@ def test_a_tokenizer_without_a_tokenizer_json_form_is_refused_in_one_line():
 
 @pytest.mark.parametrize(
     "generation",
-    [Generation(temperature=0.0, top_k=3, max_new_tokens=7), Generation(temperature=0.7, top_p=0.9)],
+    [
+        Generation(temperature=0.0, top_k=3, max_new_tokens=7, repetition_penalty=1.05),
+        Generation(temperature=0.7, top_p=0.9),
+    ],
 )
 def test_generation_config_reads_back_in_transformers_and_the_zoo(tmp_path, generation):
     tok = llama3_tokenizer(tmp_path)
@@ -161,6 +164,7 @@ def test_generation_config_reads_back_in_transformers_and_the_zoo(tmp_path, gene
     assert theirs.eos_token_id == list(tok.stop_ids) and len(tok.stop_ids) == 2
     assert (theirs.bos_token_id, theirs.pad_token_id) == (tok.bos_id, None)
     assert theirs.max_new_tokens == generation.max_new_tokens
+    assert (theirs.repetition_penalty or 1.0) == generation.repetition_penalty  # unset: None, no penalty
     sampled = generation.temperature > 0
     assert theirs.do_sample == sampled
     if sampled:
@@ -170,6 +174,7 @@ def test_generation_config_reads_back_in_transformers_and_the_zoo(tmp_path, gene
         temperature=generation.temperature,
         top_k=generation.top_k if sampled else None,
         top_p=generation.top_p if sampled else None,
+        repetition_penalty=generation.repetition_penalty,
     )
 
 

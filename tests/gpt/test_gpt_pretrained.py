@@ -291,6 +291,106 @@ def test_generation_config_sets_predict_defaults(tmp_path):
     assert (g["temperature"], g["top_p"], g["top_k"], g["max_new_tokens"]) == (0.6, 0.9, None, 17)
 
 
+PENALIZED = {  # as Qwen2.5's, with settings the zoo lacks at their neutral values (beams: 1), which it accepts
+    "do_sample": False,
+    "repetition_penalty": 1.3,
+    "num_beams": 1,
+    "bos_token_id": 0,
+    "transformers_version": "4.57.0",
+}
+
+
+def _transformers_greedy(folder: Path, ids: torch.Tensor, n: int) -> list[int]:
+    """transformers' continuation of ``ids`` as its ``generate`` reads the folder (generation_config.json included)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert model.generation_config.repetition_penalty == PENALIZED["repetition_penalty"]  # read from the file
+    out = model.generate(ids[None], attention_mask=torch.ones_like(ids[None]), max_new_tokens=n, min_new_tokens=n)
+    return out[0, ids.numel() :].tolist()
+
+
+def _predicted(module: CausalLMModule, ids: torch.Tensor) -> str:
+    """predict's continuation of ``ids`` with the module's own ``generation`` (its hparams)."""
+    return module.predict_step({"prompt_ids": [ids], "text": [""]}, 0)["completion"][0]
+
+
+def test_a_folders_repetition_penalty_decodes_as_transformers_generate(tmp_path):
+    """Qwen2.5's generation_config.json states repetition_penalty 1.05; predict's greedy decoding through
+    ``from_pretrained`` then equals transformers' ``generate`` token for token, and differs without the penalty."""
+    write_model(tmp_path, "qwen2")
+    (tmp_path / "generation_config.json").write_text(json.dumps(PENALIZED))
+    module = from_pretrained(tmp_path)
+    assert module.hparams.generation["repetition_penalty"] == 1.3 and module.hparams.generation["temperature"] == 0
+    ids = torch.tensor(module.tokenizer.encode("the the the cat the cat"))
+    module.hparams.generation["max_new_tokens"] = 16
+    theirs = _transformers_greedy(tmp_path, ids, 16)
+    assert _predicted(module, ids) == module.tokenizer.decode(theirs)
+    from zoo.gpt.generate import generate
+
+    assert generate(module.net, [ids], 16, temperature=0)[0].tolist() != theirs  # the penalty changes this output
+
+
+def test_sampling_with_a_repetition_penalty_draws_transformers_tokens_for_the_same_seed(tmp_path):
+    """Sampled, the same tokens as transformers' ``generate`` for the same seed: the same processed distribution drawn
+    by one ``torch.multinomial`` a step from the same random stream (held by a generator here, global there)."""
+    from zoo.gpt.generate import generate
+
+    write_model(tmp_path, "qwen2")
+    sampled = PENALIZED | {"do_sample": True, "temperature": 0.9, "top_k": 0, "top_p": 1.0}
+    (tmp_path / "generation_config.json").write_text(json.dumps(sampled))
+    module, model = from_pretrained(tmp_path), transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids, g = torch.tensor(module.tokenizer.encode("the the the cat the cat")), module.hparams.generation
+    unpenalized = 0
+    for seed in range(3):
+        torch.manual_seed(seed)
+        out = model.generate(ids[None], attention_mask=torch.ones_like(ids[None]), max_new_tokens=12, min_new_tokens=12)
+        draw = dict(temperature=g["temperature"], generator=torch.Generator().manual_seed(seed))
+        ours = generate(module.net, [ids], 12, repetition_penalty=g["repetition_penalty"], **draw)[0].tolist()
+        assert ours == out[0, ids.numel() :].tolist()
+        draw["generator"].manual_seed(seed)
+        unpenalized += generate(module.net, [ids], 12, **draw)[0].tolist() != ours
+    assert unpenalized > 0  # the penalty changes the draws
+
+
+def test_the_cli_takes_a_folders_generation_defaults_under_its_own(tmp_path):
+    """``init_weights: <folder>`` through cli.py: the folder's generation_config.json as from_pretrained reads it,
+    each field the config states itself (max_new_tokens here) its own; predict's tokens are transformers'."""
+    from cli import main
+
+    folder = tmp_path / "qwen2"
+    write_model(folder, "qwen2")
+    (folder / "generation_config.json").write_text(json.dumps(PENALIZED))
+    model = {"class_path": "zoo.gpt.CausalLMModule", "init_args": {"net": "zoo.gpt.GPT", "init_weights": str(folder)}}
+    (tmp_path / "text.txt").write_text("the cat sat. " * 50)
+    text = {"path": str(tmp_path / "text.txt"), "block_size": 16}
+    data = {"class_path": "datamodules.TextDataModule", "init_args": text}
+    args = [f"--model={json.dumps(model)}", "--model.init_args.generation.max_new_tokens=12"]
+    c = main([*args, f"--data={json.dumps(data)}", "--trainer.logger=false"], run=False)
+    reference = from_pretrained(folder)
+    assert c.model.hparams.generation == reference.hparams.generation | {"max_new_tokens": 12}
+    c.model.trainer = None
+    c.model.setup("predict")
+    c.model.tokenizer = reference.tokenizer
+    ids = torch.tensor(reference.tokenizer.encode("the the the cat the cat"))
+    assert _predicted(c.model.eval(), ids) == reference.tokenizer.decode(_transformers_greedy(folder, ids, 12))
+
+
+@pytest.mark.parametrize(
+    "setting, named",
+    [
+        ({"num_beams": 4}, "num_beams=4"),
+        ({"no_repeat_ngram_size": 3}, "no_repeat_ngram_size=3"),
+        ({"x": 1}, "x"),
+        ({"repetition_penalty": "1.3"}, "repetition_penalty='1.3'"),
+    ],
+)
+def test_a_decoding_setting_the_zoo_lacks_is_refused_in_one_line(tmp_path, setting, named):
+    write_model(tmp_path, "llama")
+    (tmp_path / "generation_config.json").write_text(json.dumps(PENALIZED | {"num_beams": 1} | setting))
+    with pytest.raises(InputError, match=named) as err:
+        from_pretrained(tmp_path)
+    assert "\n" not in str(err.value)
+
+
 def test_the_eos_comes_from_generation_config_when_tokenizer_config_has_none(tmp_path):
     write_model(tmp_path, "llama")
     tok_config = json.loads((tmp_path / "tokenizer_config.json").read_text())

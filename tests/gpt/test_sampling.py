@@ -57,3 +57,33 @@ def test_ties_at_the_edge_stay_or_go_together_and_are_the_only_difference():
             assert set(row[kept].tolist()).isdisjoint(row[~kept].tolist())
         differ += int((ours != theirs).any(-1).sum())
     assert differ > 0, "the test needs ties that transformers splits"
+
+
+def test_the_repetition_penalty_is_transformers_before_the_warpers():
+    """CTRL's penalty on the ids seen so far, then temperature, top-k and top-p, as transformers' processors list
+    applies them: the same distribution (a row's left padding excepted: no token of its own here)."""
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    from zoo.gpt.generate import penalize_repetition
+
+    v, g = 50, torch.Generator().manual_seed(0)
+    for (temperature, top_k, top_p), penalty in zip(settings(50, v, seed=3), torch.linspace(0.5, 2.0, 50).tolist()):
+        logits, seen = torch.randn(4, v, generator=g) * 3, torch.randint(0, v, (4, 12), generator=g)
+        theirs = transformers_scores(RepetitionPenaltyLogitsProcessor(penalty)(seen, logits), temperature, top_k, top_p)
+        ours = penalize_repetition(logits, seen, torch.ones_like(seen, dtype=torch.bool), penalty)
+        ours = probabilities(ours, temperature, top_k, top_p)
+        torch.testing.assert_close(ours, theirs.softmax(-1), atol=1e-5, rtol=0)
+    pad = torch.tensor([[7, 7, 3]])  # slots 0-1 are padding (id 7): only id 3 is the row's own
+    logits = torch.ones(1, v)
+    out = penalize_repetition(logits, pad, torch.tensor([[False, False, True]]), 2.0)
+    assert out[0, 3] == 0.5 and out[0, 7] == 1.0
+
+
+def test_a_repetition_penalty_with_a_speculative_draft_is_refused_in_one_line():
+    import pytest
+
+    from zoo.errors import InputError
+    from zoo.gpt.generate import Generation
+
+    with pytest.raises(InputError, match="generation.draft=mtp must be null with a repetition_penalty"):
+        Generation(draft="mtp", repetition_penalty=1.2)

@@ -65,7 +65,7 @@ DTX, DTC, DCP, DDF = (
 DTS, DGY, DSH = "datamodules/tensor_dataset.py", "datamodules/gym.py", "datamodules/shapes.py"
 FI, CV, EX = "zoo/io/files.py", "zoo/diffusion/convert.py", "zoo/rl/export.py"
 DCF, SCF = "zoo/diffusion/diffusers_config.py", "zoo/diffusion/scheduler_config.py"
-PA = "zoo/gpt/peft_adapter.py"
+PA, GPR, GEX = "zoo/gpt/peft_adapter.py", "zoo/gpt/pretrained.py", "zoo/gpt/export.py"
 PG, RO = "zoo/train/policy_gradient.py", "zoo/gpt/rollout.py"
 ASR, APL = "zoo/gpt/async_rollout.py", "zoo/train/actor_pool.py"
 GR, RW = "zoo/gpt/grpo.py", "zoo/gpt/rewards.py"
@@ -104,6 +104,27 @@ FAMILIES: dict[str, dict] = {
         "mutants": [
             # the CLI's net from an init_weights folder (issue 39): the folder's architecture, not the config's
             (AP, "        args[key] = _namespace(value)\n", "        pass\n"),
+            # issue 53: generation_config.json read whole, repetition_penalty as transformers applies it
+            (
+                S,
+                "torch.where(logits < 0, logits * penalty, logits / penalty)",
+                "torch.where(logits < 0, logits / penalty, logits * penalty)",
+            ),
+            (
+                S,
+                "seen = torch.arange(pos, device=tokens.device) >= pad[:, None]",
+                "seen = torch.arange(pos, device=tokens.device) >= longest",
+            ),
+            (S, "present.scatter_add(-1, tokens, seen.long()) > 0", "present.scatter_add(-1, tokens, seen.long()) > 1"),
+            (
+                GPR,
+                'penalty = {"repetition_penalty": float(g["repetition_penalty"])} if g.get("repetition_penalty") else {}',
+                "penalty = {}",
+            ),
+            (GPR, "and not (k in NEUTRAL and v == NEUTRAL[k])", "and k not in NEUTRAL"),
+            (GPR, "if k not in READ_KEYS | INERT_KEYS and", "if k not in READ_KEYS | INERT_KEYS | set(NEUTRAL) and"),
+            (AP, "ours[k] if k in ours and _given(ours[k], default[k]) else v", "v"),
+            (AP, "Source(gpt_folder, settings=gpt_generation, config_wins=True)", "Source(gpt_folder)"),
             (
                 A,
                 "torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin)",
@@ -1481,6 +1502,7 @@ FAMILIES: dict[str, dict] = {
         "tests": ["tests/gpt/test_gpt_export.py"],
         "mutants": [
             (HFT, "    if chat_template is not None:\n", "    if False:\n"),  # the chat template not written
+            (GEX, "if generation.repetition_penalty != 1.0:", "if False:"),  # the penalty not written back
             (HFT, "for name, i in ids.items()}", "for name, i in ids.items() if name != 'bos'}"),  # BOS not named
             (TOK, "chr(b) if b in PRINTABLE else chr(next(others))", "chr(b) if b in PRINTABLE else chr(b + 256)"),
             (

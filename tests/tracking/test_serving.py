@@ -155,6 +155,9 @@ def test_gpt_continues_prompts_with_generation_params_as_the_cli_predict_does():
     assert list(other["completion"]) != by_cli  # the seed is the request's
     greedy = model.predict(pd.DataFrame({"prompt": ["ab"]}), params={"temperature": 0.0, "max_new_tokens": 4})
     assert greedy["completion"][0] == c.model.generate(["ab"], max_new_tokens=4, temperature=0)[0]
+    penalized = {"temperature": 0.0, "max_new_tokens": 8, "repetition_penalty": 1.5}
+    theirs = c.model.generate(["ab"], max_new_tokens=8, temperature=0, repetition_penalty=1.5)[0]
+    assert model.predict(pd.DataFrame({"prompt": ["ab"]}), params=penalized)["completion"][0] == theirs
     with pytest.raises(MlflowException, match="temperature"):
         model.predict(pd.DataFrame({"prompt": ["ab"]}), params={"temperature": -1.0})
 

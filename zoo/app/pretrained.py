@@ -55,6 +55,9 @@ class Source:
     kept: frozenset[str] = frozenset()  # init_args the config keeps as it has them, unset included (sizes for the data)
     # The module's own settings the source states beside its net, from ``path`` and the module's parsed init_args.
     settings: Callable[[Path, Namespace], dict[str, Any]] | None = None
+    # Whether the config's own values of those settings win (defaults, as a folder's decoding) or are refused (what the
+    # weights were trained under, as an SB3 agent's statistics).
+    config_wins: bool = False
 
 
 def gpt_folder(path: Path) -> dict[str, Any] | None:
@@ -65,6 +68,20 @@ def gpt_folder(path: Path) -> dict[str, Any] | None:
 
     folder, config = read_folder(path)
     return net_config(net_kwargs(config, folder))
+
+
+def gpt_generation(path: Path, init: Namespace) -> dict[str, Any]:
+    """The decoding a Hugging Face folder's ``generation_config.json`` states (``zoo.gpt.pretrained``), as
+    ``from_pretrained`` reads it, under each field of the config's ``generation`` that is its own (not the default)."""
+    if not (path / "config.json").is_file():
+        return {}
+    from zoo.gpt.generate import Generation
+    from zoo.gpt.pretrained import generation_defaults
+
+    theirs, default = dataclasses.asdict(generation_defaults(path)), dataclasses.asdict(Generation())
+    ours = _plain(init.get("generation")) or {}
+    merged = {k: ours[k] if k in ours and _given(ours[k], default[k]) else v for k, v in theirs.items()}
+    return {"generation": merged} if merged != default else {}
 
 
 def diffusers_folder(path: Path) -> dict[str, Any] | None:
@@ -149,7 +166,7 @@ def as_config(value: Any) -> Any:
 ZOO_MODEL = Source(zoo_model, frozenset({"dropout", "activation_checkpointing"}), frozenset({"num_classes"}))
 
 SOURCES: dict[str, Source] = {
-    "gpt": Source(gpt_folder),
+    "gpt": Source(gpt_folder, settings=gpt_generation, config_wins=True),
     "diffusers": Source(diffusers_folder),
     "clip": Source(clip_folder, frozenset({"embed_dim"})),  # zoo.clip.hf.load_source_into replaces the projection
     "sb3": Source(sb3_zip, settings=sb3_statistics),
@@ -197,8 +214,13 @@ def net_from_source(cfg: Namespace, source: Source | None) -> str | None:
     how = "as it stores it" if rule is ZOO_MODEL else "as its config states it"
     line = f"the net from init_weights {path!r}: {theirs['class_path']} {how}"
     if rule.settings is not None and (settings := rule.settings(local, init)):
-        _set_settings(init, settings, _defaults(_class(cfg.model.class_path)), path)
-        line += f"; {', '.join(f'{k}={v!r}' for k, v in settings.items())} as its statistics state them"
+        if rule.config_wins:  # the source's defaults under the config's own values (merged by the rule)
+            for k, v in settings.items():
+                init[k] = _namespace(v)
+            line += f"; {', '.join(f'{k}={v!r}' for k, v in settings.items())} as it states them, under the config's"
+        else:
+            _set_settings(init, settings, _defaults(_class(cfg.model.class_path)), path)
+            line += f"; {', '.join(f'{k}={v!r}' for k, v in settings.items())} as its statistics state them"
     return line
 
 

@@ -28,12 +28,15 @@ from zoo.io.tokenizers import Tokenizer
 
 def generation_config(generation: Generation, tokenizer: Tokenizer | None) -> dict:
     """generation_config.json for predict's ``generation``: greedy at temperature 0, else sampled with its
-    temperature, top_k (0: all tokens) and top_p (1: all); the tokenizer's EOS ids (each one generation stops at),
-    BOS and pad. ``zoo.gpt.pretrained.generation_defaults`` and transformers' ``generate`` read it back alike."""
+    temperature, top_k (0: all tokens) and top_p (1: all); its repetition_penalty unless 1; the tokenizer's EOS ids
+    (each one generation stops at), BOS and pad. ``zoo.gpt.pretrained.generation_defaults`` and transformers'
+    ``generate`` read it back alike."""
     config: dict = {"max_new_tokens": generation.max_new_tokens, "do_sample": generation.temperature > 0}
     if config["do_sample"]:  # greedy states no sampling settings (transformers warns on those it would ignore)
         config |= {"temperature": generation.temperature, "top_k": generation.top_k or 0, "top_p": generation.top_p}
         config["top_p"] = config["top_p"] or 1.0
+    if generation.repetition_penalty != 1.0:  # applied greedy or sampled, as the zoo does
+        config["repetition_penalty"] = generation.repetition_penalty
     if tokenizer is not None:
         stop = list(tokenizer.stop_ids)
         config["eos_token_id"] = stop[0] if len(stop) == 1 else stop

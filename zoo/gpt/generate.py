@@ -111,6 +111,18 @@ def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None 
     return logits
 
 
+def penalize_repetition(logits: Tensor, tokens: Tensor, seen: Tensor, penalty: float) -> Tensor:
+    """``logits`` (B, V) with every id in ``tokens`` (B, T) where ``seen`` (B, T) is true made less likely: a positive
+    logit divided by ``penalty``, a negative one multiplied (Keskar et al. 2019, CTRL, section 4.1; transformers'
+    ``RepetitionPenaltyLogitsProcessor``, applied as it is before the temperature and the filters). An id counts once
+    however often it occurs; a row's left padding is no token of its own."""
+    if penalty == 1.0:
+        return logits
+    present = torch.zeros(logits.shape, dtype=torch.long, device=logits.device)
+    present = present.scatter_add(-1, tokens, seen.long()) > 0  # (B, V): duplicates add, so no write order matters
+    return torch.where(present, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
+
+
 def probabilities(logits: Tensor, temperature: float, top_k: int | None = None, top_p: float | None = None) -> Tensor:
     """The distribution (..., V) ``sample_next`` draws from: softmax of the filtered logits / temperature (> 0)."""
     return filter_logits(logits.float() / temperature, top_k, top_p).softmax(dim=-1)
@@ -171,6 +183,8 @@ class Generation:
         temperature: sampling temperature; 0 is greedy.
         top_k: sample among the k most likely tokens only; None: all.
         top_p: sample from the smallest set of tokens whose probability reaches top_p (nucleus); None: all.
+        repetition_penalty: every id already in the prompt or the continuation has its logit divided by this when
+            positive, multiplied when negative (CTRL's penalty, as transformers applies it), greedy or sampled; 1: none.
         seed: seed of the sampling of predict batch 0 (batch i: seed + i), so a prediction run repeats exactly.
         past_block_size: past the net's block_size, slide the context over the last block_size tokens, or refuse
             (error) a prompt and max_new_tokens that do not fit in it.
@@ -186,6 +200,7 @@ class Generation:
     temperature: float = 0.8
     top_k: int | None = None
     top_p: float | None = None
+    repetition_penalty: float = 1.0
     seed: int = 0
     past_block_size: Literal["slide", "error"] = "slide"
     draft: str | None = None
@@ -200,7 +215,9 @@ class Generation:
                 ("temperature", self.temperature >= 0, "0 or more (0: greedy)"),
                 ("top_k", self.top_k is None or self.top_k >= 1, "1 or more, or null (all tokens)"),
                 ("top_p", self.top_p is None or 0 < self.top_p <= 1, "in (0, 1], or null (all tokens)"),
+                ("repetition_penalty", self.repetition_penalty > 0, "more than 0 (1: no penalty)"),
                 ("num_draft_tokens", self.num_draft_tokens >= 1, "1 or more"),
+                ("draft", self.draft is None or self.repetition_penalty == 1, "null with a repetition_penalty"),
             )
             if not ok
         ]
@@ -302,15 +319,17 @@ def generate(
     use_cache: bool = True,
     generator: torch.Generator | None = None,
     past_block_size: Literal["slide", "error"] = "slide",
+    repetition_penalty: float = 1.0,
 ) -> list[Tensor]:
     """Continue each 1-D prompt of ids by up to ``max_new_tokens``; returns the new ids only, EOS excluded.
 
     A row stops early at any of ``stop_ids`` (EOS; Llama 3 lists three). Past ``block_size`` tokens the context
     slides over the last ``block_size`` (``"slide"``), or the call is refused up front (``"error"``). A prompt must
-    leave room for one token in ``block_size``.
+    leave room for one token in ``block_size``. ``repetition_penalty`` (``penalize_repetition``) applies before
+    sampling or the greedy choice.
     """
     args = (max_new_tokens, temperature, top_k, top_p, stop_ids, use_cache, generator, past_block_size)
-    out = decode(net, prompts, *args)
+    out = decode(net, prompts, *args, repetition_penalty=repetition_penalty)
     return [out.tokens[i, out.longest : int(out.ended[i])].clone() for i in range(len(prompts))]
 
 
@@ -337,6 +356,7 @@ def decoding(
     generator: torch.Generator | None = None,
     past_block_size: Literal["slide", "error"] = "slide",
     logps: bool = False,
+    repetition_penalty: float = 1.0,
 ) -> Generator[Tensor, None, Decoded]:
     """``generate``'s decoding loop, step by step: yields each step's sampled ids (B,) as soon as they are drawn (a
     row's ids after its stop id are not its continuation) and returns every slot it wrote. Streaming reads the steps,
@@ -359,6 +379,8 @@ def decoding(
         first = 0  # the window's first slot: the context is tokens[:, first:pos + 1]
         logits = net(tokens[:, :longest], cache, 0, window_pad(pad, 0))[:, -1]  # (B, V): every prompt in one pass
         for pos in range(longest, n):
+            seen = torch.arange(pos, device=tokens.device) >= pad[:, None]  # (B, pos): each row's own tokens
+            logits = penalize_repetition(logits, tokens[:, :pos], seen, repetition_penalty)
             if kept is None:
                 nxt = sample_next(logits, temperature, top_k, top_p, generator)
             else:

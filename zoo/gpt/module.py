@@ -81,8 +81,10 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
                 models:/name@alias, runs:/id/model); loaded weights-only, before any
                 checkpoint given by --ckpt_path is restored over them.
             generation: how predict continues the prompts (``zoo.gpt.generate.Generation``: max_new_tokens,
-                temperature, top_k, top_p, seed, past_block_size); not a weight, so ``predict --ckpt_path`` takes it
-                from the command line (``--model.init_args.generation.temperature=0``) over the checkpoint's.
+                temperature, top_k, top_p, repetition_penalty, seed, past_block_size); not a weight, so ``predict
+                --ckpt_path`` takes it from the command line (``--model.init_args.generation.temperature=0``) over the
+                checkpoint's. With ``init_weights`` a Hugging Face folder, the fields left at their defaults are its
+                ``generation_config.json``'s, as ``zoo.gpt.from_pretrained`` reads them.
             mtp_weight: lambda, the weight of the multi-token prediction loss when the net has ``mtp_depth`` D > 0: the
                 training loss is the next-token loss + lambda / D * sum_k L_k (DeepSeek-V3: 0.3, then 0.1 for the last
                 tokens of its run); unused without MTP.
@@ -252,6 +254,7 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         seed: int | None = None,
         draft: str | GPT | CausalLMModule | None = None,
         num_draft_tokens: int = 4,
+        repetition_penalty: float = 1.0,
     ) -> list[str] | list[Tensor]:
         """Continue each prompt (text, or 1-D id tensors); returns the continuations in the same form.
 
@@ -269,8 +272,11 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
             gen = torch.Generator(self.device).manual_seed(seed)
         stop = self.tokenizer.stop_ids if self.tokenizer is not None else ()
         if draft is None:
-            out = generate(self.net, ids, max_new_tokens, temperature, top_k, top_p, stop_ids=stop, generator=gen)
+            args = (max_new_tokens, temperature, top_k, top_p)
+            out = generate(self.net, ids, *args, stop_ids=stop, generator=gen, repetition_penalty=repetition_penalty)
         else:
+            if repetition_penalty != 1:  # the draft's acceptance test compares unpenalized distributions
+                raise InputError("repetition_penalty with a draft: speculative decoding does not apply it; pass one")
             out, stats = speculative_generate(
                 self.net,
                 self.draft_net(draft),
@@ -303,6 +309,7 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         top_k: int | None = None,
         top_p: float | None = None,
         seed: int | None = None,
+        repetition_penalty: float = 1.0,
     ) -> Iterator[str]:
         """The reply to ``request`` (a text to continue, or chat messages: the assistant's reply), yielded as text
         pieces as the tokens are drawn; joined, the pieces are ``generate``'s continuation for the same settings.
@@ -315,7 +322,17 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         ids = self.chat_prompt(request) if isinstance(request, list) else prompt_ids(self.tokenizer, [request])[0]
         gen = torch.Generator(self.device).manual_seed(seed) if seed is not None else None
         stop, new, sent = set(self.tokenizer.stop_ids), [], ""
-        for nxt in decoding(self.net, [ids.to(self.device)], max_new_tokens, temperature, top_k, top_p, generator=gen):
+        steps = decoding(
+            self.net,
+            [ids.to(self.device)],
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            generator=gen,
+            repetition_penalty=repetition_penalty,
+        )
+        for nxt in steps:
             if int(nxt[0]) in stop:
                 break
             new.append(int(nxt[0]))
@@ -369,7 +386,8 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
             past_block_size=g.past_block_size,
         )
         if g.draft is None:
-            out = generate(self.net, batch["prompt_ids"], g.max_new_tokens, **common)
+            penalty = g.repetition_penalty
+            out = generate(self.net, batch["prompt_ids"], g.max_new_tokens, **common, repetition_penalty=penalty)
         else:
             draft = self.draft_net(g.draft)
             out, stats = speculative_generate(

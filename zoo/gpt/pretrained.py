@@ -9,7 +9,8 @@ load (``hf.py``, ``llama.py``); a config option the zoo's GPT does not implement
 exact or refused: every parameter is set and every tensor of the files used, or one error names what is left over.
 The tokenizer is the folder's ``tokenizer.json`` (``zoo.io.hf_tokenizer``), else its SentencePiece ``tokenizer.model``
 (Llama 2, rebuilt as transformers' LlamaTokenizer does: ``zoo.io.sp_tokenizer``), else GPT-2's vocab.json and
-merges.txt; ``generation_config.json`` sets predict's defaults as transformers reads them (no ``do_sample``: greedy).
+merges.txt; ``generation_config.json`` sets predict's defaults as transformers reads them (no ``do_sample``: greedy;
+``repetition_penalty`` either way), and a decoding setting in it that the zoo lacks is refused by name.
 
 Every file is data: configs are read within size limits, and a folder that names code of its own (``auto_map``) is
 refused. The module records its net as a ``{class_path, init_args}`` config, as ``cli.py`` does, so its checkpoints
@@ -109,18 +110,81 @@ def _config_value(value: Any) -> Any:
 
 def generation_defaults(folder: Path) -> Generation:
     """predict's decoding as ``generation_config.json`` states it: sampled (its temperature, top_k, top_p) only with
-    ``do_sample``, else greedy, as transformers' ``generate`` reads the file; greedy without one."""
+    ``do_sample``, else greedy, as transformers' ``generate`` reads the file; its ``repetition_penalty`` either way;
+    greedy without one. The whole file is read: a setting that changes decoding and that the zoo does not implement
+    (beams, n-gram bans, min lengths, ...) is refused by name (``checked_generation_config``)."""
     path = folder / "generation_config.json"
-    g = read_config(path) if path.is_file() else {}
+    g = checked_generation_config(read_config(path), str(path)) if path.is_file() else {}
+    penalty = {"repetition_penalty": float(g["repetition_penalty"])} if g.get("repetition_penalty") else {}
     if not g.get("do_sample", False):
-        return Generation(temperature=0.0, **_max_new(g))
+        return Generation(temperature=0.0, **_max_new(g), **penalty)
     top_p = g.get("top_p")
     return Generation(
         temperature=float(g.get("temperature", 1.0)),
         top_k=g.get("top_k") or None,
         top_p=None if top_p in (None, 1.0) else float(top_p),
         **_max_new(g),
+        **penalty,
     )
+
+
+# generation_config.json's keys the zoo reads (generation_defaults; eos_token_id: _eos_ids), and those that change no
+# decoded token: ids the tokenizer states, what generate returns beside the tokens, transformers' own bookkeeping.
+# max_length bounds prompt + continuation: the zoo's bound is max_new_tokens (and the net's block_size past which the
+# context slides), which the file's max_new_tokens sets.
+READ_KEYS = {"do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "max_new_tokens", "eos_token_id"}
+INERT_KEYS = {
+    "bos_token_id", "pad_token_id", "decoder_start_token_id", "transformers_version", "_from_model_config",
+    "use_cache", "max_length", "output_attentions", "output_hidden_states", "output_scores", "output_logits",
+    "return_dict_in_generate", "cache_implementation", "cache_config",
+}  # fmt: skip
+# transformers' decoding settings the zoo does not implement, at the values that leave decoding as the zoo does it.
+NEUTRAL = {
+    "num_beams": 1, "num_beam_groups": 1, "penalty_alpha": None, "diversity_penalty": 0.0, "length_penalty": 1.0,
+    "early_stopping": False, "num_return_sequences": 1, "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0,
+    "encoder_repetition_penalty": 1.0, "min_length": 0, "min_new_tokens": None, "bad_words_ids": None,
+    "force_words_ids": None, "constraints": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
+    "min_p": None, "top_h": None, "renormalize_logits": False, "forced_bos_token_id": None,
+    "forced_eos_token_id": None, "remove_invalid_values": False, "exponential_decay_length_penalty": None,
+    "suppress_tokens": None, "begin_suppress_tokens": None, "sequence_bias": None, "token_healing": False,
+    "guidance_scale": None, "low_memory": None, "watermarking_config": None, "stop_strings": None,
+    "max_time": None, "dola_layers": None, "prompt_lookup_num_tokens": None, "assistant_early_exit": None,
+}  # fmt: skip
+
+
+# What each key the zoo reads holds: "bool", "int" (or null), "number" (or null); eos_token_id: _eos_ids'.
+KINDS = {"do_sample": "bool", "max_new_tokens": "int", "top_k": "int"}
+KINDS |= {k: "number" for k in ("temperature", "top_p", "repetition_penalty")}
+
+
+def _of_kind(value: Any, kind: str) -> bool:
+    if kind == "bool" or isinstance(value, bool):  # JSON's true is no number here
+        return isinstance(value, bool) and kind == "bool"
+    return value is None or isinstance(value, int if kind == "int" else (int, float))
+
+
+def checked_generation_config(g: Any, where: str) -> dict:
+    """``g`` (a generation_config.json) when every key in it is read by the zoo, changes no decoded token, or holds
+    transformers' default; else one error naming each other key, which the zoo would otherwise silently ignore."""
+    if not isinstance(g, dict):
+        raise InputError(f"{where!r} is not a JSON object: a generation_config.json maps settings to values")
+    bad = [
+        f"{k}={v!r}" if k in NEUTRAL else f"{k} (unknown)"
+        for k, v in g.items()
+        if k not in READ_KEYS | INERT_KEYS and not (k in NEUTRAL and v == NEUTRAL[k])
+    ]
+    mistyped = [f"{k}={v!r}" for k, v in g.items() if k in KINDS and not _of_kind(v, KINDS[k])]
+    if mistyped:
+        raise InputError(
+            f"{where!r} sets {', '.join(mistyped)}: do_sample takes true or false, top_k and max_new_tokens a whole "
+            "number, temperature, top_p and repetition_penalty a number: fix the file"
+        )
+    if bad:
+        raise InputError(
+            f"{where!r} sets {', '.join(bad)}: decoding the zoo does not implement (it does greedy or temperature, "
+            f"top_k, top_p and repetition_penalty sampling); remove these from the file to decode without them"
+        )
+    return g
 
 
 def _max_new(g: dict) -> dict:

@@ -2,7 +2,8 @@
 
   - CNN: images (encoded bytes: PNG, JPEG, ...; base64 in JSON; or uint8 arrays in Python) -> ``pred``, ``class``,
     ``confidence`` and the next best ``class_<i>``/``confidence_<i>`` up to ``top_k`` (a param);
-  - GPT: prompts -> completions, with ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p`` and ``seed`` params;
+  - GPT: prompts -> completions, with ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``,
+    ``repetition_penalty`` and ``seed`` params;
     or chat ``messages`` (OpenAI's ``[{"role", "content"}, ...]`` per row; MLflow's unified chat request
     ``{"messages": [...]}`` is one) -> the assistant's reply, after the model's chat template with
     its generation prompt (the ``prompt`` column then shows that rendered text);
@@ -207,7 +208,7 @@ class TextGenerator(Interface):
     say (the model's by default)."""
 
     inputs = ("prompt", "messages")
-    SETTINGS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
+    SETTINGS = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed")
     # Optional to MLflow, so that a message without one reaches the zoo's check (zoo.io.chat_template.checked_messages),
     # which names the row, the message and the field; MLflow's own says "Missing required properties" of no message.
     MESSAGE = Object([Property(k, DataType.string, required=False) for k in ("role", "content")])
