@@ -251,7 +251,7 @@ ABSURD = {
     "a zip record past the end": (
         "w.ckpt",
         _tampered_zip("data/0", 2**32 - 1),
-        "corrupt.*record .*data/0 declares 4294967295 bytes",
+        "corrupt.*record .*data/0 holds 4294967295 bytes",
     ),
     "a zip data.pkl past the end": (
         "w.ckpt",

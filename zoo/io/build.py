@@ -573,7 +573,13 @@ def nets(part: Part) -> list[tuple[str, Any]]:
     function building it under the tripwire."""
     from lightning.pytorch import LightningModule
 
-    if issubclass(part.cls, nn.Module) and not issubclass(part.cls, LightningModule) and part.kind == "class":
+    # isinstance first: only the allowlist keeps functions out, and with it off a part may name one
+    if (
+        isinstance(part.cls, type)
+        and issubclass(part.cls, nn.Module)
+        and not issubclass(part.cls, LightningModule)
+        and part.kind == "class"
+    ):
         return [(part.path, lambda: build(part, budget=False))]
     return [net for child in _parts(part.args) for net in nets(child)]
 
