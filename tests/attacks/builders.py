@@ -3,10 +3,12 @@ models and public-format folders the payloads are planted in."""
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import pickle
 import struct
+import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,23 @@ import torch
 from harness import MARKER_NAME, MARKER_TEXT
 
 TINY_NET = {"vocab_size": 17, "block_size": 8, "n_layer": 1, "n_embd": 16, "n_head": 2}
+
+
+@functools.cache
+def tiny_gpt2_folder(text: str, vocab_size: int) -> Path:
+    """A whole GPT-2 folder of the tiny net (weights, config, tokenizer trained on ``text``), built once per process;
+    payloads copy it before they tamper."""
+    from zoo.gpt import GPT
+    from zoo.gpt.hf import export_gpt2
+    from zoo.io.tokenizers import BPETokenizer
+
+    folder = Path(tempfile.mkdtemp(prefix="corpus-gpt2-"))
+    tokenizer = BPETokenizer.train([text] * 20, vocab_size)
+    export_gpt2(GPT(**{**TINY_NET, "vocab_size": tokenizer.vocab_size}), folder)
+    tokenizer.save(folder)
+    return folder
+
+
 GPT_HPARAMS = {"_class_path": "zoo.gpt.CausalLMModule", "net": {"class_path": "zoo.gpt.GPT", "init_args": TINY_NET}}
 
 

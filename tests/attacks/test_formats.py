@@ -11,13 +11,12 @@ import io
 import json
 import os
 import shutil
-import tempfile
 import warnings
 import zipfile
 from pathlib import Path
 
 import pytest
-from builders import TINY_NET, Call, pickled, safetensors_bytes, shell, torch_zip
+from builders import TINY_NET, Call, pickled, safetensors_bytes, shell, tiny_gpt2_folder, torch_zip
 from harness import Payload, cases, replay, warm_up
 from loaders import SAFETENSORS
 
@@ -33,24 +32,10 @@ def _warm():
 # -- safetensors headers that lie -------------------------------------------------------------------------------
 
 
-@functools.cache
-def _gpt2_folder() -> Path:
-    """A whole GPT-2 folder of the tiny net (weights, config, tokenizer), built once and copied per payload."""
-    from zoo.gpt import GPT
-    from zoo.gpt.hf import export_gpt2
-    from zoo.io.tokenizers import BPETokenizer
-
-    folder = Path(tempfile.mkdtemp(prefix="corpus-gpt2-"))
-    tokenizer = BPETokenizer.train(["a b c d e"] * 20, 260)
-    export_gpt2(GPT(**{**TINY_NET, "vocab_size": tokenizer.vocab_size}), folder)
-    tokenizer.save(folder)
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
-    return folder
-
-
 def gpt2_folder(folder: Path) -> Path:
     out = folder / "gpt2"
-    shutil.copytree(_gpt2_folder(), out)
+    shutil.copytree(tiny_gpt2_folder("a b c d e", 260), out)
+    (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
     return out
 
 

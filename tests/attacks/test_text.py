@@ -4,14 +4,11 @@ is one payload, replayed through every loader it reaches; ``harness`` says what 
 
 from __future__ import annotations
 
-import functools
 import json
 import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
-from builders import TINY_NET, python
+from builders import python, tiny_gpt2_folder
 from harness import HANG, Payload, cases, replay, warm_up
 
 # CVE-2024-34359 ("Llama Drama"): llama-cpp-python rendered a GGUF's chat_template in an unsandboxed jinja2 -> RCE.
@@ -27,26 +24,13 @@ def _warm():
     from sentencepiece import sentencepiece_model_pb2  # noqa: F401
 
 
-@functools.cache
-def _gpt2_folder() -> Path:
-    from zoo.gpt import GPT
-    from zoo.gpt.hf import export_gpt2
-    from zoo.io.tokenizers import BPETokenizer
-
-    folder = Path(tempfile.mkdtemp(prefix="corpus-text-"))
-    tokenizer = BPETokenizer.train(["a b c d e hi hello"] * 20, 270)
-    export_gpt2(GPT(**{**TINY_NET, "vocab_size": tokenizer.vocab_size}), folder)
-    tokenizer.save(folder)
-    return folder
-
-
 def folder_with(config: dict | None = None, tokenizer=None, files: dict | None = None):
     """The tiny GPT-2 folder with ``config`` as its tokenizer_config.json, ``tokenizer(json) -> json`` applied to its
     tokenizer.json, ``files`` written beside (``OUTSIDE`` and ``MARKER_CODE`` filled in)."""
 
     def make(folder, outside):
         out = folder / "gpt2"
-        shutil.copytree(_gpt2_folder(), out)
+        shutil.copytree(tiny_gpt2_folder("a b c d e hi hello", 270), out)
         text = json.dumps({"eos_token": EOS, **(config or {})})
         text = text.replace("OUTSIDE", str(outside)).replace("MARKER_CODE", python(outside).replace('"', '\\"'))
         (out / "tokenizer_config.json").write_text(text)
