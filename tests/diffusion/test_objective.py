@@ -130,59 +130,43 @@ OLD = {  # what cli.py stored for configs/diffusion/ddpm_unet_mnist.yaml's setti
     "autoencoder_weights": None,
     "latent_scale": "config",
 }
+NEW = {k: v for k, v in OLD.items() if k not in ("num_timesteps", "beta_schedule", "beta_start", "beta_end",
+    "prediction", "min_snr_gamma", "vlb_weight", "objective")}  # fmt: skip
 OLD_SCHEDULE = {
     "num_timesteps": 50, "beta_schedule": "cosine", "beta_start": 1e-4, "beta_end": 0.02, "prediction": "v",
     "min_snr_gamma": 5.0, "vlb_weight": 0.002,
 }  # fmt: skip
 
 
-def test_old_hparams_are_upgraded_to_the_objective_shape():
-    new = DiffusionModule.upgrade_hparams(OLD)
-    assert new["objective"] == {"class_path": "zoo.diffusion.GaussianDiffusion", "init_args": OLD_SCHEDULE}
-    assert not set(OLD_SCHEDULE) & set(new) and new["sampler"] == OLD["sampler"]
-    assert DiffusionModule.upgrade_hparams(new) == new  # today's shape is left as it is
-    flow = {"class_path": "zoo.diffusion.FlowMatching", "init_args": {"shift": 3.0}}
-    beside_flow = DiffusionModule.upgrade_hparams({**OLD, "min_snr_gamma": None, "objective": flow})
-    assert beside_flow["objective"] == flow and not set(OLD_SCHEDULE) & set(beside_flow)  # ignored then, dropped now
-
-
-@pytest.fixture
-def old_checkpoint(tmp_path):
-    """A checkpoint file holding the old hyperparameters and the weights of a module built with what they say."""
-    torch.manual_seed(0)
-    module = DiffusionModule(UNet(**UNET), GaussianDiffusion(**OLD_SCHEDULE), ema_decay=None, guidance_scale=2.0)
+def test_a_checkpoint_of_the_shape_before_the_objective_is_refused_naming_the_version(tmp_path):
+    """No migration before a release: the old shape is one line that says which zoo wrote it and what to do, by
+    every way in (``load_from_checkpoint``, and ``stored_model``: what ``--ckpt_path`` and MLflow models read)."""
+    module = DiffusionModule(UNet(**UNET), GaussianDiffusion(**OLD_SCHEDULE), ema_decay=None)
     path = tmp_path / "old.ckpt"
-    version = lightning.__version__
-    torch.save({"state_dict": module.state_dict(), "hyper_parameters": OLD, "pytorch-lightning_version": version}, path)
-    return path, module
+    torch.save({"state_dict": module.state_dict(), "hyper_parameters": OLD, "pytorch-lightning_version": "2.4.0"}, path)
+    for load in (DiffusionModule.load_from_checkpoint, stored_model):
+        with pytest.raises(UntrustedConfigError, match=r"written by a zoo from before .* retrain") as err:
+            load(path)
+        assert "num_timesteps" in str(err.value) and "\n" not in str(err.value)
+    torch.save({"state_dict": {}, "hyper_parameters": {**OLD, "_zoo_version": "0.0.9"}}, path)
+    with pytest.raises(UntrustedConfigError, match=r"written by zoo 0\.0\.9 and this is zoo 0\.1\.0"):
+        stored_model(path)
 
 
-def test_a_checkpoint_with_the_old_hparams_loads_and_samples_as_it_was_trained(old_checkpoint):
-    path, trained = old_checkpoint
-    loaded = DiffusionModule.load_from_checkpoint(path)
-    objective = loaded.objective
-    assert isinstance(objective, GaussianDiffusion) and objective.prediction == "v" and objective.min_snr_gamma == 5.0
-    assert objective.vlb_weight == 0.002 and objective.schedule.num_timesteps == 50
-    torch.testing.assert_close(objective.schedule.betas, trained.objective.schedule.betas)
-    few = partial(DDIMSampler, steps=4)
-    torch.testing.assert_close(loaded.sample(2, few, seed=3), trained.eval().sample(2, few, seed=3))
-    assert loaded.default_sampler.settings()["steps"] == 4  # the stored sampler
-    # New checkpoints record the objective's shape.
-    assert loaded.hparams["objective"]["class_path"] == "zoo.diffusion.GaussianDiffusion"
-    assert "num_timesteps" not in loaded.hparams
+def test_a_checkpoint_records_the_zoo_version_and_reads_back(tmp_path):
+    import zoo
 
-
-def test_cli_reads_an_old_checkpoint_s_config_in_the_objective_shape(old_checkpoint):
-    """What ``--ckpt_path`` and the MLflow model read (``stored_model``, ``zoo.io.build``): the upgraded config."""
-    class_path, init_args = stored_model(old_checkpoint[0])
-    assert class_path == "zoo.diffusion.DiffusionModule"
-    assert init_args["objective"] == {"class_path": "zoo.diffusion.GaussianDiffusion", "init_args": OLD_SCHEDULE}
+    module = DiffusionModule(UNet(**UNET), ema_decay=None)
+    checkpoint = {"hyper_parameters": {"_class_path": "zoo.diffusion.DiffusionModule", **NEW}}
+    module.on_save_checkpoint(checkpoint)
+    assert checkpoint["hyper_parameters"]["_zoo_version"] == zoo.__version__
+    part = build.resolve_model(checkpoint["hyper_parameters"], "x.ckpt", trust.zoo_allowlist())
+    assert "_zoo_version" not in part.args
 
 
 @pytest.mark.parametrize("path", ["zoo.diffusion.GaussianDiffusion", "zoo.diffusion.objective.GaussianDiffusion"])
 def test_a_stored_config_may_name_the_objective_and_nothing_else_there(path):
-    new = DiffusionModule.upgrade_hparams(OLD)
-    new["objective"]["class_path"] = path
+    new = {**NEW, "objective": {"class_path": path, "init_args": OLD_SCHEDULE}}
     part = build.resolve_model(new, "x.ckpt", trust.zoo_allowlist())
     module = build.build(part, record=True)
     assert isinstance(module.objective, GaussianDiffusion) and module.objective.prediction == "v"

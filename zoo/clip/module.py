@@ -297,6 +297,7 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
     # -- checkpoints ---------------------------------------------------------------------------------------
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)  # the zoo version that wrote it (WeightsOnlyLoading)
         # The tokenizer travels with the weights, so load_from_checkpoint(path).embed_texts([...]) works alone.
         if self.tokenizer is not None:
             checkpoint["tokenizer"] = {**self.tokenizer.to_dict(), "context_length": self.context_length}

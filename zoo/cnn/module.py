@@ -186,6 +186,7 @@ class ClassifierModule(WeightsOnlyLoading, LightningModule):
         return AdamWCosine.of(self.hparams.optimizer).configure(self.net, self.trainer)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)  # the zoo version that wrote it (WeightsOnlyLoading)
         if self.inputs is not None:  # so that new files are read as the training data was, without its config
             checkpoint["inputs"] = self.inputs
         drop_base(self, checkpoint)  # a LoRA fine-tune keeps its adapters; the base is init_weights'

@@ -67,12 +67,6 @@ warnings.filterwarnings("ignore", message=r".*WeightAveraging callback, but load
 warnings.filterwarnings("ignore", message=r".*WeightAveraging callback with a model that overrides the configure_model")
 
 
-# The module's own hyperparameters before they became ``GaussianDiffusion``'s (``DiffusionModule.upgrade_hparams``).
-SCHEDULE_HPARAMS = (
-    "num_timesteps", "beta_schedule", "beta_start", "beta_end", "prediction", "min_snr_gamma", "vlb_weight",
-)  # fmt: skip
-
-
 class DiffusionModule(WeightsOnlyLoading, LightningModule):
     """Trains ``net(x_t, t, y) -> eps | v | x0`` on (images in [-1, 1], labels) batches; ``sample`` draws images."""
 
@@ -421,21 +415,8 @@ class DiffusionModule(WeightsOnlyLoading, LightningModule):
 
     # -- checkpoints -------------------------------------------------------------------------------------
 
-    @staticmethod
-    def upgrade_hparams(hparams: dict[str, Any]) -> dict[str, Any]:
-        """Stored hyperparameters of the shape before the noise schedule became an objective (``num_timesteps``,
-        ``prediction``, ... beside ``objective: null``) in today's: those settings as a ``GaussianDiffusion``
-        objective's; beside a flow-matching objective, which ignored them, dropped. Today's shape is returned as is.
-        ``zoo.io.build`` calls it on every stored config before reading it (checkpoints, MLflow models)."""
-        old = {k: hparams[k] for k in SCHEDULE_HPARAMS if k in hparams}
-        if not old and not ("objective" in hparams and hparams["objective"] is None):
-            return dict(hparams)
-        new = {k: v for k, v in hparams.items() if k not in SCHEDULE_HPARAMS}
-        if new.get("objective") is None:
-            new["objective"] = {"class_path": "zoo.diffusion.GaussianDiffusion", "init_args": old}
-        return new
-
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)  # the zoo version that wrote it (WeightsOnlyLoading)
         drop_base(self, checkpoint)  # a LoRA fine-tune keeps its adapters; the base is init_weights'
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:

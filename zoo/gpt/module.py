@@ -417,6 +417,7 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
     # -- checkpoints -------------------------------------------------------------------------------------
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)  # the zoo version that wrote it (WeightsOnlyLoading)
         # The tokenizer travels with the weights, so load_from_checkpoint(path).generate("text") works alone.
         if self.tokenizer is not None:
             checkpoint["tokenizer"] = self.tokenizer.to_dict()

@@ -11,7 +11,6 @@ References: LayerNorm: Ba et al. 2016 (GPT-2's). RMSNorm: Zhang & Sennrich 2019 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
 
 from torch import nn
 
@@ -52,8 +51,3 @@ class RMSNorm(nn.RMSNorm):
 
 # What GPT(norm=...) takes: a class called as cls(dim, eps); in YAML a class path.
 NormClass = Callable[[int, float], LayerNorm | RMSNorm]
-
-
-def norm_of_old_config(norm: NormClass | Literal["layernorm", "rmsnorm"]) -> NormClass:
-    """The class an older config's string (``norm: layernorm``, ``norm: rmsnorm``) means; a class as given."""
-    return {"layernorm": LayerNorm, "rmsnorm": RMSNorm}.get(norm, norm) if isinstance(norm, str) else norm

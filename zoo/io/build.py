@@ -41,6 +41,7 @@ from typing import Any
 
 from torch import nn
 
+import zoo
 from zoo.errors import InputError, import_extra
 from zoo.io import budget, tripwire, trust
 from zoo.io.trust import Allowlist, UntrustedConfigError
@@ -128,6 +129,10 @@ def instantiate(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: instantiate(v) for k, v in value.items()}
     return value
+
+
+# The zoo version a checkpoint's hyperparameters were written by, beside LightningCLI's ``_class_path``.
+VERSION_KEY = "_zoo_version"
 
 
 class Refused(Exception):
@@ -472,10 +477,11 @@ def resolve_model(
     ``hyper_parameters``); ``cls``: the class a caller already holds (``Module.load_from_checkpoint``), for a
     checkpoint that names none; ``given``: the arguments the caller passes itself; ``keep_locations``: for a config
     the user completed (what they give is theirs); ``complete``: refuse a config that leaves a required parameter
-    out (not yet: the user's flags come next). A module class may rewrite hyperparameters of an older shape into
-    today's first (``upgrade_hparams``: the class states its own old shapes, so none is listed here)."""
+    out (not yet: the user's flags come next). A config of another zoo version's shape is refused, naming the version
+    that wrote it (``VERSION_KEY``): no migration until a release promises one."""
     hparams = dict(hparams)
     class_path = hparams.pop("_class_path", None)
+    written_by = hparams.pop(VERSION_KEY, None)
     if (instantiator := hparams.pop("_instantiator", None)) not in (None, trust.LIGHTNING_INSTANTIATOR):
         raise trust.refusal(source, "_instantiator", instantiator, "the instantiator LightningCLI records")
     resolver = Resolver(allow, source, keep_locations)
@@ -484,11 +490,16 @@ def resolve_model(
             cls = resolver.allowed(class_path, allow.modules, "model class_path", trust.MODULE_EXPECTED)
         if cls is None:
             raise Refused("model class_path", class_path, trust.MODULE_EXPECTED)
-        if upgrade := getattr(cls, "upgrade_hparams", None):  # a module's hyperparameters of an older shape
-            hparams = upgrade(hparams)
         part = resolver.part(cls, class_path or trust.paths_of(cls)[0], hparams, "model", given=given)
     except Refused as err:
-        raise resolver.error(err) from None
+        error = resolver.error(err)
+        if written_by != zoo.__version__ and not err.where.endswith("class_path"):  # a shape of another version
+            by = f"zoo {written_by}" if isinstance(written_by, str) else "a zoo from before checkpoints named theirs"
+            error = type(error)(
+                f"{error}; {source} was written by {by} and this is zoo {zoo.__version__}, which reads its own "
+                "shapes only (no migration before a release): retrain, or use the zoo that wrote it"
+            )
+        raise error from None
     return resolver.complete(part) if complete else part
 
 

@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+import zoo
 from zoo import compat
 from zoo.errors import InputError
 from zoo.io import build, tripwire, trust
@@ -43,7 +44,13 @@ class WeightsOnlyLoading:
         ``weights_only`` is always true here."""
         if hparams_file is not None:
             raise ValueError("hparams_file is not supported: a zoo checkpoint carries its hyperparameters")
-        checkpoint = compat.migrate_checkpoint(load_file(checkpoint_path, map_location=map_location))
+        checkpoint = load_file(checkpoint_path, map_location=map_location)
+        if "pytorch-lightning_version" not in checkpoint:  # Lightning's upgrade step would end in a KeyError
+            raise CheckpointError(
+                f"{checkpoint_path} is not a Lightning checkpoint (no pytorch-lightning_version): load a file a zoo "
+                "run wrote, or its weights with init_weights"
+            )
+        checkpoint = compat.migrate_checkpoint(checkpoint)
         module = build_stored(cls, checkpoint, str(checkpoint_path), kwargs)
         with tripwire.guard():
             module.on_load_checkpoint(checkpoint)
@@ -51,6 +58,11 @@ class WeightsOnlyLoading:
         module.skip_init_weights()  # the checkpoint's weights are the trained ones
         tensor = next((t for t in checkpoint.get("state_dict", {}).values() if isinstance(t, torch.Tensor)), None)
         return module if tensor is None else module.to(tensor.device)  # where map_location put the weights
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # Beside the class path LightningCLI records: a stored config of another version's shape is refused naming it.
+        if isinstance(checkpoint.get("hyper_parameters"), dict):
+            checkpoint["hyper_parameters"][build.VERSION_KEY] = zoo.__version__
 
     def skip_init_weights(self) -> None:
         """Weights come from a checkpoint: ``init_weights`` (the pretrained start) is not read again, so a

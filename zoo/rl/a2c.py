@@ -14,10 +14,8 @@ Notation: T steps per rollout, N envs.
 
 from __future__ import annotations
 
-import functools
-
 import torch
-from lightning.pytorch import Callback, LightningModule
+from lightning.pytorch import LightningModule
 from torch import Tensor
 
 from zoo.adapt import Adaptation
@@ -25,14 +23,12 @@ from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.rl.collector import RolloutCollector
 from zoo.rl.common import (
-    RMSPROP_AGENT_KEYS,
     Policy,
     linear_annealing,
     require_datamodule,
     trained,
-    upgrade_hparams,
 )
-from zoo.rl.lifecycle import Lifecycle
+from zoo.rl.lifecycle import HeldLifecycle, Lifecycle
 from zoo.rl.losses import a2c_loss, explained_variance, gae, normalize
 from zoo.rl.nets import ActorCritic
 from zoo.rl.normalization import RunningMeanStd
@@ -41,11 +37,8 @@ from zoo.train.logging import lightning_writes
 from zoo.train.optim import AdamOrRMSprop
 
 
-class A2CModule(WeightsOnlyLoading, LightningModule):
+class A2CModule(HeldLifecycle, WeightsOnlyLoading, LightningModule):
     """A2C: n-step (or GAE) advantages, one RMSprop step per rollout, entropy bonus, gradient clipping."""
-
-    # A checkpoint's hyperparameters from before the optimizer settings were an object and the nets moved.
-    upgrade_hparams = staticmethod(functools.partial(upgrade_hparams, flat=RMSPROP_AGENT_KEYS))
 
     def __init__(
         self,
@@ -109,12 +102,6 @@ class A2CModule(WeightsOnlyLoading, LightningModule):
         self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))  # spent of the budget, every rank's
         self.lifecycle = Lifecycle(total_env_steps, num_threads)
 
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        self.lifecycle.save(checkpoint)
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.lifecycle.load(self, checkpoint)
-
     @torch.no_grad()
     def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
         """Actions for raw observations (B, O): the policy's mode, or a sample of it."""
@@ -125,16 +112,7 @@ class A2CModule(WeightsOnlyLoading, LightningModule):
         """The deterministic policy on raw observations, normaliser included (what ``zoo.rl.export`` traces)."""
         return Policy(self.net, self.obs_rms if self.hparams.norm_obs else None)
 
-    def validation_step(self, batch: int, batch_idx: int) -> None:
-        self.lifecycle.validate(self)
-
-    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
-        return self.lifecycle.predict(self)
-
     # -- fit: the envs, then one short rollout and one gradient step per training step ---------------------------------
-
-    def setup(self, stage: str) -> None:
-        self.lifecycle.setup(self)
 
     def on_train_start(self) -> None:
         h, dm = self.hparams, require_datamodule(self)
@@ -182,9 +160,3 @@ class A2CModule(WeightsOnlyLoading, LightningModule):
         return linear_annealing(opt, lambda: self.lifecycle.progress(self), h.anneal_lr)
 
     # -- the end of fit, or of a failed one: the lifecycle's -----------------------------------------------------------
-
-    def configure_callbacks(self) -> list[Callback]:
-        return self.lifecycle.callbacks()
-
-    def teardown(self, stage: str) -> None:
-        self.lifecycle.teardown(stage)

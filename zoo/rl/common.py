@@ -9,7 +9,6 @@
 - ``Evaluation``: validation and predict episodes on envs of their own, split over the ranks under DDP, and
   predict's recording of one episode;
 - ``Policy``: raw observations to the most likely actions, normaliser folded in: what ``zoo.rl.export`` traces;
-- ``upgrade_hparams``: an agent's stored hyperparameters from before its nets or optimizer settings moved.
 """
 
 from __future__ import annotations
@@ -292,41 +291,3 @@ class Evaluation:
         for evaluator in self.evaluators.values():
             evaluator.close()
         self.evaluators.clear()
-
-
-# Net class paths a stored config may name from before the off-policy nets moved into ``zoo.rl.q_nets``.
-MOVED_NETS = {
-    **{f"zoo.rl.sac_nets.{n}": f"zoo.rl.q_nets.{n}" for n in ("SoftActorCritic", "SquashedGaussianActor", "TwinQ")},
-    **{f"zoo.rl.td3.{n}": f"zoo.rl.q_nets.{n}" for n in ("DeterministicActorCritic", "DeterministicActor")},
-}
-
-
-# A2C's and IMPALA's flat optimizer keys of before ``AdamOrRMSprop``: old key -> (setting, field).
-RMSPROP_AGENT_KEYS = {
-    "optimizer": ("optimizer", "algorithm"),
-    "lr": ("optimizer", "lr"),
-    "rms_alpha": ("optimizer", "alpha"),
-    "optim_eps": ("optimizer", "eps"),
-}
-
-
-def upgrade_hparams(hparams: dict[str, Any], flat: dict[str, tuple[str, str]]) -> dict[str, Any]:
-    """An agent's stored hyperparameters in today's shape: moved net class paths rewritten at any depth
-    (``MOVED_NETS``), and the flat optimizer keys of before the settings objects (``flat``: old key -> (setting,
-    field)) gathered into their settings dicts. Strings and dicts only: nothing is imported; the allowlist checks the
-    result (``zoo.io.build`` calls each agent's ``upgrade_hparams`` before reading a stored config)."""
-    out = _moved(hparams)
-    settings: dict[str, dict[str, Any]] = {}
-    for old, (name, field) in flat.items():
-        if old in out and not isinstance(out.get(name), dict):  # a settings dict is already today's shape
-            settings.setdefault(name, {})[field] = out.pop(old)
-    return {**out, **settings}
-
-
-def _moved(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {
-            k: MOVED_NETS.get(v, v) if k in ("class_path", "_class_path") and isinstance(v, str) else _moved(v)
-            for k, v in value.items()
-        }
-    return [_moved(v) for v in value] if isinstance(value, list) else value

@@ -21,12 +21,11 @@ Notation: T steps per unroll, B slots per learner step, N envs per actor, M = B 
 
 from __future__ import annotations
 
-import functools
 import time
 from typing import Literal
 
 import torch
-from lightning.pytorch import Callback, LightningModule
+from lightning.pytorch import LightningModule
 from torch import Tensor
 
 from zoo.adapt import Adaptation
@@ -34,14 +33,12 @@ from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.rl.actors import ActorPool, EnvSpec
 from zoo.rl.common import (
-    RMSPROP_AGENT_KEYS,
     Policy,
     linear_annealing,
     require_datamodule,
     trained,
-    upgrade_hparams,
 )
-from zoo.rl.lifecycle import Lifecycle
+from zoo.rl.lifecycle import HeldLifecycle, Lifecycle
 from zoo.rl.nets import ActorCritic
 from zoo.rl.vtrace import impala_loss, masked_mean, vtrace
 from zoo.train.gradnorm import clip_grad_norm
@@ -49,11 +46,8 @@ from zoo.train.logging import lightning_writes
 from zoo.train.optim import AdamOrRMSprop
 
 
-class IMPALAModule(WeightsOnlyLoading, LightningModule):
+class IMPALAModule(HeldLifecycle, WeightsOnlyLoading, LightningModule):
     """IMPALA's learner: V-trace actor-critic on batches of unrolls from actor processes."""
-
-    # A checkpoint's hyperparameters from before the optimizer settings were an object and the nets moved.
-    upgrade_hparams = staticmethod(functools.partial(upgrade_hparams, flat=RMSPROP_AGENT_KEYS))
 
     def __init__(
         self,
@@ -122,12 +116,6 @@ class IMPALAModule(WeightsOnlyLoading, LightningModule):
         """The actor processes: this agent's collector, while fit runs."""
         return self.lifecycle.collector
 
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        self.lifecycle.save(checkpoint)
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.lifecycle.load(self, checkpoint)
-
     @torch.no_grad()
     def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
         """Actions for raw observations (B, O): the policy's mode, or a sample of it."""
@@ -137,16 +125,7 @@ class IMPALAModule(WeightsOnlyLoading, LightningModule):
         """The deterministic policy on raw observations (what ``zoo.rl.export`` traces)."""
         return Policy(self.net)
 
-    def validation_step(self, batch: int, batch_idx: int) -> None:
-        self.lifecycle.validate(self)
-
-    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
-        return self.lifecycle.predict(self)
-
     # -- fit: the actor processes, then one V-trace step on B unrolls per training step --------------------------------
-
-    def setup(self, stage: str) -> None:
-        self.lifecycle.setup(self)
 
     def on_train_start(self) -> None:
         h, dm = self.hparams, require_datamodule(self)
@@ -216,9 +195,3 @@ class IMPALAModule(WeightsOnlyLoading, LightningModule):
         return linear_annealing(opt, lambda: self.lifecycle.progress(self), h.anneal_lr)
 
     # -- the end of fit, or of a failed one: the lifecycle's -----------------------------------------------------------
-
-    def configure_callbacks(self) -> list[Callback]:
-        return self.lifecycle.callbacks()
-
-    def teardown(self, stage: str) -> None:
-        self.lifecycle.teardown(stage)

@@ -353,3 +353,33 @@ def load_zoo_agent(module: LightningModule, path) -> None:
             f"from weights of a {type(module).__name__} of these sizes"
         )
     module.load_state_dict(theirs)
+
+
+class HeldLifecycle:
+    """The Lightning hooks every agent answers with its ``self.lifecycle`` alone, mixed in before the module's base
+    classes: an agent's file keeps only the hooks that are its own (its step, update and optimizers). ``BOX``: the
+    agent whose action space must be a bounded Box (``Lifecycle.setup``), None for any."""
+
+    BOX: str | None = None
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)  # the zoo version that wrote it (zoo.io.checkpoint)
+        self.lifecycle.save(checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.lifecycle.load(self, checkpoint)
+
+    def validation_step(self, batch: int, batch_idx: int) -> None:
+        self.lifecycle.validate(self)
+
+    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
+        return self.lifecycle.predict(self)
+
+    def setup(self, stage: str) -> None:
+        self.lifecycle.setup(self, box=self.BOX)
+
+    def configure_callbacks(self) -> list[Callback]:
+        return self.lifecycle.callbacks()
+
+    def teardown(self, stage: str) -> None:
+        self.lifecycle.teardown(stage)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from zoo.train.policy_gradient import clipped_surrogate
 from zoo.train.policy_gradient import normalize as normalize  # re-exported: PPO's and A2C's, shared with GRPO
 
 
@@ -59,8 +58,9 @@ def ppo_loss(
     ``approx_kl`` is the low-variance estimator mean((r - 1) - log r) (Schulman 2020, "Approximating KL
     Divergence"); ``clipfrac`` the fraction of rows whose ratio was clipped.
     """
-    pg = clipped_surrogate(logprob, old_logprob, advantages, clip_coef, clip_coef)  # no mask: the plain mean
-    pg_loss = pg["loss"]
+    logratio = logprob - old_logprob
+    ratio = logratio.exp()
+    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
     if clip_vloss:
         clipped = old_value + (value - old_value).clamp(-clip_coef, clip_coef)
         v_loss = 0.5 * torch.max((value - returns).square(), (clipped - returns).square()).mean()
@@ -68,13 +68,16 @@ def ppo_loss(
         v_loss = 0.5 * (value - returns).square().mean()
     entropy = entropy.mean()
     loss = pg_loss - ent_coef * entropy + vf_coef * v_loss
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1).abs() > clip_coef).float().mean()
     return {
         "loss": loss,
         "pg_loss": pg_loss,
         "v_loss": v_loss,
         "entropy": entropy,
-        "approx_kl": pg["approx_kl"],
-        "clipfrac": pg["clipfrac"],
+        "approx_kl": approx_kl,
+        "clipfrac": clipfrac,
     }
 
 

@@ -20,19 +20,17 @@ Notation: T steps per rollout, N envs, B minibatch rows, O observation features.
 
 from __future__ import annotations
 
-import functools
-
 import torch
-from lightning.pytorch import Callback, LightningModule
+from lightning.pytorch import LightningModule
 from torch import Tensor
 
 from zoo.adapt import Adaptation
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.rl.collector import Rollout, RolloutCollector
-from zoo.rl.common import Policy, linear_annealing, require_datamodule, upgrade_hparams, world_size
+from zoo.rl.common import Policy, linear_annealing, require_datamodule, world_size
 from zoo.rl.distributed import sum_over_ranks
-from zoo.rl.lifecycle import Lifecycle
+from zoo.rl.lifecycle import HeldLifecycle, Lifecycle
 from zoo.rl.losses import explained_variance, gae, normalize, ppo_loss
 from zoo.rl.nets import ActorCritic
 from zoo.rl.normalization import RunningMeanStd
@@ -41,21 +39,8 @@ from zoo.train.logging import lightning_writes
 from zoo.train.optim import AdamOrRMSprop
 
 
-class PPOModule(WeightsOnlyLoading, LightningModule):
+class PPOModule(HeldLifecycle, WeightsOnlyLoading, LightningModule):
     """PPO-clip with GAE, minibatch epochs, advantage normalisation, target-KL stop, LR annealing."""
-
-    # A checkpoint's hyperparameters from before the optimizer settings were an object and the nets moved.
-    upgrade_hparams = staticmethod(
-        functools.partial(
-            upgrade_hparams,
-            flat={
-                "lr": ("optimizer", "lr"),
-                "adam_eps": ("optimizer", "eps"),
-                "weight_decay": ("optimizer", "weight_decay"),
-                "muon": ("optimizer", "muon"),
-            },
-        )
-    )
 
     def __init__(
         self,
@@ -138,12 +123,6 @@ class PPOModule(WeightsOnlyLoading, LightningModule):
         self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))  # spent of the budget, every rank's
         self.lifecycle = Lifecycle(total_env_steps, num_threads)
 
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        self.lifecycle.save(checkpoint)
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.lifecycle.load(self, checkpoint)
-
     @torch.no_grad()
     def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
         """Actions for raw observations (B, O): the policy's mode, or a sample of it."""
@@ -154,16 +133,7 @@ class PPOModule(WeightsOnlyLoading, LightningModule):
         """The deterministic policy on raw observations, normaliser included (what ``zoo.rl.export`` traces)."""
         return Policy(self.net, self.obs_rms if self.hparams.norm_obs else None)
 
-    def validation_step(self, batch: int, batch_idx: int) -> None:
-        self.lifecycle.validate(self)
-
-    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
-        return self.lifecycle.predict(self)
-
     # -- fit: the envs, then one rollout and its update per training step ----------------------------------------------
-
-    def setup(self, stage: str) -> None:
-        self.lifecycle.setup(self)
 
     def on_train_start(self) -> None:
         h, dm = self.hparams, require_datamodule(self)
@@ -244,9 +214,3 @@ class PPOModule(WeightsOnlyLoading, LightningModule):
         return linear_annealing(opt, lambda: self.lifecycle.progress(self), h.anneal_lr)
 
     # -- the end of fit, or of a failed one: the lifecycle's -----------------------------------------------------------
-
-    def configure_callbacks(self) -> list[Callback]:
-        return self.lifecycle.callbacks()
-
-    def teardown(self, stage: str) -> None:
-        self.lifecycle.teardown(stage)

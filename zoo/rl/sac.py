@@ -30,11 +30,10 @@ Notation: B minibatch rows, N envs, O observation features, A action dims, K cri
 from __future__ import annotations
 
 import copy
-import functools
 import math
 
 import torch
-from lightning.pytorch import Callback, LightningModule
+from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
 from zoo.adapt import Adaptation
@@ -42,23 +41,18 @@ from zoo.compat import foreach_lerp_
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.rl import off_policy
-from zoo.rl.common import Policy, trained, upgrade_hparams
-from zoo.rl.lifecycle import Lifecycle
+from zoo.rl.common import Policy, trained
+from zoo.rl.lifecycle import HeldLifecycle, Lifecycle
 from zoo.rl.losses import sac_actor_loss, sac_critic_loss, sac_temperature_loss, soft_q_target
 from zoo.rl.normalization import RunningMeanStd
 from zoo.rl.q_nets import SoftActorCritic
 from zoo.train.optim import AdamOrRMSprop
 
 
-class SACModule(WeightsOnlyLoading, LightningModule):
+class SACModule(HeldLifecycle, WeightsOnlyLoading, LightningModule):
     """SAC with twin critics, Polyak-averaged targets, automatic entropy temperature and random warm-up."""
 
-    # A checkpoint's hyperparameters from before the optimizer settings were an object and the nets moved.
-    upgrade_hparams = staticmethod(
-        functools.partial(
-            upgrade_hparams, flat={f"{p}_lr": (f"{p}_optimizer", "lr") for p in ("actor", "critic", "alpha")}
-        )
-    )
+    BOX = "SAC"  # a bounded Box action space: the actor squashes into it
 
     def __init__(
         self,
@@ -145,12 +139,6 @@ class SACModule(WeightsOnlyLoading, LightningModule):
         self.target_entropy = float(-self.net.action_dim if h.target_entropy is None else h.target_entropy)
         self.obs_rms = RunningMeanStd((self.net.obs_dim,), clip=h.clip_obs)
 
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        self.lifecycle.save(checkpoint)
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.lifecycle.load(self, checkpoint)
-
     def observe(self, x: Tensor) -> Tensor:
         """Raw observations (B, O) as the nets see them: normalised by the running statistics with ``norm_obs``."""
         return self.obs_rms.normalize(x) if self.hparams.norm_obs else x
@@ -167,16 +155,7 @@ class SACModule(WeightsOnlyLoading, LightningModule):
     def _explore(self, obs: Tensor) -> Tensor:
         return self.act(obs, deterministic=False)
 
-    def validation_step(self, batch: int, batch_idx: int) -> None:
-        self.lifecycle.validate(self)
-
-    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
-        return self.lifecycle.predict(self)
-
     # -- fit: the envs and the buffer, then steps_per_batch env steps and their updates per training step --------------
-
-    def setup(self, stage: str) -> None:
-        self.lifecycle.setup(self, box="SAC")
 
     def on_train_start(self) -> None:
         off_policy.start(self, "SAC")
@@ -241,9 +220,3 @@ class SACModule(WeightsOnlyLoading, LightningModule):
         ]
 
     # -- the end of fit, or of a failed one: the lifecycle's -----------------------------------------------------------
-
-    def configure_callbacks(self) -> list[Callback]:
-        return self.lifecycle.callbacks()
-
-    def teardown(self, stage: str) -> None:
-        self.lifecycle.teardown(stage)

@@ -25,10 +25,9 @@ Notation: B minibatch rows, N envs, O observation features, A action dims, K cri
 from __future__ import annotations
 
 import copy
-import functools
 
 import torch
-from lightning.pytorch import Callback, LightningModule
+from lightning.pytorch import LightningModule
 from torch import Tensor
 
 from zoo.adapt import Adaptation
@@ -36,8 +35,8 @@ from zoo.compat import foreach_lerp_
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
 from zoo.rl import off_policy
-from zoo.rl.common import Policy, trained, upgrade_hparams
-from zoo.rl.lifecycle import Lifecycle
+from zoo.rl.common import Policy, trained
+from zoo.rl.lifecycle import HeldLifecycle, Lifecycle
 from zoo.rl.normalization import RunningMeanStd
 from zoo.rl.q_nets import DeterministicActorCritic
 from zoo.train.optim import AdamOrRMSprop
@@ -77,13 +76,10 @@ def td3_actor_loss(q1_pi: Tensor) -> dict[str, Tensor]:
 # -- the module -------------------------------------------------------------------------------------------------
 
 
-class TD3Module(WeightsOnlyLoading, LightningModule):
+class TD3Module(HeldLifecycle, WeightsOnlyLoading, LightningModule):
     """TD3 with twin critics, target policy smoothing, delayed actor and target updates, Gaussian exploration."""
 
-    # A checkpoint's hyperparameters from before the optimizer settings were an object and the nets moved.
-    upgrade_hparams = staticmethod(
-        functools.partial(upgrade_hparams, flat={f"{p}_lr": (f"{p}_optimizer", "lr") for p in ("actor", "critic")})
-    )
+    BOX = "TD3"  # a bounded Box action space: the actor squashes into it
 
     def __init__(
         self,
@@ -165,12 +161,6 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
         self.critic_target = copy.deepcopy(self.net.critic).requires_grad_(False)
         self.obs_rms = RunningMeanStd((self.net.obs_dim,), clip=self.hparams.clip_obs)
 
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        self.lifecycle.save(checkpoint)
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.lifecycle.load(self, checkpoint)
-
     def observe(self, x: Tensor) -> Tensor:
         """Raw observations (B, O) as the nets see them: normalised by the running statistics with ``norm_obs``."""
         return self.obs_rms.normalize(x) if self.hparams.norm_obs else x
@@ -192,16 +182,7 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
     def _explore(self, obs: Tensor) -> Tensor:
         return self.act(obs, deterministic=False)
 
-    def validation_step(self, batch: int, batch_idx: int) -> None:
-        self.lifecycle.validate(self)
-
-    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Tensor]:
-        return self.lifecycle.predict(self)
-
     # -- fit: the envs and the buffer, then steps_per_batch env steps and their updates per training step --------------
-
-    def setup(self, stage: str) -> None:
-        self.lifecycle.setup(self, box="TD3")
 
     def on_train_start(self) -> None:
         off_policy.start(self, "TD3")
@@ -258,9 +239,3 @@ class TD3Module(WeightsOnlyLoading, LightningModule):
         ]
 
     # -- the end of fit, or of a failed one: the lifecycle's -----------------------------------------------------------
-
-    def configure_callbacks(self) -> list[Callback]:
-        return self.lifecycle.callbacks()
-
-    def teardown(self, stage: str) -> None:
-        self.lifecycle.teardown(stage)
