@@ -43,8 +43,9 @@ from torch.utils.data import Dataset
 
 from datamodules.arithmetic import ArithmeticTask, GeneratedTask
 from datamodules.base import SplitLoaders, check_settings, not_found_message
-from datamodules.text import IGNORE_INDEX, fixed_tokenizer
+from datamodules.text import fixed_tokenizer
 from zoo.errors import InputError
+from zoo.gpt.losses import IGNORE_INDEX
 from zoo.io.chat_template import chat_renderer, checked_messages
 from zoo.io.tokenizers import Tokenizer
 

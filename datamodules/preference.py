@@ -36,8 +36,8 @@ from torch.utils.data import Dataset
 from datamodules.arithmetic import ArithmeticTask, GeneratedTask
 from datamodules.base import SplitLoaders, check_settings, not_found_message
 from datamodules.chat import ensure_tokenizer, messages_of, read_records
-from datamodules.text import IGNORE_INDEX
 from zoo.errors import InputError
+from zoo.gpt.losses import IGNORE_INDEX
 from zoo.io.chat_template import chat_renderer
 from zoo.io.tokenizers import Tokenizer
 

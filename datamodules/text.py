@@ -42,6 +42,7 @@ from datamodules.text_corpus import (
     write_json_atomic,
 )
 from zoo.errors import InputError
+from zoo.gpt.losses import IGNORE_INDEX
 from zoo.io.files import read_json
 from zoo.io.tokenizers import (
     BPETokenizer,
@@ -52,8 +53,6 @@ from zoo.io.tokenizers import (
     prompt_ids,
     tokenizer_from_dict,
 )
-
-IGNORE_INDEX = -100  # what the loss skips (F.cross_entropy's default ignore_index)
 
 
 class TokenFile:

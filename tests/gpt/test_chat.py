@@ -15,8 +15,8 @@ from test_gpt_pretrained import _byte_level, _train, write_model
 from tokenizers import processors
 
 from datamodules import ChatDataModule
-from datamodules.text import IGNORE_INDEX
 from zoo.errors import InputError
+from zoo.gpt.losses import IGNORE_INDEX
 from zoo.io.chat_template import chat_renderer, render
 from zoo.io.hf_tokenizer import from_folder
 from zoo.io.tokenizers import ByteTokenizer

@@ -14,10 +14,10 @@ import torch
 from lightning.pytorch import Trainer, seed_everything
 
 from datamodules import PreferenceDataModule
-from datamodules.text import IGNORE_INDEX
 from zoo.errors import CheckpointError, InputError
 from zoo.gpt import GPT, DPOModule
 from zoo.gpt.dpo import dpo_loss, sequence_logps
+from zoo.gpt.losses import IGNORE_INDEX
 from zoo.io.tokenizers import ByteTokenizer
 from zoo.train.optim import AdamWCosine
 

@@ -62,6 +62,20 @@ def test_ppo_loss_equals_cleanrl_off_ratio_one_with_and_without_value_clipping()
     assert not torch.allclose(ppo_loss(**b, clip_vloss=True)["v_loss"], ppo_loss(**b, clip_vloss=False)["v_loss"])
 
 
+def test_ppo_policy_term_is_the_shared_surrogates_unmasked_branch():
+    """PPO writes its own three lines (as CleanRL); GRPO's masked token-level surrogate must agree with them when
+    it has no mask, one ratio per row and no KL: the sharing is this test, not an indirection."""
+    from zoo.train.policy_gradient import clipped_surrogate
+
+    b = batch()
+    for clip in (0.1, 0.2, 0.3):
+        ours = ppo_loss(**b, clip_coef=clip)
+        shared = clipped_surrogate(b["logprob"], b["old_logprob"], b["advantages"], clip, clip)
+        for k in ("approx_kl", "clipfrac"):
+            torch.testing.assert_close(ours[k], shared[k], msg=k)
+        torch.testing.assert_close(ours["pg_loss"], shared["loss"])
+
+
 def test_advantage_normalisation_is_cleanrls():
     adv = batch()["advantages"] * 3 + 2
     torch.testing.assert_close(normalize(adv), (adv - adv.mean()) / (adv.std() + 1e-8))

@@ -29,11 +29,10 @@ from torch import Tensor, nn
 
 from zoo.errors import InputError
 from zoo.gpt.gpt import GPT
+from zoo.gpt.losses import IGNORE_INDEX
 from zoo.gpt.module import CausalLMModule
 from zoo.gpt.reference import Reference, refuse_adapter_start
 from zoo.train.logging import lightning_writes
-
-IGNORE_INDEX = -100
 
 
 def sequence_logps(logits: Tensor, targets: Tensor) -> Tensor:

@@ -36,6 +36,7 @@ from torchmetrics.utilities import dim_zero_cat
 
 from zoo.errors import InputError
 from zoo.gpt.generate import generate
+from zoo.gpt.losses import IGNORE_INDEX
 
 NUMBER = r"-?[$]?\d[\d,]*(?:\.\d+)?"
 GSM8K_ANSWER = rf"####\s*({NUMBER})"  # lm-eval gsm8k's "strict-match" filter; else "flexible-extract"'s last number
@@ -93,14 +94,14 @@ def score_continuations(net: nn.Module, pairs: Sequence[tuple[Sequence[int], Seq
     rows = [r[-(width + 1) :] for r in rows]  # lm-eval keeps the last max_length + 1 tokens
     t = max(len(r) for r in rows) - 1
     inputs = torch.zeros(len(rows), t, dtype=torch.long)  # (N, T)
-    targets = torch.full((len(rows), t), -100, dtype=torch.long)  # (N, T): -100 outside the continuation
+    targets = torch.full((len(rows), t), IGNORE_INDEX, dtype=torch.long)  # (N, T): ignored outside the continuation
     for i, (row, (_, cont)) in enumerate(zip(rows, pairs, strict=True)):
         n = min(len(cont), len(row) - 1)
         inputs[i, : len(row) - 1] = torch.as_tensor(row[:-1])
         targets[i, len(row) - 1 - n : len(row) - 1] = torch.as_tensor(row[len(row) - n :])
     inputs, targets = inputs.to(device), targets.to(device)
     logits = net(inputs).float()  # (N, T, V)
-    scored = targets != -100
+    scored = targets != IGNORE_INDEX
     safe = targets.clamp(min=0)
     logp = logits.gather(-1, safe[..., None]).squeeze(-1) - logits.logsumexp(-1)  # (N, T)
     greedy = (logits.argmax(-1) == safe) | ~scored
