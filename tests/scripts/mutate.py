@@ -475,11 +475,13 @@ FAMILIES: dict[str, dict] = {
                 "return torch.randint(1, self.schedule.num_timesteps, (n,)",
             ),
             (OB, "noise=noise, vlb_weight=self.vlb_weight", "noise=noise"),
+            # No migration: another version's checkpoint refused naming the version; this one's recorded.
             (
-                DM,
-                'new["objective"] = {"class_path": "zoo.diffusion.GaussianDiffusion", "init_args": old}',
-                'new["objective"] = {"class_path": "zoo.diffusion.GaussianDiffusion", "init_args": {}}',
+                "zoo/io/build.py",
+                'if written_by != zoo.__version__ and not err.where.endswith("class_path"):',
+                'if written_by is not None and not err.where.endswith("class_path"):',
             ),
+            ("zoo/io/checkpoint.py", "checkpoint[\"hyper_parameters\"][build.VERSION_KEY] = zoo.__version__", "pass"),
             # Pretrained loads exact or refused (issue 39): per-block embedders kept, nothing left over, the net's
             # hidden settings (heads, step features) from config.json and checked, an autoencoder's config checked.
             (CV, "            if i == 0 or per_block:", "            if i == 0:"),
@@ -553,8 +555,8 @@ FAMILIES: dict[str, dict] = {
             ),
             (
                 RL,
-                "loss = pg_loss - ent_coef * entropy + vf_coef * v_loss\n    return {\n",
-                "loss = pg_loss + ent_coef * entropy + vf_coef * v_loss\n    return {\n",
+                "loss = pg_loss - ent_coef * entropy + vf_coef * v_loss\n    with torch.no_grad():\n",
+                "loss = pg_loss + ent_coef * entropy + vf_coef * v_loss\n    with torch.no_grad():\n",
             ),
             (PG, "return group_advantages(x.flatten(), x.numel(), eps=eps).view_as(x)", "return x - x.mean()"),
             (
@@ -634,8 +636,10 @@ FAMILIES: dict[str, dict] = {
                 "return torch.optim.RMSprop(params, lr=self.lr, alpha=self.alpha, eps=self.eps)",
                 "return torch.optim.RMSprop(params, lr=self.lr, alpha=self.alpha)",
             ),
-            ("zoo/rl/common.py", '"rms_alpha": ("optimizer", "alpha"),', '"rms_alpha": ("optimizer", "eps"),'),
-            ("zoo/rl/common.py", "if old in out and not isinstance(out.get(name), dict):", "if old in out:"),
+            # PPO's own clipped term (CleanRL's three lines) and the hooks every agent holds (HeldLifecycle).
+            (RL, "ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()", "ratio.clamp(1 - clip_coef, 1 + clip_coef)).sum()"),
+            (RL, "clipfrac = ((ratio - 1).abs() > clip_coef)", "clipfrac = ((ratio - 1) > clip_coef)"),
+            (LC, "        self.lifecycle.setup(self, box=self.BOX)\n", "        self.lifecycle.setup(self)\n"),
             # Stable-Baselines3 zips in (zoo/rl/sb3.py): SAC's mean and log-std heads, PPO's value weight, the
             # rounding rule of printed bounds, the exactness check.
             (SB, 'for head in ("mu", "log_std")', 'for head in ("log_std", "mu")'),
