@@ -219,3 +219,25 @@ def test_a_qwen3_three_turn_conversation_trains_through_the_cli_and_serves(tmp_p
     assert fitted.model.chat_prompt(chat).tolist() == expected
     (reply,) = fitted.model.generate([fitted.model.chat_prompt(chat)], max_new_tokens=4, temperature=0)
     assert list(out["completion"]) == [fitted.model.tokenizer.decode(reply.tolist())]
+
+
+def test_a_preference_pair_after_earlier_turns_learns_its_reply_after_the_prompt_qwen3_renders(tmp_path, qwen3_model):
+    """DPO on a Qwen3 conversation (the prompt holds an earlier reply): each side is ``apply_chat_template(prompt +
+    [reply])``, learned from where TRL's DPO parts the prompt's ids from the pair's."""
+    from datamodules import PreferenceDataModule
+
+    prompt = thinking(TURNS[:4])
+    chosen, rejected = [TURNS[4]], [{"role": "assistant", "content": THOUGHT + "7."}]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(json.dumps({"prompt": prompt, "chosen": chosen, "rejected": rejected}) + "\n")
+    dm = PreferenceDataModule(str(path), pretrained_dir=str(qwen3_model), val_fraction=0, block_size=512)
+    dm.setup("fit")
+    theirs = transformers.AutoTokenizer.from_pretrained(qwen3_model)
+    for (ids, labels), completion in zip(dm.train_set.items[0], (chosen, rejected), strict=True):
+        expected, mask = trl_completion_mask(theirs, prompt, completion)
+        assert ids.tolist() == expected
+        assert labels.tolist() == [t if m else IGNORE_INDEX for t, m in zip(expected, mask, strict=True)]
+    two = [TURNS[2], TURNS[4]]  # a completion of two replies in a row
+    path.write_text(json.dumps({"prompt": prompt[:2], "chosen": two, "rejected": [TURNS[2], *rejected]}))
+    with pytest.raises(InputError, match="pairs.jsonl:1 cannot be rendered: "):  # the first reply rewritten
+        PreferenceDataModule(str(path), pretrained_dir=str(qwen3_model), val_fraction=0, block_size=512).setup("fit")

@@ -1642,6 +1642,13 @@ FAMILIES: dict[str, dict] = {
                 "    before = render(source, messages[:i], False, **special)",
             ),
             (DCH, "            for example in rendered:", "            for example in rendered[:1]:"),
+            # a preference pair after earlier turns: its side the first reply's example, or every token learned
+            (
+                DPR,
+                "*earlier, rendered = examples(prompt + completion)",
+                "rendered, *earlier = examples(prompt + completion)",
+            ),
+            (DPR, "return ids, np.where(np.asarray(rendered.mask), ids, IGNORE_INDEX)", "return ids, ids.copy()"),
         ],
     },
     "evals": {  # task evaluation: lm-eval's definitions of acc, acc_norm, bits per byte; answer extraction
