@@ -6,9 +6,11 @@ format), or a pair ``{"prompt": ..., "completion": ...}`` (strings: a user turn 
 messages, as TRL's conversational pairs). It is rendered by ``zoo.io.chat_template``: an imported tokenizer's own
 chat template (ids equal to transformers' ``apply_chat_template``), or the zoo's default format for bytes and GPT-2's
 tokenizer. Every assistant turn is learned (multi-turn); system and user turns and the template's headers are
-context, their targets the ignore index -100.
+context, their targets the ignore index -100. A conversation whose template rewrites earlier turns as later ones
+arrive (Qwen3's) becomes one sequence per assistant turn, each the template's rendering up to and including that
+reply, the reply learned after the prompt it answers (``zoo.io.chat_template.chat_examples``).
 
-A conversation longer than ``block_size + 1`` tokens keeps its first turns up to the end of the last assistant
+A sequence longer than ``block_size + 1`` tokens keeps its first turns up to the end of the last assistant
 turn that fits (a cut never falls inside a turn or a token), and one whose first reply does not fit is dropped;
 the counts are reported. There is no packing: a batch is its conversations padded on the right to the longest, so
 no position attends across conversations and the validation loss (``CausalLMModule``'s, token-weighted) is the mean
@@ -46,7 +48,7 @@ from datamodules.base import SplitLoaders, check_settings, not_found_message
 from datamodules.text import fixed_tokenizer
 from zoo.errors import InputError
 from zoo.gpt.losses import IGNORE_INDEX
-from zoo.io.chat_template import chat_renderer, checked_messages
+from zoo.io.chat_template import chat_examples, checked_messages
 from zoo.io.tokenizers import Tokenizer
 
 T = TypeVar("T")
@@ -182,7 +184,7 @@ class ChatDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
         self.tokenizer: Tokenizer | None = None
         self.train_set: Conversations | None = None
         self.val_set: Conversations | None = None
-        self.skipped = self.dropped = 0
+        self.skipped = self.dropped = self.per_turn = 0
 
     def _ensure_tokenizer(self) -> Tokenizer:
         return ensure_tokenizer(self)
@@ -208,20 +210,22 @@ class ChatDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
     def _encode(self, records: list[tuple[str, list[dict]]]) -> Conversations:
         """Each conversation rendered, cut after its last assistant turn that fits in block_size + 1 tokens."""
         tokenizer = self._ensure_tokenizer()
-        render, items = chat_renderer(tokenizer), []
+        examples, items = chat_examples(tokenizer), []
         for where, messages in records:
             try:
-                rendered = render(messages)
+                rendered = examples(messages)
             except InputError as err:  # the template refused this conversation (raise_exception, say)
                 self._bad(where, f"cannot be rendered: {err}")
                 continue
-            fits = [end for end in rendered.turn_ends if end <= self.block_size + 1]
-            if not fits:
-                self.dropped += 1
-                continue
-            ids = np.asarray(rendered.ids[: fits[-1]], dtype=np.int64)
-            labels = np.where(np.asarray(rendered.mask[: fits[-1]]), ids, IGNORE_INDEX)
-            items.append((ids, labels))
+            self.per_turn += len(rendered) > 1
+            for example in rendered:
+                fits = [end for end in example.turn_ends if end <= self.block_size + 1]
+                if not fits:
+                    self.dropped += 1
+                    continue
+                ids = np.asarray(example.ids[: fits[-1]], dtype=np.int64)
+                labels = np.where(np.asarray(example.mask[: fits[-1]]), ids, IGNORE_INDEX)
+                items.append((ids, labels))
         pad = getattr(tokenizer, "pad_id", None)
         return Conversations(items, tokenizer.eos_id if pad is None else pad)
 
@@ -230,7 +234,7 @@ class ChatDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
-        self.skipped = self.dropped = 0
+        self.skipped = self.dropped = self.per_turn = 0
         records = self._records(self._train_path())
         if self.val_path is not None:
             train, val = records, self._records(self.val_path)
@@ -239,7 +243,8 @@ class ChatDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
             train, val = records[:split], records[split:]
         self.train_set, self.val_set = self._encode(train), self._encode(val)
         rank_zero_info(
-            f"ChatDataModule: {len(self.train_set)} training and {len(self.val_set)} validation conversations; "
+            f"ChatDataModule: {len(self.train_set)} training and {len(self.val_set)} validation sequences "
+            f"({self.per_turn} conversations split one per reply: their template rewrites earlier turns); "
             f"{self.dropped} dropped (first reply past block_size={self.block_size}), {self.skipped} bad records "
             f"skipped"
         )

@@ -9,7 +9,10 @@ completion is one or more assistant turns. Other keys (ids, scores) are ignored,
 Each side (prompt + completion) is rendered whole by ``ChatDataModule``'s renderer (``zoo.io.chat_template``: the
 model's own chat template, or the zoo's default format), and learned on its completion's tokens only: the targets
 are -100 on the prompt (its earlier assistant turns included) and on the template's headers, so a sequence's
-log-probability (``zoo.gpt.dpo.sequence_logps``) sums over the reply the model would generate. A side longer than
+log-probability (``zoo.gpt.dpo.sequence_logps``) sums over the reply the model would generate. Where the template
+rewrites earlier turns (Qwen3's), a side is the template's rendering of prompt + completion, its one reply learned
+after the prompt as it renders it (``zoo.io.chat_template.chat_examples``' last example; the ids TRL's DPO
+tokenizes); a completion of several replies is then refused. A side longer than
 ``block_size + 1`` tokens is never cut (a cut reply would be compared with a whole one): its pair is dropped and
 counted.
 
@@ -38,7 +41,7 @@ from datamodules.base import SplitLoaders, check_settings, not_found_message
 from datamodules.chat import ensure_tokenizer, messages_of, read_records
 from zoo.errors import InputError
 from zoo.gpt.losses import IGNORE_INDEX
-from zoo.io.chat_template import chat_renderer
+from zoo.io.chat_template import chat_examples
 from zoo.io.tokenizers import Tokenizer
 
 Pair = tuple[list[dict], list[dict], list[dict]]  # prompt, chosen completion, rejected completion
@@ -175,9 +178,19 @@ class PreferenceDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
             )
         self.skipped += 1
 
-    def _side(self, render, prompt: list[dict], completion: list[dict]) -> Side | None:
+    def _side(self, examples, prompt: list[dict], completion: list[dict]) -> Side | None:
         """One side's ids and labels (its completion's assistant tokens); None when it does not fit."""
-        rendered = render(prompt + completion)
+        *earlier, rendered = examples(prompt + completion)
+        if earlier:  # the template rewrites earlier turns: the last example is the reply after the prompt it answers
+            if len(completion) != 1:
+                raise InputError(
+                    "the chat template rewrites earlier turns, so a completion of several replies is no one sequence: "
+                    "give each pair a completion of one reply"
+                )
+            if len(rendered.ids) > self.block_size + 1:
+                return None
+            ids = np.asarray(rendered.ids, dtype=np.int64)
+            return ids, np.where(np.asarray(rendered.mask), ids, IGNORE_INDEX)
         if len(rendered.ids) > self.block_size + 1:
             return None
         asked = sum(m["role"] == "assistant" for m in prompt)  # the prompt's own replies are context
@@ -190,10 +203,10 @@ class PreferenceDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
 
     def _encode(self, records: list[tuple[str, Pair]]) -> Pairs:
         tokenizer = ensure_tokenizer(self)
-        render, items = chat_renderer(tokenizer), []
+        examples, items = chat_examples(tokenizer), []
         for where, (prompt, chosen, rejected) in records:
             try:
-                sides = self._side(render, prompt, chosen), self._side(render, prompt, rejected)
+                sides = self._side(examples, prompt, chosen), self._side(examples, prompt, rejected)
             except InputError as err:  # the template refused this conversation (raise_exception, say)
                 self._bad(where, f"cannot be rendered: {err}")
                 continue

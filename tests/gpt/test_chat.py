@@ -209,11 +209,26 @@ def test_a_long_conversation_renders_within_the_budget(monkeypatch):
     assert len(chat_template.render(template, turns)) > 400_000
 
 
-def test_a_template_that_rewrites_earlier_turns_is_refused(tokenizer_dir):
+def test_a_template_that_rewrites_earlier_turns_is_one_sequence_per_reply_and_one_that_drops_them_is_refused(
+    tokenizer_dir,
+):
+    from zoo.io.chat_template import chat_examples
+
+    drops_replies = (  # as Qwen3 drops the reasoning of earlier replies: only the last reply is written
+        "{% for m in messages %}{% if m['role'] != 'assistant' or loop.last %}{{ m['content'] + '<|eot_id|>' }}"
+        "{% endif %}{% endfor %}"
+    )
+    ours, _ = _with_template(tokenizer_dir, drops_replies)
+    with pytest.raises(InputError, match="rewrites earlier turns.*one reply at a time"):
+        chat_renderer(ours)(CONVERSATION)  # one sequence: what preference data needs
+    examples = chat_examples(ours)(CONVERSATION)
+    assert [ours.hf.decode([t for t, m in zip(e.ids, e.mask) if m], False) for e in examples] == [
+        CONVERSATION[i]["content"] + "<|eot_id|>" for i in (2, 4)
+    ]
     only_last = "{% for m in messages %}{% if loop.last %}{{ m['content'] }}{% endif %}{% endfor %}"
     ours, _ = _with_template(tokenizer_dir, only_last)
-    with pytest.raises(InputError, match="rewrites earlier turns"):
-        chat_renderer(ours)(CONVERSATION)
+    with pytest.raises(InputError, match="does not begin with its generation prompt"):
+        chat_examples(ours)(CONVERSATION)
 
 
 def test_the_default_format_masks_each_reply_and_its_eos():

@@ -1533,13 +1533,14 @@ FAMILIES: dict[str, dict] = {
             "tests/gpt/test_stream.py",
             "tests/tracking/test_chat_serving.py",
             "tests/gpt/test_chat.py",
+            "tests/gpt/test_chat_rewrites.py",
         ],
         "mutants": [
             # the loss mask: every token learned, targets unshifted, padding learned, a reply's span from the start
-            (DCH, "labels = np.where(np.asarray(rendered.mask[: fits[-1]]), ids, IGNORE_INDEX)", "labels = ids.copy()"),
+            (DCH, "labels = np.where(np.asarray(example.mask[: fits[-1]]), ids, IGNORE_INDEX)", "labels = ids.copy()"),
             (DCH, "torch.from_numpy(labels[1:])", "torch.from_numpy(labels[:-1])"),
             (DCH, "targets = torch.full((len(batch), t), IGNORE_INDEX,", "targets = torch.full((len(batch), t), 0,"),
-            (CTT, "spans.append((len(before), len(through)))", "spans.append((0, len(through)))"),
+            (CTT, "spans.append((start, len(through)))", "spans.append((0, len(through)))"),
             (CTT, "return [any(start < e and end > s for", "return [any(start <= e and end >= s for"),
             (
                 CTT,
@@ -1549,8 +1550,8 @@ FAMILIES: dict[str, dict] = {
             # truncation mid-turn; records not checked
             (
                 DCH,
-                "fits = [end for end in rendered.turn_ends if end <= self.block_size + 1]",
-                "fits = [min(len(rendered.ids), self.block_size + 1)]",
+                "fits = [end for end in example.turn_ends if end <= self.block_size + 1]",
+                "fits = [min(len(example.ids), self.block_size + 1)]",
             ),
             (CTT, '        if m["role"] not in ROLES:', "        if False:"),
             (DCH, '    if not any(m["role"] == "assistant" for m in messages):', "    if False:"),
@@ -1563,7 +1564,8 @@ FAMILIES: dict[str, dict] = {
             ),
             (CTT, 'return {f"{name}_token": tok for name, tok in tokenizer.special.items() if tok}', "return {}"),
             (CTT, "enc = tokenizer.hf.encode(text, add_special_tokens=False)", "enc = tokenizer.hf.encode(text)"),
-            (CTT, "if not (through.startswith(before) and text.startswith(through)):", "if False:"),
+            (CTT, "        if not text.startswith(through):", "        if False:"),
+            (CTT, "    if not through.startswith(before):", "    if False:"),
             # the sandbox: a plain environment, the size bound gone
             (CTT, "class Sandbox(ImmutableSandboxedEnvironment):", "class Sandbox(jinja2.Environment):"),
             (CTT, 'intercepted_binops = frozenset(["*", "**", "+"])', "intercepted_binops = frozenset()"),
@@ -1615,6 +1617,42 @@ FAMILIES: dict[str, dict] = {
             (CTT, "return [any(start < e and end > s for", "return [any(start >= s and end <= e for"),
             (DCH, "if end <= self.block_size + 1]", "if end <= self.block_size]"),
             (DCH, "if end <= self.block_size + 1]", "if end <= self.block_size + 2]"),
+            # issue 53: templates that rewrite earlier turns (Qwen3, DeepSeek-V3). A prompt refused or located
+            # like training data; the per-reply examples: the prompt learned, only the last reply, the one-sequence
+            # path always or never taken, the reply after a prompt without the generation prompt; the datamodule
+            # keeping one example per conversation
+            (CTT, "    if add_generation_prompt:  # a prompt", "    if False:  # a prompt"),
+            (
+                CTT,
+                "out.append(_encoded(tokenizer, through, [(start, len(through))]))",
+                "out.append(_encoded(tokenizer, through, [(0, len(through))]))",
+            ),
+            (
+                CTT,
+                "        for i in _replies(messages):\n            through, start = _reply(source, special, messages, i)\n"
+                "            out.append(",
+                "        for i in _replies(messages)[-1:]:\n            through, start = _reply(source, special, "
+                "messages, i)\n            out.append(",
+            ),
+            (
+                CTT,
+                "        except RewritesEarlierTurns:\n            pass",
+                "        except RewritesEarlierTurns:\n            raise",
+            ),
+            (CTT, "        try:\n            return [whole(messages)]", "        try:\n            whole(messages)"),
+            (
+                CTT,
+                "    before = render(source, messages[:i], True, **special)",
+                "    before = render(source, messages[:i], False, **special)",
+            ),
+            (DCH, "            for example in rendered:", "            for example in rendered[:1]:"),
+            # a preference pair after earlier turns: its side the first reply's example, or every token learned
+            (
+                DPR,
+                "*earlier, rendered = examples(prompt + completion)",
+                "rendered, *earlier = examples(prompt + completion)",
+            ),
+            (DPR, "return ids, np.where(np.asarray(rendered.mask), ids, IGNORE_INDEX)", "return ids, ids.copy()"),
         ],
     },
     "evals": {  # task evaluation: lm-eval's definitions of acc, acc_norm, bits per byte; answer extraction
@@ -2156,6 +2194,10 @@ FAMILIES: dict[str, dict] = {
                 '_LITERAL = r"(?:[^\\\\*+?{}()\\[\\]|.^$]|\\\\.)+"',
             ),
             (PAT, '    if os.environ.get(TRUST_ENV) == "1":', '    if os.environ.get(TRUST_ENV) != "1":'),
+            # issue 53: o200k's and DeepSeek-V3's published texts taken a character off (the folder refused)
+            (PAT, r'r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*', r'r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*'),
+            (PAT, r'"[\u4e00-\u9fa5', r'"[\u4e00-\u9fa6'),
+            (PAT, r"[^\r\n\\p{L}\\p{P}\\p{S}]?", r"[^\\r\\n\\p{L}\\p{P}\\p{S}]?"),
             # a SentencePiece model's counts not bounded
             (SPT, "    if len(proto.pieces) > MAX_PIECES:", "    if False:"),
             (SPT, "        if len(found) > MAX_MERGES:", "        if False:"),

@@ -95,3 +95,51 @@ def test_the_zoos_own_clip_pattern_is_a_published_one():
 )
 def test_literal_strings_are_taken_and_nothing_that_repeats(pattern, taken):
     assert bool(patterns._ALTERNATION.fullmatch(pattern)) is taken
+
+
+# OpenAI's o200k (transformers' own copy, which it writes into GPT-4o- and Llama 4-style tokenizer.json files) and
+# DeepSeek-V3's three Splits (its hub tokenizer.json's, CR and LF written as characters).
+O200K = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+DEEPSEEK_V3 = json.loads(
+    r'["\\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+", "[!\"#$%&'
+    r"'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+"
+    r'[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"]'
+)  # the JSON text as the file has it ("\r" there is the character)
+HARD = [
+    "Hello World's CamelCaseWords don't",
+    "tabs\tand\nnewlines\r\n\n\t  mixed / slashes/\n",
+    "CJK 日本語の文章、カタカナ 中文字符 한국어",
+    "numbers 1234567890 3.14159 -2e10 #include <stdio.h>",
+    "café naïve e\u0301 🤗🚀 \u00a0nbsp",
+]
+
+
+@pytest.mark.parametrize("splits", [[O200K], DEEPSEEK_V3], ids=["o200k", "deepseek_v3"])
+def test_a_folder_with_o200k_or_deepseek_v3_splits_loads_with_autotokenizers_ids(tmp_path, splits, monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import trainers
+
+    assert all(s in patterns.KNOWN for s in splits)
+    hf = Tokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(s), "isolated") for s in splits]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+    hf.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<eos>"], initial_alphabet=alphabet)
+    hf.train_from_iterator(HARD * 3, trainer)
+    hf.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eos>"}))
+    ours, theirs = from_folder(tmp_path), transformers.AutoTokenizer.from_pretrained(tmp_path)
+    stored = json.loads((tmp_path / "tokenizer.json").read_text())["pre_tokenizer"]["pretokenizers"]
+    assert [p["pattern"]["Regex"] for p in stored[:-1]] == splits  # the file holds the published text
+    for text in HARD:
+        assert ours.encode(text) == theirs.encode(text, add_special_tokens=False), text
+    monkeypatch.setattr(patterns, "KNOWN", patterns.KNOWN - set(splits))  # as before they were published here
+    with pytest.raises(InputError, match="holds the regex"):
+        from_folder(tmp_path)

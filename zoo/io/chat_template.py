@@ -11,12 +11,22 @@ tokens it reads (``bos_token``, ``eos_token``, ``pad_token``) are the tokenizer'
 the tokenizer's own BOS (``add_special_tokens=False``), so the ids are ``apply_chat_template``'s. As there, a
 message's text that spells a control token (``<|eot_id|>``) encodes as that token: clean such data beforehand.
 
-The assistant's tokens are found by rendering prefixes, not by ``{% generation %}`` blocks, which few templates have:
-turn i's text is ``render(messages[:i+1])`` after ``render(messages[:i], add_generation_prompt=True)``, so it is
-exactly what a model is asked to generate after the template's own prompt (its reply and end-of-turn token).
-Every template renders a reply that way, for generation; one that rewrites earlier turns as later ones arrive (a
-prefix that is not a prefix of the whole) is refused, naming it. A token overlapping a reply counts as the reply's,
-as transformers' ``return_assistant_tokens_mask`` counts it.
+A prompt (``add_generation_prompt``) is the whole conversation rendered once and encoded, as
+``apply_chat_template(messages, add_generation_prompt=True)`` renders it, whatever the template does to earlier
+turns: nothing in a prompt is learned, so no reply need be located in it.
+
+For training, the assistant's tokens are found by rendering prefixes, not by ``{% generation %}`` blocks, which few
+templates have: turn i's text is ``render(messages[:i+1])`` after ``render(messages[:i], add_generation_prompt=True)``,
+so it is exactly what a model is asked to generate after the template's own prompt (its reply and end-of-turn
+token). A token overlapping a reply counts as the reply's, as transformers' ``return_assistant_tokens_mask`` counts
+it. Where the template renders each turn as it renders the whole, one sequence holds every reply. One that rewrites
+earlier turns as later ones arrive (Qwen3 keeps the reasoning of the replies after the last user turn only) is
+trained one reply at a time (``chat_examples``): example i is ``render(messages[:i+1])`` with reply i learned, after
+the very prompt it answers at inference. TRL instead swaps in a training template of its own that does not rewrite
+(``trl.chat_template_utils.get_training_chat_template``: Qwen3's keeps every reply's reasoning block) and masks
+its ``{% generation %}`` blocks; with that template in the folder the zoo gives TRL's ids and mask. A template whose
+generation prompt does not begin its rendering of the reply (DeepSeek-R1's ``<think>\\n``, dropped from the reply) is
+refused for training, naming TRL's training template as the alternative.
 
 The zoo's own tokenizers (bytes, gpt2, bpe) have no template; a default format is used: each message is
 ``<|role|>\\n`` + content (+ ``\\n`` after system and user turns) as text, and an assistant turn ends with the EOS
@@ -362,24 +372,81 @@ def _special(tokenizer) -> dict[str, str]:
     return {f"{name}_token": tok for name, tok in tokenizer.special.items() if tok}
 
 
+class RewritesEarlierTurns(InputError):
+    """The template renders an assistant turn otherwise once later turns follow (Qwen3 drops the reasoning of replies
+    before the last user turn), so one sequence cannot hold every reply as it was generated."""
+
+
 def _templated(tokenizer, messages: list[dict], add_generation_prompt: bool) -> Rendered:
     source, special = tokenizer.chat_template, _special(tokenizer)
     text = render(source, messages, add_generation_prompt, **special)
+    if add_generation_prompt:  # a prompt: context only, so no reply need be located in it, whatever the template
+        ids = tokenizer.hf.encode(text, add_special_tokens=False).ids
+        return Rendered(ids, [False] * len(ids), [], text)
     spans = []
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        before = render(source, messages[:i], True, **special)
-        through = render(source, messages[: i + 1], False, **special)
-        if not (through.startswith(before) and text.startswith(through)):
-            raise InputError(
+    for i in _replies(messages):
+        through, start = _reply(source, special, messages, i)
+        if not text.startswith(through):
+            raise RewritesEarlierTurns(
                 "the chat_template renders a conversation's first turns differently once more follow (it rewrites "
-                "earlier turns), so the assistant's replies cannot be located in it; train on single replies"
+                "earlier turns), so its replies are not all in one sequence; ChatDataModule trains such a "
+                "conversation one reply at a time"
             )
-        spans.append((len(before), len(through)))
+        spans.append((start, len(through)))
+    return _encoded(tokenizer, text, spans)
+
+
+def _replies(messages: list[dict]) -> list[int]:
+    return [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+
+
+def _reply(source: str, special: dict[str, str], messages: list[dict], i: int) -> tuple[str, int]:
+    """``render(messages[:i+1])`` and where reply i begins in it: after ``render(messages[:i])``'s generation prompt,
+    so its text is what a model is asked to generate there. Refused where that prompt is not where the rendering of
+    the reply begins (a prompt that opens the reply, as DeepSeek-R1's ``<think>\\n``, which its reply drops)."""
+    before = render(source, messages[:i], True, **special)
+    through = render(source, messages[: i + 1], False, **special)
+    if not through.startswith(before):
+        raise InputError(
+            f"the chat_template's rendering of a reply does not begin with its generation prompt (the prompt ends "
+            f"{before[-40:]!r}, the reply reads {through[max(0, len(before) - 40) : len(before) + 20]!r}; "
+            f"DeepSeek-R1's prompt opens the reply with '<think>\\n' and its reply drops it), so what the model "
+            f"generates after the prompt is unknown; train with a template whose replies continue its prompt (TRL's "
+            f"training template for it, e.g. trl/chat_templates/deepseek_r1_distill_training.jinja, as the folder's "
+            f"chat_template)"
+        )
+    return through, len(before)
+
+
+def _encoded(tokenizer, text: str, spans: list[tuple[int, int]]) -> Rendered:
+    """``text`` encoded, each token overlapping a span learned, the spans' ends as token counts."""
     enc = tokenizer.hf.encode(text, add_special_tokens=False)
-    ends = _token_ends(enc.offsets, [e for _, e in spans])
-    return Rendered(enc.ids, _overlapping(enc.offsets, spans), ends, text)
+    return Rendered(enc.ids, _overlapping(enc.offsets, spans), _token_ends(enc.offsets, [e for _, e in spans]), text)
+
+
+def chat_examples(tokenizer: Any) -> Callable[[list[dict]], list[Rendered]]:
+    """``examples(messages)``: the conversation as supervised examples, each a ``Rendered`` whose mask is the
+    replies it teaches. One sequence with every reply where the template renders each turn as it renders the whole
+    (every template but those that rewrite earlier turns); else one example per assistant turn i, the template's
+    rendering of ``messages[:i+1]`` with reply i learned and the replies before it context, as the template shows
+    them to the model at that point (so each reply is learned after the very prompt it answers at inference)."""
+    whole = chat_renderer(tokenizer)
+    if getattr(tokenizer, "chat_template", None) is None:
+        return lambda messages: [whole(messages)]
+    source, special = tokenizer.chat_template, _special(tokenizer)
+
+    def examples(messages: list[dict]) -> list[Rendered]:
+        try:
+            return [whole(messages)]
+        except RewritesEarlierTurns:
+            pass
+        out = []
+        for i in _replies(messages):
+            through, start = _reply(source, special, messages, i)
+            out.append(_encoded(tokenizer, through, [(start, len(through))]))
+        return out
+
+    return examples
 
 
 def _overlapping(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[bool]:

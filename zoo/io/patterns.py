@@ -6,8 +6,8 @@ backtracks without end on some text (``(a+)+$``) hangs whatever encodes that tex
 A deadline cannot be given to such a run, and a test on probe strings proves nothing about the next text, so the
 rule is on the pattern itself, read back from what ``tokenizers`` built (its own serialization, so the rule and the
 engine read the same pattern):
-  - one of the patterns published tokenizers use (``KNOWN``: GPT-2's, Llama 3's, Qwen's, CLIP's pre-tokenizer
-    splits and transformers' whitespace normalizers), taken whole;
+  - one of the patterns published tokenizers use (``KNOWN``: GPT-2's, Llama 3's, Qwen's, OpenAI's o200k,
+    DeepSeek-V3's, CLIP's pre-tokenizer splits and transformers' whitespace normalizers), taken whole;
   - or an alternation of literal strings (no quantifier, class, group or lettered escape: what transformers writes to
     split out a SentencePiece model's user-defined pieces), which matches in time linear in the text;
   - else refused in one line naming the pattern. ``ZOO_TRUST_TOKENIZER_REGEX=1`` takes any pattern, for a tokenizer
@@ -36,6 +36,16 @@ KNOWN = frozenset(
         r"|\s+(?!\S)|\s+",
         r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+"
         r"|\s+(?!\S)|\s+",
+        # OpenAI's o200k (GPT-4o; Phi-4-mini's, Llama 4's tokenizer.json: transformers' gguf_tokenizer_mapping.py)
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+        r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+        r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        # DeepSeek-V3's three Splits in sequence (its tokenizer.json: digits, CJK runs, the rest), the third with CR
+        # and LF written as the characters themselves, as that file has them
+        r"\p{N}{1,3}",
+        "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+        "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+        "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
         # OpenAI CLIP's (open_clip's SimpleTokenizer; zoo.io.tokenizers.OpenCLIPTokenizer)
         r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+""",
         # transformers' normalizers (convert_slow_tokenizer.py and the models' tokenization files)
