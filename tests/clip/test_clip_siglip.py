@@ -29,11 +29,12 @@ from zoo.io.tokenizers import tokenize, tokenizer_from_dict
 
 transformers = pytest.importorskip("transformers")
 WORDS = "a photo of the cat dog car red blue green big small picture image hello world this is bad good".split()
-# (vision: image, patch, layers, heads; text: width, layers; hidden_act, context)
+# (vision: image, patch, layers, heads; text: width, layers; hidden_act, context; logit scale: 4.8 is above CLIP's
+# clamp at ln 100, as trained SigLIPs' are)
 SETTINGS = [
-    dict(image=16, patch=8, v_layers=1, heads=2, t_width=32, t_layers=1, act="gelu_pytorch_tanh", ctx=16),
-    dict(image=24, patch=4, v_layers=2, heads=4, t_width=32, t_layers=1, act="gelu", ctx=12),
-    dict(image=16, patch=4, v_layers=1, heads=2, t_width=16, t_layers=2, act="quick_gelu", ctx=20),
+    dict(image=16, patch=8, v_layers=1, heads=2, t_width=32, t_layers=1, act="gelu_pytorch_tanh", ctx=16, scale=2.5),
+    dict(image=24, patch=4, v_layers=2, heads=4, t_width=32, t_layers=1, act="gelu", ctx=12, scale=1.0),
+    dict(image=16, patch=4, v_layers=1, heads=2, t_width=16, t_layers=2, act="quick_gelu", ctx=20, scale=4.8),
 ]
 HARD = [
     "a photo of a cat.",
@@ -47,7 +48,10 @@ HARD = [
     "word " * 40,  # past the context: cut, end-of-text kept
     "</s>",
     "a\u3000b\u00a0c İstanbul ΣΑΣ",
+    "a </s>b cat <unk> dog cat<unk>dog x</s>  y",  # the added tokens' flags at work
 ]
+# Added tokens' flags (tokenizer_config.json's added_tokens_decoder), which transformers applies to their neighbours.
+FLAGGED = {"1": {"lstrip": True, "rstrip": True}, "2": {"single_word": True}}
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +82,7 @@ def siglip_folder(folder: Path, spiece: Path, s: dict, tokenizer: dict | None = 
         for name, p in model.named_parameters():
             if "norm" in name or "bias" in name:
                 p.add_(0.3 * torch.randn_like(p))
-        model.logit_scale.fill_(2.5)
+        model.logit_scale.fill_(s["scale"])
         model.logit_bias.fill_(-3.0)
     model.save_pretrained(folder)
     kwargs = {"model_max_length": s["ctx"]} | (tokenizer or {})
@@ -121,16 +125,22 @@ def test_siglip_embeddings_loss_and_probabilities_equal_transformers(tmp_path, s
         torch.testing.assert_close(img, ref_img, rtol=0, atol=1e-5)
         torch.testing.assert_close(txt, ref_txt, rtol=0, atol=1e-5)
         logits = net.scale() * img @ txt.T + net.logit_bias
-        torch.testing.assert_close(logits, out.logits_per_image, rtol=0, atol=1e-5)
+        torch.testing.assert_close(logits, out.logits_per_image, rtol=0, atol=2e-5)
         ours = net(pixels, ids)
         loss = siglip_loss(ours["image_features"], ours["text_features"], ours["logit_scale"], ours["logit_bias"])
         torch.testing.assert_close(loss["loss"], out.loss, rtol=0, atol=1e-5)
 
 
 def test_siglip_tokenizer_ids_equal_auto_tokenizers_on_hard_strings(tmp_path, spiece):
-    for i, settings in enumerate([{}, {"legacy": False}, {"do_lower_case": False}]):
+    for i, settings in enumerate([{}, {"legacy": False}, {"do_lower_case": False}, FLAGGED]):
         folder = tmp_path / str(i)
-        transformers.SiglipTokenizer(str(spiece), model_max_length=16, **settings).save_pretrained(folder)
+        kwargs = {} if settings is FLAGGED else settings
+        transformers.SiglipTokenizer(str(spiece), model_max_length=16, **kwargs).save_pretrained(folder)
+        if settings is FLAGGED:
+            _edit(
+                folder / "tokenizer_config.json",
+                lambda c: [c["added_tokens_decoder"][i].update(f) for i, f in FLAGGED.items()],
+            )
         theirs = transformers.AutoTokenizer.from_pretrained(folder)
         ours = SiglipTokenizer.from_folder(folder)
         expected = theirs(HARD, padding="max_length", max_length=16, truncation=True)["input_ids"]
