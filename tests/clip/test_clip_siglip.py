@@ -193,6 +193,42 @@ def test_a_siglip_folder_zero_shots_through_the_cli_with_sigmoid_probabilities(t
     assert abs(float(probs.sum(-1)[0]) - 1) > 1e-3  # sigmoids: a softmax would sum to one
 
 
+@pytest.mark.slow  # a fit through the CLI: the predict test above walks the same load in the suite
+def test_the_finetune_preset_trains_a_siglip_folder_with_its_tokenizer_and_sigmoid_loss(tmp_path, spiece):
+    """docs/clip.md's fine-tune command on a SigLIP folder: its weights and tokenizer, the sigmoid loss under its own
+    bias, texts padded to the tower's context (a shorter one refused)."""
+    from PIL import Image
+
+    s = SETTINGS[0]
+    folder = siglip_folder(tmp_path / "sg", spiece, s)
+    rows = ["image,caption"]
+    for i in range(8):
+        Image.new("RGB", (24, 20), (30 * i, 100, 255 - 30 * i)).save(tmp_path / f"{i}.png")
+        rows.append(f"{i}.png,a {('red', 'blue')[i % 2]} {('cat', 'dog')[i // 4]} on a dark background")
+    (tmp_path / "pairs.csv").write_text("\n".join(rows) + "\n")
+    args = [
+        "--config",
+        str(CONFIGS / "clip" / "finetune_csv.yaml"),
+        f"--model.init_args.init_weights={folder}",
+        f"--data.init_args.pretrained_tokenizer={folder}",
+        f"--data.init_args.path={tmp_path / 'pairs.csv'}",
+        f"--data.init_args.image_size={s['image']}",
+        "--data.init_args.mean=[0.5, 0.4, 0.3]",
+        "--data.init_args.std=[0.2, 0.5, 0.7]",
+        "--data.init_args.val_fraction=0.5",
+        "--data.init_args.batch_size=4",
+        "--data.init_args.num_workers=0",
+        "--trainer.precision=32-true",
+        "--trainer.enable_progress_bar=false",
+    ]
+    with pytest.raises(ValueError, match=f"context_length={s['ctx']}"):
+        cli("validate", *args, "--data.init_args.context_length=8")
+    c = cli("fit", *args, f"--data.init_args.context_length={s['ctx']}", "--trainer.fast_dev_run=2")
+    assert c.model.hparams.loss == "siglip" and isinstance(c.model.tokenizer, SiglipTokenizer)
+    assert torch.isfinite(c.trainer.callback_metrics["val/loss"])
+    assert float(c.model.net.logit_bias) == pytest.approx(-3.0, abs=1e-3)  # the folder's bias, two small steps on
+
+
 def _edit(path: Path, change) -> None:
     data = json.loads(path.read_text())
     change(data)

@@ -161,6 +161,11 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
                     f"the text tower reads the last of its {ctx} positions but its tokenizer pads texts to {pads_to} "
                     "(model_max_length): give the tokenizer and the tower one length"
                 )
+            if ctx is not None and self.context_length != ctx:
+                raise ValueError(
+                    f"the text tower reads the last of its {ctx} positions, so texts are padded to {ctx}: pass "
+                    f"--data.init_args.context_length={ctx} (not {self.context_length})"
+                )
         if n_vocab is not None and tok.vocab_size > n_vocab:
             raise ValueError(
                 f"the tokenizer has {tok.vocab_size} ids but the text tower's vocab_size is {n_vocab}: "
