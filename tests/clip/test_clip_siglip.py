@@ -29,11 +29,11 @@ from zoo.io.tokenizers import tokenize, tokenizer_from_dict
 
 transformers = pytest.importorskip("transformers")
 WORDS = "a photo of the cat dog car red blue green big small picture image hello world this is bad good".split()
-# (vision: image, patch, layers, heads; text: width, layers; hidden_act, context; logit scale: 4.8 is above CLIP's
-# clamp at ln 100, as trained SigLIPs' are)
+# (vision: image, patch (18 = 4 x 4 + 2, as so400m's 384 = 27 x 14 + 6), layers, heads; text: width, layers; hidden_act,
+# context; logit scale: 4.8 is above CLIP's clamp at ln 100, as trained SigLIPs' are)
 SETTINGS = [
     dict(image=16, patch=8, v_layers=1, heads=2, t_width=32, t_layers=1, act="gelu_pytorch_tanh", ctx=16, scale=2.5),
-    dict(image=24, patch=4, v_layers=2, heads=4, t_width=32, t_layers=1, act="gelu", ctx=12, scale=1.0),
+    dict(image=18, patch=4, v_layers=2, heads=4, t_width=32, t_layers=1, act="gelu", ctx=12, scale=1.0),
     dict(image=16, patch=4, v_layers=1, heads=2, t_width=16, t_layers=2, act="quick_gelu", ctx=20, scale=4.8),
 ]
 HARD = [

@@ -117,6 +117,7 @@ def siglip_kwargs(config: Mapping[str, Any], path: str | Path = "config.json") -
         pre_norm=False,
         patch_bias=True,
         projection=False,
+        drop_remainder=True,  # transformers' patch embedding is a "valid" convolution
     )
     text = dict(
         vocab_size=t["vocab_size"],

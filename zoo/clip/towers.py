@@ -131,6 +131,7 @@ class VisionTransformer(nn.Module):
         pre_norm: bool = True,
         patch_bias: bool = False,
         projection: bool = True,
+        drop_remainder: bool = False,
     ) -> None:
         """
         Args:
@@ -152,11 +153,13 @@ class VisionTransformer(nn.Module):
             patch_bias: the patch embedding has a bias (SigLIP).
             projection: a linear projection to ``embed_dim``; without one (SigLIP) the pooled width is the feature,
                 and ``embed_dim`` must equal ``width``.
+            drop_remainder: an image_size that is not a multiple of patch_size drops the pixels past the last whole
+                patch (a strided convolution without padding, as SigLIP's so400m-patch14-384 does: 384 = 27 x 14 + 6).
         """
         super().__init__()
         if not projection and embed_dim != width:
             raise ValueError(f"projection=False needs embed_dim equal to width, got {embed_dim} and {width}")
-        if image_size % patch_size:
+        if image_size % patch_size and not drop_remainder:
             raise ValueError(f"image_size {image_size} is not a multiple of patch_size {patch_size}")
         self.embed_dim, self.pool, self.image_size = embed_dim, pool, image_size
         n_tokens = (image_size // patch_size) ** 2 + (pool == "cls")
