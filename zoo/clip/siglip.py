@@ -55,11 +55,11 @@ TOP = {"text_config", "vision_config"}
 ACTS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "quick_gelu": "quick_gelu"}
 
 
-def _section(data: Any, where: str, read: dict, allowed: set[str]) -> dict:
+def _section(data: Any, where: str, read: dict) -> dict:
     """``data`` over ``read``'s defaults, each field read, fixed, inert or refused by name."""
     if not isinstance(data, Mapping):
         raise InputError(f"{where} is not an object of SigLIP settings: use a folder SiglipModel.save_pretrained wrote")
-    if unknown := sorted(set(data) - set(read) - set(FIXED) - INERT - allowed):
+    if unknown := sorted(set(data) - set(read) - set(FIXED) - INERT):
         raise InputError(
             f"{where} sets {', '.join(unknown)}, which the zoo's SigLIP does not read: refused, as loading it might "
             "compute something else (a SiglipModel folder transformers wrote loads)"
@@ -87,22 +87,10 @@ def _square(value: Any, field: str, where: str) -> int:
     return value
 
 
-def siglip_kwargs(config: Mapping[str, Any], path: str | Path = "config.json") -> dict:
-    """``VisionTransformer``, ``TextTransformer`` and ``CLIP`` arguments of a ``SiglipConfig`` dict read from ``path``;
-    an ``InputError`` naming the first field the zoo does not compute."""
-    where = repr(str(path))
-    if unknown := sorted(set(config) - TOP - INERT):
-        raise InputError(f"{where} sets {', '.join(unknown)}, which the zoo's SigLIP does not read: refused")
-    v = _section(config.get("vision_config", {}), f"{where}'s vision_config", VISION_READ, set())
-    t = _section(config.get("text_config", {}), f"{where}'s text_config", TEXT_READ, set())
+def _vision(v: dict, where: str) -> dict:
+    """``VisionTransformer``'s arguments of a ``vision_config`` read by ``_section``."""
     width = v["hidden_size"]
-    embed = t["projection_size"] if t["projection_size"] is not None else t["hidden_size"]
-    if embed != width:
-        raise InputError(
-            f"{where}: the text head's projection_size {embed} is not the vision tower's hidden_size {width}, so the "
-            "two features cannot be compared (SiglipModel would fail too)"
-        )
-    vision = dict(
+    return dict(
         image_size=_square(v["image_size"], "image_size", where),
         patch_size=_square(v["patch_size"], "patch_size", where),
         in_channels=v["num_channels"],
@@ -119,7 +107,11 @@ def siglip_kwargs(config: Mapping[str, Any], path: str | Path = "config.json") -
         projection=False,
         drop_remainder=True,  # transformers' patch embedding is a "valid" convolution
     )
-    text = dict(
+
+
+def _text(t: dict, embed: int) -> dict:
+    """``TextTransformer``'s arguments of a ``text_config`` read by ``_section``, its head to ``embed`` features."""
+    return dict(
         vocab_size=t["vocab_size"],
         context_length=t["max_position_embeddings"],
         width=t["hidden_size"],
@@ -133,6 +125,24 @@ def siglip_kwargs(config: Mapping[str, Any], path: str | Path = "config.json") -
         pool="last",
         proj_bias=True,
     )
+
+
+def siglip_kwargs(config: Mapping[str, Any], path: str | Path = "config.json") -> dict:
+    """``VisionTransformer``, ``TextTransformer`` and ``CLIP`` arguments of a ``SiglipConfig`` dict read from ``path``;
+    an ``InputError`` naming the first field the zoo does not compute."""
+    where = repr(str(path))
+    if unknown := sorted(set(config) - TOP - INERT):
+        raise InputError(f"{where} sets {', '.join(unknown)}, which the zoo's SigLIP does not read: refused")
+    v = _section(config.get("vision_config", {}), f"{where}'s vision_config", VISION_READ)
+    t = _section(config.get("text_config", {}), f"{where}'s text_config", TEXT_READ)
+    width = v["hidden_size"]
+    embed = t["projection_size"] if t["projection_size"] is not None else t["hidden_size"]
+    if embed != width:
+        raise InputError(
+            f"{where}: the text head's projection_size {embed} is not the vision tower's hidden_size {width}, so the "
+            "two features cannot be compared (SiglipModel would fail too)"
+        )
+    vision, text = _vision(v, where), _text(t, embed)
     for name, tower in (("vision", vision), ("text", text)):
         hidden = (v if name == "vision" else t)["intermediate_size"]
         if round(tower["width"] * tower["mlp_ratio"]) != hidden:
