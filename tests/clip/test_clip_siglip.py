@@ -51,7 +51,7 @@ HARD = [
     "a </s>b cat <unk> dog cat<unk>dog x</s>  y",  # the added tokens' flags at work
 ]
 # Added tokens' flags (tokenizer_config.json's added_tokens_decoder), which transformers applies to their neighbours.
-FLAGGED = {"1": {"lstrip": True, "rstrip": True}, "2": {"single_word": True}}
+FLAGGED = {"1": {"rstrip": True}, "2": {"lstrip": True, "single_word": True}}
 
 
 @pytest.fixture(scope="module")

@@ -845,7 +845,7 @@ FAMILIES: dict[str, dict] = {
                 "pieces = self.sp.encode(self.unk + self.canonical(text)",
                 "pieces = self.sp.encode(self.canonical(text)",
             ),
-            (STK, 'if flags["rstrip"] and right:', 'if flags["lstrip"] and right:'),
+            (STK, 'if left and left[-1] != " ":', 'if left and left[-1] == " ":'),  # single_word
         ],
     },
     # The base install (issue 51): no extra imported at start, a missing one named in one line, a model logged.

@@ -153,6 +153,7 @@ class SiglipTokenizer:
             flags = self.added[token][1]
             left = tokens[i - 1] if i > 0 else None
             right = tokens[i + 1] if i < len(tokens) - 1 else None
+            # lstrip and rstrip change no id here (step 3 strips every piece), but are kept as transformers has them
             if flags["rstrip"] and right:
                 tokens[i + 1] = right.lstrip()
             if flags["lstrip"] and left:
