@@ -30,9 +30,10 @@ from typing import Any
 
 from zoo.errors import InputError
 from zoo.io.files import read_bytes, read_config
-from zoo.io.sp_tokenizer import MAX_MODEL_BYTES, MAX_PIECES
-from zoo.io.tokenizers import _ids_below, special_token
 
+# zoo.io.sp_tokenizer's bounds (not imported: zoo.io.tokenizers imports this file to restore a checkpoint's tokenizer).
+MAX_MODEL_BYTES = 16 * 2**20  # three times the largest tokenizer.model known
+MAX_PIECES = 2**18
 UNDERLINE = "▁"
 DEFAULTS = {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "</s>", "model_max_length": 64}  # SiglipTokenizer's
 FLAGS = ("lstrip", "rstrip", "single_word")
@@ -50,6 +51,12 @@ NEUTRAL = {
     "truncation_side": ("right", None), "bos_token": (None,), "mask_token": (None,), "cls_token": (None,),
     "sep_token": (None,),
 }  # fmt: skip
+
+
+def special_token(value: Any) -> str | None:
+    """A token as tokenizer_config.json writes it: a string, an AddedToken dict or null."""
+    value = value.get("content") if isinstance(value, dict) else value
+    return value if isinstance(value, str) else None
 
 
 def _refuse(where: Path, what: str) -> InputError:
@@ -192,7 +199,7 @@ class SiglipTokenizer:
         return [self.encode(t) for t in texts]
 
     def decode(self, ids: Sequence[int]) -> str:
-        kept = [i for i in _ids_below(ids, self.sp.get_piece_size()).tolist() if i != self.eos_id]
+        kept = [int(i) for i in ids if 0 <= i < self.sp.get_piece_size() and i != self.eos_id]  # padding, -100 out
         return self.sp.decode(kept)
 
     def to_dict(self) -> dict[str, Any]:
