@@ -285,7 +285,8 @@ class CaptionDataModule(ResumesMidEpoch, LightningDataModule):
                 pretrained (a Hugging Face ``tokenizer.json`` from ``pretrained_tokenizer``, e.g. CLIP's own).
             bpe_vocab_size: vocabulary size of the BPE (tokenizer=bpe).
             pretrained_tokenizer: a ``tokenizer.json`` or a folder holding one, such as a Hugging Face CLIP
-                folder (tokenizer=pretrained); it must know ``<|endoftext|>``.
+                folder (tokenizer=pretrained); it must know ``<|endoftext|>``. Or a SigLIP folder (its
+                ``spiece.model``, run as ``SiglipTokenizer`` runs it: ``zoo.io.siglip_tokenizer``).
             context_length: tokens per caption T, end-of-text included; longer captions are cut.
             num_train: shapes: training pairs to render.
             num_val: shapes: held-out pairs to render.
@@ -364,12 +365,17 @@ class CaptionDataModule(ResumesMidEpoch, LightningDataModule):
             return
         if h.tokenizer == "pretrained":
             path = Path(h.pretrained_tokenizer or "")
+            if path.is_dir() and (path / "spiece.model").is_file() and not (path / "tokenizer.json").is_file():
+                from zoo.io.siglip_tokenizer import SiglipTokenizer  # a SigLIP folder's: it has no tokenizer.json
+
+                self.tokenizer = SiglipTokenizer.from_folder(path)
+                return
             if h.pretrained_tokenizer is None or not (path / "tokenizer.json" if path.is_dir() else path).is_file():
                 raise FileNotFoundError(
                     not_found_message(
                         "tokenizer.json",
                         str(h.pretrained_tokenizer),
-                        "pass data.init_args.pretrained_tokenizer=<a tokenizer.json or a Hugging Face CLIP folder>",
+                        "pass data.init_args.pretrained_tokenizer=<a tokenizer.json, a HF CLIP or SigLIP folder>",
                     )
                 )
             self.tokenizer = BPETokenizer.load(path)  # any tokenizer.json: the BPE kind carries the whole file

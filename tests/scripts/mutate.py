@@ -40,6 +40,7 @@ UN, DT, DM = "zoo/diffusion/unet.py", "zoo/diffusion/dit.py", "zoo/diffusion/mod
 OB = "zoo/diffusion/objective.py"
 CL, CC, CMT = "zoo/clip/losses.py", "zoo/clip/clip.py", "zoo/clip/metrics.py"
 CPT, NI, CMO = "zoo/clip/pretrained.py", "zoo/io/new_inputs.py", "zoo/clip/module.py"
+SGL, CTW, STK = "zoo/clip/siglip.py", "zoo/clip/towers.py", "zoo/io/siglip_tokenizer.py"
 TR, CK = "zoo/io/trust.py", "zoo/io/checkpoint.py"
 BL, TW = "zoo/io/build.py", "zoo/io/tripwire.py"
 RG, SC = "zoo/tracking/models.py", "zoo/app/stored_config.py"
@@ -752,6 +753,7 @@ FAMILIES: dict[str, dict] = {
             "tests/clip/test_clip_pretrained.py",
             "tests/clip/test_clip_refs.py",
             "tests/clip/test_clip.py",
+            "tests/clip/test_clip_siglip.py",
         ],
         "mutants": [
             (
@@ -818,6 +820,36 @@ FAMILIES: dict[str, dict] = {
             (OCC, 'eot_id=vocab - 1 if argmax else t.int("eos_id"),', 'eot_id=t.int("eos_id"),'),
             (OCC, "        for field, value in fixed.items():\n", "        for field, value in ():\n"),
             (AP, "            if key not in rule.adapted:\n", "            if True:\n"),
+            # SigLIP folders (issue 53): the MAP head's residual and norm, the text tower's last-token read-out and
+            # bidirectional blocks, tanh GELU, the unclamped scale, logit_bias and sigmoid probabilities, the loss
+            # the folder states, SiglipImageProcessor's uncropped resize and statistics, SiglipTokenizer's steps.
+            (CTW, "return pooled + self.mlp(self.ln(pooled)) if", "return self.mlp(self.ln(pooled)) if"),
+            (CTW, "self.mlp(self.ln(pooled)) if", "self.mlp(pooled) if"),
+            (CTW, "torch.full(ids.shape[:1], ids.shape[1] - 1,", "torch.full(ids.shape[:1], ids.shape[1] - 2,"),
+            (SGL, "        causal=False,\n", "        causal=True,\n"),
+            (SGL, '"gelu_pytorch_tanh": "gelu_tanh"', '"gelu_pytorch_tanh": "gelu"'),
+            (SGL, '"max_logit_scale": math.inf', '"max_logit_scale": math.log(100)'),
+            (CMO, "torch.sigmoid(logits + self.net.logit_bias.float())", "torch.sigmoid(logits)"),
+            (
+                CMO,
+                '        if self.hparams.loss == "siglip":\n            return torch.sigmoid',
+                "        if False:\n            return torch.sigmoid",
+            ),
+            (AP, '{"loss": "siglip"} if read_config(config)', "{} if read_config(config)"),
+            (CPT, 'interpolation, "transformers", crop=False)', 'interpolation, "transformers")'),
+            (
+                CPT,
+                'cfg["image_mean"], cfg["image_std"], interpolation',
+                'cfg["image_std"], cfg["image_mean"], interpolation',
+            ),
+            (STK, 'text.translate(str.maketrans("", "", string.punctuation))', "text"),
+            (STK, 'self._chunks(UNDERLINE + text.replace(UNDERLINE, " "))', "self._chunks(text)"),
+            (
+                STK,
+                "pieces = self.sp.encode(self.unk + self.canonical(text)",
+                "pieces = self.sp.encode(self.canonical(text)",
+            ),
+            (STK, 'if left and left[-1] != " ":', 'if left and left[-1] == " ":'),  # single_word
         ],
     },
     # The base install (issue 51): no extra imported at start, a missing one named in one line, a model logged.

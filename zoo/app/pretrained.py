@@ -98,6 +98,17 @@ def clip_folder(path: Path) -> dict[str, Any] | None:
     return net_config(path)
 
 
+def clip_objective(path: Path, init: Namespace) -> dict[str, Any]:
+    """A SigLIP folder's objective, the sigmoid loss (``zoo.clip.siglip``): its zero-shot probabilities are sigmoids
+    of its biased logits, and a fine-tune keeps the objective its ``logit_bias`` was learned under."""
+    config = path / "config.json"
+    if not (path.is_dir() and config.is_file()):
+        return {}
+    from zoo.io.files import read_config
+
+    return {"loss": "siglip"} if read_config(config).get("model_type") == "siglip" else {}
+
+
 def sb3_zip(path: Path) -> dict[str, Any] | None:
     """A Stable-Baselines3 agent's net (``zoo.rl.sb3``)."""
     if not path.is_file() or not zipfile.is_zipfile(path):
@@ -168,7 +179,8 @@ ZOO_MODEL = Source(zoo_model, frozenset({"dropout", "activation_checkpointing"})
 SOURCES: dict[str, Source] = {
     "gpt": Source(gpt_folder, settings=gpt_generation, config_wins=True),
     "diffusers": Source(diffusers_folder),
-    "clip": Source(clip_folder, frozenset({"embed_dim"})),  # zoo.clip.hf.load_source_into replaces the projection
+    # zoo.clip.hf.load_source_into replaces the projection; a SigLIP folder states its loss
+    "clip": Source(clip_folder, frozenset({"embed_dim"}), settings=clip_objective, config_wins=True),
     "sb3": Source(sb3_zip, settings=sb3_statistics),
 }  # by the families table's name
 

@@ -7,7 +7,8 @@ OpenAI's layout (open_clip's ``open_clip_pytorch_model.bin``, or a state dict sa
 ``clip`` package) already fuses them (``in_proj_weight``) and stores the projections as (width, E)
 matrices multiplied from the right, the transpose of ``nn.Linear``. Every file is read weights-only.
 
-Only ViT image towers convert; the text tower must read the tokenizer's end-of-text id (``eot_id``).
+Only ViT image towers convert; the text tower must read the tokenizer's end-of-text id (``eot_id``). A SigLIP folder
+(``model_type: siglip``) is read by ``zoo.clip.siglip``.
 Imported weights expect CLIP's token ids: ``zoo.clip.pretrained`` attaches the folder's ``tokenizer.json`` or, for
 OpenAI-layout weights, open_clip's tokenizer, with the source's image preprocessing.
 
@@ -22,10 +23,12 @@ from pathlib import Path
 import torch
 import yaml
 from lightning.pytorch.utilities import rank_zero_info
-from torch import Tensor
+from torch import Tensor, nn
 
+from zoo.clip import siglip
 from zoo.clip.clip import CLIP
 from zoo.clip.towers import TextTransformer, VisionTransformer
+from zoo.errors import InputError
 from zoo.io import build
 from zoo.io.config_fields import require_fields
 from zoo.io.files import read_config
@@ -197,12 +200,27 @@ def _read_config(folder: Path) -> dict:
     return read_config(folder / "config.json")  # no code named, each field read of its type
 
 
+def folder_net(folder: str | Path) -> dict:
+    """The ``CLIP`` (``{class_path, init_args}``) a Hugging Face CLIP or SigLIP folder's ``config.json`` states."""
+    config = _read_config(Path(folder))
+    if config.get("model_type") == "siglip":
+        return siglip.siglip_net(siglip.siglip_kwargs(config, Path(folder) / "config.json"))
+    k = hf_clip_kwargs(config, Path(folder) / "config.json")
+    block = clip_net(k)
+    block["init_args"]["init_logit_scale"] = k["init_logit_scale"]
+    return block
+
+
 def load_hf_clip(folder: str | Path) -> CLIP:
-    """A ``CLIP`` built from a local Hugging Face folder's config, holding its weights."""
-    k = hf_clip_kwargs(_read_config(Path(folder)), Path(folder) / "config.json")
-    build.check_net(clip_net(k), str(folder))
-    net = CLIP(VisionTransformer(**k["vision"]), TextTransformer(**k["text"]), init_logit_scale=k["init_logit_scale"])
-    return load_hf_clip_into(net, folder)
+    """A ``CLIP`` built from a local Hugging Face CLIP or SigLIP folder's config, holding its weights."""
+    block = folder_net(folder)
+    build.check_net(block, str(folder))
+    args = dict(block["init_args"])
+    towers = (
+        VisionTransformer(**args.pop("image_encoder")["init_args"]),
+        TextTransformer(**args.pop("text_encoder")["init_args"]),
+    )
+    return load_hf_clip_into(CLIP(*towers, **args), folder)
 
 
 def load_hf_clip_into(net: CLIP, path: str | Path) -> CLIP:
@@ -213,19 +231,34 @@ def load_hf_clip_into(net: CLIP, path: str | Path) -> CLIP:
 
 
 def load_source_into(net: CLIP, path: str | Path) -> str:
-    """Weights into ``net`` as ``load_hf_clip_into``; returns the layout they came in: ``hf``, ``openai`` or ``zoo``.
+    """Weights into ``net`` as ``load_hf_clip_into``; returns the layout they came in: ``hf``, ``siglip``, ``openai`` or
+    ``zoo``.
     Every key and shape is checked, except the towers' output projections: one of another embedding size is
     replaced (fine-tuning to a new joint space), and a line says so."""
     path = Path(path)
     sd = extract_state_dict(load_file(_weights_file(path) if path.is_dir() else path), "net.")
     layout = "zoo"
-    if "vision_model.embeddings.class_embedding" in sd:
+    if siglip.PROBE in sd:
+        sd, layout = siglip.siglip_to_zoo(sd, f"CLIP weights {str(path)!r}"), "siglip"
+        if float(sd["logit_scale"]) > net.max_logit_scale:  # the forward would clamp what SigLIP does not
+            raise InputError(
+                f"CLIP weights {str(path)!r} have logit_scale {float(sd['logit_scale']):.4g}, above the net's "
+                f"max_logit_scale {net.max_logit_scale:.4g}: leave max_logit_scale out of the net block (the folder's "
+                "config sets it)"
+            )
+    elif "vision_model.embeddings.class_embedding" in sd:
         sd, layout = hf_to_zoo(sd), "hf"
     elif "visual.class_embedding" in sd:
         sd, layout = openai_to_zoo(sd), "openai"
     if net.logit_bias is not None and "logit_bias" not in sd:  # CLIP weights, a SigLIP loss: keep the fresh bias
         sd["logit_bias"] = net.logit_bias.detach().clone()
-    heads = [f"{name}.{classifier_head(getattr(net, name))}" for name in ("image_encoder", "text_encoder")]
+    # A tower without a projection (SigLIP's image tower) has none to replace: its last linear is its head's MLP.
+    towers = [
+        name
+        for name in ("image_encoder", "text_encoder")
+        if not isinstance(getattr(getattr(net, name), "proj", None), nn.Identity)
+    ]
+    heads = [f"{name}.{classifier_head(getattr(net, name))}" for name in towers]
     for line in load_with_new_head(net, sd, f"CLIP weights {str(path)!r}", heads):
         rank_zero_info(f"init_weights: replaced a tower's projection, {line}")
     return layout
@@ -243,11 +276,8 @@ def clip_net(k: dict) -> dict:
 
 
 def zoo_yaml(folder: str | Path) -> str:
-    """The ``model.init_args.net`` YAML block matching a Hugging Face folder, for a config file."""
-    k = hf_clip_kwargs(_read_config(Path(folder)), Path(folder) / "config.json")
-    block = clip_net(k)
-    block["init_args"]["init_logit_scale"] = k["init_logit_scale"]
-    return yaml.safe_dump({"net": block}, sort_keys=False)
+    """The ``model.init_args.net`` YAML block matching a Hugging Face CLIP or SigLIP folder, for a config file."""
+    return yaml.safe_dump({"net": folder_net(folder)}, sort_keys=False)
 
 
 def _main() -> None:

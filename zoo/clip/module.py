@@ -60,9 +60,9 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
             loss: infonce (CLIP's symmetric cross-entropy) or siglip (pairwise sigmoid, Zhai et al. 2023).
             optimizer: AdamW with warmup and cosine decay (``zoo.train.optim.AdamWCosine``); CLIP uses beta2 = 0.98
                 for stability with large batches; positions, the logit scale and bias take no weight decay.
-            init_weights: a local Hugging Face CLIP folder (config.json + weights), an open_clip folder, a weights
-                file, or models:/<name>@<alias>, to start from, loaded weights-only before any checkpoint given by
-                --ckpt_path is restored over it; a tower projection of another size is replaced. Imported weights
+            init_weights: a local Hugging Face CLIP or SigLIP folder (config.json + weights), an open_clip folder, a
+                weights file, or models:/<name>@<alias>, to start from, loaded weights-only before any checkpoint given
+                by --ckpt_path is restored over it; a tower projection of another size is replaced. Imported weights
                 bring their tokenizer, image preprocessing and OpenAI's zero-shot templates (``zoo.clip.pretrained``).
             compile: run the towers through ``torch.compile`` for training (checkpoint keys unchanged).
             lock_image: keep the image tower as loaded (LiT, Zhai et al. 2022: a pretrained image tower, locked,
@@ -154,6 +154,18 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
         n_vocab, eot = getattr(tower, "vocab_size", None), getattr(tower, "eot_id", None)
         ctx = getattr(tower, "context_length", None)
         tok = self.tokenizer
+        if getattr(tower, "pool", "eot") == "last":  # SigLIP: read at the last position, so padding is its input
+            eot, pads_to = None, getattr(tok, "model_max_length", ctx)
+            if ctx is not None and pads_to != ctx:
+                raise ValueError(
+                    f"the text tower reads the last of its {ctx} positions but its tokenizer pads texts to {pads_to} "
+                    "(model_max_length): give the tokenizer and the tower one length"
+                )
+            if ctx is not None and self.context_length != ctx:
+                raise ValueError(
+                    f"the text tower reads the last of its {ctx} positions, so texts are padded to {ctx}: pass "
+                    f"--data.init_args.context_length={ctx} (not {self.context_length})"
+                )
         if n_vocab is not None and tok.vocab_size > n_vocab:
             raise ValueError(
                 f"the tokenizer has {tok.vocab_size} ids but the text tower's vocab_size is {n_vocab}: "
@@ -277,11 +289,21 @@ class ContrastiveModule(WeightsOnlyLoading, LightningModule):
             if ids is None:  # class-major prompts, as CaptionDataModule.zeroshot_prompts builds them
                 ids = self._tokens([prompt(t, c) for c in names for t in batch["templates"]])
             self._classifier = (names, zeroshot_weights(self.net, ids, len(names)))
-        probs = (self.net.scale() * images @ self._classifier[1].T).float().softmax(-1)  # (B, K)
+        probs = self.zeroshot_probs(images, self._classifier[1])
+
         rows = ident | top_k_columns(probs, list(names), batch.get("top_k", 5))
         if "label" in batch and (batch["label"] >= 0).any():
             rows["label"] = [names[k] if 0 <= k < len(names) else "" for k in batch["label"].tolist()]
         return rows
+
+    def zeroshot_probs(self, images: Tensor, classes: Tensor) -> Tensor:
+        """(B, K) class probabilities of (B, E) image and (K, E) class embeddings: a softmax over the scaled cosines
+        (InfoNCE's classes compete), or under the sigmoid loss each pair's own probability, sigmoid(t x cos + b)
+        (Zhai et al. 2023: SigLIP's probabilities do not sum to one)."""
+        logits = (self.net.scale() * images @ classes.T).float()  # (B, K)
+        if self.hparams.loss == "siglip":
+            return torch.sigmoid(logits + self.net.logit_bias.float())
+        return logits.softmax(-1)
 
     def on_predict_start(self) -> None:
         # Here, after --ckpt_path restored the checkpoint's tokenizer: the data must tokenise as training did.

@@ -6,7 +6,9 @@ Weights trained by others expect images read as their training images were. The 
     OpenAI's recipe where the file is absent; read as transformers reads it (``ResizeCrop``'s ``transformers``);
   * an open_clip folder: ``open_clip_config.json``'s ``preprocess_cfg`` over open_clip's defaults (``PreprocessCfg``:
     bicubic, shortest-side resize, OpenAI's mean/std), the side from ``model_cfg.vision_cfg.image_size``;
-  * an OpenAI/open_clip state dict file alone: OpenAI's recipe (Radford et al. 2021, ``clip.load``'s ``_transform``).
+  * an OpenAI/open_clip state dict file alone: OpenAI's recipe (Radford et al. 2021, ``clip.load``'s ``_transform``);
+  * a SigLIP folder: ``SiglipImageProcessor``'s (both sides resized to ``size``, no crop, mean and std 0.5), whose
+    tokenizer is its ``spiece.model`` run as ``SiglipTokenizer`` runs it (``zoo.io.siglip_tokenizer``).
 A setting the zoo does not reproduce (a non-square crop, no crop, another filter or resize mode) is refused by name.
 The zero-shot prompts default to OpenAI's 80 ImageNet templates (``zoo.clip.templates``); the tokenizer is the
 folder's ``tokenizer.json`` when there is one, else for OpenAI-layout weights open_clip's ``SimpleTokenizer``
@@ -20,10 +22,12 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
+from typing import Any
 
 from zoo.clip.clip import CLIP
 from zoo.clip.hf import clip_net, hf_clip_kwargs
 from zoo.clip.open_clip_config import open_clip_kwargs
+from zoo.clip.siglip import siglip_kwargs, siglip_net
 from zoo.clip.templates import OPENAI_IMAGENET_TEMPLATES
 from zoo.errors import InputError
 from zoo.io.files import read_config, read_json
@@ -36,7 +40,7 @@ BPE_MERGES = "bpe_simple_vocab_16e6.txt.gz"  # OpenAI CLIP's merges, as open_cli
 _RESAMPLE = {2: "bilinear", 3: "bicubic"}  # PIL's filter numbers, as preprocessor_config.json stores them
 
 
-def _inputs(side: int, resize_side: int, mean, std, interpolation: str, like: str) -> dict:
+def _inputs(side: int, resize_side: int, mean, std, interpolation: str, like: str, crop: bool = True) -> dict:
     return {
         "image_shape": [3, side, side],
         "mean": [float(v) for v in mean],
@@ -45,6 +49,7 @@ def _inputs(side: int, resize_side: int, mean, std, interpolation: str, like: st
         "resize_side": int(resize_side),
         "resize_like": like,
         "templates": list(OPENAI_IMAGENET_TEMPLATES),
+        **({} if crop else {"crop": False}),
     }
 
 
@@ -85,6 +90,38 @@ def hf_inputs(folder: Path, side: int) -> dict:
     return _inputs(side, resize, mean, std, interpolation, "transformers")
 
 
+# SiglipImageProcessor's settings the zoo reads, at its defaults, and those that change no pixel.
+SIGLIP_PROCESSOR = {
+    "do_resize": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True, "resample": 3,
+    "rescale_factor": 1 / 255, "size": {"height": 224, "width": 224}, "image_mean": [0.5] * 3, "image_std": [0.5] * 3,
+}  # fmt: skip
+SIGLIP_PROCESSOR_INERT = {"image_processor_type", "processor_class"}
+
+
+def siglip_inputs(folder: Path, side: int) -> dict:
+    """The ``inputs`` of a SigLIP folder (``SiglipImageProcessor``): both sides resized to S (no crop, the aspect ratio
+    not kept), rescaled, normalised with its mean and std (0.5)."""
+    path = folder / "preprocessor_config.json"
+    cfg = read_json(path) if path.is_file() else {}
+    if not isinstance(cfg, dict):
+        raise _refuse(path, "not a JSON object")
+    if unknown := sorted(set(cfg) - set(SIGLIP_PROCESSOR) - SIGLIP_PROCESSOR_INERT):
+        raise _refuse(path, f"{', '.join(unknown)} (a SiglipImageProcessor setting the zoo does not read)")
+    cfg = SIGLIP_PROCESSOR | cfg
+    for flag in ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb"):
+        if cfg[flag] is not True:
+            raise _refuse(path, f"{flag}={cfg[flag]!r}")
+    if abs(float(cfg["rescale_factor"]) - 1 / 255) > 1e-12:
+        raise _refuse(path, f"rescale_factor={cfg['rescale_factor']!r} (not 1/255)")
+    interpolation = _RESAMPLE.get(cfg["resample"])
+    if interpolation is None:
+        raise _refuse(path, f"resample={cfg['resample']!r} (2 bilinear and 3 bicubic are)")
+    size = cfg["size"]
+    if not (isinstance(size, dict) and set(size) == {"height", "width"} and size["height"] == size["width"] == side):
+        raise _refuse(path, f"size={size!r} for a vision tower of image_size {side} (height and width {side} are)")
+    return _inputs(side, side, cfg["image_mean"], cfg["image_std"], interpolation, "transformers", crop=False)
+
+
 def open_clip_inputs(folder: Path, side: int) -> dict:
     """The ``inputs`` of an open_clip folder (``open_clip_config.json``) whose vision tower reads S x S images."""
     path = folder / OPEN_CLIP_CONFIG
@@ -114,6 +151,8 @@ def source_inputs(path: str | Path, net: CLIP) -> dict:
         raise InputError("imported CLIP weights need a zoo.clip.VisionTransformer image tower (it states image_size)")
     if path.is_dir() and (path / OPEN_CLIP_CONFIG).is_file():
         return open_clip_inputs(path, side)
+    if path.is_dir() and _model_type(path) == "siglip":
+        return siglip_inputs(path, side)
     if path.is_dir():
         return hf_inputs(path, side)
     return _inputs(side, side, OPENAI_MEAN, OPENAI_STD, "bicubic", "torchvision")  # clip.load's _transform
@@ -132,17 +171,32 @@ def net_config(path: str | Path) -> dict | None:
         return None
     where = repr(str(path / "config.json"))
     config = read_config(path / "config.json")  # the GPT folders' rule: no code named, each field of its type
-    if config.get("model_type", "clip") != "clip" or not {"vision_config", "text_config"} <= config.keys():
+    model_type = config.get("model_type", "clip")
+    if model_type == "siglip":
+        return siglip_net(siglip_kwargs(config, path / "config.json"))
+    if model_type == "siglip2":
         raise InputError(
-            f"{where} is not a Hugging Face CLIP model's config (model_type {config.get('model_type')!r}; a CLIP's "
-            "has vision_config and text_config)"
+            f"{where} is a SigLIP 2 model (model_type 'siglip2'), whose NaFlex patches and resized positions the zoo "
+            "does not compute: use a SigLIP (model_type 'siglip') or CLIP folder"
         )
+    if model_type != "clip":
+        raise InputError(
+            f"{where} states model_type {model_type!r}: the CLIP family loads Hugging Face CLIP ('clip') and SigLIP "
+            "('siglip') folders, and open_clip folders (open_clip_config.json)"
+        )
+    if not {"vision_config", "text_config"} <= config.keys():
+        raise InputError(f"{where} is a CLIP config without vision_config and text_config: not one CLIPModel wrote")
     try:
         return clip_net(hf_clip_kwargs(config, path / "config.json"))
     except InputError:
         raise
     except (KeyError, TypeError, ValueError) as err:
         raise InputError(f"{where}: {err}, which the zoo's CLIP does not read") from None
+
+
+def _model_type(folder: Path) -> Any:
+    config = read_config(folder / "config.json") if (folder / "config.json").is_file() else {}
+    return config.get("model_type")
 
 
 def check_reads_as_source(data: dict | None, source: dict) -> None:
@@ -168,6 +222,10 @@ def source_tokenizer(path: str | Path, layout: str = "hf") -> Tokenizer | None:
     """
     path = Path(path)
     folder = path if path.is_dir() else None
+    if layout == "siglip" and folder is not None:
+        from zoo.io.siglip_tokenizer import SiglipTokenizer
+
+        return SiglipTokenizer.from_folder(folder)
     hf_json = folder / "tokenizer.json" if folder is not None else None
     hf_json = hf_json if hf_json is not None and hf_json.is_file() else None
     config = folder / OPEN_CLIP_CONFIG if folder is not None else None

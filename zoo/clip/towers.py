@@ -8,7 +8,9 @@ References:
     whose feature is the final-LayerNorm output at the end-of-text token, linear projections with no
     bias into the joint space, QuickGELU (x * sigmoid(1.702 x)) in the original weights.
   Attention pooling: Zhai et al. 2023, "Sigmoid Loss for Language Image Pre-Training" (SigLIP's MAP
-    head: one learned query attends over all patch tokens; no class token).
+    head: one learned query attends over all patch tokens, then a residual MLP; no class token). SigLIP's towers
+    also drop CLIP's ``ln_pre``, give the patch embedding a bias, have no image projection (the head's output is
+    the feature), and read the text tower bidirectionally at its last position into a linear head with a bias.
 
 Both towers return unnormalised (B, E) features; ``clip.CLIP`` normalises them. Parameter names
 follow OpenAI's CLIP (``class_embedding``, ``positional_embedding``, ``ln_pre``, ``ln_post``), so
@@ -28,7 +30,7 @@ from torch import Tensor, nn
 
 from zoo.nn.attention import SelfAttention
 
-Activation = Literal["quick_gelu", "gelu"]
+Activation = Literal["quick_gelu", "gelu", "gelu_tanh"]
 
 
 def quick_gelu(x: Tensor) -> Tensor:
@@ -36,12 +38,20 @@ def quick_gelu(x: Tensor) -> Tensor:
     return x * torch.sigmoid(1.702 * x)
 
 
+def gelu_tanh(x: Tensor) -> Tensor:
+    """GELU's tanh approximation (Hendrycks and Gimpel 2016), SigLIP's ``gelu_pytorch_tanh``."""
+    return F.gelu(x, approximate="tanh")
+
+
+ACTIVATIONS = {"quick_gelu": quick_gelu, "gelu": F.gelu, "gelu_tanh": gelu_tanh}
+
+
 class MLP(nn.Module):
     def __init__(self, dim: int, hidden: int, act: Activation) -> None:
         super().__init__()
         self.fc = nn.Linear(dim, hidden)
         self.proj = nn.Linear(hidden, dim)
-        self.act = quick_gelu if act == "quick_gelu" else F.gelu
+        self.act = ACTIVATIONS[act]
 
     def forward(self, x: Tensor) -> Tensor:
         return self.proj(self.act(self.fc(x)))
@@ -73,16 +83,19 @@ def init_blocks(blocks: nn.ModuleList, width: int) -> None:
 
 
 class AttentionPool(nn.Module):
-    """One learned query attends over all tokens (SigLIP's MAP head, without its MLP)."""
+    """One learned query attends over all tokens; with ``mlp`` then x + mlp(ln(x)) (SigLIP's whole MAP head)."""
 
-    def __init__(self, dim: int, n_head: int) -> None:
+    def __init__(self, dim: int, n_head: int, mlp: MLP | None = None, eps: float = 1e-5) -> None:
         super().__init__()
         self.query = nn.Parameter(torch.randn(1, 1, dim) * dim**-0.5)
         self.attn = nn.MultiheadAttention(dim, n_head, batch_first=True)
+        if mlp is not None:
+            self.ln, self.mlp = nn.LayerNorm(dim, eps=eps), mlp
 
     def forward(self, x: Tensor) -> Tensor:
         q = self.query.expand(x.shape[0], -1, -1)  # (B, 1, D)
-        return self.attn(q, x, x, need_weights=False)[0][:, 0]  # (B, D)
+        pooled = self.attn(q, x, x, need_weights=False)[0][:, 0]  # (B, D)
+        return pooled + self.mlp(self.ln(pooled)) if hasattr(self, "mlp") else pooled
 
 
 def conv_stem(in_channels: int, width: int, patch_size: int) -> nn.Sequential:
@@ -111,10 +124,14 @@ class VisionTransformer(nn.Module):
         heads: int = 12,
         mlp_ratio: float = 4.0,
         embed_dim: int = 512,
-        pool: Literal["cls", "attention"] = "cls",
+        pool: Literal["cls", "attention", "map"] = "cls",
         stem: Literal["patch", "conv"] = "patch",
         act: Activation = "gelu",
         norm_eps: float = 1e-5,
+        pre_norm: bool = True,
+        patch_bias: bool = False,
+        projection: bool = True,
+        drop_remainder: bool = False,
     ) -> None:
         """
         Args:
@@ -126,14 +143,23 @@ class VisionTransformer(nn.Module):
             heads: attention heads (width must be divisible by it).
             mlp_ratio: MLP hidden width as a multiple of D.
             embed_dim: joint embedding dim E the features are projected to.
-            pool: ``cls`` reads a class token (CLIP); ``attention`` pools with a learned query (SigLIP).
+            pool: ``cls`` reads a class token (CLIP); ``attention`` pools with a learned query; ``map`` with a learned
+                query and a residual MLP (SigLIP's head).
             stem: ``patch`` embeds each patch with one strided convolution (ViT, CLIP); ``conv`` with a few
                 stride-2 3x3 convolutions (needs a power-of-two patch_size; no pretrained weights use it).
-            act: MLP activation; quick_gelu to load OpenAI's weights.
+            act: MLP activation; quick_gelu to load OpenAI's weights, gelu_tanh SigLIP's.
             norm_eps: LayerNorm epsilon.
+            pre_norm: a LayerNorm on the embedded patches before the blocks (CLIP's ``ln_pre``; SigLIP has none).
+            patch_bias: the patch embedding has a bias (SigLIP).
+            projection: a linear projection to ``embed_dim``; without one (SigLIP) the pooled width is the feature,
+                and ``embed_dim`` must equal ``width``.
+            drop_remainder: an image_size that is not a multiple of patch_size drops the pixels past the last whole
+                patch (a strided convolution without padding, as SigLIP's so400m-patch14-384 does: 384 = 27 x 14 + 6).
         """
         super().__init__()
-        if image_size % patch_size:
+        if not projection and embed_dim != width:
+            raise ValueError(f"projection=False needs embed_dim equal to width, got {embed_dim} and {width}")
+        if image_size % patch_size and not drop_remainder:
             raise ValueError(f"image_size {image_size} is not a multiple of patch_size {patch_size}")
         self.embed_dim, self.pool, self.image_size = embed_dim, pool, image_size
         n_tokens = (image_size // patch_size) ** 2 + (pool == "cls")
@@ -141,17 +167,19 @@ class VisionTransformer(nn.Module):
         if stem == "conv":
             self.conv1 = conv_stem(in_channels, width, patch_size)
         else:
-            self.conv1 = nn.Conv2d(in_channels, width, patch_size, stride=patch_size, bias=False)
+            self.conv1 = nn.Conv2d(in_channels, width, patch_size, stride=patch_size, bias=patch_bias)
         if pool == "cls":
             self.class_embedding = nn.Parameter(scale * torch.randn(width))
         self.positional_embedding = nn.Parameter(scale * torch.randn(n_tokens, width))
-        self.ln_pre = nn.LayerNorm(width, eps=norm_eps)
+        self.ln_pre = nn.LayerNorm(width, eps=norm_eps) if pre_norm else nn.Identity()
         self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio, act, False, norm_eps) for _ in range(layers))
         self.ln_post = nn.LayerNorm(width, eps=norm_eps)
-        self.attn_pool = AttentionPool(width, heads) if pool == "attention" else None
-        self.proj = nn.Linear(width, embed_dim, bias=False)
+        head_mlp = MLP(width, round(width * mlp_ratio), act) if pool == "map" else None
+        self.attn_pool = AttentionPool(width, heads, head_mlp, norm_eps) if pool != "cls" else None
+        self.proj = nn.Linear(width, embed_dim, bias=False) if projection else nn.Identity()
         init_blocks(self.blocks, width)
-        nn.init.normal_(self.proj.weight, std=scale)
+        if projection:
+            nn.init.normal_(self.proj.weight, std=scale)
 
     def no_weight_decay(self) -> tuple[str, ...]:
         return ("class_embedding", "positional_embedding", "attn_pool.query")
@@ -186,6 +214,9 @@ class TextTransformer(nn.Module):
         eot_id: int = 256,
         act: Activation = "gelu",
         norm_eps: float = 1e-5,
+        causal: bool = True,
+        pool: Literal["eot", "last"] = "eot",
+        proj_bias: bool = False,
     ) -> None:
         """
         Args:
@@ -198,10 +229,15 @@ class TextTransformer(nn.Module):
             embed_dim: joint embedding dim E the features are projected to.
             eot_id: the end-of-text id whose first occurrence is read out (256: the byte tokenizer's EOS);
                 a sequence without it is read at its last position.
-            act: MLP activation; quick_gelu to load OpenAI's weights.
+            act: MLP activation; quick_gelu to load OpenAI's weights, gelu_tanh SigLIP's.
             norm_eps: LayerNorm epsilon.
+            causal: each token attends to itself and earlier ones (CLIP); False: to every token (SigLIP).
+            pool: ``eot`` reads the first end-of-text token (CLIP); ``last`` the last position, whatever it holds
+                (SigLIP, whose texts are always padded to ``context_length``).
+            proj_bias: the projection to the joint space has a bias (SigLIP's text ``head``).
         """
         super().__init__()
+        self.pool = pool
         self.vocab_size, self.context_length, self.embed_dim, self.eot_id = (
             vocab_size,
             context_length,
@@ -210,12 +246,14 @@ class TextTransformer(nn.Module):
         )
         self.token_embedding = nn.Embedding(vocab_size, width)
         self.positional_embedding = nn.Parameter(0.01 * torch.randn(context_length, width))
-        self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio, act, True, norm_eps) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio, act, causal, norm_eps) for _ in range(layers))
         self.ln_final = nn.LayerNorm(width, eps=norm_eps)
-        self.proj = nn.Linear(width, embed_dim, bias=False)
+        self.proj = nn.Linear(width, embed_dim, bias=proj_bias)
         nn.init.normal_(self.token_embedding.weight, std=0.02)
         init_blocks(self.blocks, width)
         nn.init.normal_(self.proj.weight, std=width**-0.5)
+        if proj_bias:
+            nn.init.zeros_(self.proj.bias)
 
     def no_weight_decay(self) -> tuple[str, ...]:
         return ("positional_embedding",)
@@ -225,7 +263,10 @@ class TextTransformer(nn.Module):
         return ("token_embedding", "proj")
 
     def eot_positions(self, ids: Tensor) -> Tensor:
-        """(B,) index of each row's first end-of-text token, or its last position when there is none."""
+        """(B,) index of each row's first end-of-text token, or its last position when there is none (or ``pool`` is
+        ``last``)."""
+        if self.pool == "last":
+            return torch.full(ids.shape[:1], ids.shape[1] - 1, device=ids.device)
         is_eot = ids == self.eot_id
         first = is_eot.int().argmax(dim=-1)
         return torch.where(is_eot.any(dim=-1), first, ids.shape[1] - 1)
@@ -236,6 +277,6 @@ class TextTransformer(nn.Module):
             raise ValueError(f"{t} tokens exceed the text tower's context_length {self.context_length}")
         x = self.token_embedding(ids) + self.positional_embedding[:t]  # (B, T, D)
         for blk in self.blocks:
-            x = blk(x)  # causal: positions after the end-of-text token (padding) never reach it
+            x = blk(x)  # causal: positions after the end-of-text token (padding) never reach it (SigLIP: they do)
         pooled = x[torch.arange(x.shape[0], device=x.device), self.eot_positions(ids)]  # (B, D)
         return self.proj(self.ln_final(pooled))  # (B, E); LayerNorm is per token, so norm after the read-out

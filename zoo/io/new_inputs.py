@@ -108,7 +108,11 @@ def image_transform(
     mode = "L" if channels == 1 else "RGB"
     resize = spec.get("resize_side") if not image_size else image_size
     crop = ResizeCrop(
-        side, resize or side, spec.get("interpolation", "bilinear"), spec.get("resize_like", "torchvision")
+        side,
+        resize or side,
+        spec.get("interpolation", "bilinear"),
+        spec.get("resize_like", "torchvision"),
+        spec.get("crop", True),
     )
     return mode, T.Compose([crop, T.ConvertImageDtype(torch.float32), T.Normalize(mean, std)])
 
@@ -122,7 +126,9 @@ class ResizeCrop:
     tensor with torchvision's antialiased kernel and floors the offset. Module-level, so DataLoader workers pickle it.
     """
 
-    def __init__(self, side: int, resize_side: int, interpolation: str = "bilinear", like: str = "torchvision") -> None:
+    def __init__(
+        self, side: int, resize_side: int, interpolation: str = "bilinear", like: str = "torchvision", crop: bool = True
+    ) -> None:
         if interpolation not in ("bilinear", "bicubic") or like not in ("torchvision", "transformers"):
             raise InputError(
                 f"unknown image resizing {interpolation!r} like {like!r}: bilinear or bicubic, like "
@@ -130,7 +136,10 @@ class ResizeCrop:
             )
         if resize_side < side:
             raise InputError(f"images resized to {resize_side} cannot be cropped to {side}")
+        if not crop and like != "transformers":
+            raise InputError("images resized without a crop are read like transformers (SiglipImageProcessor) only")
         self.side, self.resize_side, self.interpolation, self.like = side, resize_side, interpolation, like
+        self.crop = crop  # False: both sides to ``side``, the aspect ratio not kept (SiglipImageProcessor)
 
     def __call__(self, image) -> Tensor:
         from torchvision.transforms import InterpolationMode
@@ -140,6 +149,8 @@ class ResizeCrop:
         if self.like == "torchvision":
             image = F.center_crop(F.resize(image, [self.resize_side], interpolation=mode), [s, s])
             return F.pil_to_tensor(image)
+        if not self.crop:
+            return F.resize(F.pil_to_tensor(image), [s, s], interpolation=mode, antialias=True)  # (C, S, S)
         x = F.resize(F.pil_to_tensor(image), [self.resize_side], interpolation=mode, antialias=True)  # (C, H, W)
         top, left = (x.shape[-2] - s) // 2, (x.shape[-1] - s) // 2
         return x[:, top : top + s, left : left + s]

@@ -417,6 +417,10 @@ def tokenizer_from_dict(d: dict) -> Tokenizer:
         return PretrainedTokenizer.from_dict(d)
     if kind == "open_clip":
         return OpenCLIPTokenizer.from_json(d["json"])
+    if kind == "siglip":  # a SigLIP folder's spiece.model (zoo.io.siglip_tokenizer)
+        from zoo.io.siglip_tokenizer import SiglipTokenizer
+
+        return SiglipTokenizer.from_dict(d)
     raise ValueError(f"unknown tokenizer kind {kind!r} in {json.dumps(d)[:200]}")
 
 
