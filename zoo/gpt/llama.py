@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from zoo.errors import InputError
-from zoo.gpt.attention import MHA, MLA, Llama3RoPE
+from zoo.gpt.attention import MHA, MLA, Llama3RoPE, YaRNRoPE
 from zoo.gpt.checks import check_tied_head, missing_tensors_named
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import SwiGLU
@@ -84,13 +84,57 @@ def _rope(config: dict) -> dict:
     theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
     if kind == "default":
         return dict(rope_base=theta)
+    if kind == "yarn":
+        return dict(rope_base=theta, rope_scaling=_yarn(config, params))
     if kind != "llama3":
         raise InputError(
-            f"RoPE scaling {kind!r} ({params!r}) is not implemented by the zoo's GPT: plain RoPE and Llama 3's "
-            f"'llama3' scaling only"
+            f"RoPE scaling {kind!r} ({params!r}) is not implemented by the zoo's GPT: plain RoPE, Llama 3's "
+            f"'llama3' and YaRN's 'yarn' scaling only"
         )
     fields = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
     return dict(rope_base=theta, rope_scaling=Llama3RoPE(**{k: params[k] for k in fields if k in params}))
+
+
+# A yarn dict's keys as transformers' _compute_yarn_parameters reads them (partial_rotary_factor sizes the rotated
+# channels, which the attention's rope_dim states).
+_YARN_KEYS = {"rope_type", "type", "rope_theta", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow"}
+_YARN_KEYS |= {"mscale", "mscale_all_dim", "attention_factor", "truncate", "partial_rotary_factor"}
+
+
+def _yarn(config: dict, params: dict) -> YaRNRoPE:
+    """``YaRNRoPE`` of a ``rope_type: yarn`` dict, with transformers' defaults: beta_fast/beta_slow unset or 0 are 32
+    and 1, a top-level original_max_position_embeddings (Phi-3's place) wins over the dict's, and without either the
+    context is the original one (a null factor is refused by its type, ``zoo.io.config_fields``)."""
+    unknown = sorted(set(params) - _YARN_KEYS)
+    if unknown or "factor" not in params:
+        raise InputError(
+            f"YaRN rope scaling {params!r} {'sets ' + ', '.join(unknown) if unknown else 'lacks factor'}: the zoo "
+            f"reads {', '.join(sorted(_YARN_KEYS - {'type', 'rope_type', 'rope_theta'}))}; fix config.json"
+        )
+    context = config.get("max_position_embeddings", 2048)
+    old = config.get("original_max_position_embeddings") or params.get("original_max_position_embeddings") or context
+    return YaRNRoPE(
+        factor=float(params["factor"]),
+        original_max_position_embeddings=old,
+        beta_fast=float(params.get("beta_fast") or 32),
+        beta_slow=float(params.get("beta_slow") or 1),
+        mscale=params.get("mscale"),
+        mscale_all_dim=params.get("mscale_all_dim"),
+        attention_factor=params.get("attention_factor"),
+        truncate=bool(params.get("truncate", True)),
+    )
+
+
+def _check_quantization(config: dict) -> None:
+    """A quantized folder (DeepSeek-V3's released FP8 weights with their ``weight_scale_inv`` blocks, GPTQ, AWQ, ...)
+    holds other tensors than the model's: refused by name rather than loaded as numbers they are not."""
+    q = config.get("quantization_config")
+    if q is not None:
+        method = q.get("quant_method", "?") if isinstance(q, dict) else "?"
+        raise InputError(
+            f"config.json states quantization_config (quant_method {method!r}): the zoo's GPT loads unquantized "
+            f"weights only; use a bf16 or fp32 conversion of the model (a folder without quantization_config)"
+        )
 
 
 def _common_kwargs(config: dict) -> dict:
@@ -160,6 +204,9 @@ def deepseek_net_kwargs(config: dict) -> dict:
             first_k_dense=first_dense,
             dense_hidden=config["intermediate_size"],
         )
+    rope = _rope(config)
+    scaling = rope.get("rope_scaling")
+    mscale = {"softmax_scale_factor": scaling.softmax_scale_factor()} if isinstance(scaling, YaRNRoPE) else {}
     mla = partial(
         MLA,
         kv_lora_rank=config["kv_lora_rank"],
@@ -168,8 +215,31 @@ def deepseek_net_kwargs(config: dict) -> dict:
         qk_rope_head_dim=config["qk_rope_head_dim"],
         v_head_dim=config["v_head_dim"],
         norm_eps=1e-6,
+        **mscale,  # DeepSeek's YaRN scales the softmax too (transformers' yarn_apply_mscale)
     )  # transformers' latent norms keep eps=1e-6
     return dict(_common_kwargs(config), bias=bool(config.get("attention_bias", False)), attention=mla, **moe)
+
+
+def qwen3_moe_net_kwargs(config: dict) -> dict:
+    """``GPT`` arguments for a Hugging Face ``Qwen3MoeConfig`` dict: Qwen3's attention, and in layer i softmax top-k
+    experts unless i is in ``mlp_only_layers`` or (i + 1) is no multiple of ``decoder_sparse_step`` (then a dense
+    SwiGLU of ``intermediate_size``), as transformers' ``Qwen3MoeDecoderLayer`` chooses."""
+    n, step = config["num_hidden_layers"], config.get("decoder_sparse_step", 1)
+    if step < 1:
+        raise InputError(f"decoder_sparse_step {step} is not a positive layer interval: fix config.json")
+    experts = MoE.hf_experts(config)
+    only = set(config.get("mlp_only_layers") or ())
+    dense = [i for i in range(n) if i in only or not (experts > 0 and (i + 1) % step == 0)]
+    attention = llama_net_kwargs(dict(config, model_type="qwen3"))  # per-head q/k norms, head_dim
+    if len(dense) == n:  # no expert layer: a dense Qwen3
+        return attention
+    return dict(
+        attention,
+        mlp=MoE.from_hf_config(config),
+        mlp_hidden=config.get("moe_intermediate_size", 768),  # Qwen3MoeConfig's default
+        dense_hidden=config["intermediate_size"],
+        **({"dense_layers": dense} if dense else {}),
+    )
 
 
 def _mla_rope_rows(w: Tensor, n_head: int, dn: int, dp: int, per_head: bool, inverse: bool) -> Tensor:
@@ -231,11 +301,13 @@ def zoo_to_hf(sd: dict[str, Tensor], net: GPT) -> dict[str, Tensor]:
         "model.norm.weight": sd["norm_f.weight"],
         "lm_head.weight": sd["lm_head.weight"],
     }
+    qwen3_moe = _is_qwen3_moe(net)
     for i, block in enumerate(net.blocks):
         ours, pre = f"blocks.{i}.", f"model.layers.{i}."
         out.update({pre + theirs: sd[ours + o] for o, theirs in _NORM_KEYS})
         mlp = {k.removeprefix(ours + "mlp."): v for k, v in sd.items() if k.startswith(ours + "mlp.")}
-        out.update({pre + k: v for k, v in block.mlp.to_hf(mlp).items()})
+        layout = ("qwen3_moe",) if qwen3_moe and block.mlp.hf_layout == "mixtral" else ()
+        out.update({pre + k: v for k, v in block.mlp.to_hf(mlp, *layout).items()})
         attn = block.attn
         if isinstance(attn, MHA):
             sizes = [attn.n_head * attn.head_dim] + 2 * [attn.n_kv_head * attn.head_dim]
@@ -255,7 +327,9 @@ def _read_folder(folder: Path) -> tuple[dict, Mapping[str, Tensor]]:
     """config.json and every weights shard of a Hugging Face folder (safetensors read as asked, ``read_tensors``)."""
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"No config.json in {str(folder)!r}: point at a Hugging Face Llama/DeepSeek folder")
-    config = read_config(folder / "config.json")  # first: a field of the wrong type is named before any weight
+    from zoo.gpt.pretrained import MODEL_TYPES  # an auto_map beside these is ignored, as transformers does
+
+    config = read_config(folder / "config.json", MODEL_TYPES)  # first: a field of the wrong type is named
     shards = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("pytorch_model*.bin"))
     if not shards:
         raise FileNotFoundError(f"No *.safetensors or pytorch_model*.bin in {str(folder)!r}")
@@ -265,17 +339,19 @@ def _read_folder(folder: Path) -> tuple[dict, Mapping[str, Tensor]]:
 # What the zoo's GPT has not, for the MoE families it does not load.
 _REFUSED = {
     "qwen2_moe": "Qwen2-MoE has q/k/v-only attention biases and a sigmoid-gated shared expert (shared_expert_gate)",
-    "qwen3_moe": "Qwen3-MoE's expert layers (mlp_only_layers, decoder_sparse_step) are not mapped onto zoo.gpt.MoE",
 }
 
 
 def net_kwargs(config: dict) -> dict:
-    """``GPT`` arguments for a Llama-family, Mixtral or DeepSeek-V3 ``config.json`` dict."""
+    """``GPT`` arguments for a Llama-family, Mixtral, Qwen3-MoE or DeepSeek-V3 ``config.json`` dict."""
     kind = config.get("model_type", "llama")
+    _check_quantization(config)
     if kind in ("llama", "mistral", "qwen2", "qwen3"):
         return llama_net_kwargs(config)
     if kind == "mixtral":
         return mixtral_net_kwargs(config)
+    if kind == "qwen3_moe":
+        return qwen3_moe_net_kwargs(config)
     if kind == "deepseek_v3":
         return deepseek_net_kwargs(config)
     if kind in _REFUSED:
@@ -338,11 +414,37 @@ def _mha_model_type(attn: MHA) -> str:
     raise InputError("An MHA with q/k norms and biases on q, k, v only has no Hugging Face form (Qwen3 or Qwen2)")
 
 
+def _is_qwen3_moe(net: GPT) -> bool:
+    """Qwen3's attention (MHA with per-head q/k norms) and softmax-routed expert layers: a Qwen3-MoE."""
+    attn = net.blocks[0].attn
+    return isinstance(attn, MHA) and hasattr(attn, "q_norm") and any(b.mlp.hf_layout == "mixtral" for b in net.blocks)
+
+
 def _rope_parameters(net: GPT) -> dict:
     params = {"rope_type": "default", "rope_theta": net.rope_base}
     if net.rope_scaling is not None:
-        params |= {"rope_type": "llama3", **dataclasses.asdict(net.rope_scaling)}
+        kind = "yarn" if isinstance(net.rope_scaling, YaRNRoPE) else "llama3"
+        stated = {k: v for k, v in dataclasses.asdict(net.rope_scaling).items() if v is not None}
+        params |= {"rope_type": kind, **stated}
     return params
+
+
+def _qwen3_moe_config(net: GPT, attn: MHA, moe: MoE, layouts: list[str]) -> dict:
+    """Qwen3-MoE's config.json keys: its MoE settings, and the dense layers as ``mlp_only_layers``."""
+    dense = [i for i, layout in enumerate(layouts) if layout == "llama"]
+    moe_keys = moe.hf_config("qwen3_moe")
+    width = net.blocks[dense[0]].mlp.hf_config()["intermediate_size"] if dense else moe_keys["moe_intermediate_size"]
+    return moe_keys | dict(
+        model_type="qwen3_moe",
+        architectures=["Qwen3MoeForCausalLM"],
+        intermediate_size=width,  # the dense layers' (transformers requires it with none)
+        mlp_only_layers=dense,
+        decoder_sparse_step=1,
+        num_key_value_heads=attn.n_kv_head,
+        head_dim=attn.head_dim,
+        use_sliding_window=False,
+        sliding_window=None,
+    )
 
 
 def hf_config(net: GPT) -> dict:
@@ -351,14 +453,17 @@ def hf_config(net: GPT) -> dict:
     first_dense = next((i for i, layout in enumerate(layouts) if layout != "llama"), net.n_layer)
     if net.position != "rope" or net.norm_f.hf_layout != "llama" or set(layouts) - {"llama", "deepseek_v3", "mixtral"}:
         raise ValueError("Only a Llama-shaped net (RoPE, RMSNorm, SwiGLU or MoE MLPs) exports as Llama or DeepSeek-V3")
-    attn, moe = net.blocks[0].attn, net.blocks[-1].mlp
+    attn, moe = net.blocks[0].attn, net.blocks[min(first_dense, net.n_layer - 1)].mlp
     kind = ("mla" if isinstance(attn, MLA) else "mha", moe.hf_layout if first_dense < net.n_layer else "dense")
     wanted = {("mha", "dense"), ("mla", "dense"), ("mha", "mixtral"), ("mla", "deepseek_v3")}
-    if kind not in wanted or "llama" in layouts[first_dense:] or (kind[1] == "mixtral" and first_dense):
+    qwen3_moe = _is_qwen3_moe(net)  # its dense layers may be anywhere (mlp_only_layers)
+    interleaved = "llama" in layouts[first_dense:] or (kind[1] == "mixtral" and first_dense)
+    if kind not in wanted or (interleaved and not qwen3_moe):
         raise InputError(
             f"A GPT with {kind[0].upper()} attention and MLPs {layouts} has no Hugging Face form: the mixture-of-"
-            "experts layers export as DeepSeek-V3 (MLA, routing sigmoid_bias, after first_k_dense dense layers) or as "
-            "Mixtral (MHA, routing softmax, no dense layers and no shared experts)"
+            "experts layers export as DeepSeek-V3 (MLA, routing sigmoid_bias, after first_k_dense dense layers), as "
+            "Mixtral (MHA, routing softmax, no dense layers and no shared experts) or as Qwen3-MoE (MHA with q/k "
+            "norms, routing softmax, no shared experts)"
         )
     config = dict(
         vocab_size=net.vocab_size,
@@ -373,6 +478,14 @@ def hf_config(net: GPT) -> dict:
         attention_dropout=0.0,
     )
     mtp = {"num_nextn_predict_layers": len(net.mtp)} if net.mtp else {}  # DeepSeek-V3's layout (zoo.gpt.mtp)
+    if qwen3_moe:
+        return config | _qwen3_moe_config(net, attn, moe, layouts) | mtp
+    stated = net.rope_scaling.softmax_scale_factor() if isinstance(net.rope_scaling, YaRNRoPE) else 1.0
+    if getattr(attn, "softmax_scale_factor", 1.0) != stated:  # DeepSeek's YaRN decides it in transformers
+        raise InputError(
+            f"The MLA's softmax_scale_factor {attn.softmax_scale_factor} is not the {stated} that DeepSeek-V3 derives "
+            "from the net's rope_scaling (YaRN's mscale_all_dim): set it so, or to 1 without YaRN, to export"
+        )
     if kind == ("mha", "mixtral"):
         if _mha_model_type(attn) != "llama":
             raise InputError("A Mixtral's attention has one bias switch and no q/k norms: this MoE net does not export")
