@@ -202,3 +202,32 @@ def test_llama_with_yarn_and_an_attention_factor_matches_transformers(tmp_path):
     x = torch.randint(0, 101, (2, 50))
     with torch.no_grad():
         torch.testing.assert_close(net(x), model(x).logits, **TOL)
+
+
+def test_the_cli_fine_tunes_from_a_qwen3_moe_folder_with_yarn(tmp_path):
+    """``init_weights: <folder>`` through cli.py, no net block: the recorded net (its YaRN scaling and dense layers
+    among the arguments) is parsed back by the CLI, and its logits are transformers'."""
+    from cli import main
+
+    folder = tmp_path / "qwen3_moe"
+    vocab = write_tokenizer(folder, "llama3")
+    torch.manual_seed(0)
+    rope = {"rope_type": "yarn", "rope_theta": 500.0, "factor": 4.0, "original_max_position_embeddings": 12}
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=40, moe_intermediate_size=8, num_hidden_layers=3,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=24, num_experts=4, num_experts_per_tok=2,
+        norm_topk_prob=True, mlp_only_layers=[1], max_position_embeddings=48, rope_parameters=rope,
+    )  # fmt: skip
+    model = _perturb(transformers.Qwen3MoeForCausalLM(config))
+    model.save_pretrained(folder)
+    (tmp_path / "text.txt").write_text("the cat sat. " * 50)
+    net = {"class_path": "zoo.gpt.CausalLMModule", "init_args": {"net": "zoo.gpt.GPT", "init_weights": str(folder)}}
+    text = {"path": str(tmp_path / "text.txt"), "block_size": 16}
+    data = {"class_path": "datamodules.TextDataModule", "init_args": text}
+    c = main([f"--model={json.dumps(net)}", f"--data={json.dumps(data)}", "--trainer.logger=false"], run=False)
+    c.model.trainer = None
+    c.model.setup("fit")
+    assert c.model.hparams.net["init_args"]["dense_layers"] == [1]
+    x = torch.randint(0, vocab, (2, 30))
+    with torch.no_grad():
+        torch.testing.assert_close(c.model.eval()(x), model(x).logits, **TOL)
