@@ -129,7 +129,10 @@ def hub(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp("deepseek_v3")
     config = BF16
     if request.param != "hub":  # DeepSeek-V2-style mscale beside mscale_all_dim: cos and sin scaled too
-        config = BF16 | {"rope_scaling": BF16["rope_scaling"] | {"mscale": 0.707, "factor": 4}}
+        config = BF16 | {
+            "rope_scaling": BF16["rope_scaling"] | {"mscale": 0.707, "factor": 4},
+            "max_position_embeddings": 64,
+        }
     write_hub_deepseek(folder, config)
     return reference(folder), from_pretrained(folder), folder
 
