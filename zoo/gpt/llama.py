@@ -1,12 +1,15 @@
-"""Llama, Mistral, Qwen2/3, Mixtral and DeepSeek-V3 weights in and out of the zoo's ``GPT``, from and to Hugging Face
-folders on disk.
+"""Llama, Mistral, Qwen2/3, Qwen3-MoE, Mixtral and DeepSeek-V3 weights in and out of the zoo's ``GPT``, from and to
+Hugging Face folders on disk.
 
 The zoo's GPT with ``norm=RMSNorm, mlp=SwiGLU, position="rope", bias=False`` and ``MHA(n_kv_head=G)`` is
 transformers' ``LlamaForCausalLM`` (Touvron et al. 2023; with ``rope_scaling=Llama3RoPE(...)`` Llama 3.1-3.3's);
 ``MHA(qkv_bias=True)`` is Qwen2's attention, ``MHA(qk_norm=True, head_dim=...)`` Qwen3's; with ``MLA`` it is
 ``DeepseekV3ForCausalLM`` (DeepSeek-AI 2024, "DeepSeek-V3", MLA as in DeepSeek-V2 section 2.1): dense, or with
 ``mlp=MoE`` (sigmoid_bias routing) past ``first_k_dense`` dense layers (its ``first_k_dense_replace``). MHA with a
-softmax-routed ``MoE`` and no shared experts is ``MixtralForCausalLM`` (Jiang et al. 2024). Only the layout differs:
+softmax-routed ``MoE`` and no shared experts is ``MixtralForCausalLM`` (Jiang et al. 2024), or with Qwen3's attention
+``Qwen3MoeForCausalLM`` (its ``mlp_only_layers``/``decoder_sparse_step`` dense layers as the GPT's ``dense_layers``).
+``rope_type: yarn`` is ``YaRNRoPE`` (DeepSeek-V3's hub config, Qwen3's long contexts); on MLA it also scales the
+softmax, as transformers' DeepSeek-V3 does. Only the layout differs:
 
 - our ``MHA.qkv`` is Llama's q_proj, k_proj, v_proj stacked by rows; our SwiGLU ``fc`` is [gate | up]; the
   MoE's names are its class's (``moe.py``: per expert in files, stacked in ours).
@@ -15,9 +18,10 @@ softmax-routed ``MoE`` and no shared experts is ``MixtralForCausalLM`` (Jiang et
   ``kv_a_proj_with_mqa`` are reordered to [even | odd] on import; q.k is unchanged by the same reordering
   of q and k, and after it the interleaved rotation is ours. Exports write ``rope_interleave: false``.
 
-Not representable, and refused with a message: RoPE scaling other than ``llama3`` (YaRN, linear, dynamic), attention
-and MLP biases that differ (but Qwen2's), a sliding window shorter than the context (Mistral v0.1, Mixtral), DeepSeek
-MoE other than V3's (softmax scoring, ``moe_layer_freq`` > 1), and Qwen-MoE (a gated shared expert in Qwen2-MoE).
+Not representable, and refused with a message: RoPE scaling other than ``llama3`` and ``yarn`` (linear, dynamic),
+attention and MLP biases that differ (but Qwen2's), a sliding window shorter than the context (Mistral v0.1, Mixtral),
+DeepSeek MoE other than V3's (softmax scoring, ``moe_layer_freq`` > 1), Qwen2-MoE (a gated shared expert) and
+quantized weights (``quantization_config``: DeepSeek-V3's released FP8; a bf16 conversion loads).
 Multi-token-prediction layers (``model.layers.{num_hidden_layers}``) load into a net with ``mtp_depth`` (what
 ``zoo.gpt.pretrained`` builds) and are left out of one without, by that choice. Nothing is downloaded: point at a
 folder.
