@@ -203,8 +203,11 @@ def test_llama_with_yarn_and_an_attention_factor_matches_transformers(tmp_path):
     model.save_pretrained(tmp_path)
     net = load_hf(tmp_path).eval()
     x = torch.randint(0, 101, (2, 50))
+    export_hf(net, tmp_path / "out")  # and back, the tables' factor as stated
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     with torch.no_grad():
         torch.testing.assert_close(net(x), model(x).logits, **TOL)
+        torch.testing.assert_close(back(x).logits, model(x).logits, **TOL)
 
 
 def test_the_cli_fine_tunes_from_a_qwen3_moe_folder_with_yarn(tmp_path):

@@ -485,7 +485,7 @@ def hf_config(net: GPT) -> dict:
     if qwen3_moe:
         return config | _qwen3_moe_config(net, attn, moe, layouts) | mtp
     stated = net.rope_scaling.softmax_scale_factor() if isinstance(net.rope_scaling, YaRNRoPE) else 1.0
-    if getattr(attn, "softmax_scale_factor", 1.0) != stated:  # DeepSeek's YaRN decides it in transformers
+    if isinstance(attn, MLA) and attn.softmax_scale_factor != stated:  # DeepSeek's YaRN decides it in transformers
         raise InputError(
             f"The MLA's softmax_scale_factor {attn.softmax_scale_factor} is not the {stated} that DeepSeek-V3 derives "
             "from the net's rope_scaling (YaRN's mscale_all_dim): set it so, or to 1 without YaRN, to export"
