@@ -2095,7 +2095,11 @@ FAMILIES: dict[str, dict] = {
             ("zoo/gpt/llama.py", "    if q is not None:\n", "    if False:\n"),
             # a YaRN net recorded by cli.py parses back (Llama3RoPE | YaRNRoPE); MHA exports with YaRN's mscale_all_dim
             (BL, "for alt in [a for a in alts if _holds_fields(a, value)] or alts:", "for alt in alts:"),
-            ("zoo/gpt/llama.py", "if isinstance(attn, MLA) and attn.softmax_scale_factor", "if attn.softmax_scale_factor"),
+            (
+                "zoo/gpt/llama.py",
+                "if isinstance(attn, MLA) and attn.softmax_scale_factor",
+                "if attn.softmax_scale_factor",
+            ),
         ],
     },
     "attacks": {  # the red-team corpus (tests/attacks): loosenings that a payload reaching another loader finds
