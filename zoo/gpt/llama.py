@@ -452,7 +452,7 @@ def _qwen3_moe_config(net: GPT, attn: MHA, moe: MoE, layouts: list[str]) -> dict
 
 
 def hf_config(net: GPT) -> dict:
-    """The ``config.json`` of ``net`` as a Llama or Mixtral (MHA) or DeepSeek-V3 (MLA) model."""
+    """The ``config.json`` of ``net`` as a Llama, Qwen2/3, Mixtral or Qwen3-MoE (MHA) or DeepSeek-V3 (MLA) model."""
     layouts = [block.mlp.hf_layout for block in net.blocks]  # as each MLP class states its Hugging Face form
     first_dense = next((i for i, layout in enumerate(layouts) if layout != "llama"), net.n_layer)
     if net.position != "rope" or net.norm_f.hf_layout != "llama" or set(layouts) - {"llama", "deepseek_v3", "mixtral"}:
@@ -542,8 +542,8 @@ def hf_config(net: GPT) -> dict:
 
 
 def export_hf(net: GPT, folder: str | Path) -> Path:
-    """Write ``net`` as a Hugging Face Llama or Mixtral (MHA/GQA) or DeepSeek-V3 (MLA) folder that transformers
-    loads."""
+    """Write ``net`` as a Hugging Face Llama, Qwen2/3, Mixtral or Qwen3-MoE (MHA/GQA) or DeepSeek-V3 (MLA) folder
+    that transformers loads."""
     from safetensors.torch import save_file
 
     config = hf_config(net)
