@@ -169,8 +169,10 @@ def test_what_the_gpt_cannot_hold_is_refused_by_name(tmp_path):
     from zoo.gpt.llama import deepseek_net_kwargs, llama_net_kwargs
 
     base = dict(vocab_size=10, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2)
-    with pytest.raises(ValueError, match="yarn"):
-        llama_net_kwargs(dict(base, rope_parameters={"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0}))
+    with pytest.raises(ValueError, match="dynamic"):  # YaRN loads now (test_gpt_hub_configs.py)
+        llama_net_kwargs(dict(base, rope_parameters={"rope_type": "dynamic", "rope_theta": 5e5, "factor": 4.0}))
+    with pytest.raises(ValueError, match="sets mrope_section"):
+        llama_net_kwargs(dict(base, rope_parameters={"rope_type": "yarn", "factor": 4.0, "mrope_section": [2]}))
     mla = dict(base, kv_lora_rank=4, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4)
     with pytest.raises(ValueError, match="MoE"):  # MoE layers load now (test_moe_hf.py); not DeepSeek-V2's routing
         deepseek_net_kwargs(dict(mla, first_k_dense_replace=1, scoring_func="softmax"))

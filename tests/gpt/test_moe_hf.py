@@ -86,9 +86,47 @@ def mixtral():
     return perturb(transformers.MixtralForCausalLM(config))
 
 
+YARN = {"rope_type": "yarn", "rope_theta": 500.0, "factor": 4.0, "original_max_position_embeddings": 12}
+
+
+def qwen3_moe(norm_topk_prob: bool, mlp_only_layers: list[int], step: int, rope: dict | None = None):
+    """Qwen3-MoE: head_dim other than width/heads, dense layers where ``mlp_only_layers`` and ``decoder_sparse_step``
+    say (layer i has experts when i is not listed and step divides i + 1)."""
+    torch.manual_seed(0)
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=48,
+        moe_intermediate_size=16,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        num_experts=E,
+        num_experts_per_tok=3,
+        norm_topk_prob=norm_topk_prob,
+        mlp_only_layers=mlp_only_layers,
+        decoder_sparse_step=step,
+        output_router_logits=norm_topk_prob,
+        router_aux_loss_coef=0.02,
+        max_position_embeddings=48,
+        rms_norm_eps=1e-5,
+        rope_parameters=rope or {"rope_type": "default", "rope_theta": 500.0},
+        attn_implementation="eager",
+    )
+    return perturb(transformers.Qwen3MoeForCausalLM(config))
+
+
 # Imported and compared with the reference's full forward, chunked prefill with cached decode and greedy generate by
-# test_gpt_llama.py's parity tests, beside the dense references.
-REFERENCES = {"deepseek-v3-moe": deepseek, "deepseek-v3-unnormalised": lambda: deepseek(False), "mixtral": mixtral}
+# test_gpt_llama.py's parity tests, beside the dense references. The sequences there (37 tokens) run past YaRN's
+# original context (12).
+REFERENCES = {
+    "deepseek-v3-moe": deepseek,
+    "deepseek-v3-unnormalised": lambda: deepseek(False),
+    "mixtral": mixtral,
+    "qwen3-moe-normalised-mlp-only": lambda: qwen3_moe(True, [0, 2], 1),  # experts in layers 1 and 3
+    "qwen3-moe-sparse-step-yarn": lambda: qwen3_moe(False, [], 2, YARN),  # experts in layers 1 and 3, YaRN x4
+}
 
 
 def test_the_config_maps_onto_the_moe_settings():
@@ -105,6 +143,18 @@ def test_the_config_maps_onto_the_moe_settings():
         topk_group=2,
         norm_topk_prob=True,
     )
+    q = net_kwargs(qwen3_moe(True, [0, 2], 1).config.to_dict())
+    assert (q["dense_layers"], q["dense_hidden"], q["mlp_hidden"]) == ([0, 2], 48, 16)
+    assert q["mlp"].keywords == dict(
+        n_routed_experts=E,
+        num_experts_per_tok=3,
+        n_shared_experts=0,
+        routing="softmax",
+        aux_loss_coef=0.02,  # transformers' balance term, which it adds with output_router_logits only
+        norm_topk_prob=True,
+    )
+    q = net_kwargs(qwen3_moe(False, [3], 2).config.to_dict())  # layer 1 alone has experts
+    assert q["dense_layers"] == [0, 2, 3] and q["mlp"].keywords["aux_loss_coef"] == 0.0
     mx = net_kwargs(mixtral().config.to_dict())
     assert mx["mlp"].keywords["routing"] == "softmax" and mx["mlp"].keywords["aux_loss_coef"] == 0.02
     assert mx["mlp"].keywords["n_shared_experts"] == 0 and mx["attention"].keywords == {"n_kv_head": 2}
@@ -200,8 +250,10 @@ def test_moe_configs_the_gpt_cannot_hold_are_refused_by_name(tmp_path):
     save_file({"model.norm.weight": torch.ones(16)}, tmp_path / "model.safetensors")
     with pytest.raises(InputError, match="shared_expert_gate"):  # init_weights into a net built from YAML too
         load_pretrained(GPT(vocab_size=10, n_layer=2, n_embd=16, n_head=2), tmp_path)
-    with pytest.raises(InputError, match="mlp_only_layers"):
-        net_kwargs(dict(base, model_type="qwen3_moe"))
+    with pytest.raises(InputError, match="decoder_sparse_step 0"):
+        net_kwargs(dict(base, model_type="qwen3_moe", decoder_sparse_step=0))
+    with pytest.raises(InputError, match="num_experts and num_local_experts differ"):
+        net_kwargs(dict(base, model_type="qwen3_moe", num_experts=4, num_local_experts=8))
     with pytest.raises(InputError, match="sliding_window 8"):
         net_kwargs(dict(base, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, sliding_window=8))
     mla = dict(base, model_type="deepseek_v3", kv_lora_rank=4, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4)
@@ -225,3 +277,19 @@ def test_export_of_a_moe_net_without_a_hugging_face_form_is_refused(tmp_path):
     with pytest.raises(InputError, match="n_shared_experts: 0"):
         export_hf(net, tmp_path / "out")
     assert not (tmp_path / "out").exists()  # refused before writing
+
+
+@pytest.mark.parametrize("name", ["qwen3-moe-normalised-mlp-only", "qwen3-moe-sparse-step-yarn"])
+def test_an_imported_qwen3_moe_exports_back_to_qwen3_moe_with_the_same_logits(tmp_path, name):
+    model = REFERENCES[name]()
+    model.save_pretrained(tmp_path / "in")
+    net = load_hf(tmp_path / "in")
+    export_hf(net, tmp_path / "out")
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert type(back) is transformers.Qwen3MoeForCausalLM
+    assert back.config.mlp_only_layers == [0, 2] and back.config.norm_topk_prob == model.config.norm_topk_prob
+    x = torch.randint(0, VOCAB, (2, 40))
+    with torch.no_grad():
+        torch.testing.assert_close(back(x).logits, model(x).logits, **TOL)
+    ours, again = net.state_dict(), load_hf(tmp_path / "out").state_dict()
+    assert all(torch.equal(again[k], v) for k, v in ours.items())

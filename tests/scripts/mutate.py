@@ -2131,6 +2131,51 @@ FAMILIES: dict[str, dict] = {
             ("zoo/app/parser.py", "        compat.nested_flags_read_by_their_own_type()", "        pass"),
         ],
     },
+    "hub_moe": {  # issue 53: the hub's DeepSeek-V3 config.json (auto_map, YaRN, fp8) and Qwen3-MoE folders
+        "tests": [
+            "tests/gpt/test_gpt_hub_configs.py",  # first: the hub config against transformers, YaRN on MLA and MHA
+            "tests/gpt/test_moe_hf.py",
+            "tests/gpt/test_gpt_llama.py",  # the Qwen3-MoE references' logits, cached decode and greedy generate
+            "-k",
+            "hub_configs or qwen3 or config_maps or refused",
+        ],
+        "mutants": [
+            # YaRN: the blend's ramp, the interpolated frequencies, the tables' factor, DeepSeek's softmax mscale^2
+            (A, "        keep = 1 - ramp  #", "        keep = ramp  #"),
+            (A, "low, high = math.floor(low), math.ceil(high)", "low, high = math.ceil(low), math.floor(high)"),
+            (A, "inv_freq = 1.0 / (self.factor * pos_freqs) * (1 - keep)", "inv_freq = 1.0 / pos_freqs * (1 - keep)"),
+            (A, "            gain = self._mscale(self.factor)\n", "            gain = 1.0\n"),
+            (
+                A,
+                "self._mscale(self.factor, self.mscale) / self._mscale(self.factor, self.mscale_all_dim)",
+                "self._mscale(self.factor, self.mscale_all_dim) / self._mscale(self.factor, self.mscale)",
+            ),
+            (A, "self.mscale_all_dim) ** 2 if self.mscale_all_dim", "self.mscale_all_dim) if self.mscale_all_dim"),
+            (
+                A,
+                "(qk_nope_head_dim + qk_rope_head_dim) * softmax_scale_factor",
+                "(qk_nope_head_dim + qk_rope_head_dim)",
+            ),
+            # Qwen3-MoE: the routing's normalisation, which layers hold experts, the balance term, the export
+            (MOE, 'norm_topk_prob=config.get("norm_topk_prob", False),', "norm_topk_prob=True,"),
+            ("zoo/gpt/llama.py", "(experts > 0 and (i + 1) % step == 0)", "(experts > 0 and i % step == 0)"),
+            ("zoo/gpt/llama.py", "if i in only or not (experts", "if not (experts"),
+            (MOE, 'if config.get("output_router_logits", False) else 0.0', "if True else 0.0"),
+            ("zoo/gpt/llama.py", "        mlp_only_layers=dense,\n", "        mlp_only_layers=[],\n"),
+            # the auto_map rule: ignored alone beside a model_type both build, else refused; fp8 weights refused
+            (FI, 'if named == ["auto_map"] and config.get("model_type") in native:', 'if "auto_map" in named:'),
+            (FI, 'if named == ["auto_map"] and config.get("model_type") in native:', 'if named == ["auto_map"]:'),
+            (GPR, 'read_config(folder / "config.json", MODEL_TYPES)', 'read_config(folder / "config.json")'),
+            ("zoo/gpt/llama.py", "    if q is not None:\n", "    if False:\n"),
+            # a YaRN net recorded by cli.py parses back (Llama3RoPE | YaRNRoPE); MHA exports with YaRN's mscale_all_dim
+            (BL, "for alt in [a for a in alts if _holds_fields(a, value)] or alts:", "for alt in alts:"),
+            (
+                "zoo/gpt/llama.py",
+                "if isinstance(attn, MLA) and attn.softmax_scale_factor",
+                "if attn.softmax_scale_factor",
+            ),
+        ],
+    },
     "attacks": {  # the red-team corpus (tests/attacks): loosenings that a payload reaching another loader finds
         "tests": [
             "tests/attacks/test_formats.py",

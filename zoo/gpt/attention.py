@@ -71,14 +71,86 @@ class Llama3RoPE:
         blended = (1 - smooth) * inv_freq / self.factor + smooth * inv_freq
         return torch.where(long, inv_freq / self.factor, torch.where(short, inv_freq, blended))
 
+    def frequencies(self, dim: int, base: float) -> tuple[Tensor, float]:
+        """The scaled inverse frequencies over ``dim`` channels and the tables' factor (none: 1)."""
+        return self.scale(rope_frequencies(dim, base)), 1.0
 
-def rope_cache(max_len: int, dim: int, base: float, scaling: Llama3RoPE | None = None) -> tuple[Tensor, Tensor]:
-    """cos and sin tables (max_len, dim/2) for rotary embeddings over ``dim`` channels."""
-    inv_freq = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
-    if scaling is not None:
-        inv_freq = scaling.scale(inv_freq)
+
+@dataclass(frozen=True)
+class YaRNRoPE:
+    """YaRN's RoPE scaling (``rope_type: yarn``; Peng et al. 2023, "YaRN: Efficient Context Window Extension of Large
+    Language Models", sec. 3.2-3.4), as transformers' ``_compute_yarn_parameters`` computes it: each frequency is a
+    blend of itself (extrapolation) and itself / ``factor`` (interpolation), by a ramp over the channels between the
+    ones turning ``beta_fast`` and ``beta_slow`` times in the original context; cos and sin are multiplied by the
+    attention factor (0.1 ln(factor) + 1, or the ratio of that at ``mscale`` and ``mscale_all_dim``).
+
+    Args:
+        factor: how much the context is extended (DeepSeek-V3: 40).
+        original_max_position_embeddings: the context the model was first trained at (DeepSeek-V3: 4096).
+        beta_fast: rotations in the original context above which a channel keeps its frequency (paper's beta).
+        beta_slow: rotations below which a channel is interpolated fully (paper's alpha).
+        mscale: DeepSeek's numerator of the attention factor, 0.1 mscale ln(factor) + 1; None: 1.
+        mscale_all_dim: DeepSeek's denominator of it; None: 1. Where set, DeepSeek's MLA also multiplies its softmax
+            scale by (0.1 mscale_all_dim ln(factor) + 1)^2 (``softmax_scale_factor``, which ``MLA`` takes).
+        attention_factor: the tables' factor stated outright; None: from ``factor``, ``mscale`` and ``mscale_all_dim``.
+        truncate: round the ramp's ends to whole channels (transformers' default; gpt-oss sets false).
+    """
+
+    factor: float = 4.0
+    original_max_position_embeddings: int = 4096
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None
+    truncate: bool = True
+
+    @staticmethod
+    def _mscale(factor: float, mscale: float = 1.0) -> float:
+        return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+    def frequencies(self, dim: int, base: float) -> tuple[Tensor, float]:
+        """The blended inverse frequencies over ``dim`` channels and the tables' attention factor."""
+        gain = self.attention_factor
+        if gain is None and self.mscale and self.mscale_all_dim:  # transformers' test: unset or 0 is "not given"
+            gain = self._mscale(self.factor, self.mscale) / self._mscale(self.factor, self.mscale_all_dim)
+        elif gain is None:
+            gain = self._mscale(self.factor)
+        old = self.original_max_position_embeddings
+
+        def channel(rotations: float) -> float:  # the channel turning ``rotations`` times over the original context
+            return dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = channel(self.beta_fast), channel(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        high = high + 0.001 if low == high else high  # transformers' guard against 0/0
+        ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+        keep = 1 - ramp  # 1: the channel keeps its frequency (fast), 0: divided by factor (slow)
+        pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+        inv_freq = 1.0 / (self.factor * pos_freqs) * (1 - keep) + 1.0 / pos_freqs * keep
+        return inv_freq, float(gain)
+
+    def softmax_scale_factor(self) -> float:
+        """DeepSeek's extra factor on the attention's softmax scale (transformers' ``yarn_apply_mscale``): the square
+        of 0.1 mscale_all_dim ln(factor) + 1 where ``mscale_all_dim`` is set, else 1."""
+        return self._mscale(self.factor, self.mscale_all_dim) ** 2 if self.mscale_all_dim else 1.0
+
+
+def rope_frequencies(dim: int, base: float) -> Tensor:
+    """RoPE's inverse frequencies base^(-2i/dim), i < dim/2."""
+    return 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+
+
+def rope_cache(
+    max_len: int, dim: int, base: float, scaling: Llama3RoPE | YaRNRoPE | None = None
+) -> tuple[Tensor, Tensor]:
+    """cos and sin tables (max_len, dim/2) for rotary embeddings over ``dim`` channels; a scaling states its own
+    frequencies and the factor both tables take (YaRN's attention factor; 1 otherwise)."""
+    inv_freq, gain = (rope_frequencies(dim, base), 1.0) if scaling is None else scaling.frequencies(dim, base)
     angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
-    return angles.cos(), angles.sin()
+    return angles.cos() * gain, angles.sin() * gain
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -213,6 +285,7 @@ class MLA(nn.Module):
         qk_rope_head_dim: int = 32,
         v_head_dim: int = 64,
         norm_eps: float = 1e-5,
+        softmax_scale_factor: float = 1.0,
     ) -> None:
         """
         Args:
@@ -228,12 +301,15 @@ class MLA(nn.Module):
             qk_rope_head_dim: the decoupled RoPE key size p, shared by all heads (cached per token).
             v_head_dim: per-head value size v.
             norm_eps: epsilon of the RMSNorms on the latents.
+            softmax_scale_factor: multiplies the softmax scale 1/sqrt(n + p): DeepSeek's YaRN sets it to
+                ``YaRNRoPE.softmax_scale_factor()`` (transformers' ``yarn_apply_mscale``); 1: none.
         """
         super().__init__()
         self.n_head, self.r = n_head, kv_lora_rank
         self.dn, self.dp, self.dv = qk_nope_head_dim, qk_rope_head_dim, v_head_dim
         self.rope_dim = qk_rope_head_dim
-        self.scale = 1.0 / math.sqrt(qk_nope_head_dim + qk_rope_head_dim)
+        self.scale = 1.0 / math.sqrt(qk_nope_head_dim + qk_rope_head_dim) * softmax_scale_factor
+        self.softmax_scale_factor = softmax_scale_factor
         self.dropout = dropout
         q_out = n_head * (qk_nope_head_dim + qk_rope_head_dim)
         if q_lora_rank:  # queries through their own low-rank latent (DeepSeek-V2 eq. 12-13)

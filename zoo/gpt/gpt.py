@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from zoo.gpt.attention import MHA, AttentionClass, LayerCache, Llama3RoPE, rope_cache
+from zoo.gpt.attention import MHA, AttentionClass, LayerCache, Llama3RoPE, YaRNRoPE, rope_cache
 from zoo.gpt.mlp import GeluMLP, SwiGLU
 from zoo.gpt.moe import MoE
 from zoo.gpt.mtp import MTPModule
@@ -95,12 +95,13 @@ class GPT(nn.Module):
         dense_hidden: int | None = None,
         position: Literal["learned", "rope"] = "learned",
         rope_base: float = 10000.0,
-        rope_scaling: Llama3RoPE | None = None,
+        rope_scaling: Llama3RoPE | YaRNRoPE | None = None,
         bias: bool = True,
         tie_embeddings: bool = True,
         dropout: float = 0.0,
         activation_checkpointing: bool = False,
         mtp_depth: int = 0,
+        dense_layers: list[int] | None = None,
     ) -> None:
         """
         Args:
@@ -125,7 +126,8 @@ class GPT(nn.Module):
             position: learned absolute positions (GPT-2) or RoPE (MLA always uses RoPE on its p channels).
             rope_base: RoPE's base wavelength.
             rope_scaling: RoPE's frequencies rescaled for a longer context (``Llama3RoPE``: Llama 3.1-3.3's
-                ``rope_type: llama3``); None: plain RoPE.
+                ``rope_type: llama3``; ``YaRNRoPE``: ``rope_type: yarn``, DeepSeek-V3's and Qwen3's long contexts);
+                None: plain RoPE.
             bias: biases in linear layers (GPT-2 has them).
             tie_embeddings: share the token embedding with the output head (GPT-2 does).
             dropout: dropout on embeddings, attention and residual branches.
@@ -133,6 +135,9 @@ class GPT(nn.Module):
             mtp_depth: multi-token prediction modules D (DeepSeek-V3 section 2.2, ``zoo.gpt.mtp``; DeepSeek-V3: 1),
                 each a block built as the last one plus two norms and a 2D -> D projection, sharing the embedding
                 and the head; 0: none (the net and its checkpoints as without the option).
+            dense_layers: blocks (by index) that take a dense ``SwiGLU`` of ``dense_hidden`` instead of ``mlp``,
+                beside the first ``first_k_dense`` (Qwen3-MoE's ``mlp_only_layers`` and ``decoder_sparse_step``);
+                None: none.
         """
         if vocab_size is None:
             raise ValueError("GPT needs vocab_size: the tokenizer's number of ids (cli.py takes it from the data)")
@@ -150,7 +155,7 @@ class GPT(nn.Module):
             return Block(
                 attention(n_embd, n_head, bias, dropout, position == "rope"),
                 SwiGLU(n_embd, dense_hidden, bias, dropout)
-                if i < first_k_dense
+                if i < first_k_dense or i in (dense_layers or ())
                 else mlp(n_embd, mlp_hidden, bias, dropout),
                 norm,
                 n_embd,

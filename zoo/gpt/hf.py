@@ -211,7 +211,9 @@ def load_pretrained(net: GPT, path: str | Path) -> GPT:
     path = Path(path)
     if path.is_dir():
         config = path / "config.json"
-        kind = read_config(config).get("model_type", "gpt2") if config.is_file() else "gpt2"  # refuses auto_map
+        from zoo.gpt.pretrained import MODEL_TYPES  # an auto_map beside these is ignored, as transformers does
+
+        kind = read_config(config, MODEL_TYPES).get("model_type", "gpt2") if config.is_file() else "gpt2"
         if kind != "gpt2":
             from zoo.gpt.llama import load_hf_into  # Llama, Mixtral and DeepSeek-V3 layouts
 

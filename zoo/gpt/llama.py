@@ -1,12 +1,15 @@
-"""Llama, Mistral, Qwen2/3, Mixtral and DeepSeek-V3 weights in and out of the zoo's ``GPT``, from and to Hugging Face
-folders on disk.
+"""Llama, Mistral, Qwen2/3, Qwen3-MoE, Mixtral and DeepSeek-V3 weights in and out of the zoo's ``GPT``, from and to
+Hugging Face folders on disk.
 
 The zoo's GPT with ``norm=RMSNorm, mlp=SwiGLU, position="rope", bias=False`` and ``MHA(n_kv_head=G)`` is
 transformers' ``LlamaForCausalLM`` (Touvron et al. 2023; with ``rope_scaling=Llama3RoPE(...)`` Llama 3.1-3.3's);
 ``MHA(qkv_bias=True)`` is Qwen2's attention, ``MHA(qk_norm=True, head_dim=...)`` Qwen3's; with ``MLA`` it is
 ``DeepseekV3ForCausalLM`` (DeepSeek-AI 2024, "DeepSeek-V3", MLA as in DeepSeek-V2 section 2.1): dense, or with
 ``mlp=MoE`` (sigmoid_bias routing) past ``first_k_dense`` dense layers (its ``first_k_dense_replace``). MHA with a
-softmax-routed ``MoE`` and no shared experts is ``MixtralForCausalLM`` (Jiang et al. 2024). Only the layout differs:
+softmax-routed ``MoE`` and no shared experts is ``MixtralForCausalLM`` (Jiang et al. 2024), or with Qwen3's attention
+``Qwen3MoeForCausalLM`` (its ``mlp_only_layers``/``decoder_sparse_step`` dense layers as the GPT's ``dense_layers``).
+``rope_type: yarn`` is ``YaRNRoPE`` (DeepSeek-V3's hub config, Qwen3's long contexts); on MLA it also scales the
+softmax, as transformers' DeepSeek-V3 does. Only the layout differs:
 
 - our ``MHA.qkv`` is Llama's q_proj, k_proj, v_proj stacked by rows; our SwiGLU ``fc`` is [gate | up]; the
   MoE's names are its class's (``moe.py``: per expert in files, stacked in ours).
@@ -15,9 +18,10 @@ softmax-routed ``MoE`` and no shared experts is ``MixtralForCausalLM`` (Jiang et
   ``kv_a_proj_with_mqa`` are reordered to [even | odd] on import; q.k is unchanged by the same reordering
   of q and k, and after it the interleaved rotation is ours. Exports write ``rope_interleave: false``.
 
-Not representable, and refused with a message: RoPE scaling other than ``llama3`` (YaRN, linear, dynamic), attention
-and MLP biases that differ (but Qwen2's), a sliding window shorter than the context (Mistral v0.1, Mixtral), DeepSeek
-MoE other than V3's (softmax scoring, ``moe_layer_freq`` > 1), and Qwen-MoE (a gated shared expert in Qwen2-MoE).
+Not representable, and refused with a message: RoPE scaling other than ``llama3`` and ``yarn`` (linear, dynamic),
+attention and MLP biases that differ (but Qwen2's), a sliding window shorter than the context (Mistral v0.1, Mixtral),
+DeepSeek MoE other than V3's (softmax scoring, ``moe_layer_freq`` > 1), Qwen2-MoE (a gated shared expert) and
+quantized weights (``quantization_config``: DeepSeek-V3's released FP8; a bf16 conversion loads).
 Multi-token-prediction layers (``model.layers.{num_hidden_layers}``) load into a net with ``mtp_depth`` (what
 ``zoo.gpt.pretrained`` builds) and are left out of one without, by that choice. Nothing is downloaded: point at a
 folder.
@@ -38,7 +42,7 @@ import torch
 from torch import Tensor
 
 from zoo.errors import InputError
-from zoo.gpt.attention import MHA, MLA, Llama3RoPE
+from zoo.gpt.attention import MHA, MLA, Llama3RoPE, YaRNRoPE
 from zoo.gpt.checks import check_tied_head, missing_tensors_named
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import SwiGLU
@@ -84,13 +88,57 @@ def _rope(config: dict) -> dict:
     theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
     if kind == "default":
         return dict(rope_base=theta)
+    if kind == "yarn":
+        return dict(rope_base=theta, rope_scaling=_yarn(config, params))
     if kind != "llama3":
         raise InputError(
-            f"RoPE scaling {kind!r} ({params!r}) is not implemented by the zoo's GPT: plain RoPE and Llama 3's "
-            f"'llama3' scaling only"
+            f"RoPE scaling {kind!r} ({params!r}) is not implemented by the zoo's GPT: plain RoPE, Llama 3's "
+            f"'llama3' and YaRN's 'yarn' scaling only"
         )
     fields = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
     return dict(rope_base=theta, rope_scaling=Llama3RoPE(**{k: params[k] for k in fields if k in params}))
+
+
+# A yarn dict's keys as transformers' _compute_yarn_parameters reads them (partial_rotary_factor sizes the rotated
+# channels, which the attention's rope_dim states).
+_YARN_KEYS = {"rope_type", "type", "rope_theta", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow"}
+_YARN_KEYS |= {"mscale", "mscale_all_dim", "attention_factor", "truncate", "partial_rotary_factor"}
+
+
+def _yarn(config: dict, params: dict) -> YaRNRoPE:
+    """``YaRNRoPE`` of a ``rope_type: yarn`` dict, with transformers' defaults: beta_fast/beta_slow unset or 0 are 32
+    and 1, a top-level original_max_position_embeddings (Phi-3's place) wins over the dict's, and without either the
+    context is the original one (a null factor is refused by its type, ``zoo.io.config_fields``)."""
+    unknown = sorted(set(params) - _YARN_KEYS)
+    if unknown or "factor" not in params:
+        raise InputError(
+            f"YaRN rope scaling {params!r} {'sets ' + ', '.join(unknown) if unknown else 'lacks factor'}: the zoo "
+            f"reads {', '.join(sorted(_YARN_KEYS - {'type', 'rope_type', 'rope_theta'}))}; fix config.json"
+        )
+    context = config.get("max_position_embeddings", 2048)
+    old = config.get("original_max_position_embeddings") or params.get("original_max_position_embeddings") or context
+    return YaRNRoPE(
+        factor=float(params["factor"]),
+        original_max_position_embeddings=old,
+        beta_fast=float(params.get("beta_fast") or 32),
+        beta_slow=float(params.get("beta_slow") or 1),
+        mscale=params.get("mscale"),
+        mscale_all_dim=params.get("mscale_all_dim"),
+        attention_factor=params.get("attention_factor"),
+        truncate=bool(params.get("truncate", True)),
+    )
+
+
+def _check_quantization(config: dict) -> None:
+    """A quantized folder (DeepSeek-V3's released FP8 weights with their ``weight_scale_inv`` blocks, GPTQ, AWQ, ...)
+    holds other tensors than the model's: refused by name rather than loaded as numbers they are not."""
+    q = config.get("quantization_config")
+    if q is not None:
+        method = q.get("quant_method", "?") if isinstance(q, dict) else "?"
+        raise InputError(
+            f"config.json states quantization_config (quant_method {method!r}): the zoo's GPT loads unquantized "
+            f"weights only; use a bf16 or fp32 conversion of the model (a folder without quantization_config)"
+        )
 
 
 def _common_kwargs(config: dict) -> dict:
@@ -160,6 +208,9 @@ def deepseek_net_kwargs(config: dict) -> dict:
             first_k_dense=first_dense,
             dense_hidden=config["intermediate_size"],
         )
+    rope = _rope(config)
+    scaling = rope.get("rope_scaling")
+    mscale = {"softmax_scale_factor": scaling.softmax_scale_factor()} if isinstance(scaling, YaRNRoPE) else {}
     mla = partial(
         MLA,
         kv_lora_rank=config["kv_lora_rank"],
@@ -168,8 +219,31 @@ def deepseek_net_kwargs(config: dict) -> dict:
         qk_rope_head_dim=config["qk_rope_head_dim"],
         v_head_dim=config["v_head_dim"],
         norm_eps=1e-6,
+        **mscale,  # DeepSeek's YaRN scales the softmax too (transformers' yarn_apply_mscale)
     )  # transformers' latent norms keep eps=1e-6
     return dict(_common_kwargs(config), bias=bool(config.get("attention_bias", False)), attention=mla, **moe)
+
+
+def qwen3_moe_net_kwargs(config: dict) -> dict:
+    """``GPT`` arguments for a Hugging Face ``Qwen3MoeConfig`` dict: Qwen3's attention, and in layer i softmax top-k
+    experts unless i is in ``mlp_only_layers`` or (i + 1) is no multiple of ``decoder_sparse_step`` (then a dense
+    SwiGLU of ``intermediate_size``), as transformers' ``Qwen3MoeDecoderLayer`` chooses."""
+    n, step = config["num_hidden_layers"], config.get("decoder_sparse_step", 1)
+    if step < 1:
+        raise InputError(f"decoder_sparse_step {step} is not a positive layer interval: fix config.json")
+    experts = MoE.hf_experts(config)
+    only = set(config.get("mlp_only_layers") or ())
+    dense = [i for i in range(n) if i in only or not (experts > 0 and (i + 1) % step == 0)]
+    attention = llama_net_kwargs(dict(config, model_type="qwen3"))  # per-head q/k norms, head_dim
+    if len(dense) == n:  # no expert layer: a dense Qwen3
+        return attention
+    return dict(
+        attention,
+        mlp=MoE.from_hf_config(config),
+        mlp_hidden=config.get("moe_intermediate_size", 768),  # Qwen3MoeConfig's default
+        dense_hidden=config["intermediate_size"],
+        **({"dense_layers": dense} if dense else {}),
+    )
 
 
 def _mla_rope_rows(w: Tensor, n_head: int, dn: int, dp: int, per_head: bool, inverse: bool) -> Tensor:
@@ -231,11 +305,13 @@ def zoo_to_hf(sd: dict[str, Tensor], net: GPT) -> dict[str, Tensor]:
         "model.norm.weight": sd["norm_f.weight"],
         "lm_head.weight": sd["lm_head.weight"],
     }
+    qwen3_moe = _is_qwen3_moe(net)
     for i, block in enumerate(net.blocks):
         ours, pre = f"blocks.{i}.", f"model.layers.{i}."
         out.update({pre + theirs: sd[ours + o] for o, theirs in _NORM_KEYS})
         mlp = {k.removeprefix(ours + "mlp."): v for k, v in sd.items() if k.startswith(ours + "mlp.")}
-        out.update({pre + k: v for k, v in block.mlp.to_hf(mlp).items()})
+        layout = ("qwen3_moe",) if qwen3_moe and block.mlp.hf_layout == "mixtral" else ()
+        out.update({pre + k: v for k, v in block.mlp.to_hf(mlp, *layout).items()})
         attn = block.attn
         if isinstance(attn, MHA):
             sizes = [attn.n_head * attn.head_dim] + 2 * [attn.n_kv_head * attn.head_dim]
@@ -255,7 +331,9 @@ def _read_folder(folder: Path) -> tuple[dict, Mapping[str, Tensor]]:
     """config.json and every weights shard of a Hugging Face folder (safetensors read as asked, ``read_tensors``)."""
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"No config.json in {str(folder)!r}: point at a Hugging Face Llama/DeepSeek folder")
-    config = read_config(folder / "config.json")  # first: a field of the wrong type is named before any weight
+    from zoo.gpt.pretrained import MODEL_TYPES  # an auto_map beside these is ignored, as transformers does
+
+    config = read_config(folder / "config.json", MODEL_TYPES)  # first: a field of the wrong type is named
     shards = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("pytorch_model*.bin"))
     if not shards:
         raise FileNotFoundError(f"No *.safetensors or pytorch_model*.bin in {str(folder)!r}")
@@ -265,17 +343,19 @@ def _read_folder(folder: Path) -> tuple[dict, Mapping[str, Tensor]]:
 # What the zoo's GPT has not, for the MoE families it does not load.
 _REFUSED = {
     "qwen2_moe": "Qwen2-MoE has q/k/v-only attention biases and a sigmoid-gated shared expert (shared_expert_gate)",
-    "qwen3_moe": "Qwen3-MoE's expert layers (mlp_only_layers, decoder_sparse_step) are not mapped onto zoo.gpt.MoE",
 }
 
 
 def net_kwargs(config: dict) -> dict:
-    """``GPT`` arguments for a Llama-family, Mixtral or DeepSeek-V3 ``config.json`` dict."""
+    """``GPT`` arguments for a Llama-family, Mixtral, Qwen3-MoE or DeepSeek-V3 ``config.json`` dict."""
     kind = config.get("model_type", "llama")
+    _check_quantization(config)
     if kind in ("llama", "mistral", "qwen2", "qwen3"):
         return llama_net_kwargs(config)
     if kind == "mixtral":
         return mixtral_net_kwargs(config)
+    if kind == "qwen3_moe":
+        return qwen3_moe_net_kwargs(config)
     if kind == "deepseek_v3":
         return deepseek_net_kwargs(config)
     if kind in _REFUSED:
@@ -338,27 +418,56 @@ def _mha_model_type(attn: MHA) -> str:
     raise InputError("An MHA with q/k norms and biases on q, k, v only has no Hugging Face form (Qwen3 or Qwen2)")
 
 
+def _is_qwen3_moe(net: GPT) -> bool:
+    """Qwen3's attention (MHA with per-head q/k norms) and softmax-routed expert layers: a Qwen3-MoE."""
+    attn = net.blocks[0].attn
+    return isinstance(attn, MHA) and hasattr(attn, "q_norm") and any(b.mlp.hf_layout == "mixtral" for b in net.blocks)
+
+
 def _rope_parameters(net: GPT) -> dict:
     params = {"rope_type": "default", "rope_theta": net.rope_base}
     if net.rope_scaling is not None:
-        params |= {"rope_type": "llama3", **dataclasses.asdict(net.rope_scaling)}
+        kind = "yarn" if isinstance(net.rope_scaling, YaRNRoPE) else "llama3"
+        stated = {k: v for k, v in dataclasses.asdict(net.rope_scaling).items() if v is not None}
+        params |= {"rope_type": kind, **stated}
     return params
 
 
+def _qwen3_moe_config(net: GPT, attn: MHA, moe: MoE, layouts: list[str]) -> dict:
+    """Qwen3-MoE's config.json keys: its MoE settings, and the dense layers as ``mlp_only_layers``."""
+    dense = [i for i, layout in enumerate(layouts) if layout == "llama"]
+    moe_keys = moe.hf_config("qwen3_moe")
+    width = net.blocks[dense[0]].mlp.hf_config()["intermediate_size"] if dense else moe_keys["moe_intermediate_size"]
+    return moe_keys | dict(
+        model_type="qwen3_moe",
+        architectures=["Qwen3MoeForCausalLM"],
+        intermediate_size=width,  # the dense layers' (transformers requires it with none)
+        mlp_only_layers=dense,
+        decoder_sparse_step=1,
+        num_key_value_heads=attn.n_kv_head,
+        head_dim=attn.head_dim,
+        use_sliding_window=False,
+        sliding_window=None,
+    )
+
+
 def hf_config(net: GPT) -> dict:
-    """The ``config.json`` of ``net`` as a Llama or Mixtral (MHA) or DeepSeek-V3 (MLA) model."""
+    """The ``config.json`` of ``net`` as a Llama, Qwen2/3, Mixtral or Qwen3-MoE (MHA) or DeepSeek-V3 (MLA) model."""
     layouts = [block.mlp.hf_layout for block in net.blocks]  # as each MLP class states its Hugging Face form
     first_dense = next((i for i, layout in enumerate(layouts) if layout != "llama"), net.n_layer)
     if net.position != "rope" or net.norm_f.hf_layout != "llama" or set(layouts) - {"llama", "deepseek_v3", "mixtral"}:
         raise ValueError("Only a Llama-shaped net (RoPE, RMSNorm, SwiGLU or MoE MLPs) exports as Llama or DeepSeek-V3")
-    attn, moe = net.blocks[0].attn, net.blocks[-1].mlp
+    attn, moe = net.blocks[0].attn, net.blocks[min(first_dense, net.n_layer - 1)].mlp
     kind = ("mla" if isinstance(attn, MLA) else "mha", moe.hf_layout if first_dense < net.n_layer else "dense")
     wanted = {("mha", "dense"), ("mla", "dense"), ("mha", "mixtral"), ("mla", "deepseek_v3")}
-    if kind not in wanted or "llama" in layouts[first_dense:] or (kind[1] == "mixtral" and first_dense):
+    qwen3_moe = _is_qwen3_moe(net)  # its dense layers may be anywhere (mlp_only_layers)
+    interleaved = "llama" in layouts[first_dense:] or (kind[1] == "mixtral" and first_dense)
+    if kind not in wanted or (interleaved and not qwen3_moe):
         raise InputError(
             f"A GPT with {kind[0].upper()} attention and MLPs {layouts} has no Hugging Face form: the mixture-of-"
-            "experts layers export as DeepSeek-V3 (MLA, routing sigmoid_bias, after first_k_dense dense layers) or as "
-            "Mixtral (MHA, routing softmax, no dense layers and no shared experts)"
+            "experts layers export as DeepSeek-V3 (MLA, routing sigmoid_bias, after first_k_dense dense layers), as "
+            "Mixtral (MHA, routing softmax, no dense layers and no shared experts) or as Qwen3-MoE (MHA with q/k "
+            "norms, routing softmax, no shared experts)"
         )
     config = dict(
         vocab_size=net.vocab_size,
@@ -373,6 +482,14 @@ def hf_config(net: GPT) -> dict:
         attention_dropout=0.0,
     )
     mtp = {"num_nextn_predict_layers": len(net.mtp)} if net.mtp else {}  # DeepSeek-V3's layout (zoo.gpt.mtp)
+    if qwen3_moe:
+        return config | _qwen3_moe_config(net, attn, moe, layouts) | mtp
+    stated = net.rope_scaling.softmax_scale_factor() if isinstance(net.rope_scaling, YaRNRoPE) else 1.0
+    if isinstance(attn, MLA) and attn.softmax_scale_factor != stated:  # DeepSeek's YaRN decides it in transformers
+        raise InputError(
+            f"The MLA's softmax_scale_factor {attn.softmax_scale_factor} is not the {stated} that DeepSeek-V3 derives "
+            "from the net's rope_scaling (YaRN's mscale_all_dim): set it so, or to 1 without YaRN, to export"
+        )
     if kind == ("mha", "mixtral"):
         if _mha_model_type(attn) != "llama":
             raise InputError("A Mixtral's attention has one bias switch and no q/k norms: this MoE net does not export")
@@ -425,8 +542,8 @@ def hf_config(net: GPT) -> dict:
 
 
 def export_hf(net: GPT, folder: str | Path) -> Path:
-    """Write ``net`` as a Hugging Face Llama or Mixtral (MHA/GQA) or DeepSeek-V3 (MLA) folder that transformers
-    loads."""
+    """Write ``net`` as a Hugging Face Llama, Qwen2/3, Mixtral or Qwen3-MoE (MHA/GQA) or DeepSeek-V3 (MLA) folder
+    that transformers loads."""
     from safetensors.torch import save_file
 
     config = hf_config(net)

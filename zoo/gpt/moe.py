@@ -260,8 +260,20 @@ class MoE(nn.Module):
                 routing="softmax",
                 aux_loss_coef=config.get("router_aux_loss_coef", 0.001),
             )
+        if kind == "qwen3_moe":  # the defaults are transformers' Qwen3MoeConfig's
+            # transformers adds the balance loss only with output_router_logits (Qwen3's release: false)
+            coef = config.get("router_aux_loss_coef", 0.001) if config.get("output_router_logits", False) else 0.0
+            return partial(
+                cls,
+                n_routed_experts=cls.hf_experts(config),
+                num_experts_per_tok=config.get("num_experts_per_tok", 8),
+                n_shared_experts=0,
+                routing="softmax",
+                aux_loss_coef=coef,
+                norm_topk_prob=config.get("norm_topk_prob", False),
+            )
         if kind != "deepseek_v3":
-            raise InputError(f"zoo.gpt.MoE reads DeepSeek-V3 and Mixtral configs, not model_type {kind!r}")
+            raise InputError(f"zoo.gpt.MoE reads DeepSeek-V3, Mixtral and Qwen3-MoE configs, not model_type {kind!r}")
         method = (config.get("scoring_func", "sigmoid"), config.get("topk_method", "noaux_tc"))
         if method != ("sigmoid", "noaux_tc") or config.get("moe_layer_freq", 1) != 1:
             raise InputError(
@@ -280,9 +292,31 @@ class MoE(nn.Module):
             norm_topk_prob=config.get("norm_topk_prob", True),
         )
 
-    def hf_config(self) -> dict:
-        """The config.json keys of this MoE in its ``hf_layout`` (DeepSeek-V3's or Mixtral's), or a refusal."""
+    @staticmethod
+    def hf_experts(config: dict) -> int:
+        """A Qwen3-MoE config's expert count: ``num_experts`` as released, ``num_local_experts`` as transformers 5
+        saves it (its attribute_map); both, differing, refused."""
+        named = {config[k] for k in ("num_experts", "num_local_experts") if k in config}
+        if len(named) > 1:
+            raise InputError(f"num_experts and num_local_experts differ ({sorted(named)}): fix config.json")
+        return named.pop() if named else 128
+
+    def hf_config(self, layout: str | None = None) -> dict:
+        """The config.json keys of this MoE in ``layout`` (its ``hf_layout``, DeepSeek-V3's or Mixtral's; or
+        "qwen3_moe", which a softmax MoE beside Qwen3's attention takes), or a refusal."""
         e, width = self.experts_proj.shape[0], self.experts_proj.shape[-1]
+        if layout == "qwen3_moe":
+            if self.shared is not None or self.routing != "softmax":
+                raise InputError("A Qwen3-MoE layer routes by softmax, with no shared experts: set n_shared_experts: 0")
+            return dict(
+                hidden_act="silu",
+                moe_intermediate_size=width,
+                num_experts=e,
+                num_experts_per_tok=self.k,
+                norm_topk_prob=self.norm_topk_prob,
+                router_aux_loss_coef=self.aux_loss_coef,
+                output_router_logits=self.aux_loss_coef > 0,  # transformers' switch for the balance loss
+            )
         if self.hf_layout == "mixtral":
             if self.shared is not None or not self.norm_topk_prob:
                 raise InputError(
@@ -311,20 +345,22 @@ class MoE(nn.Module):
             topk_method="noaux_tc",
         )
 
-    def to_hf(self, sd: dict[str, Tensor]) -> dict[str, Tensor]:
-        """Our keys -> the released per-expert layout of ``hf_layout`` inside a layer (transformers reads it)."""
-        pre = "mlp." if self.hf_layout == "deepseek_v3" else "block_sparse_moe."
+    def to_hf(self, sd: dict[str, Tensor], layout: str | None = None) -> dict[str, Tensor]:
+        """Our keys -> the released per-expert layout of ``layout`` (``hf_config``'s) inside a layer (transformers
+        reads it)."""
+        layout = layout or self.hf_layout
+        pre = "block_sparse_moe." if layout == "mixtral" else "mlp."
         out = {f"{pre}gate.weight": sd["router.weight"]}
-        if self.hf_layout == "deepseek_v3":
+        if layout == "deepseek_v3":
             out[f"{pre}gate.e_score_correction_bias"] = sd["expert_bias"]
         gate, up = sd["experts_fc"].chunk(2, dim=1)  # (E, F, D) each
-        names = _EXPERT_NAMES[self.hf_layout]
+        names = _EXPERT_NAMES["mixtral" if layout == "mixtral" else "deepseek_v3"]  # Qwen's are DeepSeek's
         for j, tensors in enumerate(zip(gate, up, sd["experts_proj"])):
             out.update({f"{pre}experts.{j}.{n}.weight": w for n, w in zip(names, tensors)})
         if self.shared is not None:
             shared = {k.removeprefix("shared."): v for k, v in sd.items() if k.startswith("shared.")}
             out.update({k.replace("mlp.", "mlp.shared_experts.", 1): v for k, v in self.shared.to_hf(shared).items()})
-        elif self.hf_layout == "deepseek_v3":  # transformers builds shared experts of width 0: give it their weights
+        elif layout == "deepseek_v3":  # transformers builds shared experts of width 0: give it their weights
             d = sd["router.weight"].shape[1]
             empty = {"gate_proj": (0, d), "up_proj": (0, d), "down_proj": (d, 0)}
             out.update({f"mlp.shared_experts.{n}.weight": sd["router.weight"].new_empty(s) for n, s in empty.items()})

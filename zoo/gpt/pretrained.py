@@ -4,7 +4,8 @@ exactly, its tokenizer and generation defaults attached.
     module = zoo.gpt.from_pretrained("Llama-3.2-1B")          # a local folder; nothing is downloaded
     module.generate(["The capital of France is"], max_new_tokens=20, temperature=0)
 
-GPT-2, Llama (Llama 3.1-3.3's RoPE scaling included), Mistral, Qwen2/2.5, Qwen3, Mixtral and DeepSeek-V3 folders
+GPT-2, Llama (Llama 3.1-3.3's RoPE scaling included), Mistral, Qwen2/2.5, Qwen3, Qwen3-MoE, Mixtral and DeepSeek-V3
+(its hub config, YaRN included) folders
 load (``hf.py``, ``llama.py``); a config option the zoo's GPT does not implement is refused by name. The weights are
 exact or refused: every parameter is set and every tensor of the files used, or one error names what is left over.
 The tokenizer is the folder's ``tokenizer.json`` (``zoo.io.hf_tokenizer``), else its SentencePiece ``tokenizer.model``
@@ -13,8 +14,9 @@ merges.txt; ``generation_config.json`` sets predict's defaults as transformers r
 ``repetition_penalty`` either way), and a decoding setting in it that the zoo lacks is refused by name.
 
 Every file is data: configs are read within size limits, and a folder that names code of its own (``auto_map``) is
-refused. The module records its net as a ``{class_path, init_args}`` config, as ``cli.py`` does, so its checkpoints
-rebuild it without the folder.
+refused, unless its ``model_type`` is one of ``MODEL_TYPES``, which transformers builds from its own classes too,
+ignoring the ``auto_map`` without ``trust_remote_code``; the zoo ignores it as well. The module records its net as
+a ``{class_path, init_args}`` config, as ``cli.py`` does, so its checkpoints rebuild it without the folder.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from zoo.io.files import read_config
 from zoo.io.tokenizers import GPT2Tokenizer, Tokenizer
 from zoo.io.trust import LIGHTNING_INSTANTIATOR
 
-MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "mixtral", "deepseek_v3")
+MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3")
 
 
 def read_folder(path: str | Path) -> tuple[Path, dict]:
@@ -49,7 +51,7 @@ def read_folder(path: str | Path) -> tuple[Path, dict]:
         raise InputError(f"{str(folder)!r} is not a folder: point at a Hugging Face model folder (config, weights)")
     if not (folder / "config.json").is_file():
         raise InputError(f"{str(folder)!r} has no config.json: not a Hugging Face model folder")
-    config = read_config(folder / "config.json")
+    config = read_config(folder / "config.json", MODEL_TYPES)  # an auto_map beside these: ignored, as transformers does
     kind = config.get("model_type")
     if kind not in MODEL_TYPES:
         raise InputError(

@@ -267,7 +267,10 @@ class Resolver:
         if value is None and NONE in args:
             return None
         expected = []
-        for alt in (a for a in args if a is not NONE):
+        alts = [a for a in args if a is not NONE]
+        # A dict of one settings dataclass's fields is that one's (``Llama3RoPE | YaRNRoPE``): the others would refuse
+        # its first field of theirs as final, being inside the value.
+        for alt in [a for a in alts if _holds_fields(a, value)] or alts:
             try:
                 return self.convert(value, alt, where, depth)
             except Refused as err:
@@ -403,6 +406,13 @@ def _no_decoy(value: Mapping, where: str) -> None:
     its owner builds that class from data itself (``zoo.io.trust.EXTERNAL_PARTS``)."""
     if "class_path" in value and value["class_path"] not in trust.EXTERNAL_PARTS:
         raise Refused(f"{where}.class_path", value["class_path"], "a class its owner builds from data")
+
+
+def _holds_fields(hint: Any, value: Any) -> bool:
+    """Whether ``hint`` is a settings dataclass with a field for each key of the mapping ``value``."""
+    if not (isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(value, Mapping)):
+        return False
+    return set(value) <= {f.name for f in dataclasses.fields(hint) if f.init}
 
 
 def _classes(hint: Any) -> tuple[type, ...]:

@@ -22,15 +22,14 @@ _INTS = """vocab_size n_positions n_ctx n_layer n_embd n_head hidden_size interm
 num_attention_heads max_position_embeddings moe_intermediate_size num_experts_per_tok num_local_experts
 n_routed_experts n_shared_experts n_group topk_group first_k_dense_replace moe_layer_freq kv_lora_rank
 qk_rope_head_dim qk_nope_head_dim v_head_dim num_nextn_predict_layers num_mtp_layers projection_dim image_size
-patch_size num_channels original_max_position_embeddings""".split()
+patch_size num_channels original_max_position_embeddings decoder_sparse_step num_experts""".split()
 _NULLABLE_INTS = """n_inner head_dim num_key_value_heads sliding_window q_lora_rank max_new_tokens top_k bos_token_id
 pad_token_id""".split()
 _FLOATS = """rope_theta rms_norm_eps layer_norm_epsilon layer_norm_eps routed_scaling_factor router_aux_loss_coef
-logit_scale_init_value factor beta_fast beta_slow mscale mscale_all_dim low_freq_factor
-high_freq_factor""".split()
-_NULLABLE_FLOATS = ["temperature", "top_p"]
+logit_scale_init_value factor low_freq_factor high_freq_factor""".split()
+_NULLABLE_FLOATS = "temperature top_p beta_fast beta_slow mscale mscale_all_dim attention_factor".split()
 _BOOLS = """tie_word_embeddings attention_bias mlp_bias use_sliding_window norm_topk_prob rope_interleave
-do_sample""".split()
+do_sample output_router_logits truncate""".split()
 _STRS = "model_type hidden_act activation_function scoring_func topk_method rope_type type".split()
 
 # field -> the JSON kinds it may hold
@@ -42,6 +41,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     **{f: (BOOL,) for f in _BOOLS},
     **{f: (STR,) for f in _STRS},
     "eos_token_id": (INT, LIST, NULL),  # one id or several
+    "mlp_only_layers": (LIST, NULL),  # Qwen3-MoE's dense layers
     "rope_scaling": (DICT, NULL),
     "rope_parameters": (DICT, NULL),
     "text_config": (DICT,),

@@ -14,7 +14,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,18 +55,23 @@ def read_json(path: str | Path, max_bytes: int = MAX_JSON_BYTES) -> Any:
         raise InputError(f"{str(path)!r} is not JSON ({err})") from None
 
 
-def read_config(path: str | Path) -> dict:
+def read_config(path: str | Path, native: Collection[str] = ()) -> dict:
     """A model folder's JSON config (``config.json``, ``tokenizer_config.json``, ``generation_config.json``) read
     within bounds: an object that names no code, each field the zoo reads of its type (``zoo.io.config_fields``),
     else an ``InputError`` naming ``path``.
 
     ``auto_map`` is how a hub folder asks transformers to import its own ``modeling_*.py`` or ``tokenization_*.py``
-    (``trust_remote_code``); the zoo runs no file of a folder, so a model that needs one does not load.
+    (``trust_remote_code``); the zoo runs no file of a folder, so a model that needs one does not load. Beside a
+    ``model_type`` of ``native`` (those the caller builds itself, each one transformers implements in its own classes
+    too) an ``auto_map`` alone is ignored, as transformers ignores it without ``trust_remote_code`` and builds its own
+    class (DeepSeek-V3's hub config maps to its modeling files beside ``model_type: deepseek_v3``).
     """
     config = read_json(path)
     if not isinstance(config, dict):
         raise InputError(f"{str(path)!r} is not a JSON object: not a Hugging Face config")
     named = sorted(k for k in ("auto_map", "trust_remote_code", "custom_pipelines") if k in config)
+    if named == ["auto_map"] and config.get("model_type") in native:
+        named = []
     if named:
         raise InputError(
             f"{str(path)!r} names custom code ({', '.join(named)}): the zoo runs no code from a model folder, so a "
