@@ -208,6 +208,19 @@ def test_a_dit_saved_as_transformer2dmodel_by_current_diffusers_loads_over_that_
         from_pretrained(tmp_path / "dit")
 
 
+def test_a_field_left_out_is_read_at_the_default_of_diffusers_own_class():
+    """The tables the zoo fills a config.json in from are the classes' own signatures (a wrong default is a silent
+    difference for every folder that leaves the field out)."""
+    import inspect
+
+    from zoo.diffusion.diffusers_config import CLASSES
+
+    for name, (_, fields) in CLASSES.items():
+        params = inspect.signature(getattr(diffusers, name).__init__).parameters
+        theirs = {k: list(v.default) if isinstance(v.default, tuple) else v.default for k, v in params.items()}
+        assert fields == {k: v for k, v in theirs.items() if k != "self"}, name
+
+
 @pytest.mark.parametrize("name", UNET_CONFIGS)
 def test_a_unet2d_loads_with_the_settings_of_its_config(tmp_path, name):
     ref = diffusers_unet(name)
