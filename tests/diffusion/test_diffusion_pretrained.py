@@ -61,6 +61,43 @@ UNET_CONFIGS = {  # several UNet2DModels: heads > 1, heads = 1, classes, learned
         attention_head_dim=8,
         norm_num_groups=4,
     ),
+    # google/ddpm-cifar10-32's switches (DDPM's release: bottom-right padded downsampling, eps 1e-6, sin-first, shift 1)
+    "ddpm-release": dict(
+        block_out_channels=(8, 16, 16),
+        down_block_types=("DownBlock2D", "AttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "AttnUpBlock2D", "UpBlock2D"),
+        downsample_padding=0,
+        norm_eps=1e-6,
+        flip_sin_to_cos=False,
+        freq_shift=1,
+        attention_head_dim=None,
+        norm_num_groups=4,
+    ),  # fmt: skip
+    "pad0-eps1e-2-classes": dict(downsample_padding=0, norm_eps=1e-2, num_class_embeds=NUM_CLASSES + 1),
+    # the step as a scale and shift after the norm; the middle attention then has no GroupNorm (attn groups unset)
+    "scale-shift": dict(resnet_time_scale_shift="scale_shift", num_class_embeds=NUM_CLASSES + 1, norm_eps=1e-3),
+    # ADM as consistency models' UNet2DModel: residual-block resampling, scale-shift, the middle attention's groups
+    "adm-resnet-updown": dict(
+        down_block_types=("ResnetDownsampleBlock2D", "AttnDownBlock2D"),
+        up_block_types=("AttnUpBlock2D", "ResnetUpsampleBlock2D"),
+        downsample_type="resnet",
+        upsample_type="resnet",
+        resnet_time_scale_shift="scale_shift",
+        attn_norm_num_groups=8,
+        num_class_embeds=NUM_CLASSES + 1,
+        layers_per_block=1,
+        flip_sin_to_cos=False,
+    ),  # fmt: skip
+    "resnet-updown-three-levels": dict(
+        block_out_channels=(8, 16, 16),
+        down_block_types=("ResnetDownsampleBlock2D", "AttnDownBlock2D", "ResnetDownsampleBlock2D"),
+        up_block_types=("ResnetUpsampleBlock2D", "AttnUpBlock2D", "ResnetUpsampleBlock2D"),
+        downsample_type="resnet",
+        upsample_type="resnet",
+        norm_num_groups=4,
+        out_channels=6,
+        norm_eps=1e-2,
+    ),  # fmt: skip
 }
 
 
@@ -74,6 +111,18 @@ def diffusers_unet(name: str) -> torch.nn.Module:
     return randomized(diffusers.UNet2DModel(**(config | UNET_CONFIGS[name])), 2)
 
 
+def diffusers_transformer_2d(**overrides) -> torch.nn.Module:
+    """A DiT as current diffusers saves a ``Transformer2DModel`` (every field written, ``use_additional_conditions``
+    null), each block's embedders its own."""
+    torch.manual_seed(0)
+    config = dict(
+        num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8, num_layers=3, sample_size=8,
+        patch_size=2, num_embeds_ada_norm=NUM_CLASSES, norm_type="ada_norm_zero", norm_elementwise_affine=False,
+        activation_fn="gelu-approximate", attention_bias=True,
+    )  # fmt: skip
+    return randomized(diffusers.Transformer2DModel(**(config | overrides)), 1)
+
+
 def inputs(ref: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     g = torch.Generator().manual_seed(3)
     c, s = ref.config.in_channels, ref.config.sample_size
@@ -85,7 +134,7 @@ def inputs(ref: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 
 def reference(ref: torch.nn.Module, x, t, y) -> torch.Tensor:
     with torch.no_grad():
-        if isinstance(ref, diffusers.DiTTransformer2DModel):
+        if isinstance(ref, (diffusers.DiTTransformer2DModel, diffusers.Transformer2DModel)):
             return ref(x, timestep=t, class_labels=y).sample
         return ref(x, t, class_labels=y).sample
 
@@ -142,6 +191,36 @@ def test_an_old_pipeline_s_transformer2dmodel_config_is_read_as_the_dit_it_descr
         from_pretrained(tmp_path / "dit")
 
 
+def test_a_dit_saved_as_transformer2dmodel_by_current_diffusers_loads_over_that_class_s_defaults(tmp_path):
+    """diffusers 0.42 writes every Transformer2DModel field (``use_additional_conditions: null``, ``caption_channels``,
+    ``interpolation_scale``, ...); a field left out is Transformer2DModel's default, not DiTTransformer2DModel's."""
+    ref = diffusers_transformer_2d()
+    ref.save_pretrained(tmp_path / "dit")
+    config = json.loads((tmp_path / "dit" / "config.json").read_text())
+    assert config["_class_name"] == "Transformer2DModel" and config["use_additional_conditions"] is None
+    x, t, y = inputs(ref)
+    want = reference(ref, x, t, y)
+    assert want.abs().mean() > 0.1
+    torch.testing.assert_close(zoo_output(from_pretrained(tmp_path / "dit").net, x, t, y), want, atol=1e-5, rtol=1e-5)
+    config.pop("activation_fn")  # Transformer2DModel's default: geglu, another MLP
+    (tmp_path / "dit" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InputError, match="activation_fn='geglu'"):
+        from_pretrained(tmp_path / "dit")
+
+
+def test_a_field_left_out_is_read_at_the_default_of_diffusers_own_class():
+    """The tables the zoo fills a config.json in from are the classes' own signatures (a wrong default is a silent
+    difference for every folder that leaves the field out)."""
+    import inspect
+
+    from zoo.diffusion.diffusers_config import CLASSES
+
+    for name, (_, fields) in CLASSES.items():
+        params = inspect.signature(getattr(diffusers, name).__init__).parameters
+        theirs = {k: list(v.default) if isinstance(v.default, tuple) else v.default for k, v in params.items()}
+        assert fields == {k: v for k, v in theirs.items() if k != "self"}, name
+
+
 @pytest.mark.parametrize("name", UNET_CONFIGS)
 def test_a_unet2d_loads_with_the_settings_of_its_config(tmp_path, name):
     ref = diffusers_unet(name)
@@ -168,6 +247,8 @@ def test_init_weights_takes_a_unet2d_folder_and_refuses_a_net_built_otherwise(tm
         "num_heads": (1, r"attn\.num_heads 4 \(net: 1\)"),
         "norm_groups": (16, r"num_groups 8 \(net: 16\)"),
         "time_freq_shift": (1.0, r"freq_shift 0\.0 \(net: 1\.0\)"),
+        "norm_eps": (1e-6, r"eps 1e-05 \(net: 1e-06\)"),
+        "downsample_padding": (0, r"padding 1 \(net: 0\)"),
     }
     for key, (value, why) in wrong.items():
         with pytest.raises(InputError, match=why) as err:
@@ -194,14 +275,14 @@ def test_from_pretrained_gives_a_module_that_samples_and_rebuilds_from_its_check
 # -- nothing dropped: each source tensor reaches the output ----------------------------------------------------
 
 
-def _perturbation_check(ref: torch.nn.Module, net: torch.nn.Module, config: Path) -> None:
-    """Change each source tensor in turn (a small random change): the zoo's output equals diffusers' again, and moves
-    wherever diffusers' does. Only attention's key biases move nothing, in both: softmax ignores a shift common to
-    a query's logits."""
+def _perturbation_check(ref: torch.nn.Module, net: torch.nn.Module, config: Path, only: str = "") -> None:
+    """Change each source tensor in turn (a small random change; ``only``: those whose names contain it): the zoo's
+    output equals diffusers' again, and moves wherever diffusers' does. Only attention's key biases move nothing, in
+    both: softmax ignores a shift common to a query's logits."""
     x, t, y = inputs(ref)
     base, state, g = reference(ref, x, t, y), ref.state_dict(), torch.Generator().manual_seed(4)
     inert = []
-    for name, value in state.items():
+    for name, value in [(k, v) for k, v in state.items() if only in k]:
         changed = value + 0.05 * torch.randn(value.shape, generator=g)
         with torch.no_grad():
             ref.load_state_dict({**state, name: changed})
@@ -227,6 +308,15 @@ def test_every_tensor_of_a_unet2d_reaches_the_output(tmp_path):
     ref = diffusers_unet("heads2-classes-sinfirst")  # one residual block per level: the same kinds, fewer tensors
     ref.save_pretrained(tmp_path / "unet")
     _perturbation_check(ref, from_pretrained(tmp_path / "unet").net, tmp_path / "unet" / "config.json")
+
+
+def test_every_tensor_of_resnet_resampling_and_scale_shift_reaches_the_output(tmp_path):
+    """The residual blocks that down- and upsample, their scale-shift step projections, the norm-free middle block."""
+    ref = diffusers_unet("adm-resnet-updown")
+    ref.save_pretrained(tmp_path / "unet")
+    net = from_pretrained(tmp_path / "unet").net
+    for part in ("samplers.0.", "mid_block."):
+        _perturbation_check(ref, net, tmp_path / "unet" / "config.json", only=part)
 
 
 # -- refused in one line ---------------------------------------------------------------------------------------
@@ -260,12 +350,18 @@ def test_a_folder_with_a_tensor_left_over_or_missing_is_refused_naming_it(tmp_pa
 
 
 UNSUPPORTED = [
-    ("unet", "resnet_time_scale_shift", "scale_shift"),
+    ("unet", "resnet_time_scale_shift", "ada_group"),
     ("unet", "class_embed_type", "timestep"),
-    ("unet", "norm_eps", 1e-6),
+    ("unet", "norm_eps", 0),
+    ("unet", "downsample_padding", 2),
+    ("unet", "downsample_type", "fir"),
     ("unet", "time_embedding_type", "fourier"),
     ("unet", "down_block_types", ["SkipDownBlock2D", "AttnDownBlock2D"]),
     ("unet", "up_block_types", ["UpBlock2D", "AttnUpBlock2D"]),
+    ("unet", "down_block_types", ["ResnetDownsampleBlock2D", "AttnDownBlock2D"]),  # conv resampling up, resnet down
+    ("unet", "mid_block_type", None),
+    ("unet", "mid_block_scale_factor", 2),
+    ("unet", "act_fn", "mish"),
     ("unet", "attention_head_dim", 5),
     ("unet", "center_input_sample", True),
     ("unet", "add_attention", False),
@@ -276,12 +372,20 @@ UNSUPPORTED = [
     ("dit", "out_channels", 5),
     ("dit", "_class_name", "UNet2DConditionModel"),
     ("dit", "auto_map", {"AutoModel": "evil.Model"}),
+    ("t2d", "caption_channels", 16),
+    ("t2d", "attention_type", "gated"),
+    ("t2d", "double_self_attention", True),
+    ("t2d", "norm_type", "ada_norm_single"),
+    ("t2d", "interpolation_scale", 2),
+    ("t2d", "attention_bias", False),
+    ("t2d", "patch_size", None),
 ]
 
 
 @pytest.mark.parametrize("kind,field,value", UNSUPPORTED, ids=[f"{k}-{f}" for k, f, _ in UNSUPPORTED])
 def test_a_config_value_the_zoo_does_not_implement_is_refused_by_name(tmp_path, kind, field, value):
-    ref = diffusers_dit() if kind == "dit" else diffusers_unet("heads4-classes")
+    makers = {"dit": diffusers_dit, "t2d": diffusers_transformer_2d, "unet": partial(diffusers_unet, "heads4-classes")}
+    ref = makers[kind]()
     ref.save_pretrained(tmp_path / kind)
     config = json.loads((tmp_path / kind / "config.json").read_text())
     (tmp_path / kind / "config.json").write_text(json.dumps(config | {field: value}))
@@ -348,8 +452,9 @@ def test_a_latent_pipeline_arrives_with_its_autoencoder_and_samples_decoded_imag
 # -- the command line: the net from the folder, no net block -------------------------------------------------
 
 
-def folder_config(tmp_path: Path, folder: Path, net: dict) -> Path:
-    """A fit of 2 steps on 8x8 shapes, starting from ``folder``, whose net block is ``net``."""
+def folder_config(tmp_path: Path, folder: Path, net: dict, objective: dict | None = None) -> Path:
+    """A fit of 2 steps on 8x8 shapes, starting from ``folder``, whose net block is ``net`` (``objective``: the
+    noise schedule's settings, T = 100 by default)."""
     images = dict(image_size=8, batch_size=4, num_train=8, num_val=4, num_test=4)
     config = {
         "model": {
@@ -357,7 +462,10 @@ def folder_config(tmp_path: Path, folder: Path, net: dict) -> Path:
             "init_args": {
                 "net": net,
                 "init_weights": str(folder),
-                "objective": {"class_path": "zoo.diffusion.GaussianDiffusion", "init_args": {"num_timesteps": 100}},
+                "objective": {
+                    "class_path": "zoo.diffusion.GaussianDiffusion",
+                    "init_args": objective or {"num_timesteps": 100},
+                },
                 "sampler": {"class_path": "zoo.diffusion.DDIMSampler", "init_args": {"steps": 2}},
                 "ema_decay": None,
             },
@@ -398,3 +506,26 @@ def test_the_cli_fine_tunes_a_dit_folder_with_no_net_block_and_refuses_a_net_blo
     with pytest.raises(InputError, match=r"net\.init_args\.num_heads=4 \(the source's: 2\)") as err:
         cli("fit", "--config", str(config), "--model.init_args.net.init_args.num_heads=4")
     assert "\n" not in str(err.value)
+
+
+def test_a_ddpm_pipeline_with_the_ddpm_release_s_unet_loads_in_python_and_through_the_cli(tmp_path):
+    """google/ddpm-style: a DDPMPipeline whose UNet2DModel pads its downsampling at the bottom and right only and
+    normalises with eps 1e-6; ``from_pretrained`` and ``init_weights: <pipeline>`` with ``net: zoo.diffusion.UNet``."""
+    from cli import main
+    from zoo.diffusion import DDPMSampler
+
+    ref = diffusers_unet("ddpm-release")
+    scheduler = diffusers.DDPMScheduler(num_train_timesteps=100, beta_schedule="squaredcos_cap_v2")
+    diffusers.DDPMPipeline(unet=ref, scheduler=scheduler).save_pretrained(tmp_path / "pipe")
+    x, t, y = inputs(ref)
+    want = reference(ref, x, t, y)
+    module = from_pretrained(tmp_path / "pipe")
+    assert isinstance(module.default_sampler, DDPMSampler)
+    torch.testing.assert_close(zoo_output(module.net, x, t, y), want, atol=1e-5, rtol=1e-5)
+    objective = {"num_timesteps": 100, "beta_schedule": "cosine"}  # the pipeline's scheduler
+    config = folder_config(tmp_path, tmp_path / "pipe", {"class_path": "zoo.diffusion.UNet"}, objective)
+    c = main(["--config", str(config)], run=False)  # built, not run: its weights load at configure_model
+    recorded = c.model.hparams["net"]["init_args"]
+    assert recorded["downsample_padding"] == 0 and recorded["norm_eps"] == 1e-6  # its checkpoints rebuild it
+    c.model.configure_model()
+    torch.testing.assert_close(zoo_output(c.model.net, x, t, y), want, atol=1e-5, rtol=1e-5)

@@ -377,7 +377,7 @@ FAMILIES: dict[str, dict] = {
                 "per_example = per_example",
             ),
             # Added with the UNet/EMA references (issue 14's bug classes: ignored step, dropped attention, ...).
-            (UN, "h = h + self.emb(F.silu(emb))[:, :, None, None]", "h = h"),
+            (UN, "h = self.norm2(h + e)", "h = self.norm2(h)"),
             (UN, "return x + out.contiguous(memory_format=layout)", "return x"),
             (UN, "if self.channels_last and not torch.is_grad_enabled():", "if self.channels_last:"),
             (
@@ -524,6 +524,33 @@ FAMILIES: dict[str, dict] = {
                 "return torch.linspace(*ends, num_timesteps, dtype=torch.float64) ** 2",
                 "return linear_betas(num_timesteps, *ends)",
             ),
+            # diffusers' configs of issue 53: the DDPM release's downsampling and eps, ADM's scale-shift and residual
+            # resampling, a DiT saved as Transformer2DModel over that class's defaults.
+            (UN, "x = F.pad(x, (0, 1, 0, 1))", "x = F.pad(x, (1, 0, 1, 0))"),
+            (DCF, '"downsample_padding": padding,', '"downsample_padding": 1,'),
+            (UN, "channels, eps=eps)", "channels)"),
+            (DCF, '"norm_eps": float(eps),', '"norm_eps": 1e-5,'),
+            (UN, "h = self.norm2(h) * (1 + scale) + shift", "h = self.norm2(h) * scale + shift"),
+            (UN, "scale, shift = e.chunk(2, dim=1)", "shift, scale = e.chunk(2, dim=1)"),
+            (UN, "return F.avg_pool2d(x, 2)", "return F.max_pool2d(x, 2)"),
+            (
+                UN,
+                "h = F.silu(self.norm1(x))\n        x, h = self._resampled(x), self._resampled(h)",
+                "x = self._resampled(x)\n        h = F.silu(self.norm1(x))",
+            ),
+            (
+                DCF,
+                '"mid_attention_norm": not scale_shift or c["attn_norm_num_groups"] is not None',
+                '"mid_attention_norm": True',
+            ),
+            (DCF, '    c.need("down_block_types", len(resampling) <= 1,', '    c.need("down_block_types", True,'),
+            (
+                DCF,
+                '"Transformer2DModel": ("DiT", TRANSFORMER_2D_FIELDS),',
+                '"Transformer2DModel": ("DiT", TRANSFORMER_2D_FIELDS | DIT_FIELDS),',
+            ),
+            (DCF, '"caption_channels": (None,)', '"caption_channels": (None, 16)'),
+            (DCF, '"use_additional_conditions": (None, False, True)', '"use_additional_conditions": (False, True)'),
         ],
     },
     "rl": {

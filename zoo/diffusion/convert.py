@@ -15,8 +15,8 @@ different ones in a DiT trained or fine-tuned in diffusers, which a ``DiT(block_
 (``time_freq_shift=1``), and its LayerNorm before each MLP with its config's ``norm_eps``.
 
 diffusers' ``UNet2DModel`` is DDPM's UNet too, block for block: ``unet_from_diffusers`` renames its keys to the
-zoo's ``UNet`` (q, k, v fused as the shared attention layer keeps them); its ``flip_sin_to_cos=False`` (sin-first
-features) is undone by permuting the step MLP's columns.
+zoo's ``UNet`` (q, k, v fused as the shared attention layer keeps them; a resampling residual block's keys as any
+residual block's); its ``flip_sin_to_cos=False`` (sin-first features) is undone by permuting the step MLP's columns.
 
     net = DiT("XL", 2, image_size=32, in_channels=4, num_classes=1000, learn_sigma=True)
     load_pretrained(net, "DiT-XL-2-256x256.pt")    # published
@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from zoo.diffusion.diffusers_config import Config, dit_settings, read_config, unet_settings
 from zoo.diffusion.dit import DiT
 from zoo.diffusion.embeddings import TimestepEmbedder
-from zoo.diffusion.unet import UNet
+from zoo.diffusion.unet import Downsample, ResBlock, UNet
 from zoo.errors import InputError
 from zoo.io.files import file_in, read_json
 from zoo.io.weights import check_compatible, extract_state_dict, is_remote, load_file
@@ -267,6 +267,8 @@ _SETTINGS = {
     nn.LayerNorm: ("eps",),
     SelfAttention: ("num_heads",),
     TimestepEmbedder: ("frequency_dim", "freq_shift"),
+    Downsample: ("padding",),
+    ResBlock: ("scale_shift", "resample"),
     DiT: ("image_size", "patch_size"),
     UNet: ("image_size",),
 }

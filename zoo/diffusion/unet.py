@@ -11,12 +11,19 @@ the module trains it), or with ``learn_sigma`` twice as many channels, the secon
 interpolation v of Nichol & Dhariwal 2021 (whose UNet does the same). ``num_classes`` > 0 adds a
 label embedding with a null class, ``num_classes``.
 
+Two switches of Dhariwal & Nichol 2021's ADM UNet (guided-diffusion's names): ``use_scale_shift_norm`` gives the step
+embedding to each residual block as a scale and shift after its second norm, and ``resblock_updown`` halves and
+doubles the side with residual blocks (average pooling and nearest upsampling inside) in place of the strided and
+upsampling convs. ``downsample_padding=0`` is the DDPM release's downsampling, as diffusers ports it: the conv pads
+one row and column at the bottom and right only.
+
 Notation: B batch, C channels, H/W height/width, E time-embedding width (4 x base channels).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -26,9 +33,9 @@ from zoo.diffusion.embeddings import LabelEmbedder, TimestepEmbedder
 from zoo.nn.attention import SelfAttention
 
 
-def group_norm(channels: int, groups: int = 32) -> nn.GroupNorm:
+def group_norm(channels: int, groups: int = 32, eps: float = 1e-5) -> nn.GroupNorm:
     # The largest group count <= ``groups`` that divides ``channels`` (tiny test nets have few channels).
-    return nn.GroupNorm(math.gcd(groups, channels), channels)
+    return nn.GroupNorm(math.gcd(groups, channels), channels, eps=eps)
 
 
 def zero(module: nn.Module) -> nn.Module:
@@ -38,29 +45,57 @@ def zero(module: nn.Module) -> nn.Module:
 
 
 class ResBlock(nn.Module):
-    """x + conv(drop(act(norm(conv(act(norm(x))) + W emb)))), with a 1x1 conv on the skip when C changes."""
+    """x + conv(drop(act(norm(conv(act(norm(x))) + W emb)))), with a 1x1 conv on the skip when C changes.
 
-    def __init__(self, c_in: int, c_out: int, emb_dim: int, dropout: float, groups: int) -> None:
+    ``scale_shift``: norm(h) * (1 + s) + b with (s, b) = W emb in place of the bias before the norm (ADM's
+    use_scale_shift_norm). ``resample`` "down" / "up": both branches halved (2x2 average) or doubled (nearest) after the
+    first norm, so the block changes the side (ADM's resblock_updown)."""
+
+    def __init__(
+        self,
+        c_in: int,
+        c_out: int,
+        emb_dim: int,
+        dropout: float,
+        groups: int,
+        eps: float = 1e-5,
+        scale_shift: bool = False,
+        resample: Literal["down", "up"] | None = None,
+    ) -> None:
         super().__init__()
-        self.norm1, self.conv1 = group_norm(c_in, groups), nn.Conv2d(c_in, c_out, 3, padding=1)
-        self.emb = nn.Linear(emb_dim, c_out)
-        self.norm2, self.drop = group_norm(c_out, groups), nn.Dropout(dropout)
+        self.scale_shift, self.resample = scale_shift, resample
+        self.norm1, self.conv1 = group_norm(c_in, groups, eps), nn.Conv2d(c_in, c_out, 3, padding=1)
+        self.emb = nn.Linear(emb_dim, 2 * c_out if scale_shift else c_out)
+        self.norm2, self.drop = group_norm(c_out, groups, eps), nn.Dropout(dropout)
         self.conv2 = zero(nn.Conv2d(c_out, c_out, 3, padding=1))
         self.skip = nn.Conv2d(c_in, c_out, 1) if c_in != c_out else nn.Identity()
 
+    def _resampled(self, x: Tensor) -> Tensor:
+        if self.resample == "down":
+            return F.avg_pool2d(x, 2)  # (B, C, H/2, W/2)
+        return F.interpolate(x, scale_factor=2.0, mode="nearest") if self.resample == "up" else x
+
     def forward(self, x: Tensor, emb: Tensor) -> Tensor:
-        h = self.conv1(F.silu(self.norm1(x)))  # (B, C_out, H, W)
-        h = h + self.emb(F.silu(emb))[:, :, None, None]  # the step (and label) as a per-channel bias
-        h = self.conv2(self.drop(F.silu(self.norm2(h))))
+        h = F.silu(self.norm1(x))
+        x, h = self._resampled(x), self._resampled(h)
+        h = self.conv1(h)  # (B, C_out, H', W')
+        e = self.emb(F.silu(emb))[:, :, None, None]  # the step (and label)
+        if self.scale_shift:
+            scale, shift = e.chunk(2, dim=1)
+            h = self.norm2(h) * (1 + scale) + shift
+        else:
+            h = self.norm2(h + e)  # a per-channel bias
+        h = self.conv2(self.drop(F.silu(h)))
         return self.skip(x) + h
 
 
 class AttentionBlock(nn.Module):
-    """Multi-head self-attention over the H*W positions, residual."""
+    """Multi-head self-attention over the H*W positions, residual (``norm=False``: of x unnormalised, as diffusers'
+    middle attention with a scale-shift step embedding and no ``attn_norm_num_groups``)."""
 
-    def __init__(self, channels: int, num_heads: int, groups: int) -> None:
+    def __init__(self, channels: int, num_heads: int, groups: int, eps: float = 1e-5, norm: bool = True) -> None:
         super().__init__()
-        self.norm = group_norm(channels, groups)
+        self.norm = group_norm(channels, groups, eps) if norm else nn.Identity()
         self.attn = SelfAttention(channels, num_heads)  # a 1x1 conv is a linear map of each position's channels
         zero(self.attn.proj)
 
@@ -75,11 +110,19 @@ class AttentionBlock(nn.Module):
 
 
 class Downsample(nn.Module):
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, stride=2, padding=1)
+    """A 3x3 conv of stride 2; ``padding=0``: padded by one at the bottom and right only (the DDPM release's, in
+    diffusers' Downsample2D), which shifts the sampled grid by half a pixel against ``padding=1``."""
 
-    def forward(self, x: Tensor) -> Tensor:
+    def __init__(self, channels: int, padding: int = 1) -> None:
+        super().__init__()
+        if padding not in (0, 1):
+            raise ValueError(f"downsample padding {padding}: 1 (both sides) or 0 (bottom and right)")
+        self.padding = padding
+        self.conv = nn.Conv2d(channels, channels, 3, stride=2, padding=padding)
+
+    def forward(self, x: Tensor, emb: Tensor | None = None) -> Tensor:  # emb: a resampling ResBlock's argument
+        if self.padding == 0:
+            x = F.pad(x, (0, 1, 0, 1))
         return self.conv(x)  # (B, C, H/2, W/2)
 
 
@@ -88,7 +131,7 @@ class Upsample(nn.Module):
         super().__init__()
         self.conv = nn.Conv2d(channels, channels, 3, padding=1)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, emb: Tensor | None = None) -> Tensor:
         return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))  # (B, C, 2H, 2W)
 
 
@@ -96,12 +139,21 @@ class Level(nn.Module):
     """The residual (+ attention) blocks of one resolution, on one side of the U."""
 
     def __init__(
-        self, c_ins: list[int], c_out: int, emb_dim: int, dropout: float, attention: bool, num_heads: int, groups: int
+        self,
+        c_ins: list[int],
+        c_out: int,
+        emb_dim: int,
+        dropout: float,
+        attention: bool,
+        num_heads: int,
+        groups: int,
+        eps: float = 1e-5,
+        scale_shift: bool = False,
     ) -> None:
         super().__init__()
-        self.res = nn.ModuleList(ResBlock(c, c_out, emb_dim, dropout, groups) for c in c_ins)
+        self.res = nn.ModuleList(ResBlock(c, c_out, emb_dim, dropout, groups, eps, scale_shift) for c in c_ins)
         self.attn = nn.ModuleList(
-            AttentionBlock(c_out, num_heads, groups) if attention else nn.Identity() for _ in c_ins
+            AttentionBlock(c_out, num_heads, groups, eps) if attention else nn.Identity() for _ in c_ins
         )
 
 
@@ -123,6 +175,11 @@ class UNet(nn.Module):
         learn_sigma: bool = False,
         channels_last: bool = True,
         time_freq_shift: float = 0.0,
+        norm_eps: float = 1e-5,
+        downsample_padding: int = 1,
+        use_scale_shift_norm: bool = False,
+        resblock_updown: bool = False,
+        mid_attention_norm: bool = True,
     ) -> None:
         """
         Args:
@@ -143,6 +200,13 @@ class UNet(nn.Module):
                 keeps the default layout, so weight gradients have their weights' strides (DDP buckets, FSDP2).
             time_freq_shift: the step features' frequencies max_period^(-i / (half - shift)): 0 in DDPM and ADM, and
                 diffusers' UNet2DModel's ``freq_shift`` (0 by default, 1 in some of its configs).
+            norm_eps: eps of every GroupNorm (1e-5; 1e-6 in the DDPM release, diffusers' ``norm_eps``).
+            downsample_padding: 1, or 0 for the DDPM release's downsampling conv (padded at the bottom and right).
+            use_scale_shift_norm: the step embedding as a scale and shift after each residual block's second norm
+                (ADM), in place of a bias before it.
+            resblock_updown: downsample and upsample with residual blocks (ADM), in place of the resampling convs.
+            mid_attention_norm: the middle attention normalises its input (False: diffusers' UNet2DModel with
+                ``resnet_time_scale_shift: scale_shift`` and no ``attn_norm_num_groups``).
         """
         super().__init__()
         if image_size % 2 ** (len(channel_mults) - 1):
@@ -154,33 +218,42 @@ class UNet(nn.Module):
         self.time_embed = TimestepEmbedder(emb_dim, frequency_dim=base_channels, freq_shift=time_freq_shift)
         self.label_embed = LabelEmbedder(num_classes, emb_dim) if num_classes > 0 else None
         self.conv_in = nn.Conv2d(in_channels, base_channels, 3, padding=1)
-        args = dict(emb_dim=emb_dim, dropout=dropout, num_heads=num_heads, groups=norm_groups)
+        block = dict(emb_dim=emb_dim, dropout=dropout, groups=norm_groups, eps=norm_eps)
+        block["scale_shift"] = use_scale_shift_norm
+        args = dict(block, num_heads=num_heads)
 
         widths = [base_channels * m for m in channel_mults]
-        skips, c, res = [base_channels], base_channels, image_size  # channels of each skip, in order
+        skips, c, side = [base_channels], base_channels, image_size  # channels of each skip, in order
         self.down, self.downsample = nn.ModuleList(), nn.ModuleList()
         for i, w in enumerate(widths):
-            self.down.append(Level([c] + [w] * (num_res_blocks - 1), w, attention=res in attention_resolutions, **args))
+            level = Level([c] + [w] * (num_res_blocks - 1), w, attention=side in attention_resolutions, **args)
+            self.down.append(level)
             c = w
             skips += [w] * num_res_blocks
             last = i == len(widths) - 1
-            self.downsample.append(nn.Identity() if last else Downsample(c))
-            if not last:
+            if last:
+                self.downsample.append(nn.Identity())
+            else:
+                resblock = ResBlock(c, c, **block, resample="down") if resblock_updown else None
+                self.downsample.append(resblock or Downsample(c, downsample_padding))
                 skips.append(c)
-                res //= 2
-        self.mid_res1 = ResBlock(c, c, emb_dim, dropout, norm_groups)
-        self.mid_attn = AttentionBlock(c, num_heads, norm_groups)
-        self.mid_res2 = ResBlock(c, c, emb_dim, dropout, norm_groups)
+                side //= 2
+        self.mid_res1 = ResBlock(c, c, **block)
+        self.mid_attn = AttentionBlock(c, num_heads, norm_groups, norm_eps, norm=mid_attention_norm)
+        self.mid_res2 = ResBlock(c, c, **block)
         self.up, self.upsample = nn.ModuleList(), nn.ModuleList()
         for i, w in reversed(list(enumerate(widths))):
             c_ins = []
             for _ in range(num_res_blocks + 1):
                 c_ins.append(c + skips.pop())
                 c = w
-            self.up.append(Level(c_ins, w, attention=res in attention_resolutions, **args))
-            self.upsample.append(Upsample(c) if i > 0 else nn.Identity())
-            res = res * 2 if i > 0 else res
-        self.norm_out = group_norm(c, norm_groups)
+            self.up.append(Level(c_ins, w, attention=side in attention_resolutions, **args))
+            if i == 0:
+                self.upsample.append(nn.Identity())
+            else:
+                self.upsample.append(ResBlock(c, c, **block, resample="up") if resblock_updown else Upsample(c))
+                side *= 2
+        self.norm_out = group_norm(c, norm_groups, norm_eps)
         self.conv_out = zero(nn.Conv2d(c, self.out_channels, 3, padding=1))
 
     def io_layers(self) -> tuple[str, ...]:
@@ -207,11 +280,12 @@ class UNet(nn.Module):
                 h = attn(res(h, emb))
                 skips.append(h)
             if not isinstance(down, nn.Identity):
-                h = down(h)
+                h = down(h, emb)
                 skips.append(h)
         h = self.mid_res2(self.mid_attn(self.mid_res1(h, emb)), emb)  # (B, C_max, H / 2^(L-1), W / 2^(L-1))
         for level, up in zip(self.up, self.upsample):
             for res, attn in zip(level.res, level.attn):
                 h = attn(res(torch.cat([h, skips.pop()], dim=1), emb))
-            h = up(h)
+            if not isinstance(up, nn.Identity):
+                h = up(h, emb)
         return self.conv_out(F.silu(self.norm_out(h))).contiguous()  # (B, C_out, H, W)
