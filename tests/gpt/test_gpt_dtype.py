@@ -151,3 +151,49 @@ def test_a_model_stored_in_bf16_is_rebuilt_in_bf16(llama_bf16):
     x = torch.randint(0, module.net.vocab_size, (1, 9))
     with torch.no_grad():
         assert torch.equal(rebuilt(x), module(x))
+
+
+def _cli_config(folder, tmp_path, precision: str) -> str:
+    """A fine-tune of ``folder`` under ``precision`` with ``init_dtype: bfloat16``, as a user's YAML states it."""
+    (tmp_path / "text.txt").write_text("the cat sat on the mat. " * 200)
+    model = {"net": {"class_path": "zoo.gpt.GPT"}, "init_weights": str(folder), "init_dtype": "bfloat16"}
+    data = {"path": str(tmp_path / "text.txt"), "tokenizer": "pretrained", "pretrained_dir": str(folder)}
+    data |= {"block_size": 16, "batch_size": 2, "samples_per_epoch": 4, "val_samples": 2}
+    trainer = {"max_steps": 1, "logger": False, "enable_progress_bar": False, "default_root_dir": str(tmp_path)}
+    config = {
+        "model": {"class_path": "zoo.gpt.CausalLMModule", "init_args": model},
+        "data": {"class_path": "datamodules.TextDataModule", "init_args": data},
+        "trainer": trainer | {"precision": precision},
+    }
+    (tmp_path / "bf16.yaml").write_text(json.dumps(config))
+    return str(tmp_path / "bf16.yaml")
+
+
+@pytest.mark.parametrize("precision", ["bf16-true", "32-true"])
+def test_cli_init_dtype_meets_the_trainer_precision_it_states(llama_bf16, tmp_path, precision):
+    from cli import main
+
+    c = main(["--config", _cli_config(llama_bf16, tmp_path, precision)], run=False)  # built: weights load at setup
+    c.model.trainer = c.trainer
+    if precision == "32-true":
+        with pytest.raises(InputError, match=r"^model.init_args.init_dtype=bfloat16 contradicts trainer.precision=32"):
+            c.model.setup("fit")
+        return
+    c.model.setup("fit")
+    assert {p.dtype for p in c.model.net.parameters()} == {torch.bfloat16}
+
+
+@pytest.mark.slow  # ~20 s on 2 loaded cores: two cli.py runs (a fit, a refused one); the rule itself is tested above
+def test_through_cli_a_bf16_folder_fits_in_bf16_under_bf16_true_and_a_contradiction_is_one_line(
+    llama_bf16, tmp_path, monkeypatch, capsys
+):
+    from conftest import cli, terminal
+
+    config = _cli_config(llama_bf16, tmp_path, "bf16-true")
+    c = cli("fit", "--config", config)
+    assert c.trainer.global_step == 1 and {p.dtype for p in c.model.net.parameters()} == {torch.bfloat16}
+    stored = torch.load(c.trainer.checkpoint_callback.last_model_path, weights_only=True)["state_dict"]
+    assert stored["net.tok_emb.weight"].dtype == torch.bfloat16  # a checkpoint keeps the dtype it trained in
+    status, _, err = terminal(monkeypatch, capsys, "fit", "--config", config, "--trainer.precision=32-true")
+    assert status != 0
+    assert err.strip().splitlines()[-2].startswith("error: model.init_args.init_dtype=bfloat16 contradicts")
