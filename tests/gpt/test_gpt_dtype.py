@@ -90,6 +90,9 @@ def test_auto_without_a_stated_dtype_is_the_weights_and_another_dtype_is_refused
     (folder / "config.json").write_text(json.dumps(config))
     assert transformers.AutoModelForCausalLM.from_pretrained(folder).dtype == torch.float16
     assert from_pretrained(folder).net.tok_emb.weight.dtype == torch.float16
+    (folder / "config.json").write_text(json.dumps(config | {"dtype": "bfloat16"}))  # the config's over the weights'
+    assert transformers.AutoModelForCausalLM.from_pretrained(folder).dtype == torch.bfloat16
+    assert from_pretrained(folder).net.tok_emb.weight.dtype == torch.bfloat16
     (folder / "config.json").write_text(json.dumps(config | {"torch_dtype": "float64"}))  # transformers 4's key
     with pytest.raises(InputError, match=r"states dtype 'float64': the zoo loads float32, bfloat16, float16"):
         from_pretrained(folder)
@@ -131,8 +134,9 @@ def test_init_weights_loads_in_the_dtype_the_trainer_precision_trains(
     module = _trained_under(llama_bf16, precision, init_dtype)
     assert {p.dtype for p in module.net.parameters()} == {trained}
     assert module.net.rope_cos.dtype == torch.float32
-    said = capsys.readouterr().err
-    assert ("loaded as float32" in said) == (trained == torch.float32 and init_dtype == "auto")
+    said = capsys.readouterr().err  # a line where auto gives way to the precision, none where the folder's is kept
+    assert ("holds bfloat16: loaded as float32" in said) == (trained == torch.float32 and init_dtype == "auto")
+    assert "holds float32" not in said
 
 
 @pytest.mark.parametrize("precision, init_dtype", [("32-true", "bfloat16"), ("bf16-true", "float32")])
