@@ -145,16 +145,25 @@ def test_an_init_dtype_the_trainer_precision_contradicts_is_refused(llama_bf16, 
         _trained_under(llama_bf16, precision, init_dtype)
 
 
-def test_a_model_stored_in_bf16_is_rebuilt_in_bf16(llama_bf16):
-    """What registration stores (``weights.safetensors``: the state dict as trained) and the pyfunc rebuilds."""
+def test_a_model_stored_in_bf16_is_rebuilt_in_bf16(llama_bf16, tmp_path):
+    """What a checkpoint and registration store (the state dict as trained) and what ``load_from_checkpoint``,
+    ``load_model`` and the MLflow pyfunc (``module_from``) rebuild from it, without a trainer."""
+    import lightning
+
     module = from_pretrained(llama_bf16)
+    checkpoint = {"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)}
+    module.on_save_checkpoint(checkpoint)
+    torch.save(checkpoint | {"pytorch-lightning_version": lightning.__version__}, tmp_path / "bf16.ckpt")
     spec = {"class_path": "zoo.gpt.CausalLMModule", "init_args": dict(module.hparams)}
-    rebuilt = module_from(spec, module.state_dict())
-    assert {p.dtype for p in rebuilt.net.parameters()} == {torch.bfloat16}
-    assert rebuilt.net.rope_cos.dtype == torch.float32
     x = torch.randint(0, module.net.vocab_size, (1, 9))
-    with torch.no_grad():
-        assert torch.equal(rebuilt(x), module(x))
+    for rebuilt in (
+        module_from(spec, module.state_dict()),
+        CausalLMModule.load_from_checkpoint(tmp_path / "bf16.ckpt"),
+    ):
+        assert {p.dtype for p in rebuilt.net.parameters()} == {torch.bfloat16}
+        assert rebuilt.net.rope_cos.dtype == torch.float32
+        with torch.no_grad():
+            assert torch.equal(rebuilt.eval()(x), module(x))
 
 
 def _cli_config(folder, tmp_path, precision: str) -> str:

@@ -316,7 +316,7 @@ FAMILIES: dict[str, dict] = {
             (G, '("rope_cos", "rope_sin"))', "())"),
             (GM, "        self.net.to(dtypes.for_precision(", "        (dtypes.for_precision("),
             (BUD, "lambda: _in_dtype(lambda: cls(**kwargs), dtype)", "lambda: cls(**kwargs)"),
-            (CK, "        module.to(dtype)  # a model trained", "        pass  # a model trained"),
+            (GM, "                self.to(dtype)\n", "                pass\n"),
             (MET, "    if left:\n", "    if False:\n"),
             (MET, "        if value.shape != target.shape:\n", "        if False:\n"),
             (MET, "        if id(target) not in given:\n", "        if True:\n"),

@@ -437,6 +437,10 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # The checkpoint's adapter keys meet adapted layers; a base left out is read again from init_weights.
         restore_base(self, checkpoint, self._load_base, lambda: adapt_module(self, self.hparams.adapt))
+        if trainer_of(self) is None and "state_dict" in checkpoint:  # under a trainer, its precision decides
+            dtype = dtypes.trained_dtype(self, checkpoint["state_dict"])
+            if dtype is not None:  # trained under bf16-true: rebuilt in bf16 (load_state_dict would upcast it)
+                self.to(dtype)
         if "state_dict" in checkpoint:  # absent in a sharded (FSDP2) resume: the shards load into the net directly
             check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
         if "tokenizer" in checkpoint:

@@ -204,24 +204,12 @@ def build_module(spec: dict, source: str = "the model", given: dict | None = Non
 
 def module_from(spec: dict, state_dict: dict, source: str = "the model", given: dict | None = None) -> LightningModule:
     """The module ``spec`` describes (``build_module``; ``given``: the caller's own arguments over the stored ones),
-    its model state and weights loaded, in eval mode, in the dtype its parameters were stored in (``trained_dtype``)."""
+    its model state and weights loaded, in eval mode."""
     module = build_module(spec, source, given)
-    dtype = trained_dtype(module, state_dict)
-    if dtype is not None:
-        module.to(dtype)  # a model trained under bf16-true serves as bf16, not silently upcast by load_state_dict
     with tripwire.guard():
         module.on_load_checkpoint({"state_dict": state_dict, **spec.get("checkpoint", {})})  # checks keys, tokenizer
         module.load_state_dict(state_dict)
     return module.eval()
-
-
-def trained_dtype(module: torch.nn.Module, state_dict: dict) -> torch.dtype | None:
-    """The one floating dtype of the stored parameters of ``module`` (a ``*-true`` precision's, as Lightning saved
-    them) where it is not the module's as built; None where they are the module's, or of several dtypes."""
-    params = dict(module.named_parameters())
-    stored = {v.dtype for k, v in state_dict.items() if k in params and v.is_floating_point()}
-    built = {p.dtype for p in params.values() if p.is_floating_point()}
-    return next(iter(stored)) if len(stored) == 1 and stored != built else None
 
 
 def read_module(spec_file: str | Path, weights: str | Path) -> LightningModule:

@@ -112,3 +112,12 @@ def of_source(path: str | Path, chosen: str, default: torch.dtype) -> torch.dtyp
     if path.suffix == ".safetensors" and path.is_file():
         return stated({}, [path], str(path)) if _header_dtypes(path) else default
     return default
+
+
+def trained_dtype(module: torch.nn.Module, state_dict: dict) -> torch.dtype | None:
+    """The one floating dtype of the stored parameters of ``module`` (a ``*-true`` precision's, as Lightning saved
+    them) where it is not the module's as built; None where they are the module's, or of several dtypes."""
+    params = dict(module.named_parameters())
+    stored = {v.dtype for k, v in state_dict.items() if k in params and v.is_floating_point()}
+    built = {p.dtype for p in params.values() if p.is_floating_point()}
+    return next(iter(stored)) if len(stored) == 1 and stored != built else None
