@@ -122,10 +122,8 @@ def _trained_under(folder, precision: str, init_dtype: str = "auto") -> CausalLM
     "precision, init_dtype, trained",
     [
         ("bf16-true", "auto", torch.bfloat16),
-        ("bf16-true", "bfloat16", torch.bfloat16),
         ("32-true", "auto", torch.float32),  # upcast, with a line
         ("bf16-mixed", "auto", torch.float32),  # mixed precision's float32 master weights
-        ("32-true", "float32", torch.float32),
     ],
 )
 def test_init_weights_loads_in_the_dtype_the_trainer_precision_trains(
