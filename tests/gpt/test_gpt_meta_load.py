@@ -81,7 +81,7 @@ def test_from_pretrained_builds_on_meta_and_keeps_the_tensors_it_reads(tmp_path,
 
 def test_a_bf16_folder_loads_as_fp32_equal_to_its_weights(tmp_path):
     model = write_llama(tmp_path, torch.bfloat16)
-    net = from_pretrained(tmp_path).net
+    net = from_pretrained(tmp_path, dtype="float32").net  # auto: bf16 (tests/gpt/test_gpt_dtype.py)
     assert {p.dtype for p in net.parameters()} == {torch.float32}
     assert torch.equal(net.blocks[1].mlp.proj.weight, model.model.layers[1].mlp.down_proj.weight.float())
     built = GPT(**net_kwargs(read_folder(tmp_path)[1]))

@@ -42,6 +42,7 @@ CL, CC, CMT = "zoo/clip/losses.py", "zoo/clip/clip.py", "zoo/clip/metrics.py"
 CPT, NI, CMO = "zoo/clip/pretrained.py", "zoo/io/new_inputs.py", "zoo/clip/module.py"
 SGL, CTW, STK = "zoo/clip/siglip.py", "zoo/clip/towers.py", "zoo/io/siglip_tokenizer.py"
 TR, CK = "zoo/io/trust.py", "zoo/io/checkpoint.py"
+DTY, HF, BUD = "zoo/io/dtypes.py", "zoo/gpt/hf.py", "zoo/io/budget.py"
 BL, TW = "zoo/io/build.py", "zoo/io/tripwire.py"
 RG, SC = "zoo/tracking/models.py", "zoo/app/stored_config.py"
 AD, LC, RC = "zoo/adapt/lora.py", "zoo/rl/lifecycle.py", "zoo/rl/common.py"
@@ -94,6 +95,7 @@ FAMILIES: dict[str, dict] = {
             "tests/gpt/test_sampling.py",
             "tests/gpt/test_mtp.py",  # first: seconds, and its transformers references catch attention mutants too
             "tests/gpt/test_gpt_meta_load.py",  # seconds: a load on the meta device, its sharing and refusals
+            "tests/gpt/test_gpt_dtype.py",  # seconds: each dtype against transformers', init_dtype and the precision
             "tests/gpt/test_gpt_pretrained.py",  # seconds: every architecture a folder loads as, against transformers
             "tests/gpt/test_gpt_llama.py",
             "tests/gpt/test_gpt_behaviour.py",
@@ -296,6 +298,26 @@ FAMILIES: dict[str, dict] = {
             ("zoo/gpt/hf.py", 'with torch.device("meta"):', 'with torch.device("cpu"):'),
             ("zoo/gpt/hf.py", "    net.init_buffers()  #", "    pass  #"),
             (G, 'if module is not self and hasattr(module, "init_buffers"):', "if False:"),
+            # issue 53: dtype (auto as transformers 5 resolves it, read without a float32 detour, init_dtype's rule)
+            (DTY, 'value = config.get("dtype") or config.get("torch_dtype")', 'value = config.get("dtype")'),
+            (DTY, 'value = config.get("dtype") or config.get("torch_dtype")', "value = None"),
+            (DTY, '    if chosen != "auto":\n        raise InputError(', "    if False:\n        raise InputError("),
+            (DTY, "    if want is None or want == held:\n", "    if True:\n"),
+            (
+                DTY,
+                '        return stated(read_config(path / "config.json")',
+                '        return default or stated(read_config(path / "config.json")',
+            ),
+            (HF, "        net = GPT(**kwargs).to(dtype)\n", "        net = GPT(**kwargs)\n"),
+            (
+                MET,
+                "                view = view[n:]\n        return out\n",
+                "                view = view[n:]\n        return out.float()\n",
+            ),
+            (G, '("rope_cos", "rope_sin"))', "())"),
+            (GM, "        self.net.to(dtypes.for_precision(", "        (dtypes.for_precision("),
+            (BUD, "lambda: _in_dtype(lambda: cls(**kwargs), dtype)", "lambda: cls(**kwargs)"),
+            (GM, "                self.to(dtype)\n", "                pass\n"),
             (MET, "    if left:\n", "    if False:\n"),
             (MET, "        if value.shape != target.shape:\n", "        if False:\n"),
             (MET, "        if id(target) not in given:\n", "        if True:\n"),

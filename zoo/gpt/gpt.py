@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from zoo.compat import apply_keeping_float32
 from zoo.gpt.attention import MHA, AttentionClass, LayerCache, Llama3RoPE, YaRNRoPE, rope_cache
 from zoo.gpt.mlp import GeluMLP, SwiGLU
 from zoo.gpt.moe import MoE
@@ -186,6 +187,11 @@ class GPT(nn.Module):
         for module in self.modules():
             if module is not self and hasattr(module, "init_buffers"):
                 module.init_buffers()
+
+    def _apply(self, fn, recurse=True):
+        """RoPE's tables keep float32 when the net is cast (``.to``, ``.half``, Lightning's ``*-true`` precisions), as
+        ``apply_rope`` rotates in float32 and as transformers computes its tables from a float32 ``inv_freq``."""
+        return apply_keeping_float32(self, fn, recurse, ("rope_cos", "rope_sin"))
 
     def reset_parameters(self) -> None:
         """GPT-2 initialisation: N(0, 0.02), zero biases, residual output projections N(0, 0.02/sqrt(2L)) (the

@@ -222,11 +222,12 @@ def load_pretrained(net: GPT, path: str | Path) -> GPT:
     return load_safetensors(net, path)
 
 
-def pretrained_gpt(kwargs: dict, path: str | Path) -> GPT:
-    """``GPT(**kwargs)`` holding the weights at ``path`` (as ``load_pretrained`` reads them), built on the meta device
-    and given each tensor by assignment (``zoo.io.meta_load``): no random initialisation, and the weights never in
-    memory twice."""
+def pretrained_gpt(kwargs: dict, path: str | Path, dtype: torch.dtype = torch.float32) -> GPT:
+    """``GPT(**kwargs)`` holding the weights at ``path`` (as ``load_pretrained`` reads them) in ``dtype``, built on the
+    meta device and given each tensor by assignment (``zoo.io.meta_load``): no random initialisation, the weights never
+    in memory twice, and a tensor stored in ``dtype`` kept as read. RoPE's tables are computed in float32 whatever
+    ``dtype`` (transformers keeps its ``inv_freq`` so)."""
     with torch.device("meta"):
-        net = GPT(**kwargs)
+        net = GPT(**kwargs).to(dtype)
     net.init_buffers()  # RoPE's tables and the routers' statistics are computed, not loaded
     return load_pretrained(net, path)

@@ -21,8 +21,10 @@ from zoo.gpt.losses import causal_lm_loss, causal_lm_objective, mtp_loss
 from zoo.gpt.moe import routers
 from zoo.gpt.speculative import MTPDraft, SpeculationStats, speculative_generate
 from zoo.gpt.tasks import TaskMetrics
+from zoo.io import dtypes
 from zoo.io.chat_template import chat_renderer, checked_messages
 from zoo.io.checkpoint import WeightsOnlyLoading
+from zoo.io.dtypes import Dtype
 from zoo.io.hparams import save_hparams
 from zoo.io.tokenizers import prompt_ids, tokenizer_from_dict
 from zoo.io.weights import check_compatible, extract_state_dict, readable
@@ -68,6 +70,7 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         mtp_weight: float = 0.3,
         adapt: Adaptation | None = None,
         adapter_weights: str | None = None,
+        init_dtype: Dtype = "auto",
     ) -> None:
         """
         Args:
@@ -95,6 +98,10 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
                 read when a fit starts (a resumed one too, before its checkpoint is restored over it), under
                 ``adapt.lora`` (set from the adapter when unset); a location, so a stored config drops it and its
                 checkpoints load without the folder.
+            init_dtype: the dtype ``init_weights`` loads in, as ``zoo.gpt.from_pretrained``'s ``dtype`` (``auto``: the
+                folder's ``dtype``/``torch_dtype``, else its weights'). Under a trainer it must be the dtype
+                ``trainer.precision`` trains (``bf16-true``: bfloat16; ``32-true`` and the mixed ones: float32): with
+                ``auto`` a folder in another is cast to it with one line, a dtype named here that differs is refused.
         """
         super().__init__()
         save_hparams(self, "net")
@@ -148,7 +155,12 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
     def _load_base(self) -> None:
         from zoo.gpt.hf import load_pretrained
 
-        load_pretrained(self.net, readable(self.hparams.init_weights))
+        path = readable(self.hparams.init_weights)
+        chosen = self.hparams.init_dtype
+        held = dtypes.of_source(path, chosen, next(self.net.parameters()).dtype)
+        trainer = trainer_of(self)
+        self.net.to(dtypes.for_precision(chosen, held, trainer and trainer.precision, str(path)))
+        load_pretrained(self.net, path)
         self._init_loaded = True
 
     # -- steps -------------------------------------------------------------------------------------------
@@ -426,6 +438,10 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # The checkpoint's adapter keys meet adapted layers; a base left out is read again from init_weights.
         restore_base(self, checkpoint, self._load_base, lambda: adapt_module(self, self.hparams.adapt))
+        if trainer_of(self) is None and "state_dict" in checkpoint:  # under a trainer, its precision decides
+            dtype = dtypes.trained_dtype(self, checkpoint["state_dict"])
+            if dtype is not None:  # trained under bf16-true: rebuilt in bf16 (load_state_dict would upcast it)
+                self.to(dtype)
         if "state_dict" in checkpoint:  # absent in a sharded (FSDP2) resume: the shards load into the net directly
             check_compatible(self.net, extract_state_dict(checkpoint, "net."), "checkpoint")
         if "tokenizer" in checkpoint:

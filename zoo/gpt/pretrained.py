@@ -28,6 +28,8 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from zoo.compat import given_hyperparameters_context
 from zoo.errors import InputError
 from zoo.gpt.generate import Generation
@@ -36,7 +38,8 @@ from zoo.gpt.hf import gpt2_net_kwargs, pretrained_gpt
 from zoo.gpt.llama import net_kwargs as llama_net_kwargs
 from zoo.gpt.module import CausalLMModule
 from zoo.gpt.mtp import hf_mtp_depth
-from zoo.io import budget, hf_tokenizer
+from zoo.io import budget, dtypes, hf_tokenizer
+from zoo.io.dtypes import Dtype
 from zoo.io.files import read_config
 from zoo.io.tokenizers import GPT2Tokenizer, Tokenizer
 from zoo.io.trust import LIGHTNING_INSTANTIATOR
@@ -212,20 +215,23 @@ def folder_tokenizer(folder: Path, config: dict) -> Tokenizer:
     return hf_tokenizer.from_folder(folder, _eos_ids(folder, config), config.get("model_type"))
 
 
-def from_pretrained(path: str | Path, **module_kwargs: Any) -> CausalLMModule:
+def from_pretrained(path: str | Path, *, dtype: Dtype | torch.dtype = "auto", **module_kwargs: Any) -> CausalLMModule:
     """A ``CausalLMModule`` holding the model of a local Hugging Face folder, ready to ``generate`` or to fit:
     the net from its config.json, every weight exact, its tokenizer and generation defaults attached.
+    ``dtype``: the weights' dtype, as transformers 5's ``from_pretrained`` takes it (``auto``, its default: the folder's
+    ``dtype``/``torch_dtype``, else its weights'; ``float32``, ``bfloat16``, ``float16``); RoPE's tables stay float32.
     ``module_kwargs`` go to ``CausalLMModule`` (``optimizer``, ``compile``, ``generation``, ...)."""
     folder, config = read_folder(path)
     tokenizer = folder_tokenizer(folder, config)  # before the weights: a folder without one fails fast
     kwargs = net_kwargs(config, folder)
-    budget.check_kwargs(GPT, kwargs, str(folder))
+    dtype = dtypes.resolve(dtype, config, sorted(folder.glob("*.safetensors")), str(folder / "config.json"))
+    budget.check_kwargs(GPT, kwargs, str(folder), dtype)
     if tokenizer.vocab_size > kwargs["vocab_size"]:  # more ids would index past the embedding; fewer is padding
         raise InputError(
             f"{str(folder)!r}: the tokenizer has {tokenizer.vocab_size} ids, more than config.json's vocab_size "
             f"{kwargs['vocab_size']}: the tokenizer files are not this model's"
         )
-    net = pretrained_gpt(kwargs, folder)  # built on the meta device: the weights are never in memory twice
+    net = pretrained_gpt(kwargs, folder, dtype)  # built on the meta device: the weights are never in memory twice
     module_kwargs.setdefault("generation", generation_defaults(folder))
     module = recorded_module(net, kwargs, **module_kwargs)
     module.tokenizer = tokenizer

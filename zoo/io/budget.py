@@ -238,9 +238,21 @@ def check(config: Any, source: str, nets: list[tuple[str, Any]] = (), own: tuple
     check_memory(list(nets), values, source)
 
 
-def check_kwargs(cls: type[nn.Module], kwargs: dict[str, Any], source: str) -> None:
-    """``check`` on the arguments a family's converter made for ``cls`` from a folder's ``config.json``."""
-    check(dict(kwargs), str(source), nets=[(cls.__name__, lambda: cls(**kwargs))])
+def check_kwargs(cls: type[nn.Module], kwargs: dict[str, Any], source: str, dtype: torch.dtype = torch.float32) -> None:
+    """``check`` on the arguments a family's converter made for ``cls`` from a folder's ``config.json``, its floating
+    parameters and buffers counted at the ``dtype`` the load holds them in."""
+    check(dict(kwargs), str(source), nets=[(cls.__name__, lambda: _in_dtype(lambda: cls(**kwargs), dtype))])
+
+
+def _in_dtype(make: Any, dtype: torch.dtype) -> nn.Module:
+    """``make()`` with ``dtype`` as torch's default dtype, so that ``meta_bytes`` counts floating tensors at its size
+    as they are registered (a float32 buffer a class asks for by name stays float32)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        return make()
+    finally:
+        torch.set_default_dtype(old)
 
 
 def _set(config: Any, where: str, value: int) -> None:
