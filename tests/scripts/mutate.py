@@ -504,7 +504,7 @@ FAMILIES: dict[str, dict] = {
                 'if written_by != zoo.__version__ and not err.where.endswith("class_path"):',
                 'if written_by is not None and not err.where.endswith("class_path"):',
             ),
-            ("zoo/io/checkpoint.py", "checkpoint[\"hyper_parameters\"][build.VERSION_KEY] = zoo.__version__", "pass"),
+            ("zoo/io/checkpoint.py", 'checkpoint["hyper_parameters"][build.VERSION_KEY] = zoo.__version__', "pass"),
             # Pretrained loads exact or refused (issue 39): per-block embedders kept, nothing left over, the net's
             # hidden settings (heads, step features) from config.json and checked, an autoencoder's config checked.
             (CV, "            if i == 0 or per_block:", "            if i == 0:"),
@@ -687,7 +687,11 @@ FAMILIES: dict[str, dict] = {
                 "return torch.optim.RMSprop(params, lr=self.lr, alpha=self.alpha)",
             ),
             # PPO's own clipped term (CleanRL's three lines) and the hooks every agent holds (HeldLifecycle).
-            (RL, "ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()", "ratio.clamp(1 - clip_coef, 1 + clip_coef)).sum()"),
+            (
+                RL,
+                "ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()",
+                "ratio.clamp(1 - clip_coef, 1 + clip_coef)).sum()",
+            ),
             (RL, "clipfrac = ((ratio - 1).abs() > clip_coef)", "clipfrac = ((ratio - 1) > clip_coef)"),
             (LC, "        self.lifecycle.setup(self, box=self.BOX)\n", "        self.lifecycle.setup(self)\n"),
             # Stable-Baselines3 zips in (zoo/rl/sb3.py): SAC's mean and log-std heads, PPO's value weight, the
