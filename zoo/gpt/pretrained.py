@@ -39,7 +39,7 @@ from zoo.io.files import read_config
 from zoo.io.tokenizers import GPT2Tokenizer, Tokenizer
 from zoo.io.trust import LIGHTNING_INSTANTIATOR
 
-MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "mixtral", "deepseek_v3")
+MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "mixtral", "deepseek_v3", "phi3")
 
 
 def read_folder(path: str | Path) -> tuple[Path, dict]:
