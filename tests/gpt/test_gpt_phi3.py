@@ -193,3 +193,76 @@ def test_longrope_factors_of_the_wrong_length_are_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(InputError, match="lists of 6 numbers"):
         from_pretrained(tmp_path)
+
+
+@pytest.mark.slow  # ~15 s of CPU: a cli.py fit; test_gpt_pretrained's cli fine-tune runs in the default suite
+def test_a_lora_fine_tune_through_the_cli_exports_back_to_transformers_with_its_logits(tmp_path, capsys):
+    """``cli.py fit`` with ``init_weights: <Phi-4-mini-style folder>`` and LoRA, then ``python -m zoo.gpt export``
+    (its default format: the folder's, phi3): merged, one Phi3ForCausalLM; unmerged, the base and a PEFT adapter.
+    Both give the fine-tuned module's logits in transformers."""
+    peft = pytest.importorskip("peft")
+    from conftest import cli
+
+    from zoo.gpt.__main__ import main as zoo_gpt
+
+    folder = tmp_path / "phi4"
+    write_phi3(folder, "phi4-mini")
+    (tmp_path / "text.txt").write_text("the cat sat on the mat. " * 200)
+    model = {"net": {"class_path": "zoo.gpt.GPT"}, "init_weights": str(folder), "adapt": {"lora": {"r": 4}}}
+    model["optimizer"] = {"lr": 0.05, "warmup_steps": 0}  # far enough from the base in 2 steps to tell apart
+    data = {"path": str(tmp_path / "text.txt"), "tokenizer": "pretrained", "pretrained_dir": str(folder)}
+    data |= {"block_size": 16, "batch_size": 2, "samples_per_epoch": 4, "val_samples": 2}
+    config = {
+        "model": {"class_path": "zoo.gpt.CausalLMModule", "init_args": model},
+        "data": {"class_path": "datamodules.TextDataModule", "init_args": data},
+        "trainer": {"max_steps": 2, "logger": False, "enable_progress_bar": False, "default_root_dir": str(tmp_path)},
+    }
+    (tmp_path / "lora.yaml").write_text(json.dumps(config))
+    c = cli("fit", "--config", str(tmp_path / "lora.yaml"))
+    ckpt = c.trainer.checkpoint_callback.last_model_path
+    x = torch.randint(0, c.model.net.vocab_size, (2, 20))  # past the original context: LongRoPE's long factors
+    with torch.no_grad():
+        tuned = c.model.eval()(x)
+    base = ["--init-weights", str(folder)]  # a LoRA checkpoint leaves its frozen base out
+    zoo_gpt(["export", ckpt, str(tmp_path / "merged"), "--merge", *base])
+    zoo_gpt(["export", ckpt, str(tmp_path / "base"), *base])
+    assert "adapter" in capsys.readouterr().out
+    merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base").eval()
+    with torch.no_grad():
+        assert not torch.allclose(base(x).logits, tuned, atol=1e-3)  # the fine-tune moved the logits
+    adapted = peft.PeftModel.from_pretrained(base, tmp_path / "base" / "adapter").eval()  # adapts base in place
+    assert type(merged) is transformers.Phi3ForCausalLM
+    with torch.no_grad():
+        torch.testing.assert_close(merged(x).logits, tuned, **TOL)
+        torch.testing.assert_close(adapted(x).logits, tuned, **TOL)
+
+
+def test_an_untied_head_missing_from_the_files_is_refused_not_taken_from_the_embedding(tmp_path):
+    write_phi3(tmp_path, "phi3")
+    weights = load_file(tmp_path / "model.safetensors")
+    del weights["lm_head.weight"]
+    save_file(weights, tmp_path / "model.safetensors")
+    with pytest.raises(InputError, match="lacks the tensor 'lm_head.weight'"):
+        from_pretrained(tmp_path)
+
+
+def test_a_checkpoint_of_an_imported_phi4_mini_rebuilds_it_without_the_folder(tmp_path):
+    """Its LongRoPE settings and partial RoPE are recorded in the net's config and read back from it."""
+    import shutil
+
+    import lightning as L
+
+    from zoo.gpt import CausalLMModule
+
+    write_phi3(tmp_path / "hf", "phi4-mini")
+    module = from_pretrained(tmp_path / "hf")
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, max_steps=0)
+    trainer.strategy.connect(module)
+    trainer.save_checkpoint(tmp_path / "m.ckpt")
+    shutil.rmtree(tmp_path / "hf")
+    back = CausalLMModule.load_from_checkpoint(tmp_path / "m.ckpt").eval()
+    assert back.net.rope_scaling == module.net.rope_scaling and back.net.blocks[0].attn.rope_dim == 12
+    x = torch.randint(0, 300, (1, 20))
+    with torch.no_grad():
+        assert torch.equal(back(x), module(x))

@@ -263,6 +263,9 @@ class Resolver:
             return None
         expected = []
         for alt in (a for a in args if a is not NONE):
+            if _other_fields(value, alt):  # a settings dataclass whose fields these are not (Llama3RoPE | LongRoPE)
+                expected.append(f"{alt.__name__}'s fields")
+                continue
             try:
                 return self.convert(value, alt, where, depth)
             except Refused as err:
@@ -534,6 +537,13 @@ def build(part: Part, record: bool = False, budget: bool = True, **given: Any) -
         hparams = {"_class_path": part.path, **_plain_only(defaults), **part.plain()["init_args"], **_plain_only(given)}
         with given_hyperparameters_context(hparams, trust.LIGHTNING_INSTANTIATOR):
             return part.cls(**args)
+
+
+def _other_fields(value: Any, hint: Any) -> bool:
+    """Whether ``value`` is a mapping with a key that is no field of the settings dataclass ``hint``."""
+    if not (isinstance(value, Mapping) and isinstance(hint, type) and dataclasses.is_dataclass(hint)):
+        return False
+    return bool(set(value) - {f.name for f in dataclasses.fields(hint) if f.init})
 
 
 def _plain_only(given: dict[str, Any]) -> dict[str, Any]:
