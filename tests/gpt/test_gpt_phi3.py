@@ -266,3 +266,15 @@ def test_a_checkpoint_of_an_imported_phi4_mini_rebuilds_it_without_the_folder(tm
     x = torch.randint(0, 300, (1, 20))
     with torch.no_grad():
         assert torch.equal(back(x), module(x))
+
+
+def test_a_draft_whose_request_crosses_the_longrope_switch_is_refused(pair):
+    from zoo.gpt.speculative import speculative_generate
+
+    _, module, _ = pair
+    if module.net.rope_scaling is None:
+        pytest.skip("no LongRoPE: nothing switches")
+    ids = torch.randint(3, 300, (12,))
+    with pytest.raises(InputError, match="decode without a draft"):
+        speculative_generate(module.net, module.net, [ids], 10, temperature=0.0)
+    assert len(speculative_generate(module.net, module.net, [ids], 4, temperature=0.0)[0][0]) == 4  # inside: fine

@@ -4,9 +4,10 @@ exactly, its tokenizer and generation defaults attached.
     module = zoo.gpt.from_pretrained("Llama-3.2-1B")          # a local folder; nothing is downloaded
     module.generate(["The capital of France is"], max_new_tokens=20, temperature=0)
 
-GPT-2, Llama (Llama 3.1-3.3's RoPE scaling included), Mistral, Qwen2/2.5, Qwen3, Mixtral and DeepSeek-V3 folders
-load (``hf.py``, ``llama.py``); a config option the zoo's GPT does not implement is refused by name. The weights are
-exact or refused: every parameter is set and every tensor of the files used, or one error names what is left over.
+GPT-2, Llama (Llama 3.1-3.3's RoPE scaling included), Mistral, Qwen2/2.5, Qwen3, Mixtral, DeepSeek-V3 and Phi-3 /
+Phi-4-mini folders load (``hf.py``, ``llama.py``, ``phi3.py``); a config option the zoo's GPT does not implement is
+refused by name. The weights are exact or refused: every parameter is set and every tensor of the files used, or one
+error names what is left over.
 The tokenizer is the folder's ``tokenizer.json`` (``zoo.io.hf_tokenizer``), else its SentencePiece ``tokenizer.model``
 (Llama 2, rebuilt as transformers' LlamaTokenizer does: ``zoo.io.sp_tokenizer``), else GPT-2's vocab.json and
 merges.txt; ``generation_config.json`` sets predict's defaults as transformers reads them (no ``do_sample``: greedy;
