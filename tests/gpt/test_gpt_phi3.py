@@ -278,3 +278,28 @@ def test_a_draft_whose_request_crosses_the_longrope_switch_is_refused(pair):
     with pytest.raises(InputError, match="decode without a draft"):
         speculative_generate(module.net, module.net, [ids], 10, temperature=0.0)
     assert len(speculative_generate(module.net, module.net, [ids], 4, temperature=0.0)[0][0]) == 4  # inside: fine
+
+
+def test_the_default_export_format_is_the_one_the_model_started_from(tmp_path):
+    from zoo.gpt import GPT, CausalLMModule
+    from zoo.gpt.export import default_format
+    from zoo.gpt.pretrained import net_kwargs, read_folder
+
+    write_phi3(tmp_path / "phi3", "phi3")  # full RoPE, no LongRoPE: a Llama could hold it too
+    write_phi3(tmp_path / "phi4", "phi4-mini")
+    net = GPT(**net_kwargs(read_folder(tmp_path / "phi3")[1]))
+    assert default_format(CausalLMModule(net=net, init_weights=str(tmp_path / "phi3"))) == "phi3"
+    assert default_format(CausalLMModule(net=net)) == "llama"
+    assert default_format(from_pretrained(tmp_path / "phi4")) == "phi3"  # only a Phi-3 holds partial RoPE
+    assert default_format(CausalLMModule(net=GPT(vocab_size=10, n_layer=1, n_embd=16, n_head=2))) == "gpt2"
+
+
+def test_a_net_a_phi3_cannot_hold_is_refused_naming_the_format_that_can(tmp_path):
+    from zoo.gpt import GPT, RMSNorm, SwiGLU
+    from zoo.gpt.phi3 import export_phi3
+
+    tiny = dict(vocab_size=10, block_size=8, n_layer=1, n_embd=16, n_head=2)
+    with pytest.raises(InputError, match="--format gpt2"):
+        export_phi3(GPT(**tiny), tmp_path)
+    with pytest.raises(InputError, match="q/k/v biases.*--format llama"):
+        export_phi3(GPT(**tiny, norm=RMSNorm, mlp=SwiGLU, position="rope", bias=True), tmp_path)

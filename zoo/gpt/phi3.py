@@ -196,15 +196,15 @@ def load_phi3_into(net: GPT, folder: str | Path) -> GPT:
     return assign_weights(net, sd, name)
 
 
-def _refuse(why: str) -> InputError:
-    return InputError(f"{why}: this net has no Phi3ForCausalLM form; export it with --format llama")
+def _refuse(why: str, other: str = "llama") -> InputError:
+    return InputError(f"{why}: this net has no Phi3ForCausalLM form; export it with --format {other}")
 
 
 def hf_config(net: GPT) -> dict:
     """The ``config.json`` of ``net`` as a Phi-3 model, or one error naming what a Phi-3 cannot hold."""
     attn, mlps = net.blocks[0].attn, [block.mlp for block in net.blocks]
     if net.position != "rope" or net.norm_f.hf_layout != "llama" or any(type(m) is not SwiGLU for m in mlps):
-        raise _refuse("A Phi-3 has RoPE, RMSNorm and SwiGLU MLPs in every layer")
+        raise _refuse("A Phi-3 has RoPE, RMSNorm and SwiGLU MLPs in every layer", "gpt2 or --format llama")
     if not isinstance(attn, MHA) or hasattr(attn, "q_norm") or attn.qkv.bias is not None or net.mtp:
         raise _refuse("A Phi-3's attention is MHA/GQA without q/k norms or q/k/v biases, and it has no MTP layers")
     if attn.proj.bias is not None or mlps[0].proj.bias is not None:
