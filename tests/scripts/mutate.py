@@ -1541,6 +1541,7 @@ FAMILIES: dict[str, dict] = {
                 "    return bool(set(value) - {f.name for f in dataclasses.fields(hint) if f.init})",
                 "    return False",
             ),
+            (GEX, 'if source.is_file() and read_config(source).get("model_type") == "phi3":', "if False:"),
         ],
     },
     "export": {  # python -m zoo.gpt export: a whole folder (tokenizer files, chat template, generation config)
