@@ -1531,7 +1531,11 @@ FAMILIES: dict[str, dict] = {
                 "        rope |= dict(attention_factor=s.attention_factor, original",
                 "        rope |= dict(original",
             ),
-            (PHI, '"rope_theta": net.rope_base, "partial_rotary_factor": fraction}', '"rope_theta": net.rope_base}'),
+            (
+                PHI,
+                '"rope_theta": net.rope_base, "partial_rotary_factor": fraction}',
+                '"rope_theta": net.rope_base, "partial_rotary_factor": 1.0}',
+            ),
             (PHI, 'if params.get("original_max_position_embeddings", original) != original:', "if False:"),
             (PHI, "    _check_window(config)\n", "    pass\n"),
             (PHI, "    unknown = sorted(set(config) - READ - INERT)", "    unknown = []"),
