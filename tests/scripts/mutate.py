@@ -68,6 +68,7 @@ DTS, DGY, DSH = "datamodules/tensor_dataset.py", "datamodules/gym.py", "datamodu
 FI, CV, EX = "zoo/io/files.py", "zoo/diffusion/convert.py", "zoo/rl/export.py"
 DCF, SCF = "zoo/diffusion/diffusers_config.py", "zoo/diffusion/scheduler_config.py"
 PA, GPR, GEX = "zoo/gpt/peft_adapter.py", "zoo/gpt/pretrained.py", "zoo/gpt/export.py"
+PHI = "zoo/gpt/phi3.py"
 PG, RO = "zoo/train/policy_gradient.py", "zoo/gpt/rollout.py"
 ASR, APL = "zoo/gpt/async_rollout.py", "zoo/train/actor_pool.py"
 GR, RW = "zoo/gpt/grpo.py", "zoo/gpt/rewards.py"
@@ -1585,6 +1586,55 @@ FAMILIES: dict[str, dict] = {
             (PA, '            hparams["adapt"] = dataclasses.asdict(settings)', "            pass"),
             ("zoo/gpt/module.py", "            load_adapter(self, readable(", "            (readable("),
             ("zoo/gpt/export.py", "    if lora_layers(module.net):\n", "    if False:\n"),
+        ],
+    },
+    "phi3": {  # Phi-3 / Phi-4-mini folders: fused projections, partial RoPE, LongRoPE, export back (zoo.gpt.phi3)
+        "tests": ["tests/gpt/test_gpt_phi3.py"],
+        "mutants": [
+            (  # gate and up swapped on import
+                PHI,
+                'sd[f"model.layers.{i}.{theirs}"] for ours, theirs in _KEYS}',
+                'sd[f"model.layers.{i}.{theirs}"].roll(sd[f"model.layers.{i}.{theirs}"].shape[0] // 2 if "gate_up" '
+                "in theirs else 0, 0) for ours, theirs in _KEYS}",
+            ),
+            (  # q, k, v out of order on export
+                PHI,
+                'sd[f"blocks.{i}.{ours}"] for ours, theirs in _KEYS}',
+                'sd[f"blocks.{i}.{ours}"].roll(sd[f"blocks.{i}.{ours}"].shape[0] // 2 if "qkv" in ours else 0, 0) '
+                "for ours, theirs in _KEYS}",
+            ),
+            (PHI, "    rope_dim = int(head_dim * fraction)\n", "    rope_dim = head_dim\n"),  # partial RoPE ignored
+            (A, "x1, x2 = x[..., :r].float().chunk(2, dim=-1)", "x1, x2 = x[..., :r:2].float(), x[..., 1:r:2].float()"),
+            (G, "if self.rope_restarts(start + t, since=1):", "if self.rope_restarts(start + t + 1, since=1):"),
+            (A, "self.long_factor if long else self.short_factor", "self.short_factor if long else self.long_factor"),
+            (
+                S,
+                "if use_cache and not slide and not net.rope_restarts(pos + 1 - first):",
+                "if use_cache and not slide:",
+            ),
+            (A, '    factor = getattr(scaling, "attention_factor", 1.0)', "    factor = 1.0"),
+            (PHI, "math.sqrt(1 + math.log(factor) / math.log(original))", "math.sqrt(1 + math.log(factor))"),
+            (PHI, 'or config.get("max_position_embeddings", 4096) / original', "or 4096 / original"),
+            (
+                PHI,
+                "        rope |= dict(attention_factor=s.attention_factor, original",
+                "        rope |= dict(original",
+            ),
+            (
+                PHI,
+                '"rope_theta": net.rope_base, "partial_rotary_factor": fraction}',
+                '"rope_theta": net.rope_base, "partial_rotary_factor": 1.0}',
+            ),
+            (PHI, 'if params.get("original_max_position_embeddings", original) != original:', "if False:"),
+            (PHI, "    _check_window(config)\n", "    pass\n"),
+            (PHI, "    unknown = sorted(set(config) - READ - INERT)", "    unknown = []"),
+            (PHI, 'out["tok_emb.weight"]) if tied else sd["lm_head.weight"]', 'out["tok_emb.weight"])'),
+            (
+                BL,
+                "    return bool(set(value) - {f.name for f in dataclasses.fields(hint) if f.init})",
+                "    return False",
+            ),
+            (GEX, 'if source.is_file() and read_config(source).get("model_type") == "phi3":', "if False:"),
         ],
     },
     "export": {  # python -m zoo.gpt export: a whole folder (tokenizer files, chat template, generation config)

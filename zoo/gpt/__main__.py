@@ -1,4 +1,4 @@
-"""``python -m zoo.gpt export <lightning.ckpt> <out_folder> [--format gpt2|llama] [--merge] [--init-weights <base>]``:
+"""``python -m zoo.gpt export <lightning.ckpt> <folder> [--format gpt2|llama|phi3] [--merge] [--init-weights <base>]``:
 a zoo GPT checkpoint as a whole Hugging Face model folder (``zoo.gpt.export``: the net, its tokenizer files and chat
 template, generation_config.json; ``zoo.gpt.hf`` for GPT-2, ``zoo.gpt.llama`` for Llama, Mixtral and DeepSeek-V3). A
 checkpoint with LoRA adapters writes the base model there and the adapters as PEFT's ``<out_folder>/adapter``
@@ -41,10 +41,12 @@ def main(argv: list[str] | None = None) -> None:
     exp.add_argument("folder")
     exp.add_argument(
         "--format",
-        choices=["gpt2", "llama"],
-        default="gpt2",
+        choices=["gpt2", "llama", "phi3"],
+        default=None,
         help="gpt2: GPT2LMHeadModel; llama: LlamaForCausalLM for MHA/GQA (MixtralForCausalLM with a softmax MoE), "
-        "DeepseekV3ForCausalLM for MLA (dense or sigmoid_bias MoE)",
+        "DeepseekV3ForCausalLM for MLA (dense or sigmoid_bias MoE); phi3: Phi3ForCausalLM (fused projections, partial "
+        "RoPE, longrope). Default: phi3 for a model fine-tuned from a Phi-3 folder or one only Phi-3 holds, else gpt2 "
+        "for learned positions, llama for RoPE",
     )
     exp.add_argument(
         "--merge",

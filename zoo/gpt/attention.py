@@ -138,25 +138,64 @@ class YaRNRoPE:
         return self._mscale(self.factor, self.mscale_all_dim) ** 2 if self.mscale_all_dim else 1.0
 
 
+@dataclass(frozen=True)
+class LongRoPE:
+    """Phi-3's LongRoPE (``rope_type: longrope``; Ding et al. 2024, "LongRoPE"): each frequency divided by its own
+    factor, ``short_factor``'s for a sequence of at most ``original_max_position_embeddings`` tokens and
+    ``long_factor``'s for the whole of a longer one (transformers chooses per forward by its last position), cos and
+    sin scaled by ``attention_factor`` at every length (the ``zoo.gpt.phi3`` converter computes it as transformers
+    does: sqrt(1 + ln(factor) / ln(original)) unless stated).
+
+    Args:
+        short_factor: one divisor per frequency (rotated channels / 2) up to the original context.
+        long_factor: one divisor per frequency past it.
+        original_max_position_embeddings: the longest sequence that takes the short factors.
+        attention_factor: what cos and sin are multiplied by.
+    """
+
+    short_factor: list[float]
+    long_factor: list[float]
+    original_max_position_embeddings: int = 4096
+    attention_factor: float = 1.0
+
+    def long_after(self) -> int:
+        """The sequence length past which the long factors apply (``GPT`` keeps a second table for them)."""
+        return self.original_max_position_embeddings
+
+    def frequencies(self, dim: int, base: float, long: bool = False) -> tuple[Tensor, float]:
+        """The frequencies of ``dim`` rotated channels, computed in transformers' order (so bit for bit its), and the
+        tables' factor."""
+        factors = torch.tensor(self.long_factor if long else self.short_factor, dtype=torch.float32)
+        return 1.0 / (factors * base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)), self.attention_factor
+
+
 def rope_frequencies(dim: int, base: float) -> Tensor:
     """RoPE's inverse frequencies base^(-2i/dim), i < dim/2."""
     return 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
 
 
 def rope_cache(
-    max_len: int, dim: int, base: float, scaling: Llama3RoPE | YaRNRoPE | None = None
+    max_len: int, dim: int, base: float, scaling: Llama3RoPE | YaRNRoPE | LongRoPE | None = None, long: bool = False
 ) -> tuple[Tensor, Tensor]:
     """cos and sin tables (max_len, dim/2) for rotary embeddings over ``dim`` channels; a scaling states its own
-    frequencies and the factor both tables take (YaRN's attention factor; 1 otherwise)."""
-    inv_freq, gain = (rope_frequencies(dim, base), 1.0) if scaling is None else scaling.frequencies(dim, base)
+    frequencies and the factor both tables take (YaRN's and LongRoPE's attention factor; 1 otherwise). ``long``: a
+    ``LongRoPE``'s table for sequences past its original context."""
+    if scaling is None:
+        inv_freq, gain = rope_frequencies(dim, base), 1.0
+    elif isinstance(scaling, LongRoPE):
+        inv_freq, gain = scaling.frequencies(dim, base, long)
+    else:
+        inv_freq, gain = scaling.frequencies(dim, base)
     angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
     return angles.cos() * gain, angles.sin() * gain
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate channel pairs (i, i + dim/2) of x (..., T, dim) by position; cos/sin are (T, dim/2)."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    """Rotate channel pairs (i, i + r/2) of the first r = 2 cos.shape[-1] channels of x (..., T, dim) by position;
+    cos/sin are (T, r/2). The channels past r pass unrotated (partial RoPE: Phi-4-mini rotates 3/4 of each head)."""
+    r = 2 * cos.shape[-1]
+    x1, x2 = x[..., :r].float().chunk(2, dim=-1)
+    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., r:].float()), dim=-1)
     return out.type_as(x)
 
 
@@ -195,6 +234,7 @@ class MHA(nn.Module):
         qkv_bias: bool | None = None,
         qk_norm: bool = False,
         qk_norm_eps: float = 1e-6,
+        rope_dim: int | None = None,
     ) -> None:
         """
         Args:
@@ -210,6 +250,8 @@ class MHA(nn.Module):
             qk_norm: RMS-normalise each head's query and key before RoPE (Qwen3; Dehghani et al. 2023, "Scaling
                 Vision Transformers to 22B parameters", against growing attention logits).
             qk_norm_eps: those norms' epsilon.
+            rope_dim: rotate only the first rope_dim channels of each head's query and key (partial RoPE, even; Phi-4-
+                mini's partial_rotary_factor 0.75 rotates 96 of 128); None: all d.
         """
         super().__init__()
         n_kv_head = n_kv_head or n_head
@@ -220,7 +262,9 @@ class MHA(nn.Module):
             )
         self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, head_dim or dim // n_head
         self.rope, self.dropout = rope, dropout
-        self.rope_dim = self.head_dim  # the GPT builds its tables for this width (used when ``rope``)
+        if rope_dim is not None and not (0 < rope_dim <= self.head_dim and rope_dim % 2 == 0):
+            raise InputError(f"rope_dim={rope_dim} must be even and in (0, head_dim={self.head_dim}]")
+        self.rope_dim = rope_dim or self.head_dim  # the GPT builds its tables for this width (used when ``rope``)
         # One matmul for q, k, v, laid out [q heads | k heads | v heads] as GPT-2's c_attn.
         qkv_bias = bias if qkv_bias is None else qkv_bias
         self.qkv = nn.Linear(dim, (n_head + 2 * n_kv_head) * self.head_dim, bias=qkv_bias)

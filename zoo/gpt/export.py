@@ -1,6 +1,6 @@
 """A ``CausalLMModule`` as a whole Hugging Face model folder: what ``python -m zoo.gpt export`` writes.
 
-    config.json, model.safetensors       the net (``hf.export_gpt2`` or ``llama.export_hf``)
+    config.json, model.safetensors       the net (``hf.export_gpt2``, ``llama.export_hf`` or ``phi3.export_phi3``)
     adapter/                             its LoRA adapters in PEFT's format (``peft_adapter``), unless merged
     tokenizer.json, tokenizer_config.json  the tokenizer, special tokens and chat template (``zoo.io.hf_tokenizer``)
     generation_config.json               predict's decoding and the stop ids
@@ -20,9 +20,10 @@ from zoo.gpt.hf import export_gpt2
 from zoo.gpt.llama import export_hf
 from zoo.gpt.module import CausalLMModule
 from zoo.gpt.peft_adapter import lora_layers, plain_layers, save_adapter
+from zoo.gpt.phi3 import export_phi3
 from zoo.io import hf_tokenizer
 from zoo.io.chat_template import template_source
-from zoo.io.files import replacing
+from zoo.io.files import read_config, replacing
 from zoo.io.tokenizers import Tokenizer
 
 
@@ -46,16 +47,34 @@ def generation_config(generation: Generation, tokenizer: Tokenizer | None) -> di
     return config
 
 
-def export(module: CausalLMModule, folder: str | Path, format: str = "gpt2", merge: bool = False) -> list[str]:
-    """Write ``module`` into ``folder`` as a Hugging Face ``format`` ("gpt2" or "llama") model; with ``merge`` its LoRA
-    adapters folded into the weights, else in ``<folder>/adapter``. Returns what was written, a line each."""
+def default_format(module: CausalLMModule) -> str:
+    """The format a module exports as unless told: "phi3" when it started from a Phi-3 folder (its init_weights) or
+    only a Phi-3 holds its net (partial RoPE, LongRoPE), else "gpt2" for learned positions and "llama" for RoPE."""
+    source = Path(str(module.hparams.get("init_weights") or "")) / "config.json"
+    if source.is_file() and read_config(source).get("model_type") == "phi3":
+        return "phi3"
+    if module.net.position == "learned":
+        return "gpt2"
+    attn = module.net.blocks[0].attn
+    partial = getattr(attn, "rope_dim", None) != getattr(attn, "head_dim", None)
+    return "phi3" if partial or hasattr(module.net.rope_scaling, "long_after") else "llama"
+
+
+def export(module: CausalLMModule, folder: str | Path, format: str | None = None, merge: bool = False) -> list[str]:
+    """Write ``module`` into ``folder`` as a Hugging Face ``format`` ("gpt2", "llama" or "phi3"; None:
+    ``default_format``) model; with ``merge`` its LoRA adapters folded into the weights, else in ``<folder>/adapter``.
+    Returns what was written, a line each."""
     folder = Path(folder)
+    format = format or default_format(module)
     if merge and lora_layers(module.net):
         merge_adapters(module)
     tokenizer = module.tokenizer
     with plain_layers(module.net):  # the base model: what the adapters, if any, were trained on
         eos = tokenizer.eos_id if tokenizer is not None else None
-        written = [export_hf(module.net, folder) if format == "llama" else export_gpt2(module.net, folder, eos)]
+        if format == "phi3":
+            written = [export_phi3(module.net, folder)]
+        else:
+            written = [export_hf(module.net, folder) if format == "llama" else export_gpt2(module.net, folder, eos)]
     if lora_layers(module.net):
         written.append(f"{save_adapter(module, folder / 'adapter', format, base=str(folder))} (PEFT LoRA)")
     if tokenizer is None:

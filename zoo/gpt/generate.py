@@ -394,7 +394,7 @@ def decoding(
                 break
             slide = pos + 1 - first > bs  # the window is full: drop its oldest token and re-prefill
             first = pos + 1 - bs if slide else first
-            if use_cache and not slide:
+            if use_cache and not slide and not net.rope_restarts(pos + 1 - first):  # LongRoPE: a stale cache
                 logits = net(tokens[:, pos : pos + 1], cache, pos - first, window_pad(pad, first))[:, -1]
             else:
                 logits = net(tokens[:, first : pos + 1], cache, 0, window_pad(pad, first))[:, -1]

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from zoo.compat import apply_keeping_float32
-from zoo.gpt.attention import MHA, AttentionClass, LayerCache, Llama3RoPE, YaRNRoPE, rope_cache
+from zoo.gpt.attention import MHA, AttentionClass, LayerCache, Llama3RoPE, LongRoPE, YaRNRoPE, rope_cache
 from zoo.gpt.mlp import GeluMLP, SwiGLU
 from zoo.gpt.moe import MoE
 from zoo.gpt.mtp import MTPModule
@@ -96,7 +96,7 @@ class GPT(nn.Module):
         dense_hidden: int | None = None,
         position: Literal["learned", "rope"] = "learned",
         rope_base: float = 10000.0,
-        rope_scaling: Llama3RoPE | YaRNRoPE | None = None,
+        rope_scaling: Llama3RoPE | YaRNRoPE | LongRoPE | None = None,
         bias: bool = True,
         tie_embeddings: bool = True,
         dropout: float = 0.0,
@@ -127,8 +127,8 @@ class GPT(nn.Module):
             position: learned absolute positions (GPT-2) or RoPE (MLA always uses RoPE on its p channels).
             rope_base: RoPE's base wavelength.
             rope_scaling: RoPE's frequencies rescaled for a longer context (``Llama3RoPE``: Llama 3.1-3.3's
-                ``rope_type: llama3``; ``YaRNRoPE``: ``rope_type: yarn``, DeepSeek-V3's and Qwen3's long contexts);
-                None: plain RoPE.
+                ``rope_type: llama3``; ``YaRNRoPE``: ``rope_type: yarn``, DeepSeek-V3's and Qwen3's long contexts;
+                ``LongRoPE``: Phi-3's ``longrope``); None: plain RoPE.
             bias: biases in linear layers (GPT-2 has them).
             tie_embeddings: share the token embedding with the output head (GPT-2 does).
             dropout: dropout on embeddings, attention and residual branches.
@@ -184,6 +184,11 @@ class GPT(nn.Module):
         # Not persistent: rebuilt from the config, so checkpoints and HF conversions carry weights only.
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        if hasattr(self.rope_scaling, "long_after"):  # LongRoPE: a second table, for sequences past its original
+            dim = self.blocks[0].attn.rope_dim
+            cos, sin = rope_cache(self.block_size, dim, self.rope_base, self.rope_scaling, long=True)
+            self.register_buffer("rope_cos_long", cos, persistent=False)
+            self.register_buffer("rope_sin_long", sin, persistent=False)
         for module in self.modules():
             if module is not self and hasattr(module, "init_buffers"):
                 module.init_buffers()
@@ -268,10 +273,21 @@ class GPT(nn.Module):
 
     def _positions(self, start: int, t: int, pad: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
         """RoPE tables, attention mask and (with ``pad``) positions (B, T) of slots start..start+T-1."""
+        cos, sin = self.rope_cos, self.rope_sin
+        if self.rope_restarts(start + t, since=1):  # LongRoPE past its original context: the long table throughout
+            cos, sin = self.rope_cos_long, self.rope_sin_long
         if pad is None:  # every row at the same positions: slices, and SDPA's own causal mask
-            return self.rope_cos[start : start + t], self.rope_sin[start : start + t], None, None  # (T, rope_dim/2)
+            return cos[start : start + t], sin[start : start + t], None, None  # (T, rope_dim/2)
         pos, mask = padded_positions(pad, start, t)  # (B, T), (B, 1, T, S)
-        return self.rope_cos[pos].unsqueeze(1), self.rope_sin[pos].unsqueeze(1), mask, pos  # (B, 1, T, rope_dim/2)
+        return cos[pos].unsqueeze(1), sin[pos].unsqueeze(1), mask, pos  # (B, 1, T, rope_dim/2)
+
+    def rope_restarts(self, length: int, since: int | None = None) -> bool:
+        """Whether a sequence of ``length`` tokens reads other RoPE tables than one of ``since`` tokens (None:
+        ``length - 1``): a ``LongRoPE`` switching to its long factors. A cache filled before the switch is stale, so
+        decoding re-prefills there, as transformers' Phi-3 ``generate`` drops its cache at that length."""
+        after = self.rope_scaling.long_after() if hasattr(self.rope_scaling, "long_after") else None
+        since = length - 1 if since is None else since
+        return after is not None and since <= after < length
 
     def _block(
         self, block: nn.Module, x: Tensor, cos, sin, cache: LayerCache | None, start: int, mask

@@ -358,6 +358,10 @@ def net_kwargs(config: dict) -> dict:
         return qwen3_moe_net_kwargs(config)
     if kind == "deepseek_v3":
         return deepseek_net_kwargs(config)
+    if kind == "phi3":
+        from zoo.gpt.phi3 import phi3_net_kwargs  # which builds on this module
+
+        return phi3_net_kwargs(config)
     if kind in _REFUSED:
         raise InputError(f"{_REFUSED[kind]}, which the zoo's GPT has not: model_type {kind!r} does not load")
     raise ValueError(f"model_type {kind!r} is not a Llama, Mixtral or DeepSeek-V3 config")
@@ -368,6 +372,10 @@ def load_hf_into(net: GPT, folder: str | Path) -> GPT:
     tensor of the files used (but the MTP layers of a net built without them), or an error naming what is left."""
     folder = Path(folder)
     config, source = _read_folder(folder)
+    if config.get("model_type") == "phi3":  # fused projections, in their own converter
+        from zoo.gpt.phi3 import load_phi3_into
+
+        return load_phi3_into(net, folder)
     net_kwargs(config)  # refuses what no GPT holds (Qwen-MoE, RoPE scaling, ...), whatever net it goes into
     interleave = config.get("model_type") == "deepseek_v3" and config.get("rope_interleave", True)
     name = f"Hugging Face folder {str(folder)!r}"
@@ -458,6 +466,8 @@ def hf_config(net: GPT) -> dict:
     if net.position != "rope" or net.norm_f.hf_layout != "llama" or set(layouts) - {"llama", "deepseek_v3", "mixtral"}:
         raise ValueError("Only a Llama-shaped net (RoPE, RMSNorm, SwiGLU or MoE MLPs) exports as Llama or DeepSeek-V3")
     attn, moe = net.blocks[0].attn, net.blocks[min(first_dense, net.n_layer - 1)].mlp
+    if isinstance(attn, MHA) and attn.rope_dim != attn.head_dim or hasattr(net.rope_scaling, "long_after"):
+        raise InputError("A net with partial RoPE (rope_dim) or LongRoPE has no Llama form: export with --format phi3")
     kind = ("mla" if isinstance(attn, MLA) else "mha", moe.hf_layout if first_dense < net.n_layer else "dense")
     wanted = {("mha", "dense"), ("mla", "dense"), ("mha", "mixtral"), ("mla", "deepseek_v3")}
     qwen3_moe = _is_qwen3_moe(net)  # its dense layers may be anywhere (mlp_only_layers)

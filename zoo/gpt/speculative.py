@@ -278,6 +278,13 @@ class Speculation:
         past_block_size: str = "slide",
     ) -> None:
         self.longest = checked_request(net, prompts, max_new_tokens, past_block_size)
+        for m in (net, getattr(draft, "net", None)):
+            if m is not None and m.rope_restarts(self.longest + max_new_tokens, since=self.longest):
+                raise InputError(
+                    f"A LongRoPE model switches to its long factors past {m.rope_scaling.long_after()} tokens, inside "
+                    f"this request ({self.longest} prompt tokens + max_new_tokens={max_new_tokens}): a draft's rounds "
+                    "do not re-read the context there; decode without a draft (generation.draft: null)"
+                )
         self.net, self.draft, self.k, self.pick = net, draft, k, pick
         self.n = self.longest + max_new_tokens
         self.tokens, self.pad = left_padded(prompts, net.tok_emb.weight.device, self.n)  # (B, N), (B,)

@@ -28,6 +28,7 @@ pad_token_id""".split()
 _FLOATS = """rope_theta rms_norm_eps layer_norm_epsilon layer_norm_eps routed_scaling_factor router_aux_loss_coef
 logit_scale_init_value factor low_freq_factor high_freq_factor""".split()
 _NULLABLE_FLOATS = "temperature top_p beta_fast beta_slow mscale mscale_all_dim attention_factor".split()
+_FLOATS += ["partial_rotary_factor"]  # Phi-3's RoPE settings
 _BOOLS = """tie_word_embeddings attention_bias mlp_bias use_sliding_window norm_topk_prob rope_interleave
 do_sample output_router_logits truncate""".split()
 _STRS = "model_type hidden_act activation_function scoring_func topk_method rope_type type".split()
