@@ -108,6 +108,16 @@ def attend(q: Tensor, k: Tensor, v: Tensor, scale: float | None, dropout: float,
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale, enable_gqa=gqa)
 
 
+class AcrossHeadsRMSNorm(nn.RMSNorm):
+    """RMSNorm of each token's heads (B, X, T, d) taken together as one vector of X d channels (OLMo 2's q_norm and
+    k_norm, over the whole projection), one weight per channel."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, h, t, d = x.shape
+        y = super().forward(x.transpose(1, 2).reshape(b, t, h * d))  # (B, T, X d)
+        return y.view(b, t, h, d).transpose(1, 2)  # (B, X, T, d)
+
+
 class MHA(nn.Module):
     """Multi-head attention with G key-value heads: MHA when G == H, GQA when 1 < G < H, MQA when G == 1."""
 
@@ -123,6 +133,8 @@ class MHA(nn.Module):
         qkv_bias: bool | None = None,
         qk_norm: bool = False,
         qk_norm_eps: float = 1e-6,
+        scale: float | None = None,
+        qk_norm_whole: bool = False,
     ) -> None:
         """
         Args:
@@ -138,6 +150,9 @@ class MHA(nn.Module):
             qk_norm: RMS-normalise each head's query and key before RoPE (Qwen3; Dehghani et al. 2023, "Scaling
                 Vision Transformers to 22B parameters", against growing attention logits).
             qk_norm_eps: those norms' epsilon.
+            scale: the softmax's scale of q.k; None: 1/sqrt(d) (Granite states its own, ``attention_multiplier``).
+            qk_norm_whole: with ``qk_norm``, each token's query and key normalised over all their heads' channels
+                together, one weight per channel (OLMo 2's q_norm and k_norm), rather than head by head.
         """
         super().__init__()
         n_kv_head = n_kv_head or n_head
@@ -147,13 +162,16 @@ class MHA(nn.Module):
                 f"n_head={n_head}, n_kv_head={n_kv_head}: choose heads that divide them"
             )
         self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, head_dim or dim // n_head
-        self.rope, self.dropout = rope, dropout
+        self.rope, self.dropout, self.scale = rope, dropout, scale
         self.rope_dim = self.head_dim  # the GPT builds its tables for this width (used when ``rope``)
         # One matmul for q, k, v, laid out [q heads | k heads | v heads] as GPT-2's c_attn.
         qkv_bias = bias if qkv_bias is None else qkv_bias
         self.qkv = nn.Linear(dim, (n_head + 2 * n_kv_head) * self.head_dim, bias=qkv_bias)
         self.proj = nn.Linear(n_head * self.head_dim, dim, bias=bias)
-        if qk_norm:  # one (d,) weight each, shared by every head, as Qwen3's q_norm and k_norm
+        if qk_norm and qk_norm_whole:
+            self.q_norm = AcrossHeadsRMSNorm(n_head * self.head_dim, eps=qk_norm_eps)
+            self.k_norm = AcrossHeadsRMSNorm(n_kv_head * self.head_dim, eps=qk_norm_eps)
+        elif qk_norm:  # one (d,) weight each, shared by every head, as Qwen3's q_norm and k_norm
             self.q_norm = nn.RMSNorm(self.head_dim, eps=qk_norm_eps)
             self.k_norm = nn.RMSNorm(self.head_dim, eps=qk_norm_eps)
 
@@ -186,7 +204,7 @@ class MHA(nn.Module):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v, start)  # (B, G, S, d)
-        y = attend(q, k, v, None, self.dropout if self.training else 0.0, mask)  # (B, H, T, d)
+        y = attend(q, k, v, self.scale, self.dropout if self.training else 0.0, mask)  # (B, H, T, d)
         return self.proj(y.transpose(1, 2).reshape(b, t, h * hd))
 
 

@@ -39,13 +39,27 @@ MLPClass = Callable[[int, "int | None", bool, float], GeluMLP | SwiGLU | MoE]
 
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)); also the MLP's auxiliary loss term
-    (a mixture of experts' balance term in training; None for a dense MLP)."""
+    (a mixture of experts' balance term in training; None for a dense MLP).
 
-    def __init__(self, attn: nn.Module, mlp: nn.Module, norm: NormClass, dim: int, eps: float, dropout: float) -> None:
+    ``post_norm``: x + norm(attn(x)), then x + norm(mlp(x)) instead (OLMo 2: the sublayer's output normed, its input
+    not). ``residual_multiplier``: each sublayer's output scaled by it before the add (Granite)."""
+
+    def __init__(
+        self,
+        attn: nn.Module,
+        mlp: nn.Module,
+        norm: NormClass,
+        dim: int,
+        eps: float,
+        dropout: float,
+        post_norm: bool = False,
+        residual_multiplier: float = 1.0,
+    ) -> None:
         super().__init__()
         self.norm1, self.attn = norm(dim, eps=eps), attn
         self.norm2, self.mlp = norm(dim, eps=eps), mlp
         self.drop = nn.Dropout(dropout)
+        self.post_norm, self.residual_multiplier = post_norm, residual_multiplier
 
     def forward(
         self,
@@ -56,9 +70,19 @@ class Block(nn.Module):
         start: int = 0,
         mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        x = x + self.drop(self.attn(self.norm1(x), cos, sin, cache, start, mask))
+        m = self.residual_multiplier
+        if self.post_norm:
+            x = x + scaled(self.norm1(self.drop(self.attn(x, cos, sin, cache, start, mask))), m)
+            y, aux = self.mlp(x)
+            return x + scaled(self.norm2(y), m), aux
+        x = x + scaled(self.drop(self.attn(self.norm1(x), cos, sin, cache, start, mask)), m)
         y, aux = self.mlp(self.norm2(x))
-        return x + y, aux
+        return x + scaled(y, m), aux
+
+
+def scaled(x: Tensor, m: float) -> Tensor:
+    """``x * m``, and ``x`` itself at 1 (no pass over the tensor for the nets that scale nothing)."""
+    return x if m == 1 else x * m
 
 
 def padded_positions(pad: Tensor, start: int, t: int) -> tuple[Tensor, Tensor]:
@@ -101,6 +125,11 @@ class GPT(nn.Module):
         dropout: float = 0.0,
         activation_checkpointing: bool = False,
         mtp_depth: int = 0,
+        nope_layers: list[int] | None = None,
+        norm_position: Literal["pre", "post"] = "pre",
+        embedding_multiplier: float = 1.0,
+        residual_multiplier: float = 1.0,
+        logits_scaling: float = 1.0,
     ) -> None:
         """
         Args:
@@ -133,6 +162,13 @@ class GPT(nn.Module):
             mtp_depth: multi-token prediction modules D (DeepSeek-V3 section 2.2, ``zoo.gpt.mtp``; DeepSeek-V3: 1),
                 each a block built as the last one plus two norms and a 2D -> D projection, sharing the embedding
                 and the head; 0: none (the net and its checkpoints as without the option).
+            nope_layers: indices of the blocks whose attention skips RoPE (NoPE: no positional encoding, causal
+                attention alone orders the tokens; Kazemnejad et al. 2023; SmolLM3 every 4th layer); None: none.
+            norm_position: "pre" norms each sublayer's input (GPT-2, Llama); "post" its output, before the residual
+                add (OLMo 2's ``post_attention_layernorm`` and ``post_feedforward_layernorm``).
+            embedding_multiplier: the token embeddings scaled by it (Granite's ``embedding_multiplier``).
+            residual_multiplier: each sublayer's output scaled by it before the residual add (Granite's).
+            logits_scaling: the logits divided by it (Granite's ``logits_scaling``).
         """
         if vocab_size is None:
             raise ValueError("GPT needs vocab_size: the tokenizer's number of ids (cli.py takes it from the data)")
@@ -141,6 +177,8 @@ class GPT(nn.Module):
         self.n_embd, self.tie_embeddings = n_embd, tie_embeddings
         self.position, self.rope_base, self.rope_scaling = position, rope_base, rope_scaling
         self.activation_checkpointing = activation_checkpointing
+        self.embedding_multiplier, self.logits_scaling = embedding_multiplier, logits_scaling
+        nope = set(nope_layers or ())
         self.tok_emb = nn.Embedding(vocab_size, n_embd)  # registered first, so a seed gives the same weights
         if position == "learned":
             self.pos_emb = nn.Embedding(block_size, n_embd)
@@ -148,7 +186,7 @@ class GPT(nn.Module):
 
         def block(i: int) -> Block:
             return Block(
-                attention(n_embd, n_head, bias, dropout, position == "rope"),
+                attention(n_embd, n_head, bias, dropout, position == "rope" and i not in nope),
                 SwiGLU(n_embd, dense_hidden, bias, dropout)
                 if i < first_k_dense
                 else mlp(n_embd, mlp_hidden, bias, dropout),
@@ -156,6 +194,8 @@ class GPT(nn.Module):
                 n_embd,
                 norm_eps,
                 dropout,
+                norm_position == "post",
+                residual_multiplier,
             )
 
         self.blocks = nn.ModuleList(block(i) for i in range(n_layer))
@@ -237,7 +277,7 @@ class GPT(nn.Module):
         t = idx.shape[1]
         if start + t > self.block_size:
             raise ValueError(f"Sequence of {start + t} tokens exceeds block_size {self.block_size}")
-        x = self.tok_emb(idx)  # (B, T, D)
+        x = scaled(self.tok_emb(idx), self.embedding_multiplier)  # (B, T, D)
         cos, sin, mask, pos = self._positions(start, t, pad)
         if self.position == "learned":
             x = x + self.pos_emb.weight[start : start + t] if pos is None else x + self.pos_emb(pos)
@@ -248,6 +288,8 @@ class GPT(nn.Module):
             aux_terms += [] if a is None else [a]
         h = self.norm_f(x)  # (B, T, D)
         logits = self.lm_head(h)  # (B, T, V)
+        if self.logits_scaling != 1:
+            logits = logits / self.logits_scaling  # divided, as Granite does: a reciprocal's product rounds otherwise
         if mtp:
             mtp_logits = self._mtp_logits(h, idx, aux_terms)
             return (logits, mtp_logits, aux_terms) if aux else (logits, mtp_logits)

@@ -52,6 +52,11 @@ from zoo.io.weights import check_all_used, check_compatible
 
 # (ours, theirs) inside block i / model.layers.i, shared by both families.
 _NORM_KEYS = [("norm1.weight", "input_layernorm.weight"), ("norm2.weight", "post_attention_layernorm.weight")]
+# OLMo 2's, which norm each sublayer's output (a block with ``post_norm``).
+_POST_NORM_KEYS = [
+    ("norm1.weight", "post_attention_layernorm.weight"),
+    ("norm2.weight", "post_feedforward_layernorm.weight"),
+]
 _FUSED = ("gate_up_proj", "down_proj")  # transformers 5's stacked experts, (E, 2F, D) and (E, D, F)
 # (ours, theirs) for MHA's output projection and Qwen3's per-head norms, beside the stacked q, k, v.
 _MHA_KEYS = [
@@ -209,13 +214,17 @@ def _attn_to_zoo(sd: Mapping[str, Tensor], pre: str, net: GPT, interleave: bool)
     return out
 
 
+def _norm_keys(block) -> list[tuple[str, str]]:
+    return _POST_NORM_KEYS if block.post_norm else _NORM_KEYS
+
+
 def hf_to_zoo(sd: Mapping[str, Tensor], net: GPT, interleave: bool = False) -> dict[str, Tensor]:
     """A LlamaForCausalLM / DeepseekV3ForCausalLM state dict in ``net``'s keys (extra layers, e.g. MTP, ignored);
     ``sd`` may read its tensors as asked (``zoo.io.meta_load``), each read once and the fused ones dropped at once."""
     out = {"tok_emb.weight": sd["model.embed_tokens.weight"], "norm_f.weight": sd["model.norm.weight"]}
     for i in range(net.n_layer):
         pre = f"model.layers.{i}."
-        block = {ours: sd[pre + theirs] for ours, theirs in _NORM_KEYS}
+        block = {ours: sd[pre + theirs] for ours, theirs in _norm_keys(net.blocks[i])}
         layer = under(sd, pre)  # the MLP picks its own keys
         block.update({f"mlp.{k}": v for k, v in net.blocks[i].mlp.from_hf(layer).items()})
         block.update(_attn_to_zoo(sd, pre, net, interleave))
@@ -233,7 +242,7 @@ def zoo_to_hf(sd: dict[str, Tensor], net: GPT) -> dict[str, Tensor]:
     }
     for i, block in enumerate(net.blocks):
         ours, pre = f"blocks.{i}.", f"model.layers.{i}."
-        out.update({pre + theirs: sd[ours + o] for o, theirs in _NORM_KEYS})
+        out.update({pre + theirs: sd[ours + o] for o, theirs in _norm_keys(block)})
         mlp = {k.removeprefix(ours + "mlp."): v for k, v in sd.items() if k.startswith(ours + "mlp.")}
         out.update({pre + k: v for k, v in block.mlp.to_hf(mlp).items()})
         attn = block.attn
@@ -272,6 +281,10 @@ _REFUSED = {
 def net_kwargs(config: dict) -> dict:
     """``GPT`` arguments for a Llama-family, Mixtral or DeepSeek-V3 ``config.json`` dict."""
     kind = config.get("model_type", "llama")
+    from zoo.gpt import llama_variants  # SmolLM3, OLMo 2, Granite: built on this module, so imported here
+
+    if kind in llama_variants.READERS:
+        return llama_variants.READERS[kind](config)
     if kind in ("llama", "mistral", "qwen2", "qwen3"):
         return llama_net_kwargs(config)
     if kind == "mixtral":
@@ -288,7 +301,10 @@ def load_hf_into(net: GPT, folder: str | Path) -> GPT:
     tensor of the files used (but the MTP layers of a net built without them), or an error naming what is left."""
     folder = Path(folder)
     config, source = _read_folder(folder)
-    net_kwargs(config)  # refuses what no GPT holds (Qwen-MoE, RoPE scaling, ...), whatever net it goes into
+    kwargs = net_kwargs(config)  # refuses what no GPT holds (Qwen-MoE, RoPE scaling, ...), whatever net it goes into
+    from zoo.gpt.llama_variants import check_switches  # built on this module, so imported here
+
+    check_switches(net, kwargs, folder)  # a Granite's multipliers, say, are not lost in a net built without them
     interleave = config.get("model_type") == "deepseek_v3" and config.get("rope_interleave", True)
     name = f"Hugging Face folder {str(folder)!r}"
     with missing_tensors_named(name):
@@ -373,6 +389,10 @@ def hf_config(net: GPT) -> dict:
         attention_dropout=0.0,
     )
     mtp = {"num_nextn_predict_layers": len(net.mtp)} if net.mtp else {}  # DeepSeek-V3's layout (zoo.gpt.mtp)
+    from zoo.gpt import llama_variants  # built on this module, so imported here
+
+    if llama_variants.model_type(net):  # SmolLM3's NoPE layers, OLMo 2's post-norms, Granite's multipliers
+        return llama_variants.hf_config(net, kind, config)
     if kind == ("mha", "mixtral"):
         if _mha_model_type(attn) != "llama":
             raise InputError("A Mixtral's attention has one bias switch and no q/k norms: this MoE net does not export")
