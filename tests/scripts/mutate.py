@@ -1795,7 +1795,11 @@ FAMILIES: dict[str, dict] = {
                 "            logits = logits * self.logits_scaling",
             ),
             (G, "        return x + scaled(y, m), aux", "        return x + y, aux"),
-            (A, "y = attend(q, k, v, self.scale,", "y = attend(q, k, v, None,"),
+            (
+                A,
+                "y = attend(q, k, v, self.scale, self.dropout if self.training else 0.0, mask)  #",
+                "y = attend(q, k, v, None, 0.0, mask)  #",
+            ),
             (LV, "no_rope = [int(b.attn.rope) for b in net.blocks]", "no_rope = [1 for b in net.blocks]"),
             (
                 LV,
