@@ -95,6 +95,19 @@ def test_export_writes_the_same_model_type_with_the_same_logits(pair, tmp_path):
     torch.testing.assert_close(_logits(back, x), _logits(model, x), **TOL)
 
 
+def test_a_config_stating_only_the_nope_interval_loads_as_transformers_derives_it(tmp_path):
+    """A config.json with ``no_rope_layer_interval`` and no list (transformers writes both; an edited or older file
+    may not): the NoPE layers are those transformers' config class derives."""
+    write_variant(tmp_path, "smollm3-interval3")
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["no_rope_layers"], config["layer_types"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert model.config.no_rope_layers == [1, 1, 0, 1]
+    x = torch.randint(0, model.config.vocab_size, (1, CONTEXT))
+    torch.testing.assert_close(_logits(from_pretrained(tmp_path), x), _logits(model, x), **TOL)
+
+
 def test_the_switches_off_export_as_llama(tmp_path):
     """A SmolLM3 with no NoPE layer and a Granite whose multipliers are 1 and scale 1/sqrt(d) are Llamas."""
     write_variant(tmp_path / "in", "granite")
