@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from zoo.errors import InputError
+from zoo.gpt import llama_variants
 from zoo.gpt.attention import MHA, MLA, Llama3RoPE
 from zoo.gpt.checks import check_tied_head, missing_tensors_named
 from zoo.gpt.gpt import GPT
@@ -281,10 +282,8 @@ _REFUSED = {
 def net_kwargs(config: dict) -> dict:
     """``GPT`` arguments for a Llama-family, Mixtral or DeepSeek-V3 ``config.json`` dict."""
     kind = config.get("model_type", "llama")
-    from zoo.gpt import llama_variants  # SmolLM3, OLMo 2, Granite: built on this module, so imported here
-
-    if kind in llama_variants.READERS:
-        return llama_variants.READERS[kind](config)
+    if kind in llama_variants.READERS:  # SmolLM3, OLMo 2, Granite: Llama's fields read here, theirs there
+        return llama_variants.READERS[kind](config, llama_net_kwargs)
     if kind in ("llama", "mistral", "qwen2", "qwen3"):
         return llama_net_kwargs(config)
     if kind == "mixtral":
@@ -302,9 +301,7 @@ def load_hf_into(net: GPT, folder: str | Path) -> GPT:
     folder = Path(folder)
     config, source = _read_folder(folder)
     kwargs = net_kwargs(config)  # refuses what no GPT holds (Qwen-MoE, RoPE scaling, ...), whatever net it goes into
-    from zoo.gpt.llama_variants import check_switches  # built on this module, so imported here
-
-    check_switches(net, kwargs, folder)  # a Granite's multipliers, say, are not lost in a net built without them
+    llama_variants.check_switches(net, kwargs, folder)  # a Granite's multipliers are not lost in a net without them
     interleave = config.get("model_type") == "deepseek_v3" and config.get("rope_interleave", True)
     name = f"Hugging Face folder {str(folder)!r}"
     with missing_tensors_named(name):
@@ -389,8 +386,6 @@ def hf_config(net: GPT) -> dict:
         attention_dropout=0.0,
     )
     mtp = {"num_nextn_predict_layers": len(net.mtp)} if net.mtp else {}  # DeepSeek-V3's layout (zoo.gpt.mtp)
-    from zoo.gpt import llama_variants  # built on this module, so imported here
-
     if llama_variants.model_type(net):  # SmolLM3's NoPE layers, OLMo 2's post-norms, Granite's multipliers
         return llama_variants.hf_config(net, kind, config)
     if kind == ("mha", "mixtral"):

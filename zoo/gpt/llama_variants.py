@@ -23,13 +23,16 @@ none is a Llama.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 from zoo.errors import InputError
 from zoo.gpt.attention import MHA, AcrossHeadsRMSNorm
 from zoo.gpt.gpt import GPT
-from zoo.gpt.llama import llama_net_kwargs
+
+# ``llama.llama_net_kwargs``, which ``llama.net_kwargs`` hands each reader here (this module is imported by that one).
+LlamaReader = Callable[[dict], dict]
 
 # transformers' config fields that change no logit: ids the tokenizer and generate read, training-only dropout, init.
 INERT = {"bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "initializer_range", "attention_dropout"}
@@ -72,7 +75,7 @@ OWN_FIELDS = {
 MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "logits_scaling")  # the GPT's, by Granite's names
 
 
-def _llama(config: dict, kind: str) -> tuple[dict, dict]:
+def _llama(config: dict, kind: str, llama_net_kwargs: LlamaReader) -> tuple[dict, dict]:
     """The config with transformers' defaults filled in, and the Llama ``GPT`` arguments of its Llama fields (a key
     transformers' class has not, e.g. an OLMo 2's ``mlp_bias``, is left out as transformers leaves it)."""
     config = DEFAULTS[kind] | {k: v for k, v in config.items() if k != "rope_parameters" or v is not None}
@@ -122,9 +125,9 @@ def _check_sliding(config: dict, flags: list[int], n: int) -> None:
         )
 
 
-def smollm3_net_kwargs(config: dict) -> dict:
+def smollm3_net_kwargs(config: dict, llama: LlamaReader) -> dict:
     """``GPT`` arguments for a Hugging Face ``SmolLM3Config`` dict: Llama with NoPE layers."""
-    config, kwargs = _llama(config, "smollm3")
+    config, kwargs = _llama(config, "smollm3", llama)
     n = config["num_hidden_layers"]
     flags = _layer_flags(config, n)
     _check_sliding(config, flags, n)
@@ -132,14 +135,14 @@ def smollm3_net_kwargs(config: dict) -> dict:
     return kwargs | ({"nope_layers": nope} if nope else {})
 
 
-def olmo2_net_kwargs(config: dict) -> dict:
+def olmo2_net_kwargs(config: dict, llama: LlamaReader) -> dict:
     """``GPT`` arguments for a Hugging Face ``Olmo2Config`` dict: post-norm blocks, q/k norms over whole projections."""
     if config.get("attention_bias", False):
         raise InputError(
             "OLMo 2 with attention_bias has biases in q, k, v and o but none in the MLP, which the zoo's GPT (one bias "
             "switch) has not: load an OLMo 2 without attention_bias (as released), or a Llama with both"
         )
-    config, kwargs = _llama(config, "olmo2")
+    config, kwargs = _llama(config, "olmo2", llama)
     kwargs = _with_attention(kwargs, qk_norm=True, qk_norm_whole=True, qk_norm_eps=config["rms_norm_eps"])
     return kwargs | {"norm_position": "post"}
 
@@ -151,9 +154,9 @@ def _number(config: dict, key: str) -> float:
     return float(value)
 
 
-def granite_net_kwargs(config: dict) -> dict:
+def granite_net_kwargs(config: dict, llama: LlamaReader) -> dict:
     """``GPT`` arguments for a Hugging Face ``GraniteConfig`` dict: Llama with its four multipliers."""
-    config, kwargs = _llama(config, "granite")
+    config, kwargs = _llama(config, "granite", llama)
     scales = {k: _number(config, k) for k in (*MULTIPLIERS, "attention_multiplier")}
     kwargs = _with_attention(kwargs, scale=scales.pop("attention_multiplier"))
     return kwargs | scales
