@@ -79,6 +79,7 @@ SPT, HFT = "zoo/io/sp_tokenizer.py", "zoo/io/hf_tokenizer.py"
 WI, WF, HK = "zoo/adapt/wise.py", "callbacks/wiseft.py", "zoo/app/hooks.py"
 GTK, DTK, LEV = "zoo/gpt/tasks.py", "datamodules/tasks.py", "zoo/gpt/lm_eval.py"
 GMN, TMN = "zoo/gpt/__main__.py", "zoo/tracking/__main__.py"
+LV = "zoo/gpt/llama_variants.py"
 WD, PAT = "zoo/watchdog.py", "zoo/io/patterns.py"
 OPT, GN, ATT, WT, TOK = (
     "zoo/train/optim.py",
@@ -1935,6 +1936,56 @@ FAMILIES: dict[str, dict] = {
                 "        if len(rendered.ids) > self.block_size + 1:",
                 "        if len(rendered.ids) > self.block_size:",
             ),
+        ],
+    },
+    "llama_variants": {  # SmolLM3's NoPE layers, OLMo 2's post-norms and q/k norms, Granite's multipliers (issue 53)
+        "tests": ["tests/gpt/test_gpt_llama_variants.py"],
+        "mutants": [
+            (
+                LV,
+                "return [int((i + 1) % interval != 0) for i in range(n)]",
+                "return [int(i % interval != 0) for i in range(n)]",
+            ),
+            (LV, "nope = [i for i in range(n) if not flags[i]]", "nope = [i for i in range(n) if not flags[-1 - i]]"),
+            (G, 'position == "rope" and i not in nope)', 'position == "rope")'),
+            (
+                G,
+                "x = x + scaled(self.norm1(self.drop(self.attn(x, cos, sin, cache, start, mask))), m)",
+                "x = scaled(self.norm1(x + self.drop(self.attn(x, cos, sin, cache, start, mask))), m)",
+            ),
+            (G, "return x + scaled(self.norm2(y), m), aux", "return self.norm2(x + scaled(y, m)), aux"),
+            (
+                "zoo/gpt/llama.py",
+                '("norm2.weight", "post_feedforward_layernorm.weight"),',
+                '("norm2.weight", "post_attention_layernorm.weight"),',
+            ),
+            (
+                A,
+                "y = super().forward(x.transpose(1, 2).reshape(b, t, h * d))",
+                "y = super().forward(x.reshape(b, t, h * d))",
+            ),
+            (LV, 'qk_norm_whole=True, qk_norm_eps=config["rms_norm_eps"])', "qk_norm_whole=True)"),
+            (G, "x = scaled(self.tok_emb(idx), self.embedding_multiplier)", "x = self.tok_emb(idx)"),
+            (
+                G,
+                "            logits = logits / self.logits_scaling",
+                "            logits = logits * self.logits_scaling",
+            ),
+            (G, "        return x + scaled(y, m), aux", "        return x + y, aux"),
+            (
+                A,
+                "y = attend(q, k, v, self.scale, self.dropout if self.training else 0.0, mask)  #",
+                "y = attend(q, k, v, None, 0.0, mask)  #",
+            ),
+            (LV, "no_rope = [int(b.attn.rope) for b in net.blocks]", "no_rope = [1 for b in net.blocks]"),
+            (
+                LV,
+                "scale = attn.scale if attn.scale is not None else attn.head_dim**-0.5",
+                "scale = attn.head_dim**-0.5",
+            ),
+            (LV, "if sliding and (not isinstance(window, int) or window < context):", "if False:"),
+            (LV, "    if differ:\n", "    if False:\n"),
+            (LV, "rope_theta=2000000.0,", "rope_theta=10000.0,"),
         ],
     },
     "wiseft": {  # WiSE-FT: the interpolation, the choice, and what the run keeps and registers

@@ -219,6 +219,16 @@ def attend(q: Tensor, k: Tensor, v: Tensor, scale: float | None, dropout: float,
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale, enable_gqa=gqa)
 
 
+class AcrossHeadsRMSNorm(nn.RMSNorm):
+    """RMSNorm of each token's heads (B, X, T, d) taken together as one vector of X d channels (OLMo 2's q_norm and
+    k_norm, over the whole projection), one weight per channel."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, h, t, d = x.shape
+        y = super().forward(x.transpose(1, 2).reshape(b, t, h * d))  # (B, T, X d)
+        return y.view(b, t, h, d).transpose(1, 2)  # (B, X, T, d)
+
+
 class MHA(nn.Module):
     """Multi-head attention with G key-value heads: MHA when G == H, GQA when 1 < G < H, MQA when G == 1."""
 
@@ -235,6 +245,8 @@ class MHA(nn.Module):
         qk_norm: bool = False,
         qk_norm_eps: float = 1e-6,
         rope_dim: int | None = None,
+        scale: float | None = None,
+        qk_norm_whole: bool = False,
     ) -> None:
         """
         Args:
@@ -252,6 +264,9 @@ class MHA(nn.Module):
             qk_norm_eps: those norms' epsilon.
             rope_dim: rotate only the first rope_dim channels of each head's query and key (partial RoPE, even; Phi-4-
                 mini's partial_rotary_factor 0.75 rotates 96 of 128); None: all d.
+            scale: the softmax's scale of q.k; None: 1/sqrt(d) (Granite states its own, ``attention_multiplier``).
+            qk_norm_whole: with ``qk_norm``, each token's query and key normalised over all their heads' channels
+                together, one weight per channel (OLMo 2's q_norm and k_norm), rather than head by head.
         """
         super().__init__()
         n_kv_head = n_kv_head or n_head
@@ -261,7 +276,7 @@ class MHA(nn.Module):
                 f"n_head={n_head}, n_kv_head={n_kv_head}: choose heads that divide them"
             )
         self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, head_dim or dim // n_head
-        self.rope, self.dropout = rope, dropout
+        self.rope, self.dropout, self.scale = rope, dropout, scale
         if rope_dim is not None and not (0 < rope_dim <= self.head_dim and rope_dim % 2 == 0):
             raise InputError(f"rope_dim={rope_dim} must be even and in (0, head_dim={self.head_dim}]")
         self.rope_dim = rope_dim or self.head_dim  # the GPT builds its tables for this width (used when ``rope``)
@@ -269,7 +284,10 @@ class MHA(nn.Module):
         qkv_bias = bias if qkv_bias is None else qkv_bias
         self.qkv = nn.Linear(dim, (n_head + 2 * n_kv_head) * self.head_dim, bias=qkv_bias)
         self.proj = nn.Linear(n_head * self.head_dim, dim, bias=bias)
-        if qk_norm:  # one (d,) weight each, shared by every head, as Qwen3's q_norm and k_norm
+        if qk_norm and qk_norm_whole:
+            self.q_norm = AcrossHeadsRMSNorm(n_head * self.head_dim, eps=qk_norm_eps)
+            self.k_norm = AcrossHeadsRMSNorm(n_kv_head * self.head_dim, eps=qk_norm_eps)
+        elif qk_norm:  # one (d,) weight each, shared by every head, as Qwen3's q_norm and k_norm
             self.q_norm = nn.RMSNorm(self.head_dim, eps=qk_norm_eps)
             self.k_norm = nn.RMSNorm(self.head_dim, eps=qk_norm_eps)
 
@@ -302,7 +320,7 @@ class MHA(nn.Module):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v, start)  # (B, G, S, d)
-        y = attend(q, k, v, None, self.dropout if self.training else 0.0, mask)  # (B, H, T, d)
+        y = attend(q, k, v, self.scale, self.dropout if self.training else 0.0, mask)  # (B, H, T, d)
         return self.proj(y.transpose(1, 2).reshape(b, t, h * hd))
 
 

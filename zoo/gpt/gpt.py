@@ -40,13 +40,27 @@ MLPClass = Callable[[int, "int | None", bool, float], GeluMLP | SwiGLU | MoE]
 
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)); also the MLP's auxiliary loss term
-    (a mixture of experts' balance term in training; None for a dense MLP)."""
+    (a mixture of experts' balance term in training; None for a dense MLP).
 
-    def __init__(self, attn: nn.Module, mlp: nn.Module, norm: NormClass, dim: int, eps: float, dropout: float) -> None:
+    ``post_norm``: x + norm(attn(x)), then x + norm(mlp(x)) instead (OLMo 2: the sublayer's output normed, its input
+    not). ``residual_multiplier``: each sublayer's output scaled by it before the add (Granite)."""
+
+    def __init__(
+        self,
+        attn: nn.Module,
+        mlp: nn.Module,
+        norm: NormClass,
+        dim: int,
+        eps: float,
+        dropout: float,
+        post_norm: bool = False,
+        residual_multiplier: float = 1.0,
+    ) -> None:
         super().__init__()
         self.norm1, self.attn = norm(dim, eps=eps), attn
         self.norm2, self.mlp = norm(dim, eps=eps), mlp
         self.drop = nn.Dropout(dropout)
+        self.post_norm, self.residual_multiplier = post_norm, residual_multiplier
 
     def forward(
         self,
@@ -57,9 +71,19 @@ class Block(nn.Module):
         start: int = 0,
         mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        x = x + self.drop(self.attn(self.norm1(x), cos, sin, cache, start, mask))
+        m = self.residual_multiplier
+        if self.post_norm:
+            x = x + scaled(self.norm1(self.drop(self.attn(x, cos, sin, cache, start, mask))), m)
+            y, aux = self.mlp(x)
+            return x + scaled(self.norm2(y), m), aux
+        x = x + scaled(self.drop(self.attn(self.norm1(x), cos, sin, cache, start, mask)), m)
         y, aux = self.mlp(self.norm2(x))
-        return x + y, aux
+        return x + scaled(y, m), aux
+
+
+def scaled(x: Tensor, m: float) -> Tensor:
+    """``x * m``, and ``x`` itself at 1 (no pass over the tensor for the nets that scale nothing)."""
+    return x if m == 1 else x * m
 
 
 def padded_positions(pad: Tensor, start: int, t: int) -> tuple[Tensor, Tensor]:
@@ -103,6 +127,11 @@ class GPT(nn.Module):
         activation_checkpointing: bool = False,
         mtp_depth: int = 0,
         dense_layers: list[int] | None = None,
+        nope_layers: list[int] | None = None,
+        norm_position: Literal["pre", "post"] = "pre",
+        embedding_multiplier: float = 1.0,
+        residual_multiplier: float = 1.0,
+        logits_scaling: float = 1.0,
     ) -> None:
         """
         Args:
@@ -139,6 +168,13 @@ class GPT(nn.Module):
             dense_layers: blocks (by index) that take a dense ``SwiGLU`` of ``dense_hidden`` instead of ``mlp``,
                 beside the first ``first_k_dense`` (Qwen3-MoE's ``mlp_only_layers`` and ``decoder_sparse_step``);
                 None: none.
+            nope_layers: indices of the blocks whose attention skips RoPE (NoPE: no positional encoding, causal
+                attention alone orders the tokens; Kazemnejad et al. 2023; SmolLM3 every 4th layer); None: none.
+            norm_position: "pre" norms each sublayer's input (GPT-2, Llama); "post" its output, before the residual
+                add (OLMo 2's ``post_attention_layernorm`` and ``post_feedforward_layernorm``).
+            embedding_multiplier: the token embeddings scaled by it (Granite's ``embedding_multiplier``).
+            residual_multiplier: each sublayer's output scaled by it before the residual add (Granite's).
+            logits_scaling: the logits divided by it (Granite's ``logits_scaling``).
         """
         if vocab_size is None:
             raise ValueError("GPT needs vocab_size: the tokenizer's number of ids (cli.py takes it from the data)")
@@ -147,6 +183,8 @@ class GPT(nn.Module):
         self.n_embd, self.tie_embeddings = n_embd, tie_embeddings
         self.position, self.rope_base, self.rope_scaling = position, rope_base, rope_scaling
         self.activation_checkpointing = activation_checkpointing
+        self.embedding_multiplier, self.logits_scaling = embedding_multiplier, logits_scaling
+        nope = set(nope_layers or ())
         self.tok_emb = nn.Embedding(vocab_size, n_embd)  # registered first, so a seed gives the same weights
         if position == "learned":
             self.pos_emb = nn.Embedding(block_size, n_embd)
@@ -154,7 +192,7 @@ class GPT(nn.Module):
 
         def block(i: int) -> Block:
             return Block(
-                attention(n_embd, n_head, bias, dropout, position == "rope"),
+                attention(n_embd, n_head, bias, dropout, position == "rope" and i not in nope),
                 SwiGLU(n_embd, dense_hidden, bias, dropout)
                 if i < first_k_dense or i in (dense_layers or ())
                 else mlp(n_embd, mlp_hidden, bias, dropout),
@@ -162,6 +200,8 @@ class GPT(nn.Module):
                 n_embd,
                 norm_eps,
                 dropout,
+                norm_position == "post",
+                residual_multiplier,
             )
 
         self.blocks = nn.ModuleList(block(i) for i in range(n_layer))
@@ -253,7 +293,7 @@ class GPT(nn.Module):
         t = idx.shape[1]
         if start + t > self.block_size:
             raise ValueError(f"Sequence of {start + t} tokens exceeds block_size {self.block_size}")
-        x = self.tok_emb(idx)  # (B, T, D)
+        x = scaled(self.tok_emb(idx), self.embedding_multiplier)  # (B, T, D)
         cos, sin, mask, pos = self._positions(start, t, pad)
         if self.position == "learned":
             x = x + self.pos_emb.weight[start : start + t] if pos is None else x + self.pos_emb(pos)
@@ -264,6 +304,8 @@ class GPT(nn.Module):
             aux_terms += [] if a is None else [a]
         h = self.norm_f(x)  # (B, T, D)
         logits = self.lm_head(h)  # (B, T, V)
+        if self.logits_scaling != 1:
+            logits = logits / self.logits_scaling  # divided, as Granite does: a reciprocal's product rounds otherwise
         if mtp:
             mtp_logits = self._mtp_logits(h, idx, aux_terms)
             return (logits, mtp_logits, aux_terms) if aux else (logits, mtp_logits)

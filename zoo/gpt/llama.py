@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from zoo.errors import InputError
+from zoo.gpt import llama_variants
 from zoo.gpt.attention import MHA, MLA, Llama3RoPE, YaRNRoPE
 from zoo.gpt.checks import check_tied_head, missing_tensors_named
 from zoo.gpt.gpt import GPT
@@ -56,6 +57,11 @@ from zoo.io.weights import check_all_used, check_compatible
 
 # (ours, theirs) inside block i / model.layers.i, shared by both families.
 _NORM_KEYS = [("norm1.weight", "input_layernorm.weight"), ("norm2.weight", "post_attention_layernorm.weight")]
+# OLMo 2's, which norm each sublayer's output (a block with ``post_norm``).
+_POST_NORM_KEYS = [
+    ("norm1.weight", "post_attention_layernorm.weight"),
+    ("norm2.weight", "post_feedforward_layernorm.weight"),
+]
 _FUSED = ("gate_up_proj", "down_proj")  # transformers 5's stacked experts, (E, 2F, D) and (E, D, F)
 # (ours, theirs) for MHA's output projection and Qwen3's per-head norms, beside the stacked q, k, v.
 _MHA_KEYS = [
@@ -283,13 +289,17 @@ def _attn_to_zoo(sd: Mapping[str, Tensor], pre: str, net: GPT, interleave: bool)
     return out
 
 
+def _norm_keys(block) -> list[tuple[str, str]]:
+    return _POST_NORM_KEYS if block.post_norm else _NORM_KEYS
+
+
 def hf_to_zoo(sd: Mapping[str, Tensor], net: GPT, interleave: bool = False) -> dict[str, Tensor]:
     """A LlamaForCausalLM / DeepseekV3ForCausalLM state dict in ``net``'s keys (extra layers, e.g. MTP, ignored);
     ``sd`` may read its tensors as asked (``zoo.io.meta_load``), each read once and the fused ones dropped at once."""
     out = {"tok_emb.weight": sd["model.embed_tokens.weight"], "norm_f.weight": sd["model.norm.weight"]}
     for i in range(net.n_layer):
         pre = f"model.layers.{i}."
-        block = {ours: sd[pre + theirs] for ours, theirs in _NORM_KEYS}
+        block = {ours: sd[pre + theirs] for ours, theirs in _norm_keys(net.blocks[i])}
         layer = under(sd, pre)  # the MLP picks its own keys
         block.update({f"mlp.{k}": v for k, v in net.blocks[i].mlp.from_hf(layer).items()})
         block.update(_attn_to_zoo(sd, pre, net, interleave))
@@ -308,7 +318,7 @@ def zoo_to_hf(sd: dict[str, Tensor], net: GPT) -> dict[str, Tensor]:
     qwen3_moe = _is_qwen3_moe(net)
     for i, block in enumerate(net.blocks):
         ours, pre = f"blocks.{i}.", f"model.layers.{i}."
-        out.update({pre + theirs: sd[ours + o] for o, theirs in _NORM_KEYS})
+        out.update({pre + theirs: sd[ours + o] for o, theirs in _norm_keys(block)})
         mlp = {k.removeprefix(ours + "mlp."): v for k, v in sd.items() if k.startswith(ours + "mlp.")}
         layout = ("qwen3_moe",) if qwen3_moe and block.mlp.hf_layout == "mixtral" else ()
         out.update({pre + k: v for k, v in block.mlp.to_hf(mlp, *layout).items()})
@@ -350,6 +360,8 @@ def net_kwargs(config: dict) -> dict:
     """``GPT`` arguments for a Llama-family, Mixtral, Qwen3-MoE or DeepSeek-V3 ``config.json`` dict."""
     kind = config.get("model_type", "llama")
     _check_quantization(config)
+    if kind in llama_variants.READERS:  # SmolLM3, OLMo 2, Granite: Llama's fields read here, theirs there
+        return llama_variants.READERS[kind](config, llama_net_kwargs)
     if kind in ("llama", "mistral", "qwen2", "qwen3"):
         return llama_net_kwargs(config)
     if kind == "mixtral":
@@ -376,7 +388,8 @@ def load_hf_into(net: GPT, folder: str | Path) -> GPT:
         from zoo.gpt.phi3 import load_phi3_into
 
         return load_phi3_into(net, folder)
-    net_kwargs(config)  # refuses what no GPT holds (Qwen-MoE, RoPE scaling, ...), whatever net it goes into
+    kwargs = net_kwargs(config)  # refuses what no GPT holds (Qwen-MoE, RoPE scaling, ...), whatever net it goes into
+    llama_variants.check_switches(net, kwargs, folder)  # a Granite's multipliers are not lost in a net without them
     interleave = config.get("model_type") == "deepseek_v3" and config.get("rope_interleave", True)
     name = f"Hugging Face folder {str(folder)!r}"
     with missing_tensors_named(name):
@@ -500,6 +513,8 @@ def hf_config(net: GPT) -> dict:
             f"The MLA's softmax_scale_factor {attn.softmax_scale_factor} is not the {stated} that DeepSeek-V3 derives "
             "from the net's rope_scaling (YaRN's mscale_all_dim): set it so, or to 1 without YaRN, to export"
         )
+    if llama_variants.model_type(net):  # SmolLM3's NoPE layers, OLMo 2's post-norms, Granite's multipliers
+        return llama_variants.hf_config(net, kind, config)
     if kind == ("mha", "mixtral"):
         if _mha_model_type(attn) != "llama":
             raise InputError("A Mixtral's attention has one bias switch and no q/k norms: this MoE net does not export")
