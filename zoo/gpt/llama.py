@@ -15,9 +15,14 @@ softmax-routed ``MoE`` and no shared experts is ``MixtralForCausalLM`` (Jiang et
   ``kv_a_proj_with_mqa`` are reordered to [even | odd] on import; q.k is unchanged by the same reordering
   of q and k, and after it the interleaved rotation is ours. Exports write ``rope_interleave: false``.
 
+A sliding window shorter than the context (Mistral v0.1's 4096, Mixtral's, Qwen2/3's ``use_sliding_window`` layers
+from ``max_window_layers`` on, or their ``layer_types``) is ``GPT(sliding_window=..., layer_types=...)``, as
+transformers masks it; Gemma 2/3 folders are ``gemma.py``'s, with these names and sandwich norms.
+
 Not representable, and refused with a message: RoPE scaling other than ``llama3`` (YaRN, linear, dynamic), attention
-and MLP biases that differ (but Qwen2's), a sliding window shorter than the context (Mistral v0.1, Mixtral), DeepSeek
-MoE other than V3's (softmax scoring, ``moe_layer_freq`` > 1), and Qwen-MoE (a gated shared expert in Qwen2-MoE).
+and MLP biases that differ (but Qwen2's), a ``sliding_window`` in a Llama config (which LlamaForCausalLM ignores: say
+``mistral``), DeepSeek MoE other than V3's (softmax scoring, ``moe_layer_freq`` > 1), and Qwen-MoE (a gated shared
+expert in Qwen2-MoE).
 Multi-token-prediction layers (``model.layers.{num_hidden_layers}``) load into a net with ``mtp_depth`` (what
 ``zoo.gpt.pretrained`` builds) and are left out of one without, by that choice. Nothing is downloaded: point at a
 folder.
@@ -52,6 +57,12 @@ from zoo.io.weights import check_all_used, check_compatible
 
 # (ours, theirs) inside block i / model.layers.i, shared by both families.
 _NORM_KEYS = [("norm1.weight", "input_layernorm.weight"), ("norm2.weight", "post_attention_layernorm.weight")]
+_SANDWICH_NORM_KEYS = [  # Gemma 2/3's: the pre-norms, and a norm after each branch (GPT's sandwich_norm)
+    ("norm1.weight", "input_layernorm.weight"),
+    ("post_attn_norm.weight", "post_attention_layernorm.weight"),
+    ("norm2.weight", "pre_feedforward_layernorm.weight"),
+    ("post_mlp_norm.weight", "post_feedforward_layernorm.weight"),
+]
 _FUSED = ("gate_up_proj", "down_proj")  # transformers 5's stacked experts, (E, 2F, D) and (E, D, F)
 # (ours, theirs) for MHA's output projection and Qwen3's per-head norms, beside the stacked q, k, v.
 _MHA_KEYS = [
@@ -111,12 +122,34 @@ def _common_kwargs(config: dict) -> dict:
 
 
 def _check_window(config: dict) -> None:
-    window = config.get("sliding_window") if config.get("use_sliding_window", True) else None  # Qwen's switch
+    window = config.get("sliding_window")
     if window and window < config.get("max_position_embeddings", 2048):
         raise InputError(
-            f"sliding_window {window} is shorter than max_position_embeddings: the zoo's attention sees the whole "
-            f"context; set sliding_window to null (or >= the context) in config.json to load it anyway"
+            f"sliding_window {window} in a model_type {config.get('model_type', 'llama')!r} config, whose "
+            f"transformers model ignores it: set model_type mistral for a windowed model, or sliding_window null"
         )
+
+
+def _window(config: dict) -> dict:
+    """``sliding_window`` and ``layer_types`` as transformers reads them: Mistral's (default 4096) and Mixtral's
+    window in every layer; Qwen2/3's, with ``use_sliding_window``, in their ``layer_types`` or the layers from
+    ``max_window_layers`` on. None where no window is shorter than the context."""
+    kind, n = config.get("model_type", "llama"), config["num_hidden_layers"]
+    if kind in ("qwen2", "qwen3"):
+        window = config.get("sliding_window", 4096) if config.get("use_sliding_window", False) else None
+        types = config.get("layer_types") or [
+            "sliding_attention" if window is not None and i >= config.get("max_window_layers", 28) else "full_attention"
+            for i in range(n)
+        ]
+    elif kind in ("mistral", "mixtral"):  # MistralModel masks every layer alike, whatever a layer_types says
+        window = config.get("sliding_window", 4096 if kind == "mistral" else None)
+        types = ["sliding_attention"] * n
+    else:
+        _check_window(config)
+        return {}
+    if window is None or window >= config.get("max_position_embeddings", 2048) or "sliding_attention" not in types:
+        return {}
+    return dict(sliding_window=window, layer_types=types)
 
 
 def llama_net_kwargs(config: dict) -> dict:
@@ -127,7 +160,6 @@ def llama_net_kwargs(config: dict) -> dict:
     attention_bias = bool(config.get("attention_bias", False))
     if not qwen2 and attention_bias != bool(config.get("mlp_bias", False)):
         raise InputError("attention_bias and mlp_bias differ; the zoo's GPT has one bias switch")
-    _check_window(config)
     d, h = config["hidden_size"], config["num_attention_heads"]
     head_dim = config.get("head_dim") or d // h
     attn = dict(n_kv_head=config.get("num_key_value_heads") or h)
@@ -137,7 +169,8 @@ def llama_net_kwargs(config: dict) -> dict:
         attn["qkv_bias"] = True
     if kind == "qwen3":
         attn |= dict(qk_norm=True, qk_norm_eps=config.get("rms_norm_eps", 1e-6))
-    return dict(_common_kwargs(config), bias=attention_bias and not qwen2, attention=partial(MHA, **attn))
+    kwargs = dict(_common_kwargs(config), bias=attention_bias and not qwen2, attention=partial(MHA, **attn))
+    return kwargs | _window(config)
 
 
 def mixtral_net_kwargs(config: dict) -> dict:
@@ -215,13 +248,17 @@ def hf_to_zoo(sd: Mapping[str, Tensor], net: GPT, interleave: bool = False) -> d
     out = {"tok_emb.weight": sd["model.embed_tokens.weight"], "norm_f.weight": sd["model.norm.weight"]}
     for i in range(net.n_layer):
         pre = f"model.layers.{i}."
-        block = {ours: sd[pre + theirs] for ours, theirs in _NORM_KEYS}
+        block = {ours: sd[pre + theirs] for ours, theirs in _norm_keys(net.blocks[i])}
         layer = under(sd, pre)  # the MLP picks its own keys
         block.update({f"mlp.{k}": v for k, v in net.blocks[i].mlp.from_hf(layer).items()})
         block.update(_attn_to_zoo(sd, pre, net, interleave))
         out.update({f"blocks.{i}.{k}": v for k, v in block.items()})
     out["lm_head.weight"] = sd.get("lm_head.weight", out["tok_emb.weight"])
     return out | mtp_to_zoo(sd, net, interleave, hf_to_zoo)  # the MTP modules the net has (zoo.gpt.mtp)
+
+
+def _norm_keys(block) -> list[tuple[str, str]]:
+    return _SANDWICH_NORM_KEYS if hasattr(block, "post_attn_norm") else _NORM_KEYS
 
 
 def zoo_to_hf(sd: dict[str, Tensor], net: GPT) -> dict[str, Tensor]:
@@ -233,7 +270,7 @@ def zoo_to_hf(sd: dict[str, Tensor], net: GPT) -> dict[str, Tensor]:
     }
     for i, block in enumerate(net.blocks):
         ours, pre = f"blocks.{i}.", f"model.layers.{i}."
-        out.update({pre + theirs: sd[ours + o] for o, theirs in _NORM_KEYS})
+        out.update({pre + theirs: sd[ours + o] for o, theirs in _norm_keys(block)})
         mlp = {k.removeprefix(ours + "mlp."): v for k, v in sd.items() if k.startswith(ours + "mlp.")}
         out.update({pre + k: v for k, v in block.mlp.to_hf(mlp).items()})
         attn = block.attn
@@ -278,6 +315,10 @@ def net_kwargs(config: dict) -> dict:
         return mixtral_net_kwargs(config)
     if kind == "deepseek_v3":
         return deepseek_net_kwargs(config)
+    if kind in ("gemma2", "gemma3_text"):
+        from zoo.gpt import gemma  # which builds on this module's RoPE reading
+
+        return gemma.net_kwargs(config)
     if kind in _REFUSED:
         raise InputError(f"{_REFUSED[kind]}, which the zoo's GPT has not: model_type {kind!r} does not load")
     raise ValueError(f"model_type {kind!r} is not a Llama, Mixtral or DeepSeek-V3 config")
@@ -323,6 +364,7 @@ def load_hf(folder: str | Path) -> GPT:
 
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_ARCHITECTURES["mistral"] = "MistralForCausalLM"
 
 
 def _mha_model_type(attn: MHA) -> str:
@@ -345,8 +387,42 @@ def _rope_parameters(net: GPT) -> dict:
     return params
 
 
+def _windows(net: GPT, attn: MHA | MLA, model_type: str) -> dict:
+    """The config fields of ``net``'s sliding windows for ``model_type`` (Mistral and Mixtral: every layer; Qwen2/3:
+    any layers), or {}; a net with settings no such config holds is refused, naming them."""
+    odd = [k for k in ("rope_local_base", "embed_scale", "logit_softcap") if getattr(net, k) is not None]
+    odd += [k for k in ("scale", "softcap") if isinstance(attn, MHA) and getattr(attn, k) is not None]
+    odd += ["qk_norm_unit_offset"] * (getattr(getattr(attn, "q_norm", None), "hf_layout", None) == "gemma")
+    odd += ["sandwich_norm"] * hasattr(net.blocks[0], "post_attn_norm")
+    if odd:
+        raise InputError(
+            f"A Llama-family config has no {', '.join(odd)}: this net exports as Gemma only if Gemma-shaped"
+        )
+    if "sliding_attention" not in net.layer_types:
+        return {}
+    if model_type in ("qwen2", "qwen3"):
+        first = net.layer_types.index("sliding_attention")
+        return dict(
+            use_sliding_window=True,
+            sliding_window=net.sliding_window,
+            max_window_layers=first,
+            layer_types=net.layer_types,
+        )
+    if model_type in ("llama", "mixtral") and set(net.layer_types) == {"sliding_attention"}:
+        return dict(sliding_window=net.sliding_window)
+    raise InputError(
+        f"sliding-window layers {net.layer_types} have no {model_type} form: Mistral and Mixtral slide in every layer, "
+        "Qwen2/3 (q/k/v biases or q/k norms) in any"
+    )
+
+
 def hf_config(net: GPT) -> dict:
-    """The ``config.json`` of ``net`` as a Llama or Mixtral (MHA) or DeepSeek-V3 (MLA) model."""
+    """The ``config.json`` of ``net`` as a Llama or Mixtral (MHA) or DeepSeek-V3 (MLA) model; a Gemma-shaped net's
+    as Gemma 2/3 (``gemma.hf_config``)."""
+    from zoo.gpt import gemma  # which builds on this module's RoPE writing
+
+    if gemma.is_gemma(net):
+        return gemma.hf_config(net)
     layouts = [block.mlp.hf_layout for block in net.blocks]  # as each MLP class states its Hugging Face form
     first_dense = next((i for i, layout in enumerate(layouts) if layout != "llama"), net.n_layer)
     if net.position != "rope" or net.norm_f.hf_layout != "llama" or set(layouts) - {"llama", "deepseek_v3", "mixtral"}:
@@ -373,6 +449,7 @@ def hf_config(net: GPT) -> dict:
         attention_dropout=0.0,
     )
     mtp = {"num_nextn_predict_layers": len(net.mtp)} if net.mtp else {}  # DeepSeek-V3's layout (zoo.gpt.mtp)
+    windows = _windows(net, attn, _mha_model_type(attn) if kind[0] == "mha" else "deepseek_v3")
     if kind == ("mha", "mixtral"):
         if _mha_model_type(attn) != "llama":
             raise InputError("A Mixtral's attention has one bias switch and no q/k norms: this MoE net does not export")
@@ -386,10 +463,13 @@ def hf_config(net: GPT) -> dict:
                 head_dim=attn.head_dim,
                 sliding_window=None,
             )
+            | windows
             | mtp
         )
     if kind[0] == "mha":
         model_type = _mha_model_type(attn)
+        if model_type == "llama" and windows:
+            model_type = "mistral"  # a Llama whose every layer slides
         return (
             config
             | net.blocks[0].mlp.hf_config()
@@ -399,6 +479,7 @@ def hf_config(net: GPT) -> dict:
                 num_key_value_heads=attn.n_kv_head,
                 head_dim=attn.head_dim,
             )
+            | windows
             | mtp
         )
     if kind[1] == "deepseek_v3":  # DeepSeek-V3 states intermediate_size (the dense layers') even with none

@@ -4,9 +4,10 @@ exactly, its tokenizer and generation defaults attached.
     module = zoo.gpt.from_pretrained("Llama-3.2-1B")          # a local folder; nothing is downloaded
     module.generate(["The capital of France is"], max_new_tokens=20, temperature=0)
 
-GPT-2, Llama (Llama 3.1-3.3's RoPE scaling included), Mistral, Qwen2/2.5, Qwen3, Mixtral and DeepSeek-V3 folders
-load (``hf.py``, ``llama.py``); a config option the zoo's GPT does not implement is refused by name. The weights are
-exact or refused: every parameter is set and every tensor of the files used, or one error names what is left over.
+GPT-2, Llama (Llama 3.1-3.3's RoPE scaling included), Mistral, Qwen2/2.5, Qwen3, Mixtral, DeepSeek-V3, Gemma 2 and
+Gemma 3 text folders load (``hf.py``, ``llama.py``, ``gemma.py``; sliding windows included); a config option the
+zoo's GPT does not implement is refused by name. The weights are exact or refused: every parameter is set and every
+tensor of the files used, or one error names what is left over.
 The tokenizer is the folder's ``tokenizer.json`` (``zoo.io.hf_tokenizer``), else its SentencePiece ``tokenizer.model``
 (Llama 2, rebuilt as transformers' LlamaTokenizer does: ``zoo.io.sp_tokenizer``), else GPT-2's vocab.json and
 merges.txt; ``generation_config.json`` sets predict's defaults as transformers reads them (no ``do_sample``: greedy;
@@ -39,7 +40,7 @@ from zoo.io.files import read_config
 from zoo.io.tokenizers import GPT2Tokenizer, Tokenizer
 from zoo.io.trust import LIGHTNING_INSTANTIATOR
 
-MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "mixtral", "deepseek_v3")
+MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "mixtral", "deepseek_v3", "gemma2", "gemma3_text")
 
 
 def read_folder(path: str | Path) -> tuple[Path, dict]:
