@@ -295,7 +295,7 @@ def test_gemma_options_the_zoo_lacks_are_refused_in_one_line(tmp_path, arch, cha
     assert "\n" not in str(err.value)
 
 
-def test_a_llama_net_with_gemma_settings_does_not_export_as_llama(tmp_path):
+def test_a_net_with_gemma_settings_does_not_export_as_llama_or_gpt2(tmp_path):
     from functools import partial
 
     from zoo.gpt import MHA, RMSNorm, SwiGLU
@@ -308,6 +308,13 @@ def test_a_llama_net_with_gemma_settings_does_not_export_as_llama(tmp_path):
     ]:
         with pytest.raises(InputError, match=named):
             export_hf(GPT(**llama, **extra), tmp_path)
+    from zoo.gpt.hf import export_gpt2
+
+    with pytest.raises(InputError, match="no embed_scale, logit_softcap, sliding_window"):
+        export_gpt2(
+            GPT(vocab_size=40, n_layer=1, n_embd=32, n_head=4, embed_scale=2.0, logit_softcap=5.0, sliding_window=4),
+            tmp_path,
+        )
 
 
 @pytest.mark.slow  # ~15 s: a cli.py fit, an export and two transformers loads

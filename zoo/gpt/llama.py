@@ -44,7 +44,7 @@ from torch import Tensor
 
 from zoo.errors import InputError
 from zoo.gpt.attention import MHA, MLA, Llama3RoPE
-from zoo.gpt.checks import check_tied_head, missing_tensors_named
+from zoo.gpt.checks import check_tied_head, gemma_settings, missing_tensors_named
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import SwiGLU
 from zoo.gpt.moe import MoE
@@ -390,11 +390,7 @@ def _rope_parameters(net: GPT) -> dict:
 def _windows(net: GPT, attn: MHA | MLA, model_type: str) -> dict:
     """The config fields of ``net``'s sliding windows for ``model_type`` (Mistral and Mixtral: every layer; Qwen2/3:
     any layers), or {}; a net with settings no such config holds is refused, naming them."""
-    odd = [k for k in ("rope_local_base", "embed_scale", "logit_softcap") if getattr(net, k) is not None]
-    odd += [k for k in ("scale", "softcap") if isinstance(attn, MHA) and getattr(attn, k) is not None]
-    odd += ["qk_norm_unit_offset"] * (getattr(getattr(attn, "q_norm", None), "hf_layout", None) == "gemma")
-    odd += ["sandwich_norm"] * hasattr(net.blocks[0], "post_attn_norm")
-    if odd:
+    if odd := gemma_settings(net):
         raise InputError(
             f"A Llama-family config has no {', '.join(odd)}: this net exports as Gemma only if Gemma-shaped"
         )
