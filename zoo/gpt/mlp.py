@@ -191,8 +191,8 @@ class GeGLU(nn.Module):
             approximate: the GELU, "tanh" (Gemma's gelu_pytorch_tanh) or "exact" (erf).
         """
         super().__init__()
-        hidden = hidden or 64 * math.ceil(8 * dim / 3 / 64)
-        self.approximate = approximate if approximate == "tanh" else "none"
+        hidden = hidden or 64 * math.ceil(dim * 8 / 3 / 64)  # SwiGLU's default width
+        self.approximate = "tanh" if approximate == "tanh" else "none"  # F.gelu's name for the choice
         self.fc = nn.Linear(dim, 2 * hidden, bias=bias)
         self.proj = nn.Linear(hidden, dim, bias=bias)
         self.drop = nn.Dropout(dropout)
