@@ -329,7 +329,7 @@ FAMILIES: dict[str, dict] = {
                 '("post_attn_norm.weight", "pre_feedforward_layernorm.weight")',
             ),
             (LL, 'i >= config.get("max_window_layers", 28)', 'i > config.get("max_window_layers", 28)'),
-            (LL, '            model_type = "mistral"  # a Llama whose every layer slides\n', ""),
+            (LL, '            model_type = "mistral"  # a Llama whose every layer slides\n', "            pass\n"),
         ],
     },
     "diffusion": {
