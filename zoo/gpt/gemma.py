@@ -16,10 +16,9 @@ Technical Report", as transformers' ``Gemma2ForCausalLM`` and ``Gemma3ForCausalL
   ``attn_logit_softcapping``, and so does the zoo.
 
 A missing field takes transformers' default for the model type (they are not Llama's: head_dim 256, 4 key-value
-heads, a window of 4096). Refused by name: RoPE scaling of the global layers other than Llama 3's (Gemma 3 4B-27B's
-``linear``), scaling of the sliding layers' RoPE, ``use_bidirectional_attention``, ``attention_bias``, a
-``hidden_activation`` other than GELU. Multimodal Gemma 3 folders (``model_type: gemma3``) are refused by
-``pretrained.read_folder``: their text model is not a separate folder.
+heads, a window of 4096). Refused by name: RoPE scaling (Gemma 3 4B-27B's ``linear`` on its full layers),
+``use_bidirectional_attention``, ``attention_bias``, a ``hidden_activation`` other than GELU. Multimodal Gemma 3
+folders (``model_type: gemma3``) are refused by ``pretrained.read_folder``: their text model is not a separate folder.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from functools import partial
 from zoo.errors import InputError
 from zoo.gpt.attention import MHA
 from zoo.gpt.gpt import GPT
-from zoo.gpt.llama import _rope, _rope_parameters
 from zoo.gpt.mlp import GeGLU
 from zoo.gpt.norms import GemmaRMSNorm
 
@@ -62,6 +60,20 @@ def layer_types(config: dict) -> list[str]:
     return ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(n)]
 
 
+def _theta(params: dict, layers: str) -> float:
+    """The base of plain RoPE parameters; a scaling (Gemma 3 4B-27B's ``linear`` on the full layers) refused."""
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind != "default":
+        raise InputError(f"RoPE scaling {kind!r} of the {layers} layers ({params!r}): the zoo's Gemma takes plain RoPE")
+    return float(params.get("rope_theta", 10_000.0))
+
+
+def _gemma2_rope(config: dict) -> dict:
+    """``rope_base`` from a transformers 5 ``rope_parameters`` dict or the older ``rope_theta`` and ``rope_scaling``."""
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    return dict(rope_base=_theta({"rope_theta": config.get("rope_theta", 10_000.0)} | params, "model's"))
+
+
 def _gemma3_rope(config: dict, sliding: bool) -> dict:
     """``rope_base`` (and ``rope_scaling``) of the full layers and ``rope_local_base`` of the sliding ones, from
     transformers 5's per-layer-type ``rope_parameters`` or the older ``rope_theta``, ``rope_local_base_freq`` and
@@ -78,13 +90,9 @@ def _gemma3_rope(config: dict, sliding: bool) -> dict:
     else:
         full = params.get("full_attention") or {"rope_type": "default", "rope_theta": 1_000_000.0}
         local = params.get("sliding_attention") or {"rope_type": "default", "rope_theta": 10_000.0}
-    out = _rope({"rope_parameters": full})  # refuses scalings other than llama3 (Gemma 3 4B's linear) by name
+    out = dict(rope_base=_theta({"rope_theta": 1_000_000.0} | full, "full attention"))
     if sliding:
-        if local.get("rope_type", local.get("type", "default")) != "default":
-            raise InputError(
-                f"RoPE scaling of the sliding layers ({local!r}): the zoo's sliding layers take plain RoPE"
-            )
-        out["rope_local_base"] = float(local.get("rope_theta", 10_000.0))
+        out["rope_local_base"] = _theta(local, "sliding")
     return out
 
 
@@ -103,7 +111,7 @@ def net_kwargs(config: dict) -> dict:
         scale=config["query_pre_attn_scalar"] ** -0.5,
     )
     if kind == "gemma2":
-        rope = _rope(config)
+        rope = _gemma2_rope(config)
         attn["softcap"] = config["attn_logit_softcapping"]
     else:  # transformers' Gemma3Attention passes no softcap, whatever the config says
         rope = _gemma3_rope(config, sliding)
@@ -151,12 +159,13 @@ def hf_config(net: GPT) -> dict:
         and attn.proj.bias is None
         and (getattr(attn.q_norm, "hf_layout", None) == "gemma" if gemma3 else net.rope_local_base is None)
         and not (gemma3 and attn.softcap is not None)
+        and net.rope_scaling is None
     )
     if not shaped:
         raise InputError(
             "Only a Gemma-shaped net exports as Gemma: MHA without biases, RoPE, GemmaRMSNorm sandwich norms, GeGLU "
-            "MLPs, embed_scale sqrt(n_embd); with 1 + weight q/k norms and no attention softcap (Gemma 3) or without "
-            "q/k norms and rope_local_base (Gemma 2)"
+            "MLPs, embed_scale sqrt(n_embd), plain RoPE; with 1 + weight q/k norms and no attention softcap (Gemma 3) "
+            "or without q/k norms and rope_local_base (Gemma 2)"
         )
     scalar = round((attn.scale or attn.head_dim**-0.5) ** -2)  # transformers' query_pre_attn_scalar is an int
     if scalar**-0.5 != (attn.scale or attn.head_dim**-0.5):
@@ -183,9 +192,11 @@ def hf_config(net: GPT) -> dict:
         use_bidirectional_attention=False,
     )
     if not gemma3:
-        return config | dict(
-            model_type="gemma2", architectures=["Gemma2ForCausalLM"], rope_parameters=_rope_parameters(net)
-        )
+        rope = {"rope_type": "default", "rope_theta": net.rope_base}
+        return config | dict(model_type="gemma2", architectures=["Gemma2ForCausalLM"], rope_parameters=rope)
     local = net.rope_local_base if net.rope_local_base is not None else net.rope_base
-    rope = {"full_attention": _rope_parameters(net), "sliding_attention": {"rope_type": "default", "rope_theta": local}}
+    rope = {
+        "full_attention": {"rope_type": "default", "rope_theta": net.rope_base},
+        "sliding_attention": {"rope_type": "default", "rope_theta": local},
+    }
     return config | dict(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"], rope_parameters=rope)

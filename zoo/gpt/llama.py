@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from zoo.errors import InputError
+from zoo.gpt import gemma
 from zoo.gpt.attention import MHA, MLA, Llama3RoPE
 from zoo.gpt.checks import check_tied_head, gemma_settings, missing_tensors_named
 from zoo.gpt.gpt import GPT
@@ -316,8 +317,6 @@ def net_kwargs(config: dict) -> dict:
     if kind == "deepseek_v3":
         return deepseek_net_kwargs(config)
     if kind in ("gemma2", "gemma3_text"):
-        from zoo.gpt import gemma  # which builds on this module's RoPE reading
-
         return gemma.net_kwargs(config)
     if kind in _REFUSED:
         raise InputError(f"{_REFUSED[kind]}, which the zoo's GPT has not: model_type {kind!r} does not load")
@@ -415,8 +414,6 @@ def _windows(net: GPT, attn: MHA | MLA, model_type: str) -> dict:
 def hf_config(net: GPT) -> dict:
     """The ``config.json`` of ``net`` as a Llama or Mixtral (MHA) or DeepSeek-V3 (MLA) model; a Gemma-shaped net's
     as Gemma 2/3 (``gemma.hf_config``)."""
-    from zoo.gpt import gemma  # which builds on this module's RoPE writing
-
     if gemma.is_gemma(net):
         return gemma.hf_config(net)
     layouts = [block.mlp.hf_layout for block in net.blocks]  # as each MLP class states its Hugging Face form
