@@ -425,7 +425,7 @@ def test_an_untied_head_in_a_tied_config_is_refused(tmp_path):
     [
         ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 500.0, "factor": 4.0}}, "'dynamic'"),
         ({"sliding_window": 16}, "sliding_window 16"),
-        ({"model_type": "gemma2"}, "model_type 'gemma2'"),
+        ({"model_type": "bloom"}, "model_type 'bloom'"),
         ({"hidden_act": "gelu"}, "hidden_act"),
         ({"attention_bias": True}, "attention_bias and mlp_bias differ"),
     ],

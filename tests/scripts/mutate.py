@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 A, S, G = "zoo/gpt/attention.py", "zoo/gpt/generate.py", "zoo/gpt/gpt.py"
+GEM, LL = "zoo/gpt/gemma.py", "zoo/gpt/llama.py"
 MLP, NRM, MOE = "zoo/gpt/mlp.py", "zoo/gpt/norms.py", "zoo/gpt/moe.py"
 SP, MET = "zoo/gpt/speculative.py", "zoo/io/meta_load.py"
 MTP, LOSS = "zoo/gpt/mtp.py", "zoo/gpt/losses.py"
@@ -99,6 +100,7 @@ FAMILIES: dict[str, dict] = {
             "tests/gpt/test_gpt_meta_load.py",  # seconds: a load on the meta device, its sharing and refusals
             "tests/gpt/test_gpt_dtype.py",  # seconds: each dtype against transformers', init_dtype and the precision
             "tests/gpt/test_gpt_pretrained.py",  # seconds: every architecture a folder loads as, against transformers
+            "tests/gpt/test_gpt_gemma.py",  # Gemma 2/3 and sliding windows against transformers (~30 s)
             "tests/gpt/test_gpt_llama.py",
             "tests/gpt/test_gpt_behaviour.py",
             "tests/gpt/test_gpt.py",
@@ -328,6 +330,31 @@ FAMILIES: dict[str, dict] = {
             (MET, "    out = value if mine else ", "    out = value if False else "),
             (MET, "            f.seek(start + begin)\n", "            f.seek(begin)\n"),
             (MOE, "            if w.shape != slot.shape:\n", "            if False:\n"),
+            # issue 53: Gemma 2/3 and sliding windows (zoo/gpt/gemma.py, the window in gpt.py)
+            (G, "near = slots - keys < self.sliding_window", "near = slots - keys <= self.sliding_window"),
+            (G, "        if s <= self.sliding_window:\n", "        if t == 1 or s <= self.sliding_window:\n"),
+            (G, "near & (keys <= slots if mask is None else mask)", "near & (keys <= slots)"),
+            (G, "tables = self.rope_cos_local, self.rope_sin_local", "tables = self.rope_cos, self.rope_sin"),
+            (G, "return torch.tanh(logits / self.logit_softcap) * self.logit_softcap", "return logits"),
+            (G, "x = x * torch.tensor(self.embed_scale, dtype=x.dtype)", "x = x"),
+            (A, "scores = torch.tanh(scores / softcap) * softcap", "scores = torch.tanh(scores) * softcap"),
+            (NRM, "return (y * (1.0 + self.weight.float())).type_as(x)", "return (y * self.weight.float()).type_as(x)"),
+            (
+                GEM,
+                '"sliding_attention" if (i + 1) % every else "full_attention"',
+                '"sliding_attention" if i % every else "full_attention"',
+            ),
+            (GEM, 'scale=config["query_pre_attn_scalar"] ** -0.5,', 'scale=config["head_dim"] ** -0.5,'),
+            (GEM, "    num_key_value_heads=4,\n", "    num_key_value_heads=2,\n"),
+            (GEM, 'config.get("rope_local_base_freq", 10_000.0)', 'config.get("rope_theta", 10_000.0)'),
+            (GEM, "scalar = round((attn.scale or attn.head_dim**-0.5) ** -2)", "scalar = attn.head_dim"),
+            (
+                LL,
+                '("post_attn_norm.weight", "post_attention_layernorm.weight")',
+                '("post_attn_norm.weight", "pre_feedforward_layernorm.weight")',
+            ),
+            (LL, 'i >= config.get("max_window_layers", 28)', 'i > config.get("max_window_layers", 28)'),
+            (LL, '            model_type = "mistral"  # a Llama whose every layer slides\n', "            pass\n"),
         ],
     },
     "diffusion": {

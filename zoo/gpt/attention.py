@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.errors import InputError
+from zoo.gpt.norms import GemmaRMSNorm
 
 
 class LayerCache(Protocol):
@@ -206,11 +207,24 @@ def causal_mask(t: int, s: int, device: torch.device) -> Tensor | None:
     return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, scale: float | None, dropout: float, mask: Tensor | None = None) -> Tensor:
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float | None,
+    dropout: float,
+    mask: Tensor | None = None,
+    softcap: float | None = None,
+) -> Tensor:
     """SDPA of q (B, H, T, *) over k, v (B, G, S, *) with G dividing H; causal, offset by S - T, unless ``mask``
-    (B, 1, T, S) (the GPT's, for left-padded rows) says which keys each query sees."""
+    (B, 1, T, S) (the GPT's, for left-padded rows and sliding windows) says which keys each query sees. With
+    ``softcap`` c the scores are c * tanh(scores / c) before the softmax (Gemma 2), which SDPA has no place for."""
     t, s = q.shape[-2], k.shape[-2]
     gqa = k.shape[1] != q.shape[1]
+    if softcap is not None:
+        return softcapped_attention(
+            q, k, v, scale, dropout, causal_mask(t, s, q.device) if mask is None else mask, softcap
+        )
     if mask is not None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale, enable_gqa=gqa)
     if t == s:
@@ -227,6 +241,20 @@ class AcrossHeadsRMSNorm(nn.RMSNorm):
         b, h, t, d = x.shape
         y = super().forward(x.transpose(1, 2).reshape(b, t, h * d))  # (B, T, X d)
         return y.view(b, t, h, d).transpose(1, 2)  # (B, X, T, d)
+
+
+def softcapped_attention(
+    q: Tensor, k: Tensor, v: Tensor, scale: float | None, dropout: float, mask: Tensor | None, softcap: float
+) -> Tensor:
+    """Attention written out, its scores soft-capped, as transformers' eager Gemma 2 attention computes it."""
+    h, g = q.shape[1], k.shape[1]
+    k, v = k.repeat_interleave(h // g, dim=1), v.repeat_interleave(h // g, dim=1)  # (B, H, S, d)
+    scores = q @ k.transpose(-2, -1) * (q.shape[-1] ** -0.5 if scale is None else scale)  # (B, H, T, S)
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    p = F.dropout(scores.softmax(-1, dtype=torch.float32).to(q.dtype), dropout)
+    return p @ v  # (B, H, T, d)
 
 
 class MHA(nn.Module):
@@ -247,6 +275,8 @@ class MHA(nn.Module):
         rope_dim: int | None = None,
         scale: float | None = None,
         qk_norm_whole: bool = False,
+        softcap: float | None = None,
+        qk_norm_unit_offset: bool = False,
     ) -> None:
         """
         Args:
@@ -267,6 +297,9 @@ class MHA(nn.Module):
             scale: the softmax's scale of q.k; None: 1/sqrt(d) (Granite states its own, ``attention_multiplier``).
             qk_norm_whole: with ``qk_norm``, each token's query and key normalised over all their heads' channels
                 together, one weight per channel (OLMo 2's q_norm and k_norm), rather than head by head.
+            softcap: c in c * tanh(scores / c) on the attention scores (Gemma 2's ``attn_logit_softcapping``);
+                None: none (and PyTorch's fused kernels).
+            qk_norm_unit_offset: the q and k norms scale by 1 + weight (Gemma 3's, ``norms.GemmaRMSNorm``).
         """
         super().__init__()
         n_kv_head = n_kv_head or n_head
@@ -280,6 +313,7 @@ class MHA(nn.Module):
         if rope_dim is not None and not (0 < rope_dim <= self.head_dim and rope_dim % 2 == 0):
             raise InputError(f"rope_dim={rope_dim} must be even and in (0, head_dim={self.head_dim}]")
         self.rope_dim = rope_dim or self.head_dim  # the GPT builds its tables for this width (used when ``rope``)
+        self.softcap = softcap
         # One matmul for q, k, v, laid out [q heads | k heads | v heads] as GPT-2's c_attn.
         qkv_bias = bias if qkv_bias is None else qkv_bias
         self.qkv = nn.Linear(dim, (n_head + 2 * n_kv_head) * self.head_dim, bias=qkv_bias)
@@ -288,8 +322,9 @@ class MHA(nn.Module):
             self.q_norm = AcrossHeadsRMSNorm(n_head * self.head_dim, eps=qk_norm_eps)
             self.k_norm = AcrossHeadsRMSNorm(n_kv_head * self.head_dim, eps=qk_norm_eps)
         elif qk_norm:  # one (d,) weight each, shared by every head, as Qwen3's q_norm and k_norm
-            self.q_norm = nn.RMSNorm(self.head_dim, eps=qk_norm_eps)
-            self.k_norm = nn.RMSNorm(self.head_dim, eps=qk_norm_eps)
+            qk = GemmaRMSNorm if qk_norm_unit_offset else nn.RMSNorm
+            self.q_norm = qk(self.head_dim, eps=qk_norm_eps)
+            self.k_norm = qk(self.head_dim, eps=qk_norm_eps)
 
     def cache_layout(self) -> tuple[int, int, int]:
         """(heads, a, b) per cached token: G heads of a key (d numbers) and a value (d numbers)."""
@@ -320,7 +355,7 @@ class MHA(nn.Module):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v, start)  # (B, G, S, d)
-        y = attend(q, k, v, self.scale, self.dropout if self.training else 0.0, mask)  # (B, H, T, d)
+        y = attend(q, k, v, self.scale, self.dropout if self.training else 0.0, mask, self.softcap)  # (B, H, T, d)
         return self.proj(y.transpose(1, 2).reshape(b, t, h * hd))
 
 

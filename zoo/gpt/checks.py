@@ -32,3 +32,13 @@ def check_tied_head(net: GPT, sd: dict[str, Tensor], name: str) -> None:
             f"{name} has an output head that differs from its token embedding, but the net ties them "
             f"(tie_word_embeddings): set tie_word_embeddings (the net's tie_embeddings) to false to load both"
         )
+
+
+def gemma_settings(net: GPT) -> list[str]:
+    """The Gemma-style and windowing settings ``net`` has (``gemma.py``), which neither GPT-2's nor a Llama-family
+    config holds: an exporter to those refuses a net that names any."""
+    attn = net.blocks[0].attn
+    named = [k for k in ("rope_local_base", "embed_scale", "logit_softcap") if getattr(net, k) is not None]
+    named += [k for k in ("scale", "softcap") if getattr(attn, k, None) is not None and hasattr(attn, "qkv")]
+    named += ["qk_norm_unit_offset"] * (getattr(getattr(attn, "q_norm", None), "hf_layout", None) == "gemma")
+    return named + ["sandwich_norm"] * hasattr(net.blocks[0], "post_attn_norm")

@@ -3,6 +3,9 @@
 References:
   GPT-2: Radford et al. 2019, "Language Models are Unsupervised Multitask Learners" (pre-norm blocks,
     residual projections initialised with std 0.02/sqrt(2 * n_layer)).
+  Sliding-window layers: Beltagy et al. 2020, "Longformer" (Mistral 7B's every layer; Gemma 2's every other one,
+    Gemma 3's five of six, each with its own RoPE base); Gemma 2/3's sandwich norms, embedding scale and logit
+    soft-capping: Gemma Team 2024, "Gemma 2: Improving Open Language Models at a Practical Size", section 2.
   The attention variants (RoPE, GQA, MLA) and their references are in ``attention.py``, the MLPs (GELU, SwiGLU)
   in ``mlp.py``.
 
@@ -26,8 +29,9 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from zoo.compat import apply_keeping_float32
+from zoo.errors import InputError
 from zoo.gpt.attention import MHA, AttentionClass, LayerCache, Llama3RoPE, LongRoPE, YaRNRoPE, rope_cache
-from zoo.gpt.mlp import GeluMLP, SwiGLU
+from zoo.gpt.mlp import GeGLU, GeluMLP, SwiGLU
 from zoo.gpt.moe import MoE
 from zoo.gpt.mtp import MTPModule
 from zoo.gpt.norms import LayerNorm, NormClass
@@ -35,7 +39,7 @@ from zoo.gpt.norms import LayerNorm, NormClass
 # What GPT(mlp=...) takes: a class (or partial) called as cls(dim, hidden, bias, dropout), whose forward returns
 # (output, auxiliary loss or None); in YAML a class_path with the class's own init_args; the union is what the CLI
 # accepts as class_path.
-MLPClass = Callable[[int, "int | None", bool, float], GeluMLP | SwiGLU | MoE]
+MLPClass = Callable[[int, "int | None", bool, float], GeluMLP | SwiGLU | MoE | GeGLU]
 
 
 class Block(nn.Module):
@@ -43,7 +47,9 @@ class Block(nn.Module):
     (a mixture of experts' balance term in training; None for a dense MLP).
 
     ``post_norm``: x + norm(attn(x)), then x + norm(mlp(x)) instead (OLMo 2: the sublayer's output normed, its input
-    not). ``residual_multiplier``: each sublayer's output scaled by it before the add (Granite)."""
+    not). ``residual_multiplier``: each sublayer's output scaled by it before the add (Granite). With ``sandwich`` each
+    branch's output is normed too before it joins the residual stream (Gemma 2/3's post_attention and post_feedforward
+    norms)."""
 
     def __init__(
         self,
@@ -55,12 +61,15 @@ class Block(nn.Module):
         dropout: float,
         post_norm: bool = False,
         residual_multiplier: float = 1.0,
+        sandwich: bool = False,
     ) -> None:
         super().__init__()
         self.norm1, self.attn = norm(dim, eps=eps), attn
         self.norm2, self.mlp = norm(dim, eps=eps), mlp
         self.drop = nn.Dropout(dropout)
         self.post_norm, self.residual_multiplier = post_norm, residual_multiplier
+        if sandwich:
+            self.post_attn_norm, self.post_mlp_norm = norm(dim, eps=eps), norm(dim, eps=eps)
 
     def forward(
         self,
@@ -76,9 +85,10 @@ class Block(nn.Module):
             x = x + scaled(self.norm1(self.drop(self.attn(x, cos, sin, cache, start, mask))), m)
             y, aux = self.mlp(x)
             return x + scaled(self.norm2(y), m), aux
-        x = x + scaled(self.drop(self.attn(self.norm1(x), cos, sin, cache, start, mask)), m)
+        a = self.attn(self.norm1(x), cos, sin, cache, start, mask)
+        x = x + scaled(self.drop(self.post_attn_norm(a) if hasattr(self, "post_attn_norm") else a), m)
         y, aux = self.mlp(self.norm2(x))
-        return x + scaled(y, m), aux
+        return x + scaled(self.post_mlp_norm(y) if hasattr(self, "post_mlp_norm") else y, m), aux
 
 
 def scaled(x: Tensor, m: float) -> Tensor:
@@ -132,6 +142,12 @@ class GPT(nn.Module):
         embedding_multiplier: float = 1.0,
         residual_multiplier: float = 1.0,
         logits_scaling: float = 1.0,
+        sliding_window: int | None = None,
+        layer_types: list[Literal["full_attention", "sliding_attention"]] | None = None,
+        rope_local_base: float | None = None,
+        sandwich_norm: bool = False,
+        embed_scale: float | None = None,
+        logit_softcap: float | None = None,
     ) -> None:
         """
         Args:
@@ -175,6 +191,17 @@ class GPT(nn.Module):
             embedding_multiplier: the token embeddings scaled by it (Granite's ``embedding_multiplier``).
             residual_multiplier: each sublayer's output scaled by it before the residual add (Granite's).
             logits_scaling: the logits divided by it (Granite's ``logits_scaling``).
+            sliding_window: W, the keys a sliding-window layer's query sees, itself included (transformers'
+                ``sliding_window``: slot i sees slots i-W+1..i); None: every layer sees the whole context.
+            layer_types: each layer's attention, "full_attention" or "sliding_attention" (transformers'
+                ``layer_types``); None: every layer sliding when ``sliding_window`` is set (Mistral), else full.
+            rope_local_base: the RoPE base of the sliding-window layers (Gemma 3's ``rope_local_base_freq``; plain
+                RoPE, no ``rope_scaling``); None: ``rope_base`` in every layer.
+            sandwich_norm: also norm each attention and MLP output before the residual add (Gemma 2/3).
+            embed_scale: multiply the token embeddings by this, rounded to their dtype (Gemma: sqrt(n_embd)); None:
+                not scaled.
+            logit_softcap: c in c * tanh(logits / c) on the output logits (Gemma 2's ``final_logit_softcapping``);
+                None: raw logits.
         """
         if vocab_size is None:
             raise ValueError("GPT needs vocab_size: the tokenizer's number of ids (cli.py takes it from the data)")
@@ -185,6 +212,9 @@ class GPT(nn.Module):
         self.activation_checkpointing = activation_checkpointing
         self.embedding_multiplier, self.logits_scaling = embedding_multiplier, logits_scaling
         nope = set(nope_layers or ())
+        self.sliding_window, self.rope_local_base = sliding_window, rope_local_base
+        self.embed_scale, self.logit_softcap = embed_scale, logit_softcap
+        self.layer_types = _layer_types(n_layer, sliding_window, layer_types)
         self.tok_emb = nn.Embedding(vocab_size, n_embd)  # registered first, so a seed gives the same weights
         if position == "learned":
             self.pos_emb = nn.Embedding(block_size, n_embd)
@@ -202,6 +232,7 @@ class GPT(nn.Module):
                 dropout,
                 norm_position == "post",
                 residual_multiplier,
+                sandwich_norm,
             )
 
         self.blocks = nn.ModuleList(block(i) for i in range(n_layer))
@@ -229,6 +260,10 @@ class GPT(nn.Module):
             cos, sin = rope_cache(self.block_size, dim, self.rope_base, self.rope_scaling, long=True)
             self.register_buffer("rope_cos_long", cos, persistent=False)
             self.register_buffer("rope_sin_long", sin, persistent=False)
+        if self.rope_local_base is not None:  # the sliding layers' own tables (Gemma 3: base 10,000, unscaled)
+            cos, sin = rope_cache(self.block_size, self.blocks[0].attn.rope_dim, self.rope_local_base)
+            self.register_buffer("rope_cos_local", cos, persistent=False)
+            self.register_buffer("rope_sin_local", sin, persistent=False)
         for module in self.modules():
             if module is not self and hasattr(module, "init_buffers"):
                 module.init_buffers()
@@ -251,6 +286,9 @@ class GPT(nn.Module):
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * self.n_layer) if id(p) in residual else 0.02)
             else:
                 nn.init.ones_(p)  # norm weights
+        for module in self.modules():  # a norm that scales by 1 + weight (Gemma's) is the identity at zero
+            if getattr(module, "identity_weight", 1.0) != 1.0:
+                nn.init.constant_(module.weight, module.identity_weight)
 
     def all_blocks(self) -> list[Block]:
         """The main blocks, then each multi-token prediction module's block (the FSDP2 units)."""
@@ -294,16 +332,22 @@ class GPT(nn.Module):
         if start + t > self.block_size:
             raise ValueError(f"Sequence of {start + t} tokens exceeds block_size {self.block_size}")
         x = scaled(self.tok_emb(idx), self.embedding_multiplier)  # (B, T, D)
+        if self.embed_scale is not None:  # in the embedding's dtype, as Gemma rounds it (sqrt(3072) is 55.5 in bf16)
+            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         cos, sin, mask, pos = self._positions(start, t, pad)
+        inputs = {"full_attention": (cos, sin, mask)}
+        if "sliding_attention" in self.layer_types:
+            inputs["sliding_attention"] = self._sliding_inputs(start, t, pos, cos, sin, mask)
         if self.position == "learned":
             x = x + self.pos_emb.weight[start : start + t] if pos is None else x + self.pos_emb(pos)
         x = self.drop(x)
         aux_terms: list[Tensor] = []
         for i, block in enumerate(self.blocks):
+            cos, sin, mask = inputs[self.layer_types[i]]
             x, a = self._block(block, x, cos, sin, None if cache is None else cache[i], start, mask)
             aux_terms += [] if a is None else [a]
         h = self.norm_f(x)  # (B, T, D)
-        logits = self.lm_head(h)  # (B, T, V)
+        logits = self._softcap(self.lm_head(h))  # (B, T, V)
         if self.logits_scaling != 1:
             logits = logits / self.logits_scaling  # divided, as Granite does: a reciprocal's product rounds otherwise
         if mtp:
@@ -330,6 +374,27 @@ class GPT(nn.Module):
         after = self.rope_scaling.long_after() if hasattr(self.rope_scaling, "long_after") else None
         since = length - 1 if since is None else since
         return after is not None and since <= after < length
+
+    def _sliding_inputs(
+        self, start: int, t: int, pos: Tensor | None, cos: Tensor, sin: Tensor, mask: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """A sliding-window layer's RoPE tables and mask: the full layers' mask less the keys W or more slots back
+        (slots and positions differ by each row's padding only, so the window is the same in either)."""
+        if self.rope_local_base is not None:
+            tables = self.rope_cos_local, self.rope_sin_local
+            cos, sin = (tab[start : start + t] if pos is None else tab[pos].unsqueeze(1) for tab in tables)
+        s = start + t
+        if s <= self.sliding_window:
+            return cos, sin, mask  # no key is out of reach yet
+        slots = torch.arange(start, s, device=cos.device)[:, None]  # (T, 1)
+        keys = torch.arange(s, device=cos.device)  # (S,)
+        near = slots - keys < self.sliding_window  # (T, S)
+        return cos, sin, near & (keys <= slots if mask is None else mask)
+
+    def _softcap(self, logits: Tensor) -> Tensor:
+        if self.logit_softcap is None:
+            return logits
+        return torch.tanh(logits / self.logit_softcap) * self.logit_softcap
 
     def _block(
         self, block: nn.Module, x: Tensor, cos, sin, cache: LayerCache | None, start: int, mask
@@ -377,7 +442,7 @@ class GPT(nn.Module):
         x = module.combine(h, self.tok_emb(next_ids))  # (B, T, D)
         x, aux = self._block(module.block, x, cos, sin, cache, start, mask)
         h = module.norm(x)  # h^depth
-        return self.lm_head(h), h, aux
+        return self._softcap(self.lm_head(h)), h, aux
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
         """Training FLOPs per token, forward and backward: 6 * matmul weights outside the MLPs, each MLP's own count
@@ -398,3 +463,16 @@ class GPT(nn.Module):
             n += self.lm_head.weight.numel()  # the tied head is a matmul too
         n += len(self.mtp) * self.lm_head.weight.numel()  # each MTP depth runs the shared head again
         return 6 * n + sum(block.mlp.flops_per_token() + block.attn.flops_per_token(seq_len) for block in blocks)
+
+
+def _layer_types(n_layer: int, window: int | None, types: list[str] | None) -> list[str]:
+    """Each layer's attention kind: ``types`` as given (one per layer), or all sliding with a window, else all full."""
+    if types is None:
+        return ["sliding_attention" if window else "full_attention"] * n_layer
+    if len(types) != n_layer or set(types) - {"full_attention", "sliding_attention"}:
+        raise InputError(
+            f"layer_types must name full_attention or sliding_attention for each of the {n_layer} layers, not {types}"
+        )
+    if "sliding_attention" in types and not window:
+        raise InputError("layer_types names sliding_attention layers but sliding_window is not set: give its size")
+    return list(types)

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from zoo.errors import InputError
 from zoo.gpt.attention import MHA
-from zoo.gpt.checks import check_tied_head, missing_tensors_named
+from zoo.gpt.checks import check_tied_head, gemma_settings, missing_tensors_named
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import GeluMLP
 from zoo.gpt.norms import LayerNorm
@@ -152,6 +152,8 @@ def export_gpt2(net: GPT, folder: str | Path, eos_id: int | None = None) -> Path
             f"Only a GPT-2-shaped net (MHA, learned positions, LayerNorm, GELU MLPs) exports as GPT-2, not one with "
             f"{sorted(layouts)} MLPs (a mixture-of-experts net exports with --format llama)"
         )
+    if odd := gemma_settings(net) + ["sliding_window"] * (net.sliding_window is not None):
+        raise InputError(f"GPT-2's config has no {', '.join(odd)}: this net does not export as GPT-2")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     sd = zoo_to_hf({k: v.detach().cpu() for k, v in net.state_dict().items()}, net)

@@ -18,10 +18,14 @@ softmax, as transformers' DeepSeek-V3 does. Only the layout differs:
   ``kv_a_proj_with_mqa`` are reordered to [even | odd] on import; q.k is unchanged by the same reordering
   of q and k, and after it the interleaved rotation is ours. Exports write ``rope_interleave: false``.
 
+A sliding window shorter than the context (Mistral v0.1's 4096, Mixtral's, Qwen2/3's ``use_sliding_window`` layers
+from ``max_window_layers`` on, or their ``layer_types``) is ``GPT(sliding_window=..., layer_types=...)``, as
+transformers masks it; Gemma 2/3 folders are ``gemma.py``'s, with these names and sandwich norms.
+
 Not representable, and refused with a message: RoPE scaling other than ``llama3`` and ``yarn`` (linear, dynamic),
-attention and MLP biases that differ (but Qwen2's), a sliding window shorter than the context (Mistral v0.1, Mixtral),
-DeepSeek MoE other than V3's (softmax scoring, ``moe_layer_freq`` > 1), Qwen2-MoE (a gated shared expert) and
-quantized weights (``quantization_config``: DeepSeek-V3's released FP8; a bf16 conversion loads).
+attention and MLP biases that differ (but Qwen2's), a ``sliding_window`` in a Llama config (which LlamaForCausalLM
+ignores: say ``mistral``), DeepSeek MoE other than V3's (softmax scoring, ``moe_layer_freq`` > 1), Qwen2-MoE (a gated
+shared expert) and quantized weights (``quantization_config``: DeepSeek-V3's released FP8; a bf16 conversion loads).
 Multi-token-prediction layers (``model.layers.{num_hidden_layers}``) load into a net with ``mtp_depth`` (what
 ``zoo.gpt.pretrained`` builds) and are left out of one without, by that choice. Nothing is downloaded: point at a
 folder.
@@ -42,9 +46,9 @@ import torch
 from torch import Tensor
 
 from zoo.errors import InputError
-from zoo.gpt import llama_variants
+from zoo.gpt import gemma, llama_variants
 from zoo.gpt.attention import MHA, MLA, Llama3RoPE, YaRNRoPE
-from zoo.gpt.checks import check_tied_head, missing_tensors_named
+from zoo.gpt.checks import check_tied_head, gemma_settings, missing_tensors_named
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import SwiGLU
 from zoo.gpt.moe import MoE
@@ -61,6 +65,12 @@ _NORM_KEYS = [("norm1.weight", "input_layernorm.weight"), ("norm2.weight", "post
 _POST_NORM_KEYS = [
     ("norm1.weight", "post_attention_layernorm.weight"),
     ("norm2.weight", "post_feedforward_layernorm.weight"),
+]
+_SANDWICH_NORM_KEYS = [  # Gemma 2/3's: the pre-norms, and a norm after each branch (GPT's sandwich_norm)
+    ("norm1.weight", "input_layernorm.weight"),
+    ("post_attn_norm.weight", "post_attention_layernorm.weight"),
+    ("norm2.weight", "pre_feedforward_layernorm.weight"),
+    ("post_mlp_norm.weight", "post_feedforward_layernorm.weight"),
 ]
 _FUSED = ("gate_up_proj", "down_proj")  # transformers 5's stacked experts, (E, 2F, D) and (E, D, F)
 # (ours, theirs) for MHA's output projection and Qwen3's per-head norms, beside the stacked q, k, v.
@@ -165,12 +175,34 @@ def _common_kwargs(config: dict) -> dict:
 
 
 def _check_window(config: dict) -> None:
-    window = config.get("sliding_window") if config.get("use_sliding_window", True) else None  # Qwen's switch
+    window = config.get("sliding_window")
     if window and window < config.get("max_position_embeddings", 2048):
         raise InputError(
-            f"sliding_window {window} is shorter than max_position_embeddings: the zoo's attention sees the whole "
-            f"context; set sliding_window to null (or >= the context) in config.json to load it anyway"
+            f"sliding_window {window} in a model_type {config.get('model_type', 'llama')!r} config, whose "
+            f"transformers model ignores it: set model_type mistral for a windowed model, or sliding_window null"
         )
+
+
+def _window(config: dict) -> dict:
+    """``sliding_window`` and ``layer_types`` as transformers reads them: Mistral's (default 4096) and Mixtral's
+    window in every layer; Qwen2/3's, with ``use_sliding_window``, in their ``layer_types`` or the layers from
+    ``max_window_layers`` on. None where no window is shorter than the context."""
+    kind, n = config.get("model_type", "llama"), config["num_hidden_layers"]
+    if kind in ("qwen2", "qwen3"):
+        window = config.get("sliding_window", 4096) if config.get("use_sliding_window", False) else None
+        types = config.get("layer_types") or [
+            "sliding_attention" if window is not None and i >= config.get("max_window_layers", 28) else "full_attention"
+            for i in range(n)
+        ]
+    elif kind in ("mistral", "mixtral"):  # MistralModel masks every layer alike, whatever a layer_types says
+        window = config.get("sliding_window", 4096 if kind == "mistral" else None)
+        types = ["sliding_attention"] * n
+    else:
+        _check_window(config)
+        return {}
+    if window is None or window >= config.get("max_position_embeddings", 2048) or "sliding_attention" not in types:
+        return {}
+    return dict(sliding_window=window, layer_types=types)
 
 
 def llama_net_kwargs(config: dict) -> dict:
@@ -181,7 +213,6 @@ def llama_net_kwargs(config: dict) -> dict:
     attention_bias = bool(config.get("attention_bias", False))
     if not qwen2 and attention_bias != bool(config.get("mlp_bias", False)):
         raise InputError("attention_bias and mlp_bias differ; the zoo's GPT has one bias switch")
-    _check_window(config)
     d, h = config["hidden_size"], config["num_attention_heads"]
     head_dim = config.get("head_dim") or d // h
     attn = dict(n_kv_head=config.get("num_key_value_heads") or h)
@@ -191,7 +222,8 @@ def llama_net_kwargs(config: dict) -> dict:
         attn["qkv_bias"] = True
     if kind == "qwen3":
         attn |= dict(qk_norm=True, qk_norm_eps=config.get("rms_norm_eps", 1e-6))
-    return dict(_common_kwargs(config), bias=attention_bias and not qwen2, attention=partial(MHA, **attn))
+    kwargs = dict(_common_kwargs(config), bias=attention_bias and not qwen2, attention=partial(MHA, **attn))
+    return kwargs | _window(config)
 
 
 def mixtral_net_kwargs(config: dict) -> dict:
@@ -289,10 +321,6 @@ def _attn_to_zoo(sd: Mapping[str, Tensor], pre: str, net: GPT, interleave: bool)
     return out
 
 
-def _norm_keys(block) -> list[tuple[str, str]]:
-    return _POST_NORM_KEYS if block.post_norm else _NORM_KEYS
-
-
 def hf_to_zoo(sd: Mapping[str, Tensor], net: GPT, interleave: bool = False) -> dict[str, Tensor]:
     """A LlamaForCausalLM / DeepseekV3ForCausalLM state dict in ``net``'s keys (extra layers, e.g. MTP, ignored);
     ``sd`` may read its tensors as asked (``zoo.io.meta_load``), each read once and the fused ones dropped at once."""
@@ -306,6 +334,12 @@ def hf_to_zoo(sd: Mapping[str, Tensor], net: GPT, interleave: bool = False) -> d
         out.update({f"blocks.{i}.{k}": v for k, v in block.items()})
     out["lm_head.weight"] = sd.get("lm_head.weight", out["tok_emb.weight"])
     return out | mtp_to_zoo(sd, net, interleave, hf_to_zoo)  # the MTP modules the net has (zoo.gpt.mtp)
+
+
+def _norm_keys(block) -> list[tuple[str, str]]:
+    if block.post_norm:  # OLMo 2
+        return _POST_NORM_KEYS
+    return _SANDWICH_NORM_KEYS if hasattr(block, "post_attn_norm") else _NORM_KEYS
 
 
 def zoo_to_hf(sd: dict[str, Tensor], net: GPT) -> dict[str, Tensor]:
@@ -374,6 +408,8 @@ def net_kwargs(config: dict) -> dict:
         from zoo.gpt.phi3 import phi3_net_kwargs  # which builds on this module
 
         return phi3_net_kwargs(config)
+    if kind in ("gemma2", "gemma3_text"):
+        return gemma.net_kwargs(config)
     if kind in _REFUSED:
         raise InputError(f"{_REFUSED[kind]}, which the zoo's GPT has not: model_type {kind!r} does not load")
     raise ValueError(f"model_type {kind!r} is not a Llama, Mixtral or DeepSeek-V3 config")
@@ -424,6 +460,7 @@ def load_hf(folder: str | Path) -> GPT:
 
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_ARCHITECTURES["mistral"] = "MistralForCausalLM"
 
 
 def _mha_model_type(attn: MHA) -> str:
@@ -472,8 +509,36 @@ def _qwen3_moe_config(net: GPT, attn: MHA, moe: MoE, layouts: list[str]) -> dict
     )
 
 
+def _windows(net: GPT, attn: MHA | MLA, model_type: str) -> dict:
+    """The config fields of ``net``'s sliding windows for ``model_type`` (Mistral and Mixtral: every layer; Qwen2/3:
+    any layers), or {}; a net with settings no such config holds is refused, naming them."""
+    if odd := gemma_settings(net):
+        raise InputError(
+            f"A Llama-family config has no {', '.join(odd)}: this net exports as Gemma only if Gemma-shaped"
+        )
+    if "sliding_attention" not in net.layer_types:
+        return {}
+    if model_type in ("qwen2", "qwen3"):
+        first = net.layer_types.index("sliding_attention")
+        return dict(
+            use_sliding_window=True,
+            sliding_window=net.sliding_window,
+            max_window_layers=first,
+            layer_types=net.layer_types,
+        )
+    if model_type in ("llama", "mixtral") and set(net.layer_types) == {"sliding_attention"}:
+        return dict(sliding_window=net.sliding_window)
+    raise InputError(
+        f"sliding-window layers {net.layer_types} have no {model_type} form: Mistral and Mixtral slide in every layer, "
+        "Qwen2/3 (q/k/v biases or q/k norms) in any"
+    )
+
+
 def hf_config(net: GPT) -> dict:
-    """The ``config.json`` of ``net`` as a Llama, Qwen2/3, Mixtral or Qwen3-MoE (MHA) or DeepSeek-V3 (MLA) model."""
+    """The ``config.json`` of ``net`` as a Llama, Qwen2/3, Mixtral or Qwen3-MoE (MHA) or DeepSeek-V3 (MLA) model; a
+    Gemma-shaped net's as Gemma 2/3 (``gemma.hf_config``)."""
+    if gemma.is_gemma(net):
+        return gemma.hf_config(net)
     layouts = [block.mlp.hf_layout for block in net.blocks]  # as each MLP class states its Hugging Face form
     first_dense = next((i for i, layout in enumerate(layouts) if layout != "llama"), net.n_layer)
     if net.position != "rope" or net.norm_f.hf_layout != "llama" or set(layouts) - {"llama", "deepseek_v3", "mixtral"}:
@@ -505,6 +570,12 @@ def hf_config(net: GPT) -> dict:
         attention_dropout=0.0,
     )
     mtp = {"num_nextn_predict_layers": len(net.mtp)} if net.mtp else {}  # DeepSeek-V3's layout (zoo.gpt.mtp)
+    windows = _windows(net, attn, _mha_model_type(attn) if kind[0] == "mha" else "deepseek_v3")
+    if windows and (qwen3_moe or llama_variants.model_type(net)):
+        raise InputError(
+            "A net with sliding windows and Qwen3-MoE's, SmolLM3's, OLMo 2's or Granite's settings has no Hugging Face "
+            "form: those configs state no window the zoo writes"
+        )
     if qwen3_moe:
         return config | _qwen3_moe_config(net, attn, moe, layouts) | mtp
     stated = net.rope_scaling.softmax_scale_factor() if isinstance(net.rope_scaling, YaRNRoPE) else 1.0
@@ -528,10 +599,13 @@ def hf_config(net: GPT) -> dict:
                 head_dim=attn.head_dim,
                 sliding_window=None,
             )
+            | windows
             | mtp
         )
     if kind[0] == "mha":
         model_type = _mha_model_type(attn)
+        if model_type == "llama" and windows:
+            model_type = "mistral"  # a Llama whose every layer slides
         return (
             config
             | net.blocks[0].mlp.hf_config()
@@ -541,6 +615,7 @@ def hf_config(net: GPT) -> dict:
                 num_key_value_heads=attn.n_kv_head,
                 head_dim=attn.head_dim,
             )
+            | windows
             | mtp
         )
     if kind[1] == "deepseek_v3":  # DeepSeek-V3 states intermediate_size (the dense layers') even with none

@@ -16,7 +16,7 @@ experts (``moe.py``, whose ``flops_per_token`` counts the experts a token visits
 
 References:
   GPT-2: Radford et al. 2019 (GELU MLP 4D wide, LayerNorm). SwiGLU: Shazeer 2020, "GLU Variants Improve
-  Transformer" (hidden 8D/3 keeps the parameters of a 4D GELU MLP).
+  Transformer" (hidden 8D/3 keeps the parameters of a 4D GELU MLP; GeGLU, its GELU-gated form, is Gemma's).
 
 Notation: B batch, T tokens, D model width, F hidden width.
 """
@@ -166,6 +166,59 @@ class SwiGLU(nn.Module):
                 out[f"fc.{kind}"] = torch.cat((sd[f"mlp.gate_proj.{kind}"], sd[f"mlp.up_proj.{kind}"]))
                 out[f"proj.{kind}"] = sd[f"mlp.down_proj.{kind}"]
         return out
+
+
+class GeGLU(nn.Module):
+    """Gated MLP with a GELU gate: gelu(x W_gate) * (x W_up), then proj, laid out as ``SwiGLU`` (``fc`` = [gate | up],
+    Llama's gate_proj, up_proj, down_proj names): Gemma's MLP (``hidden_activation: gelu_pytorch_tanh``)."""
+
+    hf_layout = "gemma"
+
+    def __init__(
+        self,
+        dim: int,
+        hidden: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        approximate: Literal["exact", "tanh"] = "tanh",
+    ) -> None:
+        """
+        Args:
+            dim: model width D (given by the GPT).
+            hidden: hidden width F (given by the GPT's ``mlp_hidden``); None: 8D/3 rounded up to a multiple of 64.
+            bias: biases in the projections (given by the GPT).
+            dropout: dropout on the output (given by the GPT).
+            approximate: the GELU, "tanh" (Gemma's gelu_pytorch_tanh) or "exact" (erf).
+        """
+        super().__init__()
+        hidden = hidden or 64 * math.ceil(dim * 8 / 3 / 64)  # SwiGLU's default width
+        self.approximate = "tanh" if approximate == "tanh" else "none"  # F.gelu's name for the choice
+        self.fc = nn.Linear(dim, 2 * hidden, bias=bias)
+        self.proj = nn.Linear(hidden, dim, bias=bias)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, None]:
+        gate, up = self.fc(x).chunk(2, dim=-1)  # (B, T, F) each
+        return self.drop(self.proj(F.gelu(gate, approximate=self.approximate) * up)), None  # (B, T, D), no aux loss
+
+    flops_per_token = SwiGLU.flops_per_token
+    residual_projections = SwiGLU.residual_projections
+    to_hf = SwiGLU.to_hf  # the same names as Llama's MLP
+    from_hf = SwiGLU.from_hf
+
+    @classmethod
+    def from_hf_config(cls, config: dict) -> Callable[..., GeGLU]:
+        """This class with the settings of a Hugging Face Gemma 2/3 config dict (``hidden_activation``)."""
+        act = config.get("hidden_activation", "gelu_pytorch_tanh")
+        if act not in ("gelu_pytorch_tanh", "gelu"):
+            raise ValueError(f"hidden_activation {act!r}: the zoo's GeGLU has gelu_pytorch_tanh and gelu")
+        return partial(cls, approximate="tanh" if act == "gelu_pytorch_tanh" else "exact")
+
+    def hf_config(self) -> dict:
+        return {
+            "hidden_activation": "gelu_pytorch_tanh" if self.approximate == "tanh" else "gelu",
+            "intermediate_size": self.proj.in_features,
+        }
 
 
 # What GPT(mlp=...) takes (``gpt.MLPClass`` names every class the CLI accepts, ``moe.MoE`` too).

@@ -46,7 +46,7 @@ from zoo.io.files import read_config, replacing
 from zoo.io.weights import load_file
 
 CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
-TO_HF = {"gpt2": gpt2_to_hf, "llama": llama_to_hf, "phi3": phi3_to_hf}
+TO_HF = {"gpt2": gpt2_to_hf, "llama": llama_to_hf, "phi3": phi3_to_hf, "gemma": llama_to_hf}  # Gemma: Llama's names
 # A PEFT file's key: its model's layer, then lora_A, lora_B or DoRA's magnitude (".weight" in older files).
 KEY = re.compile(r"base_model\.model\.(.+)\.(lora_A|lora_B|lora_magnitude_vector)(?:\.weight)?")
 ROW_BITS = 32  # a traced weight holds (layer << ROW_BITS) + row
@@ -110,7 +110,7 @@ def _layout(net: GPT, format: str | None) -> str:
     layout = net.norm_f.hf_layout  # as the norm's class states its Hugging Face form: "gpt2" or "llama"
     if format == "phi3" and layout == "llama":  # a Llama-shaped net with its projections fused (zoo.gpt.phi3)
         return format
-    if format not in (None, layout):
+    if format not in (None, layout) and (layout, format) != ("gemma", "llama"):  # Gemma exports as --format llama
         raise InputError(f"A GPT with a {layout}-style norm exports its adapter as --format {layout}, not {format}")
     return layout
 

@@ -5,9 +5,10 @@ exactly, its tokenizer and generation defaults attached.
     module.generate(["The capital of France is"], max_new_tokens=20, temperature=0)
 
 GPT-2, Llama (Llama 3.1-3.3's RoPE scaling included), Mistral, Qwen2/2.5, Qwen3, Qwen3-MoE, Mixtral, DeepSeek-V3
-(its hub config, YaRN included), Phi-3 / Phi-4-mini, SmolLM3, OLMo 2 and Granite folders load (``hf.py``, ``llama.py``,
-``phi3.py``, ``llama_variants.py``); a config option the zoo's GPT does not implement is refused by name. The weights
-are exact or refused: every parameter is set and every tensor of the files used, or one error names what is left over.
+(its hub config, YaRN included), Phi-3 / Phi-4-mini, SmolLM3, OLMo 2, Granite, Gemma 2 and Gemma 3 text folders load
+(``hf.py``, ``llama.py``, ``phi3.py``, ``llama_variants.py``, ``gemma.py``; sliding windows included); a config option
+the zoo's GPT does not implement is refused by name. The weights are exact or refused: every parameter is set and every
+tensor of the files used, or one error names what is left over.
 The tokenizer is the folder's ``tokenizer.json`` (``zoo.io.hf_tokenizer``), else its SentencePiece ``tokenizer.model``
 (Llama 2, rebuilt as transformers' LlamaTokenizer does: ``zoo.io.sp_tokenizer``), else GPT-2's vocab.json and
 merges.txt; ``generation_config.json`` sets predict's defaults as transformers reads them (no ``do_sample``: greedy;
@@ -57,6 +58,8 @@ MODEL_TYPES = (
     "smollm3",
     "olmo2",
     "granite",
+    "gemma2",
+    "gemma3_text",
 )
 
 
