@@ -512,7 +512,10 @@ def _qwen3_moe_config(net: GPT, attn: MHA, moe: MoE, layouts: list[str]) -> dict
 def _windows(net: GPT, attn: MHA | MLA, model_type: str) -> dict:
     """The config fields of ``net``'s sliding windows for ``model_type`` (Mistral and Mixtral: every layer; Qwen2/3:
     any layers), or {}; a net with settings no such config holds is refused, naming them."""
-    if odd := gemma_settings(net):
+    odd = gemma_settings(net)
+    if llama_variants.model_type(net):  # Granite states its softmax scale too (attention_multiplier)
+        odd = [s for s in odd if s != "scale"]
+    if odd:
         raise InputError(
             f"A Llama-family config has no {', '.join(odd)}: this net exports as Gemma only if Gemma-shaped"
         )
