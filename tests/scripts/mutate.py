@@ -134,10 +134,14 @@ FAMILIES: dict[str, dict] = {
             (AP, "Source(gpt_folder, settings=gpt_generation, config_wins=True)", "Source(gpt_folder)"),
             (
                 A,
-                "torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin)",
-                "torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin)",
+                "torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., r:]",
+                "torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin, x[..., r:]",
             ),
-            (A, "/ dim)\n", "/ (dim - 2))\n"),
+            (
+                A,
+                "return 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)\n",
+                "return 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32) / (dim - 2))\n",
+            ),
             (A, "tril(diagonal=s - t)", "tril(diagonal=s - t - 1)"),
             (
                 A,
@@ -1640,7 +1644,7 @@ FAMILIES: dict[str, dict] = {
                 "if use_cache and not slide and not net.rope_restarts(pos + 1 - first):",
                 "if use_cache and not slide:",
             ),
-            (A, '    factor = getattr(scaling, "attention_factor", 1.0)', "    factor = 1.0"),
+            (A, "/ dim)), self.attention_factor", "/ dim)), 1.0"),
             (PHI, "math.sqrt(1 + math.log(factor) / math.log(original))", "math.sqrt(1 + math.log(factor))"),
             (PHI, 'or config.get("max_position_embeddings", 4096) / original', "or 4096 / original"),
             (
@@ -1657,11 +1661,6 @@ FAMILIES: dict[str, dict] = {
             (PHI, "    _check_window(config)\n", "    pass\n"),
             (PHI, "    unknown = sorted(set(config) - READ - INERT)", "    unknown = []"),
             (PHI, 'out["tok_emb.weight"]) if tied else sd["lm_head.weight"]', 'out["tok_emb.weight"])'),
-            (
-                BL,
-                "    return bool(set(value) - {f.name for f in dataclasses.fields(hint) if f.init})",
-                "    return False",
-            ),
             (GEX, 'if source.is_file() and read_config(source).get("model_type") == "phi3":', "if False:"),
         ],
     },
@@ -1951,7 +1950,11 @@ FAMILIES: dict[str, dict] = {
             (DPR, "targets = torch.full((len(batch), t), IGNORE_INDEX,", "targets = torch.full((len(batch), t), 0,"),
             (DPR, "    if chosen == rejected:", "    if False:"),
             (DPR, "and chosen[shared] == rejected[shared]:", "and False:"),
-            (DPR, "        if len(rendered.ids) > self.block_size + 1:", "        if False:"),
+            (
+                DPR,
+                "        if len(rendered.ids) > self.block_size + 1:\n            return None\n        asked",
+                "        if False:\n            return None\n        asked",
+            ),
             # issue 51: adapters standing for the reference while `trainable` layers train too; the net left in
             # eval mode after a reference forward, or dropout on in it; a side of exactly block_size + 1 tokens dropped
             (REF, "and settings.lora is not None and not settings.trainable", "and settings.lora is not None"),
@@ -1960,8 +1963,8 @@ FAMILIES: dict[str, dict] = {
             (REF, "        net.eval()\n", ""),
             (
                 DPR,
-                "        if len(rendered.ids) > self.block_size + 1:",
-                "        if len(rendered.ids) > self.block_size:",
+                "        if len(rendered.ids) > self.block_size + 1:\n            return None\n        asked",
+                "        if len(rendered.ids) > self.block_size:\n            return None\n        asked",
             ),
         ],
     },
@@ -1998,11 +2001,15 @@ FAMILIES: dict[str, dict] = {
                 "            logits = logits / self.logits_scaling",
                 "            logits = logits * self.logits_scaling",
             ),
-            (G, "        return x + scaled(y, m), aux", "        return x + y, aux"),
+            (
+                G,
+                'return x + scaled(self.post_mlp_norm(y) if hasattr(self, "post_mlp_norm") else y, m), aux',
+                'return x + (self.post_mlp_norm(y) if hasattr(self, "post_mlp_norm") else y), aux',
+            ),
             (
                 A,
-                "y = attend(q, k, v, self.scale, self.dropout if self.training else 0.0, mask)  #",
-                "y = attend(q, k, v, None, 0.0, mask)  #",
+                "y = attend(q, k, v, self.scale, self.dropout if self.training else 0.0, mask, self.softcap)  #",
+                "y = attend(q, k, v, None, 0.0, mask, self.softcap)  #",
             ),
             (LV, "no_rope = [int(b.attn.rope) for b in net.blocks]", "no_rope = [1 for b in net.blocks]"),
             (
