@@ -166,10 +166,34 @@ def test_changing_any_source_tensor_changes_the_output(tmp_path):
     assert {k.split(".")[-2] for k in weights} >= {"qkv_proj", "gate_up_proj", "o_proj", "down_proj"}
 
 
+def test_a_phi3_mini_4k_window_loads_as_transformers_masks_it_and_exports_back(tmp_path):
+    """Phi-3-mini-4k states sliding_window 2047 of a 4096 context, which transformers' Phi-3 applies in every layer:
+    here 7 of 64, over 40 tokens (most keys out of every window); the export states it again."""
+    from zoo.gpt.phi3 import export_phi3
+
+    vocab = write_tokenizer(tmp_path / "in", "llama3")
+    torch.manual_seed(0)
+    model = transformers.Phi3ForCausalLM(transformers.Phi3Config(**phi3_config(vocab, sliding_window=7)))
+    _perturb(model).save_pretrained(tmp_path / "in")
+    module = from_pretrained(tmp_path / "in")
+    assert module.net.sliding_window == 7 and set(module.net.layer_types) == {"sliding_attention"}
+    x = torch.randint(0, vocab, (2, 40))
+    with torch.no_grad():
+        want = model(x).logits
+        torch.testing.assert_close(module(x), want, **TOL)
+        unwindowed = transformers.Phi3ForCausalLM(model.config.__class__(**phi3_config(vocab))).eval()
+        unwindowed.load_state_dict(model.state_dict())
+        assert not torch.allclose(unwindowed(x).logits, want, atol=1e-3)  # the window matters over 40 tokens
+    export_phi3(module.net, tmp_path / "out")
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert back.config.sliding_window == 7
+    with torch.no_grad():
+        torch.testing.assert_close(back(x).logits, want, **TOL)
+
+
 @pytest.mark.parametrize(
     "change, named",
     [
-        ({"sliding_window": 32}, "sliding_window 32"),  # transformers' Phi-3 masks with it (Phi-3-mini-4k: 2047)
         ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 500.0, "factor": 2.0}}, "'dynamic'"),
         ({"rope_parameters": {"rope_theta": 500.0, "partial_rotary_factor": 0.2}}, "partial_rotary_factor 0.2"),
         ({"head_dim": 32}, "head_dim 32"),

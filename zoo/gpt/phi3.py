@@ -15,8 +15,8 @@ Llama with no biases, whose layers store their projections fused, as ours do:
   ``original_max_position_embeddings`` stated both at the top and inside the RoPE settings must agree (transformers
   reads one or the other, depending on the type's name). Decoding re-prefills its cache when a sequence first grows
   past the original context, where transformers' Phi-3 ``generate`` drops its cache (``GPT.rope_restarts``).
-- ``sliding_window`` is applied by transformers' Phi-3 whenever it is not null: one shorter than the context
-  (Phi-3-mini-4k's 2047) is refused, as for Mistral (``llama._check_window``).
+- ``sliding_window`` is applied by transformers' Phi-3 in every layer whenever it is not null, as Mistral's: one
+  shorter than the context (Phi-3-mini-4k's 2047 of 4096) is ``GPT(sliding_window=W)`` with every layer sliding.
 
 Every key of ``config.json`` is read: what the function depends on is implemented or refused by name, and the rest
 is listed below as changing nothing transformers computes (dropouts, ids, bookkeeping, and the bias switches that
@@ -39,7 +39,7 @@ from zoo.errors import InputError
 from zoo.gpt.attention import MHA, Llama3RoPE, LongRoPE
 from zoo.gpt.checks import check_tied_head, missing_tensors_named
 from zoo.gpt.gpt import GPT
-from zoo.gpt.llama import _NORM_KEYS, _check_window, _read_folder
+from zoo.gpt.llama import _NORM_KEYS, _read_folder
 from zoo.gpt.mlp import SwiGLU
 from zoo.gpt.norms import RMSNorm
 from zoo.io.files import replacing
@@ -119,7 +119,8 @@ def phi3_net_kwargs(config: dict) -> dict:
     """``GPT`` arguments for a Hugging Face ``Phi3Config`` dict (Phi-3, Phi-3.5-mini, Phi-4-mini), its defaults
     Phi3Config's; every key read, or refused by name."""
     _check_keys(config)
-    _check_window(config)
+    window, n = config.get("sliding_window"), config.get("num_hidden_layers", 32)
+    slides = window is not None and window < config.get("max_position_embeddings", 4096)
     d, h = config.get("hidden_size", 3072), config.get("num_attention_heads", 32)
     if config.get("head_dim") not in (None, d // h):
         raise InputError(
@@ -146,6 +147,7 @@ def phi3_net_kwargs(config: dict) -> dict:
         **({"rope_scaling": rope["rope_scaling"]} if "rope_scaling" in rope else {}),
         bias=False,
         tie_embeddings=config.get("tie_word_embeddings", False),
+        **(dict(sliding_window=window, layer_types=["sliding_attention"] * n) if slides else {}),
     )
 
 
@@ -211,6 +213,8 @@ def hf_config(net: GPT) -> dict:
         raise _refuse("A Phi-3 has no biases")
     if attn.head_dim * attn.n_head != net.n_embd or isinstance(net.rope_scaling, Llama3RoPE):
         raise _refuse("A Phi-3's head size is hidden_size / heads and its RoPE scaling is none or longrope")
+    if set(net.layer_types) not in ({"full_attention"}, {"sliding_attention"}):
+        raise _refuse(f"A Phi-3's layers all slide or none does, not {net.layer_types}")
     fraction = attn.rope_dim / attn.head_dim
     if int(attn.head_dim * fraction) != attn.rope_dim:
         raise _refuse(f"rope_dim {attn.rope_dim} of head_dim {attn.head_dim} is no partial_rotary_factor")
@@ -237,7 +241,7 @@ def hf_config(net: GPT) -> dict:
         tie_word_embeddings=net.lm_head.weight is net.tok_emb.weight,
         rope_parameters=rope,
         partial_rotary_factor=fraction,
-        sliding_window=None,
+        sliding_window=net.sliding_window if "sliding_attention" in net.layer_types else None,
         bos_token_id=None,  # Phi3Config's defaults are Phi-3's ids (pad 32000), past a smaller vocabulary's end;
         eos_token_id=None,  # generation_config.json states the tokenizer's (zoo.gpt.export)
         pad_token_id=None,
