@@ -1658,7 +1658,6 @@ FAMILIES: dict[str, dict] = {
                 '"rope_theta": net.rope_base, "partial_rotary_factor": 1.0}',
             ),
             (PHI, 'if params.get("original_max_position_embeddings", original) != original:', "if False:"),
-            (PHI, "    _check_window(config)\n", "    pass\n"),
             (PHI, "    unknown = sorted(set(config) - READ - INERT)", "    unknown = []"),
             (PHI, "    slides = window is not None and window <", "    slides = False and window <"),
             (PHI, 'sliding_window=net.sliding_window if "sliding_attention" in net.layer_types else None,', "sliding_window=None,"),
