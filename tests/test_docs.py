@@ -32,6 +32,10 @@ COVERED: list[tuple[str, str]] = [
     ),
     (r"convnet_digits\.yaml --print_config", "tests/test_docs.py::test_print_config_prints_every_option_resolved"),
     (
+        r"^python -m pytest tests/gpt/test_gpt_pretrained\.py",
+        "tests/test_docs.py::test_the_parity_page_reruns_every_test_it_cites",
+    ),
+    (
         r"init_weights=models:/arith-sft/1 --print_config",
         "tests/app/test_net_from_registry.py::test_an_alias_names_the_model_and_print_config_shows_its_net",
     ),
@@ -277,6 +281,16 @@ def test_the_first_page_trains_and_prompts_a_gpt_on_a_text_file(tmp_path):
     assert float(scored.trainer.callback_metrics["test/loss"]) > 0
     model = CausalLMModule.load_from_checkpoint(last)
     assert isinstance(model.generate(["Once upon a time"], max_new_tokens=5)[0], str)
+
+
+def test_the_parity_page_reruns_every_test_it_cites():
+    """docs/parity.md's figures each name the test measuring them; its command reruns exactly those files (the suite
+    runs them too), so a row cannot cite a test that is gone or that the command leaves out."""
+    command = next(c for p, c in manual_commands() if p == "parity.md")
+    files = command.split()[3:]
+    assert files and all((ROOT / f).is_file() for f in files)
+    cited = set(re.findall(r"`(test_\w+\.py)`", (DOCS / "parity.md").read_text()))
+    assert cited == {f.rsplit("/", 1)[1] for f in files}
 
 
 def test_print_config_prints_every_option_resolved(capsys):

@@ -1660,7 +1660,11 @@ FAMILIES: dict[str, dict] = {
             (PHI, 'if params.get("original_max_position_embeddings", original) != original:', "if False:"),
             (PHI, "    unknown = sorted(set(config) - READ - INERT)", "    unknown = []"),
             (PHI, "    slides = window is not None and window <", "    slides = False and window <"),
-            (PHI, 'sliding_window=net.sliding_window if "sliding_attention" in net.layer_types else None,', "sliding_window=None,"),
+            (
+                PHI,
+                'sliding_window=net.sliding_window if "sliding_attention" in net.layer_types else None,',
+                "sliding_window=None,",
+            ),
             (PHI, 'out["tok_emb.weight"]) if tied else sd["lm_head.weight"]', 'out["tok_emb.weight"])'),
             (GEX, 'if source.is_file() and read_config(source).get("model_type") == "phi3":', "if False:"),
         ],
