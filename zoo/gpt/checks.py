@@ -12,6 +12,25 @@ from torch import Tensor
 from zoo.errors import InputError
 from zoo.gpt.gpt import GPT
 
+# The Hugging Face model types the zoo's GPT loads (``zoo.gpt.pretrained``): an ``auto_map`` beside one of these is
+# ignored, as transformers ignores it for the types it implements itself.
+MODEL_TYPES = (
+    "gpt2",
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "mixtral",
+    "deepseek_v3",
+    "phi3",
+    "smollm3",
+    "olmo2",
+    "granite",
+    "gemma2",
+    "gemma3_text",
+)
+
 
 @contextlib.contextmanager
 def missing_tensors_named(name: str) -> Iterator[None]:

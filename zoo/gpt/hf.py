@@ -19,7 +19,7 @@ from torch import Tensor
 
 from zoo.errors import InputError
 from zoo.gpt.attention import MHA
-from zoo.gpt.checks import check_tied_head, gemma_settings, missing_tensors_named
+from zoo.gpt.checks import MODEL_TYPES, check_tied_head, gemma_settings, missing_tensors_named
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import GeluMLP
 from zoo.gpt.norms import LayerNorm
@@ -213,9 +213,11 @@ def load_pretrained(net: GPT, path: str | Path) -> GPT:
     path = Path(path)
     if path.is_dir():
         config = path / "config.json"
-        from zoo.gpt.pretrained import MODEL_TYPES  # an auto_map beside these is ignored, as transformers does
-
         kind = read_config(config, MODEL_TYPES).get("model_type", "gpt2") if config.is_file() else "gpt2"
+        if kind == "phi3":  # fused projections, in their own converter
+            from zoo.gpt.phi3 import load_phi3_into
+
+            return load_phi3_into(net, path)
         if kind != "gpt2":
             from zoo.gpt.llama import load_hf_into  # Llama, Mixtral and DeepSeek-V3 layouts
 

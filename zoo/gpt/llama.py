@@ -48,7 +48,7 @@ from torch import Tensor
 from zoo.errors import InputError
 from zoo.gpt import gemma, llama_variants
 from zoo.gpt.attention import MHA, MLA, Llama3RoPE, YaRNRoPE
-from zoo.gpt.checks import check_tied_head, gemma_settings, missing_tensors_named
+from zoo.gpt.checks import MODEL_TYPES, check_tied_head, gemma_settings, missing_tensors_named
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import SwiGLU
 from zoo.gpt.moe import MoE
@@ -375,8 +375,6 @@ def _read_folder(folder: Path) -> tuple[dict, Mapping[str, Tensor]]:
     """config.json and every weights shard of a Hugging Face folder (safetensors read as asked, ``read_tensors``)."""
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"No config.json in {str(folder)!r}: point at a Hugging Face Llama/DeepSeek folder")
-    from zoo.gpt.pretrained import MODEL_TYPES  # an auto_map beside these is ignored, as transformers does
-
     config = read_config(folder / "config.json", MODEL_TYPES)  # first: a field of the wrong type is named
     shards = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("pytorch_model*.bin"))
     if not shards:
@@ -404,10 +402,6 @@ def net_kwargs(config: dict) -> dict:
         return qwen3_moe_net_kwargs(config)
     if kind == "deepseek_v3":
         return deepseek_net_kwargs(config)
-    if kind == "phi3":
-        from zoo.gpt.phi3 import phi3_net_kwargs  # which builds on this module
-
-        return phi3_net_kwargs(config)
     if kind in ("gemma2", "gemma3_text"):
         return gemma.net_kwargs(config)
     if kind in _REFUSED:
@@ -420,10 +414,6 @@ def load_hf_into(net: GPT, folder: str | Path) -> GPT:
     tensor of the files used (but the MTP layers of a net built without them), or an error naming what is left."""
     folder = Path(folder)
     config, source = _read_folder(folder)
-    if config.get("model_type") == "phi3":  # fused projections, in their own converter
-        from zoo.gpt.phi3 import load_phi3_into
-
-        return load_phi3_into(net, folder)
     kwargs = net_kwargs(config)  # refuses what no GPT holds (Qwen-MoE, RoPE scaling, ...), whatever net it goes into
     llama_variants.check_switches(net, kwargs, folder)  # a Granite's multipliers are not lost in a net without them
     interleave = config.get("model_type") == "deepseek_v3" and config.get("rope_interleave", True)

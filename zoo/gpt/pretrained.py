@@ -33,34 +33,19 @@ import torch
 
 from zoo.compat import given_hyperparameters_context
 from zoo.errors import InputError
+from zoo.gpt.checks import MODEL_TYPES
 from zoo.gpt.generate import Generation
 from zoo.gpt.gpt import GPT
 from zoo.gpt.hf import gpt2_net_kwargs, pretrained_gpt
 from zoo.gpt.llama import net_kwargs as llama_net_kwargs
 from zoo.gpt.module import CausalLMModule
 from zoo.gpt.mtp import hf_mtp_depth
+from zoo.gpt.phi3 import phi3_net_kwargs
 from zoo.io import budget, dtypes, hf_tokenizer
 from zoo.io.dtypes import Dtype
 from zoo.io.files import read_config
 from zoo.io.tokenizers import GPT2Tokenizer, Tokenizer
 from zoo.io.trust import LIGHTNING_INSTANTIATOR
-
-MODEL_TYPES = (
-    "gpt2",
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "qwen3_moe",
-    "mixtral",
-    "deepseek_v3",
-    "phi3",
-    "smollm3",
-    "olmo2",
-    "granite",
-    "gemma2",
-    "gemma3_text",
-)
 
 
 def read_folder(path: str | Path) -> tuple[Path, dict]:
@@ -84,7 +69,7 @@ def net_kwargs(config: dict, folder: Path | None = None) -> dict:
     layers as ``folder``'s weights hold of those the config declares (transformers saves none)."""
     if config["model_type"] == "gpt2":
         return _gpt2_kwargs(config)
-    kwargs = llama_net_kwargs(config)
+    kwargs = phi3_net_kwargs(config) if config["model_type"] == "phi3" else llama_net_kwargs(config)
     if folder is not None and hf_mtp_depth(config):
         keys = _weight_names(folder)
         held = (f"model.layers.{config['num_hidden_layers'] + k}.eh_proj.weight" in keys for k in range(99))

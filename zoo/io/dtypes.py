@@ -58,9 +58,11 @@ def stated(config: dict, weights: list[Path], where: str) -> torch.dtype:
 def _header_dtypes(path: Path) -> list[str]:
     """The dtypes of a safetensors file's floating tensors, in its header's order (nothing else read)."""
     from zoo.io.meta_load import _header
+    from zoo.io.weights import open_safetensors
 
     if path.suffix != ".safetensors":
         return []
+    open_safetensors(path)  # refuses a file safetensors would not read (a 2**63 length, a header nested too deep)
     _, header = _header(path)
     return [_SAFETENSORS[e["dtype"]] for k, e in header.items() if k != "__metadata__" and e["dtype"] in _SAFETENSORS]
 
