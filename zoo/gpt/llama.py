@@ -637,12 +637,16 @@ def hf_config(net: GPT) -> dict:
 def export_hf(net: GPT, folder: str | Path) -> Path:
     """Write ``net`` as a Hugging Face Llama, Qwen2/3, Mixtral or Qwen3-MoE (MHA/GQA) or DeepSeek-V3 (MLA) folder
     that transformers loads."""
+    return write_folder(net, folder, hf_config(net), zoo_to_hf)
+
+
+def write_folder(net: GPT, folder: str | Path, config: dict, to_hf) -> Path:
+    """``net``'s weights in Hugging Face names (``to_hf``) and ``config`` as a folder transformers loads."""
     from safetensors.torch import save_file
 
-    config = hf_config(net)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    sd = zoo_to_hf({k: v.detach().cpu() for k, v in net.state_dict().items()}, net)
+    sd = to_hf({k: v.detach().cpu() for k, v in net.state_dict().items()}, net)
     if config["tie_word_embeddings"]:
         del sd["lm_head.weight"]  # transformers re-ties it from embed_tokens
     # safetensors writes a file beside it and renames it over: a link planted at the name is replaced, as here.

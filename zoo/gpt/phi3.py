@@ -27,7 +27,6 @@ transformers' Phi-3 ignores: a bias tensor in the files is left over and refused
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from functools import partial
@@ -39,10 +38,9 @@ from zoo.errors import InputError
 from zoo.gpt.attention import MHA, Llama3RoPE, LongRoPE
 from zoo.gpt.checks import check_tied_head, missing_tensors_named
 from zoo.gpt.gpt import GPT
-from zoo.gpt.llama import _NORM_KEYS, _read_folder
+from zoo.gpt.llama import _NORM_KEYS, _read_folder, write_folder
 from zoo.gpt.mlp import SwiGLU
 from zoo.gpt.norms import RMSNorm
-from zoo.io.files import replacing
 from zoo.io.meta_load import assign_weights, on_meta
 from zoo.io.weights import check_all_used, check_compatible
 
@@ -253,16 +251,4 @@ def hf_config(net: GPT) -> dict:
 
 def export_phi3(net: GPT, folder: str | Path) -> Path:
     """Write ``net`` as a Hugging Face Phi-3 folder (``Phi3ForCausalLM``) that transformers loads."""
-    from safetensors.torch import save_file
-
-    config = hf_config(net)
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    sd = zoo_to_hf({k: v.detach().cpu() for k, v in net.state_dict().items()}, net)
-    if config["tie_word_embeddings"]:
-        del sd["lm_head.weight"]  # transformers re-ties it from embed_tokens
-    # safetensors writes a file beside it and renames it over: a link planted at the name is replaced, as here.
-    save_file({k: v.contiguous() for k, v in sd.items()}, folder / "model.safetensors", metadata={"format": "pt"})
-    with replacing(folder / "config.json") as tmp:  # a link planted in the folder is replaced, not followed
-        tmp.write_text(json.dumps(config, indent=2))
-    return folder
+    return write_folder(net, folder, hf_config(net), zoo_to_hf)
