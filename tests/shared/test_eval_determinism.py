@@ -14,7 +14,8 @@ from torch import nn
 
 from zoo.cnn import ConvNet
 from zoo.diffusion.unet import UNet
-from zoo.gpt import GPT, MLA, MoE, SwiGLU
+from zoo.gpt import GPT, MHA, MLA, MoE, SwiGLU
+from zoo.gpt.mlp import GeGLU
 
 GPT_ARGS = dict(vocab_size=50, block_size=16, n_layer=2, n_embd=32, n_head=4, dropout=0.3)
 MLA_ARGS = dict(kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
@@ -26,6 +27,19 @@ NETS = {
     ),
     "gpt_moe": lambda: (
         GPT(**GPT_ARGS, mlp=partial(MoE, n_routed_experts=4, num_experts_per_tok=2), bias=False, first_k_dense=1),
+        (torch.randint(0, 50, (2, 12)),),
+    ),
+    "gpt_gemma": lambda: (  # GeGLU, soft-capped attention (written out, its own dropout), sandwich norms, windows
+        GPT(
+            **GPT_ARGS,
+            attention=partial(MHA, softcap=20.0),
+            mlp=GeGLU,
+            position="rope",
+            bias=False,
+            sandwich_norm=True,
+            sliding_window=4,
+            logit_softcap=30.0,
+        ),
         (torch.randint(0, 50, (2, 12)),),
     ),
     "unet": lambda: (
@@ -49,7 +63,7 @@ NETS = {
 }
 # The family classes these nets build that take a dropout argument (the GPT's blocks, attentions and MLPs, the
 # UNet's levels and residual blocks). CLIP's towers, DiT and the RL nets take none.
-COVERED = {"GPT", "Block", "MHA", "MLA", "GeluMLP", "SwiGLU", "MoE", "UNet", "Level", "ResBlock", "ConvNet"}
+COVERED = {"GPT", "Block", "MHA", "MLA", "GeluMLP", "SwiGLU", "GeGLU", "MoE", "UNet", "Level", "ResBlock", "ConvNet"}
 
 
 @pytest.mark.parametrize("name", NETS)
