@@ -77,7 +77,7 @@ MUON = ["--model.init_args.optimizer.muon={}"]  # Muon's momentum buffers, AdamW
     [
         (TINY, "batch_end", []),
         (TINY, "batch_start", []),
-        (TINY, "backward", []),
+        pytest.param(TINY, "backward", [], marks=pytest.mark.slow),  # the default suite keeps two cut points
         pytest.param(CLIP_TINY, "batch_start", [], marks=pytest.mark.slow),  # its last partial batch dropped
         pytest.param(TINY, "batch_end", MUON, marks=pytest.mark.slow),
     ],

@@ -105,6 +105,7 @@ def test_channels_last_and_compile_switches_match_eager_with_inductor():
     _switches_match_eager()
 
 
+@pytest.mark.slow  # ~14 s of learning (CI's slow pass; CI's first command trains MNIST to its accuracy too)
 def test_shapes_accuracy_far_above_chance():
     """A short CPU fit on the generated shapes: 6 classes, chance is 1/6."""
     c = cli(

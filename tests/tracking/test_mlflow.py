@@ -70,6 +70,7 @@ def test_embedded_store_by_default(tmp_path, embedded_store):
     _check_run(MlflowClient(c.trainer.logger.tracking_uri), c)
 
 
+@pytest.mark.slow  # ~16 s: several fits into one store; test_embedded_store_by_default checks one run's params
 def test_runs_get_unique_readable_names_and_each_hyperparameter_once():
     # seed_everything(0) seeds Python's random before MLflow drew its name: every run was overjoyed-slug-911.
     a, b = (cli("fit", "--config", TINY, "--trainer.max_steps=2", "--trainer.limit_val_batches=1") for _ in range(2))
