@@ -356,7 +356,6 @@ def stacks_and_kill(proc: subprocess.Popen) -> str:
     return proc.communicate()[1]
 
 
-@pytest.mark.slow  # ~18 s: a real process group in a terminal (CI's slow pass); test_ctrl_c_stops_the_actors_and_fit_resumes stays
 def test_ctrl_c_in_a_terminal_ends_the_run_and_every_actor():
     # A terminal's Ctrl-C is SIGINT to the whole foreground process group: the learner, the fork server and
     # the actors. The learner's handler must stop the actors, and the interpreter then exit, neither hanging
