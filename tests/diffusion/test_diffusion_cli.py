@@ -284,7 +284,7 @@ def inception_weights(tmp_path) -> Path:
     return path
 
 
-@pytest.mark.slow  # ~18 s: a fit with the FID callback end to end (CI's slow pass); the README's test command stays <= 10 min
+@pytest.mark.slow  # ~18 s: a fit with the FID callback end to end (CI's slow pass)
 def test_fid_is_logged_from_local_inception_weights(inception_weights):
     from callbacks.fid import FrechetInceptionDistance, to_uint8_rgb
 
