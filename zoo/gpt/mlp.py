@@ -168,7 +168,7 @@ class SwiGLU(nn.Module):
         return out
 
 
-class GeGLU(nn.Module):
+class GeGLU(SwiGLU):
     """Gated MLP with a GELU gate: gelu(x W_gate) * (x W_up), then proj, laid out as ``SwiGLU`` (``fc`` = [gate | up],
     Llama's gate_proj, up_proj, down_proj names): Gemma's MLP (``hidden_activation: gelu_pytorch_tanh``)."""
 
@@ -184,27 +184,15 @@ class GeGLU(nn.Module):
     ) -> None:
         """
         Args:
-            dim: model width D (given by the GPT).
-            hidden: hidden width F (given by the GPT's ``mlp_hidden``); None: 8D/3 rounded up to a multiple of 64.
-            bias: biases in the projections (given by the GPT).
-            dropout: dropout on the output (given by the GPT).
+            dim, hidden, bias, dropout: as ``SwiGLU``'s (given by the GPT).
             approximate: the GELU, "tanh" (Gemma's gelu_pytorch_tanh) or "exact" (erf).
         """
-        super().__init__()
-        hidden = hidden or 64 * math.ceil(dim * 8 / 3 / 64)  # SwiGLU's default width
+        super().__init__(dim, hidden, bias, dropout)
         self.approximate = "tanh" if approximate == "tanh" else "none"  # F.gelu's name for the choice
-        self.fc = nn.Linear(dim, 2 * hidden, bias=bias)
-        self.proj = nn.Linear(hidden, dim, bias=bias)
-        self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> tuple[Tensor, None]:
         gate, up = self.fc(x).chunk(2, dim=-1)  # (B, T, F) each
         return self.drop(self.proj(F.gelu(gate, approximate=self.approximate) * up)), None  # (B, T, D), no aux loss
-
-    flops_per_token = SwiGLU.flops_per_token
-    residual_projections = SwiGLU.residual_projections
-    to_hf = SwiGLU.to_hf  # the same names as Llama's MLP
-    from_hf = SwiGLU.from_hf
 
     @classmethod
     def from_hf_config(cls, config: dict) -> Callable[..., GeGLU]:
