@@ -123,7 +123,7 @@ def grpo(path: str, weights: dict, actors: int, steps: int, seed: int) -> dict:
     from datamodules import PromptDataModule
     from datamodules.arithmetic import ArithmeticTask
     from zoo.gpt import GRPOModule
-    from zoo.gpt.rewards import ExactMatch, FormatCheck
+    from zoo.gpt.tune.rewards import ExactMatch, FormatCheck
     from zoo.io.tokenizers import ByteTokenizer
     from zoo.train.optim import AdamWCosine
 

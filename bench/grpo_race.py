@@ -3,10 +3,10 @@ learner steps and CPU seconds to a held-out accuracy.
 
 The model: a byte-level zoo GPT (EOS 256) given by ``--init``: a zoo ``.ckpt`` (say the SFT stage's, of
 ``chat_arithmetic.yaml``), a safetensors file of a Llama-shaped net with ``--shape``, or a Hugging Face folder;
-written once as a Hugging Face folder, ``LlamaForCausalLM`` for a RoPE net (``zoo.gpt.llama.export_hf``), else
-``GPT2LMHeadModel`` (``zoo.gpt.hf.export_gpt2``). TRL loads that folder with transformers; the zoo arm loads the same
-folder as its ``init_weights`` through ``configs/gpt/grpo_arithmetic_llama.yaml`` (full weights: ``adapt`` null), so
-both start from the same tensors. TRL gets the zoo's byte tokenizer as a transformers tokenizer (``ZooBytes``: id b
+written once as a Hugging Face folder, ``LlamaForCausalLM`` for a RoPE net (``zoo.gpt.formats.llama.export_hf``), else
+``GPT2LMHeadModel`` (``zoo.gpt.formats.hf.export_gpt2``). TRL loads that folder with transformers; the zoo arm loads the
+same folder as its ``init_weights`` through ``configs/gpt/grpo_arithmetic_llama.yaml`` (full weights: ``adapt`` null),
+so both start from the same tensors. TRL gets the zoo's byte tokenizer as a transformers tokenizer (``ZooBytes``: id b
 is byte b, EOS 256 is its ``eos_token`` and pad), so a completion stops where the zoo's does.
 
 Both arms, the same settings (``SETTINGS`` and the command line):
@@ -21,7 +21,7 @@ Both arms, the same settings (``SETTINGS`` and the command line):
                    batch of B prompts (TRL: per_device_train_batch_size B * G, steps_per_generation 1)
     optimizer      AdamW lr, betas (0.9, 0.999), eps 1e-8, no weight decay, constant rate, no warmup, gradients
                    clipped at norm 1
-Two more arms add a score per worked line (``zoo.gpt.rewards.WorkedLines``), the zoo's own recipe for this task:
+Two more arms add a score per worked line (``zoo.gpt.tune.rewards.WorkedLines``), the zoo's own recipe for this task:
 ``zoo-process`` credits each line's score to its tokens (process supervision, per-token advantages, ``--step-credit``);
 ``trl-process`` gives TRL the same lines' scores the only way its trainer takes them, one number per completion
 (their mean, a second reward function beside exact match). ``--arms trl zoo trl-process zoo-process``.
@@ -69,8 +69,11 @@ SETTING_HELP = {
 # the zoo's arms: "zoo" with TRL's reward alone; "zoo-process" adds a score per worked line (process supervision,
 # which TRL's GRPOTrainer has no way to credit per token): the zoo's own recipe for this task
 ZOO_REWARDS = {
-    "zoo": [{"class_path": "zoo.gpt.rewards.ExactMatch"}],
-    "zoo-process": [{"class_path": "zoo.gpt.rewards.ExactMatch"}, {"class_path": "zoo.gpt.rewards.WorkedLines"}],
+    "zoo": [{"class_path": "zoo.gpt.tune.rewards.ExactMatch"}],
+    "zoo-process": [
+        {"class_path": "zoo.gpt.tune.rewards.ExactMatch"},
+        {"class_path": "zoo.gpt.tune.rewards.WorkedLines"},
+    ],
 }
 # TRL's arms: "trl-process" gets the same two rewards, the lines' as one number per completion (their mean score,
 # what the zoo logs as WorkedLines' reward): the most TRL's trainer can take of them
@@ -85,8 +88,8 @@ def export_start(init: str, folder: Path, shape: dict) -> Path:
     """The starting net as a Hugging Face folder (Llama for a RoPE net, else GPT-2, EOS 256): a folder as it is,
     else a zoo ``.ckpt``'s net or a safetensors file of a Llama-shaped GPT of ``shape`` exported."""
     from zoo.gpt import GPT, RMSNorm, SwiGLU
-    from zoo.gpt.hf import export_gpt2, load_safetensors
-    from zoo.gpt.llama import export_hf
+    from zoo.gpt.formats.hf import export_gpt2, load_safetensors
+    from zoo.gpt.formats.llama import export_hf
     from zoo.gpt.module import CausalLMModule
 
     if Path(init).is_dir():
@@ -226,8 +229,8 @@ def exact_match(prompts, completions, answer, **kwargs) -> list[float]:
 
 
 def worked_lines(prompts, completions, answer, **kwargs) -> list[float]:
-    """TRL's reward function for the lines: ``zoo.gpt.rewards.WorkedLines``' mean score per completion."""
-    from zoo.gpt.rewards import WorkedLines
+    """TRL's reward function for the lines: ``zoo.gpt.tune.rewards.WorkedLines``' mean score per completion."""
+    from zoo.gpt.tune.rewards import WorkedLines
 
     return WorkedLines()(completions, answer)
 

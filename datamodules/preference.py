@@ -9,9 +9,9 @@ completion is one or more assistant turns. Other keys (ids, scores) are ignored,
 Each side (prompt + completion) is rendered whole by ``ChatDataModule``'s renderer (``zoo.io.chat_template``: the
 model's own chat template, or the zoo's default format), and learned on its completion's tokens only: the targets
 are -100 on the prompt (its earlier assistant turns included) and on the template's headers, so a sequence's
-log-probability (``zoo.gpt.dpo.sequence_logps``) sums over the reply the model would generate. Where the template
-rewrites earlier turns (Qwen3's), a side is the template's rendering of prompt + completion, its one reply learned
-after the prompt as it renders it (``zoo.io.chat_template.chat_examples``' last example; the ids TRL's DPO
+log-probability (``zoo.gpt.tune.losses.sequence_logps``) sums over the reply the model would generate. Where the
+template rewrites earlier turns (Qwen3's), a side is the template's rendering of prompt + completion, its one reply
+learned after the prompt as it renders it (``zoo.io.chat_template.chat_examples``' last example; the ids TRL's DPO
 tokenizes); a completion of several replies is then refused. A side longer than
 ``block_size + 1`` tokens is never cut (a cut reply would be compared with a whole one): its pair is dropped and
 counted.

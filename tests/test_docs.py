@@ -319,7 +319,7 @@ def test_grpo_on_your_own_chat_files_runs_as_the_manual_shows(tmp_path, monkeypa
     from conftest import fit_in_folder
 
     from bench import assistant
-    from zoo.gpt.rewards import ExactMatch, FormatCheck
+    from zoo.gpt.tune.rewards import ExactMatch, FormatCheck
 
     monkeypatch.setattr(assistant, "TASK", {"digits": 1, "terms": 2, "ops": "+", "train": 8, "pairs": 0, "test": 2})
     monkeypatch.setattr(assistant, "SIZE", {"layers": 1, "width": 32})

@@ -109,7 +109,7 @@ def test_a_fit_trains_the_adapters_alone_and_its_checkpoint_reloads(tmp_path):
 
 def test_a_lora_checkpoint_leaves_the_base_out_and_takes_it_again_from_init_weights(tmp_path):
     from zoo.errors import CheckpointError
-    from zoo.gpt.hf import save_safetensors
+    from zoo.gpt.formats.hf import save_safetensors
 
     base = tmp_path / "base.safetensors"
     save_safetensors(tiny(None).net, base)

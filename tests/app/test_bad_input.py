@@ -254,13 +254,13 @@ def _read_gpt(folder: Path):
 
 
 def _read_gpt2(folder: Path):
-    from zoo.gpt.hf import load_gpt2
+    from zoo.gpt.formats.hf import load_gpt2
 
     return load_gpt2(folder)
 
 
 def _read_llama(folder: Path):
-    from zoo.gpt.llama import load_hf
+    from zoo.gpt.formats.llama import load_hf
 
     return load_hf(folder)
 

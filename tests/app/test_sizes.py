@@ -370,7 +370,7 @@ def test_a_folders_config_json_past_the_memory_bound_is_one_line_by_every_way_in
     import json
 
     from cli import main
-    from zoo.gpt.hf import load_gpt2
+    from zoo.gpt.formats.hf import load_gpt2
 
     monkeypatch.setenv("ZOO_MEMORY_GIB", "8")
     monkeypatch.delenv("ZOO_BUDGET", raising=False)

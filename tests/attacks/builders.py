@@ -24,7 +24,7 @@ def tiny_gpt2_folder(text: str, vocab_size: int) -> Path:
     """A whole GPT-2 folder of the tiny net (weights, config, tokenizer trained on ``text``), built once per process;
     payloads copy it before they tamper."""
     from zoo.gpt import GPT
-    from zoo.gpt.hf import export_gpt2
+    from zoo.gpt.formats.hf import export_gpt2
     from zoo.io.tokenizers import BPETokenizer
 
     folder = Path(tempfile.mkdtemp(prefix="corpus-gpt2-"))

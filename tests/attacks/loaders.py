@@ -53,7 +53,7 @@ def _init_weights(p):
     from builders import TINY_NET
 
     from zoo.gpt import GPT
-    from zoo.gpt.hf import load_pretrained
+    from zoo.gpt.formats.hf import load_pretrained
 
     return load_pretrained(GPT(**TINY_NET), p)
 

@@ -258,14 +258,14 @@ def _diffusion_from_pretrained(p):
 
 
 def _peft_config(p):
-    from zoo.gpt.peft_adapter import read_adapter_config
+    from zoo.gpt.formats.peft_adapter import read_adapter_config
 
     return read_adapter_config(p / "adapter_config.json")
 
 
 def _peft_load(p):
     from zoo.gpt import GPT, CausalLMModule
-    from zoo.gpt.peft_adapter import load_adapter
+    from zoo.gpt.formats.peft_adapter import load_adapter
 
     return load_adapter(CausalLMModule(GPT(**TINY_NET)), p)
 

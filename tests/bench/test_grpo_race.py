@@ -48,7 +48,7 @@ def test_both_arms_run_from_the_same_exported_weights(tmp_path, shape):
     import torch
 
     from zoo.gpt import GPT, RMSNorm, SwiGLU
-    from zoo.gpt.hf import save_safetensors
+    from zoo.gpt.formats.hf import save_safetensors
 
     torch.manual_seed(0)
     size = dict(block_size=64, n_layer=1, n_embd=32, n_head=2)
@@ -83,7 +83,7 @@ def test_both_arms_run_from_the_same_exported_weights(tmp_path, shape):
 def test_the_held_out_questions_are_test_jsonls_and_trls_lines_reward_is_worked_lines(tmp_path):
     import json
 
-    from zoo.gpt.rewards import WorkedLines
+    from zoo.gpt.tune.rewards import WorkedLines
 
     task = grpo_race.TASK | {"train": 40, "test": 12}
     train, held_out = grpo_race.prompts(tmp_path, task)

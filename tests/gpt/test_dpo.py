@@ -16,8 +16,8 @@ from lightning.pytorch import Trainer, seed_everything
 from datamodules import PreferenceDataModule
 from zoo.errors import CheckpointError, InputError
 from zoo.gpt import GPT, DPOModule
-from zoo.gpt.dpo import dpo_loss, sequence_logps
 from zoo.gpt.losses import IGNORE_INDEX
+from zoo.gpt.tune.losses import dpo_loss, sequence_logps
 from zoo.io.tokenizers import ByteTokenizer
 from zoo.train.optim import AdamWCosine
 
@@ -362,7 +362,7 @@ def test_a_dpo_model_scores_task_records_as_the_language_model_it_is(tmp_path):
 
     from datamodules.tasks import TaskDataModule
     from zoo.gpt import CausalLMModule
-    from zoo.gpt.dpo import _pairs, _tokens
+    from zoo.gpt.tune.dpo import _pairs, _tokens
     from zoo.io.tokenizers import ByteTokenizer
 
     records = [{"query": f"{a}+{a}=", "choices": [str(2 * a), str(2 * a + 1)], "label": 0} for a in range(6)]

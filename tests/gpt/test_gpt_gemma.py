@@ -17,7 +17,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from zoo.errors import InputError
 from zoo.gpt import GPT, from_pretrained
-from zoo.gpt.llama import export_hf
+from zoo.gpt.formats.llama import export_hf
 
 transformers = pytest.importorskip("transformers")
 
@@ -254,7 +254,7 @@ def test_token_ids_and_the_chat_template_are_autotokenizers(tmp_path):
 def test_changing_any_source_tensor_changes_the_output(tmp_path):
     """Each tensor of a full layer (0), a sliding one (1) and outside the layers, in a Gemma 3 with every kind (q/k
     norms, an untied head); every tensor of the file is used or the load is refused (``check_all_used``)."""
-    from zoo.gpt.hf import pretrained_gpt
+    from zoo.gpt.formats.hf import pretrained_gpt
     from zoo.gpt.pretrained import net_kwargs, read_folder
 
     write_model(tmp_path, "gemma3-capped-untied-window9")
@@ -308,7 +308,7 @@ def test_a_net_with_gemma_settings_does_not_export_as_llama_or_gpt2(tmp_path):
     ]:
         with pytest.raises(InputError, match=named):
             export_hf(GPT(**llama, **extra), tmp_path)
-    from zoo.gpt.hf import export_gpt2
+    from zoo.gpt.formats.hf import export_gpt2
 
     with pytest.raises(InputError, match="no embed_scale, logit_softcap, sliding_window"):
         export_gpt2(

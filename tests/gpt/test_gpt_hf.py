@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from zoo.gpt import GPT, MHA, GeluMLP, RMSNorm, SwiGLU
-from zoo.gpt.hf import export_gpt2, load_gpt2, load_safetensors, save_safetensors
+from zoo.gpt.formats.hf import export_gpt2, load_gpt2, load_safetensors, save_safetensors
 
 transformers = pytest.importorskip("transformers")
 
@@ -118,7 +118,7 @@ def test_safetensors_round_trip_with_tied_embeddings(tmp_path):
 def test_wrong_shape_lists_the_keys(tmp_path):
     reference().save_pretrained(tmp_path)
     net = GPT(vocab_size=211, block_size=64, n_layer=3, n_embd=48, n_head=4, mlp_hidden=100)
-    from zoo.gpt.hf import load_gpt2_into
+    from zoo.gpt.formats.hf import load_gpt2_into
 
     with pytest.raises(ValueError, match="mlp.fc.weight"):
         load_gpt2_into(net, tmp_path)

@@ -18,7 +18,7 @@ from test_gpt_pretrained import write_tokenizer
 
 from zoo.errors import InputError
 from zoo.gpt import from_pretrained
-from zoo.gpt.llama import export_hf, load_hf
+from zoo.gpt.formats.llama import export_hf, load_hf
 
 transformers = pytest.importorskip("transformers")
 

@@ -1,7 +1,7 @@
 """The zoo's GPT against transformers' LlamaForCausalLM (MHA/GQA/MQA) and DeepseekV3ForCausalLM (MLA).
 
 Tiny random references (every weight perturbed, norms included, so a missed key, a transposed block or
-an eps off shows), saved with ``save_pretrained`` and imported through ``zoo.gpt.llama``; and the other
+an eps off shows), saved with ``save_pretrained`` and imported through ``zoo.gpt.formats.llama``; and the other
 way, a zoo net exported and loaded by transformers. Full forward, chunked prefill and cached decode are
 compared with the reference's full forward at every position.
 """
@@ -15,8 +15,8 @@ import torch
 from test_moe_hf import REFERENCES as MOE_REFERENCES
 
 from zoo.gpt import GPT, MHA, MLA, RMSNorm, SwiGLU
+from zoo.gpt.formats.llama import export_hf, load_hf
 from zoo.gpt.generate import make_cache
-from zoo.gpt.llama import export_hf, load_hf
 
 transformers = pytest.importorskip("transformers")
 
@@ -166,7 +166,7 @@ def test_exported_net_loads_in_transformers_with_the_same_logits(tmp_path, varia
 
 
 def test_what_the_gpt_cannot_hold_is_refused_by_name(tmp_path):
-    from zoo.gpt.llama import deepseek_net_kwargs, llama_net_kwargs
+    from zoo.gpt.formats.llama import deepseek_net_kwargs, llama_net_kwargs
 
     base = dict(vocab_size=10, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2)
     with pytest.raises(ValueError, match="dynamic"):  # YaRN loads now (test_gpt_hub_configs.py)
@@ -189,8 +189,8 @@ def test_export_refuses_a_part_llama_has_not_as_its_class_states(tmp_path):
 
 def test_causal_lm_module_init_weights_takes_a_llama_folder(tmp_path):
     from zoo.gpt import CausalLMModule
-    from zoo.gpt.hf import load_pretrained
-    from zoo.gpt.llama import llama_net_kwargs
+    from zoo.gpt.formats.hf import load_pretrained
+    from zoo.gpt.formats.llama import llama_net_kwargs
 
     model = llama(2)
     model.save_pretrained(tmp_path)

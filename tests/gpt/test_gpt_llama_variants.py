@@ -1,5 +1,5 @@
-"""SmolLM3, OLMo 2 and Granite folders (``zoo.gpt.llama_variants``) against transformers: tiny random models it saved
-itself, with their switches set away from Llama's (NoPE layers at two intervals and a list, post-norms with GQA,
+"""SmolLM3, OLMo 2 and Granite folders (``zoo.gpt.formats.llama_variants``) against transformers: tiny random models it
+saved itself, with their switches set away from Llama's (NoPE layers at two intervals and a list, post-norms with GQA,
 multipliers that are not 1), load with transformers' logits over the whole context and its greedy continuation, export
 back to a folder of the same model type with the same logits, and what the zoo cannot hold is refused in one line.
 """
@@ -15,7 +15,7 @@ from test_gpt_pretrained import _llama_like, _perturb, write_tokenizer
 
 from zoo.errors import InputError
 from zoo.gpt import from_pretrained
-from zoo.gpt.llama import export_hf
+from zoo.gpt.formats.llama import export_hf
 
 transformers = pytest.importorskip("transformers")
 
@@ -138,7 +138,7 @@ def test_every_field_of_transformers_config_classes_is_read_with_its_defaults():
 def test_changing_any_source_tensor_changes_the_output(tmp_path):
     """OLMo 2's norms each in turn: its post-norms and whole-width q/k norms are all used (SmolLM3's and Granite's
     tensors are Llama's, which test_gpt_pretrained perturbs)."""
-    from zoo.gpt.hf import pretrained_gpt
+    from zoo.gpt.formats.hf import pretrained_gpt
     from zoo.gpt.pretrained import net_kwargs, read_folder
 
     write_variant(tmp_path, "olmo2")
@@ -178,7 +178,7 @@ def test_what_the_zoo_cannot_hold_is_refused_in_one_line(tmp_path, arch, change,
 def test_a_folder_into_a_net_built_without_its_switches_is_refused(tmp_path):
     """Granite's weights are Llama's names: loaded into a Llama net they would fit and compute another function."""
     from zoo.gpt import GPT
-    from zoo.gpt.hf import load_pretrained
+    from zoo.gpt.formats.hf import load_pretrained
     from zoo.gpt.pretrained import net_kwargs, read_folder
 
     write_variant(tmp_path, "granite")

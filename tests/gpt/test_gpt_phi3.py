@@ -1,4 +1,4 @@
-"""Phi-3 and Phi-4-mini folders (``model_type: phi3``, ``zoo.gpt.phi3``) against transformers' own
+"""Phi-3 and Phi-4-mini folders (``model_type: phi3``, ``zoo.gpt.formats.phi3``) against transformers' own
 ``Phi3ForCausalLM``: tiny random models it saved itself, settings varied (full and partial RoPE, plain and LongRoPE
 with sequences on both sides of the original context, GQA, tied and untied heads), load with transformers' logits,
 decode greedily as its ``generate`` does (the LongRoPE switch inside a decoding included), export back to folders it
@@ -122,7 +122,7 @@ def test_text_generation_is_transformers_greedy_continuation(pair):
 
 
 def test_an_imported_phi3_exports_back_with_the_same_logits(pair, tmp_path):
-    from zoo.gpt.phi3 import export_phi3
+    from zoo.gpt.formats.phi3 import export_phi3
 
     model, module, _ = pair
     export_phi3(module.net, tmp_path / "out")
@@ -136,7 +136,7 @@ def test_an_imported_phi3_exports_back_with_the_same_logits(pair, tmp_path):
 
 
 def test_a_full_rope_phi3_exports_as_llama_and_a_partial_one_is_refused_there(tmp_path):
-    from zoo.gpt.llama import export_hf
+    from zoo.gpt.formats.llama import export_hf
 
     model = write_phi3(tmp_path / "phi3", "phi3")
     export_hf(from_pretrained(tmp_path / "phi3").net, tmp_path / "llama")
@@ -151,7 +151,7 @@ def test_a_full_rope_phi3_exports_as_llama_and_a_partial_one_is_refused_there(tm
 
 
 def test_changing_any_source_tensor_changes_the_output(tmp_path):
-    from zoo.gpt.hf import pretrained_gpt
+    from zoo.gpt.formats.hf import pretrained_gpt
     from zoo.gpt.pretrained import net_kwargs, read_folder
 
     write_phi3(tmp_path, "phi3")
@@ -169,7 +169,7 @@ def test_changing_any_source_tensor_changes_the_output(tmp_path):
 def test_a_phi3_mini_4k_window_loads_as_transformers_masks_it_and_exports_back(tmp_path):
     """Phi-3-mini-4k states sliding_window 2047 of a 4096 context, which transformers' Phi-3 applies in every layer:
     here 7 of 64, over 40 tokens (most keys out of every window); the export states it again."""
-    from zoo.gpt.phi3 import export_phi3
+    from zoo.gpt.formats.phi3 import export_phi3
 
     vocab = write_tokenizer(tmp_path / "in", "llama3")
     torch.manual_seed(0)
@@ -306,7 +306,7 @@ def test_a_draft_whose_request_crosses_the_longrope_switch_is_refused(pair):
 
 def test_the_default_export_format_is_the_one_the_model_started_from(tmp_path):
     from zoo.gpt import GPT, CausalLMModule
-    from zoo.gpt.export import default_format
+    from zoo.gpt.formats.export import default_format
     from zoo.gpt.pretrained import net_kwargs, read_folder
 
     write_phi3(tmp_path / "phi3", "phi3")  # full RoPE, no LongRoPE: a Llama could hold it too
@@ -320,7 +320,7 @@ def test_the_default_export_format_is_the_one_the_model_started_from(tmp_path):
 
 def test_a_net_a_phi3_cannot_hold_is_refused_naming_the_format_that_can(tmp_path):
     from zoo.gpt import GPT, RMSNorm, SwiGLU
-    from zoo.gpt.phi3 import export_phi3
+    from zoo.gpt.formats.phi3 import export_phi3
 
     tiny = dict(vocab_size=10, block_size=8, n_layer=1, n_embd=16, n_head=2)
     with pytest.raises(InputError, match="--format gpt2"):

@@ -452,7 +452,7 @@ def test_init_weights_of_the_same_folder_loads_the_same_net(tmp_path):
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama3.2-tied-rope-scaling"])
 def test_an_imported_net_exports_back_to_transformers_with_the_same_logits(tmp_path, arch):
-    from zoo.gpt.llama import export_hf
+    from zoo.gpt.formats.llama import export_hf
 
     model = write_model(tmp_path / "in", arch)
     net = from_pretrained(tmp_path / "in").net

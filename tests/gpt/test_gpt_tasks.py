@@ -149,7 +149,7 @@ def test_answers_are_extracted_by_the_stated_rule():
 
 
 def test_an_answer_rule_that_backtracks_without_end_is_stopped_at_its_deadline(monkeypatch):
-    from zoo.gpt.rewards import ExactMatch, score
+    from zoo.gpt.tune.rewards import ExactMatch, score
 
     monkeypatch.setattr(T, "RULE_SECONDS", 0.05)
     slow = "a" * 22 + "b"  # (a+)+$ backtracks 2^22 times on it: ~1.5 s unbounded, a regex is code with a deadline

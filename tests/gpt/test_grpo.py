@@ -14,7 +14,7 @@ from lightning.pytorch import Trainer, seed_everything
 from datamodules import PromptDataModule
 from zoo.errors import InputError
 from zoo.gpt import GPT, GRPOModule
-from zoo.gpt.rewards import ExactMatch, FormatCheck, NumericTolerance, Reward, StepReward, score
+from zoo.gpt.tune.rewards import ExactMatch, FormatCheck, NumericTolerance, Reward, StepReward, score
 from zoo.io.tokenizers import ByteTokenizer
 from zoo.train.optim import AdamWCosine
 
@@ -172,7 +172,7 @@ def test_beta_builds_a_frozen_reference_and_logs_the_kl(tmp_path):
 
 def test_with_lora_the_kl_reference_is_the_base_with_adapters_off_and_no_copy(tmp_path):
     pytest.importorskip("peft")
-    from zoo.gpt.rollout import per_token_logps
+    from zoo.gpt.tune.rollout import per_token_logps
 
     module, dm = _module(beta=0.1, lr=0.05, adapt={"lora": {"r": 4}}), _prompts(tmp_path)
     nets_before = {id(o) for o in gc.get_objects() if isinstance(o, GPT)}
@@ -217,7 +217,7 @@ class Marker(Reward):
         open(f"{folder}/{MARKER}", "w").close()
 
 
-@pytest.mark.parametrize("class_path", ["zoo.gpt.rewards.ExactMatch", f"{__name__}.Marker"])
+@pytest.mark.parametrize("class_path", ["zoo.gpt.tune.rewards.ExactMatch", f"{__name__}.Marker"])
 def test_a_checkpoint_naming_a_reward_builds_nothing_from_it(tmp_path, class_path):
     module = _module()
     assert "rewards" not in module.hparams  # never stored by the module itself
@@ -274,7 +274,7 @@ def test_the_generated_task_validates_on_held_out_sft_questions_and_never_on_tes
 def test_the_grpo_config_fits_through_the_cli_from_given_weights(tmp_path):
     from conftest import CONFIGS, fit_in_folder
 
-    from zoo.gpt.hf import save_safetensors
+    from zoo.gpt.formats.hf import save_safetensors
 
     tiny = dict(n_layer=1, n_embd=32, n_head=2, block_size=96)  # a file of the net alone: its settings given
     start = GPT(vocab_size=257, **tiny)  # GeLU's approximation: no weights
@@ -371,7 +371,7 @@ def test_grpo_on_chat_records_with_answer_replies_rewards_the_right_ones_and_val
     def greedy(net, prompts, *args, **kwargs):
         return [torch.tensor(list(r.encode()), dtype=torch.long) for r in replies[: len(prompts)]]
 
-    monkeypatch.setattr("zoo.gpt.grpo.generate", greedy)
+    monkeypatch.setattr("zoo.gpt.tune.grpo.generate", greedy)
     trainer = _trainer(tmp_path, 1, limit_val_batches=None)
     trainer.fit(module, dm)  # a training step reads answers by the data's rule too
     assert set(seen) == {ANSWER} and "train/tokens_per_s" in trainer.progress_bar_metrics
@@ -423,7 +423,7 @@ def test_an_answer_pattern_with_a_colon_on_the_command_line_is_a_string(tmp_path
             "--data.init_args.generate=null",
             f"--data.init_args.path={path}",
             r"--data.init_args.answer_pattern=Answer: (\d+)",
-            "--model.init_args.rewards=[{class_path: zoo.gpt.rewards.FormatCheck, init_args: {pattern: 'A: b'}}]",
+            "--model.init_args.rewards=[{class_path: zoo.gpt.tune.rewards.FormatCheck, init_args: {pattern: 'A: b'}}]",
             "--model.init_args.net.init_args.n_layer=1",  # a deeper flag still reads its own type
             "--trainer.logger=false",
         ],

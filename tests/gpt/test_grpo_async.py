@@ -1,5 +1,5 @@
 """GRPO's asynchronous rollouts: the actor pool's round trip, and the truncated importance weight that corrects
-the actors' stale weights (zoo.gpt.async_rollout, GRPOModule.importance_weights)."""
+the actors' stale weights (zoo.gpt.tune.async_rollout, GRPOModule.importance_weights)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 from test_grpo import _module, _prompts, _trainer
 
-from zoo.gpt.async_rollout import Behaviour
-from zoo.gpt.losses import grpo_objective
-from zoo.gpt.rollout import per_token_logps, sample_groups
+from zoo.gpt.tune.async_rollout import Behaviour
+from zoo.gpt.tune.losses import grpo_objective
+from zoo.gpt.tune.rollout import per_token_logps, sample_groups
 from zoo.train.actor_pool import ActorError
 from zoo.train.policy_gradient import truncated_importance_weights
 

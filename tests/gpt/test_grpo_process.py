@@ -10,9 +10,9 @@ import torch
 
 from zoo.errors import InputError
 from zoo.gpt import GPT, GRPOModule
-from zoo.gpt.losses import grpo_objective
-from zoo.gpt.rewards import ExactMatch, StepReward, WorkedLines, score_steps
-from zoo.gpt.rollout import Rollout, place_steps
+from zoo.gpt.tune.losses import grpo_objective
+from zoo.gpt.tune.rewards import ExactMatch, StepReward, WorkedLines, score_steps
+from zoo.gpt.tune.rollout import Rollout, place_steps
 from zoo.io.tokenizers import ByteTokenizer
 from zoo.train.optim import AdamWCosine
 from zoo.train.policy_gradient import clipped_surrogate, group_advantages, process_advantages

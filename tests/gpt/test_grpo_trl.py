@@ -1,4 +1,4 @@
-"""GRPO's loss (zoo.gpt.losses.grpo_objective) equals TRL's ``GRPOTrainer._compute_loss`` on fixed tensors.
+"""GRPO's loss (zoo.gpt.tune.losses.grpo_objective) equals TRL's ``GRPOTrainer._compute_loss`` on fixed tensors.
 
 TRL's method is called unbound on a stand-in trainer holding only the settings it reads, with the model's per-token
 log-probabilities stubbed, so nothing is sampled or trained: the loss, its gradient and the logged clip ratios and
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from zoo.gpt.losses import grpo_objective
+from zoo.gpt.tune.losses import grpo_objective
 from zoo.train.policy_gradient import truncated_importance_weights
 
 pytestmark = pytest.mark.slow  # TRL is imported inside the tests, so that collecting this file costs nothing

@@ -13,8 +13,8 @@ from conftest import CONFIGS, cli
 
 from zoo.errors import InputError
 from zoo.gpt import GPT, CausalLMModule, MoE, RMSNorm
-from zoo.gpt.hf import export_gpt2
-from zoo.gpt.llama import export_hf
+from zoo.gpt.formats.hf import export_gpt2
+from zoo.gpt.formats.llama import export_hf
 from zoo.gpt.moe import balance_loss
 
 D, FW, E = 32, 16, 8

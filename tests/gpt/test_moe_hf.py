@@ -1,5 +1,5 @@
 """Mixture-of-experts nets against transformers: DeepSeek-V3 (MLA, sigmoid routing with groups, shared experts, dense
-first layers) and Mixtral (GQA, softmax top-k) folders imported through ``zoo.gpt.llama`` and compared with the
+first layers) and Mixtral (GQA, softmax top-k) folders imported through ``zoo.gpt.formats.llama`` and compared with the
 reference's full forward and cached greedy ``generate``; zoo MoE nets exported and loaded back by transformers and
 by the zoo; and the configs that do not map refused by name.
 
@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from zoo.errors import InputError
 from zoo.gpt import GPT, MHA, MLA, MoE, RMSNorm
-from zoo.gpt.llama import export_hf, load_hf, net_kwargs
+from zoo.gpt.formats.llama import export_hf, load_hf, net_kwargs
 
 transformers = pytest.importorskip("transformers")
 
@@ -241,7 +241,7 @@ def test_exported_moe_net_loads_in_transformers_and_back_unchanged(tmp_path, var
 def test_moe_configs_the_gpt_cannot_hold_are_refused_by_name(tmp_path):
     from safetensors.torch import save_file
 
-    from zoo.gpt.hf import load_pretrained
+    from zoo.gpt.formats.hf import load_pretrained
 
     base = dict(vocab_size=10, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2)
     with pytest.raises(InputError, match="shared_expert_gate"):

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from zoo.errors import InputError
 from zoo.gpt import GPT, MHA, MLA, CausalLMModule, RMSNorm, SwiGLU
+from zoo.gpt.formats.llama import export_hf, load_hf, load_hf_into
 from zoo.gpt.generate import LayerCache
-from zoo.gpt.llama import export_hf, load_hf, load_hf_into
 from zoo.gpt.losses import causal_lm_loss, mtp_loss
 
 V = 29

@@ -1,6 +1,6 @@
-"""LoRA adapters in PEFT's format (``zoo.gpt.peft_adapter``) against peft and transformers, on tiny GPT-2 and Llama
-models: a zoo adapter loads in PEFT onto the exported model with the zoo's logits, an adapter PEFT trained loads into
-the zoo with PEFT's, a fit starts from one, and what the zoo's LoRA cannot hold is refused in one line."""
+"""LoRA adapters in PEFT's format (``zoo.gpt.formats.peft_adapter``) against peft and transformers, on tiny GPT-2 and
+Llama models: a zoo adapter loads in PEFT onto the exported model with the zoo's logits, an adapter PEFT trained loads
+into the zoo with PEFT's, a fit starts from one, and what the zoo's LoRA cannot hold is refused in one line."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from safetensors.torch import load_file, save_file
 from zoo.adapt import Adaptation, LoRA, adapt
 from zoo.errors import InputError
 from zoo.gpt import GPT, MHA, MLA, CausalLMModule, RMSNorm, SwiGLU
-from zoo.gpt.hf import export_gpt2, load_gpt2
-from zoo.gpt.llama import export_hf, load_hf
-from zoo.gpt.peft_adapter import load_adapter, plain_layers, save_adapter
+from zoo.gpt.formats.hf import export_gpt2, load_gpt2
+from zoo.gpt.formats.llama import export_hf, load_hf
+from zoo.gpt.formats.peft_adapter import load_adapter, plain_layers, save_adapter
 from zoo.gpt.pretrained import recorded_module
 
 peft = pytest.importorskip("peft")

@@ -1,5 +1,5 @@
-"""Rollouts for GRPO (zoo.gpt.rollout): groups, masks through the stop token, and the sampling pass's log-probabilities
-equal to one forward pass's."""
+"""Rollouts for GRPO (zoo.gpt.tune.rollout): groups, masks through the stop token, and the sampling pass's
+log-probabilities equal to one forward pass's."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 from zoo.errors import InputError
 from zoo.gpt import GPT, generate
-from zoo.gpt.rollout import per_token_logps, sample_groups
+from zoo.gpt.tune.rollout import per_token_logps, sample_groups
 
 V, STOP = 50, (3, 7, 11)
 

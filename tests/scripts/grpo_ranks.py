@@ -18,7 +18,7 @@ from lightning.pytorch import Trainer, seed_everything
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from datamodules import PromptDataModule
 from zoo.gpt import GPT, GRPOModule, grpo
-from zoo.gpt.rewards import Reward
+from zoo.gpt.tune.rewards import Reward
 from zoo.train.optim import AdamWCosine
 
 G, BATCHES, PROMPTS, ITERATIONS = 4, 3, 2, 2  # minibatches of one prompt: PROMPTS * ITERATIONS steps per batch

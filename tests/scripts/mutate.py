@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 A, S, G = "zoo/gpt/attention.py", "zoo/gpt/generate.py", "zoo/gpt/gpt.py"
-GEM, LL = "zoo/gpt/gemma.py", "zoo/gpt/llama.py"
+GEM, LL = "zoo/gpt/formats/gemma.py", "zoo/gpt/formats/llama.py"
 MLP, NRM, MOE = "zoo/gpt/mlp.py", "zoo/gpt/norms.py", "zoo/gpt/moe.py"
 SP, MET = "zoo/gpt/speculative.py", "zoo/io/meta_load.py"
 MTP, LOSS = "zoo/gpt/mtp.py", "zoo/gpt/losses.py"
@@ -43,7 +43,7 @@ CL, CC, CMT = "zoo/clip/losses.py", "zoo/clip/clip.py", "zoo/clip/metrics.py"
 CPT, NI, CMO = "zoo/clip/pretrained.py", "zoo/io/new_inputs.py", "zoo/clip/module.py"
 SGL, CTW, STK = "zoo/clip/siglip.py", "zoo/clip/towers.py", "zoo/io/siglip_tokenizer.py"
 TR, CK = "zoo/io/trust.py", "zoo/io/checkpoint.py"
-DTY, HF, BUD = "zoo/io/dtypes.py", "zoo/gpt/hf.py", "zoo/io/budget.py"
+DTY, HF, BUD = "zoo/io/dtypes.py", "zoo/gpt/formats/hf.py", "zoo/io/budget.py"
 BL, TW = "zoo/io/build.py", "zoo/io/tripwire.py"
 RG, SC = "zoo/tracking/models.py", "zoo/app/stored_config.py"
 AD, LC, RC = "zoo/adapt/lora.py", "zoo/rl/lifecycle.py", "zoo/rl/common.py"
@@ -68,19 +68,20 @@ DTX, DTC, DCP, DDF = (
 DTS, DGY, DSH = "datamodules/tensor_dataset.py", "datamodules/gym.py", "datamodules/shapes.py"
 FI, CV, EX = "zoo/io/files.py", "zoo/diffusion/convert.py", "zoo/rl/export.py"
 DCF, SCF = "zoo/diffusion/diffusers_config.py", "zoo/diffusion/scheduler_config.py"
-PA, GPR, GEX = "zoo/gpt/peft_adapter.py", "zoo/gpt/pretrained.py", "zoo/gpt/export.py"
-PHI = "zoo/gpt/phi3.py"
-PG, RO = "zoo/train/policy_gradient.py", "zoo/gpt/rollout.py"
-ASR, APL = "zoo/gpt/async_rollout.py", "zoo/train/actor_pool.py"
-GR, RW = "zoo/gpt/grpo.py", "zoo/gpt/rewards.py"
+PA, GPR, GEX = "zoo/gpt/formats/peft_adapter.py", "zoo/gpt/pretrained.py", "zoo/gpt/formats/export.py"
+PHI = "zoo/gpt/formats/phi3.py"
+PG, RO = "zoo/train/policy_gradient.py", "zoo/gpt/tune/rollout.py"
+ASR, APL = "zoo/gpt/tune/async_rollout.py", "zoo/train/actor_pool.py"
+GR, RW = "zoo/gpt/tune/grpo.py", "zoo/gpt/tune/rewards.py"
 CTT, DCH = "zoo/io/chat_template.py", "datamodules/chat.py"
-DPO, DPR, REF = "zoo/gpt/dpo.py", "datamodules/preference.py", "zoo/gpt/reference.py"
+DPO, DPR, REF = "zoo/gpt/tune/dpo.py", "datamodules/preference.py", "zoo/gpt/tune/reference.py"
+TUNE_LOSS = "zoo/gpt/tune/losses.py"
 AR, GM = "datamodules/arithmetic.py", "zoo/gpt/module.py"
 SPT, HFT = "zoo/io/sp_tokenizer.py", "zoo/io/hf_tokenizer.py"
 WI, WF, HK = "zoo/adapt/wise.py", "callbacks/wiseft.py", "zoo/app/hooks.py"
 GTK, DTK, LEV = "zoo/gpt/tasks.py", "datamodules/tasks.py", "zoo/gpt/lm_eval.py"
 GMN, TMN = "zoo/gpt/__main__.py", "zoo/tracking/__main__.py"
-LV = "zoo/gpt/llama_variants.py"
+LV = "zoo/gpt/formats/llama_variants.py"
 WD, PAT = "zoo/watchdog.py", "zoo/io/patterns.py"
 OPT, GN, ATT, WT, TOK = (
     "zoo/train/optim.py",
@@ -198,7 +199,7 @@ FAMILIES: dict[str, dict] = {
             ),
             ("zoo/gpt/losses.py", "ignore_index=IGNORE_INDEX)", "ignore_index=0)"),
             (
-                "zoo/gpt/llama.py",
+                "zoo/gpt/formats/llama.py",
                 "perm = torch.cat((torch.arange(0, dp, 2), torch.arange(1, dp, 2)))",
                 "perm = torch.arange(dp)",
             ),
@@ -227,7 +228,7 @@ FAMILIES: dict[str, dict] = {
                 'out["expert_bias"] = torch.zeros(e)',
             ),
             (MOE, 'routed_scaling_factor=config.get("routed_scaling_factor", 2.5),', "routed_scaling_factor=1.0,"),
-            ("zoo/gpt/llama.py", "first_k_dense=first_dense,", "first_k_dense=first_dense + 1,"),
+            ("zoo/gpt/formats/llama.py", "first_k_dense=first_dense,", "first_k_dense=first_dense + 1,"),
             (MOE, 'out[f"{pre}gate.e_score_correction_bias"] = sd["expert_bias"]', "pass"),
             # speculative decoding: acceptance rule, residual, cache rollback, bonus token, batch acceptance
             (SP, "n = (u * q_d < p_d)", "n = (u * p_d < q_d)"),
@@ -271,7 +272,7 @@ FAMILIES: dict[str, dict] = {
             (LOSS, "sum(present) / len(present)", "sum(present)"),
             (G, "mtp_logits = self._mtp_logits(h, idx, aux_terms)", "mtp_logits = self._mtp_logits(x, idx, aux_terms)"),
             # pretrained folders (issue 39): Qwen2's biases, Qwen3's norms, Llama 3's RoPE, leftovers, the EOS
-            ("zoo/gpt/llama.py", '        attn["qkv_bias"] = True\n', "        pass\n"),
+            ("zoo/gpt/formats/llama.py", '        attn["qkv_bias"] = True\n', "        pass\n"),
             (A, "q, k = self.q_norm(q), self.k_norm(k)", "q, k = self.q_norm(q), k"),
             (A, "torch.where(short, inv_freq, blended)", "torch.where(short, inv_freq / self.factor, blended)"),
             ("zoo/io/weights.py", "if k not in used and not k.endswith(derived)", "if False"),
@@ -303,8 +304,8 @@ FAMILIES: dict[str, dict] = {
             (S, "hit_eos = ~done & torch.isin(nxt, stop)", "hit_eos = ~done & torch.isin(nxt, stop[:1])"),
             (SP, "hits = torch.isin(new, self.stop) & ", "hits = torch.isin(new, self.stop[:1]) & "),
             # a pretrained load built on the meta device (issue 39): never two copies, nothing left empty or shared
-            ("zoo/gpt/hf.py", 'with torch.device("meta"):', 'with torch.device("cpu"):'),
-            ("zoo/gpt/hf.py", "    net.init_buffers()  #", "    pass  #"),
+            ("zoo/gpt/formats/hf.py", 'with torch.device("meta"):', 'with torch.device("cpu"):'),
+            ("zoo/gpt/formats/hf.py", "    net.init_buffers()  #", "    pass  #"),
             (G, 'if module is not self and hasattr(module, "init_buffers"):', "if False:"),
             # issue 53: dtype (auto as transformers 5 resolves it, read without a float32 detour, init_dtype's rule)
             (DTY, 'value = config.get("dtype") or config.get("torch_dtype")', 'value = config.get("dtype")'),
@@ -334,7 +335,7 @@ FAMILIES: dict[str, dict] = {
             (MET, "    out = value if mine else ", "    out = value if False else "),
             (MET, "            f.seek(start + begin)\n", "            f.seek(begin)\n"),
             (MOE, "            if w.shape != slot.shape:\n", "            if False:\n"),
-            # issue 53: Gemma 2/3 and sliding windows (zoo/gpt/gemma.py, the window in gpt.py)
+            # issue 53: Gemma 2/3 and sliding windows (zoo/gpt/formats/gemma.py, the window in gpt.py)
             (G, "near = slots - keys < self.sliding_window", "near = slots - keys <= self.sliding_window"),
             (G, "        if s <= self.sliding_window:\n", "        if t == 1 or s <= self.sliding_window:\n"),
             (G, "near & (keys <= slots if mask is None else mask)", "near & (keys <= slots)"),
@@ -1599,7 +1600,7 @@ FAMILIES: dict[str, dict] = {
             (AD, "                layer.get_base_layer().to(dtypes[0])", "                pass"),
         ],
     },
-    "peft": {  # LoRA adapters in and out in PEFT's format (zoo.gpt.peft_adapter)
+    "peft": {  # LoRA adapters in and out in PEFT's format (zoo.gpt.formats.peft_adapter)
         "tests": ["tests/gpt/test_peft_adapter.py"],
         "mutants": [
             (PA, "b[rows].contiguous()}", "b[: len(rows)].contiguous()}"),  # B's rows not split as the weight's
@@ -1617,10 +1618,10 @@ FAMILIES: dict[str, dict] = {
             (PA, "    if not same:\n", "    if False:\n"),  # a module's own LoRA taken whatever its rank
             (PA, '            hparams["adapt"] = dataclasses.asdict(settings)', "            pass"),
             ("zoo/gpt/module.py", "            load_adapter(self, readable(", "            (readable("),
-            ("zoo/gpt/export.py", "    if lora_layers(module.net):\n", "    if False:\n"),
+            ("zoo/gpt/formats/export.py", "    if lora_layers(module.net):\n", "    if False:\n"),
         ],
     },
-    "phi3": {  # Phi-3 / Phi-4-mini folders: fused projections, partial RoPE, LongRoPE, export back (zoo.gpt.phi3)
+    "phi3": {  # Phi-3 / Phi-4-mini folders: fused projections, partial RoPE, LongRoPE, export back (zoo.gpt.formats.phi3)
         "tests": ["tests/gpt/test_gpt_phi3.py"],
         "mutants": [
             (  # gate and up swapped on import
@@ -1682,13 +1683,17 @@ FAMILIES: dict[str, dict] = {
                 "        pass  # the characters joined",
             ),
             (
-                "zoo/gpt/export.py",
+                "zoo/gpt/formats/export.py",
                 'config["eos_token_id"] = stop[0] if len(stop) == 1 else stop',
                 'config["eos_token_id"] = stop[0]',
             ),
-            ("zoo/gpt/export.py", '"top_k": generation.top_k or 0', '"top_k": generation.top_k'),  # unset: 50
-            ("zoo/gpt/export.py", '"do_sample": generation.temperature > 0}', '"do_sample": False}'),
-            ("zoo/gpt/export.py", "    if merge and lora_layers(module.net):\n", "    if False:\n"),  # --merge ignored
+            ("zoo/gpt/formats/export.py", '"top_k": generation.top_k or 0', '"top_k": generation.top_k'),  # unset: 50
+            ("zoo/gpt/formats/export.py", '"do_sample": generation.temperature > 0}', '"do_sample": False}'),
+            (
+                "zoo/gpt/formats/export.py",
+                "    if merge and lora_layers(module.net):\n",
+                "    if False:\n",
+            ),  # --merge ignored
             ("zoo/io/chat_template.py", "{% else %}{{ '\\\\n' }}{% endif %}", "{% else %}\\n{% endif %}"),
             (GMN, "    except MissingBaseError:\n", "    except ImportError:\n"),  # another command's flag named
             (LEV, 'given = {"init_weights": init_weights} if init_weights else {}', "given = {}"),
@@ -1920,7 +1925,7 @@ FAMILIES: dict[str, dict] = {
             (DPO, '        if "task" in batch:  # task records (datamodules.tasks): scored', "        if False:  #"),
             (DPO, '    if "task" in batch:  # task records under test', "    if False:  #"),
             (
-                DPO,
+                TUNE_LOSS,
                 "chosen_logratios = policy_chosen_logps - ref_chosen_logps.detach()",
                 "chosen_logratios = policy_chosen_logps - ref_chosen_logps",
             ),
@@ -1934,16 +1939,16 @@ FAMILIES: dict[str, dict] = {
             (DPO, "        self._reference.save(checkpoint)\n", ""),  # the digest never stored
             # the loss: the margin's sign, label smoothing dropped, ties counted as right
             (
-                DPO,
+                TUNE_LOSS,
                 "margin = beta * (chosen_logratios - rejected_logratios)",
                 "margin = beta * (rejected_logratios - chosen_logratios)",
             ),
             (
-                DPO,
+                TUNE_LOSS,
                 "losses = -(1 - label_smoothing) * F.logsigmoid(margin) - label_smoothing * F.logsigmoid(-margin)",
                 "losses = -F.logsigmoid(margin)",
             ),
-            (DPO, "(chosen_rewards > rejected_rewards)", "(chosen_rewards >= rejected_rewards)"),
+            (TUNE_LOSS, "(chosen_rewards > rejected_rewards)", "(chosen_rewards >= rejected_rewards)"),
             # the pairs: prompt tokens in the log-probs, sides swapped, padding learned, records not checked
             (DPR, "start = rendered.turn_ends[asked - 1] if asked else 0", "start = 0"),
             (DPR, "learned = np.asarray(rendered.mask) & (np.arange(len(ids)) >= start)", "learned = ids >= 0"),
@@ -1990,7 +1995,7 @@ FAMILIES: dict[str, dict] = {
             ),
             (G, "return x + scaled(self.norm2(y), m), aux", "return self.norm2(x + scaled(y, m)), aux"),
             (
-                "zoo/gpt/llama.py",
+                "zoo/gpt/formats/llama.py",
                 '("norm2.weight", "post_feedforward_layernorm.weight"),',
                 '("norm2.weight", "post_attention_layernorm.weight"),',
             ),
@@ -2222,7 +2227,7 @@ FAMILIES: dict[str, dict] = {
                 "return Scores(as_tensor(outcome), as_tensor(total)",
                 "return Scores(as_tensor(total), as_tensor(total)",
             ),
-            (LOSS, "advantages = advantages[:, None] + token_advantages", "advantages = token_advantages"),
+            (TUNE_LOSS, "advantages = advantages[:, None] + token_advantages", "advantages = token_advantages"),
             # issue 51: a worked line whose first operand is negative read without its sign
             (RW, 'first = -int(terms[0][1]) if terms[0][0] == "-" else int(terms[0][1])', "first = int(terms[0][1])"),
         ],
@@ -2351,19 +2356,19 @@ FAMILIES: dict[str, dict] = {
             ),
             # Qwen3-MoE: the routing's normalisation, which layers hold experts, the balance term, the export
             (MOE, 'norm_topk_prob=config.get("norm_topk_prob", False),', "norm_topk_prob=True,"),
-            ("zoo/gpt/llama.py", "(experts > 0 and (i + 1) % step == 0)", "(experts > 0 and i % step == 0)"),
-            ("zoo/gpt/llama.py", "if i in only or not (experts", "if not (experts"),
+            ("zoo/gpt/formats/llama.py", "(experts > 0 and (i + 1) % step == 0)", "(experts > 0 and i % step == 0)"),
+            ("zoo/gpt/formats/llama.py", "if i in only or not (experts", "if not (experts"),
             (MOE, 'if config.get("output_router_logits", False) else 0.0', "if True else 0.0"),
-            ("zoo/gpt/llama.py", "        mlp_only_layers=dense,\n", "        mlp_only_layers=[],\n"),
+            ("zoo/gpt/formats/llama.py", "        mlp_only_layers=dense,\n", "        mlp_only_layers=[],\n"),
             # the auto_map rule: ignored alone beside a model_type both build, else refused; fp8 weights refused
             (FI, 'if named == ["auto_map"] and config.get("model_type") in native:', 'if "auto_map" in named:'),
             (FI, 'if named == ["auto_map"] and config.get("model_type") in native:', 'if named == ["auto_map"]:'),
             (GPR, 'read_config(folder / "config.json", MODEL_TYPES)', 'read_config(folder / "config.json")'),
-            ("zoo/gpt/llama.py", "    if q is not None:\n", "    if False:\n"),
+            ("zoo/gpt/formats/llama.py", "    if q is not None:\n", "    if False:\n"),
             # a YaRN net recorded by cli.py parses back (Llama3RoPE | YaRNRoPE); MHA exports with YaRN's mscale_all_dim
             (BL, "for alt in [a for a in alts if _holds_fields(a, value)] or alts:", "for alt in alts:"),
             (
-                "zoo/gpt/llama.py",
+                "zoo/gpt/formats/llama.py",
                 "if isinstance(attn, MLA) and attn.softmax_scale_factor",
                 "if attn.softmax_scale_factor",
             ),
@@ -2519,7 +2524,7 @@ FAMILIES: dict[str, dict] = {
                 'cls.from_json((path / "tokenizer.json" if path.is_dir() else path).read_text("utf-8"))',
             ),
             (
-                "zoo/gpt/hf.py",
+                "zoo/gpt/formats/hf.py",
                 'gpt2_net_kwargs(read_config(folder / "config.json"))',
                 'gpt2_net_kwargs(json.loads((folder / "config.json").read_text()))',
             ),
@@ -2584,7 +2589,7 @@ FAMILIES: dict[str, dict] = {
             (SV, '        budget.check(full, "the request\'s params")', "        pass"),
             (AP, "    build.check_net(theirs, path)\n", ""),
             ("zoo/app/sizes.py", "    if stored:  # the checkpoint's sizes", "    if False:  # the checkpoint's sizes"),
-            ("zoo/gpt/hf.py", "    budget.check_kwargs(GPT, kwargs, str(folder))\n", ""),
+            ("zoo/gpt/formats/hf.py", "    budget.check_kwargs(GPT, kwargs, str(folder))\n", ""),
         ],
     },
 }

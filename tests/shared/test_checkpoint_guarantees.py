@@ -138,7 +138,7 @@ def _importers(tmp_path: Path, marker: Path):
     from zoo.clip.hf import load_hf_clip_into
     from zoo.cnn import TorchvisionNet
     from zoo.diffusion.convert import load_dit_weights
-    from zoo.gpt.hf import load_pretrained
+    from zoo.gpt.formats.hf import load_pretrained
 
     def folder(name: str, weights: str, config: dict) -> Path:
         (tmp_path / name).mkdir()

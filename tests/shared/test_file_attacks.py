@@ -19,8 +19,8 @@ from conftest import ROOT
 
 from zoo.errors import InputError
 from zoo.gpt import GPT, RMSNorm, SwiGLU
-from zoo.gpt.hf import export_gpt2, load_gpt2, load_pretrained
-from zoo.gpt.llama import export_hf, load_hf
+from zoo.gpt.formats.hf import export_gpt2, load_gpt2, load_pretrained
+from zoo.gpt.formats.llama import export_hf, load_hf
 from zoo.io.files import MAX_JSON_BYTES, read_json
 
 # Code a folder may carry: importing it, or calling what it names, writes the marker beside it.

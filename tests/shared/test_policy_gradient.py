@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zoo.gpt.losses import grpo_objective
+from zoo.gpt.tune.losses import grpo_objective
 from zoo.rl.losses import normalize, ppo_loss
 from zoo.train.policy_gradient import clipped_surrogate, group_advantages
 

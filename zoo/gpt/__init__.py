@@ -2,15 +2,15 @@
 Face folders."""
 
 from zoo.gpt.attention import MHA, MLA
-from zoo.gpt.dpo import DPOModule
 from zoo.gpt.generate import Generation, generate
 from zoo.gpt.gpt import GPT
-from zoo.gpt.grpo import GRPOModule
 from zoo.gpt.mlp import GeluMLP, SwiGLU
 from zoo.gpt.module import CausalLMModule
 from zoo.gpt.moe import MoE
 from zoo.gpt.norms import LayerNorm, RMSNorm
 from zoo.gpt.pretrained import from_pretrained
+from zoo.gpt.tune.dpo import DPOModule
+from zoo.gpt.tune.grpo import GRPOModule
 
 __all__ = [
     "GPT",

@@ -144,8 +144,8 @@ class LongRoPE:
     """Phi-3's LongRoPE (``rope_type: longrope``; Ding et al. 2024, "LongRoPE"): each frequency divided by its own
     factor, ``short_factor``'s for a sequence of at most ``original_max_position_embeddings`` tokens and
     ``long_factor``'s for the whole of a longer one (transformers chooses per forward by its last position), cos and
-    sin scaled by ``attention_factor`` at every length (the ``zoo.gpt.phi3`` converter computes it as transformers
-    does: sqrt(1 + ln(factor) / ln(original)) unless stated).
+    sin scaled by ``attention_factor`` at every length (the ``zoo.gpt.formats.phi3`` converter computes it as
+    transformers does: sqrt(1 + ln(factor) / ln(original)) unless stated).
 
     Args:
         short_factor: one divisor per frequency (rotated channels / 2) up to the original context.

@@ -1,12 +1,10 @@
-"""The causal language-modelling objective, and GRPO's policy gradient on sampled completions."""
+"""The causal language-modelling objective: next-token cross-entropy, multi-token prediction, router terms."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-
-from zoo.train.policy_gradient import LossType, clipped_surrogate, group_advantages
 
 IGNORE_INDEX = -100  # targets at padding (and any position not to be learned) carry this
 
@@ -67,50 +65,3 @@ def causal_lm_objective(
         out["aux_loss"] = sum(aux_terms)
         out["loss"] = out["loss"] + out["aux_loss"]
     return out
-
-
-def grpo_objective(
-    logp: Tensor,
-    old_logp: Tensor,
-    rewards: Tensor,
-    completion_mask: Tensor,
-    group_size: int,
-    loss_type: LossType = "grpo",
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    scale_std: bool = True,
-    baseline: Tensor | None = None,
-    ref_logp: Tensor | None = None,
-    beta: float = 0.0,
-    max_completion_length: int | None = None,
-    is_weight: Tensor | None = None,
-    token_advantages: Tensor | None = None,
-) -> dict[str, Tensor]:
-    """GRPO's loss and metrics (``zoo.train.policy_gradient.clipped_surrogate``) on completion tokens (R, T).
-
-    ``rewards`` (R,) come in whole groups of ``group_size`` consecutive rows; each completion's advantage is its
-    reward against its group (``group_advantages``; ``scale_std`` False is Dr. GRPO), or, given a ``baseline``
-    (R,) such as a value estimate, reward - baseline (with groups of one, PPO's one-step advantage). ``is_weight``
-    (R, T): the truncated importance weights of asynchronous rollouts (``clipped_surrogate``).
-    ``token_advantages`` (R, T), process supervision's (``process_advantages``), add to each token's advantage.
-    """
-    if baseline is None:
-        advantages = group_advantages(rewards, group_size, scale_std)
-    else:
-        advantages = rewards - baseline
-    if token_advantages is not None:
-        advantages = advantages[:, None] + token_advantages
-    out = clipped_surrogate(
-        logp,
-        old_logp,
-        advantages,
-        clip_low,
-        clip_high,
-        completion_mask,
-        loss_type,
-        max_completion_length=max_completion_length,
-        ref_logp=ref_logp,
-        beta=beta,
-        is_weight=is_weight,
-    )
-    return {**out, "advantages": advantages.detach()}

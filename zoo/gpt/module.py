@@ -80,7 +80,7 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
             compile: run the net through ``torch.compile`` for training (weights and checkpoint keys unchanged).
             init_weights: weights to start from: a Hugging Face GPT-2, Llama or DeepSeek-V3 folder (config.json +
             weights,
-                see zoo.gpt.llama), a safetensors file of this net or a zoo MLflow model (models:/name/version,
+                see zoo.gpt.formats.llama), a safetensors file of this net or a zoo MLflow model (models:/name/version,
                 models:/name@alias, runs:/id/model); loaded weights-only, before any
                 checkpoint given by --ckpt_path is restored over them.
             generation: how predict continues the prompts (``zoo.gpt.generate.Generation``: max_new_tokens,
@@ -94,10 +94,10 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
             adapt: what a fine-tune trains (``zoo.adapt.Adaptation``): LoRA adapters on some layers
                 (``lora: {r: 8, alpha: 16}``) and the parameters named by ``trainable`` globs; None: every weight.
             adapter_weights: a PEFT LoRA adapter folder to start from (``adapter_config.json`` +
-                ``adapter_model.safetensors``, trained on the model ``init_weights`` names; ``zoo.gpt.peft_adapter``):
-                read when a fit starts (a resumed one too, before its checkpoint is restored over it), under
-                ``adapt.lora`` (set from the adapter when unset); a location, so a stored config drops it and its
-                checkpoints load without the folder.
+                ``adapter_model.safetensors``, trained on the model ``init_weights`` names;
+                ``zoo.gpt.formats.peft_adapter``): read when a fit starts (a resumed one too, before its checkpoint is
+                restored over it), under ``adapt.lora`` (set from the adapter when unset); a location, so a stored
+                config drops it and its checkpoints load without the folder.
             init_dtype: the dtype ``init_weights`` loads in, as ``zoo.gpt.from_pretrained``'s ``dtype`` (``auto``: the
                 folder's ``dtype``/``torch_dtype``, else its weights'). Under a trainer it must be the dtype
                 ``trainer.precision`` trains (``bf16-true``: bfloat16; ``32-true`` and the mixed ones: float32): with
@@ -125,7 +125,7 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
     def configure_model(self) -> None:
         adapt_module(self, self.hparams.adapt)  # after init_weights (setup), before sharding and compiling
         if self.hparams.adapter_weights and not self._adapter_loaded:  # a checkpoint restored later wins
-            from zoo.gpt.peft_adapter import load_adapter
+            from zoo.gpt.formats.peft_adapter import load_adapter
 
             load_adapter(self, readable(self.hparams.adapter_weights, "adapter_weights"))
             self._adapter_loaded = True
@@ -153,7 +153,7 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         vocab_size_for(self.net.vocab_size, tok.vocab_size)  # sized by whoever built the net; checked here
 
     def _load_base(self) -> None:
-        from zoo.gpt.hf import load_pretrained
+        from zoo.gpt.formats.hf import load_pretrained
 
         path = readable(self.hparams.init_weights)
         chosen = self.hparams.init_dtype

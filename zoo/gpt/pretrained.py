@@ -33,14 +33,14 @@ import torch
 
 from zoo.compat import given_hyperparameters_context
 from zoo.errors import InputError
-from zoo.gpt.checks import MODEL_TYPES
+from zoo.gpt.formats.checks import MODEL_TYPES
+from zoo.gpt.formats.hf import gpt2_net_kwargs, pretrained_gpt
+from zoo.gpt.formats.llama import net_kwargs as llama_net_kwargs
+from zoo.gpt.formats.phi3 import phi3_net_kwargs
 from zoo.gpt.generate import Generation
 from zoo.gpt.gpt import GPT
-from zoo.gpt.hf import gpt2_net_kwargs, pretrained_gpt
-from zoo.gpt.llama import net_kwargs as llama_net_kwargs
 from zoo.gpt.module import CausalLMModule
 from zoo.gpt.mtp import hf_mtp_depth
-from zoo.gpt.phi3 import phi3_net_kwargs
 from zoo.io import budget, dtypes, hf_tokenizer
 from zoo.io.dtypes import Dtype
 from zoo.io.files import read_config

@@ -5,7 +5,7 @@ line naming the file, the field, the value and the type expected.
 
 As transformers' config classes type them: an integer is a JSON integer (``true`` is not 1), a float any JSON number,
 a flag ``true`` or ``false`` (not 0 or 1). Fields the zoo never reads are not checked, nor PEFT's
-``adapter_config.json`` fields, which ``zoo.gpt.peft_adapter`` checks as LoRA settings.
+``adapter_config.json`` fields, which ``zoo.gpt.formats.peft_adapter`` checks as LoRA settings.
 """
 
 from __future__ import annotations

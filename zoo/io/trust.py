@@ -88,7 +88,7 @@ EXTERNAL_PARTS = frozenset(
 )
 # Parts without parameters, by their bases' paths (so that checking a class imports none of them).
 PART_BASES = frozenset(
-    {"zoo.diffusion.samplers.Sampler", "zoo.diffusion.objective.Objective", "zoo.gpt.rewards.Reward"}
+    {"zoo.diffusion.samplers.Sampler", "zoo.diffusion.objective.Objective", "zoo.gpt.tune.rewards.Reward"}
 )
 IMPORT_LIST_ARGS = ("wrappers",)  # init arguments whose entries are import paths called by their owner
 ENV_ID_ARGS = ("env_id",)  # init arguments that gymnasium.make resolves (``module:Env`` imports ``module``)

@@ -1,5 +1,5 @@
 """Actor processes that fill shared-memory slots with a slightly stale copy of the learner's net: the machinery
-IMPALA's actors (``zoo.rl.actors``) and GRPO's asynchronous rollouts (``zoo.gpt.async_rollout``) share.
+IMPALA's actors (``zoo.rl.actors``) and GRPO's asynchronous rollouts (``zoo.gpt.tune.async_rollout``) share.
 
 The layout is torchbeast's monobeast (Küttler et al. 2019, "TorchBeast"):
   - slots: K preallocated tensors per field in shared memory (``shared_slots``, from a spec of name -> (shape,

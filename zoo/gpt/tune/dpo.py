@@ -12,7 +12,7 @@ probability eps = ``label_smoothing``: L = (1 - eps) L(y_w, y_l) + eps L(y_l, y_
 it until TRL 1.x (its ``aot`` loss on one pair is the same formula). The logged names are TRL's: rewards/chosen,
 rewards/rejected (beta times the log-ratios), rewards/accuracies, rewards/margins, logps/chosen, logps/rejected.
 
-The reference is the starting weights, held once (``zoo.gpt.reference``: the base with its LoRA adapters off, or a
+The reference is the starting weights, held once (``zoo.gpt.tune.reference``: the base with its LoRA adapters off, or a
 frozen copy whose digest a resume checks).
 
 Notation: B pairs, T tokens, V vocabulary.
@@ -23,48 +23,15 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.callbacks import ThroughputMonitor
 from torch import Tensor, nn
 
 from zoo.errors import InputError
 from zoo.gpt.gpt import GPT
-from zoo.gpt.losses import IGNORE_INDEX
 from zoo.gpt.module import CausalLMModule
-from zoo.gpt.reference import Reference, refuse_adapter_start
+from zoo.gpt.tune.losses import dpo_loss, sequence_logps
+from zoo.gpt.tune.reference import Reference, refuse_adapter_start
 from zoo.train.logging import lightning_writes
-
-
-def sequence_logps(logits: Tensor, targets: Tensor) -> Tensor:
-    """log pi(y|x) per row: the targets' log-probabilities summed where they are not -100 (the reply's tokens)."""
-    flat = logits.flatten(0, 1).float()  # (B*T, V)
-    logp = -F.cross_entropy(flat, targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none")  # 0 where ignored
-    return logp.view(targets.shape).sum(-1)  # (B,)
-
-
-def dpo_loss(
-    policy_chosen_logps: Tensor,
-    policy_rejected_logps: Tensor,
-    ref_chosen_logps: Tensor,
-    ref_rejected_logps: Tensor,
-    beta: float = 0.1,
-    label_smoothing: float = 0.0,
-) -> dict[str, Tensor]:
-    """The sigmoid DPO loss (mean over pairs) with conservative label smoothing, and TRL's logged statistics."""
-    chosen_logratios = policy_chosen_logps - ref_chosen_logps.detach()  # (B,) log pi/pi_ref of y_w
-    rejected_logratios = policy_rejected_logps - ref_rejected_logps.detach()  # (B,) of y_l
-    margin = beta * (chosen_logratios - rejected_logratios)  # (B,) the implicit reward's margin
-    losses = -(1 - label_smoothing) * F.logsigmoid(margin) - label_smoothing * F.logsigmoid(-margin)  # (B,)
-    chosen_rewards, rejected_rewards = beta * chosen_logratios.detach(), beta * rejected_logratios.detach()
-    return {
-        "loss": losses.mean(),
-        "rewards/chosen": chosen_rewards.mean(),
-        "rewards/rejected": rejected_rewards.mean(),
-        "rewards/accuracies": (chosen_rewards > rejected_rewards).float().mean(),
-        "rewards/margins": (chosen_rewards - rejected_rewards).mean(),
-        "logps/chosen": policy_chosen_logps.detach().mean(),
-        "logps/rejected": policy_rejected_logps.detach().mean(),
-    }
 
 
 def _pairs(batch: dict) -> int:

@@ -15,12 +15,12 @@ import json
 from pathlib import Path
 
 from zoo.adapt import merge as merge_adapters
+from zoo.gpt.formats.hf import export_gpt2
+from zoo.gpt.formats.llama import export_hf
+from zoo.gpt.formats.peft_adapter import lora_layers, plain_layers, save_adapter
+from zoo.gpt.formats.phi3 import export_phi3
 from zoo.gpt.generate import Generation
-from zoo.gpt.hf import export_gpt2
-from zoo.gpt.llama import export_hf
 from zoo.gpt.module import CausalLMModule
-from zoo.gpt.peft_adapter import lora_layers, plain_layers, save_adapter
-from zoo.gpt.phi3 import export_phi3
 from zoo.io import hf_tokenizer
 from zoo.io.chat_template import template_source
 from zoo.io.files import read_config, replacing

@@ -37,10 +37,10 @@ from torch import Tensor, nn
 from zoo.adapt import Adaptation, LoRA, adapt, adapted
 from zoo.errors import InputError
 from zoo.gpt.attention import MLA
+from zoo.gpt.formats.hf import zoo_to_hf as gpt2_to_hf
+from zoo.gpt.formats.llama import zoo_to_hf as llama_to_hf
+from zoo.gpt.formats.phi3 import zoo_to_hf as phi3_to_hf
 from zoo.gpt.gpt import GPT
-from zoo.gpt.hf import zoo_to_hf as gpt2_to_hf
-from zoo.gpt.llama import zoo_to_hf as llama_to_hf
-from zoo.gpt.phi3 import zoo_to_hf as phi3_to_hf
 from zoo.io import budget
 from zoo.io.files import read_config, replacing
 from zoo.io.weights import load_file
@@ -108,7 +108,7 @@ def hf_parts(net: GPT, layout: str) -> dict[str, list[tuple[str, Tensor]]]:
 
 def _layout(net: GPT, format: str | None) -> str:
     layout = net.norm_f.hf_layout  # as the norm's class states its Hugging Face form: "gpt2" or "llama"
-    if format == "phi3" and layout == "llama":  # a Llama-shaped net with its projections fused (zoo.gpt.phi3)
+    if format == "phi3" and layout == "llama":  # a Llama-shaped net with its projections fused (zoo.gpt.formats.phi3)
         return format
     if format not in (None, layout) and (layout, format) != ("gemma", "llama"):  # Gemma exports as --format llama
         raise InputError(f"A GPT with a {layout}-style norm exports its adapter as --format {layout}, not {format}")

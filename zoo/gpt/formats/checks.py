@@ -1,5 +1,5 @@
-"""What the Hugging Face converters (``zoo.gpt.hf``, ``zoo.gpt.llama``) check alike: a tensor the config needs and
-the file lacks named in one line, and a tied head that the file does not tie."""
+"""What the Hugging Face converters (``zoo.gpt.formats.hf``, ``zoo.gpt.formats.llama``) check alike: a tensor the config
+needs and the file lacks named in one line, and a tied head that the file does not tie."""
 
 from __future__ import annotations
 

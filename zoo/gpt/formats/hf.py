@@ -19,7 +19,7 @@ from torch import Tensor
 
 from zoo.errors import InputError
 from zoo.gpt.attention import MHA
-from zoo.gpt.checks import MODEL_TYPES, check_tied_head, gemma_settings, missing_tensors_named
+from zoo.gpt.formats.checks import MODEL_TYPES, check_tied_head, gemma_settings, missing_tensors_named
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import GeluMLP
 from zoo.gpt.norms import LayerNorm
@@ -215,11 +215,11 @@ def load_pretrained(net: GPT, path: str | Path) -> GPT:
         config = path / "config.json"
         kind = read_config(config, MODEL_TYPES).get("model_type", "gpt2") if config.is_file() else "gpt2"
         if kind == "phi3":  # fused projections, in their own converter
-            from zoo.gpt.phi3 import load_phi3_into
+            from zoo.gpt.formats.phi3 import load_phi3_into
 
             return load_phi3_into(net, path)
         if kind != "gpt2":
-            from zoo.gpt.llama import load_hf_into  # Llama, Mixtral and DeepSeek-V3 layouts
+            from zoo.gpt.formats.llama import load_hf_into  # Llama, Mixtral and DeepSeek-V3 layouts
 
             return load_hf_into(net, path)
         return load_gpt2_into(net, path)

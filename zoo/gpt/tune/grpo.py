@@ -1,22 +1,22 @@
 """GRPO: a language model tuned by a policy gradient on its own sampled completions, scored by verifiable rewards.
 
 Group Relative Policy Optimization (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300, section 4.1) needs no value
-net: each prompt's G completions are scored (``zoo.gpt.rewards``) and each completion's advantage is its reward
+net: each prompt's G completions are scored (``zoo.gpt.tune.rewards``) and each completion's advantage is its reward
 against its group's mean (over the group's std unless ``scale_rewards`` is false: Dr. GRPO, Liu et al. 2025). One
 training step, as TRL's ``GRPOTrainer`` does it:
 
   1. sample G completions per prompt with the net's own KV-cache loop, in eval mode, no gradient, keeping each
-     token's log-probability under the distribution sampled from: the "old" policy (``zoo.gpt.rollout``);
+     token's log-probability under the distribution sampled from: the "old" policy (``zoo.gpt.tune.rollout``);
   2. score them: the weighted sum of the rewards, against the prompt's answer; a step reward (``StepReward``)
      scores each step instead, and its group-normalised step scores add to each token's advantage (process
      supervision, DeepSeekMath section 4.1.3: ``step_credit`` later or own);
   3. ``num_iterations`` passes over the rollouts in minibatches of whole groups: recompute the tokens'
-     log-probabilities with gradients, the clipped surrogate against the old ones (``zoo.gpt.losses.grpo_objective``,
-     shared with PPO), one optimizer step each;
+     log-probabilities with gradients, the clipped surrogate against the old ones
+     (``zoo.gpt.tune.losses.grpo_objective``, shared with PPO), one optimizer step each;
   4. with ``beta`` > 0, a k3 KL term to the starting weights (off by default, as in TRL since 0.19): with LoRA
-     adapters as all that trains, the net with its adapters off, else a frozen copy (``zoo.gpt.reference``, DPO's).
+     adapters as all that trains, the net with its adapters off, else a frozen copy (``zoo.gpt.tune.reference``, DPO's).
 
-With ``async_actors`` > 0 the rollouts of step 1 come from actor processes instead (``zoo.gpt.async_rollout``), as
+With ``async_actors`` > 0 the rollouts of step 1 come from actor processes instead (``zoo.gpt.tune.async_rollout``), as
 IMPALA's do: they sample with weights up to a few updates old while the learner updates, so the clipped
 surrogate's "old" policy is the learner's weights at the start of the update (recomputed, no gradient) and each
 token's loss is weighted by min(rho_bar, pi_old / mu), mu the actor's sampling policy (V-trace's truncated
@@ -27,7 +27,7 @@ Answers are read by the data's answer rule (``answer_pattern`` in each batch, ``
 ``zoo.gpt.tasks.correct``), by the rewards and by the accuracies alike. Validation scores the greedy reply of each
 held-out prompt: ``val/accuracy`` (exact match of the final answer) and ``val/reward``; a few (prompt, completion,
 answer, reward) rows are kept in ``completion_samples`` for a callback. The reward functions come from the user's
-config only: never from a checkpoint (``zoo.gpt.rewards``). Training logs reward, accuracy and sampled tokens per
+config only: never from a checkpoint (``zoo.gpt.tune.rewards``). Training logs reward, accuracy and sampled tokens per
 second on the progress bar (``callbacks.ProgressBar``, a default callback).
 
 Notation: B prompts, G completions per prompt, R = B * G rows, T = max_new_tokens.
@@ -44,15 +44,15 @@ import torch
 from torch import Tensor, nn
 
 from zoo.errors import InputError
-from zoo.gpt.async_rollout import AsyncRollouts, Behaviour, Sampling
 from zoo.gpt.generate import evaluating, generate
 from zoo.gpt.gpt import GPT
-from zoo.gpt.losses import grpo_objective
 from zoo.gpt.module import CausalLMModule
-from zoo.gpt.reference import Reference, refuse_adapter_start
-from zoo.gpt.rewards import OnError, Reward, StepReward, score, score_steps
-from zoo.gpt.rollout import Rollout, per_token_logps, place_steps, sample_groups
 from zoo.gpt.tasks import correct
+from zoo.gpt.tune.async_rollout import AsyncRollouts, Behaviour, Sampling
+from zoo.gpt.tune.losses import grpo_objective
+from zoo.gpt.tune.reference import Reference, refuse_adapter_start
+from zoo.gpt.tune.rewards import OnError, Reward, StepReward, score, score_steps
+from zoo.gpt.tune.rollout import Rollout, per_token_logps, place_steps, sample_groups
 from zoo.train.logging import lightning_writes
 from zoo.train.policy_gradient import (
     LossType,
@@ -108,7 +108,7 @@ class GRPOModule(CausalLMModule):
         """
         Args:
             net: the decoder (``zoo.gpt.GPT``), ids (B, T) -> logits (B, T, V).
-            rewards: reward functions (``zoo.gpt.rewards``: ExactMatch, FormatCheck, NumericTolerance, or a
+            rewards: reward functions (``zoo.gpt.tune.rewards``: ExactMatch, FormatCheck, NumericTolerance, or a
                 subclass of Reward of yours), summed with their weights; from your config only, never stored.
             group_size: G, completions sampled per prompt.
             max_new_tokens: the token budget of a completion (prompt + budget must fit the net's block_size).
@@ -199,7 +199,7 @@ class GRPOModule(CausalLMModule):
         if not self.rewards:
             raise InputError(
                 "GRPO needs reward functions: give model.init_args.rewards in your config (for example "
-                "[{class_path: zoo.gpt.rewards.ExactMatch}]); a checkpoint never brings them"
+                "[{class_path: zoo.gpt.tune.rewards.ExactMatch}]); a checkpoint never brings them"
             )
         h = self.hparams
         per_row = [a for a in answers for _ in range(len(texts) // len(answers))]

@@ -225,7 +225,7 @@ def hf_config(net: GPT, kind: tuple[str, str], llama: dict) -> dict:
     plain = kind == ("mha", "dense") and not net.mtp and qkv_bias == proj_bias
     if not plain or (variant != "olmo2" and hasattr(attn, "q_norm")) or (variant == "olmo2" and proj_bias):
         raise InputError(
-            f"A {variant} net (zoo.gpt.llama_variants) exports with Llama's dense attention (MHA, one bias switch"
+            f"A {variant} net exports with Llama's dense attention (MHA, one bias switch"
             f"{'' if variant == 'olmo2' else ', no q/k norms'}{', no biases' if variant == 'olmo2' else ''}, no MTP) "
             "and SwiGLU MLPs only"
         )

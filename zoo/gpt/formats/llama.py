@@ -46,9 +46,9 @@ import torch
 from torch import Tensor
 
 from zoo.errors import InputError
-from zoo.gpt import gemma, llama_variants
 from zoo.gpt.attention import MHA, MLA, Llama3RoPE, YaRNRoPE
-from zoo.gpt.checks import MODEL_TYPES, check_tied_head, gemma_settings, missing_tensors_named
+from zoo.gpt.formats import gemma, llama_variants
+from zoo.gpt.formats.checks import MODEL_TYPES, check_tied_head, gemma_settings, missing_tensors_named
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import SwiGLU
 from zoo.gpt.moe import MoE

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo.gpt.gpt import GPT
-from zoo.gpt.rollout import Rollout, sample_groups
+from zoo.gpt.tune.rollout import Rollout, sample_groups
 from zoo.train import actor_pool
 
 

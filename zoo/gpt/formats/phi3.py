@@ -36,9 +36,9 @@ from torch import Tensor
 
 from zoo.errors import InputError
 from zoo.gpt.attention import MHA, Llama3RoPE, LongRoPE
-from zoo.gpt.checks import check_tied_head, missing_tensors_named
+from zoo.gpt.formats.checks import check_tied_head, missing_tensors_named
+from zoo.gpt.formats.llama import _NORM_KEYS, _read_folder, write_folder
 from zoo.gpt.gpt import GPT
-from zoo.gpt.llama import _NORM_KEYS, _read_folder, write_folder
 from zoo.gpt.mlp import SwiGLU
 from zoo.gpt.norms import RMSNorm
 from zoo.io.meta_load import assign_weights, on_meta
@@ -241,7 +241,7 @@ def hf_config(net: GPT) -> dict:
         partial_rotary_factor=fraction,
         sliding_window=net.sliding_window if "sliding_attention" in net.layer_types else None,
         bos_token_id=None,  # Phi3Config's defaults are Phi-3's ids (pad 32000), past a smaller vocabulary's end;
-        eos_token_id=None,  # generation_config.json states the tokenizer's (zoo.gpt.export)
+        eos_token_id=None,  # generation_config.json states the tokenizer's (zoo.gpt.formats.export)
         pad_token_id=None,
         resid_pdrop=0.0,
         embd_pdrop=0.0,
