@@ -20,28 +20,63 @@ APPLICATION = ("callbacks", "datamodules", "cli", "zoo.tracking", "zoo.app")
 DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")  # a whole string that reads as a module or class path
 
 
-def references(source: str) -> list[tuple[int, str]]:
-    """``(line, dotted name)`` for every import in ``source`` (inside functions, by ``importlib`` too) and every string
-    that is a dotted path: a class path a caller would import is an import in disguise."""
+def absolute(name: str, here: str) -> str:
+    """``name`` as Python resolves it in a file of package ``here``: one leading dot is ``here``, each further dot
+    climbs one package (``..x`` in ``zoo.gpt.formats`` is ``zoo.gpt.x``)."""
+    level = len(name) - len(name.lstrip("."))
+    if not level:
+        return name
+    packages = here.split(".") if here else []
+    if level > len(packages):
+        raise ValueError(f"{name!r} climbs above {here!r}")
+    return ".".join([*packages[: len(packages) - level + 1], *([name[level:]] if name[level:] else [])])
+
+
+def imports(source: str, here: str) -> list[tuple[int, str, tuple[str, ...]]]:
+    """``(line, module, names taken from it)`` for every import of ``source``, a file of package ``here``, inside
+    functions too: ``import a.b`` is ``("a.b", ())``, ``from a import b, c`` is ``("a", ("b", "c"))``, a relative
+    import (``from ..a import b``, ``from . import b``) is resolved against ``here``, and ``importlib.import_module``
+    or ``__import__`` of a literal name is that module."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            names = [node.module or ""]
+            found += [(node.lineno, a.name, ()) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = absolute("." * node.level + (node.module or ""), here)
+            found.append((node.lineno, module, tuple(a.name for a in node.names)))
         elif (
             isinstance(node, ast.Call)
             and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("import_module", "__import__")
             and node.args
             and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
         ):
-            names = [str(node.args[0].value)]
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and DOTTED.fullmatch(node.value):
-            names = [node.value]
-        else:
-            continue
-        found += [(node.lineno, n) for n in names]
-    return sorted(set(found))
+            found.append((node.lineno, absolute(node.args[0].value, here), ()))
+    return found
+
+
+def dotted(source: str) -> list[tuple[int, str]]:
+    """``(line, string)`` for every string of ``source`` that is a whole dotted path (a class path, not a sentence)."""
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and DOTTED.fullmatch(node.value)
+    ]
+
+
+def named(source: str, here: str) -> list[tuple[int, str]]:
+    """``(line, dotted name)`` for every import of ``source`` (a file of package ``here``), by statement, relative or by
+    ``importlib``; ``from a import b`` names ``a.b``, so ``from zoo import app`` is seen as ``zoo.app``."""
+    found = []
+    for line, module, taken in imports(source, here):
+        found += [(line, f"{module}.{name}") for name in taken] or [(line, module)]
+    return found
+
+
+def references(source: str, here: str) -> list[tuple[int, str]]:
+    """``(line, dotted name)`` for every import in ``source`` (inside functions, relative, by ``importlib`` too) and
+    every string that is a dotted path: a class path a caller would import is an import in disguise."""
+    return sorted(set(named(source, here) + dotted(source)))
 
 
 def owner(name: str) -> str | None:
@@ -54,14 +89,20 @@ def owner(name: str) -> str | None:
     return None
 
 
-def reaches(source: str, package: str) -> list[str]:
-    """``line: name`` for each reference of ``source`` (a file of ``package``) into the application or another
-    family."""
+def reaches(source: str, package: str, here: str | None = None) -> list[str]:
+    """``line: name`` for each reference of ``source`` (a file of ``package``, lying in package ``here``, by default
+    ``package`` itself) into the application or another family."""
     return [
         f"{line}: {name}"
-        for line, name in references(source)
+        for line, name in references(source, here or package)
         if (to := owner(name)) not in (None, package, *SHARED) and (to == "application" or package in FAMILIES)
     ]
+
+
+def package_of(path) -> str:
+    """The package a file lies in, which its relative imports start from."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1])
 
 
 def files_of(package: str) -> list:
@@ -77,7 +118,7 @@ def graph() -> dict[str, dict[str, list[tuple[str, bool]]]]:
         for path in files_of(package):
             source = path.read_text("utf-8")
             imported = {n.lineno for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.Import, ast.ImportFrom))}
-            for line, name in references(source):
+            for line, name in references(source, package_of(path)):
                 if (to := owner(name)) not in (None, package):
                     ref = f"{path.relative_to(ROOT)}:{line} {name}"
                     edges[package].setdefault(to, []).append((ref, line in imported))
@@ -94,15 +135,37 @@ def test_the_checker_sees_imports_inside_functions_and_class_path_strings():
         "doc = 'names callbacks.LogTextSamples in a sentence'\n"
     )
     assert reaches(src, "zoo.gpt") == [
-        "3: callbacks",
+        "3: callbacks.X",
         "4: datamodules.text",
         "5: cli",
         "6: callbacks.LogTextSamples",
-        "7: zoo.tracking",
-        "8: zoo.cnn",
+        "7: zoo.tracking.local_weights",
+        "8: zoo.cnn.ClassifierModule",
     ]
     assert reaches("from zoo.io import tokenizers\nimport callbacks_extra\nx = 'zoo.gpt.GPT'\n", "zoo.gpt") == []
     assert reaches("x = 'zoo.gpt.GPT'\n", "zoo.io") == []  # a shared part may name the families' classes
+
+
+def test_the_checker_sees_relative_imports_importlib_and_names_taken_from_a_package():
+    """The ways round the statement ``import zoo.app`` a reader might miss: each is planted and each is seen."""
+    src = (
+        "from ...app import hooks\n"  # relative, from zoo/gpt/formats: zoo.app.hooks
+        "from ... import tracking\n"  # relative, naming the package: zoo.tracking
+        "from zoo import app\n"  # absolute, the package taken as a name: zoo.app
+        "def f():\n    importlib.import_module('zoo.cnn.module')\n"  # by importlib, inside a function
+        "    __import__('callbacks')\n"
+        "    importlib.import_module('...io.tokenizers', __package__)\n"  # relative by importlib: a shared part
+        "from .. import gpt\nfrom .hf import load\n"  # its own family
+    )
+    assert reaches(src, "zoo.gpt", here="zoo.gpt.formats") == [
+        "1: zoo.app.hooks",
+        "2: zoo.tracking",
+        "3: zoo.app",
+        "5: zoo.cnn.module",
+        "6: callbacks",
+    ]
+    with pytest.raises(ValueError, match="climbs above"):
+        imports("from .... import x\n", "zoo.gpt.formats")
 
 
 def test_no_family_or_shared_part_reaches_into_the_application_or_another_family():
@@ -110,7 +173,7 @@ def test_no_family_or_shared_part_reaches_into_the_application_or_another_family
         str(path.relative_to(ROOT)): hits
         for package in (*FAMILIES, *SHARED)
         for path in files_of(package)
-        if (hits := reaches(path.read_text("utf-8"), package))
+        if (hits := reaches(path.read_text("utf-8"), package, package_of(path)))
     }
     assert not bad, f"library code names the application or another family (pass it in from the application): {bad}"
 
@@ -205,15 +268,10 @@ def test_a_callback_the_config_lists_replaces_the_declared_default():
 WING = (("cli",), ("zoo.app",), ("callbacks", "datamodules"), ("zoo.tracking",))
 
 
-def imported(source: str) -> list[tuple[int, str]]:
-    """``(line, module)`` for every import statement of ``source``, inside functions too (not strings)."""
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            found.append((node.lineno, node.module or ""))
-    return found
+def imported(source: str, here: str) -> list[tuple[int, str]]:
+    """``(line, module)`` for every import of ``source`` (a file of package ``here``), inside functions, relative and by
+    ``importlib`` too (not strings)."""
+    return named(source, here)
 
 
 def floor_of(name: str) -> tuple[int, str] | None:
@@ -224,21 +282,37 @@ def floor_of(name: str) -> tuple[int, str] | None:
     return None
 
 
-def wing_breaches(source: str, package: str) -> list[str]:
-    """``line: name`` for each import of ``source`` (a file of ``package``) into a floor above it or a peer."""
+def wing_breaches(source: str, package: str, here: str | None = None) -> list[str]:
+    """``line: name`` for each import of ``source`` (a file of ``package``, lying in package ``here``, by default
+    ``package`` itself) into a floor above it or a peer."""
     floor = floor_of(package)[0]
     return [
         f"{line}: {name}"
-        for line, name in sorted(imported(source))
+        for line, name in sorted(imported(source, here or package))
         if (to := floor_of(name)) is not None and to[1] != package and to[0] <= floor
     ]
 
 
 def test_the_wing_checker_sees_imports_up_and_across():
     src = "def f():\n    from zoo.app.hooks import x\n    import datamodules\nfrom zoo.tracking import y\nimport cli\n"
-    assert wing_breaches(src, "callbacks") == ["2: zoo.app.hooks", "3: datamodules", "5: cli"]
+    assert wing_breaches(src, "callbacks") == ["2: zoo.app.hooks.x", "3: datamodules", "5: cli"]
     assert wing_breaches(src, "zoo.app") == ["5: cli"]
     assert wing_breaches("x = 'callbacks.LogTextSamples'\nimport zoo.tracking.runs\n", "zoo.tracking") == []
+    up = (
+        "from ..app import hooks\n"  # relative
+        "from .. import app\n"  # relative, the package as a name
+        "from zoo import app\n"  # absolute, the package as a name
+        "importlib.import_module('zoo.app.sizes')\n"  # by importlib
+        "__import__('cli')\n"
+        "from . import runs\n"  # its own floor
+    )
+    assert wing_breaches(up, "zoo.tracking") == [
+        "1: zoo.app.hooks",
+        "2: zoo.app",
+        "3: zoo.app",
+        "4: zoo.app.sizes",
+        "5: cli",
+    ]
 
 
 def test_the_application_wing_imports_one_way():
@@ -247,7 +321,7 @@ def test_the_application_wing_imports_one_way():
         for packages in WING
         for package in packages
         for path in files_of(package)
-        if (hits := wing_breaches(path.read_text("utf-8"), package))
+        if (hits := wing_breaches(path.read_text("utf-8"), package, package_of(path)))
     }
     assert not bad, f"the application wing imports upward or across (pass the value down instead): {bad}"
 
@@ -257,17 +331,14 @@ def module_name(path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def modules_imported(source: str, names) -> set[str]:
-    """The modules of ``names`` that ``source`` imports, inside functions too: ``from package import module`` is
-    that module; ``from package import name`` (or ``import package``) is the package's ``__init__``, which imports
-    its files."""
+def modules_imported(source: str, names, here: str = "") -> set[str]:
+    """The modules of ``names`` that ``source`` (a file of package ``here``) imports, inside functions, relative and by
+    ``importlib`` too: ``from package import module`` is that module; ``from package import name`` (or ``import
+    package``) is the package's ``__init__``, which imports its files."""
     found = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            subs = {f"{node.module}.{a.name}" for a in node.names} & set(names)
-            found |= subs if len(subs) == len(node.names) else {node.module, *subs}
+    for _, module, taken in imports(source, here):
+        subs = {f"{module}.{n}" for n in taken} & set(names)
+        found |= subs if taken and len(subs) == len(taken) else {module, *subs}
     return {m for m in found if m in names and not m.endswith("__main__")}
 
 
@@ -277,7 +348,7 @@ def test_no_two_files_import_each_other_round_a_circle():
     files = [p for packages in WING for package in packages for p in files_of(package)]
     files += [p for p in sorted((ROOT / "zoo").rglob("*.py")) if p not in files]
     names = {module_name(p): p for p in files}
-    edges = {name: modules_imported(path.read_text("utf-8"), names) - {name} for name, path in names.items()}
+    edges = {n: modules_imported(p.read_text("utf-8"), names, package_of(p)) - {n} for n, p in names.items()}
     state, circles = {}, []
 
     def visit(node: str, path: list[str]) -> None:
@@ -293,3 +364,96 @@ def test_no_two_files_import_each_other_round_a_circle():
         if name not in state:
             visit(name, [name])
     assert not circles, f"files that import each other round a circle: {circles}"
+
+
+# zoo/gpt in three rooms (issue 54): the model (zoo/gpt/*.py), what comes from outside (zoo/gpt/formats: it loads
+# into and exports the model, so the model's loaders may call it) and post-training (zoo/gpt/tune: built on both).
+# Neither the model nor the formats imports tune: a converter has no business with an objective, and a new method
+# lands in tune without touching them. The facade (zoo/gpt/__init__.py and __main__.py) gathers the rooms for users;
+# no room imports it (it imports tune).
+ROOMS = {"model": {"model", "formats"}, "formats": {"model", "formats"}, "tune": {"model", "formats", "tune"}}
+FACADE = ("zoo.gpt", "zoo.gpt.__main__")
+
+
+def room_of(module: str) -> str | None:
+    if module in FACADE:
+        return "facade"
+    for room in ("tune", "formats"):
+        if module == f"zoo.gpt.{room}" or module.startswith(f"zoo.gpt.{room}."):
+            return room
+    return "model" if module.startswith("zoo.gpt.") else None
+
+
+def facade_exports() -> dict[str, str]:
+    """name -> the module ``zoo/gpt/__init__.py`` takes it from (``DPOModule`` -> ``zoo.gpt.tune.dpo``)."""
+    tree = ast.parse((ROOT / "zoo/gpt/__init__.py").read_text("utf-8"))
+    return {a.asname or a.name: n.module for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+
+
+def gpt_module_of(name: str, modules, exports) -> str | None:
+    """The module of zoo.gpt that the dotted ``name`` lies in (its longest prefix among ``modules``); a name taken
+    from the facade (``zoo.gpt.DPOModule``) lies where the facade takes it from."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:i])
+        if prefix in modules:
+            return exports.get(parts[i], prefix) if prefix == "zoo.gpt" and i < len(parts) else prefix
+    return None
+
+
+def room_breaches(source: str, module: str, modules, exports) -> list[str]:
+    """``line: name (room)`` for each import of ``source`` (the file of ``module``), relative and by ``importlib``
+    too, and each class-path string, into a room of zoo.gpt that ``module``'s room may not reach."""
+    here = module if (ROOT / module.replace(".", "/")).is_dir() else module.rpartition(".")[0]
+    allowed = ROOMS[room_of(module)]
+    return [
+        f"{line}: {name} ({to})"
+        for line, name in sorted(set(named(source, here) + dotted(source)))
+        if (target := gpt_module_of(name, modules, exports)) and (to := room_of(target)) not in allowed
+    ]
+
+
+def gpt_modules() -> dict[str, object]:
+    return {module_name(p): p for p in files_of("zoo.gpt")}
+
+
+def test_the_room_checker_sees_tune_imported_every_way():
+    modules, exports = gpt_modules(), facade_exports()
+    planted = (
+        "import zoo.gpt.tune.grpo\n"  # absolute
+        "from zoo.gpt.tune.rewards import ExactMatch\n"
+        "from zoo.gpt import tune\n"  # the room taken as a name
+        "from zoo.gpt import DPOModule\n"  # through the facade
+        "import zoo.gpt\n"  # the facade itself
+        "def f():\n    from .tune import dpo\n"  # relative, inside a function
+        "    from . import tune\n"
+        "    importlib.import_module('zoo.gpt.tune.rollout')\n"  # by importlib
+        "    __import__('zoo.gpt.tune')\n"
+        "    importlib.import_module('.tune.losses', __package__)\n"
+        "REWARD = 'zoo.gpt.tune.rewards.ExactMatch'\n"  # a class path: an import in disguise
+    )
+    hits = room_breaches(planted, "zoo.gpt.gpt", modules, exports)
+    assert [h.split(":")[0] for h in hits] == [str(n) for n in (1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12)], hits
+    assert hits[3] == "4: zoo.gpt.DPOModule (tune)" and hits[4] == "5: zoo.gpt (facade)"
+    formats = "from ..tune import losses\nfrom ...gpt.tune import grpo\nimportlib.import_module('zoo.gpt.tune')\n"
+    assert len(room_breaches(formats, "zoo.gpt.formats.hf", modules, exports)) == 3  # formats never import tune
+    assert len(room_breaches(formats, "zoo.gpt.formats", modules, exports)) == 3  # nor does its __init__
+    fine = (
+        "from zoo.gpt.gpt import GPT\nfrom ..gpt import GPT\nfrom .hf import load\nfrom ..formats import llama\n"
+        "from zoo.gpt import GPT\nnet = 'zoo.gpt.GPT'\nimport torch\nfrom zoo.io import tokenizers\n"
+    )
+    assert room_breaches(fine, "zoo.gpt.formats.phi3", modules, exports) == []
+    assert room_breaches(fine.replace("from .hf", "from .formats.hf"), "zoo.gpt.module", modules, exports) == []
+    tune = "from ..formats.hf import load\nfrom ..module import CausalLMModule\nfrom .losses import dpo_loss\n"
+    assert room_breaches(tune, "zoo.gpt.tune.dpo", modules, exports) == []
+
+
+def test_the_gpt_model_and_formats_never_import_tune():
+    modules, exports = gpt_modules(), facade_exports()
+    assert {room_of(m) for m in modules} == {"model", "formats", "tune", "facade"}
+    bad = {
+        str(path.relative_to(ROOT)): hits
+        for module, path in modules.items()
+        if room_of(module) != "facade" and (hits := room_breaches(path.read_text("utf-8"), module, modules, exports))
+    }
+    assert not bad, f"zoo.gpt's rooms import the wrong way (the model and formats never import tune): {bad}"
