@@ -4,7 +4,7 @@ the synchronous form of OpenAI Baselines' ``a2c`` and SB3's ``A2C``) on gymnasiu
 One Lightning training step is one short rollout (``num_steps`` x N env steps, 5 x 8 by default) and one
 gradient step on all of it, with manual optimisation. The rollout collector, GAE (with ``gae_lambda`` 1 it
 is the n-step return), the running statistics, evaluation and checkpoints are the same as PPO's
-(``zoo.rl.collector``, ``zoo.rl.lifecycle``); what differs is the objective (``zoo.rl.losses.a2c_loss``: no
+(``zoo.rl.on_policy``, ``zoo.rl.lifecycle``); what differs is the objective (``zoo.rl.losses.a2c_loss``: no
 ratio, no clipping, one pass over fresh data) and the optimizer (RMSprop, as Baselines and SB3).
 
 Checkpoints carry the net, the running statistics, the env-step counter, the optimizer and the RNG states;
@@ -14,30 +14,20 @@ Notation: T steps per rollout, N envs.
 
 from __future__ import annotations
 
-import torch
 from lightning.pytorch import LightningModule
-from torch import Tensor
 
 from zoo.adapt import Adaptation
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
-from zoo.rl.collector import RolloutCollector
-from zoo.rl.common import (
-    Policy,
-    linear_annealing,
-    require_datamodule,
-    trained,
-)
-from zoo.rl.lifecycle import HeldLifecycle, Lifecycle
-from zoo.rl.losses import a2c_loss, explained_variance, gae, normalize
+from zoo.rl.common import linear_annealing, trained
+from zoo.rl.losses import a2c_loss, normalize
 from zoo.rl.nets import ActorCritic
-from zoo.rl.normalization import RunningMeanStd
+from zoo.rl.on_policy import OnPolicy
 from zoo.train.gradnorm import clip_grad_norm
-from zoo.train.logging import lightning_writes
 from zoo.train.optim import AdamOrRMSprop
 
 
-class A2CModule(HeldLifecycle, WeightsOnlyLoading, LightningModule):
+class A2CModule(OnPolicy, WeightsOnlyLoading, LightningModule):
     """A2C: n-step (or GAE) advantages, one RMSprop step per rollout, entropy bonus, gradient clipping."""
 
     def __init__(
@@ -96,44 +86,14 @@ class A2CModule(HeldLifecycle, WeightsOnlyLoading, LightningModule):
         super().__init__()
         save_hparams(self, "net")
         self.automatic_optimization = False  # an optimizer step per rollout, after the collector's forwards
-        self.net = net
-        self.obs_rms = RunningMeanStd(net.obs_shape or (net.obs_dim,), clip=clip_obs)
-        self.return_rms = RunningMeanStd((), clip=clip_reward)
-        self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))  # spent of the budget, every rank's
-        self.lifecycle = Lifecycle(total_env_steps, num_threads)
+        self.hold(net, total_env_steps, num_threads, clip_obs, clip_reward)
 
-    @torch.no_grad()
-    def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
-        """Actions for raw observations (B, O): the policy's mode, or a sample of it."""
-        x = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
-        return self.net.act(self.obs_rms.normalize(x) if self.hparams.norm_obs else x, deterministic)
-
-    def policy(self) -> Policy:
-        """The deterministic policy on raw observations, normaliser included (what ``zoo.rl.export`` traces)."""
-        return Policy(self.net, self.obs_rms if self.hparams.norm_obs else None)
-
-    # -- fit: the envs, then one short rollout and one gradient step per training step ---------------------------------
-
-    def on_train_start(self) -> None:
-        h, dm = self.hparams, require_datamodule(self)
-        if (seed := self.lifecycle.start(self, h.num_steps * dm.num_envs)) is not None:  # T x N env steps per rollout
-            self.lifecycle.collector = RolloutCollector(
-                dm.make_envs(),
-                h.num_steps,
-                self.device,
-                self.obs_rms if h.norm_obs else None,
-                self.return_rms if h.norm_reward else None,
-                h.gamma,
-                seed=seed,
-            )
+    # -- fit: one short rollout and one gradient step per training step (the envs: OnPolicy's) ------------------------
 
     def training_step(self, batch: int, batch_idx: int) -> None:
         """One short rollout of T x N env steps, its n-step (GAE) advantages, one gradient step on all of it."""
-        h, write = self.hparams, lightning_writes(self.trainer)
-        rollout = self.lifecycle.collector.collect(self.net)  # the running statistics take its observations, returns
-        advantages, returns = gae(
-            rollout.rewards, rollout.values, rollout.terminated, rollout.truncated, h.gamma, h.gae_lambda
-        )  # (T, N)
+        h = self.hparams
+        rollout, advantages, returns = self.collect()  # (T, N) advantages and returns
         keep = rollout.valid.flatten()  # autoreset steps are not transitions
         obs, actions = rollout.obs.flatten(0, 1)[keep], rollout.actions.flatten(0, 1)[keep]
         adv, ret = advantages.flatten()[keep], returns.flatten()[keep]
@@ -146,12 +106,7 @@ class A2CModule(HeldLifecycle, WeightsOnlyLoading, LightningModule):
         self.manual_backward(stats["loss"])
         stats |= clip_grad_norm(self.net.parameters(), h.max_grad_norm)  # grad/norm before clipping
         opt.step()
-
-        self.lifecycle.episodes.add(rollout.episode_returns, rollout.episode_lengths)
-        if write:
-            stats["explained_variance"] = explained_variance(rollout.values[:-1][rollout.valid], returns[rollout.valid])
-        self.lifecycle.end_step(self, rollout.env_steps, stats, write)
-        self.lr_schedulers().step()  # the rate for the next rollout's step (a function of the env steps spent)
+        self.end_rollout(rollout, returns, stats)
 
     def configure_optimizers(self):
         h = self.hparams

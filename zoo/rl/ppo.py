@@ -3,9 +3,9 @@
 One Lightning training step is one rollout plus every PPO epoch and minibatch on it, with manual
 optimisation: Lightning's per-step overhead (~0.4 ms) would otherwise be paid per minibatch, about as long
 as the minibatch update of a small MLP itself. The training loader only paces the steps (see
-``datamodules.gym``); the module opens a ``RolloutCollector`` over the DataModule's training envs and holds a
-``Lifecycle`` (``zoo.rl.lifecycle``: budget, RNG state, collector, evaluation, checkpoint state, thread count),
-called from its hooks.
+``datamodules.gym``); what A2C shares (the ``RolloutCollector`` over the DataModule's training envs, acting, GAE, the
+step's end: ``zoo.rl.on_policy``) and every agent holds (a ``Lifecycle``, ``zoo.rl.lifecycle``: budget, RNG state,
+collector, evaluation, checkpoint state, thread count) is mixed in; this file keeps PPO's settings and update.
 
 Checkpoints carry everything needed to act and to resume: the net, the running observation and return
 statistics (buffers), the environment-step counter (a buffer), the optimizer and the RNG states. A resumed
@@ -27,19 +27,17 @@ from torch import Tensor
 from zoo.adapt import Adaptation
 from zoo.io.checkpoint import WeightsOnlyLoading
 from zoo.io.hparams import save_hparams
-from zoo.rl.collector import Rollout, RolloutCollector
-from zoo.rl.common import Policy, linear_annealing, require_datamodule, world_size
+from zoo.rl.collector import Rollout
+from zoo.rl.common import linear_annealing, world_size
 from zoo.rl.distributed import sum_over_ranks
-from zoo.rl.lifecycle import HeldLifecycle, Lifecycle
-from zoo.rl.losses import explained_variance, gae, normalize, ppo_loss
+from zoo.rl.losses import normalize, ppo_loss
 from zoo.rl.nets import ActorCritic
-from zoo.rl.normalization import RunningMeanStd
+from zoo.rl.on_policy import OnPolicy
 from zoo.train.gradnorm import clip_grad_norm
-from zoo.train.logging import lightning_writes
 from zoo.train.optim import AdamOrRMSprop
 
 
-class PPOModule(HeldLifecycle, WeightsOnlyLoading, LightningModule):
+class PPOModule(OnPolicy, WeightsOnlyLoading, LightningModule):
     """PPO-clip with GAE, minibatch epochs, advantage normalisation, target-KL stop, LR annealing."""
 
     def __init__(
@@ -117,52 +115,17 @@ class PPOModule(HeldLifecycle, WeightsOnlyLoading, LightningModule):
         # One training step holds many optimizer steps (minibatches): Lightning's per-step overhead would otherwise
         # cost as much as a small MLP's update.
         self.automatic_optimization = False
-        self.net = net
-        self.obs_rms = RunningMeanStd(net.obs_shape or (net.obs_dim,), clip=clip_obs)
-        self.return_rms = RunningMeanStd((), clip=clip_reward)
-        self.register_buffer("env_steps", torch.zeros((), dtype=torch.int64))  # spent of the budget, every rank's
-        self.lifecycle = Lifecycle(total_env_steps, num_threads)
+        self.hold(net, total_env_steps, num_threads, clip_obs, clip_reward)
 
-    @torch.no_grad()
-    def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
-        """Actions for raw observations (B, O): the policy's mode, or a sample of it."""
-        x = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
-        return self.net.act(self.obs_rms.normalize(x) if self.hparams.norm_obs else x, deterministic)
-
-    def policy(self) -> Policy:
-        """The deterministic policy on raw observations, normaliser included (what ``zoo.rl.export`` traces)."""
-        return Policy(self.net, self.obs_rms if self.hparams.norm_obs else None)
-
-    # -- fit: the envs, then one rollout and its update per training step ----------------------------------------------
-
-    def on_train_start(self) -> None:
-        h, dm = self.hparams, require_datamodule(self)
-        if (seed := self.lifecycle.start(self, h.num_steps * dm.num_envs)) is not None:  # T x N env steps per rollout
-            self.lifecycle.collector = RolloutCollector(
-                dm.make_envs(),
-                h.num_steps,
-                self.device,
-                self.obs_rms if h.norm_obs else None,
-                self.return_rms if h.norm_reward else None,
-                h.gamma,
-                seed=seed,
-            )
+    # -- fit: one rollout and its update per training step (the envs: OnPolicy's) -------------------------------------
 
     def training_step(self, batch: int, batch_idx: int) -> None:
         """One rollout of T x N env steps, its GAE advantages, then every PPO epoch and minibatch on it."""
-        h, write = self.hparams, lightning_writes(self.trainer)
-        rollout = self.lifecycle.collector.collect(self.net)  # the running statistics take its observations, returns
-        advantages, returns = gae(
-            rollout.rewards, rollout.values, rollout.terminated, rollout.truncated, h.gamma, h.gae_lambda
-        )  # (T, N)
+        h = self.hparams
+        rollout, advantages, returns = self.collect()  # (T, N) advantages and returns
         clip = h.clip_coef * (1.0 - self.lifecycle.progress(self)) if h.anneal_clip else h.clip_coef
         stats = self._update(rollout, advantages, returns, clip)
-        self.lifecycle.episodes.add(rollout.episode_returns, rollout.episode_lengths)
-        if write:
-            keep = rollout.valid
-            stats["explained_variance"] = explained_variance(rollout.values[:-1][keep], returns[keep])
-        self.lifecycle.end_step(self, rollout.env_steps, stats, write)
-        self.lr_schedulers().step()  # the rate for the next rollout's updates (a function of the env steps spent)
+        self.end_rollout(rollout, returns, stats)
 
     def _update(self, rollout: Rollout, advantages: Tensor, returns: Tensor, clip: float) -> dict[str, Tensor]:
         """All epochs and minibatches on one rollout's valid steps; the last minibatch's terms and counts."""
