@@ -47,7 +47,6 @@ OVERRIDES = {
         "--model.init_args.net.init_args.n_embd=768",
         "--model.init_args.net.init_args.n_head=12",
         "--model.init_args.net.init_args.block_size=1024",
-        "--data.init_args.block_size=1024",
         "--data.init_args.batch_size=16",
         "--data.init_args.samples_per_epoch=4096",
     ],

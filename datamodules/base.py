@@ -25,6 +25,16 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 from zoo.compat import batches_trained_in_epoch
 from zoo.errors import InputError
 
+# A DataModule's windows (its block_size) when built alone: through cli.py an unset block_size is the net's context
+# (zoo.app.sizes.windows_from_context), so a config states the number once, in the model.
+BLOCK_SIZE_ALONE = 256
+
+
+def window(block_size: int | None) -> int:
+    """The tokens a window (a conversation, a side of a pair) is trained on: ``block_size``, or when unset
+    ``BLOCK_SIZE_ALONE``."""
+    return BLOCK_SIZE_ALONE if block_size is None else block_size
+
 
 def check_settings(at_least: int | None = None, fraction: bool = False, **settings: float | None) -> None:
     """Refuse, naming the DataModule setting, a count below ``at_least`` or a held-out fraction outside [0, 1).

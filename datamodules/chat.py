@@ -44,7 +44,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import Dataset
 
 from datamodules.arithmetic import ArithmeticTask, GeneratedTask
-from datamodules.base import SplitLoaders, check_settings, not_found_message
+from datamodules.base import SplitLoaders, check_settings, not_found_message, window
 from datamodules.text import fixed_tokenizer
 from zoo.errors import InputError
 from zoo.gpt.losses import IGNORE_INDEX
@@ -141,7 +141,7 @@ class ChatDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
         tokenizer: Literal["pretrained", "bytes", "gpt2"] = "pretrained",
         pretrained_dir: str | None = None,
         gpt2_dir: str | None = None,
-        block_size: int = 256,
+        block_size: int | None = None,
         batch_size: int = 8,
         skip_bad_records: bool = False,
         num_workers: int = 0,
@@ -158,6 +158,7 @@ class ChatDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
             pretrained_dir: the Hugging Face model folder whose tokenizer and chat template render the conversations.
             gpt2_dir: folder with GPT-2's vocab.json and merges.txt (tokenizer=gpt2).
             block_size: the most tokens a conversation is trained on (T): longer ones keep their first whole turns.
+                None: the net's context (``cli.py`` sets it from the net's ``block_size``).
             batch_size: conversations per batch.
             skip_bad_records: skip malformed records, counting them, instead of stopping at the first with its line.
             num_workers: DataLoader worker processes.
@@ -179,7 +180,7 @@ class ChatDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
         check_settings(at_least=0, num_workers=num_workers)
         self.path, self.val_path, self.val_fraction = path, val_path, val_fraction
         self.kind, self.pretrained_dir, self.gpt2_dir = tokenizer, pretrained_dir, gpt2_dir
-        self.block_size, self.batch_size, self.skip_bad_records = block_size, batch_size, skip_bad_records
+        self.block_size, self.batch_size, self.skip_bad_records = window(block_size), batch_size, skip_bad_records
         self.num_workers, self.seed, self.generate = num_workers, seed, generate
         self.tokenizer: Tokenizer | None = None
         self.train_set: Conversations | None = None

@@ -28,7 +28,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from datamodules.arithmetic import PRETRAIN_FILE, ArithmeticTask, prepare_task
-from datamodules.base import EpochShuffle, ResumesMidEpoch, check_settings, not_found_message, training_loader
+from datamodules.base import EpochShuffle, ResumesMidEpoch, check_settings, not_found_message, training_loader, window
 from datamodules.shakespeare import shakespeare_dir
 from datamodules.text_corpus import (
     auto_workers,
@@ -163,7 +163,7 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
         gpt2_dir: str | None = None,
         pretrained_dir: str | None = None,
         jsonl_field: str = "text",
-        block_size: int = 256,
+        block_size: int | None = None,
         batch_size: int = 32,
         sampling: Literal["random", "packed"] = "random",
         samples_per_epoch: int = 10000,
@@ -190,7 +190,8 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
             pretrained_dir: a Hugging Face model folder whose tokenizer.json (with its special tokens) the text is
                 tokenised with (tokenizer=pretrained): the folder the model's ``init_weights`` names.
             jsonl_field: the string field holding each .jsonl record's text.
-            block_size: tokens per training window (T); a window reads T + 1 tokens for the shifted targets.
+            block_size: tokens per training window (T); a window reads T + 1 tokens for the shifted targets. None:
+                the net's context (``cli.py`` sets it from the net's ``block_size``).
             batch_size: windows (train, val) or prompts (predict) per batch.
             sampling: random windows anywhere in the training split, or packed consecutive non-overlapping ones.
             samples_per_epoch: windows per training epoch with sampling=random.
@@ -235,7 +236,7 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
         self.path, self.root, self.kind = path, Path(root), tokenizer
         self.bpe_vocab_size, self.gpt2_dir, self.jsonl_field = bpe_vocab_size, gpt2_dir, jsonl_field
         self.pretrained_dir = pretrained_dir
-        self.block_size, self.batch_size, self.sampling = block_size, batch_size, sampling
+        self.block_size, self.batch_size, self.sampling = window(block_size), batch_size, sampling
         self.samples_per_epoch, self.val_fraction, self.val_samples = samples_per_epoch, val_fraction, val_samples
         for name, given in (("prompts_file", prompts_file), ("test_path", test_path)):
             if given is not None and not Path(given).exists():

@@ -67,6 +67,48 @@ def test_a_fits_windows_longer_than_the_nets_context_name_both_block_sizes():
         sizes.check_context(97, 96)
 
 
+def test_a_gpts_windows_left_unset_are_the_nets_context_stated_once():
+    """block_size is stated once, in the net: the data's windows left unset take it before the DataModule is built;
+    given shorter they stay; with neither, one line asks for it; data without windows is left alone."""
+    from jsonargparse import dict_to_namespace
+
+    def config(data: dict, net: dict) -> Any:
+        model = {"class_path": "zoo.gpt.CausalLMModule", "init_args": {"net": {"class_path": "zoo.gpt.GPT"}}}
+        model["init_args"]["net"]["init_args"] = net
+        data = {"class_path": "datamodules.TextDataModule", "init_args": data}
+        return dict_to_namespace({"model": model, "data": data})
+
+    for given, want in ((None, 64), (16, 16), (128, 128)):  # a longer one is check_context's to refuse, naming both
+        cfg = config({"block_size": given}, {"block_size": 64})
+        sizes.windows_from_context(cfg)
+        assert cfg.data.init_args.block_size == want
+    cfg = config({"prompts": 3}, {"block_size": 64})
+    sizes.windows_from_context(cfg)
+    assert "block_size" not in cfg.data.init_args
+    with pytest.raises(InputError, match=r"data.init_args.block_size is not set and the net states no block_size"):
+        sizes.windows_from_context(config({"block_size": None}, {"block_size": None}))
+    from cli import main
+    from datamodules import TextDataModule
+
+    c = main(["--config", str(CONFIGS / "gpt" / "gpt_tiny.yaml"), "--trainer.logger=false"], run=False)
+    assert c.datamodule.block_size == c.model.net.block_size == 64  # the config states it once, in the net
+    assert c.config.data.init_args.block_size == 64  # and the config logged and stored says so
+    assert TextDataModule(root="data", block_size=16).block_size == 16 and TextDataModule(root="data").block_size == 256
+    import yaml
+
+    def both(path) -> tuple:
+        cfg = yaml.safe_load(path.read_text())
+        net = (((cfg.get("model") or {}).get("init_args") or {}).get("net") or {}).get("init_args") or {}
+        return net.get("block_size"), ((cfg.get("data") or {}).get("init_args") or {}).get("block_size")
+
+    twice = [
+        p.name
+        for p in sorted((CONFIGS / "gpt").glob("*.yaml"))
+        if None not in (pair := both(p)) and len(set(pair)) == 1
+    ]
+    assert twice == [], "these configs state block_size in the net and again in the data: drop the data's"
+
+
 def test_num_classes_is_the_datas_unless_given_and_a_given_one_must_agree():
     data = SimpleNamespace(num_classes=3, class_names=["cat", "dog", "eel"])
     assert sizes.classes(data, {"num_classes": None}, False) == {"num_classes": 3}

@@ -53,7 +53,9 @@ def test_gpt_check_runs_on_cpu_with_bf16_and_reports_its_figures(tmp_path):
     assert row["mfu"] is None  # no peak for a CPU
     assert gpu_check.fit_args("gpt", "cuda", 5, True, 2, "r")[4].endswith("fsdp.yaml")  # FSDP2 past one GPU
     big = gpu_check.fit_args("gpt-124m", "cuda", 5, True, 1, "r")  # GPT-2 small's body on the tiny GPT's data
-    assert "--model.init_args.net.init_args.n_embd=768" in big and "--data.init_args.block_size=1024" in big
+    assert "--model.init_args.net.init_args.n_embd=768" in big
+    assert "--model.init_args.net.init_args.block_size=1024" in big
+    assert not any("data.init_args.block_size" in a for a in big)  # the windows are the net's context (zoo.app.sizes)
 
 
 def test_mfu_is_model_flops_per_second_over_the_peak_of_every_device():

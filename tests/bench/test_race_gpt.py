@@ -171,7 +171,7 @@ def test_zoo_arm_runs_the_race_preset_through_cli_and_stops_at_the_target(tiny_c
     )
     r = race_gpt.zoo_run(0, tiny_corpus, every=500, target=100.0, extra=tiny)
     hit = r["hit"]
-    t = yaml.safe_load((ROOT / race_gpt.ZOO_CONFIG).read_text())["data"]["init_args"]["block_size"]
+    t = yaml.safe_load((ROOT / race_gpt.ZOO_CONFIG).read_text())["model"]["init_args"]["net"]["init_args"]["block_size"]
     assert hit["tokens"] == r["evals"][0][0] == 4 * t * -(-500 // (4 * t))  # the first step past 500 tokens
     assert hit["cpu_s"] > 0 and len(r["evals"]) == 1
     assert r["what"].startswith("gpt_char_shakespeare_race.yaml") and r["flops"] > 0

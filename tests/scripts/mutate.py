@@ -47,6 +47,7 @@ DTY, HF, BUD = "zoo/io/dtypes.py", "zoo/gpt/formats/hf.py", "zoo/io/budget.py"
 BL, TW = "zoo/io/build.py", "zoo/io/tripwire.py"
 RG, SC = "zoo/tracking/models.py", "zoo/app/stored_config.py"
 AD, LC, RC = "zoo/adapt/lora.py", "zoo/rl/lifecycle.py", "zoo/rl/common.py"
+ONP = "zoo/rl/on_policy.py"
 AB = "zoo/adapt/base.py"
 DLS, CODE = "zoo/tracking/downloads.py", "zoo/tracking/code.py"
 RMT = "zoo/tracking/remote.py"
@@ -766,6 +767,21 @@ FAMILIES: dict[str, dict] = {
             ("zoo/app/pretrained.py", "and not _same(init.get(k), v)\n    ]", "and False\n    ]"),
             (LC, "                load_statistics(module, path)\n", ""),
             (ST, "        if h.get(k) != v\n", "        if False\n"),
+            # What A2C and PPO share (zoo/rl/on_policy.py, issue 54): acting and the exported policy on normalised
+            # observations, the return normaliser handed to the collector, GAE's lambda, the ended episodes logged.
+            (
+                ONP,
+                "return self.net.act(self.obs_rms.normalize(x) if self.hparams.norm_obs else x,",
+                "return self.net.act(x,",
+            ),
+            (
+                ONP,
+                "return Policy(self.net, self.obs_rms if self.hparams.norm_obs else None)",
+                "return Policy(self.net)",
+            ),
+            (ONP, "                self.return_rms if h.norm_reward else None,\n", "                None,\n"),
+            (ONP, "h.gamma, h.gae_lambda\n", "h.gamma, 1.0\n"),
+            (ONP, "        self.lifecycle.episodes.add(rollout.episode_returns, rollout.episode_lengths)\n", ""),
         ],
     },
     "cnn": {
@@ -2072,6 +2088,16 @@ FAMILIES: dict[str, dict] = {
         "tests": ["tests/app/test_sizes.py", "-k", "context"],
         "mutants": [
             ("zoo/app/sizes.py", "and windows > context:", "and windows > context + 1:"),
+            # issue 54: block_size stated once, in the net: the data's windows take it when unset, never over a given one
+            ("zoo/app/sizes.py", "        windows_from_context(cfg)\n", ""),
+            ("zoo/app/sizes.py", "    data.block_size = context\n", "    pass\n"),
+            (
+                "zoo/app/sizes.py",
+                'or "block_size" not in data or data.block_size is not None:',
+                'or "block_size" not in data:',
+            ),
+            ("zoo/app/sizes.py", "    if not isinstance(context, int):\n", "    if False:\n"),
+            ("datamodules/base.py", "BLOCK_SIZE_ALONE if block_size is None else block_size", "BLOCK_SIZE_ALONE"),
             (
                 "zoo/app/sizes.py",
                 "    if not evaluating_checkpoint:\n        check_context(",

@@ -58,6 +58,24 @@ def check_context(windows: int | None, context: int | None) -> None:
         )
 
 
+def windows_from_context(cfg: Namespace) -> None:
+    """A GPT's data windows (the DataModule's ``block_size``) left unset are the net's context (its ``block_size``):
+    the one number is stated once, in the model config, and set in ``cfg``'s data here, before the DataModule is
+    built. A window given shorter stays (fine-tuning a long-context net on short windows); a longer one is refused by
+    ``check_context``; with neither set, one line asks for it."""
+    data = (cfg.get("data") or Namespace()).get("init_args")
+    if not isinstance(data, Namespace) or "block_size" not in data or data.block_size is not None:
+        return
+    net = (cfg.get("model") or Namespace()).get("init_args", Namespace()).get("net")
+    context = net.get("init_args", Namespace()).get("block_size") if isinstance(net, Namespace) else None
+    if not isinstance(context, int):
+        raise InputError(
+            f"data.init_args.block_size is not set and the net states no block_size to take it from: pass "
+            f"--data.init_args.block_size=<tokens per window>, or --{NET}.block_size"
+        )
+    data.block_size = context
+
+
 def classes(data: Any, net: dict, evaluating_checkpoint: bool) -> dict[str, Any]:
     """Classifiers: ``num_classes``, the data's (an image DataModule's ``num_classes`` and ``class_names``)."""
     from zoo.cnn.module import num_classes_for
@@ -162,6 +180,7 @@ def instantiate_data_first(
     cfg = config[subcommand] if subcommand else config
     data = build_data() if build_data is not None and cfg.get("data") is None else None
     if data is None and cfg.get("data") is not None:
+        windows_from_context(cfg)
         only_data = Namespace(data=cfg.data)
         if subcommand:
             only_data = Namespace(subcommand=subcommand, **{subcommand: only_data})
