@@ -767,8 +767,13 @@ FAMILIES: dict[str, dict] = {
             ("zoo/app/pretrained.py", "and not _same(init.get(k), v)\n    ]", "and False\n    ]"),
             (LC, "                load_statistics(module, path)\n", ""),
             (ST, "        if h.get(k) != v\n", "        if False\n"),
-            # What A2C and PPO share (zoo/rl/on_policy.py, issue 54): acting and the exported policy on normalised
-            # observations, the return normaliser handed to the collector, GAE's lambda, the ended episodes logged.
+        ],
+    },
+    # What A2C and PPO share (zoo/rl/on_policy.py, issue 54): acting and the exported policy on normalised
+    # observations, the return normaliser handed to the collector, GAE's lambda, the ended episodes logged.
+    "on_policy": {
+        "tests": ["tests/rl/test_on_policy.py"],
+        "mutants": [
             (
                 ONP,
                 "return self.net.act(self.obs_rms.normalize(x) if self.hparams.norm_obs else x,",
@@ -782,6 +787,8 @@ FAMILIES: dict[str, dict] = {
             (ONP, "                self.return_rms if h.norm_reward else None,\n", "                None,\n"),
             (ONP, "h.gamma, h.gae_lambda\n", "h.gamma, 1.0\n"),
             (ONP, "        self.lifecycle.episodes.add(rollout.episode_returns, rollout.episode_lengths)\n", ""),
+            (ONP, "        self.lr_schedulers().step()\n", ""),
+            (ONP, "self.lifecycle.start(self, h.num_steps * dm.num_envs)", "self.lifecycle.start(self, h.num_steps)"),
         ],
     },
     "cnn": {
