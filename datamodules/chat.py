@@ -5,8 +5,11 @@ Each line of a ``.jsonl`` file (or of each ``.jsonl`` under a folder, in name or
 format), or a pair ``{"prompt": ..., "completion": ...}`` (strings: a user turn and the assistant's reply; or lists of
 messages, as TRL's conversational pairs). It is rendered by ``zoo.io.chat_template``: an imported tokenizer's own
 chat template (ids equal to transformers' ``apply_chat_template``), or the zoo's default format for bytes and GPT-2's
-tokenizer. Every assistant turn is learned (multi-turn); system and user turns and the template's headers are
-context, their targets the ignore index -100. A conversation whose template rewrites earlier turns as later ones
+tokenizer. A record with ``"tools"`` (OpenAI function specs: a text environment's episodes,
+``zoo.gpt.tune.envs.scripted.write_episodes``) may hold ``tool`` messages and assistant ``tool_calls``, and is
+rendered with its tools; tool results are context like the user's turns. Every assistant turn is learned
+(multi-turn); system, user and tool turns and the template's headers are context, their targets the ignore index
+-100. A conversation whose template rewrites earlier turns as later ones
 arrive (Qwen3's) becomes one sequence per assistant turn, each the template's rendering up to and including that
 reply, the reply learned after the prompt it answers (``zoo.io.chat_template.chat_examples``).
 
@@ -50,6 +53,7 @@ from zoo.errors import InputError
 from zoo.gpt.losses import IGNORE_INDEX
 from zoo.io.chat_template import chat_examples, checked_messages
 from zoo.io.tokenizers import Tokenizer
+from zoo.io.tool_calls import checked_tools
 
 T = TypeVar("T")
 
@@ -74,6 +78,21 @@ def messages_of(record: object) -> list[dict]:
     if not any(m["role"] == "assistant" for m in messages):
         raise ValueError("has no assistant turn (nothing to learn)")
     return messages
+
+
+def conversation_of(record: object) -> tuple[list[dict], list[dict] | None]:
+    """``messages_of(record)`` and its ``tools``: a record with a ``tools`` list (OpenAI function specs, as a text
+    environment's episodes carry them) may hold ``tool`` messages and assistant ``tool_calls``, rendered with those
+    tools (``zoo.io.tool_calls``); a ValueError says what is wrong."""
+    if not isinstance(record, dict) or "tools" not in record:
+        return messages_of(record), None
+    if "messages" not in record:
+        raise ValueError("has 'tools' but no 'messages' (a conversation with tools is a list of messages)")
+    tools, messages = checked_tools(record["tools"]), record["messages"]
+    checked_messages(messages, tools=True)
+    if not any(m["role"] == "assistant" for m in messages):
+        raise ValueError("has no assistant turn (nothing to learn)")
+    return messages, tools
 
 
 def read_records(path: str, parse: Callable[[object], T], bad: Callable[[str, str], None]) -> list[tuple[str, T]]:
@@ -196,9 +215,9 @@ class ChatDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
 
     # -- records ----------------------------------------------------------------------------------------------
 
-    def _records(self, path: str) -> list[tuple[str, list[dict]]]:
-        """``(where, messages)`` of every good record of ``path`` (a file or folder), in order."""
-        return read_records(path, messages_of, self._bad)
+    def _records(self, path: str) -> list[tuple[str, tuple[list[dict], list[dict] | None]]]:
+        """``(where, (messages, tools))`` of every good record of ``path`` (a file or folder), in order."""
+        return read_records(path, conversation_of, self._bad)
 
     def _bad(self, where: str, why: str) -> None:
         if not self.skip_bad_records:
@@ -207,13 +226,13 @@ class ChatDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
             )
         self.skipped += 1
 
-    def _encode(self, records: list[tuple[str, list[dict]]]) -> Conversations:
+    def _encode(self, records: list[tuple[str, tuple[list[dict], list[dict] | None]]]) -> Conversations:
         """Each conversation rendered, cut after its last assistant turn that fits in block_size + 1 tokens."""
         tokenizer = self._ensure_tokenizer()
         examples, items = chat_examples(tokenizer), []
-        for where, messages in records:
+        for where, (messages, tools) in records:
             try:
-                rendered = examples(messages)
+                rendered = examples(messages, tools)
             except InputError as err:  # the template refused this conversation (raise_exception, say)
                 self._bad(where, f"cannot be rendered: {err}")
                 continue
