@@ -123,7 +123,7 @@ def test_held_out_problems_never_reach_training_and_the_split_is_by_question():
     [
         ({}, "needs the argument 'expression'"),
         ({"expression": "1+1", "x": 1}, "takes no argument 'x'"),
-        ({"expression": 3}, "is a string"),
+        ({"expression": 3}, "argument 'expression' is a string"),
         ({"expression": "1/0"}, "division by zero"),
     ],
 )
@@ -133,6 +133,17 @@ def test_a_call_the_model_got_wrong_is_an_error_it_reads(arguments, why):
     observation, reward, terminated, truncated, info = env.step("x " + format_tool_call("calculator", arguments))
     assert observation[0]["content"].startswith("error: ") and why in observation[0]["content"]
     assert (reward, terminated, truncated, info["tool_calls"]) == (0.0, False, False, 1)
+
+
+def test_each_call_of_a_reply_is_run_and_answered_in_order():
+    env = make("zoo/Calculator-v0")
+    env.reset(seed=0)
+    reply = format_tool_call("calculator", {"expression": "2*(3+4)"}) + format_tool_call(
+        "calculator", {"expression": "-9/6"}
+    )
+    observation, reward, terminated, truncated, info = env.step(reply + " Answer: 14")  # calls first, answer unread
+    assert [m["content"] for m in observation] == ["14", "-1.5"] and info["tool_calls"] == 2
+    assert (reward, terminated, truncated) == (0.0, False, False)
 
 
 class Broken(Tool):
@@ -327,3 +338,4 @@ def test_written_episodes_train_only_the_replies(tmp_path):
     replies = [[m["content"] for m in episode if m["role"] == "assistant"] for episode in episodes]
     assert learned == sorted([i for r in rs for i in tok.encode(r) + [tok.eos_id]] for rs in replies)
     assert all("<tool_call>" in rs[0] and rs[1].startswith("Answer: ") for rs in replies)
+    assert tok.decode(inputs[0].tolist()).startswith("<|tools|>\ncalculator(expression): Evaluate")
