@@ -339,3 +339,22 @@ def test_written_episodes_train_only_the_replies(tmp_path):
     assert learned == sorted([i for r in rs for i in tok.encode(r) + [tok.eos_id]] for rs in replies)
     assert all("<tool_call>" in rs[0] and rs[1].startswith("Answer: ") for rs in replies)
     assert tok.decode(inputs[0].tolist()).startswith("<|tools|>\ncalculator(expression): Evaluate")
+
+
+def test_the_manuals_example_runs_as_shown():
+    import re
+
+    from conftest import ROOT
+
+    page = (ROOT / "docs" / "gpt-envs.md").read_text()
+    code = re.search(r"```python\n(from zoo.gpt.tune.envs import make\n.*?)```", page, re.S)[1]
+    shown = dict(re.findall(r"^(messages, info|messages, reward.*?) = .*?# (.*)$", code, re.M))
+    env = make("zoo/Calculator-v0")
+    messages, info = env.reset(seed=2)
+    assert str(messages) == shown["messages, info"].replace('"', "'")
+    reply = re.search(r"^reply = '(.*)'$", code, re.M)[1]
+    messages, reward, terminated, truncated, info = env.step(reply)
+    assert messages == [{"role": "tool", "name": "calculator", "content": "-578"}] and f"{messages}" in code.replace(
+        '"', "'"
+    )
+    assert env.step("Answer: -578")[1:] == (1.0, True, False, {"turns": 2, "tool_calls": 1, "success": True})
