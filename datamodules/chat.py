@@ -35,6 +35,7 @@ Notation: B batch, T tokens (the longest conversation of the batch, at most ``bl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -56,6 +57,56 @@ from zoo.io.tokenizers import Tokenizer
 from zoo.io.tool_calls import checked_tools
 
 T = TypeVar("T")
+EPISODES_FILE, EPISODES_SETTINGS = "episodes.jsonl", "episodes.json"
+MAX_EPISODES = 1_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Episodes:
+    """Scripted episodes of a text environment to train on (``data.init_args.episodes`` in a config), written by
+    ``zoo.gpt.tune.envs.scripted.write_episodes``.
+
+    Args:
+        env_id: a registered id of the zoo's text environments (zoo/Calculator-v0, zoo/GuessNumber-v0,
+            zoo/FrozenLakeText-v0).
+        n: episodes written.
+        seed: the seed of the first episode (the next ones continue the environment's generator).
+        player: the scripted player (the environment's best when None; zoo/GuessNumber-v0's random or linear
+            are worse ones).
+        env_kwargs: the environment's settings (e.g. {"is_slippery": false}).
+        tool_calls: store each reply's calls as OpenAI tool_calls (an imported template then renders them in its
+            own syntax); else as the text the zoo's syntax writes.
+    """
+
+    env_id: str
+    n: int = 1000
+    seed: int = 0
+    player: str | None = None
+    env_kwargs: dict = dataclasses.field(default_factory=dict)
+    tool_calls: bool = False
+
+
+def prepare_episodes(folder: str | Path, episodes: Episodes) -> Path:
+    """``folder/episodes.jsonl`` holding ``episodes``: written when missing or made with other settings; one that
+    this did not write (no ``episodes.json`` beside it) is refused, as it is someone's data."""
+    from zoo.gpt.tune.envs.scripted import write_episodes
+
+    folder, settings = Path(folder), dataclasses.asdict(episodes)
+    path, stored = folder / EPISODES_FILE, folder / EPISODES_SETTINGS
+    if not 1 <= episodes.n <= MAX_EPISODES:
+        raise InputError(f"episodes.n={episodes.n}: give 1 to {MAX_EPISODES}")
+    if stored.is_file() and path.is_file() and json.loads(stored.read_text()) == settings:
+        return path
+    if path.exists() and not stored.is_file():
+        raise InputError(
+            f"{path} exists but was not written from episodes settings ({EPISODES_SETTINGS}): pass another "
+            f"--data.init_args.path, or leave out --data.init_args.episodes to train on it"
+        )
+    write_episodes(
+        path, episodes.env_id, episodes.n, episodes.seed, episodes.player, episodes.tool_calls, **episodes.env_kwargs
+    )
+    stored.write_text(json.dumps(settings))
+    return path
 
 
 def messages_of(record: object) -> list[dict]:
@@ -166,6 +217,7 @@ class ChatDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
         num_workers: int = 0,
         seed: int = 0,
         generate: ArithmeticTask | None = None,
+        episodes: Episodes | None = None,
     ) -> None:
         """
         Args:
@@ -183,10 +235,14 @@ class ChatDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
             seed: seed of the per-epoch shuffle of the training conversations.
             generate: write the project's arithmetic task with these settings into the folder ``path`` when it is
                 not there (``datamodules.arithmetic``) and train on its sft.jsonl; None: path is the user's data.
+            episodes: write a text environment's scripted episodes with these settings into the folder ``path``
+                (episodes.jsonl) when they are not there and train on them; None: path is the user's data.
         """
         super().__init__()
         self.save_hyperparameters()
-        for name, given in (("path", None if generate else path), ("val_path", val_path)):
+        if generate is not None and episodes is not None:
+            raise InputError("give --data.init_args.generate or --data.init_args.episodes, not both")
+        for name, given in (("path", None if generate or episodes else path), ("val_path", val_path)):
             if given is not None and not Path(given).exists():
                 raise FileNotFoundError(
                     not_found_message("conversations file or folder", given, f"pass --data.init_args.{name}")
@@ -200,6 +256,11 @@ class ChatDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
         self.kind, self.pretrained_dir, self.gpt2_dir = tokenizer, pretrained_dir, gpt2_dir
         self.block_size, self.batch_size, self.skip_bad_records = block_size, batch_size, skip_bad_records
         self.num_workers, self.seed, self.generate = num_workers, seed, generate
+        self.episodes = episodes
+        if episodes is not None:
+            from zoo.gpt.tune.envs import check_env_id
+
+            check_env_id(episodes.env_id, "--data.init_args.episodes.env_id")
         self.tokenizer: Tokenizer | None = None
         self.train_set: Conversations | None = None
         self.val_set: Conversations | None = None
@@ -207,6 +268,16 @@ class ChatDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
 
     def _ensure_tokenizer(self) -> Tokenizer:
         return ensure_tokenizer(self)
+
+    def prepare_data(self) -> None:
+        if self.episodes is not None:  # once per node, before setup on every rank
+            prepare_episodes(self.path, self.episodes)
+        super().prepare_data()
+
+    def _train_path(self) -> str:
+        if self.episodes is not None:
+            return str(prepare_episodes(self.path, self.episodes))
+        return super()._train_path()
 
     @property
     def vocab_size(self) -> int:

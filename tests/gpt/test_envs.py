@@ -358,3 +358,41 @@ def test_the_manuals_example_runs_as_shown():
         '"', "'"
     )
     assert env.step("Answer: -578")[1:] == (1.0, True, False, {"turns": 2, "tool_calls": 1, "success": True})
+
+
+def test_a_chat_datamodule_writes_its_episodes_once_and_refuses_a_folder_of_someone_elses(tmp_path):
+    from datamodules.chat import ChatDataModule, Episodes
+
+    folder = tmp_path / "guess"
+    episodes = Episodes("zoo/GuessNumber-v0", n=12, player="linear", env_kwargs={"max_turns": 5})
+    dm = ChatDataModule(str(folder), tokenizer="bytes", block_size=512, val_fraction=0.25, episodes=episodes)
+    dm.prepare_data()
+    dm.setup("fit")
+    assert (len(dm.train_set), len(dm.val_set)) == (9, 3)
+    written = (folder / "episodes.jsonl").stat().st_mtime_ns
+    ChatDataModule(str(folder), tokenizer="bytes", episodes=episodes).prepare_data()  # the same settings: kept
+    assert (folder / "episodes.jsonl").stat().st_mtime_ns == written
+    first = (folder / "episodes.jsonl").read_text().splitlines()[0]
+    assert first.count('"content": "Guess: ') == 5 and '"tools": []' in first  # linear, truncated at 5 guesses
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "episodes.jsonl").write_text("{}\n")
+    with pytest.raises(InputError, match="was not written from episodes settings"):
+        ChatDataModule(str(theirs), tokenizer="bytes", episodes=episodes).prepare_data()
+    with pytest.raises(InputError, match="not one of the zoo's text environments"):
+        ChatDataModule(str(folder), tokenizer="bytes", episodes=Episodes("CartPole-v1"))
+
+
+def test_a_stored_config_with_episodes_builds_and_names_no_code(tmp_path):
+    from zoo.app.stored_config import stored_config_allowlist
+    from zoo.io import build
+
+    episodes = {"env_id": "zoo/FrozenLakeText-v0", "n": 3, "env_kwargs": {"is_slippery": False, "max_turns": 9}}
+    stored = {"path": str(tmp_path / "lake"), "tokenizer": "bytes", "episodes": episodes}
+    part = build.resolve_data("datamodules.ChatDataModule", stored, "x.ckpt", stored_config_allowlist(), complete=False)
+    dm = build.build(part, path=str(tmp_path / "lake"))  # a stored config never chooses where data is read
+    assert dm.episodes.env_kwargs == episodes["env_kwargs"] and dm.episodes.env_id == "zoo/FrozenLakeText-v0"
+    decoy = {**stored, "episodes": {**episodes, "env_id": "datamodules.gym_envs:NumpyCartPole-v1"}}
+    part = build.resolve_data("datamodules.ChatDataModule", decoy, "x.ckpt", stored_config_allowlist(), complete=False)
+    with pytest.raises(InputError, match="not one of the zoo's text environments"):
+        build.build(part, path=str(tmp_path / "lake"))
