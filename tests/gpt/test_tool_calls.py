@@ -105,6 +105,7 @@ def test_a_reply_runs_at_most_max_tool_calls_and_says_the_rest_were_not():
         ([{"type": "function", "function": {"name": "no spaces"}}], "no function name"),
         ([{"type": "function", "function": {"name": "f", "parameters": []}}], "not a JSON schema"),
         ([{"type": "function", "function": {"name": "f", "description": "x" * 20_000}}], "characters of JSON"),
+        ([{"type": "function", "function": {"name": "f", "parameters": {"default": object()}}}], "is not JSON"),
     ],
 )
 def test_tools_that_are_not_function_specs_are_refused_in_one_line(tools, why):

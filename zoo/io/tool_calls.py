@@ -94,7 +94,13 @@ def checked_tools(tools: object) -> list[dict] | None:
         parameters = function.get("parameters", {})
         if not isinstance(parameters, dict) or not isinstance(parameters.get("properties", {}), dict):
             raise InputError(f"tool {k} ({function['name']}) has parameters that are not a JSON schema object")
-        if len(json.dumps(tool, ensure_ascii=False)) > MAX_TOOL_SPEC_CHARS:
+        try:
+            size = len(json.dumps(tool, ensure_ascii=False))
+        except (TypeError, ValueError, RecursionError):
+            raise InputError(
+                f"tool {k} ({function['name']}) is not JSON (plain objects, lists, strings, numbers)"
+            ) from None
+        if size > MAX_TOOL_SPEC_CHARS:
             raise InputError(f"tool {k} ({function['name']}) is over {MAX_TOOL_SPEC_CHARS} characters of JSON")
     return tools
 
