@@ -2635,7 +2635,7 @@ FAMILIES: dict[str, dict] = {
                 'rows[self.position % cols][self.position // cols] = "*"',
             ),
             (LAKE, "self.success = terminated and reward > 0", "self.success = terminated"),
-            (SCR, 'return f"Guess: {(low + high) // 2}"', 'return f"Guess: {(low + high + 1) // 2}"'),
+            (SCR, 'return f"Guess: {(low + high) // 2}"', 'return f"Guess: {(low + 2 * high) // 3}"'),
             (SCR, "low = max(low, guess + 1)", "low = max(low, guess)"),
             ("datamodules/chat.py", "    return messages, tools\n", "    return messages, None\n"),
             (SCR, '"content": m["content"][: m["content"].find(OPEN)],', '"content": m["content"],'),
@@ -2664,6 +2664,9 @@ FAMILIES: dict[str, dict] = {
                 "before = render(source, messages[:i], True, None, **special)",
             ),
             (CT, "roles = TOOL_ROLES if tools else ROLES", "roles = TOOL_ROLES"),
+            ("datamodules/chat.py", "json.loads(stored.read_text()) == settings", "True"),
+            ("datamodules/chat.py", "    if path.exists() and not stored.is_file():", "    if False:"),
+            ("zoo/io/tool_calls.py", "except (TypeError, ValueError, RecursionError):", "except RecursionError:"),
         ],
     },
 }
