@@ -372,6 +372,9 @@ def test_a_chat_datamodule_writes_its_episodes_once_and_refuses_a_folder_of_some
     written = (folder / "episodes.jsonl").stat().st_mtime_ns
     ChatDataModule(str(folder), tokenizer="bytes", episodes=episodes).prepare_data()  # the same settings: kept
     assert (folder / "episodes.jsonl").stat().st_mtime_ns == written
+    more = Episodes("zoo/GuessNumber-v0", n=13, player="linear", env_kwargs={"max_turns": 5})
+    ChatDataModule(str(folder), tokenizer="bytes", episodes=more).prepare_data()  # other settings: written again
+    assert len((folder / "episodes.jsonl").read_text().splitlines()) == 13
     first = (folder / "episodes.jsonl").read_text().splitlines()[0]
     assert first.count('"content": "Guess: ') == 5 and '"tools": []' in first  # linear, truncated at 5 guesses
     theirs = tmp_path / "theirs"
