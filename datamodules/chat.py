@@ -5,8 +5,11 @@ Each line of a ``.jsonl`` file (or of each ``.jsonl`` under a folder, in name or
 format), or a pair ``{"prompt": ..., "completion": ...}`` (strings: a user turn and the assistant's reply; or lists of
 messages, as TRL's conversational pairs). It is rendered by ``zoo.io.chat_template``: an imported tokenizer's own
 chat template (ids equal to transformers' ``apply_chat_template``), or the zoo's default format for bytes and GPT-2's
-tokenizer. Every assistant turn is learned (multi-turn); system and user turns and the template's headers are
-context, their targets the ignore index -100. A conversation whose template rewrites earlier turns as later ones
+tokenizer. A record with ``"tools"`` (OpenAI function specs: a text environment's episodes,
+``zoo.gpt.tune.envs.scripted.write_episodes``) may hold ``tool`` messages and assistant ``tool_calls``, and is
+rendered with its tools; tool results are context like the user's turns. Every assistant turn is learned
+(multi-turn); system, user and tool turns and the template's headers are context, their targets the ignore index
+-100. A conversation whose template rewrites earlier turns as later ones
 arrive (Qwen3's) becomes one sequence per assistant turn, each the template's rendering up to and including that
 reply, the reply learned after the prompt it answers (``zoo.io.chat_template.chat_examples``).
 
@@ -32,6 +35,7 @@ Notation: B batch, T tokens (the longest conversation of the batch, at most ``bl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -50,8 +54,59 @@ from zoo.errors import InputError
 from zoo.gpt.losses import IGNORE_INDEX
 from zoo.io.chat_template import chat_examples, checked_messages
 from zoo.io.tokenizers import Tokenizer
+from zoo.io.tool_calls import checked_tools
 
 T = TypeVar("T")
+EPISODES_FILE, EPISODES_SETTINGS = "episodes.jsonl", "episodes.json"
+MAX_EPISODES = 1_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Episodes:
+    """Scripted episodes of a text environment to train on (``data.init_args.episodes`` in a config), written by
+    ``zoo.gpt.tune.envs.scripted.write_episodes``.
+
+    Args:
+        env_id: a registered id of the zoo's text environments (zoo/Calculator-v0, zoo/GuessNumber-v0,
+            zoo/FrozenLakeText-v0).
+        n: episodes written.
+        seed: the seed of the first episode (the next ones continue the environment's generator).
+        player: the scripted player (the environment's best when None; zoo/GuessNumber-v0's random or linear
+            are worse ones).
+        env_kwargs: the environment's settings (e.g. {"is_slippery": false}).
+        tool_calls: store each reply's calls as OpenAI tool_calls (an imported template then renders them in its
+            own syntax); else as the text the zoo's syntax writes.
+    """
+
+    env_id: str
+    n: int = 1000
+    seed: int = 0
+    player: str | None = None
+    env_kwargs: dict = dataclasses.field(default_factory=dict)
+    tool_calls: bool = False
+
+
+def prepare_episodes(folder: str | Path, episodes: Episodes) -> Path:
+    """``folder/episodes.jsonl`` holding ``episodes``: written when missing or made with other settings; one that
+    this did not write (no ``episodes.json`` beside it) is refused, as it is someone's data."""
+    from zoo.gpt.tune.envs.scripted import write_episodes
+
+    folder, settings = Path(folder), dataclasses.asdict(episodes)
+    path, stored = folder / EPISODES_FILE, folder / EPISODES_SETTINGS
+    if not 1 <= episodes.n <= MAX_EPISODES:
+        raise InputError(f"episodes.n={episodes.n}: give 1 to {MAX_EPISODES}")
+    if stored.is_file() and path.is_file() and json.loads(stored.read_text()) == settings:
+        return path
+    if path.exists() and not stored.is_file():
+        raise InputError(
+            f"{path} exists but was not written from episodes settings ({EPISODES_SETTINGS}): pass another "
+            f"--data.init_args.path, or leave out --data.init_args.episodes to train on it"
+        )
+    write_episodes(
+        path, episodes.env_id, episodes.n, episodes.seed, episodes.player, episodes.tool_calls, **episodes.env_kwargs
+    )
+    stored.write_text(json.dumps(settings))
+    return path
 
 
 def messages_of(record: object) -> list[dict]:
@@ -74,6 +129,21 @@ def messages_of(record: object) -> list[dict]:
     if not any(m["role"] == "assistant" for m in messages):
         raise ValueError("has no assistant turn (nothing to learn)")
     return messages
+
+
+def conversation_of(record: object) -> tuple[list[dict], list[dict] | None]:
+    """``messages_of(record)`` and its ``tools``: a record with a ``tools`` list (OpenAI function specs, as a text
+    environment's episodes carry them) may hold ``tool`` messages and assistant ``tool_calls``, rendered with those
+    tools (``zoo.io.tool_calls``); a ValueError says what is wrong."""
+    if not isinstance(record, dict) or "tools" not in record:
+        return messages_of(record), None
+    if "messages" not in record:
+        raise ValueError("has 'tools' but no 'messages' (a conversation with tools is a list of messages)")
+    tools, messages = checked_tools(record["tools"]), record["messages"]
+    checked_messages(messages, tools=True)
+    if not any(m["role"] == "assistant" for m in messages):
+        raise ValueError("has no assistant turn (nothing to learn)")
+    return messages, tools
 
 
 def read_records(path: str, parse: Callable[[object], T], bad: Callable[[str, str], None]) -> list[tuple[str, T]]:
@@ -147,6 +217,7 @@ class ChatDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
         num_workers: int = 0,
         seed: int = 0,
         generate: ArithmeticTask | None = None,
+        episodes: Episodes | None = None,
     ) -> None:
         """
         Args:
@@ -165,10 +236,14 @@ class ChatDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
             seed: seed of the per-epoch shuffle of the training conversations.
             generate: write the project's arithmetic task with these settings into the folder ``path`` when it is
                 not there (``datamodules.arithmetic``) and train on its sft.jsonl; None: path is the user's data.
+            episodes: write a text environment's scripted episodes with these settings into the folder ``path``
+                (episodes.jsonl) when they are not there and train on them; None: path is the user's data.
         """
         super().__init__()
         self.save_hyperparameters()
-        for name, given in (("path", None if generate else path), ("val_path", val_path)):
+        if generate is not None and episodes is not None:
+            raise InputError("give --data.init_args.generate or --data.init_args.episodes, not both")
+        for name, given in (("path", None if generate or episodes else path), ("val_path", val_path)):
             if given is not None and not Path(given).exists():
                 raise FileNotFoundError(
                     not_found_message("conversations file or folder", given, f"pass --data.init_args.{name}")
@@ -182,6 +257,11 @@ class ChatDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
         self.kind, self.pretrained_dir, self.gpt2_dir = tokenizer, pretrained_dir, gpt2_dir
         self.block_size, self.batch_size, self.skip_bad_records = window(block_size), batch_size, skip_bad_records
         self.num_workers, self.seed, self.generate = num_workers, seed, generate
+        self.episodes = episodes
+        if episodes is not None:
+            from zoo.gpt.tune.envs import check_env_id
+
+            check_env_id(episodes.env_id, "--data.init_args.episodes.env_id")
         self.tokenizer: Tokenizer | None = None
         self.train_set: Conversations | None = None
         self.val_set: Conversations | None = None
@@ -190,6 +270,16 @@ class ChatDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
     def _ensure_tokenizer(self) -> Tokenizer:
         return ensure_tokenizer(self)
 
+    def prepare_data(self) -> None:
+        if self.episodes is not None:  # once per node, before setup on every rank
+            prepare_episodes(self.path, self.episodes)
+        super().prepare_data()
+
+    def _train_path(self) -> str:
+        if self.episodes is not None:
+            return str(prepare_episodes(self.path, self.episodes))
+        return super()._train_path()
+
     @property
     def vocab_size(self) -> int:
         """For sizing a model from the data config."""
@@ -197,9 +287,9 @@ class ChatDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
 
     # -- records ----------------------------------------------------------------------------------------------
 
-    def _records(self, path: str) -> list[tuple[str, list[dict]]]:
-        """``(where, messages)`` of every good record of ``path`` (a file or folder), in order."""
-        return read_records(path, messages_of, self._bad)
+    def _records(self, path: str) -> list[tuple[str, tuple[list[dict], list[dict] | None]]]:
+        """``(where, (messages, tools))`` of every good record of ``path`` (a file or folder), in order."""
+        return read_records(path, conversation_of, self._bad)
 
     def _bad(self, where: str, why: str) -> None:
         if not self.skip_bad_records:
@@ -208,13 +298,13 @@ class ChatDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
             )
         self.skipped += 1
 
-    def _encode(self, records: list[tuple[str, list[dict]]]) -> Conversations:
+    def _encode(self, records: list[tuple[str, tuple[list[dict], list[dict] | None]]]) -> Conversations:
         """Each conversation rendered, cut after its last assistant turn that fits in block_size + 1 tokens."""
         tokenizer = self._ensure_tokenizer()
         examples, items = chat_examples(tokenizer), []
-        for where, messages in records:
+        for where, (messages, tools) in records:
             try:
-                rendered = examples(messages)
+                rendered = examples(messages, tools)
             except InputError as err:  # the template refused this conversation (raise_exception, say)
                 self._bad(where, f"cannot be rendered: {err}")
                 continue

@@ -51,6 +51,9 @@ ONP = "zoo/rl/on_policy.py"
 AB = "zoo/adapt/base.py"
 DLS, CODE = "zoo/tracking/downloads.py", "zoo/tracking/code.py"
 RMT = "zoo/tracking/remote.py"
+CALC, GUESS, LAKE = "zoo/gpt/tune/envs/calculator.py", "zoo/gpt/tune/envs/guess.py", "zoo/gpt/tune/envs/frozenlake.py"
+ENVB, SCR = "zoo/gpt/tune/envs/base.py", "zoo/gpt/tune/envs/scripted.py"
+TC, CT = "zoo/io/tool_calls.py", "zoo/io/chat_template.py"
 MF = "zoo/tracking/manifest.py"
 SV, RPT = "zoo/tracking/serving.py", "zoo/tracking/report.py"
 CM, CN, RN, TV = "zoo/cnn/module.py", "zoo/cnn/convnet.py", "zoo/cnn/resnet.py", "zoo/cnn/torchvision_net.py"
@@ -2623,6 +2626,80 @@ FAMILIES: dict[str, dict] = {
             (AP, "    build.check_net(theirs, path)\n", ""),
             ("zoo/app/sizes.py", "    if stored:  # the checkpoint's sizes", "    if False:  # the checkpoint's sizes"),
             ("zoo/gpt/formats/hf.py", "    budget.check_kwargs(GPT, kwargs, str(folder))\n", ""),
+        ],
+    },
+    "textenv": {  # text environments and tool calls (issue 55): dynamics, rewards, the calculator, parsing, masks
+        "tests": ["tests/gpt/test_envs.py", "tests/gpt/test_tool_calls.py"],
+        "mutants": [
+            (
+                CALC,
+                'value = bounded(value + right if op == "+" else value - right)',
+                'value = bounded(value - right if op == "+" else value + right)',
+            ),
+            (CALC, 'return -value if token == "-" else value', "return value"),
+            (CALC, 'if op == "/" and right == 0:', 'if op == "/" and right == 0 and value == 0:'),
+            (CALC, "if depth > MAX_DEPTH:", "if depth > 10 * MAX_DEPTH:"),
+            (
+                CALC,
+                "if max(abs(value.numerator), value.denominator) >= 10**MAX_DIGITS:",
+                "if abs(value.numerator) >= 10 ** (2 * MAX_DIGITS):",
+            ),
+            (CALC, "int(found[1]) == self.answer", "int(found[1]) >= self.answer"),
+            (CALC, '== (self.split == "test"):', '== (self.split == "train"):'),
+            (
+                GUESS,
+                'user("Higher." if guess < self.target else "Lower.")',
+                'user("Higher." if guess > self.target else "Lower.")',
+            ),
+            (GUESS, "return [], 1.0 - self.turn_cost, True", "return [], 1.0, True"),
+            (
+                ENVB,
+                "truncated = not terminated and self.turns >= self.max_turns",
+                "truncated = not terminated and self.turns > self.max_turns",
+            ),
+            (ENVB, "self.calls += len(calls)", "self.calls += 1"),
+            (ENVB, "    if len(result) > max_chars:", "    if False:"),
+            (ENVB, "            worker.join(timeout)", "            worker.join()"),
+            (ENVB, "if expected and (not isinstance(value, expected)", "if False and (not isinstance(value, expected)"),
+            (LAKE, "self.lake.reset(seed=self._seed)", "self.lake.reset(seed=None)"),
+            (
+                LAKE,
+                'rows[self.position // cols][self.position % cols] = "*"',
+                'rows[self.position % cols][self.position // cols] = "*"',
+            ),
+            (LAKE, "self.success = terminated and reward > 0", "self.success = terminated"),
+            (SCR, 'return f"Guess: {(low + high) // 2}"', 'return f"Guess: {(low + 2 * high) // 3}"'),
+            (SCR, "low = max(low, guess + 1)", "low = max(low, guess)"),
+            ("datamodules/chat.py", "    return messages, tools\n", "    return messages, None\n"),
+            (SCR, '"content": m["content"][: m["content"].find(OPEN)],', '"content": m["content"],'),
+            (TC, "if len(calls) == MAX_TOOL_CALLS:", "if len(calls) > MAX_TOOL_CALLS:"),
+            (TC, "if len(body) > MAX_CALL_CHARS:", "if len(body) > 100 * MAX_CALL_CHARS:"),
+            (TC, 'set(call) != {"name", "arguments"}:', 'not {"name", "arguments"} <= set(call):'),
+            (
+                CT,
+                "            mask += [False] * len(body)\n",
+                '            mask += [m["role"] == "tool"] * len(body)\n',
+            ),
+            (
+                CT,
+                "text: list[str] = [tool_lines(tools)]",
+                "text: list[str] = [tool_lines(tools[:1] if tools else None)]",
+            ),
+            (
+                CT,
+                "'arguments': call['function']['arguments']}|tojson",
+                "'arguments': call['function']['arguments']}|string",
+            ),
+            (CT, "messages=messages, tools=tools, documents=None", "messages=messages, tools=None, documents=None"),
+            (
+                CT,
+                "before = render(source, messages[:i], True, tools, **special)",
+                "before = render(source, messages[:i], True, None, **special)",
+            ),
+            (CT, "roles = TOOL_ROLES if tools else ROLES", "roles = TOOL_ROLES"),
+            ("datamodules/chat.py", "json.loads(stored.read_text()) == settings", "True"),
+            ("datamodules/chat.py", "    if path.exists() and not stored.is_file():", "    if False:"),
+            ("zoo/io/tool_calls.py", "except (TypeError, ValueError, RecursionError):", "except RecursionError:"),
         ],
     },
 }

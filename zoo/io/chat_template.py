@@ -51,6 +51,7 @@ from typing import Any
 
 from zoo.errors import InputError
 from zoo.io.tokenizers import EOS_TOKEN, CharTokenizer, PretrainedTokenizer
+from zoo.io.tool_calls import check_tool_message_fields, checked_tools, format_tool_call
 
 MAX_TEMPLATE_CHARS = 200_000  # the largest published templates (tool-calling ones) are ~20k characters
 # A template is code with a budget: each render may take this many steps (a loop's item, a call, an attribute or
@@ -60,6 +61,7 @@ TEMPLATE_STEPS = 1_000_000
 TEMPLATE_SECONDS = 5.0
 TEMPLATE_EXTRA_CHARS = 2_000_000
 ROLES = ("system", "user", "assistant")
+TOOL_ROLES = (*ROLES, "tool")  # a conversation with tools: results come back as ``tool`` messages
 
 
 @dataclass
@@ -302,16 +304,23 @@ def compile_template(source: str):
         raise InputError(f"the chat_template is not a Jinja template jinja2 compiles ({err})") from None
 
 
-def render(source: str, messages: list[dict], add_generation_prompt: bool = False, **special: str) -> str:
-    """``source`` rendered for ``messages`` on a ``Budget``; a template error, a sandbox refusal or a budget spent is
-    one line."""
+def render(
+    source: str,
+    messages: list[dict],
+    add_generation_prompt: bool = False,
+    tools: list[dict] | None = None,
+    **special: str,
+) -> str:
+    """``source`` rendered for ``messages`` (and ``tools``: JSON function specs, as ``apply_chat_template(tools=)``
+    hands them to the template) on a ``Budget``; a template error, a sandbox refusal or a budget spent is one line."""
     import jinja2
 
     content = sum(len(c) for m in messages if isinstance(m, dict) and isinstance(c := m.get("content"), str))
+    content += len(json.dumps(tools)) + sum(len(json.dumps(m.get("tool_calls", []))) for m in messages) if tools else 0
     _local.budget = budget = Budget(2 * content + TEMPLATE_EXTRA_CHARS)
     try:
         pieces = compile_template(source).generate(
-            messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt, **special
+            messages=messages, tools=tools, documents=None, add_generation_prompt=add_generation_prompt, **special
         )
         out = []
         for piece in pieces:
@@ -334,9 +343,12 @@ def render(source: str, messages: list[dict], add_generation_prompt: bool = Fals
 # -- a tokenizer's conversations ----------------------------------------------------------------------------------
 
 
-def checked_messages(messages: object) -> list[dict]:
+def checked_messages(messages: object, tools: bool = False) -> list[dict]:
     """``messages`` when it is a conversation in OpenAI's format: a non-empty list of objects of exactly ``role``
-    (one of ROLES) and ``content`` (a string); else one InputError saying what is wrong."""
+    (one of ROLES) and ``content`` (a string); with ``tools``, also ``tool`` messages (``name``, ``tool_call_id``)
+    and assistant ``tool_calls`` (``zoo.io.tool_calls.check_tool_message_fields``); else one InputError saying what
+    is wrong."""
+    roles = TOOL_ROLES if tools else ROLES
     if not isinstance(messages, list) or not messages:
         raise InputError("has 'messages' that is not a non-empty list")
     for k, m in enumerate(messages):
@@ -344,20 +356,23 @@ def checked_messages(messages: object) -> list[dict]:
             raise InputError(f"message {k} is not an object of exactly 'role' and 'content'")
         if missing := [f for f in ("role", "content") if m.get(f) is None]:
             raise InputError(f'message {k} has no {missing[0]!r}: send {{"role": ..., "content": "..."}}')
-        if extra := sorted(set(m) - {"role", "content"}, key=str):
+        if not tools and (extra := sorted(set(m) - {"role", "content"}, key=str)):
             raise InputError(f"message {k} has {extra[0]!r}: a message is an object of exactly 'role' and 'content'")
-        if m["role"] not in ROLES:
-            raise InputError(f"message {k} has the role {m['role']!r}, not one of {', '.join(ROLES)}")
+        if m["role"] not in roles:
+            raise InputError(f"message {k} has the role {m['role']!r}, not one of {', '.join(roles)}")
+        if tools:
+            check_tool_message_fields(m, k)
         if not isinstance(m["content"], str):
             raise InputError(f"message {k} has a {type(m['content']).__name__} content, not a string")
     return messages
 
 
-def chat_renderer(tokenizer: Any) -> Callable[[list[dict], bool], Rendered]:
-    """``render(messages, add_generation_prompt)`` for ``tokenizer``: its chat template if it has one (an imported
-    folder's), else the default format; a character tokenizer is refused."""
+def chat_renderer(tokenizer: Any) -> Callable[..., Rendered]:
+    """``render(messages, add_generation_prompt, tools=None)`` for ``tokenizer``: its chat template if it has one (an
+    imported folder's), else the default format; a character tokenizer is refused. ``tools`` (OpenAI function
+    specs) are checked (``zoo.io.tool_calls.checked_tools``) and rendered as the template renders them."""
     if getattr(tokenizer, "chat_template", None) is not None:
-        return lambda messages, prompt=False: _templated(tokenizer, messages, prompt)
+        return lambda messages, prompt=False, tools=None: _templated(tokenizer, messages, prompt, checked_tools(tools))
     if isinstance(tokenizer, CharTokenizer):
         raise InputError(
             "a character tokenizer encodes only the characters of the corpus it was fitted on: chat data needs "
@@ -365,7 +380,7 @@ def chat_renderer(tokenizer: Any) -> Callable[[list[dict], bool], Rendered]:
         )
     if isinstance(tokenizer, PretrainedTokenizer):
         raise InputError("the imported tokenizer has no chat_template (tokenizer_config.json or chat_template.jinja)")
-    return lambda messages, prompt=False: _default(tokenizer, messages, prompt)
+    return lambda messages, prompt=False, tools=None: _default(tokenizer, messages, prompt, checked_tools(tools))
 
 
 def _special(tokenizer) -> dict[str, str]:
@@ -377,15 +392,15 @@ class RewritesEarlierTurns(InputError):
     before the last user turn), so one sequence cannot hold every reply as it was generated."""
 
 
-def _templated(tokenizer, messages: list[dict], add_generation_prompt: bool) -> Rendered:
+def _templated(tokenizer, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None) -> Rendered:
     source, special = tokenizer.chat_template, _special(tokenizer)
-    text = render(source, messages, add_generation_prompt, **special)
+    text = render(source, messages, add_generation_prompt, tools, **special)
     if add_generation_prompt:  # a prompt: context only, so no reply need be located in it, whatever the template
         ids = tokenizer.hf.encode(text, add_special_tokens=False).ids
         return Rendered(ids, [False] * len(ids), [], text)
     spans = []
     for i in _replies(messages):
-        through, start = _reply(source, special, messages, i)
+        through, start = _reply(source, special, messages, i, tools)
         if not text.startswith(through):
             raise RewritesEarlierTurns(
                 "the chat_template renders a conversation's first turns differently once more follow (it rewrites "
@@ -400,12 +415,14 @@ def _replies(messages: list[dict]) -> list[int]:
     return [i for i, m in enumerate(messages) if m["role"] == "assistant"]
 
 
-def _reply(source: str, special: dict[str, str], messages: list[dict], i: int) -> tuple[str, int]:
+def _reply(
+    source: str, special: dict[str, str], messages: list[dict], i: int, tools: list[dict] | None = None
+) -> tuple[str, int]:
     """``render(messages[:i+1])`` and where reply i begins in it: after ``render(messages[:i])``'s generation prompt,
     so its text is what a model is asked to generate there. Refused where that prompt is not where the rendering of
     the reply begins (a prompt that opens the reply, as DeepSeek-R1's ``<think>\\n``, which its reply drops)."""
-    before = render(source, messages[:i], True, **special)
-    through = render(source, messages[: i + 1], False, **special)
+    before = render(source, messages[:i], True, tools, **special)
+    through = render(source, messages[: i + 1], False, tools, **special)
     if not through.startswith(before):
         raise InputError(
             f"the chat_template's rendering of a reply does not begin with its generation prompt (the prompt ends "
@@ -424,25 +441,26 @@ def _encoded(tokenizer, text: str, spans: list[tuple[int, int]]) -> Rendered:
     return Rendered(enc.ids, _overlapping(enc.offsets, spans), _token_ends(enc.offsets, [e for _, e in spans]), text)
 
 
-def chat_examples(tokenizer: Any) -> Callable[[list[dict]], list[Rendered]]:
-    """``examples(messages)``: the conversation as supervised examples, each a ``Rendered`` whose mask is the
-    replies it teaches. One sequence with every reply where the template renders each turn as it renders the whole
-    (every template but those that rewrite earlier turns); else one example per assistant turn i, the template's
-    rendering of ``messages[:i+1]`` with reply i learned and the replies before it context, as the template shows
-    them to the model at that point (so each reply is learned after the very prompt it answers at inference)."""
+def chat_examples(tokenizer: Any) -> Callable[..., list[Rendered]]:
+    """``examples(messages, tools=None)``: the conversation as supervised examples, each a ``Rendered`` whose mask
+    is the replies it teaches. One sequence with every reply where the template renders each turn as it renders the
+    whole (every template but those that rewrite earlier turns); else one example per assistant turn i, the
+    template's rendering of ``messages[:i+1]`` with reply i learned and the replies before it context, as the
+    template shows them to the model at that point (so each reply is learned after the very prompt it answers at
+    inference)."""
     whole = chat_renderer(tokenizer)
     if getattr(tokenizer, "chat_template", None) is None:
-        return lambda messages: [whole(messages)]
+        return lambda messages, tools=None: [whole(messages, False, tools)]
     source, special = tokenizer.chat_template, _special(tokenizer)
 
-    def examples(messages: list[dict]) -> list[Rendered]:
+    def examples(messages: list[dict], tools: list[dict] | None = None) -> list[Rendered]:
         try:
-            return [whole(messages)]
+            return [whole(messages, False, tools)]
         except RewritesEarlierTurns:
             pass
         out = []
         for i in _replies(messages):
-            through, start = _reply(source, special, messages, i)
+            through, start = _reply(source, special, messages, i, checked_tools(tools))
             out.append(_encoded(tokenizer, through, [(start, len(through))]))
         return out
 
@@ -461,11 +479,36 @@ def _token_ends(offsets: list[tuple[int, int]], ends: list[int]) -> list[int]:
 
 
 # The default format as a template (trim_blocks drops a newline right after a tag: each newline is an expression).
+# Tools, when given, open the text as ``<|tools|>`` and one line per tool, ``name(arg, ...): description``; an
+# assistant's ``tool_calls`` follow its content as the text a model writes for them (``format_tool_call``).
 DEFAULT_TEMPLATE = (
+    "{% if tools %}{{ '<|tools|>\\n' }}{% for tool in tools %}{% set f = tool['function'] %}"
+    "{{ f['name'] + '(' + f.get('parameters', {}).get('properties', {})|join(', ') + ')' }}"
+    "{% if f.get('description') %}{{ ': ' + f['description'] }}{% endif %}{{ '\\n' }}{% endfor %}{% endif %}"
     "{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' + message['content'] }}"
+    "{% for call in message.get('tool_calls', []) %}{{ '<tool_call>' + {'name': call['function']['name'], "
+    "'arguments': call['function']['arguments']}|tojson + '</tool_call>' }}{% endfor %}"
     "{% if message['role'] == 'assistant' %}{{ eos_token }}{% else %}{{ '\\n' }}{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
 )
+
+
+def tool_lines(tools: list[dict] | None) -> str:
+    """The default format's block of tools: ``<|tools|>`` and ``name(arg, ...): description`` a line each."""
+    if not tools:
+        return ""
+    lines = []
+    for tool in tools:
+        f = tool["function"]
+        description = f": {f['description']}" if f.get("description") else ""
+        lines.append(f"{f['name']}({', '.join(f.get('parameters', {}).get('properties', {}))}){description}\n")
+    return "<|tools|>\n" + "".join(lines)
+
+
+def _content(m: dict) -> str:
+    """A message's text in the default format: its content, then its tool calls as the model writes them."""
+    calls = m.get("tool_calls", [])
+    return m["content"] + "".join(format_tool_call(c["function"]["name"], c["function"]["arguments"]) for c in calls)
 
 
 def template_source(tokenizer: Any) -> Any:
@@ -478,26 +521,26 @@ def template_source(tokenizer: Any) -> Any:
     return DEFAULT_TEMPLATE
 
 
-def _default(tokenizer, messages: list[dict], add_generation_prompt: bool) -> Rendered:
-    ids: list[int] = []
-    mask: list[bool] = []
+def _default(tokenizer, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None = None) -> Rendered:
+    text: list[str] = [tool_lines(tools)]
+    ids: list[int] = tokenizer.encode(text[0]) if tools else []
+    mask: list[bool] = [False] * len(ids)
     ends: list[int] = []
-    text: list[str] = []
     for m in messages:
         header = tokenizer.encode(f"<|{m['role']}|>\n")
         ids += header
         mask += [False] * len(header)
         if m["role"] == "assistant":
-            reply = tokenizer.encode(m["content"]) + [tokenizer.eos_id]
+            reply = tokenizer.encode(_content(m)) + [tokenizer.eos_id]
             ids += reply
             mask += [True] * len(reply)
             ends.append(len(ids))
-            text += [f"<|{m['role']}|>\n", m["content"], EOS_TOKEN]
+            text += [f"<|{m['role']}|>\n", _content(m), EOS_TOKEN]
         else:
-            body = tokenizer.encode(m["content"] + "\n")
+            body = tokenizer.encode(_content(m) + "\n")
             ids += body
             mask += [False] * len(body)
-            text += [f"<|{m['role']}|>\n", m["content"] + "\n"]
+            text += [f"<|{m['role']}|>\n", _content(m) + "\n"]
     if add_generation_prompt:
         ids += tokenizer.encode("<|assistant|>\n")
         mask += [False] * (len(ids) - len(mask))

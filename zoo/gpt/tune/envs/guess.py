@@ -1,0 +1,47 @@
+"""Guess a number with higher/lower feedback: a game whose best play needs the observations. Binary search finds any
+of 1..100 in at most 7 guesses (ceil(log2(101))); a linear or random search needs many more."""
+
+from __future__ import annotations
+
+import re
+
+from zoo.errors import InputError
+from zoo.gpt.tune.envs.base import TextEnv, user
+
+GUESS = re.compile(r"Guess:\s*(-?\d{1,12})\b")
+
+
+class GuessNumberEnv(TextEnv):
+    """``zoo/GuessNumber-v0``: the environment draws a number in ``low..high``; each reply ``Guess: N`` is answered
+    ``Higher.`` or ``Lower.`` until it is right (reward 1, the episode ends, success), less ``turn_cost`` for every
+    reply (a shaped reward that favours fewer guesses). A reply without a guess in range is told the format and
+    counts as a turn. No tools."""
+
+    def __init__(self, low: int = 1, high: int = 100, turn_cost: float = 0.0, max_turns: int = 20) -> None:
+        """
+        Args:
+            low, high: the range of the number, both included.
+            turn_cost: subtracted from the reward at every reply (0: reward 1 on success only).
+            max_turns: the most guesses; the last one truncates the episode.
+        """
+        super().__init__(max_turns)
+        if not (isinstance(low, int) and isinstance(high, int) and 0 <= low < high <= 10**9):
+            raise InputError(f"low={low!r} and high={high!r}: give whole numbers 0 <= low < high <= 10^9")
+        if not 0 <= turn_cost <= 1:
+            raise InputError(f"turn_cost={turn_cost!r}: give a number from 0 to 1")
+        self.low, self.high, self.turn_cost = low, high, turn_cost
+        self.target = low
+
+    def observe_start(self) -> list[dict]:
+        self.target = int(self.np_random.integers(self.low, self.high + 1))
+        return user(f"Guess my number from {self.low} to {self.high}. Reply Guess: N.")
+
+    def respond(self, text: str) -> tuple[list[dict], float, bool]:
+        found = GUESS.search(text)
+        guess = int(found[1]) if found else None
+        if guess is None or not self.low <= guess <= self.high:
+            return user(f"Reply Guess: N with N from {self.low} to {self.high}."), 0.0 - self.turn_cost, False
+        if guess == self.target:
+            self.success = True
+            return [], 1.0 - self.turn_cost, True
+        return user("Higher." if guess < self.target else "Lower."), 0.0 - self.turn_cost, False
