@@ -1742,8 +1742,8 @@ FAMILIES: dict[str, dict] = {
             (CTT, "return [any(start < e and end > s for", "return [any(start <= e and end >= s for"),
             (
                 CTT,
-                'reply = tokenizer.encode(m["content"]) + [tokenizer.eos_id]',
-                'reply = tokenizer.encode(m["content"])',
+                "reply = tokenizer.encode(_content(m)) + [tokenizer.eos_id]",
+                "reply = tokenizer.encode(_content(m))",
             ),
             # truncation mid-turn; records not checked
             (
@@ -1751,8 +1751,12 @@ FAMILIES: dict[str, dict] = {
                 "fits = [end for end in example.turn_ends if end <= self.block_size + 1]",
                 "fits = [min(len(example.ids), self.block_size + 1)]",
             ),
-            (CTT, '        if m["role"] not in ROLES:', "        if False:"),
-            (DCH, '    if not any(m["role"] == "assistant" for m in messages):', "    if False:"),
+            (CTT, '        if m["role"] not in roles:', "        if False:"),
+            (
+                DCH,
+                '    checked_messages(messages)  # an InputError is a ValueError\n    if not any(m["role"] == "assistant"',
+                "    checked_messages(messages)  # an InputError is a ValueError\n    if False and any(",
+            ),
             # the template's rendering: transformers' environment, its special tokens, no BOS of the tokenizer's own
             (CTT, "env = Sandbox(trim_blocks=True,", "env = Sandbox(trim_blocks=False,"),
             (
@@ -1827,21 +1831,25 @@ FAMILIES: dict[str, dict] = {
             ),
             (
                 CTT,
-                "        for i in _replies(messages):\n            through, start = _reply(source, special, messages, i)\n"
-                "            out.append(",
+                "        for i in _replies(messages):\n            through, start = _reply(source, special, messages, i, "
+                "checked_tools(tools))\n            out.append(",
                 "        for i in _replies(messages)[-1:]:\n            through, start = _reply(source, special, "
-                "messages, i)\n            out.append(",
+                "messages, i, checked_tools(tools))\n            out.append(",
             ),
             (
                 CTT,
                 "        except RewritesEarlierTurns:\n            pass",
                 "        except RewritesEarlierTurns:\n            raise",
             ),
-            (CTT, "        try:\n            return [whole(messages)]", "        try:\n            whole(messages)"),
             (
                 CTT,
-                "    before = render(source, messages[:i], True, **special)",
-                "    before = render(source, messages[:i], False, **special)",
+                "        try:\n            return [whole(messages, False, tools)]",
+                "        try:\n            whole(messages, False, tools)",
+            ),
+            (
+                CTT,
+                "    before = render(source, messages[:i], True, tools, **special)",
+                "    before = render(source, messages[:i], False, tools, **special)",
             ),
             (DCH, "            for example in rendered:", "            for example in rendered[:1]:"),
             # a preference pair after earlier turns: its side the first reply's example, or every token learned
