@@ -1,0 +1,182 @@
+"""Multi-turn episodes (zoo.gpt.tune.episodes): one sequence per episode as the chat template renders it, only the
+sampled tokens trained, the KV cache carried across turns equal to a forward from scratch, the bounds, and each
+reward kept with its own episode of a group."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import gymnasium as gym
+import pytest
+import torch
+
+from zoo.errors import InputError
+from zoo.gpt import GPT
+from zoo.gpt.attention import MHA
+from zoo.gpt.tune import episodes as E
+from zoo.gpt.tune.rollout import per_token_logps
+from zoo.io.chat_template import chat_renderer
+from zoo.io.tokenizers import ByteTokenizer
+
+NET = dict(vocab_size=257, block_size=160, n_layer=1, n_embd=32, n_head=2)
+ECHO = "zoo-test/Echo-v0"
+
+
+class EchoEnv(gym.Env):
+    """Two turns: say the number you were told, then the one after it (a "tool" turn tells it). Reward per turn:
+    1 if the reply holds the number, plus a tenth of the reply's length (so every episode's reward is its own)."""
+
+    def __init__(self, turns: int = 2, never_ends: bool = False) -> None:
+        self.turns, self.never_ends, self.steps = turns, never_ends, 0
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.n, self.t = int(self.np_random.integers(10, 99)), 0
+        return [{"role": "user", "content": f"Say {self.n}."}], {}
+
+    def step(self, action: str):
+        self.steps += 1
+        reward = float(str(self.n + self.t) in action) + len(action) / 10
+        self.t += 1
+        done = self.t >= self.turns and not self.never_ends
+        info = {"tool_calls": 1, "success": done and reward >= 1}
+        return [{"role": "tool", "content": f"now {self.n + self.t}"}], reward, done, False, info
+
+
+if ECHO not in gym.registry:
+    gym.register(ECHO, entry_point=EchoEnv)
+
+
+def reward_of(reply: str, target: int) -> float:
+    return float(str(target) in reply) + len(reply) / 10
+
+
+def _net(**kwargs) -> GPT:
+    torch.manual_seed(0)
+    return GPT(**(NET | kwargs)).eval()
+
+
+def _play(net, env, seed=0, tokenizer=None, max_new_tokens=8, temperature=1.0, **bounds):
+    scaffold = E.Scaffold(tokenizer or ByteTokenizer())
+    return E.play(net, env, seed, scaffold, E.Episodes(**bounds), max_new_tokens, temperature, env_id=ECHO)
+
+
+def _plain(tokenizer, text: str) -> list[int]:
+    """``text``'s ids without the BOS a folder's post-processor adds."""
+    hf = getattr(tokenizer, "hf", None)
+    return hf.encode(text, add_special_tokens=False).ids if hf is not None else tokenizer.encode(text)
+
+
+def _scripted(monkeypatch, tokenizer, replies: list[str]):
+    """``sample_turn`` replaced by a policy that says ``replies`` in turn, each ended by the first stop id."""
+    said = iter(replies)
+
+    def sample_turn(net, cache, ids, fed, budget, *args, **kwargs):
+        out = _plain(tokenizer, next(said)) + [tokenizer.stop_ids[0]]
+        return out, [-0.5] * len(out)
+
+    monkeypatch.setattr(E, "sample_turn", sample_turn)
+
+
+def _templated(folder, template: str, eos: str):
+    import json
+
+    from test_chat import write_tokenizer
+
+    from zoo.io.hf_tokenizer import from_folder
+
+    write_tokenizer(folder)
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|begin_of_text|>", "eos_token": eos}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": template}))
+    return from_folder(folder)
+
+
+@pytest.mark.parametrize("fmt", ["default", "chatml", "llama3"])
+def test_an_episode_is_the_templates_rendering_with_the_sampled_tokens_alone_trained(fmt, monkeypatch, tmp_path):
+    if fmt == "default":
+        tok = ByteTokenizer()
+    else:
+        pytest.importorskip("transformers")
+        from test_chat import CHATML, LLAMA3
+
+        template, eos = (CHATML, "<|im_end|>") if fmt == "chatml" else (LLAMA3, "<|eot_id|>")
+        tok = _templated(tmp_path, template, eos)
+    replies = ["It is 42.", "43 then"]
+    _scripted(monkeypatch, tok, replies)
+    ep = _play(_net(), EchoEnv(), tokenizer=tok)
+    whole = chat_renderer(tok)(ep.messages[:-1], False)  # the conversation through the last reply
+    rest = whole.ids[len(ep.ids) :]  # what the template writes after the last stop token (ChatML's newline)
+    assert ep.ids == whole.ids[: len(ep.ids)] and tok.decode(rest).strip() == "" and len(rest) <= 1
+    assert ep.turns == 2 and ep.tool_calls == 2 and ep.ended == "terminated"
+    sampled = [t for t, p in zip(ep.ids, ep.policy) if p]
+    assert sampled == [t for r in replies for t in _plain(tok, r) + [tok.stop_ids[0]]]  # the replies and their stops
+    if fmt == "default":  # the template's own mask: the reply and its EOS, nothing else
+        assert ep.policy == whole.mask
+    assert [ep.ids[e] for e in ep.turn_ends] == [tok.stop_ids[0]] * 2
+
+
+@pytest.mark.parametrize("net", [{}, {"position": "rope", "attention": partial(MHA, n_kv_head=1)}], ids=["mha", "mqa"])
+@pytest.mark.parametrize("max_new_tokens", [3, 12])
+def test_the_carried_cache_samples_what_a_forward_from_scratch_gives(net, max_new_tokens):
+    torch.manual_seed(1)
+    net, env = _net(**net), EchoEnv(turns=3)
+    eps = [_play(net, env, seed, max_new_tokens=max_new_tokens, temperature=0.7) for seed in range(2)]
+    assert all(e.turns == 3 for e in eps)  # several turns, each fed only its new tokens
+    r = E.rollout_of(eps)
+    with torch.no_grad():
+        fresh = per_token_logps(net, r.ids, r.completion_mask, 0.7, r.pad)
+    torch.testing.assert_close(fresh, r.logps, atol=2e-5, rtol=1e-4)
+    greedy = [_play(net, env, 5, max_new_tokens=max_new_tokens, temperature=0)]
+    for e in greedy:  # each greedy token is the argmax of a forward over the whole sequence before it
+        with torch.no_grad():
+            logits = net(torch.tensor([e.ids[:-1]]))[0]
+        picked = logits.argmax(-1).tolist()
+        assert all(e.ids[i + 1] == picked[i] for i, p in enumerate(e.policy[1:]) if p)
+
+
+def test_the_rollout_masks_the_policys_tokens_only_with_their_logps():
+    eps = [_play(_net(), EchoEnv(), s, max_new_tokens=6) for s in range(4)]
+    r = E.rollout_of(eps)
+    for k, e in enumerate(eps):
+        n = len(e.ids)
+        assert r.ids[k, :n].tolist() == e.ids[: r.ids.shape[1]] and r.ids[k, n:].eq(0).all()
+        assert r.completion_mask[k, : n - 1].tolist() == [int(p) for p in e.policy[1:]]
+        assert r.completion_mask[k, n - 1 :].eq(0).all() and r.logps[k][r.completion_mask[k] == 0].eq(0).all()
+        assert (r.logps[k][r.completion_mask[k] == 1] < 0).all()
+    assert r.completion_mask.shape[1] == max(max(i for i, p in enumerate(e.policy) if p) for e in eps)
+
+
+def test_an_episode_stops_when_the_env_ends_it_or_at_its_bounds():
+    env = EchoEnv(turns=1)
+    ep = _play(_net(), env, max_new_tokens=6)
+    assert env.steps == 1 and ep.turns == 1 and ep.ended == "terminated" and ep.policy[-1]  # nothing after its end
+    env = EchoEnv(never_ends=True)
+    ep = _play(_net(), env, max_new_tokens=4, max_turns=3)
+    assert env.steps == 3 and ep.turns == 3 and ep.ended == "max_turns" and not ep.success
+    env = EchoEnv(never_ends=True)
+    ep = _play(_net(), env, max_new_tokens=8, max_turns=50, max_tokens=64)
+    assert ep.ended == "max_tokens" and len(ep.ids) <= 64 and env.steps == ep.turns
+    with pytest.raises(InputError, match="block_size"):
+        _play(_net(), EchoEnv(), max_tokens=NET["block_size"] + 1)
+
+
+def test_each_reward_stays_with_its_episode_and_each_group_with_its_seed():
+    eps = E.play_groups(_net(), EchoEnv(), [3, 5, 7], 2, E.Scaffold(ByteTokenizer()), E.Episodes(), 6, 1.0)
+    assert [e.seed for e in eps] == [3, 3, 5, 5, 7, 7]
+    for e in eps:
+        n = int(e.messages[0]["content"].split()[1].rstrip("."))
+        replies = [m["content"] for m in e.messages if m["role"] == "assistant"]
+        assert e.turn_rewards == [reward_of(y, n + t) for t, y in enumerate(replies)]
+    values, mask = E.turn_steps(eps, E.rollout_of(eps).completion_mask.shape[1])
+    assert torch.equal(values.sum(1), torch.tensor([e.reward for e in eps]))
+    assert mask.sum(1).tolist() == [e.turns for e in eps]
+
+
+@pytest.mark.parametrize(
+    "env_id, why", [("os:system", "module:Env"), ("zoo-test/Nope-v0", "not a registered"), ("CartPole-v1", "text env")]
+)
+def test_an_env_id_is_a_registered_text_env_or_one_line(env_id, why):
+    with pytest.raises(InputError, match=why) as err:
+        source = E.TextEnv(env_id)
+        _play(_net(), source.make())
+    assert "\n" not in str(err.value)
