@@ -180,3 +180,40 @@ def test_an_env_id_is_a_registered_text_env_or_one_line(env_id, why):
         source = E.TextEnv(env_id)
         _play(_net(), source.make())
     assert "\n" not in str(err.value)
+
+
+# -- GRPO on episodes ----------------------------------------------------------------------------------------------
+
+
+def _module(**kwargs):
+    from test_grpo import _module as grpo_module
+
+    defaults = dict(group_size=2, max_new_tokens=4, episodes={"max_turns": 2, "max_tokens": 96}, rewards=[])
+    module = grpo_module(**(defaults | kwargs))
+    module.net = _net(block_size=96).train()
+    return module
+
+
+def _episode_data(**kwargs):
+    from datamodules import EpisodeDataModule
+
+    settings = dict(train_seeds=8, val_seeds=2, test_seeds=3, batch_size=2, val_batch_size=2)
+    return EpisodeDataModule(ECHO, {"turns": 2}, **(settings | kwargs))
+
+
+@pytest.mark.parametrize("turn_credit", [False, True])
+def test_grpo_trains_on_episodes_and_logs_turns_and_tool_calls(tmp_path, turn_credit):
+    from test_grpo import _trainer
+
+    module, dm = _module(episodes={"max_turns": 2, "max_tokens": 96, "turn_credit": turn_credit}), _episode_data()
+    before = [p.detach().clone() for p in module.net.parameters()]
+    trainer = _trainer(tmp_path, 2, limit_val_batches=1, val_check_interval=2)
+    trainer.fit(module, dm)
+    assert any(not torch.equal(a, b) for a, b in zip(before, module.net.parameters()))
+    metrics = trainer.callback_metrics
+    assert float(metrics["train/turns"]) == 2 and float(metrics["train/tool_calls"]) == 2
+    assert {"train/episode_length", "train/success", "train/reward", "val/success", "val/accuracy"} <= set(metrics)
+    assert float(metrics["train/policy_tokens"]) <= 2 * 4  # two turns of at most max_new_tokens
+    assert module.completion_samples and "conversation" in module.completion_samples[0]
+    out = trainer.test(module, dm, verbose=False)[0]
+    assert {"test/success", "test/turns", "test/tool_calls", "test/reward"} <= set(out)

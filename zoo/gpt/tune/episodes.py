@@ -91,7 +91,7 @@ class Episodes:
 # -- the environment: a registered id only -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: Lightning's batch transfer rebuilds the dataclasses a batch holds
 class TextEnv:
     """A text environment named by its registered gymnasium id, with keyword arguments for ``gymnasium.make``.
 
