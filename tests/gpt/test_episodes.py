@@ -217,3 +217,71 @@ def test_grpo_trains_on_episodes_and_logs_turns_and_tool_calls(tmp_path, turn_cr
     assert module.completion_samples and "conversation" in module.completion_samples[0]
     out = trainer.test(module, dm, verbose=False)[0]
     assert {"test/success", "test/turns", "test/tool_calls", "test/reward"} <= set(out)
+
+
+def _replies(e: E.Episode, tok) -> tuple[int, list[str]]:
+    """The number an episode's prompt asked for and its replies, read back from its tokens."""
+    runs, run = [], []
+    for t, p in zip(e.ids, e.policy):
+        if p:
+            run.append(t)
+        elif run:
+            runs, run = [*runs, run], []
+    runs += [run] if run else []
+    n = int(tok.decode(e.ids[: e.policy.index(True)]).split("Say ")[1].split(".")[0])
+    return n, [tok.decode(r[:-1] if r[-1] in tok.stop_ids else r) for r in runs]
+
+
+@pytest.mark.slow  # a fork server's start: ~25 s on a loaded 2-core machine (the single-turn pool's tests pay it too)
+def test_actors_play_episodes_the_learner_reads_back_row_by_row():
+    from zoo.gpt.tune.async_episodes import AsyncEpisodes, EpisodeSampling
+
+    net, tok, settings = _net(block_size=96), ByteTokenizer(), E.Episodes(max_turns=2, max_tokens=96)
+    source = E.TextEnv(ECHO, {"turns": 2})
+    sampling = EpisodeSampling(list(range(6)), 2, 2, source, source.spec(), tok, settings, 96, 4, 1.0, None)
+    pool = AsyncEpisodes(net, sampling, num_actors=1, num_slots=2, seed=0)
+    try:
+        episodes, version = pool.take()
+    finally:
+        pool.close()
+    assert version == 0 and len(episodes) == 4 and [e.seed for e in episodes[::2]] == [e.seed for e in episodes[1::2]]
+    for e in episodes:  # each row's rewards are its own replies'
+        n, replies = _replies(e, tok)
+        assert e.turns == 2 and e.turn_rewards == pytest.approx([reward_of(y, n + t) for t, y in enumerate(replies)])
+    r = E.rollout_of(episodes)
+    with torch.no_grad():
+        fresh = per_token_logps(net, r.ids, r.completion_mask, 1.0, r.pad)
+    torch.testing.assert_close(fresh, r.logps, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.slow  # cli.py fit then test into MLflow: ~20 s beyond the imports (the tiny fit above is the default's)
+def test_the_env_config_fits_and_tests_through_the_cli(tmp_path):
+    from conftest import CONFIGS, cli, fit_in_folder
+
+    tiny = dict(n_layer=1, n_embd=32, n_head=2, block_size=96)
+    fitted = fit_in_folder(
+        tmp_path,
+        "--config",
+        str(CONFIGS / "gpt" / "grpo_guess_number.yaml"),
+        f"--data.init_args.env_id={ECHO}",  # the test's own text env, by its registered id
+        *(f"--model.init_args.net.init_args.{k}={v}" for k, v in tiny.items()),
+        "--model.init_args.group_size=2",
+        "--model.init_args.max_new_tokens=4",
+        "--model.init_args.episodes.max_turns=2",
+        "--data.init_args.batch_size=1",
+        "--data.init_args.val_seeds=2",
+        "--data.init_args.test_seeds=2",
+        "--trainer.max_steps=1",
+        "--trainer.val_check_interval=1",
+        "--trainer.limit_val_batches=1",
+        "--trainer.log_every_n_steps=1",
+    )
+    assert {"train/turns", "train/tool_calls", "train/episode_length", "val/success"} <= set(
+        fitted.trainer.callback_metrics
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path)
+        mp.setenv("MLFLOW_TRACKING_URI", fitted.tracking_uri)
+        tested = cli("test", "--ckpt_path", str(fitted.last))
+    metrics = tested.trainer.callback_metrics
+    assert {"test/success", "test/turns", "test/tool_calls"} <= set(metrics) and float(metrics["test/turns"]) == 2
