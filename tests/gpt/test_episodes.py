@@ -168,8 +168,9 @@ def test_each_reward_stays_with_its_episode_and_each_group_with_its_seed():
         replies = [m["content"] for m in e.messages if m["role"] == "assistant"]
         assert e.turn_rewards == [reward_of(y, n + t) for t, y in enumerate(replies)]
     values, mask = E.turn_steps(eps, E.rollout_of(eps).completion_mask.shape[1])
-    assert torch.equal(values.sum(1), torch.tensor([e.reward for e in eps]))
-    assert mask.sum(1).tolist() == [e.turns for e in eps]
+    for k, e in enumerate(eps):  # each turn's reward at its last sampled token (column end - 1 of the completion)
+        assert [bool(mask[k, end - 1]) for end in e.turn_ends] == [True] * e.turns and mask[k].sum() == e.turns
+        assert [float(values[k, end - 1]) for end in e.turn_ends] == pytest.approx(e.turn_rewards)
 
 
 @pytest.mark.parametrize(
@@ -216,6 +217,7 @@ def test_grpo_trains_on_episodes_and_logs_turns_and_tool_calls(tmp_path, turn_cr
     assert float(metrics["train/policy_tokens"]) <= 2 * 4  # two turns of at most max_new_tokens
     assert module.completion_samples and "conversation" in module.completion_samples[0]
     out = trainer.test(module, dm, verbose=False)[0]
+    assert float(out["test/turns"]) == 2 and 0 <= float(out["test/success"]) <= 1
     assert {"test/success", "test/turns", "test/tool_calls", "test/reward"} <= set(out)
 
 
@@ -285,3 +287,20 @@ def test_the_env_config_fits_and_tests_through_the_cli(tmp_path):
         tested = cli("test", "--ckpt_path", str(fitted.last))
     metrics = tested.trainer.callback_metrics
     assert {"test/success", "test/turns", "test/tool_calls"} <= set(metrics) and float(metrics["test/turns"]) == 2
+
+
+def test_the_update_scores_each_row_with_its_own_episodes_return(tmp_path):
+    from test_grpo import _trainer
+
+    module, seen = _module(), []
+    update = module.update
+    module.update = lambda rollout, rewards, *a: seen.append((rollout, rewards)) or update(rollout, rewards, *a)
+    _trainer(tmp_path, 2).fit(module, _episode_data())
+    tok = ByteTokenizer()
+    for rollout, rewards in seen:
+        for k in range(len(rewards)):
+            n = len(rollout.ids[k]) - int((rollout.ids[k].flip(0).cumsum(0) == 0).sum())  # its tokens, unpadded
+            policy = [False, *rollout.completion_mask[k].bool().tolist()][:n]
+            e = E.Episode(0, rollout.ids[k, :n].tolist(), policy, [])
+            number, replies = _replies(e, tok)
+            assert float(rewards[k]) == pytest.approx(sum(reward_of(y, number + t) for t, y in enumerate(replies)))
