@@ -299,11 +299,50 @@ def test_the_update_scores_each_row_with_its_own_episodes_return(tmp_path):
     update = module.update
     module.update = lambda rollout, rewards, *a: seen.append((rollout, rewards)) or update(rollout, rewards, *a)
     _trainer(tmp_path, 2).fit(module, _episode_data())
-    tok = ByteTokenizer()
     for rollout, rewards in seen:
-        for k in range(len(rewards)):
-            n = len(rollout.ids[k]) - int((rollout.ids[k].flip(0).cumsum(0) == 0).sum())  # its tokens, unpadded
-            policy = [False, *rollout.completion_mask[k].bool().tolist()][:n]
-            e = E.Episode(0, rollout.ids[k, :n].tolist(), policy, [])
-            number, replies = _replies(e, tok)
-            assert float(rewards[k]) == pytest.approx(sum(reward_of(y, number + t) for t, y in enumerate(replies)))
+        assert rewards.tolist() == pytest.approx([sum(rewards_read_back(rollout, k)) for k in range(len(rewards))])
+
+
+def rewards_read_back(rollout, k: int) -> list[float]:
+    """Row ``k``'s turn rewards recomputed from its tokens alone (the prompt's number, the replies)."""
+    n = len(rollout.ids[k]) - int((rollout.ids[k].flip(0).cumsum(0) == 0).sum())  # its tokens, unpadded
+    policy = [False, *rollout.completion_mask[k].bool().tolist()][:n]
+    number, replies = _replies(E.Episode(0, rollout.ids[k, :n].tolist(), policy, []), ByteTokenizer())
+    return [reward_of(y, number + t) for t, y in enumerate(replies)]
+
+
+def test_with_turn_credit_each_turns_reward_is_a_step_and_no_return_is_added(tmp_path):
+    from test_grpo import _trainer
+
+    from zoo.train.policy_gradient import process_advantages
+
+    module, seen = _module(episodes={"max_turns": 2, "max_tokens": 96, "turn_credit": True}), []
+    update = module.update
+    module.update = lambda *a: seen.append(a) or update(*a)
+    _trainer(tmp_path, 1).fit(module, _episode_data())
+    rollout, outcome, _, token_advantages = seen[0]
+    assert outcome.eq(0).all()  # credited through the turns alone
+    sampled = torch.nn.functional.pad(rollout.completion_mask.bool(), (0, 1))  # (R, T + 1)
+    mask = sampled[:, :-1] & ~sampled[:, 1:]  # each turn's last sampled token: the next one is not sampled
+    values = torch.zeros(mask.shape)
+    for k in range(len(outcome)):
+        assert int(mask[k].sum()) == 2
+        values[k, mask[k]] = torch.tensor(rewards_read_back(rollout, k))
+    torch.testing.assert_close(token_advantages, process_advantages(values, mask, 2, True, credit="later"))
+
+
+@pytest.mark.slow  # the actor pool's fork server (~25 s on a loaded 2-core machine)
+def test_async_episodes_are_corrected_for_their_staleness(tmp_path):
+    from test_grpo import _trainer
+
+    module, lags = _module(async_actors=1, async_slots=2), []
+    weigh = module.importance_weights
+    module.importance_weights = lambda b, v: (lambda out: lags.append(out[2]) or out)(weigh(b, v))
+    try:
+        _trainer(tmp_path, 3).fit(module, _episode_data())
+    finally:
+        module.stop_actors()
+    staleness = [float(lag["staleness"]) for lag in lags]
+    assert staleness[0] == 0 and max(staleness) >= 1  # the slot refilled while the learner updated is one behind
+    stale = [lag for lag in lags if float(lag["staleness"]) > 0]
+    assert all(float(lag["importance_weight/mean"]) != 1.0 for lag in stale)  # pi_old recomputed, not mu
