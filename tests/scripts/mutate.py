@@ -2273,6 +2273,17 @@ FAMILIES: dict[str, dict] = {
                 "        return ids[1:] if stop is not None and ids and ids[0] == stop else ids",
                 "        return ids",
             ),
+            # per-turn credit with the episode's return added on top; a stale slot taken as on-policy
+            (
+                GR,
+                "            outcome = torch.zeros_like(returns)  # every reward",
+                "            outcome = returns  # every reward",
+            ),
+            (
+                GR,
+                "self.importance_weights(behaviour, int(self.actors.version))",
+                "self.importance_weights(behaviour, version)",
+            ),
         ],
     },
     "grpo": {  # GRPO's objective (shared with PPO), the GPT's rollouts, rewards and module
