@@ -23,6 +23,11 @@ token's loss is weighted by min(rho_bar, pi_old / mu), mu the actor's sampling p
 importance weight per token; TRL's ``vllm_importance_sampling_mode="token_truncate"``). A rollout sampled by
 the learner's current weights weighs 1 exactly (its sampling pass is pi_old), as in the synchronous path.
 
+With a text environment's seeds as the data (``datamodules.EpisodeDataModule``) a step plays G multi-turn episodes
+of each seed instead (``zoo.gpt.tune.episodes``: the KV cache carried across turns, one sequence per episode, only
+the policy's tokens trained), each episode's return against its seed's group, or each turn's reward as a step
+(``episodes.turn_credit``); on the actor pool with ``async_actors`` > 0 (``zoo.gpt.tune.async_episodes``).
+
 Answers are read by the data's answer rule (``answer_pattern`` in each batch, ``cli.py test``'s rule:
 ``zoo.gpt.tasks.correct``), by the rewards and by the accuracies alike. Validation scores the greedy reply of each
 held-out prompt: ``val/accuracy`` (exact match of the final answer) and ``val/reward``; a few (prompt, completion,
