@@ -1,8 +1,8 @@
 """EpisodeDataModule: a text environment's seeds, for multi-turn RL on a GPT (``zoo.gpt.GRPOModule``) and its test.
 
-The environment is named by ``env_id``, a registered gymnasium id (``zoo.gpt.tune.episodes.TextEnv``: never
+The environment is named by ``env_id``, a registered gymnasium id (``zoo.gpt.tune.episodes.EnvSource``: never
 ``module:Env``, so a config or a checkpoint names no code), with ``env_kwargs`` for ``gymnasium.make``. What the
-data holds is seeds: each batch is ``{"env_seeds": [int, ...], "env": TextEnv}``, and the module plays its
+data holds is seeds: each batch is ``{"env_seeds": [int, ...], "env": EnvSource}``, and the module plays its
 ``group_size`` episodes of each seed (training), or one greedy episode of each (validation, test). The three splits
 are disjoint runs of seeds: training ``0 .. train_seeds - 1`` (shuffled per epoch), validation from ``val_seed``,
 test from ``test_seed``, so ``cli.py test`` scores episodes never trained or selected on.
@@ -20,11 +20,11 @@ from lightning.pytorch import LightningDataModule
 from datamodules.base import SplitLoaders, check_settings
 from datamodules.chat import ensure_tokenizer
 from zoo.errors import InputError
-from zoo.gpt.tune.episodes import TextEnv
+from zoo.gpt.tune.episodes import EnvSource
 from zoo.io.tokenizers import Tokenizer
 
 
-def collate(seeds: list[int], env: TextEnv) -> dict:
+def collate(seeds: list[int], env: EnvSource) -> dict:
     return {"env_seeds": [int(s) for s in seeds], "env": env}
 
 
@@ -68,7 +68,7 @@ class EpisodeDataModule(SplitLoaders, LightningDataModule):
         """
         super().__init__()
         self.save_hyperparameters()
-        self.env = TextEnv(env_id, dict(env_kwargs or {}))  # the id's form checked now; the registry at setup
+        self.env = EnvSource(env_id, dict(env_kwargs or {}))  # the id's form checked now; the registry at setup
         check_settings(at_least=1, train_seeds=train_seeds, val_seeds=val_seeds, test_seeds=test_seeds)
         check_settings(at_least=1, batch_size=batch_size, val_batch_size=val_batch_size)
         check_settings(at_least=0, num_workers=num_workers, val_seed=val_seed, test_seed=test_seed)

@@ -181,7 +181,7 @@ def test_each_reward_stays_with_its_episode_and_each_group_with_its_seed():
 )
 def test_an_env_id_is_a_registered_text_env_or_one_line(env_id, why):
     with pytest.raises(InputError, match=why) as err:
-        source = E.TextEnv(env_id)
+        source = E.EnvSource(env_id)
         _play(_net(), source.make())
     assert "\n" not in str(err.value)
 
@@ -242,7 +242,7 @@ def test_actors_play_episodes_the_learner_reads_back_row_by_row():
     from zoo.gpt.tune.async_episodes import AsyncEpisodes, EpisodeSampling
 
     net, tok, settings = _net(block_size=96), ByteTokenizer(), E.Episodes(max_turns=2, max_tokens=96)
-    source = E.TextEnv(ECHO, {"turns": 2})
+    source = E.EnvSource(ECHO, {"turns": 2})
     sampling = EpisodeSampling(list(range(6)), 2, 2, source, source.spec(), tok, settings, 96, 4, 1.0, None)
     pool = AsyncEpisodes(net, sampling, num_actors=1, num_slots=2, seed=0)
     try:
@@ -346,3 +346,13 @@ def test_async_episodes_are_corrected_for_their_staleness(tmp_path):
     assert staleness[0] == 0 and max(staleness) >= 1  # the slot refilled while the learner updated is one behind
     stale = [lag for lag in lags if float(lag["staleness"]) > 0]
     assert all(float(lag["importance_weight/mean"]) != 1.0 for lag in stale)  # pi_old recomputed, not mu
+
+
+def test_the_envs_tool_specs_reach_the_template(monkeypatch):
+    seen, render = [], chat_renderer(ByteTokenizer())
+    monkeypatch.setattr(E, "chat_renderer", lambda tok: lambda m, p=False, **kw: seen.append(kw) or render(m, p))
+    env = EchoEnv()
+    assert E.scaffold_for(ByteTokenizer(), env).prompt([{"role": "user", "content": "hi"}]) and seen[-1] == {}
+    env.tools = [{"type": "function", "function": {"name": "calculator", "parameters": {}}}]
+    E.scaffold_for(ByteTokenizer(), gym.wrappers.OrderEnforcing(env)).prompt([{"role": "user", "content": "hi"}])
+    assert seen[-1] == {"tools": env.tools}  # read through gymnasium's wrappers

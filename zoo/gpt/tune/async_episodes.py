@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo.gpt.gpt import GPT
-from zoo.gpt.tune.episodes import Episode, Episodes, Scaffold, TextEnv, play_groups
+from zoo.gpt.tune.episodes import EnvSource, Episode, Episodes, play_groups, scaffold_for
 from zoo.train import actor_pool
 
 
@@ -35,7 +35,7 @@ class EpisodeSampling:
     seeds: list[int]
     seeds_per_slot: int
     group_size: int
-    env: TextEnv
+    env: EnvSource
     spec: Any  # gymnasium's EnvSpec of env.env_id, resolved by the learner
     tokenizer: Any
     episodes: Episodes
@@ -102,7 +102,7 @@ class EpisodeActor:
         self.net = copy.deepcopy(net).eval()  # local memory: sampling never reads weights the learner is writing
         self.version, self.filled = -1, 0
         self.env = sampling.env.make(sampling.spec)
-        self.scaffold = Scaffold(sampling.tokenizer)
+        self.scaffold = scaffold_for(sampling.tokenizer, self.env)
         self.order: list[int] = []
 
     def draw(self) -> list[int]:

@@ -92,7 +92,7 @@ class Episodes:
 
 
 @dataclass  # not frozen: Lightning's batch transfer rebuilds the dataclasses a batch holds
-class TextEnv:
+class EnvSource:
     """A text environment named by its registered gymnasium id, with keyword arguments for ``gymnasium.make``.
 
     The id is looked up in gymnasium's registry, never imported: ``module:Env-v0`` (which gymnasium would import) is
@@ -148,11 +148,16 @@ def observation_messages(obs: object, env_id: str) -> list[dict]:
 
 
 class Scaffold:
-    """The token ids a chat template puts around the policy's replies: the first prompt, and what follows a reply."""
+    """The token ids a chat template puts around the policy's replies: the first prompt, and what follows a reply;
+    ``tools``: the env's JSON tool specs (``env.unwrapped.tools``)."""
 
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer, self.render = tokenizer, chat_renderer(tokenizer)
+    def __init__(self, tokenizer, tools: list[dict] | None = None) -> None:
+        self.tokenizer, self.renderer = tokenizer, chat_renderer(tokenizer)
         self.templated = getattr(tokenizer, "chat_template", None) is not None
+        self.tools = {"tools": tools} if tools else {}  # the env's tool specs, rendered as the template renders them
+
+    def render(self, messages: list[dict], prompt: bool):
+        return self.renderer(messages, prompt, **self.tools)
 
     def prompt(self, messages: list[dict]) -> list[int]:
         return self.render(messages, True).ids
@@ -408,3 +413,8 @@ def sample_row(episode: Episode) -> dict:
         "success": episode.success,
         "ended": episode.ended,
     }
+
+
+def scaffold_for(tokenizer, env) -> Scaffold:
+    """The scaffolding of ``env``'s conversations: the tokenizer's template with the env's tools, if it has any."""
+    return Scaffold(tokenizer, getattr(env.unwrapped, "tools", None))

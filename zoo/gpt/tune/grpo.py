@@ -56,14 +56,14 @@ from zoo.gpt.tasks import correct
 from zoo.gpt.tune.async_episodes import AsyncEpisodes, EpisodeSampling
 from zoo.gpt.tune.async_rollout import AsyncRollouts, Behaviour, Sampling
 from zoo.gpt.tune.episodes import (
+    EnvSource,
     Episode,
     Episodes,
-    Scaffold,
-    TextEnv,
     episode_metrics,
     play_groups,
     rollout_of,
     sample_row,
+    scaffold_for,
     turn_steps,
 )
 from zoo.gpt.tune.losses import grpo_objective
@@ -178,7 +178,7 @@ class GRPOModule(CausalLMModule):
         self.completion_samples: list[dict] = []
         self.actors: AsyncRollouts | AsyncEpisodes | None = None  # the asynchronous rollouts' processes, in fit
         self._answers: list[str] = []
-        self._env: tuple[TextEnv, object] | None = None  # the env episodes are played in here, made once
+        self._env: tuple[EnvSource, object] | None = None  # the env episodes are played in here, made once
 
     def configure_model(self) -> None:
         if self.hparams.beta > 0:
@@ -471,13 +471,14 @@ class GRPOModule(CausalLMModule):
 
     # -- multi-turn episodes with a text environment (zoo.gpt.tune.episodes) -----------------------------------------
 
-    def play_episodes(self, env: TextEnv, seeds: list[int], group_size: int, temperature: float) -> list[Episode]:
+    def play_episodes(self, env: EnvSource, seeds: list[int], group_size: int, temperature: float) -> list[Episode]:
         """``group_size`` episodes of each seed, rows grouped by seed, the net in eval mode without gradients."""
         if self._env is None or self._env[0] != env:
             self._env = (env, env.make())
         h = self.hparams
         settings = (Episodes.of(h.episodes), h.max_new_tokens, temperature, h.top_p, env.env_id)
-        return play_groups(self.net, self._env[1], seeds, group_size, Scaffold(self.tokenizer), *settings)
+        scaffold = scaffold_for(self.tokenizer, self._env[1])
+        return play_groups(self.net, self._env[1], seeds, group_size, scaffold, *settings)
 
     def episode_step(self, batch: dict) -> None:
         """One GRPO step on episodes: each episode's return against its seed's group (or, with turn_credit, each
