@@ -39,7 +39,7 @@ class EchoEnv(gym.Env):
         reward = float(str(self.n + self.t) in action) + len(action) / 10
         self.t += 1
         done = self.t >= self.turns and not self.never_ends
-        info = {"tool_calls": 1, "success": done and reward >= 1}
+        info = {"tool_calls": self.t, "success": done and reward >= 1}  # calls so far: one a turn
         return [{"role": "tool", "content": f"now {self.n + self.t}"}], reward, done, False, info
 
 

@@ -2,8 +2,9 @@
 
 A text environment is a ``gymnasium.Env`` whose observations are chat messages to append (a list of
 ``{"role": "user" | "tool" | "system", "content": str}``) and whose action is the assistant's reply as text: it runs
-its tools itself and says, in ``info``, how many ``tool_calls`` a step made and at the end whether it was a
-``success``. An episode, as TRL's multi-turn GRPO and verl's agent loop run one:
+its tools itself and says, in ``info``, how many ``tool_calls`` it made so far and at the end whether it was a
+``success`` (``zoo.gpt.tune.envs.base`` states the contract). An episode, as TRL's multi-turn GRPO and verl's agent
+loop run one:
 
   1. reset(seed): the first messages, rendered with the model's chat template and its generation prompt;
   2. sample the assistant's turn until a stop id (the template's end of turn, EOS) or the turn's token budget;
@@ -306,11 +307,13 @@ def play(
             before = messages + [{"role": "assistant", "content": text}]
             obs, reward, terminated, truncated, info = env.step(text)
             ep.turn_rewards.append(float(reward))
-            ep.tool_calls += int(info.get("tool_calls", 0) or 0)
+            ep.tool_calls = int(info.get("tool_calls", 0) or 0)  # the calls so far (the text envs' contract)
             obs = observation_messages(obs, env_id)
             ep.messages = before + obs
             if terminated or truncated:
                 ep.ended = "terminated" if terminated else "truncated"
+                if info.get("failure"):  # a tool that failed ended it: the reason, for the sample table
+                    ep.ended += f": {str(info['failure'])[:200]}"
                 break
             if ep.turns == episodes.max_turns:
                 ep.ended = "max_turns"
