@@ -417,6 +417,9 @@ class GRPOModule(CausalLMModule):
 
     def teardown(self, stage: str) -> None:
         self.stop_actors()
+        if self._env is not None:
+            self._env[1].close()
+            self._env = None
         super().teardown(stage)
 
     # -- validation: greedy replies to held-out prompts ----------------------------------------------------------
