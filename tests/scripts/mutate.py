@@ -2281,8 +2281,8 @@ FAMILIES: dict[str, dict] = {
             ),
             (
                 GR,
-                "self.importance_weights(behaviour, int(self.actors.version))",
-                "self.importance_weights(behaviour, version)",
+                "seeds, version)\n            rollout, is_weight, lag = self.importance_weights(behaviour, int(self.actors.version))",
+                "seeds, version)\n            rollout, is_weight, lag = self.importance_weights(behaviour, version)",
             ),
         ],
     },
