@@ -51,6 +51,19 @@ def reward_of(reply: str, target: int) -> float:
     return float(str(target) in reply) + len(reply) / 10
 
 
+def _replies(e: E.Episode, tok) -> tuple[int, list[str]]:
+    """The number an episode's prompt asked for and its replies, read back from its tokens."""
+    runs, run = [], []
+    for t, p in zip(e.ids, e.policy):
+        if p:
+            run.append(t)
+        elif run:
+            runs, run = [*runs, run], []
+    runs += [run] if run else []
+    n = int(tok.decode(e.ids[: e.policy.index(True)]).split("Say ")[1].split(".")[0])
+    return n, [tok.decode(r[:-1] if r[-1] in tok.stop_ids else r) for r in runs]
+
+
 def _net(**kwargs) -> GPT:
     torch.manual_seed(0)
     return GPT(**(NET | kwargs)).eval()
@@ -164,8 +177,8 @@ def test_an_episode_stops_when_the_env_ends_it_or_at_its_bounds():
 
 
 def test_each_reward_stays_with_its_episode_and_each_group_with_its_seed():
-    eps = E.play_groups(_net(), EchoEnv(), [3, 5, 7], 2, E.Scaffold(ByteTokenizer()), E.Episodes(), 6, 1.0)
-    assert [e.seed for e in eps] == [3, 3, 5, 5, 7, 7]
+    eps = E.play_groups(_net(), EchoEnv(), [3, 5], 2, E.Scaffold(ByteTokenizer()), E.Episodes(), 4, 1.0)
+    assert [e.seed for e in eps] == [3, 3, 5, 5]
     for e in eps:
         n = int(e.messages[0]["content"].split()[1].rstrip("."))
         replies = [m["content"] for m in e.messages if m["role"] == "assistant"]
@@ -205,36 +218,26 @@ def _episode_data(**kwargs):
     return EpisodeDataModule(ECHO, {"turns": 2}, **(settings | kwargs))
 
 
-@pytest.mark.parametrize("turn_credit", [False, True])
-def test_grpo_trains_on_episodes_and_logs_turns_and_tool_calls(tmp_path, turn_credit):
+def test_grpo_trains_on_episodes_and_logs_turns_and_tool_calls(tmp_path):
     from test_grpo import _trainer
 
-    module, dm = _module(episodes={"max_turns": 2, "max_tokens": 96, "turn_credit": turn_credit}), _episode_data()
+    module, dm, seen = _module(), _episode_data(), []
+    update = module.update
+    module.update = lambda rollout, rewards, *a: seen.append((rollout, rewards)) or update(rollout, rewards, *a)
     before = [p.detach().clone() for p in module.net.parameters()]
     trainer = _trainer(tmp_path, 2, limit_val_batches=1, val_check_interval=2)
     trainer.fit(module, dm)
     assert any(not torch.equal(a, b) for a, b in zip(before, module.net.parameters()))
+    for rollout, rewards in seen:  # each row scored with its own episode's return
+        assert rewards.tolist() == pytest.approx([sum(rewards_read_back(rollout, k)) for k in range(len(rewards))])
     metrics = trainer.callback_metrics
     assert float(metrics["train/turns"]) == 2 and float(metrics["train/tool_calls"]) == 2
     assert {"train/episode_length", "train/success", "train/reward", "val/success", "val/accuracy"} <= set(metrics)
     assert float(metrics["train/policy_tokens"]) <= 2 * 4  # two turns of at most max_new_tokens
     assert module.completion_samples and "conversation" in module.completion_samples[0]
     out = trainer.test(module, dm, verbose=False)[0]
-    assert float(out["test/turns"]) == 2 and 0 <= float(out["test/success"]) <= 1
     assert {"test/success", "test/turns", "test/tool_calls", "test/reward"} <= set(out)
-
-
-def _replies(e: E.Episode, tok) -> tuple[int, list[str]]:
-    """The number an episode's prompt asked for and its replies, read back from its tokens."""
-    runs, run = [], []
-    for t, p in zip(e.ids, e.policy):
-        if p:
-            run.append(t)
-        elif run:
-            runs, run = [*runs, run], []
-    runs += [run] if run else []
-    n = int(tok.decode(e.ids[: e.policy.index(True)]).split("Say ")[1].split(".")[0])
-    return n, [tok.decode(r[:-1] if r[-1] in tok.stop_ids else r) for r in runs]
+    assert float(out["test/turns"]) == 2 and 0 <= float(out["test/success"]) <= 1
 
 
 @pytest.mark.slow  # a fork server's start: ~25 s on a loaded 2-core machine (the single-turn pool's tests pay it too)
@@ -290,17 +293,6 @@ def test_the_env_config_fits_and_tests_through_the_cli(tmp_path):
         tested = cli("test", "--ckpt_path", str(fitted.last))
     metrics = tested.trainer.callback_metrics
     assert {"test/success", "test/turns", "test/tool_calls"} <= set(metrics) and float(metrics["test/turns"]) == 2
-
-
-def test_the_update_scores_each_row_with_its_own_episodes_return(tmp_path):
-    from test_grpo import _trainer
-
-    module, seen = _module(), []
-    update = module.update
-    module.update = lambda rollout, rewards, *a: seen.append((rollout, rewards)) or update(rollout, rewards, *a)
-    _trainer(tmp_path, 2).fit(module, _episode_data())
-    for rollout, rewards in seen:
-        assert rewards.tolist() == pytest.approx([sum(rewards_read_back(rollout, k)) for k in range(len(rewards))])
 
 
 def rewards_read_back(rollout, k: int) -> list[float]:
