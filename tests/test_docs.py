@@ -203,6 +203,10 @@ COVERED: list[tuple[str, str]] = [
         "tests/test_docs.py::test_grpo_on_your_own_chat_files_runs_as_the_manual_shows",
     ),
     (
+        r"configs/gpt/grpo_guess_number\.yaml|^python cli\.py test --ckpt_path <best\.ckpt>$",
+        "tests/gpt/test_episodes.py::test_the_env_config_fits_and_tests_through_the_cli",
+    ),
+    (
         r"configs/gpt/dpo_tiny\.yaml --data\.init_args\.path",
         "tests/gpt/test_dpo.py::test_the_tiny_dpo_config_fits_through_the_cli",
     ),

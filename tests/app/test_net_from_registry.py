@@ -174,3 +174,10 @@ def test_an_agent_builds_and_loads_a_zoo_checkpoints_net_and_statistics(ppo_fit,
     obs, own = torch.rand(5, 4), PPOModule.load_from_checkpoint(ppo_fit.last).net.eval()
     with torch.no_grad():
         torch.testing.assert_close(model.net.eval().get_value(obs), own.get_value(obs), rtol=0, atol=0)
+
+
+def test_multi_turn_grpo_on_a_text_env_builds_the_registered_models_net(sft, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", sft)
+    config = str(CONFIGS / "gpt" / "grpo_guess_number.yaml")  # the env is looked up at setup, not here
+    model = built_from("--config", config, "--model.init_args.init_weights=models:/sft/1")
+    assert_same_net(model.net, load_model("models:/sft/1", sft))

@@ -77,6 +77,7 @@ PHI = "zoo/gpt/formats/phi3.py"
 PG, RO = "zoo/train/policy_gradient.py", "zoo/gpt/tune/rollout.py"
 ASR, APL = "zoo/gpt/tune/async_rollout.py", "zoo/train/actor_pool.py"
 GR, RW = "zoo/gpt/tune/grpo.py", "zoo/gpt/tune/rewards.py"
+EP, AEP = "zoo/gpt/tune/episodes.py", "zoo/gpt/tune/async_episodes.py"
 CTT, DCH = "zoo/io/chat_template.py", "datamodules/chat.py"
 DPO, DPR, REF = "zoo/gpt/tune/dpo.py", "datamodules/preference.py", "zoo/gpt/tune/reference.py"
 TUNE_LOSS = "zoo/gpt/tune/losses.py"
@@ -2274,6 +2275,59 @@ FAMILIES: dict[str, dict] = {
             (TUNE_LOSS, "advantages = advantages[:, None] + token_advantages", "advantages = token_advantages"),
             # issue 51: a worked line whose first operand is negative read without its sign
             (RW, 'first = -int(terms[0][1]) if terms[0][0] == "-" else int(terms[0][1])', "first = int(terms[0][1])"),
+        ],
+    },
+    "episodes": {  # issue 55: multi-turn episodes (masks, the carried cache, turn bookkeeping, rewards per row)
+        "tests": ["tests/gpt/test_episodes.py", "-m", "slow or not slow"],  # the actor pool's round trip is slow
+        "mutants": [
+            # a policy token left unmasked (the stop token), an env token trained on, the mask one column off
+            (
+                EP,
+                "            ep.add(reply, True, logps)\n",
+                "            ep.add(reply[:-1], True, logps[:-1])\n            ep.add(reply[-1:], False)\n",
+            ),
+            (EP, "            ep.add(after, False)\n", "            ep.add(after, True)\n"),
+            (EP, "torch.tensor(e.policy[1:n], dtype=torch.long)", "torch.tensor(e.policy[: n - 1], dtype=torch.long)"),
+            # the cache not carried (a fresh one each turn, fed the new tokens only), or carried wrong
+            (
+                EP,
+                "            budget = min(max_new_tokens, bound - len(ep.ids))\n",
+                "            budget = min(max_new_tokens, bound - len(ep.ids))\n            cache = make_cache(net, 1, bound)\n",
+            ),
+            (EP, "    return net(x, cache, fed)[0, -1]", "    return net(x, cache, fed + 1)[0, -1]"),
+            (EP, "            fed = len(ep.ids) + len(reply) - 1\n", "            fed = len(ep.ids) + len(reply)\n"),
+            # a finished episode continuing; one turn past max_turns
+            (EP, "            if terminated or truncated:\n", "            if terminated and truncated:\n"),
+            (EP, "            if ep.turns == episodes.max_turns:\n", "            if ep.turns > episodes.max_turns:\n"),
+            # the reward of another episode of the group; a turn's reward credited at the wrong token
+            (
+                GR,
+                "returns = torch.tensor([e.reward for e in episodes]",
+                "returns = torch.tensor([episodes[i ^ 1].reward for i in range(len(episodes))]",
+            ),
+            (EP, "            values[k, end - 1] += reward\n", "            values[k, end] += reward\n"),
+            (
+                AEP,
+                'slot["turn_rewards"][k, r, :t] = torch.tensor(e.turn_rewards)',
+                'slot["turn_rewards"][k, r ^ 1, :t] = torch.tensor(e.turn_rewards)',
+            ),
+            # the scaffolding keeps the stop token the policy sampled (twice in the sequence)
+            (
+                EP,
+                "        return ids[1:] if stop is not None and ids and ids[0] == stop else ids",
+                "        return ids",
+            ),
+            # per-turn credit with the episode's return added on top; a stale slot taken as on-policy
+            (
+                GR,
+                "            outcome = torch.zeros_like(returns)  # every reward",
+                "            outcome = returns  # every reward",
+            ),
+            (
+                GR,
+                "seeds, version)\n            rollout, is_weight, lag = self.importance_weights(behaviour, int(self.actors.version))",
+                "seeds, version)\n            rollout, is_weight, lag = self.importance_weights(behaviour, version)",
+            ),
         ],
     },
     "grpo": {  # GRPO's objective (shared with PPO), the GPT's rollouts, rewards and module

@@ -34,10 +34,14 @@ from zoo.train.parallel import shard
 
 
 def _batch_size(batch: tuple[Tensor, Tensor] | dict) -> int:
-    return len(batch["prompt_ids"]) if isinstance(batch, dict) else batch[0].shape[0]
+    if isinstance(batch, dict):  # prompts (GRPO), or a text environment's seeds (multi-turn GRPO)
+        return len(batch["prompt_ids"] if "prompt_ids" in batch else batch["env_seeds"])
+    return batch[0].shape[0]
 
 
 def _tokens(batch: tuple[Tensor, Tensor] | dict) -> int:
+    if isinstance(batch, dict) and "env_seeds" in batch:  # no tokens before its episodes are played: one a seed
+        return len(batch["env_seeds"])
     return sum(p.numel() for p in batch["prompt_ids"]) if isinstance(batch, dict) else batch[0].numel()
 
 

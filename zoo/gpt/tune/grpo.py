@@ -23,6 +23,11 @@ token's loss is weighted by min(rho_bar, pi_old / mu), mu the actor's sampling p
 importance weight per token; TRL's ``vllm_importance_sampling_mode="token_truncate"``). A rollout sampled by
 the learner's current weights weighs 1 exactly (its sampling pass is pi_old), as in the synchronous path.
 
+With a text environment's seeds as the data (``datamodules.EpisodeDataModule``) a step plays G multi-turn episodes
+of each seed instead (``zoo.gpt.tune.episodes``: the KV cache carried across turns, one sequence per episode, only
+the policy's tokens trained), each episode's return against its seed's group, or each turn's reward as a step
+(``episodes.turn_credit``); on the actor pool with ``async_actors`` > 0 (``zoo.gpt.tune.async_episodes``).
+
 Answers are read by the data's answer rule (``answer_pattern`` in each batch, ``cli.py test``'s rule:
 ``zoo.gpt.tasks.correct``), by the rewards and by the accuracies alike. Validation scores the greedy reply of each
 held-out prompt: ``val/accuracy`` (exact match of the final answer) and ``val/reward``; a few (prompt, completion,
@@ -48,7 +53,19 @@ from zoo.gpt.generate import evaluating, generate
 from zoo.gpt.gpt import GPT
 from zoo.gpt.module import CausalLMModule
 from zoo.gpt.tasks import correct
+from zoo.gpt.tune.async_episodes import AsyncEpisodes, EpisodeSampling
 from zoo.gpt.tune.async_rollout import AsyncRollouts, Behaviour, Sampling
+from zoo.gpt.tune.episodes import (
+    EnvSource,
+    Episode,
+    Episodes,
+    episode_metrics,
+    play_groups,
+    rollout_of,
+    sample_row,
+    scaffold_for,
+    turn_steps,
+)
 from zoo.gpt.tune.losses import grpo_objective
 from zoo.gpt.tune.reference import Reference, refuse_adapter_start
 from zoo.gpt.tune.rewards import OnError, Reward, StepReward, score, score_steps
@@ -103,6 +120,7 @@ class GRPOModule(CausalLMModule):
         async_slots: int | None = None,
         rho_bar: float = 3.0,
         step_credit: StepCredit = "later",
+        episodes: Episodes = Episodes(),  # noqa: B008 (frozen: a shared default never changes)
         **kwargs,
     ) -> None:
         """
@@ -137,6 +155,9 @@ class GRPOModule(CausalLMModule):
             step_credit: with step rewards (``StepReward``), what each token is credited with: "later", the sum
                 of the group-normalised scores of the steps ending at or after it (DeepSeekMath's process
                 supervision), or "own", its own step's alone (for steps each scored on its own, as ``WorkedLines``).
+            episodes: with a text environment's seeds as the data (``datamodules.EpisodeDataModule``), how long an
+                episode runs (``zoo.gpt.tune.episodes.Episodes``: max_turns, max_tokens) and whether each turn is
+                credited with its own and later rewards (turn_credit); max_new_tokens then bounds each turn.
             **kwargs: ``CausalLMModule``'s (optimizer, init_weights, adapt, generation, compile).
         """
         if group_size < 1 or num_iterations < 1 or max_new_tokens < 1 or async_actors < 0 or rho_bar < 1:
@@ -155,8 +176,9 @@ class GRPOModule(CausalLMModule):
         self.automatic_optimization = False  # several optimizer steps per batch of rollouts
         self._reference = Reference("grpo_reference")  # the start, used when beta > 0; a copy is no submodule
         self.completion_samples: list[dict] = []
-        self.actors: AsyncRollouts | None = None  # the asynchronous rollouts' processes, while fit runs
+        self.actors: AsyncRollouts | AsyncEpisodes | None = None  # the asynchronous rollouts' processes, in fit
         self._answers: list[str] = []
+        self._env: tuple[EnvSource, object] | None = None  # the env episodes are played in here, made once
 
     def configure_model(self) -> None:
         if self.hparams.beta > 0:
@@ -300,6 +322,8 @@ class GRPOModule(CausalLMModule):
         return {**out, "entropy": masked_mean(entropy, mask)}
 
     def training_step(self, batch: dict, batch_idx: int) -> None:
+        if "env_seeds" in batch:  # a text environment's seeds (datamodules.EpisodeDataModule): multi-turn episodes
+            return self.episode_step(batch)
         start, pattern = time.perf_counter(), batch.get("answer_pattern")
         if self.hparams.async_actors:
             rollout, is_weight, answers, lag = self.behaviour_rollout(len(batch["prompt_ids"]))
@@ -393,6 +417,9 @@ class GRPOModule(CausalLMModule):
 
     def teardown(self, stage: str) -> None:
         self.stop_actors()
+        if self._env is not None:
+            self._env[1].close()
+            self._env = None
         super().teardown(stage)
 
     # -- validation: greedy replies to held-out prompts ----------------------------------------------------------
@@ -425,6 +452,8 @@ class GRPOModule(CausalLMModule):
             )
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
+        if "env_seeds" in batch:
+            return self.scored_episodes(batch, "val/")
         self.scored_replies(batch, "val/")
 
     def on_validation_epoch_end(self) -> None:
@@ -434,12 +463,107 @@ class GRPOModule(CausalLMModule):
     def test_step(self, batch: dict, batch_idx: int) -> None:
         if "task" in batch:  # task records (datamodules.TaskDataModule): CausalLMModule's metrics
             return super().test_step(batch, batch_idx)
+        if "env_seeds" in batch:
+            return self.scored_episodes(batch, "test/")
         self.scored_replies(batch, "test/")
 
     def on_test_epoch_end(self) -> None:
         tasks = self.tasks.compute("test/")
         if tasks:
             self.log_dict(tasks)
+
+    # -- multi-turn episodes with a text environment (zoo.gpt.tune.episodes) -----------------------------------------
+
+    def play_episodes(self, env: EnvSource, seeds: list[int], group_size: int, temperature: float) -> list[Episode]:
+        """``group_size`` episodes of each seed, rows grouped by seed, the net in eval mode without gradients."""
+        if self._env is None or self._env[0] != env:
+            self._env = (env, env.make())
+        h = self.hparams
+        settings = (Episodes.of(h.episodes), h.max_new_tokens, temperature, h.top_p, env.env_id)
+        scaffold = scaffold_for(self.tokenizer, self._env[1])
+        return play_groups(self.net, self._env[1], seeds, group_size, scaffold, *settings)
+
+    def episode_step(self, batch: dict) -> None:
+        """One GRPO step on episodes: each episode's return against its seed's group (or, with turn_credit, each
+        turn's reward as a process-supervision step), the policy's tokens alone trained."""
+        h, start = self.hparams, time.perf_counter()
+        if h.async_actors:
+            episodes, version = self.behaviour_episodes(batch)
+            seeds = torch.tensor([e.seed for e in episodes[:: h.group_size]])
+            behaviour = Behaviour(rollout_of(episodes, self.device), seeds, version)
+            rollout, is_weight, lag = self.importance_weights(behaviour, int(self.actors.version))
+        else:
+            episodes = self.play_episodes(batch["env"], batch["env_seeds"], h.group_size, h.temperature)
+            rollout, is_weight, lag = rollout_of(episodes, self.device), None, {}
+        returns = torch.tensor([e.reward for e in episodes], device=self.device)
+        outcome, token_advantages = returns, None
+        if Episodes.of(h.episodes).turn_credit:
+            values, mask = turn_steps(episodes, rollout.completion_mask.shape[1])
+            token_advantages = process_advantages(
+                values.to(self.device), mask.to(self.device), h.group_size, h.scale_rewards, credit="later"
+            )
+            outcome = torch.zeros_like(returns)  # every reward is a turn's: credited through the steps alone
+        passes = self.update(rollout, outcome, is_weight, token_advantages)
+        if self.actors is not None:
+            self.actors.publish(self.net)
+        if lightning_writes(self.trainer):
+            m = episode_metrics(episodes)
+            self.log_dict(
+                {
+                    "train/reward": m["reward"],
+                    "train/success": m["success"],
+                    "train/tokens_per_s": m["policy_tokens"] * len(episodes) / (time.perf_counter() - start),
+                },
+                prog_bar=True,
+            )
+            grouped = returns.view(-1, h.group_size)
+            std = grouped.std(1).mean() if h.group_size > 1 else returns.new_zeros(())
+            self.log_dict(
+                {
+                    "train/reward_std": std,
+                    **{f"train/{k}": v for k, v in m.items() if k not in ("reward", "success")},
+                    **{f"train/{k}": v for k, v in passes[-1].items()},
+                    **{f"train/{k}": v for k, v in lag.items()},
+                }
+            )
+
+    def behaviour_episodes(self, batch: dict) -> tuple[list[Episode], int]:
+        """The actors' next episodes and the version of the weights that played them. The actors start at the
+        first call, with the training loader's seeds and the batch's env."""
+        if self.actors is None:
+            if self.trainer.world_size > 1:  # every rank's actors would draw the same seeds
+                raise InputError("async_actors > 0 runs on one process: train with one device, or async_actors=0")
+            h, env = self.hparams, batch["env"]
+            settings = Episodes.of(h.episodes)
+            sampling = EpisodeSampling(
+                list(self.trainer.train_dataloader.dataset),
+                len(batch["env_seeds"]),
+                h.group_size,
+                env,
+                env.spec(),
+                self.tokenizer,
+                settings,
+                settings.bound(self.net),
+                h.max_new_tokens,
+                h.temperature,
+                h.top_p,
+            )
+            seed = int(torch.randint(2**31, ()))  # from the learner's seeded generator
+            slots = h.async_slots or h.async_actors + 1
+            self.actors = AsyncEpisodes(self.net, sampling, h.async_actors, slots, seed)
+        return self.actors.take()
+
+    def scored_episodes(self, batch: dict, prefix: str) -> None:
+        """One greedy episode of each held-out seed: success (also logged as ``accuracy``, GRPO's monitored
+        metric), return, turns, tool calls and length; a few kept as rows of the sample table."""
+        episodes = self.play_episodes(batch["env"], batch["env_seeds"], 1, 0.0)
+        m = episode_metrics(episodes)
+        logged = {f"{prefix}{k}": torch.tensor(m[k]) for k in ("success", "reward", "turns", "tool_calls")}
+        logged[f"{prefix}accuracy"] = logged[f"{prefix}success"]
+        logged[f"{prefix}episode_length"] = torch.tensor(m["episode_length"])
+        self.log_dict(logged, batch_size=len(episodes), sync_dist=True)
+        room = self.hparams.val_samples - len(self.completion_samples)
+        self.completion_samples += [sample_row(e) for e in episodes[: max(0, room)]]
 
     # -- checkpoints -------------------------------------------------------------------------------------------
 
