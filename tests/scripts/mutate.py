@@ -2218,7 +2218,13 @@ FAMILIES: dict[str, dict] = {
                 "r, staleness = behaviour.rollout, 1",
             ),
             (GR, "            r = Rollout(r.ids, r.pad, r.completion_mask, old)\n", ""),  # old policy: the actor's
-            (GR, "            self.actors.publish(self.net)\n", "            pass\n"),  # the actors never updated
+            (
+                GR,
+                "is_weight, self.token_advantages(rollout, scores, rows))\n        if self.actors is not None:\n"
+                "            self.actors.publish(self.net)\n",
+                "is_weight, self.token_advantages(rollout, scores, rows))\n        if self.actors is not None:\n"
+                "            pass\n",
+            ),  # the actors never updated
             (
                 GR,
                 "[self._answers[i] for i in behaviour.prompt_index.tolist()]",
@@ -2243,7 +2249,11 @@ FAMILIES: dict[str, dict] = {
             (PG, "return centred.flip(-1).cumsum(-1).flip(-1)", "return centred.cumsum(-1)"),
             (PG, " / n.clamp(min=1.0)) * m\n", " / n.clamp(min=1.0))\n"),  # tokens that end no step scored
             (PG, "/ (n - 1).clamp(min=1.0)).sqrt()", "/ n.clamp(min=1.0)).sqrt()"),  # std without Bessel
-            (GR, "mask.to(self.device), h.group_size,", "mask.to(self.device), 1,"),
+            (
+                GR,
+                "mask.to(self.device), h.group_size, h.scale_rewards, credit=h.step_credit",
+                "mask.to(self.device), 1, h.scale_rewards, credit=h.step_credit",
+            ),
             (GR, "credit=h.step_credit", 'credit="later"'),
             (
                 PG,
