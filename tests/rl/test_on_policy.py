@@ -48,7 +48,7 @@ def rollout(t: int = 6, n: int = 2) -> Rollout:
 
 @pytest.mark.parametrize("cls", AGENTS)
 def test_acting_and_the_policy_see_observations_as_the_net_trained_on_them(cls):
-    obs = torch.randn(5, 3) * 3
+    obs = torch.randn(5, 3, generator=torch.Generator().manual_seed(2)) * 3  # not the suite's RNG: a fixed draw
     for norm_obs in (True, False):
         module = agent(cls, norm_obs=norm_obs)
         seen = module.obs_rms.normalize(obs) if norm_obs else obs
