@@ -70,14 +70,14 @@ def test_greedy_requests_joining_a_running_batch_decode_as_generate_alone(kind):
         assert r.finish_reason == "length"
 
 
-def test_a_short_prompt_joining_late_shares_rows_with_a_long_one_at_the_context_end():
-    # A long prompt joins a batch at a low slot (every row moves right), a sequence fills the context while others
-    # run, leavers' rows are taken by the last ones (every row then moves left).
+def test_longer_prompts_joining_and_a_sequence_filling_the_context_decode_as_generate_alone():
+    # Prompts join a batch at a lower slot (every row moves right: by one, then by eleven), a sequence fills the
+    # context while others run, leavers' rows are taken by the last ones (every row then moves left).
     net = tiny("gqa", block_size=24)
-    ps = prompts([2, 16, 1, 6, 3])
-    jobs = [(ps[0], SamplingParams(21, temperature=0)), (ps[1], SamplingParams(8, temperature=0))]
-    jobs += [(p, SamplingParams(n, temperature=0)) for p, n in zip(ps[2:], (20, 5, 17))]
-    requests = drive(Engine(net, max_batch=4), jobs, joins=[1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0, 1])
+    ps = prompts([2, 4, 16, 1, 6, 3])
+    new = (21, 6, 8, 20, 5, 17)
+    jobs = [(p, SamplingParams(n, temperature=0)) for p, n in zip(ps, new)]
+    requests = drive(Engine(net, max_batch=4), jobs, joins=[1, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0, 1])
     for (prompt, params), r in zip(jobs, requests):
         assert r.tokens == alone(net, prompt, params.max_new_tokens), prompt
 
@@ -153,6 +153,16 @@ def test_a_cancelled_request_frees_its_row_at_the_next_token_boundary():
     while engine.step():
         pass
     assert b.tokens == alone(net, ps[1], 20) and queued.finish_reason == "cancelled" and not queued.tokens
+
+
+def test_a_request_whose_draw_fails_ends_alone_with_an_error():
+    net = tiny("mha")
+    ps = prompts([4, 6])
+    broken = SamplingParams(5, temperature=1e-45)  # logits / temperature overflow: no distribution to draw from
+    bad, good = drive(Engine(net), [(ps[0], broken), (ps[1], SamplingParams(5, temperature=0))], joins=[2])
+    assert bad.finish_reason == "error" and good.tokens == alone(net, ps[1], 5)
+    with pytest.raises(RuntimeError, match="engine failed"):
+        list(bad)
 
 
 def test_closing_ends_every_request_and_the_queue_is_bounded():

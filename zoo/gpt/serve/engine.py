@@ -320,9 +320,9 @@ class Engine:
                 continue
             try:
                 self._join(request)
-            except Exception as error:
+            except Exception as error:  # the rows already running are whole: only this request fails
+                log.exception("a request's prefill failed; it ends with finish_reason 'error'")
                 request._finish("error", error)
-                raise
         self._sweep()
         if self._rows:
             self._decode()
@@ -347,7 +347,7 @@ class Engine:
             generator.manual_seed(p.seed)
         row = _Row(request, pad, generator, p.temperature <= 0 and p.repetition_penalty == 1)
         self._rows.append(row)
-        self._take(row, self._sample(row, logits))
+        self._draw(row, logits)
 
     def _decode(self) -> None:
         """One forward of every running row's newest token at slot s, and the next token of each."""
@@ -358,7 +358,19 @@ class Engine:
         self._slot += 1
         greedy = logits.argmax(dim=-1).tolist()  # one transfer for every greedy row
         for i, row in enumerate(rows):
-            self._take(row, greedy[i] if row.greedy else self._sample(row, logits[i : i + 1]))
+            self._draw(row, logits[i : i + 1], greedy[i])
+
+    def _draw(self, row: _Row, logits: Tensor, greedy: int | None = None) -> None:
+        """Draw the row's next token from its logits (1, V) (a greedy row's is ``greedy`` where the batch's argmax
+        gave it) and take it. A draw that fails (probabilities that overflow at a tiny temperature, say) ends this
+        request alone, with "error"."""
+        try:
+            token = greedy if row.greedy and greedy is not None else self._sample(row, logits)
+        except Exception as error:
+            log.exception("sampling a request's next token failed; it ends with finish_reason 'error'")
+            row.request._finish("error", error)
+            return
+        self._take(row, token)
 
     def _sample(self, row: _Row, logits: Tensor) -> int:
         """The next id from one row's logits (1, V), drawn as ``generate`` draws it with this row's settings."""
