@@ -155,14 +155,28 @@ def test_a_cancelled_request_frees_its_row_at_the_next_token_boundary():
     assert b.tokens == alone(net, ps[1], 20) and queued.finish_reason == "cancelled" and not queued.tokens
 
 
-def test_a_request_whose_draw_fails_ends_alone_with_an_error():
+def test_a_request_whose_draw_fails_ends_alone_with_an_error(monkeypatch):
+    import zoo.gpt.serve.engine as engine_module
+
     net = tiny("mha")
-    ps = prompts([4, 6])
+    ps = prompts([4, 6, 3])
     broken = SamplingParams(5, temperature=1e-45)  # logits / temperature overflow: no distribution to draw from
-    bad, good = drive(Engine(net), [(ps[0], broken), (ps[1], SamplingParams(5, temperature=0))], joins=[2])
-    assert bad.finish_reason == "error" and good.tokens == alone(net, ps[1], 5)
+    calls = []
+
+    def fourth_draw_fails(*args, **kwargs):  # the sampled request's second token, drawn in a batched step
+        calls.append(1)
+        if len(calls) == 4:  # the two joins before it drew 1 and 2 (greedy rows too), its own join 3
+            raise RuntimeError("no distribution")
+        return sample_next(*args, **kwargs)
+
+    sample_next = engine_module.sample_next
+    monkeypatch.setattr(engine_module, "sample_next", fourth_draw_fails)
+    jobs = [(ps[0], broken), (ps[1], SamplingParams(5, temperature=0)), (ps[2], SamplingParams(5, seed=1))]
+    at_join, good, mid_sequence = drive(Engine(net), jobs, joins=[3])
+    assert at_join.finish_reason == mid_sequence.finish_reason == "error" and len(mid_sequence.tokens) == 1
+    assert good.tokens == alone(net, ps[1], 5) and good.finish_reason == "length"
     with pytest.raises(RuntimeError, match="engine failed"):
-        list(bad)
+        list(mid_sequence)
 
 
 def test_closing_ends_every_request_and_the_queue_is_bounded():
