@@ -354,6 +354,7 @@ class Engine:
         rows, n = self._rows, len(self._rows)
         newest = torch.tensor([[row.request.tokens[-1]] for row in rows], device=self.device)  # (n, 1)
         pad = torch.tensor([row.pad for row in rows], device=self.device)  # (n,)
+        pad = pad if bool(pad.any()) else None  # no padding (one row, say): generate's own unmasked call
         logits = self.net(newest, [c.view(0, n, 0) for c in self._cache], self._slot, pad)[:, -1]  # (n, V)
         self._slot += 1
         greedy = logits.argmax(dim=-1).tolist()  # one transfer for every greedy row
