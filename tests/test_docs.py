@@ -222,6 +222,7 @@ COVERED: list[tuple[str, str]] = [
     ),
     (r"^python bench/grpo_async\.py", "minutes of CPU"),
     (r"^python bench/grpo_race\.py", "minutes of CPU"),
+    (r"^python bench/serve_engine\.py", "minutes of CPU"),
 ]
 
 

@@ -83,6 +83,7 @@ DPO, DPR, REF = "zoo/gpt/tune/dpo.py", "datamodules/preference.py", "zoo/gpt/tun
 TUNE_LOSS = "zoo/gpt/tune/losses.py"
 AR, GM = "datamodules/arithmetic.py", "zoo/gpt/module.py"
 SPT, HFT = "zoo/io/sp_tokenizer.py", "zoo/io/hf_tokenizer.py"
+ENG = "zoo/gpt/serve/engine.py"
 WI, WF, HK = "zoo/adapt/wise.py", "callbacks/wiseft.py", "zoo/app/hooks.py"
 GTK, DTK, LEV = "zoo/gpt/tasks.py", "datamodules/tasks.py", "zoo/gpt/lm_eval.py"
 GMN, TMN = "zoo/gpt/__main__.py", "zoo/tracking/__main__.py"
@@ -2772,6 +2773,43 @@ FAMILIES: dict[str, dict] = {
             ("datamodules/chat.py", "json.loads(stored.read_text()) == settings", "True"),
             ("datamodules/chat.py", "    if path.exists() and not stored.is_file():", "    if False:"),
             ("zoo/io/tool_calls.py", "except (TypeError, ValueError, RecursionError):", "except RecursionError:"),
+        ],
+    },
+    "serve_engine": {  # issue 56: continuous batching (zoo.gpt.serve.engine): rows, slots, positions, stops
+        "tests": ["tests/gpt/test_serve_engine.py"],
+        "mutants": [
+            # a leaver's row taken by the last one: its cache swapped, off by one slot, or the row not moved
+            (ENG, "c.copy_row(last, i, self._slot)", "c.copy_row(i, last, self._slot)"),
+            (ENG, "c.copy_row(last, i, self._slot)", "c.copy_row(last, i, self._slot - 1)"),
+            (ENG, "                self._rows[i] = self._rows[last]\n", ""),
+            # a joining prompt written one slot off its row's padding, or into the next row
+            (ENG, "[c.view(i, i + 1, pad) for c in self._cache]", "[c.view(i, i + 1, pad + 1) for c in self._cache]"),
+            (ENG, "[c.view(i, i + 1, pad) for c in self._cache]", "[c.view(i + 1, i + 2, pad) for c in self._cache]"),
+            # positions off by one: each row's padding, or the slot a step writes
+            (ENG, "pad = torch.tensor([row.pad for row in rows]", "pad = torch.tensor([row.pad - 1 for row in rows]"),
+            (ENG, "        self._slot += 1\n        greedy", "        self._slot += 2\n        greedy"),
+            # the moves: rows from their first real slot; after leavers, left by the smallest padding
+            (
+                ENG,
+                "        lo = min(row.pad for row in self._rows)\n",
+                "        lo = min(row.pad for row in self._rows) + 1\n",
+            ),
+            (ENG, "elif gone and (shift :=", "elif False and (shift :="),
+            (ENG, "        elif self._slot < length:\n", "        elif self._slot < length - 1:\n"),
+            # a finished sequence left in the batch; a cancelled one kept
+            (ENG, "if row.request.done]", "if row.request._cancelled.is_set()]"),
+            (ENG, "            if row.request._cancelled.is_set():\n", "            if False:\n"),
+            # stop handling: the stop id yielded, only the first stop id honoured, the context's end passed
+            (ENG, '            request._finish("stop")\n            return\n', '            request._finish("stop")\n'),
+            (ENG, "if token in request.params.stop_ids:", "if token in request.params.stop_ids[:1]:"),
+            (ENG, "len(request.tokens) == self.context", "len(request.tokens) > self.context"),
+            # sampling: each row's own seed, the penalty on greedy rows, the queue's bound
+            (ENG, "generator.manual_seed(p.seed)", "generator.manual_seed(0)"),
+            (ENG, "p.temperature <= 0 and p.repetition_penalty == 1", "p.temperature <= 0"),
+            (ENG, "if len(self._waiting) >= self.max_queue:", "if len(self._waiting) > self.max_queue:"),
+            # the batch's argmax handed to the wrong rows; one request's failed draw failing the batch
+            (ENG, "greedy = logits.argmax(dim=-1).tolist()", "greedy = logits.argmax(dim=-1).flip(0).tolist()"),
+            (ENG, '            row.request._finish("error", error)\n            return\n', "            raise\n"),
         ],
     },
 }
