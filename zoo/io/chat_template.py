@@ -302,16 +302,21 @@ def compile_template(source: str):
         raise InputError(f"the chat_template is not a Jinja template jinja2 compiles ({err})") from None
 
 
-def render(source: str, messages: list[dict], add_generation_prompt: bool = False, **special: str) -> str:
-    """``source`` rendered for ``messages`` on a ``Budget``; a template error, a sandbox refusal or a budget spent is
-    one line."""
+def render(
+    source: str, messages: list[dict], add_generation_prompt: bool = False, tools: list | None = None, **special: str
+) -> str:
+    """``source`` rendered for ``messages`` (and ``tools``, OpenAI's function specs) on a ``Budget``; a template
+    error, a sandbox refusal or a budget spent is one line."""
     import jinja2
 
     content = sum(len(c) for m in messages if isinstance(m, dict) and isinstance(c := m.get("content"), str))
+    calls = [m["tool_calls"] for m in messages if isinstance(m, dict) and m.get("tool_calls")]
+    if tools or calls:  # rendered too, through tojson
+        content += len(json.dumps([tools, calls], default=str))
     _local.budget = budget = Budget(2 * content + TEMPLATE_EXTRA_CHARS)
     try:
         pieces = compile_template(source).generate(
-            messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt, **special
+            messages=messages, tools=tools, documents=None, add_generation_prompt=add_generation_prompt, **special
         )
         out = []
         for piece in pieces:
