@@ -167,8 +167,12 @@ def mlflow_server(module, folder: Path, port: int, work: Path) -> subprocess.Pop
 
     from zoo.tracking import log_checkpoint_model
 
-    ckpt = {"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams) | {"_class_path": "zoo.gpt.CausalLMModule"},
-            "pytorch-lightning_version": lightning.__version__}  # fmt: skip
+    hparams = dict(module.hparams) | {"_class_path": "zoo.gpt.CausalLMModule"}
+    ckpt = {
+        "state_dict": module.state_dict(),
+        "hyper_parameters": hparams,
+        "pytorch-lightning_version": lightning.__version__,
+    }
     module.on_save_checkpoint(ckpt)
     torch.save(ckpt, work / "bench.ckpt")
     uri = f"sqlite:///{work / 'mlflow.db'}"
