@@ -28,6 +28,7 @@ from zoo.io.tokenizers import ByteTokenizer
 openai = pytest.importorskip("openai")
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 12+30?"}]
+CHAT_IDS = ByteTokenizer().encode("<|system|>\nBe brief.\n<|user|>\nWhat is 12+30?\n<|assistant|>\n")
 SETTINGS = dict(max_batch=4, max_queue=16, max_tokens_cap=None, max_prompt_tokens=None, max_n=4, timeout=60.0)
 
 
@@ -93,7 +94,9 @@ def test_text_completion_of_several_prompts_equals_generate(module, url):
 
 def test_n_sampled_choices_differ_and_a_seed_repeats_them(url):
     ask = dict(model="tiny", messages=CHAT, max_tokens=10, temperature=1.0, n=3, seed=7)
-    first = [c.message.content for c in client(url).chat.completions.create(**ask).choices]
+    answer = client(url).chat.completions.create(**ask)
+    first = [c.message.content for c in answer.choices]
+    assert answer.usage.prompt_tokens == len(CHAT_IDS) and answer.usage.completion_tokens == 30  # the prompt once
     again = [c.message.content for c in client(url).chat.completions.create(**ask).choices]
     assert first == again and len(set(first)) == 3
 
@@ -252,6 +255,14 @@ def test_a_full_queue_is_429_and_a_request_past_the_timeout_is_503_and_cancelled
         status, payload = raw(url, "/v1/chat/completions", GOOD | {"max_tokens": 10})
         assert status == 503 and payload["error"]["code"] == "timeout"
     assert all(r.cancelled.is_set() for r in engine.requests)
+
+
+def test_a_choice_that_meets_its_stop_sequence_is_cancelled_at_once():
+    engine = Scripted(list(b"abc STOP and much more that nobody wants to wait for"), delay=0.02)
+    with Background(scripted_app(engine)) as url:
+        answer = client(url).chat.completions.create(model="tiny", messages=CHAT, max_tokens=50, stop="STOP")
+        assert answer.choices[0].message.content == "abc " and answer.choices[0].finish_reason == "stop"
+        assert engine.requests[0].cancelled.is_set() and engine.requests[0].finish_reason == "cancelled"
 
 
 def test_a_client_that_leaves_mid_stream_cancels_its_request():
