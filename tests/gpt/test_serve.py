@@ -92,13 +92,17 @@ def test_text_completion_of_several_prompts_equals_generate(module, url):
     assert answer.usage.prompt_tokens == sum(len(p.encode()) for p in prompts)
 
 
-def test_n_sampled_choices_differ_and_a_seed_repeats_them(url):
+def test_n_sampled_choices_differ_and_a_seed_repeats_them_whole_and_streamed(url):
     ask = dict(model="tiny", messages=CHAT, max_tokens=10, temperature=1.0, n=3, seed=7)
     answer = client(url).chat.completions.create(**ask)
     first = [c.message.content for c in answer.choices]
     assert answer.usage.prompt_tokens == len(CHAT_IDS) and answer.usage.completion_tokens == 30  # the prompt once
     again = [c.message.content for c in client(url).chat.completions.create(**ask).choices]
     assert first == again and len(set(first)) == 3
+    streamed = ["", "", ""]
+    for chunk in client(url).chat.completions.create(**ask, stream=True):
+        streamed[chunk.choices[0].index] += chunk.choices[0].delta.content or ""
+    assert streamed == first
 
 
 def test_a_stop_sequence_cuts_the_reply_and_is_never_streamed_in_part(module, url):
