@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.responses import StreamingResponse
 
+from zoo.errors import InputError
 from zoo.gpt.serve.api import APIError, Call, Defaults, Limits, parse, parse_json, token_budget
 from zoo.gpt.serve.chat import prompt_ids, tool_calls
 from zoo.gpt.serve.text import TextStream
@@ -164,6 +165,10 @@ def make_app(engine, model: Served, limits: Limits, threads: int = 96) -> FastAP
             )
             try:
                 request = engine.submit(ids, params)
+            except InputError as err:  # what the engine refuses of a prompt the checks above let through
+                for c in choices:
+                    c.request.cancel()
+                raise APIError(str(err), param, "invalid_value") from None
             except QueueFull:
                 for c in choices:
                     c.request.cancel()
@@ -200,8 +205,11 @@ async def _events(choices: list[Choice], pool, deadline: float) -> AsyncIterator
 
     async def pump(i: int) -> None:
         tokens = iter(choices[i].request)
-        while (token := await loop.run_in_executor(pool, next, tokens, _DONE)) is not _DONE:
-            queue.put_nowait((i, token))
+        try:
+            while (token := await loop.run_in_executor(pool, next, tokens, _DONE)) is not _DONE:
+                queue.put_nowait((i, token))
+        except Exception:  # the engine failed on this request: its finish_reason says so, the answer is a 500
+            pass
         queue.put_nowait((i, _DONE))
 
     pumps = [asyncio.create_task(pump(i)) for i in range(len(choices))]
