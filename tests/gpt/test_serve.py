@@ -11,6 +11,7 @@ import http.client
 import json
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -203,8 +204,11 @@ class Scripted:
     """An engine with the server's interface that answers every request with ``reply`` (token ids), ``delay`` seconds
     a token; it keeps the prompts it was given and the requests it made."""
 
-    def __init__(self, reply: list[int], delay: float = 0.0, max_queue: int = 64) -> None:
+    def __init__(self, reply: list[int], delay: float = 0.0, max_queue: int = 64, gate=None) -> None:
         self.reply, self.delay, self.max_queue = reply, delay, max_queue
+        self.gate = gate or threading.Event()
+        if gate is None:
+            self.gate.set()
         self.prompts: list[list[int]] = []
         self.requests: list[ScriptedRequest] = []
 
@@ -212,7 +216,7 @@ class Scripted:
         if sum(r.finish_reason is None for r in self.requests) >= self.max_queue:
             raise QueueFull("full")
         self.prompts.append(list(prompt_ids))
-        self.requests.append(ScriptedRequest(self.reply[: params.max_new_tokens], self.delay))
+        self.requests.append(ScriptedRequest(self.reply[: params.max_new_tokens], self.delay, self.gate))
         return self.requests[-1]
 
     def start(self) -> None:
@@ -224,13 +228,15 @@ class Scripted:
 
 
 class ScriptedRequest:
-    def __init__(self, tokens: list[int], delay: float) -> None:
-        self.tokens, self.delay = tokens, delay
+    def __init__(self, tokens: list[int], delay: float, gate: threading.Event) -> None:
+        self.tokens, self.delay, self.gate = tokens, delay, gate
         self.finish_reason = None
         self.cancelled = threading.Event()
 
     def __iter__(self):
         for token in self.tokens:
+            while not self.gate.wait(0.01) and not self.cancelled.is_set():
+                pass
             if self.cancelled.wait(self.delay):
                 self.finish_reason = "cancelled"
                 return
@@ -247,18 +253,16 @@ def scripted_app(engine, tokenizer=None, **limits):
 
 
 def test_a_full_queue_is_429_and_a_request_past_the_timeout_is_503_and_cancelled():
-    engine = Scripted(list(b"slow reply"), delay=0.2, max_queue=1)
-    with Background(scripted_app(engine, timeout=0.6)) as url:
-        held = threading.Thread(target=raw, args=(url, "/v1/chat/completions", GOOD | {"max_tokens": 10}))
-        held.start()
+    engine = Scripted(list(b"held reply"), max_queue=1, gate=threading.Event())  # no token until the gate opens
+    with Background(scripted_app(engine, timeout=1.5)) as url:
+        held = ThreadPoolExecutor(1).submit(raw, url, "/v1/chat/completions", GOOD)
         while not engine.requests:
             time.sleep(0.01)
         status, payload = raw(url, "/v1/chat/completions", GOOD)
         assert status == 429 and payload["error"]["code"] == "queue_full"
-        held.join()
-        status, payload = raw(url, "/v1/chat/completions", GOOD | {"max_tokens": 10})
+        status, payload = held.result()
         assert status == 503 and payload["error"]["code"] == "timeout"
-    assert all(r.cancelled.is_set() for r in engine.requests)
+    assert len(engine.requests) == 1 and engine.requests[0].finish_reason == "cancelled"
 
 
 def test_a_choice_that_meets_its_stop_sequence_is_cancelled_at_once():
