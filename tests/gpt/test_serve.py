@@ -265,6 +265,15 @@ def test_a_full_queue_is_429_and_a_request_past_the_timeout_is_503_and_cancelled
     assert len(engine.requests) == 1 and engine.requests[0].finish_reason == "cancelled"
 
 
+def test_a_body_past_the_limit_is_413_before_anything_is_submitted():
+    engine = Scripted(list(b"reply"))
+    with Background(scripted_app(engine, max_body=200)) as url:
+        status, payload = raw(
+            url, "/v1/chat/completions", GOOD | {"messages": [{"role": "user", "content": "x" * 300}]}
+        )
+    assert status == 413 and payload["error"]["code"] == "body_too_large" and not engine.requests
+
+
 def test_a_choice_that_meets_its_stop_sequence_is_cancelled_at_once():
     engine = Scripted(list(b"abc STOP and much more that nobody wants to wait for"), delay=0.02)
     with Background(scripted_app(engine)) as url:

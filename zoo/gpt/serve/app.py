@@ -127,7 +127,7 @@ def make_app(engine, model: Served, limits: Limits, threads: int = 96) -> FastAP
                 "model_not_found",
                 status=404,
             )
-        choices = submit(call, chat)
+        choices = await asyncio.to_thread(submit, call, chat)  # a template render and tokenizing: off the loop
         deadline = arrived + limits.timeout
         events = _events(choices, pool, deadline)
         if call.stream:
@@ -182,7 +182,8 @@ def make_app(engine, model: Served, limits: Limits, threads: int = 96) -> FastAP
 
 async def _body(request, limit: int) -> bytes:
     """The request's body, refused past ``limit`` bytes before it is all read."""
-    if int(request.headers.get("content-length") or 0) > limit:
+    length = request.headers.get("content-length") or "0"
+    if not length.isdigit() or int(length) > limit:
         raise APIError(f"the body is more than {limit} bytes", None, "body_too_large", status=413)
     chunks, size = [], 0
     async for chunk in request.stream():
