@@ -2633,7 +2633,11 @@ FAMILIES: dict[str, dict] = {
                 '            raise KeyError("the server is busy',
             ),
             ("zoo/gpt/serve/chat.py", "True, tools=tools, **special)", "True, tools=None, **special)"),
-            ("zoo/gpt/serve/chat.py", '        kept = kept.replace(block.group(0), "", 1)\n', ""),
+            (
+                "zoo/gpt/serve/chat.py",
+                "kept.append(text[at:start] if call else text[at : end + len(CLOSE)])",
+                "kept.append(text[at : end + len(CLOSE)])",
+            ),
             (
                 "zoo/gpt/serve/_sequential.py",
                 "if request._cancelled.is_set() or self._closed.is_set():",

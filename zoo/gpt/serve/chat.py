@@ -10,14 +10,14 @@ reply's ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks are 
 from __future__ import annotations
 
 import json
-import re
 import uuid
 
 from zoo.errors import InputError
 from zoo.gpt.serve.api import APIError
 from zoo.io.chat_template import chat_renderer, checked_messages, render
 
-TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+MAX_CALLS, MAX_CALL_CHARS = 8, 4096  # per reply; the JSON between one pair of tags
 
 
 def prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
@@ -43,24 +43,36 @@ def prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None)
 
 
 def tool_calls(text: str) -> tuple[str | None, list[dict]]:
-    """A reply's text without its tool-call blocks (None when nothing else is left) and the calls in OpenAI's shape;
-    a block that is not a JSON object with a string ``name`` stays text."""
-    calls, kept = [], text
-    for block in TOOL_CALL.finditer(text):
-        try:
-            call = json.loads(block.group(1))
-        except ValueError:
-            continue
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            continue
-        arguments = call.get("arguments", {})
-        calls.append(
-            {
-                "id": f"call_{uuid.uuid4().hex[:24]}",
-                "type": "function",
-                "function": {"name": call["name"], "arguments": json.dumps(arguments, ensure_ascii=False)},
-            }
-        )
-        kept = kept.replace(block.group(0), "", 1)
-    kept = kept.strip() if calls else kept
-    return (kept or None) if calls else text, calls
+    """A reply's text without its tool-call blocks (None when nothing else is left) and the calls in OpenAI's shape,
+    read in one pass (at most ``MAX_CALLS`` calls of ``MAX_CALL_CHARS`` each); a block that is not a JSON object with
+    a string ``name`` stays text."""
+    calls, kept, at = [], [], 0
+    while len(calls) < MAX_CALLS and (start := text.find(OPEN, at)) >= 0:
+        end = text.find(CLOSE, start + len(OPEN))
+        if end < 0:
+            break
+        call = _call(text[start + len(OPEN) : end])
+        kept.append(text[at:start] if call else text[at : end + len(CLOSE)])
+        calls += [call] if call else []
+        at = end + len(CLOSE)
+    if not calls:
+        return text, []
+    content = ("".join(kept) + text[at:]).strip()
+    return content or None, calls
+
+
+def _call(body: str) -> dict | None:
+    if len(body) > MAX_CALL_CHARS:
+        return None
+    try:
+        call = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return None
+    arguments = json.dumps(call.get("arguments", {}), ensure_ascii=False)
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": call["name"], "arguments": arguments},
+    }
