@@ -2620,7 +2620,6 @@ FAMILIES: dict[str, dict] = {
                 "        for c in choices:\n            c.request.cancel()\n        for p",
                 "        for p",
             ),
-            ("zoo/gpt/serve/app.py", "            await self.body_iterator.aclose()", "            pass"),
             ("zoo/gpt/serve/app.py", "if call.model != model.name:", "if False:"),
             (
                 "zoo/gpt/serve/app.py",
