@@ -215,6 +215,16 @@ COVERED: list[tuple[str, str]] = [
         "tests/gpt/test_assistant_stages.py::test_base_sft_dpo_stages_report_one_card_and_a_task_evaluation_fills_it",
     ),
     (r"^python bench/assistant\.py", "minutes of CPU"),
+    (
+        r"^python -m zoo\.gpt serve ",
+        "tests/gpt/test_serve_cli.py::test_an_imported_llama_folder_streams_its_greedy_generate_answer",
+    ),
+    (
+        r"^python -m zoo\.tracking serve models:/",
+        "tests/gpt/test_serve_cli.py::test_a_registered_model_streams_by_name_with_its_own_generation_defaults",
+    ),
+    (r"^curl -s localhost:8000/v1/", "a running server"),
+    (r"^python bench/serve\.py", "minutes of CPU"),
     # README.md's two commands: CI's (.ci/run runs them as written; its other commands are the manual's).
     (
         r"^python3 -m venv \.venv && |^pip install -c constraints\.txt -e \"\.\[test\]\" && python -m pytest$",

@@ -2812,6 +2812,58 @@ FAMILIES: dict[str, dict] = {
             (ENG, '            row.request._finish("error", error)\n            return\n', "            raise\n"),
         ],
     },
+    "serve": {  # issue 56: the OpenAI-compatible server (requests checked, stops, choices, cancellation, tools)
+        "tests": ["tests/gpt/test_serve.py", "tests/gpt/test_serve_load.py"],
+        "mutants": [
+            ("zoo/gpt/serve/text.py", "return self._send(text[:cut])", "return self._send(text)"),
+            ("zoo/gpt/serve/text.py", "self._send(text[: len(text) - self._held(text)])", "self._send(text)"),
+            (
+                "zoo/gpt/serve/text.py",
+                'return "" if self.stopped else self._send(',
+                'return "" if True else self._send(',
+            ),
+            ("zoo/gpt/serve/text.py", "start = max(0, len(self.sent) - max(", "start = max(0, len(self.sent) + max("),
+            ("zoo/gpt/serve/api.py", '"n", 1, limits.max_n, 1,', '"n", 1, 100 * limits.max_n, 1,'),
+            ("zoo/gpt/serve/api.py", "    if call.max_tokens > room:", "    if False:"),
+            ("zoo/gpt/serve/api.py", "if prompt_len > limits.max_prompt or prompt_len >= limits.context:", "if False:"),
+            ("zoo/gpt/serve/api.py", "    if not isinstance(value, bool):", "    if False:"),
+            ("zoo/gpt/serve/api.py", "if unknown := sorted(set(body) - allowed):", "if unknown := []:"),
+            ("zoo/gpt/serve/app.py", "call.seed + i % call.n", "call.seed"),
+            ("zoo/gpt/serve/app.py", "c.prompt_tokens for c in choices[::n]", "c.prompt_tokens for c in choices"),
+            (
+                "zoo/gpt/serve/app.py",
+                "                choice.request.cancel()  # the rest",
+                "                pass  # the rest",
+            ),
+            (
+                "zoo/gpt/serve/app.py",
+                "        for c in choices:\n            c.request.cancel()\n        for p",
+                "        for p",
+            ),
+            ("zoo/gpt/serve/app.py", "if call.model != model.name:", "if False:"),
+            (
+                "zoo/gpt/serve/app.py",
+                '                yield event(i, {} if chat else "", reason)',
+                "                pass",
+            ),
+            (
+                "zoo/gpt/serve/app.py",
+                '            raise APIError("the server is busy',
+                '            raise KeyError("the server is busy',
+            ),
+            ("zoo/gpt/serve/chat.py", "True, tools=tools, **special)", "True, tools=None, **special)"),
+            (
+                "zoo/gpt/serve/chat.py",
+                "kept.append(text[at:start] if call else text[at : end + len(CLOSE)])",
+                "kept.append(text[at : end + len(CLOSE)])",
+            ),
+            (
+                "zoo/gpt/serve/_sequential.py",
+                "if request._cancelled.is_set() or self._closed.is_set():",
+                "if self._closed.is_set():",
+            ),
+        ],
+    },
 }
 
 

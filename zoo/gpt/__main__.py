@@ -8,6 +8,10 @@ and DeepSeek-V3). A checkpoint with LoRA adapters writes the base model there an
 lm-evaluation-harness tasks on the checkpoint (``zoo.gpt.lm_eval``; the optional extra ``eval``), the table printed and
 ``--output`` a JSON file.
 
+``python -m zoo.gpt serve <lightning.ckpt | folder> [--port 8000]``: an OpenAI-compatible server of the model
+(``zoo.gpt.serve``: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``/health``, streamed as server-sent
+events); a registered model: ``python -m zoo.tracking serve models:/<name>/<version>``.
+
 A LoRA checkpoint leaves its frozen base out: both take it as ``--init-weights`` (the model it was trained on). Bad
 input is one ``error:`` line; ``--verbose`` shows the traceback.
 """
@@ -20,7 +24,7 @@ import os
 import sys
 from pathlib import Path
 
-from zoo.errors import MissingBaseError, missing_extra
+from zoo.errors import InputError, MissingBaseError, missing_extra
 from zoo.gpt.module import CausalLMModule
 
 BASE_HELP = "the base a LoRA checkpoint was trained on (its init_weights: such checkpoints leave the base out)"
@@ -55,9 +59,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     exp.add_argument("--init-weights", help=BASE_HELP)
     _add_lm_eval(sub)
+    srv = sub.add_parser("serve", help="an OpenAI-compatible server of a checkpoint or a Hugging Face folder")
+    serve_arguments(srv, "a Lightning checkpoint or a Hugging Face model folder (a registered model: python -m "
+                    "zoo.tracking serve models:/<name>/<version>)")  # fmt: skip
+    srv.add_argument("--init-weights", help=BASE_HELP)
     args = parser.parse_args(argv)
     try:
-        lm_eval_main(args) if args.command == "lm-eval" else export_main(args)
+        {"lm-eval": lm_eval_main, "serve": serve_main}.get(args.command, export_main)(args)
     except MissingBaseError:
         if verbose:
             raise
@@ -152,6 +160,45 @@ def lm_eval_main(args, module: CausalLMModule | None = None) -> None:
     if args.output:
         Path(args.output).write_text(json.dumps(results["results"], indent=2, default=str))
         print(f"Wrote {args.output}")
+
+
+def serve_arguments(srv: argparse.ArgumentParser, model_help: str) -> None:
+    """The serve command's arguments (``zoo.tracking``'s, for registered models, are the same)."""
+    srv.add_argument("model", help=model_help)
+    srv.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--name", help="the model name clients send (default: the checkpoint's, folder's or model's)")
+    srv.add_argument("--max-batch", type=int, default=8, help="requests decoded together at most")
+    srv.add_argument("--max-queue", type=int, default=64, help="requests waiting at most; past it: 429")
+    srv.add_argument("--max-tokens-cap", type=int, help="generated tokens per choice at most (default: the context)")
+    srv.add_argument("--max-prompt-tokens", type=int, help="prompt tokens at most (default: the context - 1)")
+    srv.add_argument("--max-n", type=int, default=8, help="choices per request at most")
+    srv.add_argument("--timeout", type=float, default=600.0, help="seconds a request may take, queued and decoding")
+    srv.add_argument("--device", default="cpu")
+
+
+def serve_main(args, module: CausalLMModule | None = None, name: str | None = None) -> None:
+    """The serve command: ``args.model``'s model, or ``module`` (already loaded) as ``name``."""
+    from zoo.gpt.serve import server_for
+    from zoo.gpt.serve.app import serve
+
+    if module is None:
+        module, path = _served_module(args), Path(args.model).resolve()
+        name = path.stem if path.is_file() else path.name
+    app, limits = server_for(module.to(args.device), args.name or name, args)
+    print(f"Serving {args.name or name} on http://{args.host}:{args.port}/v1 (context {limits.context} tokens)")
+    serve(app, args.host, args.port)
+
+
+def _served_module(args) -> CausalLMModule:
+    if args.model.startswith(("models:/", "runs:/")):
+        raise InputError(f"{args.model} is an MLflow model: serve it with python -m zoo.tracking serve {args.model}")
+    if Path(args.model).is_dir():
+        from zoo.gpt.pretrained import from_pretrained
+
+        return from_pretrained(args.model)
+    given = {"init_weights": args.init_weights} if args.init_weights else {}
+    return CausalLMModule.load_from_checkpoint(args.model, map_location="cpu", weights_only=True, **given).eval()
 
 
 def known_tasks(names: str, known: list[str], builtin_off: bool = False) -> list[str]:

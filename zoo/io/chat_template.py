@@ -316,7 +316,9 @@ def render(
     import jinja2
 
     content = sum(len(c) for m in messages if isinstance(m, dict) and isinstance(c := m.get("content"), str))
-    content += len(json.dumps(tools)) + sum(len(json.dumps(m.get("tool_calls", []))) for m in messages) if tools else 0
+    calls = [m["tool_calls"] for m in messages if isinstance(m, dict) and m.get("tool_calls")]
+    if tools or calls:  # rendered too, through tojson
+        content += len(json.dumps([tools, calls], default=str))
     _local.budget = budget = Budget(2 * content + TEMPLATE_EXTRA_CHARS)
     try:
         pieces = compile_template(source).generate(

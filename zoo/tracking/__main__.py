@@ -3,7 +3,9 @@
 ``python -m zoo.tracking verify <models:/... | runs:/...>`` (exit status 0 when every file is as logged and its code is
 the installed zoo's) and
 ``python -m zoo.tracking lm-eval <ckpt | models:/... | runs:/...> --tasks <names>`` (``python -m zoo.gpt lm-eval``'s
-options, on a registered model too).
+options, on a registered model too) and
+``python -m zoo.tracking serve <models:/... | runs:/... | ckpt>`` (``python -m zoo.gpt serve``'s OpenAI-compatible
+server and options, on a registered model).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from zoo.gpt.__main__ import lm_eval_arguments
+from zoo.gpt.__main__ import lm_eval_arguments, serve_arguments
 from zoo.tracking.models import load_model, log_checkpoint_model, tracking_uri
 
 
@@ -70,6 +72,27 @@ def lm_eval(args) -> None:
     lm_eval_main(args, module)
 
 
+def serve(args) -> None:
+    """An OpenAI-compatible server (python -m zoo.gpt serve) of a registered GPT, rebuilt weights-only as load_model
+    rebuilds any, its generation defaults the ones it was registered with."""
+    from zoo.errors import InputError
+    from zoo.gpt import CausalLMModule
+    from zoo.gpt.__main__ import serve_main
+
+    module = load_model(args.model)
+    if not isinstance(module, CausalLMModule):
+        raise InputError(f"{args.model} is a {type(module).__qualname__}, not a language model (zoo.gpt)")
+    serve_main(args, module.eval(), served_name(args.model))
+
+
+def served_name(uri: str) -> str:
+    """The name clients call a model by: ``<name>/<version>`` or ``<name>@<alias>`` as given, a run's id, a file's
+    stem."""
+    if uri.startswith("models:/"):
+        return uri.removeprefix("models:/").rstrip("/")
+    return uri.removeprefix("runs:/").split("/")[0] if uri.startswith("runs:/") else Path(uri).stem
+
+
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
@@ -95,6 +118,9 @@ def main(argv: list[str] | None = None) -> None:
     sub = commands.add_parser("lm-eval", help=lm_eval.__doc__)
     lm_eval_arguments(sub, "a checkpoint file, models:/<name>/<version>, models:/<name>@<alias> or runs:/...")
     sub.set_defaults(run=lm_eval)
+    sub = commands.add_parser("serve", help=serve.__doc__)
+    serve_arguments(sub, "models:/<name>/<version>, models:/<name>@<alias>, runs:/... or a checkpoint file")
+    sub.set_defaults(run=serve)
     args = parser.parse_args(argv)
     try:
         args.run(args)
