@@ -99,7 +99,7 @@ class HFEngine:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def submit(self, prompt_ids, params):
-        from zoo.gpt.serve._sequential import Request
+        from zoo.gpt.serve.engine import Request
 
         request = Request(list(prompt_ids), params)
         self.waiting.put(request)
@@ -127,7 +127,7 @@ class HFEngine:
                         raise InterruptedError
                     for token in value.reshape(-1).tolist():
                         if token not in request.params.stop_ids:
-                            request._tokens.put(token)
+                            request._emit(token)
 
                 def end(self):
                     pass

@@ -23,7 +23,7 @@ def test_an_unknown_row_is_refused_in_one_line(monkeypatch):
 
 def test_the_transformers_engine_streams_generates_greedy_tokens(tmp_path):
     transformers = pytest.importorskip("transformers")
-    from zoo.gpt.serve._sequential import SamplingParams
+    from zoo.gpt.serve.engine import SamplingParams
 
     folder = bench.write_folder(tmp_path, 64, 1)
     engine = bench.HFEngine(folder)

@@ -2857,11 +2857,6 @@ FAMILIES: dict[str, dict] = {
                 "kept.append(text[at:start] if call else text[at : end + len(CLOSE)])",
                 "kept.append(text[at : end + len(CLOSE)])",
             ),
-            (
-                "zoo/gpt/serve/_sequential.py",
-                "if request._cancelled.is_set() or self._closed.is_set():",
-                "if self._closed.is_set():",
-            ),
         ],
     },
 }

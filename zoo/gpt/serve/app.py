@@ -30,14 +30,8 @@ from starlette.responses import StreamingResponse
 from zoo.errors import InputError
 from zoo.gpt.serve.api import APIError, Call, Defaults, Limits, parse, parse_json, token_budget
 from zoo.gpt.serve.chat import prompt_ids, tool_calls
+from zoo.gpt.serve.engine import Engine, QueueFull, SamplingParams  # noqa: F401
 from zoo.gpt.serve.text import TextStream
-
-try:  # the continuous-batching engine; the one-at-a-time stand-in with its interface where it is not there
-    from zoo.gpt.serve.engine import Engine, QueueFull, SamplingParams
-except ModuleNotFoundError as err:
-    if err.name != "zoo.gpt.serve.engine":
-        raise
-    from zoo.gpt.serve._sequential import Engine, QueueFull, SamplingParams  # noqa: F401
 
 
 @dataclass(frozen=True)
