@@ -2745,7 +2745,7 @@ FAMILIES: dict[str, dict] = {
             (SCR, "low = max(low, guess + 1)", "low = max(low, guess)"),
             ("datamodules/chat.py", "    return messages, tools\n", "    return messages, None\n"),
             (SCR, '"content": m["content"][: m["content"].find(OPEN)],', '"content": m["content"],'),
-            (TC, "if len(calls) == MAX_TOOL_CALLS:", "if len(calls) > MAX_TOOL_CALLS:"),
+            (TC, "if len(blocks) == MAX_TOOL_CALLS:", "if len(blocks) > MAX_TOOL_CALLS:"),
             (TC, "if len(body) > MAX_CALL_CHARS:", "if len(body) > 100 * MAX_CALL_CHARS:"),
             (TC, 'set(call) != {"name", "arguments"}:', 'not {"name", "arguments"} <= set(call):'),
             (
@@ -2854,8 +2854,8 @@ FAMILIES: dict[str, dict] = {
             ("zoo/gpt/serve/chat.py", "True, tools=tools, **special)", "True, tools=None, **special)"),
             (
                 "zoo/gpt/serve/chat.py",
-                "kept.append(text[at:start] if call else text[at : end + len(CLOSE)])",
-                "kept.append(text[at : end + len(CLOSE)])",
+                "        kept.append(text[at:start])\n",
+                "        kept.append(text[at:end])\n",
             ),
         ],
     },

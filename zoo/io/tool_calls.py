@@ -40,19 +40,27 @@ def parse_tool_calls(text: str) -> list[dict]:
     """The calls in ``text``, in order: ``{"name": str, "arguments": dict}`` each, or ``{"error": why}`` (with
     ``name`` where one was read) for a call that cannot be run: not JSON, not exactly name and arguments, a name
     that is not a function name, too long, not closed, or past the ``MAX_TOOL_CALLS`` of a reply."""
-    calls: list[dict] = []
+    return [call for _, _, call in tool_call_blocks(text)]
+
+
+def tool_call_blocks(text: str) -> list[tuple[int, int, dict]]:
+    """``(start, end, call)`` of each tool-call block of ``text`` in order (``call`` as ``parse_tool_calls`` gives
+    it; ``text[start:end]`` the block with its tags): the one scan the environments and the chat server read a reply
+    with. A block left open, or one past ``MAX_TOOL_CALLS``, ends the scan with an error entry spanning the rest."""
+    blocks: list[tuple[int, int, dict]] = []
     text, at = text[:MAX_TEXT_CHARS], 0
     while (start := text.find(OPEN, at)) >= 0:
-        if len(calls) == MAX_TOOL_CALLS:
-            calls.append({"error": f"more than {MAX_TOOL_CALLS} tool calls in one reply; the rest were not run"})
+        if len(blocks) == MAX_TOOL_CALLS:
+            error = f"more than {MAX_TOOL_CALLS} tool calls in one reply; the rest were not run"
+            blocks.append((start, len(text), {"error": error}))
             break
         end = text.find(CLOSE, start + len(OPEN))
         if end < 0:
-            calls.append({"error": f"a {OPEN} without its {CLOSE}"})
+            blocks.append((start, len(text), {"error": f"a {OPEN} without its {CLOSE}"}))
             break
-        calls.append(_call(text[start + len(OPEN) : end]))
+        blocks.append((start, end + len(CLOSE), _call(text[start + len(OPEN) : end])))
         at = end + len(CLOSE)
-    return calls
+    return blocks
 
 
 def _call(body: str) -> dict:

@@ -15,9 +15,7 @@ import uuid
 from zoo.errors import InputError
 from zoo.gpt.serve.api import APIError
 from zoo.io.chat_template import chat_renderer, checked_messages, render
-
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
-MAX_CALLS, MAX_CALL_CHARS = 8, 4096  # per reply; the JSON between one pair of tags
+from zoo.io.tool_calls import tool_call_blocks
 
 
 def prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
@@ -44,35 +42,22 @@ def prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None)
 
 def tool_calls(text: str) -> tuple[str | None, list[dict]]:
     """A reply's text without its tool-call blocks (None when nothing else is left) and the calls in OpenAI's shape,
-    read in one pass (at most ``MAX_CALLS`` calls of ``MAX_CALL_CHARS`` each); a block that is not a JSON object with
-    a string ``name`` stays text."""
+    read as an environment reads them (``zoo.io.tool_calls.tool_call_blocks``: at most ``MAX_TOOL_CALLS`` calls of
+    ``MAX_CALL_CHARS`` each); a block that cannot be run stays text, for the client to see."""
     calls, kept, at = [], [], 0
-    while len(calls) < MAX_CALLS and (start := text.find(OPEN, at)) >= 0:
-        end = text.find(CLOSE, start + len(OPEN))
-        if end < 0:
-            break
-        call = _call(text[start + len(OPEN) : end])
-        kept.append(text[at:start] if call else text[at : end + len(CLOSE)])
-        calls += [call] if call else []
-        at = end + len(CLOSE)
+    for start, end, call in tool_call_blocks(text):
+        if "error" in call:
+            continue
+        kept.append(text[at:start])
+        calls.append(
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)},
+            }
+        )
+        at = end
     if not calls:
         return text, []
     content = ("".join(kept) + text[at:]).strip()
     return content or None, calls
-
-
-def _call(body: str) -> dict | None:
-    if len(body) > MAX_CALL_CHARS:
-        return None
-    try:
-        call = json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-        return None
-    arguments = json.dumps(call.get("arguments", {}), ensure_ascii=False)
-    return {
-        "id": f"call_{uuid.uuid4().hex[:24]}",
-        "type": "function",
-        "function": {"name": call["name"], "arguments": arguments},
-    }
