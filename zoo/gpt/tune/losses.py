@@ -56,14 +56,16 @@ class GRPOLoss:
     """GRPO's objective: the advantages of a batch of scored completions and the clipped surrogate on their tokens.
 
     ``model.init_args.loss`` in a config (``{loss_type: dapo, clip_high: 0.28}``; a field left out keeps its
-    default); each name is the one ``zoo.train.policy_gradient`` and TRL's ``GRPOTrainer`` use for it. An advantage
-    option is a field here and the method that reads it; the module hands in the group size G and nothing else.
+    default); each name is the one ``zoo.train.policy_gradient`` gives the same quantity (TRL's in brackets where it
+    differs). An advantage option is a field here and the method that reads it; the module hands in the group size G
+    (``GRPOModule``'s sampling setting) and the rollouts' token budget.
 
     Args:
         loss_type: how token losses are averaged (TRL's): grpo, dr_grpo or dapo.
         clip_low: the ratio's clip below 1 (TRL's epsilon).
-        clip_high: the ratio's clip above 1; above clip_low: DAPO's clip-higher.
-        scale_std: divide the group-centred rewards (and step scores) by the group's std (false: Dr. GRPO).
+        clip_high: the ratio's clip above 1 (TRL's epsilon_high); above clip_low: DAPO's clip-higher.
+        scale_std: divide the group-centred rewards (and step scores) by the group's std (TRL's scale_rewards;
+            false: Dr. GRPO).
         beta: the weight of the k3 KL to the starting weights; 0 builds no reference. With LoRA adapters alone
             training, the reference is the net with its adapters off (no copy), so not with adapter_weights.
         step_credit: with step rewards (``StepReward``), what each token is credited with: "later", the sum of the
