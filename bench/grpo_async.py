@@ -123,6 +123,7 @@ def grpo(path: str, weights: dict, actors: int, steps: int, seed: int) -> dict:
     from datamodules import PromptDataModule
     from datamodules.arithmetic import ArithmeticTask
     from zoo.gpt import GRPOModule
+    from zoo.gpt.generate import Generation
     from zoo.gpt.tune.rewards import ExactMatch, FormatCheck
     from zoo.io.tokenizers import ByteTokenizer
     from zoo.train.optim import AdamWCosine
@@ -132,7 +133,9 @@ def grpo(path: str, weights: dict, actors: int, steps: int, seed: int) -> dict:
     net.load_state_dict(weights)
     opt = AdamWCosine(lr=1e-4, weight_decay=0.0, warmup_steps=0, min_lr_ratio=1.0)
     rewards = [ExactMatch(weight=1.0), FormatCheck(weight=0.1)]
-    module = GRPOModule(net, rewards, group_size=8, max_new_tokens=48, optimizer=opt, async_actors=actors)
+    module = GRPOModule(
+        net, rewards, group_size=8, generation=Generation(max_new_tokens=48), optimizer=opt, async_actors=actors
+    )
     module.tokenizer = ByteTokenizer()
     dm = PromptDataModule(path, tokenizer="bytes", batch_size=8, val_batch_size=50, generate=ArithmeticTask(**TASK))
     meter = Meter(rows=8 * 8)

@@ -64,7 +64,7 @@ EOS = 256
 SETTING_HELP = {
     "loss_type": "grpo, dr_grpo or dapo (both arms)",
     "epsilon_high": "the ratio's clip above 1 (both arms; above 0.2: DAPO's clip-higher)",
-    "step_credit": "the zoo-process arm's: later or own (GRPOModule's step_credit)",
+    "step_credit": "the zoo-process arm's: later or own (GRPOModule's loss.step_credit)",
 }
 # the zoo's arms: "zoo" with TRL's reward alone; "zoo-process" adds a score per worked line (process supervision,
 # which TRL's GRPOTrainer has no way to credit per token): the zoo's own recipe for this task
@@ -104,7 +104,7 @@ def export_start(init: str, folder: Path, shape: dict) -> Path:
 
 def zoo_net(folder: str):
     """The folder's net as a zoo GPT, and the function that renames its transformers state dict into the net's."""
-    from zoo.gpt import hf, llama
+    from zoo.gpt.formats import hf, llama
     from zoo.io.files import read_config
 
     if read_config(Path(folder) / "config.json").get("model_type") == "gpt2":
@@ -293,9 +293,9 @@ def zoo_run(job: dict) -> dict:
         f"--model.init_args.init_weights={job['model']}", "--model.init_args.adapt=null",
         f"--model.init_args.rewards={json.dumps(ZOO_REWARDS[job['arm']])}",
         f"--model.init_args.group_size={s['group_size']}", f"--model.init_args.temperature={s['temperature']}",
-        f"--model.init_args.max_new_tokens={s['max_new_tokens']}", "--model.init_args.top_p=null",
-        f"--model.init_args.loss_type={s['loss_type']}", f"--model.init_args.epsilon_high={s['epsilon_high']}",
-        f"--model.init_args.step_credit={s['step_credit']}", "--model.init_args.beta=0.0",
+        f"--model.init_args.generation.max_new_tokens={s['max_new_tokens']}", "--model.init_args.top_p=null",
+        f"--model.init_args.loss.loss_type={s['loss_type']}", f"--model.init_args.loss.clip_high={s['epsilon_high']}",
+        f"--model.init_args.loss.step_credit={s['step_credit']}", "--model.init_args.loss.beta=0.0",
         "--model.init_args.num_iterations=1",
         f"--model.init_args.optimizer.lr={s['lr']}", "--model.init_args.optimizer.betas=[0.9, 0.999]",
         "--model.init_args.max_grad_norm=1.0", "--data.init_args.tokenizer=bytes",

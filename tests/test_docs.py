@@ -357,7 +357,8 @@ def test_grpo_on_your_own_chat_files_runs_as_the_manual_shows(tmp_path, monkeypa
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chats))
     test = [{"question": f"Capital of {country}?", "answer": city} for country, city in cities]
     (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in test))
-    tiny = ["--model.init_args.group_size=2", "--model.init_args.max_new_tokens=6", "--trainer.max_steps=2"]
+    tiny = ["--model.init_args.group_size=2", "--model.init_args.generation.max_new_tokens=6"]
+    tiny += ["--trainer.max_steps=2"]
     tiny += ["--trainer.val_check_interval=2", "--data.init_args.batch_size=2", "--trainer.log_every_n_steps=1"]
     fitted = fit_in_folder(tmp_path, *shlex.split(fit_line)[3:], *tiny)
     assert fitted.cli.datamodule.answer_pattern == "Answer: (.+)" and fitted.trainer.global_step == 2

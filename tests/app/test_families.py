@@ -55,4 +55,7 @@ def test_a_subclass_takes_its_familys_row_and_an_unknown_module_the_plain_defaul
         pass
 
     assert family_of(Mine) is FAMILIES["zoo.cnn.ClassifierModule"]
+    from zoo.gpt import GRPOModule  # in zoo.gpt.tune.grpo, two levels below the package that exports it
+
+    assert family_of(GRPOModule) is FAMILIES["zoo.gpt.GRPOModule"]
     assert family_of(LightningModule) is UNLISTED and UNLISTED.monitor is None and UNLISTED.callbacks == ()

@@ -23,7 +23,11 @@ STAGES = {
     "rl": "grpo_arithmetic.yaml",
 }
 PARENT = {"sft": "base", "dpo": "sft", "rl": "sft"}
-SMALL_RL = ["--model.init_args.group_size=2", "--model.init_args.max_new_tokens=8", "--data.init_args.batch_size=2"]
+SMALL_RL = [
+    "--model.init_args.group_size=2",
+    "--model.init_args.generation.max_new_tokens=8",
+    "--data.init_args.batch_size=2",
+]
 
 
 @pytest.mark.slow

@@ -14,6 +14,8 @@ from lightning.pytorch import Trainer, seed_everything
 from datamodules import PromptDataModule
 from zoo.errors import InputError
 from zoo.gpt import GPT, GRPOModule
+from zoo.gpt.generate import Generation
+from zoo.gpt.tune.losses import GRPOLoss
 from zoo.gpt.tune.rewards import ExactMatch, FormatCheck, NumericTolerance, Reward, StepReward, score
 from zoo.io.tokenizers import ByteTokenizer
 from zoo.train.optim import AdamWCosine
@@ -84,11 +86,11 @@ def test_with_reward_errors_zero_a_failure_scores_0_and_is_counted(reward):
     assert total == [1.0, 0.0] and each[type(reward).__name__] == [0.0, 0.0] and errors == 2
 
 
-def _module(rewards=None, lr=1e-2, **kwargs) -> GRPOModule:
+def _module(rewards=None, lr=1e-2, max_new_tokens=6, **kwargs) -> GRPOModule:
     seed_everything(0)
     rewards = [CountX()] if rewards is None else rewards
     optimizer = AdamWCosine(lr=lr, weight_decay=0.0, warmup_steps=0, min_lr_ratio=1.0)
-    defaults = dict(group_size=8, max_new_tokens=6, optimizer=optimizer)
+    defaults = dict(group_size=8, generation=Generation(max_new_tokens=max_new_tokens), optimizer=optimizer)
     module = GRPOModule(GPT(**NET), rewards=list(rewards), **(defaults | kwargs))
     module.tokenizer = ByteTokenizer()
     return module
@@ -163,7 +165,7 @@ def test_the_old_policy_is_the_sampling_pass_so_a_second_pass_moves_the_ratio(tm
 
 
 def test_beta_builds_a_frozen_reference_and_logs_the_kl(tmp_path):
-    module = _module(beta=0.1)
+    module = _module(loss=GRPOLoss(beta=0.1))
     trainer = _trainer(tmp_path, 2)
     trainer.fit(module, _prompts(tmp_path))
     assert module._reference.copy is not None and trainer.callback_metrics["train/kl"] > 0  # not the policy
@@ -174,7 +176,7 @@ def test_with_lora_the_kl_reference_is_the_base_with_adapters_off_and_no_copy(tm
     pytest.importorskip("peft")
     from zoo.gpt.tune.rollout import per_token_logps
 
-    module, dm = _module(beta=0.1, lr=0.05, adapt={"lora": {"r": 4}}), _prompts(tmp_path)
+    module, dm = _module(loss=GRPOLoss(beta=0.1), lr=0.05, adapt={"lora": {"r": 4}}), _prompts(tmp_path)
     nets_before = {id(o) for o in gc.get_objects() if isinstance(o, GPT)}
     trainer = _trainer(tmp_path, 3)
     trainer.fit(module, dm)
@@ -191,7 +193,22 @@ def test_with_lora_the_kl_reference_is_the_base_with_adapters_off_and_no_copy(tm
     torch.testing.assert_close(ours, per_token_logps(base.eval(), *args))
     assert not torch.allclose(per_token_logps(module.net, *args), ours)  # adapters back on after the reference
     with pytest.raises(InputError, match="adapter_weights.*merged"):  # its start is not the base
-        GRPOModule(GPT(**NET), beta=0.1, adapter_weights="adapter_folder")
+        GRPOModule(GPT(**NET), loss=GRPOLoss(beta=0.1), adapter_weights="adapter_folder")
+
+
+def test_dr_grpo_divides_by_the_token_budget_which_a_trimmed_rollout_no_longer_shows():
+    from zoo.gpt.tune.rollout import Rollout, per_token_logps
+
+    module = _module(loss=GRPOLoss("dr_grpo"), max_new_tokens=6)
+    ids, pad, mask = (
+        torch.tensor([[65, 66, 67, 68], [65, 69, 70, 71]]),
+        torch.zeros(2, dtype=torch.long),
+        torch.ones(2, 3),
+    )
+    with torch.no_grad():
+        old = per_token_logps(module.net, ids, mask, 1.0, pad)  # the ratio is 1: each token's loss is -A
+    out = module.policy_loss(Rollout(ids, pad, mask, old), torch.tensor([1.0, 2.0]), slice(0, 2), None)
+    torch.testing.assert_close(out["loss"], torch.tensor(-(1.0 * 3 + 2.0 * 3) / (2 * 6)))  # not / (2 * 3)
 
 
 def test_validation_scores_greedy_replies_and_keeps_sample_rows(tmp_path):
@@ -219,7 +236,7 @@ class Marker(Reward):
 
 @pytest.mark.parametrize("class_path", ["zoo.gpt.tune.rewards.ExactMatch", f"{__name__}.Marker"])
 def test_a_checkpoint_naming_a_reward_builds_nothing_from_it(tmp_path, class_path):
-    module = _module()
+    module = _module(loss=GRPOLoss("dr_grpo", clip_high=0.3, scale_std=False, step_credit="own", rho_bar=2.0))
     assert "rewards" not in module.hparams  # never stored by the module itself
     trainer = _trainer(tmp_path, 0)
     trainer.strategy.connect(module)
@@ -231,6 +248,7 @@ def test_a_checkpoint_naming_a_reward_builds_nothing_from_it(tmp_path, class_pat
     loaded = GRPOModule.load_from_checkpoint(path, net=GPT(**NET))
     assert loaded.rewards == [] and "rewards" not in loaded.hparams
     assert not list(tmp_path.rglob(MARKER))
+    assert loaded.loss == module.loss and loaded.max_new_tokens == 6  # the objective's settings, stored as fields
 
 
 def test_prompts_come_from_questions_conversations_and_chat_records(tmp_path):
@@ -286,7 +304,7 @@ def test_the_grpo_config_fits_through_the_cli_from_given_weights(tmp_path):
         f"--model.init_args.init_weights={weights}",
         *(f"--model.init_args.net.init_args.{k}={v}" for k, v in tiny.items()),
         "--model.init_args.group_size=2",
-        "--model.init_args.max_new_tokens=8",
+        "--model.init_args.generation.max_new_tokens=8",
         f"--data.init_args.path={tmp_path / 'arith'}",  # the task written into the test's folder
         "--data.init_args.generate.train=16",
         "--data.init_args.generate.pairs=0",
@@ -309,6 +327,7 @@ def test_the_grpo_config_fits_through_the_cli_from_given_weights(tmp_path):
     path = fitted.trainer.checkpoint_callback.last_model_path
     assert "rewards" not in torch.load(path, weights_only=True)["hyper_parameters"]
     reloaded = GRPOModule.load_from_checkpoint(path)
+    assert reloaded.loss == GRPOLoss("dapo", clip_high=0.28, step_credit="own") and reloaded.max_new_tokens == 8
     assert reloaded.rewards == [] and reloaded.generate(["1"], 3, temperature=0) == fitted.model.eval().generate(
         ["1"], 3, temperature=0
     )
@@ -431,3 +450,12 @@ def test_an_answer_pattern_with_a_colon_on_the_command_line_is_a_string(tmp_path
     )
     assert built.datamodule.answer_pattern == r"Answer: (\d+)" and built.model.net.n_layer == 1
     assert built.model.rewards[0].pattern.pattern == "A: b"
+
+
+def test_a_bad_loss_setting_is_one_line_naming_its_key():
+    for field, value in [("loss_type", "ppo"), ("clip_low", 1.0), ("beta", -0.1), ("step_credit", "all")]:
+        with pytest.raises(InputError, match=rf"^model\.init_args\.loss\.{field}=.* must be .*loss\.{field}=") as err:
+            GRPOModule(GPT(**NET), loss={field: value})
+        assert "\n" not in str(err.value)
+    with pytest.raises(InputError, match="rho_bar"):
+        GRPOLoss(rho_bar=0.5)

@@ -12,7 +12,7 @@ import torch
 from test_grpo import _module, _prompts, _trainer
 
 from zoo.gpt.tune.async_rollout import Behaviour
-from zoo.gpt.tune.losses import grpo_objective
+from zoo.gpt.tune.losses import GRPOLoss
 from zoo.gpt.tune.rollout import per_token_logps, sample_groups
 from zoo.train.actor_pool import ActorError
 from zoo.train.policy_gradient import truncated_importance_weights
@@ -47,9 +47,10 @@ def test_the_weight_multiplies_each_tokens_clipped_term_and_not_the_kl():
     logp, old, ref = (-torch.rand(4, 3, generator=g, dtype=torch.float64) for _ in range(3))
     rewards, mask = torch.tensor([1.0, 0.0, 0.5, 2.0], dtype=torch.float64), torch.ones(4, 3, dtype=torch.long)
     w = torch.rand(4, 3, generator=g, dtype=torch.float64) * 2
-    ours = grpo_objective(logp, old, rewards, mask, 2, "dapo", ref_logp=ref, beta=0.1, is_weight=w)["loss"]
-    plain = grpo_objective(logp, old, rewards, mask, 2, "dapo", ref_logp=ref, beta=0.1, is_weight=None)
-    adv = plain["advantages"][:, None]
+    loss = GRPOLoss("dapo", beta=0.1)
+    advantages = loss.advantages(rewards, 2)
+    ours = loss.objective(logp, old, advantages, mask, ref, is_weight=w)["loss"]
+    adv = advantages[:, None]
     ratio = (logp - old).exp()
     clipped = torch.max(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
     kl = (ref - logp).exp() - (ref - logp) - 1
@@ -69,15 +70,15 @@ def test_no_lag_weighs_every_token_1_exactly_and_keeps_the_sampling_pass():
     assert torch.equal(rollout.logps, behaviour.rollout.logps) and torch.equal(w, torch.ones_like(w))
     assert float(lag["staleness"]) == 0 and float(lag["importance_weight/mean"]) == 1
     assert float(lag["importance_weight/truncated"]) == 0
-    rewards, rows = torch.arange(8.0), slice(0, 8)
+    advantages, rows = module.loss.advantages(torch.arange(8.0), 8), slice(0, 8)
     torch.manual_seed(0)
-    weighted = module.policy_loss(rollout, rewards, rows, None, w)["loss"]
+    weighted = module.policy_loss(rollout, advantages, rows, None, w)["loss"]
     torch.manual_seed(0)
-    assert torch.equal(weighted, module.policy_loss(rollout, rewards, rows, None)["loss"])  # the synchronous loss
+    assert torch.equal(weighted, module.policy_loss(rollout, advantages, rows, None)["loss"])  # the synchronous loss
 
 
 def test_a_stale_rollout_is_corrected_towards_the_learners_weights():
-    actor, module = _module(rho_bar=1.5), _module(rho_bar=1.5)
+    actor, module = _module(loss=GRPOLoss(rho_bar=1.5)), _module(loss=GRPOLoss(rho_bar=1.5))
     _nudged(module)  # the learner has moved on since the actor's copy
     behaviour = _behaviour(module, actor, version=1)
     rollout, w, lag = module.importance_weights(behaviour, version=4)

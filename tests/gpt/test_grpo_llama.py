@@ -29,9 +29,8 @@ def test_the_grpo_config_runs_from_a_llama_folder_with_lora_and_registers(tmp_pa
         f"--data.init_args.pretrained_dir={folder}",
         *(f"--data.init_args.generate.{k}={v}" for k, v in task.items()),
         "--model.init_args.group_size=2",
-        "--model.init_args.max_new_tokens=6",
         "--model.init_args.generation.max_new_tokens=6",
-        "--model.init_args.beta=0.1",  # the KL to the base with the adapters off
+        "--model.init_args.loss.beta=0.1",  # the KL to the base with the adapters off
         "--data.init_args.batch_size=2",
         "--data.init_args.val_batch_size=4",
         "--trainer.max_steps=2",

@@ -10,7 +10,8 @@ import torch
 
 from zoo.errors import InputError
 from zoo.gpt import GPT, GRPOModule
-from zoo.gpt.tune.losses import grpo_objective
+from zoo.gpt.generate import Generation
+from zoo.gpt.tune.losses import GRPOLoss
 from zoo.gpt.tune.rewards import ExactMatch, StepReward, WorkedLines, score_steps
 from zoo.gpt.tune.rollout import Rollout, place_steps
 from zoo.io.tokenizers import ByteTokenizer
@@ -149,10 +150,11 @@ def test_one_step_per_completion_at_its_end_is_grpos_outcome_advantage():
     torch.testing.assert_close(got[completion], want[completion])
     torch.testing.assert_close(process_advantages(step, mask, g, credit="own")[completion], want[completion])
     logp, old = -torch.rand(8, t), -torch.rand(8, t)
-    process = grpo_objective(logp, old, torch.zeros(8), completion.long(), g, "dapo", token_advantages=got)
+    loss = GRPOLoss("dapo")
+    process = loss.objective(logp, old, loss.advantages(torch.zeros(8), g, (step, mask)), completion.long())
     outcome = clipped_surrogate(logp, old, want, 0.2, 0.2, completion.long(), "dapo")
     torch.testing.assert_close(process["loss"], outcome["loss"])
-    both = grpo_objective(logp, old, rewards, completion.long(), g, "dapo", token_advantages=got)  # the two add
+    both = loss.objective(logp, old, loss.advantages(rewards, g, (step, mask)), completion.long())  # the two add
     summed = clipped_surrogate(logp, old, want + got, 0.2, 0.2, completion.long(), "dapo")
     torch.testing.assert_close(both["loss"], summed["loss"])
 
@@ -161,10 +163,10 @@ def test_grpo_with_a_step_reward_updates_on_per_token_advantages_and_logs_the_to
     torch.manual_seed(0)
     optimizer = AdamWCosine(lr=1e-3, weight_decay=0.0, warmup_steps=0, min_lr_ratio=1.0)
     net = GPT(vocab_size=257, block_size=32, n_layer=1, n_embd=32, n_head=2)
-    module = GRPOModule(net, [ExactMatch(), WorkedLines(weight=0.5)], group_size=2, max_new_tokens=8,
-                        optimizer=optimizer)  # fmt: skip
+    module = GRPOModule(net, [ExactMatch(), WorkedLines(weight=0.5)], group_size=2,
+                        generation=Generation(max_new_tokens=8), optimizer=optimizer)  # fmt: skip
     module.tokenizer = ByteTokenizer()
-    assert GRPOModule(net, [ExactMatch()], optimizer=optimizer).token_advantages(None, None) is None
+    assert GRPOModule(net, [ExactMatch()], optimizer=optimizer).step_scores(None, None) is None
     texts = ["1+1 = 2\n#### 2", "1+1 = 3\n#### 3"]
     scores = module.score_rows(texts, ["1+1 = 2\n#### 2"])
     assert scores.outcome.tolist() == [1.0, 0.0] and scores.total.tolist() == [1.5, 0.0]
@@ -174,17 +176,26 @@ def test_grpo_with_a_step_reward_updates_on_per_token_advantages_and_logs_the_to
 
     rollout = Rollout(torch.cat([torch.full((2, 2), 65), ids], 1), torch.zeros(2, dtype=torch.long), mask,
                       torch.zeros(2, 16))  # fmt: skip
-    adv = module.token_advantages(rollout, scores)
+    adv = module.loss.process(*module.step_scores(rollout, scores), 2)
     assert adv[0, :8].tolist() == pytest.approx([1 / (2**0.5 + 1e-4 * 2)] * 8, rel=1e-3) and adv[0, 8:].abs().sum() == 0
     assert torch.allclose(adv[1], -adv[0])
     texts = ["1+1 = 2\n2+2 = 4\n#### 4", "1+1 = 3\n3+2 = 5\n#### 5"]  # a slip, then its result carried right
     ids = torch.tensor([ByteTokenizer().encode(t) + [256] for t in texts])
     rollout = Rollout(ids, torch.zeros(2, dtype=torch.long), torch.ones(2, 23, dtype=torch.long), torch.zeros(2, 23))
-    module.hparams.step_credit = "own"
-    own = module.token_advantages(rollout, module.score_rows(texts, ["1+1 = 2\n2+2 = 4\n#### 4"]))
+    steps = module.step_scores(rollout, module.score_rows(texts, ["1+1 = 2\n2+2 = 4\n#### 4"]))
+    own = GRPOLoss(step_credit="own").process(*steps, 2)
     assert own[1, :8].max() < 0 and torch.equal(own[1, 8:16], own[0, 8:16]) and own[0, 8] > 0  # line 2: both right
-    module.hparams.step_credit = "later"
-    later = module.token_advantages(rollout, module.score_rows(texts, ["1+1 = 2\n2+2 = 4\n#### 4"]))
+    later = GRPOLoss(step_credit="later").process(*steps, 2)
     assert torch.allclose(later[:, :8], own[:, :8] + own[:, 8:9]) and torch.equal(later[:, 8:], own[:, 8:])
     with pytest.raises(InputError, match="step_credit"):
-        GRPOModule(net, [WorkedLines()], optimizer=optimizer, step_credit="all")
+        GRPOModule(net, [WorkedLines()], optimizer=optimizer, loss={"step_credit": "all"})
+
+
+@pytest.mark.parametrize("scale, credit", [(True, "later"), (False, "own")])
+def test_the_losss_advantages_are_the_outcomes_plus_the_steps_each_by_its_settings(scale, credit):
+    g = torch.Generator().manual_seed(0)
+    rewards, mask = torch.rand(8, generator=g), torch.rand(8, 5, generator=g) < 0.4
+    step = torch.rand(8, 5, generator=g) * mask
+    got = GRPOLoss(scale_std=scale, step_credit=credit).advantages(rewards, 4, (step, mask))
+    want = group_advantages(rewards, 4, scale)[:, None] + process_advantages(step, mask, 4, scale, credit=credit)
+    torch.testing.assert_close(got, want)

@@ -1,4 +1,4 @@
-"""GRPO's loss (zoo.gpt.tune.losses.grpo_objective) equals TRL's ``GRPOTrainer._compute_loss`` on fixed tensors.
+"""GRPO's loss (zoo.gpt.tune.losses.GRPOLoss) equals TRL's ``GRPOTrainer._compute_loss`` on fixed tensors.
 
 TRL's method is called unbound on a stand-in trainer holding only the settings it reads, with the model's per-token
 log-probabilities stubbed, so nothing is sampled or trained: the loss, its gradient and the logged clip ratios and
@@ -14,8 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from zoo.gpt.tune.losses import grpo_objective
-from zoo.train.policy_gradient import truncated_importance_weights
+from zoo.gpt.tune.losses import GRPOLoss
 
 pytestmark = pytest.mark.slow  # TRL is imported inside the tests, so that collecting this file costs nothing
 
@@ -92,12 +91,12 @@ def test_the_loss_its_gradient_and_metrics_equal_trl(loss_type, eps, beta, scale
     theirs, metrics = trl_loss({**x, "logp": theirs_logp}, trl_adv, loss_type, eps, beta)
     theirs.backward()
     ours_logp = x["logp"].clone().requires_grad_()
-    ours = grpo_objective(
-        ours_logp, x["old"], x["rewards"], x["mask"], G, loss_type, *eps, scale_std, None, x["ref"], beta, MAX_LEN
-    )
+    loss = GRPOLoss(loss_type, *eps, scale_std, beta)
+    advantages = loss.advantages(x["rewards"], G)
+    ours = loss.objective(ours_logp, x["old"], advantages, x["mask"], x["ref"], max_completion_length=MAX_LEN)
     ours["loss"].backward()
 
-    torch.testing.assert_close(ours["advantages"], trl_adv)
+    torch.testing.assert_close(advantages, trl_adv)
     torch.testing.assert_close(ours["loss"], theirs)
     torch.testing.assert_close(ours_logp.grad, theirs_logp.grad)
     for name in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "kl"):
@@ -120,7 +119,8 @@ def test_the_truncated_importance_weight_and_its_loss_equal_trls_token_truncate(
     g = torch.Generator().manual_seed(1)
     behaviour = x["old"] - torch.randn(R, T, generator=g, dtype=torch.float64)  # ratios both sides of the bound
     theirs_w = trl_token_truncate(x["old"], behaviour, x["mask"], 2.0)
-    ours_w, truncated = truncated_importance_weights(x["old"], behaviour, x["mask"], 2.0)
+    loss = GRPOLoss(loss_type, beta=beta, rho_bar=2.0)
+    ours_w, truncated = loss.importance_weights(x["old"], behaviour, x["mask"])
     torch.testing.assert_close(ours_w, theirs_w)
     on = x["mask"].bool()
     assert truncated[on].any() and (ours_w[on] < 1).any() and (ours_w[~on] == 1).all()
@@ -131,8 +131,7 @@ def test_the_truncated_importance_weight_and_its_loss_equal_trls_token_truncate(
     theirs, _ = trl_loss({**x, "logp": theirs_logp}, trl_adv, loss_type, (0.2, 0.2), beta, theirs_w)
     theirs.backward()
     ours_logp = x["logp"].clone().requires_grad_()
-    settings = (G, loss_type, 0.2, 0.2, True, None, x["ref"], beta, MAX_LEN, ours_w)
-    ours = grpo_objective(ours_logp, x["old"], x["rewards"], x["mask"], *settings)
+    ours = loss.objective(ours_logp, x["old"], loss.advantages(x["rewards"], G), x["mask"], x["ref"], ours_w, MAX_LEN)
     ours["loss"].backward()
     torch.testing.assert_close(ours["loss"], theirs)
     torch.testing.assert_close(ours_logp.grad, theirs_logp.grad)

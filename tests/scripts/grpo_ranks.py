@@ -17,7 +17,8 @@ from lightning.pytorch import Trainer, seed_everything
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from datamodules import PromptDataModule
-from zoo.gpt import GPT, GRPOModule, grpo
+from zoo.gpt import GPT, GRPOModule
+from zoo.gpt.generate import Generation
 from zoo.gpt.tune.rewards import Reward
 from zoo.train.optim import AdamWCosine
 
@@ -33,31 +34,33 @@ class CountX(Reward):
 
 
 class Recorded(GRPOModule):
-    def update(self, rollout, rewards, *args):
-        STEPS_SEEN.append({"ids": rollout.ids.clone(), "pad": rollout.pad.clone(), "rewards": rewards.clone()})
-        return super().update(rollout, rewards, *args)
+    def score_rows(self, *args):
+        scores = super().score_rows(*args)
+        STEPS_SEEN.append({"rewards": scores.outcome.clone()})
+        return scores
+
+    def update(self, rollout, *args):
+        STEPS_SEEN[-1].update(ids=rollout.ids.clone(), pad=rollout.pad.clone())
+        return super().update(rollout, *args)
+
+    def policy_loss(self, rollout, advantages, rows, *args):
+        STEPS_SEEN[-1].setdefault("advantages", []).append(advantages[rows].detach().clone())
+        return super().policy_loss(rollout, advantages, rows, *args)
 
     def training_step(self, batch, batch_idx):
         STEPS_SEEN.append({"prompts": [p.tolist() for p in batch["prompt_ids"]]})
         return super().training_step(batch, batch_idx)
 
 
-def recorded_objective(*args, **kwargs):
-    out = objective(*args, **kwargs)
-    STEPS_SEEN[-1].setdefault("advantages", []).append(out["advantages"].detach().clone())
-    return out
-
-
 if __name__ == "__main__":
     faulthandler.dump_traceback_later(240, exit=True)
-    objective, grpo.grpo_objective = grpo.grpo_objective, recorded_objective
     Path("prompts.jsonl").write_text("".join(json.dumps({"question": q, "answer": "1"}) + "\n" for q in "abcdefghijkl"))
     seed_everything(0)
     optimizer = AdamWCosine(lr=1e-2, weight_decay=0.0, warmup_steps=0, min_lr_ratio=1.0)
     net = GPT(vocab_size=257, block_size=32, n_layer=1, n_embd=32, n_head=2)
     module = Recorded(
-        net, rewards=[CountX()], group_size=G, max_new_tokens=6, optimizer=optimizer, num_iterations=ITERATIONS,
-        minibatch_prompts=1,
+        net, rewards=[CountX()], group_size=G, generation=Generation(max_new_tokens=6), optimizer=optimizer,
+        num_iterations=ITERATIONS, minibatch_prompts=1,
     )  # fmt: skip
     dm = PromptDataModule("prompts.jsonl", val_fraction=0.0, tokenizer="bytes", batch_size=PROMPTS)
     trainer = Trainer(

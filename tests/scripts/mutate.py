@@ -2221,9 +2221,9 @@ FAMILIES: dict[str, dict] = {
             (GR, "            r = Rollout(r.ids, r.pad, r.completion_mask, old)\n", ""),  # old policy: the actor's
             (
                 GR,
-                "is_weight, self.token_advantages(rollout, scores, rows))\n        if self.actors is not None:\n"
+                "passes = self.update(rollout, advantages, g, is_weight)\n        if self.actors is not None:\n"
                 "            self.actors.publish(self.net)\n",
-                "is_weight, self.token_advantages(rollout, scores, rows))\n        if self.actors is not None:\n"
+                "passes = self.update(rollout, advantages, g, is_weight)\n        if self.actors is not None:\n"
                 "            pass\n",
             ),  # the actors never updated
             (
@@ -2242,6 +2242,8 @@ FAMILIES: dict[str, dict] = {
                 "with torch.no_grad(), evaluating(self.net):  # as the sampling",
                 "with torch.no_grad():  # as the sampling",
             ),
+            # issue 54: GRPOLoss's rho_bar not reaching the weights
+            (TUNE_LOSS, "mask, self.rho_bar)", "mask, 3.0)"),
         ],
     },
     "process": {  # GRPO's process supervision: step rewards, where their scores land, per-token advantages
@@ -2250,12 +2252,8 @@ FAMILIES: dict[str, dict] = {
             (PG, "return centred.flip(-1).cumsum(-1).flip(-1)", "return centred.cumsum(-1)"),
             (PG, " / n.clamp(min=1.0)) * m\n", " / n.clamp(min=1.0))\n"),  # tokens that end no step scored
             (PG, "/ (n - 1).clamp(min=1.0)).sqrt()", "/ n.clamp(min=1.0)).sqrt()"),  # std without Bessel
-            (
-                GR,
-                "mask.to(self.device), h.group_size, h.scale_rewards, credit=h.step_credit",
-                "mask.to(self.device), 1, h.scale_rewards, credit=h.step_credit",
-            ),
-            (GR, "credit=h.step_credit", 'credit="later"'),
+            (TUNE_LOSS, "+ self.process(*steps, group_size)", "+ self.process(*steps, 1)"),
+            (TUNE_LOSS, "credit=self.step_credit", 'credit="later"'),
             (
                 PG,
                 "torch.where(step_mask, pos, t).flip(-1).cummin(-1).values.flip(-1)",
@@ -2277,15 +2275,25 @@ FAMILIES: dict[str, dict] = {
                 "bisect.bisect_left(range(len(ids)), end, key=chars)",
                 "bisect.bisect_right(range(len(ids)), end, key=chars)",
             ),
-            (GR, "extra = None if token_advantages is None else token_advantages[rows]", "extra = None"),
+            (
+                GR,
+                "advantages(scores.outcome, g, self.step_scores(rollout, scores, rows))",
+                "advantages(scores.outcome, g)",
+            ),
             (
                 GR,
                 "return Scores(as_tensor(outcome), as_tensor(total)",
                 "return Scores(as_tensor(total), as_tensor(total)",
             ),
-            (TUNE_LOSS, "advantages = advantages[:, None] + token_advantages", "advantages = token_advantages"),
+            (TUNE_LOSS, "advantages = advantages[:, None] + self.process(", "advantages = self.process("),
             # issue 51: a worked line whose first operand is negative read without its sign
             (RW, 'first = -int(terms[0][1]) if terms[0][0] == "-" else int(terms[0][1])', "first = int(terms[0][1])"),
+            # issue 54: GRPOLoss's process method ignoring its scale_std
+            (
+                TUNE_LOSS,
+                "group_size, self.scale_std, credit=self.step_credit",
+                "group_size, True, credit=self.step_credit",
+            ),
         ],
     },
     "episodes": {  # issue 55: multi-turn episodes (masks, the carried cache, turn bookkeeping, rewards per row)
@@ -2313,8 +2321,8 @@ FAMILIES: dict[str, dict] = {
             # the reward of another episode of the group; a turn's reward credited at the wrong token
             (
                 GR,
-                "returns = torch.tensor([e.reward for e in episodes]",
-                "returns = torch.tensor([episodes[i ^ 1].reward for i in range(len(episodes))]",
+                "returns, g = torch.tensor([e.reward for e in episodes]",
+                "returns, g = torch.tensor([episodes[i ^ 1].reward for i in range(len(episodes))]",
             ),
             (EP, "            values[k, end - 1] += reward\n", "            values[k, end] += reward\n"),
             (
@@ -2397,7 +2405,7 @@ FAMILIES: dict[str, dict] = {
                 "per_row = [a for a in answers for _ in range(len(texts) // len(answers))]",
                 "per_row = [a for _ in range(len(texts) // len(answers)) for a in answers]",
             ),
-            (GR, "            h.group_size,\n            h.loss_type,", "            1,\n            h.loss_type,"),
+            (TUNE_LOSS, "advantages = self.outcome(rewards, group_size)", "advantages = self.outcome(rewards, 1)"),
             (GR, "            rollout.logps[rows],\n", "            logp.detach(),\n"),  # old policy after the update
             (GR, '            hparams.pop("rewards", None)', "            pass"),  # rewards stored in checkpoints
             (
@@ -2416,8 +2424,8 @@ FAMILIES: dict[str, dict] = {
             (REF, "            layer.enable_adapters(False)", "            pass"),
             (  # a minibatch of half the rows: groups split across optimizer steps
                 GR,
-                "rows_per_step = (h.minibatch_prompts or len(rewards) // g) * g",
-                "rows_per_step = (h.minibatch_prompts or len(rewards) // g) * g // 2",
+                "rows_per_step = (h.minibatch_prompts or len(advantages) // g) * g",
+                "rows_per_step = (h.minibatch_prompts or len(advantages) // g) * g // 2",
             ),
             # the answer rule (cli.py test's, the data's answer_pattern): the last match taken, a given rule that
             # reads nothing falling back to the whole text, an unreadable reply taken as its whole text (every
@@ -2436,6 +2444,25 @@ FAMILIES: dict[str, dict] = {
             (GTK, 'hits = [correct(t, a, batch["answer_pattern"])', "hits = [correct(t, a, None)"),
             # a regex with ": " on the command line read as a YAML mapping again
             ("zoo/app/parser.py", "        compat.nested_flags_read_by_their_own_type()", "        pass"),
+            # issue 54: the module's one read of G, an option's method ignoring its field, the loss's settings not
+            # reaching clipped_surrogate, Dr. GRPO's divisor taken from the trimmed rollout
+            (
+                GR,
+                "self.loss.advantages(scores.outcome, g, self.step_scores",
+                "self.loss.advantages(scores.outcome, 1, self.step_scores",
+            ),
+            (
+                TUNE_LOSS,
+                "group_advantages(rewards, group_size, self.scale_std)",
+                "group_advantages(rewards, group_size)",
+            ),
+            (
+                TUNE_LOSS,
+                "            self.clip_low,\n            self.clip_high,\n",
+                "            self.clip_low,\n            self.clip_low,\n",
+            ),
+            (TUNE_LOSS, "            beta=self.beta,\n", "            beta=0.0,\n"),
+            (GR, "            self.max_new_tokens,\n        )\n", "            None,\n        )\n"),
         ],
     },
     "hub_moe": {  # issue 53: the hub's DeepSeek-V3 config.json (auto_map, YaRN, fp8) and Qwen3-MoE folders

@@ -100,8 +100,9 @@ def family_of(module: object) -> Family:
     """The row of ``module`` (an instance or a class): its own class's, else the nearest base class's listed."""
     cls = module if isinstance(module, type) else type(module)
     for base in cls.__mro__:
-        package = base.__module__.rsplit(".", 1)[0]
-        for path in (f"{package}.{base.__qualname__}", f"{base.__module__}.{base.__qualname__}"):
+        # listed by the package that exports it, any level above its file (zoo.gpt.tune.grpo's is zoo.gpt.GRPOModule)
+        parts = base.__module__.split(".")
+        for path in (".".join([*parts[:n], base.__qualname__]) for n in range(len(parts), 0, -1)):
             if path in FAMILIES:
                 return FAMILIES[path]
     return UNLISTED

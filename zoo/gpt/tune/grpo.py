@@ -2,24 +2,25 @@
 
 Group Relative Policy Optimization (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300, section 4.1) needs no value
 net: each prompt's G completions are scored (``zoo.gpt.tune.rewards``) and each completion's advantage is its reward
-against its group's mean (over the group's std unless ``scale_rewards`` is false: Dr. GRPO, Liu et al. 2025). One
-training step, as TRL's ``GRPOTrainer`` does it:
+against its group's mean (over the group's std unless ``loss.scale_std`` is false: Dr. GRPO, Liu et al. 2025). The
+objective's settings are one value, ``loss`` (``zoo.gpt.tune.losses.GRPOLoss``), which computes the advantages and
+the loss; the module samples, scores and steps the optimizer. One training step, as TRL's ``GRPOTrainer`` does it:
 
   1. sample G completions per prompt with the net's own KV-cache loop, in eval mode, no gradient, keeping each
      token's log-probability under the distribution sampled from: the "old" policy (``zoo.gpt.tune.rollout``);
   2. score them: the weighted sum of the rewards, against the prompt's answer; a step reward (``StepReward``)
      scores each step instead, and its group-normalised step scores add to each token's advantage (process
-     supervision, DeepSeekMath section 4.1.3: ``step_credit`` later or own);
+     supervision, DeepSeekMath section 4.1.3: ``loss.step_credit`` later or own);
   3. ``num_iterations`` passes over the rollouts in minibatches of whole groups: recompute the tokens'
      log-probabilities with gradients, the clipped surrogate against the old ones
-     (``zoo.gpt.tune.losses.grpo_objective``, shared with PPO), one optimizer step each;
-  4. with ``beta`` > 0, a k3 KL term to the starting weights (off by default, as in TRL since 0.19): with LoRA
+     (``GRPOLoss.objective``, shared with PPO), one optimizer step each;
+  4. with ``loss.beta`` > 0, a k3 KL term to the starting weights (off by default, as in TRL since 0.19): with LoRA
      adapters as all that trains, the net with its adapters off, else a frozen copy (``zoo.gpt.tune.reference``, DPO's).
 
 With ``async_actors`` > 0 the rollouts of step 1 come from actor processes instead (``zoo.gpt.tune.async_rollout``), as
 IMPALA's do: they sample with weights up to a few updates old while the learner updates, so the clipped
 surrogate's "old" policy is the learner's weights at the start of the update (recomputed, no gradient) and each
-token's loss is weighted by min(rho_bar, pi_old / mu), mu the actor's sampling policy (V-trace's truncated
+token's loss is weighted by min(loss.rho_bar, pi_old / mu), mu the actor's sampling policy (V-trace's truncated
 importance weight per token; TRL's ``vllm_importance_sampling_mode="token_truncate"``). A rollout sampled by
 the learner's current weights weighs 1 exactly (its sampling pass is pi_old), as in the synchronous path.
 
@@ -35,7 +36,7 @@ answer, reward) rows are kept in ``completion_samples`` for a callback. The rewa
 config only: never from a checkpoint (``zoo.gpt.tune.rewards``). Training logs reward, accuracy and sampled tokens per
 second on the progress bar (``callbacks.ProgressBar``, a default callback).
 
-Notation: B prompts, G completions per prompt, R = B * G rows, T = max_new_tokens.
+Notation: B prompts, G completions per prompt, R = B * G rows, T = generation.max_new_tokens.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo.errors import InputError
-from zoo.gpt.generate import evaluating, generate
+from zoo.gpt.generate import Generation, evaluating, generate
 from zoo.gpt.gpt import GPT
 from zoo.gpt.module import CausalLMModule
 from zoo.gpt.tasks import correct
@@ -66,18 +67,12 @@ from zoo.gpt.tune.episodes import (
     scaffold_for,
     turn_steps,
 )
-from zoo.gpt.tune.losses import grpo_objective
+from zoo.gpt.tune.losses import GRPOLoss
 from zoo.gpt.tune.reference import Reference, refuse_adapter_start
 from zoo.gpt.tune.rewards import OnError, Reward, StepReward, score, score_steps
 from zoo.gpt.tune.rollout import Rollout, per_token_logps, place_steps, sample_groups
 from zoo.train.logging import lightning_writes
-from zoo.train.policy_gradient import (
-    LossType,
-    StepCredit,
-    masked_mean,
-    process_advantages,
-    truncated_importance_weights,
-)
+from zoo.train.policy_gradient import masked_mean
 
 
 @dataclass
@@ -102,14 +97,9 @@ class GRPOModule(CausalLMModule):
         net: GPT,
         rewards: list[Reward] | None = None,
         group_size: int = 8,
-        max_new_tokens: int = 64,
         temperature: float = 1.0,
         top_p: float | None = None,
-        loss_type: LossType = "grpo",
-        epsilon_low: float = 0.2,
-        epsilon_high: float = 0.2,
-        scale_rewards: bool = True,
-        beta: float = 0.0,
+        loss: GRPOLoss = GRPOLoss(),
         num_iterations: int = 1,
         minibatch_prompts: int | None = None,
         max_grad_norm: float | None = 1.0,
@@ -118,8 +108,6 @@ class GRPOModule(CausalLMModule):
         val_samples: int = 4,
         async_actors: int = 0,
         async_slots: int | None = None,
-        rho_bar: float = 3.0,
-        step_credit: StepCredit = "later",
         episodes: Episodes = Episodes(),  # noqa: B008 (frozen: a shared default never changes)
         **kwargs,
     ) -> None:
@@ -129,15 +117,11 @@ class GRPOModule(CausalLMModule):
             rewards: reward functions (``zoo.gpt.tune.rewards``: ExactMatch, FormatCheck, NumericTolerance, or a
                 subclass of Reward of yours), summed with their weights; from your config only, never stored.
             group_size: G, completions sampled per prompt.
-            max_new_tokens: the token budget of a completion (prompt + budget must fit the net's block_size).
             temperature: the sampling temperature of the rollouts (and of the recomputed log-probabilities).
             top_p: nucleus sampling of the rollouts; None: the whole distribution.
-            loss_type: how token losses are averaged (TRL's): grpo, dr_grpo or dapo.
-            epsilon_low: the ratio's clip below 1 (TRL's epsilon).
-            epsilon_high: the ratio's clip above 1; above epsilon_low: DAPO's clip-higher.
-            scale_rewards: divide the group-centred rewards by the group's std (false: Dr. GRPO).
-            beta: the weight of the KL to the starting weights; 0 builds no reference. With LoRA adapters alone
-                training, the reference is the net with its adapters off (no copy), so not with adapter_weights.
+            loss: the objective (``zoo.gpt.tune.losses.GRPOLoss``): loss_type, clip_low, clip_high, scale_std,
+                beta (the KL to the starting weights), step_credit (process supervision), rho_bar (asynchronous
+                rollouts' importance-weight bound).
             num_iterations: optimisation passes over each batch of rollouts (TRL's num_iterations, GRPO's mu).
             minibatch_prompts: prompts (each with its whole group) per optimizer step; None: the whole batch.
             max_grad_norm: clip the gradients' global norm to this; None: no clipping.
@@ -149,27 +133,23 @@ class GRPOModule(CausalLMModule):
                 each; the training prompts are handed to them at start, the data batches only pace the steps);
                 0: the learner samples each step's rollouts itself (synchronous).
             async_slots: rollout batches the actors may run ahead; None: async_actors + 1.
-            rho_bar: the bound of the per-token importance weight min(rho_bar, pi_old / mu) of asynchronous
-                rollouts, 1 or more (TRL's vllm_importance_sampling_clip_max, whose default this is; V-trace's 1
-                never weighs a token up).
-            step_credit: with step rewards (``StepReward``), what each token is credited with: "later", the sum
-                of the group-normalised scores of the steps ending at or after it (DeepSeekMath's process
-                supervision), or "own", its own step's alone (for steps each scored on its own, as ``WorkedLines``).
             episodes: with a text environment's seeds as the data (``datamodules.EpisodeDataModule``), how long an
                 episode runs (``zoo.gpt.tune.episodes.Episodes``: max_turns, max_tokens) and whether each turn is
                 credited with its own and later rewards (turn_credit); max_new_tokens then bounds each turn.
-            **kwargs: ``CausalLMModule``'s (optimizer, init_weights, adapt, generation, compile).
+            **kwargs: ``CausalLMModule``'s (optimizer, init_weights, adapt, compile, generation: its
+                ``max_new_tokens`` is the completions' token budget T, of rollouts and greedy replies alike, and
+                prompt + T must fit the net's block_size).
         """
-        if group_size < 1 or num_iterations < 1 or max_new_tokens < 1 or async_actors < 0 or rho_bar < 1:
+        if group_size < 1 or num_iterations < 1 or async_actors < 0:
             raise InputError(
-                "group_size, num_iterations and max_new_tokens are 1 or more, async_actors 0 or more, rho_bar 1 or "
-                f"more: got {group_size}, {num_iterations}, {max_new_tokens}, {async_actors}, {rho_bar}"
+                "group_size and num_iterations are 1 or more, async_actors 0 or more: got "
+                f"{group_size}, {num_iterations}, {async_actors}"
             )
-        if step_credit not in ("later", "own"):
-            raise InputError(f"step_credit is later or own, got {step_credit!r}")
-        if beta > 0:
+        loss = GRPOLoss.of(loss)
+        if loss.beta > 0:
             refuse_adapter_start(kwargs.get("adapter_weights"), "GRPO's KL")
         super().__init__(net, **kwargs)
+        self.loss = loss
         for hparams in (self.hparams, getattr(self, "_hparams_initial", {})):  # code, not a setting: never stored
             hparams.pop("rewards", None)
         self.rewards = list(rewards or [])
@@ -180,8 +160,14 @@ class GRPOModule(CausalLMModule):
         self._answers: list[str] = []
         self._env: tuple[EnvSource, object] | None = None  # the env episodes are played in here, made once
 
+    @property
+    def max_new_tokens(self) -> int:
+        """T, a completion's token budget: ``generation.max_new_tokens``, stated once for rollouts, validation's
+        greedy replies and predict."""
+        return Generation.of(self.hparams.generation).max_new_tokens
+
     def configure_model(self) -> None:
-        if self.hparams.beta > 0:
+        if self.loss.beta > 0:
             self._reference.build(self)  # the weights as setup left them, before adapters are added
         super().configure_model()
 
@@ -197,7 +183,7 @@ class GRPOModule(CausalLMModule):
         self.net.eval()
         try:
             stop = self.tokenizer.stop_ids if self.tokenizer is not None else ()
-            rollout = sample_groups(self.net, prompts, h.group_size, h.max_new_tokens, h.temperature, h.top_p, stop)
+            rollout = sample_groups(self.net, prompts, h.group_size, self.max_new_tokens, h.temperature, h.top_p, stop)
             return rollout.trimmed()
         finally:
             self.net.train(training)
@@ -239,45 +225,40 @@ class GRPOModule(CausalLMModule):
         as_tensor = lambda x: torch.tensor(x, dtype=torch.float32, device=self.device)  # noqa: E731
         return Scores(as_tensor(outcome), as_tensor(total), steps, metrics, per_row)
 
-    def token_advantages(self, rollout: Rollout, scores: Scores, rows: list[list[int]] | None = None) -> Tensor | None:
-        """Process supervision's per-token advantages (R, T) from the step rewards' steps; None without any.
+    def step_scores(
+        self, rollout: Rollout, scores: Scores, rows: list[list[int]] | None = None
+    ) -> tuple[Tensor, Tensor] | None:
+        """The step rewards' scores (R, T), each on the token that completes its step, and those tokens (R, T) bool:
+        what process supervision's advantages are made of (``GRPOLoss.process``); None without a step reward.
         ``rows``: the completions' ids as scored (``completion_rows``), when the caller has them already."""
         if not any(isinstance(r, StepReward) for r in self.rewards):
             return None
         if rows is None:
             rows = self.completion_rows(rollout.completion_ids, rollout.completion_mask)
         values, mask = place_steps(rows, scores.steps, self.tokenizer.decode, rollout.completion_mask.shape[1])
-        h = self.hparams
-        return process_advantages(
-            values.to(self.device), mask.to(self.device), h.group_size, h.scale_rewards, credit=h.step_credit
-        )
+        return values.to(self.device), mask.to(self.device)
 
     def update(
-        self,
-        rollout: Rollout,
-        rewards: Tensor,
-        is_weight: Tensor | None = None,
-        token_advantages: Tensor | None = None,
+        self, rollout: Rollout, advantages: Tensor, group_size: int, is_weight: Tensor | None = None
     ) -> list[dict[str, Tensor]]:
-        """``num_iterations`` passes of clipped-surrogate steps over minibatches of whole groups, against
-        ``rollout.logps`` as the old policy, each token's loss weighted by ``is_weight`` (R, T) when given, each
-        token's advantage plus ``token_advantages`` (R, T) when given; each pass's mean metrics."""
-        h, g = self.hparams, self.hparams.group_size
+        """``num_iterations`` passes of clipped-surrogate steps over minibatches of whole groups of ``group_size``
+        rows, against ``rollout.logps`` as the old policy, with each row's (R,) or token's (R, T) ``advantages``,
+        each token's loss weighted by ``is_weight`` (R, T) when given; each pass's mean metrics."""
+        h, g = self.hparams, group_size
         opt, sch = self.optimizers(), self.lr_schedulers()
         ref = None
-        if h.beta > 0:
+        if self.loss.beta > 0:
             with torch.no_grad(), self.reference() as net:
                 ref = per_token_logps(net, rollout.ids, rollout.completion_mask, h.temperature, rollout.pad)
-        rows_per_step = (h.minibatch_prompts or len(rewards) // g) * g
+        rows_per_step = (h.minibatch_prompts or len(advantages) // g) * g
         passes = []
         for _ in range(h.num_iterations):
             sums = defaultdict(float)
-            steps = list(range(0, len(rewards), rows_per_step))
+            steps = list(range(0, len(advantages), rows_per_step))
             for start in steps:
                 rows = slice(start, start + rows_per_step)
                 weight = None if is_weight is None else is_weight[rows]
-                extra = None if token_advantages is None else token_advantages[rows]
-                out = self.policy_loss(rollout, rewards, rows, None if ref is None else ref[rows], weight, extra)
+                out = self.policy_loss(rollout, advantages, rows, None if ref is None else ref[rows], weight)
                 opt.zero_grad()
                 self.manual_backward(out["loss"])
                 if h.max_grad_norm is not None:
@@ -293,32 +274,24 @@ class GRPOModule(CausalLMModule):
     def policy_loss(
         self,
         rollout: Rollout,
-        rewards: Tensor,
+        advantages: Tensor,
         rows: slice,
         ref_logp: Tensor | None,
         is_weight: Tensor | None = None,
-        token_advantages: Tensor | None = None,
     ) -> dict:
-        """The GRPO objective on ``rows`` (whole groups), against the old policy's log-probabilities."""
+        """The GRPO objective (``GRPOLoss.objective``) on ``rows``, against the old policy's log-probabilities;
+        ``advantages`` the whole rollout's, ``ref_logp`` and ``is_weight`` the rows' own."""
         h, mask = self.hparams, rollout.completion_mask[rows]
         logp, entropy = per_token_logps(self.net, rollout.ids[rows], mask, h.temperature, rollout.pad[rows], True)
-        out = grpo_objective(
+        out = self.loss.objective(
             logp,
             rollout.logps[rows],
-            rewards[rows],
+            advantages[rows],
             mask,
-            h.group_size,
-            h.loss_type,
-            h.epsilon_low,
-            h.epsilon_high,
-            h.scale_rewards,
-            ref_logp=ref_logp,
-            beta=h.beta,
-            max_completion_length=h.max_new_tokens,
-            is_weight=is_weight,
-            token_advantages=token_advantages,
+            ref_logp,
+            is_weight,
+            self.max_new_tokens,
         )
-        out.pop("advantages")
         return {**out, "entropy": masked_mean(entropy, mask)}
 
     def training_step(self, batch: dict, batch_idx: int) -> None:
@@ -332,13 +305,14 @@ class GRPOModule(CausalLMModule):
         rows = self.completion_rows(rollout.completion_ids, rollout.completion_mask)  # cut once: texts and steps
         texts = [self.tokenizer.decode(row) for row in rows]
         scores = self.score_rows(texts, answers, pattern)
-        rewards, per_row = scores.total, scores.per_row
-        passes = self.update(rollout, scores.outcome, is_weight, self.token_advantages(rollout, scores, rows))
+        rewards, per_row, g = scores.total, scores.per_row, self.hparams.group_size  # the loss side's one read of G
+        advantages = self.loss.advantages(scores.outcome, g, self.step_scores(rollout, scores, rows))
+        passes = self.update(rollout, advantages, g, is_weight)
         if self.actors is not None:
             self.actors.publish(self.net)
         if lightning_writes(self.trainer):
-            grouped = rewards.view(-1, self.hparams.group_size)
-            std = grouped.std(1).mean() if self.hparams.group_size > 1 else rewards.new_zeros(())
+            grouped = rewards.view(-1, g)
+            std = grouped.std(1).mean() if g > 1 else rewards.new_zeros(())
             sampled = rollout.completion_mask.sum()
             # the progress bar's line (callbacks.ProgressBar): reward, accuracy and sampled tokens per second
             self.log_dict(
@@ -366,7 +340,7 @@ class GRPOModule(CausalLMModule):
         ``answers`` stay here, where the rewards score."""
         h = self.hparams
         stop = tuple(self.tokenizer.stop_ids) if self.tokenizer is not None else ()
-        settings = (h.group_size, h.max_new_tokens, h.temperature, h.top_p, stop)
+        settings = (h.group_size, self.max_new_tokens, h.temperature, h.top_p, stop)
         sampling = Sampling([p.tolist() for p in prompts], prompts_per_slot, *settings)
         self.stop_actors()
         self._answers = list(answers)
@@ -395,14 +369,14 @@ class GRPOModule(CausalLMModule):
 
     def importance_weights(self, behaviour: Behaviour, version: int) -> tuple[Rollout, Tensor, dict[str, Tensor]]:
         """``behaviour``'s rollout with the old policy pi_old = the learner's weights (``version``) and the truncated
-        per-token weights min(rho_bar, pi_old / mu); with no lag pi_old is the sampling pass (weights exactly 1)."""
+        per-token weights min(loss.rho_bar, pi_old / mu); with no lag pi_old is the sampling pass (weights 1)."""
         r, staleness = behaviour.rollout, version - behaviour.version
         if staleness == 0:
             is_weight, truncated = torch.ones_like(r.logps), torch.zeros_like(r.logps, dtype=torch.bool)
         else:
             with torch.no_grad(), evaluating(self.net):  # as the sampling pass computes it: no dropout
                 old = per_token_logps(self.net, r.ids, r.completion_mask, self.hparams.temperature, r.pad)
-            is_weight, truncated = truncated_importance_weights(old, r.logps, r.completion_mask, self.hparams.rho_bar)
+            is_weight, truncated = self.loss.importance_weights(old, r.logps, r.completion_mask)
             r = Rollout(r.ids, r.pad, r.completion_mask, old)
         lag = {
             "staleness": torch.tensor(float(staleness)),
@@ -430,7 +404,7 @@ class GRPOModule(CausalLMModule):
 
     def scored_replies(self, batch: dict, prefix: str) -> None:
         prompts = batch["prompt_ids"]
-        out = generate(self.net, prompts, self.hparams.max_new_tokens, 0.0, stop_ids=self.tokenizer.stop_ids)
+        out = generate(self.net, prompts, self.max_new_tokens, 0.0, stop_ids=self.tokenizer.stop_ids)
         texts = [self.tokenizer.decode([t for t in o.tolist() if t not in self.tokenizer.stop_ids]) for o in out]
         pattern = batch.get("answer_pattern")
         hits = [correct(t, a, pattern) for t, a in zip(texts, batch["answers"])]
@@ -479,7 +453,7 @@ class GRPOModule(CausalLMModule):
         if self._env is None or self._env[0] != env:
             self._env = (env, env.make())
         h = self.hparams
-        settings = (Episodes.of(h.episodes), h.max_new_tokens, temperature, h.top_p, env.env_id)
+        settings = (Episodes.of(h.episodes), self.max_new_tokens, temperature, h.top_p, env.env_id)
         scaffold = scaffold_for(self.tokenizer, self._env[1])
         return play_groups(self.net, self._env[1], seeds, group_size, scaffold, *settings)
 
@@ -495,15 +469,13 @@ class GRPOModule(CausalLMModule):
         else:
             episodes = self.play_episodes(batch["env"], batch["env_seeds"], h.group_size, h.temperature)
             rollout, is_weight, lag = rollout_of(episodes, self.device), None, {}
-        returns = torch.tensor([e.reward for e in episodes], device=self.device)
-        outcome, token_advantages = returns, None
+        returns, g = torch.tensor([e.reward for e in episodes], device=self.device), h.group_size
+        outcome, steps = returns, None
         if Episodes.of(h.episodes).turn_credit:
             values, mask = turn_steps(episodes, rollout.completion_mask.shape[1])
-            token_advantages = process_advantages(
-                values.to(self.device), mask.to(self.device), h.group_size, h.scale_rewards, credit="later"
-            )
+            steps = values.to(self.device), mask.to(self.device)
             outcome = torch.zeros_like(returns)  # every reward is a turn's: credited through the steps alone
-        passes = self.update(rollout, outcome, is_weight, token_advantages)
+        passes = self.update(rollout, self.loss.advantages(outcome, g, steps), g, is_weight)
         if self.actors is not None:
             self.actors.publish(self.net)
         if lightning_writes(self.trainer):
@@ -544,7 +516,7 @@ class GRPOModule(CausalLMModule):
                 self.tokenizer,
                 settings,
                 settings.bound(self.net),
-                h.max_new_tokens,
+                self.max_new_tokens,
                 h.temperature,
                 h.top_p,
             )
