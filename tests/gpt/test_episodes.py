@@ -218,17 +218,29 @@ def _episode_data(**kwargs):
     return EpisodeDataModule(ECHO, {"turns": 2}, **(settings | kwargs))
 
 
-def test_grpo_trains_on_episodes_and_logs_turns_and_tool_calls(tmp_path):
+def _spied(monkeypatch, module) -> list[tuple]:
+    """``(rollout, rewards, steps)`` of each update: the rewards and turn steps ``GRPOLoss.advantages`` was given."""
+    from zoo.gpt.tune.losses import GRPOLoss
+
+    seen, given = [], []
+    advantages, update = GRPOLoss.advantages, module.update
+    monkeypatch.setattr(
+        GRPOLoss, "advantages", lambda self, r, g, steps=None: given.append((r, steps)) or advantages(self, r, g, steps)
+    )
+    module.update = lambda rollout, *a: seen.append((rollout, *given[-1])) or update(rollout, *a)
+    return seen
+
+
+def test_grpo_trains_on_episodes_and_logs_turns_and_tool_calls(tmp_path, monkeypatch):
     from test_grpo import _trainer
 
-    module, dm, seen = _module(), _episode_data(), []
-    update = module.update
-    module.update = lambda rollout, rewards, *a: seen.append((rollout, rewards)) or update(rollout, rewards, *a)
+    module, dm = _module(), _episode_data()
+    seen = _spied(monkeypatch, module)
     before = [p.detach().clone() for p in module.net.parameters()]
     trainer = _trainer(tmp_path, 2, limit_val_batches=1, val_check_interval=2)
     trainer.fit(module, dm)
-    assert any(not torch.equal(a, b) for a, b in zip(before, module.net.parameters()))
-    for rollout, rewards in seen:  # each row scored with its own episode's return
+    assert seen and any(not torch.equal(a, b) for a, b in zip(before, module.net.parameters()))
+    for rollout, rewards, _ in seen:  # each row scored with its own episode's return
         assert rewards.tolist() == pytest.approx([sum(rewards_read_back(rollout, k)) for k in range(len(rewards))])
     metrics = trainer.callback_metrics
     assert float(metrics["train/turns"]) == 2 and float(metrics["train/tool_calls"]) == 2
@@ -303,16 +315,13 @@ def rewards_read_back(rollout, k: int) -> list[float]:
     return [reward_of(y, number + t) for t, y in enumerate(replies)]
 
 
-def test_with_turn_credit_each_turns_reward_is_a_step_and_no_return_is_added(tmp_path):
+def test_with_turn_credit_each_turns_reward_is_a_step_and_no_return_is_added(tmp_path, monkeypatch):
     from test_grpo import _trainer
 
-    from zoo.train.policy_gradient import process_advantages
-
-    module, seen = _module(episodes={"max_turns": 2, "max_tokens": 96, "turn_credit": True}), []
-    update = module.update
-    module.update = lambda *a: seen.append(a) or update(*a)
+    module = _module(episodes={"max_turns": 2, "max_tokens": 96, "turn_credit": True})
+    seen = _spied(monkeypatch, module)
     _trainer(tmp_path, 1).fit(module, _episode_data())
-    rollout, outcome, _, token_advantages = seen[0]
+    rollout, outcome, (values_given, mask_given) = seen[0]
     assert outcome.eq(0).all()  # credited through the turns alone
     sampled = torch.nn.functional.pad(rollout.completion_mask.bool(), (0, 1))  # (R, T + 1)
     mask = sampled[:, :-1] & ~sampled[:, 1:]  # each turn's last sampled token: the next one is not sampled
@@ -320,7 +329,8 @@ def test_with_turn_credit_each_turns_reward_is_a_step_and_no_return_is_added(tmp
     for k in range(len(outcome)):
         assert int(mask[k].sum()) == 2
         values[k, mask[k]] = torch.tensor(rewards_read_back(rollout, k))
-    torch.testing.assert_close(token_advantages, process_advantages(values, mask, 2, True, credit="later"))
+    torch.testing.assert_close(mask_given, mask)
+    torch.testing.assert_close(values_given, values)
 
 
 @pytest.mark.slow  # the actor pool's fork server (~25 s on a loaded 2-core machine)
