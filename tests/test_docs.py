@@ -101,7 +101,7 @@ COVERED: list[tuple[str, str]] = [
         r"^python cli\.py predict --ckpt_path <last\.ckpt>",
         "tests/diffusion/test_diffusion_use.py::test_predict_writes_a_readable_png_per_sample_and_a_grid",
     ),
-    (r"bench/((latent|diffusion)_quality|wiseft)\.py", "minutes of CPU"),
+    (r"bench/(latent|diffusion)_quality\.py", "minutes of CPU"),
     (r"ddpm_unet_shapes\.yaml$", "minutes of CPU"),
     (
         r"registered_model_name=shapes-ddpm",
@@ -216,7 +216,6 @@ COVERED: list[tuple[str, str]] = [
         r"^python3 -m venv \.venv && |^pip install -c constraints\.txt -e \"\.\[test\]\" && python -m pytest$",
         "tests/test_readme.py::test_ci_runs_the_readme_commands_as_written_the_first_on_a_base_install",
     ),
-    (r"^python bench/grpo_async\.py", "minutes of CPU"),
     (r"^python bench/grpo_race\.py", "minutes of CPU"),
 ]
 
