@@ -141,6 +141,13 @@ MATCHED_CPU = {"sft_more": 0.0}  # CPU seconds for the stage, fit and evaluation
 SIZE = {"layers": 4, "width": 128}  # both tracks' nets (the configs' own by default); set from --layers, --width
 
 
+def matched_steps(budget: float, sft_fit_cpu: float, sft_steps: int, sft_eval_cpu: float, every: int) -> int:
+    """SFT steps that spend ``budget`` CPU seconds, fit and evaluations, at the sft stage's CPU per step (its start-up
+    included), in whole validation intervals of ``every`` steps so that the last steps are validated too."""
+    per_step = sft_fit_cpu / sft_steps
+    return every * max(1, round((budget - sft_eval_cpu) / per_step / every))
+
+
 def one_seed(track: str, folder: Path, seed: int, steps: dict[str, int]) -> tuple[dict, dict, str]:
     """Scores and CPU seconds per stage for one seed, and the last report card printed."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -153,14 +160,13 @@ def one_seed(track: str, folder: Path, seed: int, steps: dict[str, int]) -> tupl
         start = cpu_seconds()
         parent = models.get(PARENT.get(stage))
         start_from = [f"--model.init_args.init_weights={parent}"] if parent else []
-        # the CPU seconds given, else this seed's rl stage's; the sft stage's CPU per step (start-up included) sets
-        # the steps
-        if stage == "sft_more" and (budget := MATCHED_CPU[stage] or cpu.get("rl")):
-            per_step = fit_cpu["sft"] / steps["sft"]
-            every = VAL_EVERY[stage]  # a whole number of validations: the last steps are validated too
-            n = every * max(1, round((budget - eval_cpu["sft"]) / per_step / every))
+        if stage == "sft_more" and (budget := MATCHED_CPU[stage] or cpu.get("rl")):  # given, else this seed's rl's
+            n = matched_steps(budget, fit_cpu["sft"], steps["sft"], eval_cpu["sft"], VAL_EVERY[stage])
             args = stage_args(track, folder, seed, steps | {stage: n})
-            print(f"  seed {seed} {stage}: {n} steps ({per_step:.3f} CPU s a step of sft)", flush=True)
+            print(
+                f"  seed {seed} {stage}: {n} steps ({fit_cpu['sft'] / steps['sft']:.3f} CPU s a step of sft)",
+                flush=True,
+            )
         models[stage] = registered(cli(folder, *args[stage], *start_from))
         fit_cpu[stage] = cpu_seconds() - start
         scores[stage], out = evaluate(folder, ["--ckpt_path", models[stage]])
