@@ -13,7 +13,10 @@ time, which a busy machine does not inflate).
 Tracks:
   - ``zoo``: the byte-level GPT of ``configs/gpt/arithmetic_base.yaml`` pretrained on the task's plain text, then
     ``chat_arithmetic.yaml`` (full-weight SFT), ``dpo_tiny.yaml`` (DPO against the SFT weights) and
-    ``grpo_arithmetic.yaml`` (stage "rl": GRPO from the SFT weights, exact-match reward).
+    ``grpo_arithmetic.yaml`` (stage "rl": GRPO from the SFT weights, exact-match reward), and ``sft_more``:
+    ``chat_arithmetic.yaml`` again from the SFT model, for the rl stage's CPU seconds (fit and evaluations; or
+    ``--sft-more-cpu``: the steps from the sft stage's CPU per step), validated every 250 steps, the best by validation
+    loss registered and scored: the compute-matched row GRPO must beat, not only the SFT it started from.
   - ``llama``: a tiny Llama-style folder written here with random weights (transformers' ``LlamaConfig``) and real
     tokenizer files (a byte-level BPE trained on the task's text with ``tokenizers``, and a Llama-3-style chat
     template with its special tokens), nothing downloaded; its base is registered as imported (one step at learning
@@ -24,6 +27,7 @@ Tracks:
 The task's data is the same for every seed (``generate.seed`` 0); a seed changes the initialisation and the batches.
 
     python bench/assistant.py --track zoo --seeds 0 1 2     # minutes of CPU per seed
+    python bench/assistant.py --track zoo --seeds 0 --stages base sft sft_more --sft-more-cpu 960  # rl's 16 CPU min
 """
 
 from __future__ import annotations
@@ -46,8 +50,10 @@ sys.path.insert(0, str(ROOT))
 from bench._common import cpu_model, table  # noqa: E402
 
 TASK = {"digits": 1, "terms": 4, "ops": "+-", "train": 8000, "pairs": 2000, "test": 500, "seed": 0}
-STAGES = ["base", "sft", "dpo", "rl"]  # the stages run, set from --stages
-PARENT = {"sft": "base", "dpo": "sft", "rl": "sft"}  # DPO and GRPO both start from the SFT model
+STAGES = ["base", "sft", "dpo", "rl", "sft_more"]  # the stages run, set from --stages
+# DPO, GRPO and more SFT all start from the SFT model; sft_more is SFT continued for GRPO's CPU time (the
+# compute-matched row a later stage must beat, not only the SFT it started from)
+PARENT = {"sft": "base", "dpo": "sft", "rl": "sft", "sft_more": "sft"}
 EVALS = {"test.jsonl": "exact_match", "mc.jsonl": "multiple_choice"}
 LLAMA3 = (
     "{{- bos_token }}{%- for m in messages %}{{- '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n' + "
@@ -114,6 +120,7 @@ def stage_args(track: str, folder: Path, seed: int, steps: dict[str, int]) -> di
     if track == "zoo":  # the base's net (sft's config states it too, so both are sized); dpo and rl build sft's
         size = {"n_layer": SIZE["layers"], "n_embd": SIZE["width"]}
         extra["base"] = extra["sft"] = [f"--model.init_args.net.init_args.{k}={v}" for k, v in size.items()]
+        extra["sft_more"] = extra["sft"]
         common += [f"--data.init_args.generate.{k}={TASK[k]}" for k in ("digits", "terms")]
         configs = {s: ROOT / "configs" / "gpt" / TASK_YAMLS[s] for s in STAGES}
     else:  # the imported folder is the base: registered with its tokenizer (one no-op step)
@@ -121,15 +128,24 @@ def stage_args(track: str, folder: Path, seed: int, steps: dict[str, int]) -> di
         steps, extra["base"] = steps | {"base": 1}, ["--model.init_args.optimizer.lr=1e-30"]
     return {
         s: ["fit", "--config", str(configs[s]), f"--trainer.max_steps={steps[s]}", *common, *extra[s],
-            f"--trainer.val_check_interval={steps[s]}",  # validated once, at the end
+            f"--trainer.val_check_interval={VAL_EVERY.get(s, steps[s])}",  # once, at the end (sft_more: the best)
             f"--trainer.logger.init_args.stage={s}", f"--trainer.logger.init_args.registered_model_name={track}-{s}"]
         for s in STAGES
     }  # fmt: skip
 
 
 TASK_YAMLS = {"base": "arithmetic_base.yaml", "sft": "chat_arithmetic.yaml", "dpo": "dpo_tiny.yaml",
-              "rl": "grpo_arithmetic.yaml"}  # fmt: skip
+              "rl": "grpo_arithmetic.yaml", "sft_more": "chat_arithmetic.yaml"}  # fmt: skip
+VAL_EVERY = {"sft_more": 250}  # the registered model is the best by validation loss of these checks
+MATCHED_CPU = {"sft_more": 0.0}  # CPU seconds for the stage, fit and evaluations (--sft-more-cpu); 0: the rl stage's
 SIZE = {"layers": 4, "width": 128}  # both tracks' nets (the configs' own by default); set from --layers, --width
+
+
+def matched_steps(budget: float, sft_fit_cpu: float, sft_steps: int, sft_eval_cpu: float, every: int) -> int:
+    """SFT steps that spend ``budget`` CPU seconds, fit and evaluations, at the sft stage's CPU per step (its start-up
+    included), in whole validation intervals of ``every`` steps so that the last steps are validated too."""
+    per_step = sft_fit_cpu / sft_steps
+    return every * max(1, round((budget - sft_eval_cpu) / per_step / every))
 
 
 def one_seed(track: str, folder: Path, seed: int, steps: dict[str, int]) -> tuple[dict, dict, str]:
@@ -139,13 +155,23 @@ def one_seed(track: str, folder: Path, seed: int, steps: dict[str, int]) -> tupl
     if track == "llama":
         build_llama(folder, seed)
     args = stage_args(track, folder, seed, steps)
+    fit_cpu, eval_cpu = {}, {}
     for stage in STAGES:
         start = cpu_seconds()
         parent = models.get(PARENT.get(stage))
         start_from = [f"--model.init_args.init_weights={parent}"] if parent else []
+        if stage == "sft_more" and (budget := MATCHED_CPU[stage] or cpu.get("rl")):  # given, else this seed's rl's
+            n = matched_steps(budget, fit_cpu["sft"], steps["sft"], eval_cpu["sft"], VAL_EVERY[stage])
+            args = stage_args(track, folder, seed, steps | {stage: n})
+            print(
+                f"  seed {seed} {stage}: {n} steps ({fit_cpu['sft'] / steps['sft']:.3f} CPU s a step of sft)",
+                flush=True,
+            )
         models[stage] = registered(cli(folder, *args[stage], *start_from))
+        fit_cpu[stage] = cpu_seconds() - start
         scores[stage], out = evaluate(folder, ["--ckpt_path", models[stage]])
         cpu[stage] = cpu_seconds() - start
+        eval_cpu[stage] = cpu[stage] - fit_cpu[stage]
         print(f"  seed {seed} {stage}: {json.dumps(scores[stage])}  ({cpu[stage] / 60:.1f} CPU min)", flush=True)
     return scores, cpu, card_of(out)
 
@@ -264,7 +290,18 @@ def main() -> None:
     ap.add_argument("--sft-steps", type=int, default=250)
     ap.add_argument("--dpo-steps", type=int, default=50)
     ap.add_argument("--rl-steps", type=int, default=600, help="GRPO steps (stage rl)")
-    ap.add_argument("--stages", nargs="+", choices=STAGES, help="default: all (llama: no rl); dpo, rl start from sft")
+    ap.add_argument("--sft-more-steps", type=int, default=3000, help="stage sft_more: SFT continued from sft's model")
+    ap.add_argument(
+        "--sft-more-cpu", type=float, default=0.0,
+        help="stage sft_more: its CPU seconds (fit and evaluations; the steps from sft's CPU per step); 0: the rl "
+        "stage's of the same seed when it ran, else --sft-more-steps",
+    )  # fmt: skip
+    ap.add_argument(
+        "--stages",
+        nargs="+",
+        choices=STAGES,
+        help="default: all (llama: no rl, sft_more); dpo, rl, sft_more start from sft",
+    )
     ap.add_argument("--layers", type=int, default=4, help="layers of both tracks' nets (configs: 4)")
     ap.add_argument("--width", type=int, default=128, help="model width of both tracks' nets, 4 heads (configs: 128)")
     ap.add_argument("--digits", type=int, default=1, help="the task's difficulty: digits of a number (configs: 1)")
@@ -280,16 +317,18 @@ def main() -> None:
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     SIZE.update(layers=args.layers, width=args.width)
     TASK.update(digits=args.digits, terms=args.terms)
-    args.stages = args.stages or [s for s in STAGES if args.track == "zoo" or s != "rl"]
-    if "rl" in args.stages and args.track != "zoo":
-        ap.error("the rl stage runs on the zoo track (GRPO from an imported folder: docs/gpt.md)")
+    args.stages = args.stages or [s for s in STAGES if args.track == "zoo" or s not in ("rl", "sft_more")]
+    if {"rl", "sft_more"} & set(args.stages) and args.track != "zoo":
+        ap.error("the rl and sft_more stages run on the zoo track (GRPO from an imported folder: docs/gpt-tune.md)")
     missing = {PARENT[s] for s in args.stages if s in PARENT} - set(args.stages)
     if missing:
         ap.error(f"--stages needs {sorted(missing)} too: each stage starts from its parent's model")
     STAGES[:] = [s for s in STAGES if s in args.stages]
     what = ", ".join(f"{PARENT[s]} -> {s}" for s in STAGES if s in PARENT)
     print(f"== {what}, track {args.track}, seeds {args.seeds}, {args.layers} layers x {args.width} wide")
-    steps = {"base": args.base_steps, "sft": args.sft_steps, "dpo": args.dpo_steps, "rl": args.rl_steps}
+    steps = {"base": args.base_steps, "sft": args.sft_steps, "dpo": args.dpo_steps, "rl": args.rl_steps,
+             "sft_more": args.sft_more_steps}  # fmt: skip
+    MATCHED_CPU["sft_more"] = args.sft_more_cpu
     print(f"steps: {', '.join(f'{s} {steps[s]}' for s in STAGES)}; task {TASK}")
     print(f"CPU: {cpu_model()}; {os.cpu_count()} CPUs; load average (1/5/15 min) at start: {load}")
     print("times: CPU minutes (user + system) of each stage's cli.py processes, fit and both evaluations")

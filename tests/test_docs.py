@@ -101,7 +101,7 @@ COVERED: list[tuple[str, str]] = [
         r"^python cli\.py predict --ckpt_path <last\.ckpt>",
         "tests/diffusion/test_diffusion_use.py::test_predict_writes_a_readable_png_per_sample_and_a_grid",
     ),
-    (r"bench/((latent|diffusion)_quality|wiseft)\.py", "minutes of CPU"),
+    (r"bench/(latent|diffusion)_quality\.py", "minutes of CPU"),
     (r"ddpm_unet_shapes\.yaml$", "minutes of CPU"),
     (
         r"registered_model_name=shapes-ddpm",
@@ -230,7 +230,6 @@ COVERED: list[tuple[str, str]] = [
         r"^python3 -m venv \.venv && |^pip install -c constraints\.txt -e \"\.\[test\]\" && python -m pytest$",
         "tests/test_readme.py::test_ci_runs_the_readme_commands_as_written_the_first_on_a_base_install",
     ),
-    (r"^python bench/grpo_async\.py", "minutes of CPU"),
     (r"^python bench/grpo_race\.py", "minutes of CPU"),
     (r"^python bench/serve_engine\.py", "minutes of CPU"),
 ]
@@ -323,7 +322,7 @@ def test_every_page_is_in_the_menu(page):
 
 @pytest.mark.slow  # transformers writes a tiny folder, a two-step GRPO fit with LoRA into MLflow, a test: ~40 s
 def test_grpo_on_your_own_chat_files_runs_as_the_manual_shows(tmp_path, monkeypatch):
-    """docs/gpt.md's GRPO on a user's own chat records with ``Answer: ...`` replies: its grpo.yaml and its two
+    """docs/gpt-tune.md's GRPO on a user's own chat records with ``Answer: ...`` replies: its grpo.yaml and its two
     commands as written (the answer rule on the command line, with its ": "), on a tiny Llama-style folder in place
     of Llama-3.2-1B-Instruct and a few steps."""
     import json
@@ -339,7 +338,7 @@ def test_grpo_on_your_own_chat_files_runs_as_the_manual_shows(tmp_path, monkeypa
     monkeypatch.setattr(assistant, "TASK", {"digits": 1, "terms": 2, "ops": "+", "train": 8, "pairs": 0, "test": 2})
     monkeypatch.setattr(assistant, "SIZE", {"layers": 1, "width": 32})
     folder = str(assistant.build_llama(tmp_path, 0))
-    page = (DOCS / "gpt.md").read_text()
+    page = (DOCS / "gpt-tune.md").read_text()
     yaml = re.search(r"```yaml\n( *# grpo\.yaml \(yours\).*?)```", page, re.S)[1]
     (tmp_path / "grpo.yaml").write_text(textwrap.dedent(yaml).replace("Llama-3.2-1B-Instruct", folder))
     fit_line, test_line = [c for _, c in manual_commands() if "grpo.yaml" in c or "<best.ckpt>" in c]

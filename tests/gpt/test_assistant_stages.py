@@ -1,4 +1,4 @@
-"""Base -> SFT -> DPO, and SFT -> GRPO, through cli.py into one MLflow store, as docs/gpt.md's "From a language
+"""Base -> SFT -> DPO, and SFT -> GRPO, through cli.py into one MLflow store, as docs/gpt-tune.md's "From a language
 model to an assistant" runs it (a tiny net and a tiny generated task): each stage starts from its parent's registered
 model, DPO and GRPO with the net that model stores (their configs write none), the report card printed after the DPO
 fit has the three stages as columns, a task evaluation fills the row of its file, and the GRPO stage's card follows its

@@ -112,7 +112,7 @@ def test_the_tokenizer_files_give_autotokenizer_and_the_zoo_the_same_ids(tmp_pat
     if template_source(ours) is None:  # chats refused by the zoo (a character tokenizer, an import without one)
         assert "chat_template" not in json.loads((folder / "tokenizer_config.json").read_text())
         return
-    seams = [] if kind == "bpe" else [(SEAMS, False)]  # the zoo encodes a header and a content apart: docs/gpt.md
+    seams = [] if kind == "bpe" else [(SEAMS, False)]  # header and content encoded apart: docs/gpt-formats.md
     for messages, prompt in ((CHAT, False), (CHAT[:-1], True), (CHAT[:2], True), *seams):
         ids = theirs.apply_chat_template(messages, add_generation_prompt=prompt, tokenize=True, return_dict=False)
         assert ids == chat_ids(ours, messages, prompt) == chat_ids(back, messages, prompt)
@@ -121,7 +121,7 @@ def test_the_tokenizer_files_give_autotokenizer_and_the_zoo_the_same_ids(tmp_pat
 def test_a_bpe_chat_differs_from_the_templates_ids_only_where_whitespace_meets_a_seam(tmp_path):
     """The zoo encodes a turn's header and its content apart, transformers the rendered text whole: with merges that
     join whitespace (trained on whitespace runs here), the ids differ only when a content is empty or starts with
-    whitespace, or a system or user turn's ends with it (docs/gpt.md)."""
+    whitespace, or a system or user turn's ends with it (docs/gpt-formats.md)."""
     import random
 
     ours = BPETokenizer.train(CORPUS + ["\n  \n\t\r\n  x  y\n\n\n !!\n\n"] * 5, vocab_size=500)

@@ -2886,6 +2886,14 @@ FAMILIES: dict[str, dict] = {
             ),
         ],
     },
+    "matched": {  # bench/assistant.py's compute-matched SFT: the rl stage's CPU seconds, evaluations included
+        "tests": ["tests/bench/test_assistant.py"],
+        "mutants": [
+            ("bench/assistant.py", "round((budget - sft_eval_cpu) / per_step", "round(budget / per_step"),
+            ("bench/assistant.py", "every * max(1, round(", "every * max(0, round("),
+            ("bench/assistant.py", "per_step = sft_fit_cpu / sft_steps", "per_step = sft_fit_cpu / (sft_steps + 1)"),
+        ],
+    },
 }
 
 
