@@ -84,14 +84,14 @@ def test_a_data_folder_other_than_init_weights_is_refused_in_one_line(tmp_path, 
 
 
 def test_what_the_config_states_is_its_own_even_at_the_classs_default(tmp_path, folder):
-    """``n_layer: 12`` and ``temperature: 0.8`` are GPT's and Generation's defaults: stated, they are the config's
+    """``n_layer: 4`` and ``temperature: 0.8`` are GPT's and Generation's defaults: stated, they are the config's
     (a net the folder contradicts is refused; the decoding is the config's), where comparing with the defaults took
     them for left out."""
     from cli import main
 
-    with pytest.raises(InputError, match=r"net\.init_args\.n_layer=12 \(the source's: 2\)"):
+    with pytest.raises(InputError, match=r"net\.init_args\.n_layer=4 \(the source's: 2\)"):
         main(
-            _config(tmp_path, folder, model={"net": {"class_path": "zoo.gpt.GPT", "init_args": {"n_layer": 12}}}),
+            _config(tmp_path, folder, model={"net": {"class_path": "zoo.gpt.GPT", "init_args": {"n_layer": 4}}}),
             run=False,
         )
     stated = {"generation": {"temperature": 0.8}}

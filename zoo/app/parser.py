@@ -212,7 +212,6 @@ class ZooArgumentParser(LightningArgumentParser):
         from zoo.tracking.families import family_of
 
         stated = self.stated_config()
-        compat.pending_print_config(self)  # the request that parse left again: printed once, here
         sub = cfg.get("subcommand")
         net_from_init_weights(cfg[sub] if sub else cfg, sub, family_of, stated[sub] if sub else stated)
         compat.print_config(self, request, cfg)
