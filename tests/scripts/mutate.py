@@ -2597,6 +2597,46 @@ FAMILIES: dict[str, dict] = {
             ("zoo/gpt/formats/hf.py", "    budget.check_kwargs(GPT, kwargs, str(folder))\n", ""),
         ],
     },
+    "folder": {  # issue 54: a model folder is read once, handed on; a config names it once; stated, not defaulted
+        "tests": ["tests/gpt/test_gpt_folder.py", "tests/app/test_net_from_source.py"],
+        "mutants": [
+            # the data's tokenizer folder derived from init_weights, and a contradicting one refused
+            (AP, "    data.pretrained_dir = str(folder.path)\n", "    pass\n"),
+            (AP, "    if given is not None and not folder.is_at(given):", "    if False:"),
+            # the one Folder handed to the data and to the loader, not read again by either
+            ("zoo/app/sizes.py", "        hand(data)\n", "        pass\n"),
+            ("zoo/app/sizes.py", '        hand(built[f"{prefix}model"])\n', "        pass\n"),
+            (
+                "zoo/gpt/module.py",
+                "        load_pretrained(self.net, folder or path)\n",
+                "        load_pretrained(self.net, path)\n",
+            ),
+            (
+                "zoo/gpt/module.py",
+                "chosen, config = self.hparams.init_dtype, folder and folder.config",
+                "chosen, config = self.hparams.init_dtype, None",
+            ),
+            # a Folder read for one path never stands in for another's
+            (
+                "zoo/gpt/module.py",
+                "        if not (isinstance(self.hparams.init_weights, str) and folder.is_at(self.hparams.init_weights)):",
+                "        if False:",
+            ),
+            (
+                "datamodules/text.py",
+                "if self.pretrained_dir is None or not folder.is_at(self.pretrained_dir):",
+                "if False:",
+            ),
+            (FOLD, "        return Path(path).resolve() == self.path.resolve()", "        return True"),
+            # what a config states is its own (parsed without defaults), whatever the class's default
+            (
+                "zoo/app/parser.py",
+                "super().parse_args(self.args, defaults=False,",
+                "super().parse_args(self.args, defaults=True,",
+            ),
+            (AP, "    return key in own and own[key] is not None\n", "    return False\n"),
+        ],
+    },
 }
 
 

@@ -3,11 +3,17 @@
 With ``init_weights`` a model folder (a Hugging Face GPT or CLIP folder, an open_clip folder, a diffusers
 ``DiTTransformer2DModel`` or ``UNet2DModel`` folder) or a Stable-Baselines3 zip, the net's architecture is the
 source's: the family's rule (the families table's ``net_from_folder``, a row of ``SOURCES``) reads it from the
-source's config, and the config's net block needs no more than its ``class_path``. What the block leaves at the class's
-defaults is the source's; a value it states that the source's config contradicts, or another class, is refused in one
-line naming each (the weights compute what their config says: a net built otherwise would load them into another
-function, or fail on their shapes), except the settings the family's load adapts (a CLIP tower's ``embed_dim``: the
-projection is replaced). A value equal to the class's default cannot be told from one left out, and is the source's.
+source's config, and the config's net block needs no more than its ``class_path``. What the block does not state is
+the source's; a value it states that the source's config contradicts, or another class, is refused in one line naming
+each (the weights compute what their config says: a net built otherwise would load them into another function, or
+fail on their shapes), except the settings the family's load adapts (a CLIP tower's ``embed_dim``: the projection is
+replaced). What a config states is read from the config itself (its files and flags parsed without the parser's
+defaults, ``zoo.app.parser``), so a value stated equal to the class's default is the config's all the same.
+
+A Hugging Face GPT folder is read once (``zoo.gpt.formats.folder.Folder``): the rule's read gives the net, and the
+same value is handed on (``hand_over``) to the module that loads it and to the DataModule that tokenizes with its
+tokenizer, whose folder (``pretrained_dir``) is derived from ``init_weights`` here (``data_folder``): a config names
+its folder once.
 
 A zoo model is a source of every family: a registered model (``models:/<name>/<version>``, ``models:/<name>@<alias>``,
 ``runs:/<id>/model``: its ``module.json``) or a checkpoint written through ``cli.py`` (its hyperparameters) states its

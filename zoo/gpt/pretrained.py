@@ -14,6 +14,9 @@ The tokenizer is the folder's ``tokenizer.json`` (``zoo.io.hf_tokenizer``), else
 merges.txt; ``generation_config.json`` sets predict's defaults as transformers reads them (no ``do_sample``: greedy;
 ``repetition_penalty`` either way), and a decoding setting in it that the zoo lacks is refused by name.
 
+The folder is read once, into one ``zoo.gpt.formats.folder.Folder`` (``from_pretrained`` takes one too), from
+which the net, the tokenizer, the decoding and the weights' loader all take what they need.
+
 Every file is data: configs are read within size limits, and a folder that names code of its own (``auto_map``) is
 refused, unless its ``model_type`` is one of ``MODEL_TYPES``, which transformers builds from its own classes too,
 ignoring the ``auto_map`` without ``trust_remote_code``; the zoo ignores it as well. The module records its net as
