@@ -2135,8 +2135,8 @@ FAMILIES: dict[str, dict] = {
             ),
             (
                 "zoo/app/parser.py",
-                "        net_from_init_weights(cfg[sub] if sub else cfg, sub, family_of, stated[sub] if sub else stated)\n",
-                "",
+                "        if opened := net_from_init_weights(cfg[sub] if sub else cfg, sub, family_of, stated[sub] if sub",
+                "        if opened := None and (cfg[sub] if sub else cfg, sub, family_of, stated[sub] if sub",
             ),
             (LC, "            if str(path).endswith(ZOO_WEIGHTS):", "            if False:"),
         ],

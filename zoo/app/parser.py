@@ -208,12 +208,13 @@ class ZooArgumentParser(LightningArgumentParser):
         if request is None:
             return super()._parse_common(cfg, **kwargs)
         cfg = super()._parse_common(cfg, **{**kwargs, "skip_validation": True})
-        from zoo.app.pretrained import net_from_init_weights
+        from zoo.app.pretrained import data_folder, net_from_init_weights
         from zoo.tracking.families import family_of
 
         stated = self.stated_config()
         sub = cfg.get("subcommand")
-        net_from_init_weights(cfg[sub] if sub else cfg, sub, family_of, stated[sub] if sub else stated)
+        if opened := net_from_init_weights(cfg[sub] if sub else cfg, sub, family_of, stated[sub] if sub else stated):
+            data_folder(cfg[sub] if sub else cfg, opened)  # the data's tokenizer folder, init_weights', as the run's
         compat.print_config(self, request, cfg)
 
     def error(self, message: str, ex: Exception | None = None):
