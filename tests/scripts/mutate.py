@@ -133,7 +133,11 @@ FAMILIES: dict[str, dict] = {
             (FOLD, "and not (k in NEUTRAL and v == NEUTRAL[k])", "and k not in NEUTRAL"),
             (FOLD, "if k not in READ_KEYS | INERT_KEYS and", "if k not in READ_KEYS | INERT_KEYS | set(NEUTRAL) and"),
             (AP, "{k: ours[k] if k in own else v for k, v in theirs.items()}", "{k: v for k, v in theirs.items()}"),
-            (AP, "Source(gpt_folder, settings=gpt_generation, config_wins=True, open=gpt_open)", "Source(gpt_folder)"),
+            (
+                AP,
+                "Source(gpt_folder, settings=gpt_generation, config_wins=True, open=gpt_open)",
+                "Source(gpt_folder, open=gpt_open)",
+            ),
             (
                 A,
                 "torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., r:]",
