@@ -22,6 +22,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from zoo.app import hooks, sizes, terminal
 from zoo.app.parser import DEFAULT_CALLBACKS, TRAINER_DEFAULTS, ZooArgumentParser, add_zoo_arguments
+from zoo.app.pretrained import hand_over
 from zoo.app.stored_config import from_checkpoint
 from zoo.app.usage import EPILOG
 from zoo.compat import CheckpointHyperparametersLeftToCaller, dump_config_again
@@ -44,7 +45,9 @@ class ZooCLI(CheckpointHyperparametersLeftToCaller, LightningCLI):
         add_zoo_arguments(parser)
 
     def before_instantiate_classes(self) -> None:
-        hooks.prepare_config(self._config(), self.subcommand)
+        stated = self.parser.stated  # what the user's config states (zoo.app.parser)
+        stated = stated[self.subcommand] if self.subcommand else stated
+        self.opened = hooks.prepare_config(self._config(), self.subcommand, stated)
 
     def instantiate_classes(self) -> None:
         # The data first, then the net's sizes from it (zoo.app.sizes), then the model: the net is built once, sized.
@@ -55,6 +58,7 @@ class ZooCLI(CheckpointHyperparametersLeftToCaller, LightningCLI):
             family_of,
             lambda: dump_config_again(self),
             self.stored_data,
+            lambda part: hand_over(self.opened, part),  # the init_weights folder, read once (zoo.app.pretrained)
         )
         cfg = self.config_init[self.subcommand] if self.subcommand else self.config_init
         self.datamodule, self.model = cfg.get("data"), cfg.get("model")

@@ -49,7 +49,7 @@ from torch.utils.data import Dataset
 
 from datamodules.arithmetic import ArithmeticTask, GeneratedTask
 from datamodules.base import SplitLoaders, check_settings, not_found_message, window
-from datamodules.text import fixed_tokenizer
+from datamodules.text import TakesAFolder, fixed_tokenizer
 from zoo.errors import InputError
 from zoo.gpt.losses import IGNORE_INDEX
 from zoo.io.chat_template import chat_examples, checked_messages
@@ -198,7 +198,7 @@ class Conversations(Dataset):
         return inputs, targets
 
 
-class ChatDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
+class ChatDataModule(TakesAFolder, GeneratedTask, SplitLoaders, LightningDataModule):
     """Conversations rendered with the model's chat template; ``self.tokenizer`` is set by ``setup``."""
 
     task_file = "sft"
@@ -226,7 +226,8 @@ class ChatDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
             val_fraction: the share of path's records (the last ones) held out for validation when val_path is None.
             tokenizer: pretrained (a model folder's own with its chat template, from pretrained_dir: the folder the
                 model's ``init_weights`` names), bytes or gpt2 (from gpt2_dir; both in the zoo's default format).
-            pretrained_dir: the Hugging Face model folder whose tokenizer and chat template render the conversations.
+            pretrained_dir: the Hugging Face model folder whose tokenizer and chat template render the conversations;
+                left out, ``cli.py`` takes the model's ``init_weights`` folder (give it only without one).
             gpt2_dir: folder with GPT-2's vocab.json and merges.txt (tokenizer=gpt2).
             block_size: the most tokens a conversation is trained on (T): longer ones keep their first whole turns.
                 None: the net's context (``cli.py`` sets it from the net's ``block_size``).

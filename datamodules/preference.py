@@ -39,6 +39,7 @@ from torch.utils.data import Dataset
 from datamodules.arithmetic import ArithmeticTask, GeneratedTask
 from datamodules.base import SplitLoaders, check_settings, not_found_message, window
 from datamodules.chat import ensure_tokenizer, messages_of, read_records
+from datamodules.text import TakesAFolder
 from zoo.errors import InputError
 from zoo.gpt.losses import IGNORE_INDEX
 from zoo.io.chat_template import chat_examples
@@ -105,7 +106,7 @@ class Pairs(Dataset):
         return out
 
 
-class PreferenceDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
+class PreferenceDataModule(TakesAFolder, GeneratedTask, SplitLoaders, LightningDataModule):
     """Preference pairs rendered with the model's chat template; ``self.tokenizer`` is set by ``setup``."""
 
     task_file = "dpo"
@@ -133,7 +134,8 @@ class PreferenceDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
             val_fraction: the share of path's pairs (the last ones) held out for validation when val_path is None.
             tokenizer: pretrained (a model folder's own with its chat template, from pretrained_dir: the folder the
                 model's ``init_weights`` names), bytes or gpt2 (from gpt2_dir; both in the zoo's default format).
-            pretrained_dir: the Hugging Face model folder whose tokenizer and chat template render the pairs.
+            pretrained_dir: the Hugging Face model folder whose tokenizer and chat template render the pairs; left
+                out, ``cli.py`` takes the model's ``init_weights`` folder (give it only without one).
             gpt2_dir: folder with GPT-2's vocab.json and merges.txt (tokenizer=gpt2).
             block_size: the most tokens a side is trained on (T): a pair with a longer side is dropped. None: the
                 net's context (``cli.py`` sets it from the net's ``block_size``).

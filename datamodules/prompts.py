@@ -42,6 +42,7 @@ from datamodules.arithmetic import ArithmeticTask, GeneratedTask
 from datamodules.base import SplitLoaders, check_settings, not_found_message
 from datamodules.chat import ensure_tokenizer, messages_of, read_records
 from datamodules.tasks import _messages
+from datamodules.text import TakesAFolder
 from zoo.errors import InputError
 from zoo.gpt.tasks import check_pattern, read_answer, reference
 from zoo.io.chat_template import chat_renderer
@@ -86,7 +87,7 @@ def collate(items: list[tuple[list[int], str]], answer_pattern: str | None = Non
     }
 
 
-class PromptDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
+class PromptDataModule(TakesAFolder, GeneratedTask, SplitLoaders, LightningDataModule):
     """Prompts with answers rendered with the model's chat template; ``self.tokenizer`` is set by ``setup``."""
 
     task_file = "sft"
@@ -116,7 +117,8 @@ class PromptDataModule(GeneratedTask, SplitLoaders, LightningDataModule):
             val_fraction: the share of path's records (the last ones) held out when there is no val_path.
             tokenizer: pretrained (a model folder's own, from pretrained_dir), bytes or gpt2 (from gpt2_dir): the
                 tokenizer of the model being tuned.
-            pretrained_dir: the Hugging Face model folder whose tokenizer and chat template render the prompts.
+            pretrained_dir: the Hugging Face model folder whose tokenizer and chat template render the prompts; left
+                out, ``cli.py`` takes the model's ``init_weights`` folder (give it only without one).
             gpt2_dir: folder with GPT-2's vocab.json and merges.txt (tokenizer=gpt2).
             answer_pattern: the answer rule (``cli.py test``'s): a regex whose one group, at its first match, is the
                 answer in a completion and in a reference (``'Answer: (.+)'``); None: GSM8K's ``#### <number>``.

@@ -134,16 +134,31 @@ class RandomStarts(Sampler[int]):
 
 def fixed_tokenizer(kind: str, gpt2_dir: str | None = None, pretrained_dir: str | None = None) -> Tokenizer:
     """A tokenizer that exists before any data: bytes, GPT-2's files, or a model folder's own (asked only when no
-    checkpoint brings its tokenizer: a stored config has no folder)."""
+    checkpoint brings its tokenizer, and the application has handed none: ``TakesAFolder``)."""
     if kind == "bytes":
         return ByteTokenizer()
     if kind == "gpt2":
         return GPT2Tokenizer.from_dir(gpt2_dir)
-    from zoo.gpt.pretrained import folder_tokenizer, read_folder
+    from zoo.gpt.formats.folder import Folder
 
     if pretrained_dir is None:
-        raise InputError("tokenizer='pretrained' needs pretrained_dir=<the model folder, as its init_weights>")
-    return folder_tokenizer(*read_folder(pretrained_dir))
+        raise InputError(
+            "tokenizer='pretrained' needs a model folder: give model.init_args.init_weights=<the folder> (the data "
+            "takes its tokenizer), or data.init_args.pretrained_dir=<the folder> where there is none (a checkpoint)"
+        )
+    return Folder.read(pretrained_dir).tokenizer
+
+
+class TakesAFolder:
+    """A DataModule that tokenizes with a model folder's tokenizer (``tokenizer: pretrained``) takes the folder as the
+    application read it for the model's ``init_weights`` (``zoo.app.pretrained.hand_over``), not reading it again."""
+
+    def use_folder(self, folder) -> None:
+        if self.kind != "pretrained" or self.tokenizer is not None:
+            return  # another tokenizer, or a checkpoint's own
+        if self.pretrained_dir is None or not folder.is_at(self.pretrained_dir):
+            raise ValueError(f"the folder {str(folder.path)!r} is not pretrained_dir {self.pretrained_dir!r}")
+        self.tokenizer = folder.tokenizer
 
 
 def _collate_prompts(items: list[tuple[torch.Tensor, str]]) -> dict:
@@ -151,7 +166,7 @@ def _collate_prompts(items: list[tuple[torch.Tensor, str]]) -> dict:
     return {"prompt_ids": [ids for ids, _ in items], "text": [text for _, text in items]}
 
 
-class TextDataModule(ResumesMidEpoch, LightningDataModule):
+class TextDataModule(TakesAFolder, ResumesMidEpoch, LightningDataModule):
     """Next-token windows of a tokenised text corpus; ``self.tokenizer`` is set by ``setup``."""
 
     def __init__(
@@ -188,7 +203,8 @@ class TextDataModule(ResumesMidEpoch, LightningDataModule):
             bpe_vocab_size: vocabulary size of the BPE trained on the training split (tokenizer=bpe).
             gpt2_dir: folder with GPT-2's vocab.json and merges.txt (tokenizer=gpt2; nothing is downloaded).
             pretrained_dir: a Hugging Face model folder whose tokenizer.json (with its special tokens) the text is
-                tokenised with (tokenizer=pretrained): the folder the model's ``init_weights`` names.
+                tokenised with (tokenizer=pretrained); left out, ``cli.py`` takes the model's ``init_weights``
+                folder (give it only where there is none: a checkpoint's run).
             jsonl_field: the string field holding each .jsonl record's text.
             block_size: tokens per training window (T); a window reads T + 1 tokens for the shifted targets. None:
                 the net's context (``cli.py`` sets it from the net's ``block_size``).

@@ -207,6 +207,15 @@ def pending_print_config(parser) -> dict | None:
     return None if print_config_skip.get() else parser.__dict__.pop("print_config", None)
 
 
+def print_config_skipped():
+    """A context in which jsonargparse's ``--print_config`` neither prints nor exits (as while it parses defaults):
+    a second parse of the same arguments (``zoo.app.parser``'s ``stated_config``) leaves the printing to the first.
+    Its switch is a private context variable."""
+    from jsonargparse._actions import _ActionPrintConfig
+
+    return _ActionPrintConfig.skip_print_config()
+
+
 def print_config(parser, request: dict, cfg) -> None:
     """Prints ``cfg`` as jsonargparse's ``--print_config`` does for ``request`` (``pending_print_config``), and exits
     (its printer is a private action's method)."""

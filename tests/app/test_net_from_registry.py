@@ -126,14 +126,14 @@ def test_an_alias_names_the_model_and_print_config_shows_its_net(sft, monkeypatc
 
 def test_a_net_setting_the_registered_model_contradicts_is_one_line_naming_it(sft, monkeypatch, capsys):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", sft)
-    # chat_arithmetic.yaml states a net of width 128; its 4 layers and heads are GPT's defaults, which cannot be told
-    # from settings left out (as a folder's), so they are the model's
+    # chat_arithmetic.yaml states a net of width 128 with 4 layers and heads: stated, GPT's defaults (4) are the
+    # config's own all the same (zoo.app.parser's stated_config), and contradict the model's
     sft_config = str(CONFIGS / "gpt" / "chat_arithmetic.yaml")
     flags = ["--model.init_args.init_weights=models:/sft/1", "--model.init_args.net.init_args.dropout=0.1", *TASK]
     status, out, err = terminal(monkeypatch, capsys, "fit", "--config", sft_config, *flags)
     line = err.strip().splitlines()[0]
     assert status != 0 and line.startswith("error: init_weights 'models:/sft/1' states the net"), err
-    assert "net.init_args.n_embd=128 (the source's: 32)" in line and "n_layer" not in line, err
+    assert "net.init_args.n_embd=128 (the source's: 32)" in line and "n_layer=4 (the source's: 1)" in line, err
     assert "dropout" not in line  # the weights do not depend on it: the config's own
     assert "Leave these out of model.init_args.net" in line and "Traceback" not in err
 

@@ -26,7 +26,6 @@ def test_the_grpo_config_runs_from_a_llama_folder_with_lora_and_registers(tmp_pa
         "--config",
         str(CONFIGS / "gpt" / "grpo_arithmetic_llama.yaml"),
         f"--model.init_args.init_weights={folder}",
-        f"--data.init_args.pretrained_dir={folder}",
         *(f"--data.init_args.generate.{k}={v}" for k, v in task.items()),
         "--model.init_args.group_size=2",
         "--model.init_args.generation.max_new_tokens=6",

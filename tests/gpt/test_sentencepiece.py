@@ -262,11 +262,11 @@ def _change(proto: bytes, edit) -> bytes:
 def test_a_model_the_zoo_cannot_read_exactly_is_refused_in_one_line(
     tmp_path, sp_model, model, config, model_type, named
 ):
-    from zoo.gpt.pretrained import folder_tokenizer, read_folder
+    from zoo.gpt.formats.folder import Folder
 
     folder = write_folder(tmp_path, model(sp_model), config, model_type)
     with pytest.raises(InputError, match=named) as err:
-        folder_tokenizer(*read_folder(folder))  # what from_pretrained and tokenizer: pretrained call
+        _ = Folder.read(folder).tokenizer  # what from_pretrained and tokenizer: pretrained read
     assert "\n" not in str(err.value)
 
 

@@ -73,6 +73,7 @@ DTS, DGY, DSH = "datamodules/tensor_dataset.py", "datamodules/gym.py", "datamodu
 FI, CV, EX = "zoo/io/files.py", "zoo/diffusion/convert.py", "zoo/rl/export.py"
 DCF, SCF = "zoo/diffusion/diffusers_config.py", "zoo/diffusion/scheduler_config.py"
 PA, GPR, GEX = "zoo/gpt/formats/peft_adapter.py", "zoo/gpt/pretrained.py", "zoo/gpt/formats/export.py"
+FOLD = "zoo/gpt/formats/folder.py"
 PHI = "zoo/gpt/formats/phi3.py"
 PG, RO = "zoo/train/policy_gradient.py", "zoo/gpt/tune/rollout.py"
 ASR, APL = "zoo/gpt/tune/async_rollout.py", "zoo/train/actor_pool.py"
@@ -131,14 +132,18 @@ FAMILIES: dict[str, dict] = {
             ),
             (S, "present.scatter_add(-1, tokens, seen.long()) > 0", "present.scatter_add(-1, tokens, seen.long()) > 1"),
             (
-                GPR,
+                FOLD,
                 'penalty = {"repetition_penalty": float(g["repetition_penalty"])} if g.get("repetition_penalty") else {}',
                 "penalty = {}",
             ),
-            (GPR, "and not (k in NEUTRAL and v == NEUTRAL[k])", "and k not in NEUTRAL"),
-            (GPR, "if k not in READ_KEYS | INERT_KEYS and", "if k not in READ_KEYS | INERT_KEYS | set(NEUTRAL) and"),
-            (AP, "ours[k] if k in ours and _given(ours[k], default[k]) else v", "v"),
-            (AP, "Source(gpt_folder, settings=gpt_generation, config_wins=True)", "Source(gpt_folder)"),
+            (FOLD, "and not (k in NEUTRAL and v == NEUTRAL[k])", "and k not in NEUTRAL"),
+            (FOLD, "if k not in READ_KEYS | INERT_KEYS and", "if k not in READ_KEYS | INERT_KEYS | set(NEUTRAL) and"),
+            (AP, "{k: ours[k] if k in own else v for k, v in theirs.items()}", "{k: v for k, v in theirs.items()}"),
+            (
+                AP,
+                "Source(gpt_folder, settings=gpt_generation, config_wins=True, open=gpt_open)",
+                "Source(gpt_folder, open=gpt_open)",
+            ),
             (
                 A,
                 "torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., r:]",
@@ -295,11 +300,7 @@ FAMILIES: dict[str, dict] = {
             (SPT, "(not (proto.trainer_spec.byte_fallback and bytes_held), ", "(False, "),
             (SPT, "read_bytes(path, MAX_MODEL_BYTES)", "read_bytes(path)"),
             (SPT, "if cls not in LLAMA_CLASSES or model_type in OTHER_READERS:", "if cls not in LLAMA_CLASSES:"),
-            (
-                "zoo/gpt/pretrained.py",
-                '_eos_ids(folder, config), config.get("model_type"))',
-                "_eos_ids(folder, config))",
-            ),
+            (FOLD, 'self.eos_ids, self.config.get("model_type"))', "self.eos_ids)"),
             (
                 HFT,
                 "return PretrainedTokenizer(hf, special, template, eos_ids)",
@@ -320,8 +321,8 @@ FAMILIES: dict[str, dict] = {
             (DTY, "    if want is None or want == held:\n", "    if True:\n"),
             (
                 DTY,
-                '        return stated(read_config(path / "config.json")',
-                '        return default or stated(read_config(path / "config.json")',
+                "        return stated(config, sorted(",
+                "        return default or stated(config, sorted(",
             ),
             (HF, "        net = GPT(**kwargs).to(dtype)\n", "        net = GPT(**kwargs)\n"),
             (
@@ -555,7 +556,7 @@ FAMILIES: dict[str, dict] = {
             # The CLI's net from an init_weights folder (issue 39): the families table's rule, a contradicting value
             # of the config refused, the folder's per-block embedders.
             (FAM, 'net_from_folder="diffusers",', "net_from_folder=None,"),
-            (AP, "elif _given(old, default) and not _same(old, value):", "elif False:"),
+            (AP, "elif not _same(old, value) and key not in rule.adapted:", "elif False:"),
             (
                 "zoo/diffusion/pretrained.py",
                 "settings = dit_settings(pre.config, block_embedders_differ(pre.state))",
@@ -934,7 +935,7 @@ FAMILIES: dict[str, dict] = {
             (OCC, 'heads=width // v.int("head_width"),', 'heads=v.int("head_width"),'),
             (OCC, 'eot_id=vocab - 1 if argmax else t.int("eos_id"),', 'eot_id=t.int("eos_id"),'),
             (OCC, "        for field, value in fixed.items():\n", "        for field, value in ():\n"),
-            (AP, "            if key not in rule.adapted:\n", "            if True:\n"),
+            (AP, "elif not _same(old, value) and key not in rule.adapted:", "elif not _same(old, value):"),
             # SigLIP folders (issue 53): the MAP head's residual and norm, the text tower's last-token read-out and
             # bidirectional blocks, tanh GELU, the unclamped scale, logit_bias and sigmoid probabilities, the loss
             # the folder states, SiglipImageProcessor's uncropped resize and statistics, SiglipTokenizer's steps.
@@ -2177,8 +2178,16 @@ FAMILIES: dict[str, dict] = {
             (AP, "        args = {k: as_config(v) for k, v in value.args.items()}", "        args = {}"),
             (AP, 'frozenset({"dropout", "activation_checkpointing"})', 'frozenset({"activation_checkpointing"})'),
             (AP, "        if key in rule.kept:\n            continue\n", ""),
-            (HK, "    if line := net_from_init_weights(cfg, subcommand, family_of):", "    if line := None:"),
-            ("zoo/app/parser.py", "        net_from_init_weights(cfg[sub] if sub else cfg, sub, family_of)\n", ""),
+            (
+                HK,
+                "    if opened := net_from_init_weights(cfg, subcommand, family_of, stated):",
+                "    if opened := None:",
+            ),
+            (
+                "zoo/app/parser.py",
+                "        if opened := net_from_init_weights(cfg[sub] if sub else cfg, sub, family_of, stated[sub] if sub",
+                "        if opened := None and (cfg[sub] if sub else cfg, sub, family_of, stated[sub] if sub",
+            ),
             (LC, "            if str(path).endswith(ZOO_WEIGHTS):", "            if False:"),
         ],
     },
@@ -2499,7 +2508,7 @@ FAMILIES: dict[str, dict] = {
             # the auto_map rule: ignored alone beside a model_type both build, else refused; fp8 weights refused
             (FI, 'if named == ["auto_map"] and config.get("model_type") in native:', 'if "auto_map" in named:'),
             (FI, 'if named == ["auto_map"] and config.get("model_type") in native:', 'if named == ["auto_map"]:'),
-            (GPR, 'read_config(folder / "config.json", MODEL_TYPES)', 'read_config(folder / "config.json")'),
+            (FOLD, 'read_config(folder / "config.json", MODEL_TYPES)', 'read_config(folder / "config.json")'),
             ("zoo/gpt/formats/llama.py", "    if q is not None:\n", "    if False:\n"),
             # a YaRN net recorded by cli.py parses back (Llama3RoPE | YaRNRoPE); MHA exports with YaRN's mscale_all_dim
             (BL, "for alt in [a for a in alts if _holds_fields(a, value)] or alts:", "for alt in alts:"),
@@ -2892,6 +2901,46 @@ FAMILIES: dict[str, dict] = {
             ("bench/assistant.py", "round((budget - sft_eval_cpu) / per_step", "round(budget / per_step"),
             ("bench/assistant.py", "every * max(1, round(", "every * max(0, round("),
             ("bench/assistant.py", "per_step = sft_fit_cpu / sft_steps", "per_step = sft_fit_cpu / (sft_steps + 1)"),
+        ],
+    },
+    "folder": {  # issue 54: a model folder is read once, handed on; a config names it once; stated, not defaulted
+        "tests": ["tests/gpt/test_gpt_folder.py", "tests/app/test_net_from_source.py"],
+        "mutants": [
+            # the data's tokenizer folder derived from init_weights, and a contradicting one refused
+            (AP, "    data.pretrained_dir = str(folder.path)\n", "    pass\n"),
+            (AP, "    if given is not None and not folder.is_at(given):", "    if False:"),
+            # the one Folder handed to the data and to the loader, not read again by either
+            ("zoo/app/sizes.py", "        hand(data)\n", "        pass\n"),
+            ("zoo/app/sizes.py", '        hand(built[f"{prefix}model"])\n', "        pass\n"),
+            (
+                "zoo/gpt/module.py",
+                "        load_pretrained(self.net, folder or path)\n",
+                "        load_pretrained(self.net, path)\n",
+            ),
+            (
+                "zoo/gpt/module.py",
+                "chosen, config = self.hparams.init_dtype, folder and folder.config",
+                "chosen, config = self.hparams.init_dtype, None",
+            ),
+            # a Folder read for one path never stands in for another's
+            (
+                "zoo/gpt/module.py",
+                "        if not (isinstance(self.hparams.init_weights, str) and folder.is_at(self.hparams.init_weights)):",
+                "        if False:",
+            ),
+            (
+                "datamodules/text.py",
+                "if self.pretrained_dir is None or not folder.is_at(self.pretrained_dir):",
+                "if False:",
+            ),
+            (FOLD, "        return Path(path).resolve() == self.path.resolve()", "        return True"),
+            # what a config states is its own (parsed without defaults), whatever the class's default
+            (
+                "zoo/app/parser.py",
+                "super().parse_args(self.args, defaults=False,",
+                "super().parse_args(self.args, defaults=True,",
+            ),
+            (AP, "    return key in own and own[key] is not None\n", "    return False\n"),
         ],
     },
 }

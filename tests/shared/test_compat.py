@@ -291,6 +291,15 @@ def test_jsonargparse_debug_follows_its_environment_variable(monkeypatch):
     assert compat.jsonargparse_debug() is True
 
 
+def test_print_config_skipped_lets_a_parse_with_print_config_finish():
+    args = ["--model.width=3", "--print_config", "--trainer.logger=false"]
+    with compat.print_config_skipped():
+        c = LightningCLI(Recorder, run=False, args=args)
+    assert c.model.given["width"] == 3
+    with pytest.raises(SystemExit):  # outside it, jsonargparse prints and exits
+        LightningCLI(Recorder, run=False, args=args)
+
+
 class Rule:
     def __init__(self, pattern: str | None = None, count: int = 0, tags: dict[str, int] | None = None) -> None:
         pass

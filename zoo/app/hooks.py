@@ -19,7 +19,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from callbacks import ResumesItsOptimizer, TrainsSomething, WiseFT
 from zoo.app.parser import EXCEPTION_DIR
-from zoo.app.pretrained import net_from_init_weights
+from zoo.app.pretrained import Opened, data_folder, net_from_init_weights
 from zoo.app.stored_config import SUBCOMMANDS_WITH_A_MODEL
 from zoo.errors import InputError
 from zoo.io.checkpoint import WeightsOnlyCheckpointIO, WeightsOnlyLoading, reconcile
@@ -53,20 +53,24 @@ def check_seed(cfg: Any) -> None:
 SEED_MAX = 2**32 - 1
 
 
-def prepare_config(cfg: Any, subcommand: str | None) -> None:
-    """The parsed config (``cfg``, the subcommand's), checked and completed before any class is built."""
+def prepare_config(cfg: Any, subcommand: str | None, stated: Any = None) -> Opened | None:
+    """The parsed config (``cfg``, the subcommand's), checked and completed before any class is built; ``stated``:
+    what the user's config states of it (``zoo.app.parser``). Returns the ``init_weights`` source as read, for
+    ``hand_over`` to give the parts built from the config."""
     if subcommand == "fit":
         refuse_training_nothing(cfg)
     refuse_counts_below_one(cfg)
     prepare_checkpoint(cfg, subcommand)
     tag_parent_model(cfg)
-    if line := net_from_init_weights(cfg, subcommand, family_of):  # init_weights as typed: models:/... named
-        rank_zero_info(line)
+    if opened := net_from_init_weights(cfg, subcommand, family_of, stated):  # init_weights as typed: models:/...
+        rank_zero_info(opened.line)
+        data_folder(cfg, opened)
     resolve_init_weights(cfg)
     resolve_draft(cfg)
     drop_unusable_callbacks(cfg)
     name_the_run(cfg)
     bf16_on_cpu(cfg)
+    return opened
 
 
 def refuse_training_nothing(cfg: Any) -> None:

@@ -187,6 +187,20 @@ class ZooArgumentParser(LightningArgumentParser):
             registry_name, value, HelpWithTheConfigsClasses if (registry_name, value) == ("action", "help") else object
         )
 
+    def parse_args(self, args=None, namespace=None, env=None, defaults=True, **kwargs):
+        cfg = super().parse_args(args, namespace, env, defaults, **kwargs)
+        if defaults:
+            self.stated = self.stated_config()
+        return cfg
+
+    def stated_config(self):
+        """What the user's config files and flags (the last ``parse_args``'s) state, without the defaults the parser
+        fills in: the values that are the config's own, which a pretrained source does not replace
+        (``zoo.app.pretrained``). Parsed again without defaults, as jsonargparse offers, not guessed by comparing
+        values with the classes' defaults (a value stated equal to its default is stated all the same)."""
+        with compat.print_config_skipped():
+            return super().parse_args(self.args, defaults=False, _skip_validation=True)
+
     def _parse_common(self, cfg, **kwargs):
         # --print_config: jsonargparse prints the parsed config here, before the CLI's hooks; the printed net is
         # completed first from init_weights, as the run's prepare_config does (zoo.app.pretrained).
@@ -194,11 +208,13 @@ class ZooArgumentParser(LightningArgumentParser):
         if request is None:
             return super()._parse_common(cfg, **kwargs)
         cfg = super()._parse_common(cfg, **{**kwargs, "skip_validation": True})
-        from zoo.app.pretrained import net_from_init_weights
+        from zoo.app.pretrained import data_folder, net_from_init_weights
         from zoo.tracking.families import family_of
 
+        stated = self.stated_config()
         sub = cfg.get("subcommand")
-        net_from_init_weights(cfg[sub] if sub else cfg, sub, family_of)
+        if opened := net_from_init_weights(cfg[sub] if sub else cfg, sub, family_of, stated[sub] if sub else stated):
+            data_folder(cfg[sub] if sub else cfg, opened)  # the data's tokenizer folder, init_weights', as the run's
         compat.print_config(self, request, cfg)
 
     def error(self, message: str, ex: Exception | None = None):

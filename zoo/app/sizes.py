@@ -169,13 +169,20 @@ def model_class(cfg: Namespace) -> type | None:
 
 
 def instantiate_data_first(
-    parser, config: Namespace, subcommand: str | None, family_of: Callable, redump, build_data: Callable | None = None
+    parser,
+    config: Namespace,
+    subcommand: str | None,
+    family_of: Callable,
+    redump,
+    build_data: Callable | None = None,
+    hand: Callable[[Any], None] = lambda part: None,
 ) -> Namespace:
     """``parser.instantiate(config)`` with the DataModule built first and the net sized from it in between (its
     architecture, from a source given as ``init_weights``, is already set: ``zoo.app.pretrained``):
     ``family_of(model_class)`` is the family's row (``zoo.tracking.families``), ``redump()`` makes LightningCLI
     dump the completed config again (it hands that dump to the model as its hyperparameters); ``build_data``: builds
-    the DataModule instead of the parser (a checkpoint's stored one, ``zoo.app.stored_config``)."""
+    the DataModule instead of the parser (a checkpoint's stored one, ``zoo.app.stored_config``); ``hand(part)``: gives
+    the data, then the model, what the application has read for them (``zoo.app.pretrained.hand_over``)."""
     prefix = f"{subcommand}." if subcommand else ""
     cfg = config[subcommand] if subcommand else config
     data = build_data() if build_data is not None and cfg.get("data") is None else None
@@ -185,6 +192,8 @@ def instantiate_data_first(
         if subcommand:
             only_data = Namespace(subcommand=subcommand, **{subcommand: only_data})
         data = parser.instantiate(only_data)[f"{prefix}data"]
+    if data is not None:
+        hand(data)
     row = family_of(model_class(cfg))
     size_the_net(cfg, data, subcommand, RULES.get(row.sizes))
     redump()
@@ -192,4 +201,6 @@ def instantiate_data_first(
     rest[f"{prefix}data"] = None
     built = parser.instantiate(rest)
     built[f"{prefix}data"] = data
+    if built.get(f"{prefix}model") is not None:
+        hand(built[f"{prefix}model"])
     return built

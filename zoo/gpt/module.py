@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from lightning.pytorch import LightningModule
@@ -31,6 +32,9 @@ from zoo.io.weights import check_compatible, extract_state_dict, readable
 from zoo.train.logging import lightning_writes
 from zoo.train.optim import AdamWCosine
 from zoo.train.parallel import shard
+
+if TYPE_CHECKING:
+    from zoo.gpt.formats.folder import Folder
 
 
 def _batch_size(batch: tuple[Tensor, Tensor] | dict) -> int:
@@ -118,6 +122,7 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         self._compiled = None  # set by configure_model; kept off the module tree (no "_orig_mod." keys)
         self._flops_per_token: dict[int, int] = {}
         self._init_loaded = False
+        self._folder: Folder | None = None  # init_weights' folder as the application read it (use_folder)
         self._adapter_loaded = False
         self.tokenizer = None  # set from the datamodule or the checkpoint; needed to generate from text
         self.routers = routers(net)  # mixture-of-experts MLPs (zoo.gpt.moe), none in a dense net
@@ -156,15 +161,23 @@ class CausalLMModule(WeightsOnlyLoading, LightningModule):
         self.tokenizer = tok
         vocab_size_for(self.net.vocab_size, tok.vocab_size)  # sized by whoever built the net; checked here
 
+    def use_folder(self, folder: Folder) -> None:
+        """Load ``init_weights`` from ``folder``, that folder as the application already read it
+        (``zoo.gpt.formats.folder``), instead of reading it again; a folder at another path is refused."""
+        if not (isinstance(self.hparams.init_weights, str) and folder.is_at(self.hparams.init_weights)):
+            raise ValueError(f"the folder {str(folder.path)!r} is not init_weights {self.hparams.init_weights!r}")
+        self._folder = folder
+
     def _load_base(self) -> None:
         from zoo.gpt.formats.hf import load_pretrained
 
         path = readable(self.hparams.init_weights)
-        chosen = self.hparams.init_dtype
-        held = dtypes.of_source(path, chosen, next(self.net.parameters()).dtype)
+        folder = self._folder if self._folder is not None and self._folder.is_at(path) else None
+        chosen, config = self.hparams.init_dtype, folder and folder.config
+        held = dtypes.of_source(path, chosen, next(self.net.parameters()).dtype, config)
         trainer = trainer_of(self)
         self.net.to(dtypes.for_precision(chosen, held, trainer and trainer.precision, str(path)))
-        load_pretrained(self.net, path)
+        load_pretrained(self.net, folder or path)
         self._init_loaded = True
 
     # -- steps -------------------------------------------------------------------------------------------

@@ -14,6 +14,9 @@ The tokenizer is the folder's ``tokenizer.json`` (``zoo.io.hf_tokenizer``), else
 merges.txt; ``generation_config.json`` sets predict's defaults as transformers reads them (no ``do_sample``: greedy;
 ``repetition_penalty`` either way), and a decoding setting in it that the zoo lacks is refused by name.
 
+The folder is read once, into one ``zoo.gpt.formats.folder.Folder`` (``from_pretrained`` takes one too), from
+which the net, the tokenizer, the decoding and the weights' loader all take what they need.
+
 Every file is data: configs are read within size limits, and a folder that names code of its own (``auto_map``) is
 refused, unless its ``model_type`` is one of ``MODEL_TYPES``, which transformers builds from its own classes too,
 ignoring the ``auto_map`` without ``trust_remote_code``; the zoo ignores it as well. The module records its net as
@@ -33,7 +36,7 @@ import torch
 
 from zoo.compat import given_hyperparameters_context
 from zoo.errors import InputError
-from zoo.gpt.formats.checks import MODEL_TYPES
+from zoo.gpt.formats.folder import Folder, generation_from, read_generation_config
 from zoo.gpt.formats.hf import gpt2_net_kwargs, pretrained_gpt
 from zoo.gpt.formats.llama import net_kwargs as llama_net_kwargs
 from zoo.gpt.formats.phi3 import phi3_net_kwargs
@@ -41,51 +44,28 @@ from zoo.gpt.generate import Generation
 from zoo.gpt.gpt import GPT
 from zoo.gpt.module import CausalLMModule
 from zoo.gpt.mtp import hf_mtp_depth
-from zoo.io import budget, dtypes, hf_tokenizer
+from zoo.io import budget, dtypes
 from zoo.io.dtypes import Dtype
-from zoo.io.files import read_config
-from zoo.io.tokenizers import GPT2Tokenizer, Tokenizer
 from zoo.io.trust import LIGHTNING_INSTANTIATOR
 
 
 def read_folder(path: str | Path) -> tuple[Path, dict]:
-    """The folder and its ``config.json``, which must name one of ``MODEL_TYPES`` and no code."""
-    folder = Path(path)
-    if not folder.is_dir():
-        raise InputError(f"{str(folder)!r} is not a folder: point at a Hugging Face model folder (config, weights)")
-    if not (folder / "config.json").is_file():
-        raise InputError(f"{str(folder)!r} has no config.json: not a Hugging Face model folder")
-    config = read_config(folder / "config.json", MODEL_TYPES)  # an auto_map beside these: ignored, as transformers does
-    kind = config.get("model_type")
-    if kind not in MODEL_TYPES:
-        raise InputError(
-            f"{str(folder / 'config.json')!r} has model_type {kind!r}: the zoo's GPT loads {', '.join(MODEL_TYPES)}"
-        )
-    return folder, config
+    """The folder and its ``config.json`` (``Folder.read``)."""
+    folder = Folder.read(path)
+    return folder.path, folder.config
 
 
-def net_kwargs(config: dict, folder: Path | None = None) -> dict:
+def net_kwargs(config: dict, folder: Folder | Path | None = None) -> dict:
     """``GPT`` arguments for a ``config.json`` dict of any of ``MODEL_TYPES``, with as many of DeepSeek-V3's MTP
     layers as ``folder``'s weights hold of those the config declares (transformers saves none)."""
     if config["model_type"] == "gpt2":
         return _gpt2_kwargs(config)
     kwargs = phi3_net_kwargs(config) if config["model_type"] == "phi3" else llama_net_kwargs(config)
     if folder is not None and hf_mtp_depth(config):
-        keys = _weight_names(folder)
+        keys = (folder if isinstance(folder, Folder) else Folder.read(folder)).tensor_names
         held = (f"model.layers.{config['num_hidden_layers'] + k}.eh_proj.weight" in keys for k in range(99))
         kwargs["mtp_depth"] = min(hf_mtp_depth(config), sum(1 for _ in itertools.takewhile(bool, held)))
     return kwargs
-
-
-def _weight_names(folder: Path) -> set[str]:
-    """The tensor names of a folder's safetensors files, from their headers (nothing else is read)."""
-    from safetensors import safe_open
-
-    names: set[str] = set()
-    for shard in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(shard), "pt") as f:
-            names |= set(f.keys())
-    return names
 
 
 def _gpt2_kwargs(config: dict) -> dict:
@@ -115,125 +95,32 @@ def _config_value(value: Any) -> Any:
 
 
 def generation_defaults(folder: Path) -> Generation:
-    """predict's decoding as ``generation_config.json`` states it: sampled (its temperature, top_k, top_p) only with
-    ``do_sample``, else greedy, as transformers' ``generate`` reads the file; its ``repetition_penalty`` either way;
-    greedy without one. The whole file is read: a setting that changes decoding and that the zoo does not implement
-    (beams, n-gram bans, min lengths, ...) is refused by name (``checked_generation_config``)."""
-    path = folder / "generation_config.json"
-    g = checked_generation_config(read_config(path), str(path)) if path.is_file() else {}
-    penalty = {"repetition_penalty": float(g["repetition_penalty"])} if g.get("repetition_penalty") else {}
-    if not g.get("do_sample", False):
-        return Generation(temperature=0.0, **_max_new(g), **penalty)
-    top_p = g.get("top_p")
-    return Generation(
-        temperature=float(g.get("temperature", 1.0)),
-        top_k=g.get("top_k") or None,
-        top_p=None if top_p in (None, 1.0) else float(top_p),
-        **_max_new(g),
-        **penalty,
-    )
+    """predict's decoding as ``folder``'s ``generation_config.json`` states it (``formats.folder.generation_from``: a
+    setting that changes decoding and that the zoo does not implement is refused by name), greedy without one."""
+    return generation_from(read_generation_config(Path(folder)))
 
 
-# generation_config.json's keys the zoo reads (generation_defaults; eos_token_id: _eos_ids), and those that change no
-# decoded token: ids the tokenizer states, what generate returns beside the tokens, transformers' own bookkeeping.
-# max_length bounds prompt + continuation: the zoo's bound is max_new_tokens (and the net's block_size past which the
-# context slides), which the file's max_new_tokens sets.
-READ_KEYS = {"do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "max_new_tokens", "eos_token_id"}
-INERT_KEYS = {
-    "bos_token_id", "pad_token_id", "decoder_start_token_id", "transformers_version", "_from_model_config",
-    "use_cache", "max_length", "output_attentions", "output_hidden_states", "output_scores", "output_logits",
-    "return_dict_in_generate", "cache_implementation", "cache_config",
-}  # fmt: skip
-# transformers' decoding settings the zoo does not implement, at the values that leave decoding as the zoo does it.
-NEUTRAL = {
-    "num_beams": 1, "num_beam_groups": 1, "penalty_alpha": None, "diversity_penalty": 0.0, "length_penalty": 1.0,
-    "early_stopping": False, "num_return_sequences": 1, "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0,
-    "encoder_repetition_penalty": 1.0, "min_length": 0, "min_new_tokens": None, "bad_words_ids": None,
-    "force_words_ids": None, "constraints": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
-    "min_p": None, "top_h": None, "renormalize_logits": False, "forced_bos_token_id": None,
-    "forced_eos_token_id": None, "remove_invalid_values": False, "exponential_decay_length_penalty": None,
-    "suppress_tokens": None, "begin_suppress_tokens": None, "sequence_bias": None, "token_healing": False,
-    "guidance_scale": None, "low_memory": None, "watermarking_config": None, "stop_strings": None,
-    "max_time": None, "dola_layers": None, "prompt_lookup_num_tokens": None, "assistant_early_exit": None,
-}  # fmt: skip
-
-
-# What each key the zoo reads holds: "bool", "int" (or null), "number" (or null); eos_token_id: _eos_ids'.
-KINDS = {"do_sample": "bool", "max_new_tokens": "int", "top_k": "int"}
-KINDS |= {k: "number" for k in ("temperature", "top_p", "repetition_penalty")}
-
-
-def _of_kind(value: Any, kind: str) -> bool:
-    if kind == "bool" or isinstance(value, bool):  # JSON's true is no number here
-        return isinstance(value, bool) and kind == "bool"
-    return value is None or isinstance(value, int if kind == "int" else (int, float))
-
-
-def checked_generation_config(g: Any, where: str) -> dict:
-    """``g`` (a generation_config.json) when every key in it is read by the zoo, changes no decoded token, or holds
-    transformers' default; else one error naming each other key, which the zoo would otherwise silently ignore."""
-    if not isinstance(g, dict):
-        raise InputError(f"{where!r} is not a JSON object: a generation_config.json maps settings to values")
-    bad = [
-        f"{k}={v!r}" if k in NEUTRAL else f"{k} (unknown)"
-        for k, v in g.items()
-        if k not in READ_KEYS | INERT_KEYS and not (k in NEUTRAL and v == NEUTRAL[k])
-    ]
-    mistyped = [f"{k}={v!r}" for k, v in g.items() if k in KINDS and not _of_kind(v, KINDS[k])]
-    if mistyped:
-        raise InputError(
-            f"{where!r} sets {', '.join(mistyped)}: do_sample takes true or false, top_k and max_new_tokens a whole "
-            "number, temperature, top_p and repetition_penalty a number: fix the file"
-        )
-    if bad:
-        raise InputError(
-            f"{where!r} sets {', '.join(bad)}: decoding the zoo does not implement (it does greedy or temperature, "
-            f"top_k, top_p and repetition_penalty sampling); remove these from the file to decode without them"
-        )
-    return g
-
-
-def _max_new(g: dict) -> dict:
-    return {"max_new_tokens": int(g["max_new_tokens"])} if g.get("max_new_tokens") else {}
-
-
-def _eos_ids(folder: Path, config: dict) -> list[int]:
-    """The EOS ids ``generation_config.json`` or ``config.json`` state (an int or a list), first found first."""
-    path = folder / "generation_config.json"
-    for source in (read_config(path) if path.is_file() else {}, config):
-        eos = source.get("eos_token_id")
-        if eos is not None:
-            return [eos] if isinstance(eos, int) else list(eos)
-    return []
-
-
-def folder_tokenizer(folder: Path, config: dict) -> Tokenizer:
-    """The folder's ``tokenizer.json`` or ``tokenizer.model`` with its special tokens; GPT-2's vocab.json and
-    merges.txt without either."""
-    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
-        if (folder / "vocab.json").is_file():
-            return GPT2Tokenizer.from_dir(folder)
-    return hf_tokenizer.from_folder(folder, _eos_ids(folder, config), config.get("model_type"))
-
-
-def from_pretrained(path: str | Path, *, dtype: Dtype | torch.dtype = "auto", **module_kwargs: Any) -> CausalLMModule:
+def from_pretrained(
+    path: str | Path | Folder, *, dtype: Dtype | torch.dtype = "auto", **module_kwargs: Any
+) -> CausalLMModule:
     """A ``CausalLMModule`` holding the model of a local Hugging Face folder, ready to ``generate`` or to fit:
     the net from its config.json, every weight exact, its tokenizer and generation defaults attached.
     ``dtype``: the weights' dtype, as transformers 5's ``from_pretrained`` takes it (``auto``, its default: the folder's
     ``dtype``/``torch_dtype``, else its weights'; ``float32``, ``bfloat16``, ``float16``); RoPE's tables stay float32.
     ``module_kwargs`` go to ``CausalLMModule`` (``optimizer``, ``compile``, ``generation``, ...)."""
-    folder, config = read_folder(path)
-    tokenizer = folder_tokenizer(folder, config)  # before the weights: a folder without one fails fast
-    kwargs = net_kwargs(config, folder)
-    dtype = dtypes.resolve(dtype, config, sorted(folder.glob("*.safetensors")), str(folder / "config.json"))
-    budget.check_kwargs(GPT, kwargs, str(folder), dtype)
+    folder = path if isinstance(path, Folder) else Folder.read(path)
+    tokenizer = folder.tokenizer  # before the weights: a folder without one fails fast
+    kwargs = net_kwargs(folder.config, folder)
+    weights = [p for p in folder.shards if p.suffix == ".safetensors"]
+    dtype = dtypes.resolve(dtype, folder.config, weights, str(folder.path / "config.json"))
+    budget.check_kwargs(GPT, kwargs, str(folder.path), dtype)
     if tokenizer.vocab_size > kwargs["vocab_size"]:  # more ids would index past the embedding; fewer is padding
         raise InputError(
-            f"{str(folder)!r}: the tokenizer has {tokenizer.vocab_size} ids, more than config.json's vocab_size "
+            f"{str(folder.path)!r}: the tokenizer has {tokenizer.vocab_size} ids, more than config.json's vocab_size "
             f"{kwargs['vocab_size']}: the tokenizer files are not this model's"
         )
     net = pretrained_gpt(kwargs, folder, dtype)  # built on the meta device: the weights are never in memory twice
-    module_kwargs.setdefault("generation", generation_defaults(folder))
+    module_kwargs.setdefault("generation", folder.generation)
     module = recorded_module(net, kwargs, **module_kwargs)
     module.tokenizer = tokenizer
     return module.eval()

@@ -101,16 +101,19 @@ def for_precision(chosen: Dtype, held: torch.dtype, precision: str | None, where
     return want
 
 
-def of_source(path: str | Path, chosen: str, default: torch.dtype) -> torch.dtype:
-    """``chosen`` resolved for an ``init_weights`` path: a Hugging Face folder's as ``resolve`` reads it, a
-    safetensors file's first floating tensor's, ``default`` (the net's own) for other files (checkpoints)."""
+def of_source(path: str | Path, chosen: str, default: torch.dtype, config: dict | None = None) -> torch.dtype:
+    """``chosen`` resolved for an ``init_weights`` path: a Hugging Face folder's as ``resolve`` reads it (``config``:
+    its config.json as already read, else read here), a safetensors file's first floating tensor's, ``default`` (the
+    net's own) for other files (checkpoints)."""
     if chosen != "auto":
         return resolve(chosen, {}, [], str(path))
     path = Path(path)
-    if (path / "config.json").is_file():
+    if config is None and (path / "config.json").is_file():
         from zoo.io.files import read_config
 
-        return stated(read_config(path / "config.json"), sorted(path.glob("*.safetensors")), str(path))
+        config = read_config(path / "config.json")
+    if config is not None:
+        return stated(config, sorted(path.glob("*.safetensors")), str(path))
     if path.suffix == ".safetensors" and path.is_file():
         return stated({}, [path], str(path)) if _header_dtypes(path) else default
     return default

@@ -30,6 +30,14 @@ MODEL_TYPES = (
     "gemma2",
     "gemma3_text",
 )
+# What the zoo's GPT has not, for the MoE families it does not load.
+REFUSED = {
+    "qwen2_moe": "Qwen2-MoE has q/k/v-only attention biases and a sigmoid-gated shared expert (shared_expert_gate)",
+}
+
+
+def refused(kind: str) -> InputError:
+    return InputError(f"{REFUSED[kind]}, which the zoo's GPT has not: model_type {kind!r} does not load")
 
 
 @contextlib.contextmanager

@@ -19,7 +19,8 @@ from torch import Tensor
 
 from zoo.errors import InputError
 from zoo.gpt.attention import MHA
-from zoo.gpt.formats.checks import MODEL_TYPES, check_tied_head, gemma_settings, missing_tensors_named
+from zoo.gpt.formats.checks import check_tied_head, gemma_settings, missing_tensors_named
+from zoo.gpt.formats.folder import Folder
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import GeluMLP
 from zoo.gpt.norms import LayerNorm
@@ -207,26 +208,29 @@ def load_safetensors(net: GPT, path: str | Path) -> GPT:
     return assign_weights(net, sd, f"weights file {str(path)!r}")
 
 
-def load_pretrained(net: GPT, path: str | Path) -> GPT:
-    """A Hugging Face GPT-2, Llama, Mixtral or DeepSeek-V3 folder, or a safetensors/checkpoint file of this net, into
-    ``net``."""
-    path = Path(path)
-    if path.is_dir():
-        config = path / "config.json"
-        kind = read_config(config, MODEL_TYPES).get("model_type", "gpt2") if config.is_file() else "gpt2"
-        if kind == "phi3":  # fused projections, in their own converter
-            from zoo.gpt.formats.phi3 import load_phi3_into
+def load_pretrained(net: GPT, path: str | Path | Folder) -> GPT:
+    """A Hugging Face GPT-2, Llama, Mixtral or DeepSeek-V3 folder (a ``Folder`` already read, or its path), or a
+    safetensors/checkpoint file of this net, into ``net``."""
+    if not isinstance(path, Folder):
+        path = Path(path)
+        if not path.is_dir():
+            return load_safetensors(net, path)
+        if not (path / "config.json").is_file():  # GPT-2's weights alone
+            return load_gpt2_into(net, path)
+        path = Folder.read(path)
+    kind = path.config["model_type"]
+    if kind == "phi3":  # fused projections, in their own converter
+        from zoo.gpt.formats.phi3 import load_phi3_into
 
-            return load_phi3_into(net, path)
-        if kind != "gpt2":
-            from zoo.gpt.formats.llama import load_hf_into  # Llama, Mixtral and DeepSeek-V3 layouts
+        return load_phi3_into(net, path)
+    if kind != "gpt2":
+        from zoo.gpt.formats.llama import load_hf_into  # Llama, Mixtral and DeepSeek-V3 layouts
 
-            return load_hf_into(net, path)
-        return load_gpt2_into(net, path)
-    return load_safetensors(net, path)
+        return load_hf_into(net, path)
+    return load_gpt2_into(net, path.path)
 
 
-def pretrained_gpt(kwargs: dict, path: str | Path, dtype: torch.dtype = torch.float32) -> GPT:
+def pretrained_gpt(kwargs: dict, path: str | Path | Folder, dtype: torch.dtype = torch.float32) -> GPT:
     """``GPT(**kwargs)`` holding the weights at ``path`` (as ``load_pretrained`` reads them) in ``dtype``, built on the
     meta device and given each tensor by assignment (``zoo.io.meta_load``): no random initialisation, the weights never
     in memory twice, and a tensor stored in ``dtype`` kept as read. RoPE's tables are computed in float32 whatever

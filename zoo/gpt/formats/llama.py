@@ -48,14 +48,15 @@ from torch import Tensor
 from zoo.errors import InputError
 from zoo.gpt.attention import MHA, MLA, Llama3RoPE, YaRNRoPE
 from zoo.gpt.formats import gemma, llama_variants
-from zoo.gpt.formats.checks import MODEL_TYPES, check_tied_head, gemma_settings, missing_tensors_named
+from zoo.gpt.formats.checks import REFUSED, check_tied_head, gemma_settings, missing_tensors_named, refused
+from zoo.gpt.formats.folder import Folder
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import SwiGLU
 from zoo.gpt.moe import MoE
 from zoo.gpt.mtp import hf_mtp_depth, mtp_to_hf, mtp_to_zoo
 from zoo.gpt.norms import RMSNorm
 from zoo.io import budget
-from zoo.io.files import read_config, replacing
+from zoo.io.files import replacing
 from zoo.io.meta_load import assign_weights, on_meta, read_tensors, under
 from zoo.io.weights import check_all_used, check_compatible
 
@@ -371,21 +372,13 @@ def zoo_to_hf(sd: dict[str, Tensor], net: GPT) -> dict[str, Tensor]:
     return out | mtp_to_hf(sd, net, zoo_to_hf)
 
 
-def _read_folder(folder: Path) -> tuple[dict, Mapping[str, Tensor]]:
-    """config.json and every weights shard of a Hugging Face folder (safetensors read as asked, ``read_tensors``)."""
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"No config.json in {str(folder)!r}: point at a Hugging Face Llama/DeepSeek folder")
-    config = read_config(folder / "config.json", MODEL_TYPES)  # first: a field of the wrong type is named
-    shards = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("pytorch_model*.bin"))
-    if not shards:
-        raise FileNotFoundError(f"No *.safetensors or pytorch_model*.bin in {str(folder)!r}")
-    return config, read_tensors(shards)
-
-
-# What the zoo's GPT has not, for the MoE families it does not load.
-_REFUSED = {
-    "qwen2_moe": "Qwen2-MoE has q/k/v-only attention biases and a sigmoid-gated shared expert (shared_expert_gate)",
-}
+def _read_folder(folder: str | Path | Folder) -> tuple[Folder, Mapping[str, Tensor]]:
+    """The folder as read (``Folder``; read here when given its path) and every weights shard of it (safetensors read
+    as asked, ``read_tensors``)."""
+    folder = folder if isinstance(folder, Folder) else Folder.read(folder)
+    if not folder.shards:
+        raise FileNotFoundError(f"No *.safetensors or pytorch_model*.bin in {str(folder.path)!r}")
+    return folder, read_tensors(list(folder.shards))
 
 
 def net_kwargs(config: dict) -> dict:
@@ -404,16 +397,16 @@ def net_kwargs(config: dict) -> dict:
         return deepseek_net_kwargs(config)
     if kind in ("gemma2", "gemma3_text"):
         return gemma.net_kwargs(config)
-    if kind in _REFUSED:
-        raise InputError(f"{_REFUSED[kind]}, which the zoo's GPT has not: model_type {kind!r} does not load")
+    if kind in REFUSED:
+        raise refused(kind)
     raise ValueError(f"model_type {kind!r} is not a Llama, Mixtral or DeepSeek-V3 config")
 
 
-def load_hf_into(net: GPT, folder: str | Path) -> GPT:
+def load_hf_into(net: GPT, folder: str | Path | Folder) -> GPT:
     """Copy a local Llama-family, Mixtral or DeepSeek-V3 folder's weights into ``net``: every parameter set and every
     tensor of the files used (but the MTP layers of a net built without them), or an error naming what is left."""
-    folder = Path(folder)
-    config, source = _read_folder(folder)
+    read, source = _read_folder(folder)
+    config, folder = read.config, read.path
     kwargs = net_kwargs(config)  # refuses what no GPT holds (Qwen-MoE, RoPE scaling, ...), whatever net it goes into
     llama_variants.check_switches(net, kwargs, folder)  # a Granite's multipliers are not lost in a net without them
     interleave = config.get("model_type") == "deepseek_v3" and config.get("rope_interleave", True)
@@ -441,12 +434,12 @@ def _used(sd: dict[str, Tensor], net: GPT) -> set[str]:
     return used | {k.split(".experts.")[0] + f".experts.{n}" for k in used if ".experts.0." in k for n in _FUSED}
 
 
-def load_hf(folder: str | Path) -> GPT:
+def load_hf(folder: str | Path | Folder) -> GPT:
     """A ``GPT`` holding the weights of a local Llama, Mixtral or DeepSeek-V3 Hugging Face folder."""
-    config, _ = _read_folder(Path(folder))
-    kwargs = net_kwargs(config)
-    budget.check_kwargs(GPT, kwargs, str(folder))
-    return load_hf_into(GPT(**kwargs), folder)
+    read = folder if isinstance(folder, Folder) else Folder.read(folder)
+    kwargs = net_kwargs(read.config)
+    budget.check_kwargs(GPT, kwargs, str(read.path))
+    return load_hf_into(GPT(**kwargs), read)
 
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}

@@ -37,6 +37,7 @@ from torch import Tensor
 from zoo.errors import InputError
 from zoo.gpt.attention import MHA, Llama3RoPE, LongRoPE
 from zoo.gpt.formats.checks import check_tied_head, missing_tensors_named
+from zoo.gpt.formats.folder import Folder
 from zoo.gpt.formats.llama import _NORM_KEYS, _read_folder, write_folder
 from zoo.gpt.gpt import GPT
 from zoo.gpt.mlp import SwiGLU
@@ -181,12 +182,12 @@ def zoo_to_hf(sd: Mapping[str, Tensor], net: GPT) -> dict[str, Tensor]:
     return out
 
 
-def load_phi3_into(net: GPT, folder: str | Path) -> GPT:
+def load_phi3_into(net: GPT, folder: str | Path | Folder) -> GPT:
     """Copy a local Phi-3 folder's weights into ``net``: every parameter set and every tensor of the files used, or
     an error naming what is left."""
-    folder = Path(folder)
-    config, source = _read_folder(folder)
-    phi3_net_kwargs(config)  # refuses what no GPT computes, whatever net it goes into
+    read, source = _read_folder(folder)
+    folder = read.path
+    phi3_net_kwargs(read.config)  # refuses what no GPT computes, whatever net it goes into
     name = f"Hugging Face folder {str(folder)!r}"
     with missing_tensors_named(name):
         sd = hf_to_zoo(source, net)
