@@ -286,7 +286,7 @@ def test_the_env_config_fits_and_tests_through_the_cli(tmp_path):
         f"--data.init_args.env_id={ECHO}",  # the test's own text env, by its registered id
         *(f"--model.init_args.net.init_args.{k}={v}" for k, v in tiny.items()),
         "--model.init_args.group_size=2",
-        "--model.init_args.max_new_tokens=4",
+        "--model.init_args.generation.max_new_tokens=4",
         "--model.init_args.episodes.max_turns=2",
         "--data.init_args.batch_size=1",
         "--data.init_args.val_seeds=2",
