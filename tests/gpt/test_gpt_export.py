@@ -1,4 +1,4 @@
-"""``python -m zoo.gpt export`` writes a whole Hugging Face folder (``zoo.gpt.formats.export``): transformers'
+"""``python -m zoo.gpt export`` writes a whole Hugging Face folder (``zoo.gpt.export``): transformers'
 ``AutoTokenizer``, ``AutoModelForCausalLM`` and ``GenerationConfig`` and PEFT's ``PeftModel`` read the zoo's ids (hard
 strings, special tokens, chats rendered by the chat template), logits and decoding from it, for each tokenizer kind, as
 GPT-2 and as Llama, with and without ``--merge``; ``zoo.gpt.from_pretrained`` reads the same module back.
@@ -19,7 +19,7 @@ from zoo.adapt import Adaptation, LoRA
 from zoo.errors import InputError
 from zoo.gpt import GPT, MHA, Generation, RMSNorm, SwiGLU, from_pretrained
 from zoo.gpt.__main__ import main
-from zoo.gpt.formats.export import generation_config
+from zoo.gpt.export import generation_config
 from zoo.gpt.formats.hf import export_gpt2
 from zoo.gpt.formats.llama import export_hf
 from zoo.gpt.formats.peft_adapter import load_adapter
@@ -304,7 +304,7 @@ def test_lm_eval_runs_on_a_lora_checkpoint_given_its_base(lora_checkpoint, tmp_p
 
 def test_a_checkpoint_without_a_tokenizer_exports_its_weights_and_says_so(tmp_path):
     from zoo.gpt import CausalLMModule
-    from zoo.gpt.formats.export import export
+    from zoo.gpt.export import export
 
     lines = export(CausalLMModule(GPT(vocab_size=50, **NETS["gpt2"])), tmp_path)
     assert any(line.startswith("no tokenizer: ") for line in lines)

@@ -306,7 +306,7 @@ def test_a_draft_whose_request_crosses_the_longrope_switch_is_refused(pair):
 
 def test_the_default_export_format_is_the_one_the_model_started_from(tmp_path):
     from zoo.gpt import GPT, CausalLMModule
-    from zoo.gpt.formats.export import default_format
+    from zoo.gpt.export import default_format
     from zoo.gpt.pretrained import net_kwargs, read_folder
 
     write_phi3(tmp_path / "phi3", "phi3")  # full RoPE, no LongRoPE: a Llama could hold it too

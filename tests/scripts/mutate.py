@@ -72,7 +72,7 @@ DTX, DTC, DCP, DDF = (
 DTS, DGY, DSH = "datamodules/tensor_dataset.py", "datamodules/gym.py", "datamodules/shapes.py"
 FI, CV, EX = "zoo/io/files.py", "zoo/diffusion/convert.py", "zoo/rl/export.py"
 DCF, SCF = "zoo/diffusion/diffusers_config.py", "zoo/diffusion/scheduler_config.py"
-PA, GPR, GEX = "zoo/gpt/formats/peft_adapter.py", "zoo/gpt/pretrained.py", "zoo/gpt/formats/export.py"
+PA, GPR, GEX = "zoo/gpt/formats/peft_adapter.py", "zoo/gpt/pretrained.py", "zoo/gpt/export.py"
 FOLD = "zoo/gpt/formats/folder.py"
 PHI = "zoo/gpt/formats/phi3.py"
 PG, RO = "zoo/train/policy_gradient.py", "zoo/gpt/tune/rollout.py"
@@ -1647,7 +1647,7 @@ FAMILIES: dict[str, dict] = {
             (PA, "    if not same:\n", "    if False:\n"),  # a module's own LoRA taken whatever its rank
             (PA, '            hparams["adapt"] = dataclasses.asdict(settings)', "            pass"),
             ("zoo/gpt/module.py", "            load_adapter(self, readable(", "            (readable("),
-            ("zoo/gpt/formats/export.py", "    if lora_layers(module.net):\n", "    if False:\n"),
+            ("zoo/gpt/export.py", "    if lora_layers(module.net):\n", "    if False:\n"),
         ],
     },
     "phi3": {  # Phi-3 / Phi-4-mini folders: fused projections, partial RoPE, LongRoPE, export back (zoo.gpt.formats.phi3)
@@ -1712,14 +1712,14 @@ FAMILIES: dict[str, dict] = {
                 "        pass  # the characters joined",
             ),
             (
-                "zoo/gpt/formats/export.py",
+                "zoo/gpt/export.py",
                 'config["eos_token_id"] = stop[0] if len(stop) == 1 else stop',
                 'config["eos_token_id"] = stop[0]',
             ),
-            ("zoo/gpt/formats/export.py", '"top_k": generation.top_k or 0', '"top_k": generation.top_k'),  # unset: 50
-            ("zoo/gpt/formats/export.py", '"do_sample": generation.temperature > 0}', '"do_sample": False}'),
+            ("zoo/gpt/export.py", '"top_k": generation.top_k or 0', '"top_k": generation.top_k'),  # unset: 50
+            ("zoo/gpt/export.py", '"do_sample": generation.temperature > 0}', '"do_sample": False}'),
             (
-                "zoo/gpt/formats/export.py",
+                "zoo/gpt/export.py",
                 "    if merge and lora_layers(module.net):\n",
                 "    if False:\n",
             ),  # --merge ignored

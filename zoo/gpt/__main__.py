@@ -1,5 +1,5 @@
 """``python -m zoo.gpt export <lightning.ckpt> <folder> [--format gpt2|llama|phi3] [--merge] [--init-weights <base>]``:
-a zoo GPT checkpoint as a whole Hugging Face model folder (``zoo.gpt.formats.export``: the net, its tokenizer files and
+a zoo GPT checkpoint as a whole Hugging Face model folder (``zoo.gpt.export``: the net, its tokenizer files and
 chat template, generation_config.json; ``zoo.gpt.formats.hf`` for GPT-2, ``zoo.gpt.formats.llama`` for Llama, Mixtral
 and DeepSeek-V3). A checkpoint with LoRA adapters writes the base model there and the adapters as PEFT's
 ``<out_folder>/adapter`` (``zoo.gpt.formats.peft_adapter``), or with ``--merge`` one model with the adapters folded in.
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def export_main(args) -> None:
-    from zoo.gpt.formats.export import export
+    from zoo.gpt.export import export
 
     given = {"init_weights": args.init_weights} if args.init_weights else {}
     module = CausalLMModule.load_from_checkpoint(args.checkpoint, map_location="cpu", weights_only=True, **given)

@@ -242,7 +242,7 @@ def hf_config(net: GPT) -> dict:
         partial_rotary_factor=fraction,
         sliding_window=net.sliding_window if "sliding_attention" in net.layer_types else None,
         bos_token_id=None,  # Phi3Config's defaults are Phi-3's ids (pad 32000), past a smaller vocabulary's end;
-        eos_token_id=None,  # generation_config.json states the tokenizer's (zoo.gpt.formats.export)
+        eos_token_id=None,  # generation_config.json states the tokenizer's (zoo.gpt.export)
         pad_token_id=None,
         resid_pdrop=0.0,
         embd_pdrop=0.0,
