@@ -161,8 +161,8 @@ def load_sharded(storage_reader, keys: set[str] | None = None) -> dict[str, Any]
 
 def migrate_checkpoint(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint already read (weights-only, by ``zoo.io.weights.load_file``) upgraded as Lightning's
-    ``load_from_checkpoint`` upgrades one from an older Lightning (the zoo's own older shapes are each module
-    class's ``upgrade_hparams``, which ``zoo.io.build`` calls). The public method reads the file itself (forcing
+    ``load_from_checkpoint`` upgrades one from an older Lightning (a checkpoint another zoo version wrote is refused
+    by ``zoo.io.build``, never upgraded). The public method reads the file itself (forcing
     ``weights_only=False`` for a remote path) and rebuilds the module with the instantiator the file names; the
     upgrade step alone is private."""
     from lightning.pytorch.utilities.migration.utils import _pl_migrate_checkpoint
