@@ -39,8 +39,10 @@ CKPT_SOURCES = "a .ckpt file or URL, models:/<name>@<alias>, models:/<name>/<ver
 
 def stored_config_allowlist() -> Allowlist:
     """What a checkpoint's or registered model's stored config may name: the zoo's modules and parts, and the
-    DataModules of ``datamodules`` (the application's, so named here)."""
+    DataModules of ``datamodules`` (the application's, so named here), and the ids of the zoo's text environments
+    (registered with gymnasium by importing ``zoo.gpt.tune.envs``)."""
     import datamodules
+    import zoo.gpt.tune.envs  # noqa: F401
 
     classes = (getattr(datamodules, name) for name in datamodules.__all__)
     data = [c for c in classes if isinstance(c, type) and issubclass(c, LightningDataModule)]

@@ -130,20 +130,23 @@ def zoo_class(path: Any) -> type | None:
     if package_name is None:
         return None
     *inner, attr = path[len(package_name) + 1 :].split(".")
-    if inner and (len(inner) > 1 or inner[0] not in _module_names(package_name)):
-        return None
-    module = importlib.import_module(".".join([package_name, *inner]))  # ours: the package or one of its files
+    where = package_name
+    for part in inner:  # each level a file or folder of the one above, as found on disk (zoo.gpt.tune.rewards)
+        if part not in _module_names(where):
+            return None
+        where = f"{where}.{part}"
+    module = importlib.import_module(where)  # ours: a package or one of its files
     value = vars(module).get(attr)
-    if not inspect.isclass(value) or not (value.__module__ == module.__name__ or not inner):
-        return None  # a name a module imported is allowed by the path of the module that defines it
+    if not inspect.isclass(value) or not (value.__module__ == module.__name__ or hasattr(module, "__path__")):
+        return None  # a name a module imported is allowed by the path of the module that defines it (or a package's)
     return value if value.__module__.startswith(FAMILY_PACKAGES) else None
 
 
 @functools.cache
 def _module_names(package_name: str) -> frozenset[str]:
     """The modules of one of the family packages: its files and folders, listed (nothing in them runs)."""
-    package = importlib.import_module(package_name)  # one of FAMILY_PACKAGES: ours
-    return frozenset(m.name for m in pkgutil.iter_modules(package.__path__))
+    package = importlib.import_module(package_name)  # one of FAMILY_PACKAGES or a folder in one: ours
+    return frozenset(m.name for m in pkgutil.iter_modules(getattr(package, "__path__", [])))
 
 
 @functools.cache
@@ -152,16 +155,17 @@ def zoo_classes() -> dict[str, type]:
     ``zoo.gpt.gpt.GPT``): for a listing (the allowlist itself looks a path up, ``zoo_class``). Every module is
     imported, save those whose optional package is not installed (no config can use their classes then)."""
     found: dict[str, type] = {}
-    for package_name in FAMILY_PACKAGES:
-        for name in ["", *sorted(_module_names(package_name))]:
-            module_name = f"{package_name}.{name}" if name else package_name
-            try:
-                module = importlib.import_module(module_name)
-            except MissingExtra:
-                continue
-            for attr in vars(module):
-                if (cls := zoo_class(f"{module_name}.{attr}")) is not None:
-                    found[f"{module_name}.{attr}"] = cls
+    waiting = list(FAMILY_PACKAGES)
+    while waiting:
+        module_name = waiting.pop(0)
+        try:
+            module = importlib.import_module(module_name)
+        except MissingExtra:
+            continue
+        for attr in vars(module):
+            if (cls := zoo_class(f"{module_name}.{attr}")) is not None:
+                found[f"{module_name}.{attr}"] = cls
+        waiting += [f"{module_name}.{name}" for name in sorted(_module_names(module_name))]  # a folder's files too
     return found
 
 

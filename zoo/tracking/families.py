@@ -48,7 +48,7 @@ FAMILIES: dict[str, Family] = {
         interface="TextGenerator",
     ),
     # GRPO: the best checkpoint is the one that answers most held-out prompts right
-    "zoo.gpt.tune.GRPOModule": Family(  # where it lives since the rooms split (family_of reads its package)
+    "zoo.gpt.GRPOModule": Family(
         "gpt",
         "val/accuracy",
         "max",
