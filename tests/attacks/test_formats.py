@@ -222,9 +222,9 @@ def _gpt_from_pretrained(p):
 
 
 def _gpt_folder_net(p):
-    from zoo.app.pretrained import gpt_folder
+    from zoo.app.pretrained import gpt_folder, gpt_open
 
-    return gpt_folder(Path(p))
+    return gpt_folder(gpt_open(Path(p)))  # as the application reads init_weights: the folder once, then its net
 
 
 def _hf_tokenizer(p):

@@ -122,7 +122,7 @@ def test_the_switches_off_export_as_llama(tmp_path):
 
 
 def test_every_field_of_transformers_config_classes_is_read_with_its_defaults():
-    from zoo.gpt import llama_variants as v
+    from zoo.gpt.formats import llama_variants as v
 
     for kind, cls in CONFIGS.items():
         known = v.LLAMA_FIELDS | v.INERT | v.OWN_FIELDS[kind]
