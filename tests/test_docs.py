@@ -341,7 +341,8 @@ def test_grpo_on_your_own_chat_files_runs_as_the_manual_shows(tmp_path, monkeypa
     page = (DOCS / "gpt-tune.md").read_text()
     yaml = re.search(r"```yaml\n( *# grpo\.yaml \(yours\).*?)```", page, re.S)[1]
     (tmp_path / "grpo.yaml").write_text(textwrap.dedent(yaml).replace("Llama-3.2-1B-Instruct", folder))
-    fit_line, test_line = [c for _, c in manual_commands() if "grpo.yaml" in c or "<best.ckpt>" in c]
+    (fit_line,) = [c for _, c in manual_commands() if "grpo.yaml" in c]
+    (test_line,) = [c for _, c in manual_commands() if "<best.ckpt>" in c and "Llama-3.2-1B-Instruct" in c]
     cities = [("France", "Paris"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Peru", "Lima")]
     for name, part in (("train", cities[:3]), ("val", cities[1:])):
         chats = [

@@ -69,7 +69,12 @@ def test_a_registered_model_streams_by_name_with_its_own_generation_defaults(tmp
     ckpt = {"state_dict": module.state_dict(), "hyper_parameters": hparams}
     module.on_save_checkpoint(ckpt)
     torch.save(ckpt, tmp_path / "chat.ckpt")
-    client, name = MlflowClient(), f"chat-{uuid.uuid4().hex[:8]}"  # the session's store: no migrations to wait for
+    import mlflow
+
+    # the session's store (no migrations to wait for), named to the command too: an earlier test in the worker may
+    # have pointed mlflow's process-wide default elsewhere
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow.get_tracking_uri())
+    client, name = MlflowClient(), f"chat-{uuid.uuid4().hex[:8]}"
     run_id = client.create_run(client.create_experiment(name)).info.run_id
     log_checkpoint_model(tmp_path / "chat.ckpt", client, run_id, name)
     got = streamed_through(monkeypatch, f"{name}/1", {})
