@@ -1042,8 +1042,8 @@ FAMILIES: dict[str, dict] = {
             (TR, '(":" not in value and value in gym.registry)', 'value in gym.registry or ":" in value'),
             (TR, "modules=ZooClasses(is_module), data=", "modules=ZooClasses(lambda cls: True), data="),
             # the lazy lookup (issue 51): only a file of a family package, only a class it defines or exports
-            (TR, "    if inner and (len(inner) > 1 or inner[0] not in _module_names(package_name)):", "    if False:"),
-            (TR, "(value.__module__ == module.__name__ or not inner)", "True"),
+            (TR, "        if part not in _module_names(where):", "        if False:"),
+            (TR, '(value.__module__ == module.__name__ or hasattr(module, "__path__"))', "True"),
             (TR, "in PART_BASES for k in cls.__mro__", "in PART_BASES for k in cls.__mro__[:1]"),
             (TR, "        cls = zoo_class(path)\n", "        cls = zoo_classes().get(path)\n"),  # every module at once
             # The ways in, each trusting what the file names (the bug a reader of "the user vouches" would write).
