@@ -17,7 +17,8 @@ first (which holds the actors' start):
   - learner busy: the share of the wall time the learner spent in its update, from the first forward with gradients
     of each optimizer step to the end of that step (forward, backward, clipping, optimizer: a torch global forward
     pre-hook and the optimizer's step post-hook, set from a Lightning callback; rescoring a stale episode without
-    gradients and sampling do not count);
+    gradients and sampling do not count); "busy CPU" is the learner's CPU seconds in those intervals over the wall
+    seconds: where it is below "busy", the update was waiting for a core (actors or other jobs had it);
   - CPU s: user + system seconds of the learner and of the actor processes (Linux /proc; slots sampled ahead and
     never used count too).
 
@@ -209,6 +210,7 @@ def run_arm(setup: Setup, weights: dict, actors: int, latency: float, steps: int
         "episodes_per_s": episodes / out["wall_s"],
         "episodes_per_cpu_s": episodes / cpu,
         "busy": out["busy_s"] / out["wall_s"],
+        "busy_cpu": out["busy_cpu_s"] / out["wall_s"],
         "tokens_per_episode": statistics.mean(policy_tokens[1:]),
         "staleness": statistics.mean(clock.staleness[1:]) if clock.staleness[1:] else 0.0,
     }
@@ -238,7 +240,7 @@ def run_row(out: dict) -> list:
         f"{out['tokens_per_episode']:.1f}",
         *(f"{out[k]:.2f}" for k in ("wall_s", "cpu_s", "learner_cpu_s", "episodes_per_s", "episodes_per_cpu_s")),
         f"{out['busy']:.1%}",
-        f"{out['busy_s'] / out['busy_cpu_s']:.2f}",
+        f"{out['busy_cpu']:.1%}",
         f"{out['staleness']:.2f}",
     ]
 
@@ -251,7 +253,9 @@ def summary(rows: list[dict], latencies: list[float], arms: list[int], clock: st
         med = {}
         for actors in arms:
             runs = [r for r in rows if r["latency"] == latency and r["actors"] == actors]
-            med[actors] = {k: statistics.median(r[k] for r in runs) for k in (key, "busy", "wall_s", "cpu_s")}
+            med[actors] = {
+                k: statistics.median(r[k] for r in runs) for k in (key, "busy", "busy_cpu", "wall_s", "cpu_s")
+            }
             spread = f"{min(r[key] for r in runs):.2f}..{max(r[key] for r in runs):.2f}"
             out.append(
                 [
@@ -262,12 +266,14 @@ def summary(rows: list[dict], latencies: list[float], arms: list[int], clock: st
                     spread,
                     f"{med[actors][key] / med[0][key]:.2f}x",
                     f"{med[actors]['busy']:.1%}",
+                    f"{med[actors]['busy_cpu']:.1%}",
                     f"{med[actors]['wall_s']:.1f}",
                     f"{med[actors]['cpu_s']:.1f}",
                 ]
             )
     unit = "episodes/s" if clock == "wall" else "episodes/CPU s"
-    headers = ["latency", "arm", "runs", f"{unit} med", "min..max", "vs sync", "learner busy med", "wall s", "CPU s"]
+    headers = ["latency", "arm", "runs", f"{unit} med", "min..max", "vs sync", "busy med", "busy CPU med"]
+    headers += ["wall s", "CPU s"]
     return table(headers, out)
 
 
@@ -315,11 +321,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 runs.append(run_row(out))
                 print(f"  done: {runs[-1][0]} {runs[-1][1]} repeat {r}", flush=True)
     headers = ["latency", "arm", "repeat", "episodes", "tok/episode", "wall s", "CPU s", "learner CPU s"]
-    headers += ["episodes/s", "episodes/CPU s", "learner busy", "update wall/CPU", "staleness"]
+    headers += ["episodes/s", "episodes/CPU s", "learner busy", "busy CPU", "staleness"]
     print(table(headers, runs))
     print(
-        "from the end of step 1 to the end; CPU s: the learner's and the actors' user + system seconds; update "
-        "wall/CPU above 1: the learner's update waited for a core\n"
+        "from the end of step 1 to the end; CPU s: the learner's and the actors' user + system seconds; busy CPU: "
+        "the learner's CPU seconds in its updates over the wall's (below learner busy: the update waited for a core)\n"
     )
     print(summary(rows, args.latencies, arms, args.clock))
     print(f"load average at the end: {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 
 from bench.agentic import Setup, main, make_net, run_arm
 
@@ -25,11 +26,16 @@ def test_a_sync_arm_waits_out_the_latency_and_its_clock_times_the_updates_alone(
             updates.append(time.perf_counter() - start)
 
     monkeypatch.setattr(GRPOModule, "update", timed)
-    latency, steps = 0.02, 3
-    out = run_arm(TINY, make_net(TINY).state_dict(), 0, latency, steps)
+    latency, steps, threads = 0.05, 3, torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: the learner's CPU seconds never outrun the wall's
+    try:
+        out = run_arm(TINY, make_net(TINY).state_dict(), 0, latency, steps)
+    finally:
+        torch.set_num_threads(threads)
     assert len(updates) == steps and out["episodes"] == (steps - 1) * TINY.episodes_per_step
-    # a random net never guesses in the game's format: every episode runs all its turns, each waiting the latency
-    assert out["wall_s"] >= out["episodes"] * TINY.turns * latency
+    # A random net never guesses in the game's format, so every episode runs all its turns, and the synchronous
+    # learner sits idle through each turn's latency: wall seconds less its CPU seconds cover them all.
+    assert out["wall_s"] - out["learner_cpu_s"] >= out["episodes"] * TINY.turns * latency
     window = sum(updates[1:])  # the figures count from the end of step 1
     assert 0.5 * window <= out["busy_s"] <= window  # the update's forward, backward and step; no sampling
     assert 0 < out["busy"] < 1 and out["staleness"] == 0 and out["tokens_per_episode"] > 0
@@ -48,4 +54,4 @@ def test_the_bench_runs_both_arms_and_prints_the_summary(capsys):
 
 def test_a_latency_out_of_bounds_is_refused_before_anything_runs():
     with pytest.raises(SystemExit, match=r"^error: --latencies: step_latency=.*give seconds from 0 to 10"):
-        main(["--latencies", "0", "11"])
+        main(["--latencies", "11", "0"])
