@@ -49,7 +49,7 @@ def test_the_bench_runs_both_arms_and_prints_the_summary(capsys):
     assert [(r["latency"], r["actors"]) for r in rows] == [(0.0, 0), (0.0, 1), (0.02, 0), (0.02, 1)]
     assert all(r["actor_cpu_s"] > 0 for r in rows if r["actors"])
     text = capsys.readouterr().out
-    assert "CPU: " in text and "learner threads 1" in text and "learner busy med" in text
+    assert "CPU: " in text and "learner threads 1" in text and "busy CPU med" in text
 
 
 def test_a_latency_out_of_bounds_is_refused_before_anything_runs():
