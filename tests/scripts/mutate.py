@@ -2945,6 +2945,56 @@ FAMILIES: dict[str, dict] = {
             (AP, "    return key in own and own[key] is not None\n", "    return False\n"),
         ],
     },
+    "agentic": {  # issue 55 item 5: a text env's step_latency, and bench/agentic.py's learner clock and window
+        "tests": ["tests/gpt/test_env_latency.py", "tests/bench/test_agentic.py"],
+        "mutants": [
+            ("zoo/gpt/tune/envs/base.py", "            time.sleep(self.step_latency)\n", "            pass\n"),
+            ("zoo/gpt/tune/envs/base.py", "or not 0 <= seconds <= MAX_STEP_LATENCY:", "or not 0 <= seconds:"),
+            ("zoo/gpt/tune/envs/base.py", "if isinstance(seconds, bool) or not isinstance(", "if not isinstance("),
+            ("zoo/gpt/tune/envs/base.py", "MAX_STEP_LATENCY = 10.0", "MAX_STEP_LATENCY = 100.0"),
+            (
+                "zoo/gpt/tune/envs/base.py",
+                "self.step_latency = check_latency(step_latency)",
+                "self.step_latency = step_latency",
+            ),
+            (
+                "zoo/gpt/tune/envs/calculator.py",
+                "max_tool_chars, on_tool_error, step_latency)",
+                "max_tool_chars, on_tool_error)",
+            ),
+            (
+                "zoo/gpt/tune/envs/guess.py",
+                "super().__init__(max_turns, step_latency=step_latency)",
+                "super().__init__(max_turns)",
+            ),
+            (
+                "zoo/gpt/tune/envs/frozenlake.py",
+                "super().__init__(max_turns, step_latency=step_latency)",
+                "super().__init__(max_turns)",
+            ),
+            # the learner clock: updates with gradients alone, each interval closed at its optimizer step
+            ("bench/agentic.py", " and self.opened is None and torch.is_grad_enabled():", " and self.opened is None:"),
+            ("bench/agentic.py", "                self.opened = None\n", "                pass\n"),
+            (
+                "bench/agentic.py",
+                "self.busy += time.perf_counter() - self.opened[0]",
+                "self.busy = time.perf_counter() - self.opened[0]",
+            ),
+            # the figures count from the end of step 1, with the env's latency set
+            (
+                "bench/agentic.py",
+                "episodes = (steps - 1) * setup.episodes_per_step",
+                "episodes = steps * setup.episodes_per_step",
+            ),
+            (
+                "bench/agentic.py",
+                "first, last = self.marks[0], self.marks[-1]",
+                "first, last = (0.0,) * 5, self.marks[-1]",
+            ),
+            ("bench/agentic.py", '"step_latency": latency}', '"step_latency": 0.0}'),
+            ("bench/agentic.py", "        [check_latency(latency) for latency in args.latencies]\n", "        pass\n"),
+        ],
+    },
 }
 
 

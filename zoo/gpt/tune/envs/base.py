@@ -19,6 +19,8 @@ The contract (what multi-turn rollouts, the SFT writer and evaluation rely on):
   episode's task is done; final once it ends); ``env.unwrapped.tools`` lists the tools' OpenAI function specs, to
   render into the prompt (``chat_renderer(tokenizer)(messages, True, tools)``).
 - ``max_turns`` replies at most: the reply that reaches it truncates the episode if it did not end it.
+- ``step_latency`` seconds (0 to 10; 0 by default) every step waits before it answers: a remote tool's or
+  environment's round trip, which a synchronous trainer waits out and an actor pool overlaps (``bench/agentic.py``).
 
 Environment turns and tool results are context: the trainer masks them (only the assistant's tokens are learned).
 """
@@ -26,6 +28,7 @@ Environment turns and tool results are context: the trainer masks them (only the
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Literal
 
 import gymnasium as gym
@@ -136,6 +139,7 @@ class TextEnv(gym.Env):
         tool_timeout: float = 1.0,
         max_tool_chars: int = 2000,
         on_tool_error: OnToolError = "end",
+        step_latency: float = 0.0,
     ) -> None:
         """
         Args:
@@ -144,6 +148,8 @@ class TextEnv(gym.Env):
             max_tool_chars: the most characters of a tool's result; more is a failure.
             on_tool_error: a failing tool ends the episode with the reason in info["failure"] ("end"), or stops
                 the run with one error line ("stop").
+            step_latency: seconds every step waits before it answers, 0 to 10: a remote tool's or environment's
+                round trip, to measure what waiting costs a trainer (``bench/agentic.py``); 0: none.
         """
         if not (isinstance(max_turns, int) and 1 <= max_turns <= 1000):
             raise InputError(f"max_turns={max_turns!r}: give a whole number from 1 to 1000")
@@ -153,6 +159,7 @@ class TextEnv(gym.Env):
             raise InputError(f"on_tool_error={on_tool_error!r}: give end or stop")
         self.max_turns, self.tool_timeout, self.max_tool_chars = max_turns, tool_timeout, max_tool_chars
         self.on_tool_error = on_tool_error
+        self.step_latency = check_latency(step_latency)
         self.turns = self.calls = 0
         self.success = False
 
@@ -170,6 +177,8 @@ class TextEnv(gym.Env):
     def step(self, action: str) -> tuple[list[dict], float, bool, bool, dict]:
         if not isinstance(action, str):
             raise TypeError(f"a text environment's action is the reply's text, not a {type(action).__name__}")
+        if self.step_latency:
+            time.sleep(self.step_latency)
         self.turns += 1
         text = action[:MAX_ACTION_CHARS]
         calls = parse_tool_calls(text) if self.toolbox else []
@@ -213,6 +222,16 @@ class TextEnv(gym.Env):
     def respond(self, text: str) -> tuple[list[dict], float, bool]:
         """``(observation, reward, terminated)`` for a reply without tool calls; sets ``self.success``."""
         raise NotImplementedError
+
+
+MAX_STEP_LATENCY = 10.0  # seconds: a slower environment is a bug, not a setting
+
+
+def check_latency(seconds: object) -> float:
+    """``seconds`` as a float when it is a number from 0 to ``MAX_STEP_LATENCY``; else one InputError."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= MAX_STEP_LATENCY:
+        raise InputError(f"step_latency={str(seconds)[:40]!r}: give seconds from 0 to {MAX_STEP_LATENCY:g}")
+    return float(seconds)
 
 
 def user(content: str) -> list[dict]:

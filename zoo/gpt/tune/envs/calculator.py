@@ -136,6 +136,7 @@ class CalculatorEnv(TextEnv):
         tool_timeout: float = 1.0,
         max_tool_chars: int = 2000,
         on_tool_error: OnToolError = "end",
+        step_latency: float = 0.0,
     ) -> None:
         """
         Args:
@@ -144,9 +145,9 @@ class CalculatorEnv(TextEnv):
             ops: the operators drawn from, made of + - *.
             split: draw from the training problems, the held-out ones, or all.
             test_share: the share of problems held out (by the hash of the question).
-            max_turns, tool_timeout, max_tool_chars, on_tool_error: as TextEnv's.
+            max_turns, tool_timeout, max_tool_chars, on_tool_error, step_latency: as TextEnv's.
         """
-        super().__init__(max_turns, tool_timeout, max_tool_chars, on_tool_error)
+        super().__init__(max_turns, tool_timeout, max_tool_chars, on_tool_error, step_latency)
         if not (1 <= digits <= 6 and 2 <= terms <= 12 and ops and set(ops) <= set("+-*")):
             raise InputError("digits is 1 to 6, terms 2 to 12, ops made of + - *")
         if split not in ("train", "test", "all") or not 0 < test_share < 1:

@@ -32,6 +32,7 @@ class FrozenLakeTextEnv(TextEnv):
         desc: list[str] | None = None,
         is_slippery: bool = True,
         max_turns: int = 100,
+        step_latency: float = 0.0,
     ) -> None:
         """
         Args:
@@ -39,8 +40,9 @@ class FrozenLakeTextEnv(TextEnv):
             desc: a map of your own, rows of S F H G (at most 256 cells); None: map_name's.
             is_slippery: the ice moves the player sideways two times in three, as gymnasium's default.
             max_turns: the most replies (gymnasium's FrozenLake-v1 stops the 4x4 lake at 100 steps).
+            step_latency: as TextEnv's (seconds every step waits).
         """
-        super().__init__(max_turns)
+        super().__init__(max_turns, step_latency=step_latency)
         if desc is not None and (
             not isinstance(desc, list)
             or not desc

@@ -17,14 +17,17 @@ class GuessNumberEnv(TextEnv):
     reply (a shaped reward that favours fewer guesses). A reply without a guess in range is told the format and
     counts as a turn. No tools."""
 
-    def __init__(self, low: int = 1, high: int = 100, turn_cost: float = 0.0, max_turns: int = 20) -> None:
+    def __init__(
+        self, low: int = 1, high: int = 100, turn_cost: float = 0.0, max_turns: int = 20, step_latency: float = 0.0
+    ) -> None:
         """
         Args:
             low, high: the range of the number, both included.
             turn_cost: subtracted from the reward at every reply (0: reward 1 on success only).
             max_turns: the most guesses; the last one truncates the episode.
+            step_latency: as TextEnv's (seconds every step waits).
         """
-        super().__init__(max_turns)
+        super().__init__(max_turns, step_latency=step_latency)
         if not (isinstance(low, int) and isinstance(high, int) and 0 <= low < high <= 10**9):
             raise InputError(f"low={low!r} and high={high!r}: give whole numbers 0 <= low < high <= 10^9")
         if not 0 <= turn_cost <= 1:
