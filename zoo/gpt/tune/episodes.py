@@ -103,6 +103,7 @@ class EnvSource:
 
     env_id: str
     kwargs: dict[str, Any] = field(default_factory=dict)
+    tools: list[str] | None = None  # the user's functions it runs too, by dotted path (zoo.gpt.tune.envs.tools)
 
     def __post_init__(self) -> None:
         if not isinstance(self.env_id, str) or ":" in self.env_id:
@@ -129,7 +130,12 @@ class EnvSource:
         import gymnasium as gym
 
         # Text observations are no gymnasium space, so its passive checker has nothing to check.
-        return gym.make(spec or self.spec(), disable_env_checker=True, **self.kwargs)
+        env = gym.make(spec or self.spec(), disable_env_checker=True, **self.kwargs)
+        if self.tools:
+            from zoo.gpt.tune.envs.tools import with_tools
+
+            env = with_tools(env, self.tools)
+        return env
 
 
 def observation_messages(obs: object, env_id: str) -> list[dict]:
@@ -419,5 +425,10 @@ def sample_row(episode: Episode) -> dict:
 
 
 def scaffold_for(tokenizer, env) -> Scaffold:
-    """The scaffolding of ``env``'s conversations: the tokenizer's template with the env's tools, if it has any."""
+    """The scaffolding of ``env``'s conversations: the tokenizer's template with the env's tools, if it has any; the
+    env reads the calls in the syntax the template writes them (``tool_call_syntax``: Llama 3's bare JSON)."""
+    if hasattr(env.unwrapped, "tool_syntax"):
+        from zoo.io.tool_calls import tool_call_syntax
+
+        env.unwrapped.tool_syntax = tool_call_syntax(tokenizer)
     return Scaffold(tokenizer, getattr(env.unwrapped, "tools", None))

@@ -25,13 +25,16 @@ Environment turns and tool results are context: the trainer masks them (only the
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import threading
+from collections.abc import Callable
 from typing import Any, Literal
 
 import gymnasium as gym
 
 from zoo.errors import InputError
-from zoo.io.tool_calls import parse_tool_calls
+from zoo.io.tool_calls import Syntax, parse_tool_calls
 
 MAX_ACTION_CHARS = 100_000  # what an environment reads of one reply
 OnToolError = Literal["end", "stop"]
@@ -106,10 +109,11 @@ def run_tool(tool: Tool, arguments: dict, timeout: float, max_chars: int) -> str
         if threading.current_thread() is threading.main_thread():
             timed(call, timeout)
         else:
-            worker = threading.Thread(target=call, daemon=True)
+            worker = threading.Thread(target=quietly(call), daemon=True)
             worker.start()
             worker.join(timeout)
             if worker.is_alive():
+                interrupt(worker)
                 raise PastDeadline
     except PastDeadline:
         raise ToolFailure(f"{tool.name} ran past its {timeout} s") from None
@@ -123,12 +127,33 @@ def run_tool(tool: Tool, arguments: dict, timeout: float, max_chars: int) -> str
     return result
 
 
+def quietly(call: Callable[[], None]) -> Callable[[], None]:
+    """``call``, ended without a traceback when ``interrupt`` stops it past its deadline."""
+
+    from zoo.gpt.tasks import PastDeadline
+
+    def run() -> None:
+        with contextlib.suppress(PastDeadline):
+            call()
+
+    return run
+
+
+def interrupt(worker: threading.Thread) -> None:
+    """Raise ``PastDeadline`` in ``worker`` at its next Python instruction, so a tool looping in Python past its
+    deadline stops instead of spinning beside the run for good (a call blocked in C ends when it returns)."""
+    from zoo.gpt.tasks import PastDeadline
+
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(PastDeadline))
+
+
 class TextEnv(gym.Env):
     """The contract above; a subclass defines ``observe_start`` (the first messages, after ``self.np_random`` is
     seeded) and ``respond`` (a reply without tool calls judged), and lists its ``Tool`` objects in ``toolbox``."""
 
     metadata = {"render_modes": []}
     toolbox: tuple[Tool, ...] = ()
+    tool_syntax: Syntax = "hermes"  # how the model writes a call (``tool_call_syntax``): set by whoever plays
 
     def __init__(
         self,
@@ -172,7 +197,7 @@ class TextEnv(gym.Env):
             raise TypeError(f"a text environment's action is the reply's text, not a {type(action).__name__}")
         self.turns += 1
         text = action[:MAX_ACTION_CHARS]
-        calls = parse_tool_calls(text) if self.toolbox else []
+        calls = parse_tool_calls(text, self.tool_syntax) if self.toolbox else []
         if calls:
             self.calls += len(calls)
             try:
