@@ -408,3 +408,21 @@ def test_an_env_played_with_a_llama_template_runs_its_bare_json_calls_and_the_se
     assert content is None and [c["function"]["name"] for c in calls] == ["calculator", "count"]
     assert json.loads(calls[0]["function"]["arguments"]) == {"expression": "85 - 33 * 19 - 36"}
     assert tool_calls(reply) == (reply, [])
+
+
+def test_sft_episodes_list_the_named_tools_and_a_stored_configs_are_dropped(user_tools, tmp_path):
+    from datamodules.chat import Episodes, prepare_episodes
+    from zoo.app.stored_config import stored_config_allowlist
+    from zoo.io import build
+
+    path = prepare_episodes(tmp_path, Episodes("zoo/Calculator-v0", n=2, tools=["usertools.count"]))
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [[t["function"]["name"] for t in r["tools"]] for r in records] == [["calculator", "count"]] * 2
+    with pytest.raises(InputError, match="name your tools as episodes.tools"):
+        Episodes("zoo/Calculator-v0", env_kwargs={"tools": ["usersentinel.f"]})
+    episodes = {"env_id": "zoo/Calculator-v0", "tools": ["usersentinel.f"]}
+    stored = {"tokenizer": "bytes", "episodes": episodes}
+    part = build.resolve_data(
+        "datamodules.ChatDataModule", stored, "sft.ckpt", stored_config_allowlist(), complete=False
+    )
+    assert part.all_dropped() == ["data.init_args.episodes.tools"] and "usersentinel" not in sys.modules
