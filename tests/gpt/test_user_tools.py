@@ -246,11 +246,13 @@ def test_a_named_tool_runs_beside_the_envs_own_and_a_wrong_call_is_an_error_mess
         "6",
         "error: no city 'lyon'",
         'error: temperature\'s argument \'unit\' is not one of ["c", "f"]',
-        "error: count's argument 'items' is not a array",
+        "error: count's argument 'items' is not an array",
         "error: temperature needs the argument 'city'",
         "error: count takes no argument 'extra' (it takes items)",
     ]
     assert (reward, terminated, truncated, info["tool_calls"]) == (0.0, False, False, 8)
+    observation = env.step(call("count", items=[True]))[0]  # a boolean is no integer in JSON
+    assert observation[0]["content"] == "error: count's argument 'items' is not an array"
 
 
 @pytest.mark.parametrize(
@@ -258,7 +260,11 @@ def test_a_named_tool_runs_beside_the_envs_own_and_a_wrong_call_is_an_error_mess
     [("boom", "raised RuntimeError: boom"), ("spin", "ran past its 0.2 s"), ("flood", "returned 10000000 characters")],
 )
 @pytest.mark.parametrize("main", [True, False], ids=["main_thread", "worker_thread"])
-def test_a_named_tool_that_fails_ends_the_episode_never_the_run_on_any_thread(user_tools, tool, reason, main):
+def test_a_named_tool_that_fails_ends_the_episode_never_the_run_on_any_thread(
+    user_tools, tool, reason, main, monkeypatch
+):
+    raised = []
+    monkeypatch.setattr(threading, "excepthook", raised.append)  # the stopped thread ends without a traceback
     env = with_tools(CalculatorEnv(tool_timeout=0.2), [f"usertools.{tool}"])
     env.reset(seed=0)
     out, before = {}, set(threading.enumerate())
@@ -276,7 +282,7 @@ def test_a_named_tool_that_fails_ends_the_episode_never_the_run_on_any_thread(us
     deadline = time.monotonic() + 2  # the looping tool's thread is stopped, not left spinning beside the run
     while time.monotonic() < deadline and set(threading.enumerate()) - before:
         time.sleep(0.01)
-    assert not set(threading.enumerate()) - before
+    assert not set(threading.enumerate()) - before and not raised
 
 
 def test_a_stopped_run_says_which_named_tool_failed_off_the_main_thread(user_tools):

@@ -218,7 +218,7 @@ def _shown(schema: dict) -> str:
     if "enum" in schema:
         return f"one of {json.dumps(schema['enum'])}"
     kinds = schema.get("type", "any value")
-    return " or ".join(kinds) if isinstance(kinds, list) else f"a {kinds}"
+    return " or ".join(kinds) if isinstance(kinds, list) else f"{'an' if kinds[0] in 'aeiou' else 'a'} {kinds}"
 
 
 # -- named in a config -------------------------------------------------------------------------------------------------
