@@ -8,7 +8,8 @@ The contract (what multi-turn rollouts, the SFT writer and evaluation rely on):
   "content": ...}`` for a tool's result; empty when the episode ends); an action is the assistant message's text,
   as the model generated it and it was decoded.
 - The environment runs the tools: a reply holding tool calls (``zoo.io.tool_calls``' syntax,
-  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``) has them run, each within ``tool_timeout`` seconds,
+  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, or Llama 3's bare JSON where ``tool_syntax`` says the
+  model writes that) has them run, each within ``tool_timeout`` seconds,
   and gets their results back as ``tool`` messages, at most ``max_tool_chars`` characters each; such a turn earns
   nothing and ends nothing (but the turn limit). A reply without one is the environment's to judge (``respond``).
   A call the model got wrong (not JSON, an unknown tool, missing or extra arguments) or one the tool refuses
@@ -90,7 +91,7 @@ def run_tool(tool: Tool, arguments: dict, timeout: float, max_chars: int) -> str
     """``tool(**arguments)`` within ``timeout`` seconds: its result (at most ``max_chars`` characters), or
     ``error: <why>`` for a refusal meant for the model (``ToolError``); a ``ToolFailure`` naming why otherwise. On the
     main thread the deadline interrupts the tool (``zoo.gpt.tasks.timed``, SIGALRM); elsewhere the tool runs on a
-    daemon thread that is abandoned at the deadline."""
+    daemon thread that is abandoned at the deadline and stopped at its next Python instruction (``interrupt``)."""
     from zoo.gpt.tasks import PastDeadline, timed
 
     outcome: dict[str, Any] = {}
