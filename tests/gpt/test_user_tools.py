@@ -358,6 +358,10 @@ def test_a_call_the_llama_template_renders_parses_back_to_itself():
     assert reply.startswith('{"name": "calculator", "parameters": ')
     assert parse_tool_calls(reply, "json") == [{"name": "calculator", "arguments": arguments}]
     assert parse_tool_calls(reply) == []  # the tags' syntax reads no call in it
+    tagged = format_tool_call("calculator", arguments)  # taught the zoo's text calls (write_episodes' default)
+    assert (
+        parse_tool_calls(tagged, "json") == parse_tool_calls(tagged) == [{"name": "calculator", "arguments": arguments}]
+    )
 
 
 @pytest.mark.parametrize(

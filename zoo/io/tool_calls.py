@@ -18,7 +18,7 @@ Llama 3.1's and 3.2's templates write a call otherwise, as the whole reply: a ba
 writes back. ``tool_call_syntax`` tells a tokenizer's by what its template renders ("hermes" or "json"), and the
 parser reads a reply in that syntax: in "json", a reply that opens with ``{`` (after ``<|python_tag|>``, if any) is
 its calls, one JSON object after another (``;`` or whitespace between), with the same bounds; text after them is not
-a call.
+a call. Another reply is read for tags, as SFT on the zoo's text calls teaches them to any template's model.
 """
 
 from __future__ import annotations
@@ -86,9 +86,9 @@ def tool_call_blocks(text: str, syntax: Syntax = "hermes") -> list[tuple[int, in
     """``(start, end, call)`` of each tool-call block of ``text`` in order (``call`` as ``parse_tool_calls`` gives
     it; ``text[start:end]`` the block with its tags): the one scan the environments and the chat server read a reply
     with. A block left open, or one past ``MAX_TOOL_CALLS``, ends the scan with an error entry spanning the rest."""
-    if syntax == "json":
-        return _json_blocks(text[:MAX_TEXT_CHARS])
-    blocks: list[tuple[int, int, dict]] = []
+    if syntax == "json" and (blocks := _json_blocks(text[:MAX_TEXT_CHARS])):
+        return blocks  # a reply of bare JSON; else the tags, which such a model may have been taught too
+    blocks = []
     text, at = text[:MAX_TEXT_CHARS], 0
     while (start := text.find(OPEN, at)) >= 0:
         if len(blocks) == MAX_TOOL_CALLS:
