@@ -326,6 +326,8 @@ def test_a_stored_configs_tools_are_dropped_and_its_test_run_refused_until_given
     built = out.data()
     assert built.env.tools == ["usertools.count"] and "usersentinel" not in sys.modules
     assert "replace its data.init_args.tools" in capsys.readouterr().err
+    without = from_checkpoint(["test", "--ckpt_path", str(ckpt), "--data.init_args.tools=[]"])  # said: none
+    assert without.data().env.tools is None
     torch.save({"hyper_parameters": model, "datamodule_hyper_parameters": data, "state_dict": {}}, ckpt)
     assert from_checkpoint(["test", "--ckpt_path", str(ckpt)]).data().env.tools is None  # none stored: none asked
 

@@ -2978,12 +2978,17 @@ FAMILIES: dict[str, dict] = {
             # a stored config's tools dropped, and its test run refused until they are given again
             (BL, 'USER_CODE_NAMES = frozenset({"rewards", "tools"})', 'USER_CODE_NAMES = frozenset({"rewards"})'),
             (SC, "            _refuse_dropped_code(ckpt, init_args, data_part)\n", ""),
-            (SC, "        if stored.get(key) and not part.args.get(key):", "        if stored.get(key):"),
+            (SC, "        if stored.get(key) and key not in part.args:", "        if stored.get(key):"),
             # a tool past its deadline off the main thread: stopped, quietly
             (ENVB, "                interrupt(worker)\n", ""),
             (ENVB, "target=quietly(call), daemon=True)", "target=call, daemon=True)"),
             # Llama 3's bare JSON: read where the template writes it, bounded as the tags are
-            (TC, '    if syntax == "json":\n', "    if False:\n"),
+            (TC, 'if syntax == "json" and (blocks', "if False and (blocks"),
+            (
+                TC,
+                'if syntax == "json" and (blocks := _json_blocks(text[:MAX_TEXT_CHARS])):\n        return blocks',
+                'if syntax == "json":\n        return _json_blocks(text[:MAX_TEXT_CHARS])',
+            ),
             (TC, "    if OPEN not in text and re.search(", "    if OPEN in text and re.search("),
             (TC, "decoder.raw_decode(text[at : at + MAX_CALL_CHARS])", "decoder.raw_decode(text[at:])"),
             (TC, 'if keys not in ({"name", "parameters"}, {"name", "arguments"}):', 'if "name" not in keys:'),

@@ -131,7 +131,7 @@ def _refuse_dropped_code(source: str, stored: dict, part: build.Part) -> None:
     """Exits in one line where the stored data names code of the user's (a text environment's ``tools``) that was
     dropped and their flags do not give again: run without it, the episodes would not be the ones it was made for."""
     for key in sorted(build.USER_CODE_NAMES):
-        if stored.get(key) and not part.args.get(key):
+        if stored.get(key) and key not in part.args:  # given again, even as [] (run without), it is the user's
             named = json.dumps(stored[key], default=str)
             sys.exit(
                 f"error: {source}'s data ran your code ({key}: {named[:300]}), which a stored config never names: "
