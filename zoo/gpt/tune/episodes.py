@@ -98,7 +98,8 @@ class EnvSource:
 
     The id is looked up in gymnasium's registry, never imported: ``module:Env-v0`` (which gymnasium would import) is
     refused, so a config or a stored checkpoint names no code. The zoo's own text envs register on import of
-    ``zoo.gpt.tune.envs``.
+    ``zoo.gpt.tune.envs``. ``tools`` (the user's functions, ``zoo.gpt.tune.envs.tools``) come from their own config
+    only: a stored config's are dropped (``zoo.io.build.USER_CODE_NAMES``).
     """
 
     env_id: str
