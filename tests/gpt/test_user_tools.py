@@ -21,7 +21,8 @@ from zoo.errors import InputError
 from zoo.gpt.tune.envs import CalculatorEnv
 from zoo.gpt.tune.envs.tools import function_spec, resolve_tool, resolve_tools, with_tools
 from zoo.gpt.tune.episodes import EnvSource, scaffold_for
-from zoo.io.tool_calls import MAX_CALL_CHARS, MAX_TOOL_CALLS, format_tool_call, parse_tool_calls, tool_call_syntax
+from zoo.io.chat_template import tool_call_syntax
+from zoo.io.tool_calls import MAX_CALL_CHARS, MAX_TOOL_CALLS, format_tool_call, parse_tool_calls
 
 TEMPLATES = Path(__file__).parent / "templates"
 USER_TOOLS = '''

@@ -2989,7 +2989,7 @@ FAMILIES: dict[str, dict] = {
                 'if syntax == "json" and (blocks := _json_blocks(text[:MAX_TEXT_CHARS])):\n        return blocks',
                 'if syntax == "json":\n        return _json_blocks(text[:MAX_TEXT_CHARS])',
             ),
-            (TC, "    if OPEN not in text and re.search(", "    if OPEN in text and re.search("),
+            (CT, "    if OPEN not in text and re.search(", "    if OPEN in text and re.search("),
             (TC, "decoder.raw_decode(text[at : at + MAX_CALL_CHARS])", "decoder.raw_decode(text[at:])"),
             (TC, 'if keys not in ({"name", "parameters"}, {"name", "arguments"}):', 'if "name" not in keys:'),
             (TC, "    if text.startswith(PYTHON_TAG, at):", "    if False:"),

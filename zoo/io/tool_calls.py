@@ -15,15 +15,15 @@ read. These are plain functions: an environment and the chat server read a reply
 
 Llama 3.1's and 3.2's templates write a call otherwise, as the whole reply: a bare JSON object of ``name`` and
 ``parameters`` (``{"name": "calculator", "parameters": {"expression": "2+3"}}``), which a model taught by them
-writes back. ``tool_call_syntax`` tells a tokenizer's by what its template renders ("hermes" or "json"), and the
-parser reads a reply in that syntax: in "json", a reply that opens with ``{`` (after ``<|python_tag|>``, if any) is
-its calls, one JSON object after another (``;`` or whitespace between), with the same bounds; text after them is not
-a call. Another reply is read for tags, as SFT on the zoo's text calls teaches them to any template's model.
+writes back. ``zoo.io.chat_template.tool_call_syntax`` tells a tokenizer's by what its template renders ("hermes"
+or "json"), and the parser reads a reply in that syntax: in "json", a reply that opens with ``{`` (after
+``<|python_tag|>``, if any) is its calls, one JSON object after another (``;`` or whitespace between), with the same
+bounds; text after them is not a call. Another reply is read for tags, as SFT on the zoo's text calls teaches them to
+any template's model.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from typing import Any, Literal
@@ -40,38 +40,11 @@ NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")  # OpenAI's function names
 Syntax = Literal["hermes", "json"]  # <tool_call> tags, or Llama 3's bare JSON objects
 PYTHON_TAG = "<|python_tag|>"  # Llama 3's opener of a tool call (written before built-in tools' calls)
 SPACE, BETWEEN = re.compile(r"\s*"), re.compile(r"[\s;]*")  # before the first call; between two
-PROBE = "zoo_probe"  # the function a template is shown calling, to see its syntax
 
 
 def format_tool_call(name: str, arguments: Any) -> str:
     """A call as the zoo's default format writes it (and as Jinja's ``tojson`` writes the same object)."""
     return OPEN + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + CLOSE
-
-
-def tool_call_syntax(tokenizer: Any) -> Syntax:
-    """How ``tokenizer``'s model writes a call, read off what its chat template renders for one: "json" where the
-    template writes it as a bare JSON object (Llama 3.1's, 3.2's), else "hermes" (the zoo's default format, Qwen2.5's
-    and Hermes' tags, a template that renders no calls)."""
-    source = getattr(tokenizer, "chat_template", None)
-    if not isinstance(source, str):
-        return "hermes"
-    special = tuple(sorted((f"{k}_token", v) for k, v in getattr(tokenizer, "special", {}).items() if v))
-    return _template_syntax(source, special)
-
-
-@functools.lru_cache(maxsize=16)
-def _template_syntax(source: str, special: tuple[tuple[str, str], ...]) -> Syntax:
-    from zoo.io.chat_template import render
-
-    call = {"type": "function", "function": {"name": PROBE, "arguments": {"n": 1}}}
-    messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
-    try:
-        text = render(source, messages, **dict(special))
-    except InputError:  # a template that refuses calls renders none: the zoo's syntax is the one read
-        return "hermes"
-    if OPEN not in text and re.search(r'\{\s*"name"\s*:\s*"' + PROBE + r'"\s*,\s*"parameters"', text):
-        return "json"
-    return "hermes"
 
 
 def parse_tool_calls(text: str, syntax: Syntax = "hermes") -> list[dict]:

@@ -32,7 +32,8 @@ from zoo.gpt.serve.api import APIError, Call, Defaults, Limits, parse, parse_jso
 from zoo.gpt.serve.chat import prompt_ids, tool_calls
 from zoo.gpt.serve.engine import Engine, QueueFull, SamplingParams  # noqa: F401
 from zoo.gpt.serve.text import TextStream
-from zoo.io.tool_calls import Syntax, tool_call_syntax
+from zoo.io.chat_template import tool_call_syntax
+from zoo.io.tool_calls import Syntax
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ def prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None)
 def tool_calls(text: str, syntax: Syntax = "hermes") -> tuple[str | None, list[dict]]:
     """A reply's text without its tool-call blocks (None when nothing else is left) and the calls in OpenAI's shape,
     read as an environment reads them (``zoo.io.tool_calls.tool_call_blocks``: at most ``MAX_TOOL_CALLS`` calls of
-    ``MAX_CALL_CHARS`` each, in the model's ``syntax``: ``zoo.io.tool_calls.tool_call_syntax``); a block that cannot
+    ``MAX_CALL_CHARS`` each, in the model's ``syntax``: ``zoo.io.chat_template.tool_call_syntax``); a block that cannot
     be run stays text, for the client to see."""
     calls, kept, at = [], [], 0
     for start, end, call in tool_call_blocks(text, syntax):

@@ -429,7 +429,7 @@ def scaffold_for(tokenizer, env) -> Scaffold:
     """The scaffolding of ``env``'s conversations: the tokenizer's template with the env's tools, if it has any; the
     env reads the calls in the syntax the template writes them (``tool_call_syntax``: Llama 3's bare JSON)."""
     if hasattr(env.unwrapped, "tool_syntax"):
-        from zoo.io.tool_calls import tool_call_syntax
+        from zoo.io.chat_template import tool_call_syntax
 
         env.unwrapped.tool_syntax = tool_call_syntax(tokenizer)
     return Scaffold(tokenizer, getattr(env.unwrapped, "tools", None))
