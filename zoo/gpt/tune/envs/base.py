@@ -130,7 +130,6 @@ def run_tool(tool: Tool, arguments: dict, timeout: float, max_chars: int) -> str
 
 def quietly(call: Callable[[], None]) -> Callable[[], None]:
     """``call``, ended without a traceback when ``interrupt`` stops it past its deadline."""
-
     from zoo.gpt.tasks import PastDeadline
 
     def run() -> None:
