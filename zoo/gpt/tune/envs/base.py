@@ -141,7 +141,8 @@ def quietly(call: Callable[[], None]) -> Callable[[], None]:
 
 def interrupt(worker: threading.Thread) -> None:
     """Raise ``PastDeadline`` in ``worker`` at its next Python instruction, so a tool looping in Python past its
-    deadline stops instead of spinning beside the run for good (a call blocked in C ends when it returns)."""
+    deadline stops instead of spinning beside the run for good (a call blocked in C ends when it returns; one that
+    holds the interpreter lock meanwhile, a huge integer power, holds the caller too: no thread can bound it)."""
     from zoo.gpt.tasks import PastDeadline
 
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(PastDeadline))
