@@ -76,6 +76,8 @@ class Episodes:
         env_kwargs: the environment's settings (e.g. {"is_slippery": false}).
         tool_calls: store each reply's calls as OpenAI tool_calls (an imported template then renders them in its
             own syntax); else as the text the zoo's syntax writes.
+        tools: functions of yours the environment offers beside its own, by dotted path (as
+            EpisodeDataModule's tools, so SFT's prompts list what RL's will); from your config only, never stored.
     """
 
     env_id: str
@@ -84,6 +86,11 @@ class Episodes:
     player: str | None = None
     env_kwargs: dict = dataclasses.field(default_factory=dict)
     tool_calls: bool = False
+    tools: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        if "tools" in self.env_kwargs:  # code is named where a stored config's is dropped (zoo.io.build), not here
+            raise InputError("episodes.env_kwargs.tools: name your tools as episodes.tools, a list of dotted paths")
 
 
 def prepare_episodes(folder: str | Path, episodes: Episodes) -> Path:
@@ -102,9 +109,8 @@ def prepare_episodes(folder: str | Path, episodes: Episodes) -> Path:
             f"{path} exists but was not written from episodes settings ({EPISODES_SETTINGS}): pass another "
             f"--data.init_args.path, or leave out --data.init_args.episodes to train on it"
         )
-    write_episodes(
-        path, episodes.env_id, episodes.n, episodes.seed, episodes.player, episodes.tool_calls, **episodes.env_kwargs
-    )
+    e = episodes  # tools given by name, so that no stored env_kwargs ever takes their place
+    write_episodes(path, e.env_id, e.n, e.seed, e.player, e.tool_calls, tools=e.tools, **e.env_kwargs)
     stored.write_text(json.dumps(settings))
     return path
 

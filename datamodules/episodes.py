@@ -47,6 +47,7 @@ class EpisodeDataModule(SplitLoaders, LightningDataModule):
         val_batch_size: int = 32,
         seed: int = 0,
         num_workers: int = 0,
+        tools: list[str] | None = None,
     ) -> None:
         """
         Args:
@@ -65,10 +66,14 @@ class EpisodeDataModule(SplitLoaders, LightningDataModule):
             val_batch_size: seeds per validation or test batch.
             seed: seed of the per-epoch shuffle of the training seeds.
             num_workers: DataLoader worker processes.
+            tools: functions the environment runs too, beside its own, by dotted path (mypkg.tools.lookup), each
+                with a docstring describing it and its typed arguments (``zoo.gpt.tune.envs.tools``). Code: from
+                your config only; a checkpoint's or registered model's are dropped, so state them again to test it.
         """
         super().__init__()
         self.save_hyperparameters()
-        self.env = EnvSource(env_id, dict(env_kwargs or {}))  # the id's form checked now; the registry at setup
+        # the id's form checked now; the registry and the tools at setup
+        self.env = EnvSource(env_id, dict(env_kwargs or {}), list(tools) if tools else None)
         check_settings(at_least=1, train_seeds=train_seeds, val_seeds=val_seeds, test_seeds=test_seeds)
         check_settings(at_least=1, batch_size=batch_size, val_batch_size=val_batch_size)
         check_settings(at_least=0, num_workers=num_workers, val_seed=val_seed, test_seed=test_seed)
@@ -98,6 +103,10 @@ class EpisodeDataModule(SplitLoaders, LightningDataModule):
         if self.train_set is not None:
             return
         self.env.spec()  # a registered id, or one line naming the registered ones
+        if self.env.tools:  # importable functions with a spec, or one line naming the one that is not
+            from zoo.gpt.tune.envs.tools import resolve_tools
+
+            resolve_tools(self.env.tools)
         h = self.hparams
         self.train_set = list(range(h.train_seeds))
         self.val_set = list(range(h.val_seed, h.val_seed + h.val_seeds))

@@ -80,6 +80,7 @@ PHI = "zoo/gpt/formats/phi3.py"
 PG, RO = "zoo/train/policy_gradient.py", "zoo/gpt/tune/rollout.py"
 ASR, APL = "zoo/gpt/tune/async_rollout.py", "zoo/train/actor_pool.py"
 GR, RW = "zoo/gpt/tune/grpo.py", "zoo/gpt/tune/rewards.py"
+UT = "zoo/gpt/tune/envs/tools.py"
 EP, AEP = "zoo/gpt/tune/episodes.py", "zoo/gpt/tune/async_episodes.py"
 CTT, DCH = "zoo/io/chat_template.py", "datamodules/chat.py"
 DPO, DPR, REF = "zoo/gpt/tune/dpo.py", "datamodules/preference.py", "zoo/gpt/tune/reference.py"
@@ -2783,7 +2784,11 @@ FAMILIES: dict[str, dict] = {
             (SCR, "low = max(low, guess + 1)", "low = max(low, guess)"),
             ("datamodules/chat.py", "    return messages, tools\n", "    return messages, None\n"),
             (SCR, '"content": m["content"][: m["content"].find(OPEN)],', '"content": m["content"],'),
-            (TC, "if len(blocks) == MAX_TOOL_CALLS:", "if len(blocks) > MAX_TOOL_CALLS:"),
+            (
+                TC,
+                "if len(blocks) == MAX_TOOL_CALLS:\n            blocks.append(_one_too_many(start,",
+                "if len(blocks) > MAX_TOOL_CALLS:\n            blocks.append(_one_too_many(start,",
+            ),
             (TC, "if len(body) > MAX_CALL_CHARS:", "if len(body) > 100 * MAX_CALL_CHARS:"),
             (TC, 'set(call) != {"name", "arguments"}:', 'not {"name", "arguments"} <= set(call):'),
             (
@@ -2993,6 +2998,70 @@ FAMILIES: dict[str, dict] = {
             ),
             ("bench/agentic.py", '"step_latency": latency}', '"step_latency": 0.0}'),
             ("bench/agentic.py", "        [check_latency(latency) for latency in args.latencies]\n", "        pass\n"),
+        ],
+    },
+    "tools_yaml": {  # issue 55: tools named in the user's YAML, their specs, limits off the main thread, Llama's calls
+        "tests": ["tests/gpt/test_user_tools.py"],
+        "mutants": [
+            # the spec, as transformers' get_json_schema writes it
+            (
+                UT,
+                "        required += [param.name] if param.default is param.empty else []\n",
+                "        required += [param.name]\n",
+            ),
+            (UT, '        return out | ({"nullable": True} if type(None) in args else {})', "        return out"),
+            (UT, "            text = text[: choices.start()].strip()", "            text = text.strip()"),
+            (UT, '                args[name] = f"{args[name]} {line.strip()}".strip()', "                pass"),
+            # the model's arguments checked against it, the result as text
+            (UT, '    if "enum" in schema and not any(', "    if False and not any("),
+            (UT, '        return all(fits(v, schema["items"]) for v in value)', "        return True"),
+            (UT, '    if isinstance(value, bool):\n        return kind == "boolean"\n', ""),
+            (UT, "        return json.dumps(result, ensure_ascii=False)", "        return result"),
+            # named in a config: found, counted, distinct, run by a text environment only
+            (UT, "len(paths) > MAX_USER_TOOLS", "len(paths) > MAX_USER_TOOLS + 1"),
+            (UT, "    names = [t.name for t in (*base.toolbox, *tools)]", "    names = [t.name for t in tools]"),
+            (UT, "    if not isinstance(base, TextEnv):", "    if False:"),
+            (UT, "        if inspect.isfunction(value):", "        if callable(value):"),
+            (
+                UT,
+                "                continue  # that prefix is no module",
+                "                raise  # that prefix is no module",
+            ),
+            (EP, "            env = with_tools(env, self.tools)", "            pass"),
+            ("datamodules/episodes.py", "list(tools) if tools else None)", "None)"),
+            ("datamodules/chat.py", "tools=e.tools, **e.env_kwargs)", "**e.env_kwargs)"),
+            ("datamodules/chat.py", '        if "tools" in self.env_kwargs:', "        if False:"),
+            # a stored config's tools dropped, and its test run refused until they are given again
+            (BL, 'USER_CODE_NAMES = frozenset({"rewards", "tools"})', 'USER_CODE_NAMES = frozenset({"rewards"})'),
+            (SC, "            _refuse_dropped_code(ckpt, init_args, data_part)\n", ""),
+            (SC, "        if stored.get(key) and key not in part.args:", "        if stored.get(key):"),
+            # a tool past its deadline off the main thread: stopped, quietly
+            (ENVB, "                interrupt(worker)\n", ""),
+            (ENVB, "target=quietly(call), daemon=True)", "target=call, daemon=True)"),
+            # Llama 3's bare JSON: read where the template writes it, bounded as the tags are
+            (TC, 'if syntax == "json" and (blocks', "if False and (blocks"),
+            (
+                TC,
+                'if syntax == "json" and (blocks := _json_blocks(text[:MAX_TEXT_CHARS])):\n        return blocks',
+                'if syntax == "json":\n        return _json_blocks(text[:MAX_TEXT_CHARS])',
+            ),
+            (CT, "    if OPEN not in text and re.search(", "    if OPEN in text and re.search("),
+            (TC, "decoder.raw_decode(text[at : at + MAX_CALL_CHARS])", "decoder.raw_decode(text[at:])"),
+            (TC, 'if keys not in ({"name", "parameters"}, {"name", "arguments"}):', 'if "name" not in keys:'),
+            (TC, "    if text.startswith(PYTHON_TAG, at):", "    if False:"),
+            (
+                TC,
+                "        end = BETWEEN.match(text, at + end).end()",
+                "        end = SPACE.match(text, at + end).end()",
+            ),
+            (
+                TC,
+                '            blocks.append(_one_too_many(at, len(text)))\n            break\n        try:',
+                "            pass\n        try:",
+            ),
+            (ENVB, "parse_tool_calls(text, self.tool_syntax)", "parse_tool_calls(text)"),
+            (EP, "        env.unwrapped.tool_syntax = tool_call_syntax(tokenizer)", "        pass"),
+            ("zoo/gpt/serve/chat.py", "tool_call_blocks(text, syntax)", "tool_call_blocks(text)"),
         ],
     },
 }

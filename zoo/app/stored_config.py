@@ -110,6 +110,7 @@ def from_checkpoint(argv: list[str], allow: Allowlist | None = None) -> FromChec
             dropped += data_part.all_dropped()
             rest, flags = _take_flags(rest, "data")
             data_part = _overlaid(data_part, flags, ckpt, allow, "data")
+            _refuse_dropped_code(ckpt, init_args, data_part)
             out.data = functools.partial(build.build, data_part, record=True)
         elif not any(a.startswith("--data") for a in rest):
             sys.exit(
@@ -124,6 +125,18 @@ def from_checkpoint(argv: list[str], allow: Allowlist | None = None) -> FromChec
         )
     out.argv += rest
     return out
+
+
+def _refuse_dropped_code(source: str, stored: dict, part: build.Part) -> None:
+    """Exits in one line where the stored data names code of the user's (a text environment's ``tools``) that was
+    dropped and their flags do not give again: run without it, the episodes would not be the ones it was made for."""
+    for key in sorted(build.USER_CODE_NAMES):
+        if stored.get(key) and key not in part.args:  # given again, even as [] (run without), it is the user's
+            named = json.dumps(stored[key], default=str)
+            sys.exit(
+                f"error: {source}'s data ran your code ({key}: {named[:300]}), which a stored config never names: "
+                f"state it again with --data.init_args.{key}='{named[:300]}' or --config <your YAML>"
+            )
 
 
 def stored_spec(uri: str) -> tuple[dict | None, str | None]:

@@ -51,9 +51,10 @@ MAX_DEPTH = 32  # nesting of a stored config: the zoo's deepest is 5; deeper is 
 LOCATION_NAMES = frozenset({"root", "path", "paths", "download", "draft", "init_weights", "autoencoder_weights"})
 LOCATION_SUFFIXES = ("_path", "_paths", "_dir", "_file", "_weights")
 LOCATION_PREFIXES = ("pretrained_",)
-# Code a run calls on its own data (GRPO's reward functions, zoo.gpt.tune.rewards): the user's YAML names it, never a
-# stored config, so a checkpoint or a registered model builds none (dropped as locations are).
-USER_CODE_NAMES = frozenset({"rewards"})
+# Code a run calls on its own data (GRPO's reward functions, zoo.gpt.tune.rewards; a text environment's tools,
+# zoo.gpt.tune.envs.tools): the user's YAML names it, never a stored config, so a checkpoint or a registered model
+# builds none (dropped as locations are).
+USER_CODE_NAMES = frozenset({"rewards", "tools"})
 NONE = type(None)
 
 

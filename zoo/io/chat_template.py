@@ -51,7 +51,7 @@ from typing import Any
 
 from zoo.errors import InputError
 from zoo.io.tokenizers import EOS_TOKEN, CharTokenizer, PretrainedTokenizer
-from zoo.io.tool_calls import check_tool_message_fields, checked_tools, format_tool_call
+from zoo.io.tool_calls import OPEN, Syntax, check_tool_message_fields, checked_tools, format_tool_call
 
 MAX_TEMPLATE_CHARS = 200_000  # the largest published templates (tool-calling ones) are ~20k characters
 # A template is code with a budget: each render may take this many steps (a loop's item, a call, an attribute or
@@ -548,3 +548,32 @@ def _default(tokenizer, messages: list[dict], add_generation_prompt: bool, tools
         mask += [False] * (len(ids) - len(mask))
         text.append("<|assistant|>\n")
     return Rendered(ids, mask, ends, "".join(text))
+
+
+# -- how a template's model writes a tool call ----------------------------------------------------------------------
+
+PROBE = "zoo_probe"  # the function a template is shown calling, to see its syntax
+
+
+def tool_call_syntax(tokenizer: Any) -> Syntax:
+    """How ``tokenizer``'s model writes a call, read off what its chat template renders for one: "json" where the
+    template writes it as a bare JSON object (Llama 3.1's, 3.2's), else "hermes" (the zoo's default format, Qwen2.5's
+    and Hermes' tags, a template that renders no calls)."""
+    source = getattr(tokenizer, "chat_template", None)
+    if not isinstance(source, str):
+        return "hermes"
+    special = tuple(sorted((f"{k}_token", v) for k, v in getattr(tokenizer, "special", {}).items() if v))
+    return _template_syntax(source, special)
+
+
+@functools.lru_cache(maxsize=16)
+def _template_syntax(source: str, special: tuple[tuple[str, str], ...]) -> Syntax:
+    call = {"type": "function", "function": {"name": PROBE, "arguments": {"n": 1}}}
+    messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    try:
+        text = render(source, messages, **dict(special))
+    except InputError:  # a template that refuses calls renders none: the zoo's syntax is the one read
+        return "hermes"
+    if OPEN not in text and re.search(r'\{\s*"name"\s*:\s*"' + PROBE + r'"\s*,\s*"parameters"', text):
+        return "json"
+    return "hermes"

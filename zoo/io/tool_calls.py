@@ -12,13 +12,21 @@ as a message ``{"role": "tool", "name": ..., "content": "..."}``, context to the
 characters), and never raises on what a model wrote: a call it cannot read is an entry with an ``error`` (what is
 wrong, to be told to the model), so a malformed call is feedback, not a crash. Text beyond ``MAX_TEXT_CHARS`` is not
 read. These are plain functions: an environment and the chat server read a reply the same way.
+
+Llama 3.1's and 3.2's templates write a call otherwise, as the whole reply: a bare JSON object of ``name`` and
+``parameters`` (``{"name": "calculator", "parameters": {"expression": "2+3"}}``), which a model taught by them
+writes back. ``zoo.io.chat_template.tool_call_syntax`` tells a tokenizer's by what its template renders ("hermes"
+or "json"), and the parser reads a reply in that syntax: in "json", a reply that opens with ``{`` (after
+``<|python_tag|>``, if any) is its calls, one JSON object after another (``;`` or whitespace between), with the same
+bounds; text after them is not a call. Another reply is read for tags, as SFT on the zoo's text calls teaches them to
+any template's model.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Literal
 
 from zoo.errors import InputError
 
@@ -29,6 +37,9 @@ MAX_TEXT_CHARS = 200_000  # what the parser reads of a reply
 MAX_TOOLS = 64  # tools a conversation declares
 MAX_TOOL_SPEC_CHARS = 16_384  # one tool's JSON schema
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")  # OpenAI's function names
+Syntax = Literal["hermes", "json"]  # <tool_call> tags, or Llama 3's bare JSON objects
+PYTHON_TAG = "<|python_tag|>"  # Llama 3's opener of a tool call (written before built-in tools' calls)
+SPACE, BETWEEN = re.compile(r"\s*"), re.compile(r"[\s;]*")  # before the first call; between two
 
 
 def format_tool_call(name: str, arguments: Any) -> str:
@@ -36,23 +47,25 @@ def format_tool_call(name: str, arguments: Any) -> str:
     return OPEN + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + CLOSE
 
 
-def parse_tool_calls(text: str) -> list[dict]:
+def parse_tool_calls(text: str, syntax: Syntax = "hermes") -> list[dict]:
     """The calls in ``text``, in order: ``{"name": str, "arguments": dict}`` each, or ``{"error": why}`` (with
     ``name`` where one was read) for a call that cannot be run: not JSON, not exactly name and arguments, a name
-    that is not a function name, too long, not closed, or past the ``MAX_TOOL_CALLS`` of a reply."""
-    return [call for _, _, call in tool_call_blocks(text)]
+    that is not a function name, too long, not closed, or past the ``MAX_TOOL_CALLS`` of a reply. ``syntax``: the
+    model's (``tool_call_syntax``): tagged blocks, or Llama 3's bare JSON (``parameters`` for ``arguments``)."""
+    return [call for _, _, call in tool_call_blocks(text, syntax)]
 
 
-def tool_call_blocks(text: str) -> list[tuple[int, int, dict]]:
+def tool_call_blocks(text: str, syntax: Syntax = "hermes") -> list[tuple[int, int, dict]]:
     """``(start, end, call)`` of each tool-call block of ``text`` in order (``call`` as ``parse_tool_calls`` gives
     it; ``text[start:end]`` the block with its tags): the one scan the environments and the chat server read a reply
     with. A block left open, or one past ``MAX_TOOL_CALLS``, ends the scan with an error entry spanning the rest."""
-    blocks: list[tuple[int, int, dict]] = []
+    if syntax == "json" and (blocks := _json_blocks(text[:MAX_TEXT_CHARS])):
+        return blocks  # a reply of bare JSON; else the tags, which such a model may have been taught too
+    blocks = []
     text, at = text[:MAX_TEXT_CHARS], 0
     while (start := text.find(OPEN, at)) >= 0:
         if len(blocks) == MAX_TOOL_CALLS:
-            error = f"more than {MAX_TOOL_CALLS} tool calls in one reply; the rest were not run"
-            blocks.append((start, len(text), {"error": error}))
+            blocks.append(_one_too_many(start, len(text)))
             break
         end = text.find(CLOSE, start + len(OPEN))
         if end < 0:
@@ -61,6 +74,10 @@ def tool_call_blocks(text: str) -> list[tuple[int, int, dict]]:
         blocks.append((start, end + len(CLOSE), _call(text[start + len(OPEN) : end])))
         at = end + len(CLOSE)
     return blocks
+
+
+def _one_too_many(start: int, end: int) -> tuple[int, int, dict]:
+    return start, end, {"error": f"more than {MAX_TOOL_CALLS} tool calls in one reply; the rest were not run"}
 
 
 def _call(body: str) -> dict:
@@ -72,7 +89,39 @@ def _call(body: str) -> dict:
         return {"error": 'a tool call that is not JSON: write {"name": ..., "arguments": {...}}'}
     if not isinstance(call, dict) or set(call) != {"name", "arguments"}:
         return {"error": 'a tool call is a JSON object of exactly "name" and "arguments"'}
-    name, arguments = call["name"], call["arguments"]
+    return _named(call["name"], call["arguments"])
+
+
+def _json_blocks(text: str) -> list[tuple[int, int, dict]]:
+    """Llama 3's calls: JSON objects from the reply's start, each read within ``MAX_CALL_CHARS`` (so the scan is
+    bounded whatever follows), at most ``MAX_TOOL_CALLS``; a reply that does not open with ``{`` has none."""
+    decoder, blocks = json.JSONDecoder(), []
+    at = SPACE.match(text).end()
+    if text.startswith(PYTHON_TAG, at):
+        at = SPACE.match(text, at + len(PYTHON_TAG)).end()
+    while text.startswith("{", at):
+        if len(blocks) == MAX_TOOL_CALLS:
+            blocks.append(_one_too_many(at, len(text)))
+            break
+        try:
+            call, end = decoder.raw_decode(text[at : at + MAX_CALL_CHARS])
+        except (ValueError, RecursionError):
+            within = f" within {MAX_CALL_CHARS} characters" if len(text) - at > MAX_CALL_CHARS else ""
+            error = f'a tool call that is not JSON{within}: write {{"name": ..., "parameters": {{...}}}}'
+            blocks.append((at, len(text), {"error": error}))
+            break
+        keys = set(call) if isinstance(call, dict) else set()
+        if keys not in ({"name", "parameters"}, {"name", "arguments"}):
+            entry = {"error": 'a tool call is a JSON object of exactly "name" and "parameters"'}
+        else:
+            entry = _named(call["name"], call.get("parameters", call.get("arguments")))
+        end = BETWEEN.match(text, at + end).end()  # a block holds the separator after it
+        blocks.append((at, end, entry))
+        at = end
+    return blocks
+
+
+def _named(name: object, arguments: object) -> dict:
     if not isinstance(name, str) or not NAME.fullmatch(name):
         return {"error": f"a tool call whose name {str(name)[:64]!r} is not a function name"}
     if not isinstance(arguments, dict):

@@ -32,6 +32,8 @@ from zoo.gpt.serve.api import APIError, Call, Defaults, Limits, parse, parse_jso
 from zoo.gpt.serve.chat import prompt_ids, tool_calls
 from zoo.gpt.serve.engine import Engine, QueueFull, SamplingParams  # noqa: F401
 from zoo.gpt.serve.text import TextStream
+from zoo.io.chat_template import tool_call_syntax
+from zoo.io.tool_calls import Syntax
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ def make_app(engine, model: Served, limits: Limits, threads: int = 96) -> FastAP
     """The FastAPI app serving ``model`` through ``engine`` (started and closed with the app). ``threads``: choices
     waiting for their next token at once (one thread each; as many as the engine holds, running and queued)."""
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="zoo-serve-tokens")
+    syntax = tool_call_syntax(model.tokenizer)  # how its replies write a call: tags, or Llama 3's bare JSON
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -125,14 +128,14 @@ def make_app(engine, model: Served, limits: Limits, threads: int = 96) -> FastAP
         deadline = arrived + limits.timeout
         events = _events(choices, pool, deadline)
         if call.stream:
-            return EventStream(_sse(call, chat, choices, events, model.name), media_type="text/event-stream")
+            return EventStream(_sse(call, chat, choices, events, model.name, syntax), media_type="text/event-stream")
         watcher = asyncio.create_task(_cancel_on_disconnect(request, choices))
         try:
             async for _ in events:
                 pass
         finally:
             watcher.cancel()
-        return _whole(call, chat, choices, model.name)
+        return _whole(call, chat, choices, model.name, syntax)
 
     def submit(call: Call, chat: bool) -> list[Choice]:
         if chat:
@@ -246,7 +249,7 @@ def _usage(choices: list[Choice], n: int) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _whole(call: Call, chat: bool, choices: list[Choice], name: str) -> dict:
+def _whole(call: Call, chat: bool, choices: list[Choice], name: str, syntax: Syntax = "hermes") -> dict:
     """The non-streamed answer."""
     out = []
     for i, c in enumerate(choices):
@@ -256,7 +259,7 @@ def _whole(call: Call, chat: bool, choices: list[Choice], name: str) -> dict:
             continue
         message: dict = {"role": "assistant", "content": c.text.text}
         if call.tools:
-            message["content"], calls = tool_calls(c.text.text)
+            message["content"], calls = tool_calls(c.text.text, syntax)
             if calls:
                 message["tool_calls"], reason = calls, "tool_calls"
         out.append({"index": i, "message": message, "finish_reason": reason, "logprobs": None})
@@ -265,7 +268,9 @@ def _whole(call: Call, chat: bool, choices: list[Choice], name: str) -> dict:
             "usage": _usage(choices, call.n)}  # fmt: skip
 
 
-async def _sse(call: Call, chat: bool, choices: list[Choice], events, name: str) -> AsyncIterator[str]:
+async def _sse(
+    call: Call, chat: bool, choices: list[Choice], events, name: str, syntax: Syntax = "hermes"
+) -> AsyncIterator[str]:
     """The streamed answer as server-sent events: a role delta per choice, its text deltas, its finish reason, the
     usage when asked, ``[DONE]``. With ``tools`` a chat choice's text is sent whole at its end, its tool calls
     parsed out of it (a call is only one once its block closes)."""
@@ -284,7 +289,7 @@ async def _sse(call: Call, chat: bool, choices: list[Choice], events, name: str)
             if chat and call.tools:
                 if reason is None:
                     continue
-                content, calls = tool_calls(choices[i].text.text)
+                content, calls = tool_calls(choices[i].text.text, syntax)
                 delta = {"content": content} | ({"tool_calls": _indexed(calls)} if calls else {})
                 yield event(i, delta, "tool_calls" if calls else reason)
                 continue

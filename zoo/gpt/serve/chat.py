@@ -4,7 +4,8 @@ The prompt is the tokenizer's chat template with its generation prompt (``zoo.io
 folder's, else the zoo's default format): the ids transformers' ``apply_chat_template(..., add_generation_prompt=True)``
 gives, for templates that rewrite earlier turns too (Qwen3, DeepSeek-V3). ``tools`` and tool turns are the template's
 to render (Qwen2.5's and Hermes' ``<tool_call>`` blocks); a model whose format has no tools is refused by name. A
-reply's ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks are its calls.
+reply's ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks are its calls, or, where its template
+writes calls as Llama 3's do, the bare JSON objects ``{"name": ..., "parameters": {...}}`` it opens with.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import uuid
 from zoo.errors import InputError
 from zoo.gpt.serve.api import APIError
 from zoo.io.chat_template import chat_renderer, checked_messages, render
-from zoo.io.tool_calls import tool_call_blocks
+from zoo.io.tool_calls import Syntax, tool_call_blocks
 
 
 def prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
@@ -40,12 +41,13 @@ def prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None)
                        "invalid_value") from None  # fmt: skip
 
 
-def tool_calls(text: str) -> tuple[str | None, list[dict]]:
+def tool_calls(text: str, syntax: Syntax = "hermes") -> tuple[str | None, list[dict]]:
     """A reply's text without its tool-call blocks (None when nothing else is left) and the calls in OpenAI's shape,
     read as an environment reads them (``zoo.io.tool_calls.tool_call_blocks``: at most ``MAX_TOOL_CALLS`` calls of
-    ``MAX_CALL_CHARS`` each); a block that cannot be run stays text, for the client to see."""
+    ``MAX_CALL_CHARS`` each, in the model's ``syntax``: ``zoo.io.chat_template.tool_call_syntax``); a block that cannot
+    be run stays text, for the client to see."""
     calls, kept, at = [], [], 0
-    for start, end, call in tool_call_blocks(text):
+    for start, end, call in tool_call_blocks(text, syntax):
         if "error" in call:
             continue
         kept.append(text[at:start])

@@ -98,11 +98,13 @@ class EnvSource:
 
     The id is looked up in gymnasium's registry, never imported: ``module:Env-v0`` (which gymnasium would import) is
     refused, so a config or a stored checkpoint names no code. The zoo's own text envs register on import of
-    ``zoo.gpt.tune.envs``.
+    ``zoo.gpt.tune.envs``. ``tools`` (the user's functions, ``zoo.gpt.tune.envs.tools``) come from their own config
+    only: a stored config's are dropped (``zoo.io.build.USER_CODE_NAMES``).
     """
 
     env_id: str
     kwargs: dict[str, Any] = field(default_factory=dict)
+    tools: list[str] | None = None  # the user's functions it runs too, by dotted path (zoo.gpt.tune.envs.tools)
 
     def __post_init__(self) -> None:
         if not isinstance(self.env_id, str) or ":" in self.env_id:
@@ -129,7 +131,12 @@ class EnvSource:
         import gymnasium as gym
 
         # Text observations are no gymnasium space, so its passive checker has nothing to check.
-        return gym.make(spec or self.spec(), disable_env_checker=True, **self.kwargs)
+        env = gym.make(spec or self.spec(), disable_env_checker=True, **self.kwargs)
+        if self.tools:
+            from zoo.gpt.tune.envs.tools import with_tools
+
+            env = with_tools(env, self.tools)
+        return env
 
 
 def observation_messages(obs: object, env_id: str) -> list[dict]:
@@ -419,5 +426,10 @@ def sample_row(episode: Episode) -> dict:
 
 
 def scaffold_for(tokenizer, env) -> Scaffold:
-    """The scaffolding of ``env``'s conversations: the tokenizer's template with the env's tools, if it has any."""
+    """The scaffolding of ``env``'s conversations: the tokenizer's template with the env's tools, if it has any; the
+    env reads the calls in the syntax the template writes them (``tool_call_syntax``: Llama 3's bare JSON)."""
+    if hasattr(env.unwrapped, "tool_syntax"):
+        from zoo.io.chat_template import tool_call_syntax
+
+        env.unwrapped.tool_syntax = tool_call_syntax(tokenizer)
     return Scaffold(tokenizer, getattr(env.unwrapped, "tools", None))

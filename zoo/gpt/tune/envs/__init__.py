@@ -2,7 +2,8 @@
 
 Importing this package registers them with gymnasium under the ``zoo`` namespace; a config names one by its id
 (``env_id: zoo/GuessNumber-v0``) and its settings (``env_kwargs``), never by code: ``make`` builds only the ids
-below and refuses any other in one line.
+below and refuses any other in one line. Tools of the user's own, named in their YAML, join an environment's
+(``zoo.gpt.tune.envs.tools``).
 
 | id                      | task                                                        | tools      |
 |-------------------------|-------------------------------------------------------------|------------|

@@ -8,7 +8,8 @@ The contract (what multi-turn rollouts, the SFT writer and evaluation rely on):
   "content": ...}`` for a tool's result; empty when the episode ends); an action is the assistant message's text,
   as the model generated it and it was decoded.
 - The environment runs the tools: a reply holding tool calls (``zoo.io.tool_calls``' syntax,
-  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``) has them run, each within ``tool_timeout`` seconds,
+  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, or Llama 3's bare JSON where ``tool_syntax`` says the
+  model writes that) has them run, each within ``tool_timeout`` seconds,
   and gets their results back as ``tool`` messages, at most ``max_tool_chars`` characters each; such a turn earns
   nothing and ends nothing (but the turn limit). A reply without one is the environment's to judge (``respond``).
   A call the model got wrong (not JSON, an unknown tool, missing or extra arguments) or one the tool refuses
@@ -27,14 +28,17 @@ Environment turns and tool results are context: the trainer masks them (only the
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 import gymnasium as gym
 
 from zoo.errors import InputError
-from zoo.io.tool_calls import parse_tool_calls
+from zoo.io.tool_calls import Syntax, parse_tool_calls
 
 MAX_ACTION_CHARS = 100_000  # what an environment reads of one reply
 OnToolError = Literal["end", "stop"]
@@ -90,7 +94,7 @@ def run_tool(tool: Tool, arguments: dict, timeout: float, max_chars: int) -> str
     """``tool(**arguments)`` within ``timeout`` seconds: its result (at most ``max_chars`` characters), or
     ``error: <why>`` for a refusal meant for the model (``ToolError``); a ``ToolFailure`` naming why otherwise. On the
     main thread the deadline interrupts the tool (``zoo.gpt.tasks.timed``, SIGALRM); elsewhere the tool runs on a
-    daemon thread that is abandoned at the deadline."""
+    daemon thread that is abandoned at the deadline and stopped at its next Python instruction (``interrupt``)."""
     from zoo.gpt.tasks import PastDeadline, timed
 
     outcome: dict[str, Any] = {}
@@ -109,10 +113,11 @@ def run_tool(tool: Tool, arguments: dict, timeout: float, max_chars: int) -> str
         if threading.current_thread() is threading.main_thread():
             timed(call, timeout)
         else:
-            worker = threading.Thread(target=call, daemon=True)
+            worker = threading.Thread(target=quietly(call), daemon=True)
             worker.start()
             worker.join(timeout)
             if worker.is_alive():
+                interrupt(worker)
                 raise PastDeadline
     except PastDeadline:
         raise ToolFailure(f"{tool.name} ran past its {timeout} s") from None
@@ -126,12 +131,33 @@ def run_tool(tool: Tool, arguments: dict, timeout: float, max_chars: int) -> str
     return result
 
 
+def quietly(call: Callable[[], None]) -> Callable[[], None]:
+    """``call``, ended without a traceback when ``interrupt`` stops it past its deadline."""
+    from zoo.gpt.tasks import PastDeadline
+
+    def run() -> None:
+        with contextlib.suppress(PastDeadline):
+            call()
+
+    return run
+
+
+def interrupt(worker: threading.Thread) -> None:
+    """Raise ``PastDeadline`` in ``worker`` at its next Python instruction, so a tool looping in Python past its
+    deadline stops instead of spinning beside the run for good (a call blocked in C ends when it returns; one that
+    holds the interpreter lock meanwhile, a huge integer power, holds the caller too: no thread can bound it)."""
+    from zoo.gpt.tasks import PastDeadline
+
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(PastDeadline))
+
+
 class TextEnv(gym.Env):
     """The contract above; a subclass defines ``observe_start`` (the first messages, after ``self.np_random`` is
     seeded) and ``respond`` (a reply without tool calls judged), and lists its ``Tool`` objects in ``toolbox``."""
 
     metadata = {"render_modes": []}
     toolbox: tuple[Tool, ...] = ()
+    tool_syntax: Syntax = "hermes"  # how the model writes a call (``tool_call_syntax``): set by whoever plays
 
     def __init__(
         self,
@@ -181,7 +207,7 @@ class TextEnv(gym.Env):
             time.sleep(self.step_latency)
         self.turns += 1
         text = action[:MAX_ACTION_CHARS]
-        calls = parse_tool_calls(text) if self.toolbox else []
+        calls = parse_tool_calls(text, self.tool_syntax) if self.toolbox else []
         if calls:
             self.calls += len(calls)
             try:

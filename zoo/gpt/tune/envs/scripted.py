@@ -25,6 +25,7 @@ import numpy as np
 from zoo.errors import InputError
 from zoo.gpt.tune.envs import check_env_id, make
 from zoo.gpt.tune.envs.frozenlake import MOVES
+from zoo.gpt.tune.envs.tools import with_tools
 from zoo.io.tool_calls import format_tool_call
 
 Player = Callable[..., str]
@@ -120,16 +121,19 @@ def play(env, player: Player, rng: np.random.Generator, seed: int | None = None)
             return messages, total, info
 
 
-def scripted_episodes(env_id: str, n: int, seed: int = 0, player: str | None = None, **env_kwargs) -> list[list[dict]]:
-    """``n`` conversations of ``player`` (the environment's best by default) in ``env_id`` made with ``env_kwargs``:
-    the first episode reset with ``seed``, the next ones continuing the environment's generator, as gymnasium's."""
+def scripted_episodes(
+    env_id: str, n: int, seed: int = 0, player: str | None = None, *, tools: list[str] | None = None, **env_kwargs
+) -> list[list[dict]]:
+    """``n`` conversations of ``player`` (the environment's best by default) in ``env_id`` made with ``env_kwargs``
+    (and the user's ``tools``, ``zoo.gpt.tune.envs.tools``): the first episode reset with ``seed``, the next ones
+    continuing the environment's generator, as gymnasium's."""
     check_env_id(env_id)
     players = PLAYERS[env_id]
     name = next(iter(players)) if player is None else player
     if name not in players:
         raise InputError(f"player={name!r}: {env_id}'s players are {', '.join(players)}")
     # The player's generator is not the environment's: seeded alike, a random guesser would draw the very target.
-    env, rng = make(env_id, **env_kwargs), np.random.default_rng([seed, PLAYER_STREAM])
+    env, rng = with_tools(make(env_id, **env_kwargs), tools), np.random.default_rng([seed, PLAYER_STREAM])
     return [play(env, players[name], rng, seed if k == 0 else None)[0] for k in range(n)]
 
 
@@ -158,15 +162,17 @@ def write_episodes(
     seed: int = 0,
     player: str | None = None,
     tool_calls: bool = False,
+    *,
+    tools: list[str] | None = None,
     **env_kwargs,
 ) -> Path:
     """``scripted_episodes`` written to the JSONL file ``path`` as ChatDataModule records (``messages`` and the
     environment's ``tools``); ``tool_calls``: each reply's calls as OpenAI ``tool_calls`` (``structured``)."""
-    tools = make(check_env_id(env_id), **env_kwargs).unwrapped.tools
+    specs = with_tools(make(check_env_id(env_id), **env_kwargs), tools).unwrapped.tools
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
-        for messages in scripted_episodes(env_id, n, seed, player, **env_kwargs):
+        for messages in scripted_episodes(env_id, n, seed, player, tools=tools, **env_kwargs):
             messages = structured(messages) if tool_calls else messages
-            f.write(json.dumps({"messages": messages, "tools": tools}, ensure_ascii=False) + "\n")
+            f.write(json.dumps({"messages": messages, "tools": specs}, ensure_ascii=False) + "\n")
     return path
