@@ -2,11 +2,11 @@
 ``/v1/models``, and ``/health``, on FastAPI and uvicorn, streamed as server-sent events.
 
 Each choice is one ``Request`` of the engine (``zoo.gpt.serve.engine``: concurrent requests share its forward passes);
-its tokens reach the event loop through a bounded thread pool, become text through a ``TextStream`` (stop sequences
-cut, never sent in part) and leave as they come. A request is checked whole before anything is submitted
-(``zoo.gpt.serve.api``): a bad one is a 4xx in OpenAI's error shape naming the field; a full queue is 429; past
-``Limits.timeout`` the choices are cancelled and the answer is 503 (streamed: an error event). A client that goes
-away cancels its requests, so their slots free at the next token.
+the engine's thread hands its tokens to the event loop (another engine's, iterated, through a bounded thread pool);
+they become text through a ``TextStream`` (stop sequences cut, never sent in part) and leave as they come. A request
+is checked whole before anything is submitted (``zoo.gpt.serve.api``): a bad one is a 4xx in OpenAI's error shape
+naming the field; a full queue is 429; past ``Limits.timeout`` the choices are cancelled and the answer is 503
+(streamed: an error event). A client that goes away cancels its requests, so their slots free at the next token.
 """
 
 from __future__ import annotations
@@ -207,7 +207,21 @@ async def _events(choices: list[Choice], pool, deadline: float) -> AsyncIterator
             pass
         queue.put_nowait((i, _DONE))
 
-    pumps = [asyncio.create_task(pump(i)) for i in range(len(choices))]
+    def listener(i: int):
+        def hand_over(token: int | None) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, (i, _DONE if token is None else token))
+            except RuntimeError:  # the loop closed (the server stopped): nobody is waiting for this request
+                pass
+
+        return hand_over
+
+    pumps = []
+    for i, choice in enumerate(choices):
+        if hasattr(choice.request, "listen"):  # the engine's requests: handed over by its own thread
+            choice.request.listen(listener(i))
+        else:  # another engine's (a blocking iterator): a pool thread waits on each token
+            pumps.append(asyncio.create_task(pump(i)))
     left = len(choices)
     try:
         while left:
