@@ -29,7 +29,7 @@ from starlette.responses import StreamingResponse
 
 from zoo.errors import InputError
 from zoo.gpt.serve.api import APIError, Call, Defaults, Limits, parse, parse_json, token_budget
-from zoo.gpt.serve.chat import prompt_ids, tool_calls
+from zoo.gpt.serve.chat import ToolCallStream, prompt_ids, tool_calls
 from zoo.gpt.serve.engine import Engine, QueueFull, SamplingParams  # noqa: F401
 from zoo.gpt.serve.text import TextStream
 
@@ -281,8 +281,8 @@ def _whole(call: Call, chat: bool, choices: list[Choice], name: str) -> dict:
 
 async def _sse(call: Call, chat: bool, choices: list[Choice], events, name: str) -> AsyncIterator[str]:
     """The streamed answer as server-sent events: a role delta per choice, its text deltas, its finish reason, the
-    usage when asked, ``[DONE]``. With ``tools`` a chat choice's text is sent whole at its end, its tool calls
-    parsed out of it (a call is only one once its block closes)."""
+    usage when asked, ``[DONE]``. With ``tools`` a chat choice's text streams until a call opens, then each call as a
+    ``tool_calls`` delta once its block closes (``ToolCallStream``)."""
     head = {"id": _id(chat), "object": "chat.completion.chunk" if chat else "text_completion",
             "created": int(time.time()), "model": name}  # fmt: skip
 
@@ -290,17 +290,20 @@ async def _sse(call: Call, chat: bool, choices: list[Choice], events, name: str)
         choice = {"index": i, "delta": delta} if chat else {"index": i, "text": delta}
         return f"data: {json.dumps(head | {'choices': [choice | {'finish_reason': reason, 'logprobs': None}]})}\n\n"
 
+    tools = [ToolCallStream() for _ in choices] if chat and call.tools else None
     try:
         if chat:
             for i in range(len(choices)):
                 yield event(i, {"role": "assistant", "content": ""}, None)
         async for i, piece, reason in events:
-            if chat and call.tools:
-                if reason is None:
-                    continue
-                content, calls = tool_calls(choices[i].text.text)
-                delta = {"content": content} | ({"tool_calls": _indexed(calls)} if calls else {})
-                yield event(i, delta, "tool_calls" if calls else reason)
+            if tools:
+                for delta in tools[i].push(piece):
+                    yield event(i, delta, None)
+                if reason is not None:
+                    deltas, called = tools[i].end()
+                    for delta in deltas:
+                        yield event(i, delta, None)
+                    yield event(i, {}, "tool_calls" if called else reason)
                 continue
             if piece:
                 yield event(i, {"content": piece} if chat else piece, None)
@@ -311,10 +314,6 @@ async def _sse(call: Call, chat: bool, choices: list[Choice], events, name: str)
     except APIError as err:  # after the 200 went out: the error as the stream's last event
         yield f"data: {json.dumps(err.body())}\n\n"
     yield "data: [DONE]\n\n"
-
-
-def _indexed(calls: list[dict]) -> list[dict]:
-    return [{"index": k} | c for k, c in enumerate(calls)]
 
 
 def _id(chat: bool) -> str:
