@@ -323,14 +323,31 @@ SPECIALS = [
     "<｜end▁of▁sentence｜>",
     "<｜User｜>",
     "<｜Assistant｜>",
+    "<s>",
+    "</s>",
+    "[INST]",
+    "[/INST]",
+    "[SYSTEM_PROMPT]",
+    "[/SYSTEM_PROMPT]",
+    "<|start_of_role|>",
+    "<|end_of_role|>",
+    "<|end_of_text|>",
 ]
-FAMILIES = {  # a template per family of the README's list: (its file in TRL, bos, eos)
+FAMILIES = {  # a template per family of the README's list: (its file in TRL or in templates/ here, bos, eos)
     "qwen2.5": ("qwen2_5.jinja", None, "<|im_end|>"),
     "qwen3": ("qwen3.jinja", None, "<|im_end|>"),
     "deepseek_v3": ("deepseekv3.jinja", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
     "llama3": ("llama3_2.jinja", "<|begin_of_text|>", "<|eot_id|>"),
     "phi3": ("phi3.jinja", None, "<|end|>"),
     "gemma3": ("gemma3.jinja", "<bos>", "<end_of_turn>"),
+    # The published templates TRL does not ship, stored here: Mistral Small 3.1 (mistralai/Mistral-Small-3.1-24B-
+    # Instruct-2503, as llama.cpp's models/templates stores it), SmolLM3 (HuggingFaceTB/SmolLM3-3B, as swift-jinja's
+    # test templates store it), OLMo 2 (allenai/OLMo-2-1124-7B-Instruct's tokenizer_config.json), Granite 3.0
+    # (ibm-granite/granite-3.0-8b-instruct, as llama.cpp's tests/test-chat-template.cpp stores it).
+    "mistral": ("templates/mistral_small3.1_instruct.jinja", "<s>", "</s>"),
+    "smollm3": ("templates/smollm3.jinja", None, "<|im_end|>"),
+    "olmo2": ("templates/olmo2_instruct.jinja", "<|endoftext|>", "<|endoftext|>"),
+    "granite": ("templates/granite3.0_instruct.jinja", "<|end_of_text|>", "<|end_of_text|>"),
 }
 TURNS = [
     {"role": "system", "content": "You are terse."},
@@ -348,8 +365,9 @@ def template_folder(folder: Path, family: str) -> Path:
     file, bos, eos = FAMILIES[family]
     folder.mkdir(parents=True, exist_ok=True)
     _train(_byte_level(True), SPECIALS, 420).save(str(folder / "tokenizer.json"))
+    template = (TEMPLATES / file if "/" not in file else Path(__file__).parent / file).read_text()
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos,
-              "chat_template": (TEMPLATES / file).read_text()}  # fmt: skip
+              "chat_template": template}  # fmt: skip
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     return folder
 
