@@ -40,13 +40,15 @@ def test_a_servers_cpu_time_counts_its_children():
     import math
     import os
     import subprocess
+    import time
 
     child = subprocess.Popen([sys.executable, "-c", "import time\nwhile time.process_time() < 0.3: pass\ninput()"],
                              stdin=subprocess.PIPE)  # fmt: skip
     try:
-        before = bench.tree_cpu(os.getpid())
-        while bench.tree_cpu(child.pid) < 0.25:
-            pass
+        before, deadline = bench.tree_cpu(os.getpid()), time.monotonic() + 60
+        while bench.tree_cpu(child.pid) < 0.25 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert bench.tree_cpu(child.pid) >= 0.25  # its own CPU time
         assert bench.tree_cpu(os.getpid()) >= before + 0.25  # the busy child counted with this process
     finally:
         child.communicate(b"\n", timeout=30)

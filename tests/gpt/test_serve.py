@@ -463,6 +463,7 @@ def test_a_streamed_reply_with_tools_sends_its_text_as_it_comes_then_each_call_a
     [
         (["Hi <tool", "_c", "all>", '{"name": "add", "arguments": {}}', "</tool_call>"], ["Hi"], 1),
         (["a <", "b"], ["a", " <b"], 0),  # a held tag start that was not one goes out
+        (["Hi \n", CALL, "\n"], ["Hi"], 1),  # the whitespace before a call: the whole answer strips it
         (["x\n\n", "<tool_call>", "{}</tool_call>"], ["x", "\n\n<tool_call>{}</tool_call>"], 0),  # no call
     ],
 )

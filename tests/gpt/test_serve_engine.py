@@ -179,6 +179,26 @@ def test_a_request_whose_draw_fails_ends_alone_with_an_error(monkeypatch):
         list(mid_sequence)
 
 
+def test_a_prompt_whose_prefill_fails_ends_alone_and_the_others_joining_with_it_run():
+    net = tiny("mha")
+    forward = net.forward
+
+    def fails_on_the_poisoned_prompt(idx, *args, **kwargs):
+        if idx.shape[1] > 1 and bool((idx == V - 1).any()):
+            raise RuntimeError("no prefill")
+        return forward(idx, *args, **kwargs)
+
+    net.forward = fails_on_the_poisoned_prompt
+    jobs = [
+        ([1, 2, 3], SamplingParams(4, temperature=0)),
+        ([V - 1, 5], SamplingParams(4)),
+        ([7, 8], SamplingParams(3, temperature=0)),
+    ]
+    good, poisoned, other = drive(Engine(net), jobs, joins=[3])  # the three join at one boundary
+    assert poisoned.finish_reason == "error" and poisoned.tokens == []
+    assert good.tokens == alone(net, [1, 2, 3], 4) and other.tokens == alone(net, [7, 8], 3)
+
+
 def test_closing_ends_every_request_and_the_queue_is_bounded():
     net = tiny("mha")
     engine = Engine(net, max_batch=1, max_queue=2)
