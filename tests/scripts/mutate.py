@@ -2850,7 +2850,7 @@ FAMILIES: dict[str, dict] = {
             (ENG, "pad = torch.tensor([length - n for n in lengths]", "pad = torch.tensor([0 for n in lengths]"),
             (ENG, "ids[j, length - lengths[j] :] = ", "ids[j, : lengths[j]] = "),
             (ENG, "_Row(request, self._slot - lengths[j],", "_Row(request, self._slot - length,"),
-            (ENG, "self._draw(row, logits[j : j + 1], greedy[j])", "self._draw(row, logits[j : j + 1], greedy[0])"),
+            (ENG, "self._draw(row, logits[j : j + 1], firsts[j])", "self._draw(row, logits[j : j + 1], firsts[0])"),
             # a failed batched prefill failing every joiner instead of the one that fails alone
             (ENG, "                    self._join([request])\n", "                    raise RuntimeError\n"),
             # the net's modes not put back; a listener missing what was drawn before it came, or the end

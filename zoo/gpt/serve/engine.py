@@ -376,7 +376,7 @@ class Engine:
         pad = torch.tensor([length - n for n in lengths], device=self.device)  # (k,): within the window from first
         window = [c.view(i, i + k, first) for c in self._cache]
         logits = self.net(ids.to(self.device), window, 0, pad if bool(pad.any()) else None)[:, -1]  # (k, V)
-        greedy = logits.argmax(dim=-1).tolist()
+        firsts = logits.argmax(dim=-1).tolist()  # the greedy rows' first tokens
         for j, request in enumerate(requests):
             p = request.params
             generator = torch.Generator(self.device)
@@ -386,7 +386,7 @@ class Engine:
                 generator.manual_seed(p.seed)
             row = _Row(request, self._slot - lengths[j], generator, p.temperature <= 0 and p.repetition_penalty == 1)
             self._rows.append(row)
-            self._draw(row, logits[j : j + 1], greedy[j])
+            self._draw(row, logits[j : j + 1], firsts[j])
 
     def _decode(self) -> None:
         """One forward of every running row's newest token at slot s, and the next token of each."""
