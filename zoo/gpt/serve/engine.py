@@ -344,7 +344,7 @@ class Engine:
         joining = [r for r in joining if not r.done]
         try:
             self._join(joining)
-        except Exception:  # the rows already running are whole: the joiners retry alone, and only one that fails so
+        except Exception:  # the running rows are whole; the joiners retry one by one: only a prompt failing alone fails
             for request in joining:
                 try:
                     self._join([request])
@@ -377,6 +377,7 @@ class Engine:
         window = [c.view(i, i + k, first) for c in self._cache]
         logits = self.net(ids.to(self.device), window, 0, pad if bool(pad.any()) else None)[:, -1]  # (k, V)
         firsts = logits.argmax(dim=-1).tolist()  # the greedy rows' first tokens
+        rows = []  # every row made before any is taken, so a failure here leaves no joiner half in
         for j, request in enumerate(requests):
             p = request.params
             generator = torch.Generator(self.device)
@@ -384,7 +385,9 @@ class Engine:
                 generator.seed()
             else:
                 generator.manual_seed(p.seed)
-            row = _Row(request, self._slot - lengths[j], generator, p.temperature <= 0 and p.repetition_penalty == 1)
+            greedy = p.temperature <= 0 and p.repetition_penalty == 1
+            rows.append(_Row(request, self._slot - lengths[j], generator, greedy))
+        for j, row in enumerate(rows):
             self._rows.append(row)
             self._draw(row, logits[j : j + 1], firsts[j])
 
