@@ -12,7 +12,10 @@ tokens/s at concurrency 1, 8 and 32 for
 The model is a Llama-style folder written here with random weights (``--hidden``, ``--layers``), float32; every row
 serves it from that folder or its registered copy. Each client sends a completion of ``--tokens`` greedy tokens
 (``ignore_eos``-like: the prompts are chosen so that no row stops early; the tokens each row generated are counted,
-not assumed). Aggregate tokens/s = all generated tokens / wall time from the first request to the last answer.
+not assumed). Aggregate tokens/s = all generated tokens / wall time from the first request to the last answer;
+tokens per server CPU-second = the same tokens / the CPU time of the server's processes meanwhile (what the figure
+would be on cores of its own; other jobs on a shared machine move it less than the wall figure). Each server runs in
+a process of its own, as its users run it, and the clients in this one.
 
     python bench/serve.py                                   # the table (minutes on 2 CPU cores)
     python bench/serve.py --rows zoo,hf-1 --concurrency 1,8 --requests 16 --tokens 16   # a quick look
@@ -38,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from bench._common import table
+from bench._common import cpu_model, table
 
 ROWS = ("zoo", "hf-1", "mlflow", "llama.cpp")
 PROMPTS = ["The quick brown fox", "Once upon a time", "def f(x):", "In the beginning", "A café in Paris"]
@@ -151,7 +154,7 @@ class HFEngine:
 # -- the rows' servers ------------------------------------------------------------------------------------------------
 
 
-def zoo_app(module, engine, args):
+def zoo_app(module, engine):
     from zoo.gpt.serve.api import Limits
     from zoo.gpt.serve.app import make_app, served
 
@@ -160,7 +163,7 @@ def zoo_app(module, engine, args):
     return make_app(engine, served(module, "bench"), limits, threads=128)
 
 
-def mlflow_server(module, folder: Path, port: int, work: Path) -> subprocess.Popen:
+def mlflow_server(module, folder: Path, port: int, work: Path, env: dict) -> subprocess.Popen:
     """The module registered as ``models:/bench/1`` in a store under ``work``, served by ``mlflow models serve``."""
     import lightning
     from mlflow.tracking import MlflowClient
@@ -182,7 +185,7 @@ def mlflow_server(module, folder: Path, port: int, work: Path) -> subprocess.Pop
     log_checkpoint_model(work / "bench.ckpt", client, run, "bench")
     command = ["mlflow", "models", "serve", "-m", "models:/bench/1", "--env-manager", "local", "-p", str(port)]
     return subprocess.Popen(
-        command, env=os.environ | {"MLFLOW_TRACKING_URI": uri}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        command, env=env | {"MLFLOW_TRACKING_URI": uri}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
 
 
@@ -234,16 +237,36 @@ def one_request(port: int, i: int, tokens: int, openai_api: bool) -> tuple[float
     return first if first is not None else end, end, generated
 
 
-def measure(port: int, concurrency: int, requests: int, tokens: int, openai_api: bool, lengths: dict) -> dict:
+def tree_cpu(pid: int | None) -> float:
+    """CPU seconds (user + system) of process ``pid`` and every process under it, children that ended included
+    (mlflow's server runs its workers as children), from /proc; nan where there is none."""
+    if pid is None:
+        return float("nan")
+    tick, stats = os.sysconf("SC_CLK_TCK"), {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(entry.name)] = (int(fields[1]), sum(int(f) for f in fields[11:15]))  # ppid, u+s+cu+cs
+    tree, total = {pid}, 0
+    for _ in range(8):  # a few generations down
+        tree |= {p for p, (ppid, _) in stats.items() if ppid in tree}
+    total = sum(stats[p][1] for p in tree if p in stats)
+    return total / tick if pid in stats else float("nan")
+
+
+def measure(port: int, concurrency: int, requests: int, tokens: int, openai_api: bool, lengths: dict, pid) -> dict:
     one_request(port, 0, 4, openai_api)  # warm
-    start = time.perf_counter()
+    cpu, start = tree_cpu(pid), time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         results = list(pool.map(lambda i: one_request(port, i, tokens, openai_api), range(requests)))
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, tree_cpu(pid) - cpu
     ttft = sorted(r[0] for r in results)
     generated = sum(r[2] if r[2] >= 0 else lengths[PROMPTS[i % len(PROMPTS)]] for i, r in enumerate(results))
     return {"ttft_p50": statistics.median(ttft), "ttft_p99": ttft[min(len(ttft) - 1, round(0.99 * len(ttft)))],
-            "tokens_per_s": generated / wall, "tokens": generated}  # fmt: skip
+            "tokens_per_s": generated / wall, "tokens": generated, "tokens_per_cpu_s": generated / cpu}  # fmt: skip
 
 
 def wait_up(port: int, path: str, proc=None, timeout: float = 600) -> None:
@@ -266,13 +289,17 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--concurrency", default="1,8,32")
-    ap.add_argument("--requests", type=int, default=0, help="requests per concurrency (default: 2 x it, >= 8)")
+    ap.add_argument("--requests", type=int, default=0, help="requests per concurrency (default: 2 x it, >= 32)")
     ap.add_argument("--tokens", type=int, default=32, help="generated tokens per request")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: PyTorch's)")
     ap.add_argument("--max-batch", type=int, default=32, help="the zoo engine's batch")
+    ap.add_argument("--serve-hf", metavar="FOLDER", help=argparse.SUPPRESS)  # the hf-1 row's own process
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.serve_hf:
+        return serve_hf(args.serve_hf, args.port)
     rows = [r for r in args.rows.split(",") if r]
     if unknown := sorted(set(rows) - set(ROWS)):
         raise SystemExit(f"error: --rows {unknown[0]!r} is not one of {', '.join(ROWS)}")
@@ -292,22 +319,23 @@ def main(argv: list[str] | None = None) -> None:
         f"# bench/serve.py: Llama-style {args.layers} layers x {args.hidden}, float32, {args.tokens} greedy tokens "
         f"per request; torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs"
     )
-    header = ["row", "concurrency", "requests", "TTFT p50 (s)", "TTFT p99 (s)", "tokens/s", "tokens"]
+    print(f"# CPU: {cpu_model()}; load average at start: {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    header = ["row", "concurrency", "requests", "TTFT p50 (s)", "TTFT p99 (s)", "tokens/s", "tokens/server CPU-s",
+              "tokens"]  # fmt: skip
     lines, notes = [], []
     for row in rows:
         started = start_row(row, module, folder, work, args)
         if isinstance(started, str):
             notes.append(f"{row}: {started}")
-            lines.append([row, "-", "-", "-", "-", "-", "-"])
+            lines.append([row, "-", "-", "-", "-", "-", "-", "-"])
             continue
-        port, stop, openai_api = started
+        port, stop, openai_api, pid = started
         try:
             for c in levels:
-                n = args.requests or max(8, 2 * c)
-                r = measure(port, c, n, args.tokens, openai_api, lengths)
-                lines.append(
-                    [row, c, n, f"{r['ttft_p50']:.3f}", f"{r['ttft_p99']:.3f}", f"{r['tokens_per_s']:.1f}", r["tokens"]]
-                )
+                n = args.requests or max(32, 2 * c)
+                r = measure(port, c, n, args.tokens, openai_api, lengths, pid)
+                lines.append([row, c, n, f"{r['ttft_p50']:.3f}", f"{r['ttft_p99']:.3f}", f"{r['tokens_per_s']:.1f}",
+                              f"{r['tokens_per_cpu_s']:.1f}", r["tokens"]])  # fmt: skip
                 print(" | ".join(map(str, lines[-1])), flush=True)
         finally:
             stop()
@@ -328,16 +356,22 @@ def free_port() -> int:
 
 
 def start_row(row: str, module, folder: Path, work: Path, args):
-    """``(port, stop, speaks OpenAI's API)`` of the row's server, started and answering; or why it cannot run."""
-    from zoo.gpt.serve.app import Background, Engine
-
-    if row in ("zoo", "hf-1"):
-        engine = Engine(module, max_batch=args.max_batch, max_queue=256) if row == "zoo" else HFEngine(folder)
-        server = Background(zoo_app(module, engine, args))
-        port = int(server.__enter__().rsplit(":", 1)[1])
-        return port, lambda: server.__exit__(None, None, None), True
+    """``(port, stop, speaks OpenAI's API, process id)`` of the row's server, started in a process of its own (as its
+    users run it: the clients' threads here take no CPU from its interpreter) and answering; or why it cannot run."""
     port = free_port()
-    proc = mlflow_server(module, folder, port, work) if row == "mlflow" else llama_cpp_server(folder, port, work)
+    env = os.environ | ({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})
+    if row == "zoo":
+        command = [sys.executable, "-m", "zoo.gpt", "serve", str(folder), "--port", str(port), "--name", "bench",
+                   "--max-batch", str(args.max_batch), "--max-queue", "256", "--timeout", "3600"]  # fmt: skip
+    elif row == "hf-1":
+        command = [sys.executable, __file__, "--serve-hf", str(folder), "--port", str(port)]
+    if row in ("zoo", "hf-1"):
+        root = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    else:
+        serve_row = mlflow_server if row == "mlflow" else None
+        proc = serve_row(module, folder, port, work, env) if serve_row else llama_cpp_server(folder, port, work)
     if isinstance(proc, str):
         return proc
 
@@ -346,7 +380,16 @@ def start_row(row: str, module, folder: Path, work: Path, args):
         proc.wait(30)
 
     wait_up(port, "/ping" if row == "mlflow" else "/v1/models", proc)
-    return port, stop, row != "mlflow"
+    return port, stop, row != "mlflow", proc.pid
+
+
+def serve_hf(folder: str, port: int) -> None:
+    """The hf-1 row's server: transformers' generate one request at a time behind the zoo's HTTP layer."""
+    from zoo.gpt import from_pretrained
+    from zoo.gpt.serve.app import serve
+
+    module = from_pretrained(folder)
+    serve(zoo_app(module, HFEngine(Path(folder))), "127.0.0.1", port)
 
 
 if __name__ == "__main__":

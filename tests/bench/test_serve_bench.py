@@ -34,3 +34,22 @@ def test_the_transformers_engine_streams_generates_greedy_tokens(tmp_path):
     want = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0)[0, 3:]
     assert list(request) == want.tolist() and request.finish_reason == "length"
     engine.close()
+
+
+def test_a_servers_cpu_time_counts_its_children():
+    import math
+    import os
+    import subprocess
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", "import time\nwhile time.process_time() < 0.3: pass\ninput()"],
+                             stdin=subprocess.PIPE)  # fmt: skip
+    try:
+        before, deadline = bench.tree_cpu(os.getpid()), time.monotonic() + 60
+        while bench.tree_cpu(child.pid) < 0.25 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert bench.tree_cpu(child.pid) >= 0.25  # its own CPU time
+        assert bench.tree_cpu(os.getpid()) >= before + 0.25  # the busy child counted with this process
+    finally:
+        child.communicate(b"\n", timeout=30)
+    assert math.isnan(bench.tree_cpu(None))

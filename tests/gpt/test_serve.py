@@ -323,14 +323,31 @@ SPECIALS = [
     "<｜end▁of▁sentence｜>",
     "<｜User｜>",
     "<｜Assistant｜>",
+    "<s>",
+    "</s>",
+    "[INST]",
+    "[/INST]",
+    "[SYSTEM_PROMPT]",
+    "[/SYSTEM_PROMPT]",
+    "<|start_of_role|>",
+    "<|end_of_role|>",
+    "<|end_of_text|>",
 ]
-FAMILIES = {  # a template per family of the README's list: (its file in TRL, bos, eos)
+FAMILIES = {  # a template per family of the README's list: (its file in TRL or in templates/ here, bos, eos)
     "qwen2.5": ("qwen2_5.jinja", None, "<|im_end|>"),
     "qwen3": ("qwen3.jinja", None, "<|im_end|>"),
     "deepseek_v3": ("deepseekv3.jinja", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
     "llama3": ("llama3_2.jinja", "<|begin_of_text|>", "<|eot_id|>"),
     "phi3": ("phi3.jinja", None, "<|end|>"),
     "gemma3": ("gemma3.jinja", "<bos>", "<end_of_turn>"),
+    # The published templates TRL does not ship, stored here: Mistral Small 3.1 (mistralai/Mistral-Small-3.1-24B-
+    # Instruct-2503, as llama.cpp's models/templates stores it), SmolLM3 (HuggingFaceTB/SmolLM3-3B, as swift-jinja's
+    # test templates store it), OLMo 2 (allenai/OLMo-2-1124-7B-Instruct's tokenizer_config.json), Granite 3.0
+    # (ibm-granite/granite-3.0-8b-instruct, as llama.cpp's tests/test-chat-template.cpp stores it).
+    "mistral": ("templates/mistral_small3.1_instruct.jinja", "<s>", "</s>"),
+    "smollm3": ("templates/smollm3.jinja", None, "<|im_end|>"),
+    "olmo2": ("templates/olmo2_instruct.jinja", "<|endoftext|>", "<|endoftext|>"),
+    "granite": ("templates/granite3.0_instruct.jinja", "<|end_of_text|>", "<|end_of_text|>"),
 }
 TURNS = [
     {"role": "system", "content": "You are terse."},
@@ -348,8 +365,9 @@ def template_folder(folder: Path, family: str) -> Path:
     file, bos, eos = FAMILIES[family]
     folder.mkdir(parents=True, exist_ok=True)
     _train(_byte_level(True), SPECIALS, 420).save(str(folder / "tokenizer.json"))
+    template = (TEMPLATES / file if "/" not in file else Path(__file__).parent / file).read_text()
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos,
-              "chat_template": (TEMPLATES / file).read_text()}  # fmt: skip
+              "chat_template": template}  # fmt: skip
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     return folder
 
@@ -407,6 +425,60 @@ def test_a_tool_call_goes_there_and_back_in_the_templates_own_format(tmp_path):
     for sent, conversation in ((engine.prompts[0], messages), (engine.prompts[-1], expected)):
         want = theirs.apply_chat_template(conversation, tools=TOOLS, add_generation_prompt=True, tokenize=True)
         assert sent == want["input_ids"]
+
+
+def test_a_streamed_reply_with_tools_sends_its_text_as_it_comes_then_each_call_as_openai_streams_them(tmp_path):
+    from zoo.io.hf_tokenizer import from_folder
+
+    ours = from_folder(template_folder(tmp_path, "qwen2.5"))
+    second = CALL.replace('"a": 2', '"a": 7')
+    reply = f"Let me add  both.\n{CALL}\n<tool_call>not json</tool_call>{second} Done."
+    ask = dict(model="tiny", messages=[{"role": "user", "content": "Add."}], tools=TOOLS, max_tokens=300)
+    with Background(
+        scripted_app(Scripted(ours.encode(reply)), ours, max_tokens=400, max_prompt=4000, context=4096)
+    ) as url:
+        c = client(url)
+        whole = c.chat.completions.create(**ask).choices[0]
+        chunks = [ch.choices[0] for ch in c.chat.completions.create(**ask, stream=True)]
+    texts = [ch.delta.content for ch in chunks if ch.delta.content]
+    calls: dict[int, dict] = {}
+    for ch in chunks:
+        for d in ch.delta.tool_calls or []:
+            got = calls.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
+            got["id"] += d.id or ""
+            got["name"] += d.function.name or ""
+            got["arguments"] += d.function.arguments or ""
+    assert whole.finish_reason == chunks[-1].finish_reason == "tool_calls"
+    assert "".join(texts) == whole.message.content == "Let me add  both.\n\n<tool_call>not json</tool_call> Done."
+    first_call = next(k for k, ch in enumerate(chunks) if ch.delta.tool_calls)
+    before = [ch.delta.content for ch in chunks[:first_call] if ch.delta.content]
+    assert len(before) > 3 and "".join(before) == "Let me add  both."  # streamed as it came, before the calls
+    want = [(t.function.name, t.function.arguments) for t in whole.message.tool_calls]
+    assert [(calls[k]["name"], calls[k]["arguments"]) for k in sorted(calls)] == want and len(want) == 2
+    assert all(v["id"].startswith("call_") for v in calls.values())
+
+
+@pytest.mark.parametrize(
+    "pieces, content, calls",
+    [
+        (["Hi <tool", "_c", "all>", '{"name": "add", "arguments": {}}', "</tool_call>"], ["Hi"], 1),
+        (["a <", "b"], ["a", " <b"], 0),  # a held tag start that was not one goes out
+        (["Hi \n", CALL, "\n"], ["Hi"], 1),  # the whitespace before a call: the whole answer strips it
+        (["x\n\n", "<tool_call>", "{}</tool_call>"], ["x", "\n\n<tool_call>{}</tool_call>"], 0),  # no call
+    ],
+)
+def test_a_tool_call_stream_holds_only_what_may_open_a_call(pieces, content, calls):
+    from zoo.gpt.serve.chat import ToolCallStream
+
+    stream, deltas = ToolCallStream(), []
+    for piece in pieces:
+        deltas += stream.push(piece)
+    last, called = stream.end()
+    deltas += last
+    assert [d["content"] for d in deltas if "content" in d] == content
+    assert sum("tool_calls" in d for d in deltas) == calls and called == bool(calls)
+    text = "".join(pieces)
+    assert "".join(content) == (tool_calls(text)[0] or "")
 
 
 def test_tool_call_blocks_that_are_not_calls_stay_text():

@@ -165,7 +165,7 @@ def test_a_request_whose_draw_fails_ends_alone_with_an_error(monkeypatch):
 
     def fourth_draw_fails(*args, **kwargs):  # the sampled request's second token, drawn in a batched step
         calls.append(1)
-        if len(calls) == 4:  # the two joins before it drew 1 and 2 (greedy rows too), its own join 3
+        if len(calls) == 3:  # the broken join drew 1, its own join 2 (a greedy row takes the batch's argmax)
             raise RuntimeError("no distribution")
         return sample_next(*args, **kwargs)
 
@@ -177,6 +177,26 @@ def test_a_request_whose_draw_fails_ends_alone_with_an_error(monkeypatch):
     assert good.tokens == alone(net, ps[1], 5) and good.finish_reason == "length"
     with pytest.raises(RuntimeError, match="engine failed"):
         list(mid_sequence)
+
+
+def test_a_prompt_whose_prefill_fails_ends_alone_and_the_others_joining_with_it_run():
+    net = tiny("mha")
+    forward = net.forward
+
+    def fails_on_the_poisoned_prompt(idx, *args, **kwargs):
+        if idx.shape[1] > 1 and bool((idx == V - 1).any()):
+            raise RuntimeError("no prefill")
+        return forward(idx, *args, **kwargs)
+
+    net.forward = fails_on_the_poisoned_prompt
+    jobs = [
+        ([1, 2, 3], SamplingParams(4, temperature=0)),
+        ([V - 1, 5], SamplingParams(4)),
+        ([7, 8], SamplingParams(3, temperature=0)),
+    ]
+    good, poisoned, other = drive(Engine(net), jobs, joins=[3])  # the three join at one boundary
+    assert poisoned.finish_reason == "error" and poisoned.tokens == []
+    assert good.tokens == alone(net, [1, 2, 3], 4) and other.tokens == alone(net, [7, 8], 3)
 
 
 def test_closing_ends_every_request_and_the_queue_is_bounded():
@@ -192,6 +212,28 @@ def test_closing_ends_every_request_and_the_queue_is_bounded():
     assert running.finish_reason in ("cancelled", "length") and running.done
     with pytest.raises(RuntimeError, match="closed"):
         engine.submit([1], SamplingParams(1))
+
+
+def test_closing_puts_back_each_modules_train_or_eval_mode():
+    net = tiny("mha").train()
+    net.blocks[0].eval()  # a mix: each module's own flag comes back
+    modes = [m.training for m in net.modules()]
+    with Engine(net) as engine:
+        assert not any(m.training for m in net.modules())  # decoding: dropout off
+        assert list(engine.submit([1, 2], SamplingParams(3, temperature=0))) == alone(net, [1, 2], 3)
+    assert [m.training for m in net.modules()] == modes
+
+
+def test_a_listener_gets_the_tokens_drawn_before_it_came_then_the_rest_then_none():
+    net = tiny("gqa")
+    engine = Engine(net)
+    request = engine.submit([3, 4, 5], SamplingParams(4, temperature=0))
+    engine.step()  # its first token, drawn before anyone listens
+    got = []
+    request.listen(got.append)
+    while engine.step():
+        pass
+    assert got == [*alone(net, [3, 4, 5], 4), None] and request.finish_reason == "length"
 
 
 @pytest.mark.parametrize(

@@ -2826,8 +2826,8 @@ FAMILIES: dict[str, dict] = {
             (ENG, "c.copy_row(last, i, self._slot)", "c.copy_row(last, i, self._slot - 1)"),
             (ENG, "                self._rows[i] = self._rows[last]\n", ""),
             # a joining prompt written one slot off its row's padding, or into the next row
-            (ENG, "[c.view(i, i + 1, pad) for c in self._cache]", "[c.view(i, i + 1, pad + 1) for c in self._cache]"),
-            (ENG, "[c.view(i, i + 1, pad) for c in self._cache]", "[c.view(i + 1, i + 2, pad) for c in self._cache]"),
+            (ENG, "window = [c.view(i, i + k, first) for", "window = [c.view(i, i + k, first + 1) for"),
+            (ENG, "window = [c.view(i, i + k, first) for", "window = [c.view(i + 1, i + k + 1, first) for"),
             # positions off by one: each row's padding, or the slot a step writes
             (ENG, "pad = torch.tensor([row.pad for row in rows]", "pad = torch.tensor([row.pad - 1 for row in rows]"),
             (ENG, "        self._slot += 1\n        greedy", "        self._slot += 2\n        greedy"),
@@ -2853,6 +2853,17 @@ FAMILIES: dict[str, dict] = {
             # the batch's argmax handed to the wrong rows; one request's failed draw failing the batch
             (ENG, "greedy = logits.argmax(dim=-1).tolist()", "greedy = logits.argmax(dim=-1).flip(0).tolist()"),
             (ENG, '            row.request._finish("error", error)\n            return\n', "            raise\n"),
+            # joiners prefilled together: each prompt left-padded to the longest, its row's padding, its own argmax
+            (ENG, "pad = torch.tensor([length - n for n in lengths]", "pad = torch.tensor([0 for n in lengths]"),
+            (ENG, "ids[j, length - lengths[j] :] = ", "ids[j, : lengths[j]] = "),
+            (ENG, "_Row(request, self._slot - lengths[j],", "_Row(request, self._slot - length,"),
+            (ENG, "self._draw(row, logits[j : j + 1], firsts[j])", "self._draw(row, logits[j : j + 1], firsts[0])"),
+            # a failed batched prefill failing every joiner instead of the one that fails alone
+            (ENG, "                    self._join([request])\n", "                    raise RuntimeError\n"),
+            # the net's modes not put back; a listener missing what was drawn before it came, or the end
+            (ENG, "            module.training = training\n", "            pass\n"),
+            (ENG, "            while not self._out.empty():\n", "            while False:\n"),
+            (ENG, "self._listener(None if item is _END else item)", "self._listener(item)"),
         ],
     },
     "serve": {  # issue 56: the OpenAI-compatible server (requests checked, stops, choices, cancellation, tools)
@@ -2900,6 +2911,22 @@ FAMILIES: dict[str, dict] = {
                 "        kept.append(text[at:start])\n",
                 "        kept.append(text[at:end])\n",
             ),
+            # streamed tool calls: what is held back, the calls sent, the text left at the end, the finish reason
+            ("zoo/gpt/serve/chat.py", "return k + len(base) - len(base.rstrip())", "return k"),
+            ("zoo/gpt/serve/chat.py", "if text.endswith(OPEN[:k])), default=0)", "if False), default=0)"),
+            (
+                "zoo/gpt/serve/chat.py",
+                "for k in range(self.calls, len(valid)):",
+                "for k in range(self.calls, len(valid) - 1):",
+            ),
+            ("zoo/gpt/serve/chat.py", "return deltas + self._content(self.text), False", "return deltas, False"),
+            (
+                "zoo/gpt/serve/app.py",
+                'yield event(i, {}, "tool_calls" if called else reason)',
+                "yield event(i, {}, reason)",
+            ),
+            # the engine's tokens handed to the wrong choice
+            ("zoo/gpt/serve/app.py", "queue.put_nowait, (i, _DONE if token", "queue.put_nowait, (0, _DONE if token"),
         ],
     },
     "matched": {  # bench/assistant.py's compute-matched SFT: the rl stage's CPU seconds, evaluations included
@@ -3056,12 +3083,19 @@ FAMILIES: dict[str, dict] = {
             ),
             (
                 TC,
-                '            blocks.append(_one_too_many(at, len(text)))\n            break\n        try:',
+                "            blocks.append(_one_too_many(at, len(text)))\n            break\n        try:",
                 "            pass\n        try:",
             ),
             (ENVB, "parse_tool_calls(text, self.tool_syntax)", "parse_tool_calls(text)"),
             (EP, "        env.unwrapped.tool_syntax = tool_call_syntax(tokenizer)", "        pass"),
             ("zoo/gpt/serve/chat.py", "tool_call_blocks(text, syntax)", "tool_call_blocks(text)"),
+        ],
+    },
+    "serve_bench": {  # issue 56: bench/serve.py's server CPU time counts the processes under the server
+        "tests": ["tests/bench/test_serve_bench.py"],
+        "mutants": [
+            ("bench/serve.py", "    for _ in range(8):  # a few generations down", "    for _ in range(0):  # none"),
+            ("bench/serve.py", "sum(int(f) for f in fields[11:15])", "sum(int(f) for f in fields[13:15])"),
         ],
     },
 }

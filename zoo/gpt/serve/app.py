@@ -2,11 +2,11 @@
 ``/v1/models``, and ``/health``, on FastAPI and uvicorn, streamed as server-sent events.
 
 Each choice is one ``Request`` of the engine (``zoo.gpt.serve.engine``: concurrent requests share its forward passes);
-its tokens reach the event loop through a bounded thread pool, become text through a ``TextStream`` (stop sequences
-cut, never sent in part) and leave as they come. A request is checked whole before anything is submitted
-(``zoo.gpt.serve.api``): a bad one is a 4xx in OpenAI's error shape naming the field; a full queue is 429; past
-``Limits.timeout`` the choices are cancelled and the answer is 503 (streamed: an error event). A client that goes
-away cancels its requests, so their slots free at the next token.
+the engine's thread hands its tokens to the event loop (another engine's, iterated, through a bounded thread pool);
+they become text through a ``TextStream`` (stop sequences cut, never sent in part) and leave as they come. A request
+is checked whole before anything is submitted (``zoo.gpt.serve.api``): a bad one is a 4xx in OpenAI's error shape
+naming the field; a full queue is 429; past ``Limits.timeout`` the choices are cancelled and the answer is 503
+(streamed: an error event). A client that goes away cancels its requests, so their slots free at the next token.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from starlette.responses import StreamingResponse
 
 from zoo.errors import InputError
 from zoo.gpt.serve.api import APIError, Call, Defaults, Limits, parse, parse_json, token_budget
-from zoo.gpt.serve.chat import prompt_ids, tool_calls
+from zoo.gpt.serve.chat import ToolCallStream, prompt_ids, tool_calls
 from zoo.gpt.serve.engine import Engine, QueueFull, SamplingParams  # noqa: F401
 from zoo.gpt.serve.text import TextStream
 from zoo.io.chat_template import tool_call_syntax
@@ -210,7 +210,21 @@ async def _events(choices: list[Choice], pool, deadline: float) -> AsyncIterator
             pass
         queue.put_nowait((i, _DONE))
 
-    pumps = [asyncio.create_task(pump(i)) for i in range(len(choices))]
+    def listener(i: int):
+        def hand_over(token: int | None) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, (i, _DONE if token is None else token))
+            except RuntimeError:  # the loop closed (the server stopped): nobody is waiting for this request
+                pass
+
+        return hand_over
+
+    pumps = []
+    for i, choice in enumerate(choices):
+        if hasattr(choice.request, "listen"):  # the engine's requests: handed over by its own thread
+            choice.request.listen(listener(i))
+        else:  # another engine's (a blocking iterator): a pool thread waits on each token
+            pumps.append(asyncio.create_task(pump(i)))
     left = len(choices)
     try:
         while left:
@@ -272,8 +286,8 @@ async def _sse(
     call: Call, chat: bool, choices: list[Choice], events, name: str, syntax: Syntax = "hermes"
 ) -> AsyncIterator[str]:
     """The streamed answer as server-sent events: a role delta per choice, its text deltas, its finish reason, the
-    usage when asked, ``[DONE]``. With ``tools`` a chat choice's text is sent whole at its end, its tool calls
-    parsed out of it (a call is only one once its block closes)."""
+    usage when asked, ``[DONE]``. With ``tools`` a chat choice's text streams until a call opens, then each call as a
+    ``tool_calls`` delta once its block closes (``ToolCallStream``)."""
     head = {"id": _id(chat), "object": "chat.completion.chunk" if chat else "text_completion",
             "created": int(time.time()), "model": name}  # fmt: skip
 
@@ -281,17 +295,20 @@ async def _sse(
         choice = {"index": i, "delta": delta} if chat else {"index": i, "text": delta}
         return f"data: {json.dumps(head | {'choices': [choice | {'finish_reason': reason, 'logprobs': None}]})}\n\n"
 
+    tools = [ToolCallStream(syntax) for _ in choices] if chat and call.tools else None
     try:
         if chat:
             for i in range(len(choices)):
                 yield event(i, {"role": "assistant", "content": ""}, None)
         async for i, piece, reason in events:
-            if chat and call.tools:
-                if reason is None:
-                    continue
-                content, calls = tool_calls(choices[i].text.text, syntax)
-                delta = {"content": content} | ({"tool_calls": _indexed(calls)} if calls else {})
-                yield event(i, delta, "tool_calls" if calls else reason)
+            if tools:
+                for delta in tools[i].push(piece):
+                    yield event(i, delta, None)
+                if reason is not None:
+                    deltas, called = tools[i].end()
+                    for delta in deltas:
+                        yield event(i, delta, None)
+                    yield event(i, {}, "tool_calls" if called else reason)
                 continue
             if piece:
                 yield event(i, {"content": piece} if chat else piece, None)
@@ -302,10 +319,6 @@ async def _sse(
     except APIError as err:  # after the 200 went out: the error as the stream's last event
         yield f"data: {json.dumps(err.body())}\n\n"
     yield "data: [DONE]\n\n"
-
-
-def _indexed(calls: list[dict]) -> list[dict]:
-    return [{"index": k} | c for k, c in enumerate(calls)]
 
 
 def _id(chat: bool) -> str:

@@ -9,8 +9,9 @@ Rows are right-aligned: every running sequence writes its newest token at the sa
 slots are not its own. That is ``generate``'s left padding, so the GPT's ``pad`` argument (row b's positions are
 slot - pad[b]; a mask hides its slots before pad[b]) serves the batch unchanged, sliding windows and mixtures of
 experts included. The bookkeeping is two moves of whole rows:
-  join:  the prompt is prefilled alone (the call ``generate`` makes for it) straight into a free row, ending just
-         before slot s; a prompt longer than s first moves every row right.
+  join:  the prompts joining at one boundary are prefilled together, left-padded (the call ``generate`` makes for
+         a batch), straight into free rows, each ending just before slot s; a prompt longer than s first moves every
+         row right.
   leave: the last row moves into the leaver's, so the running rows are always 0..n-1 and a step reads those only;
          then every row moves left by the smallest padding.
 So some running row always has no padding: s is the longest running sequence's length, a step attends over no more
@@ -103,6 +104,8 @@ class Request:
         self.error: BaseException | None = None
         self._out: queue.SimpleQueue = queue.SimpleQueue()
         self._cancelled, self._done = threading.Event(), threading.Event()
+        self._listener = None
+        self._lock = threading.Lock()  # a listener sees every item once, in order, however late it came
 
     def __iter__(self) -> Iterator[int]:
         while (item := self._out.get()) is not _END:
@@ -123,15 +126,32 @@ class Request:
         """Block until the request has finished (or ``timeout`` seconds); whether it has."""
         return self._done.wait(timeout)
 
+    def listen(self, callback) -> None:
+        """Have the engine's thread call ``callback(token)`` for each token from now on, and ``callback(None)`` once
+        at the end (``finish_reason`` and ``error`` set), the tokens drawn before this call first, instead of
+        iterating: a server's event loop then needs no thread waiting per request (``loop.call_soon_threadsafe``)."""
+        with self._lock:
+            while not self._out.empty():
+                item = self._out.get()
+                callback(None if item is _END else item)
+            self._listener = callback
+
+    def _put(self, item) -> None:
+        with self._lock:
+            if self._listener is None:
+                self._out.put(item)
+            else:
+                self._listener(None if item is _END else item)
+
     def _emit(self, token: int) -> None:
         self.tokens.append(token)
-        self._out.put(token)
+        self._put(token)
 
     def _finish(self, reason: str, error: BaseException | None = None) -> None:
         if not self.done:
             self.finish_reason, self.error = reason, error
             self._done.set()
-            self._out.put(_END)
+            self._put(_END)
 
 
 @dataclass
@@ -211,6 +231,7 @@ class Engine:
         ):
             if not ok:
                 raise InputError(f"Engine {name}={value!r} must be {rule}")
+        self._modes = [(m, m.training) for m in net.modules()]  # what close() puts back
         self.net, self.max_batch, self.max_queue, self.context = net.eval(), max_batch, max_queue, context
         self.device, dtype = cache_placement(net)
         layouts = [block.attn.cache_layout() for block in net.blocks]
@@ -248,7 +269,8 @@ class Engine:
                 self._thread.start()
 
     def close(self) -> None:
-        """Stop the loop after its current step; every request not finished ends "cancelled"."""
+        """Stop the loop after its current step; every request not finished ends "cancelled"; the net's modules are
+        back in the train or eval mode each was in before the engine took it."""
         with self._wake:
             self._closed = True
             self._wake.notify_all()
@@ -258,6 +280,8 @@ class Engine:
             left = [*self._waiting, *(row.request for row in self._rows)]
             self._waiting.clear()
         self._rows.clear()
+        for module, training in self._modes:  # each module's own flag: train() would reset its children's too
+            module.training = training
         for request in left:
             request._finish("cancelled")
 
@@ -308,46 +332,64 @@ class Engine:
 
     @torch.inference_mode()
     def step(self) -> bool:
-        """One token boundary: cancelled rows leave, waiting requests join the free rows (each prefilled alone, its
-        first token drawn), one forward draws the next token of every running row, finished rows leave. Whether any
-        request is still running or waiting."""
+        """One token boundary: cancelled rows leave, waiting requests join the free rows (prefilled in one forward,
+        each one's first token drawn), one forward draws the next token of every running row, finished rows leave.
+        Whether any request is still running or waiting."""
         self._sweep()
         with self._wake:
             joining = [self._waiting.popleft() for _ in range(min(len(self._waiting), self.max_batch - self.running))]
         for request in joining:
             if request._cancelled.is_set():
                 request._finish("cancelled")
-                continue
-            try:
-                self._join(request)
-            except Exception as error:  # the rows already running are whole: only this request fails
-                log.exception("a request's prefill failed; it ends with finish_reason 'error'")
-                request._finish("error", error)
+        joining = [r for r in joining if not r.done]
+        try:
+            self._join(joining)
+        except Exception:  # the running rows are whole; the joiners retry one by one: only a prompt failing alone fails
+            for request in joining:
+                try:
+                    self._join([request])
+                except Exception as error:
+                    log.exception("a request's prefill failed; it ends with finish_reason 'error'")
+                    request._finish("error", error)
         self._sweep()
         if self._rows:
             self._decode()
             self._sweep()
         return bool(self._rows or self._waiting)
 
-    def _join(self, request: Request) -> None:
-        """Prefill ``request`` alone into row n, its prompt in slots s-L..s-1, and draw its first token."""
-        length = len(request.prompt_ids)
+    def _join(self, requests: list[Request]) -> None:
+        """Prefill ``requests`` together into rows n..n+k-1, left-padded as ``generate`` pads a batch: request j's
+        prompt in slots s-L_j..s-1, so its row's padding is s - L_j; and draw each one's first token. One forward,
+        however many join at once (a wave of clients after a wave of answers)."""
+        if not requests:
+            return
+        lengths = [len(r.prompt_ids) for r in requests]
+        length = max(lengths)  # the longest joiner's prompt ends just before slot s, at no padding
         if not self._rows:
             self._slot = length
         elif self._slot < length:
             self._move(length - self._slot)
-        i, pad = len(self._rows), self._slot - length
-        ids = torch.tensor([request.prompt_ids], device=self.device)  # (1, L)
-        logits = self.net(ids, [c.view(i, i + 1, pad) for c in self._cache], 0)[:, -1]  # (1, V)
-        p = request.params
-        generator = torch.Generator(self.device)
-        if p.seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(p.seed)
-        row = _Row(request, pad, generator, p.temperature <= 0 and p.repetition_penalty == 1)
-        self._rows.append(row)
-        self._draw(row, logits)
+        i, k, first = len(self._rows), len(requests), self._slot - length
+        ids = torch.zeros(k, length, dtype=torch.long)
+        for j, r in enumerate(requests):
+            ids[j, length - lengths[j] :] = torch.tensor(r.prompt_ids)
+        pad = torch.tensor([length - n for n in lengths], device=self.device)  # (k,): within the window from first
+        window = [c.view(i, i + k, first) for c in self._cache]
+        logits = self.net(ids.to(self.device), window, 0, pad if bool(pad.any()) else None)[:, -1]  # (k, V)
+        firsts = logits.argmax(dim=-1).tolist()  # the greedy rows' first tokens
+        rows = []  # every row made before any is taken, so a failure here leaves no joiner half in
+        for j, request in enumerate(requests):
+            p = request.params
+            generator = torch.Generator(self.device)
+            if p.seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed(p.seed)
+            greedy = p.temperature <= 0 and p.repetition_penalty == 1
+            rows.append(_Row(request, self._slot - lengths[j], generator, greedy))
+        for j, row in enumerate(rows):
+            self._rows.append(row)
+            self._draw(row, logits[j : j + 1], firsts[j])
 
     def _decode(self) -> None:
         """One forward of every running row's newest token at slot s, and the next token of each."""
