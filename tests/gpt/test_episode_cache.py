@@ -4,10 +4,12 @@ layouts; each forward advances only the rows still sampling their turn."""
 
 from __future__ import annotations
 
+import random
 from functools import partial
 
 import pytest
 import torch
+from torch import Tensor
 
 from zoo.gpt import GPT, MHA, MLA, MoE, RMSNorm, SwiGLU
 from zoo.gpt.generate import make_cache
@@ -76,8 +78,10 @@ def recorded(monkeypatch, scripts: dict[int, list], seen: dict[int, list]) -> No
 
 
 def stops(k: int) -> list:
-    """Row k's turns: (k + t) % 4 of the net's own tokens then a stop, none at every fourth (the budget ends it)."""
-    return [x for t in range(12) for x in [None] * ((k + t) % 4) + ([256] if (k + t) % 4 != 3 else [None] * 30)]
+    """Row k's turns: 0 to 9 of the net's own tokens then a stop (the budget may come first), drawn from k: rows end
+    their turns in a different order each turn."""
+    rng = random.Random(k)
+    return [x for _ in range(12) for x in [None] * rng.randrange(10) + [256]]
 
 
 def tool_call(k: int) -> list[int]:
@@ -147,10 +151,16 @@ def test_calculator_tool_calls_and_the_lake_play_together_as_alone(monkeypatch):
     both(monkeypatch, net, LAKE, [0, 1, 2], E.Episodes(max_turns=5, max_tokens=260), 10)
 
 
-def test_the_bounds_truncate_rows_at_different_turns_as_alone(monkeypatch):
-    got = both(monkeypatch, tiny("mha"), GUESS, [0, 1, 2, 3], E.Episodes(max_turns=8, max_tokens=220), 24)
-    assert {e.ended for e in got} == {"max_tokens"} and [e.turns for e in got] == [3, 3, 3, 2]
-    assert all(len(e.ids) <= 220 for e in got)
+def test_the_bounds_truncate_rows_at_different_turns_as_alone_each_forward_advancing_the_rows_sampling(monkeypatch):
+    fed, step, feed = [], EpisodeCache.step, EpisodeCache.feed
+    monkeypatch.setattr(EpisodeCache, "step", lambda self, tokens: fed.append(len(tokens)) or step(self, tokens))
+    live = []
+    monkeypatch.setattr(EpisodeCache, "feed", lambda self, eps, seqs: live.append(len(eps)) or feed(self, eps, seqs))
+    got = both(monkeypatch, tiny("mha"), GUESS, [0, 1, 2, 3], E.Episodes(max_turns=8, max_tokens=200), 24)
+    assert {e.ended for e in got} == {"max_tokens"} and [e.turns for e in got] == [2, 2, 3, 2]
+    assert all(len(e.ids) <= 200 for e in got)
+    assert sum(fed) == sum(len(t) - 1 for e in got for t in turns(e))  # a turn's last token is never fed in it
+    assert live == [4, 4, 1]  # each turn's scaffolding fed to the episodes still running, in one forward
 
 
 def test_sampled_episodes_draw_from_their_own_seeds_and_score_as_a_fresh_forward(monkeypatch):
@@ -170,11 +180,32 @@ def test_sampled_episodes_draw_from_their_own_seeds_and_score_as_a_fresh_forward
     assert [e.ids for e in played[0]] == [e.ids for e in played[1]]
 
 
-def test_each_forward_advances_the_rows_still_sampling_alone(monkeypatch):
-    fed, step, feed = [], EpisodeCache.step, EpisodeCache.feed
-    monkeypatch.setattr(EpisodeCache, "step", lambda self, tokens: fed.append(len(tokens)) or step(self, tokens))
-    live = []
-    monkeypatch.setattr(EpisodeCache, "feed", lambda self, eps, seqs: live.append(len(eps)) or feed(self, eps, seqs))
-    got = both(monkeypatch, tiny("mha"), GUESS, [0, 1, 2, 3], E.Episodes(max_turns=4, max_tokens=250), 12)
-    assert sum(fed) == sum(len(t) - 1 for e in got for t in turns(e))  # a turn's last token is never fed in it
-    assert live == [sum(e.turns > k for e in got) for k in range(max(e.turns for e in got))]
+def test_rows_that_wait_move_and_step_past_the_last_slot_see_what_a_forward_from_scratch_sees():
+    net, g = tiny("gqa", block_size=40), torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, 257, (n,), generator=g).tolist() for n in (37, 12, 25, 30)]
+
+    def fresh(e: int) -> Tensor:
+        return net(torch.tensor([seqs[e]]))[0, -1]
+
+    with torch.inference_mode():
+        cache = EpisodeCache(net, 4, 40)
+        logits = cache.feed([0, 1, 2, 3], seqs)  # every row ends at slot 37
+        for i, e in enumerate(cache.who):
+            torch.testing.assert_close(logits[i], fresh(e), atol=1e-4, rtol=1e-4)
+        cache.swap(cache.row[0], 3)  # the longest waits; row 3 sits out too
+        cache.swap(cache.row[3], 2)
+        for _ in range(9):  # past slot 40: the two rows move left by their smallest padding
+            stepping = cache.who[:2]
+            token = [int(x) for x in torch.randint(0, 257, (2,), generator=g)]
+            for e, t in zip(stepping, token):
+                seqs[e].append(t)
+            logits = cache.step(token)
+            for i, e in enumerate(stepping):
+                torch.testing.assert_close(logits[i], fresh(e), atol=1e-4, rtol=1e-4)
+        assert cache.s < 37 + 9
+        for e, n in ((0, 2), (3, 5), (1, 1)):  # scaffolding of unequal lengths; episode 2 ended
+            seqs[e] += torch.randint(0, 257, (n,), generator=g).tolist()
+        logits = cache.feed([3, 0, 1], [seqs[3], seqs[0], seqs[1]])
+        assert sorted(cache.who[:3]) == [0, 1, 3]
+        for i, e in enumerate(cache.who[:3]):
+            torch.testing.assert_close(logits[i], fresh(e), atol=1e-4, rtol=1e-4)
