@@ -160,7 +160,7 @@ def test_the_bounds_truncate_rows_at_different_turns_as_alone_each_forward_advan
     assert {e.ended for e in got} == {"max_tokens"} and [e.turns for e in got] == [2, 2, 3, 2]
     assert all(len(e.ids) <= 200 for e in got)
     assert sum(fed) == sum(len(t) - 1 for e in got for t in turns(e))  # a turn's last token is never fed in it
-    assert live == [4, 4, 1]  # each turn's scaffolding fed to the episodes still running, in one forward
+    assert live == [1, 4, 1]  # the first prompt (one for all: the game's is the same), each later turn's to those left
 
 
 def test_sampled_episodes_draw_from_their_own_seeds_and_score_as_a_fresh_forward(monkeypatch):
@@ -181,20 +181,20 @@ def test_sampled_episodes_draw_from_their_own_seeds_and_score_as_a_fresh_forward
 
 
 def test_rows_that_wait_move_and_step_past_the_last_slot_see_what_a_forward_from_scratch_sees():
-    net, g = tiny("gqa", block_size=40), torch.Generator().manual_seed(0)
-    seqs = [torch.randint(0, 257, (n,), generator=g).tolist() for n in (37, 12, 25, 30)]
+    net, g = tiny("gqa", block_size=48), torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, 257, (n,), generator=g).tolist() for n in (40, 12, 25, 30)]
 
     def fresh(e: int) -> Tensor:
         return net(torch.tensor([seqs[e]]))[0, -1]
 
     with torch.inference_mode():
-        cache = EpisodeCache(net, 4, 40)
-        logits = cache.feed([0, 1, 2, 3], seqs)  # every row ends at slot 37
+        cache = EpisodeCache(net, 4, 48)
+        logits = cache.feed([0, 1, 2, 3], seqs)  # every row ends at slot 40
         for i, e in enumerate(cache.who):
             torch.testing.assert_close(logits[i], fresh(e), atol=1e-4, rtol=1e-4)
         cache.swap(cache.row[0], 3)  # the longest waits; row 3 sits out too
         cache.swap(cache.row[3], 2)
-        for _ in range(9):  # past slot 40: the two rows move left by their smallest padding
+        for _ in range(9):  # past slot 48: the two rows move left by their smallest padding
             stepping = cache.who[:2]
             token = [int(x) for x in torch.randint(0, 257, (2,), generator=g)]
             for e, t in zip(stepping, token):
@@ -202,8 +202,8 @@ def test_rows_that_wait_move_and_step_past_the_last_slot_see_what_a_forward_from
             logits = cache.step(token)
             for i, e in enumerate(stepping):
                 torch.testing.assert_close(logits[i], fresh(e), atol=1e-4, rtol=1e-4)
-        assert cache.s < 37 + 9
-        for e, n in ((0, 2), (3, 5), (1, 1)):  # scaffolding of unequal lengths; episode 2 ended
+        assert cache.s < 40  # the waiting row's sequence now ends after theirs
+        for e, n in ((0, 5), (3, 2), (1, 1)):  # scaffolding of unequal lengths; episode 2 ended
             seqs[e] += torch.randint(0, 257, (n,), generator=g).tolist()
         logits = cache.feed([3, 0, 1], [seqs[3], seqs[0], seqs[1]])
         assert sorted(cache.who[:3]) == [0, 1, 3]

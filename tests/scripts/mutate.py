@@ -3001,6 +3001,17 @@ FAMILIES: dict[str, dict] = {
                 "torch.multinomial(probs[i : i + 1], 1, generator=g)",
                 "torch.multinomial(probs[i : i + 1], 1, generator=generators[0])",
             ),
+            # a shared first prompt copied short of its last slot, or to its twin without its padding
+            (
+                ECA,
+                "                c.copy_row(source[i], i, self.s)\n",
+                "                c.copy_row(source[i], i, self.s - 1)\n",
+            ),
+            (
+                ECA,
+                "            self.pad[e], self.fed[e] = self.pad[twin], self.fed[twin]\n",
+                "            self.fed[e] = self.fed[twin]\n",
+            ),
         ],
     },
 }

@@ -4,13 +4,15 @@ key), so one forward advances every episode still sampling its turn.
 
 An episode's tokens sit in consecutive slots of its row, position p at slot pad + p, and the GPT's ``pad`` argument
 gives each row its positions and hides the slots before its own (``generate``'s left padding: sliding windows and
-mixtures of experts as they are alone). Two calls:
+mixtures of experts as they are alone). Three calls:
 
+  start: every episode's first prompt, each distinct prompt computed once (a seed's G episodes share theirs) and its
+         row copied to its twins' rows;
   feed:  at a turn's start every episode still running takes what it has not been fed (its last sampled token and
-         the scaffolding; the first prompt) in one forward: its row is moved so that its sequence ends at one common
-         slot s, and a block of the last P slots before s (P the most any row has to take) is fed for every row, a
-         row that has less to take recomputing its last cached tokens (the same keys at the same positions) or
-         padding where it is shorter than P.
+         the scaffolding) in one forward: its row is moved so that its sequence ends at one common slot s, and a block
+         of the last P slots before s (P the most any row has to take) is fed for every row, a row that has less to
+         take recomputing its last cached tokens (the same keys at the same positions) or padding where it is
+         shorter than P;
   step:  each row still sampling its turn takes its newest token at slot s, in one forward of those rows alone.
 
 Rows whose turn has ended, and finished episodes, are swapped out of rows 0..n-1, so a forward reads the n rows it
@@ -72,6 +74,23 @@ class EpisodeCache:
         free = [i for i in range(n) if self.who[i] not in wanted]
         for e, i in zip(outside, free):
             self.swap(i, self.row[e])
+
+    def start(self, prompts: Sequence[Sequence[int]]) -> Tensor:
+        """Every episode's first prompt fed, each distinct prompt once (a seed's G episodes share theirs) and its row
+        copied to the others': the last logits (R, V) in ``self.who``'s order."""
+        first: dict[tuple[int, ...], int] = {}
+        for e, prompt in enumerate(prompts):
+            first.setdefault(tuple(prompt), e)
+        alone = list(first.values())
+        logits = self.feed(alone, [prompts[e] for e in alone])  # (u, V): rows 0..u-1
+        at = {e: i for i, e in enumerate(self.who[: len(alone)])}
+        source = [at[first[tuple(prompts[e])]] for e in self.who]  # the row each row's prompt was computed in
+        for i in range(len(alone), len(prompts)):
+            e, twin = self.who[i], self.who[source[i]]
+            for c in self.layers:
+                c.copy_row(source[i], i, self.s)
+            self.pad[e], self.fed[e] = self.pad[twin], self.fed[twin]
+        return logits[source]
 
     def feed(self, episodes: Sequence[int], sequences: Sequence[Sequence[int]]) -> Tensor:
         """``episodes`` (each with its whole sequence so far, longer than its cached part) brought to the end of their

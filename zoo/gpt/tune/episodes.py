@@ -308,9 +308,8 @@ def play_all(
         cache = EpisodeCache(net, r, bound)
         if generators is None:
             generators = sampling_generators(r, cache.device)
-        live = list(range(r))
+        live, logits = list(range(r)), cache.start([ep.ids for ep in eps])  # (R, V), rows in cache.who's order
         while live:
-            logits = cache.feed(live, [eps[e].ids for e in live])  # (n, V), rows in cache.who's order
             replies = {e: ([], []) for e in live}
             budget = {e: min(max_new_tokens, bound - len(eps[e].ids)) for e in live}
             n = len(live)
@@ -331,6 +330,8 @@ def play_all(
                 infos[e] = take_turn(eps[e], envs[e], talks[e], *replies[e], scaffold, episodes, bound, env_id)
                 talks[e] = eps[e].messages
             live = [e for e in live if not eps[e].ended]
+            if live:  # the scaffolding to every next turn, in one forward: (n, V)
+                logits = cache.feed(live, [eps[e].ids for e in live])
     for ep, info in zip(eps, infos):
         ep.success = bool(info.get("success", False))
     return eps
