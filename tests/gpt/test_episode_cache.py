@@ -209,3 +209,19 @@ def test_rows_that_wait_move_and_step_past_the_last_slot_see_what_a_forward_from
         assert sorted(cache.who[:3]) == [0, 1, 3]
         for i, e in enumerate(cache.who[:3]):
             torch.testing.assert_close(logits[i], fresh(e), atol=1e-4, rtol=1e-4)
+
+
+def test_a_first_prompt_computed_once_serves_its_twins_rows():
+    net, g = tiny("gqa", block_size=48), torch.Generator().manual_seed(0)
+    a, b, c = (torch.randint(0, 257, (n,), generator=g).tolist() for n in (5, 9, 7))
+    seqs = [list(x) for x in (a, b, a, b, c)]
+    with torch.inference_mode():
+        cache = EpisodeCache(net, 5, 48)
+        logits = cache.start(seqs)
+        for _ in range(3):  # then each row its own tokens, its twin's prompt in its cache
+            for i, e in enumerate(cache.who):
+                torch.testing.assert_close(logits[i], net(torch.tensor([seqs[e]]))[0, -1], atol=1e-4, rtol=1e-4)
+            token = [int(x) for x in torch.randint(0, 257, (5,), generator=g)]
+            for e, t in zip(cache.who, token):
+                seqs[e].append(t)
+            logits = cache.step(token)

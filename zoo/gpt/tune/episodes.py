@@ -23,6 +23,13 @@ template renders after the reply: ``render(..., reply, observation, generation p
 less the stop token the policy sampled. A template that renders earlier turns otherwise once later ones follow
 (Qwen3's reasoning) has no such one sequence and is refused.
 
+A step's R episodes are played together (``play_all``; ``zoo.gpt.tune.episode_cache`` keeps their caches as rows
+of the serving engine's slot caches, each row its own positions): one forward per sampled token over the rows
+still sampling their turn, a row whose turn ended waiting while the others finish theirs; then every env steps
+(one env per episode, ``EnvRows``) and each row's scaffolding is fed in one forward, until every episode has ended.
+Greedy episodes are token for token those played alone; each episode samples with its own generator, so a seeded
+step repeats its episodes and an episode's draws do not depend on what is played beside it.
+
 ``rollout_of`` lays the episodes out as GRPO's ``Rollout``: each row the whole sequence from column 0, padded on
 the right (nothing attends to later padding), its first token the one no position predicts; ``completion_mask``
 and ``logps`` cover columns 1.. with 1 and the sampling log-probability on the policy's tokens alone.
