@@ -11,7 +11,9 @@ import pytest
 import torch
 from torch import Tensor
 
+from zoo.errors import InputError
 from zoo.gpt import GPT, MHA, MLA, MoE, RMSNorm, SwiGLU
+from zoo.gpt.attention import LongRoPE
 from zoo.gpt.generate import make_cache
 from zoo.gpt.tune import episodes as E
 from zoo.gpt.tune.episode_cache import EpisodeCache
@@ -225,3 +227,15 @@ def test_a_first_prompt_computed_once_serves_its_twins_rows():
             for e, t in zip(cache.who, token):
                 seqs[e].append(t)
             logits = cache.step(token)
+
+
+def test_a_longrope_net_plays_together_only_within_its_original_context():
+    rope = LongRoPE(short_factor=[1.0] * 4, long_factor=[2.0] * 4, original_max_position_embeddings=8)
+    net = GPT(vocab_size=257, block_size=16, n_layer=1, n_embd=32, n_head=4, position="rope", rope_scaling=rope)
+    with pytest.raises(InputError, match="max_tokens at most 8") as err:
+        EpisodeCache(net, 2, 16)
+    assert "\n" not in str(err.value)
+    seqs = [[1, 2, 3, 4, 5, 6, 7], [8, 9, 10]]
+    with torch.inference_mode():
+        logits = EpisodeCache(net, 2, 8).feed([0, 1], seqs)
+        torch.testing.assert_close(logits, torch.stack([net(torch.tensor([s]))[0, -1] for s in seqs]))
