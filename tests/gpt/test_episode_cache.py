@@ -239,3 +239,10 @@ def test_a_longrope_net_plays_together_only_within_its_original_context():
     with torch.inference_mode():
         logits = EpisodeCache(net, 2, 8).feed([0, 1], seqs)
         torch.testing.assert_close(logits, torch.stack([net(torch.tensor([s]))[0, -1] for s in seqs]))
+
+
+def test_greedy_episodes_leave_the_global_generator_as_it_was():
+    net, envs, scaffold = tiny("mha"), E.EnvRows(E.EnvSource(GUESS).make), E.Scaffold(ByteTokenizer())
+    before = torch.random.get_rng_state()
+    E.play_groups(net, envs, [0, 1], 1, scaffold, E.Episodes(2), 4, 0.0)
+    assert torch.equal(torch.random.get_rng_state(), before)  # validation between steps changes no training draw

@@ -3012,6 +3012,12 @@ FAMILIES: dict[str, dict] = {
                 "            self.pad[e], self.fed[e] = self.pad[twin], self.fed[twin]\n",
                 "            self.fed[e] = self.fed[twin]\n",
             ),
+            # greedy episodes (validation's) drawing from the global generator, moving training's draws
+            (
+                EP,
+                "sampling_generators(r, cache.device) if temperature > 0 else [None] * r",
+                "sampling_generators(r, cache.device)",
+            ),
         ],
     },
 }

@@ -296,7 +296,7 @@ def play_all(
 ) -> list[Episode]:
     """Episode k of ``envs[k]`` from ``seeds[k]``, all played together (module docstring; ``episode_cache``): one
     forward per sampled token over the episodes still sampling their turn, the net in eval mode. ``generators``:
-    each episode's sampler (None: ``sampling_generators``)."""
+    each episode's sampler (None: ``sampling_generators`` where ``temperature`` > 0)."""
     bound, stop_ids, r = episodes.bound(net), tuple(scaffold.tokenizer.stop_ids), len(seeds)
     eps, talks, infos = [], [], [{} for _ in range(r)]
     for env, seed in zip(envs, seeds, strict=True):
@@ -313,8 +313,8 @@ def play_all(
         talks.append(messages)  # the conversation the next scaffolding follows
     with evaluating(net):
         cache = EpisodeCache(net, r, bound)
-        if generators is None:
-            generators = sampling_generators(r, cache.device)
+        if generators is None:  # greedy episodes draw nothing, so the global generator is left as it was
+            generators = sampling_generators(r, cache.device) if temperature > 0 else [None] * r
         live, logits = list(range(r)), cache.start([ep.ids for ep in eps])  # (R, V), rows in cache.who's order
         while live:
             replies = {e: ([], []) for e in live}
