@@ -4,11 +4,11 @@ tool's latency) keeps an actor, not the learner, waiting.
 
 The seeds and the env (its registered ``EnvSpec``, picklable, so an actor makes its own env without importing
 anything a config names) reach the actors once, at start; each actor walks its own shuffled passes over the
-seeds, and each slot holds B seeds' G episodes played with the actor's weights (``zoo.gpt.tune.episodes.play``):
-their sequences, which tokens the policy sampled, the sampling log-probabilities (the behaviour policy mu's),
-each turn's end and reward, tool calls, success, and the weights' version. The learner copies a slot out as
-``Episode`` objects, the synchronous path's own, so one update serves both, and corrects the staleness per token
-(``GRPOModule.importance_weights``).
+seeds, and each slot holds B seeds' G episodes played together with the actor's weights
+(``zoo.gpt.tune.episodes.play_groups``): their sequences, which tokens the policy sampled, the sampling
+log-probabilities (the behaviour policy mu's), each turn's end and reward, tool calls, success, and the weights'
+version. The learner copies a slot out as ``Episode`` objects, the synchronous path's own, so one update serves
+both, and corrects the staleness per token (``GRPOModule.importance_weights``).
 
 Notation: K slots, B seeds per slot, G episodes per seed, R = B * G rows, L = the episode bound, M = max_turns.
 """
@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo.gpt.gpt import GPT
-from zoo.gpt.tune.episodes import EnvSource, Episode, Episodes, play_groups, scaffold_for
+from zoo.gpt.tune.episodes import EnvRows, EnvSource, Episode, Episodes, play_groups, scaffold_for
 from zoo.train import actor_pool
 
 
@@ -101,8 +101,8 @@ class EpisodeActor:
         self.rank, self.sampling, self.slots = rank, sampling, slots
         self.net = copy.deepcopy(net).eval()  # local memory: sampling never reads weights the learner is writing
         self.version, self.filled = -1, 0
-        self.env = sampling.env.make(sampling.spec)
-        self.scaffold = scaffold_for(sampling.tokenizer, self.env)
+        self.env = EnvRows(partial(sampling.env.make, sampling.spec))  # one env per episode played together
+        self.scaffold = scaffold_for(sampling.tokenizer, self.env.first)
         self.order: list[int] = []
 
     def draw(self) -> list[int]:
