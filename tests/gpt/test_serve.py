@@ -340,6 +340,7 @@ FAMILIES = {  # a template per family of the README's list: (its file in TRL or 
     "llama3": ("llama3_2.jinja", "<|begin_of_text|>", "<|eot_id|>"),
     "phi3": ("phi3.jinja", None, "<|end|>"),
     "gemma3": ("gemma3.jinja", "<bos>", "<end_of_turn>"),
+    "gemma2": ("gemma.jinja", "<bos>", "<end_of_turn>"),  # Gemma 1 and 2's (no system turn)
     # The published templates TRL does not ship, stored here: Mistral Small 3.1 (mistralai/Mistral-Small-3.1-24B-
     # Instruct-2503, as llama.cpp's models/templates stores it), SmolLM3 (HuggingFaceTB/SmolLM3-3B, as swift-jinja's
     # test templates store it), OLMo 2 (allenai/OLMo-2-1124-7B-Instruct's tokenizer_config.json), Granite 3.0
@@ -348,6 +349,10 @@ FAMILIES = {  # a template per family of the README's list: (its file in TRL or 
     "smollm3": ("templates/smollm3.jinja", None, "<|im_end|>"),
     "olmo2": ("templates/olmo2_instruct.jinja", "<|endoftext|>", "<|endoftext|>"),
     "granite": ("templates/granite3.0_instruct.jinja", "<|end_of_text|>", "<|end_of_text|>"),
+    # Llama 2 chat (meta-llama/Llama-2-7b-chat-hf's, as several public copies agree) and Mistral 7B Instruct v0.2
+    # (as llama.cpp's tests/test-chat-template.cpp stores it: no system turn), the older [INST] formats.
+    "llama2": ("templates/llama2_chat.jinja", "<s>", "</s>"),
+    "mistral7b": ("templates/mistral_7b_instruct_v0.2.jinja", "<s>", "</s>"),
 }
 TURNS = [
     {"role": "system", "content": "You are terse."},
@@ -378,7 +383,7 @@ def test_a_conversation_with_earlier_assistant_turns_renders_transformers_ids(tm
 
     folder = template_folder(tmp_path, family)
     theirs = transformers.AutoTokenizer.from_pretrained(folder)
-    turns = TURNS[1:] if family == "gemma3" else TURNS
+    turns = TURNS[1:] if family.startswith("gemma") or family == "mistral7b" else TURNS
     expected = theirs.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)["input_ids"]
     assert prompt_ids(from_folder(folder), turns) == expected
 
