@@ -118,7 +118,7 @@ def sft(work: Path, steps: int) -> Path:
         return ckpt
     config = work / "sft.yaml"
     config.write_text(SFT_CONFIG.format(data=work / "sft_data", env_id=ENV_ID, steps=steps, root=work / "sft"))
-    cli = main(["fit", "--config", str(config)], run=False)
+    cli = main(["--config", str(config)], run=False)
     cli.trainer.fit(cli.model, cli.datamodule)
     cli.trainer.save_checkpoint(ckpt)
     return ckpt
