@@ -2917,8 +2917,8 @@ FAMILIES: dict[str, dict] = {
             ),
             (
                 "bench/agentic_race.py",
-                "text = self.tokenizer.decode(reply[:-1] if stop is not None else reply)",
-                "text = self.tokenizer.decode(reply)",
+                "stop = reply[-1] if reply and reply[-1] == EOS else None",
+                "stop = None",
             ),
         ],
     },
