@@ -128,12 +128,13 @@ def sft(work: Path, steps: int) -> Path:
 def success(net, seeds: list[int], s: dict) -> tuple[float, float]:
     """Greedy success rate and mean turns of ``net`` over one episode of each seed (the zoo's episode loop)."""
     from zoo.gpt.tune.envs import make
-    from zoo.gpt.tune.episodes import Episodes, episode_metrics, play_groups, scaffold_for
+    from zoo.gpt.tune.episodes import EnvRows, Episodes, episode_metrics, play_groups, scaffold_for
     from zoo.io.tokenizers import ByteTokenizer
 
-    env = make(ENV_ID, **env_kwargs(s))
+    envs = EnvRows(lambda: make(ENV_ID, **env_kwargs(s)))
     bounds = Episodes(max_turns=s["max_turns"], max_tokens=episode_tokens(net.block_size, s))
-    episodes = play_groups(net, env, seeds, 1, scaffold_for(ByteTokenizer(), env), bounds, s["max_new_tokens"], 0.0)
+    scaffold = scaffold_for(ByteTokenizer(), envs.first)
+    episodes = play_groups(net, envs, seeds, 1, scaffold, bounds, s["max_new_tokens"], 0.0)
     m = episode_metrics(episodes)
     return m["success"], m["turns"]
 
