@@ -144,12 +144,18 @@ class EpisodeRace(Race):
 
     def __init__(self, seeds: list[int], settings: dict, every: int, target: float, clock: str) -> None:
         super().__init__(None, every, target, settings["max_new_tokens"], clock)
-        self.seeds, self.settings, self.turns = seeds, settings, []
+        self.seeds, self.settings, self.turns, self.label = seeds, settings, [], ""
 
     def evaluate(self, net) -> float:
         rate, turns = success(net, self.seeds, self.settings)
         self.turns.append(turns)
         return rate
+
+    def step(self, steps: int, net) -> bool:
+        hit, due = super().step(steps, net), steps % self.every == 0
+        if due and self.label:  # each evaluation as it comes: a long run shows where it stands
+            print(f"    {self.label} {self.evals[-1]} turns {self.turns[-1]:.2f}", flush=True)
+        return hit
 
 
 def check_same(a: dict, b: dict, names: tuple[str, str] = ("trl", "zoo")) -> None:
@@ -303,6 +309,7 @@ def trl_run(job: dict) -> dict:
     s, model_dir = job["settings"], job["model"]
     net, to_zoo = zoo_net(model_dir)  # the evaluation's net: TRL's weights copied in
     race = EpisodeRace(job["eval_seeds"], s, job["eval_every"], job["target"], job["clock"])
+    race.label = f"{job['arm']} seed {job['seed']}:"
 
     class Evaluations(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
@@ -385,6 +392,7 @@ def zoo_run(job: dict) -> dict:
 
     s = job["settings"]
     race = EpisodeRace(job["eval_seeds"], s, job["eval_every"], job["target"], job["clock"])
+    race.label = f"{job['arm']} seed {job['seed']}:"
 
     class Evaluations(Callback):
         def on_train_start(self, trainer, pl_module) -> None:
