@@ -31,7 +31,7 @@ TRL's weights copied into a zoo net for it. Every ``--eval-every`` learner steps
 ``--target`` is the hit, and the run stops there. Time: CPU seconds (user + system) of the run's process from the
 first training step, evaluations taken out (``bench.grpo_race.Race``). Arms alternate over seeds (ABBA).
 
-    python bench/agentic_race.py --target 0.9 --max-steps 150 --seeds 0 1 2
+    python bench/agentic_race.py --target 0.5 --max-steps 60 --eval-seeds 50 --lr 2e-4 --processes 2 --seeds 0 1 2
 """
 
 from __future__ import annotations
