@@ -4,10 +4,11 @@ folder, with the same environment, rewards and settings: CPU seconds to a held-o
 The game: ``zoo/GuessNumber-v0`` (docs/gpt-envs.md): a number in 1..100, each reply ``Guess: N`` answered
 ``Higher.`` / ``Lower.`` as a user turn; reward 1 on success (less ``turn_cost`` a reply), ``max_turns`` replies.
 The model: a byte-level zoo GPT (EOS 256) SFT-trained by ``cli.py fit`` on the ``random`` player's traces
-(``ChatDataModule(episodes=...)``, imperfect: about 7.5 guesses where binary search needs at most 7), written once
-as a Hugging Face folder (``bench.grpo_race.export_start``) that both arms start from: TRL loads it with
-transformers, the zoo arm names it as ``init_weights`` of ``configs/gpt/grpo_guess_number.yaml``. ``--init`` gives
-your own (a zoo ``.ckpt`` or a folder); left out, the SFT stage runs here first (``--sft-steps``, a few CPU minutes).
+(``ChatDataModule(episodes=...)``, 800 steps by default, about 200 CPU s; imperfect: about 7.5 guesses where
+binary search needs at most 7), written once as a Hugging Face folder (``bench.grpo_race.export_start``) that both
+arms start from: TRL loads it with transformers, the zoo arm names it as ``init_weights`` of
+``configs/gpt/grpo_guess_number.yaml``. ``--init`` gives your own (a zoo ``.ckpt`` or a folder); left out, the SFT
+stage runs here first (``--sft-steps``).
 
 TRL's arm, through its multi-turn API: ``environment_factory`` makes one ``GuessGame`` per rollout, reset by TRL with
 the dataset row's seed, holding the zoo's env (``zoo.gpt.tune.envs.make``, the same id and settings as the zoo
@@ -455,7 +456,7 @@ def summary(results: list[dict], target: float) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--init", default=None, help="a zoo .ckpt or a Hugging Face folder; left out: SFT here first")
-    ap.add_argument("--sft-steps", type=int, default=300, help="the SFT stage's steps when --init is left out")
+    ap.add_argument("--sft-steps", type=int, default=800, help="the SFT stage's steps when --init is left out")
     ap.add_argument("--target", type=float, default=0.9, help="held-out greedy success rate to reach")
     ap.add_argument("--max-steps", type=int, default=150, help="learner steps before a run gives up")
     ap.add_argument("--eval-every", type=int, default=10, help="learner steps between evaluations")
