@@ -160,8 +160,12 @@ class Race:
         self.evals: list[tuple[int, float, float]] = []  # (step, accuracy, seconds)
         self.hit: dict | None = None
 
+    def evaluate(self, net) -> float:
+        """The score the target is set on: greedy exact match on the held-out prompts."""
+        return accuracy(net, self.held_out, self.max_new_tokens)
+
     def start(self, net) -> None:
-        self.evals.append((0, accuracy(net, self.held_out, self.max_new_tokens), 0.0))
+        self.evals.append((0, self.evaluate(net), 0.0))
         self.t0 = self.read()
 
     def step(self, steps: int, net) -> bool:
@@ -170,7 +174,7 @@ class Race:
             return False
         paused = self.read()
         seconds = paused - self.t0 - self.out
-        acc = accuracy(net, self.held_out, self.max_new_tokens)
+        acc = self.evaluate(net)
         self.evals.append((steps, acc, seconds))
         if acc >= self.target and self.hit is None:
             self.hit = {"steps": steps, "seconds": seconds, "accuracy": acc}

@@ -231,6 +231,7 @@ COVERED: list[tuple[str, str]] = [
         "tests/test_readme.py::test_ci_runs_the_readme_commands_as_written_the_first_on_a_base_install",
     ),
     (r"^python bench/grpo_race\.py", "minutes of CPU"),
+    (r"^python bench/agentic_race\.py", "minutes of CPU"),
     (r"^python bench/serve_engine\.py", "minutes of CPU"),
     (r"^python bench/agentic\.py", "minutes of CPU"),
 ]

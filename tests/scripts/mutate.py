@@ -2943,6 +2943,25 @@ FAMILIES: dict[str, dict] = {
             ("bench/assistant.py", "per_step = sft_fit_cpu / sft_steps", "per_step = sft_fit_cpu / (sft_steps + 1)"),
         ],
     },
+    "agentic_race": {  # bench/agentic_race.py: equal settings or refused; TRL's episodes laid out as the zoo's
+        "tests": ["tests/bench/test_agentic_race.py", "-m", "slow or not slow"],
+        "mutants": [
+            ("bench/agentic_race.py", "for k in keys if a.get(k) != b.get(k)]", "for k in keys if k not in a]"),
+            ("bench/agentic_race.py", '"temperature": trainer.temperature,', '"temperature": a.temperature,'),
+            ("bench/agentic_race.py", '"env_kwargs": dict(d.env.kwargs),', '"env_kwargs": env_kwargs(SETTINGS),'),
+            ("bench/agentic_race.py", "        self.total += float(reward)\n", "        self.total = float(reward)\n"),
+            (
+                "bench/agentic_race.py",
+                "                mask[i] += [0] * len(after)\n",
+                "                mask[i] += [1] * len(after)\n",
+            ),
+            (
+                "bench/agentic_race.py",
+                "stop = reply[-1] if reply and reply[-1] == EOS else None",
+                "stop = None",
+            ),
+        ],
+    },
     "folder": {  # issue 54: a model folder is read once, handed on; a config names it once; stated, not defaulted
         "tests": ["tests/gpt/test_gpt_folder.py", "tests/app/test_net_from_source.py"],
         "mutants": [
