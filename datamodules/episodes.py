@@ -98,6 +98,7 @@ class EpisodeDataModule(SplitLoaders, LightningDataModule):
         if self.train_set is not None:
             return
         self.env.spec()  # a registered id, or one line naming the registered ones
+        ensure_tokenizer(self)  # the module takes it at its setup: a net from init_weights sized nothing by the data
         h = self.hparams
         self.train_set = list(range(h.train_seeds))
         self.val_set = list(range(h.val_seed, h.val_seed + h.val_seeds))
