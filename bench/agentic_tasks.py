@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import re
 import statistics
 import sys
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,6 +45,7 @@ TASKS = {
         "player": "mixed",
         "teacher_kwargs": {"split": "test"},
         "test_args": ["--data.init_args.env_kwargs.split=test"],
+        "rl_args": [],
         "steps": {"sft": 1500, "rl": 100},
         "stages": ["sft", "rl", "notool", "sft_more"],
     },
@@ -51,7 +54,9 @@ TASKS = {
         "player": "mixed",
         "teacher_kwargs": {"max_turns": 10},
         "test_args": [],
-        "steps": {"sft": 1500, "rl": 150},
+        # the shipped config's lr is for a pretrained net; a turn's cost makes fewer guesses the better success
+        "rl_args": ["--model.init_args.optimizer.lr=0.0003", "--data.init_args.env_kwargs.turn_cost=0.05"],
+        "steps": {"sft": 600, "rl": 100},
         "stages": ["sft", "rl", "sft_more"],
     },
     "frozenlake": {
@@ -59,6 +64,7 @@ TASKS = {
         "player": "planner",
         "teacher_kwargs": {"max_turns": 12},
         "test_args": [],
+        "rl_args": [],
         "steps": {"sft": 600, "rl": 100},
         "stages": ["sft", "rl", "sft_more"],
     },
@@ -78,6 +84,8 @@ def fit_args(task: str, stage: str, seed: int, steps: int) -> list[str]:
     args = ["fit", "--config", str(config(task, stage)), f"--seed_everything={seed}", f"--trainer.max_steps={steps}"]
     if stage != "rl" and stage != "notool":
         args.append(f"--trainer.val_check_interval={every}")
+    if stage in ("rl", "notool"):
+        args += TASKS[task]["rl_args"]
     if stage == "notool":
         args.append("--model.init_args.episodes.max_turns=1")
     return [*args, f"--trainer.logger.init_args.stage={stage}",
@@ -107,23 +115,57 @@ def teacher(task: str) -> dict[str, float]:
     return {name: statistics.mean(r[k] for r in rows) for k, name in enumerate(METRICS)}
 
 
-def one_seed(task: str, folder: Path, seed: int, steps: dict[str, int], stages: list[str]) -> tuple[dict, dict, str]:
+def run_stage(task: str, folder: Path, seed: int, stage: str, n: int, parent: str | None) -> tuple:
+    """Fit one stage (from ``parent``, a registered model) and test it: its model, scores, CPU seconds of the fit
+    and of the whole stage, and (rl) the report card of its lineage. Run in a process of its own or not, the CPU is
+    that of the ``cli.py`` processes it waited for."""
+    start = cpu_seconds()
+    start_from = [f"--model.init_args.init_weights={parent}"] if parent else []
+    model = registered(cli(folder, *fit_args(task, stage, seed, n), *start_from))
+    fit_cpu = cpu_seconds() - start
+    scores, _ = evaluate(task, folder, model)
+    cpu, card = cpu_seconds() - start, ""
+    if stage == "rl":  # the lineage's report card: the rl model's test, through its own registered checkpoint
+        card = card_of(cli(folder, "test", "--ckpt_path", model, *TASKS[task]["test_args"]))
+    print(f"  seed {seed} {stage}: {json.dumps(scores)}  ({cpu / 60:.1f} CPU min)", flush=True)
+    return model, scores, fit_cpu, cpu, card
+
+
+def one_seed(task: str, folder: Path, seed: int, steps: dict[str, int], stages: list[str], given: dict) -> tuple:
+    """Scores and CPU seconds per stage for one seed, and the rl model's report card. ``given``: ``sft_model``
+    (a registered SFT model in ``folder``'s store to start from, with its fit's CPU ``sft_fit_cpu`` and its test's
+    ``sft_test_cpu``), ``sft_more_cpu`` (sft_more's budget; 0: the rl stage's), ``parallel`` (the stages after sft
+    at once, each in a process of its own, which needs sft_more's budget given)."""
     folder.mkdir(parents=True, exist_ok=True)
     scores, cpu, models, fit_cpu, card = {}, {}, {}, {}, ""
-    for stage in stages:
-        start = cpu_seconds()
-        n = steps["rl"] if stage == "notool" else steps.get(stage, 0)
-        if stage == "sft_more":  # the rl stage's CPU seconds, fit and evaluation, at the sft stage's CPU per step
-            n = matched_steps(cpu["rl"], fit_cpu["sft"], steps["sft"], cpu["sft"] - fit_cpu["sft"], VAL_EVERY)
-            print(f"  seed {seed} {stage}: {n} steps ({fit_cpu['sft'] / steps['sft']:.3f} CPU s a step of sft)")
-        parent = [f"--model.init_args.init_weights={models[PARENT[stage]]}"] if stage in PARENT else []
-        models[stage] = registered(cli(folder, *fit_args(task, stage, seed, n), *parent))
-        fit_cpu[stage] = cpu_seconds() - start
-        scores[stage], out = evaluate(task, folder, models[stage])
-        cpu[stage] = cpu_seconds() - start
-        if stage == "rl":  # the lineage's report card: the rl model's test, through its own registered checkpoint
-            card = card_of(cli(folder, "test", "--ckpt_path", models[stage], *TASKS[task]["test_args"]))
-        print(f"  seed {seed} {stage}: {json.dumps(scores[stage])}  ({cpu[stage] / 60:.1f} CPU min)", flush=True)
+    if given.get("sft_model"):
+        models["sft"], fit_cpu["sft"] = given["sft_model"], given["sft_fit_cpu"]
+        cpu["sft"] = fit_cpu["sft"] + given["sft_test_cpu"]
+    later = [s for s in stages if s != "sft"]
+
+    def steps_of(stage: str) -> int:
+        if stage != "sft_more":
+            return steps["rl"]
+        budget = given.get("sft_more_cpu") or cpu["rl"]  # fit and test, at the sft stage's CPU per step
+        n = matched_steps(budget, fit_cpu["sft"], steps["sft"], cpu["sft"] - fit_cpu["sft"], VAL_EVERY)
+        print(f"  seed {seed} {stage}: {n} steps ({fit_cpu['sft'] / steps['sft']:.3f} CPU s a step of sft)")
+        return n
+
+    def keep(stage: str, result: tuple) -> None:
+        nonlocal card
+        models[stage], scores[stage], fit_cpu[stage], cpu[stage], got = result
+        card = got or card
+
+    if "sft" not in models and "sft" in stages:
+        keep("sft", run_stage(task, folder, seed, "sft", steps["sft"], None))
+    if given.get("parallel"):
+        with ProcessPoolExecutor(len(later), mp_context=multiprocessing.get_context("fork")) as pool:
+            jobs = {s: pool.submit(run_stage, task, folder, seed, s, steps_of(s), models["sft"]) for s in later}
+            for stage, job in jobs.items():
+                keep(stage, job.result())
+    else:  # in order: sft_more after rl, whose CPU it is given
+        for stage in later:
+            keep(stage, run_stage(task, folder, seed, stage, steps_of(stage), models["sft"]))
     return scores, cpu, card
 
 
@@ -131,6 +173,8 @@ def report(task: str, runs: list[tuple[dict, dict, str]], stages: list[str]) -> 
     rows = [["teacher", *(f"{v:.3f}" for v in teacher(task).values()), "-"]]
     for stage in stages:
         got = [(s[stage], c[stage]) for s, c, _ in runs if stage in s]
+        if not got:
+            continue
         rows.append([stage, *(mean_std([s.get(m, float("nan")) for s, _ in got]) for m in METRICS),
                      f"{statistics.mean(c for _, c in got) / 60:.1f}"])  # fmt: skip
     return table([f"{task} ({len(runs)} seeds)", "success", "turns", "tool calls", "return", "CPU min / seed"], rows)
@@ -158,6 +202,10 @@ def main() -> None:
     ap.add_argument("--sft-steps", type=int, help="default: the task's (TASKS)")
     ap.add_argument("--rl-steps", type=int, help="GRPO steps of rl (and notool); default: the task's")
     ap.add_argument("--stages", nargs="+", help="a subset of the task's stages, in order (each needs its parent)")
+    ap.add_argument("--sft-more-cpu", type=float, default=0.0, help="sft_more's CPU seconds; 0: the rl stage's")
+    ap.add_argument("--parallel", action="store_true", help="the stages after sft at once (needs --sft-more-cpu)")
+    ap.add_argument("--sft-model", help="start from this registered SFT model in the workdir's store (one seed)")
+    ap.add_argument("--sft-cpu", type=float, nargs=2, metavar=("FIT", "TEST"), help="--sft-model's CPU seconds")
     ap.add_argument("--workdir", default=None, help="where the stores and data go (default: a temporary folder)")
     ap.add_argument("--collect", nargs="+", help="only tabulate the seeds in these earlier runs' outputs")
     args = ap.parse_args()
@@ -168,13 +216,20 @@ def main() -> None:
         return print(report(args.task, runs, [s for s in stages if any(s in r[0] for r in runs)]))
     if missing := {PARENT[s] for s in stages if s in PARENT} - set(stages):
         ap.error(f"--stages needs {sorted(missing)} too: each stage starts from its parent's model")
+    if args.parallel and not args.sft_more_cpu:
+        ap.error("--parallel runs sft_more beside rl: give its budget, --sft-more-cpu")
+    if args.sft_model and not (args.sft_cpu and len(args.seeds) == 1):
+        ap.error("--sft-model is one seed's model: give one --seeds and its --sft-cpu FIT TEST")
+    given = {"sft_more_cpu": args.sft_more_cpu, "parallel": args.parallel, "sft_model": args.sft_model}
+    if args.sft_cpu:
+        given.update(sft_fit_cpu=args.sft_cpu[0], sft_test_cpu=args.sft_cpu[1])
     steps = spec["steps"] | {k: v for k, v in (("sft", args.sft_steps), ("rl", args.rl_steps)) if v}
     os.environ["OMP_NUM_THREADS"] = "1"
     print(f"== {args.task}: {', '.join(stages)}; seeds {args.seeds}; steps {steps}")
     print(f"CPU: {cpu_model()}; load average at start: {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print("times: CPU minutes (user + system) of each stage's cli.py processes, fit and test")
     work = Path(args.workdir or tempfile.mkdtemp(prefix="agentic-"))
-    runs = [one_seed(args.task, work / f"{args.task}-seed{s}", s, steps, stages) for s in args.seeds]
+    runs = [one_seed(args.task, work / f"{args.task}-seed{s}", s, steps, stages, given) for s in args.seeds]
     print(f"\nReport card of seed {args.seeds[-1]}'s rl model ({work}):\n{runs[-1][2]}\n")
     print(report(args.task, runs, stages))
 

@@ -232,6 +232,7 @@ COVERED: list[tuple[str, str]] = [
     ),
     (r"^python bench/grpo_race\.py", "minutes of CPU"),
     (r"^python bench/serve_engine\.py", "minutes of CPU"),
+    (r"^python bench/agentic_tasks\.py", "minutes of CPU"),
 ]
 
 
