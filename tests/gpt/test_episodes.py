@@ -81,14 +81,13 @@ def _plain(tokenizer, text: str) -> list[int]:
 
 
 def _scripted(monkeypatch, tokenizer, replies: list[str]):
-    """``sample_turn`` replaced by a policy that says ``replies`` in turn, each ended by the first stop id."""
-    said = iter(replies)
+    """``draw`` replaced by a policy that says ``replies`` in turn, each ended by the first stop id (one episode)."""
+    said = iter([t for r in replies for t in _plain(tokenizer, r) + [tokenizer.stop_ids[0]]])
 
-    def sample_turn(net, cache, ids, fed, budget, *args, **kwargs):
-        out = _plain(tokenizer, next(said)) + [tokenizer.stop_ids[0]]
-        return out, [-0.5] * len(out)
+    def draw(logits, *args, **kwargs):
+        return [next(said)], [-0.5]
 
-    monkeypatch.setattr(E, "sample_turn", sample_turn)
+    monkeypatch.setattr(E, "draw", draw)
 
 
 def _templated(folder, template: str, eos: str):
@@ -116,7 +115,7 @@ def test_an_episode_is_the_templates_rendering_with_the_sampled_tokens_alone_tra
         tok = _templated(tmp_path, template, eos)
     replies = ["It is 42.", "43 then"]
     _scripted(monkeypatch, tok, replies)
-    ep = _play(_net(), EchoEnv(), tokenizer=tok)
+    ep = _play(_net(vocab_size=max(257, tok.vocab_size)), EchoEnv(), tokenizer=tok, max_new_tokens=32)
     whole = chat_renderer(tok)(ep.messages[:-1], False)  # the conversation through the last reply
     rest = whole.ids[len(ep.ids) :]  # what the template writes after the last stop token (ChatML's newline)
     assert ep.ids == whole.ids[: len(ep.ids)] and tok.decode(rest).strip() == "" and len(rest) <= 1
@@ -177,7 +176,7 @@ def test_an_episode_stops_when_the_env_ends_it_or_at_its_bounds():
 
 
 def test_each_reward_stays_with_its_episode_and_each_group_with_its_seed():
-    eps = E.play_groups(_net(), EchoEnv(), [3, 5], 2, E.Scaffold(ByteTokenizer()), E.Episodes(), 4, 1.0)
+    eps = E.play_groups(_net(), E.EnvRows(EchoEnv), [3, 5], 2, E.Scaffold(ByteTokenizer()), E.Episodes(), 4, 1.0)
     assert [e.seed for e in eps] == [3, 3, 5, 5]
     for e in eps:
         n = int(e.messages[0]["content"].split()[1].rstrip("."))

@@ -79,6 +79,7 @@ PG, RO = "zoo/train/policy_gradient.py", "zoo/gpt/tune/rollout.py"
 ASR, APL = "zoo/gpt/tune/async_rollout.py", "zoo/train/actor_pool.py"
 GR, RW = "zoo/gpt/tune/grpo.py", "zoo/gpt/tune/rewards.py"
 EP, AEP = "zoo/gpt/tune/episodes.py", "zoo/gpt/tune/async_episodes.py"
+ECA = "zoo/gpt/tune/episode_cache.py"
 CTT, DCH = "zoo/io/chat_template.py", "datamodules/chat.py"
 DPO, DPR, REF = "zoo/gpt/tune/dpo.py", "datamodules/preference.py", "zoo/gpt/tune/reference.py"
 TUNE_LOSS = "zoo/gpt/tune/losses.py"
@@ -2311,22 +2312,27 @@ FAMILIES: dict[str, dict] = {
             # a policy token left unmasked (the stop token), an env token trained on, the mask one column off
             (
                 EP,
-                "            ep.add(reply, True, logps)\n",
-                "            ep.add(reply[:-1], True, logps[:-1])\n            ep.add(reply[-1:], False)\n",
+                "    ep.add(reply, True, logps)\n",
+                "    ep.add(reply[:-1], True, logps[:-1])\n    ep.add(reply[-1:], False)\n",
             ),
-            (EP, "            ep.add(after, False)\n", "            ep.add(after, True)\n"),
+            (EP, "    ep.add(after, False)\n", "    ep.add(after, True)\n"),
             (EP, "torch.tensor(e.policy[1:n], dtype=torch.long)", "torch.tensor(e.policy[: n - 1], dtype=torch.long)"),
-            # the cache not carried (a fresh one each turn, fed the new tokens only), or carried wrong
+            # the cache not carried (its keys forgotten between turns, the new tokens alone fed), or carried wrong
             (
                 EP,
-                "            budget = min(max_new_tokens, bound - len(ep.ids))\n",
-                "            budget = min(max_new_tokens, bound - len(ep.ids))\n            cache = make_cache(net, 1, bound)\n",
+                "            logits = cache.feed(live, [eps[e].ids for e in live])",
+                "            [b.zero_() for c in cache.layers for b in c.buffers()]\n"
+                "            logits = cache.feed(live, [eps[e].ids for e in live])",
             ),
-            (EP, "    return net(x, cache, fed)[0, -1]", "    return net(x, cache, fed + 1)[0, -1]"),
-            (EP, "            fed = len(ep.ids) + len(reply) - 1\n", "            fed = len(ep.ids) + len(reply)\n"),
+            (
+                ECA,
+                "        return self._forward(n, block.to(self.device), s - p)",
+                "        return self._forward(n, block.to(self.device), s - p + 1)",
+            ),
+            (ECA, "            self.fed[self.who[i]] += 1\n", "            self.fed[self.who[i]] += 2\n"),
             # a finished episode continuing; one turn past max_turns
-            (EP, "            if terminated or truncated:\n", "            if terminated and truncated:\n"),
-            (EP, "            if ep.turns == episodes.max_turns:\n", "            if ep.turns > episodes.max_turns:\n"),
+            (EP, "    if terminated or truncated:\n", "    if terminated and truncated:\n"),
+            (EP, "    if ep.turns == episodes.max_turns:\n", "    if ep.turns > episodes.max_turns:\n"),
             # the reward of another episode of the group; a turn's reward credited at the wrong token
             (
                 GR,
@@ -2941,6 +2947,60 @@ FAMILIES: dict[str, dict] = {
                 "super().parse_args(self.args, defaults=True,",
             ),
             (AP, "    return key in own and own[key] is not None\n", "    return False\n"),
+        ],
+    },
+    "batch_episodes": {  # issue 55: a step's episodes played together (zoo.gpt.tune.episode_cache): rows, slots, turns
+        "tests": ["tests/gpt/test_episode_cache.py"],
+        "mutants": [
+            # a row's cache slot swapped: the episodes' rows not swapped with their caches, a swap cut short
+            (
+                ECA,
+                "        self.row[self.who[i]], self.row[self.who[j]] = i, j\n",
+                "        self.row[self.who[i]], self.row[self.who[j]] = j, i\n",
+            ),
+            (ECA, "                buf[j, :, :end] = held\n", ""),
+            (
+                ECA,
+                "        end = max(self.pad[e] + self.fed[e] for e",
+                "        end = min(self.pad[e] + self.fed[e] for e",
+            ),
+            # a finished row still sampled: the last row never leaves its turn; an ended episode played on
+            (
+                EP,
+                "                for i in reversed(range(n)):  # a row",
+                "                for i in reversed(range(n - 1)):  # a row",
+            ),
+            (
+                EP,
+                "            live = [e for e in live if not eps[e].ended]\n",
+                "            live = [e for e in live if eps[e].turns < 2]\n",
+            ),
+            # a waiting row's token fed (the first row whose turn ended takes a step too)
+            (
+                EP,
+                "logits = cache.step([replies[e][0][-1] for e in cache.who[:n]])",
+                "logits = cache.step([replies[e][0][-1] for e in cache.who[: n + 1]])",
+            ),
+            # positions off by one: the step's slot, a row's padding after a feed, the shift at the last slot
+            (ECA, "        return self._forward(n, x, self.s - 1)", "        return self._forward(n, x, self.s)"),
+            (
+                ECA,
+                "            keep, pad = max(0, m - p), s - m  #",
+                "            keep, pad = max(0, m - p), s - m - 1  #",
+            ),
+            (
+                ECA,
+                "                c.move(n, shift, self.s, -shift)\n",
+                "                c.move(n, shift, self.s, 1 - shift)\n",
+            ),
+            # a row's cached tokens left where they were when its sequence moved to end at the common slot
+            (ECA, "            if keep and pad != self.pad[e]:\n", "            if False:\n"),
+            # every row sampled with the first row's generator
+            (
+                EP,
+                "torch.multinomial(probs[i : i + 1], 1, generator=g)",
+                "torch.multinomial(probs[i : i + 1], 1, generator=generators[0])",
+            ),
         ],
     },
 }

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo.gpt.gpt import GPT
-from zoo.gpt.tune.episodes import EnvSource, Episode, Episodes, play_groups, scaffold_for
+from zoo.gpt.tune.episodes import EnvRows, EnvSource, Episode, Episodes, play_groups, scaffold_for
 from zoo.train import actor_pool
 
 
@@ -101,8 +101,8 @@ class EpisodeActor:
         self.rank, self.sampling, self.slots = rank, sampling, slots
         self.net = copy.deepcopy(net).eval()  # local memory: sampling never reads weights the learner is writing
         self.version, self.filled = -1, 0
-        self.env = sampling.env.make(sampling.spec)
-        self.scaffold = scaffold_for(sampling.tokenizer, self.env)
+        self.env = EnvRows(partial(sampling.env.make, sampling.spec))  # one env per episode played together
+        self.scaffold = scaffold_for(sampling.tokenizer, self.env.first)
         self.order: list[int] = []
 
     def draw(self) -> list[int]:

@@ -42,8 +42,9 @@ import torch
 from torch import Tensor
 
 from zoo.errors import InputError
-from zoo.gpt.generate import evaluating, make_cache, sample_next_logp
+from zoo.gpt.generate import evaluating, filter_logits
 from zoo.gpt.gpt import GPT
+from zoo.gpt.tune.episode_cache import EpisodeCache
 from zoo.gpt.tune.rollout import Rollout
 from zoo.io.chat_template import chat_renderer
 from zoo.io.tokenizers import EOS_TOKEN
@@ -231,45 +232,154 @@ class Episode:
         self.logps += list(logps) if logps is not None else [0.0] * len(ids)
 
 
-def forward_new(net: GPT, cache: list, ids: list[int], fed: int) -> Tensor:
-    """Last-position logits (V,) after ``ids``, feeding only ``ids[fed:]`` (the cache holds the first ``fed``);
-    where a LongRoPE net switches its tables in between, the cache is stale and the whole sequence is fed again."""
-    device = net.tok_emb.weight.device
-    if fed == 0 or net.rope_restarts(len(ids), fed):
-        fed = 0
-    x = torch.tensor([ids[fed:]], dtype=torch.long, device=device)  # (1, new)
-    return net(x, cache, fed)[0, -1]
+class EnvRows:
+    """One env per episode played together, made by ``make`` as a step needs more, kept across steps (each episode
+    resets its own with its seed); ``first`` reads the env's tools."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make, self.made = make, []
+
+    def rows(self, n: int) -> list:
+        while len(self.made) < n:
+            self.made.append(self.make())
+        return self.made[:n]
+
+    @property
+    def first(self):
+        return self.rows(1)[0]
+
+    def close(self) -> None:
+        for env in self.made:
+            env.close()
+        self.made = []
 
 
-def sample_turn(
-    net: GPT,
-    cache: list,
-    ids: list[int],
-    fed: int,
-    budget: int,
-    temperature: float,
-    top_p: float | None,
-    stop_ids: Sequence[int],
-    generator: torch.Generator | None = None,
+def draw(
+    logits: Tensor, temperature: float, top_p: float | None, generators: Sequence[torch.Generator]
 ) -> tuple[list[int], list[float]]:
-    """Up to ``budget`` tokens after ``ids`` (the cache holds the first ``fed``) and their sampling log-probabilities
-    (0 when greedy, ``temperature`` 0), through the first stop id; the last sampled token is left unfed."""
-    out, logps, stop = [], [], set(stop_ids)
-    logits = forward_new(net, cache, ids, fed)
-    while True:
-        if temperature > 0:
-            nxt, logp = sample_next_logp(logits[None], temperature, None, top_p, generator)
-            token, logp = int(nxt), float(logp)
-        else:
-            token, logp = int(logits.argmax()), 0.0
-        out.append(token)
-        logps.append(logp)
-        if token in stop or len(out) == budget:
-            return out, logps
-        logits = forward_new(net, cache, ids + out, len(ids) + len(out) - 1)
+    """The next token of each row from its logits (n, V) and its sampling log-probability: the argmax and 0 when
+    greedy (``temperature`` 0); else drawn with the row's own generator, as ``sample_next_logp`` draws one row."""
+    if temperature <= 0:
+        return logits.argmax(dim=-1).tolist(), [0.0] * len(logits)
+    filtered = filter_logits(logits.float() / temperature, None, top_p)  # (n, V)
+    probs, logps = filtered.softmax(dim=-1), filtered.log_softmax(dim=-1)
+    tokens = [int(torch.multinomial(probs[i : i + 1], 1, generator=g)) for i, g in enumerate(generators)]
+    return tokens, logps.gather(-1, torch.tensor(tokens, device=logps.device)[:, None])[:, 0].tolist()
+
+
+def sampling_generators(n: int, device: torch.device, generator: torch.Generator | None = None) -> list:
+    """One generator per episode, seeded from ``generator`` (None: torch's global one): a seeded run repeats its
+    episodes, each one whatever is played beside it."""
+    seeds = torch.randint(2**62, (n,), generator=generator).tolist()
+    return [torch.Generator(device).manual_seed(s) for s in seeds]
 
 
 @torch.inference_mode()
+def play_all(
+    net: GPT,
+    envs: Sequence,
+    seeds: Sequence[int],
+    scaffold: Scaffold,
+    episodes: Episodes,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float | None = None,
+    generators: Sequence[torch.Generator] | None = None,
+    env_id: str = "",
+) -> list[Episode]:
+    """Episode k of ``envs[k]`` from ``seeds[k]``, all played together (module docstring; ``episode_cache``): one
+    forward per sampled token over the episodes still sampling their turn, the net in eval mode. ``generators``:
+    each episode's sampler (None: ``sampling_generators``)."""
+    bound, stop_ids, r = episodes.bound(net), tuple(scaffold.tokenizer.stop_ids), len(seeds)
+    eps, talks, infos = [], [], [{} for _ in range(r)]
+    for env, seed in zip(envs, seeds, strict=True):
+        obs, _ = env.reset(seed=seed)
+        messages = list(observation_messages(obs, env_id))
+        first = scaffold.prompt(messages)
+        if len(first) >= bound:
+            raise InputError(
+                f"env {env_id!r}'s first prompt (seed {seed}) has {len(first)} tokens, leaving no room in "
+                f"episodes.max_tokens / block_size {bound}: give a larger bound"
+            )
+        eps.append(Episode(seed, [], [], [], messages=messages))
+        eps[-1].add(first, False)
+        talks.append(messages)  # the conversation the next scaffolding follows
+    with evaluating(net):
+        cache = EpisodeCache(net, r, bound)
+        if generators is None:
+            generators = sampling_generators(r, cache.device)
+        live = list(range(r))
+        while live:
+            logits = cache.feed(live, [eps[e].ids for e in live])  # (n, V), rows in cache.who's order
+            replies = {e: ([], []) for e in live}
+            budget = {e: min(max_new_tokens, bound - len(eps[e].ids)) for e in live}
+            n = len(live)
+            while n:
+                rows = cache.who[:n]
+                tokens, logps = draw(logits, temperature, top_p, [generators[e] for e in rows])
+                for e, token, logp in zip(rows, tokens, logps):
+                    replies[e][0].append(token)
+                    replies[e][1].append(logp)
+                for i in reversed(range(n)):  # a row whose turn ended leaves rows 0..n-1 for the last one's place
+                    out = replies[rows[i]][0]
+                    if out[-1] in stop_ids or len(out) == budget[rows[i]]:
+                        n -= 1
+                        cache.swap(i, n)
+                if n:
+                    logits = cache.step([replies[e][0][-1] for e in cache.who[:n]])
+            for e in live:
+                infos[e] = take_turn(eps[e], envs[e], talks[e], *replies[e], scaffold, episodes, bound, env_id)
+                talks[e] = eps[e].messages
+            live = [e for e in live if not eps[e].ended]
+    for ep, info in zip(eps, infos):
+        ep.success = bool(info.get("success", False))
+    return eps
+
+
+def take_turn(
+    ep: Episode,
+    env,
+    messages: list[dict],
+    reply: list[int],
+    logps: list[float],
+    scaffold: Scaffold,
+    episodes: Episodes,
+    bound: int,
+    env_id: str,
+) -> dict:
+    """The sampled ``reply`` to ``messages`` taken, ``env`` stepped with its text, and the scaffolding to the next
+    turn added unless the episode ends here (``ep.ended`` says why); the env's info."""
+    stop_ids = scaffold.tokenizer.stop_ids
+    ep.add(reply, True, logps)
+    ep.turn_ends.append(len(ep.ids) - 1)
+    stop = reply[-1] if reply[-1] in stop_ids else None
+    text = scaffold.tokenizer.decode(reply[:-1] if stop is not None else reply)
+    before = messages + [{"role": "assistant", "content": text}]
+    obs, reward, terminated, truncated, info = env.step(text)
+    ep.turn_rewards.append(float(reward))
+    ep.tool_calls = int(info.get("tool_calls", 0) or 0)  # the calls so far (the text envs' contract)
+    obs = observation_messages(obs, env_id)
+    ep.messages = before + obs
+    if terminated or truncated:
+        ep.ended = "terminated" if terminated else "truncated"
+        if info.get("failure"):  # a tool that failed ended it: the reason, for the sample table
+            ep.ended += f": {str(info['failure'])[:200]}"
+        return info
+    if ep.turns == episodes.max_turns:
+        ep.ended = "max_turns"
+        return info
+    room = bound - len(ep.ids)
+    if sum(len(m["content"]) for m in obs) > CHARS_PER_TOKEN * room:
+        ep.ended = "max_tokens"
+        return info
+    after = scaffold.after(messages, text, obs, stop)
+    if len(after) >= room:  # the next turn needs one token of room at least
+        ep.ended = "max_tokens"
+        return info
+    ep.add(after, False)
+    return info
+
+
 def play(
     net: GPT,
     env,
@@ -282,59 +392,15 @@ def play(
     generator: torch.Generator | None = None,
     env_id: str = "",
 ) -> Episode:
-    """One episode of ``env`` from ``seed`` (module docstring), the net in eval mode."""
-    bound, stop_ids = episodes.bound(net), tuple(scaffold.tokenizer.stop_ids)
-    obs, info = env.reset(seed=seed)
-    messages = list(observation_messages(obs, env_id))
-    first = scaffold.prompt(messages)
-    ep = Episode(seed, [], [], [], messages=messages)
-    if len(first) >= bound:
-        raise InputError(
-            f"env {env_id!r}'s first prompt (seed {seed}) has {len(first)} tokens, leaving no room in "
-            f"episodes.max_tokens / block_size {bound}: give a larger bound"
-        )
-    ep.add(first, False)
-    with evaluating(net):
-        cache, fed = make_cache(net, 1, bound), 0
-        while True:
-            budget = min(max_new_tokens, bound - len(ep.ids))
-            reply, logps = sample_turn(net, cache, ep.ids, fed, budget, temperature, top_p, stop_ids, generator)
-            fed = len(ep.ids) + len(reply) - 1
-            ep.add(reply, True, logps)
-            ep.turn_ends.append(len(ep.ids) - 1)
-            stop = reply[-1] if reply[-1] in stop_ids else None
-            text = scaffold.tokenizer.decode(reply[:-1] if stop is not None else reply)
-            before = messages + [{"role": "assistant", "content": text}]
-            obs, reward, terminated, truncated, info = env.step(text)
-            ep.turn_rewards.append(float(reward))
-            ep.tool_calls = int(info.get("tool_calls", 0) or 0)  # the calls so far (the text envs' contract)
-            obs = observation_messages(obs, env_id)
-            ep.messages = before + obs
-            if terminated or truncated:
-                ep.ended = "terminated" if terminated else "truncated"
-                if info.get("failure"):  # a tool that failed ended it: the reason, for the sample table
-                    ep.ended += f": {str(info['failure'])[:200]}"
-                break
-            if ep.turns == episodes.max_turns:
-                ep.ended = "max_turns"
-                break
-            room = bound - len(ep.ids)
-            if sum(len(m["content"]) for m in obs) > CHARS_PER_TOKEN * room:
-                ep.ended = "max_tokens"
-                break
-            after = scaffold.after(messages, text, obs, stop)
-            if len(after) >= room:  # the next turn needs one token of room at least
-                ep.ended = "max_tokens"
-                break
-            ep.add(after, False)
-            messages = ep.messages
-    ep.success = bool(info.get("success", False))
-    return ep
+    """One episode of ``env`` from ``seed``, sampled with ``generator`` (None: torch's global one)."""
+    generators = None if generator is None else [generator]
+    args = (max_new_tokens, temperature, top_p, generators, env_id)
+    return play_all(net, [env], [seed], scaffold, episodes, *args)[0]
 
 
 def play_groups(
     net: GPT,
-    env,
+    envs: EnvRows,
     seeds: Sequence[int],
     group_size: int,
     scaffold: Scaffold,
@@ -344,12 +410,11 @@ def play_groups(
     top_p: float | None = None,
     env_id: str = "",
 ) -> list[Episode]:
-    """``group_size`` episodes of each seed, rows grouped by seed (row r plays seed r // G), as ``sample_groups``."""
-    return [
-        play(net, env, seed, scaffold, episodes, max_new_tokens, temperature, top_p, env_id=env_id)
-        for seed in seeds
-        for _ in range(group_size)
-    ]
+    """``group_size`` episodes of each seed played together, rows grouped by seed (row r plays seed r // G), as
+    ``sample_groups``."""
+    rows = [seed for seed in seeds for _ in range(group_size)]
+    args = (max_new_tokens, temperature, top_p, None, env_id)
+    return play_all(net, envs.rows(len(rows)), rows, scaffold, episodes, *args)
 
 
 # -- episodes as GRPO's batch ------------------------------------------------------------------------------------

@@ -57,6 +57,7 @@ from zoo.gpt.tasks import correct
 from zoo.gpt.tune.async_episodes import AsyncEpisodes, EpisodeSampling
 from zoo.gpt.tune.async_rollout import AsyncRollouts, Behaviour, Sampling
 from zoo.gpt.tune.episodes import (
+    EnvRows,
     EnvSource,
     Episode,
     Episodes,
@@ -158,7 +159,7 @@ class GRPOModule(CausalLMModule):
         self.completion_samples: list[dict] = []
         self.actors: AsyncRollouts | AsyncEpisodes | None = None  # the asynchronous rollouts' processes, in fit
         self._answers: list[str] = []
-        self._env: tuple[EnvSource, object] | None = None  # the env episodes are played in here, made once
+        self._env: tuple[EnvSource, EnvRows] | None = None  # the envs episodes are played in here, made once
 
     @property
     def max_new_tokens(self) -> int:
@@ -451,10 +452,10 @@ class GRPOModule(CausalLMModule):
     def play_episodes(self, env: EnvSource, seeds: list[int], group_size: int, temperature: float) -> list[Episode]:
         """``group_size`` episodes of each seed, rows grouped by seed, the net in eval mode without gradients."""
         if self._env is None or self._env[0] != env:
-            self._env = (env, env.make())
+            self._env = (env, EnvRows(env.make))  # one env per episode played together
         h = self.hparams
         settings = (Episodes.of(h.episodes), self.max_new_tokens, temperature, h.top_p, env.env_id)
-        scaffold = scaffold_for(self.tokenizer, self._env[1])
+        scaffold = scaffold_for(self.tokenizer, self._env[1].first)
         return play_groups(self.net, self._env[1], seeds, group_size, scaffold, *settings)
 
     def episode_step(self, batch: dict) -> None:
