@@ -57,3 +57,11 @@ def test_the_mixed_players_are_imperfect_teachers():
     guess = scripted_episodes("zoo/GuessNumber-v0", n=100, seed=0, player="mixed", max_turns=30)
     turns = statistics.mean(sum(m["role"] == "assistant" for m in e) for e in guess)
     assert 10 < turns < 16  # binary search needs at most 7
+
+
+def test_the_episode_data_has_the_tokenizer_once_set_up():
+    from datamodules.episodes import EpisodeDataModule
+
+    data = EpisodeDataModule("zoo/GuessNumber-v0")
+    data.setup("fit")  # the module takes it at its own setup: a net from init_weights was sized by nothing here
+    assert data.tokenizer is not None and data.tokenizer.vocab_size == 257
