@@ -13,8 +13,8 @@ questions for the same steps, where a call gets no result (``episodes.max_turns=
 The helpers (the subprocess runner, the CPU accounting by the subprocesses' user + system time, the registered
 model and test metrics read from the output, the report card, the matched steps) are ``bench/assistant.py``'s.
 
-    python bench/agentic_tasks.py --task calculator --seeds 0            # ~25 CPU min a seed
-    python bench/agentic_tasks.py --task guess_number --seeds 0 1 2
+    python bench/agentic_tasks.py --task guess_number --seeds 0 1 2      # ~8 CPU min a seed
+    python bench/agentic_tasks.py --task calculator --seeds 0 --parallel --sft-more-cpu 300  # rl, notool, sft_more at once
     python bench/agentic_tasks.py --task calculator --collect run0.log run1.log   # tabulate earlier runs
 """
 
@@ -46,7 +46,7 @@ TASKS = {
         "teacher_kwargs": {"split": "test"},
         "test_args": ["--data.init_args.env_kwargs.split=test"],
         "rl_args": [],
-        "steps": {"sft": 1500, "rl": 100},
+        "steps": {"sft": 1500, "rl": 60},
         "stages": ["sft", "rl", "notool", "sft_more"],
     },
     "guess_number": {
@@ -57,7 +57,7 @@ TASKS = {
         # the shipped config's lr is for a pretrained net. No turn cost: with one (0.05) the net learnt to end
         # its episodes sooner by filling their token room with text, a loss costing fewer turns (seed 0)
         "rl_args": ["--model.init_args.optimizer.lr=0.0001"],
-        "steps": {"sft": 600, "rl": 100},
+        "steps": {"sft": 600, "rl": 80},
         "stages": ["sft", "rl", "sft_more"],
     },
     "frozenlake": {
