@@ -14,7 +14,7 @@ The helpers (the subprocess runner, the CPU accounting by the subprocesses' user
 model and test metrics read from the output, the report card, the matched steps) are ``bench/assistant.py``'s.
 
     python bench/agentic_tasks.py --task guess_number --seeds 0 1 2      # ~8 CPU min a seed
-    python bench/agentic_tasks.py --task calculator --seeds 0 --parallel --sft-more-cpu 300  # rl, notool, sft_more at once
+    python bench/agentic_tasks.py --task calculator --seeds 0 --parallel --sft-more-cpu 300  # the rest at once
     python bench/agentic_tasks.py --task calculator --collect run0.log run1.log   # tabulate earlier runs
 """
 
