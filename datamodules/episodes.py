@@ -107,6 +107,7 @@ class EpisodeDataModule(SplitLoaders, LightningDataModule):
             from zoo.gpt.tune.envs.tools import resolve_tools
 
             resolve_tools(self.env.tools)
+        ensure_tokenizer(self)  # the module takes it at its setup: a net from init_weights sized nothing by the data
         h = self.hparams
         self.train_set = list(range(h.train_seeds))
         self.val_set = list(range(h.val_seed, h.val_seed + h.val_seeds))

@@ -234,6 +234,7 @@ COVERED: list[tuple[str, str]] = [
     (r"^python bench/agentic_race\.py", "minutes of CPU"),
     (r"^python bench/serve_engine\.py", "minutes of CPU"),
     (r"^python bench/agentic\.py", "minutes of CPU"),
+    (r"^python bench/agentic_tasks\.py", "minutes of CPU"),
 ]
 
 

@@ -3123,6 +3123,29 @@ FAMILIES: dict[str, dict] = {
             ("bench/serve.py", "sum(int(f) for f in fields[11:15])", "sum(int(f) for f in fields[13:15])"),
         ],
     },
+    "agentic_tasks": {  # issue 55's results: the imperfect teachers, the episode data's tokenizer, the bench's stages
+        "tests": ["tests/gpt/test_agentic_configs.py", "tests/bench/test_agentic_tasks.py"],
+        "mutants": [
+            (
+                SCR,
+                'if messages[-1]["role"] == "tool" or rng.random() < MIXED_SHARE:',
+                'if messages[-1]["role"] == "tool" or rng.random() > MIXED_SHARE:',
+            ),
+            (
+                SCR,
+                "return (guess_binary if rng.random() < MIXED_SHARE else guess_linear)",
+                "return (guess_binary if rng.random() > MIXED_SHARE else guess_linear)",
+            ),
+            (
+                "datamodules/episodes.py",
+                "        ensure_tokenizer(self)  # the module takes it",
+                "        pass  # the module takes it",
+            ),
+            ("bench/agentic_tasks.py", '        args.append("--model.init_args.episodes.max_turns=1")', "        pass"),
+            ("bench/agentic_tasks.py", 'every = VAL_EVERY if stage == "sft_more" else steps', "every = steps"),
+            ("bench/agentic_tasks.py", 'if stage in ("rl", "notool"):', 'if stage in ("rl", "notool", "sft_more"):'),
+        ],
+    },
     "batch_episodes": {  # issue 55: a step's episodes played together (zoo.gpt.tune.episode_cache): rows, slots, turns
         "tests": ["tests/gpt/test_episode_cache.py"],
         "mutants": [

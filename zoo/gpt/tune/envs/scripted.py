@@ -4,9 +4,10 @@ A player is a function ``(env, messages, rng) -> reply``: the environment (unwra
 the conversation so far and a generator for its random choices. Each environment has a best player and worse
 ones, so SFT can start from imperfect traces that RL must improve on:
 
-- ``zoo/Calculator-v0``: ``tool`` (calls the calculator, answers its result), ``direct`` (answers at once, right);
+- ``zoo/Calculator-v0``: ``tool`` (calls the calculator, answers its result), ``direct`` (answers at once, right),
+  ``mixed`` (a quarter of its episodes ``tool``'s, the rest ``direct``'s: answers a small model cannot imitate);
 - ``zoo/GuessNumber-v0``: ``binary`` (halves the range: at most 7 guesses), ``random`` (any number still possible),
-  ``linear`` (the lowest still possible);
+  ``linear`` (the lowest still possible), ``mixed`` (each guess ``binary``'s one time in four, else ``linear``'s);
 - ``zoo/FrozenLakeText-v0``: ``planner`` (value iteration on gymnasium's transition table), ``random``.
 
 ``write_episodes`` writes them as ``ChatDataModule`` records: ``{"messages": [...], "tools": [...]}`` a line, whose
@@ -44,6 +45,15 @@ def calculator_direct(env, messages: list[dict], rng: np.random.Generator) -> st
     return f"Answer: {env.answer}"
 
 
+MIXED_SHARE = 0.25  # the share of the mixed players' choices that are the good player's
+
+
+def calculator_mixed(env, messages: list[dict], rng: np.random.Generator) -> str:
+    if messages[-1]["role"] == "tool" or rng.random() < MIXED_SHARE:
+        return calculator_tool(env, messages, rng)
+    return calculator_direct(env, messages, rng)
+
+
 def _range(env, messages: list[dict]) -> tuple[int, int]:
     """The numbers still possible after the feedback so far."""
     low, high = env.low, env.high
@@ -69,6 +79,10 @@ def guess_random(env, messages: list[dict], rng: np.random.Generator) -> str:
 
 def guess_linear(env, messages: list[dict], rng: np.random.Generator) -> str:
     return f"Guess: {_range(env, messages)[0]}"
+
+
+def guess_mixed(env, messages: list[dict], rng: np.random.Generator) -> str:
+    return (guess_binary if rng.random() < MIXED_SHARE else guess_linear)(env, messages, rng)
 
 
 def lake_plan(lake, gamma: float = 0.99, tol: float = 1e-10) -> np.ndarray:
@@ -101,8 +115,13 @@ def lake_random(env, messages: list[dict], rng: np.random.Generator) -> str:
 
 
 PLAYERS: dict[str, dict[str, Player]] = {
-    "zoo/Calculator-v0": {"tool": calculator_tool, "direct": calculator_direct},
-    "zoo/GuessNumber-v0": {"binary": guess_binary, "random": guess_random, "linear": guess_linear},
+    "zoo/Calculator-v0": {"tool": calculator_tool, "direct": calculator_direct, "mixed": calculator_mixed},
+    "zoo/GuessNumber-v0": {
+        "binary": guess_binary,
+        "random": guess_random,
+        "linear": guess_linear,
+        "mixed": guess_mixed,
+    },
     "zoo/FrozenLakeText-v0": {"planner": lake_planner, "random": lake_random},
 }
 

@@ -1,0 +1,67 @@
+"""The configs of bench/agentic_tasks.py (SFT on a scripted player's traces, then GRPO with the text environment):
+each parses into its module and data, runs one step on a tiny net (fast_dev_run: no MLflow, the scripted episodes
+written small; slow: ~10 s each on a loaded machine), and the mixed scripted players are imperfect as the configs
+say."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+from conftest import CONFIGS, cli
+
+from zoo.gpt.tune.envs.scripted import scripted_episodes
+
+TINY = [f"--model.init_args.net.init_args.{k}={v}" for k, v in (("n_layer", 1), ("n_embd", 16), ("n_head", 2))]
+SFT = ["sft_calculator.yaml", "sft_guess_number.yaml", "sft_frozenlake.yaml"]
+GRPO = {
+    "grpo_calculator.yaml": 112,  # a tool call's bytes
+    "grpo_frozenlake.yaml": 8,
+}
+
+
+@pytest.mark.parametrize("name", [*SFT, *GRPO])
+def test_a_config_parses_into_its_module_and_data(name):
+    from cli import main
+
+    c = main(["--config", str(CONFIGS / "gpt" / name)], run=False)
+    kind = ("CausalLMModule", "ChatDataModule") if name in SFT else ("GRPOModule", "EpisodeDataModule")
+    assert (type(c.model).__name__, type(c.datamodule).__name__) == kind
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SFT)
+def test_an_sft_config_writes_its_episodes_and_runs_a_step(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    c = cli("fit", "--config", str(CONFIGS / "gpt" / name), *TINY, "--data.init_args.episodes.n=24",
+            "--data.init_args.batch_size=4", "--trainer.fast_dev_run=1")  # fmt: skip
+    assert (tmp_path / c.datamodule.path / "episodes.jsonl").exists()
+    assert c.trainer.global_step == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", GRPO)
+def test_a_grpo_config_plays_a_step_of_episodes(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    block = f"--model.init_args.net.init_args.block_size={GRPO[name] + 144}"  # the prompt and a turn's budget
+    c = cli("fit", "--config", str(CONFIGS / "gpt" / name), *TINY, block, "--model.init_args.group_size=2",
+            "--model.init_args.generation.max_new_tokens=4", "--data.init_args.batch_size=1",
+            "--data.init_args.val_batch_size=2", "--trainer.fast_dev_run=1")  # fmt: skip
+    assert c.trainer.global_step == 1 and "val/turns" in c.trainer.callback_metrics
+
+
+def test_the_mixed_players_are_imperfect_teachers():
+    calc = scripted_episodes("zoo/Calculator-v0", n=200, seed=0, player="mixed")
+    called = statistics.mean(any(m["role"] == "tool" for m in e) for e in calc)
+    assert 0.15 < called < 0.35  # a quarter call the calculator
+    guess = scripted_episodes("zoo/GuessNumber-v0", n=100, seed=0, player="mixed", max_turns=30)
+    turns = statistics.mean(sum(m["role"] == "assistant" for m in e) for e in guess)
+    assert 10 < turns < 16  # binary search needs at most 7
+
+
+def test_the_episode_data_has_the_tokenizer_once_set_up():
+    from datamodules.episodes import EpisodeDataModule
+
+    data = EpisodeDataModule("zoo/GuessNumber-v0")
+    data.setup("fit")  # the module takes it at its own setup: a net from init_weights was sized by nothing here
+    assert data.tokenizer is not None and data.tokenizer.vocab_size == 257
