@@ -24,7 +24,6 @@ import argparse
 import json
 import multiprocessing
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -35,7 +34,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._common import cpu_model, table  # noqa: E402
-from bench.assistant import card_of, cli, cpu_seconds, matched_steps, mean_std, registered, test_metrics  # noqa: E402
+from bench.assistant import (  # noqa: E402
+    card_of,
+    cli,
+    collected,
+    cpu_seconds,
+    matched_steps,
+    mean_std,
+    registered,
+    test_metrics,
+)
 
 # Each task: its configs, the scripted teacher (player and env settings, as the sft config writes its traces), the
 # test's environment settings, and the stages' default steps.
@@ -179,21 +187,6 @@ def report(task: str, runs: list[tuple[dict, dict, str]], stages: list[str]) -> 
         rows.append([stage, *(mean_std([s.get(m, float("nan")) for s, _ in got]) for m in METRICS),
                      f"{statistics.mean(c for _, c in got) / 60:.1f}"])  # fmt: skip
     return table([f"{task} ({len(runs)} seeds)", "success", "turns", "tool calls", "return", "CPU min / seed"], rows)
-
-
-SEED_LINE = re.compile(r"^  seed (\d+) (\w+): (\{.*\})  \(([\d.]+) CPU min\)$")
-
-
-def collected(logs: list[str]) -> list[tuple[dict, dict, str]]:
-    runs: dict[str, tuple[dict, dict, str]] = {}
-    for log in logs:
-        for line in Path(log).read_text().splitlines():
-            if m := SEED_LINE.match(line):
-                scores, cpu, _ = runs.setdefault(m.group(1), ({}, {}, ""))
-                scores[m.group(2)], cpu[m.group(2)] = json.loads(m.group(3)), float(m.group(4)) * 60
-    if not runs:
-        raise SystemExit(f"no per-seed lines in {logs}")
-    return list(runs.values())
 
 
 def main() -> None:
