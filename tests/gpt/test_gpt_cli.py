@@ -77,7 +77,12 @@ def test_vocab_too_small_for_the_tokenizer_is_named():
 
 @pytest.mark.parametrize(
     "name",
-    ["gpt_char_shakespeare.yaml", "gpt_bpe_shakespeare.yaml", "mla_shakespeare.yaml", "deepseek_shakespeare.yaml"],
+    [
+        "gpt_char_shakespeare.yaml",
+        pytest.param("gpt_bpe_shakespeare.yaml", marks=pytest.mark.slow),  # the README test command's 10 minutes
+        "mla_shakespeare.yaml",
+        "deepseek_shakespeare.yaml",
+    ],
 )
 def test_shakespeare_configs_run_a_few_steps(name):
     c = cli(

@@ -129,6 +129,7 @@ class StopAfterFourRollouts(Callback):
             trainer.should_stop = True
 
 
+@pytest.mark.slow  # RL resume stays in the default suite through A2C, SAC and IMPALA below (the 10 minutes)
 def test_resume_continues_env_steps_statistics_rng_and_muon_momentum():
     # (Resuming through cli.py takes the module's hyperparameters from the checkpoint, over the config and
     # the command line, so a budget cannot be extended this way: the first run is interrupted instead.)

@@ -105,6 +105,7 @@ def test_evaluation_shares_play_the_episodes_of_one_process(episodes, envs, worl
     torch.testing.assert_close(torch.cat([n for _, n in parts]), lengths)
 
 
+@pytest.mark.slow  # a cli.py process for one refusal (the README test command's 10 minutes)
 def test_fsdp2_is_refused_naming_ddp(tmp_path):
     """Sharding an agent is refused at setup with the strategy to use, not deep inside Lightning's FSDP2 setup."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

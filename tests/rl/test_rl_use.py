@@ -18,6 +18,7 @@ SAC_TINY = str(CONFIGS / "rl" / "sac_tiny.yaml")
 QUIET = ("--trainer.enable_progress_bar=false",)
 
 
+@pytest.mark.slow  # a video written (the README test command's 10 minutes)
 def test_play_writes_every_episode_and_a_video_of_one():
     last = cli("fit", "--config", PPO_TINY, *QUIET).trainer.checkpoint_callback.last_model_path
     # CartPole drawn with NumPy: renders without pygame
