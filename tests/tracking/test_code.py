@@ -302,3 +302,27 @@ def test_a_version_registered_without_the_zoos_tags_is_checked_against_its_logge
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 1 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert f"error: {uri}: its files differ from the manifest" in errors[0] and NAMED["va-data-key"][0] in errors[0]
+
+
+@pytest.mark.slow  # a model logged and registered (15 s); the default suite meets it in test_serving's order
+def test_a_model_mlflow_loaded_from_a_local_store_still_loads_and_only_mlflows_note_is_let_pass(tmp_path, monkeypatch):
+    """``mlflow.pyfunc.load_model("models:/...")`` on a store of this machine writes ``registered_model_meta`` into the
+    store's folder of the model (MLflow hands out that folder, not a copy): the zoo's loaders then still load it; the
+    same name anywhere else in the folder is still a file added after logging."""
+    import mlflow
+
+    from zoo.tracking import load
+
+    client = register_tiny_gpt(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
+    monkeypatch.setenv("ZOO_CACHE_DIR", str(tmp_path / "cache"))
+    mlflow.set_tracking_uri(client.tracking_uri)
+    mlflow.pyfunc.load_model("models:/tiny/1")
+    model = client.get_logged_model(client.get_model_version("tiny", "1").source.removeprefix("models:/"))
+    logged = Path(urlparse(model.artifact_location).path)
+    assert (logged / "registered_model_meta").is_file()  # MLflow's own write, in the store itself
+    assert load("models:/tiny/1") is not None
+    shutil.rmtree(tmp_path / "cache")
+    (logged / "artifacts" / "registered_model_meta").write_text("model_name: tiny\n")
+    with pytest.raises(DownloadRefused, match="artifacts/registered_model_meta added"):
+        load("models:/tiny/1")

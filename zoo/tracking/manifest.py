@@ -180,6 +180,12 @@ def model_folder_files(repo, path: str, uri: str) -> list | None:
     return files if any(e.path == f"{prefix}MLmodel" for e in files) else None
 
 
+# MLflow's own note in a registered model's folder (its name and version, YAML): loading ``models:/`` from a store on
+# this machine (``mlflow.pyfunc.load_model``) writes it into the store's folder itself, as MLflow hands out that folder
+# rather than a copy. No loader of the zoo reads it; any other file the manifest does not hold is still refused.
+MLFLOW_META = "registered_model_meta"
+
+
 def check_download(uri: str, store: str, repo, path: str, local: Path) -> None:
     """Refuse a download (``DownloadRefused`` naming the first file that differs) whose model folder is not the one
     logged, by its manifest: ``local`` holds what the loaders fetched at ``path``; the folder's other files are fetched
@@ -193,6 +199,7 @@ def check_download(uri: str, store: str, repo, path: str, local: Path) -> None:
     else:
         found = {f"{inside}/{p}".lstrip("/"): h for p, h in stored_manifest(repo, path, uri, local).items()}
     wanted = {p: h for p, h in recorded.items() if not inside or p == inside or p.startswith(f"{inside}/")}
+    found = {p: h for p, h in found.items() if p != MLFLOW_META or p in recorded}
     changed = differences(wanted, found)
     if changed:
         more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
