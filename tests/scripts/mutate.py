@@ -1247,8 +1247,11 @@ FAMILIES: dict[str, dict] = {
     # The manifest of every file of a logged model, recorded in the tracking store; verify and the loaders refuse a
     # folder that differs from it (issue 52 item 1).
     "manifest": {
-        "tests": ["tests/tracking/test_manifest.py", "tests/tracking/test_code.py"],
+        # slow too: MLflow's own registered_model_meta let pass (a model logged and registered for it)
+        "tests": ["tests/tracking/test_manifest.py", "tests/tracking/test_code.py", "-m", "slow or not slow"],
         "mutants": [
+            (MF, "    found = {p: h for p, h in found.items() if p != MLFLOW_META or p in recorded}\n", ""),
+            (MF, "if p != MLFLOW_META or p in recorded}", "if p.endswith(MLFLOW_META) or p in recorded}"),
             (MF, '    what = {p: "added" for p in found.keys() - recorded.keys()}\n', "    what = {}\n"),
             (MF, '    what |= {p: "removed" for p in recorded.keys() - found.keys()}\n', ""),
             (MF, "if found[p] != recorded[p]}", "if False}"),
