@@ -272,7 +272,7 @@ class ChatDataModule(TakesAFolder, GeneratedTask, SplitLoaders, LightningDataMod
         self.tokenizer: Tokenizer | None = None
         self.train_set: Conversations | None = None
         self.val_set: Conversations | None = None
-        self.skipped = self.dropped = self.per_turn = 0
+        self.skipped = self.dropped = self.per_turn = self.cut = 0
 
     def _ensure_tokenizer(self) -> Tokenizer:
         return ensure_tokenizer(self)
@@ -321,6 +321,7 @@ class ChatDataModule(TakesAFolder, GeneratedTask, SplitLoaders, LightningDataMod
                 if not fits:
                     self.dropped += 1
                     continue
+                self.cut += len(fits) < len(example.turn_ends)
                 ids = np.asarray(example.ids[: fits[-1]], dtype=np.int64)
                 labels = np.where(np.asarray(example.mask[: fits[-1]]), ids, IGNORE_INDEX)
                 items.append((ids, labels))
@@ -332,7 +333,7 @@ class ChatDataModule(TakesAFolder, GeneratedTask, SplitLoaders, LightningDataMod
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
-        self.skipped = self.dropped = self.per_turn = 0
+        self.skipped = self.dropped = self.per_turn = self.cut = 0
         records = self._records(self._train_path())
         if self.val_path is not None:
             train, val = records, self._records(self.val_path)
@@ -343,8 +344,8 @@ class ChatDataModule(TakesAFolder, GeneratedTask, SplitLoaders, LightningDataMod
         rank_zero_info(
             f"ChatDataModule: {len(self.train_set)} training and {len(self.val_set)} validation sequences "
             f"({self.per_turn} conversations split one per reply: their template rewrites earlier turns); "
-            f"{self.dropped} dropped (first reply past block_size={self.block_size}), {self.skipped} bad records "
-            f"skipped"
+            f"{self.dropped} dropped (first reply past block_size={self.block_size}), {self.cut} cut after their last "
+            f"reply that fits (the later replies not learnt), {self.skipped} bad records skipped"
         )
         wants_val = self.val_path is not None or self.val_fraction > 0
         if not len(self.train_set) or (wants_val and not len(self.val_set)):

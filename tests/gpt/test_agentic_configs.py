@@ -65,3 +65,22 @@ def test_the_episode_data_has_the_tokenizer_once_set_up():
     data = EpisodeDataModule("zoo/GuessNumber-v0")
     data.setup("fit")  # the module takes it at its own setup: a net from init_weights was sized by nothing here
     assert data.tokenizer is not None and data.tokenizer.vocab_size == 257
+
+
+@pytest.mark.parametrize("name", SFT)
+def test_an_sft_config_holds_its_teachers_episodes_whole(name):
+    """A conversation past block_size loses its later replies (ChatDataModule counts them as cut): the calculator's
+    answer after the tool's result is what RL needs the SFT model to have learnt."""
+    import yaml
+
+    from zoo.gpt.tune.envs import make
+    from zoo.gpt.tune.episodes import scaffold_for
+    from zoo.io.tokenizers import ByteTokenizer
+
+    config = yaml.safe_load((CONFIGS / "gpt" / name).read_text())
+    block, data = config["model"]["init_args"]["net"]["init_args"]["block_size"], config["data"]["init_args"]
+    spec = data["episodes"]
+    scaffold = scaffold_for(ByteTokenizer(), make(spec["env_id"], **spec.get("env_kwargs", {})))
+    episodes = scripted_episodes(spec["env_id"], n=200, seed=0, player=spec["player"], **spec.get("env_kwargs", {}))
+    longest = max(len(scaffold.render(e, False).ids) for e in episodes)
+    assert longest <= block + 1, f"{name}: an episode of {longest} tokens, block_size {block}"

@@ -300,7 +300,9 @@ def test_long_conversations_keep_whole_turns_or_are_dropped(tmp_path, model_dir)
     dm = _dm(_write_jsonl(tmp_path / "c.jsonl", records), model_dir, val_fraction=0, block_size=whole.turn_ends[1])
     ids = dm.train_set.items[0][0]
     assert len(ids) == whole.turn_ends[1] and ids.tolist() == whole.ids[: whole.turn_ends[1]]  # two turns of four
-    assert len(dm.train_set) == 2 and dm.dropped == 1
+    assert len(dm.train_set) == 2 and dm.dropped == 1 and dm.cut == 1  # the long one lost its later replies
+    whole_dm = _dm(_write_jsonl(tmp_path / "c.jsonl", records), model_dir, val_fraction=0, block_size=len(whole.ids))
+    assert whole_dm.cut == 0 and len(whole_dm.train_set.items[0][0]) == len(whole.ids)
 
 
 def test_a_conversation_of_block_size_plus_one_tokens_is_kept_whole_and_one_more_is_dropped(tmp_path):
@@ -310,7 +312,7 @@ def test_a_conversation_of_block_size_plus_one_tokens_is_kept_whole_and_one_more
     kept = ChatDataModule(str(path), tokenizer="bytes", block_size=n - 1, val_fraction=0, batch_size=2)
     kept.setup("fit")
     ids, labels = kept.train_set.items[0]
-    assert kept.dropped == 0 and len(ids) == n and (labels != IGNORE_INDEX).sum() == len("the answer") + 1  # + EOS
+    assert kept.dropped == kept.cut == 0 and len(ids) == n and (labels != IGNORE_INDEX).sum() == len("the answer") + 1  # + EOS
     assert next(iter(kept.train_dataloader()))[0].shape[1] == n - 1  # T = block_size
     dropped = ChatDataModule(str(path), tokenizer="bytes", block_size=n - 2, val_fraction=0, batch_size=2)
     dropped.setup("fit")
