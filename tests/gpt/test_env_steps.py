@@ -201,3 +201,8 @@ def test_an_exception_from_an_env_step_is_raised_as_before_the_first_in_order(th
     with pytest.raises(ValueError, match="^bad step of seed 1$"):
         E.play_all(tiny(), envs, [0, 1, 2, 3], E.Scaffold(ByteTokenizer()), settings, 4, 1.0)
     assert not pool_threads()
+
+
+def test_a_stored_setting_without_env_threads_loads_with_the_default():
+    stored = {"max_turns": 3, "max_tokens": None, "turn_credit": False}  # a checkpoint's hparams (zoo.io.hparams)
+    assert E.Episodes.of(stored) == E.Episodes(max_turns=3, env_threads=32)
