@@ -85,6 +85,16 @@ def test_one_env_or_one_thread_steps_on_the_calling_thread():
     assert four.pool is None and not pool_threads()
 
 
+def test_a_pool_thread_steps_in_the_callers_inference_mode():
+    class Mode:
+        def step(self, action):
+            return torch.is_inference_mode_enabled()
+
+    for mode in (True, False):
+        with torch.inference_mode(mode), EnvSteps(4) as steps:
+            assert steps.step([Mode(), Mode()], ["a", "b"]) == [mode, mode]
+
+
 @pytest.mark.parametrize("threads", [0, -1, 1.5, True, "4"])
 def test_env_threads_is_a_whole_number_from_one(threads):
     with pytest.raises(InputError, match="^episodes.env_threads is a whole number"):
@@ -103,7 +113,7 @@ class Failing(Tool):
     def __call__(self) -> str:
         if self.name == "boom":
             raise RuntimeError("boom")
-        end = time.monotonic() + 3  # hangs in Python: stopped at its deadline (interrupt), not 3 s later
+        end = time.monotonic() + 30  # hangs in Python: stopped at its deadline (interrupt), not 30 s later
         while time.monotonic() < end:
             time.sleep(0.01)
         return "late"
@@ -167,7 +177,7 @@ def test_a_tool_that_hangs_or_raises_on_a_pool_thread_ends_its_episode_with_its_
     for t in set(threading.enumerate()) - before:  # the abandoned tools, stopped at their next instruction
         t.join(2)
         assert not t.is_alive()
-    assert took[0] < 2  # the turn with the hanging tools: both abandoned at their deadline, not 3 s on
+    assert took[0] < 2  # the turn with the hanging tools: both abandoned at their deadline, not 30 s on
     apart = play_tools(monkeypatch, 1)  # on the main thread: SIGALRM bounds the tools; the same episodes
     assert together == apart
 
