@@ -55,6 +55,7 @@ DLS, CODE = "zoo/tracking/downloads.py", "zoo/tracking/code.py"
 RMT = "zoo/tracking/remote.py"
 CALC, GUESS, LAKE = "zoo/gpt/tune/envs/calculator.py", "zoo/gpt/tune/envs/guess.py", "zoo/gpt/tune/envs/frozenlake.py"
 ENVB, SCR = "zoo/gpt/tune/envs/base.py", "zoo/gpt/tune/envs/scripted.py"
+ENS = "zoo/gpt/tune/env_steps.py"
 TC, CT = "zoo/io/tool_calls.py", "zoo/io/chat_template.py"
 MF = "zoo/tracking/manifest.py"
 SV, RPT = "zoo/tracking/serving.py", "zoo/tracking/report.py"
@@ -3218,6 +3219,35 @@ FAMILIES: dict[str, dict] = {
                 "sampling_generators(r, cache.device) if temperature > 0 else [None] * r",
                 "sampling_generators(r, cache.device)",
             ),
+        ],
+    },
+    "env_threads": {  # issue 55: the envs of a step's episodes stepped at once on threads (zoo.gpt.tune.env_steps)
+        "tests": ["tests/gpt/test_env_steps.py"],
+        "mutants": [
+            # the envs stepped one after another after all, or on the pool only in name
+            (ENS, "        if self.threads <= 1 or len(envs) <= 1:\n", "        if True:\n"),
+            (EP, "EnvSteps(episodes.env_threads) as steps:", "EnvSteps(1) as steps:"),
+            # the answers out of the episodes' order, or an env answering another episode's reply
+            (ENS, "return [future.result() for future in futures]", "return [f.result() for f in futures[::-1]][::-1]"),
+            (
+                EP,
+                "answers = steps.step([envs[e] for e in live], [text for text, _ in texts])",
+                "answers = steps.step([envs[e] for e in live[::-1]], [text for text, _ in texts])",
+            ),
+            # the pool's threads left behind: never shut down, or not at the block's end
+            (ENS, "            self.pool.shutdown(wait=True, cancel_futures=True)", "            pass"),
+            (
+                ENS,
+                "    def __exit__(self, *exc: object) -> None:\n        self.close()",
+                "    def __exit__(self, *exc):\n        pass",
+            ),
+            # a pool thread steps outside the caller's inference mode
+            (ENS, "    with torch.inference_mode(inference):", "    with torch.inference_mode(False):"),
+            # the setting: 0 threads taken, or one after another by default
+            (EP, "or self.env_threads < 1:", "or self.env_threads < 0:"),
+            (EP, "    env_threads: int = 32\n", "    env_threads: int = 1\n"),
+            # a tool hanging on a pool thread keeps running past its deadline
+            (ENVB, "                interrupt(worker)\n", ""),
         ],
     },
 }

@@ -25,8 +25,9 @@ less the stop token the policy sampled. A template that renders earlier turns ot
 
 A step's R episodes are played together (``play_all``; ``zoo.gpt.tune.episode_cache`` keeps their caches as rows
 of the serving engine's slot caches, each row its own positions): one forward per sampled token over the rows
-still sampling their turn, a row whose turn ended waiting while the others finish theirs; then every env steps
-(one env per episode, ``EnvRows``) and each row's scaffolding is fed in one forward, until every episode has ended.
+still sampling their turn, a row whose turn ended waiting while the others finish theirs; then their envs step at
+once (one env per episode, ``EnvRows``, on ``Episodes.env_threads`` threads: ``zoo.gpt.tune.env_steps``) and each
+row's scaffolding is fed in one forward, until every episode has ended.
 Greedy episodes are token for token those played alone; each episode samples with its own generator, so a seeded
 step repeats its episodes and an episode's draws do not depend on what is played beside it.
 
@@ -51,6 +52,7 @@ from torch import Tensor
 from zoo.errors import InputError
 from zoo.gpt.generate import evaluating, filter_logits
 from zoo.gpt.gpt import GPT
+from zoo.gpt.tune.env_steps import EnvSteps
 from zoo.gpt.tune.episode_cache import EpisodeCache
 from zoo.gpt.tune.rollout import Rollout
 from zoo.io.chat_template import chat_renderer
@@ -71,17 +73,25 @@ class Episodes:
         turn_credit: credit each turn with the group-normalised rewards of the turns from it on (process
             supervision's "later" credit, each env step's reward a step) instead of every token with its episode's
             group-relative return.
+        env_threads: threads that step the envs of the episodes whose turn ended together, so envs that wait (a
+            tool's round trip) wait at once (``zoo.gpt.tune.env_steps``; the same episodes either way); 1: one after
+            another on the calling thread, for tools that share state no two threads may touch at once.
     """
 
     max_turns: int = 8
     max_tokens: int | None = None
     turn_credit: bool = False
+    env_threads: int = 32
 
     def __post_init__(self) -> None:
         if self.max_turns < 1 or (self.max_tokens is not None and self.max_tokens < 2):
             raise InputError(
                 f"episodes.max_turns is 1 or more and episodes.max_tokens 2 or more (or null): got "
                 f"{self.max_turns}, {self.max_tokens}"
+            )
+        if isinstance(self.env_threads, bool) or not isinstance(self.env_threads, int) or self.env_threads < 1:
+            raise InputError(
+                f"episodes.env_threads is a whole number, 1 or more (1: no threads): got {self.env_threads!r}"
             )
 
     @classmethod
@@ -318,7 +328,7 @@ def play_all(
         eps.append(Episode(seed, [], [], [], messages=messages))
         eps[-1].add(first, False)
         talks.append(messages)  # the conversation the next scaffolding follows
-    with evaluating(net):
+    with evaluating(net), EnvSteps(episodes.env_threads) as steps:
         cache = EpisodeCache(net, r, bound)
         if generators is None:  # greedy episodes draw nothing, so the global generator is left as it was
             generators = sampling_generators(r, cache.device) if temperature > 0 else [None] * r
@@ -340,8 +350,10 @@ def play_all(
                         cache.swap(i, n)
                 if n:
                     logits = cache.step([replies[e][0][-1] for e in cache.who[:n]])
-            for e in live:
-                infos[e] = take_turn(eps[e], envs[e], talks[e], *replies[e], scaffold, episodes, bound, env_id)
+            texts = [reply_taken(eps[e], *replies[e], scaffold) for e in live]  # (text, stop) of each reply
+            answers = steps.step([envs[e] for e in live], [text for text, _ in texts])  # the envs at once
+            for e, (text, stop), answer in zip(live, texts, answers):
+                infos[e] = turn_taken(eps[e], talks[e], text, stop, answer, scaffold, episodes, bound, env_id)
                 talks[e] = eps[e].messages
             live = [e for e in live if not eps[e].ended]
             if live:  # the scaffolding to every next turn, in one forward: (n, V)
@@ -364,13 +376,34 @@ def take_turn(
 ) -> dict:
     """The sampled ``reply`` to ``messages`` taken, ``env`` stepped with its text, and the scaffolding to the next
     turn added unless the episode ends here (``ep.ended`` says why); the env's info."""
-    stop_ids = scaffold.tokenizer.stop_ids
+    text, stop = reply_taken(ep, reply, logps, scaffold)
+    return turn_taken(ep, messages, text, stop, env.step(text), scaffold, episodes, bound, env_id)
+
+
+def reply_taken(ep: Episode, reply: list[int], logps: list[float], scaffold: Scaffold) -> tuple[str, int | None]:
+    """The sampled ``reply`` added to ``ep``: its text for the env, and the stop id that ended it (None: the
+    budget did)."""
     ep.add(reply, True, logps)
     ep.turn_ends.append(len(ep.ids) - 1)
-    stop = reply[-1] if reply[-1] in stop_ids else None
-    text = scaffold.tokenizer.decode(reply[:-1] if stop is not None else reply)
+    stop = reply[-1] if reply[-1] in scaffold.tokenizer.stop_ids else None
+    return scaffold.tokenizer.decode(reply[:-1] if stop is not None else reply), stop
+
+
+def turn_taken(
+    ep: Episode,
+    messages: list[dict],
+    text: str,
+    stop: int | None,
+    answer: tuple,
+    scaffold: Scaffold,
+    episodes: Episodes,
+    bound: int,
+    env_id: str,
+) -> dict:
+    """The env's ``answer`` (``step``'s five values) to the reply ``text`` to ``messages`` taken into ``ep``, and
+    the scaffolding to the next turn added unless the episode ends here; the env's info."""
     before = messages + [{"role": "assistant", "content": text}]
-    obs, reward, terminated, truncated, info = env.step(text)
+    obs, reward, terminated, truncated, info = answer
     ep.turn_rewards.append(float(reward))
     ep.tool_calls = int(info.get("tool_calls", 0) or 0)  # the calls so far (the text envs' contract)
     obs = observation_messages(obs, env_id)
