@@ -240,6 +240,30 @@ def test_the_guessing_game_answers_higher_lower_and_shapes_by_turns():
     assert (terminated, truncated, info["success"], info["turns"]) == (False, True, False, 4)
 
 
+def test_the_range_feedback_states_the_numbers_still_possible_whatever_the_guesses():
+    env = make("zoo/GuessNumber-v0", feedback="range")
+    env.reset(seed=0)
+    env.unwrapped.target = 42
+    replies = ("Guess: 50", "Guess: 90", "Guess: 10", "Guess: 41", "Guess: 7", "Guess: 43", "Guess: 42")
+    answers = [env.step(reply)[0] for reply in replies]
+    assert [a[0]["content"] if a else None for a in answers] == [
+        "Lower, from 1 to 49.",
+        "Lower, from 1 to 49.",  # a guess outside the range narrows nothing
+        "Higher, from 11 to 49.",
+        "Higher, from 42 to 49.",
+        "Higher, from 42 to 49.",
+        "Lower, from 42 to 42.",
+        None,
+    ]
+    env.reset(seed=1)  # a new episode starts from the whole range
+    env.unwrapped.target = 60
+    assert env.step("Guess: 70")[0] == [{"role": "user", "content": "Lower, from 1 to 69."}]
+    with pytest.raises(InputError, match="feedback"):
+        make("zoo/GuessNumber-v0", feedback="hot")
+    guess = scripted_episodes("zoo/GuessNumber-v0", 50, 0, "binary", feedback="range")
+    assert max(sum(m["role"] == "assistant" for m in e) for e in guess) <= 7  # the players read either answer
+
+
 def test_the_worse_players_need_clearly_more_turns():
     mean = {
         player: np.mean([sum(m["role"] == "assistant" for m in e) for e in scripted_episodes(*args)])

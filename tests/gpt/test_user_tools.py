@@ -439,3 +439,18 @@ def test_sft_episodes_list_the_named_tools_and_a_stored_configs_are_dropped(user
         "datamodules.ChatDataModule", stored, "sft.ckpt", stored_config_allowlist(), complete=False
     )
     assert part.all_dropped() == ["data.init_args.episodes.tools"] and "usersentinel" not in sys.modules
+
+
+def test_every_env_of_a_step_reads_calls_in_the_templates_syntax():
+    """The syntax is read off the template once, through the first env; each row's env plays with it."""
+    from zoo.gpt import GPT
+    from zoo.gpt.tune.episodes import EnvRows, Episodes, play_all
+    from zoo.io.tokenizers import ByteTokenizer
+
+    envs = EnvRows(EnvSource("zoo/Calculator-v0", {}).make)
+    assert scaffold_for(templated("llama3.1_instruct"), envs.first).tool_syntax == "json"
+    scaffold = scaffold_for(ByteTokenizer(), envs.first)
+    scaffold.tool_syntax = "json"  # as the Llama template's: a byte-level net to play with
+    net = GPT(vocab_size=257, block_size=256, n_layer=1, n_embd=16, n_head=2)
+    play_all(net, envs.rows(3), [0, 1, 2], scaffold, Episodes(max_turns=1), max_new_tokens=2)
+    assert [env.unwrapped.tool_syntax for env in envs.rows(3)] == ["json"] * 3

@@ -175,10 +175,11 @@ def observation_messages(obs: object, env_id: str) -> list[dict]:
 
 class Scaffold:
     """The token ids a chat template puts around the policy's replies: the first prompt, and what follows a reply;
-    ``tools``: the env's JSON tool specs (``env.unwrapped.tools``)."""
+    ``tools``: the env's JSON tool specs (``env.unwrapped.tools``); ``tool_syntax``: how the template writes a call,
+    which every env it plays reads its calls in (``zoo.io.chat_template.tool_call_syntax``)."""
 
-    def __init__(self, tokenizer, tools: list[dict] | None = None) -> None:
-        self.tokenizer, self.renderer = tokenizer, chat_renderer(tokenizer)
+    def __init__(self, tokenizer, tools: list[dict] | None = None, tool_syntax: str = "hermes") -> None:
+        self.tokenizer, self.renderer, self.tool_syntax = tokenizer, chat_renderer(tokenizer), tool_syntax
         self.templated = getattr(tokenizer, "chat_template", None) is not None
         self.tools = {"tools": tools} if tools else {}  # the env's tool specs, rendered as the template renders them
 
@@ -317,6 +318,8 @@ def play_all(
     bound, stop_ids, r = episodes.bound(net), tuple(scaffold.tokenizer.stop_ids), len(seeds)
     eps, talks, infos = [], [], [{} for _ in range(r)]
     for env, seed in zip(envs, seeds, strict=True):
+        if hasattr(env.unwrapped, "tool_syntax"):  # each row's env, not only the one the scaffold was read from
+            env.unwrapped.tool_syntax = scaffold.tool_syntax
         obs, _ = env.reset(seed=seed)
         messages = list(observation_messages(obs, env_id))
         first = scaffold.prompt(messages)
@@ -533,9 +536,11 @@ def sample_row(episode: Episode) -> dict:
 
 def scaffold_for(tokenizer, env) -> Scaffold:
     """The scaffolding of ``env``'s conversations: the tokenizer's template with the env's tools, if it has any; the
-    env reads the calls in the syntax the template writes them (``tool_call_syntax``: Llama 3's bare JSON)."""
+    envs it plays read the calls in the syntax the template writes them (``tool_call_syntax``: Llama 3's bare
+    JSON)."""
+    syntax = "hermes"
     if hasattr(env.unwrapped, "tool_syntax"):
         from zoo.io.chat_template import tool_call_syntax
 
-        env.unwrapped.tool_syntax = tool_call_syntax(tokenizer)
-    return Scaffold(tokenizer, getattr(env.unwrapped, "tools", None))
+        syntax = env.unwrapped.tool_syntax = tool_call_syntax(tokenizer)
+    return Scaffold(tokenizer, getattr(env.unwrapped, "tools", None), syntax)

@@ -60,9 +60,9 @@ def _range(env, messages: list[dict]) -> tuple[int, int]:
     for reply, feedback in zip(messages, messages[1:]):
         if reply["role"] == "assistant" and (found := GUESS.search(reply["content"])):
             guess = int(found[1])
-            if feedback["content"] == "Higher.":
+            if feedback["content"].startswith("Higher"):
                 low = max(low, guess + 1)
-            elif feedback["content"] == "Lower.":
+            elif feedback["content"].startswith("Lower"):
                 high = min(high, guess - 1)
     return low, high
 
