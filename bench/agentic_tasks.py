@@ -59,13 +59,13 @@ TASKS = {
     },
     "guess_number": {
         "env_id": "zoo/GuessNumber-v0",
-        "player": "mixed",
-        "teacher_kwargs": {"max_turns": 10},
+        "player": "random",
+        "teacher_kwargs": {"max_turns": 10, "feedback": "range"},
         "test_args": [],
         # the shipped config's lr is for a pretrained net. No turn cost: with one (0.05) the net learnt to end
         # its episodes sooner by filling their token room with text, a loss costing fewer turns (seed 0)
         "rl_args": ["--model.init_args.optimizer.lr=0.0001"],
-        "steps": {"sft": 600, "rl": 80},
+        "steps": {"sft": 1000, "rl": 80},
         "stages": ["sft", "rl", "sft_more"],
     },
     "frozenlake": {

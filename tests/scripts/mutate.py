@@ -1748,6 +1748,8 @@ FAMILIES: dict[str, dict] = {
             # the loss mask: every token learned, targets unshifted, padding learned, a reply's span from the start
             (DCH, "labels = np.where(np.asarray(example.mask[: fits[-1]]), ids, IGNORE_INDEX)", "labels = ids.copy()"),
             (DCH, "torch.from_numpy(labels[1:])", "torch.from_numpy(labels[:-1])"),
+            # a conversation cut after its last reply that fits is counted (its later replies are not learnt)
+            (DCH, "self.cut += len(fits) < len(example.turn_ends)", "self.cut += 0"),
             (DCH, "targets = torch.full((len(batch), t), IGNORE_INDEX,", "targets = torch.full((len(batch), t), 0,"),
             (CTT, "spans.append((start, len(through)))", "spans.append((0, len(through)))"),
             (CTT, "return [any(start < e and end > s for", "return [any(start <= e and end >= s for"),
@@ -2770,10 +2772,18 @@ FAMILIES: dict[str, dict] = {
             (CALC, '== (self.split == "test"):', '== (self.split == "train"):'),
             (
                 GUESS,
-                'user("Higher." if guess < self.target else "Lower.")',
-                'user("Higher." if guess > self.target else "Lower.")',
+                'answer = "Higher" if guess < self.target else "Lower"',
+                'answer = "Higher" if guess > self.target else "Lower"',
             ),
             (GUESS, "return [], 1.0 - self.turn_cost, True", "return [], 1.0, True"),
+            # feedback: range states the numbers still possible, from the whole range each episode
+            (GUESS, "        self.possible = (self.low, self.high)\n", ""),
+            (
+                GUESS,
+                "(max(low, guess + 1), high) if guess < self.target else (low, min(high, guess - 1))",
+                "(guess + 1, high) if guess < self.target else (low, guess - 1)",
+            ),
+            (GUESS, 'answer += f", from {low} to {high}." if self.feedback == "range" else "."', 'answer += "."'),
             (
                 ENVB,
                 "truncated = not terminated and self.turns >= self.max_turns",
