@@ -75,6 +75,10 @@ def test_an_mp4_without_moviepy_says_what_to_install():
         )
 
 
+# Slow (the README test command's 10 minutes): two fits. The default suite reloads both agents from their
+# checkpoints alone (test_rl_cli.py's test_tiny_fits_predicts_and_reloads_with_its_statistics, test_sac.py's
+# test_tiny_fits_predicts_and_reloads) and plays a checkpoint alone in its env (below).
+@pytest.mark.slow
 def test_net_sizes_come_from_the_env_and_travel_with_the_checkpoint():
     c = cli("fit", "--config", PPO_TINY, *QUIET, "--model.init_args.total_env_steps=128")
     net = c.model.net
