@@ -331,6 +331,9 @@ def test_an_input_mistake_is_one_error_line_naming_it(case, tmp_path, monkeypatc
         assert text in lines[0], (text, lines[0])
 
 
+# A cli.py process each (the README test command's 10 minutes); the same refusals in process: the cases above of
+# the misspelt width (its hint) and of the tracking URI's unknown scheme.
+@pytest.mark.slow
 def test_a_parser_error_is_one_line_through_a_subprocess(tmp_path):
     """``python cli.py`` itself: a key misspelt in YAML is one line and a hint, not the usage before it (60 lines)."""
     bad_yaml = tmp_path / "bad.yaml"
@@ -341,6 +344,7 @@ def test_a_parser_error_is_one_line_through_a_subprocess(tmp_path):
     assert "usage:" not in proc.stderr and len(proc.stderr.splitlines()) <= 2, proc.stderr
 
 
+@pytest.mark.slow
 def test_an_unknown_tracking_scheme_in_the_environment_is_one_line_through_a_subprocess(tmp_path):
     """``MLFLOW_TRACKING_URI=foo://bar``: three tracebacks (102 lines) before, one line now."""
     proc = run_cli("fit", "--config", CNN, env={"MLFLOW_TRACKING_URI": "foo://bar"}, timeout=300)

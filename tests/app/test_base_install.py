@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
 from conftest import CONFIGS, ROOT
 from packaging.requirements import Requirement
 
@@ -158,6 +159,9 @@ print("MODULES " + " ".join(sorted(m for m in sys.modules if m.split(".")[0] in 
 """
 
 
+# ~40 s of one process that fits every family: the slow pass (the README test command's 10 minutes); the mutants'
+# base family runs it. CI's README command 1 fits the main job in a real base install.
+@pytest.mark.slow
 def test_without_any_extra_every_family_fits_and_each_feature_refuses_in_one_line(tmp_path):
     import json
 

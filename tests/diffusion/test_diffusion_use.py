@@ -7,7 +7,8 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-from conftest import CONFIGS, cli, output
+import pytest
+from conftest import CONFIGS, cli, fit_in_folder, output
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
@@ -17,10 +18,24 @@ from zoo.diffusion.samplers import DDIMSampler
 TINY = str(CONFIGS / "diffusion" / "tiny.yaml")
 
 
-def test_predict_writes_a_readable_png_per_sample_and_a_grid():
-    c = cli("fit", "--config", TINY, "--trainer.max_epochs=1")
-    last = c.trainer.checkpoint_callback.last_model_path
-    classes = c.datamodule.class_names
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """One epoch of the tiny config, fitted once for the file in a folder of its own (each test fitted its own
+    before), with the predict settings its checkpoint records: 3 samples of class 2, a 2-step sampler."""
+    return fit_in_folder(
+        tmp_path_factory.mktemp("diffusion_tiny"),
+        "--config",
+        TINY,
+        "--trainer.max_epochs=1",
+        "--data.init_args.num_samples=3",
+        "--data.init_args.labels=[2]",
+        "--model.init_args.sampler.init_args.steps=2",
+    )
+
+
+def test_predict_writes_a_readable_png_per_sample_and_a_grid(fitted):
+    last = str(fitted.last)  # the command line's settings win over the checkpoint's
+    classes = fitted.cli.datamodule.class_names
     p = cli(
         "predict",
         "--config",
@@ -54,19 +69,11 @@ def test_predict_writes_a_readable_png_per_sample_and_a_grid():
     assert np.array_equal(tile, png)
 
 
-def test_a_checkpoint_alone_samples_with_the_data_it_was_trained_on():
+def test_a_checkpoint_alone_samples_with_the_data_it_was_trained_on(fitted):
     """predict without --config: the checkpoint records the DiffusionDataModule's arguments, the image data
     as its config (class names, normalisation); the model's its sampler."""
-    fit = cli(
-        "fit",
-        "--config",
-        TINY,
-        "--trainer.max_epochs=1",
-        "--data.init_args.num_samples=3",
-        "--data.init_args.labels=[2]",
-        "--model.init_args.sampler.init_args.steps=2",
-    )
-    p = cli("predict", "--ckpt_path", fit.trainer.checkpoint_callback.last_model_path)
+    fit = fitted.cli
+    p = cli("predict", "--ckpt_path", str(fitted.last))
     rows = [json.loads(line) for line in output("predictions.jsonl").read_text().splitlines()]
     name = fit.datamodule.class_names[2]
     assert [Path(r["image"]).name for r in rows] == [f"{i:04d}_{name}.png" for i in range(3)]
@@ -75,7 +82,7 @@ def test_a_checkpoint_alone_samples_with_the_data_it_was_trained_on():
     p = cli(
         "predict",
         "--ckpt_path",
-        fit.trainer.checkpoint_callback.last_model_path,
+        str(fitted.last),
         "--model.init_args.sampler.init_args.steps=3",
         "--model.init_args.guidance_scale=2",
     )

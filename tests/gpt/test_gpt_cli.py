@@ -19,6 +19,9 @@ from zoo.gpt import CausalLMModule
 TINY = CONFIGS / "gpt" / "gpt_tiny.yaml"
 
 
+# The slow pass (the README test command's 10 minutes): the same config's fit, predict from its last checkpoint and
+# reload alone run in test_gpt_use.py, the export's Hugging Face folder against transformers in test_gpt_export.py.
+@pytest.mark.slow
 def test_tiny_fits_then_predicts_from_its_checkpoint_and_reloads_alone():
     c = cli("fit", "--config", str(TINY))
     loss = c.trainer.callback_metrics["val/loss"].item()
@@ -81,7 +84,8 @@ def test_vocab_too_small_for_the_tokenizer_is_named():
         "gpt_char_shakespeare.yaml",
         pytest.param("gpt_bpe_shakespeare.yaml", marks=pytest.mark.slow),  # the README test command's 10 minutes
         "mla_shakespeare.yaml",
-        "deepseek_shakespeare.yaml",
+        # the DeepSeek net's fit through cli.py: test_tiny_deepseek_fits_logs_each_depth_and_reloads_from_its_checkpoint
+        pytest.param("deepseek_shakespeare.yaml", marks=pytest.mark.slow),
     ],
 )
 def test_shakespeare_configs_run_a_few_steps(name):
@@ -179,6 +183,9 @@ def gpt2_folder(tmp_path) -> Path:
     return folder
 
 
+# Slow (the 10 minutes): a fit through cli.py from a transformers folder's weights and tokenizer stays in the default
+# suite through test_gpt_pretrained.py's test_the_cli_fine_tunes_a_folder_with_no_net_block_and_the_folders_tokenizer.
+@pytest.mark.slow
 def test_gpt2_config_starts_from_hf_weights_and_tokenizer_files(gpt2_folder):
     import transformers
 

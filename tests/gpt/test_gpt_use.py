@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, cli, output
+from conftest import CONFIGS, cli, fit_in_folder, output
 
 import datamodules.text
 from zoo.gpt import CausalLMModule
@@ -20,10 +20,19 @@ TINY = CONFIGS / "gpt" / "gpt_tiny.yaml"
 TEXT = "Now is the winter of our discontent\nMade glorious summer by this sun of York.\n" * 12
 
 
-def fit_tiny() -> str:
-    c = cli("fit", "--config", str(TINY), "--trainer.max_steps=4", "--trainer.limit_val_batches=1")
+@pytest.fixture(scope="module")
+def tiny_last(tmp_path_factory) -> str:
+    """The tiny config's 4 steps, fitted once for the file in a folder of its own: the tests only read its last
+    checkpoint (each fitted its own, the same, before)."""
+    c = fit_in_folder(
+        tmp_path_factory.mktemp("gpt_tiny"),
+        "--config",
+        str(TINY),
+        "--trainer.max_steps=4",
+        "--trainer.limit_val_batches=1",
+    )
     assert c.model.net.vocab_size == 257  # the byte tokenizer's, not written in the config
-    return c.trainer.checkpoint_callback.last_model_path
+    return str(c.last)
 
 
 def forbid_corpus(monkeypatch) -> None:
@@ -35,8 +44,8 @@ def forbid_corpus(monkeypatch) -> None:
     monkeypatch.setattr(datamodules.text, "shakespeare_dir", refuse)
 
 
-def test_test_on_a_text_file_reports_its_loss_and_perplexity(monkeypatch):
-    last = fit_tiny()
+def test_test_on_a_text_file_reports_its_loss_and_perplexity(monkeypatch, tiny_last):
+    last = tiny_last
     forbid_corpus(monkeypatch)
     Path("new.txt").write_text(TEXT)
     c = cli("test", "--config", str(TINY), "--ckpt_path", last, "--data.init_args.test_path=new.txt")
@@ -56,8 +65,8 @@ def test_test_on_a_text_file_reports_its_loss_and_perplexity(monkeypatch):
     assert loss < math.log(257) + 0.5
 
 
-def test_predict_from_a_prompts_file_without_the_corpus(monkeypatch):
-    last = fit_tiny()
+def test_predict_from_a_prompts_file_without_the_corpus(monkeypatch, tiny_last):
+    last = tiny_last
     forbid_corpus(monkeypatch)
     Path("prompts.txt").write_text("ROMEO:\n\nTo be, or not\n")
     # the checkpoint's tokenizer: nothing is tokenised to a file either
@@ -79,8 +88,8 @@ def test_predict_from_a_prompts_file_without_the_corpus(monkeypatch):
     assert [r["completion"] for r in rows] == module.generate(prompts, max_new_tokens=12, temperature=0)
 
 
-def test_generation_past_block_size_slides_its_window_to_every_token_asked_for():
-    last = fit_tiny()
+def test_generation_past_block_size_slides_its_window_to_every_token_asked_for(tiny_last):
+    last = tiny_last
     module = CausalLMModule.load_from_checkpoint(last).eval()
     prompt = "x" * 40  # 40 of the 64 positions: 50 new tokens go 26 past block_size
     out = module.generate([torch.tensor(module.tokenizer.encode(prompt))], max_new_tokens=50, temperature=0, top_k=None)
@@ -102,8 +111,8 @@ def test_a_vocab_size_that_disagrees_with_the_tokenizer_is_an_error_naming_both(
         assert c.model.net.vocab_size == size
 
 
-def test_the_derived_vocab_size_is_in_the_checkpoint():
-    last = fit_tiny()
+def test_the_derived_vocab_size_is_in_the_checkpoint(tiny_last):
+    last = tiny_last
     ckpt = torch.load(last, weights_only=True)
     assert ckpt["hyper_parameters"]["net"]["init_args"]["vocab_size"] == 257
     assert CausalLMModule.load_from_checkpoint(last).net.tok_emb.weight.shape == (257, 32)
@@ -153,8 +162,8 @@ def test_the_logged_model_scores_and_continues_new_text_with_its_own_characters(
     assert [r["completion"] for r in rows] == c.model.eval().generate(["ROMEO:", "JULIET:"], 8, temperature=0)
 
 
-def test_predict_decodes_speculatively_with_a_draft_checkpoint_and_logs_its_acceptance(capsys):
-    last = fit_tiny()
+def test_predict_decodes_speculatively_with_a_draft_checkpoint_and_logs_its_acceptance(capsys, tiny_last):
+    last = tiny_last
     Path("prompts.txt").write_text("ROMEO:\nTo be, or not\n")
     args = ["predict", "--config", str(TINY), "--ckpt_path", last, "--data.init_args.prompts_file=prompts.txt"]
     args += ["--model.init_args.generation.max_new_tokens=12", "--model.init_args.generation.temperature=0"]
@@ -168,9 +177,9 @@ def test_predict_decodes_speculatively_with_a_draft_checkpoint_and_logs_its_acce
     assert run.data.metrics["predict/acceptance_rate"] == 1.0 and run.data.metrics["predict/tokens_per_forward"] > 1
 
 
-def test_a_draft_named_in_a_checkpoint_is_not_read():
+def test_a_draft_named_in_a_checkpoint_is_not_read(tiny_last):
     # A file does not choose which other file is read: the stored generation's draft is dropped on every load path.
-    ckpt = torch.load(fit_tiny(), weights_only=True)
+    ckpt = torch.load(tiny_last, weights_only=True)
     ckpt["hyper_parameters"]["generation"]["draft"] = "/elsewhere/not-yours.ckpt"
     torch.save(ckpt, "planted.ckpt")
     module = CausalLMModule.load_from_checkpoint("planted.ckpt")

@@ -10,10 +10,10 @@ import sys
 
 import pytest
 import torch
-from conftest import CONFIGS, ROOT, cli
+from conftest import CONFIGS, cli
 
 from zoo.rl import A2CModule, ActorCritic, DeterministicActorCritic, PPOModule, SACModule, SoftActorCritic, TD3Module
-from zoo.rl.export import METADATA, agent_class, agents, export_policy
+from zoo.rl.export import METADATA, agent_class, agents, export_policy, main
 
 # What a user of the artifact runs: torch alone. It fails if anything else (zoo, Lightning) was imported.
 LOAD_AND_ACT = """
@@ -85,14 +85,9 @@ def test_checkpoint_exports_through_the_entry_point_and_plays_with_torch_alone(t
     )
     agent = c.model.cpu().eval()
     ckpt = c.trainer.checkpoint_callback.last_model_path
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run(
-        [sys.executable, "-m", "zoo.rl.export", ckpt, str(tmp_path / "policy.pt2")],
-        env=env,
-        check=True,
-        timeout=300,
-        capture_output=True,
-    )
+    # The entry point's main in this process: its process (python -m zoo.rl.export) is started by
+    # test_file_attacks.py's hostile-program case, and a second process start here cost ~10 s of the suite.
+    main([ckpt, str(tmp_path / "policy.pt2")])
     obs = torch.randn(64, 4) * torch.tensor([1.0, 0.5, 0.1, 0.5])
     torch.save(obs, tmp_path / "obs.pt")
     proc = subprocess.run(

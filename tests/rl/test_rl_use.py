@@ -7,7 +7,7 @@ import csv
 
 import pytest
 import torch
-from conftest import CONFIGS, cli, output
+from conftest import CONFIGS, cli, fit_in_folder, output
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
@@ -16,6 +16,21 @@ from zoo.rl import PPOModule, SACModule
 PPO_TINY = str(CONFIGS / "rl" / "ppo_tiny.yaml")
 SAC_TINY = str(CONFIGS / "rl" / "sac_tiny.yaml")
 QUIET = ("--trainer.enable_progress_bar=false",)
+NUMPY_CARTPOLE = "datamodules.gym_envs:NumpyCartPole-v1"
+
+
+@pytest.fixture(scope="module")
+def numpy_cartpole_fit(tmp_path_factory):
+    """The tiny PPO config's first 128 env steps on the NumPy-drawn CartPole, fitted once for the file in a folder of
+    its own: the tests below only read its last checkpoint (each fitted its own before)."""
+    return fit_in_folder(
+        tmp_path_factory.mktemp("ppo_numpy_cartpole"),
+        "--config",
+        PPO_TINY,
+        *QUIET,
+        "--model.init_args.total_env_steps=128",
+        f"--data.init_args.env_id={NUMPY_CARTPOLE}",
+    )
 
 
 @pytest.mark.slow  # a video written (the README test command's 10 minutes)
@@ -51,16 +66,14 @@ def test_play_writes_every_episode_and_a_video_of_one():
     assert [a.path for a in listed] == ["videos/NumpyCartPole-v1_episode.gif"]
 
 
-def test_an_mp4_without_moviepy_says_what_to_install():
+def test_an_mp4_without_moviepy_says_what_to_install(numpy_cartpole_fit):
     try:
         import moviepy  # noqa: F401
 
         pytest.skip("moviepy is installed")
     except ImportError:
         pass
-    last = cli(
-        "fit", "--config", PPO_TINY, *QUIET, "--model.init_args.total_env_steps=128", "--trainer.num_sanity_val_steps=0"
-    ).trainer.checkpoint_callback.last_model_path
+    last = str(numpy_cartpole_fit.last)
     with pytest.raises(ImportError, match="moviepy"):
         cli(
             "predict",
@@ -75,6 +88,10 @@ def test_an_mp4_without_moviepy_says_what_to_install():
         )
 
 
+# Slow (the README test command's 10 minutes): two fits. The default suite reloads both agents from their
+# checkpoints alone (test_rl_cli.py's test_tiny_fits_predicts_and_reloads_with_its_statistics, test_sac.py's
+# test_tiny_fits_predicts_and_reloads) and plays a checkpoint alone in its env (below).
+@pytest.mark.slow
 def test_net_sizes_come_from_the_env_and_travel_with_the_checkpoint():
     c = cli("fit", "--config", PPO_TINY, *QUIET, "--model.init_args.total_env_steps=128")
     net = c.model.net
@@ -109,13 +126,13 @@ def test_a_size_that_disagrees_with_the_env_names_both():
         cli("fit", "--config", SAC_TINY, *QUIET, "--model.init_args.net.init_args.obs_dim=5")
 
 
-def test_a_checkpoint_alone_plays_in_the_env_it_was_trained_in():
+def test_a_checkpoint_alone_plays_in_the_env_it_was_trained_in(numpy_cartpole_fit):
     """predict without --config: the checkpoint records the GymDataModule's arguments (env id, wrappers, ...)."""
-    fit = cli("fit", "--config", PPO_TINY, *QUIET, "--data.init_args.env_id=datamodules.gym_envs:NumpyCartPole-v1")
+    fit = numpy_cartpole_fit.cli
     cli(
         "predict",
         "--ckpt_path",
-        fit.trainer.checkpoint_callback.last_model_path,
+        str(numpy_cartpole_fit.last),
         *QUIET,
         "--data.init_args.predict_episodes=2",
     )

@@ -975,7 +975,7 @@ FAMILIES: dict[str, dict] = {
     },
     # The base install (issue 51): no extra imported at start, a missing one named in one line, a model logged.
     "base": {
-        "tests": ["tests/app/test_base_install.py"],
+        "tests": ["tests/app/test_base_install.py", "-m", "slow or not slow"],  # its one test is slow
         "mutants": [
             (TR, "        cls = zoo_class(path)\n", "        cls = zoo_classes().get(path)\n"),
             ("zoo/adapt/lora.py", '    import_extra("peft", "adapt.lora (LoRA adapters)")', "    pass"),

@@ -198,8 +198,11 @@ def test_runs_started_together_on_a_fresh_store_all_succeed(embedded_store):
     assert sorted(r.info.status for r in runs) == ["FINISHED"] * 3
 
 
-# SIGINT is the Ctrl-C path other tests cover too: SIGTERM alone in the default suite.
-@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
+# A cli.py process each: the slow pass (the README test command's 10 minutes). In the default suite a SIGTERM ends
+# the run failed in process (test_a_failed_run_ends_failed_whatever_the_callbacks_do_on_the_way_out) and a Ctrl-C
+# ends a cli.py process's run and actors (test_impala.py's test_ctrl_c_in_a_terminal_ends_the_run_and_every_actor).
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_run_stopped_by_a_signal_ends_killed(embedded_store, sig):
     fit = _start_fit("--trainer.max_epochs=1000")
     deadline = time.monotonic() + 300
