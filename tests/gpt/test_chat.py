@@ -312,7 +312,8 @@ def test_a_conversation_of_block_size_plus_one_tokens_is_kept_whole_and_one_more
     kept = ChatDataModule(str(path), tokenizer="bytes", block_size=n - 1, val_fraction=0, batch_size=2)
     kept.setup("fit")
     ids, labels = kept.train_set.items[0]
-    assert kept.dropped == kept.cut == 0 and len(ids) == n and (labels != IGNORE_INDEX).sum() == len("the answer") + 1  # + EOS
+    assert kept.dropped == kept.cut == 0 and len(ids) == n
+    assert (labels != IGNORE_INDEX).sum() == len("the answer") + 1  # + EOS
     assert next(iter(kept.train_dataloader()))[0].shape[1] == n - 1  # T = block_size
     dropped = ChatDataModule(str(path), tokenizer="bytes", block_size=n - 2, val_fraction=0, batch_size=2)
     dropped.setup("fit")
