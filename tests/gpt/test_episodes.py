@@ -283,6 +283,7 @@ def test_the_env_config_fits_and_tests_through_the_cli(tmp_path):
         "--config",
         str(CONFIGS / "gpt" / "grpo_guess_number.yaml"),
         f"--data.init_args.env_id={ECHO}",  # the test's own text env, by its registered id
+        "--data.init_args.env_kwargs={}",  # the config's are the guessing game's (its comment says so)
         *(f"--model.init_args.net.init_args.{k}={v}" for k, v in tiny.items()),
         "--model.init_args.group_size=2",
         "--model.init_args.generation.max_new_tokens=4",
