@@ -358,3 +358,23 @@ def test_the_envs_tool_specs_reach_the_template(monkeypatch):
     env.tools = [{"type": "function", "function": {"name": "calculator", "parameters": {}}}]
     E.scaffold_for(ByteTokenizer(), gym.wrappers.OrderEnforcing(env)).prompt([{"role": "user", "content": "hi"}])
     assert seen[-1] == {"tools": env.tools}  # read through gymnasium's wrappers
+
+
+def test_a_slot_row_reads_back_the_episode_written_into_it():
+    """Each field of each row is that row's episode's (rows of a group differ: their rewards most of all)."""
+    from zoo.gpt.tune.async_episodes import EpisodeSampling, read_row, write_row
+
+    source = E.EnvSource(ECHO, {"turns": 2})
+    sampling = EpisodeSampling([0], 1, 2, source, None, ByteTokenizer(), E.Episodes(max_turns=2), 12, 4, 1.0, None)
+    slot = {name: torch.zeros((1, *shape), dtype=dtype) for name, (shape, dtype) in sampling.slot_spec().items()}
+    rows = [
+        E.Episode(7, [1, 2, 3, 4], [False, True, True, False], [0.0, -0.5, -0.25, 0.0], [2], [0.25], 0, False),
+        E.Episode(7, [5, 6, 7, 8, 9], [False, True, False, True, True], [0.0, -1.0, 0.0, -2.0, -3.0], [1, 4],
+                  [1.5, -0.75], 2, True),
+    ]  # fmt: skip
+    for r, e in enumerate(rows):
+        write_row(slot, 0, r, e)
+    for r, e in enumerate(rows):
+        got = read_row({name: value[0] for name, value in slot.items()}, r)
+        fields = ("seed", "ids", "policy", "logps", "turn_ends", "turn_rewards", "tool_calls", "success")
+        assert [getattr(got, f) for f in fields] == [getattr(e, f) for f in fields]
