@@ -54,7 +54,8 @@ def alone(net, env, seed, scaffold, episodes, max_new, temperature, generator) -
             fed = len(ids)
             (token,), (logp,) = E.draw(logits, temperature, None, [generator])
             reply, logps = [*reply, token], [*logps, logp]
-        info = E.take_turn(ep, env, messages, reply, logps, scaffold, episodes, bound, "")
+        text, stop = E.reply_taken(ep, reply, logps, scaffold)
+        info = E.turn_taken(ep, messages, text, stop, env.step(text), scaffold, episodes, bound, "")
         messages = ep.messages
     ep.success = bool(info.get("success", False))
     return ep

@@ -366,23 +366,6 @@ def play_all(
     return eps
 
 
-def take_turn(
-    ep: Episode,
-    env,
-    messages: list[dict],
-    reply: list[int],
-    logps: list[float],
-    scaffold: Scaffold,
-    episodes: Episodes,
-    bound: int,
-    env_id: str,
-) -> dict:
-    """The sampled ``reply`` to ``messages`` taken, ``env`` stepped with its text, and the scaffolding to the next
-    turn added unless the episode ends here (``ep.ended`` says why); the env's info."""
-    text, stop = reply_taken(ep, reply, logps, scaffold)
-    return turn_taken(ep, messages, text, stop, env.step(text), scaffold, episodes, bound, env_id)
-
-
 def reply_taken(ep: Episode, reply: list[int], logps: list[float], scaffold: Scaffold) -> tuple[str, int | None]:
     """The sampled ``reply`` added to ``ep``: its text for the env, and the stop id that ended it (None: the
     budget did)."""
