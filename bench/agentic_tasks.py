@@ -71,7 +71,7 @@ TASKS = {
     "frozenlake": {
         "env_id": "zoo/FrozenLakeText-v0",
         "player": "planner",
-        "teacher_kwargs": {"max_turns": 12},
+        "teacher_kwargs": {"max_turns": 12, "success_rate": 0.8},
         "test_args": [],
         "rl_args": [],
         "steps": {"sft": 600, "rl": 100},

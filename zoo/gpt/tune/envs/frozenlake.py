@@ -31,6 +31,7 @@ class FrozenLakeTextEnv(TextEnv):
         map_name: str = "4x4",
         desc: list[str] | None = None,
         is_slippery: bool = True,
+        success_rate: float = 1 / 3,
         max_turns: int = 100,
         step_latency: float = 0.0,
     ) -> None:
@@ -38,7 +39,9 @@ class FrozenLakeTextEnv(TextEnv):
         Args:
             map_name: gymnasium's map ("4x4" or "8x8"), when desc is None.
             desc: a map of your own, rows of S F H G (at most 256 cells); None: map_name's.
-            is_slippery: the ice moves the player sideways two times in three, as gymnasium's default.
+            is_slippery: the ice may move the player sideways, as gymnasium's default.
+            success_rate: on slippery ice, the chance a move goes where it was meant (else to either side alike):
+                gymnasium's, 1/3 by default.
             max_turns: the most replies (gymnasium's FrozenLake-v1 stops the 4x4 lake at 100 steps).
             step_latency: as TextEnv's (seconds every step waits).
         """
@@ -52,7 +55,11 @@ class FrozenLakeTextEnv(TextEnv):
             raise InputError(f"desc is a list of equal rows of S F H G, at most {MAX_CELLS} cells")
         if desc is None and map_name not in ("4x4", "8x8"):
             raise InputError(f"map_name={map_name!r}: give 4x4 or 8x8, or a desc")
-        self.lake = FrozenLakeEnv(desc=desc, map_name=map_name, is_slippery=bool(is_slippery))
+        if not isinstance(success_rate, (int, float)) or not 0 <= success_rate <= 1:
+            raise InputError(f"success_rate={success_rate!r}: give a chance from 0 to 1")
+        self.lake = FrozenLakeEnv(
+            desc=desc, map_name=map_name, is_slippery=bool(is_slippery), success_rate=float(success_rate)
+        )
         self._seed: int | None = None
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[list[dict], dict]:
