@@ -84,3 +84,21 @@ def test_an_sft_config_holds_its_teachers_episodes_whole(name):
     episodes = scripted_episodes(spec["env_id"], n=200, seed=0, player=spec["player"], **spec.get("env_kwargs", {}))
     longest = max(len(scaffold.render(e, False).ids) for e in episodes)
     assert longest <= block + 1, f"{name}: an episode of {longest} tokens, block_size {block}"
+
+
+@pytest.mark.parametrize("name", SFT)
+def test_a_turns_token_budget_holds_the_teachers_longest_reply_and_its_end(name):
+    """A reply cut at max_new_tokens is no move at all (``Move: ri``): FrozenLake's budget of 8 bytes could not
+    write ``Move: right``, so every test episode of the SFT model ran out its tokens re-told the format."""
+    import yaml
+
+    from zoo.io.tokenizers import ByteTokenizer
+
+    sft = yaml.safe_load((CONFIGS / "gpt" / name).read_text())
+    grpo = yaml.safe_load((CONFIGS / "gpt" / name.replace("sft_", "grpo_")).read_text())
+    spec = sft["data"]["init_args"]["episodes"]
+    episodes = scripted_episodes(spec["env_id"], n=200, seed=0, player=spec["player"], **spec.get("env_kwargs", {}))
+    longest = max(len(ByteTokenizer().encode(m["content"])) for e in episodes for m in e if m["role"] == "assistant")
+    for config in (sft, grpo):
+        budget = config["model"]["init_args"]["generation"]["max_new_tokens"]
+        assert longest + 1 <= budget, f"{name}: a reply of {longest} tokens and its end, max_new_tokens {budget}"
