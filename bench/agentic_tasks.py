@@ -50,11 +50,11 @@ from bench.assistant import (  # noqa: E402
 TASKS = {
     "calculator": {
         "env_id": "zoo/Calculator-v0",
-        "player": "mixed",
+        "player": "sloppy",
         "teacher_kwargs": {"split": "test"},
         "test_args": ["--data.init_args.env_kwargs.split=test"],
         "rl_args": [],
-        "steps": {"sft": 1500, "rl": 60},
+        "steps": {"sft": 800, "rl": 60},
         "stages": ["sft", "rl", "notool", "sft_more"],
     },
     "guess_number": {

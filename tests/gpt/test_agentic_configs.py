@@ -5,8 +5,10 @@ say."""
 
 from __future__ import annotations
 
+import json
 import statistics
 
+import numpy as np
 import pytest
 from conftest import CONFIGS, cli
 
@@ -57,6 +59,25 @@ def test_the_mixed_players_are_imperfect_teachers():
     guess = scripted_episodes("zoo/GuessNumber-v0", n=100, seed=0, player="mixed", max_turns=30)
     turns = statistics.mean(sum(m["role"] == "assistant" for m in e) for e in guess)
     assert 10 < turns < 16  # binary search needs at most 7
+
+
+def test_the_sloppy_calculator_player_always_calls_and_drops_the_last_term_three_times_in_four():
+    from zoo.gpt.tune.envs import make
+    from zoo.gpt.tune.envs.calculator import evaluate
+    from zoo.gpt.tune.envs.scripted import PLAYER_STREAM, PLAYERS, play
+
+    env, rng, rows = make("zoo/Calculator-v0", split="all"), np.random.default_rng([0, PLAYER_STREAM]), []
+    for seed in range(300):
+        messages, total, info = play(env, PLAYERS["zoo/Calculator-v0"]["sloppy"], rng, seed)
+        question = messages[0]["content"][len("What is ") : -1]
+        call = json.loads(messages[1]["content"][len("<tool_call>") : -len("</tool_call>")])["arguments"]
+        whole = call["expression"] == question
+        # the slip is the last term only: the call is the question's start, a term shorter
+        assert whole or question.startswith(call["expression"] + " ") and len(question.split()) == 7
+        assert info["tool_calls"] == 1 and messages[-1]["content"] == f"Answer: {evaluate(call['expression'])}"
+        rows.append((whole, total))
+    assert 0.15 < statistics.mean(w for w, _ in rows) < 0.35
+    assert all(t == 1.0 for w, t in rows if w)  # a whole call is always right; a slip rarely
 
 
 def test_the_episode_data_has_the_tokenizer_once_set_up():

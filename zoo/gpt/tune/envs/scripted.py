@@ -5,7 +5,9 @@ the conversation so far and a generator for its random choices. Each environment
 ones, so SFT can start from imperfect traces that RL must improve on:
 
 - ``zoo/Calculator-v0``: ``tool`` (calls the calculator, answers its result), ``direct`` (answers at once, right),
-  ``mixed`` (a quarter of its episodes ``tool``'s, the rest ``direct``'s: answers a small model cannot imitate);
+  ``mixed`` (a quarter of its episodes ``tool``'s, the rest ``direct``'s: answers a small model cannot imitate),
+  ``sloppy`` (always calls, but three times in four copies the question without its last term, and answers the
+  result: a systematic slip that greedy imitation keeps);
 - ``zoo/GuessNumber-v0``: ``binary`` (halves the range: at most 7 guesses), ``random`` (any number still possible),
   ``linear`` (the lowest still possible), ``mixed`` (each guess ``binary``'s one time in four, else ``linear``'s);
 - ``zoo/FrozenLakeText-v0``: ``planner`` (value iteration on gymnasium's transition table), ``random``.
@@ -45,7 +47,15 @@ def calculator_direct(env, messages: list[dict], rng: np.random.Generator) -> st
     return f"Answer: {env.answer}"
 
 
-MIXED_SHARE = 0.25  # the share of the mixed players' choices that are the good player's
+MIXED_SHARE = 0.25  # the share of the mixed and sloppy players' choices that are the good player's
+LAST_TERM = re.compile(r"\s*[-+*/]\s*\d+\s*$")
+
+
+def calculator_sloppy(env, messages: list[dict], rng: np.random.Generator) -> str:
+    if messages[-1]["role"] == "user" and rng.random() >= MIXED_SHARE:  # the slip
+        expression = LAST_TERM.sub("", QUESTION.search(messages[-1]["content"])[1])
+        return format_tool_call("calculator", {"expression": expression})
+    return calculator_tool(env, messages, rng)
 
 
 def calculator_mixed(env, messages: list[dict], rng: np.random.Generator) -> str:
@@ -115,7 +125,12 @@ def lake_random(env, messages: list[dict], rng: np.random.Generator) -> str:
 
 
 PLAYERS: dict[str, dict[str, Player]] = {
-    "zoo/Calculator-v0": {"tool": calculator_tool, "direct": calculator_direct, "mixed": calculator_mixed},
+    "zoo/Calculator-v0": {
+        "tool": calculator_tool,
+        "direct": calculator_direct,
+        "mixed": calculator_mixed,
+        "sloppy": calculator_sloppy,
+    },
     "zoo/GuessNumber-v0": {
         "binary": guess_binary,
         "random": guess_random,
