@@ -54,7 +54,7 @@ TASKS = {
         "teacher_kwargs": {"split": "test"},
         "test_args": ["--data.init_args.env_kwargs.split=test"],
         "rl_args": [],
-        "steps": {"sft": 800, "rl": 60},
+        "steps": {"sft": 1400, "rl": 60},
         "stages": ["sft", "rl", "notool", "sft_more"],
     },
     "guess_number": {
@@ -74,7 +74,7 @@ TASKS = {
         "teacher_kwargs": {"max_turns": 12, "success_rate": 0.8},
         "test_args": [],
         "rl_args": [],
-        "steps": {"sft": 600, "rl": 100},
+        "steps": {"sft": 1000, "rl": 100},
         "stages": ["sft", "rl", "sft_more"],
     },
 }
