@@ -13,8 +13,10 @@ questions for the same steps, where a call gets no result (``episodes.max_turns=
 The helpers (the subprocess runner, the CPU accounting by the subprocesses' user + system time, the registered
 model and test metrics read from the output, the report card, the matched steps) are ``bench/assistant.py``'s.
 
+    python bench/agentic_tasks.py --task calculator --seeds 0 1 2        # ~19 CPU min a seed
+    python bench/agentic_tasks.py --task frozenlake --seeds 0 1 2        # ~11 CPU min a seed
     python bench/agentic_tasks.py --task guess_number --seeds 0 1 2      # ~40 CPU min a seed
-    python bench/agentic_tasks.py --task calculator --seeds 0 --parallel --sft-more-cpu 300  # the rest at once
+    python bench/agentic_tasks.py --task calculator --seeds 0 --parallel --sft-more-cpu 180  # the rest at once
     python bench/agentic_tasks.py --task calculator --collect run0.log run1.log   # tabulate earlier runs
 """
 
