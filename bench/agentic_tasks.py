@@ -180,6 +180,11 @@ def one_seed(task: str, folder: Path, seed: int, steps: dict[str, int], stages: 
     return scores, cpu, card
 
 
+def chosen_stages(task: str, wanted: list[str] | None, sft_model: str | None) -> list[str]:
+    """The task's stages in order: those ``wanted`` (all when None), and sft when its model is given."""
+    return [s for s in TASKS[task]["stages"] if not wanted or s in wanted or (s == "sft" and sft_model)]
+
+
 def report(task: str, runs: list[tuple[dict, dict, str]], stages: list[str]) -> str:
     rows = [["teacher", *(f"{v:.3f}" for v in teacher(task).values()), "-"]]
     for stage in stages:
@@ -206,7 +211,7 @@ def main() -> None:
     ap.add_argument("--collect", nargs="+", help="only tabulate the seeds in these earlier runs' outputs")
     args = ap.parse_args()
     spec = TASKS[args.task]
-    stages = [s for s in spec["stages"] if not args.stages or s in args.stages]
+    stages = chosen_stages(args.task, args.stages, args.sft_model)
     if args.collect:
         runs = collected(args.collect)
         return print(report(args.task, runs, [s for s in stages if any(s in r[0] for r in runs)]))

@@ -3162,6 +3162,7 @@ FAMILIES: dict[str, dict] = {
             (SCR, 'LAST_TERM = re.compile(r"\\s*[-+*/]\\s*\\d+\\s*$")', 'LAST_TERM = re.compile(r"\\s*\\d+\\s*$")'),
             ("bench/agentic_tasks.py", '        args.append("--model.init_args.episodes.max_turns=1")', "        pass"),
             ("bench/agentic_tasks.py", 'every = VAL_EVERY if stage == "sft_more" else steps', "every = steps"),
+            ("bench/agentic_tasks.py", ' or (s == "sft" and sft_model)]', "]"),
             ("bench/agentic_tasks.py", 'if stage in ("rl", "notool"):', 'if stage in ("rl", "notool", "sft_more"):'),
         ],
     },
