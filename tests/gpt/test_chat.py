@@ -190,6 +190,8 @@ def test_a_template_bomb_stops_at_its_deadline_even_within_its_steps(monkeypatch
     from zoo.io import chat_template
 
     monkeypatch.setattr(chat_template, "TEMPLATE_SECONDS", 0.2)
+    # within its steps: an idle machine runs the default 10^6 in under 0.2 s, and the steps would stop it first
+    monkeypatch.setattr(chat_template, "TEMPLATE_STEPS", 10**12)
     start = time.monotonic()
     with pytest.raises(InputError, match=r"ran past its budget: more than 0.2 s"):
         render(LOOP, CONVERSATION)
